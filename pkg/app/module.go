@@ -1,0 +1,60 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// Module is one service the binary can run. The composition root (cmd/mantle) lists every
+// module; --target selects a subset, and dependencies of the selected modules that are not
+// selected are dialled at their configured addresses.
+type Module struct {
+	// Name is the target name: router, cache, quota or verifier.
+	Name string
+	// Deps names the modules this one calls through gRPC clients.
+	Deps []string
+	// New builds the service and registers it on env.GRPC (and env.HTTP when it serves
+	// HTTP). It must not block; long-running work goes in the returned Runnable.
+	New func(ctx context.Context, env Env) (Runnable, error)
+}
+
+// Runnable is background work a module owns. Run blocks until ctx is done and returns nil
+// on a clean stop. A module without background work returns nil from New.
+type Runnable interface {
+	Run(ctx context.Context) error
+}
+
+// RunFunc adapts a function to Runnable.
+type RunFunc func(ctx context.Context) error
+
+// Run calls f.
+func (f RunFunc) Run(ctx context.Context) error { return f(ctx) }
+
+// Publisher sends an event without blocking the caller. Subjects are
+// mantle.events.<kind>; see the events package.
+type Publisher interface {
+	Publish(ctx context.Context, subject string, msg proto.Message)
+}
+
+// Env is what a module receives from the process that hosts it. There are no globals: every
+// process (and every test mesh) has its own registry, logger and clock.
+type Env struct {
+	// GRPC is the process's one gRPC server; every module registers on it.
+	GRPC *grpc.Server
+	// HTTP is the process's HTTP mux (already serving /metrics, /healthz and /readyz).
+	HTTP *http.ServeMux
+	// Dial returns a connection to the named module: the process's own listener when the
+	// module runs here, its configured address otherwise. Connections are owned by the app.
+	Dial func(module string) (grpc.ClientConnInterface, error)
+	Log  *slog.Logger
+	// Metrics is the process's registry; never prometheus.DefaultRegisterer.
+	Metrics *prometheus.Registry
+	Events  Publisher
+	Clock   clockwork.Clock
+}
