@@ -1,0 +1,13 @@
+// Package events publishes mantle's typed events to NATS and hosts the embedded NATS server
+// used by `mantle dev` and tests. Events are protobuf messages from mantle.events.v1 on
+// subjects mantle.events.<kind>; a JetStream stream keeps them.
+package events
+
+// Subjects, one per event kind.
+const (
+	SubjectDegradation = "mantle.events.degradation"
+	SubjectBreaker     = "mantle.events.breaker"
+	SubjectQuota       = "mantle.events.quota"
+	SubjectReview      = "mantle.events.review"
+	SubjectQuality     = "mantle.events.quality"
+)
