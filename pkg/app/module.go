@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
 // Module is one service the binary can run. The composition root (cmd/mantle) lists every
@@ -57,4 +59,7 @@ type Env struct {
 	Metrics *prometheus.Registry
 	Events  Publisher
 	Clock   clockwork.Clock
+	// Auth checks tenant API keys for front doors that are not gRPC (the router's HTTP
+	// API); nil when authentication is disabled.
+	Auth *rpc.Authenticator
 }

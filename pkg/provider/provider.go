@@ -54,10 +54,13 @@ type Response struct {
 
 // RateLimit is a provider's view of the key's remaining capacity.
 type RateLimit struct {
+	// RemainingRequests and RemainingTokens are -1 when the provider reported other limits
+	// but not this one, so that "unknown" is never mistaken for "exhausted".
 	RemainingRequests int64
 	RemainingTokens   int64
-	ResetRequests     time.Duration
-	ResetTokens       time.Duration
+	// ResetRequests and ResetTokens are how long until the matching limit refills.
+	ResetRequests time.Duration
+	ResetTokens   time.Duration
 	// Known is false when the provider sent no rate-limit headers.
 	Known bool
 }

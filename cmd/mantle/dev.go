@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/mesh"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/pkg/sim"
+	"github.com/mantle-mesh/mantle/services/router"
+)
+
+// devKey is the API key of the development tenant. It only exists in `mantle dev`.
+const devKey = "sk-mantle-dev"
+
+func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	grpcAddr := fs.String("grpc", "127.0.0.1:9090", "gRPC address (a free port is used when it is taken)")
+	httpAddr := fs.String("http", "127.0.0.1:8080", "HTTP address (a free port is used when it is taken)")
+	profile := fs.String("sim-profile", "healthy", "sim profile of the primary model: "+strings.Join(sim.ProfileNames(), ", "))
+	logLevel := fs.String("log.level", "warn", "log level")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := devConfig(*profile, os.Getenv)
+	cfg.Server.GRPCListenAddress = freeOr(*grpcAddr)
+	cfg.Server.HTTPListenAddress = freeOr(*httpAddr)
+	cfg.Log = mesh.LogConfig{Level: *logLevel, Format: "text"}
+	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr})
+	if err != nil {
+		return err
+	}
+	printDevBanner(stdout, p.App.GRPCAddr(), p.App.HTTPAddr(), cfg)
+	return p.Run(ctx)
+}
+
+// devConfig is the configuration of `mantle dev`: every module in one process, embedded
+// NATS, in-memory stores, three simulated models behind the "chat" route, and a real
+// OpenAI-compatible model in front of them when OPENAI_API_KEY is set.
+func devConfig(primaryProfile string, getenv func(string) string) mesh.Config {
+	cfg := mesh.Default()
+	cfg.Events.Embedded = true
+	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "dev", KeySHA256: rpc.HashKey(devKey)}}
+	r := &cfg.Router
+	r.Providers = []router.ProviderConfig{{Name: "sim", Type: router.ProviderSim, Timeout: 10 * time.Second, SimProfile: "fast", SimSeed: time.Now().UnixNano()}}
+	r.Models = []router.ModelConfig{
+		{Name: "primary", Provider: "sim", SimProfile: primaryProfile, ContextWindow: 128000, InputPricePerMillion: 2.5, OutputPricePerMillion: 10},
+		{Name: "backup", Provider: "sim", SimProfile: "fast", ContextWindow: 64000, InputPricePerMillion: 0.5, OutputPricePerMillion: 1.5},
+		{Name: "small", Provider: "sim", SimProfile: "fast", ContextWindow: 32000, InputPricePerMillion: 0.15, OutputPricePerMillion: 0.6},
+	}
+	chat := router.RouteConfig{Name: "chat", Scenario: "chat", Candidates: []string{"primary", "backup", "small"}, Budget: 10 * time.Second}
+	if getenv("OPENAI_API_KEY") != "" {
+		model := getenv("OPENAI_MODEL")
+		if model == "" {
+			model = "gpt-4o-mini"
+		}
+		r.Providers = append(r.Providers, router.ProviderConfig{
+			Name: "openai", Type: router.ProviderOpenAI, BaseURL: getenv("OPENAI_BASE_URL"),
+			Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 30 * time.Second,
+		})
+		r.Models = append(r.Models, router.ModelConfig{Name: model, Provider: "openai"})
+		chat.Candidates = append([]string{model}, chat.Candidates...)
+		chat.Budget = 30 * time.Second
+	}
+	r.Routes = []router.RouteConfig{chat}
+	return cfg
+}
+
+// freeOr returns addr when it can be bound now, and a free loopback port otherwise, so
+// `mantle dev` starts even where 9090 or 8080 are taken.
+func freeOr(addr string) string {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "127.0.0.1:0"
+	}
+	l.Close()
+	return addr
+}
+
+func printDevBanner(w io.Writer, grpcAddr, httpAddr string, cfg mesh.Config) {
+	var models []string
+	for _, m := range cfg.Router.Models {
+		models = append(models, m.Name)
+	}
+	chatFlag := ""
+	if grpcAddr != "127.0.0.1:9090" {
+		chatFlag = " --addr " + grpcAddr
+	}
+	fmt.Fprintf(w, `mantle dev is running: router, cache, quota and verifier in one process.
+
+  gRPC     %[1]s   (reflection on: grpcurl needs no proto files)
+  HTTP     http://%[2]s   (OpenAI-compatible /v1, /metrics, /healthz, /readyz)
+  models   %[3]s; route "chat" tries them in order
+  API key  %[4]s  (tenant "dev")
+
+Try it:
+
+grpcurl -plaintext -H 'authorization: Bearer %[4]s' -d '{"request":{"model":"chat","messages":[{"role":"user","content":"What does mantle do?"}]}}' %[1]s mantle.router.v1.RouterService/Complete
+
+curl -s http://%[2]s/v1/chat/completions -H 'Authorization: Bearer %[4]s' -H 'Content-Type: application/json' -d '{"model":"chat","messages":[{"role":"user","content":"What does mantle do?"}]}'
+
+python3 -c 'from openai import OpenAI; c = OpenAI(base_url="http://%[2]s/v1", api_key="%[4]s"); print(c.chat.completions.create(model="chat", messages=[{"role": "user", "content": "What does mantle do?"}]).choices[0].message.content)'
+
+or: go run ./cmd/mantle chat%[5]s "What does mantle do?"
+
+Press Ctrl-C to stop.
+`, grpcAddr, httpAddr, strings.Join(models, ", "), devKey, chatFlag)
+}

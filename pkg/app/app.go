@@ -1,0 +1,307 @@
+// Package app runs any subset of mantle's modules in one process: one gRPC server that
+// every selected module registers on, one HTTP server for /metrics, /healthz, /readyz (and
+// the router's OpenAI-compatible front door), and a Dial function that reaches a module over
+// loopback when it runs here and at its configured address otherwise. That is the only place
+// where the single-binary and the split deployments differ.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+)
+
+// TargetAll selects every module.
+const TargetAll = "all"
+
+// Config is the process-level configuration the app needs.
+type Config struct {
+	// Targets are module names or "all".
+	Targets                 []string
+	GRPCListenAddress       string
+	HTTPListenAddress       string
+	GracefulShutdownTimeout time.Duration
+	// Addresses are where modules that do not run in this process are dialled.
+	Addresses map[string]string
+	// MaxMessageBytes bounds received gRPC messages.
+	MaxMessageBytes int
+}
+
+// Deps are the process-wide collaborators shared by every module.
+type Deps struct {
+	Log           *slog.Logger
+	Metrics       *prometheus.Registry
+	Events        Publisher
+	Clock         clockwork.Clock
+	Authenticator *rpc.Authenticator
+}
+
+// App is a running process: listeners are bound by New, served by Run.
+type App struct {
+	cfg      Config
+	deps     Deps
+	grpc     *grpc.Server
+	health   *health.Server
+	mux      *http.ServeMux
+	http     *http.Server
+	grpcLis  net.Listener
+	httpLis  net.Listener
+	selected []string
+	run      []Runnable
+	ready    atomic.Bool
+
+	connMu sync.Mutex
+	conns  map[string]*grpc.ClientConn
+}
+
+// Resolve expands targets into module names in dependency order and checks that every
+// dependency outside the selection has an address.
+func Resolve(modules []Module, targets []string, addresses map[string]string) ([]string, error) {
+	byName := make(map[string]Module, len(modules))
+	for _, m := range modules {
+		byName[m.Name] = m
+	}
+	var selected []string
+	for _, t := range targets {
+		t = strings.TrimSpace(t)
+		switch {
+		case t == TargetAll:
+			for _, m := range modules {
+				selected = append(selected, m.Name)
+			}
+		case byName[t].Name != "":
+			selected = append(selected, t)
+		default:
+			return nil, fmt.Errorf("target: unknown module %q (want all or one of %s)", t, strings.Join(Names(modules), ", "))
+		}
+	}
+	if len(selected) == 0 {
+		return nil, errors.New("target: no module selected")
+	}
+	slices.Sort(selected)
+	selected = slices.Compact(selected)
+	for _, name := range selected {
+		for _, dep := range byName[name].Deps {
+			if !slices.Contains(selected, dep) && addresses[dep] == "" {
+				return nil, fmt.Errorf("target: %s needs %s, which is not part of this process: set %s_address", name, dep, dep)
+			}
+		}
+	}
+	return selected, nil
+}
+
+// Names lists module names.
+func Names(modules []Module) []string {
+	names := make([]string, 0, len(modules))
+	for _, m := range modules {
+		names = append(names, m.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// New binds the listeners and builds the selected modules.
+func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, error) {
+	selected, err := Resolve(modules, cfg.Targets, cfg.Addresses)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := rpc.ServerOptions(deps.Log, deps.Metrics, deps.Authenticator)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxMessageBytes > 0 {
+		opts = append(opts, grpc.MaxRecvMsgSize(cfg.MaxMessageBytes))
+	}
+	a := &App{
+		cfg:      cfg,
+		deps:     deps,
+		grpc:     grpc.NewServer(opts...),
+		health:   health.NewServer(),
+		mux:      http.NewServeMux(),
+		selected: selected,
+		conns:    map[string]*grpc.ClientConn{},
+	}
+	if err := deps.Metrics.Register(collectors.NewGoCollector()); err != nil {
+		return nil, fmt.Errorf("register go collector: %w", err)
+	}
+	if a.grpcLis, err = net.Listen("tcp", cfg.GRPCListenAddress); err != nil {
+		return nil, fmt.Errorf("server.grpc_listen_address: %w", err)
+	}
+	if a.httpLis, err = net.Listen("tcp", cfg.HTTPListenAddress); err != nil {
+		a.grpcLis.Close()
+		return nil, fmt.Errorf("server.http_listen_address: %w", err)
+	}
+	grpc_health_v1.RegisterHealthServer(a.grpc, a.health)
+	reflection.Register(a.grpc)
+	a.mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Metrics, promhttp.HandlerOpts{Registry: deps.Metrics}))
+	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	a.mux.HandleFunc("GET /readyz", a.serveReady)
+	a.http = &http.Server{Handler: a.mux, ReadHeaderTimeout: 10 * time.Second}
+
+	env := Env{GRPC: a.grpc, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator}
+	for _, m := range modules {
+		if !slices.Contains(selected, m.Name) {
+			continue
+		}
+		r, err := m.New(ctx, env.with(deps.Log.With("module", m.Name)))
+		if err != nil {
+			a.closeListeners()
+			return nil, fmt.Errorf("%s: %w", m.Name, err)
+		}
+		if r != nil {
+			a.run = append(a.run, r)
+		}
+	}
+	return a, nil
+}
+
+func (e Env) with(log *slog.Logger) Env { e.Log = log; return e }
+
+// GRPCAddr is the bound gRPC address.
+func (a *App) GRPCAddr() string { return a.grpcLis.Addr().String() }
+
+// HTTPAddr is the bound HTTP address.
+func (a *App) HTTPAddr() string { return a.httpLis.Addr().String() }
+
+// Targets are the modules this process runs.
+func (a *App) Targets() []string { return slices.Clone(a.selected) }
+
+// Run serves until ctx is done or a module fails, then shuts down gracefully: health goes
+// NOT_SERVING and /readyz 503 first, in-flight calls drain within the shutdown timeout,
+// then modules stop.
+func (a *App) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	modCtx, stopModules := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopModules()
+	var modules errgroup.Group
+	for _, r := range a.run {
+		modules.Go(func() error { return r.Run(modCtx) })
+	}
+	g.Go(func() error {
+		if err := a.grpc.Serve(a.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("grpc server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := a.http.Serve(a.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
+		}
+		return nil
+	})
+	a.setServing(true)
+	a.deps.Log.Info("mantle serving", "targets", strings.Join(a.selected, ","), "grpc", a.GRPCAddr(), "http", a.HTTPAddr())
+
+	<-gctx.Done()
+	a.setServing(false)
+	a.shutdown()
+	stopModules()
+	err := errors.Join(g.Wait(), modules.Wait())
+	a.closeConns()
+	return err
+}
+
+func (a *App) shutdown() {
+	timeout := a.cfg.GracefulShutdownTimeout
+	if timeout <= 0 {
+		timeout = 15 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		a.grpc.GracefulStop()
+		close(done)
+	}()
+	if err := a.http.Shutdown(ctx); err != nil {
+		a.deps.Log.Warn("http shutdown did not drain in time", "err", err)
+		a.http.Close()
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		a.deps.Log.Warn("grpc shutdown did not drain in time; closing remaining calls")
+		a.grpc.Stop()
+		<-done
+	}
+}
+
+func (a *App) setServing(serving bool) {
+	a.ready.Store(serving)
+	st := grpc_health_v1.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = grpc_health_v1.HealthCheckResponse_SERVING
+	}
+	a.health.SetServingStatus("", st)
+	for name := range a.grpc.GetServiceInfo() {
+		a.health.SetServingStatus(name, st)
+	}
+}
+
+func (a *App) serveReady(w http.ResponseWriter, _ *http.Request) {
+	if !a.ready.Load() {
+		http.Error(w, "not ready", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+// dial returns a shared connection to the named module.
+func (a *App) dial(module string) (grpc.ClientConnInterface, error) {
+	addr := a.cfg.Addresses[module]
+	if slices.Contains(a.selected, module) {
+		addr = a.GRPCAddr()
+	}
+	if addr == "" {
+		return nil, fmt.Errorf("dial %s: no address configured", module)
+	}
+	a.connMu.Lock()
+	defer a.connMu.Unlock()
+	if cc, ok := a.conns[addr]; ok {
+		return cc, nil
+	}
+	opts := append(rpc.ClientOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s at %s: %w", module, addr, err)
+	}
+	a.conns[addr] = cc
+	return cc, nil
+}
+
+func (a *App) closeConns() {
+	a.connMu.Lock()
+	defer a.connMu.Unlock()
+	for addr, cc := range a.conns {
+		cc.Close()
+		delete(a.conns, addr)
+	}
+}
+
+func (a *App) closeListeners() {
+	a.grpcLis.Close()
+	a.httpLis.Close()
+}

@@ -1,0 +1,165 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+)
+
+// StreamName is the JetStream stream that keeps every event.
+const StreamName = "MANTLE_EVENTS"
+
+// Publisher sends events to NATS. Publish never blocks the request: core NATS publishes
+// are buffered by the client and flushed by its own goroutine; when the buffer is full or
+// the connection is closed the event is counted as dropped and logged.
+type Publisher struct {
+	nc        *nats.Conn
+	log       *slog.Logger
+	published *prometheus.CounterVec
+	dropped   *prometheus.CounterVec
+}
+
+// Connect dials NATS at url, makes sure the events stream exists, and returns a Publisher.
+func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.Registerer) (*Publisher, error) {
+	nc, err := nats.Connect(url,
+		nats.Name("mantle"),
+		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats at %s: %w", url, err)
+	}
+	if err := ensureStream(ctx, nc); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	p := &Publisher{
+		nc:  nc,
+		log: log,
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_events_published_total", Help: "Events handed to NATS, by subject.",
+		}, []string{"subject"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_events_dropped_total", Help: "Events that could not be published, by subject.",
+		}, []string{"subject"}),
+	}
+	for _, c := range []prometheus.Collector{p.published, p.dropped} {
+		if err := reg.Register(c); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("register event metrics: %w", err)
+		}
+	}
+	return p, nil
+}
+
+func ensureStream(ctx context.Context, nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:     StreamName,
+		Subjects: []string{"mantle.events.>"},
+		MaxAge:   7 * 24 * time.Hour,
+		Storage:  jetstream.FileStorage,
+	})
+	if err != nil {
+		return fmt.Errorf("create stream %s (is JetStream enabled on the server?): %w", StreamName, err)
+	}
+	return nil
+}
+
+// Publish marshals msg and hands it to the NATS client without waiting for the network.
+func (p *Publisher) Publish(ctx context.Context, subject string, msg proto.Message) {
+	data, err := proto.Marshal(msg)
+	if err == nil {
+		err = p.nc.Publish(subject, data)
+	}
+	if err != nil {
+		p.dropped.WithLabelValues(subject).Inc()
+		p.log.WarnContext(ctx, "event dropped", "subject", subject, "err", err)
+		return
+	}
+	p.published.WithLabelValues(subject).Inc()
+}
+
+// Conn exposes the connection for subscribers in the same process (tests, tools).
+func (p *Publisher) Conn() *nats.Conn { return p.nc }
+
+// Close flushes buffered events and closes the connection.
+func (p *Publisher) Close() {
+	if err := p.nc.FlushTimeout(2 * time.Second); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		p.log.Warn("flush events on close", "err", err)
+	}
+	p.nc.Close()
+}
+
+// Discard is a Publisher stand-in for processes configured without NATS: events are
+// logged at debug level and dropped.
+type Discard struct{ Log *slog.Logger }
+
+// Publish logs the event subject.
+func (d Discard) Publish(ctx context.Context, subject string, _ proto.Message) {
+	d.Log.DebugContext(ctx, "event not published: no nats configured", "subject", subject)
+}
+
+// Embedded is an in-process NATS server with JetStream, for `mantle dev` and tests.
+type Embedded struct {
+	srv *server.Server
+	dir string
+}
+
+// StartEmbedded starts NATS with JetStream on 127.0.0.1 at a free port, storing
+// JetStream data in a fresh temporary directory.
+func StartEmbedded() (*Embedded, error) {
+	dir, err := os.MkdirTemp("", "mantle-nats-")
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats store: %w", err)
+	}
+	srv, err := server.NewServer(&server.Options{
+		Host:      "127.0.0.1",
+		Port:      server.RANDOM_PORT,
+		JetStream: true,
+		StoreDir:  dir,
+		NoSigs:    true,
+		NoLog:     true,
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		os.RemoveAll(dir)
+		return nil, errors.New("embedded nats did not become ready within 10s")
+	}
+	return &Embedded{srv: srv, dir: dir}, nil
+}
+
+// URL is the client URL of the embedded server.
+func (e *Embedded) URL() string { return e.srv.ClientURL() }
+
+// Shutdown stops the server and removes its data.
+func (e *Embedded) Shutdown() {
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+	os.RemoveAll(e.dir)
+}

@@ -1,0 +1,267 @@
+// Package mesh is mantle's composition root: the one YAML configuration with a block per
+// service, the list of modules the binary can run, and the wiring of process-wide
+// collaborators (logger, metrics registry, events, authentication) around pkg/app.
+package mesh
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/cache"
+	"github.com/mantle-mesh/mantle/services/quota"
+	"github.com/mantle-mesh/mantle/services/router"
+	"github.com/mantle-mesh/mantle/services/verifier"
+)
+
+// Config is mantle.yaml. Precedence: defaults, then the file, then flags. Unknown keys
+// are errors. Secrets are never in it: keys come from environment variables it names.
+type Config struct {
+	// Target is a comma list of modules (router, cache, quota, verifier) or all.
+	Target   string          `yaml:"target"`
+	Server   ServerConfig    `yaml:"server"`
+	Auth     AuthConfig      `yaml:"auth"`
+	Events   EventsConfig    `yaml:"events"`
+	Log      LogConfig       `yaml:"log"`
+	Router   router.Config   `yaml:"router"`
+	Cache    cache.Config    `yaml:"cache"`
+	Quota    quota.Config    `yaml:"quota"`
+	Verifier verifier.Config `yaml:"verifier"`
+}
+
+// ServerConfig is the process's listeners.
+type ServerConfig struct {
+	GRPCListenAddress       string        `yaml:"grpc_listen_address"`
+	HTTPListenAddress       string        `yaml:"http_listen_address"`
+	GracefulShutdownTimeout time.Duration `yaml:"graceful_shutdown_timeout"`
+	// MaxMessageBytes bounds received gRPC messages; prompts are bounded separately by
+	// router.max_prompt_bytes so that oversized ones get a clear INVALID_ARGUMENT.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+}
+
+// AuthConfig lists tenants and their hashed API keys. With no tenants, authentication is
+// off and every caller is the tenant "default".
+type AuthConfig struct {
+	Tenants []rpc.TenantKey `yaml:"tenants"`
+}
+
+// EventsConfig says where events go.
+type EventsConfig struct {
+	// NATSURL of a NATS server with JetStream; empty with embedded false disables events.
+	NATSURL string `yaml:"nats_url"`
+	// Embedded starts an in-process NATS server with JetStream (development, single node).
+	Embedded bool `yaml:"embedded"`
+}
+
+// LogConfig configures the process logger.
+type LogConfig struct {
+	// Level is debug, info, warn or error.
+	Level string `yaml:"level"`
+	// Format is json or text.
+	Format string `yaml:"format"`
+}
+
+// Default returns the built-in defaults.
+func Default() Config {
+	return Config{
+		Target: "all",
+		Server: ServerConfig{
+			GRPCListenAddress:       "0.0.0.0:9090",
+			HTTPListenAddress:       "0.0.0.0:8080",
+			GracefulShutdownTimeout: 15 * time.Second,
+			MaxMessageBytes:         16 << 20,
+		},
+		Log:      LogConfig{Level: "info", Format: "json"},
+		Router:   router.DefaultConfig(),
+		Cache:    cache.DefaultConfig(),
+		Quota:    quota.DefaultConfig(),
+		Verifier: verifier.DefaultConfig(),
+	}
+}
+
+// Decode applies a YAML document on top of c, strictly.
+func (c *Config) Decode(r io.Reader) error {
+	dec := yaml.NewDecoder(r)
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config: %w", err)
+	}
+	return nil
+}
+
+// Flags registers the command-line overrides; Apply copies the ones that were set.
+type Flags struct {
+	fs                            *flag.FlagSet
+	File                          string
+	PrintConfig                   bool
+	target, grpcAddr, httpAddr    string
+	natsURL, logLevel, logFormat  string
+	quotaAddr, cacheAddr, verAddr string
+}
+
+// RegisterFlags adds mantle's configuration flags to fs.
+func RegisterFlags(fs *flag.FlagSet) *Flags {
+	f := &Flags{fs: fs}
+	fs.StringVar(&f.File, "config.file", "", "YAML configuration file")
+	fs.BoolVar(&f.PrintConfig, "print-config", false, "print the effective configuration and exit")
+	fs.StringVar(&f.target, "target", "", "modules to run: all, or a comma list of router,cache,quota,verifier")
+	fs.StringVar(&f.grpcAddr, "server.grpc-listen-address", "", "gRPC listen address")
+	fs.StringVar(&f.httpAddr, "server.http-listen-address", "", "HTTP listen address (metrics, health, OpenAI API)")
+	fs.StringVar(&f.natsURL, "events.nats-url", "", "NATS URL for events")
+	fs.StringVar(&f.logLevel, "log.level", "", "log level: debug, info, warn, error")
+	fs.StringVar(&f.logFormat, "log.format", "", "log format: json or text")
+	fs.StringVar(&f.quotaAddr, "router.quota-address", "", "quota service address when not in this process")
+	fs.StringVar(&f.cacheAddr, "router.cache-address", "", "cache service address when not in this process")
+	fs.StringVar(&f.verAddr, "router.verifier-address", "", "verifier service address when not in this process")
+	return f
+}
+
+// Apply copies flags that were set on the command line onto c.
+func (f *Flags) Apply(c *Config) {
+	set := map[string]bool{}
+	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	apply := func(name string, dst *string, v string) {
+		if set[name] {
+			*dst = v
+		}
+	}
+	apply("target", &c.Target, f.target)
+	apply("server.grpc-listen-address", &c.Server.GRPCListenAddress, f.grpcAddr)
+	apply("server.http-listen-address", &c.Server.HTTPListenAddress, f.httpAddr)
+	apply("events.nats-url", &c.Events.NATSURL, f.natsURL)
+	apply("log.level", &c.Log.Level, f.logLevel)
+	apply("log.format", &c.Log.Format, f.logFormat)
+	apply("router.quota-address", &c.Router.QuotaAddress, f.quotaAddr)
+	apply("router.cache-address", &c.Router.CacheAddress, f.cacheAddr)
+	apply("router.verifier-address", &c.Router.VerifierAddress, f.verAddr)
+}
+
+// Load builds the effective configuration: defaults, then the file (if any), then flags.
+func Load(f *Flags) (Config, error) {
+	c := Default()
+	if f.File != "" {
+		data, err := os.ReadFile(f.File)
+		if err != nil {
+			return c, fmt.Errorf("config.file: %w", err)
+		}
+		if err := c.Decode(bytes.NewReader(data)); err != nil {
+			return c, fmt.Errorf("%s: %w", f.File, err)
+		}
+	}
+	f.Apply(&c)
+	return c, nil
+}
+
+// Targets splits the target list.
+func (c Config) Targets() []string {
+	var out []string
+	for _, t := range strings.Split(c.Target, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// Addresses maps module names to the addresses they are dialled at when remote.
+func (c Config) Addresses() map[string]string {
+	return map[string]string{
+		"quota":    c.Router.QuotaAddress,
+		"cache":    c.Router.CacheAddress,
+		"verifier": c.Router.VerifierAddress,
+	}
+}
+
+// Validate checks every block; each message is prefixed with its block so it names the key.
+// Blocks of modules that do not run in this process are not checked.
+func (c Config) Validate() error {
+	var errs []error
+	wrap := func(block string, err error) {
+		if err == nil {
+			return
+		}
+		for _, line := range strings.Split(err.Error(), "\n") {
+			errs = append(errs, fmt.Errorf("%s.%s", block, line))
+		}
+	}
+	if c.Server.GRPCListenAddress == "" {
+		errs = append(errs, errors.New("server.grpc_listen_address: required"))
+	}
+	if c.Server.HTTPListenAddress == "" {
+		errs = append(errs, errors.New("server.http_listen_address: required"))
+	}
+	if c.Server.GracefulShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("server.graceful_shutdown_timeout: must be positive, got %s", c.Server.GracefulShutdownTimeout))
+	}
+	if c.Server.MaxMessageBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("server.max_message_bytes: must be at least 1 MiB, got %d", c.Server.MaxMessageBytes))
+	}
+	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
+		errs = append(errs, fmt.Errorf("log.level: want debug, info, warn or error, got %q", c.Log.Level))
+	}
+	if !oneOf(c.Log.Format, "json", "text") {
+		errs = append(errs, fmt.Errorf("log.format: want json or text, got %q", c.Log.Format))
+	}
+	if c.Events.Embedded && c.Events.NATSURL != "" {
+		errs = append(errs, errors.New("events: set nats_url or embedded, not both"))
+	}
+	for i, t := range c.Auth.Tenants {
+		if t.ID == "" {
+			errs = append(errs, fmt.Errorf("auth.tenants[%d].id: required", i))
+		}
+		if (t.KeySHA256 == "") == (t.KeyEnv == "") {
+			errs = append(errs, fmt.Errorf("auth.tenants[%d]: set exactly one of key_sha256 or key_env", i))
+		}
+	}
+	runs := func(name string) bool { return c.runs(name) }
+	if runs("router") {
+		wrap("router", c.Router.Validate())
+	}
+	if runs("cache") {
+		wrap("cache", c.Cache.Validate())
+	}
+	if runs("quota") {
+		wrap("quota", c.Quota.Validate())
+	}
+	if runs("verifier") {
+		wrap("verifier", c.Verifier.Validate())
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) runs(module string) bool {
+	for _, t := range c.Targets() {
+		if t == "all" || t == module {
+			return true
+		}
+	}
+	return false
+}
+
+func oneOf(v string, options ...string) bool {
+	for _, o := range options {
+		if v == o {
+			return true
+		}
+	}
+	return false
+}
+
+// YAML renders the configuration (for --print-config).
+func (c Config) YAML() ([]byte, error) {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(c); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,133 @@
+package mesh
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mantle-mesh/mantle/pkg/app"
+	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/cache"
+	"github.com/mantle-mesh/mantle/services/quota"
+	"github.com/mantle-mesh/mantle/services/router"
+	"github.com/mantle-mesh/mantle/services/verifier"
+)
+
+// Modules lists every module the binary can run.
+func Modules(c Config) []app.Module {
+	return []app.Module{
+		router.Module(c.Router),
+		cache.Module(c.Cache),
+		quota.Module(c.Quota),
+		verifier.Module(c.Verifier),
+	}
+}
+
+// Options are process-level choices that are not configuration: where logs go, which
+// clock runs timers, how the environment is read. Tests set them; main uses the defaults.
+type Options struct {
+	LogOutput io.Writer
+	Clock     clockwork.Clock
+	Getenv    func(string) string
+}
+
+// Process is a configured mantle process with its listeners bound.
+type Process struct {
+	App     *app.App
+	Log     *slog.Logger
+	Events  *events.Publisher // nil when events are disabled
+	cleanup []func()
+}
+
+// Start validates cfg, connects (or starts) NATS, binds listeners and builds the modules.
+// Run serves; Close releases what Start acquired if Run is never called.
+func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	if opts.LogOutput == nil {
+		opts.LogOutput = os.Stderr
+	}
+	if opts.Clock == nil {
+		opts.Clock = clockwork.NewRealClock()
+	}
+	if opts.Getenv == nil {
+		opts.Getenv = os.Getenv
+	}
+	log := NewLogger(cfg.Log, opts.LogOutput)
+	p := &Process{Log: log}
+	reg := prometheus.NewRegistry()
+
+	authn, err := rpc.NewAuthenticator(cfg.Auth.Tenants, opts.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("auth.%w", err)
+	}
+	var publisher app.Publisher = events.Discard{Log: log}
+	natsURL := cfg.Events.NATSURL
+	if cfg.Events.Embedded {
+		srv, err := events.StartEmbedded()
+		if err != nil {
+			return nil, err
+		}
+		p.cleanup = append(p.cleanup, srv.Shutdown)
+		natsURL = srv.URL()
+	}
+	if natsURL != "" {
+		pub, err := events.Connect(ctx, natsURL, log, reg)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("events.nats_url: %w", err)
+		}
+		// Closed before the embedded server shuts down: cleanups run in reverse.
+		p.cleanup = append(p.cleanup, pub.Close)
+		p.Events, publisher = pub, pub
+	} else {
+		log.Info("events disabled: set events.nats_url or events.embedded")
+	}
+
+	a, err := app.New(ctx, app.Config{
+		Targets:                 cfg.Targets(),
+		GRPCListenAddress:       cfg.Server.GRPCListenAddress,
+		HTTPListenAddress:       cfg.Server.HTTPListenAddress,
+		GracefulShutdownTimeout: cfg.Server.GracefulShutdownTimeout,
+		Addresses:               cfg.Addresses(),
+		MaxMessageBytes:         cfg.Server.MaxMessageBytes,
+	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn})
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	p.App = a
+	return p, nil
+}
+
+// Run serves until ctx is done, then shuts down and releases everything.
+func (p *Process) Run(ctx context.Context) error {
+	defer p.Close()
+	return p.App.Run(ctx)
+}
+
+// Close releases what Start acquired, in reverse order.
+func (p *Process) Close() {
+	for i := len(p.cleanup) - 1; i >= 0; i-- {
+		p.cleanup[i]()
+	}
+	p.cleanup = nil
+}
+
+// NewLogger builds the process logger.
+func NewLogger(c LogConfig, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level)) // validated; info on the zero value
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}

@@ -1,0 +1,94 @@
+package provider
+
+import (
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+)
+
+func readAll(t *testing.T, input string) ([]Event, error) {
+	t.Helper()
+	r := NewEventReader(strings.NewReader(input))
+	var events []Event
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			return events, err
+		}
+		events = append(events, ev)
+	}
+}
+
+func TestEventReader(t *testing.T) {
+	tests := []struct {
+		name   string
+		input  string
+		events []Event
+		err    error
+	}{
+		{
+			name:   "openai style",
+			input:  "data: {\"a\":1}\n\ndata: [DONE]\n\n",
+			events: []Event{{Data: `{"a":1}`}, {Data: "[DONE]"}},
+			err:    io.EOF,
+		},
+		{
+			name:   "named events, comments, crlf, no space after colon",
+			input:  ": keep-alive\r\nevent: ping\r\ndata:{}\r\n\r\nid: 7\nretry: 10\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+			events: []Event{{Name: "ping", Data: "{}"}, {Name: "message_stop", Data: `{"type":"message_stop"}`}},
+			err:    io.EOF,
+		},
+		{
+			name:   "multi-line data",
+			input:  "data: line one\ndata: line two\n\n",
+			events: []Event{{Data: "line one\nline two"}},
+			err:    io.EOF,
+		},
+		{
+			name:   "event without data is skipped and forgets its name",
+			input:  "event: lonely\n\ndata: x\n\n",
+			events: []Event{{Data: "x"}},
+			err:    io.EOF,
+		},
+		{
+			name:   "complete last event without blank line is kept",
+			input:  "data: a\n\ndata: b\n",
+			events: []Event{{Data: "a"}, {Data: "b"}},
+			err:    io.EOF,
+		},
+		{
+			name:   "line cut in the middle",
+			input:  "data: a\n\ndata: {\"choi",
+			events: []Event{{Data: "a"}},
+			err:    io.ErrUnexpectedEOF,
+		},
+		{name: "empty", input: "", err: io.EOF},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			events, err := readAll(t, tt.input)
+			if !errors.Is(err, tt.err) {
+				t.Errorf("err = %v, want %v", err, tt.err)
+			}
+			if len(events) != len(tt.events) {
+				t.Fatalf("events = %+v, want %+v", events, tt.events)
+			}
+			for i := range events {
+				if events[i] != tt.events[i] {
+					t.Errorf("event %d = %+v, want %+v", i, events[i], tt.events[i])
+				}
+			}
+		})
+	}
+}
+
+func TestEventReaderRejectsHugeLines(t *testing.T) {
+	input := "data: " + strings.Repeat("x", maxEventLine+1) + "\n\n"
+	_, err := readAll(t, input)
+	if got := ClassOf(err); got != mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT {
+		t.Errorf("class = %v, want MALFORMED_OUTPUT (err %v)", got, err)
+	}
+}

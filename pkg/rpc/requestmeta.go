@@ -1,0 +1,89 @@
+package rpc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+
+	"google.golang.org/grpc/metadata"
+)
+
+// Metadata keys that carry request identity between services. The router assigns the
+// request id; every hop logs it, and the W3C traceparent carries the trace id.
+const (
+	MetadataRequestID   = "x-request-id"
+	MetadataTraceParent = "traceparent"
+)
+
+type requestIDKey struct{}
+type traceIDKey struct{}
+
+// WithRequestID returns a context carrying the request id.
+func WithRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// RequestID returns the request id of ctx, or "".
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return id
+}
+
+// WithTraceID returns a context carrying the 32-hex-digit trace id.
+func WithTraceID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, traceIDKey{}, id)
+}
+
+// TraceID returns the trace id of ctx, or "".
+func TraceID(ctx context.Context) string {
+	id, _ := ctx.Value(traceIDKey{}).(string)
+	return id
+}
+
+// NewTraceID returns a random W3C trace id.
+func NewTraceID() string { return randomHex(16) }
+
+// NewRequestID returns a random request id.
+func NewRequestID() string { return "req_" + randomHex(12) }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b)
+}
+
+// TraceIDFromTraceParent extracts the trace id of a W3C traceparent header
+// ("00-<32 hex trace id>-<16 hex parent id>-<flags>").
+func TraceIDFromTraceParent(tp string) (string, bool) {
+	parts := strings.Split(tp, "-")
+	if len(parts) != 4 || len(parts[1]) != 32 {
+		return "", false
+	}
+	if _, err := hex.DecodeString(parts[1]); err != nil || parts[1] == strings.Repeat("0", 32) {
+		return "", false
+	}
+	return parts[1], true
+}
+
+// traceParent formats a traceparent for an outgoing call on trace id.
+func traceParent(traceID string) string {
+	return "00-" + traceID + "-" + randomHex(8) + "-01"
+}
+
+// requestMetaFromIncoming fills request id and trace id from incoming metadata, generating
+// a trace id when the caller sent none.
+func requestMetaFromIncoming(ctx context.Context) context.Context {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get(MetadataRequestID); len(v) > 0 && v[0] != "" {
+		ctx = WithRequestID(ctx, v[0])
+	}
+	traceID := ""
+	if v := md.Get(MetadataTraceParent); len(v) > 0 {
+		traceID, _ = TraceIDFromTraceParent(v[0])
+	}
+	if traceID == "" {
+		traceID = NewTraceID()
+	}
+	return WithTraceID(ctx, traceID)
+}

@@ -1,0 +1,222 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jonboulle/clockwork"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+)
+
+// errorDomain is the ErrorInfo domain of every status this service returns.
+const errorDomain = "cache.mantle"
+
+// serviceName names the service in audit steps.
+const serviceName = "cache"
+
+// ErrTenantMismatch is returned when the request's QualityContext names another tenant
+// than the one the call authenticated as.
+var ErrTenantMismatch = errors.New("quality.tenant does not match the authenticated tenant")
+
+// server adapts Service to the generated CacheServiceServer.
+type server struct {
+	cachev1.UnimplementedCacheServiceServer
+	svc   *Service
+	clock clockwork.Clock
+	log   *slog.Logger
+}
+
+func newServer(svc *Service, clock clockwork.Clock, log *slog.Logger) *server {
+	return &server{svc: svc, clock: clock, log: log}
+}
+
+// Lookup implements cachev1.CacheServiceServer.
+func (s *server) Lookup(ctx context.Context, req *cachev1.LookupRequest) (*cachev1.LookupResponse, error) {
+	start := s.clock.Now()
+	quality := req.GetQuality()
+	tenant, err := tenantOf(ctx, quality)
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	prompt, err := promptFromProto(req.GetPrompt(), quality)
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	entry, hit, err := s.svc.Lookup(ctx, tenant, prompt)
+	if err != nil {
+		return nil, s.toStatus(fmt.Errorf("lookup for request %q: %w", quality.GetRequestId(), err))
+	}
+
+	// The request is this handler's own copy, so its QualityContext can be extended and
+	// returned rather than cloned.
+	if quality == nil {
+		quality = &mantlev1.QualityContext{}
+	}
+	resp := &cachev1.LookupResponse{Hit: hit, Quality: quality}
+	detail := "miss"
+	if hit {
+		resp.Entry = entryToProto(entry)
+		resp.Similarity = 1 // exact match; similarity below 1 comes with vector search
+		quality.CacheHit = true
+		quality.CacheSimilarity = 1
+		detail = fmt.Sprintf("exact hit, entry %s from %s", entry.ID, entry.SourceModel)
+	}
+	quality.Audit = append(quality.Audit, &mantlev1.AuditStep{
+		At:       timestamppb.New(s.clock.Now()),
+		Service:  serviceName,
+		Step:     "lookup",
+		Detail:   detail,
+		Duration: durationpb.New(s.clock.Since(start)),
+	})
+	return resp, nil
+}
+
+// Store implements cachev1.CacheServiceServer.
+func (s *server) Store(ctx context.Context, req *cachev1.StoreRequest) (*cachev1.StoreResponse, error) {
+	quality := req.GetQuality()
+	tenant, err := tenantOf(ctx, quality)
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	prompt, err := promptFromProto(req.GetPrompt(), quality)
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	level := quality.GetFallbackLevel()
+	result, err := s.svc.Store(ctx, tenant, StoreRequest{
+		Prompt:             prompt,
+		Content:            req.GetContent(),
+		SourceModel:        req.GetSourceModel(),
+		FinishReason:       req.GetFinishReason(),
+		Usage:              usageFromProto(req.GetUsage()),
+		TTL:                req.GetTtl().AsDuration(),
+		VerificationFailed: quality.GetVerification() != nil && !quality.GetVerification().GetL1Passed(),
+		Degraded:           level == mantlev1.FallbackLevel_FALLBACK_LEVEL_CACHED_APPROXIMATE || level == mantlev1.FallbackLevel_FALLBACK_LEVEL_TEMPLATE,
+		FromCache:          quality.GetCacheHit(),
+	})
+	if err != nil {
+		return nil, s.toStatus(fmt.Errorf("store for request %q: %w", quality.GetRequestId(), err))
+	}
+	return &cachev1.StoreResponse{Stored: result.Stored, EntryId: result.EntryID, SkippedReason: string(result.SkippedReason)}, nil
+}
+
+// Invalidate implements cachev1.CacheServiceServer. The request carries no QualityContext:
+// the tenant comes only from the call's credentials, so with authentication disabled there
+// is no tenant to invalidate and the call fails with UNAUTHENTICATED.
+func (s *server) Invalidate(ctx context.Context, req *cachev1.InvalidateRequest) (*cachev1.InvalidateResponse, error) {
+	removed, err := s.svc.Invalidate(ctx, InvalidateRequest{
+		Tenant:   rpc.Tenant(ctx),
+		Scenario: req.GetScenario(),
+		EntryID:  req.GetEntryId(),
+		All:      req.GetAll(),
+	})
+	if err != nil {
+		return nil, s.toStatus(fmt.Errorf("invalidate: %w", err))
+	}
+	return &cachev1.InvalidateResponse{Removed: int64(removed)}, nil
+}
+
+// toStatus maps a domain error to the gRPC status the client sees. It is the only place
+// errors become statuses.
+func (s *server) toStatus(err error) error {
+	var invalid *rpc.ValidationError
+	switch {
+	case errors.As(err, &invalid):
+		return rpc.InvalidArgument(errorDomain, invalid)
+	case errors.Is(err, ErrTenantMismatch):
+		return rpc.Status(codes.PermissionDenied, errorDomain, rpc.ReasonPermissionDenied, ErrTenantMismatch.Error())
+	case errors.Is(err, ErrNoTenant):
+		return rpc.Status(codes.Unauthenticated, errorDomain, rpc.ReasonUnauthenticated, "the call is not authenticated as a tenant")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	default:
+		s.log.Error("cache: internal error", "err", err)
+		return rpc.Status(codes.Internal, errorDomain, rpc.ReasonInternal, "internal error")
+	}
+}
+
+// tenantOf returns the tenant a Lookup or Store acts for: the authenticated tenant when
+// there is one (a different quality.tenant is refused), otherwise quality.tenant, which is
+// then required.
+func tenantOf(ctx context.Context, quality *mantlev1.QualityContext) (string, error) {
+	authenticated, claimed := rpc.Tenant(ctx), quality.GetTenant()
+	switch {
+	case authenticated != "" && claimed != "" && claimed != authenticated:
+		return "", ErrTenantMismatch
+	case authenticated != "":
+		return authenticated, nil
+	case claimed != "":
+		return claimed, nil
+	default:
+		return "", rpc.Invalid("quality.tenant", "required when the call is not authenticated")
+	}
+}
+
+// promptFromProto converts the request's prompt. Its scenario falls back to the
+// QualityContext's, so callers need not repeat it.
+func promptFromProto(p *cachev1.Prompt, quality *mantlev1.QualityContext) (Prompt, error) {
+	if p == nil {
+		return Prompt{}, rpc.Invalid("prompt", "required")
+	}
+	scenario := p.GetScenario()
+	if scenario == "" {
+		scenario = quality.GetScenario()
+	}
+	messages := make([]Message, len(p.GetMessages()))
+	for i, m := range p.GetMessages() {
+		messages[i] = Message{Role: m.GetRole(), Name: m.GetName(), Content: m.GetContent()}
+	}
+	rf := p.GetResponseFormat()
+	return Prompt{
+		Scenario:    scenario,
+		Model:       p.GetModel(),
+		Messages:    messages,
+		Temperature: p.Temperature,
+		MaxTokens:   p.GetMaxTokens(),
+		ResponseFormat: ResponseFormat{
+			Type:           formatTypeFromProto(rf.GetType()),
+			JSONSchema:     rf.GetJsonSchema(),
+			RequiredFields: rf.GetRequiredFields(),
+		},
+	}, nil
+}
+
+// formatTypeFromProto maps an unset type to text, like providers do. A type this code does
+// not know yet keeps its own name, so it never shares entries with text.
+func formatTypeFromProto(t mantlev1.ResponseFormat_Type) FormatType {
+	switch t {
+	case mantlev1.ResponseFormat_TYPE_UNSPECIFIED, mantlev1.ResponseFormat_TYPE_TEXT:
+		return FormatText
+	case mantlev1.ResponseFormat_TYPE_JSON_OBJECT:
+		return FormatJSONObject
+	case mantlev1.ResponseFormat_TYPE_JSON_SCHEMA:
+		return FormatJSONSchema
+	default:
+		return FormatType(t.String())
+	}
+}
+
+func usageFromProto(u *mantlev1.Usage) Usage {
+	return Usage{InputTokens: u.GetInputTokens(), OutputTokens: u.GetOutputTokens(), TotalTokens: u.GetTotalTokens()}
+}
+
+func entryToProto(e Entry) *cachev1.Entry {
+	return &cachev1.Entry{
+		Id:           e.ID,
+		Content:      e.Content,
+		SourceModel:  e.SourceModel,
+		Usage:        &mantlev1.Usage{InputTokens: e.Usage.InputTokens, OutputTokens: e.Usage.OutputTokens, TotalTokens: e.Usage.TotalTokens},
+		CreatedAt:    timestamppb.New(e.CreatedAt),
+		ExpiresAt:    timestamppb.New(e.ExpiresAt),
+		FinishReason: e.FinishReason,
+	}
+}

@@ -1,0 +1,114 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+)
+
+// errorDomain is the ErrorInfo domain of router errors.
+const errorDomain = "router.mantle"
+
+// ErrorInfo reasons documented in router.proto.
+const (
+	ReasonUnknownRoute        = "UNKNOWN_ROUTE"
+	ReasonContentFiltered     = "CONTENT_FILTERED"
+	ReasonUpstreamRejected    = "UPSTREAM_REJECTED"
+	ReasonAllCandidatesFailed = "ALL_CANDIDATES_FAILED"
+	ReasonDeadlineExceeded    = "DEADLINE_EXCEEDED"
+)
+
+// unknownRouteError is a model name that is neither a model nor a route.
+type unknownRouteError struct{ name string }
+
+func (e *unknownRouteError) Error() string { return fmt.Sprintf("unknown model or route %q", e.name) }
+
+// rejectedError is a failure that no other candidate could fix (bad request, content
+// filter): retrying elsewhere would only spend money.
+type rejectedError struct {
+	class mantlev1.ErrorClass
+	cause error
+}
+
+func (e *rejectedError) Error() string { return e.cause.Error() }
+func (e *rejectedError) Unwrap() error { return e.cause }
+
+// exhaustedError means every candidate that could answer failed, or the budget ran out.
+type exhaustedError struct {
+	class mantlev1.ErrorClass
+	cause error
+	tried []string
+}
+
+func (e *exhaustedError) Error() string {
+	msg := "no candidate could answer"
+	if e.class == mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED {
+		msg = "the deadline budget ran out"
+	}
+	if len(e.tried) > 0 {
+		msg += " (tried " + strings.Join(e.tried, ", ") + ")"
+	}
+	if e.cause != nil {
+		msg += ": " + e.cause.Error()
+	}
+	return msg
+}
+
+func (e *exhaustedError) Unwrap() error { return e.cause }
+
+// toStatus maps router errors to gRPC statuses; it is the only place that does. Statuses
+// from the services the router called (quota's RESOURCE_EXHAUSTED with RetryInfo, say)
+// pass through unchanged so callers see their details.
+func toStatus(err error) error {
+	var (
+		invalid  *rpc.ValidationError
+		unknown  *unknownRouteError
+		rejected *rejectedError
+		exhaust  *exhaustedError
+	)
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &invalid):
+		return rpc.InvalidArgument(errorDomain, invalid)
+	case errors.As(err, &unknown):
+		return rpc.Status(codes.NotFound, errorDomain, ReasonUnknownRoute, unknown.Error())
+	case errors.As(err, &rejected):
+		if rejected.class == mantlev1.ErrorClass_ERROR_CLASS_CONTENT_FILTERED {
+			return rpc.Status(codes.FailedPrecondition, errorDomain, ReasonContentFiltered, providerMessage(rejected.cause))
+		}
+		return rpc.Status(codes.InvalidArgument, errorDomain, ReasonUpstreamRejected, "the provider rejected the request: "+providerMessage(rejected.cause))
+	case errors.As(err, &exhaust):
+		if exhaust.class == mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED {
+			return rpc.Status(codes.DeadlineExceeded, errorDomain, ReasonDeadlineExceeded, exhaust.Error())
+		}
+		if exhaust.class == mantlev1.ErrorClass_ERROR_CLASS_CANCELED {
+			return status.Error(codes.Canceled, "request canceled")
+		}
+		return rpc.Status(codes.Unavailable, errorDomain, ReasonAllCandidatesFailed, exhaust.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, "request canceled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return rpc.Status(codes.DeadlineExceeded, errorDomain, ReasonDeadlineExceeded, "deadline exceeded")
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return err // the rpc backstop logs it and answers INTERNAL
+}
+
+func providerMessage(err error) string {
+	var pe *provider.Error
+	if errors.As(err, &pe) && pe.Message != "" {
+		return pe.Message
+	}
+	return err.Error()
+}

@@ -1,0 +1,431 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+)
+
+// HTTP headers of the OpenAI-compatible front door.
+const (
+	HeaderFallbackLevel = "x-mantle-fallback-level"
+	HeaderCache         = "x-mantle-cache"
+	HeaderQuality       = "x-mantle-quality"
+	HeaderRequestID     = "x-mantle-request-id"
+	// HeaderScenario and HeaderPriority let OpenAI SDK users set mantle fields without
+	// changing the request body.
+	HeaderScenario = "x-mantle-scenario"
+	HeaderPriority = "x-mantle-priority"
+	// HeaderBudget is the whole-request deadline budget in milliseconds.
+	HeaderBudget = "x-mantle-budget-ms"
+)
+
+// frontDoor serves the OpenAI-compatible HTTP API on top of the Router.
+type frontDoor struct {
+	router *Router
+	auth   *rpc.Authenticator
+	log    *slog.Logger
+}
+
+func (f *frontDoor) register(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/chat/completions", f.chatCompletions)
+	mux.HandleFunc("GET /v1/models", f.models)
+}
+
+// chatRequest is the subset of OpenAI's chat completion request mantle understands;
+// unknown fields are ignored, as OpenAI's own API does for forward compatibility.
+type chatRequest struct {
+	Model               string        `json:"model"`
+	Messages            []chatMessage `json:"messages"`
+	MaxTokens           *int32        `json:"max_tokens"`
+	MaxCompletionTokens *int32        `json:"max_completion_tokens"`
+	Temperature         *float64      `json:"temperature"`
+	Stream              bool          `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	ResponseFormat *struct {
+		Type       string `json:"type"`
+		JSONSchema *struct {
+			Schema json.RawMessage `json:"schema"`
+		} `json:"json_schema"`
+	} `json:"response_format"`
+	User string `json:"user"`
+}
+
+type chatMessage struct {
+	Role    string      `json:"role"`
+	Content messageText `json:"content"`
+	Name    string      `json:"name,omitempty"`
+}
+
+// messageText accepts OpenAI's two content shapes: a string, or an array of parts of
+// which the text parts are joined.
+type messageText string
+
+func (t *messageText) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*t = messageText(s)
+		return nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(b, &parts); err != nil {
+		return errors.New("content must be a string or an array of text parts")
+	}
+	var sb strings.Builder
+	for _, p := range parts {
+		if p.Type == "text" {
+			sb.WriteString(p.Text)
+		}
+	}
+	*t = messageText(sb.String())
+	return nil
+}
+
+func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
+	ctx := r.Context()
+	id := r.Header.Get("x-request-id")
+	if id == "" || len(id) > 128 {
+		id = rpc.NewRequestID()
+	}
+	ctx = rpc.WithRequestID(ctx, id)
+	traceID, ok := rpc.TraceIDFromTraceParent(r.Header.Get("traceparent"))
+	if !ok {
+		traceID = rpc.NewTraceID()
+	}
+	ctx = rpc.WithTraceID(ctx, traceID)
+	w.Header().Set(HeaderRequestID, id)
+	if !f.auth.Enabled() {
+		return ctx, true
+	}
+	token, ok := rpc.BearerToken(r.Header.Get("Authorization"))
+	if !ok {
+		writeError(w, rpc.Status(codes.Unauthenticated, "auth.mantle", rpc.ReasonUnauthenticated, "missing API key: send Authorization: Bearer <key>"))
+		return nil, false
+	}
+	ctx, err := f.auth.Login(ctx, token)
+	if err != nil {
+		writeError(w, err)
+		return nil, false
+	}
+	return ctx, true
+}
+
+func (f *frontDoor) models(w http.ResponseWriter, r *http.Request) {
+	if _, ok := f.authenticate(w, r); !ok {
+		return
+	}
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, name := range f.router.routeNames {
+		out.Data = append(out.Data, model{ID: name, Object: "model", OwnedBy: "mantle"})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	ctx, ok := f.authenticate(w, r)
+	if !ok {
+		return
+	}
+	// Room for the prompt limit plus JSON overhead; beyond it the body is not read at all.
+	limit := int64(f.router.cfg.MaxPromptBytes)*2 + 64<<10
+	body := http.MaxBytesReader(w, r.Body, limit)
+	var cr chatRequest
+	if err := json.NewDecoder(body).Decode(&cr); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeOpenAIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "messages",
+				fmt.Sprintf("request body exceeds %d bytes (router.max_prompt_bytes is %d)", limit, f.router.cfg.MaxPromptBytes))
+			return
+		}
+		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body is not valid JSON: "+err.Error())
+		return
+	}
+	req, err := cr.toProto(r.Header)
+	if err != nil {
+		writeError(w, toStatus(err))
+		return
+	}
+	if budget := r.Header.Get(HeaderBudget); budget != "" {
+		ms, err := strconv.Atoi(budget)
+		if err != nil || ms <= 0 {
+			writeError(w, toStatus(rpc.Invalid(HeaderBudget, "want a positive number of milliseconds, got %q", budget)))
+			return
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
+		defer cancel()
+	}
+	if cr.Stream {
+		f.stream(ctx, w, req, cr.StreamOptions != nil && cr.StreamOptions.IncludeUsage)
+		return
+	}
+	resp, err := f.router.Complete(ctx, req)
+	if err != nil {
+		writeError(w, toStatus(err))
+		return
+	}
+	setResponseHeaders(w, resp)
+	writeJSON(w, http.StatusOK, completionJSON(resp))
+}
+
+func (cr *chatRequest) toProto(h http.Header) (*routerv1.Request, error) {
+	req := &routerv1.Request{
+		Model:          cr.Model,
+		Temperature:    cr.Temperature,
+		User:           cr.User,
+		Scenario:       h.Get(HeaderScenario),
+		IdempotencyKey: h.Get("Idempotency-Key"),
+	}
+	switch {
+	case cr.MaxCompletionTokens != nil:
+		req.MaxTokens = *cr.MaxCompletionTokens
+	case cr.MaxTokens != nil:
+		req.MaxTokens = *cr.MaxTokens
+	}
+	for _, m := range cr.Messages {
+		req.Messages = append(req.Messages, &mantlev1.ChatMessage{Role: m.Role, Content: string(m.Content), Name: m.Name})
+	}
+	if p := h.Get(HeaderPriority); p != "" {
+		v, ok := mantlev1.Priority_value["PRIORITY_"+strings.ToUpper(p)]
+		if !ok || v == 0 {
+			return nil, rpc.Invalid(HeaderPriority, "want critical, high, normal or batch, got %q", p)
+		}
+		req.Priority = mantlev1.Priority(v)
+	}
+	if rf := cr.ResponseFormat; rf != nil {
+		switch rf.Type {
+		case "", "text":
+			req.ResponseFormat = &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_TEXT}
+		case "json_object":
+			req.ResponseFormat = &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_OBJECT}
+		case "json_schema":
+			req.ResponseFormat = &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_SCHEMA}
+			if rf.JSONSchema != nil {
+				req.ResponseFormat.JsonSchema = string(rf.JSONSchema.Schema)
+			}
+		default:
+			return nil, rpc.Invalid("response_format.type", "want text, json_object or json_schema, got %q", rf.Type)
+		}
+	}
+	return req, nil
+}
+
+func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *routerv1.Request, includeUsage bool) {
+	rc := http.NewResponseController(w)
+	started := false
+	id := "chatcmpl-" + rpc.RequestID(ctx)
+	created := f.router.deps.Clock.Now().Unix()
+	writeEvent := func(v any) error {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	final, err := f.router.Stream(ctx, req, func(delta, model string) error {
+		if !started {
+			started = true
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Cache-Control", "no-cache")
+			w.Header().Set(HeaderFallbackLevel, ShortLevel(f.router.levelOfModel(req.Model, model)))
+			w.Header().Set(HeaderCache, "miss")
+			w.WriteHeader(http.StatusOK)
+		}
+		return writeEvent(chunkJSON(id, created, model, map[string]string{"content": delta}, nil, nil))
+	})
+	if err != nil {
+		if !started {
+			writeError(w, toStatus(err))
+			return
+		}
+		st := status.Convert(toStatus(err))
+		_ = writeEvent(map[string]any{"error": openAIError{Message: st.Message(), Type: "api_error", Code: reasonOf(st.Err())}})
+		return
+	}
+	if !started {
+		// A cached answer with empty content, or a provider that sent nothing: still a
+		// well-formed stream.
+		w.Header().Set("Content-Type", "text/event-stream")
+		setResponseHeaders(w, final)
+		w.WriteHeader(http.StatusOK)
+	}
+	fr := final.FinishReason
+	last := chunkJSON(id, created, final.Model, map[string]string{}, &fr, nil)
+	last["mantle"] = json.RawMessage(qualityJSON(final.Quality))
+	_ = writeEvent(last)
+	if includeUsage {
+		usage := chunkJSON(id, created, final.Model, nil, nil, final.Usage)
+		_ = writeEvent(usage)
+	}
+	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
+	_ = rc.Flush()
+}
+
+// levelOfModel is the ladder level a model stands for on a route.
+func (r *Router) levelOfModel(routeName, model string) mantlev1.FallbackLevel {
+	if rt, ok := r.routes[routeName]; ok {
+		for i, u := range rt.candidates {
+			if u.model.Name == model {
+				return levelOf(i)
+			}
+		}
+	}
+	return mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY
+}
+
+func chunkJSON(id string, created int64, model string, delta map[string]string, finish *string, usage *mantlev1.Usage) map[string]any {
+	c := map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
+	if delta != nil {
+		c["choices"] = []map[string]any{{"index": 0, "delta": delta, "finish_reason": finish}}
+	} else {
+		c["choices"] = []any{}
+	}
+	if usage != nil {
+		c["usage"] = usageJSON(usage)
+	}
+	return c
+}
+
+func completionJSON(resp *routerv1.CompleteResponse) map[string]any {
+	return map[string]any{
+		"id":      "chatcmpl-" + resp.Id,
+		"object":  "chat.completion",
+		"created": resp.GetQuality().GetAudit()[0].GetAt().GetSeconds(),
+		"model":   resp.Model,
+		"choices": []map[string]any{{
+			"index":         0,
+			"message":       map[string]string{"role": "assistant", "content": resp.GetMessage().GetContent()},
+			"finish_reason": resp.FinishReason,
+		}},
+		"usage":  usageJSON(resp.Usage),
+		"mantle": json.RawMessage(qualityJSON(resp.Quality)),
+	}
+}
+
+func usageJSON(u *mantlev1.Usage) map[string]int64 {
+	return map[string]int64{"prompt_tokens": u.GetInputTokens(), "completion_tokens": u.GetOutputTokens(), "total_tokens": u.GetTotalTokens()}
+}
+
+func qualityJSON(qc *mantlev1.QualityContext) []byte {
+	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(qc)
+	if err != nil {
+		return []byte("{}")
+	}
+	return b
+}
+
+func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) {
+	h := w.Header()
+	qc := resp.GetQuality()
+	h.Set(HeaderFallbackLevel, ShortLevel(qc.GetFallbackLevel()))
+	if qc.GetCacheHit() {
+		h.Set(HeaderCache, "hit")
+	} else {
+		h.Set(HeaderCache, "miss")
+	}
+	if g := qc.GetQualityGrade(); g != mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED {
+		h.Set(HeaderQuality, shortGrade(g))
+	} else {
+		h.Set(HeaderQuality, "unverified")
+	}
+	if rl := resp.GetRateLimit(); rl != nil {
+		h.Set("x-ratelimit-limit-requests", strconv.FormatInt(rl.LimitRequests, 10))
+		h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(rl.RemainingRequests, 10))
+		h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(rl.LimitTokens, 10))
+		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(rl.RemainingTokens, 10))
+		h.Set("x-ratelimit-reset-requests", rl.GetResetRequests().AsDuration().String())
+		h.Set("x-ratelimit-reset-tokens", rl.GetResetTokens().AsDuration().String())
+	}
+}
+
+type openAIError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// writeError renders a gRPC status as OpenAI's error JSON with the matching HTTP status,
+// so SDKs raise their usual exception types (BadRequestError, RateLimitError, ...).
+func writeError(w http.ResponseWriter, err error) {
+	st := status.Convert(err)
+	httpStatus, typ := http.StatusInternalServerError, "api_error"
+	switch st.Code() {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		httpStatus, typ = http.StatusBadRequest, "invalid_request_error"
+	case codes.Unauthenticated:
+		httpStatus, typ = http.StatusUnauthorized, "authentication_error"
+	case codes.PermissionDenied:
+		httpStatus, typ = http.StatusForbidden, "permission_error"
+	case codes.NotFound:
+		httpStatus, typ = http.StatusNotFound, "invalid_request_error"
+	case codes.ResourceExhausted:
+		httpStatus, typ = http.StatusTooManyRequests, "rate_limit_error"
+		if d, ok := rpc.RetryDelay(err); ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
+		}
+	case codes.Unavailable:
+		httpStatus = http.StatusServiceUnavailable
+	case codes.DeadlineExceeded:
+		httpStatus, typ = http.StatusGatewayTimeout, "timeout_error"
+	case codes.Canceled:
+		httpStatus = 499 // client closed request; nobody reads it, but logs do
+	}
+	param := ""
+	if fields := rpc.BadRequestFields(err); len(fields) > 0 {
+		param = strings.TrimPrefix(fields[0], "request.")
+	}
+	writeOpenAIError(w, httpStatus, typ, reasonOf(err), param, st.Message())
+}
+
+func reasonOf(err error) string {
+	if info := rpc.ErrorInfo(err); info != nil {
+		return strings.ToLower(info.Reason)
+	}
+	return strings.ToLower(status.Code(err).String())
+}
+
+func writeOpenAIError(w http.ResponseWriter, httpStatus int, typ, code, param, msg string) {
+	e := openAIError{Message: msg, Type: typ, Code: code}
+	if param != "" {
+		e.Param = &param
+	}
+	writeJSON(w, httpStatus, map[string]any{"error": e})
+}
+
+func writeJSON(w http.ResponseWriter, httpStatus int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpStatus)
+	_ = json.NewEncoder(w).Encode(v)
+}

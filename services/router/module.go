@@ -1,0 +1,163 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
+	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
+	"github.com/mantle-mesh/mantle/pkg/app"
+	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/anthropic"
+	"github.com/mantle-mesh/mantle/pkg/provider/openai"
+	"github.com/mantle-mesh/mantle/pkg/sim"
+)
+
+// Module returns the router module: it calls quota, cache and verifier.
+func Module(cfg Config) app.Module {
+	return app.Module{
+		Name: "router",
+		Deps: []string{"quota", "cache", "verifier"},
+		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
+			return newModule(ctx, cfg, env, os.Getenv)
+		},
+	}
+}
+
+func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string) string) (app.Runnable, error) {
+	m, err := newMetrics(env.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	deps := Deps{Events: env.Events, Clock: env.Clock, Log: env.Log, Metrics: m}
+	quotaConn, err := env.Dial("quota")
+	if err != nil {
+		return nil, err
+	}
+	cacheConn, err := env.Dial("cache")
+	if err != nil {
+		return nil, err
+	}
+	verifierConn, err := env.Dial("verifier")
+	if err != nil {
+		return nil, err
+	}
+	deps.Quota = quotav1.NewQuotaServiceClient(quotaConn)
+	deps.Cache = cachev1.NewCacheServiceClient(cacheConn)
+	deps.Verifier = verifierv1.NewVerifierServiceClient(verifierConn)
+
+	// One transport for every provider: connection reuse matters more than isolation here,
+	// and every call carries its own deadline through its context.
+	httpClient := &http.Client{Transport: &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   true,
+	}}
+	sims := newSimHosts(ctx, cfg, env)
+	clients := func(p ProviderConfig, mc ModelConfig, keyID string) (provider.Provider, error) {
+		switch p.Type {
+		case ProviderSim:
+			base, err := sims.baseURL(p)
+			if err != nil {
+				return nil, err
+			}
+			return openai.New(openai.Config{BaseURL: base, HTTPClient: httpClient, Now: env.Clock.Now}), nil
+		case ProviderOpenAI:
+			return openai.New(openai.Config{BaseURL: p.BaseURL, APIKey: keyValue(p, keyID, getenv), HTTPClient: httpClient, Now: env.Clock.Now}), nil
+		case ProviderAnthropic:
+			return anthropic.New(anthropic.Config{BaseURL: p.BaseURL, APIKey: keyValue(p, keyID, getenv), HTTPClient: httpClient, Now: env.Clock.Now}), nil
+		}
+		return nil, fmt.Errorf("unknown provider type %q", p.Type)
+	}
+	r, err := New(cfg, deps, clients)
+	if err != nil {
+		sims.stop()
+		return nil, err
+	}
+	routerv1.RegisterRouterServiceServer(env.GRPC, &server{router: r})
+	(&frontDoor{router: r, auth: env.Auth, log: env.Log}).register(env.HTTP)
+	return app.RunFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		return sims.stop()
+	}), nil
+}
+
+func keyValue(p ProviderConfig, keyID string, getenv func(string) string) string {
+	for _, k := range p.Keys {
+		if k.ID == keyID {
+			return getenv(k.Env)
+		}
+	}
+	return ""
+}
+
+// simHosts runs one in-process sim server per sim provider, on loopback, so sim models are
+// reached through the real OpenAI adapter and HTTP stack.
+type simHosts struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	cfg    Config
+	env    app.Env
+	urls   map[string]string
+	waits  []func() error
+}
+
+func newSimHosts(ctx context.Context, cfg Config, env app.Env) *simHosts {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	return &simHosts{ctx: ctx, cancel: cancel, cfg: cfg, env: env, urls: map[string]string{}}
+}
+
+func (s *simHosts) baseURL(p ProviderConfig) (string, error) {
+	if u, ok := s.urls[p.Name]; ok {
+		return u, nil
+	}
+	def, ok := sim.Builtin(orDefault(p.SimProfile, "fast"))
+	if !ok {
+		return "", fmt.Errorf("providers %s: unknown sim_profile %q (have %v)", p.Name, p.SimProfile, sim.ProfileNames())
+	}
+	models := map[string]sim.Profile{}
+	for _, m := range s.cfg.Models {
+		if m.Provider != p.Name {
+			continue
+		}
+		prof := def
+		if m.SimProfile != "" {
+			if prof, ok = sim.Builtin(m.SimProfile); !ok {
+				return "", fmt.Errorf("models %s: unknown sim_profile %q (have %v)", m.Name, m.SimProfile, sim.ProfileNames())
+			}
+		}
+		models[orDefault(m.Upstream, m.Name)] = prof
+	}
+	srv := sim.NewServer(sim.ServerConfig{Models: models, Default: def, Clock: s.env.Clock, Seed: p.SimSeed, Log: s.env.Log})
+	bound, wait, err := sim.Start(s.ctx, "127.0.0.1:0", srv, s.env.Log.With("sim", p.Name))
+	if err != nil {
+		return "", err
+	}
+	s.waits = append(s.waits, wait)
+	s.urls[p.Name] = "http://" + bound + "/v1"
+	return s.urls[p.Name], nil
+}
+
+func (s *simHosts) stop() error {
+	s.cancel()
+	var first error
+	for _, w := range s.waits {
+		if err := w(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}

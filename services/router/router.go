@@ -1,0 +1,620 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
+	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
+	"github.com/mantle-mesh/mantle/pkg/app"
+	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+)
+
+// defaultTenant names callers when authentication is disabled.
+const defaultTenant = "default"
+
+// upstream is one model reachable through one provider with one or more keys.
+type upstream struct {
+	model    ModelConfig
+	provider string
+	timeout  time.Duration
+	keys     []*upstreamKey
+	next     atomic.Uint32 // round-robin position over keys
+}
+
+type upstreamKey struct {
+	id     string
+	client provider.Provider
+	stats  keyStats
+}
+
+// pickKey spreads calls over the keys of an upstream.
+func (u *upstream) pickKey() *upstreamKey {
+	n := u.next.Add(1) - 1
+	return u.keys[int(n)%len(u.keys)]
+}
+
+// upstreamModel is the provider's name for the model.
+func (u *upstream) upstreamModel() string {
+	if u.model.Upstream != "" {
+		return u.model.Upstream
+	}
+	return u.model.Name
+}
+
+func (u *upstream) cost(usage provider.Usage) float64 {
+	return (float64(usage.InputTokens)*u.model.InputPricePerMillion + float64(usage.OutputTokens)*u.model.OutputPricePerMillion) / 1e6
+}
+
+// route is a name callers use and its candidates, first choice first.
+type route struct {
+	name       string
+	scenario   string
+	budget     time.Duration
+	candidates []*upstream
+}
+
+// Deps are the router's collaborators. The service clients are the generated interfaces,
+// so the router never depends on how (or where) the other services run.
+type Deps struct {
+	Quota    quotav1.QuotaServiceClient
+	Cache    cachev1.CacheServiceClient
+	Verifier verifierv1.VerifierServiceClient
+	Events   app.Publisher
+	Clock    clockwork.Clock
+	Log      *slog.Logger
+	Metrics  *metrics
+}
+
+// Router executes requests.
+type Router struct {
+	cfg        Config
+	deps       Deps
+	routes     map[string]*route
+	routeNames []string // in config order: models first, then aliases
+}
+
+// New builds the routing table. clients maps provider name and key id to a client.
+func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, keyID string) (provider.Provider, error)) (*Router, error) {
+	r := &Router{cfg: cfg, deps: deps, routes: map[string]*route{}}
+	providers := map[string]ProviderConfig{}
+	for _, p := range cfg.Providers {
+		providers[p.Name] = p
+	}
+	upstreams := map[string]*upstream{}
+	for _, m := range cfg.Models {
+		p := providers[m.Provider]
+		u := &upstream{model: m, provider: p.Name, timeout: p.Timeout}
+		keyIDs := []string{"sim"}
+		if len(p.Keys) > 0 {
+			keyIDs = keyIDs[:0]
+			for _, k := range p.Keys {
+				keyIDs = append(keyIDs, k.ID)
+			}
+		}
+		for _, id := range keyIDs {
+			c, err := clients(p, m, id)
+			if err != nil {
+				return nil, fmt.Errorf("model %s key %s: %w", m.Name, id, err)
+			}
+			u.keys = append(u.keys, &upstreamKey{id: id, client: c})
+		}
+		upstreams[m.Name] = u
+		r.addRoute(&route{name: m.Name, candidates: []*upstream{u}})
+	}
+	for _, rc := range cfg.Routes {
+		rt := &route{name: rc.Name, scenario: rc.Scenario, budget: rc.Budget}
+		for _, name := range rc.Candidates {
+			rt.candidates = append(rt.candidates, upstreams[name])
+		}
+		r.addRoute(rt)
+	}
+	return r, nil
+}
+
+func (r *Router) addRoute(rt *route) {
+	if rt.budget == 0 {
+		rt.budget = r.cfg.DefaultBudget
+	}
+	if rt.scenario == "" {
+		rt.scenario = "default"
+	}
+	r.routes[rt.name] = rt
+	r.routeNames = append(r.routeNames, rt.name)
+}
+
+// Sink receives streamed content. A nil Sink asks for a unary answer.
+type Sink func(delta, model string) error
+
+// Complete answers one request.
+func (r *Router) Complete(ctx context.Context, req *routerv1.Request) (*routerv1.CompleteResponse, error) {
+	return r.execute(ctx, req, nil)
+}
+
+// Stream answers one request as deltas sent to sink and returns the final message.
+func (r *Router) Stream(ctx context.Context, req *routerv1.Request, sink Sink) (*routerv1.CompleteResponse, error) {
+	return r.execute(ctx, req, sink)
+}
+
+func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) (*routerv1.CompleteResponse, error) {
+	start := r.deps.Clock.Now()
+	rt, err := r.validate(req)
+	if err != nil {
+		return nil, err
+	}
+	qc := r.newQualityContext(ctx, req, rt)
+	ctx = rpc.WithRequestID(ctx, qc.RequestId)
+	ctx, cancel := context.WithDeadline(ctx, qc.Deadline.AsTime())
+	defer cancel()
+
+	resp, err := r.serve(ctx, req, rt, qc, sink)
+	outcome, level := "ok", qc.FallbackLevel.String()
+	if err != nil {
+		outcome = status.Code(err).String()
+	}
+	r.deps.Metrics.requests.WithLabelValues(rt.name, outcome, level).Inc()
+	r.deps.Metrics.duration.WithLabelValues(rt.name).Observe(r.deps.Clock.Since(start).Seconds())
+	return resp, err
+}
+
+func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink) (*routerv1.CompleteResponse, error) {
+	reservation, limits, err := r.reserve(ctx, req, rt, qc)
+	if err != nil {
+		return nil, err
+	}
+	if hit := r.lookup(ctx, req, rt, qc); hit != nil {
+		r.settle(ctx, qc, reservation, &mantlev1.Usage{})
+		if sink != nil {
+			if err := sink(hit.Message.GetContent(), hit.Model); err != nil {
+				return nil, err
+			}
+		}
+		hit.RateLimit = limits
+		return hit, nil
+	}
+
+	ans, err := r.attempt(ctx, req, rt, qc, sink)
+	r.settle(ctx, qc, reservation, qc.Usage)
+	if err != nil {
+		r.publishDegradation(ctx, rt, qc, err.Error())
+		return nil, err
+	}
+	if qc.FallbackLevel != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY {
+		r.publishDegradation(ctx, rt, qc, qc.DegradationReason)
+	}
+	if qc.GetVerification().GetL1Passed() && ans.FinishReason == "stop" {
+		r.store(ctx, req, rt, qc, ans)
+	}
+	return &routerv1.CompleteResponse{
+		Id:           qc.RequestId,
+		Model:        ans.model,
+		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: ans.Content},
+		FinishReason: ans.FinishReason,
+		Usage:        usageProto(ans.Usage),
+		Quality:      qc,
+		RateLimit:    limits,
+	}, nil
+}
+
+// answer is a provider response that passed (or skipped) verification.
+type answer struct {
+	provider.Response
+	model string
+}
+
+// attempt calls the route's candidates in order until one gives an answer that passes
+// verification, or no candidate is left that could.
+func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink) (*answer, error) {
+	preq := providerRequest(req, qc)
+	var lastErr error
+	var failed []string
+	for i, u := range rt.candidates {
+		remaining := qc.Deadline.AsTime().Sub(r.deps.Clock.Now())
+		if remaining <= r.cfg.HopReserve {
+			lastErr = &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED, cause: lastErr}
+			break
+		}
+		key := u.pickKey()
+		preq.Model = u.upstreamModel()
+		tryCtx, cancel := context.WithTimeout(ctx, min(u.timeout, remaining-r.cfg.HopReserve))
+		res, att, committed, err := r.call(tryCtx, key, u, preq, qc, sink)
+		cancel()
+		att.Number = int32(len(qc.Attempts) + 1)
+		qc.Attempts = append(qc.Attempts, att)
+		if len(qc.Attempts) > 1 {
+			qc.RetryCount++
+		}
+		addUsage(qc, u, res.Usage)
+		r.deps.Metrics.attempts.WithLabelValues(u.model.Name, shortClass(att.ErrorClass)).Inc()
+
+		if err == nil && sink == nil {
+			// Unary answers can still be swapped for another candidate's, so verify now.
+			err = r.verify(ctx, req, qc, u, &res)
+			if err != nil {
+				att.ErrorClass = provider.ClassOf(err)
+				att.ErrorMessage = err.Error()
+			}
+		}
+		if err == nil {
+			qc.CurrentModel, qc.CurrentProvider = u.model.Name, u.provider
+			qc.FallbackLevel = levelOf(i)
+			if sink != nil {
+				// The answer is already with the caller; verification annotates it.
+				_ = r.verify(ctx, req, qc, u, &res)
+			}
+			return &answer{Response: res, model: u.model.Name}, nil
+		}
+		lastErr = err
+		failed = append(failed, u.model.Name)
+		qc.DegradationReason = fmt.Sprintf("%s failed: %s", u.model.Name, shortClass(att.ErrorClass))
+		if committed || ctx.Err() != nil {
+			break
+		}
+		if !provider.FailsOver(provider.ClassOf(err)) {
+			return nil, &rejectedError{class: provider.ClassOf(err), cause: err}
+		}
+	}
+	if ctx.Err() != nil && !errors.Is(lastErr, context.Canceled) {
+		lastErr = &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED, cause: lastErr}
+	}
+	return nil, &exhaustedError{class: provider.ClassOf(lastErr), cause: lastErr, tried: failed}
+}
+
+// call makes one provider call and records it as an Attempt. committed reports that part
+// of a stream already reached the caller, after which no other candidate may answer.
+func (r *Router) call(ctx context.Context, key *upstreamKey, u *upstream, preq provider.Request, qc *mantlev1.QualityContext, sink Sink) (res provider.Response, att *mantlev1.Attempt, committed bool, err error) {
+	start := r.deps.Clock.Now()
+	att = &mantlev1.Attempt{Model: u.model.Name, Provider: u.provider, KeyId: key.id, StartedAt: timestamppb.New(start)}
+	key.stats.start()
+	if sink == nil {
+		res, err = key.client.Complete(ctx, preq)
+	} else {
+		res, committed, err = r.stream(ctx, key, u, preq, sink, att, start)
+	}
+	latency := r.deps.Clock.Since(start)
+	key.stats.finish(latency, err != nil)
+	att.Latency = durationpb.New(latency)
+	att.ErrorClass = provider.ClassOf(err)
+	att.Usage = usageProto(res.Usage)
+	att.ProviderRequestId = res.RequestID
+	if err != nil {
+		att.ErrorMessage = err.Error()
+		var pe *provider.Error
+		if errors.As(err, &pe) && pe.RequestID != "" {
+			att.ProviderRequestId = pe.RequestID
+		}
+	}
+	r.audit(qc, "attempt", fmt.Sprintf("%s/%s key=%s class=%s", u.provider, u.model.Name, key.id, shortClass(att.ErrorClass)), latency)
+	return res, att, committed, err
+}
+
+// stream relays a provider stream. Nothing is sent to the caller until the first chunk
+// arrived, so a candidate that fails before its first token can still be replaced.
+func (r *Router) stream(ctx context.Context, key *upstreamKey, u *upstream, preq provider.Request, sink Sink, att *mantlev1.Attempt, start time.Time) (provider.Response, bool, error) {
+	s, err := key.client.Stream(ctx, preq)
+	if err != nil {
+		return provider.Response{}, false, err
+	}
+	defer s.Close()
+	var res provider.Response
+	var content strings.Builder
+	committed := false
+	for {
+		chunk, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			res.Content = content.String()
+			res.RequestID = s.RequestID()
+			return res, committed, err
+		}
+		if chunk.Usage != nil {
+			res.Usage = *chunk.Usage
+		}
+		if chunk.FinishReason != "" {
+			res.FinishReason = chunk.FinishReason
+		}
+		if chunk.Content == "" {
+			continue
+		}
+		if !committed {
+			att.Ttft = durationpb.New(r.deps.Clock.Since(start))
+			committed = true
+		}
+		content.WriteString(chunk.Content)
+		if err := sink(chunk.Content, u.model.Name); err != nil {
+			return res, true, err
+		}
+	}
+	res.Content = content.String()
+	res.RequestID = s.RequestID()
+	res.Model = preq.Model
+	return res, committed, nil
+}
+
+// verify asks the verifier about res and records the verdict in qc. A verifier that cannot
+// be reached does not fail the request: the answer goes out unverified and says so.
+func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, u *upstream, res *provider.Response) error {
+	hop, cancel := r.hopContext(ctx)
+	defer cancel()
+	start := r.deps.Clock.Now()
+	v, err := r.deps.Verifier.Verify(hop, &verifierv1.VerifyRequest{
+		Quality:        qc,
+		Messages:       req.Messages,
+		Content:        res.Content,
+		FinishReason:   res.FinishReason,
+		ResponseFormat: req.ResponseFormat,
+		Model:          u.model.Name,
+	})
+	if err != nil {
+		r.deps.Log.WarnContext(ctx, "verifier unavailable; answer not verified", "err", err)
+		r.audit(qc, "verify", "skipped: "+status.Code(err).String(), r.deps.Clock.Since(start))
+		return nil
+	}
+	qc.Verification = v.GetQuality().GetVerification()
+	if qc.Verification == nil {
+		qc.Verification = &mantlev1.Verification{L1Passed: v.Passed, FailureClass: v.FailureClass}
+	}
+	qc.QualityGrade = v.Grade
+	qc.RiskScore = v.RiskScore
+	r.audit(qc, "verify", fmt.Sprintf("passed=%t grade=%s", v.Passed, shortGrade(v.Grade)), r.deps.Clock.Since(start))
+	if !v.Passed {
+		return &provider.Error{Class: v.FailureClass, Message: "verification failed: " + findingCodes(v.Findings)}
+	}
+	res.Content = v.Content
+	return nil
+}
+
+func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (string, *routerv1.RateLimit, error) {
+	hop, cancel := r.hopContext(ctx)
+	defer cancel()
+	start := r.deps.Clock.Now()
+	res, err := r.deps.Quota.Reserve(hop, &quotav1.ReserveRequest{
+		Quality:         qc,
+		Model:           rt.name,
+		MaxOutputTokens: int64(req.MaxTokens),
+		Messages:        req.Messages,
+	})
+	if err != nil {
+		code := status.Code(err)
+		if r.cfg.QuotaFailOpen && (code == codes.Unavailable || code == codes.DeadlineExceeded) && ctx.Err() == nil {
+			r.deps.Log.WarnContext(ctx, "quota unavailable; admitting (quota_fail_open)", "err", err)
+			r.audit(qc, "reserve", "fail open: "+code.String(), r.deps.Clock.Since(start))
+			return "", nil, nil
+		}
+		return "", nil, err
+	}
+	r.audit(qc, "reserve", fmt.Sprintf("reserved %d tokens", res.ReservedTokens), r.deps.Clock.Since(start))
+	l := res.GetLimits()
+	return res.ReservationId, &routerv1.RateLimit{
+		LimitRequests: l.GetLimitRequests(), RemainingRequests: l.GetRemainingRequests(),
+		LimitTokens: l.GetLimitTokens(), RemainingTokens: l.GetRemainingTokens(),
+		ResetRequests: l.GetResetRequests(), ResetTokens: l.GetResetTokens(),
+	}, nil
+}
+
+// settle reports real usage. It runs even when the caller has gone away, with its own
+// short deadline, so that reservations are not left to expire.
+func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reservation string, usage *mantlev1.Usage) {
+	if reservation == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if usage == nil {
+		usage = &mantlev1.Usage{}
+	}
+	if _, err := r.deps.Quota.Settle(ctx, &quotav1.SettleRequest{Quality: qc, ReservationId: reservation, Usage: usage}); err != nil {
+		r.deps.Log.WarnContext(ctx, "settle failed; the reservation will expire", "reservation", reservation, "err", err)
+	}
+}
+
+func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) *routerv1.CompleteResponse {
+	hop, cancel := r.hopContext(ctx)
+	defer cancel()
+	start := r.deps.Clock.Now()
+	res, err := r.deps.Cache.Lookup(hop, &cachev1.LookupRequest{Quality: qc, Prompt: cachePrompt(req, rt)})
+	if err != nil {
+		r.deps.Log.WarnContext(ctx, "cache lookup failed; treating as miss", "err", err)
+		r.audit(qc, "lookup", "error: "+status.Code(err).String(), r.deps.Clock.Since(start))
+		return nil
+	}
+	if !res.Hit {
+		r.audit(qc, "lookup", "miss", r.deps.Clock.Since(start))
+		return nil
+	}
+	e := res.Entry
+	qc.CacheHit, qc.CacheSimilarity = true, res.Similarity
+	qc.CurrentModel = e.SourceModel
+	qc.FallbackLevel = mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY
+	qc.QualityGrade = mantlev1.QualityGrade_QUALITY_GRADE_HIGH
+	qc.Verification = &mantlev1.Verification{L1Passed: true}
+	r.audit(qc, "lookup", "hit "+e.Id, r.deps.Clock.Since(start))
+	return &routerv1.CompleteResponse{
+		Id:           qc.RequestId,
+		Model:        e.SourceModel,
+		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: e.Content},
+		FinishReason: "stop",
+		Usage:        &mantlev1.Usage{},
+		Quality:      qc,
+	}
+}
+
+func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, ans *answer) {
+	hop, cancel := r.hopContext(ctx)
+	defer cancel()
+	_, err := r.deps.Cache.Store(hop, &cachev1.StoreRequest{
+		Quality:      qc,
+		Prompt:       cachePrompt(req, rt),
+		Content:      ans.Content,
+		SourceModel:  ans.model,
+		FinishReason: ans.FinishReason,
+		Usage:        usageProto(ans.Usage),
+	})
+	if err != nil {
+		r.deps.Log.WarnContext(ctx, "cache store failed", "err", err)
+	}
+}
+
+func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1.QualityContext, reason string) {
+	ev := &eventsv1.DegradationEvent{
+		At:         timestamppb.New(r.deps.Clock.Now()),
+		RequestId:  qc.RequestId,
+		Tenant:     qc.Tenant,
+		Scenario:   qc.Scenario,
+		Route:      rt.name,
+		Level:      qc.FallbackLevel,
+		Reason:     reason,
+		AnsweredBy: qc.CurrentModel,
+	}
+	for _, a := range qc.Attempts {
+		if a.ErrorClass != mantlev1.ErrorClass_ERROR_CLASS_NONE {
+			ev.FailedModels = append(ev.FailedModels, a.Model)
+		}
+	}
+	r.deps.Events.Publish(ctx, events.SubjectDegradation, ev)
+}
+
+// hopContext gives a call to another service the remaining budget minus the reserve.
+func (r *Router) hopContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(ctx, dl.Add(-r.cfg.HopReserve))
+	}
+	return context.WithCancel(ctx)
+}
+
+func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, rt *route) *mantlev1.QualityContext {
+	now := r.deps.Clock.Now()
+	tenant := rpc.Tenant(ctx)
+	if tenant == "" {
+		tenant = defaultTenant
+	}
+	id := rpc.RequestID(ctx)
+	if id == "" {
+		id = rpc.NewRequestID()
+	}
+	deadline := now.Add(rt.budget)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	scenario := req.Scenario
+	if scenario == "" {
+		scenario = rt.scenario
+	}
+	priority := req.Priority
+	if priority == mantlev1.Priority_PRIORITY_UNSPECIFIED {
+		priority = mantlev1.Priority_PRIORITY_NORMAL
+	}
+	qc := &mantlev1.QualityContext{
+		RequestId:      id,
+		IdempotencyKey: req.IdempotencyKey,
+		TraceId:        rpc.TraceID(ctx),
+		Tenant:         tenant,
+		Scenario:       scenario,
+		Priority:       priority,
+		Deadline:       timestamppb.New(deadline),
+		Route:          rt.name,
+		Usage:          &mantlev1.Usage{},
+	}
+	r.audit(qc, "admit", fmt.Sprintf("route=%s budget=%s", rt.name, deadline.Sub(now).Round(time.Millisecond)), 0)
+	return qc
+}
+
+func (r *Router) audit(qc *mantlev1.QualityContext, step, detail string, d time.Duration) {
+	qc.Audit = append(qc.Audit, &mantlev1.AuditStep{
+		At: timestamppb.New(r.deps.Clock.Now()), Service: "router", Step: step, Detail: detail, Duration: durationpb.New(d),
+	})
+}
+
+func addUsage(qc *mantlev1.QualityContext, u *upstream, usage provider.Usage) {
+	qc.Usage.InputTokens += usage.InputTokens
+	qc.Usage.OutputTokens += usage.OutputTokens
+	qc.Usage.TotalTokens += usage.InputTokens + usage.OutputTokens
+	qc.CostUsd += u.cost(usage)
+}
+
+func levelOf(candidate int) mantlev1.FallbackLevel {
+	if candidate == 0 {
+		return mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY
+	}
+	return mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL
+}
+
+func providerRequest(req *routerv1.Request, qc *mantlev1.QualityContext) provider.Request {
+	p := provider.Request{
+		MaxTokens:      int(req.MaxTokens),
+		Temperature:    req.Temperature,
+		User:           req.User,
+		IdempotencyKey: qc.RequestId,
+	}
+	if qc.IdempotencyKey != "" {
+		p.IdempotencyKey = qc.IdempotencyKey
+	}
+	switch req.GetResponseFormat().GetType() {
+	case mantlev1.ResponseFormat_TYPE_JSON_OBJECT, mantlev1.ResponseFormat_TYPE_JSON_SCHEMA:
+		p.JSON = true
+	}
+	for _, m := range req.Messages {
+		p.Messages = append(p.Messages, provider.Message{Role: m.Role, Content: m.Content, Name: m.Name})
+	}
+	return p
+}
+
+func cachePrompt(req *routerv1.Request, rt *route) *cachev1.Prompt {
+	return &cachev1.Prompt{
+		Scenario:       rt.scenario,
+		Model:          rt.name,
+		Messages:       req.Messages,
+		Temperature:    req.Temperature,
+		MaxTokens:      req.MaxTokens,
+		ResponseFormat: req.ResponseFormat,
+	}
+}
+
+func usageProto(u provider.Usage) *mantlev1.Usage {
+	return &mantlev1.Usage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, TotalTokens: u.InputTokens + u.OutputTokens}
+}
+
+func findingCodes(fs []*verifierv1.Finding) string {
+	var codes []string
+	for _, f := range fs {
+		if f.Blocking {
+			codes = append(codes, f.Code)
+		}
+	}
+	return strings.Join(codes, ",")
+}
+
+// shortClass turns ERROR_CLASS_RATE_LIMITED into rate_limited for logs and labels.
+func shortClass(c mantlev1.ErrorClass) string {
+	return strings.ToLower(strings.TrimPrefix(c.String(), "ERROR_CLASS_"))
+}
+
+func shortGrade(g mantlev1.QualityGrade) string {
+	return strings.ToLower(strings.TrimPrefix(g.String(), "QUALITY_GRADE_"))
+}
+
+// ShortLevel turns FALLBACK_LEVEL_BACKUP_MODEL into backup_model (the x-mantle-fallback-level
+// header value).
+func ShortLevel(l mantlev1.FallbackLevel) string {
+	return strings.ToLower(strings.TrimPrefix(l.String(), "FALLBACK_LEVEL_"))
+}
