@@ -370,6 +370,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		r.audit(qc, "verify", "skipped: "+status.Code(err).String(), r.deps.Clock.Since(start))
 		return nil
 	}
+	adoptAudit(qc, v.GetQuality())
 	qc.Verification = v.GetQuality().GetVerification()
 	if qc.Verification == nil {
 		qc.Verification = &mantlev1.Verification{L1Passed: v.Passed, FailureClass: v.FailureClass}
@@ -403,6 +404,7 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 		}
 		return "", nil, err
 	}
+	adoptAudit(qc, res.GetQuality())
 	r.audit(qc, "reserve", fmt.Sprintf("reserved %d tokens", res.ReservedTokens), r.deps.Clock.Since(start))
 	l := res.GetLimits()
 	return res.ReservationId, &routerv1.RateLimit{
@@ -438,6 +440,7 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 		r.audit(qc, "lookup", "error: "+status.Code(err).String(), r.deps.Clock.Since(start))
 		return nil
 	}
+	adoptAudit(qc, res.GetQuality())
 	if !res.Hit {
 		r.audit(qc, "lookup", "miss", r.deps.Clock.Since(start))
 		return nil
@@ -543,6 +546,14 @@ func (r *Router) audit(qc *mantlev1.QualityContext, step, detail string, d time.
 	qc.Audit = append(qc.Audit, &mantlev1.AuditStep{
 		At: timestamppb.New(r.deps.Clock.Now()), Service: "router", Step: step, Detail: detail, Duration: durationpb.New(d),
 	})
+}
+
+// adoptAudit appends the audit steps another service added to its copy of the
+// QualityContext; the router's copy stays the one source of truth for everything else.
+func adoptAudit(qc, returned *mantlev1.QualityContext) {
+	if n := len(qc.Audit); len(returned.GetAudit()) > n {
+		qc.Audit = append(qc.Audit, returned.Audit[n:]...)
+	}
 }
 
 func addUsage(qc *mantlev1.QualityContext, u *upstream, usage provider.Usage) {
