@@ -315,8 +315,10 @@ func testHTTP(t *testing.T, m *meshtest.Mesh) {
 						Content string `json:"content"`
 					} `json:"delta"`
 				} `json:"choices"`
-				Usage  *struct{ TotalTokens int `json:"total_tokens"` } `json:"usage"`
-				Mantle json.RawMessage                                   `json:"mantle"`
+				Usage *struct {
+					TotalTokens int `json:"total_tokens"`
+				} `json:"usage"`
+				Mantle json.RawMessage `json:"mantle"`
 			}
 			if err := json.Unmarshal([]byte(data), &chunk); err != nil {
 				t.Fatalf("chunk %q: %v", data, err)

@@ -117,7 +117,7 @@ func (p Policy) with(o ScenarioPolicy) Policy {
 		p.Cacheable = *o.Cacheable
 	}
 	if o.TTL != nil {
-		
+		p.TTL = *o.TTL
 	}
 	if o.MaxTemperature != nil {
 		p.MaxTemperature = *o.MaxTemperature
