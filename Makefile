@@ -6,7 +6,7 @@ BUF     := $(BIN)/buf
 TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run build test vet test-race generate check-generated lint breaking tools clean bench
+.PHONY: run build test vet test-race generate check-generated lint breaking tools clean bench test-sdk
 
 ## run: start `mantle dev` (all services, embedded NATS, simulated models)
 run:
@@ -24,6 +24,11 @@ vet:
 
 test-race:
 	$(GO) test -race -count=1 ./...
+
+## test-sdk: run the official OpenAI Node SDK against an in-process mesh (needs Node.js and npm)
+test-sdk:
+	cd test/sdk && npm ci --no-audit --no-fund
+	$(GO) test -tags sdk -count=1 -v ./test/sdk/
 
 ## bench: run the benchmarks once (compare runs with benchstat)
 bench:

@@ -312,8 +312,10 @@ func TestServerErrors(t *testing.T) {
 		wantFields []string
 	}{
 		{
-			name:     "lookup for another tenant than authenticated",
-			call:     func() error { return lookup(asTenant("acme"), &mantlev1.QualityContext{Tenant: "globex"}, protoPrompt("hi")) },
+			name: "lookup for another tenant than authenticated",
+			call: func() error {
+				return lookup(asTenant("acme"), &mantlev1.QualityContext{Tenant: "globex"}, protoPrompt("hi"))
+			},
 			wantCode: codes.PermissionDenied, wantReason: rpc.ReasonPermissionDenied,
 		},
 		{

@@ -37,6 +37,7 @@ type RateLimits struct {
 func DefaultConfig() Config {
 	return Config{
 		DefaultLimits:          RateLimits{RPM: 600, TPM: 200_000},
+		Tenants:                map[string]RateLimits{}, // printed as {} so the key is discoverable
 		DefaultMaxOutputTokens: 1024,
 		ReservationTTL:         2 * time.Minute,
 		SweepInterval:          30 * time.Second,

@@ -1,0 +1,333 @@
+package quota
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+)
+
+// testTenantHeader stands in for the auth interceptor: the server test authenticates a
+// call as the tenant this header names.
+const testTenantHeader = "x-test-tenant"
+
+func authenticateFromHeader(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(testTenantHeader)) > 0 {
+		ctx = rpc.WithTenant(ctx, md.Get(testTenantHeader)[0])
+	}
+	return handler(ctx, req)
+}
+
+// startServer serves f.svc over bufconn and returns a client of the generated API.
+func startServer(t *testing.T, f *fixture) quotav1.QuotaServiceClient {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(grpc.UnaryInterceptor(authenticateFromHeader))
+	quotav1.RegisterQuotaServiceServer(srv, newServer(f.svc))
+	go func() { _ = srv.Serve(lis) }() // returns when Stop closes the listener
+	t.Cleanup(srv.Stop)
+
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return quotav1.NewQuotaServiceClient(conn)
+}
+
+func asTenant(tenant string) context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), testTenantHeader, tenant)
+}
+
+func quality(tenant string) *mantlev1.QualityContext {
+	return &mantlev1.QualityContext{RequestId: "req-1", Tenant: tenant}
+}
+
+func TestServerReserveGrants(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testConfig())
+	client := startServer(t, f)
+	earlier := &mantlev1.AuditStep{Service: "router", Step: "route"}
+	resp, err := client.Reserve(context.Background(), &quotav1.ReserveRequest{
+		Quality:         &mantlev1.QualityContext{RequestId: "req-1", Tenant: "acme", Audit: []*mantlev1.AuditStep{earlier}},
+		Model:           "gpt-4o",
+		InputTokens:     900,
+		MaxOutputTokens: 100,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetReservationId() == "" || resp.GetReservedTokens() != 1000 || !resp.GetExpiresAt().AsTime().Equal(t0.Add(2*time.Minute)) {
+		t.Errorf("reservation = %q, %d tokens, expires %v", resp.GetReservationId(), resp.GetReservedTokens(), resp.GetExpiresAt().AsTime())
+	}
+	wantLimits := &quotav1.Limits{
+		LimitRequests: 60, RemainingRequests: 59, ResetRequests: durationpb.New(time.Second),
+		LimitTokens: 6000, RemainingTokens: 5000, ResetTokens: durationpb.New(10 * time.Second),
+	}
+	if !proto.Equal(resp.GetLimits(), wantLimits) {
+		t.Errorf("limits = %v, want %v", resp.GetLimits(), wantLimits)
+	}
+	audit := resp.GetQuality().GetAudit()
+	if len(audit) != 2 || !proto.Equal(audit[0], earlier) {
+		t.Fatalf("audit = %v, want the router's step followed by quota's", audit)
+	}
+	step := audit[1]
+	if step.GetService() != "quota" || step.GetStep() != "reserve" || !step.GetAt().AsTime().Equal(t0) ||
+		!strings.Contains(step.GetDetail(), "reserved 1000 tokens (900 input + 100 max output)") {
+		t.Errorf("audit step = %v", step)
+	}
+	if resp.GetQuality().GetRequestId() != "req-1" {
+		t.Errorf("quality lost its request id: %v", resp.GetQuality())
+	}
+}
+
+func TestServerTenantResolution(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name          string
+		ctx           context.Context
+		claimed       string
+		wantCode      codes.Code
+		wantReason    string
+		wantFields    []string
+		wantTenantOut string
+	}{
+		{"authenticated tenant fills an empty claim", asTenant("acme"), "", codes.OK, "", nil, "acme"},
+		{"matching claim", asTenant("acme"), "acme", codes.OK, "", nil, "acme"},
+		{"unauthenticated call uses the claim", context.Background(), "acme", codes.OK, "", nil, "acme"},
+		{"mismatch is denied", asTenant("acme"), "beta", codes.PermissionDenied, rpc.ReasonPermissionDenied, nil, ""},
+		{"no tenant at all", context.Background(), "", codes.InvalidArgument, rpc.ReasonInvalidRequest, []string{"quality.tenant"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, testConfig())
+			client := startServer(t, f)
+			resp, err := client.Reserve(tt.ctx, &quotav1.ReserveRequest{Quality: quality(tt.claimed), Model: "m", InputTokens: 1})
+			assertStatus(t, err, tt.wantCode, tt.wantReason)
+			if got := rpc.BadRequestFields(err); !slices.Equal(got, tt.wantFields) {
+				t.Errorf("BadRequest fields = %v, want %v", got, tt.wantFields)
+			}
+			if got := resp.GetQuality().GetTenant(); got != tt.wantTenantOut {
+				t.Errorf("quality.tenant = %q, want %q", got, tt.wantTenantOut)
+			}
+		})
+	}
+}
+
+func TestServerReserveErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name         string
+		req          *quotav1.ReserveRequest
+		wantCode     codes.Code
+		wantReason   string
+		wantFields   []string
+		wantSubjects []string
+		wantRetry    time.Duration // 0: no RetryInfo
+	}{
+		{
+			name:     "exhausted",
+			req:      &quotav1.ReserveRequest{Quality: quality("acme"), Model: "m", InputTokens: 249, MaxOutputTokens: 1},
+			wantCode: codes.ResourceExhausted, wantReason: "QUOTA_EXHAUSTED",
+			wantSubjects: []string{"tenant:acme:tpm"}, wantRetry: 2500 * time.Millisecond,
+		},
+		{
+			name:     "too large",
+			req:      &quotav1.ReserveRequest{Quality: quality("acme"), Model: "m", InputTokens: 100, MaxOutputTokens: 6000},
+			wantCode: codes.FailedPrecondition, wantReason: "REQUEST_TOO_LARGE",
+			wantFields: []string{"max_output_tokens"}, wantSubjects: []string{"tenant:acme:tpm"},
+		},
+		{
+			name:     "invalid",
+			req:      &quotav1.ReserveRequest{Quality: quality("acme"), InputTokens: -1},
+			wantCode: codes.InvalidArgument, wantReason: "INVALID_REQUEST",
+			wantFields: []string{"model", "input_tokens"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, testConfig())
+			client := startServer(t, f)
+			// Drain the bucket so "exhausted" has something to wait for.
+			f.reserve(t, "acme", 5999, 1)
+
+			_, err := client.Reserve(context.Background(), tt.req)
+			assertStatus(t, err, tt.wantCode, tt.wantReason)
+			if got := rpc.BadRequestFields(err); !slices.Equal(got, tt.wantFields) {
+				t.Errorf("BadRequest fields = %v, want %v", got, tt.wantFields)
+			}
+			if got := quotaFailureSubjects(err); !slices.Equal(got, tt.wantSubjects) {
+				t.Errorf("QuotaFailure subjects = %v, want %v", got, tt.wantSubjects)
+			}
+			retry, hasRetry := rpc.RetryDelay(err)
+			if hasRetry != (tt.wantRetry > 0) || retry != tt.wantRetry {
+				t.Errorf("RetryInfo = %v (present %v), want %v", retry, hasRetry, tt.wantRetry)
+			}
+		})
+	}
+}
+
+func TestServerSettle(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testConfig())
+	client := startServer(t, f)
+	ctx := asTenant("acme")
+	r, err := client.Reserve(ctx, &quotav1.ReserveRequest{Quality: quality(""), Model: "m", InputTokens: 900, MaxOutputTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle := func(ctx context.Context, q *mantlev1.QualityContext, id string, usage *mantlev1.Usage) (*quotav1.SettleResponse, error) {
+		return client.Settle(ctx, &quotav1.SettleRequest{Quality: q, ReservationId: id, Usage: usage})
+	}
+
+	steps := []struct {
+		name         string
+		call         func() (*quotav1.SettleResponse, error)
+		wantCode     codes.Code
+		wantReason   string
+		wantFields   []string
+		wantRefunded int64
+	}{
+		{"missing usage", func() (*quotav1.SettleResponse, error) { return settle(ctx, nil, r.GetReservationId(), nil) },
+			codes.InvalidArgument, "INVALID_REQUEST", []string{"usage"}, 0},
+		{"another tenant's claim", func() (*quotav1.SettleResponse, error) {
+			return settle(ctx, quality("beta"), r.GetReservationId(), &mantlev1.Usage{})
+		}, codes.PermissionDenied, "PERMISSION_DENIED", nil, 0},
+		{"another authenticated tenant", func() (*quotav1.SettleResponse, error) {
+			return settle(asTenant("beta"), nil, r.GetReservationId(), &mantlev1.Usage{})
+		}, codes.NotFound, "RESERVATION_NOT_FOUND", nil, 0},
+		{"refund", func() (*quotav1.SettleResponse, error) {
+			return settle(ctx, nil, r.GetReservationId(), &mantlev1.Usage{InputTokens: 300, OutputTokens: 100})
+		}, codes.OK, "", nil, 600},
+		{"twice", func() (*quotav1.SettleResponse, error) {
+			return settle(ctx, nil, r.GetReservationId(), &mantlev1.Usage{InputTokens: 300, OutputTokens: 100})
+		}, codes.NotFound, "RESERVATION_NOT_FOUND", nil, 0},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			resp, err := s.call()
+			assertStatus(t, err, s.wantCode, s.wantReason)
+			if got := rpc.BadRequestFields(err); !slices.Equal(got, s.wantFields) {
+				t.Errorf("BadRequest fields = %v, want %v", got, s.wantFields)
+			}
+			if resp.GetRefundedTokens() != s.wantRefunded {
+				t.Errorf("refunded = %d, want %d", resp.GetRefundedTokens(), s.wantRefunded)
+			}
+			if err == nil && resp.GetLimits().GetRemainingTokens() != 5600 {
+				t.Errorf("remaining tokens = %d, want 5600", resp.GetLimits().GetRemainingTokens())
+			}
+		})
+	}
+}
+
+func TestServerCountTokens(t *testing.T) {
+	t.Parallel()
+	client := startServer(t, newFixture(t, testConfig()))
+	resp, err := client.CountTokens(context.Background(), &quotav1.CountTokensRequest{
+		Model:    "deepseek-chat",
+		Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "我们今天讨论令牌计数"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &quotav1.CountTokensResponse{Tokens: 3 + 4 + 7, Tokenizer: "estimate/zh-optimized", Exact: false}
+	if !proto.Equal(resp, want) {
+		t.Errorf("got %v, want %v", resp, want)
+	}
+
+	_, err = client.CountTokens(context.Background(), &quotav1.CountTokensRequest{Model: "gpt-4"})
+	assertStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+	if got := rpc.BadRequestFields(err); !slices.Equal(got, []string{"messages"}) {
+		t.Errorf("BadRequest fields = %v, want [messages]", got)
+	}
+}
+
+func TestToStatus(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		err        error
+		wantCode   codes.Code
+		wantReason string // "" when no ErrorInfo is expected
+		wantMsg    string
+		wantLogged bool
+	}{
+		{"canceled keeps its code", fmt.Errorf("reserve: %w", context.Canceled), codes.Canceled, "", "reserve: context canceled", false},
+		{"deadline keeps its code", fmt.Errorf("settle: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "", "settle: context deadline exceeded", false},
+		{"not found", fmt.Errorf("settle x: %w", ErrReservationNotFound), codes.NotFound, "RESERVATION_NOT_FOUND", "settle x: reservation not found", false},
+		{"unknown becomes a generic internal error", errors.New("redis: connection refused to 10.0.0.7"), codes.Internal, "INTERNAL", "internal error", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var logs bytes.Buffer
+			s := &server{log: slog.New(slog.NewTextHandler(&logs, nil))}
+			err := s.toStatus(tt.err)
+			assertStatus(t, err, tt.wantCode, tt.wantReason)
+			if got := status.Convert(err).Message(); got != tt.wantMsg {
+				t.Errorf("message = %q, want %q", got, tt.wantMsg)
+			}
+			logged := strings.Count(logs.String(), "connection refused")
+			if tt.wantLogged && logged != 1 {
+				t.Errorf("the real error was logged %d times, want once:\n%s", logged, logs.String())
+			}
+			if !tt.wantLogged && logs.Len() > 0 {
+				t.Errorf("logged %q for an expected error", logs.String())
+			}
+		})
+	}
+}
+
+// assertStatus checks the code and, when wantReason is set, the ErrorInfo.
+func assertStatus(t *testing.T, err error, wantCode codes.Code, wantReason string) {
+	t.Helper()
+	if got := status.Code(err); got != wantCode {
+		t.Fatalf("code = %v, want %v (err %v)", got, wantCode, err)
+	}
+	info := rpc.ErrorInfo(err)
+	if wantReason == "" {
+		if info != nil {
+			t.Errorf("ErrorInfo = %v, want none", info)
+		}
+		return
+	}
+	if info.GetReason() != wantReason || info.GetDomain() != "quota.mantle" {
+		t.Errorf("ErrorInfo = %v, want reason %s in domain quota.mantle", info, wantReason)
+	}
+}
+
+func quotaFailureSubjects(err error) []string {
+	var subjects []string
+	for _, d := range status.Convert(err).Details() {
+		if qf, ok := d.(*errdetails.QuotaFailure); ok {
+			for _, v := range qf.GetViolations() {
+				subjects = append(subjects, v.GetSubject())
+			}
+		}
+	}
+	return subjects
+}
