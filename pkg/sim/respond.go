@@ -93,7 +93,7 @@ func setLimitHeaders(h http.Header, l limitHeaders) {
 	}
 	if l.limitTokens > 0 {
 		h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(l.limitTokens, 10))
-		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(l.remainingToken, 10))
+		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(l.remainingTokens, 10))
 		h.Set("x-ratelimit-reset-tokens", reset)
 	}
 }

@@ -318,10 +318,10 @@ type rateWindow struct {
 
 // limitHeaders is what the x-ratelimit-* headers of one answer say.
 type limitHeaders struct {
-	known                             bool
-	limitRequests, limitTokens        int64
-	remainingRequests, remainingToken int64
-	reset                             time.Duration
+	known                              bool
+	limitRequests, limitTokens         int64
+	remainingRequests, remainingTokens int64
+	reset                              time.Duration
 }
 
 // admit counts a call against the window and reports whether it fits. Calls the error mix
@@ -345,11 +345,11 @@ func (w *rateWindow) admit(now time.Time, rl RateLimit, length time.Duration, co
 		limitRequests:     reqLimit,
 		limitTokens:       tokLimit,
 		remainingRequests: max(0, reqLimit-w.requests),
-		remainingToken:    max(0, tokLimit-w.tokens),
+		remainingTokens:   max(0, tokLimit-w.tokens),
 		reset:             length - now.Sub(w.start),
 	}
 	if !fits {
-		h.remainingRequests, h.remainingToken = 0, 0
+		h.remainingRequests, h.remainingTokens = 0, 0
 	}
 	return fits, h
 }

@@ -156,10 +156,10 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 	}
 	invalid := validatePrompt(req.Prompt)
 	if req.Content == "" {
-		invalid = invalid.Add("content", "required")
+		invalid.Add("content", "required")
 	}
 	if req.TTL < 0 {
-		invalid = invalid.Add("ttl", "must not be negative, got %s", req.TTL)
+		invalid.Add("ttl", "must not be negative, got %s", req.TTL)
 	}
 	if err := invalid.OrNil(); err != nil {
 		return StoreResult{}, err

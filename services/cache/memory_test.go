@@ -3,7 +3,9 @@ package cache
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -146,5 +148,44 @@ func TestMemoryIndexDeleteRequiresTenant(t *testing.T) {
 	}
 	if idx.Len() != 1 {
 		t.Errorf("Len() = %d, want 1", idx.Len())
+	}
+}
+
+// TestMemoryIndexConcurrentUse gives the race detector concurrent readers, writers and
+// deleters; the bound must hold throughout.
+func TestMemoryIndexConcurrentUse(t *testing.T) {
+	t.Parallel()
+	const workers, rounds, maxEntries = 8, 200, 50
+	idx := NewMemoryIndex(maxEntries)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			ctx := context.Background()
+			for i := range rounds {
+				e := testEntry(fmt.Sprintf("%d-%d", w, i), "acme", "support")
+				if err := idx.Put(ctx, e); err != nil {
+					t.Errorf("Put: %v", err)
+					return
+				}
+				if _, _, err := idx.Get(ctx, e.Key, epoch); err != nil {
+					t.Errorf("Get: %v", err)
+					return
+				}
+				if i%50 == 0 {
+					if _, err := idx.Delete(ctx, Filter{Tenant: "acme", ID: e.ID}); err != nil {
+						t.Errorf("Delete: %v", err)
+						return
+					}
+				}
+				if n := idx.Len(); n > maxEntries {
+					t.Errorf("Len() = %d, above the bound %d", n, maxEntries)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := idx.Len(); n != maxEntries {
+		t.Errorf("Len() after %d puts = %d, want %d", workers*rounds, n, maxEntries)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"time"
 
@@ -54,23 +55,25 @@ type Service struct {
 	metrics *metrics
 }
 
-// NewService builds a Service. cfg must be valid (see Config.Validate).
+// NewService validates cfg and builds a Service.
 func NewService(cfg Config, deps Deps) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
 	if deps.Store == nil || deps.Clock == nil || deps.Metrics == nil || deps.Log == nil {
-		return nil, errors.New("quota: Store, Clock, Metrics and Log are required")
+		return nil, errors.New("missing dependency: Store, Clock, Metrics and Log are required")
 	}
 	m, err := newMetrics(deps.Metrics)
 	if err != nil {
 		return nil, err
 	}
-	events := deps.Events
-	if events == nil {
-		events = discardEvents{}
+	publisher := deps.Events
+	if publisher == nil {
+		publisher = discardEvents{}
 	}
-	return &Service{cfg: cfg, store: deps.Store, clock: deps.Clock, log: deps.Log, events: events, metrics: m}, nil
+	// The caller keeps its map; sharing it would let a later write race with readers.
+	cfg.Tenants = maps.Clone(cfg.Tenants)
+	return &Service{cfg: cfg, store: deps.Store, clock: deps.Clock, log: deps.Log, events: publisher, metrics: m}, nil
 }
 
 // ReserveRequest asks to admit one model call.

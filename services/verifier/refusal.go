@@ -117,7 +117,7 @@ func indexWord(key, phrase []byte) int {
 		last, _ := utf8.DecodeLastRune(phrase)
 		before, _ := utf8.DecodeLastRune(key[:i])
 		after, _ := utf8.DecodeRune(key[i+len(phrase):])
-		if isBoundary(before, first) || true {
+		if isBoundary(before, first) && isBoundary(last, after) {
 			return i
 		}
 		_, size := utf8.DecodeRune(key[i:])

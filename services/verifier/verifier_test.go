@@ -237,6 +237,13 @@ func TestVerifyL1(t *testing.T) {
 			wantFindings: []wantFinding{{Code: CodeRefusal, Blocking: true}},
 		},
 		{
+			name: "short answer with the refusal after its opening",
+			answer: Answer{Content: "Thanks for asking about the merger documents and the minutes of the last board " +
+				"meeting. Unfortunately I cannot help with requests for confidential material."},
+			wantClass: ClassRefusal, wantGrade: GradeLow,
+			wantFindings: []wantFinding{{Code: CodeRefusal, Blocking: true}},
+		},
+		{
 			name:      "refusal to a JSON request",
 			answer:    Answer{Content: "I cannot help with that.", Format: jsonObject("answer")},
 			wantClass: ClassRefusal, wantGrade: GradeLow,
@@ -351,8 +358,14 @@ func TestVerifyL1(t *testing.T) {
 			wantFindings: []wantFinding{{Code: CodeEncoding, Blocking: true}},
 		},
 		{
-			name:      "Latin mojibake",
-			answer:    Answer{Content: "Itâ€™s a cafÃ© on the corner."},
+			name:      "Latin mojibake of an accent",
+			answer:    Answer{Content: "Meet me at the cafÃ© on the corner."},
+			wantClass: ClassMalformedOutput, wantGrade: GradeLow,
+			wantFindings: []wantFinding{{Code: CodeEncoding, Blocking: true}},
+		},
+		{
+			name:      "Latin mojibake of a curly apostrophe",
+			answer:    Answer{Content: "Itâ€™s on the corner."},
 			wantClass: ClassMalformedOutput, wantGrade: GradeLow,
 			wantFindings: []wantFinding{{Code: CodeEncoding, Blocking: true}},
 		},

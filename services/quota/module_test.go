@@ -1,0 +1,65 @@
+package quota
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/mantle-mesh/mantle/pkg/app"
+)
+
+func testEnv() app.Env {
+	return app.Env{
+		GRPC:    grpc.NewServer(),
+		Log:     slog.New(slog.DiscardHandler),
+		Metrics: prometheus.NewRegistry(),
+		Events:  &recordingPublisher{},
+		Clock:   clockwork.NewFakeClockAt(t0),
+	}
+}
+
+func TestModule(t *testing.T) {
+	t.Parallel()
+	t.Run("registers the service and returns the sweeper", func(t *testing.T) {
+		t.Parallel()
+		env := testEnv()
+		m := Module(DefaultConfig())
+		if m.Name != "quota" || len(m.Deps) != 0 {
+			t.Errorf("module = %q with deps %v, want quota with none", m.Name, m.Deps)
+		}
+		run, err := m.New(context.Background(), env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := env.GRPC.GetServiceInfo()["mantle.quota.v1.QuotaService"]; !ok {
+			t.Errorf("services registered: %v, want mantle.quota.v1.QuotaService", env.GRPC.GetServiceInfo())
+		}
+		if run == nil {
+			t.Fatal("Runnable is nil, want the sweeper")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run.Run(ctx) }()
+		if err := env.Clock.(*clockwork.FakeClock).BlockUntilContext(ctx, 1); err != nil { // the sweeper's ticker
+			t.Fatal(err)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v, want nil after cancel", err)
+		}
+	})
+	t.Run("refuses an invalid config", func(t *testing.T) {
+		t.Parallel()
+		cfg := DefaultConfig()
+		cfg.ReservationTTL = 0
+		_, err := Module(cfg).New(context.Background(), testEnv())
+		if err == nil || !strings.Contains(err.Error(), "reservation_ttl: must be positive") {
+			t.Errorf("err = %v, want it to name reservation_ttl", err)
+		}
+	})
+}
