@@ -54,16 +54,37 @@ func randomHex(n int) string {
 }
 
 // TraceIDFromTraceParent extracts the trace id of a W3C traceparent header
-// ("00-<32 hex trace id>-<16 hex parent id>-<flags>").
+// ("00-<32 hex trace id>-<16 hex parent id>-<flags>"). Like the W3C Trace Context spec
+// asks, a header with upper-case hex, an all-zero trace or parent id, version ff, or
+// extra fields on version 00 is ignored rather than propagated.
 func TraceIDFromTraceParent(tp string) (string, bool) {
 	parts := strings.Split(tp, "-")
-	if len(parts) != 4 || len(parts[1]) != 32 {
+	if len(parts) < 4 {
 		return "", false
 	}
-	if _, err := hex.DecodeString(parts[1]); err != nil || parts[1] == strings.Repeat("0", 32) {
+	version, traceID, parentID, flags := parts[0], parts[1], parts[2], parts[3]
+	if !isLowerHex(version, 2) || version == "ff" || (version == "00" && len(parts) != 4) {
 		return "", false
 	}
-	return parts[1], true
+	if !isLowerHex(traceID, 32) || traceID == strings.Repeat("0", 32) ||
+		!isLowerHex(parentID, 16) || parentID == strings.Repeat("0", 16) ||
+		!isLowerHex(flags, 2) {
+		return "", false
+	}
+	return traceID, true
+}
+
+// isLowerHex reports whether s is n lower-case hex digits.
+func isLowerHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // traceParent formats a traceparent for an outgoing call on trace id.

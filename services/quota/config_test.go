@@ -1,11 +1,11 @@
 package quota
 
 import (
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -75,8 +75,8 @@ sweep_interval: 1m
 			}
 			want := DefaultConfig()
 			tt.want(&want)
-			if !reflect.DeepEqual(got, want) {
-				t.Errorf("got %+v\nwant %+v", got, want)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("config mismatch (-want +got):\n%s", diff)
 			}
 		})
 	}
@@ -98,8 +98,8 @@ func TestConfigYAMLRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(back, DefaultConfig()) {
-		t.Errorf("round trip changed the config: %+v", back)
+	if diff := cmp.Diff(DefaultConfig(), back); diff != "" {
+		t.Errorf("round trip changed the config (-want +got):\n%s", diff)
 	}
 }
 

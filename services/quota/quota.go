@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
@@ -135,7 +135,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 		return Reserved{}, err
 	}
 
-	res := Reservation{ID: newReservationID(), Cost: cost, ExpiresAt: now.Add(s.cfg.ReservationTTL)}
+	res := Reservation{ID: uuid.NewString(), Cost: cost, ExpiresAt: now.Add(s.cfg.ReservationTTL)}
 	levels, err := s.store.Reserve(ctx, now, key, limits, res)
 	if exhausted, ok := errors.AsType[*ExhaustedError](err); ok {
 		s.reject(ctx, now, req, exhausted.Bucket, exhausted.RetryAfter, rpc.ReasonQuotaExhausted)
@@ -321,15 +321,6 @@ func addSaturating(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
-}
-
-// newReservationID returns a random (version 4) UUID. crypto/rand never fails.
-func newReservationID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40 // version 4
-	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 type discardEvents struct{}

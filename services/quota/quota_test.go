@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -141,8 +142,8 @@ func TestReserveRetryAfterIsAccurate(t *testing.T) {
 				t.Fatalf("err = %v, want *ExhaustedError", err)
 			}
 			want := ExhaustedError{Bucket: "tenant:acme:tpm", Cost: tt.need, Remaining: tt.wantRemaining, RetryAfter: tt.wantRetry}
-			if *exhausted != want {
-				t.Fatalf("got %+v, want %+v", *exhausted, want)
+			if diff := cmp.Diff(want, *exhausted); diff != "" {
+				t.Fatalf("refusal mismatch (-want +got):\n%s", diff)
 			}
 
 			f.clock.Advance(tt.wantRetry - 1)
@@ -214,8 +215,8 @@ func TestReserveRequestTooLarge(t *testing.T) {
 				t.Fatalf("err = %v, want *TooLargeError", err)
 			}
 			want := TooLargeError{Bucket: "tenant:acme:tpm", Field: tt.wantField, Cost: tt.wantCost, Limit: 6000}
-			if *tooLarge != want {
-				t.Errorf("got %+v, want %+v", *tooLarge, want)
+			if diff := cmp.Diff(want, *tooLarge); diff != "" {
+				t.Errorf("refusal mismatch (-want +got):\n%s", diff)
 			}
 			events := f.events.rejections(t)
 			if len(events) != 1 {
@@ -593,8 +594,8 @@ func TestServiceCountTokens(t *testing.T) {
 			if tt.wantField == "" && err != nil {
 				t.Fatal(err)
 			}
-			if got != tt.want {
-				t.Errorf("got %+v, want %+v", got, tt.want)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("count mismatch (-want +got):\n%s", diff)
 			}
 		})
 	}

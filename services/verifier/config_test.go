@@ -3,10 +3,10 @@ package verifier
 import (
 	"bytes"
 	"context"
-	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -107,8 +107,8 @@ func TestConfigYAML(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Decode: %v", err)
 			}
-			if want := tt.want(); !reflect.DeepEqual(cfg, want) {
-				t.Errorf("decoded config:\n got  %+v\n want %+v", cfg, want)
+			if diff := cmp.Diff(tt.want(), cfg); diff != "" {
+				t.Errorf("decoded config mismatch (-want +got):\n%s", diff)
 			}
 			if err := cfg.Validate(); err != nil {
 				t.Errorf("Validate() = %v, want nil", err)

@@ -19,6 +19,10 @@
 //     (present and non-empty) and low_confidence (a top-level numeric "confidence" below
 //     confidence_threshold).
 //
+// Classes: truncated -> ERROR_CLASS_TRUNCATED, refusal -> ERROR_CLASS_REFUSAL,
+// low_confidence -> ERROR_CLASS_VERIFICATION_FAILED (well-formed but untrustworthy); every
+// other blocking finding, repetition included, is ERROR_CLASS_MALFORMED_OUTPUT.
+//
 // Findings are listed in that order, and the verdict's failure class is the class of the
 // first blocking finding. The order puts the finding that explains the others first: a
 // truncated answer also fails to parse, garbled bytes defeat every later check, and a

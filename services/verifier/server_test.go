@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -128,8 +128,8 @@ func TestServerVerifyReturnsVerdictAndQuality(t *testing.T) {
 				}},
 			},
 		}
-		if !proto.Equal(resp, want) {
-			t.Errorf("Verify response:\n got  %v\n want %v", resp, want)
+		if diff := cmp.Diff(want, resp, protocmp.Transform()); diff != "" {
+			t.Errorf("Verify response mismatch (-want +got):\n%s", diff)
 		}
 	})
 
@@ -155,8 +155,8 @@ func TestServerVerifyReturnsVerdictAndQuality(t *testing.T) {
 			L1Failures:   []string{CodeTruncated, CodeJSONParse},
 			FailureClass: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED,
 		}
-		if got := resp.GetQuality().GetVerification(); !proto.Equal(got, wantVerification) {
-			t.Errorf("quality.verification = %v, want %v", got, wantVerification)
+		if diff := cmp.Diff(wantVerification, resp.GetQuality().GetVerification(), protocmp.Transform()); diff != "" {
+			t.Errorf("quality.verification mismatch (-want +got):\n%s", diff)
 		}
 		if got := resp.GetQuality().GetQualityGrade(); got != mantlev1.QualityGrade_QUALITY_GRADE_LOW {
 			t.Errorf("quality.quality_grade = %v, want LOW", got)
@@ -253,8 +253,8 @@ func TestServerVerifyErrors(t *testing.T) {
 			if info.GetReason() != tt.wantReason || info.GetDomain() != errorDomain {
 				t.Errorf("ErrorInfo = %v, want reason %q domain %q", info, tt.wantReason, errorDomain)
 			}
-			if fields := rpc.BadRequestFields(err); !reflect.DeepEqual(fields, tt.wantFields) {
-				t.Errorf("BadRequest fields = %q, want %q", fields, tt.wantFields)
+			if diff := cmp.Diff(tt.wantFields, rpc.BadRequestFields(err)); diff != "" {
+				t.Errorf("BadRequest fields mismatch (-want +got):\n%s", diff)
 			}
 			if delay, ok := rpc.RetryDelay(err); ok {
 				t.Errorf("RetryInfo present (%v); retrying cannot fix this request", delay)

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -421,8 +421,8 @@ func TestVerifyL1(t *testing.T) {
 			if got.Grade != tt.wantGrade {
 				t.Errorf("Grade = %v, want %v", got.Grade, tt.wantGrade)
 			}
-			if keys := findingKeys(got.Findings); !reflect.DeepEqual(keys, tt.wantFindings) {
-				t.Errorf("findings:\n got  %+v\n want %+v\n(messages: %q)", keys, tt.wantFindings, messages(got.Findings))
+			if diff := cmp.Diff(tt.wantFindings, findingKeys(got.Findings)); diff != "" {
+				t.Errorf("findings mismatch (-want +got):\n%s(messages: %q)", diff, messages(got.Findings))
 			}
 			wantLayer := ""
 			if tt.wantClass != ClassNone {
@@ -486,8 +486,8 @@ func TestVerdictRiskAndCodes(t *testing.T) {
 			if got.RiskScore != tt.wantRisk {
 				t.Errorf("RiskScore = %v, want %v", got.RiskScore, tt.wantRisk)
 			}
-			if codes := got.FailedCodes(); !reflect.DeepEqual(codes, tt.wantCodes) {
-				t.Errorf("FailedCodes() = %q, want %q", codes, tt.wantCodes)
+			if diff := cmp.Diff(tt.wantCodes, got.FailedCodes()); diff != "" {
+				t.Errorf("FailedCodes() mismatch (-want +got):\n%s", diff)
 			}
 		})
 	}
@@ -536,8 +536,8 @@ func TestVerifyRejectsInvalidRequests(t *testing.T) {
 			for _, fv := range invalid.Violations {
 				fields = append(fields, fv.Field)
 			}
-			if !reflect.DeepEqual(fields, tt.wantFields) {
-				t.Errorf("violated fields = %q, want %q", fields, tt.wantFields)
+			if diff := cmp.Diff(tt.wantFields, fields); diff != "" {
+				t.Errorf("violated fields mismatch (-want +got):\n%s", diff)
 			}
 		})
 	}
