@@ -76,7 +76,8 @@ type App struct {
 	conns  map[string]*grpc.ClientConn
 }
 
-// Resolve expands targets into module names in dependency order and checks that every
+// Resolve expands targets (module names or "all"; an element may itself be a comma list,
+// as --target is) into the sorted, de-duplicated module names, and checks that every
 // dependency outside the selection has an address.
 func Resolve(modules []Module, targets []string, addresses map[string]string) ([]string, error) {
 	byName := make(map[string]Module, len(modules))
@@ -84,8 +85,7 @@ func Resolve(modules []Module, targets []string, addresses map[string]string) ([
 		byName[m.Name] = m
 	}
 	var selected []string
-	for _, t := range targets {
-		t = strings.TrimSpace(t)
+	for _, t := range splitTargets(targets) {
 		switch {
 		case t == TargetAll:
 			for _, m := range modules {
@@ -110,6 +110,19 @@ func Resolve(modules []Module, targets []string, addresses map[string]string) ([
 		}
 	}
 	return selected, nil
+}
+
+// splitTargets splits comma lists and drops blanks.
+func splitTargets(targets []string) []string {
+	var out []string
+	for _, t := range targets {
+		for _, part := range strings.Split(t, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				out = append(out, part)
+			}
+		}
+	}
+	return out
 }
 
 // Names lists module names.
@@ -168,7 +181,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 		}
 		r, err := m.New(ctx, env.with(deps.Log.With("module", m.Name)))
 		if err != nil {
-			a.closeListeners()
+			a.abort()
 			return nil, fmt.Errorf("%s: %w", m.Name, err)
 		}
 		if r != nil {
@@ -193,12 +206,22 @@ func (a *App) Targets() []string { return slices.Clone(a.selected) }
 // NOT_SERVING and /readyz 503 first, in-flight calls drain within the shutdown timeout,
 // then modules stop.
 func (a *App) Run(ctx context.Context) error {
+	// A module that fails stops the process like a cancelled ctx does.
+	ctx, moduleFailed := context.WithCancel(ctx)
+	defer moduleFailed()
 	g, gctx := errgroup.WithContext(ctx)
 	modCtx, stopModules := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopModules()
 	var modules errgroup.Group
 	for _, r := range a.run {
-		modules.Go(func() error { return r.Run(modCtx) })
+		modules.Go(func() error {
+			err := r.Run(modCtx)
+			if err != nil {
+				a.deps.Log.Error("module failed; shutting down", "err", err)
+				moduleFailed()
+			}
+			return err
+		})
 	}
 	g.Go(func() error {
 		if err := a.grpc.Serve(a.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -304,4 +327,19 @@ func (a *App) closeConns() {
 func (a *App) closeListeners() {
 	a.grpcLis.Close()
 	a.httpLis.Close()
+}
+
+// abort releases what New acquired when a module fails to build: the listeners, the
+// connections modules dialled, and the modules already built, whose Run is called with a
+// done context so they release what their New started (the router's sim servers, say).
+func (a *App) abort() {
+	a.closeListeners()
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, r := range a.run {
+		if err := r.Run(done); err != nil {
+			a.deps.Log.Warn("stopping a module after a failed start", "err", err)
+		}
+	}
+	a.closeConns()
 }

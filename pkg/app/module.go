@@ -27,7 +27,9 @@ type Module struct {
 }
 
 // Runnable is background work a module owns. Run blocks until ctx is done and returns nil
-// on a clean stop. A module without background work returns nil from New.
+// on a clean stop; an error stops the whole process. When a module built after this one
+// fails, Run is called with a context that is already done, so it must then release what
+// New acquired and return. A module without background work returns nil from New.
 type Runnable interface {
 	Run(ctx context.Context) error
 }

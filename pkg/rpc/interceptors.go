@@ -28,10 +28,12 @@ import (
 //
 //  1. request metadata: request id and trace id into the context, so every later
 //     interceptor and handler log them;
-//  2. logging: one structured line per call with code and duration;
-//  3. metrics: grpc_server_* counters and histograms on the process registry;
-//  4. error backstop: an error that is not a status becomes INTERNAL with a generic
-//     message (the cause was logged by step 2), so internals never leak to callers;
+//  2. metrics: grpc_server_* counters and histograms on the process registry; outside
+//     the backstop, so they count the codes callers see;
+//  3. error backstop: an error that is not a status becomes INTERNAL with a generic
+//     message (the cause was logged by step 4), so internals never leak to callers;
+//  4. logging: one structured line per call with duration, the code the caller sees and
+//     the handler's own error; inside the backstop, so the cause is not lost;
 //  5. panic recovery: a panic becomes INTERNAL and its stack is logged;
 //  6. tenant authentication, skipped for health and reflection.
 func ServerOptions(log *slog.Logger, reg prometheus.Registerer, authn *Authenticator) ([]grpc.ServerOption, error) {
@@ -42,6 +44,8 @@ func ServerOptions(log *slog.Logger, reg prometheus.Registerer, authn *Authentic
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
 		logging.WithFieldsFromContext(logFields),
+		// The logger sees the handler's error; log the code the backstop turns it into.
+		logging.WithCodes(func(err error) codes.Code { return status.Code(backstop(err)) }),
 	}
 	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()),
@@ -54,17 +58,17 @@ func ServerOptions(log *slog.Logger, reg prometheus.Registerer, authn *Authentic
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(
 			requestMetaUnary,
-			logging.UnaryServerInterceptor(slogAdapter(log), logOpts...),
 			metrics.UnaryServerInterceptor(),
 			backstopUnary,
+			logging.UnaryServerInterceptor(slogAdapter(log), logOpts...),
 			recovery.UnaryServerInterceptor(recoverOpt),
 			selector.UnaryServerInterceptor(auth.UnaryServerInterceptor(authFunc), needsAuth),
 		),
 		grpc.ChainStreamInterceptor(
 			requestMetaStream,
-			logging.StreamServerInterceptor(slogAdapter(log), logOpts...),
 			metrics.StreamServerInterceptor(),
 			backstopStream,
+			logging.StreamServerInterceptor(slogAdapter(log), logOpts...),
 			recovery.StreamServerInterceptor(recoverOpt),
 			selector.StreamServerInterceptor(auth.StreamServerInterceptor(authFunc), needsAuth),
 		),

@@ -165,6 +165,7 @@ func (c Config) Validate() error {
 			add("%s: prices must not be negative", key)
 		}
 	}
+	routes := map[string]bool{}
 	for i, r := range c.Routes {
 		key := fmt.Sprintf("routes[%d]", i)
 		switch {
@@ -172,7 +173,10 @@ func (c Config) Validate() error {
 			add("%s.name: required", key)
 		case models[r.Name]:
 			add("%s.name: %q is already a model name", key, r.Name)
+		case routes[r.Name]:
+			add("%s.name: duplicate route %q", key, r.Name)
 		}
+		routes[r.Name] = true
 		if len(r.Candidates) == 0 {
 			add("%s.candidates: at least one model is required", key)
 		}
@@ -183,6 +187,9 @@ func (c Config) Validate() error {
 		}
 		if r.Budget < 0 {
 			add("%s.budget: must not be negative", key)
+		}
+		if r.Budget > 0 && r.Budget <= c.HopReserve {
+			add("%s.budget: must be more than hop_reserve (%s), got %s", key, c.HopReserve, r.Budget)
 		}
 	}
 	if len(c.Models) == 0 {

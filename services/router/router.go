@@ -194,7 +194,12 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	ans, err := r.attempt(ctx, req, rt, qc, sink)
 	r.settle(ctx, qc, reservation, qc.Usage)
 	if err != nil {
-		r.publishDegradation(ctx, rt, qc, err.Error())
+		// A request the provider refused (bad request, content filter) did not degrade:
+		// no other candidate was or could have been used.
+		var rejected *rejectedError
+		if !errors.As(err, &rejected) {
+			r.publishDegradation(ctx, rt, qc, err.Error())
+		}
 		return nil, err
 	}
 	if qc.FallbackLevel != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY {
@@ -229,8 +234,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 	for i, u := range rt.candidates {
 		remaining := qc.Deadline.AsTime().Sub(r.deps.Clock.Now())
 		if remaining <= r.cfg.HopReserve {
-			lastErr = &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED, cause: lastErr}
-			break
+			break // reported as BUDGET_EXHAUSTED below
 		}
 		key := u.pickKey()
 		preq.Model = u.upstreamModel()
@@ -272,10 +276,16 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			return nil, &rejectedError{class: provider.ClassOf(err), cause: err}
 		}
 	}
-	if ctx.Err() != nil && !errors.Is(lastErr, context.Canceled) {
-		lastErr = &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED, cause: lastErr}
+	// The class says why the loop stopped: the caller went away, the budget ran out
+	// (before a candidate could start, or during the last one), or every candidate failed.
+	class := provider.ClassOf(lastErr)
+	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		class = mantlev1.ErrorClass_ERROR_CLASS_CANCELED
+	case ctx.Err() != nil, qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.cfg.HopReserve:
+		class = mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED
 	}
-	return nil, &exhaustedError{class: provider.ClassOf(lastErr), cause: lastErr, tried: failed}
+	return nil, &exhaustedError{class: class, cause: lastErr, tried: failed}
 }
 
 // call makes one provider call and records it as an Attempt. committed reports that part
@@ -354,6 +364,9 @@ func (r *Router) stream(ctx context.Context, key *upstreamKey, u *upstream, preq
 // verify asks the verifier about res and records the verdict in qc. A verifier that cannot
 // be reached does not fail the request: the answer goes out unverified and says so.
 func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, u *upstream, res *provider.Response) error {
+	// The verdict describes this answer: an earlier candidate's must not stick to it (when
+	// the verifier is unreachable now, or returns no Verification of its own).
+	qc.Verification, qc.QualityGrade, qc.RiskScore = nil, mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED, 0
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	start := r.deps.Clock.Now()

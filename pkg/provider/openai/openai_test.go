@@ -65,9 +65,12 @@ func hangUp(reset bool) http.HandlerFunc {
 	}
 }
 
-// hang blocks until the client goes away, signalling on started (when not nil) first.
+// hang blocks until the client goes away, signalling on started (when not nil) first. It
+// reads the request body first because only then does the server watch the connection
+// and cancel r.Context() when the client hangs up.
 func hang(started chan<- struct{}) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
 		if started != nil {
 			close(started)
 		}
@@ -277,6 +280,7 @@ func TestCompleteErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newTestClient(t, tt.handler)
 			_, err := c.Complete(context.Background(), testRequest)
+			t.Logf("error: %v", err)
 			e := asError(t, err)
 			if e.Class != tt.class {
 				t.Errorf("class = %v, want %v (%v)", e.Class, tt.class, e)

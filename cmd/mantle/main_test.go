@@ -1,0 +1,247 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/mantle-mesh/mantle/pkg/mesh"
+	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/router"
+)
+
+func TestRunUsage(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		args       []string
+		wantStderr []string
+	}{
+		{"no args", nil, []string{"usage: mantle <command> [flags]", "serve", "dev", "sim", "chat"}},
+		{"help", []string{"help"}, []string{"usage: mantle <command> [flags]"}},
+		{"-h", []string{"-h"}, []string{"usage: mantle <command> [flags]"}},
+		{"unknown command", []string{"frobnicate", "--x"}, []string{`mantle: unknown command "frobnicate"`, "usage: mantle <command> [flags]"}},
+		{"command help", []string{"serve", "-h"}, []string{"-config.file", "-print-config", "-target"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			if code := run(context.Background(), tt.args, &stdout, &stderr); code != 2 {
+				t.Errorf("run(%q) = %d, want 2", tt.args, code)
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("stdout = %q, want nothing", stdout.String())
+			}
+			for _, want := range tt.wantStderr {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("stderr does not contain %q:\n%s", want, stderr.String())
+				}
+			}
+		})
+	}
+}
+
+func TestServePrintConfig(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--print-config", "-log.level=debug", "-target=cache"}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("run = %d, stderr:\n%s", code, stderr.String())
+	}
+	got := mesh.Config{}
+	if err := got.Decode(&stdout); err != nil {
+		t.Fatalf("printed config does not decode: %v", err)
+	}
+	want := mesh.Default()
+	want.Log.Level, want.Target = "debug", "cache"
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("printed config (-want +got):\n%s", diff)
+	}
+}
+
+func TestServeRejectsInvalidConfig(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	models := "router:\n  providers: [{name: p, type: sim, timeout: 1s}]\n  models: [{name: m, provider: p}]\n"
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"defaults have no models", nil, []string{"invalid configuration", "router.models: at least one model is required"}},
+		{"bad log level", []string{"-config.file", write("level.yaml", models+"log: {level: loud}\n")}, []string{`log.level: want debug, info, warn or error, got "loud"`}},
+		{"bad flag value", []string{"-config.file", write("ok.yaml", models), "-log.format=xml"}, []string{`log.format: want json or text, got "xml"`}},
+		{"unknown key", []string{"-config.file", write("typo.yaml", "servre: {}\n")}, []string{"typo.yaml", "field servre not found"}},
+		{"unknown target", []string{"-target=routr"}, []string{`unknown module "routr"`}},
+		{"missing dependency address", []string{"-config.file", write("router.yaml", models), "-target=router"}, []string{"router needs", "_address"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			err := serve(context.Background(), tt.args, &stdout, &stderr)
+			if err == nil {
+				t.Fatal("serve = nil, want an error")
+			}
+			for _, want := range tt.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error does not contain %q:\n%v", want, err)
+				}
+			}
+		})
+	}
+
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"serve", "-log.level=loud"}, &stdout, &stderr); code != 1 {
+		t.Errorf("run(serve) with an invalid config = %d, want 1", code)
+	}
+	if !strings.HasPrefix(stderr.String(), "mantle serve: invalid configuration") {
+		t.Errorf("stderr = %q, want it to start with the command and the error", stderr.String())
+	}
+}
+
+func TestDevConfig(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name           string
+		env            map[string]string
+		wantCandidates []string
+		wantBudget     time.Duration
+		wantOpenAI     *router.ProviderConfig
+	}{
+		{
+			name:           "sim only",
+			wantCandidates: []string{"primary", "backup", "small"},
+			wantBudget:     10 * time.Second,
+		},
+		{
+			name:           "real model first",
+			env:            map[string]string{"OPENAI_API_KEY": "sk-real-secret"},
+			wantCandidates: []string{"gpt-4o-mini", "primary", "backup", "small"},
+			wantBudget:     30 * time.Second,
+			wantOpenAI: &router.ProviderConfig{Name: "openai", Type: router.ProviderOpenAI,
+				Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 30 * time.Second},
+		},
+		{
+			name:           "model and base URL from the environment",
+			env:            map[string]string{"OPENAI_API_KEY": "sk-real-secret", "OPENAI_MODEL": "deepseek-chat", "OPENAI_BASE_URL": "https://api.deepseek.com/v1"},
+			wantCandidates: []string{"deepseek-chat", "primary", "backup", "small"},
+			wantBudget:     30 * time.Second,
+			wantOpenAI: &router.ProviderConfig{Name: "openai", Type: router.ProviderOpenAI, BaseURL: "https://api.deepseek.com/v1",
+				Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 30 * time.Second},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := devConfig("flaky", func(k string) string { return tt.env[k] })
+			if err := cfg.Validate(); err != nil {
+				t.Fatalf("devConfig does not validate: %v", err)
+			}
+			if len(cfg.Router.Routes) != 1 || cfg.Router.Routes[0].Name != "chat" {
+				t.Fatalf("routes = %+v, want one route named chat", cfg.Router.Routes)
+			}
+			chat := cfg.Router.Routes[0]
+			if diff := cmp.Diff(tt.wantCandidates, chat.Candidates); diff != "" {
+				t.Errorf("chat candidates (-want +got):\n%s", diff)
+			}
+			if chat.Budget != tt.wantBudget {
+				t.Errorf("chat budget = %s, want %s", chat.Budget, tt.wantBudget)
+			}
+			var openai *router.ProviderConfig
+			for _, p := range cfg.Router.Providers {
+				if p.Name == "openai" {
+					openai = &p
+				}
+			}
+			if diff := cmp.Diff(tt.wantOpenAI, openai); diff != "" {
+				t.Errorf("openai provider (-want +got):\n%s", diff)
+			}
+			if cfg.Router.Models[0].SimProfile != "flaky" {
+				t.Errorf("primary sim profile = %q, want the one asked for", cfg.Router.Models[0].SimProfile)
+			}
+			if !cfg.Events.Embedded {
+				t.Error("events.embedded = false, want dev to start NATS in process")
+			}
+			if a, err := rpc.NewAuthenticator(cfg.Auth.Tenants, nil); err != nil {
+				t.Errorf("dev tenants: %v", err)
+			} else if tenant, ok := a.Authenticate(devKey); !ok || tenant != "dev" {
+				t.Errorf("dev key authenticates as %q, %t; want dev", tenant, ok)
+			}
+			out, err := cfg.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Contains(out, []byte("sk-real-secret")) {
+				t.Error("the API key's value is in the configuration")
+			}
+		})
+	}
+}
+
+func TestChat(t *testing.T) {
+	t.Parallel()
+	cfg := devConfig("fast", func(string) string { return "" })
+	for i := range cfg.Router.Models {
+		cfg.Router.Models[i].SimProfile = "fast"
+	}
+	cfg.Router.Providers[0].SimSeed = 1
+	m := meshtest.Start(t, cfg, meshtest.All)
+
+	// Without a temperature the answer is not cached, so every question reaches primary.
+	answered := regexp.MustCompile(`^-- model=primary level=primary cache=miss quality=[a-z]+ attempts=1 ` +
+		`tokens=[1-9]\d*\+[1-9]\d* cost=\$\d+\.\d{6} latency=\d\S*s request=req_[0-9a-f]{24}$`)
+	tests := []struct {
+		name        string
+		args        []string
+		wantCode    int
+		wantSummary *regexp.Regexp
+		wantStderr  string
+	}{
+		{"unary", []string{"What does mantle do?"}, 0, answered, ""},
+		{"stream", []string{"--stream", "--system", "be brief", "Why route requests?"}, 0, answered, ""},
+		{"wrong key", []string{"--key", "sk-wrong", "hi"}, 1, nil, "Unauthenticated: invalid API key [UNAUTHENTICATED]"},
+		{"unknown model", []string{"--model", "gpt-9", "hi"}, 1, nil, `NotFound: unknown model or route "gpt-9" [UNKNOWN_ROUTE]`},
+		{"no question", nil, 1, nil, "usage: mantle chat"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"chat", "--addr", m.GRPCAddr, "--key", devKey}, tt.args...)
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), args, &stdout, &stderr)
+			if code != tt.wantCode {
+				t.Fatalf("run(%q) = %d, want %d; stderr:\n%s", args, code, tt.wantCode, stderr.String())
+			}
+			if tt.wantStderr != "" && !strings.Contains(stderr.String(), tt.wantStderr) {
+				t.Errorf("stderr = %q, want it to contain %q", stderr.String(), tt.wantStderr)
+			}
+			if tt.wantSummary == nil {
+				return
+			}
+			lines := strings.Split(strings.TrimRight(stdout.String(), "\n"), "\n")
+			if len(lines) < 2 || strings.TrimSpace(strings.Join(lines[:len(lines)-1], "\n")) == "" {
+				t.Fatalf("stdout = %q, want the answer then the summary line", stdout.String())
+			}
+			if last := lines[len(lines)-1]; !tt.wantSummary.MatchString(last) {
+				t.Errorf("summary line = %q, want it to match %s", last, tt.wantSummary)
+			}
+		})
+	}
+}

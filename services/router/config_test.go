@@ -1,0 +1,72 @@
+package router
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   []string // each must start a line of the error; none means valid
+	}{
+		{"valid", func(*Config) {}, nil},
+		{"defaults have no models", func(c *Config) { *c = DefaultConfig() }, []string{"models: at least one model is required"}},
+		{"budget", func(c *Config) { c.DefaultBudget = 0 }, []string{"default_budget: must be positive", "hop_reserve: must be between 0 and default_budget"}},
+		{"hop reserve too large", func(c *Config) { c.HopReserve = c.DefaultBudget }, []string{"hop_reserve: must be between 0 and default_budget"}},
+		{"negative hop reserve", func(c *Config) { c.HopReserve = -1 }, []string{"hop_reserve"}},
+		{"prompt bytes", func(c *Config) { c.MaxPromptBytes = 0 }, []string{"max_prompt_bytes: must be positive"}},
+		{"output tokens", func(c *Config) { c.MaxOutputTokens = -1 }, []string{"max_output_tokens: must not be negative"}},
+		{"provider name", func(c *Config) { c.Providers[0].Name = "" }, []string{"providers[0].name: required", `models[0].provider: unknown provider "p"`}},
+		{"duplicate provider", func(c *Config) { c.Providers = append(c.Providers, c.Providers[0]) }, []string{`providers[1].name: duplicate provider "p"`}},
+		{"provider type", func(c *Config) { c.Providers[0].Type = "azure" }, []string{`providers[0].type: want openai, anthropic or sim, got "azure"`}},
+		{"real provider without keys", func(c *Config) { c.Providers[0].Type = ProviderOpenAI }, []string{"providers[0].keys: at least one key is required for type openai"}},
+		{"key without env", func(c *Config) {
+			c.Providers[0].Type = ProviderAnthropic
+			c.Providers[0].Keys = []KeyConfig{{ID: "k1", Env: "K1"}, {ID: "k2"}, {Env: "K3"}}
+		}, []string{"providers[0].keys[1].env: required", "providers[0].keys[2].id: required"}},
+		{"provider timeout", func(c *Config) { c.Providers[0].Timeout = 0 }, []string{"providers[0].timeout: must be positive"}},
+		{"model name", func(c *Config) { c.Models[1].Name = "" }, []string{"models[1].name: required"}},
+		{"duplicate model", func(c *Config) { c.Models[2].Name = "a" }, []string{`models[2].name: duplicate model "a"`}},
+		{"unknown provider", func(c *Config) { c.Models[0].Provider = "q" }, []string{`models[0].provider: unknown provider "q"`}},
+		{"negative price", func(c *Config) { c.Models[0].OutputPricePerMillion = -1 }, []string{"models[0]: prices must not be negative"}},
+		{"route name", func(c *Config) { c.Routes[0].Name = "" }, []string{"routes[0].name: required"}},
+		{"route named like a model", func(c *Config) { c.Routes[0].Name = "b" }, []string{`routes[0].name: "b" is already a model name`}},
+		{"duplicate route", func(c *Config) { c.Routes = append(c.Routes, RouteConfig{Name: "chat", Candidates: []string{"c"}}) },
+			[]string{`routes[1].name: duplicate route "chat"`}},
+		{"route without candidates", func(c *Config) { c.Routes[0].Candidates = nil }, []string{"routes[0].candidates: at least one model is required"}},
+		{"unknown candidate", func(c *Config) { c.Routes[0].Candidates = []string{"a", "gpt-9"} }, []string{`routes[0].candidates[1]: unknown model "gpt-9"`}},
+		{"route candidates cannot be routes", func(c *Config) {
+			c.Routes = append(c.Routes, RouteConfig{Name: "alias", Candidates: []string{"chat"}})
+		}, []string{`routes[1].candidates[0]: unknown model "chat"`}},
+		{"negative route budget", func(c *Config) { c.Routes[0].Budget = -time.Second }, []string{"routes[0].budget: must not be negative"}},
+		{"route budget within the hop reserve", func(c *Config) { c.Routes[0].Budget = c.HopReserve }, []string{"routes[0].budget: must be more than hop_reserve"}},
+		{"route budget above the hop reserve", func(c *Config) { c.Routes[0].Budget = c.HopReserve + time.Millisecond }, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := testConfig()
+			tt.mutate(&c)
+			err := c.Validate()
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate = nil, want %q", tt.want)
+			}
+			msg := "\n" + err.Error()
+			for _, want := range tt.want {
+				if !strings.Contains(msg, "\n"+want) {
+					t.Errorf("Validate error has no line starting with %q:%s", want, msg)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,234 @@
+package router
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+)
+
+func TestWriteError(t *testing.T) {
+	t.Parallel()
+	str := func(s string) *string { return &s }
+	tests := []struct {
+		name       string
+		err        error
+		wantStatus int
+		wantBody   openAIError
+		retryAfter string // "" means no header
+	}{
+		{"invalid argument names the field", rpc.InvalidArgument(errorDomain, rpc.Invalid("request.messages[0].content", "must not be empty")),
+			400, openAIError{Message: "invalid request.messages[0].content: must not be empty", Type: "invalid_request_error", Param: str("messages[0].content"), Code: "invalid_request"}, ""},
+		{"header field keeps its name", rpc.InvalidArgument(errorDomain, rpc.Invalid(HeaderPriority, "bad")),
+			400, openAIError{Message: "invalid x-mantle-priority: bad", Type: "invalid_request_error", Param: str(HeaderPriority), Code: "invalid_request"}, ""},
+		{"content filtered", rpc.Status(codes.FailedPrecondition, errorDomain, ReasonContentFiltered, "flagged"),
+			400, openAIError{Message: "flagged", Type: "invalid_request_error", Code: "content_filtered"}, ""},
+		{"out of range", status.Error(codes.OutOfRange, "too far"),
+			400, openAIError{Message: "too far", Type: "invalid_request_error", Code: "outofrange"}, ""},
+		{"unauthenticated", rpc.Status(codes.Unauthenticated, "auth.mantle", rpc.ReasonUnauthenticated, "invalid API key"),
+			401, openAIError{Message: "invalid API key", Type: "authentication_error", Code: "unauthenticated"}, ""},
+		{"permission denied", rpc.Status(codes.PermissionDenied, "quota.mantle", rpc.ReasonPermissionDenied, "no"),
+			403, openAIError{Message: "no", Type: "permission_error", Code: "permission_denied"}, ""},
+		{"unknown route", rpc.Status(codes.NotFound, errorDomain, ReasonUnknownRoute, `unknown model or route "x"`),
+			404, openAIError{Message: `unknown model or route "x"`, Type: "invalid_request_error", Code: "unknown_route"}, ""},
+		{"quota with retry info rounds up", rpc.ResourceExhausted("quota.mantle", "tenant:a", "over TPM", 1500*time.Millisecond),
+			429, openAIError{Message: "over TPM", Type: "rate_limit_error", Code: "quota_exhausted"}, "2"},
+		{"quota with whole seconds", rpc.ResourceExhausted("quota.mantle", "tenant:a", "over RPM", 3*time.Second),
+			429, openAIError{Message: "over RPM", Type: "rate_limit_error", Code: "quota_exhausted"}, "3"},
+		{"resource exhausted without retry info", status.Error(codes.ResourceExhausted, "full"),
+			429, openAIError{Message: "full", Type: "rate_limit_error", Code: "resourceexhausted"}, ""},
+		{"all candidates failed", rpc.Status(codes.Unavailable, errorDomain, ReasonAllCandidatesFailed, "no candidate could answer"),
+			503, openAIError{Message: "no candidate could answer", Type: "api_error", Code: "all_candidates_failed"}, ""},
+		{"deadline", rpc.Status(codes.DeadlineExceeded, errorDomain, ReasonDeadlineExceeded, "the deadline budget ran out"),
+			504, openAIError{Message: "the deadline budget ran out", Type: "timeout_error", Code: "deadline_exceeded"}, ""},
+		{"canceled", status.Error(codes.Canceled, "request canceled"),
+			499, openAIError{Message: "request canceled", Type: "api_error", Code: "canceled"}, ""},
+		{"internal", rpc.Status(codes.Internal, "mantle", rpc.ReasonInternal, "internal error"),
+			500, openAIError{Message: "internal error", Type: "api_error", Code: "internal"}, ""},
+		{"not a status", errors.New("boom"),
+			500, openAIError{Message: "boom", Type: "api_error", Code: "unknown"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			w := httptest.NewRecorder()
+			writeError(w, tt.err)
+			if w.Code != tt.wantStatus {
+				t.Errorf("HTTP status = %d, want %d", w.Code, tt.wantStatus)
+			}
+			if ct := w.Header().Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type = %q, want application/json", ct)
+			}
+			if got := w.Header().Get("Retry-After"); got != tt.retryAfter {
+				t.Errorf("Retry-After = %q, want %q", got, tt.retryAfter)
+			}
+			var body struct {
+				Error openAIError `json:"error"`
+			}
+			if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+				t.Fatalf("body %q: %v", w.Body, err)
+			}
+			if diff := cmp.Diff(tt.wantBody, body.Error); diff != "" {
+				t.Errorf("error body (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestChatRequestToProto(t *testing.T) {
+	t.Parallel()
+	temp := 0.5
+	tests := []struct {
+		name      string
+		body      string
+		headers   map[string]string
+		want      *routerv1.Request
+		wantField string // BadRequest field on error
+	}{
+		{
+			name: "string content",
+			body: `{"model":"chat","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi","name":"ann"}],"max_tokens":50,"temperature":0.5,"user":"u1"}`,
+			want: &routerv1.Request{Model: "chat", MaxTokens: 50, Temperature: &temp, User: "u1", Messages: []*mantlev1.ChatMessage{
+				{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi", Name: "ann"}}},
+		},
+		{
+			name: "array content",
+			body: `{"model":"chat","messages":[{"role":"user","content":[{"type":"text","text":"look: "},{"type":"image_url","image_url":{"url":"https://x/y.png"}},{"type":"text","text":"what is it?"}]}]}`,
+			want: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "look: what is it?"}}},
+		},
+		{
+			name: "max_completion_tokens wins over max_tokens",
+			body: `{"model":"chat","messages":[],"max_tokens":50,"max_completion_tokens":70}`,
+			want: &routerv1.Request{Model: "chat", MaxTokens: 70},
+		},
+		{
+			name: "max_completion_tokens alone",
+			body: `{"model":"chat","max_completion_tokens":70}`,
+			want: &routerv1.Request{Model: "chat", MaxTokens: 70},
+		},
+		{
+			name: "headers",
+			body: `{"model":"chat"}`,
+			headers: map[string]string{HeaderScenario: "support", HeaderPriority: "High", "Idempotency-Key": "idem-1"},
+			want:    &routerv1.Request{Model: "chat", Scenario: "support", Priority: mantlev1.Priority_PRIORITY_HIGH, IdempotencyKey: "idem-1"},
+		},
+		{
+			name:    "priority batch",
+			body:    `{"model":"chat"}`,
+			headers: map[string]string{HeaderPriority: "batch"},
+			want:    &routerv1.Request{Model: "chat", Priority: mantlev1.Priority_PRIORITY_BATCH},
+		},
+		{name: "unknown priority", body: `{"model":"chat"}`, headers: map[string]string{HeaderPriority: "urgent"}, wantField: HeaderPriority},
+		{name: "unspecified priority", body: `{"model":"chat"}`, headers: map[string]string{HeaderPriority: "unspecified"}, wantField: HeaderPriority},
+		{
+			name: "response_format text",
+			body: `{"model":"chat","response_format":{"type":"text"}}`,
+			want: &routerv1.Request{Model: "chat", ResponseFormat: &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_TEXT}},
+		},
+		{
+			name: "response_format json_object",
+			body: `{"model":"chat","response_format":{"type":"json_object"}}`,
+			want: &routerv1.Request{Model: "chat", ResponseFormat: &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_OBJECT}},
+		},
+		{
+			name: "response_format json_schema",
+			body: `{"model":"chat","response_format":{"type":"json_schema","json_schema":{"name":"answer","strict":true,"schema":{"type":"object","required":["a"]}}}}`,
+			want: &routerv1.Request{Model: "chat", ResponseFormat: &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_SCHEMA,
+				JsonSchema: `{"type":"object","required":["a"]}`}},
+		},
+		{
+			name: "response_format json_schema without schema",
+			body: `{"model":"chat","response_format":{"type":"json_schema"}}`,
+			want: &routerv1.Request{Model: "chat", ResponseFormat: &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_SCHEMA}},
+		},
+		{name: "response_format unknown", body: `{"model":"chat","response_format":{"type":"yaml"}}`, wantField: "response_format.type"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var cr chatRequest
+			if err := json.Unmarshal([]byte(tt.body), &cr); err != nil {
+				t.Fatalf("unmarshal: %v", err)
+			}
+			h := http.Header{}
+			for k, v := range tt.headers {
+				h.Set(k, v)
+			}
+			got, err := cr.toProto(h)
+			if tt.wantField != "" {
+				if fields := rpc.BadRequestFields(toStatus(err)); len(fields) != 1 || fields[0] != tt.wantField {
+					t.Fatalf("toProto error %v has fields %v, want [%s]", err, fields, tt.wantField)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("toProto: %v", err)
+			}
+			if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("toProto (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestMessageTextJSON(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		json    string
+		want    string
+		wantErr bool
+	}{
+		{`"plain"`, "plain", false},
+		{`""`, "", false},
+		{`null`, "", false},
+		{`[]`, "", false},
+		{`[{"type":"text","text":"a"},{"type":"text","text":"b"}]`, "ab", false},
+		{`[{"type":"input_audio","input_audio":{}},{"type":"text","text":"only text"}]`, "only text", false},
+		{`42`, "", true},
+		{`{"type":"text","text":"x"}`, "", true},
+		{`[1,2]`, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.json, func(t *testing.T) {
+			t.Parallel()
+			var got messageText
+			err := json.Unmarshal([]byte(tt.json), &got)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("Unmarshal(%s) error = %v, want error %t", tt.json, err, tt.wantErr)
+			}
+			if err == nil && string(got) != tt.want {
+				t.Errorf("Unmarshal(%s) = %q, want %q", tt.json, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestStatusDetailsSurviveWriteError(t *testing.T) {
+	t.Parallel()
+	// A status with several BadRequest fields reports the first as OpenAI's param.
+	err := rpc.Status(codes.InvalidArgument, errorDomain, rpc.ReasonInvalidRequest, "bad",
+		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request.model"}, {Field: "request.messages"}}})
+	w := httptest.NewRecorder()
+	writeError(w, err)
+	var body struct {
+		Error openAIError `json:"error"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Error.Param == nil || *body.Error.Param != "model" {
+		t.Errorf("param = %v, want model", body.Error.Param)
+	}
+}

@@ -1,0 +1,81 @@
+package router
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestKeyStatsSnapshot(t *testing.T) {
+	t.Parallel()
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	tests := []struct {
+		name string
+		// latencies of successful calls, in the order they finish
+		ok       []time.Duration
+		failures int
+		inFlight int
+		want     statsSnapshot
+	}{
+		{name: "no calls", want: statsSnapshot{}},
+		{name: "one call", ok: []time.Duration{ms(7)}, want: statsSnapshot{p50: ms(7), p95: ms(7), p99: ms(7), calls: 1}},
+		{
+			name: "1..100 ms shuffled, with failures and calls in flight",
+			ok:   shuffled(100, ms), failures: 5, inFlight: 2,
+			// Nearest rank: p50 is the 50th value, p95 the 95th, p99 the 99th.
+			want: statsSnapshot{p50: ms(50), p95: ms(95), p99: ms(99), calls: 105, failures: 5, inFlight: 2},
+		},
+		{
+			name: "four values",
+			ok:   []time.Duration{ms(40), ms(10), ms(30), ms(20)},
+			want: statsSnapshot{p50: ms(20), p95: ms(40), p99: ms(40), calls: 4},
+		},
+		{
+			name: "the window keeps the latest 256",
+			// 300 slow calls, then 256 fast ones push every slow one out.
+			ok:   append(repeat(300, ms(900)), shuffled(256, ms)...),
+			want: statsSnapshot{p50: ms(128), p95: ms(244), p99: ms(254), calls: 556},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var s keyStats
+			for range tt.inFlight {
+				s.start()
+			}
+			for _, d := range tt.ok {
+				s.start()
+				s.finish(d, false)
+			}
+			for range tt.failures {
+				s.start()
+				s.finish(time.Hour, true) // failures never count as latency
+			}
+			got := s.snapshot()
+			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(statsSnapshot{})); diff != "" {
+				t.Errorf("snapshot (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func shuffled(n int, unit func(int) time.Duration) []time.Duration {
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = unit(i + 1)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	r.Shuffle(n, func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+func repeat(n int, d time.Duration) []time.Duration {
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = d
+	}
+	return out
+}
