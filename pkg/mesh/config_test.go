@@ -197,7 +197,9 @@ func TestValidate(t *testing.T) {
 		{"tenant key", func(c *mesh.Config) {
 			c.Auth.Tenants = []rpc.TenantKey{{ID: "a", KeyEnv: "K"}, {ID: "b", KeyEnv: "K", KeySHA256: rpc.HashKey("x")}, {ID: "c"}}
 		}, []string{"auth.tenants[1]: set exactly one of key_sha256 or key_env", "auth.tenants[2]: set exactly one"}},
-		{"router block", func(c *mesh.Config) { c.Router.Routes = []router.RouteConfig{{Name: "r", Candidates: []string{"nope"}}} },
+		{"router block", func(c *mesh.Config) {
+			c.Router.Routes = []router.RouteConfig{{Name: "r", Candidates: []string{"nope"}}}
+		},
 			[]string{`router.routes[0].candidates[0]: unknown model "nope"`}},
 		{"quota block", func(c *mesh.Config) { c.Quota.DefaultLimits.RPM = 0 }, []string{"quota.default_limits.rpm: must be positive"}},
 		{"cache block", func(c *mesh.Config) { c.Cache.MaxEntries = 0 }, []string{"cache.max_entries: must be positive"}},

@@ -112,13 +112,11 @@ func ClassifyHTTP(status int, h http.Header, body []byte, now func() time.Time) 
 	}
 	named := namedClass(apiErr)
 	switch {
+	case status == http.StatusTooManyRequests && named == mantlev1.ErrorClass_ERROR_CLASS_AUTH:
+		// OpenAI answers 429 both for "slow down" and for "this key has no credit left"
+		// (insufficient_quota); waiting cures only the first, another key the second.
+		e.Class = mantlev1.ErrorClass_ERROR_CLASS_AUTH
 	case status == http.StatusTooManyRequests:
-		// OpenAI answers 429 both for "slow down" and for "this key has no credit left";
-		// waiting cures only the first, another key cures the second.
-		if named == mantlev1.ErrorClass_ERROR_CLASS_AUTH {
-			e.Class = named
-			break
-		}
 		e.Class = mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED
 		e.RetryAfter = RetryAfter(h, now)
 	case status == http.StatusServiceUnavailable || status == 529: // 529: Anthropic's "overloaded"
@@ -354,15 +352,31 @@ func explicitRetryAfter(h http.Header, now func() time.Time) time.Duration {
 	return 0
 }
 
-// rateLimitHeaders pairs each remaining-count header with its reset header. OpenAI sends
-// resets as durations ("6m0s"), Anthropic as RFC 3339 times; parseReset takes both.
-var rateLimitHeaders = []struct{ remaining, reset string }{
-	{"X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
-	{"X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
-	{"Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"},
-	{"Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"},
-	{"Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset"},
-	{"Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset"},
+// limitHeaders names the pair of headers that describe one rate limit. OpenAI sends resets
+// as durations ("6m0s"), Anthropic as RFC 3339 times; parseReset takes both.
+type limitHeaders struct{ remaining, reset string }
+
+var (
+	openAIRequests        = limitHeaders{"X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"}
+	openAITokens          = limitHeaders{"X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"}
+	anthropicRequests     = limitHeaders{"Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"}
+	anthropicTokens       = limitHeaders{"Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"}
+	anthropicInputTokens  = limitHeaders{"Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset"}
+	anthropicOutputTokens = limitHeaders{"Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset"}
+
+	rateLimitHeaders = []limitHeaders{
+		openAIRequests, openAITokens,
+		anthropicRequests, anthropicTokens, anthropicInputTokens, anthropicOutputTokens,
+	}
+)
+
+// read returns the limit's remaining count and reset; ok is false when the count is absent.
+func (l limitHeaders) read(h http.Header, now func() time.Time) (remaining int64, reset time.Duration, ok bool) {
+	remaining, ok = parseCount(h.Get(l.remaining))
+	if ok {
+		reset, _ = parseReset(h.Get(l.reset), now)
+	}
+	return remaining, reset, ok
 }
 
 // ParseRateLimit reads the key's remaining capacity from OpenAI's x-ratelimit-* or
@@ -372,28 +386,21 @@ var rateLimitHeaders = []struct{ remaining, reset string }{
 // now turns Anthropic's absolute reset times into durations; nil means time.Now.
 func ParseRateLimit(h http.Header, now func() time.Time) RateLimit {
 	rl := RateLimit{RemainingRequests: -1, RemainingTokens: -1}
-	read := func(remaining, reset string, count *int64, wait *time.Duration) bool {
-		n, ok := parseCount(h.Get(remaining))
-		if !ok {
-			return false
+	for _, l := range []limitHeaders{openAIRequests, anthropicRequests} {
+		if n, reset, ok := l.read(h, now); ok {
+			rl.RemainingRequests, rl.ResetRequests, rl.Known = n, reset, true
+			break
 		}
-		*count = n
-		*wait, _ = parseReset(h.Get(reset), now)
-		rl.Known = true
-		return true
 	}
-	_ = read("X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests", &rl.RemainingRequests, &rl.ResetRequests) ||
-		read("Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset", &rl.RemainingRequests, &rl.ResetRequests)
-	if read("X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens", &rl.RemainingTokens, &rl.ResetTokens) ||
-		read("Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset", &rl.RemainingTokens, &rl.ResetTokens) {
-		return rl
+	for _, l := range []limitHeaders{openAITokens, anthropicTokens} {
+		if n, reset, ok := l.read(h, now); ok {
+			rl.RemainingTokens, rl.ResetTokens, rl.Known = n, reset, true
+			return rl
+		}
 	}
-	for _, kind := range []string{"Input", "Output"} {
-		var n int64
-		var reset time.Duration
-		if read("Anthropic-Ratelimit-"+kind+"-Tokens-Remaining", "Anthropic-Ratelimit-"+kind+"-Tokens-Reset", &n, &reset) &&
-			(rl.RemainingTokens < 0 || n < rl.RemainingTokens) {
-			rl.RemainingTokens, rl.ResetTokens = n, reset
+	for _, l := range []limitHeaders{anthropicInputTokens, anthropicOutputTokens} {
+		if n, reset, ok := l.read(h, now); ok && (rl.RemainingTokens < 0 || n < rl.RemainingTokens) {
+			rl.RemainingTokens, rl.ResetTokens, rl.Known = n, reset, true
 		}
 	}
 	return rl

@@ -119,8 +119,8 @@ func TestChatRequestToProto(t *testing.T) {
 			want: &routerv1.Request{Model: "chat", MaxTokens: 70},
 		},
 		{
-			name: "headers",
-			body: `{"model":"chat"}`,
+			name:    "headers",
+			body:    `{"model":"chat"}`,
 			headers: map[string]string{HeaderScenario: "support", HeaderPriority: "High", "Idempotency-Key": "idem-1"},
 			want:    &routerv1.Request{Model: "chat", Scenario: "support", Priority: mantlev1.Priority_PRIORITY_HIGH, IdempotencyKey: "idem-1"},
 		},

@@ -19,7 +19,9 @@ func TestValidate(t *testing.T) {
 	cfg.MaxOutputTokens = 1000
 	r := newHarness(t, cfg, nil).router
 
-	user := func(content string) *mantlev1.ChatMessage { return &mantlev1.ChatMessage{Role: "user", Content: content} }
+	user := func(content string) *mantlev1.ChatMessage {
+		return &mantlev1.ChatMessage{Role: "user", Content: content}
+	}
 	temp := func(v float64) *float64 { return &v }
 	tests := []struct {
 		name      string

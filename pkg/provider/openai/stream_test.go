@@ -29,6 +29,15 @@ func events(payloads ...string) http.HandlerFunc {
 	}
 }
 
+// raw answers with body as an event stream, written as is.
+func raw(body string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-Request-Id", "req-stream")
+		io.WriteString(w, body)
+	}
+}
+
 // delta is a chunk carrying content.
 func delta(content string) string {
 	return fmt.Sprintf(`{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":%q},"finish_reason":null}]}`, content)
@@ -151,10 +160,7 @@ func TestStreamOutcomes(t *testing.T) {
 			handler: events(delta("ok"), finish("stop")),
 			content: "ok", finish: "stop"},
 		{name: "comments and blank keep-alives are ignored",
-			handler: func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				io.WriteString(w, ": OPENROUTER PROCESSING\n\n\n"+"data: "+delta("x")+"\n\ndata: "+finish("stop")+"\n\ndata: [DONE]\n\n")
-			},
+			handler: raw(": OPENROUTER PROCESSING\n\n\n" + "data: " + delta("x") + "\n\ndata: " + finish("stop") + "\n\ndata: [DONE]\n\n"),
 			content: "x", finish: "stop"},
 		{name: "cut before [DONE]",
 			handler: abort(delta("Hel")),
@@ -163,26 +169,17 @@ func TestStreamOutcomes(t *testing.T) {
 			handler: events(delta("Hel")),
 			content: "Hel", class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED},
 		{name: "cut in the middle of a line",
-			handler: func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				io.WriteString(w, "data: "+delta("a")+"\n\ndata: {\"choices\":[{\"de")
-			},
+			handler: raw("data: " + delta("a") + "\n\ndata: {\"choices\":[{\"de"),
 			content: "a", class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED},
 		{name: "error object mid-stream",
 			handler: events(delta("Hel"), `{"error":{"message":"The server had an error while processing your request.","type":"server_error"}}`),
 			content: "Hel", class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, message: "server had an error"},
 		{name: "error event with its own class",
-			handler: func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				io.WriteString(w, "data: "+delta("a")+"\n\nevent: error\ndata: {\"error\":{\"message\":\"Rate limit exceeded\",\"code\":\"rate_limit_exceeded\"}}\n\n")
-			},
+			handler: raw("data: " + delta("a") + "\n\nevent: error\ndata: {\"error\":{\"message\":\"Rate limit exceeded\",\"code\":\"rate_limit_exceeded\"}}\n\n"),
 			content: "a", class: mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, message: "Rate limit exceeded"},
 		{name: "error event that is not JSON",
-			handler: func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				io.WriteString(w, "event: error\ndata: upstream exploded\n\n")
-			},
-			class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, message: "upstream exploded"},
+			handler: raw("event: error\ndata: upstream exploded\n\n"),
+			class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, message: "upstream exploded"},
 		{name: "unparseable data line",
 			handler: events(delta("a"), `{"choices":[{"delta":`+"oops", "[DONE]"),
 			content: "a", class: mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT},
@@ -221,6 +218,9 @@ func TestStreamOutcomes(t *testing.T) {
 			}
 			if !strings.Contains(e.Message, tt.message) {
 				t.Errorf("Message = %q, want it to contain %q", e.Message, tt.message)
+			}
+			if e.RequestID != "req-stream" {
+				t.Errorf("RequestID = %q, want req-stream", e.RequestID)
 			}
 			if _, again := s.Recv(); again != err {
 				t.Errorf("Recv after the error = %v, want the same error %v", again, err)
