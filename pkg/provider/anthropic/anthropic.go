@@ -266,6 +266,10 @@ func (c *Client) post(ctx context.Context, req provider.Request, stream bool) (*
 			Err:   fmt.Errorf("build request: %w", err),
 		}
 	}
+	// net/http silently resends a request that carries an Idempotency-Key when a reused
+	// connection fails before the response. Every upstream call must be the router's own
+	// decision (retry budgets, billing), so the body is made non-rewindable.
+	hreq.GetBody = nil
 	hreq.Header.Set("Content-Type", "application/json")
 	if stream {
 		hreq.Header.Set("Accept", "text/event-stream")

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -356,5 +357,38 @@ func TestCompleteCancel(t *testing.T) {
 		}
 	case <-time.After(watchdog):
 		t.Fatal("Complete did not return after cancel")
+	}
+}
+
+// TestNoHiddenResend checks that a request with an Idempotency-Key that dies on a reused
+// connection is not resent by net/http behind the router's back.
+func TestNoHiddenResend(t *testing.T) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if calls.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
+			return
+		}
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Errorf("hijack: %v", err)
+			return
+		}
+		conn.Close() // the reused connection dies before any response
+	}))
+	defer srv.Close()
+	c := New(Config{BaseURL: srv.URL, HTTPClient: srv.Client()})
+	req := provider.Request{Model: "m", Messages: []provider.Message{{Role: "user", Content: "hi"}}, IdempotencyKey: "req-1"}
+	if _, err := c.Complete(context.Background(), req); err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	_, err := c.Complete(context.Background(), req)
+	if provider.ClassOf(err) != mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT {
+		t.Errorf("second call: %v, want TRANSIENT", err)
+	}
+	if got := calls.Load(); got != 2 {
+		t.Errorf("server saw %d calls, want 2 (no hidden resend)", got)
 	}
 }
