@@ -45,10 +45,15 @@ generate: tools
 	$(BUF) format -w
 	$(BUF) generate
 
-## check-generated: fail when pkg/api or the proto formatting is not what buf produces
-check-generated: generate
-	@git diff --exit-code -- proto pkg/api || (echo "generated code is stale: run make generate and commit" && exit 1)
-	@test -z "$$(git status --porcelain -- proto pkg/api)" || (git status --porcelain -- proto pkg/api; echo "untracked generated files: run make generate and commit"; exit 1)
+## check-generated: fail when pkg/api is not what buf generates from proto/, or the protos are
+## not buf-formatted (compares with the working tree, so it also works before a commit)
+check-generated: tools
+	@$(BUF) format -d --exit-code || (echo "protos are not buf-formatted: run make generate"; exit 1)
+	@rm -rf .generated-before && cp -r pkg/api .generated-before
+	@$(BUF) generate
+	@diff -r .generated-before pkg/api > /dev/null || (rm -rf .generated-before; echo "generated code was stale (now regenerated): commit pkg/api"; exit 1)
+	@rm -rf .generated-before
+	@echo "generated code is current"
 
 ## lint: buf lint and format, breaking-change check against main, gofmt, vet
 lint: tools

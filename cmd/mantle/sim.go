@@ -19,6 +19,7 @@ func simCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	profile := fs.String("profile", "healthy", "built-in profile: "+strings.Join(sim.ProfileNames(), ", "))
 	profileFile := fs.String("profile-file", "", "YAML profile file (overrides --profile)")
 	seed := fs.Int64("seed", 1, "random seed; the same seed replays the same run")
+	models := fs.String("models", "sim-primary,sim-backup,sim-small", "comma list of model names GET /v1/models lists (any name is accepted)")
 	timeScale := fs.Float64("time-scale", 0, "multiply latencies and phase times by this factor (0 keeps the profile's)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -43,7 +44,13 @@ func simCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		prof.TimeScale = *timeScale
 	}
 	log := mesh.NewLogger(mesh.LogConfig{Level: "info", Format: "text"}, stderr)
-	srv := sim.NewServer(sim.ServerConfig{Default: prof, Seed: *seed, Log: log})
+	listed := map[string]sim.Profile{}
+	for _, name := range strings.Split(*models, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			listed[name] = prof
+		}
+	}
+	srv := sim.NewServer(sim.ServerConfig{Models: listed, Default: prof, Seed: *seed, Log: log})
 	bound, wait, err := sim.Start(ctx, *addr, srv, log)
 	if err != nil {
 		return err

@@ -43,6 +43,9 @@ type Config struct {
 	GRPCListenAddress       string
 	HTTPListenAddress       string
 	GracefulShutdownTimeout time.Duration
+	// ShutdownDelay keeps serving after health turns NOT_SERVING and /readyz 503, so load
+	// balancers and Kubernetes stop sending traffic before the listeners close.
+	ShutdownDelay time.Duration
 	// Addresses are where modules that do not run in this process are dialled.
 	Addresses map[string]string
 	// MaxMessageBytes bounds received gRPC messages.
@@ -240,6 +243,10 @@ func (a *App) Run(ctx context.Context) error {
 
 	<-gctx.Done()
 	a.setServing(false)
+	if d := a.cfg.ShutdownDelay; d > 0 && ctx.Err() != nil {
+		a.deps.Log.Info("not ready; draining before shutdown", "delay", d)
+		<-a.deps.Clock.After(d)
+	}
 	a.shutdown()
 	stopModules()
 	err := errors.Join(g.Wait(), modules.Wait())
@@ -328,6 +335,9 @@ func (a *App) closeListeners() {
 	a.grpcLis.Close()
 	a.httpLis.Close()
 }
+
+// Close releases an App whose Run will never be called (Run releases everything itself).
+func (a *App) Close() { a.abort() }
 
 // abort releases what New acquired when a module fails to build: the listeners, the
 // connections modules dialled, and the modules already built, whose Run is called with a

@@ -480,3 +480,58 @@ func TestNewReleasesEverythingWhenAModuleFails(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestAppShutdownDelay checks that after a stop signal the app reports not ready but keeps
+// accepting calls for ShutdownDelay, so load balancers can take it out of rotation first.
+func TestAppShutdownDelay(t *testing.T) {
+	t.Parallel()
+	clock := clockwork.NewFakeClock()
+	cfg := testConfig("blocker")
+	cfg.ShutdownDelay = 5 * time.Second
+	deps := testDeps()
+	deps.Clock = clock
+	b := newBlocker()
+	a, err := app.New(context.Background(), cfg, []app.Module{b.module("blocker", nil, nil)}, deps)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	if code, _ := httpGet(t, "http://"+a.HTTPAddr()+"/readyz"); code != http.StatusOK {
+		t.Fatalf("readyz before stop = %d, want 200", code)
+	}
+
+	cancel()
+	// Run is now waiting on the fake clock: the delay has begun.
+	if err := clock.BlockUntilContext(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := httpGet(t, "http://"+a.HTTPAddr()+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("readyz during the delay = %d, want 503", code)
+	}
+	conn, err := grpc.NewClient(a.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	res, err := grpc_health_v1.NewHealthClient(conn).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{})
+	if err != nil || res.GetStatus() != grpc_health_v1.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health during the delay = %v, %v; want NOT_SERVING and still answering", res.GetStatus(), err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned %v before the delay passed", err)
+	default:
+	}
+
+	clock.Advance(5 * time.Second)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("Run did not return after the delay")
+	}
+}

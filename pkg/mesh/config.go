@@ -42,6 +42,9 @@ type ServerConfig struct {
 	GRPCListenAddress       string        `yaml:"grpc_listen_address"`
 	HTTPListenAddress       string        `yaml:"http_listen_address"`
 	GracefulShutdownTimeout time.Duration `yaml:"graceful_shutdown_timeout"`
+	// ShutdownDelay keeps serving after readiness turns off, so load balancers notice
+	// before the listeners close (Kubernetes: a few seconds; 0 in development).
+	ShutdownDelay time.Duration `yaml:"shutdown_delay"`
 	// MaxMessageBytes bounds received gRPC messages; prompts are bounded separately by
 	// router.max_prompt_bytes so that oversized ones get a clear INVALID_ARGUMENT.
 	MaxMessageBytes int `yaml:"max_message_bytes"`
@@ -200,6 +203,9 @@ func (c Config) Validate() error {
 	}
 	if c.Server.GracefulShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("server.graceful_shutdown_timeout: must be positive, got %s", c.Server.GracefulShutdownTimeout))
+	}
+	if c.Server.ShutdownDelay < 0 {
+		errs = append(errs, fmt.Errorf("server.shutdown_delay: must not be negative, got %s", c.Server.ShutdownDelay))
 	}
 	if c.Server.MaxMessageBytes < 1<<20 {
 		errs = append(errs, fmt.Errorf("server.max_message_bytes: must be at least 1 MiB, got %d", c.Server.MaxMessageBytes))

@@ -300,7 +300,7 @@ func TestYAMLRoundTrip(t *testing.T) {
 	})
 	full.Router.Routes = []router.RouteConfig{{Name: "chat", Scenario: "chat", Candidates: []string{"big", "m"}, Budget: 3 * time.Second}}
 	full.Quota.Tenants = map[string]quota.RateLimits{"acme": {RPM: 5, TPM: 1000}}
-	ttl := cache.Duration(10 * time.Minute)
+	ttl := 10 * time.Minute
 	full.Cache.Scenarios = map[string]cache.ScenarioPolicy{"faq": {TTL: &ttl}}
 
 	for name, c := range map[string]mesh.Config{"defaults": mesh.Default(), "full": full} {

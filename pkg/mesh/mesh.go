@@ -43,6 +43,7 @@ type Process struct {
 	Log     *slog.Logger
 	Events  *events.Publisher // nil when events are disabled
 	cleanup []func()
+	ran     bool
 }
 
 // Start validates cfg, connects (or starts) NATS, binds listeners and builds the modules.
@@ -96,6 +97,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		GRPCListenAddress:       cfg.Server.GRPCListenAddress,
 		HTTPListenAddress:       cfg.Server.HTTPListenAddress,
 		GracefulShutdownTimeout: cfg.Server.GracefulShutdownTimeout,
+		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),
 		MaxMessageBytes:         cfg.Server.MaxMessageBytes,
 	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn})
@@ -109,12 +111,18 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 
 // Run serves until ctx is done, then shuts down and releases everything.
 func (p *Process) Run(ctx context.Context) error {
+	p.ran = true
 	defer p.Close()
 	return p.App.Run(ctx)
 }
 
-// Close releases what Start acquired, in reverse order.
+// Close releases what Start acquired, in reverse order. After Run it only releases what
+// surrounds the app (events, embedded NATS); Run has released the app itself.
 func (p *Process) Close() {
+	if p.App != nil && !p.ran {
+		p.ran = true
+		p.App.Close()
+	}
 	for i := len(p.cleanup) - 1; i >= 0; i-- {
 		p.cleanup[i]()
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -331,6 +332,18 @@ func testHTTP(t *testing.T, m *meshtest.Mesh) {
 		}
 		if !sawDone || !sawUsage || !sawMantle || !strings.Contains(text.String(), "stream over http") {
 			t.Errorf("done=%v usage=%v mantle=%v text=%q", sawDone, sawUsage, sawMantle, text.String())
+		}
+	})
+
+	t.Run("streamed cache hit says so", func(t *testing.T) {
+		body := `{"model":"primary","temperature":0,"stream":%t,"messages":[{"role":"user","content":"cache me over http"}]}`
+		if resp := post(t, m, acmeKey, fmt.Sprintf(body, false)); resp.StatusCode != http.StatusOK || resp.Header.Get(router.HeaderCache) != "miss" {
+			t.Fatalf("first request: %d cache %q", resp.StatusCode, resp.Header.Get(router.HeaderCache))
+		}
+		resp := post(t, m, acmeKey, fmt.Sprintf(body, true))
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.Header.Get(router.HeaderCache) != "hit" || !strings.Contains(string(raw), "cache me over http") {
+			t.Errorf("streamed repeat: cache %q body %q, want a hit with the answer", resp.Header.Get(router.HeaderCache), raw)
 		}
 	})
 

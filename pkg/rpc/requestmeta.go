@@ -53,6 +53,22 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
+// ValidRequestID reports whether a caller-supplied request id may be adopted: it ends up
+// in logs, events and provider headers, so it is short and made of safe characters.
+func ValidRequestID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, c := range id {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', strings.ContainsRune("-_.:", c):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // TraceIDFromTraceParent extracts the trace id of a W3C traceparent header
 // ("00-<32 hex trace id>-<16 hex parent id>-<flags>"). Like the W3C Trace Context spec
 // asks, a header with upper-case hex, an all-zero trace or parent id, version ff, or
@@ -96,7 +112,7 @@ func traceParent(traceID string) string {
 // a trace id when the caller sent none.
 func requestMetaFromIncoming(ctx context.Context) context.Context {
 	md, _ := metadata.FromIncomingContext(ctx)
-	if v := md.Get(MetadataRequestID); len(v) > 0 && v[0] != "" {
+	if v := md.Get(MetadataRequestID); len(v) > 0 && ValidRequestID(v[0]) {
 		ctx = WithRequestID(ctx, v[0])
 	}
 	traceID := ""

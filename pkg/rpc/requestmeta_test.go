@@ -73,3 +73,22 @@ func TestContextValues(t *testing.T) {
 		t.Errorf("request id, trace id, tenant = %v, want [req_1 t1 acme]", got)
 	}
 }
+
+func TestValidRequestID(t *testing.T) {
+	for _, tc := range []struct {
+		id   string
+		want bool
+	}{
+		{"req_0123abcd", true},
+		{"2f1c-ab.9:x", true},
+		{"", false},
+		{strings.Repeat("a", 129), false},
+		{"has space", false},
+		{"new\nline", false},
+		{"日本", false},
+	} {
+		if got := rpc.ValidRequestID(tc.id); got != tc.want {
+			t.Errorf("ValidRequestID(%q) = %v, want %v", tc.id, got, tc.want)
+		}
+	}
+}

@@ -7,8 +7,6 @@ import (
 	"math"
 	"slices"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 )
 
 // Config is the cache block of mantle's YAML file.
@@ -38,7 +36,7 @@ type Policy struct {
 	// Cacheable false turns storing off for the scenario.
 	Cacheable bool `yaml:"cacheable"`
 	// TTL is how long a stored answer is served. A Store request may ask for less, never more.
-	TTL Duration `yaml:"ttl"`
+	TTL time.Duration `yaml:"ttl"`
 	// MaxTemperature is the highest sampling temperature whose answers are stored: above it
 	// an answer is one random draw among many, not the answer to the question.
 	MaxTemperature float64 `yaml:"max_temperature"`
@@ -53,10 +51,10 @@ type Policy struct {
 // out (nil) inherits the default. volatile_markers replaces the default list when
 // present; write [] for none.
 type ScenarioPolicy struct {
-	Cacheable       *bool     `yaml:"cacheable,omitempty"`
-	TTL             *Duration `yaml:"ttl,omitempty"`
-	MaxTemperature  *float64  `yaml:"max_temperature,omitempty"`
-	VolatileMarkers []string  `yaml:"volatile_markers,omitempty"`
+	Cacheable       *bool          `yaml:"cacheable,omitempty"`
+	TTL             *time.Duration `yaml:"ttl,omitempty"`
+	MaxTemperature  *float64       `yaml:"max_temperature,omitempty"`
+	VolatileMarkers []string       `yaml:"volatile_markers,omitempty"`
 }
 
 // defaultVolatileMarkers are the default volatile markers: time words, live data and
@@ -74,7 +72,7 @@ func DefaultConfig() Config {
 		MaxEntries: 100_000,
 		DefaultPolicy: Policy{
 			Cacheable:       true,
-			TTL:             Duration(time.Hour),
+			TTL:             time.Hour,
 			MaxTemperature:  0.3,
 			VolatileMarkers: slices.Clone(defaultVolatileMarkers),
 		},
@@ -127,25 +125,3 @@ func (p Policy) with(o ScenarioPolicy) Policy {
 	}
 	return p
 }
-
-// Duration is a time.Duration written in YAML as a Go duration string ("1h", "90s").
-// yaml v3 does not decode such strings into time.Duration by itself.
-type Duration time.Duration
-
-// UnmarshalYAML parses a duration string.
-func (d *Duration) UnmarshalYAML(node *yaml.Node) error {
-	if node.Kind != yaml.ScalarNode {
-		return fmt.Errorf("line %d: want a duration string like \"1h\"", node.Line)
-	}
-	parsed, err := time.ParseDuration(node.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: want a duration string like \"1h\": %w", node.Line, err)
-	}
-	*d = Duration(parsed)
-	return nil
-}
-
-// MarshalYAML writes the duration as a string, so printed config reads back.
-func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
-
-func (d Duration) String() string { return time.Duration(d).String() }

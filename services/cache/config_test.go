@@ -26,7 +26,7 @@ func TestDefaultConfig(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("DefaultConfig().Validate() = %v, want nil", err)
 	}
-	if cfg.MaxEntries != 100_000 || !cfg.DefaultPolicy.Cacheable || cfg.DefaultPolicy.TTL != Duration(time.Hour) || cfg.DefaultPolicy.MaxTemperature != 0.3 {
+	if cfg.MaxEntries != 100_000 || !cfg.DefaultPolicy.Cacheable || cfg.DefaultPolicy.TTL != time.Hour || cfg.DefaultPolicy.MaxTemperature != 0.3 {
 		t.Errorf("DefaultConfig() = %+v, want max_entries 100000, cacheable, ttl 1h, max_temperature 0.3", cfg)
 	}
 	for _, marker := range []string{"today", "now", "current", "latest", "今天", "现在", "实时", "库存", "订单"} {
@@ -59,7 +59,7 @@ scenarios:
 		t.Fatalf("Validate: %v", err)
 	}
 	base := DefaultConfig().DefaultPolicy
-	base.TTL = Duration(30 * time.Minute)
+	base.TTL = 30 * time.Minute
 	if !reflect.DeepEqual(cfg.DefaultPolicy, base) {
 		t.Errorf("default_policy = %+v, want the defaults with ttl 30m", cfg.DefaultPolicy)
 	}
@@ -67,7 +67,7 @@ scenarios:
 		scenario string
 		want     func(p *Policy)
 	}{
-		{"support", func(p *Policy) { p.TTL = Duration(10 * time.Minute) }},
+		{"support", func(p *Policy) { p.TTL = 10 * time.Minute }},
 		{"orders", func(p *Policy) { p.Cacheable, p.VolatileMarkers = false, []string{} }},
 		{"extraction", func(p *Policy) { p.MaxTemperature, p.VolatileMarkers = 0, []string{"price"} }},
 	}
@@ -86,7 +86,7 @@ scenarios:
 func TestConfigYAMLRoundTrip(t *testing.T) {
 	t.Parallel()
 	want := DefaultConfig()
-	want.Scenarios = map[string]ScenarioPolicy{"support": {TTL: new(Duration(90 * time.Second))}}
+	want.Scenarios = map[string]ScenarioPolicy{"support": {TTL: new(90 * time.Second)}}
 	out, err := yaml.Marshal(want)
 	if err != nil {
 		t.Fatalf("Marshal: %v", err)
@@ -112,9 +112,9 @@ func TestConfigYAMLErrors(t *testing.T) {
 	}{
 		{"unknown key", "max_entrys: 5\n", "max_entrys"},
 		{"unknown policy key", "default_policy:\n  tll: 1h\n", "tll"},
-		{"duration without unit", "default_policy:\n  ttl: 3600\n", `want a duration string like "1h"`},
-		{"duration in words", "default_policy:\n  ttl: one hour\n", `want a duration string like "1h"`},
-		{"duration as a list", "default_policy:\n  ttl: [1h]\n", `want a duration string like "1h"`},
+		{"duration without unit", "default_policy:\n  ttl: 3600\n", "into time.Duration"},
+		{"duration in words", "default_policy:\n  ttl: one hour\n", "into time.Duration"},
+		{"duration as a list", "default_policy:\n  ttl: [1h]\n", "into time.Duration"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -139,7 +139,7 @@ func TestConfigValidate(t *testing.T) {
 		{"negative max_temperature", func(c *Config) { c.DefaultPolicy.MaxTemperature = -1 }, []string{"default_policy.max_temperature: must be a non-negative number, got -1"}},
 		{"marker without a word", func(c *Config) { c.DefaultPolicy.VolatileMarkers = []string{"today", " ？"} }, []string{`default_policy.volatile_markers[1]: must contain a word, got " ？"`}},
 		{"scenario override", func(c *Config) {
-			c.Scenarios = map[string]ScenarioPolicy{"support": {TTL: new(Duration(-time.Minute))}}
+			c.Scenarios = map[string]ScenarioPolicy{"support": {TTL: new(-time.Minute)}}
 		}, []string{"scenarios.support.ttl: must be positive, got -1m0s"}},
 		{"every problem is reported", func(c *Config) { c.MaxEntries, c.DefaultPolicy.TTL = -1, 0 }, []string{
 			"max_entries: must be positive, got -1", "default_policy.ttl: must be positive, got 0s",

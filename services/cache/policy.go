@@ -58,7 +58,7 @@ func compilePolicy(p Policy) policy {
 	}
 	return policy{
 		cacheable:            p.Cacheable,
-		ttl:                  time.Duration(p.TTL),
+		ttl:                  p.TTL,
 		maxTemperatureBucket: temperatureBucket(p.MaxTemperature),
 		markers:              markers,
 	}

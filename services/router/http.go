@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -103,7 +104,7 @@ func (t *messageText) UnmarshalJSON(b []byte) error {
 func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
 	ctx := r.Context()
 	id := r.Header.Get("x-request-id")
-	if id == "" || len(id) > 128 {
+	if !rpc.ValidRequestID(id) {
 		id = rpc.NewRequestID()
 	}
 	ctx = rpc.WithRequestID(ctx, id)
@@ -253,16 +254,18 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 		}
 		return rc.Flush()
 	}
-	final, err := f.router.Stream(ctx, req, func(delta, model string) error {
+	final, err := f.router.Stream(ctx, req, func(d Delta) error {
 		if !started {
 			started = true
+			// Headers go out with the first delta; quality is only known at the end, so
+			// it travels in the last chunk's mantle field instead.
 			w.Header().Set("Content-Type", "text/event-stream")
 			w.Header().Set("Cache-Control", "no-cache")
-			w.Header().Set(HeaderFallbackLevel, ShortLevel(f.router.levelOfModel(req.Model, model)))
-			w.Header().Set(HeaderCache, "miss")
+			w.Header().Set(HeaderFallbackLevel, ShortLevel(d.Level))
+			w.Header().Set(HeaderCache, cacheHeader(d.Cached))
 			w.WriteHeader(http.StatusOK)
 		}
-		return writeEvent(chunkJSON(id, created, model, map[string]string{"content": delta}, nil, nil))
+		return writeEvent(chunkJSON(id, created, d.Model, map[string]string{"content": d.Content}, nil, nil))
 	})
 	if err != nil {
 		if !started {
@@ -290,18 +293,6 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 	}
 	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 	_ = rc.Flush()
-}
-
-// levelOfModel is the ladder level a model stands for on a route.
-func (r *Router) levelOfModel(routeName, model string) mantlev1.FallbackLevel {
-	if rt, ok := r.routes[routeName]; ok {
-		for i, u := range rt.candidates {
-			if u.model.Name == model {
-				return levelOf(i)
-			}
-		}
-	}
-	return mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY
 }
 
 func chunkJSON(id string, created int64, model string, delta map[string]string, finish *string, usage *mantlev1.Usage) map[string]any {
@@ -349,11 +340,7 @@ func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) 
 	h := w.Header()
 	qc := resp.GetQuality()
 	h.Set(HeaderFallbackLevel, ShortLevel(qc.GetFallbackLevel()))
-	if qc.GetCacheHit() {
-		h.Set(HeaderCache, "hit")
-	} else {
-		h.Set(HeaderCache, "miss")
-	}
+	h.Set(HeaderCache, cacheHeader(qc.GetCacheHit()))
 	if g := qc.GetQualityGrade(); g != mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED {
 		h.Set(HeaderQuality, shortGrade(g))
 	} else {
@@ -409,11 +396,27 @@ func writeError(w http.ResponseWriter, err error) {
 	writeOpenAIError(w, httpStatus, typ, reasonOf(err), param, st.Message())
 }
 
+func cacheHeader(hit bool) string {
+	if hit {
+		return "hit"
+	}
+	return "miss"
+}
+
+// reasonOf is the OpenAI error code of err: its ErrorInfo reason, or its gRPC code, in
+// snake_case (DeadlineExceeded becomes deadline_exceeded).
 func reasonOf(err error) string {
 	if info := rpc.ErrorInfo(err); info != nil {
 		return strings.ToLower(info.Reason)
 	}
-	return strings.ToLower(status.Code(err).String())
+	var b strings.Builder
+	for i, c := range status.Code(err).String() {
+		if i > 0 && unicode.IsUpper(c) {
+			b.WriteByte('_')
+		}
+		b.WriteRune(unicode.ToLower(c))
+	}
+	return b.String()
 }
 
 func writeOpenAIError(w http.ResponseWriter, httpStatus int, typ, code, param, msg string) {

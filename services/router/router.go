@@ -141,8 +141,17 @@ func (r *Router) addRoute(rt *route) {
 	r.routeNames = append(r.routeNames, rt.name)
 }
 
+// Delta is a piece of a streamed answer and where it comes from. Everything but Content
+// is the same for every delta of one answer: failover happens before the first token.
+type Delta struct {
+	Content string
+	Model   string
+	Level   mantlev1.FallbackLevel
+	Cached  bool
+}
+
 // Sink receives streamed content. A nil Sink asks for a unary answer.
-type Sink func(delta, model string) error
+type Sink func(Delta) error
 
 // Complete answers one request.
 func (r *Router) Complete(ctx context.Context, req *routerv1.Request) (*routerv1.CompleteResponse, error) {
@@ -183,7 +192,7 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	if hit := r.lookup(ctx, req, rt, qc); hit != nil {
 		r.settle(ctx, qc, reservation, &mantlev1.Usage{})
 		if sink != nil {
-			if err := sink(hit.Message.GetContent(), hit.Model); err != nil {
+			if err := sink(Delta{Content: hit.Message.GetContent(), Model: hit.Model, Level: hit.Quality.FallbackLevel, Cached: true}); err != nil {
 				return nil, err
 			}
 		}
@@ -197,7 +206,7 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 		// A request the provider refused (bad request, content filter) did not degrade:
 		// no other candidate was or could have been used.
 		var rejected *rejectedError
-		if !errors.As(err, &rejected) {
+		if !errors.As(err, &rejected) && !errors.Is(ctx.Err(), context.Canceled) {
 			r.publishDegradation(ctx, rt, qc, err.Error())
 		}
 		return nil, err
@@ -239,7 +248,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		key := u.pickKey()
 		preq.Model = u.upstreamModel()
 		tryCtx, cancel := context.WithTimeout(ctx, min(u.timeout, remaining-r.cfg.HopReserve))
-		res, att, committed, err := r.call(tryCtx, key, u, preq, qc, sink)
+		res, att, committed, err := r.call(tryCtx, key, u, preq, qc, sink, levelOf(i))
 		cancel()
 		att.Number = int32(len(qc.Attempts) + 1)
 		qc.Attempts = append(qc.Attempts, att)
@@ -247,7 +256,6 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			qc.RetryCount++
 		}
 		addUsage(qc, u, res.Usage)
-		r.deps.Metrics.attempts.WithLabelValues(u.model.Name, shortClass(att.ErrorClass)).Inc()
 
 		if err == nil && sink == nil {
 			// Unary answers can still be swapped for another candidate's, so verify now.
@@ -257,6 +265,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 				att.ErrorMessage = err.Error()
 			}
 		}
+		r.deps.Metrics.attempts.WithLabelValues(u.model.Name, shortClass(att.ErrorClass)).Inc()
 		if err == nil {
 			qc.CurrentModel, qc.CurrentProvider = u.model.Name, u.provider
 			qc.FallbackLevel = levelOf(i)
@@ -290,14 +299,14 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 
 // call makes one provider call and records it as an Attempt. committed reports that part
 // of a stream already reached the caller, after which no other candidate may answer.
-func (r *Router) call(ctx context.Context, key *upstreamKey, u *upstream, preq provider.Request, qc *mantlev1.QualityContext, sink Sink) (res provider.Response, att *mantlev1.Attempt, committed bool, err error) {
+func (r *Router) call(ctx context.Context, key *upstreamKey, u *upstream, preq provider.Request, qc *mantlev1.QualityContext, sink Sink, level mantlev1.FallbackLevel) (res provider.Response, att *mantlev1.Attempt, committed bool, err error) {
 	start := r.deps.Clock.Now()
 	att = &mantlev1.Attempt{Model: u.model.Name, Provider: u.provider, KeyId: key.id, StartedAt: timestamppb.New(start)}
 	key.stats.start()
 	if sink == nil {
 		res, err = key.client.Complete(ctx, preq)
 	} else {
-		res, committed, err = r.stream(ctx, key, u, preq, sink, att, start)
+		res, committed, err = r.stream(ctx, key, u, preq, sink, att, start, level)
 	}
 	latency := r.deps.Clock.Since(start)
 	key.stats.finish(latency, err != nil)
@@ -318,7 +327,7 @@ func (r *Router) call(ctx context.Context, key *upstreamKey, u *upstream, preq p
 
 // stream relays a provider stream. Nothing is sent to the caller until the first chunk
 // arrived, so a candidate that fails before its first token can still be replaced.
-func (r *Router) stream(ctx context.Context, key *upstreamKey, u *upstream, preq provider.Request, sink Sink, att *mantlev1.Attempt, start time.Time) (provider.Response, bool, error) {
+func (r *Router) stream(ctx context.Context, key *upstreamKey, u *upstream, preq provider.Request, sink Sink, att *mantlev1.Attempt, start time.Time, level mantlev1.FallbackLevel) (provider.Response, bool, error) {
 	s, err := key.client.Stream(ctx, preq)
 	if err != nil {
 		return provider.Response{}, false, err
@@ -351,7 +360,7 @@ func (r *Router) stream(ctx context.Context, key *upstreamKey, u *upstream, preq
 			committed = true
 		}
 		content.WriteString(chunk.Content)
-		if err := sink(chunk.Content, u.model.Name); err != nil {
+		if err := sink(Delta{Content: chunk.Content, Model: u.model.Name, Level: level}); err != nil {
 			return res, true, err
 		}
 	}
@@ -454,7 +463,7 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 		return nil
 	}
 	adoptAudit(qc, res.GetQuality())
-	if !res.Hit {
+	if !res.Hit || res.Entry == nil {
 		r.audit(qc, "lookup", "miss", r.deps.Clock.Since(start))
 		return nil
 	}

@@ -471,8 +471,9 @@ func TestRouterComplete(t *testing.T) {
 				cancel()
 				return ctx, cancel
 			},
+			// Nobody degraded: the caller left, so no event is published.
 			want: want{code: codes.Canceled,
-				classes: []mantlev1.ErrorClass{mantlev1.ErrorClass_ERROR_CLASS_CANCELED}, calls: map[string]int{"a": 1}, settle: usage(0, 0), events: 1},
+				classes: []mantlev1.ErrorClass{mantlev1.ErrorClass_ERROR_CLASS_CANCELED}, calls: map[string]int{"a": 1}, settle: usage(0, 0), events: 0},
 		},
 		{
 			name:  "unknown route",

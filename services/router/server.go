@@ -21,9 +21,9 @@ func (s *server) Complete(ctx context.Context, req *routerv1.CompleteRequest) (*
 }
 
 func (s *server) StreamComplete(req *routerv1.StreamCompleteRequest, stream routerv1.RouterService_StreamCompleteServer) error {
-	final, err := s.router.Stream(stream.Context(), req.GetRequest(), func(delta, model string) error {
+	final, err := s.router.Stream(stream.Context(), req.GetRequest(), func(d Delta) error {
 		return stream.Send(&routerv1.StreamCompleteResponse{Event: &routerv1.StreamCompleteResponse_Delta{
-			Delta: &routerv1.Delta{Content: delta, Model: model},
+			Delta: &routerv1.Delta{Content: d.Content, Model: d.Model},
 		}})
 	})
 	if err != nil {

@@ -32,7 +32,8 @@ const (
 // scenario, model and prompt.
 //
 // Errors carry google.rpc.ErrorInfo with domain "cache.mantle" and reason
-// INVALID_REQUEST (with BadRequest) or PERMISSION_DENIED (tenant mismatch).
+// INVALID_REQUEST (with BadRequest), PERMISSION_DENIED (the QualityContext names another
+// tenant than the caller's credentials) or UNAUTHENTICATED (no tenant at all).
 type CacheServiceClient interface {
 	// Lookup finds a cached answer for a prompt. A miss is not an error.
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
@@ -88,7 +89,8 @@ func (c *cacheServiceClient) Invalidate(ctx context.Context, in *InvalidateReque
 // scenario, model and prompt.
 //
 // Errors carry google.rpc.ErrorInfo with domain "cache.mantle" and reason
-// INVALID_REQUEST (with BadRequest) or PERMISSION_DENIED (tenant mismatch).
+// INVALID_REQUEST (with BadRequest), PERMISSION_DENIED (the QualityContext names another
+// tenant than the caller's credentials) or UNAUTHENTICATED (no tenant at all).
 type CacheServiceServer interface {
 	// Lookup finds a cached answer for a prompt. A miss is not an error.
 	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)

@@ -32,9 +32,12 @@ const (
 // budget, and returns the answer with its QualityContext.
 //
 // Errors carry google.rpc.ErrorInfo with domain "router.mantle" and one of these reasons:
-// INVALID_REQUEST (with BadRequest field violations), UNAUTHENTICATED, UNKNOWN_ROUTE,
-// QUOTA_EXHAUSTED (with RetryInfo and QuotaFailure), CONTENT_FILTERED, ALL_CANDIDATES_FAILED,
-// DEADLINE_EXCEEDED.
+// INVALID_REQUEST (INVALID_ARGUMENT, with BadRequest field violations), UNAUTHENTICATED,
+// UNKNOWN_ROUTE (NOT_FOUND), QUOTA_EXHAUSTED (RESOURCE_EXHAUSTED, passed through from quota
+// with RetryInfo and QuotaFailure), CONTENT_FILTERED (FAILED_PRECONDITION, with the
+// provider's reason), UPSTREAM_REJECTED (INVALID_ARGUMENT: the provider refused the request
+// itself, so no other candidate was tried), ALL_CANDIDATES_FAILED (UNAVAILABLE),
+// DEADLINE_EXCEEDED (the budget ran out).
 type RouterServiceClient interface {
 	// Complete answers one chat request.
 	Complete(ctx context.Context, in *CompleteRequest, opts ...grpc.CallOption) (*CompleteResponse, error)
@@ -100,9 +103,12 @@ func (c *routerServiceClient) DescribeRoutes(ctx context.Context, in *DescribeRo
 // budget, and returns the answer with its QualityContext.
 //
 // Errors carry google.rpc.ErrorInfo with domain "router.mantle" and one of these reasons:
-// INVALID_REQUEST (with BadRequest field violations), UNAUTHENTICATED, UNKNOWN_ROUTE,
-// QUOTA_EXHAUSTED (with RetryInfo and QuotaFailure), CONTENT_FILTERED, ALL_CANDIDATES_FAILED,
-// DEADLINE_EXCEEDED.
+// INVALID_REQUEST (INVALID_ARGUMENT, with BadRequest field violations), UNAUTHENTICATED,
+// UNKNOWN_ROUTE (NOT_FOUND), QUOTA_EXHAUSTED (RESOURCE_EXHAUSTED, passed through from quota
+// with RetryInfo and QuotaFailure), CONTENT_FILTERED (FAILED_PRECONDITION, with the
+// provider's reason), UPSTREAM_REJECTED (INVALID_ARGUMENT: the provider refused the request
+// itself, so no other candidate was tried), ALL_CANDIDATES_FAILED (UNAVAILABLE),
+// DEADLINE_EXCEEDED (the budget ran out).
 type RouterServiceServer interface {
 	// Complete answers one chat request.
 	Complete(context.Context, *CompleteRequest) (*CompleteResponse, error)
