@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -59,6 +60,8 @@ type Deps struct {
 	Events        Publisher
 	Clock         clockwork.Clock
 	Authenticator *rpc.Authenticator
+	// NATS is handed to modules as Env.NATS; nil when events are disabled.
+	NATS *nats.Conn
 }
 
 // App is a running process: listeners are bound by New, served by Run.
@@ -177,7 +180,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	a.mux.HandleFunc("GET /readyz", a.serveReady)
 	a.http = &http.Server{Handler: a.mux, ReadHeaderTimeout: 10 * time.Second}
 
-	env := Env{GRPC: a.grpc, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator}
+	env := Env{GRPC: a.grpc, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS}
 	for _, m := range modules {
 		if !slices.Contains(selected, m.Name) {
 			continue

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -61,6 +62,9 @@ type Env struct {
 	Metrics *prometheus.Registry
 	Events  Publisher
 	Clock   clockwork.Clock
+	// NATS is the process's NATS connection for modules that keep state in JetStream
+	// (idempotency records, review queues); nil when events are disabled.
+	NATS *nats.Conn
 	// Auth checks tenant API keys for front doors that are not gRPC (the router's HTTP
 	// API); nil when authentication is disabled.
 	Auth *rpc.Authenticator

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mantle-mesh/mantle/pkg/app"
@@ -70,6 +71,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		return nil, fmt.Errorf("auth.%w", err)
 	}
 	var publisher app.Publisher = events.Discard{Log: log}
+	var natsConn *nats.Conn
 	natsURL := cfg.Events.NATSURL
 	if cfg.Events.Embedded {
 		srv, err := events.StartEmbedded()
@@ -87,7 +89,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		}
 		// Closed before the embedded server shuts down: cleanups run in reverse.
 		p.cleanup = append(p.cleanup, pub.Close)
-		p.Events, publisher = pub, pub
+		p.Events, publisher, natsConn = pub, pub, pub.Conn()
 	} else {
 		log.Info("events disabled: set events.nats_url or events.embedded")
 	}
@@ -100,7 +102,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),
 		MaxMessageBytes:         cfg.Server.MaxMessageBytes,
-	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn})
+	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn})
 	if err != nil {
 		p.Close()
 		return nil, err

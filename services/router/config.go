@@ -33,13 +33,72 @@ type Config struct {
 	MaxPromptBytes int `yaml:"max_prompt_bytes"`
 	// MaxOutputTokens bounds max_tokens; 0 means no bound.
 	MaxOutputTokens int `yaml:"max_output_tokens"`
+	// FirstTokenTimeout and StallTimeout are the streaming limits of routes that set none.
+	FirstTokenTimeout time.Duration `yaml:"first_token_timeout"`
+	StallTimeout      time.Duration `yaml:"stall_timeout"`
 	// QuotaFailOpen admits requests when the quota service cannot be reached. Availability
 	// wins by default; set false where overspending is worse than refusing.
 	QuotaFailOpen bool `yaml:"quota_fail_open"`
 
+	// Retry decides how often and how soon a failed candidate is tried again.
+	Retry RetryConfig `yaml:"retry"`
+	// RetryBudget caps retries, failovers and hedges as a share of requests, so a provider
+	// incident cannot turn into a retry storm (seed 001: stop all but format retries above 15%).
+	RetryBudget BudgetConfig `yaml:"retry_budget"`
+	// Breaker configures the circuit breaker of every (provider, model, key, scenario).
+	Breaker BreakerConfig `yaml:"breaker"`
+	// Idempotency keeps the answer of every request id so a replay is not billed twice.
+	Idempotency IdempotencyConfig `yaml:"idempotency"`
+
 	Providers []ProviderConfig `yaml:"providers"`
 	Models    []ModelConfig    `yaml:"models"`
 	Routes    []RouteConfig    `yaml:"routes"`
+}
+
+// RetryConfig is the retry policy of a candidate.
+type RetryConfig struct {
+	// MaxRetries per candidate after its first attempt (seed: 2).
+	MaxRetries int `yaml:"max_retries"`
+	// BackoffBase and BackoffCap bound the full-jitter exponential backoff.
+	BackoffBase time.Duration `yaml:"backoff_base"`
+	BackoffCap  time.Duration `yaml:"backoff_cap"`
+	// MaxRetryAfter is the longest provider Retry-After hint the router waits for; longer
+	// hints fail over instead (the hint must also fit in the remaining budget).
+	MaxRetryAfter time.Duration `yaml:"max_retry_after"`
+}
+
+// BudgetConfig is the retry budget (see resilience.BudgetConfig).
+type BudgetConfig struct {
+	Ratio           float64       `yaml:"ratio"`
+	Floor           int           `yaml:"floor"`
+	Window          time.Duration `yaml:"window"`
+	FormatOnlyAbove float64       `yaml:"format_only_above"`
+}
+
+// BreakerConfig is the circuit breaker policy (see resilience.BreakerConfig).
+type BreakerConfig struct {
+	Window              time.Duration `yaml:"window"`
+	MinCalls            int           `yaml:"min_calls"`
+	FailureRate         float64       `yaml:"failure_rate"`
+	SlowCall            time.Duration `yaml:"slow_call"`
+	SlowCallRate        float64       `yaml:"slow_call_rate"`
+	ConsecutiveFailures int           `yaml:"consecutive_failures"`
+	OpenDuration        time.Duration `yaml:"open_duration"`
+	MaxOpenDuration     time.Duration `yaml:"max_open_duration"`
+	OpenJitter          float64       `yaml:"open_jitter"`
+	HalfOpenProbes      int           `yaml:"half_open_probes"`
+}
+
+// IdempotencyConfig says where request records live and for how long.
+type IdempotencyConfig struct {
+	// Backend is memory (one replica, development) or jetstream (NATS KV, shared by replicas;
+	// needs events.nats_url or events.embedded).
+	Backend string `yaml:"backend"`
+	// TTL is how long a finished request's answer can be replayed.
+	TTL time.Duration `yaml:"ttl"`
+	// InflightTTL is how long a claim of a request in progress holds before a duplicate may
+	// take it over (the owner is presumed dead).
+	InflightTTL time.Duration `yaml:"inflight_ttl"`
 }
 
 // ProviderConfig is one upstream API.
@@ -57,6 +116,9 @@ type ProviderConfig struct {
 	SimProfile string `yaml:"sim_profile,omitempty"`
 	// SimSeed makes a sim provider reproducible.
 	SimSeed int64 `yaml:"sim_seed,omitempty"`
+	// MaxConcurrency is the bulkhead of each model of this provider: calls beyond it fail
+	// over at once instead of queueing (seed: main 200, backup 50). 0 means unlimited.
+	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
 }
 
 // KeyConfig is one API key.
@@ -81,6 +143,19 @@ type ModelConfig struct {
 	OutputPricePerMillion float64 `yaml:"output_price_per_million,omitempty"`
 	// SimProfile overrides the provider's sim profile for this model.
 	SimProfile string `yaml:"sim_profile,omitempty"`
+	// MaxConcurrency overrides the provider's bulkhead for this model.
+	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
+
+	// The capability profile the fallback matrix chooses by (seed 001 6.3).
+	// FormatStability in [0,1]: how reliably the model keeps to a requested format.
+	FormatStability float64 `yaml:"format_stability,omitempty"`
+	// Freshness ranks knowledge recency; higher is fresher.
+	Freshness int `yaml:"freshness,omitempty"`
+	// Tier ranks capability; higher is stronger. Ladder L1 models are usually lower tiers.
+	Tier int `yaml:"tier,omitempty"`
+	// AcceptsPrefill: the model continues a partial assistant message, so a stream cut
+	// mid-answer can be finished by it.
+	AcceptsPrefill bool `yaml:"accepts_prefill,omitempty"`
 }
 
 // RouteConfig is a name callers use for an ordered list of candidate models.
@@ -91,16 +166,70 @@ type RouteConfig struct {
 	Candidates []string `yaml:"candidates"`
 	// Budget overrides default_budget.
 	Budget time.Duration `yaml:"budget,omitempty"`
+	// FirstTokenTimeout cancels a stream whose first token has not arrived in time
+	// (seed: 4-10 s); StallTimeout cancels a stream that makes no progress for that long.
+	FirstTokenTimeout time.Duration `yaml:"first_token_timeout,omitempty"`
+	StallTimeout      time.Duration `yaml:"stall_timeout,omitempty"`
+	// Hedge sends a second request when the first is slow.
+	Hedge HedgeConfig `yaml:"hedge,omitempty"`
+	// Ladder is what the route degrades to when its candidates cannot answer.
+	Ladder LadderConfig `yaml:"ladder,omitempty"`
+}
+
+// HedgeConfig: after Delay (the key's live p95, bounded by MinDelay and MaxDelay) a second
+// request goes to the best other healthy candidate; the first valid answer wins.
+type HedgeConfig struct {
+	Enabled  bool          `yaml:"enabled"`
+	MinDelay time.Duration `yaml:"min_delay,omitempty"`
+	MaxDelay time.Duration `yaml:"max_delay,omitempty"`
+}
+
+// LadderConfig is the degradation ladder of a route below its own candidates (L0).
+type LadderConfig struct {
+	// Smaller are L1: smaller or faster models tried when every candidate failed.
+	Smaller []string `yaml:"smaller,omitempty"`
+	// Cache enables L2: the closest verified cached answer, marked as a related answer.
+	Cache bool `yaml:"cache,omitempty"`
+	// Template is L3: a fixed answer (an FAQ text, a "we'll get back to you") that is always
+	// available; a review/ticket event is raised with it. Empty disables L3.
+	Template string `yaml:"template,omitempty"`
+	// Notice is shown to users with any degraded answer.
+	Notice string `yaml:"notice,omitempty"`
+	// ForceLevel pins the route to a level: "" (automatic), "cache" (cache-only mode during an
+	// outage) or "template".
+	ForceLevel string `yaml:"force_level,omitempty"`
 }
 
 // DefaultConfig returns the router defaults: no providers (the composition root adds the
 // sim models for development).
 func DefaultConfig() Config {
 	return Config{
-		DefaultBudget:  30 * time.Second,
-		HopReserve:     200 * time.Millisecond,
-		MaxPromptBytes: 1 << 20,
-		QuotaFailOpen:  true,
+		DefaultBudget:     30 * time.Second,
+		HopReserve:        200 * time.Millisecond,
+		MaxPromptBytes:    1 << 20,
+		QuotaFailOpen:     true,
+		FirstTokenTimeout: 10 * time.Second,
+		StallTimeout:      10 * time.Second,
+		Retry: RetryConfig{
+			MaxRetries:    2,
+			BackoffBase:   300 * time.Millisecond,
+			BackoffCap:    1500 * time.Millisecond,
+			MaxRetryAfter: 5 * time.Second,
+		},
+		RetryBudget: BudgetConfig{Ratio: 0.2, Floor: 10, Window: time.Minute, FormatOnlyAbove: 0.15},
+		Breaker: BreakerConfig{
+			Window:              time.Minute,
+			MinCalls:            20,
+			FailureRate:         0.5,
+			SlowCall:            10 * time.Second,
+			SlowCallRate:        0.5,
+			ConsecutiveFailures: 5,
+			OpenDuration:        30 * time.Second,
+			MaxOpenDuration:     5 * time.Minute,
+			OpenJitter:          0.2,
+			HalfOpenProbes:      3,
+		},
+		Idempotency: IdempotencyConfig{Backend: "memory", TTL: 24 * time.Hour, InflightTTL: time.Minute},
 	}
 }
 
@@ -194,6 +323,52 @@ func (c Config) Validate() error {
 	}
 	if len(c.Models) == 0 {
 		add("models: at least one model is required")
+	}
+	if c.Retry.MaxRetries < 0 {
+		add("retry.max_retries: must not be negative, got %d", c.Retry.MaxRetries)
+	}
+	if c.Retry.BackoffBase <= 0 || c.Retry.BackoffCap < c.Retry.BackoffBase {
+		add("retry: backoff_base must be positive and backoff_cap at least backoff_base, got %s and %s", c.Retry.BackoffBase, c.Retry.BackoffCap)
+	}
+	if c.Retry.MaxRetryAfter < 0 {
+		add("retry.max_retry_after: must not be negative, got %s", c.Retry.MaxRetryAfter)
+	}
+	if c.FirstTokenTimeout <= 0 || c.StallTimeout <= 0 {
+		add("first_token_timeout and stall_timeout: must be positive, got %s and %s", c.FirstTokenTimeout, c.StallTimeout)
+	}
+	if err := c.RetryBudget.resilience().Validate(); err != nil {
+		add("retry_budget.%v", err)
+	}
+	if err := c.Breaker.resilience().Validate(); err != nil {
+		add("breaker.%v", err)
+	}
+	if !slices.Contains([]string{"memory", "jetstream"}, c.Idempotency.Backend) {
+		add("idempotency.backend: want memory or jetstream, got %q", c.Idempotency.Backend)
+	}
+	if c.Idempotency.TTL <= 0 || c.Idempotency.InflightTTL <= 0 {
+		add("idempotency: ttl and inflight_ttl must be positive, got %s and %s", c.Idempotency.TTL, c.Idempotency.InflightTTL)
+	}
+	for i, r := range c.Routes {
+		key := fmt.Sprintf("routes[%d]", i)
+		for j, m := range r.Ladder.Smaller {
+			if !models[m] {
+				add("%s.ladder.smaller[%d]: unknown model %q", key, j, m)
+			}
+		}
+		switch r.Ladder.ForceLevel {
+		case "", ForceCache, ForceTemplate:
+		default:
+			add("%s.ladder.force_level: want empty, cache or template, got %q", key, r.Ladder.ForceLevel)
+		}
+		if r.Ladder.ForceLevel == ForceCache && !r.Ladder.Cache {
+			add("%s.ladder.force_level: cache needs ladder.cache: true", key)
+		}
+		if r.Hedge.MinDelay < 0 || (r.Hedge.MaxDelay > 0 && r.Hedge.MaxDelay < r.Hedge.MinDelay) {
+			add("%s.hedge: min_delay must not be negative nor above max_delay", key)
+		}
+		if r.FirstTokenTimeout < 0 || r.StallTimeout < 0 {
+			add("%s: first_token_timeout and stall_timeout must not be negative", key)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -43,13 +43,17 @@ func (e *rejectedError) Unwrap() error { return e.cause }
 
 // exhaustedError means every candidate that could answer failed, or the budget ran out.
 type exhaustedError struct {
-	class mantlev1.ErrorClass
-	cause error
-	tried []string
+	class  mantlev1.ErrorClass
+	cause  error
+	tried  []string
+	forced string // the ladder level an operator forced, when that is why
 }
 
 func (e *exhaustedError) Error() string {
 	msg := "no candidate could answer"
+	if e.forced != "" {
+		return "route forced to the " + e.forced + " level"
+	}
 	if e.class == mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED {
 		msg = "the deadline budget ran out"
 	}

@@ -7,9 +7,15 @@ import (
 )
 
 type metrics struct {
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
-	attempts *prometheus.CounterVec
+	requests           *prometheus.CounterVec
+	duration           *prometheus.HistogramVec
+	attempts           *prometheus.CounterVec
+	providerLatency    *prometheus.HistogramVec
+	breakerTransitions *prometheus.CounterVec
+	degradations       *prometheus.CounterVec
+	budgetDenied       prometheus.Counter
+	hedges             prometheus.Counter
+	replays            prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -24,8 +30,27 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_router_attempts_total", Help: "Provider attempts by model and error class.",
 		}, []string{"model", "class"}),
+		providerLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "mantle_router_provider_attempt_duration_seconds", Help: "Provider attempt latency by model and error class.",
+			Buckets: []float64{.05, .1, .25, .5, .75, 1, 1.5, 2, 3, 5, 8, 12, 20, 30, 60},
+		}, []string{"model", "class"}),
+		breakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_router_breaker_transitions_total", Help: "Circuit breaker transitions by model, key and new state.",
+		}, []string{"model", "key", "state"}),
+		degradations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_router_degradations_total", Help: "Answers below the primary by route and ladder level.",
+		}, []string{"route", "level"}),
+		budgetDenied: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_router_retry_budget_rejections_total", Help: "Retries, failovers and hedges refused by the retry budget.",
+		}),
+		hedges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_router_hedges_total", Help: "Hedged requests sent.",
+		}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_router_idempotent_replays_total", Help: "Requests answered from an idempotency record.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedges, m.replays} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
@@ -16,6 +18,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/provider/anthropic"
 	"github.com/mantle-mesh/mantle/pkg/provider/openai"
 	"github.com/mantle-mesh/mantle/pkg/sim"
+	"github.com/mantle-mesh/mantle/services/router/internal/idempotency"
 )
 
 // Module returns the router module: it calls quota, cache and verifier.
@@ -75,6 +78,40 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 		}
 		return nil, fmt.Errorf("unknown provider type %q", p.Type)
 	}
+	var sweep func(ctx context.Context) error
+	switch cfg.Idempotency.Backend {
+	case "jetstream":
+		if env.NATS == nil {
+			sims.stop()
+			return nil, fmt.Errorf("idempotency.backend jetstream needs NATS: set events.nats_url or events.embedded")
+		}
+		js, err := jetstream.New(env.NATS)
+		if err != nil {
+			sims.stop()
+			return nil, fmt.Errorf("idempotency: %w", err)
+		}
+		store, err := idempotency.NewJetStream(ctx, js, "mantle_idempotency", cfg.Idempotency.TTL, cfg.Idempotency.InflightTTL)
+		if err != nil {
+			sims.stop()
+			return nil, fmt.Errorf("idempotency: %w", err)
+		}
+		deps.Idempotency = store
+	default:
+		store := idempotency.NewMemory(cfg.Idempotency.TTL, cfg.Idempotency.InflightTTL, env.Clock)
+		deps.Idempotency = store
+		sweep = func(ctx context.Context) error {
+			t := env.Clock.NewTicker(time.Minute)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.Chan():
+					store.Sweep()
+				}
+			}
+		}
+	}
 	r, err := New(cfg, deps, clients)
 	if err != nil {
 		sims.stop()
@@ -83,6 +120,9 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	routerv1.RegisterRouterServiceServer(env.GRPC, &server{router: r})
 	(&frontDoor{router: r, auth: env.Auth, log: env.Log}).register(env.HTTP)
 	return app.RunFunc(func(ctx context.Context) error {
+		if sweep != nil {
+			_ = sweep(ctx)
+		}
 		<-ctx.Done()
 		return sims.stop()
 	}), nil

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
 
 // defaultTenant names callers when authentication is disabled.
@@ -38,18 +41,21 @@ type upstream struct {
 	timeout  time.Duration
 	keys     []*upstreamKey
 	next     atomic.Uint32 // round-robin position over keys
+	bulkhead *resilience.Bulkhead
 }
 
+// upstreamKey is one API key of an upstream, with its own health: a breaker per scenario
+// (the unit the design names is provider x model x key x scenario), a 429 cooldown, a retry
+// budget and latency statistics.
 type upstreamKey struct {
-	id     string
-	client provider.Provider
-	stats  keyStats
-}
+	id       string
+	client   provider.Provider
+	stats    keyStats
+	cooldown *resilience.Cooldown
+	budget   *resilience.Budget
 
-// pickKey spreads calls over the keys of an upstream.
-func (u *upstream) pickKey() *upstreamKey {
-	n := u.next.Add(1) - 1
-	return u.keys[int(n)%len(u.keys)]
+	mu       sync.Mutex
+	breakers map[string]*resilience.Breaker
 }
 
 // upstreamModel is the provider's name for the model.
@@ -66,10 +72,15 @@ func (u *upstream) cost(usage provider.Usage) float64 {
 
 // route is a name callers use and its candidates, first choice first.
 type route struct {
-	name       string
-	scenario   string
-	budget     time.Duration
-	candidates []*upstream
+	name              string
+	scenario          string
+	budget            time.Duration
+	candidates        []*upstream
+	smaller           []*upstream // ladder L1
+	hedge             HedgeConfig
+	ladder            LadderConfig
+	firstTokenTimeout time.Duration
+	stallTimeout      time.Duration
 }
 
 // Deps are the router's collaborators. The service clients are the generated interfaces,
@@ -82,6 +93,10 @@ type Deps struct {
 	Clock    clockwork.Clock
 	Log      *slog.Logger
 	Metrics  *metrics
+	// Rand returns uniform numbers in [0,1) for jitter; injected so tests are repeatable.
+	Rand func() float64
+	// Idempotency keeps request records; nil disables replay protection.
+	Idempotency idempotencyStore
 }
 
 // Router executes requests.
@@ -90,11 +105,15 @@ type Router struct {
 	deps       Deps
 	routes     map[string]*route
 	routeNames []string // in config order: models first, then aliases
+	budget     *resilience.Budget
 }
 
 // New builds the routing table. clients maps provider name and key id to a client.
 func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, keyID string) (provider.Provider, error)) (*Router, error) {
-	r := &Router{cfg: cfg, deps: deps, routes: map[string]*route{}}
+	if deps.Rand == nil {
+		deps.Rand = rand.Float64
+	}
+	r := &Router{cfg: cfg, deps: deps, routes: map[string]*route{}, budget: resilience.NewBudget(cfg.RetryBudget.resilience(), deps.Clock)}
 	providers := map[string]ProviderConfig{}
 	for _, p := range cfg.Providers {
 		providers[p.Name] = p
@@ -102,7 +121,11 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 	upstreams := map[string]*upstream{}
 	for _, m := range cfg.Models {
 		p := providers[m.Provider]
-		u := &upstream{model: m, provider: p.Name, timeout: p.Timeout}
+		limit := p.MaxConcurrency
+		if m.MaxConcurrency > 0 {
+			limit = m.MaxConcurrency
+		}
+		u := &upstream{model: m, provider: p.Name, timeout: p.Timeout, bulkhead: resilience.NewBulkhead(limit)}
 		keyIDs := []string{"sim"}
 		if len(p.Keys) > 0 {
 			keyIDs = keyIDs[:0]
@@ -115,15 +138,24 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 			if err != nil {
 				return nil, fmt.Errorf("model %s key %s: %w", m.Name, id, err)
 			}
-			u.keys = append(u.keys, &upstreamKey{id: id, client: c})
+			u.keys = append(u.keys, &upstreamKey{
+				id: id, client: c,
+				cooldown: resilience.NewCooldown(deps.Clock),
+				budget:   resilience.NewBudget(cfg.RetryBudget.resilience(), deps.Clock),
+				breakers: map[string]*resilience.Breaker{},
+			})
 		}
 		upstreams[m.Name] = u
 		r.addRoute(&route{name: m.Name, candidates: []*upstream{u}})
 	}
 	for _, rc := range cfg.Routes {
-		rt := &route{name: rc.Name, scenario: rc.Scenario, budget: rc.Budget}
+		rt := &route{name: rc.Name, scenario: rc.Scenario, budget: rc.Budget, hedge: rc.Hedge, ladder: rc.Ladder,
+			firstTokenTimeout: rc.FirstTokenTimeout, stallTimeout: rc.StallTimeout}
 		for _, name := range rc.Candidates {
 			rt.candidates = append(rt.candidates, upstreams[name])
+		}
+		for _, name := range rc.Ladder.Smaller {
+			rt.smaller = append(rt.smaller, upstreams[name])
 		}
 		r.addRoute(rt)
 	}
@@ -136,6 +168,12 @@ func (r *Router) addRoute(rt *route) {
 	}
 	if rt.scenario == "" {
 		rt.scenario = "default"
+	}
+	if rt.firstTokenTimeout == 0 {
+		rt.firstTokenTimeout = r.cfg.FirstTokenTimeout
+	}
+	if rt.stallTimeout == 0 {
+		rt.stallTimeout = r.cfg.StallTimeout
 	}
 	r.routes[rt.name] = rt
 	r.routeNames = append(r.routeNames, rt.name)
@@ -169,13 +207,14 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	if err != nil {
 		return nil, err
 	}
+	clientID := rpc.RequestID(ctx) // set only when the caller sent one
 	qc := r.newQualityContext(ctx, req, rt)
 	ctx = rpc.WithRequestID(ctx, qc.RequestId)
 	ctx, cancel := context.WithDeadline(ctx, qc.Deadline.AsTime())
 	defer cancel()
 
-	resp, err := r.serve(ctx, req, rt, qc, sink)
-	outcome, level := "ok", qc.FallbackLevel.String()
+	resp, err := r.once(ctx, req, rt, qc, sink, idempotencyKey(qc.Tenant, req.IdempotencyKey, clientID))
+	outcome, level := "ok", ShortLevel(qc.FallbackLevel)
 	if err != nil {
 		outcome = status.Code(err).String()
 	}
@@ -191,18 +230,28 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	}
 	if hit := r.lookup(ctx, req, rt, qc); hit != nil {
 		r.settle(ctx, qc, reservation, &mantlev1.Usage{})
-		if sink != nil {
-			if err := sink(Delta{Content: hit.Message.GetContent(), Model: hit.Model, Level: hit.Quality.FallbackLevel, Cached: true}); err != nil {
-				return nil, err
-			}
-		}
 		hit.RateLimit = limits
-		return hit, nil
+		return hit, sendWhole(sink, hit, true)
 	}
 
-	ans, err := r.attempt(ctx, req, rt, qc, sink)
+	var ans *answer
+	switch rt.ladder.ForceLevel {
+	case ForceCache, ForceTemplate:
+		// An operator pinned the route below its models (cache-only mode during an outage).
+		err = &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_BREAKER_OPEN, forced: rt.ladder.ForceLevel}
+	default:
+		ans, err = r.attempt(ctx, req, rt, qc, sink)
+	}
 	r.settle(ctx, qc, reservation, qc.Usage)
 	if err != nil {
+		var exhausted *exhaustedError
+		if errors.As(err, &exhausted) && exhausted.class != mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED {
+			if resp := r.descend(ctx, req, rt, qc, exhausted.Error()); resp != nil {
+				r.publishDegradation(ctx, rt, qc, qc.DegradationReason)
+				resp.RateLimit = limits
+				return resp, sendWhole(sink, resp, false)
+			}
+		}
 		// A request the provider refused (bad request, content filter) did not degrade:
 		// no other candidate was or could have been used.
 		var rejected *rejectedError
@@ -228,183 +277,19 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	}, nil
 }
 
+// sendWhole streams an answer that did not come from a provider stream (cache, ladder,
+// idempotent replay) as one delta.
+func sendWhole(sink Sink, resp *routerv1.CompleteResponse, cached bool) error {
+	if sink == nil || resp.GetMessage().GetContent() == "" {
+		return nil
+	}
+	return sink(Delta{Content: resp.Message.Content, Model: resp.Model, Level: resp.GetQuality().GetFallbackLevel(), Cached: cached})
+}
+
 // answer is a provider response that passed (or skipped) verification.
 type answer struct {
 	provider.Response
 	model string
-}
-
-// attempt calls the route's candidates in order until one gives an answer that passes
-// verification, or no candidate is left that could.
-func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink) (*answer, error) {
-	preq := providerRequest(req, qc)
-	var lastErr error
-	var failed []string
-	for i, u := range rt.candidates {
-		remaining := qc.Deadline.AsTime().Sub(r.deps.Clock.Now())
-		if remaining <= r.cfg.HopReserve {
-			break // reported as BUDGET_EXHAUSTED below
-		}
-		key := u.pickKey()
-		preq.Model = u.upstreamModel()
-		tryCtx, cancel := context.WithTimeout(ctx, min(u.timeout, remaining-r.cfg.HopReserve))
-		res, att, committed, err := r.call(tryCtx, key, u, preq, qc, sink, levelOf(i))
-		cancel()
-		att.Number = int32(len(qc.Attempts) + 1)
-		qc.Attempts = append(qc.Attempts, att)
-		if len(qc.Attempts) > 1 {
-			qc.RetryCount++
-		}
-		addUsage(qc, u, res.Usage)
-
-		if err == nil && sink == nil {
-			// Unary answers can still be swapped for another candidate's, so verify now.
-			err = r.verify(ctx, req, qc, u, &res)
-			if err != nil {
-				att.ErrorClass = provider.ClassOf(err)
-				att.ErrorMessage = err.Error()
-			}
-		}
-		r.deps.Metrics.attempts.WithLabelValues(u.model.Name, shortClass(att.ErrorClass)).Inc()
-		if err == nil {
-			qc.CurrentModel, qc.CurrentProvider = u.model.Name, u.provider
-			qc.FallbackLevel = levelOf(i)
-			if sink != nil {
-				// The answer is already with the caller; verification annotates it.
-				_ = r.verify(ctx, req, qc, u, &res)
-			}
-			return &answer{Response: res, model: u.model.Name}, nil
-		}
-		lastErr = err
-		failed = append(failed, u.model.Name)
-		qc.DegradationReason = fmt.Sprintf("%s failed: %s", u.model.Name, shortClass(att.ErrorClass))
-		if committed || ctx.Err() != nil {
-			break
-		}
-		if !provider.FailsOver(provider.ClassOf(err)) {
-			return nil, &rejectedError{class: provider.ClassOf(err), cause: err}
-		}
-	}
-	// The class says why the loop stopped: the caller went away, the budget ran out
-	// (before a candidate could start, or during the last one), or every candidate failed.
-	class := provider.ClassOf(lastErr)
-	switch {
-	case errors.Is(ctx.Err(), context.Canceled):
-		class = mantlev1.ErrorClass_ERROR_CLASS_CANCELED
-	case ctx.Err() != nil, qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.cfg.HopReserve:
-		class = mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED
-	}
-	return nil, &exhaustedError{class: class, cause: lastErr, tried: failed}
-}
-
-// call makes one provider call and records it as an Attempt. committed reports that part
-// of a stream already reached the caller, after which no other candidate may answer.
-func (r *Router) call(ctx context.Context, key *upstreamKey, u *upstream, preq provider.Request, qc *mantlev1.QualityContext, sink Sink, level mantlev1.FallbackLevel) (res provider.Response, att *mantlev1.Attempt, committed bool, err error) {
-	start := r.deps.Clock.Now()
-	att = &mantlev1.Attempt{Model: u.model.Name, Provider: u.provider, KeyId: key.id, StartedAt: timestamppb.New(start)}
-	key.stats.start()
-	if sink == nil {
-		res, err = key.client.Complete(ctx, preq)
-	} else {
-		res, committed, err = r.stream(ctx, key, u, preq, sink, att, start, level)
-	}
-	latency := r.deps.Clock.Since(start)
-	key.stats.finish(latency, err != nil)
-	att.Latency = durationpb.New(latency)
-	att.ErrorClass = provider.ClassOf(err)
-	att.Usage = usageProto(res.Usage)
-	att.ProviderRequestId = res.RequestID
-	if err != nil {
-		att.ErrorMessage = err.Error()
-		var pe *provider.Error
-		if errors.As(err, &pe) && pe.RequestID != "" {
-			att.ProviderRequestId = pe.RequestID
-		}
-	}
-	r.audit(qc, "attempt", fmt.Sprintf("%s/%s key=%s class=%s", u.provider, u.model.Name, key.id, shortClass(att.ErrorClass)), latency)
-	return res, att, committed, err
-}
-
-// stream relays a provider stream. Nothing is sent to the caller until the first chunk
-// arrived, so a candidate that fails before its first token can still be replaced.
-func (r *Router) stream(ctx context.Context, key *upstreamKey, u *upstream, preq provider.Request, sink Sink, att *mantlev1.Attempt, start time.Time, level mantlev1.FallbackLevel) (provider.Response, bool, error) {
-	s, err := key.client.Stream(ctx, preq)
-	if err != nil {
-		return provider.Response{}, false, err
-	}
-	defer s.Close()
-	var res provider.Response
-	var content strings.Builder
-	committed := false
-	for {
-		chunk, err := s.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			res.Content = content.String()
-			res.RequestID = s.RequestID()
-			return res, committed, err
-		}
-		if chunk.Usage != nil {
-			res.Usage = *chunk.Usage
-		}
-		if chunk.FinishReason != "" {
-			res.FinishReason = chunk.FinishReason
-		}
-		if chunk.Content == "" {
-			continue
-		}
-		if !committed {
-			att.Ttft = durationpb.New(r.deps.Clock.Since(start))
-			committed = true
-		}
-		content.WriteString(chunk.Content)
-		if err := sink(Delta{Content: chunk.Content, Model: u.model.Name, Level: level}); err != nil {
-			return res, true, err
-		}
-	}
-	res.Content = content.String()
-	res.RequestID = s.RequestID()
-	res.Model = preq.Model
-	return res, committed, nil
-}
-
-// verify asks the verifier about res and records the verdict in qc. A verifier that cannot
-// be reached does not fail the request: the answer goes out unverified and says so.
-func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, u *upstream, res *provider.Response) error {
-	// The verdict describes this answer: an earlier candidate's must not stick to it (when
-	// the verifier is unreachable now, or returns no Verification of its own).
-	qc.Verification, qc.QualityGrade, qc.RiskScore = nil, mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED, 0
-	hop, cancel := r.hopContext(ctx)
-	defer cancel()
-	start := r.deps.Clock.Now()
-	v, err := r.deps.Verifier.Verify(hop, &verifierv1.VerifyRequest{
-		Quality:        qc,
-		Messages:       req.Messages,
-		Content:        res.Content,
-		FinishReason:   res.FinishReason,
-		ResponseFormat: req.ResponseFormat,
-		Model:          u.model.Name,
-	})
-	if err != nil {
-		r.deps.Log.WarnContext(ctx, "verifier unavailable; answer not verified", "err", err)
-		r.audit(qc, "verify", "skipped: "+status.Code(err).String(), r.deps.Clock.Since(start))
-		return nil
-	}
-	adoptAudit(qc, v.GetQuality())
-	qc.Verification = v.GetQuality().GetVerification()
-	if qc.Verification == nil {
-		qc.Verification = &mantlev1.Verification{L1Passed: v.Passed, FailureClass: v.FailureClass}
-	}
-	qc.QualityGrade = v.Grade
-	qc.RiskScore = v.RiskScore
-	r.audit(qc, "verify", fmt.Sprintf("passed=%t grade=%s", v.Passed, shortGrade(v.Grade)), r.deps.Clock.Since(start))
-	if !v.Passed {
-		return &provider.Error{Class: v.FailureClass, Message: "verification failed: " + findingCodes(v.Findings)}
-	}
-	res.Content = v.Content
-	return nil
 }
 
 func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (string, *routerv1.RateLimit, error) {
@@ -512,10 +397,11 @@ func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1
 		AnsweredBy: qc.CurrentModel,
 	}
 	for _, a := range qc.Attempts {
-		if a.ErrorClass != mantlev1.ErrorClass_ERROR_CLASS_NONE {
+		if a.ErrorClass != mantlev1.ErrorClass_ERROR_CLASS_NONE && !slices.Contains(ev.FailedModels, a.Model) {
 			ev.FailedModels = append(ev.FailedModels, a.Model)
 		}
 	}
+	r.deps.Metrics.degradations.WithLabelValues(rt.name, ShortLevel(qc.FallbackLevel)).Inc()
 	r.deps.Events.Publish(ctx, events.SubjectDegradation, ev)
 }
 

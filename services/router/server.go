@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
@@ -52,28 +53,58 @@ func (r *Router) Describe(only string) (*routerv1.DescribeRoutesResponse, error)
 		out := &routerv1.Route{
 			Name:          rt.name,
 			Scenario:      rt.scenario,
-			LadderLevel:   mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY,
+			LadderLevel:   r.ladderLevel(rt),
 			DefaultBudget: durationpb.New(rt.budget),
 		}
 		for i, u := range rt.candidates {
 			c := &routerv1.Candidate{Model: u.model.Name, Provider: u.provider, Level: levelOf(i)}
 			for _, k := range u.keys {
 				snap := k.stats.snapshot()
-				c.Keys = append(c.Keys, &routerv1.KeyState{
+				state, reason, _ := r.keyHealth(k)
+				ks := &routerv1.KeyState{
 					KeyId:         k.id,
-					BreakerState:  mantlev1.BreakerState_BREAKER_STATE_CLOSED,
-					BreakerReason: "no breaker configured",
+					BreakerState:  state,
+					BreakerReason: reason,
 					LatencyP50:    durationpb.New(snap.p50),
 					LatencyP95:    durationpb.New(snap.p95),
 					LatencyP99:    durationpb.New(snap.p99),
 					Calls:         snap.calls,
 					Failures:      snap.failures,
 					InFlight:      snap.inFlight,
-				})
+				}
+				if k.cooldown.Active() {
+					ks.CooldownUntil = timestamppb.New(k.cooldown.Until())
+				}
+				c.Keys = append(c.Keys, ks)
 			}
 			out.Candidates = append(out.Candidates, c)
 		}
 		resp.Routes = append(resp.Routes, out)
 	}
 	return resp, nil
+}
+
+// ladderLevel is the level a request on rt would be answered at now: forced by an operator,
+// or the first level with a candidate whose breaker admits calls.
+func (r *Router) ladderLevel(rt *route) mantlev1.FallbackLevel {
+	switch rt.ladder.ForceLevel {
+	case ForceCache:
+		return mantlev1.FallbackLevel_FALLBACK_LEVEL_CACHED_APPROXIMATE
+	case ForceTemplate:
+		return mantlev1.FallbackLevel_FALLBACK_LEVEL_TEMPLATE
+	}
+	for i, u := range append(append([]*upstream{}, rt.candidates...), rt.smaller...) {
+		for _, k := range u.keys {
+			if state, _, _ := r.keyHealth(k); state != mantlev1.BreakerState_BREAKER_STATE_OPEN && !k.cooldown.Active() {
+				if i < len(rt.candidates) {
+					return levelOf(i)
+				}
+				return mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL
+			}
+		}
+	}
+	if rt.ladder.Cache {
+		return mantlev1.FallbackLevel_FALLBACK_LEVEL_CACHED_APPROXIMATE
+	}
+	return mantlev1.FallbackLevel_FALLBACK_LEVEL_TEMPLATE
 }

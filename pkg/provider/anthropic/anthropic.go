@@ -7,17 +7,16 @@
 package anthropic
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/httpcall"
 )
 
 const (
@@ -29,10 +28,6 @@ const (
 	// rejects a request without max_tokens.
 	DefaultMaxTokens = 1024
 )
-
-// maxBody bounds how much of a response body is read, so a runaway server cannot exhaust
-// memory; no real answer comes near it.
-const maxBody = 16 << 20
 
 // Config says where a Client sends requests and with which key.
 type Config struct {
@@ -53,11 +48,8 @@ type Config struct {
 
 // Client calls the Messages API with one key. It is safe for concurrent use.
 type Client struct {
-	url     string
-	apiKey  string
-	http    *http.Client
-	headers map[string]string
-	now     func() time.Time
+	ep     httpcall.Endpoint
+	apiKey string
 }
 
 var _ provider.Provider = (*Client)(nil)
@@ -68,20 +60,7 @@ func New(cfg Config) *Client {
 	if base == "" {
 		base = DefaultBaseURL
 	}
-	c := &Client{
-		url:     base + "/messages",
-		apiKey:  cfg.APIKey,
-		http:    cfg.HTTPClient,
-		headers: cfg.Headers,
-		now:     cfg.Now,
-	}
-	if c.http == nil {
-		c.http = http.DefaultClient
-	}
-	if c.now == nil {
-		c.now = time.Now
-	}
-	return c
+	return &Client{ep: httpcall.NewEndpoint(base+"/messages", cfg.HTTPClient, cfg.Headers, cfg.Now), apiKey: cfg.APIKey}
 }
 
 type messagesRequest struct {
@@ -129,41 +108,12 @@ type messageResponse struct {
 
 // Complete sends req and waits for the whole answer.
 func (c *Client) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
-	resp, err := c.post(ctx, req, false)
-	if err != nil {
-		return provider.Response{}, err
-	}
-	defer resp.Body.Close()
-	requestID := provider.RequestID(resp.Header)
-
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
-	if err != nil {
-		e := provider.ClassifyTransport(ctx, fmt.Errorf("read response: %w", err))
-		e.RequestID = requestID
-		return provider.Response{}, e
-	}
-	out, perr := parseMessage(body)
-	if perr != nil {
-		perr.StatusCode, perr.RequestID = resp.StatusCode, requestID
-		return provider.Response{}, perr
-	}
-	out.RequestID = requestID
-	out.RateLimit = provider.ParseRateLimit(resp.Header, c.now)
-	return out, nil
+	return c.ep.Complete(ctx, messagesBody(req, false), c.ownHeaders(), parseMessage)
 }
 
-// parseMessage reads a 2xx body, returning a classified error when the body is a failure in
-// disguise.
+// parseMessage reads a 2xx body that is neither too large nor an error object, returning a
+// classified error when it is still a failure in disguise.
 func parseMessage(body []byte) (provider.Response, *provider.Error) {
-	if len(body) > maxBody {
-		return provider.Response{}, &provider.Error{
-			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
-			Message: fmt.Sprintf("response body larger than %d bytes", maxBody),
-		}
-	}
-	if apiErr, ok := provider.ParseAPIError(body); ok {
-		return provider.Response{}, provider.ClassifyEmbedded(apiErr)
-	}
 	var msg messageResponse
 	if err := json.Unmarshal(body, &msg); err != nil {
 		return provider.Response{}, &provider.Error{
@@ -222,13 +172,12 @@ func finishReason(stopReason string) (string, *provider.Error) {
 	return stopReason, nil
 }
 
-// post sends req and returns the response when its status is 2xx; any other outcome is a
-// classified *provider.Error. The caller closes the body.
+// messagesBody is the request body for req.
 //
 // Request.JSON is not forwarded because the Messages API has no JSON mode, and
 // Request.IdempotencyKey is not because Anthropic does not accept one; the router's own
 // idempotency still applies.
-func (c *Client) post(ctx context.Context, req provider.Request, stream bool) (*http.Response, error) {
+func messagesBody(req provider.Request, stream bool) messagesRequest {
 	body := messagesRequest{
 		Model:       req.Model,
 		Messages:    make([]message, 0, len(req.Messages)),
@@ -252,45 +201,10 @@ func (c *Client) post(ctx context.Context, req provider.Request, stream bool) (*
 	if req.User != "" {
 		body.Metadata = &metadata{UserID: req.User}
 	}
-	payload, err := json.Marshal(body)
-	if err != nil {
-		return nil, &provider.Error{
-			Class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST,
-			Err:   fmt.Errorf("encode request: %w", err),
-		}
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(payload))
-	if err != nil {
-		return nil, &provider.Error{
-			Class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST,
-			Err:   fmt.Errorf("build request: %w", err),
-		}
-	}
-	// net/http silently resends a request that carries an Idempotency-Key when a reused
-	// connection fails before the response. Every upstream call must be the router's own
-	// decision (retry budgets, billing), so the body is made non-rewindable.
-	hreq.GetBody = nil
-	hreq.Header.Set("Content-Type", "application/json")
-	if stream {
-		hreq.Header.Set("Accept", "text/event-stream")
-	} else {
-		hreq.Header.Set("Accept", "application/json")
-	}
-	hreq.Header.Set("X-Api-Key", c.apiKey)
-	hreq.Header.Set("Anthropic-Version", APIVersion)
-	for k, v := range c.headers {
-		hreq.Header.Set(k, v)
-	}
+	return body
+}
 
-	resp, err := c.http.Do(hreq)
-	if err != nil {
-		return nil, provider.ClassifyTransport(ctx, err)
-	}
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		return resp, nil
-	}
-	defer resp.Body.Close()
-	// The error body only feeds classification and the message; 64 KiB is plenty.
-	errBody, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	return nil, provider.ClassifyHTTP(resp.StatusCode, resp.Header, errBody, c.now)
+// ownHeaders are the headers the Client sends; Config.Headers override them.
+func (c *Client) ownHeaders() map[string]string {
+	return map[string]string{"X-Api-Key": c.apiKey, "Anthropic-Version": APIVersion}
 }

@@ -8,25 +8,20 @@
 package openai
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/httpcall"
 )
 
 // DefaultBaseURL is OpenAI's API root.
 const DefaultBaseURL = "https://api.openai.com/v1"
-
-// maxBody bounds how much of a response body is read, so a runaway server cannot exhaust
-// memory; no real completion comes near it.
-const maxBody = 16 << 20
 
 // Config says where a Client sends requests and with which key.
 type Config struct {
@@ -46,34 +41,19 @@ type Config struct {
 
 // Client calls one OpenAI-compatible server with one key. It is safe for concurrent use.
 type Client struct {
-	url     string
-	apiKey  string
-	http    *http.Client
-	headers map[string]string
-	now     func() time.Time
+	ep     httpcall.Endpoint
+	apiKey string
 }
 
 var _ provider.Provider = (*Client)(nil)
 
 // New returns a Client for cfg.
 func New(cfg Config) *Client {
-	c := &Client{
-		url:     strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions",
-		apiKey:  cfg.APIKey,
-		http:    cfg.HTTPClient,
-		headers: cfg.Headers,
-		now:     cfg.Now,
-	}
+	url := strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions"
 	if cfg.BaseURL == "" {
-		c.url = DefaultBaseURL + "/chat/completions"
+		url = DefaultBaseURL + "/chat/completions"
 	}
-	if c.http == nil {
-		c.http = http.DefaultClient
-	}
-	if c.now == nil {
-		c.now = time.Now
-	}
-	return c
+	return &Client{ep: httpcall.NewEndpoint(url, cfg.HTTPClient, cfg.Headers, cfg.Now), apiKey: cfg.APIKey}
 }
 
 // chatRequest is the request body. max_tokens rather than max_completion_tokens because
@@ -131,41 +111,12 @@ type chatResponse struct {
 
 // Complete sends req and waits for the whole answer.
 func (c *Client) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
-	resp, err := c.post(ctx, req, false)
-	if err != nil {
-		return provider.Response{}, err
-	}
-	defer resp.Body.Close()
-	requestID := provider.RequestID(resp.Header)
-
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
-	if err != nil {
-		e := provider.ClassifyTransport(ctx, fmt.Errorf("read response: %w", err))
-		e.RequestID = requestID
-		return provider.Response{}, e
-	}
-	out, perr := parseCompletion(body)
-	if perr != nil {
-		perr.StatusCode, perr.RequestID = resp.StatusCode, requestID
-		return provider.Response{}, perr
-	}
-	out.RequestID = requestID
-	out.RateLimit = provider.ParseRateLimit(resp.Header, c.now)
-	return out, nil
+	return c.ep.Complete(ctx, chatBody(req, false), c.ownHeaders(req), parseCompletion)
 }
 
-// parseCompletion reads a 2xx body, returning a classified error when the body is a
-// failure in disguise.
+// parseCompletion reads a 2xx body that is neither too large nor an error object, returning
+// a classified error when it is still a failure in disguise.
 func parseCompletion(body []byte) (provider.Response, *provider.Error) {
-	if len(body) > maxBody {
-		return provider.Response{}, &provider.Error{
-			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
-			Message: fmt.Sprintf("response body larger than %d bytes", maxBody),
-		}
-	}
-	if apiErr, ok := provider.ParseAPIError(body); ok {
-		return provider.Response{}, provider.ClassifyEmbedded(apiErr)
-	}
 	var cr chatResponse
 	if err := json.Unmarshal(body, &cr); err != nil {
 		return provider.Response{}, &provider.Error{
@@ -211,9 +162,8 @@ func finishError(finishReason, refusal string) *provider.Error {
 	return nil
 }
 
-// post sends req and returns the response when its status is 2xx; any other outcome is a
-// classified *provider.Error. The caller closes the body.
-func (c *Client) post(ctx context.Context, req provider.Request, stream bool) (*http.Response, error) {
+// chatBody is the request body for req.
+func chatBody(req provider.Request, stream bool) chatRequest {
 	body := chatRequest{
 		Model:       req.Model,
 		Messages:    make([]chatMessage, len(req.Messages)),
@@ -232,49 +182,17 @@ func (c *Client) post(ctx context.Context, req provider.Request, stream bool) (*
 		// Without this the stream carries no usage, and quota could not settle.
 		body.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
-	payload, err := json.Marshal(body)
-	if err != nil {
-		return nil, &provider.Error{
-			Class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST,
-			Err:   fmt.Errorf("encode request: %w", err),
-		}
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(payload))
-	if err != nil {
-		return nil, &provider.Error{
-			Class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST,
-			Err:   fmt.Errorf("build request: %w", err),
-		}
-	}
-	// net/http silently resends a request that carries an Idempotency-Key when a reused
-	// connection fails before the response. Every upstream call must be the router's own
-	// decision (retry budgets, billing), so the body is made non-rewindable.
-	hreq.GetBody = nil
-	hreq.Header.Set("Content-Type", "application/json")
-	if stream {
-		hreq.Header.Set("Accept", "text/event-stream")
-	} else {
-		hreq.Header.Set("Accept", "application/json")
-	}
+	return body
+}
+
+// ownHeaders are the headers the Client sends for req; Config.Headers override them.
+func (c *Client) ownHeaders(req provider.Request) map[string]string {
+	h := make(map[string]string, 2)
 	if c.apiKey != "" {
-		hreq.Header.Set("Authorization", "Bearer "+c.apiKey)
+		h["Authorization"] = "Bearer " + c.apiKey
 	}
 	if req.IdempotencyKey != "" {
-		hreq.Header.Set("Idempotency-Key", req.IdempotencyKey)
+		h["Idempotency-Key"] = req.IdempotencyKey
 	}
-	for k, v := range c.headers {
-		hreq.Header.Set(k, v)
-	}
-
-	resp, err := c.http.Do(hreq)
-	if err != nil {
-		return nil, provider.ClassifyTransport(ctx, err)
-	}
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		return resp, nil
-	}
-	defer resp.Body.Close()
-	// The error body only feeds classification and the message; 64 KiB is plenty.
-	errBody, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	return nil, provider.ClassifyHTTP(resp.StatusCode, resp.Header, errBody, c.now)
+	return h
 }

@@ -368,8 +368,22 @@ type ReviewRequestEvent struct {
 	DueAt         *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=due_at,json=dueAt,proto3" json:"due_at,omitempty"`
 	DefaultAction string                 `protobuf:"bytes,9,opt,name=default_action,json=defaultAction,proto3" json:"default_action,omitempty"`
 	Quality       *v1.QualityContext     `protobuf:"bytes,10,opt,name=quality,proto3" json:"quality,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Id of the review (one per request: a second trigger for the same request dedupes).
+	ReviewId string `protobuf:"bytes,11,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	// The user's question (last user message), for the reviewer.
+	Question string `protobuf:"bytes,12,opt,name=question,proto3" json:"question,omitempty"`
+	// The model that answered.
+	Model     string `protobuf:"bytes,13,opt,name=model,proto3" json:"model,omitempty"`
+	SessionId string `protobuf:"bytes,14,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Risk signals and rules that contributed, for example sensitive_term, rule:diagnosis-hedging.
+	Signals     []string `protobuf:"bytes,15,rep,name=signals,proto3" json:"signals,omitempty"`
+	InputRisk   float64  `protobuf:"fixed64,16,opt,name=input_risk,json=inputRisk,proto3" json:"input_risk,omitempty"`
+	OutputRisk  float64  `protobuf:"fixed64,17,opt,name=output_risk,json=outputRisk,proto3" json:"output_risk,omitempty"`
+	ContextRisk float64  `protobuf:"fixed64,18,opt,name=context_risk,json=contextRisk,proto3" json:"context_risk,omitempty"`
+	// The text that replaces the answer when default_action is replace.
+	DefaultActionText string `protobuf:"bytes,19,opt,name=default_action_text,json=defaultActionText,proto3" json:"default_action_text,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ReviewRequestEvent) Reset() {
@@ -472,23 +486,362 @@ func (x *ReviewRequestEvent) GetQuality() *v1.QualityContext {
 	return nil
 }
 
+func (x *ReviewRequestEvent) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *ReviewRequestEvent) GetQuestion() string {
+	if x != nil {
+		return x.Question
+	}
+	return ""
+}
+
+func (x *ReviewRequestEvent) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ReviewRequestEvent) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReviewRequestEvent) GetSignals() []string {
+	if x != nil {
+		return x.Signals
+	}
+	return nil
+}
+
+func (x *ReviewRequestEvent) GetInputRisk() float64 {
+	if x != nil {
+		return x.InputRisk
+	}
+	return 0
+}
+
+func (x *ReviewRequestEvent) GetOutputRisk() float64 {
+	if x != nil {
+		return x.OutputRisk
+	}
+	return 0
+}
+
+func (x *ReviewRequestEvent) GetContextRisk() float64 {
+	if x != nil {
+		return x.ContextRisk
+	}
+	return 0
+}
+
+func (x *ReviewRequestEvent) GetDefaultActionText() string {
+	if x != nil {
+		return x.DefaultActionText
+	}
+	return ""
+}
+
+// ReviewDecisionEvent: a reviewer decided a review (subject mantle.events.review.decision).
+type ReviewDecisionEvent struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	At        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	ReviewId  string                 `protobuf:"bytes,2,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Tenant    string                 `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Scenario  string                 `protobuf:"bytes,5,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	Reviewer  string                 `protobuf:"bytes,6,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
+	// approve, reject or correct.
+	Verdict string `protobuf:"bytes,7,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	// none, knowledge_cutoff, context_truncation, term_misread, hallucination,
+	// rule_violation, format_error, prompt_defect or other.
+	RootCause string `protobuf:"bytes,8,opt,name=root_cause,json=rootCause,proto3" json:"root_cause,omitempty"`
+	// none, append_knowledge, adjust_prompt, block_tokens, add_rule or route_to_fresher_model.
+	CorrectiveAction string `protobuf:"bytes,9,opt,name=corrective_action,json=correctiveAction,proto3" json:"corrective_action,omitempty"`
+	// The corrected answer, for verdict correct.
+	CorrectedContent string `protobuf:"bytes,10,opt,name=corrected_content,json=correctedContent,proto3" json:"corrected_content,omitempty"`
+	Note             string `protobuf:"bytes,11,opt,name=note,proto3" json:"note,omitempty"`
+	// The draft L2 rule the decision produced, when any.
+	DraftRuleId string `protobuf:"bytes,12,opt,name=draft_rule_id,json=draftRuleId,proto3" json:"draft_rule_id,omitempty"`
+	// From the review's creation to the decision.
+	DecidedAfter  *durationpb.Duration `protobuf:"bytes,13,opt,name=decided_after,json=decidedAfter,proto3" json:"decided_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewDecisionEvent) Reset() {
+	*x = ReviewDecisionEvent{}
+	mi := &file_mantle_events_v1_events_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewDecisionEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewDecisionEvent) ProtoMessage() {}
+
+func (x *ReviewDecisionEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_events_v1_events_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewDecisionEvent.ProtoReflect.Descriptor instead.
+func (*ReviewDecisionEvent) Descriptor() ([]byte, []int) {
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReviewDecisionEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *ReviewDecisionEvent) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetReviewer() string {
+	if x != nil {
+		return x.Reviewer
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetRootCause() string {
+	if x != nil {
+		return x.RootCause
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetCorrectiveAction() string {
+	if x != nil {
+		return x.CorrectiveAction
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetCorrectedContent() string {
+	if x != nil {
+		return x.CorrectedContent
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetDraftRuleId() string {
+	if x != nil {
+		return x.DraftRuleId
+	}
+	return ""
+}
+
+func (x *ReviewDecisionEvent) GetDecidedAfter() *durationpb.Duration {
+	if x != nil {
+		return x.DecidedAfter
+	}
+	return nil
+}
+
+// ReviewTimeoutEvent: nobody decided a review before its deadline, so the scenario's default
+// action applies (subject mantle.events.review.timeout).
+type ReviewTimeoutEvent struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	At        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	ReviewId  string                 `protobuf:"bytes,2,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Tenant    string                 `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Scenario  string                 `protobuf:"bytes,5,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	DueAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=due_at,json=dueAt,proto3" json:"due_at,omitempty"`
+	// keep, retract or replace.
+	DefaultAction     string `protobuf:"bytes,7,opt,name=default_action,json=defaultAction,proto3" json:"default_action,omitempty"`
+	DefaultActionText string `protobuf:"bytes,8,opt,name=default_action_text,json=defaultActionText,proto3" json:"default_action_text,omitempty"`
+	// The reviewer who held a claim when the deadline passed, if any.
+	ClaimedBy     string `protobuf:"bytes,9,opt,name=claimed_by,json=claimedBy,proto3" json:"claimed_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewTimeoutEvent) Reset() {
+	*x = ReviewTimeoutEvent{}
+	mi := &file_mantle_events_v1_events_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewTimeoutEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewTimeoutEvent) ProtoMessage() {}
+
+func (x *ReviewTimeoutEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_events_v1_events_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewTimeoutEvent.ProtoReflect.Descriptor instead.
+func (*ReviewTimeoutEvent) Descriptor() ([]byte, []int) {
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReviewTimeoutEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *ReviewTimeoutEvent) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *ReviewTimeoutEvent) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ReviewTimeoutEvent) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ReviewTimeoutEvent) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+func (x *ReviewTimeoutEvent) GetDueAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DueAt
+	}
+	return nil
+}
+
+func (x *ReviewTimeoutEvent) GetDefaultAction() string {
+	if x != nil {
+		return x.DefaultAction
+	}
+	return ""
+}
+
+func (x *ReviewTimeoutEvent) GetDefaultActionText() string {
+	if x != nil {
+		return x.DefaultActionText
+	}
+	return ""
+}
+
+func (x *ReviewTimeoutEvent) GetClaimedBy() string {
+	if x != nil {
+		return x.ClaimedBy
+	}
+	return ""
+}
+
 // QualityFollowUpEvent: an asynchronous check finished after the answer was returned.
 type QualityFollowUpEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	At            *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
-	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Tenant        string                 `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Scenario      string                 `protobuf:"bytes,4,opt,name=scenario,proto3" json:"scenario,omitempty"`
-	L3Confidence  float64                `protobuf:"fixed64,5,opt,name=l3_confidence,json=l3Confidence,proto3" json:"l3_confidence,omitempty"`
-	Grade         v1.QualityGrade        `protobuf:"varint,6,opt,name=grade,proto3,enum=mantle.v1.QualityGrade" json:"grade,omitempty"`
-	Detail        string                 `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	At           *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	RequestId    string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Tenant       string                 `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Scenario     string                 `protobuf:"bytes,4,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	L3Confidence float64                `protobuf:"fixed64,5,opt,name=l3_confidence,json=l3Confidence,proto3" json:"l3_confidence,omitempty"`
+	Grade        v1.QualityGrade        `protobuf:"varint,6,opt,name=grade,proto3,enum=mantle.v1.QualityGrade" json:"grade,omitempty"`
+	Detail       string                 `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
+	// Similarity of the answer to the question, in [0,1].
+	Relevance float64 `protobuf:"fixed64,8,opt,name=relevance,proto3" json:"relevance,omitempty"`
+	// Agreement with the reference snippets, in [0,1]; 0 with has_references false.
+	Consistency float64 `protobuf:"fixed64,9,opt,name=consistency,proto3" json:"consistency,omitempty"`
+	// Difference from earlier answers to the same normalised question, in [0,1].
+	Divergence float64 `protobuf:"fixed64,10,opt,name=divergence,proto3" json:"divergence,omitempty"`
+	// The LLM judge's score in [0,1], when the judge ran.
+	JudgeScore float64 `protobuf:"fixed64,11,opt,name=judge_score,json=judgeScore,proto3" json:"judge_score,omitempty"`
+	// The risk score recomputed with the L3 signals.
+	RiskScore float64 `protobuf:"fixed64,12,opt,name=risk_score,json=riskScore,proto3" json:"risk_score,omitempty"`
+	// The review opened because of the L3 result, when one was.
+	ReviewId      string   `protobuf:"bytes,13,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	Signals       []string `protobuf:"bytes,14,rep,name=signals,proto3" json:"signals,omitempty"`
+	Model         string   `protobuf:"bytes,15,opt,name=model,proto3" json:"model,omitempty"`
+	HasReferences bool     `protobuf:"varint,16,opt,name=has_references,json=hasReferences,proto3" json:"has_references,omitempty"`
+	Judged        bool     `protobuf:"varint,17,opt,name=judged,proto3" json:"judged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QualityFollowUpEvent) Reset() {
 	*x = QualityFollowUpEvent{}
-	mi := &file_mantle_events_v1_events_proto_msgTypes[4]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +853,7 @@ func (x *QualityFollowUpEvent) String() string {
 func (*QualityFollowUpEvent) ProtoMessage() {}
 
 func (x *QualityFollowUpEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_events_v1_events_proto_msgTypes[4]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +866,7 @@ func (x *QualityFollowUpEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QualityFollowUpEvent.ProtoReflect.Descriptor instead.
 func (*QualityFollowUpEvent) Descriptor() ([]byte, []int) {
-	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{4}
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *QualityFollowUpEvent) GetAt() *timestamppb.Timestamp {
@@ -565,6 +918,76 @@ func (x *QualityFollowUpEvent) GetDetail() string {
 	return ""
 }
 
+func (x *QualityFollowUpEvent) GetRelevance() float64 {
+	if x != nil {
+		return x.Relevance
+	}
+	return 0
+}
+
+func (x *QualityFollowUpEvent) GetConsistency() float64 {
+	if x != nil {
+		return x.Consistency
+	}
+	return 0
+}
+
+func (x *QualityFollowUpEvent) GetDivergence() float64 {
+	if x != nil {
+		return x.Divergence
+	}
+	return 0
+}
+
+func (x *QualityFollowUpEvent) GetJudgeScore() float64 {
+	if x != nil {
+		return x.JudgeScore
+	}
+	return 0
+}
+
+func (x *QualityFollowUpEvent) GetRiskScore() float64 {
+	if x != nil {
+		return x.RiskScore
+	}
+	return 0
+}
+
+func (x *QualityFollowUpEvent) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *QualityFollowUpEvent) GetSignals() []string {
+	if x != nil {
+		return x.Signals
+	}
+	return nil
+}
+
+func (x *QualityFollowUpEvent) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *QualityFollowUpEvent) GetHasReferences() bool {
+	if x != nil {
+		return x.HasReferences
+	}
+	return false
+}
+
+func (x *QualityFollowUpEvent) GetJudged() bool {
+	if x != nil {
+		return x.Judged
+	}
+	return false
+}
+
 var File_mantle_events_v1_events_proto protoreflect.FileDescriptor
 
 const file_mantle_events_v1_events_proto_rawDesc = "" +
@@ -605,7 +1028,7 @@ const file_mantle_events_v1_events_proto_rawDesc = "" +
 	"\x06bucket\x18\x06 \x01(\tR\x06bucket\x12:\n" +
 	"\vretry_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06reason\x18\b \x01(\tR\x06reason\"\xf3\x02\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"\x8e\x05\n" +
 	"\x12ReviewRequestEvent\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1d\n" +
 	"\n" +
@@ -619,7 +1042,48 @@ const file_mantle_events_v1_events_proto_rawDesc = "" +
 	"\x06due_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05dueAt\x12%\n" +
 	"\x0edefault_action\x18\t \x01(\tR\rdefaultAction\x123\n" +
 	"\aquality\x18\n" +
-	" \x01(\v2\x19.mantle.v1.QualityContextR\aquality\"\x81\x02\n" +
+	" \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12\x1b\n" +
+	"\treview_id\x18\v \x01(\tR\breviewId\x12\x1a\n" +
+	"\bquestion\x18\f \x01(\tR\bquestion\x12\x14\n" +
+	"\x05model\x18\r \x01(\tR\x05model\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x0e \x01(\tR\tsessionId\x12\x18\n" +
+	"\asignals\x18\x0f \x03(\tR\asignals\x12\x1d\n" +
+	"\n" +
+	"input_risk\x18\x10 \x01(\x01R\tinputRisk\x12\x1f\n" +
+	"\voutput_risk\x18\x11 \x01(\x01R\n" +
+	"outputRisk\x12!\n" +
+	"\fcontext_risk\x18\x12 \x01(\x01R\vcontextRisk\x12.\n" +
+	"\x13default_action_text\x18\x13 \x01(\tR\x11defaultActionText\"\xd8\x03\n" +
+	"\x13ReviewDecisionEvent\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1b\n" +
+	"\treview_id\x18\x02 \x01(\tR\breviewId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bscenario\x18\x05 \x01(\tR\bscenario\x12\x1a\n" +
+	"\breviewer\x18\x06 \x01(\tR\breviewer\x12\x18\n" +
+	"\averdict\x18\a \x01(\tR\averdict\x12\x1d\n" +
+	"\n" +
+	"root_cause\x18\b \x01(\tR\trootCause\x12+\n" +
+	"\x11corrective_action\x18\t \x01(\tR\x10correctiveAction\x12+\n" +
+	"\x11corrected_content\x18\n" +
+	" \x01(\tR\x10correctedContent\x12\x12\n" +
+	"\x04note\x18\v \x01(\tR\x04note\x12\"\n" +
+	"\rdraft_rule_id\x18\f \x01(\tR\vdraftRuleId\x12>\n" +
+	"\rdecided_after\x18\r \x01(\v2\x19.google.protobuf.DurationR\fdecidedAfter\"\xd9\x02\n" +
+	"\x12ReviewTimeoutEvent\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1b\n" +
+	"\treview_id\x18\x02 \x01(\tR\breviewId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bscenario\x18\x05 \x01(\tR\bscenario\x121\n" +
+	"\x06due_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05dueAt\x12%\n" +
+	"\x0edefault_action\x18\a \x01(\tR\rdefaultAction\x12.\n" +
+	"\x13default_action_text\x18\b \x01(\tR\x11defaultActionText\x12\x1d\n" +
+	"\n" +
+	"claimed_by\x18\t \x01(\tR\tclaimedBy\"\xad\x04\n" +
 	"\x14QualityFollowUpEvent\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1d\n" +
 	"\n" +
@@ -628,7 +1092,22 @@ const file_mantle_events_v1_events_proto_rawDesc = "" +
 	"\bscenario\x18\x04 \x01(\tR\bscenario\x12#\n" +
 	"\rl3_confidence\x18\x05 \x01(\x01R\fl3Confidence\x12-\n" +
 	"\x05grade\x18\x06 \x01(\x0e2\x17.mantle.v1.QualityGradeR\x05grade\x12\x16\n" +
-	"\x06detail\x18\a \x01(\tR\x06detailB\xc6\x01\n" +
+	"\x06detail\x18\a \x01(\tR\x06detail\x12\x1c\n" +
+	"\trelevance\x18\b \x01(\x01R\trelevance\x12 \n" +
+	"\vconsistency\x18\t \x01(\x01R\vconsistency\x12\x1e\n" +
+	"\n" +
+	"divergence\x18\n" +
+	" \x01(\x01R\n" +
+	"divergence\x12\x1f\n" +
+	"\vjudge_score\x18\v \x01(\x01R\n" +
+	"judgeScore\x12\x1d\n" +
+	"\n" +
+	"risk_score\x18\f \x01(\x01R\triskScore\x12\x1b\n" +
+	"\treview_id\x18\r \x01(\tR\breviewId\x12\x18\n" +
+	"\asignals\x18\x0e \x03(\tR\asignals\x12\x14\n" +
+	"\x05model\x18\x0f \x01(\tR\x05model\x12%\n" +
+	"\x0ehas_references\x18\x10 \x01(\bR\rhasReferences\x12\x16\n" +
+	"\x06judged\x18\x11 \x01(\bR\x06judgedB\xc6\x01\n" +
 	"\x14com.mantle.events.v1B\vEventsProtoP\x01Z?github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1;eventsv1\xa2\x02\x03MEX\xaa\x02\x10Mantle.Events.V1\xca\x02\x10Mantle\\Events\\V1\xe2\x02\x1cMantle\\Events\\V1\\GPBMetadata\xea\x02\x12Mantle::Events::V1b\x06proto3"
 
 var (
@@ -643,40 +1122,46 @@ func file_mantle_events_v1_events_proto_rawDescGZIP() []byte {
 	return file_mantle_events_v1_events_proto_rawDescData
 }
 
-var file_mantle_events_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_mantle_events_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_mantle_events_v1_events_proto_goTypes = []any{
 	(*DegradationEvent)(nil),       // 0: mantle.events.v1.DegradationEvent
 	(*BreakerTransitionEvent)(nil), // 1: mantle.events.v1.BreakerTransitionEvent
 	(*QuotaRejectionEvent)(nil),    // 2: mantle.events.v1.QuotaRejectionEvent
 	(*ReviewRequestEvent)(nil),     // 3: mantle.events.v1.ReviewRequestEvent
-	(*QualityFollowUpEvent)(nil),   // 4: mantle.events.v1.QualityFollowUpEvent
-	(*timestamppb.Timestamp)(nil),  // 5: google.protobuf.Timestamp
-	(v1.FallbackLevel)(0),          // 6: mantle.v1.FallbackLevel
-	(v1.BreakerState)(0),           // 7: mantle.v1.BreakerState
-	(v1.Priority)(0),               // 8: mantle.v1.Priority
-	(*durationpb.Duration)(nil),    // 9: google.protobuf.Duration
-	(*v1.QualityContext)(nil),      // 10: mantle.v1.QualityContext
-	(v1.QualityGrade)(0),           // 11: mantle.v1.QualityGrade
+	(*ReviewDecisionEvent)(nil),    // 4: mantle.events.v1.ReviewDecisionEvent
+	(*ReviewTimeoutEvent)(nil),     // 5: mantle.events.v1.ReviewTimeoutEvent
+	(*QualityFollowUpEvent)(nil),   // 6: mantle.events.v1.QualityFollowUpEvent
+	(*timestamppb.Timestamp)(nil),  // 7: google.protobuf.Timestamp
+	(v1.FallbackLevel)(0),          // 8: mantle.v1.FallbackLevel
+	(v1.BreakerState)(0),           // 9: mantle.v1.BreakerState
+	(v1.Priority)(0),               // 10: mantle.v1.Priority
+	(*durationpb.Duration)(nil),    // 11: google.protobuf.Duration
+	(*v1.QualityContext)(nil),      // 12: mantle.v1.QualityContext
+	(v1.QualityGrade)(0),           // 13: mantle.v1.QualityGrade
 }
 var file_mantle_events_v1_events_proto_depIdxs = []int32{
-	5,  // 0: mantle.events.v1.DegradationEvent.at:type_name -> google.protobuf.Timestamp
-	6,  // 1: mantle.events.v1.DegradationEvent.level:type_name -> mantle.v1.FallbackLevel
-	5,  // 2: mantle.events.v1.BreakerTransitionEvent.at:type_name -> google.protobuf.Timestamp
-	7,  // 3: mantle.events.v1.BreakerTransitionEvent.from:type_name -> mantle.v1.BreakerState
-	7,  // 4: mantle.events.v1.BreakerTransitionEvent.to:type_name -> mantle.v1.BreakerState
-	5,  // 5: mantle.events.v1.QuotaRejectionEvent.at:type_name -> google.protobuf.Timestamp
-	8,  // 6: mantle.events.v1.QuotaRejectionEvent.priority:type_name -> mantle.v1.Priority
-	9,  // 7: mantle.events.v1.QuotaRejectionEvent.retry_after:type_name -> google.protobuf.Duration
-	5,  // 8: mantle.events.v1.ReviewRequestEvent.at:type_name -> google.protobuf.Timestamp
-	5,  // 9: mantle.events.v1.ReviewRequestEvent.due_at:type_name -> google.protobuf.Timestamp
-	10, // 10: mantle.events.v1.ReviewRequestEvent.quality:type_name -> mantle.v1.QualityContext
-	5,  // 11: mantle.events.v1.QualityFollowUpEvent.at:type_name -> google.protobuf.Timestamp
-	11, // 12: mantle.events.v1.QualityFollowUpEvent.grade:type_name -> mantle.v1.QualityGrade
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	7,  // 0: mantle.events.v1.DegradationEvent.at:type_name -> google.protobuf.Timestamp
+	8,  // 1: mantle.events.v1.DegradationEvent.level:type_name -> mantle.v1.FallbackLevel
+	7,  // 2: mantle.events.v1.BreakerTransitionEvent.at:type_name -> google.protobuf.Timestamp
+	9,  // 3: mantle.events.v1.BreakerTransitionEvent.from:type_name -> mantle.v1.BreakerState
+	9,  // 4: mantle.events.v1.BreakerTransitionEvent.to:type_name -> mantle.v1.BreakerState
+	7,  // 5: mantle.events.v1.QuotaRejectionEvent.at:type_name -> google.protobuf.Timestamp
+	10, // 6: mantle.events.v1.QuotaRejectionEvent.priority:type_name -> mantle.v1.Priority
+	11, // 7: mantle.events.v1.QuotaRejectionEvent.retry_after:type_name -> google.protobuf.Duration
+	7,  // 8: mantle.events.v1.ReviewRequestEvent.at:type_name -> google.protobuf.Timestamp
+	7,  // 9: mantle.events.v1.ReviewRequestEvent.due_at:type_name -> google.protobuf.Timestamp
+	12, // 10: mantle.events.v1.ReviewRequestEvent.quality:type_name -> mantle.v1.QualityContext
+	7,  // 11: mantle.events.v1.ReviewDecisionEvent.at:type_name -> google.protobuf.Timestamp
+	11, // 12: mantle.events.v1.ReviewDecisionEvent.decided_after:type_name -> google.protobuf.Duration
+	7,  // 13: mantle.events.v1.ReviewTimeoutEvent.at:type_name -> google.protobuf.Timestamp
+	7,  // 14: mantle.events.v1.ReviewTimeoutEvent.due_at:type_name -> google.protobuf.Timestamp
+	7,  // 15: mantle.events.v1.QualityFollowUpEvent.at:type_name -> google.protobuf.Timestamp
+	13, // 16: mantle.events.v1.QualityFollowUpEvent.grade:type_name -> mantle.v1.QualityGrade
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_mantle_events_v1_events_proto_init() }
@@ -690,7 +1175,7 @@ func file_mantle_events_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_events_v1_events_proto_rawDesc), len(file_mantle_events_v1_events_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

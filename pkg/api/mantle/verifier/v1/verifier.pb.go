@@ -7,9 +7,12 @@
 package verifierv1
 
 import (
+	v11 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	v1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -22,6 +25,372 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Feedback is an end user's judgement of an answer.
+type Feedback int32
+
+const (
+	Feedback_FEEDBACK_UNSPECIFIED  Feedback = 0
+	Feedback_FEEDBACK_SATISFIED    Feedback = 1
+	Feedback_FEEDBACK_DISSATISFIED Feedback = 2
+)
+
+// Enum value maps for Feedback.
+var (
+	Feedback_name = map[int32]string{
+		0: "FEEDBACK_UNSPECIFIED",
+		1: "FEEDBACK_SATISFIED",
+		2: "FEEDBACK_DISSATISFIED",
+	}
+	Feedback_value = map[string]int32{
+		"FEEDBACK_UNSPECIFIED":  0,
+		"FEEDBACK_SATISFIED":    1,
+		"FEEDBACK_DISSATISFIED": 2,
+	}
+)
+
+func (x Feedback) Enum() *Feedback {
+	p := new(Feedback)
+	*p = x
+	return p
+}
+
+func (x Feedback) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Feedback) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_verifier_v1_verifier_proto_enumTypes[0].Descriptor()
+}
+
+func (Feedback) Type() protoreflect.EnumType {
+	return &file_mantle_verifier_v1_verifier_proto_enumTypes[0]
+}
+
+func (x Feedback) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Feedback.Descriptor instead.
+func (Feedback) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{0}
+}
+
+// ReviewState is where a review is in its life.
+type ReviewState int32
+
+const (
+	ReviewState_REVIEW_STATE_UNSPECIFIED ReviewState = 0
+	// Waiting for a reviewer.
+	ReviewState_REVIEW_STATE_PENDING ReviewState = 1
+	// A reviewer holds a lease on it.
+	ReviewState_REVIEW_STATE_CLAIMED ReviewState = 2
+	// A reviewer decided.
+	ReviewState_REVIEW_STATE_DECIDED ReviewState = 3
+	// Nobody decided before the deadline; the scenario's default action applied.
+	ReviewState_REVIEW_STATE_TIMED_OUT ReviewState = 4
+)
+
+// Enum value maps for ReviewState.
+var (
+	ReviewState_name = map[int32]string{
+		0: "REVIEW_STATE_UNSPECIFIED",
+		1: "REVIEW_STATE_PENDING",
+		2: "REVIEW_STATE_CLAIMED",
+		3: "REVIEW_STATE_DECIDED",
+		4: "REVIEW_STATE_TIMED_OUT",
+	}
+	ReviewState_value = map[string]int32{
+		"REVIEW_STATE_UNSPECIFIED": 0,
+		"REVIEW_STATE_PENDING":     1,
+		"REVIEW_STATE_CLAIMED":     2,
+		"REVIEW_STATE_DECIDED":     3,
+		"REVIEW_STATE_TIMED_OUT":   4,
+	}
+)
+
+func (x ReviewState) Enum() *ReviewState {
+	p := new(ReviewState)
+	*p = x
+	return p
+}
+
+func (x ReviewState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReviewState) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_verifier_v1_verifier_proto_enumTypes[1].Descriptor()
+}
+
+func (ReviewState) Type() protoreflect.EnumType {
+	return &file_mantle_verifier_v1_verifier_proto_enumTypes[1]
+}
+
+func (x ReviewState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReviewState.Descriptor instead.
+func (ReviewState) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{1}
+}
+
+// ReviewVerdict is a reviewer's judgement of the answer.
+type ReviewVerdict int32
+
+const (
+	ReviewVerdict_REVIEW_VERDICT_UNSPECIFIED ReviewVerdict = 0
+	// The answer was right: a false alarm.
+	ReviewVerdict_REVIEW_VERDICT_APPROVE ReviewVerdict = 1
+	// The answer was wrong and must be withdrawn.
+	ReviewVerdict_REVIEW_VERDICT_REJECT ReviewVerdict = 2
+	// The answer was wrong; corrected_content replaces it.
+	ReviewVerdict_REVIEW_VERDICT_CORRECT ReviewVerdict = 3
+)
+
+// Enum value maps for ReviewVerdict.
+var (
+	ReviewVerdict_name = map[int32]string{
+		0: "REVIEW_VERDICT_UNSPECIFIED",
+		1: "REVIEW_VERDICT_APPROVE",
+		2: "REVIEW_VERDICT_REJECT",
+		3: "REVIEW_VERDICT_CORRECT",
+	}
+	ReviewVerdict_value = map[string]int32{
+		"REVIEW_VERDICT_UNSPECIFIED": 0,
+		"REVIEW_VERDICT_APPROVE":     1,
+		"REVIEW_VERDICT_REJECT":      2,
+		"REVIEW_VERDICT_CORRECT":     3,
+	}
+)
+
+func (x ReviewVerdict) Enum() *ReviewVerdict {
+	p := new(ReviewVerdict)
+	*p = x
+	return p
+}
+
+func (x ReviewVerdict) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReviewVerdict) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_verifier_v1_verifier_proto_enumTypes[2].Descriptor()
+}
+
+func (ReviewVerdict) Type() protoreflect.EnumType {
+	return &file_mantle_verifier_v1_verifier_proto_enumTypes[2]
+}
+
+func (x ReviewVerdict) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReviewVerdict.Descriptor instead.
+func (ReviewVerdict) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{2}
+}
+
+// RootCause is why an answer went wrong (seed 001 4.2: a fixed list, so that causes can be
+// counted and fed back into routing and rules).
+type RootCause int32
+
+const (
+	RootCause_ROOT_CAUSE_UNSPECIFIED RootCause = 0
+	// Nothing went wrong (with REVIEW_VERDICT_APPROVE).
+	RootCause_ROOT_CAUSE_NONE RootCause = 1
+	// The model's knowledge predates the facts asked about.
+	RootCause_ROOT_CAUSE_KNOWLEDGE_CUTOFF RootCause = 2
+	// The context window cut off what the answer needed.
+	RootCause_ROOT_CAUSE_CONTEXT_TRUNCATION RootCause = 3
+	// A domain term was misread.
+	RootCause_ROOT_CAUSE_TERM_MISREAD RootCause = 4
+	// The model invented facts.
+	RootCause_ROOT_CAUSE_HALLUCINATION RootCause = 5
+	// The answer broke a business rule no check caught.
+	RootCause_ROOT_CAUSE_RULE_VIOLATION RootCause = 6
+	// The answer's format was wrong in a way L1 did not catch.
+	RootCause_ROOT_CAUSE_FORMAT_ERROR RootCause = 7
+	// The prompt template led the model astray.
+	RootCause_ROOT_CAUSE_PROMPT_DEFECT RootCause = 8
+	RootCause_ROOT_CAUSE_OTHER         RootCause = 9
+)
+
+// Enum value maps for RootCause.
+var (
+	RootCause_name = map[int32]string{
+		0: "ROOT_CAUSE_UNSPECIFIED",
+		1: "ROOT_CAUSE_NONE",
+		2: "ROOT_CAUSE_KNOWLEDGE_CUTOFF",
+		3: "ROOT_CAUSE_CONTEXT_TRUNCATION",
+		4: "ROOT_CAUSE_TERM_MISREAD",
+		5: "ROOT_CAUSE_HALLUCINATION",
+		6: "ROOT_CAUSE_RULE_VIOLATION",
+		7: "ROOT_CAUSE_FORMAT_ERROR",
+		8: "ROOT_CAUSE_PROMPT_DEFECT",
+		9: "ROOT_CAUSE_OTHER",
+	}
+	RootCause_value = map[string]int32{
+		"ROOT_CAUSE_UNSPECIFIED":        0,
+		"ROOT_CAUSE_NONE":               1,
+		"ROOT_CAUSE_KNOWLEDGE_CUTOFF":   2,
+		"ROOT_CAUSE_CONTEXT_TRUNCATION": 3,
+		"ROOT_CAUSE_TERM_MISREAD":       4,
+		"ROOT_CAUSE_HALLUCINATION":      5,
+		"ROOT_CAUSE_RULE_VIOLATION":     6,
+		"ROOT_CAUSE_FORMAT_ERROR":       7,
+		"ROOT_CAUSE_PROMPT_DEFECT":      8,
+		"ROOT_CAUSE_OTHER":              9,
+	}
+)
+
+func (x RootCause) Enum() *RootCause {
+	p := new(RootCause)
+	*p = x
+	return p
+}
+
+func (x RootCause) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RootCause) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_verifier_v1_verifier_proto_enumTypes[3].Descriptor()
+}
+
+func (RootCause) Type() protoreflect.EnumType {
+	return &file_mantle_verifier_v1_verifier_proto_enumTypes[3]
+}
+
+func (x RootCause) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RootCause.Descriptor instead.
+func (RootCause) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{3}
+}
+
+// CorrectiveAction is what the reviewer prescribes against a recurrence.
+type CorrectiveAction int32
+
+const (
+	CorrectiveAction_CORRECTIVE_ACTION_UNSPECIFIED CorrectiveAction = 0
+	CorrectiveAction_CORRECTIVE_ACTION_NONE        CorrectiveAction = 1
+	// Add a knowledge snippet to answers on this topic (drafts a notice rule).
+	CorrectiveAction_CORRECTIVE_ACTION_APPEND_KNOWLEDGE CorrectiveAction = 2
+	// Change the prompt template (drafts a review rule until the prompt is fixed).
+	CorrectiveAction_CORRECTIVE_ACTION_ADJUST_PROMPT CorrectiveAction = 3
+	// Mask specific terms in answers (drafts a mask rule).
+	CorrectiveAction_CORRECTIVE_ACTION_BLOCK_TOKENS CorrectiveAction = 4
+	// Block such answers (drafts a block rule; the router then tries a fresher model).
+	CorrectiveAction_CORRECTIVE_ACTION_ADD_RULE CorrectiveAction = 5
+	// Route such questions to a fresher model (drafts a block rule).
+	CorrectiveAction_CORRECTIVE_ACTION_ROUTE_TO_FRESHER_MODEL CorrectiveAction = 6
+)
+
+// Enum value maps for CorrectiveAction.
+var (
+	CorrectiveAction_name = map[int32]string{
+		0: "CORRECTIVE_ACTION_UNSPECIFIED",
+		1: "CORRECTIVE_ACTION_NONE",
+		2: "CORRECTIVE_ACTION_APPEND_KNOWLEDGE",
+		3: "CORRECTIVE_ACTION_ADJUST_PROMPT",
+		4: "CORRECTIVE_ACTION_BLOCK_TOKENS",
+		5: "CORRECTIVE_ACTION_ADD_RULE",
+		6: "CORRECTIVE_ACTION_ROUTE_TO_FRESHER_MODEL",
+	}
+	CorrectiveAction_value = map[string]int32{
+		"CORRECTIVE_ACTION_UNSPECIFIED":            0,
+		"CORRECTIVE_ACTION_NONE":                   1,
+		"CORRECTIVE_ACTION_APPEND_KNOWLEDGE":       2,
+		"CORRECTIVE_ACTION_ADJUST_PROMPT":          3,
+		"CORRECTIVE_ACTION_BLOCK_TOKENS":           4,
+		"CORRECTIVE_ACTION_ADD_RULE":               5,
+		"CORRECTIVE_ACTION_ROUTE_TO_FRESHER_MODEL": 6,
+	}
+)
+
+func (x CorrectiveAction) Enum() *CorrectiveAction {
+	p := new(CorrectiveAction)
+	*p = x
+	return p
+}
+
+func (x CorrectiveAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CorrectiveAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_verifier_v1_verifier_proto_enumTypes[4].Descriptor()
+}
+
+func (CorrectiveAction) Type() protoreflect.EnumType {
+	return &file_mantle_verifier_v1_verifier_proto_enumTypes[4]
+}
+
+func (x CorrectiveAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CorrectiveAction.Descriptor instead.
+func (CorrectiveAction) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{4}
+}
+
+// DraftRuleState is where a draft rule is in its approval.
+type DraftRuleState int32
+
+const (
+	DraftRuleState_DRAFT_RULE_STATE_UNSPECIFIED DraftRuleState = 0
+	DraftRuleState_DRAFT_RULE_STATE_PROPOSED    DraftRuleState = 1
+	DraftRuleState_DRAFT_RULE_STATE_APPROVED    DraftRuleState = 2
+	DraftRuleState_DRAFT_RULE_STATE_REJECTED    DraftRuleState = 3
+)
+
+// Enum value maps for DraftRuleState.
+var (
+	DraftRuleState_name = map[int32]string{
+		0: "DRAFT_RULE_STATE_UNSPECIFIED",
+		1: "DRAFT_RULE_STATE_PROPOSED",
+		2: "DRAFT_RULE_STATE_APPROVED",
+		3: "DRAFT_RULE_STATE_REJECTED",
+	}
+	DraftRuleState_value = map[string]int32{
+		"DRAFT_RULE_STATE_UNSPECIFIED": 0,
+		"DRAFT_RULE_STATE_PROPOSED":    1,
+		"DRAFT_RULE_STATE_APPROVED":    2,
+		"DRAFT_RULE_STATE_REJECTED":    3,
+	}
+)
+
+func (x DraftRuleState) Enum() *DraftRuleState {
+	p := new(DraftRuleState)
+	*p = x
+	return p
+}
+
+func (x DraftRuleState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DraftRuleState) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_verifier_v1_verifier_proto_enumTypes[5].Descriptor()
+}
+
+func (DraftRuleState) Type() protoreflect.EnumType {
+	return &file_mantle_verifier_v1_verifier_proto_enumTypes[5]
+}
+
+func (x DraftRuleState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DraftRuleState.Descriptor instead.
+func (DraftRuleState) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{5}
+}
+
 // VerifyRequest is an answer and the request it answers.
 type VerifyRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -33,7 +402,12 @@ type VerifyRequest struct {
 	FinishReason   string             `protobuf:"bytes,4,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	ResponseFormat *v1.ResponseFormat `protobuf:"bytes,5,opt,name=response_format,json=responseFormat,proto3" json:"response_format,omitempty"`
 	// The model that answered.
-	Model         string `protobuf:"bytes,6,opt,name=model,proto3" json:"model,omitempty"`
+	Model string `protobuf:"bytes,6,opt,name=model,proto3" json:"model,omitempty"`
+	// Reference snippets the answer should agree with (L3 consistency), in addition to the
+	// scenario's configured references.
+	References []string `protobuf:"bytes,7,rep,name=references,proto3" json:"references,omitempty"`
+	// Conversation or end-user session, for context risk (repeated degradation, feedback).
+	SessionId     string `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -110,6 +484,20 @@ func (x *VerifyRequest) GetModel() string {
 	return ""
 }
 
+func (x *VerifyRequest) GetReferences() []string {
+	if x != nil {
+		return x.References
+	}
+	return nil
+}
+
+func (x *VerifyRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
 // VerifyResponse is the verdict.
 type VerifyResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -120,10 +508,24 @@ type VerifyResponse struct {
 	FailureClass v1.ErrorClass `protobuf:"varint,3,opt,name=failure_class,json=failureClass,proto3,enum=mantle.v1.ErrorClass" json:"failure_class,omitempty"`
 	Findings     []*Finding    `protobuf:"bytes,4,rep,name=findings,proto3" json:"findings,omitempty"`
 	// The answer after rule actions (masking, notices); equal to the input when none applied.
-	Content       string             `protobuf:"bytes,5,opt,name=content,proto3" json:"content,omitempty"`
-	Grade         v1.QualityGrade    `protobuf:"varint,6,opt,name=grade,proto3,enum=mantle.v1.QualityGrade" json:"grade,omitempty"`
-	RiskScore     float64            `protobuf:"fixed64,7,opt,name=risk_score,json=riskScore,proto3" json:"risk_score,omitempty"`
-	Quality       *v1.QualityContext `protobuf:"bytes,8,opt,name=quality,proto3" json:"quality,omitempty"`
+	Content   string             `protobuf:"bytes,5,opt,name=content,proto3" json:"content,omitempty"`
+	Grade     v1.QualityGrade    `protobuf:"varint,6,opt,name=grade,proto3,enum=mantle.v1.QualityGrade" json:"grade,omitempty"`
+	RiskScore float64            `protobuf:"fixed64,7,opt,name=risk_score,json=riskScore,proto3" json:"risk_score,omitempty"`
+	Quality   *v1.QualityContext `protobuf:"bytes,8,opt,name=quality,proto3" json:"quality,omitempty"`
+	// L2 rule actions, in the order they were applied.
+	Actions []*AppliedAction `protobuf:"bytes,9,rep,name=actions,proto3" json:"actions,omitempty"`
+	// True when L3 runs in the background; its result comes as a QualityFollowUpEvent and
+	// from GetFollowUp.
+	L3Pending bool `protobuf:"varint,10,opt,name=l3_pending,json=l3Pending,proto3" json:"l3_pending,omitempty"`
+	// The review opened for this answer, when one was.
+	ReviewId string `protobuf:"bytes,11,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	// How the risk score was made up.
+	Risk *RiskBreakdown `protobuf:"bytes,12,opt,name=risk,proto3" json:"risk,omitempty"`
+	// True when a rule asked for the degraded form of the answer: the router should go to its
+	// degradation ladder rather than try peer candidates. Implies passed = false.
+	Degrade bool `protobuf:"varint,13,opt,name=degrade,proto3" json:"degrade,omitempty"`
+	// Notice for the end user added by rules (also appended to quality.user_notice).
+	UserNotice    string `protobuf:"bytes,14,opt,name=user_notice,json=userNotice,proto3" json:"user_notice,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -214,11 +616,54 @@ func (x *VerifyResponse) GetQuality() *v1.QualityContext {
 	return nil
 }
 
+func (x *VerifyResponse) GetActions() []*AppliedAction {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+func (x *VerifyResponse) GetL3Pending() bool {
+	if x != nil {
+		return x.L3Pending
+	}
+	return false
+}
+
+func (x *VerifyResponse) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *VerifyResponse) GetRisk() *RiskBreakdown {
+	if x != nil {
+		return x.Risk
+	}
+	return nil
+}
+
+func (x *VerifyResponse) GetDegrade() bool {
+	if x != nil {
+		return x.Degrade
+	}
+	return false
+}
+
+func (x *VerifyResponse) GetUserNotice() string {
+	if x != nil {
+		return x.UserNotice
+	}
+	return ""
+}
+
 // Finding is one check's observation.
 type Finding struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Layer string                 `protobuf:"bytes,1,opt,name=layer,proto3" json:"layer,omitempty"`
-	// Stable code, for example json_parse, required_field, refusal, truncated.
+	// Stable code, for example json_parse, schema, required_field, refusal, truncated; for
+	// L2, the id of the rule.
 	Code string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
 	// JSON path or field the finding refers to, when any.
 	Path    string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
@@ -294,18 +739,2057 @@ func (x *Finding) GetBlocking() bool {
 	return false
 }
 
+// AppliedAction is one L2 rule action.
+type AppliedAction struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// block, mask, replace, notice, degrade or review.
+	Action string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	// JSON field the action changed, when any.
+	Path          string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppliedAction) Reset() {
+	*x = AppliedAction{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppliedAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppliedAction) ProtoMessage() {}
+
+func (x *AppliedAction) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppliedAction.ProtoReflect.Descriptor instead.
+func (*AppliedAction) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AppliedAction) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *AppliedAction) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *AppliedAction) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *AppliedAction) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+// RiskBreakdown explains a risk score: score = weighted input, output and context risk,
+// each in [0,1].
+type RiskBreakdown struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Input   float64                `protobuf:"fixed64,1,opt,name=input,proto3" json:"input,omitempty"`
+	Output  float64                `protobuf:"fixed64,2,opt,name=output,proto3" json:"output,omitempty"`
+	Context float64                `protobuf:"fixed64,3,opt,name=context,proto3" json:"context,omitempty"`
+	// The signals that contributed, for example sensitive_term, long_input, low_l3_confidence.
+	Signals []string `protobuf:"bytes,4,rep,name=signals,proto3" json:"signals,omitempty"`
+	// The review threshold that applied (already adapted for degraded answers).
+	Threshold     float64 `protobuf:"fixed64,5,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RiskBreakdown) Reset() {
+	*x = RiskBreakdown{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RiskBreakdown) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RiskBreakdown) ProtoMessage() {}
+
+func (x *RiskBreakdown) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RiskBreakdown.ProtoReflect.Descriptor instead.
+func (*RiskBreakdown) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RiskBreakdown) GetInput() float64 {
+	if x != nil {
+		return x.Input
+	}
+	return 0
+}
+
+func (x *RiskBreakdown) GetOutput() float64 {
+	if x != nil {
+		return x.Output
+	}
+	return 0
+}
+
+func (x *RiskBreakdown) GetContext() float64 {
+	if x != nil {
+		return x.Context
+	}
+	return 0
+}
+
+func (x *RiskBreakdown) GetSignals() []string {
+	if x != nil {
+		return x.Signals
+	}
+	return nil
+}
+
+func (x *RiskBreakdown) GetThreshold() float64 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+// GetFollowUpRequest names the request whose L3 result is wanted.
+type GetFollowUpRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Wait for the result until the call's deadline when it is not known yet.
+	Wait          bool `protobuf:"varint,2,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetFollowUpRequest) Reset() {
+	*x = GetFollowUpRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetFollowUpRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetFollowUpRequest) ProtoMessage() {}
+
+func (x *GetFollowUpRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetFollowUpRequest.ProtoReflect.Descriptor instead.
+func (*GetFollowUpRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GetFollowUpRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *GetFollowUpRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+// GetFollowUpResponse is the L3 result.
+type GetFollowUpResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when no L3 result is known (not verified here, evicted, or still pending).
+	Found         bool                      `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
+	FollowUp      *v11.QualityFollowUpEvent `protobuf:"bytes,2,opt,name=follow_up,json=followUp,proto3" json:"follow_up,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetFollowUpResponse) Reset() {
+	*x = GetFollowUpResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetFollowUpResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetFollowUpResponse) ProtoMessage() {}
+
+func (x *GetFollowUpResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetFollowUpResponse.ProtoReflect.Descriptor instead.
+func (*GetFollowUpResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GetFollowUpResponse) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+func (x *GetFollowUpResponse) GetFollowUp() *v11.QualityFollowUpEvent {
+	if x != nil {
+		return x.FollowUp
+	}
+	return nil
+}
+
+// ReportFeedbackRequest carries a user's feedback on one answer.
+type ReportFeedbackRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request whose answer the feedback is about.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Session of the request; when empty, the session Verify recorded for request_id is used.
+	SessionId string   `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Feedback  Feedback `protobuf:"varint,3,opt,name=feedback,proto3,enum=mantle.verifier.v1.Feedback" json:"feedback,omitempty"`
+	Comment   string   `protobuf:"bytes,4,opt,name=comment,proto3" json:"comment,omitempty"`
+	// The tenant; required when the call is not authenticated.
+	Tenant        string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportFeedbackRequest) Reset() {
+	*x = ReportFeedbackRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportFeedbackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportFeedbackRequest) ProtoMessage() {}
+
+func (x *ReportFeedbackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportFeedbackRequest.ProtoReflect.Descriptor instead.
+func (*ReportFeedbackRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ReportFeedbackRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ReportFeedbackRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReportFeedbackRequest) GetFeedback() Feedback {
+	if x != nil {
+		return x.Feedback
+	}
+	return Feedback_FEEDBACK_UNSPECIFIED
+}
+
+func (x *ReportFeedbackRequest) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
+func (x *ReportFeedbackRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// ReportFeedbackResponse says what the feedback changed.
+type ReportFeedbackResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session the feedback was recorded against; empty when none could be found.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The session's context risk after the feedback.
+	ContextRisk   float64 `protobuf:"fixed64,2,opt,name=context_risk,json=contextRisk,proto3" json:"context_risk,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportFeedbackResponse) Reset() {
+	*x = ReportFeedbackResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportFeedbackResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportFeedbackResponse) ProtoMessage() {}
+
+func (x *ReportFeedbackResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportFeedbackResponse.ProtoReflect.Descriptor instead.
+func (*ReportFeedbackResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReportFeedbackResponse) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReportFeedbackResponse) GetContextRisk() float64 {
+	if x != nil {
+		return x.ContextRisk
+	}
+	return 0
+}
+
+// Review is one answer waiting for, or given, a human decision.
+type Review struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Tenant    string                 `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Scenario  string                 `protobuf:"bytes,4,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	State     ReviewState            `protobuf:"varint,5,opt,name=state,proto3,enum=mantle.verifier.v1.ReviewState" json:"state,omitempty"`
+	RiskScore float64                `protobuf:"fixed64,6,opt,name=risk_score,json=riskScore,proto3" json:"risk_score,omitempty"`
+	// Why it was opened: risk, rule:<id>, or l3.
+	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Risk signals and rules that contributed.
+	Signals []string `protobuf:"bytes,8,rep,name=signals,proto3" json:"signals,omitempty"`
+	// The user's question (last user message).
+	Question string `protobuf:"bytes,9,opt,name=question,proto3" json:"question,omitempty"`
+	// The answer as delivered.
+	Content   string                 `protobuf:"bytes,10,opt,name=content,proto3" json:"content,omitempty"`
+	Model     string                 `protobuf:"bytes,11,opt,name=model,proto3" json:"model,omitempty"`
+	SessionId string                 `protobuf:"bytes,12,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// When the default action applies if nobody decides.
+	DueAt *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=due_at,json=dueAt,proto3" json:"due_at,omitempty"`
+	// The scenario's default action on timeout: keep, retract or replace.
+	DefaultAction string `protobuf:"bytes,15,opt,name=default_action,json=defaultAction,proto3" json:"default_action,omitempty"`
+	// The text that replaces the answer when the default action is replace.
+	DefaultActionText string `protobuf:"bytes,16,opt,name=default_action_text,json=defaultActionText,proto3" json:"default_action_text,omitempty"`
+	// The reviewer holding the lease, when claimed.
+	ClaimedBy      string                 `protobuf:"bytes,17,opt,name=claimed_by,json=claimedBy,proto3" json:"claimed_by,omitempty"`
+	LeaseExpiresAt *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=lease_expires_at,json=leaseExpiresAt,proto3" json:"lease_expires_at,omitempty"`
+	// The decision, when decided.
+	Decision      *ReviewDecision    `protobuf:"bytes,19,opt,name=decision,proto3" json:"decision,omitempty"`
+	Quality       *v1.QualityContext `protobuf:"bytes,20,opt,name=quality,proto3" json:"quality,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Review) Reset() {
+	*x = Review{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Review) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Review) ProtoMessage() {}
+
+func (x *Review) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Review.ProtoReflect.Descriptor instead.
+func (*Review) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Review) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Review) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *Review) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Review) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+func (x *Review) GetState() ReviewState {
+	if x != nil {
+		return x.State
+	}
+	return ReviewState_REVIEW_STATE_UNSPECIFIED
+}
+
+func (x *Review) GetRiskScore() float64 {
+	if x != nil {
+		return x.RiskScore
+	}
+	return 0
+}
+
+func (x *Review) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Review) GetSignals() []string {
+	if x != nil {
+		return x.Signals
+	}
+	return nil
+}
+
+func (x *Review) GetQuestion() string {
+	if x != nil {
+		return x.Question
+	}
+	return ""
+}
+
+func (x *Review) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
+func (x *Review) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *Review) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *Review) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Review) GetDueAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DueAt
+	}
+	return nil
+}
+
+func (x *Review) GetDefaultAction() string {
+	if x != nil {
+		return x.DefaultAction
+	}
+	return ""
+}
+
+func (x *Review) GetDefaultActionText() string {
+	if x != nil {
+		return x.DefaultActionText
+	}
+	return ""
+}
+
+func (x *Review) GetClaimedBy() string {
+	if x != nil {
+		return x.ClaimedBy
+	}
+	return ""
+}
+
+func (x *Review) GetLeaseExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpiresAt
+	}
+	return nil
+}
+
+func (x *Review) GetDecision() *ReviewDecision {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
+func (x *Review) GetQuality() *v1.QualityContext {
+	if x != nil {
+		return x.Quality
+	}
+	return nil
+}
+
+// ReviewDecision is what a reviewer concluded.
+type ReviewDecision struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Reviewer         string                 `protobuf:"bytes,1,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
+	Verdict          ReviewVerdict          `protobuf:"varint,2,opt,name=verdict,proto3,enum=mantle.verifier.v1.ReviewVerdict" json:"verdict,omitempty"`
+	RootCause        RootCause              `protobuf:"varint,3,opt,name=root_cause,json=rootCause,proto3,enum=mantle.verifier.v1.RootCause" json:"root_cause,omitempty"`
+	CorrectiveAction CorrectiveAction       `protobuf:"varint,4,opt,name=corrective_action,json=correctiveAction,proto3,enum=mantle.verifier.v1.CorrectiveAction" json:"corrective_action,omitempty"`
+	// The corrected answer, for REVIEW_VERDICT_CORRECT.
+	CorrectedContent string                 `protobuf:"bytes,5,opt,name=corrected_content,json=correctedContent,proto3" json:"corrected_content,omitempty"`
+	Note             string                 `protobuf:"bytes,6,opt,name=note,proto3" json:"note,omitempty"`
+	DecidedAt        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// The draft rule this decision produced, when any.
+	DraftRuleId   string `protobuf:"bytes,8,opt,name=draft_rule_id,json=draftRuleId,proto3" json:"draft_rule_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReviewDecision) Reset() {
+	*x = ReviewDecision{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReviewDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReviewDecision) ProtoMessage() {}
+
+func (x *ReviewDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReviewDecision.ProtoReflect.Descriptor instead.
+func (*ReviewDecision) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReviewDecision) GetReviewer() string {
+	if x != nil {
+		return x.Reviewer
+	}
+	return ""
+}
+
+func (x *ReviewDecision) GetVerdict() ReviewVerdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return ReviewVerdict_REVIEW_VERDICT_UNSPECIFIED
+}
+
+func (x *ReviewDecision) GetRootCause() RootCause {
+	if x != nil {
+		return x.RootCause
+	}
+	return RootCause_ROOT_CAUSE_UNSPECIFIED
+}
+
+func (x *ReviewDecision) GetCorrectiveAction() CorrectiveAction {
+	if x != nil {
+		return x.CorrectiveAction
+	}
+	return CorrectiveAction_CORRECTIVE_ACTION_UNSPECIFIED
+}
+
+func (x *ReviewDecision) GetCorrectedContent() string {
+	if x != nil {
+		return x.CorrectedContent
+	}
+	return ""
+}
+
+func (x *ReviewDecision) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *ReviewDecision) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+func (x *ReviewDecision) GetDraftRuleId() string {
+	if x != nil {
+		return x.DraftRuleId
+	}
+	return ""
+}
+
+// ListReviewsRequest filters reviews.
+type ListReviewsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only reviews in this state; unspecified means all.
+	State    ReviewState `protobuf:"varint,1,opt,name=state,proto3,enum=mantle.verifier.v1.ReviewState" json:"state,omitempty"`
+	Scenario string      `protobuf:"bytes,2,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	// Up to this many (default 50, at most 500).
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From a previous response's next_page_token.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReviewsRequest) Reset() {
+	*x = ListReviewsRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReviewsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReviewsRequest) ProtoMessage() {}
+
+func (x *ListReviewsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReviewsRequest.ProtoReflect.Descriptor instead.
+func (*ListReviewsRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListReviewsRequest) GetState() ReviewState {
+	if x != nil {
+		return x.State
+	}
+	return ReviewState_REVIEW_STATE_UNSPECIFIED
+}
+
+func (x *ListReviewsRequest) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+func (x *ListReviewsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListReviewsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListReviewsResponse is one page of reviews, ordered by deadline.
+type ListReviewsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reviews       []*Review              `protobuf:"bytes,1,rep,name=reviews,proto3" json:"reviews,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReviewsResponse) Reset() {
+	*x = ListReviewsResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReviewsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReviewsResponse) ProtoMessage() {}
+
+func (x *ListReviewsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReviewsResponse.ProtoReflect.Descriptor instead.
+func (*ListReviewsResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListReviewsResponse) GetReviews() []*Review {
+	if x != nil {
+		return x.Reviews
+	}
+	return nil
+}
+
+func (x *ListReviewsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// GetReviewRequest names a review.
+type GetReviewRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReviewId      string                 `protobuf:"bytes,1,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReviewRequest) Reset() {
+	*x = GetReviewRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReviewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReviewRequest) ProtoMessage() {}
+
+func (x *GetReviewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReviewRequest.ProtoReflect.Descriptor instead.
+func (*GetReviewRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetReviewRequest) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+// GetReviewResponse is the review.
+type GetReviewResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Review        *Review                `protobuf:"bytes,1,opt,name=review,proto3" json:"review,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReviewResponse) Reset() {
+	*x = GetReviewResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReviewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReviewResponse) ProtoMessage() {}
+
+func (x *GetReviewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReviewResponse.ProtoReflect.Descriptor instead.
+func (*GetReviewResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetReviewResponse) GetReview() *Review {
+	if x != nil {
+		return x.Review
+	}
+	return nil
+}
+
+// ClaimReviewRequest takes a lease on a review.
+type ClaimReviewRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The review to claim; empty claims the pending review with the nearest deadline.
+	ReviewId string `protobuf:"bytes,1,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	Reviewer string `protobuf:"bytes,2,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
+	// How long the claim lasts; 0 uses the configured lease. Renewing your own claim extends it.
+	Lease *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	// When claiming the next review, only from this scenario.
+	Scenario      string `protobuf:"bytes,4,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimReviewRequest) Reset() {
+	*x = ClaimReviewRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimReviewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimReviewRequest) ProtoMessage() {}
+
+func (x *ClaimReviewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimReviewRequest.ProtoReflect.Descriptor instead.
+func (*ClaimReviewRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ClaimReviewRequest) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *ClaimReviewRequest) GetReviewer() string {
+	if x != nil {
+		return x.Reviewer
+	}
+	return ""
+}
+
+func (x *ClaimReviewRequest) GetLease() *durationpb.Duration {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *ClaimReviewRequest) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+// ClaimReviewResponse is the claimed review.
+type ClaimReviewResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Review        *Review                `protobuf:"bytes,1,opt,name=review,proto3" json:"review,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimReviewResponse) Reset() {
+	*x = ClaimReviewResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimReviewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimReviewResponse) ProtoMessage() {}
+
+func (x *ClaimReviewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimReviewResponse.ProtoReflect.Descriptor instead.
+func (*ClaimReviewResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ClaimReviewResponse) GetReview() *Review {
+	if x != nil {
+		return x.Review
+	}
+	return nil
+}
+
+// DraftRuleHint asks DecideReview to draft an L2 rule from the decision: questions that
+// contain all question_terms and answers that contain any answer_term get the action that
+// corresponds to the corrective action.
+type DraftRuleHint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	QuestionTerms []string               `protobuf:"bytes,1,rep,name=question_terms,json=questionTerms,proto3" json:"question_terms,omitempty"`
+	AnswerTerms   []string               `protobuf:"bytes,2,rep,name=answer_terms,json=answerTerms,proto3" json:"answer_terms,omitempty"`
+	// Knowledge snippet for CORRECTIVE_ACTION_APPEND_KNOWLEDGE (the notice text).
+	Knowledge     string `protobuf:"bytes,3,opt,name=knowledge,proto3" json:"knowledge,omitempty"`
+	Description   string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DraftRuleHint) Reset() {
+	*x = DraftRuleHint{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DraftRuleHint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DraftRuleHint) ProtoMessage() {}
+
+func (x *DraftRuleHint) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DraftRuleHint.ProtoReflect.Descriptor instead.
+func (*DraftRuleHint) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DraftRuleHint) GetQuestionTerms() []string {
+	if x != nil {
+		return x.QuestionTerms
+	}
+	return nil
+}
+
+func (x *DraftRuleHint) GetAnswerTerms() []string {
+	if x != nil {
+		return x.AnswerTerms
+	}
+	return nil
+}
+
+func (x *DraftRuleHint) GetKnowledge() string {
+	if x != nil {
+		return x.Knowledge
+	}
+	return ""
+}
+
+func (x *DraftRuleHint) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+// DecideReviewRequest records a decision. The reviewer must hold the claim.
+type DecideReviewRequest struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	ReviewId         string                 `protobuf:"bytes,1,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	Reviewer         string                 `protobuf:"bytes,2,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
+	Verdict          ReviewVerdict          `protobuf:"varint,3,opt,name=verdict,proto3,enum=mantle.verifier.v1.ReviewVerdict" json:"verdict,omitempty"`
+	RootCause        RootCause              `protobuf:"varint,4,opt,name=root_cause,json=rootCause,proto3,enum=mantle.verifier.v1.RootCause" json:"root_cause,omitempty"`
+	CorrectiveAction CorrectiveAction       `protobuf:"varint,5,opt,name=corrective_action,json=correctiveAction,proto3,enum=mantle.verifier.v1.CorrectiveAction" json:"corrective_action,omitempty"`
+	// Required for REVIEW_VERDICT_CORRECT.
+	CorrectedContent string `protobuf:"bytes,6,opt,name=corrected_content,json=correctedContent,proto3" json:"corrected_content,omitempty"`
+	Note             string `protobuf:"bytes,7,opt,name=note,proto3" json:"note,omitempty"`
+	// When set, a draft L2 rule is created for approval.
+	DraftRule     *DraftRuleHint `protobuf:"bytes,8,opt,name=draft_rule,json=draftRule,proto3" json:"draft_rule,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideReviewRequest) Reset() {
+	*x = DecideReviewRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideReviewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideReviewRequest) ProtoMessage() {}
+
+func (x *DecideReviewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideReviewRequest.ProtoReflect.Descriptor instead.
+func (*DecideReviewRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DecideReviewRequest) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *DecideReviewRequest) GetReviewer() string {
+	if x != nil {
+		return x.Reviewer
+	}
+	return ""
+}
+
+func (x *DecideReviewRequest) GetVerdict() ReviewVerdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return ReviewVerdict_REVIEW_VERDICT_UNSPECIFIED
+}
+
+func (x *DecideReviewRequest) GetRootCause() RootCause {
+	if x != nil {
+		return x.RootCause
+	}
+	return RootCause_ROOT_CAUSE_UNSPECIFIED
+}
+
+func (x *DecideReviewRequest) GetCorrectiveAction() CorrectiveAction {
+	if x != nil {
+		return x.CorrectiveAction
+	}
+	return CorrectiveAction_CORRECTIVE_ACTION_UNSPECIFIED
+}
+
+func (x *DecideReviewRequest) GetCorrectedContent() string {
+	if x != nil {
+		return x.CorrectedContent
+	}
+	return ""
+}
+
+func (x *DecideReviewRequest) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *DecideReviewRequest) GetDraftRule() *DraftRuleHint {
+	if x != nil {
+		return x.DraftRule
+	}
+	return nil
+}
+
+// DecideReviewResponse is the decided review and its draft rule, if any.
+type DecideReviewResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Review        *Review                `protobuf:"bytes,1,opt,name=review,proto3" json:"review,omitempty"`
+	DraftRule     *DraftRule             `protobuf:"bytes,2,opt,name=draft_rule,json=draftRule,proto3" json:"draft_rule,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideReviewResponse) Reset() {
+	*x = DecideReviewResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideReviewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideReviewResponse) ProtoMessage() {}
+
+func (x *DecideReviewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideReviewResponse.ProtoReflect.Descriptor instead.
+func (*DecideReviewResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DecideReviewResponse) GetReview() *Review {
+	if x != nil {
+		return x.Review
+	}
+	return nil
+}
+
+func (x *DecideReviewResponse) GetDraftRule() *DraftRule {
+	if x != nil {
+		return x.DraftRule
+	}
+	return nil
+}
+
+// AuditEntry is one thing that happened to a review or a draft rule.
+type AuditEntry struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	At       *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	ReviewId string                 `protobuf:"bytes,2,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	// Who did it: a reviewer, or "verifier" for automatic steps.
+	Actor string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	// created, claimed, decided, timed_out, draft_created, draft_approved, draft_rejected.
+	Action string `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
+	Detail string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The draft rule concerned, for draft_* actions.
+	DraftRuleId   string `protobuf:"bytes,6,opt,name=draft_rule_id,json=draftRuleId,proto3" json:"draft_rule_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEntry) Reset() {
+	*x = AuditEntry{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEntry) ProtoMessage() {}
+
+func (x *AuditEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
+func (*AuditEntry) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *AuditEntry) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetDraftRuleId() string {
+	if x != nil {
+		return x.DraftRuleId
+	}
+	return ""
+}
+
+// ListReviewAuditRequest filters the audit trail.
+type ListReviewAuditRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this review's entries.
+	ReviewId string `protobuf:"bytes,1,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	// Only this actor's entries.
+	Actor         string `protobuf:"bytes,2,opt,name=actor,proto3" json:"actor,omitempty"`
+	PageSize      int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReviewAuditRequest) Reset() {
+	*x = ListReviewAuditRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReviewAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReviewAuditRequest) ProtoMessage() {}
+
+func (x *ListReviewAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReviewAuditRequest.ProtoReflect.Descriptor instead.
+func (*ListReviewAuditRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListReviewAuditRequest) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *ListReviewAuditRequest) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *ListReviewAuditRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListReviewAuditRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListReviewAuditResponse is one page of the audit trail, oldest first.
+type ListReviewAuditResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*AuditEntry          `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReviewAuditResponse) Reset() {
+	*x = ListReviewAuditResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReviewAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReviewAuditResponse) ProtoMessage() {}
+
+func (x *ListReviewAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReviewAuditResponse.ProtoReflect.Descriptor instead.
+func (*ListReviewAuditResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListReviewAuditResponse) GetEntries() []*AuditEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ListReviewAuditResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// Rule is an L2 business rule: when condition (CEL, over request, output, text, question,
+// quality...) is true for an answer in one of the scenarios, action applies.
+type Rule struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// Scenarios the rule applies to; empty means all.
+	Scenarios     []string    `protobuf:"bytes,3,rep,name=scenarios,proto3" json:"scenarios,omitempty"`
+	Condition     string      `protobuf:"bytes,4,opt,name=condition,proto3" json:"condition,omitempty"`
+	Action        *RuleAction `protobuf:"bytes,5,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rule) Reset() {
+	*x = Rule{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rule) ProtoMessage() {}
+
+func (x *Rule) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rule.ProtoReflect.Descriptor instead.
+func (*Rule) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *Rule) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Rule) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Rule) GetScenarios() []string {
+	if x != nil {
+		return x.Scenarios
+	}
+	return nil
+}
+
+func (x *Rule) GetCondition() string {
+	if x != nil {
+		return x.Condition
+	}
+	return ""
+}
+
+func (x *Rule) GetAction() *RuleAction {
+	if x != nil {
+		return x.Action
+	}
+	return nil
+}
+
+// RuleAction is what a rule does.
+type RuleAction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// block, mask, replace, notice, degrade or review.
+	Type string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	// JSON field (dot path) for mask, replace and notice; empty means the whole text.
+	Field string `protobuf:"bytes,2,opt,name=field,proto3" json:"field,omitempty"`
+	// For mask: only substrings matching this RE2 pattern are masked.
+	Pattern string `protobuf:"bytes,3,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	// For replace: the new value; for mask: the mask text.
+	Value string `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
+	// A notice for the end user (any action may carry one).
+	Notice        string `protobuf:"bytes,5,opt,name=notice,proto3" json:"notice,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleAction) Reset() {
+	*x = RuleAction{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleAction) ProtoMessage() {}
+
+func (x *RuleAction) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleAction.ProtoReflect.Descriptor instead.
+func (*RuleAction) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RuleAction) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *RuleAction) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *RuleAction) GetPattern() string {
+	if x != nil {
+		return x.Pattern
+	}
+	return ""
+}
+
+func (x *RuleAction) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *RuleAction) GetNotice() string {
+	if x != nil {
+		return x.Notice
+	}
+	return ""
+}
+
+// DraftRule is an L2 rule drafted from a review decision.
+type DraftRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ReviewId      string                 `protobuf:"bytes,2,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	Rule          *Rule                  `protobuf:"bytes,3,opt,name=rule,proto3" json:"rule,omitempty"`
+	State         DraftRuleState         `protobuf:"varint,4,opt,name=state,proto3,enum=mantle.verifier.v1.DraftRuleState" json:"state,omitempty"`
+	CreatedBy     string                 `protobuf:"bytes,5,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	DecidedBy     string                 `protobuf:"bytes,7,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DraftRule) Reset() {
+	*x = DraftRule{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DraftRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DraftRule) ProtoMessage() {}
+
+func (x *DraftRule) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DraftRule.ProtoReflect.Descriptor instead.
+func (*DraftRule) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *DraftRule) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DraftRule) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *DraftRule) GetRule() *Rule {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+func (x *DraftRule) GetState() DraftRuleState {
+	if x != nil {
+		return x.State
+	}
+	return DraftRuleState_DRAFT_RULE_STATE_UNSPECIFIED
+}
+
+func (x *DraftRule) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *DraftRule) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *DraftRule) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
+func (x *DraftRule) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+// ListDraftRulesRequest filters draft rules.
+type ListDraftRulesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only drafts in this state; unspecified means all.
+	State         DraftRuleState `protobuf:"varint,1,opt,name=state,proto3,enum=mantle.verifier.v1.DraftRuleState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDraftRulesRequest) Reset() {
+	*x = ListDraftRulesRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDraftRulesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDraftRulesRequest) ProtoMessage() {}
+
+func (x *ListDraftRulesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDraftRulesRequest.ProtoReflect.Descriptor instead.
+func (*ListDraftRulesRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListDraftRulesRequest) GetState() DraftRuleState {
+	if x != nil {
+		return x.State
+	}
+	return DraftRuleState_DRAFT_RULE_STATE_UNSPECIFIED
+}
+
+// ListDraftRulesResponse lists draft rules, oldest first.
+type ListDraftRulesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rules         []*DraftRule           `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDraftRulesResponse) Reset() {
+	*x = ListDraftRulesResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDraftRulesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDraftRulesResponse) ProtoMessage() {}
+
+func (x *ListDraftRulesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDraftRulesResponse.ProtoReflect.Descriptor instead.
+func (*ListDraftRulesResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ListDraftRulesResponse) GetRules() []*DraftRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+// DecideDraftRuleRequest approves or rejects a proposed draft rule.
+type DecideDraftRuleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DraftRuleId   string                 `protobuf:"bytes,1,opt,name=draft_rule_id,json=draftRuleId,proto3" json:"draft_rule_id,omitempty"`
+	Reviewer      string                 `protobuf:"bytes,2,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
+	Approve       bool                   `protobuf:"varint,3,opt,name=approve,proto3" json:"approve,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideDraftRuleRequest) Reset() {
+	*x = DecideDraftRuleRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideDraftRuleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideDraftRuleRequest) ProtoMessage() {}
+
+func (x *DecideDraftRuleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideDraftRuleRequest.ProtoReflect.Descriptor instead.
+func (*DecideDraftRuleRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *DecideDraftRuleRequest) GetDraftRuleId() string {
+	if x != nil {
+		return x.DraftRuleId
+	}
+	return ""
+}
+
+func (x *DecideDraftRuleRequest) GetReviewer() string {
+	if x != nil {
+		return x.Reviewer
+	}
+	return ""
+}
+
+func (x *DecideDraftRuleRequest) GetApprove() bool {
+	if x != nil {
+		return x.Approve
+	}
+	return false
+}
+
+// DecideDraftRuleResponse is the decided draft.
+type DecideDraftRuleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          *DraftRule             `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideDraftRuleResponse) Reset() {
+	*x = DecideDraftRuleResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideDraftRuleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideDraftRuleResponse) ProtoMessage() {}
+
+func (x *DecideDraftRuleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideDraftRuleResponse.ProtoReflect.Descriptor instead.
+func (*DecideDraftRuleResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *DecideDraftRuleResponse) GetRule() *DraftRule {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+// ReloadRulesRequest asks for a reload of the rules file.
+type ReloadRulesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReloadRulesRequest) Reset() {
+	*x = ReloadRulesRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReloadRulesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReloadRulesRequest) ProtoMessage() {}
+
+func (x *ReloadRulesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReloadRulesRequest.ProtoReflect.Descriptor instead.
+func (*ReloadRulesRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{30}
+}
+
+// ReloadRulesResponse describes the live rule set.
+type ReloadRulesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Increases with every accepted set.
+	Version   uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	RuleCount int32  `protobuf:"varint,2,opt,name=rule_count,json=ruleCount,proto3" json:"rule_count,omitempty"`
+	// Rule ids of the live set.
+	RuleIds       []string `protobuf:"bytes,3,rep,name=rule_ids,json=ruleIds,proto3" json:"rule_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReloadRulesResponse) Reset() {
+	*x = ReloadRulesResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReloadRulesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReloadRulesResponse) ProtoMessage() {}
+
+func (x *ReloadRulesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReloadRulesResponse.ProtoReflect.Descriptor instead.
+func (*ReloadRulesResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReloadRulesResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ReloadRulesResponse) GetRuleCount() int32 {
+	if x != nil {
+		return x.RuleCount
+	}
+	return 0
+}
+
+func (x *ReloadRulesResponse) GetRuleIds() []string {
+	if x != nil {
+		return x.RuleIds
+	}
+	return nil
+}
+
 var File_mantle_verifier_v1_verifier_proto protoreflect.FileDescriptor
 
 const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\n" +
-	"!mantle/verifier/v1/verifier.proto\x12\x12mantle.verifier.v1\x1a\x17mantle/v1/quality.proto\"\x91\x02\n" +
+	"!mantle/verifier/v1/verifier.proto\x12\x12mantle.verifier.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dmantle/events/v1/events.proto\x1a\x17mantle/v1/quality.proto\"\xd0\x02\n" +
 	"\rVerifyRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12\x18\n" +
 	"\acontent\x18\x03 \x01(\tR\acontent\x12#\n" +
 	"\rfinish_reason\x18\x04 \x01(\tR\ffinishReason\x12B\n" +
 	"\x0fresponse_format\x18\x05 \x01(\v2\x19.mantle.v1.ResponseFormatR\x0eresponseFormat\x12\x14\n" +
-	"\x05model\x18\x06 \x01(\tR\x05model\"\xdd\x02\n" +
+	"\x05model\x18\x06 \x01(\tR\x05model\x12\x1e\n" +
+	"\n" +
+	"references\x18\a \x03(\tR\n" +
+	"references\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\b \x01(\tR\tsessionId\"\xc8\x04\n" +
 	"\x0eVerifyResponse\x12\x16\n" +
 	"\x06passed\x18\x01 \x01(\bR\x06passed\x12!\n" +
 	"\ffailed_layer\x18\x02 \x01(\tR\vfailedLayer\x12:\n" +
@@ -315,15 +2799,240 @@ const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\x05grade\x18\x06 \x01(\x0e2\x17.mantle.v1.QualityGradeR\x05grade\x12\x1d\n" +
 	"\n" +
 	"risk_score\x18\a \x01(\x01R\triskScore\x123\n" +
-	"\aquality\x18\b \x01(\v2\x19.mantle.v1.QualityContextR\aquality\"}\n" +
+	"\aquality\x18\b \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12;\n" +
+	"\aactions\x18\t \x03(\v2!.mantle.verifier.v1.AppliedActionR\aactions\x12\x1d\n" +
+	"\n" +
+	"l3_pending\x18\n" +
+	" \x01(\bR\tl3Pending\x12\x1b\n" +
+	"\treview_id\x18\v \x01(\tR\breviewId\x125\n" +
+	"\x04risk\x18\f \x01(\v2!.mantle.verifier.v1.RiskBreakdownR\x04risk\x12\x18\n" +
+	"\adegrade\x18\r \x01(\bR\adegrade\x12\x1f\n" +
+	"\vuser_notice\x18\x0e \x01(\tR\n" +
+	"userNotice\"}\n" +
 	"\aFinding\x12\x14\n" +
 	"\x05layer\x18\x01 \x01(\tR\x05layer\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\tR\x04code\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1a\n" +
-	"\bblocking\x18\x05 \x01(\bR\bblocking2b\n" +
+	"\bblocking\x18\x05 \x01(\bR\bblocking\"l\n" +
+	"\rAppliedAction\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x16\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\"\x8f\x01\n" +
+	"\rRiskBreakdown\x12\x14\n" +
+	"\x05input\x18\x01 \x01(\x01R\x05input\x12\x16\n" +
+	"\x06output\x18\x02 \x01(\x01R\x06output\x12\x18\n" +
+	"\acontext\x18\x03 \x01(\x01R\acontext\x12\x18\n" +
+	"\asignals\x18\x04 \x03(\tR\asignals\x12\x1c\n" +
+	"\tthreshold\x18\x05 \x01(\x01R\tthreshold\"G\n" +
+	"\x12GetFollowUpRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
+	"\x04wait\x18\x02 \x01(\bR\x04wait\"p\n" +
+	"\x13GetFollowUpResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\x12C\n" +
+	"\tfollow_up\x18\x02 \x01(\v2&.mantle.events.v1.QualityFollowUpEventR\bfollowUp\"\xc1\x01\n" +
+	"\x15ReportFeedbackRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x128\n" +
+	"\bfeedback\x18\x03 \x01(\x0e2\x1c.mantle.verifier.v1.FeedbackR\bfeedback\x12\x18\n" +
+	"\acomment\x18\x04 \x01(\tR\acomment\x12\x16\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenant\"Z\n" +
+	"\x16ReportFeedbackResponse\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
+	"\fcontext_risk\x18\x02 \x01(\x01R\vcontextRisk\"\xfd\x05\n" +
+	"\x06Review\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bscenario\x18\x04 \x01(\tR\bscenario\x125\n" +
+	"\x05state\x18\x05 \x01(\x0e2\x1f.mantle.verifier.v1.ReviewStateR\x05state\x12\x1d\n" +
+	"\n" +
+	"risk_score\x18\x06 \x01(\x01R\triskScore\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x18\n" +
+	"\asignals\x18\b \x03(\tR\asignals\x12\x1a\n" +
+	"\bquestion\x18\t \x01(\tR\bquestion\x12\x18\n" +
+	"\acontent\x18\n" +
+	" \x01(\tR\acontent\x12\x14\n" +
+	"\x05model\x18\v \x01(\tR\x05model\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\f \x01(\tR\tsessionId\x129\n" +
+	"\n" +
+	"created_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x121\n" +
+	"\x06due_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x05dueAt\x12%\n" +
+	"\x0edefault_action\x18\x0f \x01(\tR\rdefaultAction\x12.\n" +
+	"\x13default_action_text\x18\x10 \x01(\tR\x11defaultActionText\x12\x1d\n" +
+	"\n" +
+	"claimed_by\x18\x11 \x01(\tR\tclaimedBy\x12D\n" +
+	"\x10lease_expires_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x12>\n" +
+	"\bdecision\x18\x13 \x01(\v2\".mantle.verifier.v1.ReviewDecisionR\bdecision\x123\n" +
+	"\aquality\x18\x14 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\"\x9a\x03\n" +
+	"\x0eReviewDecision\x12\x1a\n" +
+	"\breviewer\x18\x01 \x01(\tR\breviewer\x12;\n" +
+	"\averdict\x18\x02 \x01(\x0e2!.mantle.verifier.v1.ReviewVerdictR\averdict\x12<\n" +
+	"\n" +
+	"root_cause\x18\x03 \x01(\x0e2\x1d.mantle.verifier.v1.RootCauseR\trootCause\x12Q\n" +
+	"\x11corrective_action\x18\x04 \x01(\x0e2$.mantle.verifier.v1.CorrectiveActionR\x10correctiveAction\x12+\n" +
+	"\x11corrected_content\x18\x05 \x01(\tR\x10correctedContent\x12\x12\n" +
+	"\x04note\x18\x06 \x01(\tR\x04note\x129\n" +
+	"\n" +
+	"decided_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\"\n" +
+	"\rdraft_rule_id\x18\b \x01(\tR\vdraftRuleId\"\xa3\x01\n" +
+	"\x12ListReviewsRequest\x125\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x1f.mantle.verifier.v1.ReviewStateR\x05state\x12\x1a\n" +
+	"\bscenario\x18\x02 \x01(\tR\bscenario\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"s\n" +
+	"\x13ListReviewsResponse\x124\n" +
+	"\areviews\x18\x01 \x03(\v2\x1a.mantle.verifier.v1.ReviewR\areviews\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"/\n" +
+	"\x10GetReviewRequest\x12\x1b\n" +
+	"\treview_id\x18\x01 \x01(\tR\breviewId\"G\n" +
+	"\x11GetReviewResponse\x122\n" +
+	"\x06review\x18\x01 \x01(\v2\x1a.mantle.verifier.v1.ReviewR\x06review\"\x9a\x01\n" +
+	"\x12ClaimReviewRequest\x12\x1b\n" +
+	"\treview_id\x18\x01 \x01(\tR\breviewId\x12\x1a\n" +
+	"\breviewer\x18\x02 \x01(\tR\breviewer\x12/\n" +
+	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12\x1a\n" +
+	"\bscenario\x18\x04 \x01(\tR\bscenario\"I\n" +
+	"\x13ClaimReviewResponse\x122\n" +
+	"\x06review\x18\x01 \x01(\v2\x1a.mantle.verifier.v1.ReviewR\x06review\"\x99\x01\n" +
+	"\rDraftRuleHint\x12%\n" +
+	"\x0equestion_terms\x18\x01 \x03(\tR\rquestionTerms\x12!\n" +
+	"\fanswer_terms\x18\x02 \x03(\tR\vanswerTerms\x12\x1c\n" +
+	"\tknowledge\x18\x03 \x01(\tR\tknowledge\x12 \n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\"\x9f\x03\n" +
+	"\x13DecideReviewRequest\x12\x1b\n" +
+	"\treview_id\x18\x01 \x01(\tR\breviewId\x12\x1a\n" +
+	"\breviewer\x18\x02 \x01(\tR\breviewer\x12;\n" +
+	"\averdict\x18\x03 \x01(\x0e2!.mantle.verifier.v1.ReviewVerdictR\averdict\x12<\n" +
+	"\n" +
+	"root_cause\x18\x04 \x01(\x0e2\x1d.mantle.verifier.v1.RootCauseR\trootCause\x12Q\n" +
+	"\x11corrective_action\x18\x05 \x01(\x0e2$.mantle.verifier.v1.CorrectiveActionR\x10correctiveAction\x12+\n" +
+	"\x11corrected_content\x18\x06 \x01(\tR\x10correctedContent\x12\x12\n" +
+	"\x04note\x18\a \x01(\tR\x04note\x12@\n" +
+	"\n" +
+	"draft_rule\x18\b \x01(\v2!.mantle.verifier.v1.DraftRuleHintR\tdraftRule\"\x88\x01\n" +
+	"\x14DecideReviewResponse\x122\n" +
+	"\x06review\x18\x01 \x01(\v2\x1a.mantle.verifier.v1.ReviewR\x06review\x12<\n" +
+	"\n" +
+	"draft_rule\x18\x02 \x01(\v2\x1d.mantle.verifier.v1.DraftRuleR\tdraftRule\"\xbf\x01\n" +
+	"\n" +
+	"AuditEntry\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1b\n" +
+	"\treview_id\x18\x02 \x01(\tR\breviewId\x12\x14\n" +
+	"\x05actor\x18\x03 \x01(\tR\x05actor\x12\x16\n" +
+	"\x06action\x18\x04 \x01(\tR\x06action\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\x12\"\n" +
+	"\rdraft_rule_id\x18\x06 \x01(\tR\vdraftRuleId\"\x87\x01\n" +
+	"\x16ListReviewAuditRequest\x12\x1b\n" +
+	"\treview_id\x18\x01 \x01(\tR\breviewId\x12\x14\n" +
+	"\x05actor\x18\x02 \x01(\tR\x05actor\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"{\n" +
+	"\x17ListReviewAuditResponse\x128\n" +
+	"\aentries\x18\x01 \x03(\v2\x1e.mantle.verifier.v1.AuditEntryR\aentries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xac\x01\n" +
+	"\x04Rule\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1c\n" +
+	"\tscenarios\x18\x03 \x03(\tR\tscenarios\x12\x1c\n" +
+	"\tcondition\x18\x04 \x01(\tR\tcondition\x126\n" +
+	"\x06action\x18\x05 \x01(\v2\x1e.mantle.verifier.v1.RuleActionR\x06action\"~\n" +
+	"\n" +
+	"RuleAction\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x14\n" +
+	"\x05field\x18\x02 \x01(\tR\x05field\x12\x18\n" +
+	"\apattern\x18\x03 \x01(\tR\apattern\x12\x14\n" +
+	"\x05value\x18\x04 \x01(\tR\x05value\x12\x16\n" +
+	"\x06notice\x18\x05 \x01(\tR\x06notice\"\xd4\x02\n" +
+	"\tDraftRule\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\treview_id\x18\x02 \x01(\tR\breviewId\x12,\n" +
+	"\x04rule\x18\x03 \x01(\v2\x18.mantle.verifier.v1.RuleR\x04rule\x128\n" +
+	"\x05state\x18\x04 \x01(\x0e2\".mantle.verifier.v1.DraftRuleStateR\x05state\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\x05 \x01(\tR\tcreatedBy\x129\n" +
+	"\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18\a \x01(\tR\tdecidedBy\x129\n" +
+	"\n" +
+	"decided_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"Q\n" +
+	"\x15ListDraftRulesRequest\x128\n" +
+	"\x05state\x18\x01 \x01(\x0e2\".mantle.verifier.v1.DraftRuleStateR\x05state\"M\n" +
+	"\x16ListDraftRulesResponse\x123\n" +
+	"\x05rules\x18\x01 \x03(\v2\x1d.mantle.verifier.v1.DraftRuleR\x05rules\"r\n" +
+	"\x16DecideDraftRuleRequest\x12\"\n" +
+	"\rdraft_rule_id\x18\x01 \x01(\tR\vdraftRuleId\x12\x1a\n" +
+	"\breviewer\x18\x02 \x01(\tR\breviewer\x12\x18\n" +
+	"\aapprove\x18\x03 \x01(\bR\aapprove\"L\n" +
+	"\x17DecideDraftRuleResponse\x121\n" +
+	"\x04rule\x18\x01 \x01(\v2\x1d.mantle.verifier.v1.DraftRuleR\x04rule\"\x14\n" +
+	"\x12ReloadRulesRequest\"i\n" +
+	"\x13ReloadRulesResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x1d\n" +
+	"\n" +
+	"rule_count\x18\x02 \x01(\x05R\truleCount\x12\x19\n" +
+	"\brule_ids\x18\x03 \x03(\tR\aruleIds*W\n" +
+	"\bFeedback\x12\x18\n" +
+	"\x14FEEDBACK_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12FEEDBACK_SATISFIED\x10\x01\x12\x19\n" +
+	"\x15FEEDBACK_DISSATISFIED\x10\x02*\x95\x01\n" +
+	"\vReviewState\x12\x1c\n" +
+	"\x18REVIEW_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14REVIEW_STATE_PENDING\x10\x01\x12\x18\n" +
+	"\x14REVIEW_STATE_CLAIMED\x10\x02\x12\x18\n" +
+	"\x14REVIEW_STATE_DECIDED\x10\x03\x12\x1a\n" +
+	"\x16REVIEW_STATE_TIMED_OUT\x10\x04*\x82\x01\n" +
+	"\rReviewVerdict\x12\x1e\n" +
+	"\x1aREVIEW_VERDICT_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16REVIEW_VERDICT_APPROVE\x10\x01\x12\x19\n" +
+	"\x15REVIEW_VERDICT_REJECT\x10\x02\x12\x1a\n" +
+	"\x16REVIEW_VERDICT_CORRECT\x10\x03*\xab\x02\n" +
+	"\tRootCause\x12\x1a\n" +
+	"\x16ROOT_CAUSE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fROOT_CAUSE_NONE\x10\x01\x12\x1f\n" +
+	"\x1bROOT_CAUSE_KNOWLEDGE_CUTOFF\x10\x02\x12!\n" +
+	"\x1dROOT_CAUSE_CONTEXT_TRUNCATION\x10\x03\x12\x1b\n" +
+	"\x17ROOT_CAUSE_TERM_MISREAD\x10\x04\x12\x1c\n" +
+	"\x18ROOT_CAUSE_HALLUCINATION\x10\x05\x12\x1d\n" +
+	"\x19ROOT_CAUSE_RULE_VIOLATION\x10\x06\x12\x1b\n" +
+	"\x17ROOT_CAUSE_FORMAT_ERROR\x10\a\x12\x1c\n" +
+	"\x18ROOT_CAUSE_PROMPT_DEFECT\x10\b\x12\x14\n" +
+	"\x10ROOT_CAUSE_OTHER\x10\t*\x90\x02\n" +
+	"\x10CorrectiveAction\x12!\n" +
+	"\x1dCORRECTIVE_ACTION_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16CORRECTIVE_ACTION_NONE\x10\x01\x12&\n" +
+	"\"CORRECTIVE_ACTION_APPEND_KNOWLEDGE\x10\x02\x12#\n" +
+	"\x1fCORRECTIVE_ACTION_ADJUST_PROMPT\x10\x03\x12\"\n" +
+	"\x1eCORRECTIVE_ACTION_BLOCK_TOKENS\x10\x04\x12\x1e\n" +
+	"\x1aCORRECTIVE_ACTION_ADD_RULE\x10\x05\x12,\n" +
+	"(CORRECTIVE_ACTION_ROUTE_TO_FRESHER_MODEL\x10\x06*\x8f\x01\n" +
+	"\x0eDraftRuleState\x12 \n" +
+	"\x1cDRAFT_RULE_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19DRAFT_RULE_STATE_PROPOSED\x10\x01\x12\x1d\n" +
+	"\x19DRAFT_RULE_STATE_APPROVED\x10\x02\x12\x1d\n" +
+	"\x19DRAFT_RULE_STATE_REJECTED\x10\x032\xc9\b\n" +
 	"\x0fVerifierService\x12O\n" +
-	"\x06Verify\x12!.mantle.verifier.v1.VerifyRequest\x1a\".mantle.verifier.v1.VerifyResponseB\xd6\x01\n" +
+	"\x06Verify\x12!.mantle.verifier.v1.VerifyRequest\x1a\".mantle.verifier.v1.VerifyResponse\x12^\n" +
+	"\vGetFollowUp\x12&.mantle.verifier.v1.GetFollowUpRequest\x1a'.mantle.verifier.v1.GetFollowUpResponse\x12g\n" +
+	"\x0eReportFeedback\x12).mantle.verifier.v1.ReportFeedbackRequest\x1a*.mantle.verifier.v1.ReportFeedbackResponse\x12^\n" +
+	"\vListReviews\x12&.mantle.verifier.v1.ListReviewsRequest\x1a'.mantle.verifier.v1.ListReviewsResponse\x12X\n" +
+	"\tGetReview\x12$.mantle.verifier.v1.GetReviewRequest\x1a%.mantle.verifier.v1.GetReviewResponse\x12^\n" +
+	"\vClaimReview\x12&.mantle.verifier.v1.ClaimReviewRequest\x1a'.mantle.verifier.v1.ClaimReviewResponse\x12a\n" +
+	"\fDecideReview\x12'.mantle.verifier.v1.DecideReviewRequest\x1a(.mantle.verifier.v1.DecideReviewResponse\x12j\n" +
+	"\x0fListReviewAudit\x12*.mantle.verifier.v1.ListReviewAuditRequest\x1a+.mantle.verifier.v1.ListReviewAuditResponse\x12g\n" +
+	"\x0eListDraftRules\x12).mantle.verifier.v1.ListDraftRulesRequest\x1a*.mantle.verifier.v1.ListDraftRulesResponse\x12j\n" +
+	"\x0fDecideDraftRule\x12*.mantle.verifier.v1.DecideDraftRuleRequest\x1a+.mantle.verifier.v1.DecideDraftRuleResponse\x12^\n" +
+	"\vReloadRules\x12&.mantle.verifier.v1.ReloadRulesRequest\x1a'.mantle.verifier.v1.ReloadRulesResponseB\xd6\x01\n" +
 	"\x16com.mantle.verifier.v1B\rVerifierProtoP\x01ZCgithub.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1;verifierv1\xa2\x02\x03MVX\xaa\x02\x12Mantle.Verifier.V1\xca\x02\x12Mantle\\Verifier\\V1\xe2\x02\x1eMantle\\Verifier\\V1\\GPBMetadata\xea\x02\x14Mantle::Verifier::V1b\x06proto3"
 
 var (
@@ -338,32 +3047,126 @@ func file_mantle_verifier_v1_verifier_proto_rawDescGZIP() []byte {
 	return file_mantle_verifier_v1_verifier_proto_rawDescData
 }
 
-var file_mantle_verifier_v1_verifier_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_mantle_verifier_v1_verifier_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_mantle_verifier_v1_verifier_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_mantle_verifier_v1_verifier_proto_goTypes = []any{
-	(*VerifyRequest)(nil),     // 0: mantle.verifier.v1.VerifyRequest
-	(*VerifyResponse)(nil),    // 1: mantle.verifier.v1.VerifyResponse
-	(*Finding)(nil),           // 2: mantle.verifier.v1.Finding
-	(*v1.QualityContext)(nil), // 3: mantle.v1.QualityContext
-	(*v1.ChatMessage)(nil),    // 4: mantle.v1.ChatMessage
-	(*v1.ResponseFormat)(nil), // 5: mantle.v1.ResponseFormat
-	(v1.ErrorClass)(0),        // 6: mantle.v1.ErrorClass
-	(v1.QualityGrade)(0),      // 7: mantle.v1.QualityGrade
+	(Feedback)(0),                    // 0: mantle.verifier.v1.Feedback
+	(ReviewState)(0),                 // 1: mantle.verifier.v1.ReviewState
+	(ReviewVerdict)(0),               // 2: mantle.verifier.v1.ReviewVerdict
+	(RootCause)(0),                   // 3: mantle.verifier.v1.RootCause
+	(CorrectiveAction)(0),            // 4: mantle.verifier.v1.CorrectiveAction
+	(DraftRuleState)(0),              // 5: mantle.verifier.v1.DraftRuleState
+	(*VerifyRequest)(nil),            // 6: mantle.verifier.v1.VerifyRequest
+	(*VerifyResponse)(nil),           // 7: mantle.verifier.v1.VerifyResponse
+	(*Finding)(nil),                  // 8: mantle.verifier.v1.Finding
+	(*AppliedAction)(nil),            // 9: mantle.verifier.v1.AppliedAction
+	(*RiskBreakdown)(nil),            // 10: mantle.verifier.v1.RiskBreakdown
+	(*GetFollowUpRequest)(nil),       // 11: mantle.verifier.v1.GetFollowUpRequest
+	(*GetFollowUpResponse)(nil),      // 12: mantle.verifier.v1.GetFollowUpResponse
+	(*ReportFeedbackRequest)(nil),    // 13: mantle.verifier.v1.ReportFeedbackRequest
+	(*ReportFeedbackResponse)(nil),   // 14: mantle.verifier.v1.ReportFeedbackResponse
+	(*Review)(nil),                   // 15: mantle.verifier.v1.Review
+	(*ReviewDecision)(nil),           // 16: mantle.verifier.v1.ReviewDecision
+	(*ListReviewsRequest)(nil),       // 17: mantle.verifier.v1.ListReviewsRequest
+	(*ListReviewsResponse)(nil),      // 18: mantle.verifier.v1.ListReviewsResponse
+	(*GetReviewRequest)(nil),         // 19: mantle.verifier.v1.GetReviewRequest
+	(*GetReviewResponse)(nil),        // 20: mantle.verifier.v1.GetReviewResponse
+	(*ClaimReviewRequest)(nil),       // 21: mantle.verifier.v1.ClaimReviewRequest
+	(*ClaimReviewResponse)(nil),      // 22: mantle.verifier.v1.ClaimReviewResponse
+	(*DraftRuleHint)(nil),            // 23: mantle.verifier.v1.DraftRuleHint
+	(*DecideReviewRequest)(nil),      // 24: mantle.verifier.v1.DecideReviewRequest
+	(*DecideReviewResponse)(nil),     // 25: mantle.verifier.v1.DecideReviewResponse
+	(*AuditEntry)(nil),               // 26: mantle.verifier.v1.AuditEntry
+	(*ListReviewAuditRequest)(nil),   // 27: mantle.verifier.v1.ListReviewAuditRequest
+	(*ListReviewAuditResponse)(nil),  // 28: mantle.verifier.v1.ListReviewAuditResponse
+	(*Rule)(nil),                     // 29: mantle.verifier.v1.Rule
+	(*RuleAction)(nil),               // 30: mantle.verifier.v1.RuleAction
+	(*DraftRule)(nil),                // 31: mantle.verifier.v1.DraftRule
+	(*ListDraftRulesRequest)(nil),    // 32: mantle.verifier.v1.ListDraftRulesRequest
+	(*ListDraftRulesResponse)(nil),   // 33: mantle.verifier.v1.ListDraftRulesResponse
+	(*DecideDraftRuleRequest)(nil),   // 34: mantle.verifier.v1.DecideDraftRuleRequest
+	(*DecideDraftRuleResponse)(nil),  // 35: mantle.verifier.v1.DecideDraftRuleResponse
+	(*ReloadRulesRequest)(nil),       // 36: mantle.verifier.v1.ReloadRulesRequest
+	(*ReloadRulesResponse)(nil),      // 37: mantle.verifier.v1.ReloadRulesResponse
+	(*v1.QualityContext)(nil),        // 38: mantle.v1.QualityContext
+	(*v1.ChatMessage)(nil),           // 39: mantle.v1.ChatMessage
+	(*v1.ResponseFormat)(nil),        // 40: mantle.v1.ResponseFormat
+	(v1.ErrorClass)(0),               // 41: mantle.v1.ErrorClass
+	(v1.QualityGrade)(0),             // 42: mantle.v1.QualityGrade
+	(*v11.QualityFollowUpEvent)(nil), // 43: mantle.events.v1.QualityFollowUpEvent
+	(*timestamppb.Timestamp)(nil),    // 44: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 45: google.protobuf.Duration
 }
 var file_mantle_verifier_v1_verifier_proto_depIdxs = []int32{
-	3, // 0: mantle.verifier.v1.VerifyRequest.quality:type_name -> mantle.v1.QualityContext
-	4, // 1: mantle.verifier.v1.VerifyRequest.messages:type_name -> mantle.v1.ChatMessage
-	5, // 2: mantle.verifier.v1.VerifyRequest.response_format:type_name -> mantle.v1.ResponseFormat
-	6, // 3: mantle.verifier.v1.VerifyResponse.failure_class:type_name -> mantle.v1.ErrorClass
-	2, // 4: mantle.verifier.v1.VerifyResponse.findings:type_name -> mantle.verifier.v1.Finding
-	7, // 5: mantle.verifier.v1.VerifyResponse.grade:type_name -> mantle.v1.QualityGrade
-	3, // 6: mantle.verifier.v1.VerifyResponse.quality:type_name -> mantle.v1.QualityContext
-	0, // 7: mantle.verifier.v1.VerifierService.Verify:input_type -> mantle.verifier.v1.VerifyRequest
-	1, // 8: mantle.verifier.v1.VerifierService.Verify:output_type -> mantle.verifier.v1.VerifyResponse
-	8, // [8:9] is the sub-list for method output_type
-	7, // [7:8] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	38, // 0: mantle.verifier.v1.VerifyRequest.quality:type_name -> mantle.v1.QualityContext
+	39, // 1: mantle.verifier.v1.VerifyRequest.messages:type_name -> mantle.v1.ChatMessage
+	40, // 2: mantle.verifier.v1.VerifyRequest.response_format:type_name -> mantle.v1.ResponseFormat
+	41, // 3: mantle.verifier.v1.VerifyResponse.failure_class:type_name -> mantle.v1.ErrorClass
+	8,  // 4: mantle.verifier.v1.VerifyResponse.findings:type_name -> mantle.verifier.v1.Finding
+	42, // 5: mantle.verifier.v1.VerifyResponse.grade:type_name -> mantle.v1.QualityGrade
+	38, // 6: mantle.verifier.v1.VerifyResponse.quality:type_name -> mantle.v1.QualityContext
+	9,  // 7: mantle.verifier.v1.VerifyResponse.actions:type_name -> mantle.verifier.v1.AppliedAction
+	10, // 8: mantle.verifier.v1.VerifyResponse.risk:type_name -> mantle.verifier.v1.RiskBreakdown
+	43, // 9: mantle.verifier.v1.GetFollowUpResponse.follow_up:type_name -> mantle.events.v1.QualityFollowUpEvent
+	0,  // 10: mantle.verifier.v1.ReportFeedbackRequest.feedback:type_name -> mantle.verifier.v1.Feedback
+	1,  // 11: mantle.verifier.v1.Review.state:type_name -> mantle.verifier.v1.ReviewState
+	44, // 12: mantle.verifier.v1.Review.created_at:type_name -> google.protobuf.Timestamp
+	44, // 13: mantle.verifier.v1.Review.due_at:type_name -> google.protobuf.Timestamp
+	44, // 14: mantle.verifier.v1.Review.lease_expires_at:type_name -> google.protobuf.Timestamp
+	16, // 15: mantle.verifier.v1.Review.decision:type_name -> mantle.verifier.v1.ReviewDecision
+	38, // 16: mantle.verifier.v1.Review.quality:type_name -> mantle.v1.QualityContext
+	2,  // 17: mantle.verifier.v1.ReviewDecision.verdict:type_name -> mantle.verifier.v1.ReviewVerdict
+	3,  // 18: mantle.verifier.v1.ReviewDecision.root_cause:type_name -> mantle.verifier.v1.RootCause
+	4,  // 19: mantle.verifier.v1.ReviewDecision.corrective_action:type_name -> mantle.verifier.v1.CorrectiveAction
+	44, // 20: mantle.verifier.v1.ReviewDecision.decided_at:type_name -> google.protobuf.Timestamp
+	1,  // 21: mantle.verifier.v1.ListReviewsRequest.state:type_name -> mantle.verifier.v1.ReviewState
+	15, // 22: mantle.verifier.v1.ListReviewsResponse.reviews:type_name -> mantle.verifier.v1.Review
+	15, // 23: mantle.verifier.v1.GetReviewResponse.review:type_name -> mantle.verifier.v1.Review
+	45, // 24: mantle.verifier.v1.ClaimReviewRequest.lease:type_name -> google.protobuf.Duration
+	15, // 25: mantle.verifier.v1.ClaimReviewResponse.review:type_name -> mantle.verifier.v1.Review
+	2,  // 26: mantle.verifier.v1.DecideReviewRequest.verdict:type_name -> mantle.verifier.v1.ReviewVerdict
+	3,  // 27: mantle.verifier.v1.DecideReviewRequest.root_cause:type_name -> mantle.verifier.v1.RootCause
+	4,  // 28: mantle.verifier.v1.DecideReviewRequest.corrective_action:type_name -> mantle.verifier.v1.CorrectiveAction
+	23, // 29: mantle.verifier.v1.DecideReviewRequest.draft_rule:type_name -> mantle.verifier.v1.DraftRuleHint
+	15, // 30: mantle.verifier.v1.DecideReviewResponse.review:type_name -> mantle.verifier.v1.Review
+	31, // 31: mantle.verifier.v1.DecideReviewResponse.draft_rule:type_name -> mantle.verifier.v1.DraftRule
+	44, // 32: mantle.verifier.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	26, // 33: mantle.verifier.v1.ListReviewAuditResponse.entries:type_name -> mantle.verifier.v1.AuditEntry
+	30, // 34: mantle.verifier.v1.Rule.action:type_name -> mantle.verifier.v1.RuleAction
+	29, // 35: mantle.verifier.v1.DraftRule.rule:type_name -> mantle.verifier.v1.Rule
+	5,  // 36: mantle.verifier.v1.DraftRule.state:type_name -> mantle.verifier.v1.DraftRuleState
+	44, // 37: mantle.verifier.v1.DraftRule.created_at:type_name -> google.protobuf.Timestamp
+	44, // 38: mantle.verifier.v1.DraftRule.decided_at:type_name -> google.protobuf.Timestamp
+	5,  // 39: mantle.verifier.v1.ListDraftRulesRequest.state:type_name -> mantle.verifier.v1.DraftRuleState
+	31, // 40: mantle.verifier.v1.ListDraftRulesResponse.rules:type_name -> mantle.verifier.v1.DraftRule
+	31, // 41: mantle.verifier.v1.DecideDraftRuleResponse.rule:type_name -> mantle.verifier.v1.DraftRule
+	6,  // 42: mantle.verifier.v1.VerifierService.Verify:input_type -> mantle.verifier.v1.VerifyRequest
+	11, // 43: mantle.verifier.v1.VerifierService.GetFollowUp:input_type -> mantle.verifier.v1.GetFollowUpRequest
+	13, // 44: mantle.verifier.v1.VerifierService.ReportFeedback:input_type -> mantle.verifier.v1.ReportFeedbackRequest
+	17, // 45: mantle.verifier.v1.VerifierService.ListReviews:input_type -> mantle.verifier.v1.ListReviewsRequest
+	19, // 46: mantle.verifier.v1.VerifierService.GetReview:input_type -> mantle.verifier.v1.GetReviewRequest
+	21, // 47: mantle.verifier.v1.VerifierService.ClaimReview:input_type -> mantle.verifier.v1.ClaimReviewRequest
+	24, // 48: mantle.verifier.v1.VerifierService.DecideReview:input_type -> mantle.verifier.v1.DecideReviewRequest
+	27, // 49: mantle.verifier.v1.VerifierService.ListReviewAudit:input_type -> mantle.verifier.v1.ListReviewAuditRequest
+	32, // 50: mantle.verifier.v1.VerifierService.ListDraftRules:input_type -> mantle.verifier.v1.ListDraftRulesRequest
+	34, // 51: mantle.verifier.v1.VerifierService.DecideDraftRule:input_type -> mantle.verifier.v1.DecideDraftRuleRequest
+	36, // 52: mantle.verifier.v1.VerifierService.ReloadRules:input_type -> mantle.verifier.v1.ReloadRulesRequest
+	7,  // 53: mantle.verifier.v1.VerifierService.Verify:output_type -> mantle.verifier.v1.VerifyResponse
+	12, // 54: mantle.verifier.v1.VerifierService.GetFollowUp:output_type -> mantle.verifier.v1.GetFollowUpResponse
+	14, // 55: mantle.verifier.v1.VerifierService.ReportFeedback:output_type -> mantle.verifier.v1.ReportFeedbackResponse
+	18, // 56: mantle.verifier.v1.VerifierService.ListReviews:output_type -> mantle.verifier.v1.ListReviewsResponse
+	20, // 57: mantle.verifier.v1.VerifierService.GetReview:output_type -> mantle.verifier.v1.GetReviewResponse
+	22, // 58: mantle.verifier.v1.VerifierService.ClaimReview:output_type -> mantle.verifier.v1.ClaimReviewResponse
+	25, // 59: mantle.verifier.v1.VerifierService.DecideReview:output_type -> mantle.verifier.v1.DecideReviewResponse
+	28, // 60: mantle.verifier.v1.VerifierService.ListReviewAudit:output_type -> mantle.verifier.v1.ListReviewAuditResponse
+	33, // 61: mantle.verifier.v1.VerifierService.ListDraftRules:output_type -> mantle.verifier.v1.ListDraftRulesResponse
+	35, // 62: mantle.verifier.v1.VerifierService.DecideDraftRule:output_type -> mantle.verifier.v1.DecideDraftRuleResponse
+	37, // 63: mantle.verifier.v1.VerifierService.ReloadRules:output_type -> mantle.verifier.v1.ReloadRulesResponse
+	53, // [53:64] is the sub-list for method output_type
+	42, // [42:53] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_mantle_verifier_v1_verifier_proto_init() }
@@ -376,13 +3179,14 @@ func file_mantle_verifier_v1_verifier_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_verifier_v1_verifier_proto_rawDesc), len(file_mantle_verifier_v1_verifier_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   3,
+			NumEnums:      6,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_mantle_verifier_v1_verifier_proto_goTypes,
 		DependencyIndexes: file_mantle_verifier_v1_verifier_proto_depIdxs,
+		EnumInfos:         file_mantle_verifier_v1_verifier_proto_enumTypes,
 		MessageInfos:      file_mantle_verifier_v1_verifier_proto_msgTypes,
 	}.Build()
 	File_mantle_verifier_v1_verifier_proto = out.File

@@ -19,7 +19,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	VerifierService_Verify_FullMethodName = "/mantle.verifier.v1.VerifierService/Verify"
+	VerifierService_Verify_FullMethodName          = "/mantle.verifier.v1.VerifierService/Verify"
+	VerifierService_GetFollowUp_FullMethodName     = "/mantle.verifier.v1.VerifierService/GetFollowUp"
+	VerifierService_ReportFeedback_FullMethodName  = "/mantle.verifier.v1.VerifierService/ReportFeedback"
+	VerifierService_ListReviews_FullMethodName     = "/mantle.verifier.v1.VerifierService/ListReviews"
+	VerifierService_GetReview_FullMethodName       = "/mantle.verifier.v1.VerifierService/GetReview"
+	VerifierService_ClaimReview_FullMethodName     = "/mantle.verifier.v1.VerifierService/ClaimReview"
+	VerifierService_DecideReview_FullMethodName    = "/mantle.verifier.v1.VerifierService/DecideReview"
+	VerifierService_ListReviewAudit_FullMethodName = "/mantle.verifier.v1.VerifierService/ListReviewAudit"
+	VerifierService_ListDraftRules_FullMethodName  = "/mantle.verifier.v1.VerifierService/ListDraftRules"
+	VerifierService_DecideDraftRule_FullMethodName = "/mantle.verifier.v1.VerifierService/DecideDraftRule"
+	VerifierService_ReloadRules_FullMethodName     = "/mantle.verifier.v1.VerifierService/ReloadRules"
 )
 
 // VerifierServiceClient is the client API for VerifierService service.
@@ -27,13 +37,42 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // VerifierService checks an answer before it reaches the caller: L1 format, L2 business
-// rules, L3 semantic checks (asynchronous), and a risk score.
+// rules, L3 semantic checks (asynchronous), and a risk score. Risky answers go to a human
+// review queue; the review RPCs below are its workbench.
 //
-// Errors carry google.rpc.ErrorInfo with domain "verifier.mantle" and reason
-// INVALID_REQUEST (with BadRequest). A failed verification is a verdict, not an error.
+// Errors carry google.rpc.ErrorInfo with domain "verifier.mantle" and one of these reasons:
+// INVALID_REQUEST (INVALID_ARGUMENT, with BadRequest), PERMISSION_DENIED, NOT_FOUND (no such
+// review or draft rule), REVIEW_CONFLICT (FAILED_PRECONDITION: the review is claimed by
+// someone else, already decided or timed out, or the caller holds no claim),
+// RULES_REJECTED (FAILED_PRECONDITION: a rule set or draft rule does not compile; the last
+// good set stays), UNAVAILABLE (the review store cannot be reached; retry). A failed
+// verification is a verdict, not an error.
 type VerifierServiceClient interface {
-	// Verify checks one answer.
+	// Verify checks one answer: L1 and L2 at once, L3 in the background (l3_pending).
 	Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error)
+	// GetFollowUp returns the L3 result of a request; with wait, it blocks until the result
+	// is known or the call's deadline passes (for clients that keep a stream open).
+	GetFollowUp(ctx context.Context, in *GetFollowUpRequest, opts ...grpc.CallOption) (*GetFollowUpResponse, error)
+	// ReportFeedback records an end user's (dis)satisfaction with an answer; dissatisfaction
+	// raises the context risk of later answers in the same session.
+	ReportFeedback(ctx context.Context, in *ReportFeedbackRequest, opts ...grpc.CallOption) (*ReportFeedbackResponse, error)
+	// ListReviews lists reviews, newest deadline last.
+	ListReviews(ctx context.Context, in *ListReviewsRequest, opts ...grpc.CallOption) (*ListReviewsResponse, error)
+	// GetReview returns one review.
+	GetReview(ctx context.Context, in *GetReviewRequest, opts ...grpc.CallOption) (*GetReviewResponse, error)
+	// ClaimReview takes a lease on a review (or on the oldest pending one) for a reviewer.
+	ClaimReview(ctx context.Context, in *ClaimReviewRequest, opts ...grpc.CallOption) (*ClaimReviewResponse, error)
+	// DecideReview records a reviewer's decision on a review the reviewer has claimed.
+	DecideReview(ctx context.Context, in *DecideReviewRequest, opts ...grpc.CallOption) (*DecideReviewResponse, error)
+	// ListReviewAudit lists everything that happened to reviews and draft rules.
+	ListReviewAudit(ctx context.Context, in *ListReviewAuditRequest, opts ...grpc.CallOption) (*ListReviewAuditResponse, error)
+	// ListDraftRules lists L2 rules drafted from review decisions.
+	ListDraftRules(ctx context.Context, in *ListDraftRulesRequest, opts ...grpc.CallOption) (*ListDraftRulesResponse, error)
+	// DecideDraftRule approves (the rule goes live at once) or rejects a draft rule.
+	DecideDraftRule(ctx context.Context, in *DecideDraftRuleRequest, opts ...grpc.CallOption) (*DecideDraftRuleResponse, error)
+	// ReloadRules re-reads the rules file now. A set that fails to compile is rejected and
+	// the last good set stays.
+	ReloadRules(ctx context.Context, in *ReloadRulesRequest, opts ...grpc.CallOption) (*ReloadRulesResponse, error)
 }
 
 type verifierServiceClient struct {
@@ -54,18 +93,147 @@ func (c *verifierServiceClient) Verify(ctx context.Context, in *VerifyRequest, o
 	return out, nil
 }
 
+func (c *verifierServiceClient) GetFollowUp(ctx context.Context, in *GetFollowUpRequest, opts ...grpc.CallOption) (*GetFollowUpResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetFollowUpResponse)
+	err := c.cc.Invoke(ctx, VerifierService_GetFollowUp_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) ReportFeedback(ctx context.Context, in *ReportFeedbackRequest, opts ...grpc.CallOption) (*ReportFeedbackResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportFeedbackResponse)
+	err := c.cc.Invoke(ctx, VerifierService_ReportFeedback_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) ListReviews(ctx context.Context, in *ListReviewsRequest, opts ...grpc.CallOption) (*ListReviewsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListReviewsResponse)
+	err := c.cc.Invoke(ctx, VerifierService_ListReviews_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) GetReview(ctx context.Context, in *GetReviewRequest, opts ...grpc.CallOption) (*GetReviewResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetReviewResponse)
+	err := c.cc.Invoke(ctx, VerifierService_GetReview_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) ClaimReview(ctx context.Context, in *ClaimReviewRequest, opts ...grpc.CallOption) (*ClaimReviewResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClaimReviewResponse)
+	err := c.cc.Invoke(ctx, VerifierService_ClaimReview_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) DecideReview(ctx context.Context, in *DecideReviewRequest, opts ...grpc.CallOption) (*DecideReviewResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DecideReviewResponse)
+	err := c.cc.Invoke(ctx, VerifierService_DecideReview_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) ListReviewAudit(ctx context.Context, in *ListReviewAuditRequest, opts ...grpc.CallOption) (*ListReviewAuditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListReviewAuditResponse)
+	err := c.cc.Invoke(ctx, VerifierService_ListReviewAudit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) ListDraftRules(ctx context.Context, in *ListDraftRulesRequest, opts ...grpc.CallOption) (*ListDraftRulesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDraftRulesResponse)
+	err := c.cc.Invoke(ctx, VerifierService_ListDraftRules_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) DecideDraftRule(ctx context.Context, in *DecideDraftRuleRequest, opts ...grpc.CallOption) (*DecideDraftRuleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DecideDraftRuleResponse)
+	err := c.cc.Invoke(ctx, VerifierService_DecideDraftRule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) ReloadRules(ctx context.Context, in *ReloadRulesRequest, opts ...grpc.CallOption) (*ReloadRulesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReloadRulesResponse)
+	err := c.cc.Invoke(ctx, VerifierService_ReloadRules_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VerifierServiceServer is the server API for VerifierService service.
 // All implementations must embed UnimplementedVerifierServiceServer
 // for forward compatibility.
 //
 // VerifierService checks an answer before it reaches the caller: L1 format, L2 business
-// rules, L3 semantic checks (asynchronous), and a risk score.
+// rules, L3 semantic checks (asynchronous), and a risk score. Risky answers go to a human
+// review queue; the review RPCs below are its workbench.
 //
-// Errors carry google.rpc.ErrorInfo with domain "verifier.mantle" and reason
-// INVALID_REQUEST (with BadRequest). A failed verification is a verdict, not an error.
+// Errors carry google.rpc.ErrorInfo with domain "verifier.mantle" and one of these reasons:
+// INVALID_REQUEST (INVALID_ARGUMENT, with BadRequest), PERMISSION_DENIED, NOT_FOUND (no such
+// review or draft rule), REVIEW_CONFLICT (FAILED_PRECONDITION: the review is claimed by
+// someone else, already decided or timed out, or the caller holds no claim),
+// RULES_REJECTED (FAILED_PRECONDITION: a rule set or draft rule does not compile; the last
+// good set stays), UNAVAILABLE (the review store cannot be reached; retry). A failed
+// verification is a verdict, not an error.
 type VerifierServiceServer interface {
-	// Verify checks one answer.
+	// Verify checks one answer: L1 and L2 at once, L3 in the background (l3_pending).
 	Verify(context.Context, *VerifyRequest) (*VerifyResponse, error)
+	// GetFollowUp returns the L3 result of a request; with wait, it blocks until the result
+	// is known or the call's deadline passes (for clients that keep a stream open).
+	GetFollowUp(context.Context, *GetFollowUpRequest) (*GetFollowUpResponse, error)
+	// ReportFeedback records an end user's (dis)satisfaction with an answer; dissatisfaction
+	// raises the context risk of later answers in the same session.
+	ReportFeedback(context.Context, *ReportFeedbackRequest) (*ReportFeedbackResponse, error)
+	// ListReviews lists reviews, newest deadline last.
+	ListReviews(context.Context, *ListReviewsRequest) (*ListReviewsResponse, error)
+	// GetReview returns one review.
+	GetReview(context.Context, *GetReviewRequest) (*GetReviewResponse, error)
+	// ClaimReview takes a lease on a review (or on the oldest pending one) for a reviewer.
+	ClaimReview(context.Context, *ClaimReviewRequest) (*ClaimReviewResponse, error)
+	// DecideReview records a reviewer's decision on a review the reviewer has claimed.
+	DecideReview(context.Context, *DecideReviewRequest) (*DecideReviewResponse, error)
+	// ListReviewAudit lists everything that happened to reviews and draft rules.
+	ListReviewAudit(context.Context, *ListReviewAuditRequest) (*ListReviewAuditResponse, error)
+	// ListDraftRules lists L2 rules drafted from review decisions.
+	ListDraftRules(context.Context, *ListDraftRulesRequest) (*ListDraftRulesResponse, error)
+	// DecideDraftRule approves (the rule goes live at once) or rejects a draft rule.
+	DecideDraftRule(context.Context, *DecideDraftRuleRequest) (*DecideDraftRuleResponse, error)
+	// ReloadRules re-reads the rules file now. A set that fails to compile is rejected and
+	// the last good set stays.
+	ReloadRules(context.Context, *ReloadRulesRequest) (*ReloadRulesResponse, error)
 	mustEmbedUnimplementedVerifierServiceServer()
 }
 
@@ -78,6 +246,36 @@ type UnimplementedVerifierServiceServer struct{}
 
 func (UnimplementedVerifierServiceServer) Verify(context.Context, *VerifyRequest) (*VerifyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Verify not implemented")
+}
+func (UnimplementedVerifierServiceServer) GetFollowUp(context.Context, *GetFollowUpRequest) (*GetFollowUpResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetFollowUp not implemented")
+}
+func (UnimplementedVerifierServiceServer) ReportFeedback(context.Context, *ReportFeedbackRequest) (*ReportFeedbackResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportFeedback not implemented")
+}
+func (UnimplementedVerifierServiceServer) ListReviews(context.Context, *ListReviewsRequest) (*ListReviewsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListReviews not implemented")
+}
+func (UnimplementedVerifierServiceServer) GetReview(context.Context, *GetReviewRequest) (*GetReviewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetReview not implemented")
+}
+func (UnimplementedVerifierServiceServer) ClaimReview(context.Context, *ClaimReviewRequest) (*ClaimReviewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClaimReview not implemented")
+}
+func (UnimplementedVerifierServiceServer) DecideReview(context.Context, *DecideReviewRequest) (*DecideReviewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DecideReview not implemented")
+}
+func (UnimplementedVerifierServiceServer) ListReviewAudit(context.Context, *ListReviewAuditRequest) (*ListReviewAuditResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListReviewAudit not implemented")
+}
+func (UnimplementedVerifierServiceServer) ListDraftRules(context.Context, *ListDraftRulesRequest) (*ListDraftRulesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDraftRules not implemented")
+}
+func (UnimplementedVerifierServiceServer) DecideDraftRule(context.Context, *DecideDraftRuleRequest) (*DecideDraftRuleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DecideDraftRule not implemented")
+}
+func (UnimplementedVerifierServiceServer) ReloadRules(context.Context, *ReloadRulesRequest) (*ReloadRulesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReloadRules not implemented")
 }
 func (UnimplementedVerifierServiceServer) mustEmbedUnimplementedVerifierServiceServer() {}
 func (UnimplementedVerifierServiceServer) testEmbeddedByValue()                         {}
@@ -118,6 +316,186 @@ func _VerifierService_Verify_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VerifierService_GetFollowUp_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetFollowUpRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).GetFollowUp(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_GetFollowUp_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).GetFollowUp(ctx, req.(*GetFollowUpRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_ReportFeedback_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportFeedbackRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).ReportFeedback(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_ReportFeedback_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).ReportFeedback(ctx, req.(*ReportFeedbackRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_ListReviews_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListReviewsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).ListReviews(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_ListReviews_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).ListReviews(ctx, req.(*ListReviewsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_GetReview_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetReviewRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).GetReview(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_GetReview_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).GetReview(ctx, req.(*GetReviewRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_ClaimReview_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimReviewRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).ClaimReview(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_ClaimReview_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).ClaimReview(ctx, req.(*ClaimReviewRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_DecideReview_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DecideReviewRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).DecideReview(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_DecideReview_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).DecideReview(ctx, req.(*DecideReviewRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_ListReviewAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListReviewAuditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).ListReviewAudit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_ListReviewAudit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).ListReviewAudit(ctx, req.(*ListReviewAuditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_ListDraftRules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDraftRulesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).ListDraftRules(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_ListDraftRules_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).ListDraftRules(ctx, req.(*ListDraftRulesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_DecideDraftRule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DecideDraftRuleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).DecideDraftRule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_DecideDraftRule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).DecideDraftRule(ctx, req.(*DecideDraftRuleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_ReloadRules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReloadRulesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).ReloadRules(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_ReloadRules_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).ReloadRules(ctx, req.(*ReloadRulesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VerifierService_ServiceDesc is the grpc.ServiceDesc for VerifierService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -128,6 +506,46 @@ var VerifierService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Verify",
 			Handler:    _VerifierService_Verify_Handler,
+		},
+		{
+			MethodName: "GetFollowUp",
+			Handler:    _VerifierService_GetFollowUp_Handler,
+		},
+		{
+			MethodName: "ReportFeedback",
+			Handler:    _VerifierService_ReportFeedback_Handler,
+		},
+		{
+			MethodName: "ListReviews",
+			Handler:    _VerifierService_ListReviews_Handler,
+		},
+		{
+			MethodName: "GetReview",
+			Handler:    _VerifierService_GetReview_Handler,
+		},
+		{
+			MethodName: "ClaimReview",
+			Handler:    _VerifierService_ClaimReview_Handler,
+		},
+		{
+			MethodName: "DecideReview",
+			Handler:    _VerifierService_DecideReview_Handler,
+		},
+		{
+			MethodName: "ListReviewAudit",
+			Handler:    _VerifierService_ListReviewAudit_Handler,
+		},
+		{
+			MethodName: "ListDraftRules",
+			Handler:    _VerifierService_ListDraftRules_Handler,
+		},
+		{
+			MethodName: "DecideDraftRule",
+			Handler:    _VerifierService_DecideDraftRule_Handler,
+		},
+		{
+			MethodName: "ReloadRules",
+			Handler:    _VerifierService_ReloadRules_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,230 @@
+package vector
+
+import (
+	"math"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+func mustSparse(t testing.TB, pairs ...float32) Vector {
+	t.Helper()
+	var fs []Feature
+	for i := 0; i+1 < len(pairs); i += 2 {
+		fs = append(fs, Feature{Index: uint32(pairs[i]), Weight: pairs[i+1]})
+	}
+	v, err := NewSparse(fs)
+	if err != nil {
+		t.Fatalf("NewSparse: %v", err)
+	}
+	return v
+}
+
+func TestNewSparseMergesAndNormalises(t *testing.T) {
+	t.Parallel()
+	v := mustSparse(t, 7, 1, 3, 2, 7, 1)
+	if !slices.Equal(v.Indices, []uint32{3, 7}) {
+		t.Fatalf("indices = %v, want [3 7]", v.Indices)
+	}
+	want := float32(1 / math.Sqrt2)
+	for i, got := range v.Values {
+		if math.Abs(float64(got-want)) > 1e-6 {
+			t.Errorf("values[%d] = %v, want %v", i, got, want)
+		}
+	}
+	if d := Dot(v, v); math.Abs(float64(d-1)) > 1e-6 {
+		t.Errorf("Dot(v, v) = %v, want 1", d)
+	}
+}
+
+func TestZeroVectorsAreRefused(t *testing.T) {
+	t.Parallel()
+	if _, err := NewSparse(nil); err != ErrZero {
+		t.Errorf("NewSparse(nil) error = %v, want ErrZero", err)
+	}
+	if _, err := NewSparse([]Feature{{1, 1}, {1, -1}}); err != ErrZero {
+		t.Errorf("NewSparse(cancelling) error = %v, want ErrZero", err)
+	}
+	if _, err := NewDense([]float32{0, 0}); err != ErrZero {
+		t.Errorf("NewDense(zeros) error = %v, want ErrZero", err)
+	}
+}
+
+func TestDot(t *testing.T) {
+	t.Parallel()
+	a, _ := NewDense([]float32{3, 4})
+	b, _ := NewDense([]float32{4, 3})
+	tests := []struct {
+		name string
+		x, y Vector
+		want float32
+	}{
+		{"dense", a, b, 24.0 / 25},
+		{"sparse disjoint", mustSparse(t, 1, 1), mustSparse(t, 2, 1), 0},
+		{"sparse overlap", mustSparse(t, 1, 1, 2, 1), mustSparse(t, 2, 1, 3, 1), 0.5},
+		{"mixed forms are unrelated", a, mustSparse(t, 0, 1), 0},
+		{"other dimension is unrelated", a, Vector{Dense: []float32{1, 0, 0}}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := Dot(tt.x, tt.y); math.Abs(float64(got-tt.want)) > 1e-6 {
+				t.Errorf("Dot = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestSetRejectsMismatchedVectors(t *testing.T) {
+	t.Parallel()
+	dense := NewSet(false)
+	v, _ := NewDense([]float32{1, 2, 3})
+	if _, err := dense.Add(v); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	w, _ := NewDense([]float32{1, 2})
+	if _, err := dense.Add(w); err == nil {
+		t.Errorf("Add of another dimension succeeded")
+	}
+	if _, err := dense.Add(mustSparse(t, 1, 1)); err == nil {
+		t.Errorf("Add of a sparse vector to a dense set succeeded")
+	}
+	if got := dense.Search(w, 3, 0, nil); got != nil {
+		t.Errorf("Search with another dimension = %v, want nothing", got)
+	}
+}
+
+// bruteForce is the reference Search: score everything, keep the best k at or above min.
+func bruteForce(vs map[uint32]Vector, q Vector, k int, min float32, accept func(uint32) bool) []Hit {
+	var all []Hit
+	for slot, v := range vs {
+		if s := Dot(q, v); s > 0 && s >= min && (accept == nil || accept(slot)) {
+			all = append(all, Hit{slot, s})
+		}
+	}
+	slices.SortFunc(all, func(a, b Hit) int {
+		if better(a, b) {
+			return -1
+		}
+		return 1
+	})
+	if len(all) > k {
+		all = all[:k]
+	}
+	return all
+}
+
+// TestSetSearchMatchesBruteForce adds, removes and searches at random and checks every
+// result against scoring all vectors: the pruning must never lose a qualifying vector.
+func TestSetSearchMatchesBruteForce(t *testing.T) {
+	t.Parallel()
+	rapid.Check(t, func(t *rapid.T) {
+		sparse := rapid.Bool().Draw(t, "sparse")
+		genVec := func(label string) Vector {
+			if sparse {
+				// A small coordinate space makes overlaps, and so close vectors, common.
+				n := rapid.IntRange(1, 8).Draw(t, label+"-n")
+				var fs []Feature
+				for range n {
+					fs = append(fs, Feature{
+						Index:  uint32(rapid.IntRange(0, 20).Draw(t, label+"-i")),
+						Weight: float32(rapid.IntRange(1, 5).Draw(t, label+"-w")),
+					})
+				}
+				v, err := NewSparse(fs)
+				if err != nil {
+					t.Fatalf("NewSparse: %v", err)
+				}
+				return v
+			}
+			x := make([]float32, 4)
+			for i := range x {
+				x[i] = float32(rapid.IntRange(-3, 3).Draw(t, label+"-x"))
+			}
+			x[0] += 0.5 // never the zero vector
+			v, err := NewDense(x)
+			if err != nil {
+				t.Fatalf("NewDense: %v", err)
+			}
+			return v
+		}
+		set := NewSet(sparse)
+		held := map[uint32]Vector{}
+		steps := rapid.IntRange(1, 120).Draw(t, "steps")
+		for range steps {
+			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			case op < 5 || len(held) == 0:
+				v := genVec("add")
+				slot, err := set.Add(v)
+				if err != nil {
+					t.Fatalf("Add: %v", err)
+				}
+				if _, taken := held[slot]; taken {
+					t.Fatalf("Add returned slot %d, which is in use", slot)
+				}
+				held[slot] = v
+			case op < 7:
+				slots := make([]uint32, 0, len(held))
+				for s := range held {
+					slots = append(slots, s)
+				}
+				slices.Sort(slots)
+				victim := rapid.SampledFrom(slots).Draw(t, "victim")
+				set.Remove(victim)
+				delete(held, victim)
+			default:
+				q := genVec("query")
+				k := rapid.IntRange(1, 6).Draw(t, "k")
+				min := float32(rapid.IntRange(0, 100).Draw(t, "min")) / 100
+				odd := rapid.Bool().Draw(t, "only-even-slots")
+				var accept func(uint32) bool
+				if odd {
+					accept = func(s uint32) bool { return s%2 == 0 }
+				}
+				got := set.Search(q, k, min, accept)
+				want := bruteForce(held, q, k, min, accept)
+				if len(got) != len(want) {
+					t.Fatalf("Search(k=%d, min=%v) = %v, want %v", k, min, got, want)
+				}
+				for i := range got {
+					if got[i] != want[i] {
+						t.Fatalf("Search(k=%d, min=%v) = %v, want %v", k, min, got, want)
+					}
+				}
+			}
+			if set.Len() != len(held) {
+				t.Fatalf("Len() = %d, want %d", set.Len(), len(held))
+			}
+		}
+	})
+}
+
+// TestSparseRebuildKeepsResults removes enough vectors to force a postings rebuild and
+// checks that the survivors are still found.
+func TestSparseRebuildKeepsResults(t *testing.T) {
+	t.Parallel()
+	set := NewSet(true)
+	var keep []uint32
+	for i := range 3000 {
+		slot, err := set.Add(mustSparse(t, float32(i), 1, float32(i+1), 1))
+		if err != nil {
+			t.Fatalf("Add: %v", err)
+		}
+		if i%3 == 0 {
+			keep = append(keep, slot)
+		} else {
+			set.Remove(slot)
+		}
+	}
+	if set.stale != 0 && set.stale*2 > set.total {
+		t.Errorf("stale postings %d of %d: the rebuild did not run", set.stale, set.total)
+	}
+	for _, slot := range keep {
+		v := set.Vector(slot)
+		hits := set.Search(v, 1, 0.99, nil)
+		if len(hits) != 1 || hits[0].Slot != slot {
+			t.Fatalf("Search for slot %d = %v", slot, hits)
+		}
+	}
+}

@@ -1,0 +1,663 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
+	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
+)
+
+// The attempt loop. One request walks its route's candidates (and the ladder's smaller
+// models) until an answer passes verification. Every decision is made from the error class
+// of the last attempt, never from a status code:
+//
+//   - rate limited: the key cools down for the provider's hint; another key of the same
+//     model is tried at once, or the hint is waited for when it fits in the budget;
+//   - overloaded, transient, error in a 200: retried on the same model with full-jitter
+//     backoff, at most retry.max_retries times, then the next candidate;
+//   - timeout: the silent key is not tried again for this request;
+//   - malformed output, refusal, truncation: the most format-stable candidate is next;
+//     a failed business or semantic check: the freshest;
+//   - context length exceeded: only a candidate with a larger context window;
+//   - bad request, content filter: no other attempt (another model cannot fix the request).
+//
+// Every attempt after the first draws on the retry budget; a refused retry ends the loop and
+// the request goes down the ladder instead. Breakers, cooldowns and bulkheads decide which
+// keys may be called at all; a candidate with none is skipped without a call.
+
+// candidate is one model in a request's plan.
+type candidate struct {
+	u         *upstream
+	level     mantlev1.FallbackLevel
+	order     int
+	retries   int  // attempts after the first on this candidate
+	exhausted bool // no further attempt on it for this request
+	deferred  bool // retry it only when no other candidate is left
+	lastClass mantlev1.ErrorClass
+	retryWait time.Duration // a provider hint to honour before the next attempt
+}
+
+// plan is the mutable state of one request's attempt loop. Only the loop's goroutine
+// touches it.
+type plan struct {
+	cands      []*candidate
+	current    *candidate
+	attempts   int
+	prefer     mantlev1.ErrorClass // the class that picks the next candidate
+	minContext int                 // > 0 after a context overflow
+	avoid      map[*upstreamKey]bool
+	lastErr    error
+	failed     []string
+	denied     bool // the retry budget refused a retry
+}
+
+func (r *Router) newPlan(rt *route) *plan {
+	p := &plan{avoid: map[*upstreamKey]bool{}}
+	for i, u := range rt.candidates {
+		p.cands = append(p.cands, &candidate{u: u, level: levelOf(i), order: len(p.cands)})
+	}
+	for _, u := range rt.smaller {
+		p.cands = append(p.cands, &candidate{u: u, level: mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL, order: len(p.cands)})
+	}
+	return p
+}
+
+// next picks the candidate for the next attempt: the current one while it may be retried,
+// otherwise the best remaining one for the failure class that ended the current one.
+func (p *plan) next() *candidate {
+	if c := p.current; c != nil && !c.exhausted {
+		return c
+	}
+	var best *candidate
+	for _, c := range p.cands {
+		if c.exhausted || (p.minContext > 0 && c.u.model.ContextWindow < p.minContext) {
+			continue
+		}
+		if best == nil || (best.deferred && !c.deferred) || (best.deferred == c.deferred && p.better(c, best)) {
+			best = c
+		}
+	}
+	if best != nil {
+		best.deferred = false
+	}
+	p.current = best
+	return best
+}
+
+func (p *plan) better(c, than *candidate) bool {
+	switch {
+	case isFormatClass(p.prefer) && c.u.model.FormatStability != than.u.model.FormatStability:
+		return c.u.model.FormatStability > than.u.model.FormatStability
+	case p.prefer == mantlev1.ErrorClass_ERROR_CLASS_VERIFICATION_FAILED && c.u.model.Freshness != than.u.model.Freshness:
+		return c.u.model.Freshness > than.u.model.Freshness
+	}
+	return c.order < than.order
+}
+
+func isFormatClass(c mantlev1.ErrorClass) bool {
+	switch c {
+	case mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT, mantlev1.ErrorClass_ERROR_CLASS_REFUSAL, mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED:
+		return true
+	}
+	return false
+}
+
+// outcome is the result of one provider attempt and, for unary answers, its verification.
+// It is built without touching the request's QualityContext, so hedged attempts can run
+// concurrently; the loop applies it.
+type outcome struct {
+	c         *candidate
+	key       *upstreamKey
+	res       provider.Response
+	att       *mantlev1.Attempt
+	audit     []*mantlev1.AuditStep
+	verdict   *verifierv1.VerifyResponse // nil when the answer was not verified
+	committed bool                       // part of a stream reached the caller
+	err       error                      // the provider's or the verifier's rejection
+}
+
+// attempt runs the loop and returns the first acceptable answer.
+func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink) (*answer, error) {
+	p := r.newPlan(rt)
+	r.budget.Request()
+	preq := providerRequest(req, qc)
+	for ctx.Err() == nil {
+		c := p.next()
+		if c == nil {
+			break
+		}
+		remaining := qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) - r.cfg.HopReserve
+		if remaining <= 0 {
+			break
+		}
+		key, permit, skip := r.acquire(c.u, qc.Scenario, p.avoid)
+		if key == nil {
+			r.skipCandidate(qc, p, c, skip)
+			continue
+		}
+		release, ok := c.u.bulkhead.TryAcquire()
+		if !ok {
+			permit.Cancel()
+			r.skipCandidate(qc, p, c, mantlev1.ErrorClass_ERROR_CLASS_BULKHEAD_FULL)
+			continue
+		}
+		// A key whose typical answer takes longer than what is left will not make it; a
+		// faster candidate (or the ladder) might.
+		if p50 := key.stats.snapshot().p50; p50 > 0 && remaining < p50 {
+			permit.Cancel()
+			release()
+			r.skipCandidate(qc, p, c, mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED)
+			continue
+		}
+		if p.attempts > 0 {
+			if !r.allowRetry(key, isFormatClass(p.prefer)) {
+				permit.Cancel()
+				release()
+				p.denied = true
+				r.deps.Metrics.budgetDenied.Inc()
+				r.audit(qc, "retry", "retry budget exhausted: going down the ladder", 0)
+				break
+			}
+			if wait := r.waitBefore(c); wait > 0 {
+				if wait >= remaining || !r.sleep(ctx, wait) {
+					permit.Cancel()
+					release()
+					c.exhausted = true
+					continue
+				}
+			}
+		}
+		if p.attempts == 0 {
+			key.budget.Request()
+		}
+		p.attempts++
+		var o outcome
+		if sink == nil && p.attempts == 1 && rt.hedge.Enabled {
+			o = r.hedged(ctx, req, rt, qc, p, c, key, permit, preq)
+		} else {
+			o = r.try(ctx, req, rt, qc, c, key, permit, preq, sink, false)
+		}
+		release()
+		if o.err == nil {
+			qc.CurrentModel, qc.CurrentProvider = o.c.u.model.Name, o.c.u.provider
+			qc.FallbackLevel = o.c.level
+			if o.c.level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY && qc.DegradationReason == "" {
+				qc.DegradationReason = "primary unavailable"
+			}
+			return &answer{Response: o.res, model: o.c.u.model.Name}, nil
+		}
+		class := provider.ClassOf(o.err)
+		p.lastErr = o.err
+		p.failed = append(p.failed, o.c.u.model.Name)
+		qc.DegradationReason = fmt.Sprintf("%s failed: %s", o.c.u.model.Name, shortClass(class))
+		if o.committed || ctx.Err() != nil {
+			// Part of the answer is with the caller: another model cannot take over without
+			// a prefill-capable fallback (see continueStream); a cut answer is never a success.
+			if o.committed && ctx.Err() == nil {
+				return r.continueStream(ctx, req, rt, qc, p, o, sink)
+			}
+			break
+		}
+		if !provider.FailsOver(class) {
+			return nil, &rejectedError{class: class, cause: o.err}
+		}
+		r.afterFailure(p, o)
+	}
+	return nil, r.exhausted(ctx, qc, p)
+}
+
+// exhausted explains why the loop ended without an answer.
+func (r *Router) exhausted(ctx context.Context, qc *mantlev1.QualityContext, p *plan) error {
+	class := provider.ClassOf(p.lastErr)
+	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		class = mantlev1.ErrorClass_ERROR_CLASS_CANCELED
+	case ctx.Err() != nil, qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.cfg.HopReserve:
+		class = mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED
+	case p.lastErr == nil:
+		// Nothing was called: every candidate was skipped (breakers open, bulkheads full).
+		class = mantlev1.ErrorClass_ERROR_CLASS_BREAKER_OPEN
+	}
+	if p.denied {
+		class = mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED
+	}
+	return &exhaustedError{class: class, cause: p.lastErr, tried: p.failed}
+}
+
+// afterFailure updates the plan from a failed attempt's class.
+func (r *Router) afterFailure(p *plan, o outcome) {
+	c, class := o.c, provider.ClassOf(o.err)
+	c.lastClass = class
+	c.retryWait = 0
+	p.prefer = class
+	retryable := func() {
+		c.retries++
+		if c.retries > r.cfg.Retry.MaxRetries {
+			c.exhausted = true
+		}
+	}
+	switch class {
+	case mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED:
+		// The key cools down (in try); another key of this model may answer at once. With
+		// none, wait for the hint if it is short enough, else move on.
+		retryable()
+		if !r.hasUsableKey(c.u, p.avoid) {
+			hint := retryAfter(o.err)
+			if hint <= 0 || hint > r.cfg.Retry.MaxRetryAfter {
+				c.exhausted = true
+			}
+			c.retryWait = hint
+		}
+	case mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, mantlev1.ErrorClass_ERROR_CLASS_AUTH:
+		// A key that did not answer in its share of the budget, or refused our credentials,
+		// is not asked again in this request.
+		p.avoid[o.key] = true
+		retryable()
+		if !r.hasUsableKey(c.u, p.avoid) {
+			c.exhausted = true
+		}
+	case mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED:
+		// An overloaded provider is not helped by another request from us: fail over at once,
+		// and come back to it (with backoff) only when nothing else is left.
+		retryable()
+		c.deferred = true
+		p.current = nil
+	case mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, mantlev1.ErrorClass_ERROR_CLASS_UNKNOWN:
+		// A one-off failure: the same model, after a backoff, is the best next try.
+		retryable()
+	case mantlev1.ErrorClass_ERROR_CLASS_CONTEXT_LENGTH_EXCEEDED:
+		c.exhausted = true
+		p.minContext = max(p.minContext, c.u.model.ContextWindow+1)
+	default:
+		// Format, refusal, truncation and verification failures: this model gave its answer;
+		// another model is asked (chosen by p.prefer).
+		c.exhausted = true
+	}
+}
+
+// waitBefore is how long to wait before retrying c: the provider's hint when it gave one,
+// otherwise full-jitter exponential backoff; nothing when moving to another candidate.
+func (r *Router) waitBefore(c *candidate) time.Duration {
+	if c.retries == 0 {
+		return 0
+	}
+	if c.retryWait > 0 {
+		return c.retryWait
+	}
+	if c.lastClass == mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED || c.lastClass == mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT {
+		return 0 // another key is free
+	}
+	return resilience.Backoff(c.retries-1, r.cfg.Retry.BackoffBase, r.cfg.Retry.BackoffCap, r.deps.Rand)
+}
+
+// sleep waits d on the injected clock; false when ctx ended first.
+func (r *Router) sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-r.deps.Clock.After(d):
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// allowRetry asks the overall and the key's retry budget.
+func (r *Router) allowRetry(key *upstreamKey, format bool) bool {
+	if !r.budget.Allowed(format) || !key.budget.Allowed(format) {
+		return false
+	}
+	return r.budget.TryRetry(format) && key.budget.TryRetry(format)
+}
+
+func retryAfter(err error) time.Duration {
+	var pe *provider.Error
+	if errors.As(err, &pe) {
+		return pe.RetryAfter
+	}
+	return 0
+}
+
+// skipCandidate records a candidate that could not be called at all.
+func (r *Router) skipCandidate(qc *mantlev1.QualityContext, p *plan, c *candidate, class mantlev1.ErrorClass) {
+	c.exhausted = true
+	r.deps.Metrics.attempts.WithLabelValues(c.u.model.Name, shortClass(class)).Inc()
+	r.audit(qc, "skip", fmt.Sprintf("%s: %s", c.u.model.Name, shortClass(class)), 0)
+	if p.lastErr == nil || provider.ClassOf(p.lastErr) == mantlev1.ErrorClass_ERROR_CLASS_BREAKER_OPEN {
+		p.lastErr = &provider.Error{Class: class, Message: c.u.model.Name + " skipped"}
+	}
+}
+
+// try makes one attempt: the provider call, the breaker and cooldown bookkeeping, and for
+// unary answers the verification. It does not touch qc (hedges run concurrently); the
+// caller applies the outcome with record.
+func (r *Router) try(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool) outcome {
+	o := r.run(ctx, req, rt, qc, c, key, permit, preq, sink, hedged)
+	r.record(qc, o)
+	return o
+}
+
+// run is try without recording, safe to call concurrently for hedges.
+func (r *Router) run(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool) outcome {
+	o := r.call(ctx, rt, c, key, permit, preq, sink, hedged)
+	if o.err == nil && sink == nil {
+		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c.u, &o.res, o.audit)
+		if o.err != nil {
+			o.att.ErrorClass = provider.ClassOf(o.err)
+			o.att.ErrorMessage = o.err.Error()
+		}
+	}
+	return o
+}
+
+// hedged runs the first attempt and, when it has not answered after the hedge delay (the
+// key's live p95, bounded by the route), a second attempt on the best other candidate. The
+// first answer that passes verification wins and the other is cancelled; both attempts are
+// recorded, and the hedge draws on the retry budget like any retry.
+func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, p *plan, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request) outcome {
+	results := make(chan outcome, 2)
+	primaryCtx, cancelPrimary := context.WithCancel(ctx)
+	defer cancelPrimary()
+	go func() { results <- r.run(primaryCtx, req, rt, qc, c, key, permit, preq, nil, false) }()
+
+	timer := r.deps.Clock.NewTimer(r.hedgeDelay(rt, key))
+	defer timer.Stop()
+	running, cancelHedge := 1, context.CancelFunc(func() {})
+	defer func() { cancelHedge() }() // the hedge's cancel is only known once it starts
+	select {
+	case o := <-results:
+		r.record(qc, o)
+		return o
+	case <-timer.Chan():
+		if h, hkey, hpermit, release, ok := r.hedgeCandidate(p, c, qc.Scenario); ok {
+			defer release()
+			p.attempts++
+			r.deps.Metrics.hedges.Inc()
+			hctx, cancel := context.WithCancel(ctx)
+			cancelHedge = cancel
+			go func() { results <- r.run(hctx, req, rt, qc, h, hkey, hpermit, preq, nil, true) }()
+			running++
+		}
+	case <-ctx.Done():
+	}
+	var last outcome
+	for ; running > 0; running-- {
+		o := <-results
+		r.record(qc, o)
+		if o.err == nil {
+			cancelPrimary()
+			cancelHedge()
+			if running > 1 {
+				r.record(qc, <-results) // the loser ends promptly once cancelled
+			}
+			return o
+		}
+		if running > 1 && o.c != c {
+			r.afterFailure(p, o) // the hedge failed; the primary may still answer
+		}
+		last = o
+	}
+	return last
+}
+
+// hedgeCandidate reserves a key and a bulkhead slot on the best other candidate, if the
+// retry budget allows a hedge.
+func (r *Router) hedgeCandidate(p *plan, primary *candidate, scenario string) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
+	for _, c := range p.cands {
+		if c == primary || c.exhausted {
+			continue
+		}
+		key, permit, _ := r.acquire(c.u, scenario, p.avoid)
+		if key == nil {
+			continue
+		}
+		release, ok := c.u.bulkhead.TryAcquire()
+		if !ok {
+			permit.Cancel()
+			continue
+		}
+		if !r.allowRetry(key, false) {
+			permit.Cancel()
+			release()
+			return nil, nil, resilience.Permit{}, nil, false
+		}
+		return c, key, permit, release, true
+	}
+	return nil, nil, resilience.Permit{}, nil, false
+}
+
+// hedgeDelay is the key's live p95, bounded by the route's limits.
+func (r *Router) hedgeDelay(rt *route, key *upstreamKey) time.Duration {
+	lo, hi := rt.hedge.MinDelay, rt.hedge.MaxDelay
+	if lo <= 0 {
+		lo = 200 * time.Millisecond
+	}
+	if hi <= 0 {
+		hi = 3 * time.Second
+	}
+	p95 := key.stats.snapshot().p95
+	if p95 == 0 {
+		return hi
+	}
+	return min(max(p95, lo), hi)
+}
+
+// call makes the provider call and keeps the breaker, cooldown and statistics of the key.
+func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool) outcome {
+	u := c.u
+	preq.Model = u.upstreamModel()
+	remaining := time.Until(deadlineOf(ctx)) - r.cfg.HopReserve
+	ctx, cancel := context.WithTimeout(ctx, min(u.timeout, max(remaining, time.Millisecond)))
+	defer cancel()
+	start := r.deps.Clock.Now()
+	o := outcome{c: c, key: key, att: &mantlev1.Attempt{
+		Model: u.model.Name, Provider: u.provider, KeyId: key.id, StartedAt: timestamppb.New(start), Hedged: hedged,
+	}}
+	key.stats.start()
+	if sink == nil {
+		o.res, o.err = key.client.Complete(ctx, preq)
+	} else {
+		o.res, o.committed, o.err = r.stream(ctx, rt, c, key, preq, sink, o.att, start)
+	}
+	latency := r.deps.Clock.Since(start)
+	class := provider.ClassOf(o.err)
+	key.stats.finish(latency, o.err != nil)
+	switch {
+	case class == mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED:
+		// A 429 is the key's quota, not the provider's health: cool the key, spare the breaker.
+		hint := retryAfter(o.err)
+		if hint <= 0 {
+			hint = r.cfg.Retry.BackoffCap
+		}
+		key.cooldown.Set(hint)
+		permit.Cancel()
+	case class == mantlev1.ErrorClass_ERROR_CLASS_CANCELED:
+		permit.Cancel()
+	default:
+		permit.Done(breakerFailure(class), latency)
+	}
+	o.att.Latency = durationpb.New(latency)
+	o.att.ErrorClass = class
+	o.att.Usage = usageProto(o.res.Usage)
+	o.att.ProviderRequestId = o.res.RequestID
+	if o.err != nil {
+		o.att.ErrorMessage = o.err.Error()
+		var pe *provider.Error
+		if errors.As(o.err, &pe) && pe.RequestID != "" {
+			o.att.ProviderRequestId = pe.RequestID
+		}
+	}
+	r.deps.Metrics.providerLatency.WithLabelValues(u.model.Name, shortClass(class)).Observe(latency.Seconds())
+	o.audit = append(o.audit, r.step("attempt", fmt.Sprintf("%s/%s key=%s class=%s%s", u.provider, u.model.Name, key.id, shortClass(class), hedgeNote(hedged)), latency))
+	return o
+}
+
+func hedgeNote(hedged bool) string {
+	if hedged {
+		return " (hedge)"
+	}
+	return ""
+}
+
+// breakerFailure says which classes count against a provider's health. Request problems
+// (bad request, context length, content filter) and answers that failed our own checks do
+// not: the provider answered.
+func breakerFailure(c mantlev1.ErrorClass) bool {
+	switch c {
+	case mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT,
+		mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR,
+		mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT, mantlev1.ErrorClass_ERROR_CLASS_UNKNOWN,
+		mantlev1.ErrorClass_ERROR_CLASS_AUTH:
+		return true
+	}
+	return false
+}
+
+func deadlineOf(ctx context.Context) time.Time {
+	if dl, ok := ctx.Deadline(); ok {
+		return dl
+	}
+	return time.Now().Add(time.Hour)
+}
+
+// record applies an outcome to the request's QualityContext.
+func (r *Router) record(qc *mantlev1.QualityContext, o outcome) {
+	o.att.Number = int32(len(qc.Attempts) + 1)
+	qc.Attempts = append(qc.Attempts, o.att)
+	if len(qc.Attempts) > 1 {
+		qc.RetryCount++
+	}
+	addUsage(qc, o.c.u, o.res.Usage)
+	qc.Audit = append(qc.Audit, o.audit...)
+	if v := o.verdict; v != nil {
+		qc.Verification = v.GetQuality().GetVerification()
+		if qc.Verification == nil {
+			qc.Verification = &mantlev1.Verification{L1Passed: v.Passed, FailureClass: v.FailureClass}
+		}
+		qc.QualityGrade, qc.RiskScore = v.Grade, v.RiskScore
+	} else if o.err == nil {
+		// An answer nobody could check must not carry an earlier candidate's verdict.
+		qc.Verification, qc.QualityGrade, qc.RiskScore = nil, mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED, 0
+	}
+	r.deps.Metrics.attempts.WithLabelValues(o.c.u.model.Name, shortClass(o.att.ErrorClass)).Inc()
+}
+
+// verify asks the verifier about res. A verifier that cannot be reached does not fail the
+// request: the answer goes out unverified and says so (verdict nil).
+func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, u *upstream, res *provider.Response, audit []*mantlev1.AuditStep) (*verifierv1.VerifyResponse, []*mantlev1.AuditStep, error) {
+	hop, cancel := r.hopContext(ctx)
+	defer cancel()
+	start := r.deps.Clock.Now()
+	// The verifier reads the QualityContext as it is now; a clone keeps concurrent hedges
+	// from racing on the request's copy.
+	snapshot := proto.Clone(qc).(*mantlev1.QualityContext)
+	v, err := r.deps.Verifier.Verify(hop, &verifierv1.VerifyRequest{
+		Quality:        snapshot,
+		Messages:       req.Messages,
+		Content:        res.Content,
+		FinishReason:   res.FinishReason,
+		ResponseFormat: req.ResponseFormat,
+		Model:          u.model.Name,
+	})
+	if err != nil {
+		r.deps.Log.WarnContext(ctx, "verifier unavailable; answer not verified", "err", err)
+		return nil, append(audit, r.step("verify", "skipped: "+status.Code(err).String(), r.deps.Clock.Since(start))), nil
+	}
+	if returned := v.GetQuality().GetAudit(); len(returned) > len(snapshot.Audit) {
+		audit = append(audit, returned[len(snapshot.Audit):]...)
+	}
+	audit = append(audit, r.step("verify", fmt.Sprintf("passed=%t grade=%s", v.Passed, shortGrade(v.Grade)), r.deps.Clock.Since(start)))
+	if !v.Passed {
+		return v, audit, &provider.Error{Class: v.FailureClass, Message: "verification failed: " + findingCodes(v.Findings)}
+	}
+	res.Content = v.Content
+	return v, audit, nil
+}
+
+// stream relays a provider stream. Nothing is sent to the caller until the first chunk
+// arrived, so a candidate that fails before its first token can still be replaced. The
+// route's first-token and stall limits cancel a stream that keeps the caller waiting.
+func (r *Router) stream(ctx context.Context, rt *route, c *candidate, key *upstreamKey, preq provider.Request, sink Sink, att *mantlev1.Attempt, start time.Time) (provider.Response, bool, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	firstToken, stall := rt.firstTokenTimeout, rt.stallTimeout
+	watchdog := r.deps.Clock.AfterFunc(firstToken, func() {
+		cancel(&provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Message: fmt.Sprintf("no first token within %s", firstToken)})
+	})
+	defer watchdog.Stop()
+
+	s, err := key.client.Stream(ctx, preq)
+	if err != nil {
+		return provider.Response{}, false, streamCause(ctx, err)
+	}
+	defer s.Close()
+	var res provider.Response
+	var content strings.Builder
+	committed := false
+	for {
+		chunk, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			res.Content, res.RequestID = content.String(), s.RequestID()
+			return res, committed, streamCause(ctx, err)
+		}
+		if chunk.Usage != nil {
+			res.Usage = *chunk.Usage
+		}
+		if chunk.FinishReason != "" {
+			res.FinishReason = chunk.FinishReason
+		}
+		if chunk.Content == "" {
+			continue
+		}
+		watchdog.Stop()
+		watchdog = r.deps.Clock.AfterFunc(stall, func() {
+			cancel(&provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Message: fmt.Sprintf("stream stalled for %s", stall)})
+		})
+		if !committed {
+			att.Ttft = durationpb.New(r.deps.Clock.Since(start))
+			committed = true
+		}
+		content.WriteString(chunk.Content)
+		if err := sink(Delta{Content: chunk.Content, Model: c.u.model.Name, Level: c.level}); err != nil {
+			return res, true, err
+		}
+	}
+	res.Content, res.RequestID, res.Model = content.String(), s.RequestID(), preq.Model
+	return res, committed, nil
+}
+
+// streamCause prefers the watchdog's reason over the bare cancellation it caused.
+func streamCause(ctx context.Context, err error) error {
+	var pe *provider.Error
+	if cause := context.Cause(ctx); cause != nil && errors.As(cause, &pe) {
+		return pe
+	}
+	return err
+}
+
+// continueStream handles a stream that failed after part of the answer reached the caller.
+// A fallback that accepts a prefill could finish the answer; mantle does not send the rest
+// yet (see the issue note), so the caller gets a clear error instead of a cut answer that
+// looks complete.
+func (r *Router) continueStream(_ context.Context, _ *routerv1.Request, _ *route, qc *mantlev1.QualityContext, p *plan, o outcome, _ Sink) (*answer, error) {
+	r.audit(qc, "stream", "stream failed after the first token: "+shortClass(provider.ClassOf(o.err)), 0)
+	return nil, &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, cause: o.err, tried: p.failed}
+}
+
+func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {
+	return &mantlev1.AuditStep{At: timestamppb.New(r.deps.Clock.Now()), Service: "router", Step: step, Detail: detail, Duration: durationpb.New(d)}
+}

@@ -1,0 +1,109 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/services/router/internal/idempotency"
+)
+
+// idempotencyStore is what the router needs from idempotency records (memory in
+// development, NATS JetStream KV across replicas).
+type idempotencyStore interface {
+	Begin(ctx context.Context, key string) (*idempotency.Record, bool, error)
+	Complete(ctx context.Context, key string, rec idempotency.Record) error
+	Abandon(ctx context.Context, key string) error
+}
+
+// idempotencyKey scopes the caller's key (an Idempotency-Key, or a request id the caller
+// chose) by tenant. Without either there is nothing a retry could repeat.
+func idempotencyKey(tenant, clientKey, clientRequestID string) string {
+	k := clientKey
+	if k == "" {
+		k = clientRequestID
+	}
+	if k == "" {
+		return ""
+	}
+	return tenant + "/" + k
+}
+
+// once runs the request at most once per idempotency key: a replay gets the recorded
+// answer (or error), and a duplicate that arrives while the first is running waits for it.
+// Failures that a retry may fix are not recorded, so the retry runs.
+func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink, key string) (*routerv1.CompleteResponse, error) {
+	store := r.deps.Idempotency
+	if store == nil || key == "" {
+		return r.serve(ctx, req, rt, qc, sink)
+	}
+	rec, owner, err := store.Begin(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: %w", err)
+	}
+	if !owner {
+		return r.replay(rec, qc, sink)
+	}
+	resp, err := r.serve(ctx, req, rt, qc, sink)
+	// The record is written even when the caller has gone: the work is done and billed.
+	wctx := context.WithoutCancel(ctx)
+	switch {
+	case err == nil:
+		data, merr := proto.Marshal(resp)
+		if merr == nil {
+			merr = store.Complete(wctx, key, idempotency.Record{Response: data, At: r.deps.Clock.Now()})
+		}
+		if merr != nil {
+			r.deps.Log.WarnContext(ctx, "idempotency record not written", "err", merr)
+		}
+	case terminal(err):
+		st := grpcstatus.Convert(toStatus(err)).Proto()
+		data, merr := proto.Marshal(st)
+		if merr == nil {
+			merr = store.Complete(wctx, key, idempotency.Record{Status: data, At: r.deps.Clock.Now()})
+		}
+		if merr != nil {
+			r.deps.Log.WarnContext(ctx, "idempotency record not written", "err", merr)
+		}
+	default:
+		if aerr := store.Abandon(wctx, key); aerr != nil {
+			r.deps.Log.WarnContext(ctx, "idempotency claim not released", "err", aerr)
+		}
+	}
+	return resp, err
+}
+
+// terminal errors would come out the same on a retry: record them.
+func terminal(err error) bool {
+	var rejected *rejectedError
+	return errors.As(err, &rejected)
+}
+
+// replay answers from a record. The QualityContext is the original one with a note, so the
+// caller sees which request actually did the work.
+func (r *Router) replay(rec *idempotency.Record, qc *mantlev1.QualityContext, sink Sink) (*routerv1.CompleteResponse, error) {
+	r.deps.Metrics.replays.Inc()
+	if rec.Status != nil {
+		var st status.Status
+		if err := proto.Unmarshal(rec.Status, &st); err != nil {
+			return nil, fmt.Errorf("idempotency record: %w", err)
+		}
+		return nil, grpcstatus.ErrorProto(&st)
+	}
+	var resp routerv1.CompleteResponse
+	if err := proto.Unmarshal(rec.Response, &resp); err != nil {
+		return nil, fmt.Errorf("idempotency record: %w", err)
+	}
+	if resp.Quality == nil {
+		return nil, grpcstatus.Error(codes.Internal, "idempotency record without quality context")
+	}
+	resp.Quality.Audit = append(resp.Quality.Audit, r.step("replay", "answered from the idempotency record of "+resp.Quality.RequestId+" for "+qc.RequestId, 0))
+	return &resp, sendWhole(sink, &resp, false)
+}
