@@ -39,6 +39,9 @@ type Config struct {
 	// QuotaFailOpen admits requests when the quota service cannot be reached. Availability
 	// wins by default; set false where overspending is worse than refusing.
 	QuotaFailOpen bool `yaml:"quota_fail_open"`
+	// QuotaFallbackRPM bounds each tenant's requests per minute on this replica while the
+	// quota service is unreachable and quota_fail_open admits them; 0 means no bound.
+	QuotaFallbackRPM int `yaml:"quota_fallback_rpm"`
 
 	// Retry decides how often and how soon a failed candidate is tried again.
 	Retry RetryConfig `yaml:"retry"`
@@ -245,6 +248,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPromptBytes <= 0 {
 		add("max_prompt_bytes: must be positive, got %d", c.MaxPromptBytes)
+	}
+	if c.QuotaFallbackRPM < 0 {
+		add("quota_fallback_rpm: must not be negative, got %d", c.QuotaFallbackRPM)
 	}
 	if c.MaxOutputTokens < 0 {
 		add("max_output_tokens: must not be negative, got %d", c.MaxOutputTokens)

@@ -106,6 +106,8 @@ type Router struct {
 	routes     map[string]*route
 	routeNames []string // in config order: models first, then aliases
 	budget     *resilience.Budget
+	// fallbackLimiter admits requests while the quota service is unreachable.
+	fallbackLimiter *localLimiter
 }
 
 // New builds the routing table. clients maps provider name and key id to a client.
@@ -113,7 +115,10 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 	if deps.Rand == nil {
 		deps.Rand = rand.Float64
 	}
-	r := &Router{cfg: cfg, deps: deps, routes: map[string]*route{}, budget: resilience.NewBudget(cfg.RetryBudget.resilience(), deps.Clock)}
+	r := &Router{cfg: cfg, deps: deps, routes: map[string]*route{},
+		budget:          resilience.NewBudget(cfg.RetryBudget.resilience(), deps.Clock),
+		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
+	}
 	providers := map[string]ProviderConfig{}
 	for _, p := range cfg.Providers {
 		providers[p.Name] = p
@@ -305,8 +310,15 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 	if err != nil {
 		code := status.Code(err)
 		if r.cfg.QuotaFailOpen && (code == codes.Unavailable || code == codes.DeadlineExceeded) && ctx.Err() == nil {
-			r.deps.Log.WarnContext(ctx, "quota unavailable; admitting (quota_fail_open)", "err", err)
-			r.audit(qc, "reserve", "fail open: "+code.String(), r.deps.Clock.Since(start))
+			// Fail open, but bounded: a local limiter per tenant at this replica's share
+			// keeps a quota outage from becoming unlimited spending.
+			if !r.fallbackLimiter.allow(qc.Tenant, r.deps.Clock.Now()) {
+				r.audit(qc, "reserve", "quota unavailable and local fallback limit reached", r.deps.Clock.Since(start))
+				return "", nil, rpc.ResourceExhausted(errorDomain, "tenant:"+qc.Tenant+":local-fallback",
+					"quota service unavailable and this replica's fallback limit is reached", time.Second)
+			}
+			r.deps.Log.WarnContext(ctx, "quota unavailable; admitting under the local fallback limit", "err", err)
+			r.audit(qc, "reserve", "fail open (local limit): "+code.String(), r.deps.Clock.Since(start))
 			return "", nil, nil
 		}
 		return "", nil, err

@@ -3,31 +3,25 @@ package anthropic
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/providertest"
 )
 
-var testNow = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
-
-// watchdog bounds how long a test waits for something that should be prompt. It only
-// fires when the code under test is broken; passing tests never wait for it.
-const watchdog = 5 * time.Second
+func testConfig(url string, hc *http.Client) Config {
+	return Config{BaseURL: url, APIKey: "sk-ant-test", HTTPClient: hc, Now: providertest.Clock}
+}
 
 func newTestClient(t *testing.T, h http.Handler) *Client {
 	t.Helper()
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return New(Config{BaseURL: srv.URL, APIKey: "sk-ant-test", HTTPClient: srv.Client(), Now: func() time.Time { return testNow }})
+	srv := providertest.NewServer(t, h)
+	return New(testConfig(srv.URL, srv.Client()))
 }
 
 var testRequest = provider.Request{
@@ -41,61 +35,22 @@ var testRequest = provider.Request{
 	},
 }
 
-// respond answers with a fixed status, headers and body.
+// adapter is this package to the shared checks.
+var adapter = providertest.Adapter{
+	New:     func(url string, hc *http.Client) provider.Provider { return New(testConfig(url, hc)) },
+	Request: testRequest,
+	Answer:  `{"type":"message","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":1}}`,
+	First:   eventText(messageStart, text("first")),
+}
+
+// respond answers with a fixed status, headers and body, and request id req_123.
 func respond(status int, body string, kv ...string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		for i := 0; i < len(kv); i += 2 {
-			w.Header().Set(kv[i], kv[i+1])
-		}
-		if w.Header().Get("Content-Type") == "" {
-			w.Header().Set("Content-Type", "application/json")
-		}
-		w.Header().Set("Request-Id", "req_123")
-		w.WriteHeader(status)
-		io.WriteString(w, body)
-	}
+	return providertest.Respond(status, body, append(kv, "Request-Id", "req_123")...)
 }
 
 // apiError is an Anthropic error body.
 func apiError(typ, message string) string {
 	return fmt.Sprintf(`{"type":"error","error":{"type":%q,"message":%q}}`, typ, message)
-}
-
-// hangUp takes the connection away from the server and closes it before any response;
-// with reset it sends a TCP RST instead of a FIN.
-func hangUp(reset bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			panic(err)
-		}
-		if tcp, ok := conn.(*net.TCPConn); ok && reset {
-			tcp.SetLinger(0)
-		}
-		conn.Close()
-	}
-}
-
-// hang blocks until the client goes away, signalling on started (when not nil) first. It
-// reads the request body first because only then does the server watch the connection
-// and cancel r.Context() when the client hangs up.
-func hang(started chan<- struct{}) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		if started != nil {
-			close(started)
-		}
-		<-r.Context().Done()
-	}
-}
-
-func asError(t *testing.T, err error) *provider.Error {
-	t.Helper()
-	var pe *provider.Error
-	if !errors.As(err, &pe) {
-		t.Fatalf("error %v (%T) is not a *provider.Error", err, err)
-	}
-	return pe
 }
 
 func TestCompleteSuccess(t *testing.T) {
@@ -108,18 +63,18 @@ func TestCompleteSuccess(t *testing.T) {
 	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
 		json.NewDecoder(r.Body).Decode(&body)
-		got <- seen{r.Header.Clone(), body, r.URL.Path}
+		providertest.Offer(t, got, seen{r.Header.Clone(), body, r.URL.Path})
 		w.Header().Set("Request-Id", "req_abc")
 		w.Header().Set("Anthropic-Ratelimit-Requests-Remaining", "49")
-		w.Header().Set("Anthropic-Ratelimit-Requests-Reset", testNow.Add(time.Second).Format(time.RFC3339))
+		w.Header().Set("Anthropic-Ratelimit-Requests-Reset", providertest.Now.Add(time.Second).Format(time.RFC3339))
 		w.Header().Set("Anthropic-Ratelimit-Tokens-Remaining", "39000")
-		w.Header().Set("Anthropic-Ratelimit-Tokens-Reset", testNow.Add(time.Minute).Format(time.RFC3339))
+		w.Header().Set("Anthropic-Ratelimit-Tokens-Reset", providertest.Now.Add(time.Minute).Format(time.RFC3339))
 		io.WriteString(w, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-test-20260101",
 			"content":[{"type":"thinking","thinking":"hmm"},{"type":"text","text":"Fine, "},{"type":"text","text":"thanks."}],
 			"stop_reason":"end_turn","stop_sequence":null,
 			"usage":{"input_tokens":20,"cache_creation_input_tokens":3,"cache_read_input_tokens":7,"output_tokens":6}}`)
 	}))
-	c.headers = map[string]string{"Anthropic-Beta": "test-beta"}
+	c.ep.Headers = map[string]string{"Anthropic-Beta": "test-beta"}
 
 	temp := 0.5
 	req := testRequest
@@ -178,7 +133,7 @@ func TestCompleteRequestShape(t *testing.T) {
 	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
 		json.NewDecoder(r.Body).Decode(&body)
-		bodies <- body
+		providertest.Offer(t, bodies, body)
 		io.WriteString(w, `{"type":"message","content":[{"type":"text","text":"x"}],"stop_reason":"max_tokens","usage":{"input_tokens":1,"output_tokens":2}}`)
 	}))
 	req := provider.Request{Model: "m", Messages: []provider.Message{{Role: "user", Content: "q"}}, MaxTokens: 77, JSON: true, IdempotencyKey: "k"}
@@ -201,7 +156,7 @@ func TestCompleteRequestShape(t *testing.T) {
 }
 
 func TestDefaultBaseURL(t *testing.T) {
-	if got := New(Config{}).url; got != "https://api.anthropic.com/v1/messages" {
+	if got := New(Config{}).ep.URL; got != "https://api.anthropic.com/v1/messages" {
 		t.Errorf("url = %q", got)
 	}
 }
@@ -221,139 +176,83 @@ func TestFinishReason(t *testing.T) {
 }
 
 func TestCompleteErrors(t *testing.T) {
-	tests := []struct {
-		name       string
-		handler    http.HandlerFunc
-		class      provider.Class
-		status     int
-		retryAfter time.Duration
-		message    string // substring of Message
-	}{
-		{name: "429 with retry-after",
-			handler: respond(429, apiError("rate_limit_error", "Number of requests has exceeded your rate limit"), "Retry-After", "12"),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, status: 429, retryAfter: 12 * time.Second, message: "exceeded your rate limit"},
-		{name: "429 with reset headers",
-			handler: respond(429, apiError("rate_limit_error", "slow down"),
+	providertest.CompleteErrors(t, adapter, "req_123", []providertest.CompleteError{
+		{Name: "429 with retry-after",
+			Handler: respond(429, apiError("rate_limit_error", "Number of requests has exceeded your rate limit"), "Retry-After", "12"),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, Status: 429, RetryAfter: 12 * time.Second, Message: "exceeded your rate limit"},
+		{Name: "429 with reset headers",
+			Handler: respond(429, apiError("rate_limit_error", "slow down"),
 				"Anthropic-Ratelimit-Requests-Remaining", "10",
-				"Anthropic-Ratelimit-Requests-Reset", testNow.Add(5*time.Second).Format(time.RFC3339),
+				"Anthropic-Ratelimit-Requests-Reset", providertest.Now.Add(5*time.Second).Format(time.RFC3339),
 				"Anthropic-Ratelimit-Output-Tokens-Remaining", "0",
-				"Anthropic-Ratelimit-Output-Tokens-Reset", testNow.Add(40*time.Second).Format(time.RFC3339)),
-			class: mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, status: 429, retryAfter: 40 * time.Second},
-		{name: "429 without retry-after",
-			handler: respond(429, apiError("rate_limit_error", "slow down")),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, status: 429, message: "slow down"},
-		{name: "500 api_error", handler: respond(500, apiError("api_error", "Internal server error")),
-			class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, status: 500, message: "Internal server error"},
-		{name: "502", handler: respond(502, `<html>bad gateway</html>`, "Content-Type", "text/html"),
-			class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, status: 502, message: "bad gateway"},
-		{name: "503", handler: respond(503, ``, "Retry-After", "3"),
-			class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, status: 503, retryAfter: 3 * time.Second},
-		{name: "529 overloaded_error", handler: respond(529, apiError("overloaded_error", "Overloaded")),
-			class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, status: 529, message: "Overloaded"},
-		{name: "408", handler: respond(408, ``), class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, status: 408},
-		{name: "400 invalid_request_error", handler: respond(400, apiError("invalid_request_error", "messages: roles must alternate")),
-			class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST, status: 400, message: "roles must alternate"},
-		{name: "404 not_found_error", handler: respond(404, apiError("not_found_error", "model: claude-x")),
-			class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST, status: 404, message: "claude-x"},
-		{name: "413 request_too_large", handler: respond(413, apiError("request_too_large", "Request exceeds the maximum allowed number of bytes.")),
-			class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST, status: 413},
-		{name: "422", handler: respond(422, `{}`), class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST, status: 422},
-		{name: "401 authentication_error", handler: respond(401, apiError("authentication_error", "invalid x-api-key")),
-			class: mantlev1.ErrorClass_ERROR_CLASS_AUTH, status: 401, message: "invalid x-api-key"},
-		{name: "403 permission_error", handler: respond(403, apiError("permission_error", "Your API key does not have permission")),
-			class: mantlev1.ErrorClass_ERROR_CLASS_AUTH, status: 403, message: "permission"},
-		{name: "prompt is too long",
-			handler: respond(400, apiError("invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum")),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_CONTEXT_LENGTH_EXCEEDED, status: 400, message: "210000 tokens"},
-		{name: "input and max_tokens exceed context limit",
-			handler: respond(400, apiError("invalid_request_error", "input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000, decrease input length or `max_tokens` and try again")),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_CONTEXT_LENGTH_EXCEEDED, status: 400},
-		{name: "content policy through a gateway",
-			handler: respond(400, `{"error":{"message":"Request blocked: content_policy_violation","type":"invalid_request_error"}}`),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_CONTENT_FILTERED, status: 400, message: "Request blocked"},
-		{name: "refusal stop reason",
-			handler: respond(200, `{"type":"message","content":[],"stop_reason":"refusal","usage":{"input_tokens":5,"output_tokens":0}}`),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_CONTENT_FILTERED, status: 200, message: "refusal"},
-		{name: "200 with error body", handler: respond(200, apiError("api_error", "something broke")),
-			class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, status: 200, message: "something broke"},
-		{name: "200 with overloaded error keeps its class", handler: respond(200, apiError("overloaded_error", "Overloaded")),
-			class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, status: 200, message: "Overloaded"},
-		{name: "200 malformed JSON", handler: respond(200, `{"type":"message","content":[`),
-			class: mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT, status: 200},
-		{name: "200 without content", handler: respond(200, `{"type":"message","stop_reason":"end_turn"}`),
-			class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, status: 200, message: "content"},
-		{name: "200 that is not a message", handler: respond(200, `{"type":"completion","completion":"hi"}`),
-			class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, status: 200, message: "completion"},
-		{name: "connection closed before headers", handler: hangUp(false),
-			class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
-		{name: "connection reset before headers", handler: hangUp(true),
-			class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := newTestClient(t, tt.handler)
-			_, err := c.Complete(context.Background(), testRequest)
-			t.Logf("error: %v", err)
-			e := asError(t, err)
-			if e.Class != tt.class {
-				t.Errorf("class = %v, want %v (%v)", e.Class, tt.class, e)
-			}
-			if e.StatusCode != tt.status {
-				t.Errorf("status = %d, want %d", e.StatusCode, tt.status)
-			}
-			if e.RetryAfter != tt.retryAfter {
-				t.Errorf("RetryAfter = %v, want %v", e.RetryAfter, tt.retryAfter)
-			}
-			if !strings.Contains(e.Message, tt.message) {
-				t.Errorf("Message = %q, want it to contain %q", e.Message, tt.message)
-			}
-			if tt.status != 0 && e.RequestID != "req_123" {
-				t.Errorf("RequestID = %q, want req_123", e.RequestID)
-			}
-		})
-	}
+				"Anthropic-Ratelimit-Output-Tokens-Reset", providertest.Now.Add(40*time.Second).Format(time.RFC3339)),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, Status: 429, RetryAfter: 40 * time.Second},
+		{Name: "429 without retry-after",
+			Handler: respond(429, apiError("rate_limit_error", "slow down")),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, Status: 429, Message: "slow down"},
+		{Name: "500 api_error", Handler: respond(500, apiError("api_error", "Internal server error")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, Status: 500, Message: "Internal server error"},
+		{Name: "502", Handler: respond(502, `<html>bad gateway</html>`, "Content-Type", "text/html"),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, Status: 502, Message: "bad gateway"},
+		{Name: "503", Handler: respond(503, ``, "Retry-After", "3"),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, Status: 503, RetryAfter: 3 * time.Second},
+		{Name: "529 overloaded_error", Handler: respond(529, apiError("overloaded_error", "Overloaded")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, Status: 529, Message: "Overloaded"},
+		{Name: "408", Handler: respond(408, ``), Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Status: 408},
+		{Name: "400 invalid_request_error", Handler: respond(400, apiError("invalid_request_error", "messages: roles must alternate")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST, Status: 400, Message: "roles must alternate"},
+		{Name: "404 not_found_error", Handler: respond(404, apiError("not_found_error", "model: claude-x")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST, Status: 404, Message: "claude-x"},
+		{Name: "413 request_too_large", Handler: respond(413, apiError("request_too_large", "Request exceeds the maximum allowed number of bytes.")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST, Status: 413},
+		{Name: "422", Handler: respond(422, `{}`), Class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST, Status: 422},
+		{Name: "401 authentication_error", Handler: respond(401, apiError("authentication_error", "invalid x-api-key")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_AUTH, Status: 401, Message: "invalid x-api-key"},
+		{Name: "403 permission_error", Handler: respond(403, apiError("permission_error", "Your API key does not have permission")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_AUTH, Status: 403, Message: "permission"},
+		{Name: "prompt is too long",
+			Handler: respond(400, apiError("invalid_request_error", "prompt is too long: 210000 tokens > 200000 maximum")),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_CONTEXT_LENGTH_EXCEEDED, Status: 400, Message: "210000 tokens"},
+		{Name: "input and max_tokens exceed context limit",
+			Handler: respond(400, apiError("invalid_request_error", "input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000, decrease input length or `max_tokens` and try again")),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_CONTEXT_LENGTH_EXCEEDED, Status: 400},
+		{Name: "content policy through a gateway",
+			Handler: respond(400, `{"error":{"message":"Request blocked: content_policy_violation","type":"invalid_request_error"}}`),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_CONTENT_FILTERED, Status: 400, Message: "Request blocked"},
+		{Name: "refusal stop reason",
+			Handler: respond(200, `{"type":"message","content":[],"stop_reason":"refusal","usage":{"input_tokens":5,"output_tokens":0}}`),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_CONTENT_FILTERED, Status: 200, Message: "refusal"},
+		{Name: "200 with error body", Handler: respond(200, apiError("api_error", "something broke")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, Status: 200, Message: "something broke"},
+		{Name: "200 with overloaded error keeps its class", Handler: respond(200, apiError("overloaded_error", "Overloaded")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, Status: 200, Message: "Overloaded"},
+		{Name: "200 malformed JSON", Handler: respond(200, `{"type":"message","content":[`),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT, Status: 200},
+		{Name: "200 without content", Handler: respond(200, `{"type":"message","stop_reason":"end_turn"}`),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, Status: 200, Message: "content"},
+		{Name: "200 that is not a message", Handler: respond(200, `{"type":"completion","completion":"hi"}`),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, Status: 200, Message: "completion"},
+		{Name: "connection closed before headers", Handler: providertest.HangUp(false),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
+		{Name: "connection reset before headers", Handler: providertest.HangUp(true),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
+	})
 }
 
-func TestCompleteConnectionRefused(t *testing.T) {
-	srv := httptest.NewServer(http.NotFoundHandler())
-	url := srv.URL
-	srv.Close()
-	_, err := New(Config{BaseURL: url}).Complete(context.Background(), testRequest)
-	if got := provider.ClassOf(err); got != mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT {
-		t.Errorf("class = %v, want TRANSIENT (%v)", got, err)
-	}
-}
+func TestCompleteConnectionRefused(t *testing.T) { providertest.CompleteConnectionRefused(t, adapter) }
+func TestCompleteDeadline(t *testing.T)          { providertest.CompleteDeadline(t, adapter) }
+func TestCompleteHTTPClientTimeout(t *testing.T) { providertest.CompleteHTTPClientTimeout(t, adapter) }
+func TestCompleteCancel(t *testing.T)            { providertest.CompleteCancel(t, adapter) }
 
-func TestCompleteDeadline(t *testing.T) {
-	c := newTestClient(t, hang(nil))
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	_, err := c.Complete(ctx, testRequest)
-	if got := provider.ClassOf(err); got != mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT {
-		t.Errorf("class = %v, want TIMEOUT (%v)", got, err)
+// TestNoHiddenResend checks that a request with an Idempotency-Key that dies on a reused
+// connection is not resent by net/http behind the router's back. Anthropic takes no
+// idempotency key, but a gateway in front of it may, and Config.Headers can carry one.
+func TestNoHiddenResend(t *testing.T) {
+	a := adapter
+	a.New = func(url string, hc *http.Client) provider.Provider {
+		cfg := testConfig(url, hc)
+		cfg.Headers = map[string]string{"Idempotency-Key": "req-1"}
+		return New(cfg)
 	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("error %v does not wrap context.DeadlineExceeded", err)
-	}
-}
-
-func TestCompleteCancel(t *testing.T) {
-	started := make(chan struct{})
-	c := newTestClient(t, hang(started))
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Complete(ctx, testRequest)
-		errc <- err
-	}()
-	<-started
-	cancel()
-	select {
-	case err := <-errc:
-		if got := provider.ClassOf(err); got != mantlev1.ErrorClass_ERROR_CLASS_CANCELED {
-			t.Errorf("class = %v, want CANCELED (%v)", got, err)
-		}
-	case <-time.After(watchdog):
-		t.Fatal("Complete did not return after cancel")
-	}
+	providertest.NoHiddenResend(t, a)
 }

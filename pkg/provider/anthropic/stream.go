@@ -8,6 +8,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/httpcall"
 )
 
 // Stream sends req with stream: true and returns the answer as it is generated. HTTP
@@ -47,17 +48,7 @@ type streamEvent struct {
 func (d *decoder) Apply(ev provider.Event) (text string, done bool, err *provider.Error) {
 	var se streamEvent
 	if err := json.Unmarshal([]byte(ev.Data), &se); err != nil {
-		if ev.Name == "error" {
-			return "", false, &provider.Error{
-				Class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR,
-				Message: ev.Data,
-			}
-		}
-		return "", false, &provider.Error{
-			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
-			Message: "stream event is not JSON",
-			Err:     fmt.Errorf("decode %s event: %w", ev.Name, err),
-		}
+		return "", false, httpcall.Undecodable(ev, fmt.Errorf("decode %s event: %w", ev.Name, err))
 	}
 	kind := se.Type
 	if kind == "" {

@@ -3,10 +3,8 @@ package anthropic
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,6 +12,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/providertest"
 )
 
 // sse is one named event.
@@ -25,10 +24,19 @@ func events(evs ...sse) http.HandlerFunc {
 		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 		w.Header().Set("Request-Id", "req_stream")
 		for _, ev := range evs {
-			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.name, ev.data)
+			io.WriteString(w, eventText(ev))
 			w.(http.Flusher).Flush()
 		}
 	}
+}
+
+// eventText is the wire form of evs.
+func eventText(evs ...sse) string {
+	var b strings.Builder
+	for _, ev := range evs {
+		fmt.Fprintf(&b, "event: %s\ndata: %s\n\n", ev.name, ev.data)
+	}
+	return b.String()
 }
 
 var (
@@ -51,23 +59,6 @@ func errorEvent(typ, message string) sse {
 	return sse{"error", apiError(typ, message)}
 }
 
-// drain reads a stream to its end and returns the content, the last chunk and the error
-// that ended it.
-func drain(t *testing.T, s provider.Stream) (content string, last provider.Chunk, err error) {
-	t.Helper()
-	var b strings.Builder
-	for range 1000 {
-		c, err := s.Recv()
-		if err != nil {
-			return b.String(), last, err
-		}
-		b.WriteString(c.Content)
-		last = c
-	}
-	t.Fatal("stream did not end")
-	return
-}
-
 func TestStreamSuccess(t *testing.T) {
 	bodies := make(chan map[string]any, 1)
 	send := events(messageStart, blockStart, ping, text("Hello"), text(" there"),
@@ -76,7 +67,7 @@ func TestStreamSuccess(t *testing.T) {
 	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
 		json.NewDecoder(r.Body).Decode(&body)
-		bodies <- body
+		providertest.Offer(t, bodies, body)
 		send(w, r)
 	}))
 	s, err := c.Stream(context.Background(), testRequest)
@@ -87,18 +78,7 @@ func TestStreamSuccess(t *testing.T) {
 	if s.RequestID() != "req_stream" {
 		t.Errorf("RequestID = %q", s.RequestID())
 	}
-
-	var chunks []provider.Chunk
-	for {
-		c, err := s.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("Recv: %v", err)
-		}
-		chunks = append(chunks, c)
-	}
+	chunks := providertest.Collect(t, s)
 	if len(chunks) != 3 || chunks[0].Content != "Hello" || chunks[1].Content != " there" {
 		t.Fatalf("chunks = %+v", chunks)
 	}
@@ -116,258 +96,64 @@ func TestStreamSuccess(t *testing.T) {
 }
 
 func TestStreamOutcomes(t *testing.T) {
-	abort := func(evs ...sse) http.HandlerFunc {
-		send := events(evs...)
-		return func(w http.ResponseWriter, r *http.Request) {
-			send(w, r)
-			// Abort the response: the server closes the connection without the final
-			// chunk of the chunked encoding, as a dying upstream would.
-			panic(http.ErrAbortHandler)
-		}
-	}
-	tests := []struct {
-		name    string
-		handler http.HandlerFunc
-		content string
-		finish  string // of the last chunk, for clean ends
-		class   provider.Class
-		message string
-	}{
-		{name: "max_tokens is length, not an error",
-			handler: events(messageStart, text("cut"), messageDelta("max_tokens", 3), messageStop),
-			content: "cut", finish: "length"},
-		{name: "stop reason then end of body without message_stop is a clean end",
-			handler: events(messageStart, text("ok"), messageDelta("stop_sequence", 1)),
-			content: "ok", finish: "stop"},
-		{name: "unnamed events are recognised by their type",
-			handler: func(w http.ResponseWriter, r *http.Request) {
+	providertest.StreamOutcomes(t, adapter, "req_stream", []providertest.StreamOutcome{
+		{Name: "max_tokens is length, not an error",
+			Handler: events(messageStart, text("cut"), messageDelta("max_tokens", 3), messageStop),
+			Content: "cut", Finish: "length"},
+		{Name: "stop reason then end of body without message_stop is a clean end",
+			Handler: events(messageStart, text("ok"), messageDelta("stop_sequence", 1)),
+			Content: "ok", Finish: "stop"},
+		{Name: "unnamed events are recognised by their type",
+			Handler: func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				io.WriteString(w, "data: "+text("x").data+"\n\ndata: "+messageDelta("end_turn", 1).data+"\n\ndata: "+messageStop.data+"\n\n")
 			},
-			content: "x", finish: "stop"},
-		{name: "cut before message_stop",
-			handler: abort(messageStart, text("Hel")),
-			content: "Hel", class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED},
-		{name: "clean close before message_stop",
-			handler: events(messageStart, text("Hel")),
-			content: "Hel", class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED},
-		{name: "overloaded_error mid-stream",
-			handler: events(messageStart, text("Hel"), errorEvent("overloaded_error", "Overloaded")),
-			content: "Hel", class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, message: "Overloaded"},
-		{name: "rate_limit_error mid-stream",
-			handler: events(messageStart, errorEvent("rate_limit_error", "rate limited")),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, message: "rate limited"},
-		{name: "api_error mid-stream",
-			handler: events(messageStart, errorEvent("api_error", "Internal server error")),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, message: "Internal server error"},
-		{name: "prompt too long mid-stream",
-			handler: events(errorEvent("invalid_request_error", "prompt is too long: 300000 tokens > 200000 maximum")),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_CONTEXT_LENGTH_EXCEEDED, message: "prompt is too long"},
-		{name: "unknown error type mid-stream",
-			handler: events(messageStart, errorEvent("novel_error", "something new")),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, message: "something new"},
-		{name: "error event that is not JSON",
-			handler: events(sse{"error", "upstream exploded"}),
-			class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, message: "upstream exploded"},
-		{name: "unparseable data line",
-			handler: events(messageStart, text("a"), sse{"content_block_delta", `{"type":"content_block_delta","delta":`}),
-			content: "a", class: mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT},
-		{name: "refusal",
-			handler: events(messageStart, text("I"), messageDelta("refusal", 1), messageStop),
-			content: "I", class: mantlev1.ErrorClass_ERROR_CLASS_CONTENT_FILTERED, message: "refusal"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s, err := newTestClient(t, tt.handler).Stream(context.Background(), testRequest)
-			if err != nil {
-				t.Fatalf("Stream: %v", err)
-			}
-			defer s.Close()
-			content, last, err := drain(t, s)
-			if content != tt.content {
-				t.Errorf("content = %q, want %q", content, tt.content)
-			}
-			if tt.class == mantlev1.ErrorClass_ERROR_CLASS_UNSPECIFIED {
-				if err != io.EOF {
-					t.Fatalf("stream ended with %v, want io.EOF", err)
-				}
-				if last.FinishReason != tt.finish {
-					t.Errorf("finish reason = %q, want %q", last.FinishReason, tt.finish)
-				}
-				return
-			}
-			t.Logf("error: %v", err)
-			e := asError(t, err)
-			if e.Class != tt.class {
-				t.Errorf("class = %v, want %v (%v)", e.Class, tt.class, e)
-			}
-			if !strings.Contains(e.Message, tt.message) {
-				t.Errorf("Message = %q, want it to contain %q", e.Message, tt.message)
-			}
-			if e.RequestID != "req_stream" {
-				t.Errorf("RequestID = %q, want req_stream", e.RequestID)
-			}
-			if _, again := s.Recv(); again != err {
-				t.Errorf("Recv after the error = %v, want the same error %v", again, err)
-			}
-		})
-	}
+			Content: "x", Finish: "stop"},
+		{Name: "cut before message_stop",
+			Handler: providertest.Abort(events(messageStart, text("Hel"))),
+			Content: "Hel", Class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED},
+		{Name: "clean close before message_stop",
+			Handler: events(messageStart, text("Hel")),
+			Content: "Hel", Class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED},
+		{Name: "overloaded_error mid-stream",
+			Handler: events(messageStart, text("Hel"), errorEvent("overloaded_error", "Overloaded")),
+			Content: "Hel", Class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, Message: "Overloaded"},
+		{Name: "rate_limit_error mid-stream",
+			Handler: events(messageStart, errorEvent("rate_limit_error", "rate limited")),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, Message: "rate limited"},
+		{Name: "api_error mid-stream",
+			Handler: events(messageStart, errorEvent("api_error", "Internal server error")),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, Message: "Internal server error"},
+		{Name: "prompt too long mid-stream",
+			Handler: events(errorEvent("invalid_request_error", "prompt is too long: 300000 tokens > 200000 maximum")),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_CONTEXT_LENGTH_EXCEEDED, Message: "prompt is too long"},
+		{Name: "unknown error type mid-stream",
+			Handler: events(messageStart, errorEvent("novel_error", "something new")),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, Message: "something new"},
+		{Name: "error event that is not JSON",
+			Handler: events(sse{"error", "upstream exploded"}),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, Message: "upstream exploded"},
+		{Name: "unparseable data line",
+			Handler: events(messageStart, text("a"), sse{"content_block_delta", `{"type":"content_block_delta","delta":`}),
+			Content: "a", Class: mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT},
+		{Name: "refusal",
+			Handler: events(messageStart, text("I"), messageDelta("refusal", 1), messageStop),
+			Content: "I", Class: mantlev1.ErrorClass_ERROR_CLASS_CONTENT_FILTERED, Message: "refusal"},
+	})
 }
 
 func TestStreamHTTPErrors(t *testing.T) {
-	tests := []struct {
-		name       string
-		handler    http.HandlerFunc
-		class      provider.Class
-		retryAfter time.Duration
-	}{
-		{"429", respond(429, apiError("rate_limit_error", "slow down"), "Retry-After", "4"),
-			mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, 4 * time.Second},
-		{"529", respond(529, apiError("overloaded_error", "Overloaded")), mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, 0},
-		{"401", respond(401, apiError("authentication_error", "bad key")), mantlev1.ErrorClass_ERROR_CLASS_AUTH, 0},
-		{"200 JSON error instead of a stream", respond(200, apiError("api_error", "oops")),
-			mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, 0},
-		{"connection reset before headers", hangUp(true), mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s, err := newTestClient(t, tt.handler).Stream(context.Background(), testRequest)
-			if s != nil {
-				t.Fatal("Stream returned a stream and an error")
-			}
-			e := asError(t, err)
-			if e.Class != tt.class || e.RetryAfter != tt.retryAfter {
-				t.Errorf("class, RetryAfter = %v, %v; want %v, %v (%v)", e.Class, e.RetryAfter, tt.class, tt.retryAfter, e)
-			}
-		})
-	}
+	providertest.StreamHTTPErrors(t, adapter, []providertest.StreamHTTPError{
+		{Name: "429", Handler: respond(429, apiError("rate_limit_error", "slow down"), "Retry-After", "4"),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, RetryAfter: 4 * time.Second},
+		{Name: "529", Handler: respond(529, apiError("overloaded_error", "Overloaded")), Class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED},
+		{Name: "401", Handler: respond(401, apiError("authentication_error", "bad key")), Class: mantlev1.ErrorClass_ERROR_CLASS_AUTH},
+		{Name: "200 JSON error instead of a stream", Handler: respond(200, apiError("api_error", "oops")),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR},
+		{Name: "connection reset before headers", Handler: providertest.HangUp(true), Class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
+	})
 }
 
-// stall sends the start of a message and then nothing, until the client goes away; gone is
-// closed when the server sees that happen, which proves the connection was released.
-func stall(gone chan<- struct{}) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		for _, ev := range []sse{messageStart, text("first")} {
-			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.name, ev.data)
-		}
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-		close(gone)
-	}
-}
-
-func recvAsync(s provider.Stream) <-chan error {
-	errc := make(chan error, 1)
-	go func() {
-		_, err := s.Recv()
-		errc <- err
-	}()
-	return errc
-}
-
-func waitErr(t *testing.T, errc <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-errc:
-		return err
-	case <-time.After(watchdog):
-		t.Fatal("Recv did not return")
-		return nil
-	}
-}
-
-func waitClosed(t *testing.T, gone <-chan struct{}) {
-	t.Helper()
-	select {
-	case <-gone:
-	case <-time.After(watchdog):
-		t.Fatal("the server never saw the connection go away")
-	}
-}
-
-func TestStreamStall(t *testing.T) {
-	tests := []struct {
-		name string
-		stop func(cancel context.CancelFunc, s provider.Stream)
-	}{
-		{"caller cancels", func(cancel context.CancelFunc, _ provider.Stream) { cancel() }},
-		{"caller closes the stream", func(_ context.CancelFunc, s provider.Stream) { s.Close() }},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			gone := make(chan struct{})
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			s, err := newTestClient(t, stall(gone)).Stream(ctx, testRequest)
-			if err != nil {
-				t.Fatalf("Stream: %v", err)
-			}
-			defer s.Close()
-			if chunk, err := s.Recv(); err != nil || chunk.Content != "first" {
-				t.Fatalf("first Recv = %+v, %v", chunk, err)
-			}
-			errc := recvAsync(s)
-			tt.stop(cancel, s)
-			err = waitErr(t, errc)
-			if got := provider.ClassOf(err); got != mantlev1.ErrorClass_ERROR_CLASS_CANCELED {
-				t.Errorf("class = %v, want CANCELED (%v)", got, err)
-			}
-			waitClosed(t, gone)
-		})
-	}
-}
-
-func TestStreamStallDeadline(t *testing.T) {
-	gone := make(chan struct{})
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	s, err := newTestClient(t, stall(gone)).Stream(ctx, testRequest)
-	if err != nil {
-		t.Fatalf("Stream: %v", err)
-	}
-	defer s.Close()
-	if _, err := s.Recv(); err != nil {
-		t.Fatalf("first Recv: %v", err)
-	}
-	err = waitErr(t, recvAsync(s))
-	if got := provider.ClassOf(err); got != mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT {
-		t.Errorf("class = %v, want TIMEOUT (%v)", got, err)
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("error %v does not wrap context.DeadlineExceeded", err)
-	}
-	waitClosed(t, gone)
-}
-
-// TestStreamConnectionReset: a connection that dies mid-stream (RST, not a clean close) is a
-// transient network failure rather than a truncated answer.
-func TestStreamConnectionReset(t *testing.T) {
-	proceed := make(chan struct{})
-	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		conn, buf, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			panic(err)
-		}
-		defer conn.Close()
-		io.WriteString(buf, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
-		fmt.Fprintf(buf, "event: %s\ndata: %s\n\n", text("first").name, text("first").data)
-		buf.Flush()
-		<-proceed
-		conn.(*net.TCPConn).SetLinger(0)
-	}))
-	s, err := c.Stream(context.Background(), testRequest)
-	if err != nil {
-		t.Fatalf("Stream: %v", err)
-	}
-	defer s.Close()
-	if chunk, err := s.Recv(); err != nil || chunk.Content != "first" {
-		t.Fatalf("first Recv = %+v, %v", chunk, err)
-	}
-	close(proceed)
-	err = waitErr(t, recvAsync(s))
-	if got := provider.ClassOf(err); got != mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT {
-		t.Errorf("class = %v, want TRANSIENT (%v)", got, err)
-	}
-}
+func TestStreamStall(t *testing.T)           { providertest.StreamStall(t, adapter) }
+func TestStreamStallDeadline(t *testing.T)   { providertest.StreamStallDeadline(t, adapter) }
+func TestStreamConnectionReset(t *testing.T) { providertest.StreamConnectionReset(t, adapter) }

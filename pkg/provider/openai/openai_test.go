@@ -11,18 +11,16 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
-	pt "github.com/mantle-mesh/mantle/pkg/provider/internal/providertest"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/providertest"
 )
 
-var testNow = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
-
 func testConfig(url string, hc *http.Client) Config {
-	return Config{BaseURL: url, APIKey: "sk-test", HTTPClient: hc, Now: func() time.Time { return testNow }}
+	return Config{BaseURL: url, APIKey: "sk-test", HTTPClient: hc, Now: providertest.Clock}
 }
 
 func newTestClient(t *testing.T, h http.Handler) *Client {
 	t.Helper()
-	srv := pt.NewServer(t, h)
+	srv := providertest.NewServer(t, h)
 	return New(testConfig(srv.URL, srv.Client()))
 }
 
@@ -32,7 +30,7 @@ var testRequest = provider.Request{
 }
 
 // adapter is this package to the shared checks.
-var adapter = pt.Adapter{
+var adapter = providertest.Adapter{
 	New:     func(url string, hc *http.Client) provider.Provider { return New(testConfig(url, hc)) },
 	Request: testRequest,
 	Answer:  `{"choices":[{"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`,
@@ -41,7 +39,7 @@ var adapter = pt.Adapter{
 
 // respond answers with a fixed status, headers and body, and request id req-123.
 func respond(status int, body string, kv ...string) http.HandlerFunc {
-	return pt.Respond(status, body, append(kv, "X-Request-Id", "req-123")...)
+	return providertest.Respond(status, body, append(kv, "X-Request-Id", "req-123")...)
 }
 
 func TestCompleteSuccess(t *testing.T) {
@@ -54,7 +52,7 @@ func TestCompleteSuccess(t *testing.T) {
 	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
 		json.NewDecoder(r.Body).Decode(&body)
-		pt.Offer(t, got, seen{r.Header.Clone(), body, r.URL.Path})
+		providertest.Offer(t, got, seen{r.Header.Clone(), body, r.URL.Path})
 		w.Header().Set("X-Request-Id", "req-abc")
 		w.Header().Set("X-Ratelimit-Remaining-Requests", "59")
 		w.Header().Set("X-Ratelimit-Reset-Requests", "1s")
@@ -117,8 +115,8 @@ func TestCompleteOmitsUnsetOptions(t *testing.T) {
 	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
 		json.NewDecoder(r.Body).Decode(&body)
-		pt.Offer(t, got, r.Header.Clone())
-		pt.Offer(t, bodies, body)
+		providertest.Offer(t, got, r.Header.Clone())
+		providertest.Offer(t, bodies, body)
 		io.WriteString(w, `{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]}`)
 	}))
 	resp, err := c.Complete(context.Background(), testRequest)
@@ -149,12 +147,12 @@ func TestCompleteDefaultBaseURL(t *testing.T) {
 }
 
 func TestCompleteErrors(t *testing.T) {
-	pt.CompleteErrors(t, adapter, "req-123", []pt.CompleteError{
+	providertest.CompleteErrors(t, adapter, "req-123", []providertest.CompleteError{
 		{Name: "429 with Retry-After",
 			Handler: respond(429, `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`, "Retry-After", "7"),
 			Class:   mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, Status: 429, RetryAfter: 7 * time.Second, Message: "Rate limit reached"},
 		{Name: "429 with Retry-After date",
-			Handler: respond(429, `{}`, "Retry-After", testNow.Add(3*time.Second).Format(http.TimeFormat)),
+			Handler: respond(429, `{}`, "Retry-After", providertest.Now.Add(3*time.Second).Format(http.TimeFormat)),
 			Class:   mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, Status: 429, RetryAfter: 3 * time.Second},
 		{Name: "429 with reset headers",
 			Handler: respond(429, `{}`, "X-Ratelimit-Remaining-Requests", "0", "X-Ratelimit-Reset-Requests", "6m0s",
@@ -221,22 +219,22 @@ func TestCompleteErrors(t *testing.T) {
 		{Name: "refusal",
 			Handler: respond(200, `{"choices":[{"message":{"content":null,"refusal":"I can't help with that."},"finish_reason":"stop"}]}`),
 			Class:   mantlev1.ErrorClass_ERROR_CLASS_REFUSAL, Status: 200, Message: "I can't help with that."},
-		{Name: "connection closed before headers", Handler: pt.HangUp(false),
+		{Name: "connection closed before headers", Handler: providertest.HangUp(false),
 			Class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
-		{Name: "connection reset before headers", Handler: pt.HangUp(true),
+		{Name: "connection reset before headers", Handler: providertest.HangUp(true),
 			Class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
 	})
 }
 
-func TestCompleteConnectionRefused(t *testing.T) { pt.CompleteConnectionRefused(t, adapter) }
-func TestCompleteDeadline(t *testing.T)          { pt.CompleteDeadline(t, adapter) }
-func TestCompleteHTTPClientTimeout(t *testing.T) { pt.CompleteHTTPClientTimeout(t, adapter) }
-func TestCompleteCancel(t *testing.T)            { pt.CompleteCancel(t, adapter) }
+func TestCompleteConnectionRefused(t *testing.T) { providertest.CompleteConnectionRefused(t, adapter) }
+func TestCompleteDeadline(t *testing.T)          { providertest.CompleteDeadline(t, adapter) }
+func TestCompleteHTTPClientTimeout(t *testing.T) { providertest.CompleteHTTPClientTimeout(t, adapter) }
+func TestCompleteCancel(t *testing.T)            { providertest.CompleteCancel(t, adapter) }
 
 // TestNoHiddenResend checks that a request with an Idempotency-Key that dies on a reused
 // connection is not resent by net/http behind the router's back.
 func TestNoHiddenResend(t *testing.T) {
 	a := adapter
 	a.Request.IdempotencyKey = "req-1"
-	pt.NoHiddenResend(t, a)
+	providertest.NoHiddenResend(t, a)
 }

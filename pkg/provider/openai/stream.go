@@ -8,6 +8,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/httpcall"
 )
 
 // Stream sends req with stream: true and returns the answer as it is generated. HTTP
@@ -48,17 +49,7 @@ func (d *decoder) Apply(ev provider.Event) (string, bool, *provider.Error) {
 	}
 	var chunk streamChunk
 	if err := json.Unmarshal([]byte(ev.Data), &chunk); err != nil {
-		if ev.Name == "error" {
-			return "", false, &provider.Error{
-				Class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR,
-				Message: ev.Data,
-			}
-		}
-		return "", false, &provider.Error{
-			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
-			Message: "stream event is not JSON",
-			Err:     fmt.Errorf("decode stream event: %w", err),
-		}
+		return "", false, httpcall.Undecodable(ev, fmt.Errorf("decode stream event: %w", err))
 	}
 	if ev.Name == "error" || len(chunk.Error) > 0 {
 		if apiErr, ok := provider.ParseAPIError([]byte(ev.Data)); ok {

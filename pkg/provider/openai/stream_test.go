@@ -11,7 +11,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
-	pt "github.com/mantle-mesh/mantle/pkg/provider/internal/providertest"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/providertest"
 )
 
 // events answers with an event stream made of the given data payloads, flushing each.
@@ -54,8 +54,8 @@ func TestStreamSuccess(t *testing.T) {
 	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
 		json.NewDecoder(r.Body).Decode(&body)
-		pt.Offer(t, bodies, body)
-		pt.Offer(t, headers, r.Header.Clone())
+		providertest.Offer(t, bodies, body)
+		providertest.Offer(t, headers, r.Header.Clone())
 		send(w, r)
 	}))
 
@@ -67,17 +67,7 @@ func TestStreamSuccess(t *testing.T) {
 	if s.RequestID() != "req-stream" {
 		t.Errorf("RequestID = %q", s.RequestID())
 	}
-	var chunks []provider.Chunk
-	for {
-		c, err := s.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("Recv: %v", err)
-		}
-		chunks = append(chunks, c)
-	}
+	chunks := providertest.Collect(t, s)
 	want := []provider.Chunk{
 		{Content: "Hel"},
 		{Content: "lo"},
@@ -113,7 +103,7 @@ func deref(chunks []provider.Chunk) []string {
 }
 
 func TestStreamOutcomes(t *testing.T) {
-	pt.StreamOutcomes(t, adapter, "req-stream", []pt.StreamOutcome{
+	providertest.StreamOutcomes(t, adapter, "req-stream", []providertest.StreamOutcome{
 		{Name: "length is a finish reason, not an error",
 			Handler: events(delta("partial"), finish("length"), usageChunk, "[DONE]"),
 			Content: "partial", Finish: "length"},
@@ -127,7 +117,7 @@ func TestStreamOutcomes(t *testing.T) {
 			Handler: raw(": OPENROUTER PROCESSING\n\n\n" + "data: " + delta("x") + "\n\ndata: " + finish("stop") + "\n\ndata: [DONE]\n\n"),
 			Content: "x", Finish: "stop"},
 		{Name: "cut before [DONE]",
-			Handler: pt.Abort(events(delta("Hel"))),
+			Handler: providertest.Abort(events(delta("Hel"))),
 			Content: "Hel", Class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED},
 		{Name: "clean close before [DONE] and finish",
 			Handler: events(delta("Hel")),
@@ -157,19 +147,19 @@ func TestStreamOutcomes(t *testing.T) {
 }
 
 func TestStreamHTTPErrors(t *testing.T) {
-	pt.StreamHTTPErrors(t, adapter, []pt.StreamHTTPError{
-		{"429", respond(429, `{"error":{"message":"slow down"}}`, "Retry-After", "4"),
-			mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, 4 * time.Second},
-		{"529", respond(529, ``), mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, 0},
-		{"401", respond(401, `{}`), mantlev1.ErrorClass_ERROR_CLASS_AUTH, 0},
-		{"200 JSON error instead of a stream", respond(200, `{"error":{"message":"stream failed"}}`),
-			mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, 0},
-		{"200 JSON that is not an error", respond(200, `{"choices":[]}`),
-			mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT, 0},
-		{"connection reset before headers", pt.HangUp(true), mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, 0},
+	providertest.StreamHTTPErrors(t, adapter, []providertest.StreamHTTPError{
+		{Name: "429", Handler: respond(429, `{"error":{"message":"slow down"}}`, "Retry-After", "4"),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, RetryAfter: 4 * time.Second},
+		{Name: "529", Handler: respond(529, ``), Class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED},
+		{Name: "401", Handler: respond(401, `{}`), Class: mantlev1.ErrorClass_ERROR_CLASS_AUTH},
+		{Name: "200 JSON error instead of a stream", Handler: respond(200, `{"error":{"message":"stream failed"}}`),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR},
+		{Name: "200 JSON that is not an error", Handler: respond(200, `{"choices":[]}`),
+			Class: mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT},
+		{Name: "connection reset before headers", Handler: providertest.HangUp(true), Class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
 	})
 }
 
-func TestStreamStall(t *testing.T)           { pt.StreamStall(t, adapter) }
-func TestStreamStallDeadline(t *testing.T)   { pt.StreamStallDeadline(t, adapter) }
-func TestStreamConnectionReset(t *testing.T) { pt.StreamConnectionReset(t, adapter) }
+func TestStreamStall(t *testing.T)           { providertest.StreamStall(t, adapter) }
+func TestStreamStallDeadline(t *testing.T)   { providertest.StreamStallDeadline(t, adapter) }
+func TestStreamConnectionReset(t *testing.T) { providertest.StreamConnectionReset(t, adapter) }

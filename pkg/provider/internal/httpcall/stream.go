@@ -28,6 +28,19 @@ type Decoder interface {
 	Last() (provider.Chunk, *provider.Error)
 }
 
+// Undecodable classifies an event whose data failed to decode with err: an event named
+// "error" is the server's failure in its own words, anything else is MALFORMED_OUTPUT.
+func Undecodable(ev provider.Event, err error) *provider.Error {
+	if ev.Name == "error" {
+		return &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR, Message: ev.Data}
+	}
+	return &provider.Error{
+		Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+		Message: "stream event is not JSON",
+		Err:     err,
+	}
+}
+
 // Stream posts body, which asks for a stream, and returns the answer as it is generated.
 // HTTP failures are returned here, classified; failures after the first byte come from
 // Recv. truncated is the message of the TRUNCATED error for a body that ends before dec has

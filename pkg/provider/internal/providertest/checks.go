@@ -51,25 +51,37 @@ func CompleteErrors(t *testing.T, a Adapter, requestID string, cases []CompleteE
 	for _, tt := range cases {
 		t.Run(tt.Name, func(t *testing.T) {
 			_, err := a.connect(t, tt.Handler).Complete(context.Background(), a.Request)
-			t.Logf("error: %v", err)
-			e := AsError(t, err)
-			if e.Class != tt.Class {
-				t.Errorf("class = %v, want %v (%v)", e.Class, tt.Class, e)
+			wantID := requestID
+			if tt.Status == 0 {
+				wantID = "" // no response, no id
 			}
+			e := checkError(t, err, tt.Class, tt.Message, wantID)
 			if e.StatusCode != tt.Status {
 				t.Errorf("status = %d, want %d", e.StatusCode, tt.Status)
 			}
 			if e.RetryAfter != tt.RetryAfter {
 				t.Errorf("RetryAfter = %v, want %v", e.RetryAfter, tt.RetryAfter)
 			}
-			if !strings.Contains(e.Message, tt.Message) {
-				t.Errorf("Message = %q, want it to contain %q", e.Message, tt.Message)
-			}
-			if tt.Status != 0 && e.RequestID != requestID {
-				t.Errorf("RequestID = %q, want %s", e.RequestID, requestID)
-			}
 		})
 	}
+}
+
+// checkError checks that err is a *provider.Error of class whose Message contains message
+// and, unless requestID is empty, that carries requestID.
+func checkError(t *testing.T, err error, class provider.Class, message, requestID string) *provider.Error {
+	t.Helper()
+	t.Logf("error: %v", err)
+	e := AsError(t, err)
+	if e.Class != class {
+		t.Errorf("class = %v, want %v (%v)", e.Class, class, e)
+	}
+	if !strings.Contains(e.Message, message) {
+		t.Errorf("Message = %q, want it to contain %q", e.Message, message)
+	}
+	if requestID != "" && e.RequestID != requestID {
+		t.Errorf("RequestID = %q, want %s", e.RequestID, requestID)
+	}
+	return e
 }
 
 // CompleteConnectionRefused: nothing listens at the address.
@@ -216,17 +228,7 @@ func StreamOutcomes(t *testing.T, a Adapter, requestID string, cases []StreamOut
 				}
 				return
 			}
-			t.Logf("error: %v", err)
-			e := AsError(t, err)
-			if e.Class != tt.Class {
-				t.Errorf("class = %v, want %v (%v)", e.Class, tt.Class, e)
-			}
-			if !strings.Contains(e.Message, tt.Message) {
-				t.Errorf("Message = %q, want it to contain %q", e.Message, tt.Message)
-			}
-			if e.RequestID != requestID {
-				t.Errorf("RequestID = %q, want %s", e.RequestID, requestID)
-			}
+			checkError(t, err, tt.Class, tt.Message, requestID)
 			if _, again := s.Recv(); again != err {
 				t.Errorf("Recv after the error = %v, want the same error %v", again, err)
 			}

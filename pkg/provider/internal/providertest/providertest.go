@@ -29,6 +29,12 @@ import (
 // fires when the code under test is broken; passing tests never wait for it.
 const Watchdog = 5 * time.Second
 
+// Now is the time of the tests' clock, Clock.
+var Now = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+
+// Clock is a clock stopped at Now, for Config.Now.
+func Clock() time.Time { return Now }
+
 // NewServer starts a server for h that is closed when the test ends.
 func NewServer(t *testing.T, h http.Handler) *httptest.Server {
 	t.Helper()
@@ -180,6 +186,24 @@ func Drain(t *testing.T, s provider.Stream) (content string, last provider.Chunk
 	}
 	t.Fatal("stream did not end")
 	return
+}
+
+// Collect reads a stream that must end cleanly and returns its chunks.
+func Collect(t *testing.T, s provider.Stream) []provider.Chunk {
+	t.Helper()
+	var chunks []provider.Chunk
+	for range 1000 {
+		c, err := s.Recv()
+		if err == io.EOF {
+			return chunks
+		}
+		if err != nil {
+			t.Fatalf("Recv: %v", err)
+		}
+		chunks = append(chunks, c)
+	}
+	t.Fatal("stream did not end")
+	return nil
 }
 
 // RecvAsync runs one Recv in the background.

@@ -473,6 +473,12 @@ func chineseNumbers(s string) []string {
 			}
 		}
 	}
+	// Weekdays (周一, 星期三, 礼拜五) are dates, not counts.
+	for i := 1; i < len(rs); i++ {
+		if _, d := chineseDigits[rs[i]]; d && strings.ContainsRune("周期拜", rs[i-1]) {
+			skip[i] = true
+		}
+	}
 	var out []string
 	for i := 0; i < len(rs); {
 		_, d := chineseDigits[rs[i]]

@@ -354,6 +354,129 @@ func (x *QuotaRejectionEvent) GetReason() string {
 	return ""
 }
 
+// QuotaNearLimitEvent: a bucket or budget passed the near-limit threshold (80% used by
+// default) on a granted request. Published at most once per bucket per window and replica.
+type QuotaNearLimitEvent struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	At        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Tenant    string                 `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Model     string                 `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
+	// For example tenant:acme:tpm, key:openai-1:rpm or tenant:acme:budget.
+	Bucket string `protobuf:"bytes,5,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	// Budgets in nano-USD, buckets in requests or tokens.
+	Limit     int64 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	Remaining int64 `protobuf:"varint,7,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// Share of the limit in use, in [0,1] (above 1 when overdrawn).
+	Utilization float64 `protobuf:"fixed64,8,opt,name=utilization,proto3" json:"utilization,omitempty"`
+	// NEAR_LIMIT, or SHADOW_NEAR_LIMIT for a rule in shadow mode.
+	Reason string `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The upstream key, for key buckets.
+	UpstreamKeyId string `protobuf:"bytes,10,opt,name=upstream_key_id,json=upstreamKeyId,proto3" json:"upstream_key_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaNearLimitEvent) Reset() {
+	*x = QuotaNearLimitEvent{}
+	mi := &file_mantle_events_v1_events_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaNearLimitEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaNearLimitEvent) ProtoMessage() {}
+
+func (x *QuotaNearLimitEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_events_v1_events_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaNearLimitEvent.ProtoReflect.Descriptor instead.
+func (*QuotaNearLimitEvent) Descriptor() ([]byte, []int) {
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *QuotaNearLimitEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *QuotaNearLimitEvent) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *QuotaNearLimitEvent) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *QuotaNearLimitEvent) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *QuotaNearLimitEvent) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *QuotaNearLimitEvent) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *QuotaNearLimitEvent) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *QuotaNearLimitEvent) GetUtilization() float64 {
+	if x != nil {
+		return x.Utilization
+	}
+	return 0
+}
+
+func (x *QuotaNearLimitEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *QuotaNearLimitEvent) GetUpstreamKeyId() string {
+	if x != nil {
+		return x.UpstreamKeyId
+	}
+	return ""
+}
+
 // ReviewRequestEvent: an answer needs a human decision.
 type ReviewRequestEvent struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -388,7 +511,7 @@ type ReviewRequestEvent struct {
 
 func (x *ReviewRequestEvent) Reset() {
 	*x = ReviewRequestEvent{}
-	mi := &file_mantle_events_v1_events_proto_msgTypes[3]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +523,7 @@ func (x *ReviewRequestEvent) String() string {
 func (*ReviewRequestEvent) ProtoMessage() {}
 
 func (x *ReviewRequestEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_events_v1_events_proto_msgTypes[3]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +536,7 @@ func (x *ReviewRequestEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewRequestEvent.ProtoReflect.Descriptor instead.
 func (*ReviewRequestEvent) Descriptor() ([]byte, []int) {
-	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{3}
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReviewRequestEvent) GetAt() *timestamppb.Timestamp {
@@ -578,7 +701,7 @@ type ReviewDecisionEvent struct {
 
 func (x *ReviewDecisionEvent) Reset() {
 	*x = ReviewDecisionEvent{}
-	mi := &file_mantle_events_v1_events_proto_msgTypes[4]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +713,7 @@ func (x *ReviewDecisionEvent) String() string {
 func (*ReviewDecisionEvent) ProtoMessage() {}
 
 func (x *ReviewDecisionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_events_v1_events_proto_msgTypes[4]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +726,7 @@ func (x *ReviewDecisionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewDecisionEvent.ProtoReflect.Descriptor instead.
 func (*ReviewDecisionEvent) Descriptor() ([]byte, []int) {
-	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{4}
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReviewDecisionEvent) GetAt() *timestamppb.Timestamp {
@@ -718,7 +841,7 @@ type ReviewTimeoutEvent struct {
 
 func (x *ReviewTimeoutEvent) Reset() {
 	*x = ReviewTimeoutEvent{}
-	mi := &file_mantle_events_v1_events_proto_msgTypes[5]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +853,7 @@ func (x *ReviewTimeoutEvent) String() string {
 func (*ReviewTimeoutEvent) ProtoMessage() {}
 
 func (x *ReviewTimeoutEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_events_v1_events_proto_msgTypes[5]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +866,7 @@ func (x *ReviewTimeoutEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewTimeoutEvent.ProtoReflect.Descriptor instead.
 func (*ReviewTimeoutEvent) Descriptor() ([]byte, []int) {
-	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{5}
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReviewTimeoutEvent) GetAt() *timestamppb.Timestamp {
@@ -841,7 +964,7 @@ type QualityFollowUpEvent struct {
 
 func (x *QualityFollowUpEvent) Reset() {
 	*x = QualityFollowUpEvent{}
-	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +976,7 @@ func (x *QualityFollowUpEvent) String() string {
 func (*QualityFollowUpEvent) ProtoMessage() {}
 
 func (x *QualityFollowUpEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +989,7 @@ func (x *QualityFollowUpEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QualityFollowUpEvent.ProtoReflect.Descriptor instead.
 func (*QualityFollowUpEvent) Descriptor() ([]byte, []int) {
-	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{6}
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *QualityFollowUpEvent) GetAt() *timestamppb.Timestamp {
@@ -1028,7 +1151,20 @@ const file_mantle_events_v1_events_proto_rawDesc = "" +
 	"\x06bucket\x18\x06 \x01(\tR\x06bucket\x12:\n" +
 	"\vretry_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06reason\x18\b \x01(\tR\x06reason\"\x8e\x05\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"\xbc\x02\n" +
+	"\x13QuotaNearLimitEvent\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05model\x18\x04 \x01(\tR\x05model\x12\x16\n" +
+	"\x06bucket\x18\x05 \x01(\tR\x06bucket\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x03R\x05limit\x12\x1c\n" +
+	"\tremaining\x18\a \x01(\x03R\tremaining\x12 \n" +
+	"\vutilization\x18\b \x01(\x01R\vutilization\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x12&\n" +
+	"\x0fupstream_key_id\x18\n" +
+	" \x01(\tR\rupstreamKeyId\"\x8e\x05\n" +
 	"\x12ReviewRequestEvent\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1d\n" +
 	"\n" +
@@ -1122,46 +1258,48 @@ func file_mantle_events_v1_events_proto_rawDescGZIP() []byte {
 	return file_mantle_events_v1_events_proto_rawDescData
 }
 
-var file_mantle_events_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_mantle_events_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_mantle_events_v1_events_proto_goTypes = []any{
 	(*DegradationEvent)(nil),       // 0: mantle.events.v1.DegradationEvent
 	(*BreakerTransitionEvent)(nil), // 1: mantle.events.v1.BreakerTransitionEvent
 	(*QuotaRejectionEvent)(nil),    // 2: mantle.events.v1.QuotaRejectionEvent
-	(*ReviewRequestEvent)(nil),     // 3: mantle.events.v1.ReviewRequestEvent
-	(*ReviewDecisionEvent)(nil),    // 4: mantle.events.v1.ReviewDecisionEvent
-	(*ReviewTimeoutEvent)(nil),     // 5: mantle.events.v1.ReviewTimeoutEvent
-	(*QualityFollowUpEvent)(nil),   // 6: mantle.events.v1.QualityFollowUpEvent
-	(*timestamppb.Timestamp)(nil),  // 7: google.protobuf.Timestamp
-	(v1.FallbackLevel)(0),          // 8: mantle.v1.FallbackLevel
-	(v1.BreakerState)(0),           // 9: mantle.v1.BreakerState
-	(v1.Priority)(0),               // 10: mantle.v1.Priority
-	(*durationpb.Duration)(nil),    // 11: google.protobuf.Duration
-	(*v1.QualityContext)(nil),      // 12: mantle.v1.QualityContext
-	(v1.QualityGrade)(0),           // 13: mantle.v1.QualityGrade
+	(*QuotaNearLimitEvent)(nil),    // 3: mantle.events.v1.QuotaNearLimitEvent
+	(*ReviewRequestEvent)(nil),     // 4: mantle.events.v1.ReviewRequestEvent
+	(*ReviewDecisionEvent)(nil),    // 5: mantle.events.v1.ReviewDecisionEvent
+	(*ReviewTimeoutEvent)(nil),     // 6: mantle.events.v1.ReviewTimeoutEvent
+	(*QualityFollowUpEvent)(nil),   // 7: mantle.events.v1.QualityFollowUpEvent
+	(*timestamppb.Timestamp)(nil),  // 8: google.protobuf.Timestamp
+	(v1.FallbackLevel)(0),          // 9: mantle.v1.FallbackLevel
+	(v1.BreakerState)(0),           // 10: mantle.v1.BreakerState
+	(v1.Priority)(0),               // 11: mantle.v1.Priority
+	(*durationpb.Duration)(nil),    // 12: google.protobuf.Duration
+	(*v1.QualityContext)(nil),      // 13: mantle.v1.QualityContext
+	(v1.QualityGrade)(0),           // 14: mantle.v1.QualityGrade
 }
 var file_mantle_events_v1_events_proto_depIdxs = []int32{
-	7,  // 0: mantle.events.v1.DegradationEvent.at:type_name -> google.protobuf.Timestamp
-	8,  // 1: mantle.events.v1.DegradationEvent.level:type_name -> mantle.v1.FallbackLevel
-	7,  // 2: mantle.events.v1.BreakerTransitionEvent.at:type_name -> google.protobuf.Timestamp
-	9,  // 3: mantle.events.v1.BreakerTransitionEvent.from:type_name -> mantle.v1.BreakerState
-	9,  // 4: mantle.events.v1.BreakerTransitionEvent.to:type_name -> mantle.v1.BreakerState
-	7,  // 5: mantle.events.v1.QuotaRejectionEvent.at:type_name -> google.protobuf.Timestamp
-	10, // 6: mantle.events.v1.QuotaRejectionEvent.priority:type_name -> mantle.v1.Priority
-	11, // 7: mantle.events.v1.QuotaRejectionEvent.retry_after:type_name -> google.protobuf.Duration
-	7,  // 8: mantle.events.v1.ReviewRequestEvent.at:type_name -> google.protobuf.Timestamp
-	7,  // 9: mantle.events.v1.ReviewRequestEvent.due_at:type_name -> google.protobuf.Timestamp
-	12, // 10: mantle.events.v1.ReviewRequestEvent.quality:type_name -> mantle.v1.QualityContext
-	7,  // 11: mantle.events.v1.ReviewDecisionEvent.at:type_name -> google.protobuf.Timestamp
-	11, // 12: mantle.events.v1.ReviewDecisionEvent.decided_after:type_name -> google.protobuf.Duration
-	7,  // 13: mantle.events.v1.ReviewTimeoutEvent.at:type_name -> google.protobuf.Timestamp
-	7,  // 14: mantle.events.v1.ReviewTimeoutEvent.due_at:type_name -> google.protobuf.Timestamp
-	7,  // 15: mantle.events.v1.QualityFollowUpEvent.at:type_name -> google.protobuf.Timestamp
-	13, // 16: mantle.events.v1.QualityFollowUpEvent.grade:type_name -> mantle.v1.QualityGrade
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	8,  // 0: mantle.events.v1.DegradationEvent.at:type_name -> google.protobuf.Timestamp
+	9,  // 1: mantle.events.v1.DegradationEvent.level:type_name -> mantle.v1.FallbackLevel
+	8,  // 2: mantle.events.v1.BreakerTransitionEvent.at:type_name -> google.protobuf.Timestamp
+	10, // 3: mantle.events.v1.BreakerTransitionEvent.from:type_name -> mantle.v1.BreakerState
+	10, // 4: mantle.events.v1.BreakerTransitionEvent.to:type_name -> mantle.v1.BreakerState
+	8,  // 5: mantle.events.v1.QuotaRejectionEvent.at:type_name -> google.protobuf.Timestamp
+	11, // 6: mantle.events.v1.QuotaRejectionEvent.priority:type_name -> mantle.v1.Priority
+	12, // 7: mantle.events.v1.QuotaRejectionEvent.retry_after:type_name -> google.protobuf.Duration
+	8,  // 8: mantle.events.v1.QuotaNearLimitEvent.at:type_name -> google.protobuf.Timestamp
+	8,  // 9: mantle.events.v1.ReviewRequestEvent.at:type_name -> google.protobuf.Timestamp
+	8,  // 10: mantle.events.v1.ReviewRequestEvent.due_at:type_name -> google.protobuf.Timestamp
+	13, // 11: mantle.events.v1.ReviewRequestEvent.quality:type_name -> mantle.v1.QualityContext
+	8,  // 12: mantle.events.v1.ReviewDecisionEvent.at:type_name -> google.protobuf.Timestamp
+	12, // 13: mantle.events.v1.ReviewDecisionEvent.decided_after:type_name -> google.protobuf.Duration
+	8,  // 14: mantle.events.v1.ReviewTimeoutEvent.at:type_name -> google.protobuf.Timestamp
+	8,  // 15: mantle.events.v1.ReviewTimeoutEvent.due_at:type_name -> google.protobuf.Timestamp
+	8,  // 16: mantle.events.v1.QualityFollowUpEvent.at:type_name -> google.protobuf.Timestamp
+	14, // 17: mantle.events.v1.QualityFollowUpEvent.grade:type_name -> mantle.v1.QualityGrade
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_mantle_events_v1_events_proto_init() }
@@ -1175,7 +1313,7 @@ func file_mantle_events_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_events_v1_events_proto_rawDesc), len(file_mantle_events_v1_events_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -24,19 +24,74 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ReserveScope says which buckets a reservation charges.
+type ReserveScope int32
+
+const (
+	// The whole request: tenant buckets, budget and, when named, the upstream key.
+	ReserveScope_RESERVE_SCOPE_UNSPECIFIED ReserveScope = 0
+	// Only the upstream key's buckets, for a further attempt of a request that already holds
+	// a reservation (a fallback to another key). upstream_key_id is required.
+	ReserveScope_RESERVE_SCOPE_UPSTREAM_KEY ReserveScope = 1
+)
+
+// Enum value maps for ReserveScope.
+var (
+	ReserveScope_name = map[int32]string{
+		0: "RESERVE_SCOPE_UNSPECIFIED",
+		1: "RESERVE_SCOPE_UPSTREAM_KEY",
+	}
+	ReserveScope_value = map[string]int32{
+		"RESERVE_SCOPE_UNSPECIFIED":  0,
+		"RESERVE_SCOPE_UPSTREAM_KEY": 1,
+	}
+)
+
+func (x ReserveScope) Enum() *ReserveScope {
+	p := new(ReserveScope)
+	*p = x
+	return p
+}
+
+func (x ReserveScope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReserveScope) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_quota_v1_quota_proto_enumTypes[0].Descriptor()
+}
+
+func (ReserveScope) Type() protoreflect.EnumType {
+	return &file_mantle_quota_v1_quota_proto_enumTypes[0]
+}
+
+func (x ReserveScope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReserveScope.Descriptor instead.
+func (ReserveScope) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{0}
+}
+
 // ReserveRequest asks for admission.
 type ReserveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Carries tenant, priority, deadline and request id.
 	Quality *v1.QualityContext `protobuf:"bytes,1,opt,name=quality,proto3" json:"quality,omitempty"`
-	Model   string             `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// The model to be called; selects tenant x model buckets, the price and the tokenizer.
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
 	// Estimated input tokens; 0 lets the service count them from messages.
 	InputTokens int64 `protobuf:"varint,3,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
 	// Maximum output tokens; 0 uses the configured default.
 	MaxOutputTokens int64             `protobuf:"varint,4,opt,name=max_output_tokens,json=maxOutputTokens,proto3" json:"max_output_tokens,omitempty"`
 	Messages        []*v1.ChatMessage `protobuf:"bytes,5,rep,name=messages,proto3" json:"messages,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Id of the provider API key the call will use (the router's key id, never the key);
+	// its RPM/TPM buckets are charged when it is configured. Empty: no key buckets.
+	UpstreamKeyId string       `protobuf:"bytes,6,opt,name=upstream_key_id,json=upstreamKeyId,proto3" json:"upstream_key_id,omitempty"`
+	Scope         ReserveScope `protobuf:"varint,7,opt,name=scope,proto3,enum=mantle.quota.v1.ReserveScope" json:"scope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveRequest) Reset() {
@@ -104,16 +159,40 @@ func (x *ReserveRequest) GetMessages() []*v1.ChatMessage {
 	return nil
 }
 
+func (x *ReserveRequest) GetUpstreamKeyId() string {
+	if x != nil {
+		return x.UpstreamKeyId
+	}
+	return ""
+}
+
+func (x *ReserveRequest) GetScope() ReserveScope {
+	if x != nil {
+		return x.Scope
+	}
+	return ReserveScope_RESERVE_SCOPE_UNSPECIFIED
+}
+
 // ReserveResponse grants admission.
 type ReserveResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	ReservationId  string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
 	ReservedTokens int64                  `protobuf:"varint,2,opt,name=reserved_tokens,json=reservedTokens,proto3" json:"reserved_tokens,omitempty"`
-	Limits         *Limits                `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
-	ExpiresAt      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	Quality        *v1.QualityContext     `protobuf:"bytes,5,opt,name=quality,proto3" json:"quality,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The tenant's RPM and TPM buckets after the decision (the key's for
+	// RESERVE_SCOPE_UPSTREAM_KEY).
+	Limits    *Limits                `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Quality   *v1.QualityContext     `protobuf:"bytes,5,opt,name=quality,proto3" json:"quality,omitempty"`
+	// Every bucket the decision looked at, in charge order.
+	Buckets []*BucketLevel `protobuf:"bytes,6,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	// Input tokens reserved: the caller's estimate, or the service's count of messages.
+	InputTokens int64 `protobuf:"varint,7,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	// How long the request waited in the queue.
+	Waited *durationpb.Duration `protobuf:"bytes,8,opt,name=waited,proto3" json:"waited,omitempty"`
+	// The money budget after the decision, when the tenant has one.
+	Budget        *Budget `protobuf:"bytes,9,opt,name=budget,proto3" json:"budget,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveResponse) Reset() {
@@ -177,6 +256,34 @@ func (x *ReserveResponse) GetExpiresAt() *timestamppb.Timestamp {
 func (x *ReserveResponse) GetQuality() *v1.QualityContext {
 	if x != nil {
 		return x.Quality
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetBuckets() []*BucketLevel {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetInputTokens() int64 {
+	if x != nil {
+		return x.InputTokens
+	}
+	return 0
+}
+
+func (x *ReserveResponse) GetWaited() *durationpb.Duration {
+	if x != nil {
+		return x.Waited
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetBudget() *Budget {
+	if x != nil {
+		return x.Budget
 	}
 	return nil
 }
@@ -266,6 +373,166 @@ func (x *Limits) GetResetTokens() *durationpb.Duration {
 	return nil
 }
 
+// BucketLevel is one bucket after a decision.
+type BucketLevel struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// For example tenant:acme:tpm, tenant:acme:model:gpt-4o:rpm, key:openai-1:tpm.
+	Name  string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Limit int64  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// What can be taken now; 0 while the bucket is overdrawn.
+	Remaining int64 `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// How long until the bucket is full again.
+	Reset_ *durationpb.Duration `protobuf:"bytes,4,opt,name=reset,proto3" json:"reset,omitempty"`
+	// The rule is in shadow mode: counted, never refusing.
+	Shadow bool `protobuf:"varint,5,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// A shadow rule that would have refused this request (it was not charged).
+	ShadowRefused bool `protobuf:"varint,6,opt,name=shadow_refused,json=shadowRefused,proto3" json:"shadow_refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BucketLevel) Reset() {
+	*x = BucketLevel{}
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BucketLevel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BucketLevel) ProtoMessage() {}
+
+func (x *BucketLevel) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BucketLevel.ProtoReflect.Descriptor instead.
+func (*BucketLevel) Descriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BucketLevel) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BucketLevel) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *BucketLevel) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *BucketLevel) GetReset_() *durationpb.Duration {
+	if x != nil {
+		return x.Reset_
+	}
+	return nil
+}
+
+func (x *BucketLevel) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
+func (x *BucketLevel) GetShadowRefused() bool {
+	if x != nil {
+		return x.ShadowRefused
+	}
+	return false
+}
+
+// Budget is a tenant's daily money budget.
+type Budget struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	LimitUsd float64                `protobuf:"fixed64,1,opt,name=limit_usd,json=limitUsd,proto3" json:"limit_usd,omitempty"`
+	SpentUsd float64                `protobuf:"fixed64,2,opt,name=spent_usd,json=spentUsd,proto3" json:"spent_usd,omitempty"`
+	// Until the budget resets (the configured day boundary).
+	Reset_        *durationpb.Duration `protobuf:"bytes,3,opt,name=reset,proto3" json:"reset,omitempty"`
+	Shadow        bool                 `protobuf:"varint,4,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Budget) Reset() {
+	*x = Budget{}
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Budget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Budget) ProtoMessage() {}
+
+func (x *Budget) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Budget.ProtoReflect.Descriptor instead.
+func (*Budget) Descriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Budget) GetLimitUsd() float64 {
+	if x != nil {
+		return x.LimitUsd
+	}
+	return 0
+}
+
+func (x *Budget) GetSpentUsd() float64 {
+	if x != nil {
+		return x.SpentUsd
+	}
+	return 0
+}
+
+func (x *Budget) GetReset_() *durationpb.Duration {
+	if x != nil {
+		return x.Reset_
+	}
+	return nil
+}
+
+func (x *Budget) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
 // SettleRequest applies real usage to a reservation.
 type SettleRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -278,7 +545,7 @@ type SettleRequest struct {
 
 func (x *SettleRequest) Reset() {
 	*x = SettleRequest{}
-	mi := &file_mantle_quota_v1_quota_proto_msgTypes[3]
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -290,7 +557,7 @@ func (x *SettleRequest) String() string {
 func (*SettleRequest) ProtoMessage() {}
 
 func (x *SettleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_quota_v1_quota_proto_msgTypes[3]
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -303,7 +570,7 @@ func (x *SettleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
 func (*SettleRequest) Descriptor() ([]byte, []int) {
-	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{3}
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SettleRequest) GetQuality() *v1.QualityContext {
@@ -333,13 +600,19 @@ type SettleResponse struct {
 	// Positive when tokens were returned to the bucket, negative when extra was charged.
 	RefundedTokens int64   `protobuf:"varint,1,opt,name=refunded_tokens,json=refundedTokens,proto3" json:"refunded_tokens,omitempty"`
 	Limits         *Limits `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The tokens the reservation had charged.
+	ReservedTokens int64 `protobuf:"varint,3,opt,name=reserved_tokens,json=reservedTokens,proto3" json:"reserved_tokens,omitempty"`
+	// Every bucket the settlement corrected.
+	Buckets []*BucketLevel `protobuf:"bytes,4,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	// The cost of the usage at the model's price, when the tenant has a money budget.
+	CostUsd       float64 `protobuf:"fixed64,5,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SettleResponse) Reset() {
 	*x = SettleResponse{}
-	mi := &file_mantle_quota_v1_quota_proto_msgTypes[4]
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +624,7 @@ func (x *SettleResponse) String() string {
 func (*SettleResponse) ProtoMessage() {}
 
 func (x *SettleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_quota_v1_quota_proto_msgTypes[4]
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +637,7 @@ func (x *SettleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
 func (*SettleResponse) Descriptor() ([]byte, []int) {
-	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{4}
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SettleResponse) GetRefundedTokens() int64 {
@@ -381,6 +654,27 @@ func (x *SettleResponse) GetLimits() *Limits {
 	return nil
 }
 
+func (x *SettleResponse) GetReservedTokens() int64 {
+	if x != nil {
+		return x.ReservedTokens
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetBuckets() []*BucketLevel {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+func (x *SettleResponse) GetCostUsd() float64 {
+	if x != nil {
+		return x.CostUsd
+	}
+	return 0
+}
+
 // CountTokensRequest asks for a token count.
 type CountTokensRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -394,7 +688,7 @@ type CountTokensRequest struct {
 
 func (x *CountTokensRequest) Reset() {
 	*x = CountTokensRequest{}
-	mi := &file_mantle_quota_v1_quota_proto_msgTypes[5]
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +700,7 @@ func (x *CountTokensRequest) String() string {
 func (*CountTokensRequest) ProtoMessage() {}
 
 func (x *CountTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_quota_v1_quota_proto_msgTypes[5]
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +713,7 @@ func (x *CountTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountTokensRequest.ProtoReflect.Descriptor instead.
 func (*CountTokensRequest) Descriptor() ([]byte, []int) {
-	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{5}
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CountTokensRequest) GetModel() string {
@@ -450,14 +744,17 @@ type CountTokensResponse struct {
 	// Name of the tokenizer or estimator used.
 	Tokenizer string `protobuf:"bytes,2,opt,name=tokenizer,proto3" json:"tokenizer,omitempty"`
 	// True when the count is exact rather than estimated.
-	Exact         bool `protobuf:"varint,3,opt,name=exact,proto3" json:"exact,omitempty"`
+	Exact bool `protobuf:"varint,3,opt,name=exact,proto3" json:"exact,omitempty"`
+	// Correction factor learned from the usage providers reported for this model family and
+	// already applied to tokens; 1 when none is applied (always for exact counts).
+	Correction    float64 `protobuf:"fixed64,4,opt,name=correction,proto3" json:"correction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CountTokensResponse) Reset() {
 	*x = CountTokensResponse{}
-	mi := &file_mantle_quota_v1_quota_proto_msgTypes[6]
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +766,7 @@ func (x *CountTokensResponse) String() string {
 func (*CountTokensResponse) ProtoMessage() {}
 
 func (x *CountTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_quota_v1_quota_proto_msgTypes[6]
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +779,7 @@ func (x *CountTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountTokensResponse.ProtoReflect.Descriptor instead.
 func (*CountTokensResponse) Descriptor() ([]byte, []int) {
-	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{6}
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CountTokensResponse) GetTokens() int64 {
@@ -506,50 +803,384 @@ func (x *CountTokensResponse) GetExact() bool {
 	return false
 }
 
+func (x *CountTokensResponse) GetCorrection() float64 {
+	if x != nil {
+		return x.Correction
+	}
+	return 0
+}
+
+// ObserveUpstreamRequest reports what a provider's rate-limit headers said about a key.
+type ObserveUpstreamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Quality       *v1.QualityContext     `protobuf:"bytes,1,opt,name=quality,proto3" json:"quality,omitempty"`
+	UpstreamKeyId string                 `protobuf:"bytes,2,opt,name=upstream_key_id,json=upstreamKeyId,proto3" json:"upstream_key_id,omitempty"`
+	// x-ratelimit-remaining-requests; -1 when unknown.
+	RemainingRequests int64 `protobuf:"varint,3,opt,name=remaining_requests,json=remainingRequests,proto3" json:"remaining_requests,omitempty"`
+	// x-ratelimit-remaining-tokens; -1 when unknown.
+	RemainingTokens int64 `protobuf:"varint,4,opt,name=remaining_tokens,json=remainingTokens,proto3" json:"remaining_tokens,omitempty"`
+	// x-ratelimit-reset-requests: until the request limit is fully replenished.
+	ResetRequests *durationpb.Duration `protobuf:"bytes,5,opt,name=reset_requests,json=resetRequests,proto3" json:"reset_requests,omitempty"`
+	// x-ratelimit-reset-tokens: until the token limit is fully replenished.
+	ResetTokens   *durationpb.Duration `protobuf:"bytes,6,opt,name=reset_tokens,json=resetTokens,proto3" json:"reset_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObserveUpstreamRequest) Reset() {
+	*x = ObserveUpstreamRequest{}
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObserveUpstreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObserveUpstreamRequest) ProtoMessage() {}
+
+func (x *ObserveUpstreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObserveUpstreamRequest.ProtoReflect.Descriptor instead.
+func (*ObserveUpstreamRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ObserveUpstreamRequest) GetQuality() *v1.QualityContext {
+	if x != nil {
+		return x.Quality
+	}
+	return nil
+}
+
+func (x *ObserveUpstreamRequest) GetUpstreamKeyId() string {
+	if x != nil {
+		return x.UpstreamKeyId
+	}
+	return ""
+}
+
+func (x *ObserveUpstreamRequest) GetRemainingRequests() int64 {
+	if x != nil {
+		return x.RemainingRequests
+	}
+	return 0
+}
+
+func (x *ObserveUpstreamRequest) GetRemainingTokens() int64 {
+	if x != nil {
+		return x.RemainingTokens
+	}
+	return 0
+}
+
+func (x *ObserveUpstreamRequest) GetResetRequests() *durationpb.Duration {
+	if x != nil {
+		return x.ResetRequests
+	}
+	return nil
+}
+
+func (x *ObserveUpstreamRequest) GetResetTokens() *durationpb.Duration {
+	if x != nil {
+		return x.ResetTokens
+	}
+	return nil
+}
+
+// ObserveUpstreamResponse describes the key's buckets after the correction.
+type ObserveUpstreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the key has no configured buckets; nothing was changed.
+	Applied       bool    `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
+	Limits        *Limits `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObserveUpstreamResponse) Reset() {
+	*x = ObserveUpstreamResponse{}
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObserveUpstreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObserveUpstreamResponse) ProtoMessage() {}
+
+func (x *ObserveUpstreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObserveUpstreamResponse.ProtoReflect.Descriptor instead.
+func (*ObserveUpstreamResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ObserveUpstreamResponse) GetApplied() bool {
+	if x != nil {
+		return x.Applied
+	}
+	return false
+}
+
+func (x *ObserveUpstreamResponse) GetLimits() *Limits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// AcquireRetryRequest asks for one retry or hedge.
+type AcquireRetryRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Quality *v1.QualityContext     `protobuf:"bytes,1,opt,name=quality,proto3" json:"quality,omitempty"`
+	// The key the retry would go to; empty checks the overall budget only.
+	UpstreamKeyId string `protobuf:"bytes,2,opt,name=upstream_key_id,json=upstreamKeyId,proto3" json:"upstream_key_id,omitempty"`
+	// A retry after a format (L1) failure: still allowed once the retry rate passes the
+	// format-only threshold (seed: above 15% of requests, stop all but format retries).
+	FormatRetry   bool `protobuf:"varint,3,opt,name=format_retry,json=formatRetry,proto3" json:"format_retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireRetryRequest) Reset() {
+	*x = AcquireRetryRequest{}
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireRetryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireRetryRequest) ProtoMessage() {}
+
+func (x *AcquireRetryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireRetryRequest.ProtoReflect.Descriptor instead.
+func (*AcquireRetryRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AcquireRetryRequest) GetQuality() *v1.QualityContext {
+	if x != nil {
+		return x.Quality
+	}
+	return nil
+}
+
+func (x *AcquireRetryRequest) GetUpstreamKeyId() string {
+	if x != nil {
+		return x.UpstreamKeyId
+	}
+	return ""
+}
+
+func (x *AcquireRetryRequest) GetFormatRetry() bool {
+	if x != nil {
+		return x.FormatRetry
+	}
+	return false
+}
+
+// AcquireRetryResponse is the retry budget's answer. A refusal is an answer, not an error.
+type AcquireRetryResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Granted bool                   `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	// When refused, the budget that refused: "retry:overall" or "retry:key:<id>".
+	Budget string `protobuf:"bytes,2,opt,name=budget,proto3" json:"budget,omitempty"`
+	// Requests and retries the refusing (or, when granted, the overall) budget counted over
+	// its window, this retry included when granted.
+	Requests      float64 `protobuf:"fixed64,3,opt,name=requests,proto3" json:"requests,omitempty"`
+	Retries       float64 `protobuf:"fixed64,4,opt,name=retries,proto3" json:"retries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireRetryResponse) Reset() {
+	*x = AcquireRetryResponse{}
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireRetryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireRetryResponse) ProtoMessage() {}
+
+func (x *AcquireRetryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireRetryResponse.ProtoReflect.Descriptor instead.
+func (*AcquireRetryResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *AcquireRetryResponse) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
+func (x *AcquireRetryResponse) GetBudget() string {
+	if x != nil {
+		return x.Budget
+	}
+	return ""
+}
+
+func (x *AcquireRetryResponse) GetRequests() float64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *AcquireRetryResponse) GetRetries() float64 {
+	if x != nil {
+		return x.Retries
+	}
+	return 0
+}
+
 var File_mantle_quota_v1_quota_proto protoreflect.FileDescriptor
 
 const file_mantle_quota_v1_quota_proto_rawDesc = "" +
 	"\n" +
-	"\x1bmantle/quota/v1/quota.proto\x12\x0fmantle.quota.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xde\x01\n" +
+	"\x1bmantle/quota/v1/quota.proto\x12\x0fmantle.quota.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xbb\x02\n" +
 	"\x0eReserveRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
 	"\finput_tokens\x18\x03 \x01(\x03R\vinputTokens\x12*\n" +
 	"\x11max_output_tokens\x18\x04 \x01(\x03R\x0fmaxOutputTokens\x122\n" +
-	"\bmessages\x18\x05 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\"\x82\x02\n" +
+	"\bmessages\x18\x05 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12&\n" +
+	"\x0fupstream_key_id\x18\x06 \x01(\tR\rupstreamKeyId\x123\n" +
+	"\x05scope\x18\a \x01(\x0e2\x1d.mantle.quota.v1.ReserveScopeR\x05scope\"\xc1\x03\n" +
 	"\x0fReserveResponse\x12%\n" +
 	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12'\n" +
 	"\x0freserved_tokens\x18\x02 \x01(\x03R\x0ereservedTokens\x12/\n" +
 	"\x06limits\x18\x03 \x01(\v2\x17.mantle.quota.v1.LimitsR\x06limits\x129\n" +
 	"\n" +
 	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x123\n" +
-	"\aquality\x18\x05 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\"\xac\x02\n" +
+	"\aquality\x18\x05 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x126\n" +
+	"\abuckets\x18\x06 \x03(\v2\x1c.mantle.quota.v1.BucketLevelR\abuckets\x12!\n" +
+	"\finput_tokens\x18\a \x01(\x03R\vinputTokens\x121\n" +
+	"\x06waited\x18\b \x01(\v2\x19.google.protobuf.DurationR\x06waited\x12/\n" +
+	"\x06budget\x18\t \x01(\v2\x17.mantle.quota.v1.BudgetR\x06budget\"\xac\x02\n" +
 	"\x06Limits\x12%\n" +
 	"\x0elimit_requests\x18\x01 \x01(\x03R\rlimitRequests\x12-\n" +
 	"\x12remaining_requests\x18\x02 \x01(\x03R\x11remainingRequests\x12!\n" +
 	"\flimit_tokens\x18\x03 \x01(\x03R\vlimitTokens\x12)\n" +
 	"\x10remaining_tokens\x18\x04 \x01(\x03R\x0fremainingTokens\x12@\n" +
 	"\x0ereset_requests\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rresetRequests\x12<\n" +
-	"\freset_tokens\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vresetTokens\"\x93\x01\n" +
+	"\freset_tokens\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vresetTokens\"\xc5\x01\n" +
+	"\vBucketLevel\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
+	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12/\n" +
+	"\x05reset\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05reset\x12\x16\n" +
+	"\x06shadow\x18\x05 \x01(\bR\x06shadow\x12%\n" +
+	"\x0eshadow_refused\x18\x06 \x01(\bR\rshadowRefused\"\x8b\x01\n" +
+	"\x06Budget\x12\x1b\n" +
+	"\tlimit_usd\x18\x01 \x01(\x01R\blimitUsd\x12\x1b\n" +
+	"\tspent_usd\x18\x02 \x01(\x01R\bspentUsd\x12/\n" +
+	"\x05reset\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05reset\x12\x16\n" +
+	"\x06shadow\x18\x04 \x01(\bR\x06shadow\"\x93\x01\n" +
 	"\rSettleRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12%\n" +
 	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12&\n" +
-	"\x05usage\x18\x03 \x01(\v2\x10.mantle.v1.UsageR\x05usage\"j\n" +
+	"\x05usage\x18\x03 \x01(\v2\x10.mantle.v1.UsageR\x05usage\"\xe6\x01\n" +
 	"\x0eSettleResponse\x12'\n" +
 	"\x0frefunded_tokens\x18\x01 \x01(\x03R\x0erefundedTokens\x12/\n" +
-	"\x06limits\x18\x02 \x01(\v2\x17.mantle.quota.v1.LimitsR\x06limits\"r\n" +
+	"\x06limits\x18\x02 \x01(\v2\x17.mantle.quota.v1.LimitsR\x06limits\x12'\n" +
+	"\x0freserved_tokens\x18\x03 \x01(\x03R\x0ereservedTokens\x126\n" +
+	"\abuckets\x18\x04 \x03(\v2\x1c.mantle.quota.v1.BucketLevelR\abuckets\x12\x19\n" +
+	"\bcost_usd\x18\x05 \x01(\x01R\acostUsd\"r\n" +
 	"\x12CountTokensRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12\x12\n" +
-	"\x04text\x18\x03 \x01(\tR\x04text\"a\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\"\x81\x01\n" +
 	"\x13CountTokensResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\x12\x1c\n" +
 	"\ttokenizer\x18\x02 \x01(\tR\ttokenizer\x12\x14\n" +
-	"\x05exact\x18\x03 \x01(\bR\x05exact2\x81\x02\n" +
+	"\x05exact\x18\x03 \x01(\bR\x05exact\x12\x1e\n" +
+	"\n" +
+	"correction\x18\x04 \x01(\x01R\n" +
+	"correction\"\xcf\x02\n" +
+	"\x16ObserveUpstreamRequest\x123\n" +
+	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12&\n" +
+	"\x0fupstream_key_id\x18\x02 \x01(\tR\rupstreamKeyId\x12-\n" +
+	"\x12remaining_requests\x18\x03 \x01(\x03R\x11remainingRequests\x12)\n" +
+	"\x10remaining_tokens\x18\x04 \x01(\x03R\x0fremainingTokens\x12@\n" +
+	"\x0ereset_requests\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rresetRequests\x12<\n" +
+	"\freset_tokens\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vresetTokens\"d\n" +
+	"\x17ObserveUpstreamResponse\x12\x18\n" +
+	"\aapplied\x18\x01 \x01(\bR\aapplied\x12/\n" +
+	"\x06limits\x18\x02 \x01(\v2\x17.mantle.quota.v1.LimitsR\x06limits\"\x95\x01\n" +
+	"\x13AcquireRetryRequest\x123\n" +
+	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12&\n" +
+	"\x0fupstream_key_id\x18\x02 \x01(\tR\rupstreamKeyId\x12!\n" +
+	"\fformat_retry\x18\x03 \x01(\bR\vformatRetry\"~\n" +
+	"\x14AcquireRetryResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\x12\x16\n" +
+	"\x06budget\x18\x02 \x01(\tR\x06budget\x12\x1a\n" +
+	"\brequests\x18\x03 \x01(\x01R\brequests\x12\x18\n" +
+	"\aretries\x18\x04 \x01(\x01R\aretries*M\n" +
+	"\fReserveScope\x12\x1d\n" +
+	"\x19RESERVE_SCOPE_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aRESERVE_SCOPE_UPSTREAM_KEY\x10\x012\xc4\x03\n" +
 	"\fQuotaService\x12L\n" +
 	"\aReserve\x12\x1f.mantle.quota.v1.ReserveRequest\x1a .mantle.quota.v1.ReserveResponse\x12I\n" +
 	"\x06Settle\x12\x1e.mantle.quota.v1.SettleRequest\x1a\x1f.mantle.quota.v1.SettleResponse\x12X\n" +
-	"\vCountTokens\x12#.mantle.quota.v1.CountTokensRequest\x1a$.mantle.quota.v1.CountTokensResponseB\xbe\x01\n" +
+	"\vCountTokens\x12#.mantle.quota.v1.CountTokensRequest\x1a$.mantle.quota.v1.CountTokensResponse\x12d\n" +
+	"\x0fObserveUpstream\x12'.mantle.quota.v1.ObserveUpstreamRequest\x1a(.mantle.quota.v1.ObserveUpstreamResponse\x12[\n" +
+	"\fAcquireRetry\x12$.mantle.quota.v1.AcquireRetryRequest\x1a%.mantle.quota.v1.AcquireRetryResponseB\xbe\x01\n" +
 	"\x13com.mantle.quota.v1B\n" +
 	"QuotaProtoP\x01Z=github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1;quotav1\xa2\x02\x03MQX\xaa\x02\x0fMantle.Quota.V1\xca\x02\x0fMantle\\Quota\\V1\xe2\x02\x1bMantle\\Quota\\V1\\GPBMetadata\xea\x02\x11Mantle::Quota::V1b\x06proto3"
 
@@ -565,44 +1196,68 @@ func file_mantle_quota_v1_quota_proto_rawDescGZIP() []byte {
 	return file_mantle_quota_v1_quota_proto_rawDescData
 }
 
-var file_mantle_quota_v1_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_mantle_quota_v1_quota_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_mantle_quota_v1_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_mantle_quota_v1_quota_proto_goTypes = []any{
-	(*ReserveRequest)(nil),        // 0: mantle.quota.v1.ReserveRequest
-	(*ReserveResponse)(nil),       // 1: mantle.quota.v1.ReserveResponse
-	(*Limits)(nil),                // 2: mantle.quota.v1.Limits
-	(*SettleRequest)(nil),         // 3: mantle.quota.v1.SettleRequest
-	(*SettleResponse)(nil),        // 4: mantle.quota.v1.SettleResponse
-	(*CountTokensRequest)(nil),    // 5: mantle.quota.v1.CountTokensRequest
-	(*CountTokensResponse)(nil),   // 6: mantle.quota.v1.CountTokensResponse
-	(*v1.QualityContext)(nil),     // 7: mantle.v1.QualityContext
-	(*v1.ChatMessage)(nil),        // 8: mantle.v1.ChatMessage
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*v1.Usage)(nil),              // 11: mantle.v1.Usage
+	(ReserveScope)(0),               // 0: mantle.quota.v1.ReserveScope
+	(*ReserveRequest)(nil),          // 1: mantle.quota.v1.ReserveRequest
+	(*ReserveResponse)(nil),         // 2: mantle.quota.v1.ReserveResponse
+	(*Limits)(nil),                  // 3: mantle.quota.v1.Limits
+	(*BucketLevel)(nil),             // 4: mantle.quota.v1.BucketLevel
+	(*Budget)(nil),                  // 5: mantle.quota.v1.Budget
+	(*SettleRequest)(nil),           // 6: mantle.quota.v1.SettleRequest
+	(*SettleResponse)(nil),          // 7: mantle.quota.v1.SettleResponse
+	(*CountTokensRequest)(nil),      // 8: mantle.quota.v1.CountTokensRequest
+	(*CountTokensResponse)(nil),     // 9: mantle.quota.v1.CountTokensResponse
+	(*ObserveUpstreamRequest)(nil),  // 10: mantle.quota.v1.ObserveUpstreamRequest
+	(*ObserveUpstreamResponse)(nil), // 11: mantle.quota.v1.ObserveUpstreamResponse
+	(*AcquireRetryRequest)(nil),     // 12: mantle.quota.v1.AcquireRetryRequest
+	(*AcquireRetryResponse)(nil),    // 13: mantle.quota.v1.AcquireRetryResponse
+	(*v1.QualityContext)(nil),       // 14: mantle.v1.QualityContext
+	(*v1.ChatMessage)(nil),          // 15: mantle.v1.ChatMessage
+	(*timestamppb.Timestamp)(nil),   // 16: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 17: google.protobuf.Duration
+	(*v1.Usage)(nil),                // 18: mantle.v1.Usage
 }
 var file_mantle_quota_v1_quota_proto_depIdxs = []int32{
-	7,  // 0: mantle.quota.v1.ReserveRequest.quality:type_name -> mantle.v1.QualityContext
-	8,  // 1: mantle.quota.v1.ReserveRequest.messages:type_name -> mantle.v1.ChatMessage
-	2,  // 2: mantle.quota.v1.ReserveResponse.limits:type_name -> mantle.quota.v1.Limits
-	9,  // 3: mantle.quota.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 4: mantle.quota.v1.ReserveResponse.quality:type_name -> mantle.v1.QualityContext
-	10, // 5: mantle.quota.v1.Limits.reset_requests:type_name -> google.protobuf.Duration
-	10, // 6: mantle.quota.v1.Limits.reset_tokens:type_name -> google.protobuf.Duration
-	7,  // 7: mantle.quota.v1.SettleRequest.quality:type_name -> mantle.v1.QualityContext
-	11, // 8: mantle.quota.v1.SettleRequest.usage:type_name -> mantle.v1.Usage
-	2,  // 9: mantle.quota.v1.SettleResponse.limits:type_name -> mantle.quota.v1.Limits
-	8,  // 10: mantle.quota.v1.CountTokensRequest.messages:type_name -> mantle.v1.ChatMessage
-	0,  // 11: mantle.quota.v1.QuotaService.Reserve:input_type -> mantle.quota.v1.ReserveRequest
-	3,  // 12: mantle.quota.v1.QuotaService.Settle:input_type -> mantle.quota.v1.SettleRequest
-	5,  // 13: mantle.quota.v1.QuotaService.CountTokens:input_type -> mantle.quota.v1.CountTokensRequest
-	1,  // 14: mantle.quota.v1.QuotaService.Reserve:output_type -> mantle.quota.v1.ReserveResponse
-	4,  // 15: mantle.quota.v1.QuotaService.Settle:output_type -> mantle.quota.v1.SettleResponse
-	6,  // 16: mantle.quota.v1.QuotaService.CountTokens:output_type -> mantle.quota.v1.CountTokensResponse
-	14, // [14:17] is the sub-list for method output_type
-	11, // [11:14] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	14, // 0: mantle.quota.v1.ReserveRequest.quality:type_name -> mantle.v1.QualityContext
+	15, // 1: mantle.quota.v1.ReserveRequest.messages:type_name -> mantle.v1.ChatMessage
+	0,  // 2: mantle.quota.v1.ReserveRequest.scope:type_name -> mantle.quota.v1.ReserveScope
+	3,  // 3: mantle.quota.v1.ReserveResponse.limits:type_name -> mantle.quota.v1.Limits
+	16, // 4: mantle.quota.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	14, // 5: mantle.quota.v1.ReserveResponse.quality:type_name -> mantle.v1.QualityContext
+	4,  // 6: mantle.quota.v1.ReserveResponse.buckets:type_name -> mantle.quota.v1.BucketLevel
+	17, // 7: mantle.quota.v1.ReserveResponse.waited:type_name -> google.protobuf.Duration
+	5,  // 8: mantle.quota.v1.ReserveResponse.budget:type_name -> mantle.quota.v1.Budget
+	17, // 9: mantle.quota.v1.Limits.reset_requests:type_name -> google.protobuf.Duration
+	17, // 10: mantle.quota.v1.Limits.reset_tokens:type_name -> google.protobuf.Duration
+	17, // 11: mantle.quota.v1.BucketLevel.reset:type_name -> google.protobuf.Duration
+	17, // 12: mantle.quota.v1.Budget.reset:type_name -> google.protobuf.Duration
+	14, // 13: mantle.quota.v1.SettleRequest.quality:type_name -> mantle.v1.QualityContext
+	18, // 14: mantle.quota.v1.SettleRequest.usage:type_name -> mantle.v1.Usage
+	3,  // 15: mantle.quota.v1.SettleResponse.limits:type_name -> mantle.quota.v1.Limits
+	4,  // 16: mantle.quota.v1.SettleResponse.buckets:type_name -> mantle.quota.v1.BucketLevel
+	15, // 17: mantle.quota.v1.CountTokensRequest.messages:type_name -> mantle.v1.ChatMessage
+	14, // 18: mantle.quota.v1.ObserveUpstreamRequest.quality:type_name -> mantle.v1.QualityContext
+	17, // 19: mantle.quota.v1.ObserveUpstreamRequest.reset_requests:type_name -> google.protobuf.Duration
+	17, // 20: mantle.quota.v1.ObserveUpstreamRequest.reset_tokens:type_name -> google.protobuf.Duration
+	3,  // 21: mantle.quota.v1.ObserveUpstreamResponse.limits:type_name -> mantle.quota.v1.Limits
+	14, // 22: mantle.quota.v1.AcquireRetryRequest.quality:type_name -> mantle.v1.QualityContext
+	1,  // 23: mantle.quota.v1.QuotaService.Reserve:input_type -> mantle.quota.v1.ReserveRequest
+	6,  // 24: mantle.quota.v1.QuotaService.Settle:input_type -> mantle.quota.v1.SettleRequest
+	8,  // 25: mantle.quota.v1.QuotaService.CountTokens:input_type -> mantle.quota.v1.CountTokensRequest
+	10, // 26: mantle.quota.v1.QuotaService.ObserveUpstream:input_type -> mantle.quota.v1.ObserveUpstreamRequest
+	12, // 27: mantle.quota.v1.QuotaService.AcquireRetry:input_type -> mantle.quota.v1.AcquireRetryRequest
+	2,  // 28: mantle.quota.v1.QuotaService.Reserve:output_type -> mantle.quota.v1.ReserveResponse
+	7,  // 29: mantle.quota.v1.QuotaService.Settle:output_type -> mantle.quota.v1.SettleResponse
+	9,  // 30: mantle.quota.v1.QuotaService.CountTokens:output_type -> mantle.quota.v1.CountTokensResponse
+	11, // 31: mantle.quota.v1.QuotaService.ObserveUpstream:output_type -> mantle.quota.v1.ObserveUpstreamResponse
+	13, // 32: mantle.quota.v1.QuotaService.AcquireRetry:output_type -> mantle.quota.v1.AcquireRetryResponse
+	28, // [28:33] is the sub-list for method output_type
+	23, // [23:28] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_mantle_quota_v1_quota_proto_init() }
@@ -615,13 +1270,14 @@ func file_mantle_quota_v1_quota_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_quota_v1_quota_proto_rawDesc), len(file_mantle_quota_v1_quota_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   7,
+			NumEnums:      1,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_mantle_quota_v1_quota_proto_goTypes,
 		DependencyIndexes: file_mantle_quota_v1_quota_proto_depIdxs,
+		EnumInfos:         file_mantle_quota_v1_quota_proto_enumTypes,
 		MessageInfos:      file_mantle_quota_v1_quota_proto_msgTypes,
 	}.Build()
 	File_mantle_quota_v1_quota_proto = out.File

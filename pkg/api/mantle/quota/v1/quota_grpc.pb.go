@@ -19,9 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	QuotaService_Reserve_FullMethodName     = "/mantle.quota.v1.QuotaService/Reserve"
-	QuotaService_Settle_FullMethodName      = "/mantle.quota.v1.QuotaService/Settle"
-	QuotaService_CountTokens_FullMethodName = "/mantle.quota.v1.QuotaService/CountTokens"
+	QuotaService_Reserve_FullMethodName         = "/mantle.quota.v1.QuotaService/Reserve"
+	QuotaService_Settle_FullMethodName          = "/mantle.quota.v1.QuotaService/Settle"
+	QuotaService_CountTokens_FullMethodName     = "/mantle.quota.v1.QuotaService/CountTokens"
+	QuotaService_ObserveUpstream_FullMethodName = "/mantle.quota.v1.QuotaService/ObserveUpstream"
+	QuotaService_AcquireRetry_FullMethodName    = "/mantle.quota.v1.QuotaService/AcquireRetry"
 )
 
 // QuotaServiceClient is the client API for QuotaService service.
@@ -32,17 +34,48 @@ const (
 // before the provider call and Settle corrects it with the real usage afterwards.
 //
 // Errors carry google.rpc.ErrorInfo with domain "quota.mantle" and one of these reasons:
-// INVALID_REQUEST (with BadRequest), QUOTA_EXHAUSTED (RESOURCE_EXHAUSTED with RetryInfo and
-// QuotaFailure), REQUEST_TOO_LARGE (FAILED_PRECONDITION: larger than the bucket, never
-// retryable), RESERVATION_NOT_FOUND (NOT_FOUND).
+//   - INVALID_REQUEST (INVALID_ARGUMENT, with BadRequest).
+//   - QUOTA_EXHAUSTED (RESOURCE_EXHAUSTED, with RetryInfo and QuotaFailure): a bucket, the
+//     daily budget or the wait queue refused; retry after the RetryInfo delay. ErrorInfo
+//     metadata "cause" says which: bucket, budget, queue_full, shed (a higher priority took
+//     the queue slot) or deadline (the wait would not end before the call's deadline).
+//     QuotaFailure names the bucket ("tenant:acme:tpm", "key:openai-1:rpm",
+//     "tenant:acme:budget") or "queue".
+//   - REQUEST_TOO_LARGE (FAILED_PRECONDITION, with QuotaFailure and BadRequest): the request
+//     needs more than a bucket can ever hold; never retryable as is.
+//   - PRICE_UNKNOWN (FAILED_PRECONDITION): the tenant has a money budget and the model has no
+//     price; a budget that cannot be computed is not bypassed.
+//   - BUDGET_UNAVAILABLE (UNAVAILABLE): the tenant has a money budget and its state (Redis)
+//     cannot be reached; money budgets fail closed. Retryable.
+//   - RESERVATION_NOT_FOUND (NOT_FOUND): unknown, already settled, expired or another
+//     tenant's reservation.
+//
+// Events (mantle.events.quota): QuotaRejectionEvent for every refusal, with reason
+// QUOTA_EXHAUSTED, BUDGET_EXHAUSTED, QUEUE_FULL, SHED, DEADLINE, REQUEST_TOO_LARGE,
+// PRICE_UNKNOWN or BUDGET_UNAVAILABLE; rules in shadow mode publish the refusal they would
+// have made with the reason prefixed SHADOW_ and admit the request. QuotaNearLimitEvent when
+// a bucket passes the near-limit threshold (80% used by default).
 type QuotaServiceClient interface {
 	// Reserve charges the estimated tokens of a request against every applicable bucket,
-	// all or nothing.
+	// all or nothing: the tenant's RPM and TPM, the tenant x model buckets when configured,
+	// the tenant's daily money budget when configured, and the upstream key's RPM and TPM when
+	// upstream_key_id names a configured key. When a bucket is short and the call has a
+	// deadline, the request waits in a priority queue (QualityContext.priority) for at most
+	// the remaining deadline; otherwise it is refused at once.
 	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error)
-	// Settle applies the real usage of a reservation.
+	// Settle applies the real usage of a reservation: unused tokens go back, an overrun is
+	// charged (balances may go negative). Once only; see RESERVATION_NOT_FOUND.
 	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 	// CountTokens counts the tokens of messages for a model family.
 	CountTokens(ctx context.Context, in *CountTokensRequest, opts ...grpc.CallOption) (*CountTokensResponse, error)
+	// ObserveUpstream corrects an upstream key's buckets from the provider's rate-limit
+	// headers (x-ratelimit-remaining-* / anthropic-ratelimit-*), so mantle slows down before
+	// the provider answers 429. A reported remaining count can only lower mantle's view.
+	ObserveUpstream(ctx context.Context, in *ObserveUpstreamRequest, opts ...grpc.CallOption) (*ObserveUpstreamResponse, error)
+	// AcquireRetry asks for one retry (or hedge) from the mesh-wide retry budget: retries are
+	// capped at a share of requests per upstream key and overall, with a small floor, across
+	// every router replica.
+	AcquireRetry(ctx context.Context, in *AcquireRetryRequest, opts ...grpc.CallOption) (*AcquireRetryResponse, error)
 }
 
 type quotaServiceClient struct {
@@ -83,6 +116,26 @@ func (c *quotaServiceClient) CountTokens(ctx context.Context, in *CountTokensReq
 	return out, nil
 }
 
+func (c *quotaServiceClient) ObserveUpstream(ctx context.Context, in *ObserveUpstreamRequest, opts ...grpc.CallOption) (*ObserveUpstreamResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ObserveUpstreamResponse)
+	err := c.cc.Invoke(ctx, QuotaService_ObserveUpstream_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *quotaServiceClient) AcquireRetry(ctx context.Context, in *AcquireRetryRequest, opts ...grpc.CallOption) (*AcquireRetryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AcquireRetryResponse)
+	err := c.cc.Invoke(ctx, QuotaService_AcquireRetry_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QuotaServiceServer is the server API for QuotaService service.
 // All implementations must embed UnimplementedQuotaServiceServer
 // for forward compatibility.
@@ -91,17 +144,48 @@ func (c *quotaServiceClient) CountTokens(ctx context.Context, in *CountTokensReq
 // before the provider call and Settle corrects it with the real usage afterwards.
 //
 // Errors carry google.rpc.ErrorInfo with domain "quota.mantle" and one of these reasons:
-// INVALID_REQUEST (with BadRequest), QUOTA_EXHAUSTED (RESOURCE_EXHAUSTED with RetryInfo and
-// QuotaFailure), REQUEST_TOO_LARGE (FAILED_PRECONDITION: larger than the bucket, never
-// retryable), RESERVATION_NOT_FOUND (NOT_FOUND).
+//   - INVALID_REQUEST (INVALID_ARGUMENT, with BadRequest).
+//   - QUOTA_EXHAUSTED (RESOURCE_EXHAUSTED, with RetryInfo and QuotaFailure): a bucket, the
+//     daily budget or the wait queue refused; retry after the RetryInfo delay. ErrorInfo
+//     metadata "cause" says which: bucket, budget, queue_full, shed (a higher priority took
+//     the queue slot) or deadline (the wait would not end before the call's deadline).
+//     QuotaFailure names the bucket ("tenant:acme:tpm", "key:openai-1:rpm",
+//     "tenant:acme:budget") or "queue".
+//   - REQUEST_TOO_LARGE (FAILED_PRECONDITION, with QuotaFailure and BadRequest): the request
+//     needs more than a bucket can ever hold; never retryable as is.
+//   - PRICE_UNKNOWN (FAILED_PRECONDITION): the tenant has a money budget and the model has no
+//     price; a budget that cannot be computed is not bypassed.
+//   - BUDGET_UNAVAILABLE (UNAVAILABLE): the tenant has a money budget and its state (Redis)
+//     cannot be reached; money budgets fail closed. Retryable.
+//   - RESERVATION_NOT_FOUND (NOT_FOUND): unknown, already settled, expired or another
+//     tenant's reservation.
+//
+// Events (mantle.events.quota): QuotaRejectionEvent for every refusal, with reason
+// QUOTA_EXHAUSTED, BUDGET_EXHAUSTED, QUEUE_FULL, SHED, DEADLINE, REQUEST_TOO_LARGE,
+// PRICE_UNKNOWN or BUDGET_UNAVAILABLE; rules in shadow mode publish the refusal they would
+// have made with the reason prefixed SHADOW_ and admit the request. QuotaNearLimitEvent when
+// a bucket passes the near-limit threshold (80% used by default).
 type QuotaServiceServer interface {
 	// Reserve charges the estimated tokens of a request against every applicable bucket,
-	// all or nothing.
+	// all or nothing: the tenant's RPM and TPM, the tenant x model buckets when configured,
+	// the tenant's daily money budget when configured, and the upstream key's RPM and TPM when
+	// upstream_key_id names a configured key. When a bucket is short and the call has a
+	// deadline, the request waits in a priority queue (QualityContext.priority) for at most
+	// the remaining deadline; otherwise it is refused at once.
 	Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error)
-	// Settle applies the real usage of a reservation.
+	// Settle applies the real usage of a reservation: unused tokens go back, an overrun is
+	// charged (balances may go negative). Once only; see RESERVATION_NOT_FOUND.
 	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	// CountTokens counts the tokens of messages for a model family.
 	CountTokens(context.Context, *CountTokensRequest) (*CountTokensResponse, error)
+	// ObserveUpstream corrects an upstream key's buckets from the provider's rate-limit
+	// headers (x-ratelimit-remaining-* / anthropic-ratelimit-*), so mantle slows down before
+	// the provider answers 429. A reported remaining count can only lower mantle's view.
+	ObserveUpstream(context.Context, *ObserveUpstreamRequest) (*ObserveUpstreamResponse, error)
+	// AcquireRetry asks for one retry (or hedge) from the mesh-wide retry budget: retries are
+	// capped at a share of requests per upstream key and overall, with a small floor, across
+	// every router replica.
+	AcquireRetry(context.Context, *AcquireRetryRequest) (*AcquireRetryResponse, error)
 	mustEmbedUnimplementedQuotaServiceServer()
 }
 
@@ -120,6 +204,12 @@ func (UnimplementedQuotaServiceServer) Settle(context.Context, *SettleRequest) (
 }
 func (UnimplementedQuotaServiceServer) CountTokens(context.Context, *CountTokensRequest) (*CountTokensResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CountTokens not implemented")
+}
+func (UnimplementedQuotaServiceServer) ObserveUpstream(context.Context, *ObserveUpstreamRequest) (*ObserveUpstreamResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ObserveUpstream not implemented")
+}
+func (UnimplementedQuotaServiceServer) AcquireRetry(context.Context, *AcquireRetryRequest) (*AcquireRetryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AcquireRetry not implemented")
 }
 func (UnimplementedQuotaServiceServer) mustEmbedUnimplementedQuotaServiceServer() {}
 func (UnimplementedQuotaServiceServer) testEmbeddedByValue()                      {}
@@ -196,6 +286,42 @@ func _QuotaService_CountTokens_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QuotaService_ObserveUpstream_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ObserveUpstreamRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServiceServer).ObserveUpstream(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QuotaService_ObserveUpstream_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServiceServer).ObserveUpstream(ctx, req.(*ObserveUpstreamRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QuotaService_AcquireRetry_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcquireRetryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServiceServer).AcquireRetry(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QuotaService_AcquireRetry_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServiceServer).AcquireRetry(ctx, req.(*AcquireRetryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // QuotaService_ServiceDesc is the grpc.ServiceDesc for QuotaService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -214,6 +340,14 @@ var QuotaService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CountTokens",
 			Handler:    _QuotaService_CountTokens_Handler,
+		},
+		{
+			MethodName: "ObserveUpstream",
+			Handler:    _QuotaService_ObserveUpstream_Handler,
+		},
+		{
+			MethodName: "AcquireRetry",
+			Handler:    _QuotaService_AcquireRetry_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,195 @@
+package rules
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// ActionType is what a rule does when its condition holds.
+type ActionType string
+
+// The action types. The strings are the configuration and API names.
+const (
+	ActionBlock   ActionType = "block"
+	ActionMask    ActionType = "mask"
+	ActionReplace ActionType = "replace"
+	ActionNotice  ActionType = "notice"
+	ActionDegrade ActionType = "degrade"
+	ActionReview  ActionType = "review"
+)
+
+// DefaultMask replaces masked text when a mask action sets no value.
+const DefaultMask = "***"
+
+// Action is a rule's action, as configured.
+type Action struct {
+	Type ActionType `yaml:"type"`
+	// Field is a dot path into a JSON answer ("diagnosis", "patient.phone", "items.0.name")
+	// for mask, replace and notice; empty means the whole text.
+	Field string `yaml:"field,omitempty"`
+	// Pattern (RE2) limits a mask to the matching substrings.
+	Pattern string `yaml:"pattern,omitempty"`
+	// Value is the replacement (replace) or the mask text (mask; default "***").
+	Value string `yaml:"value,omitempty"`
+	// Notice is shown to the end user; the notice action also appends it to the answer.
+	Notice string `yaml:"notice,omitempty"`
+}
+
+// Rule is one L2 business rule, as configured.
+type Rule struct {
+	ID          string `yaml:"id"`
+	Description string `yaml:"description,omitempty"`
+	// Scenarios the rule applies to; empty means every scenario.
+	Scenarios []string `yaml:"scenarios,omitempty"`
+	// Condition is a CEL expression that evaluates to a bool.
+	Condition string `yaml:"condition"`
+	Action    Action `yaml:"action"`
+}
+
+var ruleID = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+
+// validate checks everything about a rule except its condition, which only the compiler
+// can judge. Messages name the key relative to the rule.
+func (r Rule) validate() error {
+	var errs []error
+	if !ruleID.MatchString(r.ID) {
+		errs = append(errs, fmt.Errorf("id: want 1-64 of a-z, 0-9, '.', '_', '-' starting with a letter or digit, got %q", r.ID))
+	}
+	if strings.TrimSpace(r.Condition) == "" {
+		errs = append(errs, errors.New("condition: required"))
+	}
+	for i, s := range r.Scenarios {
+		if strings.TrimSpace(s) == "" {
+			errs = append(errs, fmt.Errorf("scenarios[%d]: must not be empty", i))
+		}
+	}
+	a := r.Action
+	if a.Field != "" {
+		if _, err := parsePath(a.Field); err != nil {
+			errs = append(errs, fmt.Errorf("action.field: %w", err))
+		}
+	}
+	if a.Pattern != "" {
+		if _, err := regexp.Compile(a.Pattern); err != nil {
+			errs = append(errs, fmt.Errorf("action.pattern: %w", err))
+		}
+	}
+	noTarget := func() {
+		if a.Field != "" || a.Pattern != "" || a.Value != "" {
+			errs = append(errs, fmt.Errorf("action: %s takes no field, pattern or value", a.Type))
+		}
+	}
+	switch a.Type {
+	case ActionBlock, ActionDegrade, ActionReview:
+		noTarget()
+	case ActionMask:
+	case ActionReplace:
+		if a.Pattern != "" {
+			errs = append(errs, errors.New("action.pattern: only mask takes a pattern"))
+		}
+	case ActionNotice:
+		if strings.TrimSpace(a.Notice) == "" {
+			errs = append(errs, errors.New("action.notice: required for notice"))
+		}
+		if a.Pattern != "" || a.Value != "" {
+			errs = append(errs, errors.New("action: notice takes no pattern or value"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("action.type: want block, mask, replace, notice, degrade or review, got %q", a.Type))
+	}
+	return errors.Join(errs...)
+}
+
+// pathSegment is one step of a field path: an object key, or an array index when the
+// segment is a number and the value there is an array.
+type pathSegment string
+
+func parsePath(path string) ([]pathSegment, error) {
+	parts := strings.Split(path, ".")
+	segs := make([]pathSegment, 0, len(parts))
+	for _, p := range parts {
+		if p == "" {
+			return nil, fmt.Errorf("%q has an empty segment", path)
+		}
+		segs = append(segs, pathSegment(p))
+	}
+	return segs, nil
+}
+
+// Hint is what a reviewer says about a bad answer, from which Draft builds a rule.
+type Hint struct {
+	// ReviewID names the rule and goes into its description.
+	ReviewID string
+	Scenario string
+	// QuestionTerms must all occur in the question.
+	QuestionTerms []string
+	// AnswerTerms: at least one must occur in the answer.
+	AnswerTerms []string
+	// Knowledge is the notice text for a notice rule.
+	Knowledge   string
+	Description string
+	// Action is the action type the corrective action maps to.
+	Action ActionType
+}
+
+// Draft builds a rule from a reviewer's hint (seed 001 4.2: "when the question contains
+// 工伤认定 and the answer says 无需鉴定, insert the regulation's text"). The result still
+// has to compile and be approved before it goes live.
+func Draft(id string, h Hint) (Rule, error) {
+	var conds []string
+	for _, t := range h.QuestionTerms {
+		if t = strings.TrimSpace(t); t != "" {
+			conds = append(conds, "question.contains("+strconv.Quote(t)+")")
+		}
+	}
+	var any []string
+	for _, t := range h.AnswerTerms {
+		if t = strings.TrimSpace(t); t != "" {
+			any = append(any, "text.contains("+strconv.Quote(t)+")")
+		}
+	}
+	if len(conds) == 0 && len(any) == 0 {
+		return Rule{}, errors.New("a draft rule needs question terms or answer terms")
+	}
+	switch len(any) {
+	case 0:
+	case 1:
+		conds = append(conds, any[0])
+	default:
+		conds = append(conds, "("+strings.Join(any, " || ")+")")
+	}
+	r := Rule{
+		ID:          id,
+		Description: h.Description,
+		Condition:   strings.Join(conds, " && "),
+		Action:      Action{Type: h.Action},
+	}
+	if r.Description == "" {
+		r.Description = "drafted from review " + h.ReviewID
+	}
+	if h.Scenario != "" {
+		r.Scenarios = []string{h.Scenario}
+	}
+	switch h.Action {
+	case ActionNotice:
+		if strings.TrimSpace(h.Knowledge) == "" {
+			return Rule{}, errors.New("a notice rule needs the knowledge text")
+		}
+		r.Action.Notice = h.Knowledge
+	case ActionMask:
+		if len(any) == 0 {
+			return Rule{}, errors.New("a mask rule needs answer terms to mask")
+		}
+		quoted := make([]string, 0, len(h.AnswerTerms))
+		for _, t := range h.AnswerTerms {
+			if t = strings.TrimSpace(t); t != "" {
+				quoted = append(quoted, regexp.QuoteMeta(t))
+			}
+		}
+		r.Action.Pattern = strings.Join(quoted, "|")
+	}
+	return r, r.validate()
+}
