@@ -4,6 +4,10 @@ import (
 	"context"
 	"flag"
 	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 )
@@ -12,6 +16,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	flags := mesh.RegisterFlags(fs)
+	reloadEvery := fs.Duration("config.reload-interval", 10*time.Second, "how often the config file is checked for changes")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -30,6 +35,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr})
 	if err != nil {
 		return err
+	}
+	if flags.File != "" {
+		// Routing tables, ladders, thresholds and rules reload without a restart: on SIGHUP,
+		// and when the file changes.
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		defer stopWatch()
+		go p.WatchConfig(watchCtx, func() (mesh.Config, error) { return mesh.Load(flags) }, *reloadEvery, hup)
 	}
 	return p.Run(ctx)
 }

@@ -76,6 +76,7 @@ type App struct {
 	httpLis  net.Listener
 	selected []string
 	run      []Runnable
+	reload   map[string]func(context.Context, any) error
 	ready    atomic.Bool
 
 	connMu sync.Mutex
@@ -162,6 +163,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 		mux:      http.NewServeMux(),
 		selected: selected,
 		conns:    map[string]*grpc.ClientConn{},
+		reload:   map[string]func(context.Context, any) error{},
 	}
 	if err := deps.Metrics.Register(collectors.NewGoCollector()); err != nil {
 		return nil, fmt.Errorf("register go collector: %w", err)
@@ -192,6 +194,9 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 		}
 		if r != nil {
 			a.run = append(a.run, r)
+		}
+		if m.Reload != nil {
+			a.reload[m.Name] = m.Reload
 		}
 	}
 	return a, nil
@@ -337,6 +342,22 @@ func (a *App) closeConns() {
 func (a *App) closeListeners() {
 	a.grpcLis.Close()
 	a.httpLis.Close()
+}
+
+// Reload hands each module that runs here and can reload its new configuration block.
+// Every module is tried; the errors are joined, named by module.
+func (a *App) Reload(ctx context.Context, blocks map[string]any) error {
+	var errs []error
+	for name, reload := range a.reload {
+		block, ok := blocks[name]
+		if !ok {
+			continue
+		}
+		if err := reload(ctx, block); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Close releases an App whose Run will never be called (Run releases everything itself).

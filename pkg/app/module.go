@@ -25,6 +25,9 @@ type Module struct {
 	// New builds the service and registers it on env.GRPC (and env.HTTP when it serves
 	// HTTP). It must not block; long-running work goes in the returned Runnable.
 	New func(ctx context.Context, env Env) (Runnable, error)
+	// Reload applies the module's new configuration block without a restart. It is nil for
+	// modules that cannot reload; it is called only after New succeeded.
+	Reload func(ctx context.Context, block any) error
 }
 
 // Runnable is background work a module owns. Run blocks until ctx is done and returns nil

@@ -30,23 +30,35 @@ type Publisher struct {
 
 // Connect dials NATS at url, makes sure the events stream exists, and returns a Publisher.
 func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.Registerer) (*Publisher, error) {
+	// The stream is (re)declared on every connect, so a NATS server that was down at start,
+	// or restarted without its store, keeps events once it is back.
+	declare := func(nc *nats.Conn) {
+		if err := ensureStream(context.Background(), nc); err != nil {
+			log.Warn("events stream not declared; events are published but may not be kept", "err", err)
+		}
+	}
 	nc, err := nats.Connect(url,
 		nats.Name("mantle"),
 		nats.MaxReconnects(-1),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
-				log.Warn("nats disconnected", "err", err)
+				log.Warn("nats disconnected; events are buffered until it returns", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrl()) }),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			log.Info("nats reconnected", "url", c.ConnectedUrl())
+			declare(c)
+		}),
+		nats.ConnectHandler(declare),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats at %s: %w", url, err)
 	}
-	if err := ensureStream(ctx, nc); err != nil {
-		nc.Close()
-		return nil, err
+	if nc.IsConnected() {
+		declare(nc)
+	} else {
+		log.Warn("nats not reachable yet; starting anyway and buffering events", "url", url)
 	}
 	p := &Publisher{
 		nc:  nc,

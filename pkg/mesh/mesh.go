@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"reflect"
+	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
@@ -45,6 +47,8 @@ type Process struct {
 	Events  *events.Publisher // nil when events are disabled
 	cleanup []func()
 	ran     bool
+	clock   clockwork.Clock
+	current Config
 }
 
 // Start validates cfg, connects (or starts) NATS, binds listeners and builds the modules.
@@ -63,7 +67,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		opts.Getenv = os.Getenv
 	}
 	log := NewLogger(cfg.Log, opts.LogOutput)
-	p := &Process{Log: log}
+	p := &Process{Log: log, clock: opts.Clock, current: cfg}
 	reg := prometheus.NewRegistry()
 
 	authn, err := rpc.NewAuthenticator(cfg.Auth.Tenants, opts.Getenv)
@@ -116,6 +120,53 @@ func (p *Process) Run(ctx context.Context) error {
 	p.ran = true
 	defer p.Close()
 	return p.App.Run(ctx)
+}
+
+// Reload validates cfg and hands every module running here its new block. Process-level
+// settings (listeners, auth, events, targets) apply only after a restart; a change to them
+// is reported and otherwise ignored.
+func (p *Process) Reload(ctx context.Context, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration, keeping the running one:\n%w", err)
+	}
+	if !reflect.DeepEqual(cfg.Server, p.current.Server) || !reflect.DeepEqual(cfg.Auth, p.current.Auth) ||
+		cfg.Events != p.current.Events || cfg.Target != p.current.Target {
+		p.Log.Warn("server, auth, events and target settings change only with a restart")
+	}
+	err := p.App.Reload(ctx, map[string]any{"router": cfg.Router, "cache": cfg.Cache, "quota": cfg.Quota, "verifier": cfg.Verifier})
+	if err == nil {
+		p.current = cfg
+	}
+	return err
+}
+
+// WatchConfig reloads the configuration whenever load returns one that differs from the
+// running one: every interval on the process clock, and at once when trigger fires (SIGHUP).
+// A configuration that does not validate or reload is logged and the running one kept.
+func (p *Process) WatchConfig(ctx context.Context, load func() (Config, error), interval time.Duration, trigger <-chan os.Signal) {
+	ticker := p.clock.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.Chan():
+		case <-trigger:
+		}
+		cfg, err := load()
+		if err != nil {
+			p.Log.Error("configuration not reloaded", "err", err)
+			continue
+		}
+		if reflect.DeepEqual(cfg, p.current) {
+			continue
+		}
+		if err := p.Reload(ctx, cfg); err != nil {
+			p.Log.Error("configuration not reloaded", "err", err)
+			continue
+		}
+		p.Log.Info("configuration reloaded")
+	}
 }
 
 // Close releases what Start acquired, in reverse order. After Run it only releases what

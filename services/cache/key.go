@@ -13,50 +13,75 @@ import (
 	"golang.org/x/text/unicode/norm"
 )
 
-// Key identifies one cached answer: a SHA-256 over everything that decides whether two
-// requests may share an answer. Two prompts get the same key exactly when the cache may
-// answer one with the other's answer.
+// Key is a SHA-256 that names a scope (a partition) or one cached answer within it.
 type Key [sha256.Size]byte
 
 func (k Key) String() string { return hex.EncodeToString(k[:]) }
 
-// keyVersion is the first field of every key. Changing what goes into a key, or how text
-// is normalised, must change it, so entries written under the old rules stop matching
-// instead of matching the wrong prompts.
-const keyVersion = "mantle.cache.key/v1"
+// keyVersion is the first field of every partition. Changing what goes into a key, or how
+// text is normalised, must change it, so entries written under the old rules stop matching
+// instead of matching the wrong prompts. (v2: the embedder namespace, model family and
+// context fingerprint joined the scope, and the key became partition + message.)
+const keyVersion = "mantle.cache.key/v2"
 
-// deriveKey returns the key of tenant's prompt, and the normalised last user message it
-// was built from. p must have passed validatePrompt.
+// keys are the names of one prompt in the cache.
+type keys struct {
+	// Partition names everything that must be equal before two prompts are compared at
+	// all; it is the filter of every vector search.
+	Partition Key
+	// Exact names the prompt: the partition and the normalised last user message.
+	Exact Key
+	// Question is the last user message folded (NFKC, spaces) but with its case and
+	// punctuation: what the embedder and the near-miss check read.
+	Question string
+	// Normalized is the last user message as the exact key sees it.
+	Normalized string
+}
+
+// deriveKeys names tenant's prompt p under the embedder namespace. p must have passed
+// validatePrompt.
 //
-// Each part is in the key for a reason:
+// Each part of the partition is there for a reason:
 //   - tenant: answers never cross tenants; one tenant's cached answer may quote its
 //     private data. It comes first so no other field can make two tenants collide.
 //   - scenario: the same words mean different jobs in different scenarios (a support bot
 //     and an extraction pipeline), and policies and invalidation are per scenario.
-//   - model: the caller chose a model; another model's answer is not what it asked for.
+//   - embedder namespace: vectors of two embedders (or two versions of one) do not compare;
+//     after a change of embedder the cache starts cold instead of matching wrongly.
+//   - model family: the caller chose a model (or a family that may share answers, when it
+//     says so); another model's answer is not what it asked for.
 //   - temperature bucket: a low temperature asks for the stable answer, a high one for
 //     variety. Rounding to 0.1 keeps float noise (0.30000000000000004) from splitting
 //     entries. Unset is its own bucket: it means the provider's default (often 1.0), not 0.
 //   - max_tokens: a smaller limit gets a shorter or truncated answer.
 //   - response format (type, schema, required fields): a prose answer cannot serve a JSON
 //     request, nor JSON of another shape. Required fields are a set, so they are sorted.
-//   - context hash: the system prompt and earlier turns (with their roles and names)
-//     change the answer to the same last question. They are hashed exactly, not
-//     normalised: they usually come from the application's code, and instructions that
-//     differ only in case or punctuation may still ask for different things.
-//   - the normalised last user message: the question itself, with differences that do not
-//     change its meaning (full/half width, case, spacing, surrounding punctuation) removed.
-func deriveKey(tenant string, p Prompt) (Key, string) {
-	last := normalizeText(p.Messages[len(p.Messages)-1].Content)
-	history := contextHash(p.Messages[:len(p.Messages)-1])
+//   - context: the system prompt and earlier turns (with their roles and names), and the
+//     caller's fingerprint of tools and other parameters, change the answer to the same
+//     last question. They are hashed exactly, not normalised: they usually come from the
+//     application's code, and instructions that differ only in case or punctuation may
+//     still ask for different things.
+//
+// The exact key adds the normalised last user message: the question itself, with the
+// differences that do not change its meaning (full/half width, case, spacing, surrounding
+// punctuation) removed.
+func deriveKeys(tenant, namespace string, p Prompt) keys {
+	question := foldText(p.Messages[len(p.Messages)-1].Content)
+	normalized := trimText(question)
+	history := contextHash(p.Messages[:len(p.Messages)-1], p.ContextFingerprint)
+	family := p.ModelFamily
+	if family == "" {
+		family = p.Model
+	}
 
 	// Every field is length-prefixed, so no choice of values can shift bytes from one
 	// field into the next and collide with another scope.
-	b := make([]byte, 0, 128+len(p.ResponseFormat.JSONSchema)+len(last))
+	b := make([]byte, 0, 160+len(p.ResponseFormat.JSONSchema))
 	b = appendField(b, keyVersion)
 	b = appendField(b, tenant)
 	b = appendField(b, p.Scenario)
-	b = appendField(b, p.Model)
+	b = appendField(b, namespace)
+	b = appendField(b, family)
 	b = appendField(b, temperatureField(p.Temperature))
 	b = appendField(b, strconv.FormatInt(int64(p.MaxTokens), 10))
 	b = appendField(b, string(p.ResponseFormat.typeOrText()))
@@ -67,15 +92,19 @@ func deriveKey(tenant string, p Prompt) (Key, string) {
 		b = appendField(b, f)
 	}
 	b = appendField(b, string(history[:]))
-	b = appendField(b, last)
-	return sha256.Sum256(b), last
+	partition := sha256.Sum256(b)
+
+	e := make([]byte, 0, len(partition)+len(normalized)+binary.MaxVarintLen64)
+	e = append(e, partition[:]...)
+	e = appendField(e, normalized)
+	return keys{Partition: partition, Exact: sha256.Sum256(e), Question: question, Normalized: normalized}
 }
 
-// contextHash hashes the turns before the last user message: what the question is asked in
-// the context of. A later vector backend searches on the last message only and uses this
-// hash as a filter, which is why it is a hash of its own.
-func contextHash(turns []Message) [sha256.Size]byte {
-	size := 8
+// contextHash hashes the turns before the last user message and the caller's fingerprint:
+// what the question is asked in the context of. The vector search compares last messages
+// only, so everything else must be equal, which this hash (part of the partition) ensures.
+func contextHash(turns []Message, fingerprint string) [sha256.Size]byte {
+	size := 8 + len(fingerprint) + binary.MaxVarintLen64
 	for _, m := range turns {
 		size += len(m.Role) + len(m.Name) + len(m.Content) + 3*binary.MaxVarintLen64
 	}
@@ -86,6 +115,7 @@ func contextHash(turns []Message) [sha256.Size]byte {
 		b = appendField(b, m.Name)
 		b = appendField(b, m.Content)
 	}
+	b = appendField(b, fingerprint)
 	return sha256.Sum256(b)
 }
 
@@ -112,8 +142,13 @@ func temperatureField(t *float64) string {
 //   - runs of white space become one space;
 //   - punctuation (any Unicode punctuation, so also 。？！，、) and space at either end are
 //     removed. Punctuation inside the text stays: "1,000" is not "1 000".
-func normalizeText(s string) string {
-	s = strings.ToLower(norm.NFKC.String(s))
+func normalizeText(s string) string { return trimText(foldText(s)) }
+
+// foldText applies NFKC and collapses white space, keeping case and punctuation: the form
+// in which questions are embedded and compared for near misses (which need "iPhone" and
+// quotes).
+func foldText(s string) string {
+	s = norm.NFKC.String(s)
 	var b strings.Builder
 	b.Grow(len(s))
 	pendingSpace := false
@@ -128,5 +163,10 @@ func normalizeText(s string) string {
 		}
 		b.WriteRune(r)
 	}
-	return strings.TrimFunc(b.String(), func(r rune) bool { return unicode.IsPunct(r) || r == ' ' })
+	return b.String()
+}
+
+// trimText lower-cases folded text and removes punctuation and space at either end.
+func trimText(folded string) string {
+	return strings.TrimFunc(strings.ToLower(folded), func(r rune) bool { return unicode.IsPunct(r) || r == ' ' })
 }

@@ -11,8 +11,10 @@ import (
 const window = time.Minute
 
 // maxDebt bounds how far a bucket can be overdrawn, in time, so that absurd usage
-// reports cannot overflow the arithmetic. A century of refill is debt enough.
-const maxDebt = 100 * 365 * 24 * time.Hour
+// reports cannot overflow the arithmetic. Thirty days of refill is debt enough, and it
+// keeps every duration the Redis scripts handle below 2^53 ns, where Lua's numbers (IEEE
+// doubles) are still exact integers.
+const maxDebt = 30 * 24 * time.Hour
 
 // bucket is a token bucket with a capacity of limit tokens that refills continuously at
 // limit tokens per window. Instead of a level and a last-update time it stores one
@@ -24,7 +26,7 @@ const maxDebt = 100 * 365 * 24 * time.Hour
 // This is the "theoretical arrival time" form of a token bucket (GCRA). Working in
 // integer nanoseconds keeps decisions exact: a caller told to retry after d succeeds at
 // exactly d, not a rounding error later. It is also a single number per bucket, which
-// is what a Redis script will store. The limit is passed in on every call rather than
+// is what the Redis scripts store. The limit is passed in on every call rather than
 // stored, so a changed limit applies at once, and the zero value is a full bucket.
 type bucket struct {
 	fullAt time.Time

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -126,6 +127,7 @@ type outcome struct {
 	audit     []*mantlev1.AuditStep
 	verdict   *verifierv1.VerifyResponse // nil when the answer was not verified
 	committed bool                       // part of a stream reached the caller
+	streamed  bool                       // verified after the caller has the answer
 	err       error                      // the provider's or the verifier's rejection
 }
 
@@ -139,7 +141,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		if c == nil {
 			break
 		}
-		remaining := qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) - r.cfg.HopReserve
+		remaining := qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) - r.conf().HopReserve
 		if remaining <= 0 {
 			break
 		}
@@ -192,6 +194,13 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		}
 		release()
 		if o.err == nil {
+			if sink != nil {
+				// The answer is already with the caller; the verdict annotates it (and keeps a
+				// failed one out of the cache).
+				v, audit, _ := r.verify(ctx, req, qc, o.c.u, &o.res, nil)
+				qc.Audit = append(qc.Audit, audit...)
+				applyVerdict(qc, v)
+			}
 			qc.CurrentModel, qc.CurrentProvider = o.c.u.model.Name, o.c.u.provider
 			qc.FallbackLevel = o.c.level
 			if o.c.level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY && qc.DegradationReason == "" {
@@ -225,7 +234,7 @@ func (r *Router) exhausted(ctx context.Context, qc *mantlev1.QualityContext, p *
 	switch {
 	case errors.Is(ctx.Err(), context.Canceled):
 		class = mantlev1.ErrorClass_ERROR_CLASS_CANCELED
-	case ctx.Err() != nil, qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.cfg.HopReserve:
+	case ctx.Err() != nil, qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.conf().HopReserve:
 		class = mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED
 	case p.lastErr == nil:
 		// Nothing was called: every candidate was skipped (breakers open, bulkheads full).
@@ -245,7 +254,7 @@ func (r *Router) afterFailure(p *plan, o outcome) {
 	p.prefer = class
 	retryable := func() {
 		c.retries++
-		if c.retries > r.cfg.Retry.MaxRetries {
+		if c.retries > r.conf().Retry.MaxRetries {
 			c.exhausted = true
 		}
 	}
@@ -256,7 +265,7 @@ func (r *Router) afterFailure(p *plan, o outcome) {
 		retryable()
 		if !r.hasUsableKey(c.u, p.avoid) {
 			hint := retryAfter(o.err)
-			if hint <= 0 || hint > r.cfg.Retry.MaxRetryAfter {
+			if hint <= 0 || hint > r.conf().Retry.MaxRetryAfter {
 				c.exhausted = true
 			}
 			c.retryWait = hint
@@ -300,7 +309,7 @@ func (r *Router) waitBefore(c *candidate) time.Duration {
 	if c.lastClass == mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED || c.lastClass == mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT {
 		return 0 // another key is free
 	}
-	return resilience.Backoff(c.retries-1, r.cfg.Retry.BackoffBase, r.cfg.Retry.BackoffCap, r.deps.Rand)
+	return resilience.Backoff(c.retries-1, r.conf().Retry.BackoffBase, r.conf().Retry.BackoffCap, r.deps.Rand)
 }
 
 // sleep waits d on the injected clock; false when ctx ended first.
@@ -351,6 +360,7 @@ func (r *Router) try(ctx context.Context, req *routerv1.Request, rt *route, qc *
 // run is try without recording, safe to call concurrently for hedges.
 func (r *Router) run(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool) outcome {
 	o := r.call(ctx, rt, c, key, permit, preq, sink, hedged)
+	o.streamed = sink != nil
 	if o.err == nil && sink == nil {
 		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c.u, &o.res, o.audit)
 		if o.err != nil {
@@ -457,7 +467,7 @@ func (r *Router) hedgeDelay(rt *route, key *upstreamKey) time.Duration {
 func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool) outcome {
 	u := c.u
 	preq.Model = u.upstreamModel()
-	remaining := time.Until(deadlineOf(ctx)) - r.cfg.HopReserve
+	remaining := time.Until(deadlineOf(ctx)) - r.conf().HopReserve
 	ctx, cancel := context.WithTimeout(ctx, min(u.timeout, max(remaining, time.Millisecond)))
 	defer cancel()
 	start := r.deps.Clock.Now()
@@ -478,7 +488,7 @@ func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstrea
 		// A 429 is the key's quota, not the provider's health: cool the key, spare the breaker.
 		hint := retryAfter(o.err)
 		if hint <= 0 {
-			hint = r.cfg.Retry.BackoffCap
+			hint = r.conf().Retry.BackoffCap
 		}
 		key.cooldown.Set(hint)
 		permit.Cancel()
@@ -540,17 +550,27 @@ func (r *Router) record(qc *mantlev1.QualityContext, o outcome) {
 	}
 	addUsage(qc, o.c.u, o.res.Usage)
 	qc.Audit = append(qc.Audit, o.audit...)
-	if v := o.verdict; v != nil {
-		qc.Verification = v.GetQuality().GetVerification()
-		if qc.Verification == nil {
-			qc.Verification = &mantlev1.Verification{L1Passed: v.Passed, FailureClass: v.FailureClass}
-		}
-		qc.QualityGrade, qc.RiskScore = v.Grade, v.RiskScore
-	} else if o.err == nil {
-		// An answer nobody could check must not carry an earlier candidate's verdict.
-		qc.Verification, qc.QualityGrade, qc.RiskScore = nil, mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED, 0
+	if o.verdict != nil || (o.err == nil && !o.streamed) {
+		applyVerdict(qc, o.verdict)
 	}
 	r.deps.Metrics.attempts.WithLabelValues(o.c.u.model.Name, shortClass(o.att.ErrorClass)).Inc()
+}
+
+// applyVerdict records the verifier's verdict on the answer going out; nil means nobody
+// could check it, and an earlier candidate's verdict must not stick to it.
+func applyVerdict(qc *mantlev1.QualityContext, v *verifierv1.VerifyResponse) {
+	if v == nil {
+		qc.Verification, qc.QualityGrade, qc.RiskScore = nil, mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED, 0
+		if !slices.Contains(qc.SkippedSteps, "verify") {
+			qc.SkippedSteps = append(qc.SkippedSteps, "verify")
+		}
+		return
+	}
+	qc.Verification = v.GetQuality().GetVerification()
+	if qc.Verification == nil {
+		qc.Verification = &mantlev1.Verification{L1Passed: v.Passed, FailureClass: v.FailureClass}
+	}
+	qc.QualityGrade, qc.RiskScore = v.Grade, v.RiskScore
 }
 
 // verify asks the verifier about res. A verifier that cannot be reached does not fail the

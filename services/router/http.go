@@ -144,7 +144,7 @@ func (f *frontDoor) models(w http.ResponseWriter, r *http.Request) {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
-	for _, name := range f.router.routeNames {
+	for _, name := range f.router.table().names {
 		out.Data = append(out.Data, model{ID: name, Object: "model", OwnedBy: "mantle"})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -156,14 +156,14 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Room for the prompt limit plus JSON overhead; beyond it the body is not read at all.
-	limit := int64(f.router.cfg.MaxPromptBytes)*2 + 64<<10
+	limit := int64(f.router.conf().MaxPromptBytes)*2 + 64<<10
 	body := http.MaxBytesReader(w, r.Body, limit)
 	var cr chatRequest
 	if err := json.NewDecoder(body).Decode(&cr); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			writeOpenAIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "messages",
-				fmt.Sprintf("request body exceeds %d bytes (router.max_prompt_bytes is %d)", limit, f.router.cfg.MaxPromptBytes))
+				fmt.Sprintf("request body exceeds %d bytes (router.max_prompt_bytes is %d)", limit, f.router.conf().MaxPromptBytes))
 			return
 		}
 		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body is not valid JSON: "+err.Error())

@@ -51,7 +51,7 @@ func (r *Router) breaker(u *upstream, key *upstreamKey, scenario string) *resili
 	defer key.mu.Unlock()
 	b, ok := key.breakers[scenario]
 	if !ok {
-		b = resilience.NewBreaker(r.cfg.Breaker.resilience(), r.deps.Clock, r.deps.Rand, func(t resilience.Transition) {
+		b = resilience.NewBreaker(r.conf().Breaker.resilience(), r.deps.Clock, r.deps.Rand, func(t resilience.Transition) {
 			r.breakerTransition(u, key, scenario, t)
 		})
 		key.breakers[scenario] = b

@@ -23,32 +23,43 @@ import (
 
 // Module returns the router module: it calls quota, cache and verifier.
 func Module(cfg Config) app.Module {
+	var r *Router // set by New, used by Reload
 	return app.Module{
 		Name: "router",
 		Deps: []string{"quota", "cache", "verifier"},
 		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
-			return newModule(ctx, cfg, env, os.Getenv)
+			var run app.Runnable
+			var err error
+			r, run, err = newModule(ctx, cfg, env, os.Getenv)
+			return run, err
+		},
+		Reload: func(_ context.Context, block any) error {
+			c, ok := block.(Config)
+			if !ok {
+				return fmt.Errorf("reload: want a router.Config, got %T", block)
+			}
+			return r.Reload(c)
 		},
 	}
 }
 
-func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string) string) (app.Runnable, error) {
+func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string) string) (*Router, app.Runnable, error) {
 	m, err := newMetrics(env.Metrics)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	deps := Deps{Events: env.Events, Clock: env.Clock, Log: env.Log, Metrics: m}
 	quotaConn, err := env.Dial("quota")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cacheConn, err := env.Dial("cache")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	verifierConn, err := env.Dial("verifier")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	deps.Quota = quotav1.NewQuotaServiceClient(quotaConn)
 	deps.Cache = cachev1.NewCacheServiceClient(cacheConn)
@@ -83,17 +94,17 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	case "jetstream":
 		if env.NATS == nil {
 			sims.stop()
-			return nil, fmt.Errorf("idempotency.backend jetstream needs NATS: set events.nats_url or events.embedded")
+			return nil, nil, fmt.Errorf("idempotency.backend jetstream needs NATS: set events.nats_url or events.embedded")
 		}
 		js, err := jetstream.New(env.NATS)
 		if err != nil {
 			sims.stop()
-			return nil, fmt.Errorf("idempotency: %w", err)
+			return nil, nil, fmt.Errorf("idempotency: %w", err)
 		}
 		store, err := idempotency.NewJetStream(ctx, js, "mantle_idempotency", cfg.Idempotency.TTL, cfg.Idempotency.InflightTTL)
 		if err != nil {
 			sims.stop()
-			return nil, fmt.Errorf("idempotency: %w", err)
+			return nil, nil, fmt.Errorf("idempotency: %w", err)
 		}
 		deps.Idempotency = store
 	default:
@@ -115,11 +126,11 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	r, err := New(cfg, deps, clients)
 	if err != nil {
 		sims.stop()
-		return nil, err
+		return nil, nil, err
 	}
 	routerv1.RegisterRouterServiceServer(env.GRPC, &server{router: r})
 	(&frontDoor{router: r, auth: env.Auth, log: env.Log}).register(env.HTTP)
-	return app.RunFunc(func(ctx context.Context) error {
+	return r, app.RunFunc(func(ctx context.Context) error {
 		if sweep != nil {
 			_ = sweep(ctx)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -101,21 +102,34 @@ type Deps struct {
 
 // Router executes requests.
 type Router struct {
-	cfg        Config
-	deps       Deps
-	routes     map[string]*route
-	routeNames []string // in config order: models first, then aliases
-	budget     *resilience.Budget
+	deps Deps
+	// cfg and the routing table are swapped whole on reload; a request reads each once per
+	// use, so it never sees half of a new configuration.
+	cfg      atomic.Pointer[Config]
+	tab      atomic.Pointer[routeTable]
+	reloadMu sync.Mutex // serialises reloads
+
+	upstreams map[string]*upstream // by model name; fixed for the process's life
+	budget    *resilience.Budget
 	// fallbackLimiter admits requests while the quota service is unreachable.
 	fallbackLimiter *localLimiter
 }
+
+// routeTable is the routes callers can name, in config order: models first, then aliases.
+type routeTable struct {
+	routes map[string]*route
+	names  []string
+}
+
+func (r *Router) conf() *Config      { return r.cfg.Load() }
+func (r *Router) table() *routeTable { return r.tab.Load() }
 
 // New builds the routing table. clients maps provider name and key id to a client.
 func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, keyID string) (provider.Provider, error)) (*Router, error) {
 	if deps.Rand == nil {
 		deps.Rand = rand.Float64
 	}
-	r := &Router{cfg: cfg, deps: deps, routes: map[string]*route{},
+	r := &Router{deps: deps, upstreams: map[string]*upstream{},
 		budget:          resilience.NewBudget(cfg.RetryBudget.resilience(), deps.Clock),
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
 	}
@@ -123,7 +137,6 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 	for _, p := range cfg.Providers {
 		providers[p.Name] = p
 	}
-	upstreams := map[string]*upstream{}
 	for _, m := range cfg.Models {
 		p := providers[m.Provider]
 		limit := p.MaxConcurrency
@@ -150,38 +163,68 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 				breakers: map[string]*resilience.Breaker{},
 			})
 		}
-		upstreams[m.Name] = u
-		r.addRoute(&route{name: m.Name, candidates: []*upstream{u}})
+		r.upstreams[m.Name] = u
+	}
+	r.cfg.Store(&cfg)
+	r.tab.Store(r.buildTable(&cfg))
+	return r, nil
+}
+
+// buildTable makes the routes of cfg over the router's upstreams.
+func (r *Router) buildTable(cfg *Config) *routeTable {
+	t := &routeTable{routes: map[string]*route{}}
+	add := func(rt *route) {
+		if rt.budget == 0 {
+			rt.budget = cfg.DefaultBudget
+		}
+		if rt.scenario == "" {
+			rt.scenario = "default"
+		}
+		if rt.firstTokenTimeout == 0 {
+			rt.firstTokenTimeout = cfg.FirstTokenTimeout
+		}
+		if rt.stallTimeout == 0 {
+			rt.stallTimeout = cfg.StallTimeout
+		}
+		t.routes[rt.name] = rt
+		t.names = append(t.names, rt.name)
+	}
+	for _, m := range cfg.Models {
+		add(&route{name: m.Name, candidates: []*upstream{r.upstreams[m.Name]}})
 	}
 	for _, rc := range cfg.Routes {
 		rt := &route{name: rc.Name, scenario: rc.Scenario, budget: rc.Budget, hedge: rc.Hedge, ladder: rc.Ladder,
 			firstTokenTimeout: rc.FirstTokenTimeout, stallTimeout: rc.StallTimeout}
 		for _, name := range rc.Candidates {
-			rt.candidates = append(rt.candidates, upstreams[name])
+			rt.candidates = append(rt.candidates, r.upstreams[name])
 		}
 		for _, name := range rc.Ladder.Smaller {
-			rt.smaller = append(rt.smaller, upstreams[name])
+			rt.smaller = append(rt.smaller, r.upstreams[name])
 		}
-		r.addRoute(rt)
+		add(rt)
 	}
-	return r, nil
+	return t
 }
 
-func (r *Router) addRoute(rt *route) {
-	if rt.budget == 0 {
-		rt.budget = r.cfg.DefaultBudget
+// Reload applies a new router block without a restart: routes, ladders (including forced
+// levels), hedging, streaming limits, retry policy and the other scalar settings. Providers
+// and models hold connections, keys, breakers and statistics, so changing them needs a
+// restart; breakers keep their state and settings across a reload, so an operator who
+// forces cache-only mode during an incident does not also close every open breaker.
+func (r *Router) Reload(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
-	if rt.scenario == "" {
-		rt.scenario = "default"
+	r.reloadMu.Lock()
+	defer r.reloadMu.Unlock()
+	old := r.conf()
+	if !reflect.DeepEqual(old.Providers, cfg.Providers) || !reflect.DeepEqual(old.Models, cfg.Models) {
+		return errors.New("providers and models change only with a restart")
 	}
-	if rt.firstTokenTimeout == 0 {
-		rt.firstTokenTimeout = r.cfg.FirstTokenTimeout
-	}
-	if rt.stallTimeout == 0 {
-		rt.stallTimeout = r.cfg.StallTimeout
-	}
-	r.routes[rt.name] = rt
-	r.routeNames = append(r.routeNames, rt.name)
+	r.tab.Store(r.buildTable(&cfg))
+	r.cfg.Store(&cfg)
+	r.deps.Log.Info("router configuration reloaded", "routes", len(cfg.Routes))
+	return nil
 }
 
 // Delta is a piece of a streamed answer and where it comes from. Everything but Content
@@ -309,7 +352,7 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 	})
 	if err != nil {
 		code := status.Code(err)
-		if r.cfg.QuotaFailOpen && (code == codes.Unavailable || code == codes.DeadlineExceeded) && ctx.Err() == nil {
+		if r.conf().QuotaFailOpen && (code == codes.Unavailable || code == codes.DeadlineExceeded) && ctx.Err() == nil {
 			// Fail open, but bounded: a local limiter per tenant at this replica's share
 			// keeps a quota outage from becoming unlimited spending.
 			if !r.fallbackLimiter.allow(qc.Tenant, r.deps.Clock.Now()) {
@@ -318,6 +361,7 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 					"quota service unavailable and this replica's fallback limit is reached", time.Second)
 			}
 			r.deps.Log.WarnContext(ctx, "quota unavailable; admitting under the local fallback limit", "err", err)
+			qc.SkippedSteps = append(qc.SkippedSteps, "quota")
 			r.audit(qc, "reserve", "fail open (local limit): "+code.String(), r.deps.Clock.Since(start))
 			return "", nil, nil
 		}
@@ -356,6 +400,7 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 	res, err := r.deps.Cache.Lookup(hop, &cachev1.LookupRequest{Quality: qc, Prompt: cachePrompt(req, rt)})
 	if err != nil {
 		r.deps.Log.WarnContext(ctx, "cache lookup failed; treating as miss", "err", err)
+		qc.SkippedSteps = append(qc.SkippedSteps, "cache")
 		r.audit(qc, "lookup", "error: "+status.Code(err).String(), r.deps.Clock.Since(start))
 		return nil
 	}
@@ -420,7 +465,7 @@ func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1
 // hopContext gives a call to another service the remaining budget minus the reserve.
 func (r *Router) hopContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if dl, ok := ctx.Deadline(); ok {
-		return context.WithDeadline(ctx, dl.Add(-r.cfg.HopReserve))
+		return context.WithDeadline(ctx, dl.Add(-r.conf().HopReserve))
 	}
 	return context.WithCancel(ctx)
 }

@@ -40,16 +40,16 @@ func (s *server) DescribeRoutes(_ context.Context, req *routerv1.DescribeRoutesR
 // Describe reports the routing table with live per-key state.
 func (r *Router) Describe(only string) (*routerv1.DescribeRoutesResponse, error) {
 	if only != "" {
-		if _, ok := r.routes[only]; !ok {
+		if _, ok := r.table().routes[only]; !ok {
 			return nil, toStatus(&unknownRouteError{name: only})
 		}
 	}
 	resp := &routerv1.DescribeRoutesResponse{}
-	for _, name := range r.routeNames {
+	for _, name := range r.table().names {
 		if only != "" && name != only {
 			continue
 		}
-		rt := r.routes[name]
+		rt := r.table().routes[name]
 		out := &routerv1.Route{
 			Name:          rt.name,
 			Scenario:      rt.scenario,

@@ -40,14 +40,14 @@ func (r *Router) validate(req *routerv1.Request) (*route, error) {
 	if len(req.Messages) > 0 && !hasUser {
 		v.Add("request.messages", "at least one user message is required")
 	}
-	if size > r.cfg.MaxPromptBytes {
-		v.Add("request.messages", "prompt is %d bytes; the limit is %d (router.max_prompt_bytes)", size, r.cfg.MaxPromptBytes)
+	if size > r.conf().MaxPromptBytes {
+		v.Add("request.messages", "prompt is %d bytes; the limit is %d (router.max_prompt_bytes)", size, r.conf().MaxPromptBytes)
 	}
 	if req.MaxTokens < 0 {
 		v.Add("request.max_tokens", "must not be negative, got %d", req.MaxTokens)
 	}
-	if r.cfg.MaxOutputTokens > 0 && int(req.MaxTokens) > r.cfg.MaxOutputTokens {
-		v.Add("request.max_tokens", "must be at most %d, got %d", r.cfg.MaxOutputTokens, req.MaxTokens)
+	if r.conf().MaxOutputTokens > 0 && int(req.MaxTokens) > r.conf().MaxOutputTokens {
+		v.Add("request.max_tokens", "must be at most %d, got %d", r.conf().MaxOutputTokens, req.MaxTokens)
 	}
 	if t := req.Temperature; t != nil && (*t < 0 || *t > 2) {
 		v.Add("request.temperature", "must be between 0 and 2, got %g", *t)
@@ -65,7 +65,7 @@ func (r *Router) validate(req *routerv1.Request) (*route, error) {
 	if err := v.OrNil(); err != nil {
 		return nil, err
 	}
-	rt, ok := r.routes[req.Model]
+	rt, ok := r.table().routes[req.Model]
 	if !ok {
 		return nil, &unknownRouteError{name: req.Model}
 	}

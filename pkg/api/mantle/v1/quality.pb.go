@@ -963,7 +963,10 @@ type QualityContext struct {
 	// Ordered audit trail of what each service did.
 	Audit []*AuditStep `protobuf:"bytes,22,rep,name=audit,proto3" json:"audit,omitempty"`
 	// The route (model name or alias) the caller asked for.
-	Route         string `protobuf:"bytes,23,opt,name=route,proto3" json:"route,omitempty"`
+	Route string `protobuf:"bytes,23,opt,name=route,proto3" json:"route,omitempty"`
+	// Optional steps that failed and were skipped instead of failing the request (quota,
+	// cache, verify): the answer is degraded in what these would have added.
+	SkippedSteps  []string `protobuf:"bytes,24,rep,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1159,6 +1162,13 @@ func (x *QualityContext) GetRoute() string {
 	return ""
 }
 
+func (x *QualityContext) GetSkippedSteps() []string {
+	if x != nil {
+		return x.SkippedSteps
+	}
+	return nil
+}
+
 var File_mantle_v1_quality_proto protoreflect.FileDescriptor
 
 const file_mantle_v1_quality_proto_rawDesc = "" +
@@ -1212,7 +1222,7 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\tR\x04step\x12\x16\n" +
 	"\x06detail\x18\x04 \x01(\tR\x06detail\x125\n" +
-	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xa9\a\n" +
+	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xce\a\n" +
 	"\x0eQualityContext\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12'\n" +
@@ -1241,7 +1251,8 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\x05usage\x18\x14 \x01(\v2\x10.mantle.v1.UsageR\x05usage\x12\x19\n" +
 	"\bcost_usd\x18\x15 \x01(\x01R\acostUsd\x12*\n" +
 	"\x05audit\x18\x16 \x03(\v2\x14.mantle.v1.AuditStepR\x05audit\x12\x14\n" +
-	"\x05route\x18\x17 \x01(\tR\x05route*\xb0\x01\n" +
+	"\x05route\x18\x17 \x01(\tR\x05route\x12#\n" +
+	"\rskipped_steps\x18\x18 \x03(\tR\fskippedSteps*\xb0\x01\n" +
 	"\rFallbackLevel\x12\x1e\n" +
 	"\x1aFALLBACK_LEVEL_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FALLBACK_LEVEL_PRIMARY\x10\x01\x12\x1f\n" +

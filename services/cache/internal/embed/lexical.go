@@ -87,7 +87,9 @@ func lexicalFeatures(text string) []vector.Feature {
 			add("u\x00"+string(r), w)
 			if i+1 < len(han) {
 				w := weightHanBigram
-				if stopHan[r] && stopHan[han[i+1]] || stopHanBigrams[string(han[i:i+2])] {
+				// A pair with a function character is mostly the seam between a word and
+				// a particle (么退 in 怎么退货), not a word.
+				if stopHan[r] || stopHan[han[i+1]] || stopHanBigrams[string(han[i:i+2])] {
 					w *= weightStop
 				}
 				add("b\x00"+string(han[i:i+2]), w)
@@ -96,22 +98,17 @@ func lexicalFeatures(text string) []vector.Feature {
 		han = han[:0]
 	}
 	flushWords := func() {
-		for i, word := range words {
-			w := weightWord
+		prev := "" // the previous content word: pairs skip function words
+		for _, word := range words {
 			if stopWords[word] {
-				w *= weightStop
-			}
-			add("w\x00"+word, w)
-			if i+1 < len(words) {
-				w := weightWordPair
-				if stopWords[word] && stopWords[words[i+1]] {
-					w *= weightStop
-				}
-				add("p\x00"+word+" "+words[i+1], w)
-			}
-			if stopWords[word] {
+				add("w\x00"+word, weightWord*weightStop)
 				continue
 			}
+			add("w\x00"+word, weightWord)
+			if prev != "" {
+				add("p\x00"+prev+" "+word, weightWordPair)
+			}
+			prev = word
 			rs := []rune("<" + word + ">")
 			if n := len(rs) - 2; n >= 2 {
 				per := weightTrigramMass / math.Sqrt(float64(n))
@@ -190,7 +187,9 @@ func isHan(r rune) bool {
 	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul)
 }
 
-var stopHan = runeSet("的了吗呢吧啊呀么是我你他她它们这那在和与及就都也还请问个有要会怎如何样什啥哪些")
+// stopHan are function characters. Characters that also start common content words (会员,
+// 有效, 个人, 问题) are left out.
+var stopHan = runeSet("的了吗呢吧啊呀么是我你他她它们这那在和与及就都也还请怎如何样什啥哪些")
 
 // stopHanBigrams are two-character function words made of characters that also appear in
 // content words.

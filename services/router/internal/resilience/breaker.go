@@ -184,10 +184,11 @@ type Breaker struct {
 	slowRate    float64
 	tripCalls   int
 	// Half-open bookkeeping for the current period.
-	probes     int          // admitted and not cancelled: in flight plus completed
-	probesDone int          // completed successfully
-	pending    []Transition // transitions not yet delivered, oldest first
-	emitting   bool         // a goroutine is delivering pending
+	probes     int // admitted and not cancelled: in flight plus completed
+	probesDone int // completed successfully
+	// Transition delivery (see NewBreaker).
+	pending  []Transition // not yet delivered, oldest first
+	emitting bool         // a goroutine is delivering pending
 }
 
 // NewBreaker returns a closed breaker. cfg must be valid (see Validate); a zero cfg takes the
@@ -222,8 +223,10 @@ func NewBreaker(cfg BreakerConfig, clock clockwork.Clock, rnd func() float64, on
 }
 
 // Permit is the right to make one call through a breaker. Report its outcome with Done, or
-// release it with Cancel when the outcome says nothing about the upstream's health. The zero
-// Permit is inert.
+// release it with Cancel when the outcome says nothing about the upstream's health. Every
+// admitted permit must end in one of the two (defer Cancel right after Allow: it is a no-op
+// after Done): a half-open probe that is never finished keeps its place, and the breaker
+// stays half-open until it is. The zero Permit is inert.
 type Permit struct {
 	b *Breaker
 	p *permit
@@ -306,18 +309,17 @@ func (b *Breaker) finish(p *permit, record, failure bool, latency time.Duration)
 }
 
 func (b *Breaker) recordClosedLocked(now time.Time, failure, slow bool) {
-	b.window.Add(fieldCalls, 1)
+	b.window.AddAt(now, fieldCalls, 1)
 	if failure {
-		b.window.Add(fieldFailures, 1)
+		b.window.AddAt(now, fieldFailures, 1)
 		b.consecutive++
 	} else {
 		b.consecutive = 0
 	}
 	if slow {
-		b.window.Add(fieldSlow, 1)
+		b.window.AddAt(now, fieldSlow, 1)
 	}
-	calls := b.window.Sum(fieldCalls)
-	fr, sr := b.ratesLocked(calls)
+	calls, fr, sr := b.ratesLocked(now)
 	var reason string
 	switch {
 	case calls >= b.cfg.MinCalls && fr >= b.cfg.FailureRate:
@@ -352,11 +354,15 @@ func (b *Breaker) recordProbeLocked(now time.Time, failure, slow bool, latency t
 	}
 }
 
-func (b *Breaker) ratesLocked(calls int) (failureRate, slowRate float64) {
+// ratesLocked returns the calls in the window and their failure and slow-call rates.
+func (b *Breaker) ratesLocked(now time.Time) (calls int, failureRate, slowRate float64) {
+	var buf [breakerFields]int
+	sums := b.window.SumsAt(now, buf[:])
+	calls = sums[fieldCalls]
 	if calls == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
-	return float64(b.window.Sum(fieldFailures)) / float64(calls), float64(b.window.Sum(fieldSlow)) / float64(calls)
+	return calls, float64(sums[fieldFailures]) / float64(calls), float64(sums[fieldSlow]) / float64(calls)
 }
 
 // tripLocked opens the breaker for an open period that doubles with each trip since the last
@@ -364,18 +370,14 @@ func (b *Breaker) ratesLocked(calls int) (failureRate, slowRate float64) {
 func (b *Breaker) tripLocked(now time.Time, reason string, fr, sr float64, calls int) {
 	b.trips++
 	b.failureRate, b.slowRate, b.tripCalls = fr, sr, calls
-	b.openUntil = now.Add(b.OpenPeriod(b.trips, b.rnd()))
+	b.openUntil = now.Add(openPeriod(b.cfg, b.trips, b.rnd()))
 	b.transitionLocked(now, StateOpen, reason, fr, sr)
 }
 
-// OpenPeriod is the open period after the given trip (1 for the first since close) with
+// openPeriod is the open period after the given trip (1 for the first since close) with
 // jitter draw r in [0, 1): base = min(MaxOpenDuration, OpenDuration*2^(trip-1)), then spread
 // uniformly over [base*(1-OpenJitter), base*(1+OpenJitter)). The cap bounds the base, not
 // the jittered period, so replicas that all reached the cap still probe at different times.
-func (b *Breaker) OpenPeriod(trip int, r float64) time.Duration {
-	return openPeriod(b.cfg, trip, r)
-}
-
 func openPeriod(cfg BreakerConfig, trip int, r float64) time.Duration {
 	base := cfg.OpenDuration
 	for i := 1; i < trip && base < cfg.MaxOpenDuration; i++ {
@@ -433,11 +435,11 @@ func (b *Breaker) unlockAndEmit() {
 // passed.
 func (b *Breaker) Snapshot() BreakerSnapshot {
 	b.mu.Lock()
-	b.advanceLocked(b.clock.Now())
+	now := b.clock.Now()
+	b.advanceLocked(now)
 	s := BreakerSnapshot{State: b.state, Reason: b.reason, Trips: b.trips, OpenUntil: b.openUntil}
 	if b.state == StateClosed {
-		s.Calls = b.window.Sum(fieldCalls)
-		s.FailureRate, s.SlowRate = b.ratesLocked(s.Calls)
+		s.Calls, s.FailureRate, s.SlowRate = b.ratesLocked(now)
 	} else {
 		s.FailureRate, s.SlowRate, s.Calls = b.failureRate, b.slowRate, b.tripCalls
 	}

@@ -76,6 +76,7 @@ const (
 // the floor exists precisely so that a quiet service can still retry.
 type Budget struct {
 	cfg    BudgetConfig
+	clock  clockwork.Clock
 	mu     sync.Mutex
 	window *Window
 }
@@ -89,25 +90,30 @@ func NewBudget(cfg BudgetConfig, clock clockwork.Clock) *Budget {
 	if err := cfg.Validate(); err != nil {
 		panic(fmt.Sprintf("resilience.NewBudget: %v", err))
 	}
-	return &Budget{cfg: cfg, window: mustWindow(cfg.Window, cfg.Buckets, budgetFields, clock)}
+	if clock == nil {
+		clock = clockwork.NewRealClock()
+	}
+	return &Budget{cfg: cfg, clock: clock, window: mustWindow(cfg.Window, cfg.Buckets, budgetFields, clock)}
 }
 
 // Request counts one original request (its first attempt).
 func (b *Budget) Request() {
+	now := b.clock.Now()
 	b.mu.Lock()
-	b.window.Add(fieldRequests, 1)
+	b.window.AddAt(now, fieldRequests, 1)
 	b.mu.Unlock()
 }
 
 // TryRetry reports whether a retry or hedge may go now and, if so, counts it. format marks
 // a retry meant to fix the answer's format (malformed JSON to a more format-stable model).
 func (b *Budget) TryRetry(format bool) bool {
+	now := b.clock.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.allowedLocked(format) {
+	if !b.allowedLocked(now, format) {
 		return false
 	}
-	b.window.Add(fieldRetries, 1)
+	b.window.AddAt(now, fieldRetries, 1)
 	return true
 }
 
@@ -115,13 +121,14 @@ func (b *Budget) TryRetry(format bool) bool {
 // that needs two budgets (the key's and the overall one) checks both with Allowed and then
 // spends both with TryRetry; two racing callers may overshoot by one retry each, never more.
 func (b *Budget) Allowed(format bool) bool {
+	now := b.clock.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.allowedLocked(format)
+	return b.allowedLocked(now, format)
 }
 
-func (b *Budget) allowedLocked(format bool) bool {
-	requests, retries := b.window.Sum(fieldRequests), b.window.Sum(fieldRetries)
+func (b *Budget) allowedLocked(now time.Time, format bool) bool {
+	requests, retries := b.countsLocked(now)
 	if retries < b.cfg.Floor {
 		return true
 	}
@@ -133,18 +140,26 @@ func (b *Budget) allowedLocked(format bool) bool {
 
 // FormatOnly reports whether only format retries may go now (rule 2 above is in force).
 func (b *Budget) FormatOnly() bool {
+	now := b.clock.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	requests, retries := b.window.Sum(fieldRequests), b.window.Sum(fieldRetries)
+	requests, retries := b.countsLocked(now)
 	return retries >= b.cfg.Floor && rate(requests, retries) > b.cfg.FormatOnlyAbove
 }
 
 // Snapshot returns the window's requests, retries and retry rate.
 func (b *Budget) Snapshot() (requests, retries int, retryRate float64) {
+	now := b.clock.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	requests, retries = b.window.Sum(fieldRequests), b.window.Sum(fieldRetries)
+	requests, retries = b.countsLocked(now)
 	return requests, retries, rate(requests, retries)
+}
+
+func (b *Budget) countsLocked(now time.Time) (requests, retries int) {
+	var buf [budgetFields]int
+	sums := b.window.SumsAt(now, buf[:])
+	return sums[fieldRequests], sums[fieldRetries]
 }
 
 func rate(requests, retries int) float64 {

@@ -25,8 +25,9 @@
 // cannot be driven by a fake clock and tests of every state would have to sleep; it has no
 // slow-call-rate threshold (only a failure threshold, so "slow" would have to be folded into
 // "failure" and the two rates could not have their own thresholds or reasons); its delay
-// function does not know how many times the breaker re-tripped, so open periods cannot grow;
-// and its jitter draws from the global random source. What we need is about 300 lines with
+// function is handed the execution, not the number of re-trips, so growing open periods
+// would need a counter kept alongside it by state-change listeners; and its jitter draws
+// from the global random source. What we need is a few hundred lines with
 // an injected clockwork.Clock and an injected random source, which makes every test here
 // deterministic and sleep-free.
 //

@@ -2,6 +2,7 @@ package resilience
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -23,10 +24,13 @@ type Window struct {
 	origin time.Time     // bucket epochs count from here
 	width  time.Duration // length of one bucket
 	fields int
-	epochs []int64 // epoch each slot currently holds; -1 when empty
+	epochs []int64 // epoch each slot currently holds; emptyEpoch when none
 	counts []int   // len(epochs)*fields, slot-major
 	last   int64   // latest epoch seen, so a clock that steps back does not reopen old slots
 }
+
+// emptyEpoch marks a slot that holds no bucket; it is never inside a window.
+const emptyEpoch = math.MinInt64
 
 // NewWindow returns a window of the given length cut into buckets slices, with fields
 // counters per bucket. Length must be at least buckets nanoseconds; buckets and fields must
@@ -64,9 +68,9 @@ func mustWindow(length time.Duration, buckets, fields int, clock clockwork.Clock
 	return w
 }
 
-// epoch is the index of the bucket that holds now.
-func (w *Window) epoch() int64 {
-	e := int64(w.clock.Since(w.origin) / w.width)
+// epochAt is the index of the bucket that holds now.
+func (w *Window) epochAt(now time.Time) int64 {
+	e := int64(now.Sub(w.origin) / w.width)
 	if e < w.last {
 		e = w.last
 	}
@@ -75,8 +79,11 @@ func (w *Window) epoch() int64 {
 }
 
 // Add adds n to field in the current bucket.
-func (w *Window) Add(field, n int) {
-	e := w.epoch()
+func (w *Window) Add(field, n int) { w.AddAt(w.clock.Now(), field, n) }
+
+// AddAt is Add for a caller that already read the clock.
+func (w *Window) AddAt(now time.Time, field, n int) {
+	e := w.epochAt(now)
 	slot := int(e % int64(len(w.epochs)))
 	if w.epochs[slot] != e {
 		// The slot last held a bucket that has slid out of the window: recycle it.
@@ -88,21 +95,41 @@ func (w *Window) Add(field, n int) {
 
 // Sum returns the total of field over the window.
 func (w *Window) Sum(field int) int {
-	e := w.epoch()
-	oldest := e - int64(len(w.epochs)) + 1
+	e := w.epochAt(w.clock.Now())
 	total := 0
 	for slot, se := range w.epochs {
-		if se >= oldest && se <= e {
+		if w.live(se, e) {
 			total += w.counts[slot*w.fields+field]
 		}
 	}
 	return total
 }
 
+// live reports whether a slot holding epoch se is inside the window that ends at epoch e.
+func (w *Window) live(se, e int64) bool {
+	return se > e-int64(len(w.epochs)) && se <= e
+}
+
+// SumsAt writes the total of every field over the window at now into dst (which must have
+// room for every field) and returns it; one pass serves all fields.
+func (w *Window) SumsAt(now time.Time, dst []int) []int {
+	e := w.epochAt(now)
+	dst = dst[:w.fields]
+	clear(dst)
+	for slot, se := range w.epochs {
+		if w.live(se, e) {
+			for f := range dst {
+				dst[f] += w.counts[slot*w.fields+f]
+			}
+		}
+	}
+	return dst
+}
+
 // Reset forgets every count.
 func (w *Window) Reset() {
 	for i := range w.epochs {
-		w.epochs[i] = -1
+		w.epochs[i] = emptyEpoch
 	}
 	clear(w.counts)
 }

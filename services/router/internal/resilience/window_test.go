@@ -112,6 +112,7 @@ func TestWindowMatchesModel(t *testing.T) {
 			f := rapid.IntRange(0, 1).Draw(t, "field")
 			w.Add(f, 1)
 			events = append(events, event{epoch(), f})
+			sums := w.SumsAt(clock.Now(), make([]int, 2))
 			for field := range 2 {
 				want := 0
 				for _, e := range events {
@@ -121,6 +122,9 @@ func TestWindowMatchesModel(t *testing.T) {
 				}
 				if got := w.Sum(field); got != want {
 					t.Fatalf("step %d: Sum(%d) = %d, model %d", i, field, got, want)
+				}
+				if sums[field] != want {
+					t.Fatalf("step %d: SumsAt[%d] = %d, model %d", i, field, sums[field], want)
 				}
 			}
 		}

@@ -24,6 +24,119 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// LookupMode says how far a lookup may go to find an answer.
+type LookupMode int32
+
+const (
+	// Fresh entries at or above the scenario's threshold.
+	LookupMode_LOOKUP_MODE_UNSPECIFIED LookupMode = 0
+	// The router cannot reach a model (cache-only mode): verified entries past their TTL, up
+	// to the scenario's max_staleness, may also answer, marked stale, if their similarity
+	// reaches the scenario's stricter stale threshold.
+	LookupMode_LOOKUP_MODE_CACHE_ONLY LookupMode = 1
+	// The degradation ladder's L2 rung, a related historical answer: like CACHE_ONLY, and
+	// entries down to the scenario's approximate threshold (never below 0.85) also answer,
+	// marked approximate.
+	LookupMode_LOOKUP_MODE_APPROXIMATE LookupMode = 2
+)
+
+// Enum value maps for LookupMode.
+var (
+	LookupMode_name = map[int32]string{
+		0: "LOOKUP_MODE_UNSPECIFIED",
+		1: "LOOKUP_MODE_CACHE_ONLY",
+		2: "LOOKUP_MODE_APPROXIMATE",
+	}
+	LookupMode_value = map[string]int32{
+		"LOOKUP_MODE_UNSPECIFIED": 0,
+		"LOOKUP_MODE_CACHE_ONLY":  1,
+		"LOOKUP_MODE_APPROXIMATE": 2,
+	}
+)
+
+func (x LookupMode) Enum() *LookupMode {
+	p := new(LookupMode)
+	*p = x
+	return p
+}
+
+func (x LookupMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LookupMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_cache_v1_cache_proto_enumTypes[0].Descriptor()
+}
+
+func (LookupMode) Type() protoreflect.EnumType {
+	return &file_mantle_cache_v1_cache_proto_enumTypes[0]
+}
+
+func (x LookupMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LookupMode.Descriptor instead.
+func (LookupMode) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{0}
+}
+
+// MatchKind says how a hit was found.
+type MatchKind int32
+
+const (
+	MatchKind_MATCH_KIND_UNSPECIFIED MatchKind = 0
+	// The normalised prompt hashed to the entry's key.
+	MatchKind_MATCH_KIND_EXACT MatchKind = 1
+	// The last user message was similar enough to the entry's.
+	MatchKind_MATCH_KIND_SEMANTIC MatchKind = 2
+	// The lookup waited for another request with the same prompt, and got its answer.
+	MatchKind_MATCH_KIND_COALESCED MatchKind = 3
+)
+
+// Enum value maps for MatchKind.
+var (
+	MatchKind_name = map[int32]string{
+		0: "MATCH_KIND_UNSPECIFIED",
+		1: "MATCH_KIND_EXACT",
+		2: "MATCH_KIND_SEMANTIC",
+		3: "MATCH_KIND_COALESCED",
+	}
+	MatchKind_value = map[string]int32{
+		"MATCH_KIND_UNSPECIFIED": 0,
+		"MATCH_KIND_EXACT":       1,
+		"MATCH_KIND_SEMANTIC":    2,
+		"MATCH_KIND_COALESCED":   3,
+	}
+)
+
+func (x MatchKind) Enum() *MatchKind {
+	p := new(MatchKind)
+	*p = x
+	return p
+}
+
+func (x MatchKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MatchKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_cache_v1_cache_proto_enumTypes[1].Descriptor()
+}
+
+func (MatchKind) Type() protoreflect.EnumType {
+	return &file_mantle_cache_v1_cache_proto_enumTypes[1]
+}
+
+func (x MatchKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MatchKind.Descriptor instead.
+func (MatchKind) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{1}
+}
+
 // Prompt is everything that decides whether two requests may share an answer.
 type Prompt struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -33,8 +146,15 @@ type Prompt struct {
 	Temperature    *float64               `protobuf:"fixed64,4,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
 	MaxTokens      int32                  `protobuf:"varint,5,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
 	ResponseFormat *v1.ResponseFormat     `protobuf:"bytes,6,opt,name=response_format,json=responseFormat,proto3" json:"response_format,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Model family that may share answers (for example the route name, or gpt-4o for every
+	// gpt-4o snapshot). Empty: the model alone.
+	ModelFamily string `protobuf:"bytes,7,opt,name=model_family,json=modelFamily,proto3" json:"model_family,omitempty"`
+	// Anything besides the messages that changes the answer: tools, tool choice, stop
+	// sequences, a seed. Opaque to the cache; it is hashed into the scope, so requests with
+	// different values never share an entry.
+	ContextFingerprint string `protobuf:"bytes,8,opt,name=context_fingerprint,json=contextFingerprint,proto3" json:"context_fingerprint,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Prompt) Reset() {
@@ -109,12 +229,33 @@ func (x *Prompt) GetResponseFormat() *v1.ResponseFormat {
 	return nil
 }
 
+func (x *Prompt) GetModelFamily() string {
+	if x != nil {
+		return x.ModelFamily
+	}
+	return ""
+}
+
+func (x *Prompt) GetContextFingerprint() string {
+	if x != nil {
+		return x.ContextFingerprint
+	}
+	return ""
+}
+
 // LookupRequest asks for a cached answer.
 type LookupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Carries the tenant; entries never cross tenants.
-	Quality       *v1.QualityContext `protobuf:"bytes,1,opt,name=quality,proto3" json:"quality,omitempty"`
-	Prompt        *Prompt            `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Quality *v1.QualityContext `protobuf:"bytes,1,opt,name=quality,proto3" json:"quality,omitempty"`
+	Prompt  *Prompt            `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Mode    LookupMode         `protobuf:"varint,3,opt,name=mode,proto3,enum=mantle.cache.v1.LookupMode" json:"mode,omitempty"`
+	// On a miss, coordinate with identical lookups: the first gets a lease (it should call
+	// the model and Store with the lease id, or Release it), later ones wait for that answer.
+	Coalesce bool `protobuf:"varint,4,opt,name=coalesce,proto3" json:"coalesce,omitempty"`
+	// Longest wait for another request's answer; 0 uses the configured maximum, and it is
+	// capped by that maximum and the call's deadline.
+	MaxWait       *durationpb.Duration `protobuf:"bytes,5,opt,name=max_wait,json=maxWait,proto3" json:"max_wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -163,14 +304,54 @@ func (x *LookupRequest) GetPrompt() *Prompt {
 	return nil
 }
 
+func (x *LookupRequest) GetMode() LookupMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LookupMode_LOOKUP_MODE_UNSPECIFIED
+}
+
+func (x *LookupRequest) GetCoalesce() bool {
+	if x != nil {
+		return x.Coalesce
+	}
+	return false
+}
+
+func (x *LookupRequest) GetMaxWait() *durationpb.Duration {
+	if x != nil {
+		return x.MaxWait
+	}
+	return nil
+}
+
 // LookupResponse is a hit or a miss.
 type LookupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Hit   bool                   `protobuf:"varint,1,opt,name=hit,proto3" json:"hit,omitempty"`
 	Entry *Entry                 `protobuf:"bytes,2,opt,name=entry,proto3" json:"entry,omitempty"`
-	// 1 for an exact match.
-	Similarity    float64            `protobuf:"fixed64,3,opt,name=similarity,proto3" json:"similarity,omitempty"`
-	Quality       *v1.QualityContext `protobuf:"bytes,4,opt,name=quality,proto3" json:"quality,omitempty"`
+	// Cosine similarity of the matched entry; 1 for an exact match.
+	Similarity float64            `protobuf:"fixed64,3,opt,name=similarity,proto3" json:"similarity,omitempty"`
+	Quality    *v1.QualityContext `protobuf:"bytes,4,opt,name=quality,proto3" json:"quality,omitempty"`
+	Match      MatchKind          `protobuf:"varint,5,opt,name=match,proto3,enum=mantle.cache.v1.MatchKind" json:"match,omitempty"`
+	// The entry is past its TTL (allowed in CACHE_ONLY and APPROXIMATE mode).
+	Stale bool `protobuf:"varint,6,opt,name=stale,proto3" json:"stale,omitempty"`
+	// The similarity is below the scenario's normal threshold (APPROXIMATE mode): show it
+	// as a related answer, not as the answer.
+	Approximate bool `protobuf:"varint,7,opt,name=approximate,proto3" json:"approximate,omitempty"`
+	// Age of the matched entry at lookup time.
+	Age *durationpb.Duration `protobuf:"bytes,8,opt,name=age,proto3" json:"age,omitempty"`
+	// The closest candidate that was rejected, and why; set on misses and on hits that
+	// passed over a closer candidate.
+	Rejected *Rejection `protobuf:"bytes,9,opt,name=rejected,proto3" json:"rejected,omitempty"`
+	// Set on a coalescing miss: this caller answers the prompt for everyone waiting.
+	Lease *Lease `protobuf:"bytes,10,opt,name=lease,proto3" json:"lease,omitempty"`
+	// Why a miss did not search (not_cacheable, volatile_prompt, personal_prompt,
+	// high_temperature) or could not (backend_error, embedder_error, coalesce_timeout).
+	// Empty for an ordinary miss.
+	MissReason string `protobuf:"bytes,11,opt,name=miss_reason,json=missReason,proto3" json:"miss_reason,omitempty"`
+	// The embedder namespace the lookup searched, for example lexical-v1.
+	Namespace     string `protobuf:"bytes,12,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -233,24 +414,211 @@ func (x *LookupResponse) GetQuality() *v1.QualityContext {
 	return nil
 }
 
+func (x *LookupResponse) GetMatch() MatchKind {
+	if x != nil {
+		return x.Match
+	}
+	return MatchKind_MATCH_KIND_UNSPECIFIED
+}
+
+func (x *LookupResponse) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *LookupResponse) GetApproximate() bool {
+	if x != nil {
+		return x.Approximate
+	}
+	return false
+}
+
+func (x *LookupResponse) GetAge() *durationpb.Duration {
+	if x != nil {
+		return x.Age
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetRejected() *Rejection {
+	if x != nil {
+		return x.Rejected
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetMissReason() string {
+	if x != nil {
+		return x.MissReason
+	}
+	return ""
+}
+
+func (x *LookupResponse) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+// Rejection explains why a candidate did not answer.
+type Rejection struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	EntryId    string                 `protobuf:"bytes,1,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"`
+	Similarity float64                `protobuf:"fixed64,2,opt,name=similarity,proto3" json:"similarity,omitempty"`
+	// below_threshold, stale, or a near-miss difference: number, date, negation, quote,
+	// entity.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Detail for operators, for example "numbers [15] vs [14]".
+	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rejection) Reset() {
+	*x = Rejection{}
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rejection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rejection) ProtoMessage() {}
+
+func (x *Rejection) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rejection.ProtoReflect.Descriptor instead.
+func (*Rejection) Descriptor() ([]byte, []int) {
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Rejection) GetEntryId() string {
+	if x != nil {
+		return x.EntryId
+	}
+	return ""
+}
+
+func (x *Rejection) GetSimilarity() float64 {
+	if x != nil {
+		return x.Similarity
+	}
+	return 0
+}
+
+func (x *Rejection) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Rejection) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+// Lease is the right, and the duty, to answer a prompt that identical lookups wait for.
+type Lease struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// After this the waiters stop waiting for this lease.
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Lease) Reset() {
+	*x = Lease{}
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Lease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Lease) ProtoMessage() {}
+
+func (x *Lease) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Lease.ProtoReflect.Descriptor instead.
+func (*Lease) Descriptor() ([]byte, []int) {
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Lease) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Lease) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 // Entry is one cached answer.
 type Entry struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Content string                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
 	// The model that produced the answer.
-	SourceModel   string                 `protobuf:"bytes,3,opt,name=source_model,json=sourceModel,proto3" json:"source_model,omitempty"`
-	Usage         *v1.Usage              `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	FinishReason  string                 `protobuf:"bytes,7,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
+	SourceModel  string                 `protobuf:"bytes,3,opt,name=source_model,json=sourceModel,proto3" json:"source_model,omitempty"`
+	Usage        *v1.Usage              `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
+	CreatedAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	ExpiresAt    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	FinishReason string                 `protobuf:"bytes,7,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
+	// The embedder namespace the entry was stored under.
+	Namespace string `protobuf:"bytes,8,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Until when a cache-only lookup may still serve the entry, stale; equal to expires_at
+	// for entries that may not be served stale.
+	StaleUntil    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=stale_until,json=staleUntil,proto3" json:"stale_until,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[3]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -262,7 +630,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[3]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -275,7 +643,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{3}
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Entry) GetId() string {
@@ -327,6 +695,20 @@ func (x *Entry) GetFinishReason() string {
 	return ""
 }
 
+func (x *Entry) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Entry) GetStaleUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StaleUntil
+	}
+	return nil
+}
+
 // StoreRequest records an answer.
 type StoreRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -338,14 +720,17 @@ type StoreRequest struct {
 	FinishReason string    `protobuf:"bytes,5,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	Usage        *v1.Usage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
 	// Time to live; 0 uses the scenario default.
-	Ttl           *durationpb.Duration `protobuf:"bytes,7,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Ttl *durationpb.Duration `protobuf:"bytes,7,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// The lease from the Lookup that preceded this answer; the waiting lookups get the
+	// answer when it is stored, and look again when it is not.
+	LeaseId       string `protobuf:"bytes,8,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[4]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -357,7 +742,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[4]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -370,7 +755,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{4}
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StoreRequest) GetQuality() *v1.QualityContext {
@@ -422,6 +807,13 @@ func (x *StoreRequest) GetTtl() *durationpb.Duration {
 	return nil
 }
 
+func (x *StoreRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
 // StoreResponse says whether the answer was stored.
 type StoreResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -435,7 +827,7 @@ type StoreResponse struct {
 
 func (x *StoreResponse) Reset() {
 	*x = StoreResponse{}
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[5]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +839,7 @@ func (x *StoreResponse) String() string {
 func (*StoreResponse) ProtoMessage() {}
 
 func (x *StoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[5]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +852,7 @@ func (x *StoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreResponse.ProtoReflect.Descriptor instead.
 func (*StoreResponse) Descriptor() ([]byte, []int) {
-	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{5}
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StoreResponse) GetStored() bool {
@@ -491,14 +883,17 @@ type InvalidateRequest struct {
 	Scenario string                 `protobuf:"bytes,1,opt,name=scenario,proto3" json:"scenario,omitempty"`
 	EntryId  string                 `protobuf:"bytes,2,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"`
 	// Removes every entry of the tenant when true and nothing else is set.
-	All           bool `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	All bool `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	// Only entries stored under this embedder namespace (for example after changing
+	// embedders, to drop the old vectors).
+	Namespace     string `protobuf:"bytes,4,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InvalidateRequest) Reset() {
 	*x = InvalidateRequest{}
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[6]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +905,7 @@ func (x *InvalidateRequest) String() string {
 func (*InvalidateRequest) ProtoMessage() {}
 
 func (x *InvalidateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[6]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +918,7 @@ func (x *InvalidateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvalidateRequest.ProtoReflect.Descriptor instead.
 func (*InvalidateRequest) Descriptor() ([]byte, []int) {
-	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{6}
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *InvalidateRequest) GetScenario() string {
@@ -547,6 +942,13 @@ func (x *InvalidateRequest) GetAll() bool {
 	return false
 }
 
+func (x *InvalidateRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
 // InvalidateResponse counts removed entries.
 type InvalidateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -557,7 +959,7 @@ type InvalidateResponse struct {
 
 func (x *InvalidateResponse) Reset() {
 	*x = InvalidateResponse{}
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[7]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +971,7 @@ func (x *InvalidateResponse) String() string {
 func (*InvalidateResponse) ProtoMessage() {}
 
 func (x *InvalidateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_cache_v1_cache_proto_msgTypes[7]
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +984,7 @@ func (x *InvalidateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvalidateResponse.ProtoReflect.Descriptor instead.
 func (*InvalidateResponse) Descriptor() ([]byte, []int) {
-	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{7}
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *InvalidateResponse) GetRemoved() int64 {
@@ -592,11 +994,112 @@ func (x *InvalidateResponse) GetRemoved() int64 {
 	return 0
 }
 
+// ReleaseRequest gives up a lease.
+type ReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Carries the tenant when the call is not authenticated; a lease is only released by
+	// its tenant.
+	Quality       *v1.QualityContext `protobuf:"bytes,1,opt,name=quality,proto3" json:"quality,omitempty"`
+	LeaseId       string             `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReleaseRequest) GetQuality() *v1.QualityContext {
+	if x != nil {
+		return x.Quality
+	}
+	return nil
+}
+
+func (x *ReleaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+// ReleaseResponse says whether the lease was still held.
+type ReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the lease had already expired, been released or been answered.
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ReleaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
 var File_mantle_cache_v1_cache_proto protoreflect.FileDescriptor
 
 const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\n" +
-	"\x1bmantle/cache/v1/cache.proto\x12\x0fmantle.cache.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\x88\x02\n" +
+	"\x1bmantle/cache/v1/cache.proto\x12\x0fmantle.cache.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xdc\x02\n" +
 	"\x06Prompt\x12\x1a\n" +
 	"\bscenario\x18\x01 \x01(\tR\bscenario\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
@@ -604,18 +1107,44 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\vtemperature\x18\x04 \x01(\x01H\x00R\vtemperature\x88\x01\x01\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x05 \x01(\x05R\tmaxTokens\x12B\n" +
-	"\x0fresponse_format\x18\x06 \x01(\v2\x19.mantle.v1.ResponseFormatR\x0eresponseFormatB\x0e\n" +
-	"\f_temperature\"u\n" +
+	"\x0fresponse_format\x18\x06 \x01(\v2\x19.mantle.v1.ResponseFormatR\x0eresponseFormat\x12!\n" +
+	"\fmodel_family\x18\a \x01(\tR\vmodelFamily\x12/\n" +
+	"\x13context_fingerprint\x18\b \x01(\tR\x12contextFingerprintB\x0e\n" +
+	"\f_temperature\"\xf8\x01\n" +
 	"\rLookupRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12/\n" +
-	"\x06prompt\x18\x02 \x01(\v2\x17.mantle.cache.v1.PromptR\x06prompt\"\xa5\x01\n" +
+	"\x06prompt\x18\x02 \x01(\v2\x17.mantle.cache.v1.PromptR\x06prompt\x12/\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x1b.mantle.cache.v1.LookupModeR\x04mode\x12\x1a\n" +
+	"\bcoalesce\x18\x04 \x01(\bR\bcoalesce\x124\n" +
+	"\bmax_wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\"\xe1\x03\n" +
 	"\x0eLookupResponse\x12\x10\n" +
 	"\x03hit\x18\x01 \x01(\bR\x03hit\x12,\n" +
 	"\x05entry\x18\x02 \x01(\v2\x16.mantle.cache.v1.EntryR\x05entry\x12\x1e\n" +
 	"\n" +
 	"similarity\x18\x03 \x01(\x01R\n" +
 	"similarity\x123\n" +
-	"\aquality\x18\x04 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\"\x97\x02\n" +
+	"\aquality\x18\x04 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x120\n" +
+	"\x05match\x18\x05 \x01(\x0e2\x1a.mantle.cache.v1.MatchKindR\x05match\x12\x14\n" +
+	"\x05stale\x18\x06 \x01(\bR\x05stale\x12 \n" +
+	"\vapproximate\x18\a \x01(\bR\vapproximate\x12+\n" +
+	"\x03age\x18\b \x01(\v2\x19.google.protobuf.DurationR\x03age\x126\n" +
+	"\brejected\x18\t \x01(\v2\x1a.mantle.cache.v1.RejectionR\brejected\x12,\n" +
+	"\x05lease\x18\n" +
+	" \x01(\v2\x16.mantle.cache.v1.LeaseR\x05lease\x12\x1f\n" +
+	"\vmiss_reason\x18\v \x01(\tR\n" +
+	"missReason\x12\x1c\n" +
+	"\tnamespace\x18\f \x01(\tR\tnamespace\"v\n" +
+	"\tRejection\x12\x19\n" +
+	"\bentry_id\x18\x01 \x01(\tR\aentryId\x12\x1e\n" +
+	"\n" +
+	"similarity\x18\x02 \x01(\x01R\n" +
+	"similarity\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\"R\n" +
+	"\x05Lease\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
+	"\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xf2\x02\n" +
 	"\x05Entry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12!\n" +
@@ -625,7 +1154,10 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12#\n" +
-	"\rfinish_reason\x18\a \x01(\tR\ffinishReason\"\xab\x02\n" +
+	"\rfinish_reason\x18\a \x01(\tR\ffinishReason\x12\x1c\n" +
+	"\tnamespace\x18\b \x01(\tR\tnamespace\x12;\n" +
+	"\vstale_until\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"staleUntil\"\xc6\x02\n" +
 	"\fStoreRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12/\n" +
 	"\x06prompt\x18\x02 \x01(\v2\x17.mantle.cache.v1.PromptR\x06prompt\x12\x18\n" +
@@ -633,22 +1165,40 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\fsource_model\x18\x04 \x01(\tR\vsourceModel\x12#\n" +
 	"\rfinish_reason\x18\x05 \x01(\tR\ffinishReason\x12&\n" +
 	"\x05usage\x18\x06 \x01(\v2\x10.mantle.v1.UsageR\x05usage\x12+\n" +
-	"\x03ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"i\n" +
+	"\x03ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x19\n" +
+	"\blease_id\x18\b \x01(\tR\aleaseId\"i\n" +
 	"\rStoreResponse\x12\x16\n" +
 	"\x06stored\x18\x01 \x01(\bR\x06stored\x12\x19\n" +
 	"\bentry_id\x18\x02 \x01(\tR\aentryId\x12%\n" +
-	"\x0eskipped_reason\x18\x03 \x01(\tR\rskippedReason\"\\\n" +
+	"\x0eskipped_reason\x18\x03 \x01(\tR\rskippedReason\"z\n" +
 	"\x11InvalidateRequest\x12\x1a\n" +
 	"\bscenario\x18\x01 \x01(\tR\bscenario\x12\x19\n" +
 	"\bentry_id\x18\x02 \x01(\tR\aentryId\x12\x10\n" +
-	"\x03all\x18\x03 \x01(\bR\x03all\".\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\x12\x1c\n" +
+	"\tnamespace\x18\x04 \x01(\tR\tnamespace\".\n" +
 	"\x12InvalidateResponse\x12\x18\n" +
-	"\aremoved\x18\x01 \x01(\x03R\aremoved2\xf8\x01\n" +
+	"\aremoved\x18\x01 \x01(\x03R\aremoved\"`\n" +
+	"\x0eReleaseRequest\x123\n" +
+	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\"-\n" +
+	"\x0fReleaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased*b\n" +
+	"\n" +
+	"LookupMode\x12\x1b\n" +
+	"\x17LOOKUP_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16LOOKUP_MODE_CACHE_ONLY\x10\x01\x12\x1b\n" +
+	"\x17LOOKUP_MODE_APPROXIMATE\x10\x02*p\n" +
+	"\tMatchKind\x12\x1a\n" +
+	"\x16MATCH_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10MATCH_KIND_EXACT\x10\x01\x12\x17\n" +
+	"\x13MATCH_KIND_SEMANTIC\x10\x02\x12\x18\n" +
+	"\x14MATCH_KIND_COALESCED\x10\x032\xc6\x02\n" +
 	"\fCacheService\x12I\n" +
 	"\x06Lookup\x12\x1e.mantle.cache.v1.LookupRequest\x1a\x1f.mantle.cache.v1.LookupResponse\x12F\n" +
 	"\x05Store\x12\x1d.mantle.cache.v1.StoreRequest\x1a\x1e.mantle.cache.v1.StoreResponse\x12U\n" +
 	"\n" +
-	"Invalidate\x12\".mantle.cache.v1.InvalidateRequest\x1a#.mantle.cache.v1.InvalidateResponseB\xbe\x01\n" +
+	"Invalidate\x12\".mantle.cache.v1.InvalidateRequest\x1a#.mantle.cache.v1.InvalidateResponse\x12L\n" +
+	"\aRelease\x12\x1f.mantle.cache.v1.ReleaseRequest\x1a .mantle.cache.v1.ReleaseResponseB\xbe\x01\n" +
 	"\x13com.mantle.cache.v1B\n" +
 	"CacheProtoP\x01Z=github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1;cachev1\xa2\x02\x03MCX\xaa\x02\x0fMantle.Cache.V1\xca\x02\x0fMantle\\Cache\\V1\xe2\x02\x1bMantle\\Cache\\V1\\GPBMetadata\xea\x02\x11Mantle::Cache::V1b\x06proto3"
 
@@ -664,48 +1214,66 @@ func file_mantle_cache_v1_cache_proto_rawDescGZIP() []byte {
 	return file_mantle_cache_v1_cache_proto_rawDescData
 }
 
-var file_mantle_cache_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_mantle_cache_v1_cache_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_mantle_cache_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_mantle_cache_v1_cache_proto_goTypes = []any{
-	(*Prompt)(nil),                // 0: mantle.cache.v1.Prompt
-	(*LookupRequest)(nil),         // 1: mantle.cache.v1.LookupRequest
-	(*LookupResponse)(nil),        // 2: mantle.cache.v1.LookupResponse
-	(*Entry)(nil),                 // 3: mantle.cache.v1.Entry
-	(*StoreRequest)(nil),          // 4: mantle.cache.v1.StoreRequest
-	(*StoreResponse)(nil),         // 5: mantle.cache.v1.StoreResponse
-	(*InvalidateRequest)(nil),     // 6: mantle.cache.v1.InvalidateRequest
-	(*InvalidateResponse)(nil),    // 7: mantle.cache.v1.InvalidateResponse
-	(*v1.ChatMessage)(nil),        // 8: mantle.v1.ChatMessage
-	(*v1.ResponseFormat)(nil),     // 9: mantle.v1.ResponseFormat
-	(*v1.QualityContext)(nil),     // 10: mantle.v1.QualityContext
-	(*v1.Usage)(nil),              // 11: mantle.v1.Usage
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(LookupMode)(0),               // 0: mantle.cache.v1.LookupMode
+	(MatchKind)(0),                // 1: mantle.cache.v1.MatchKind
+	(*Prompt)(nil),                // 2: mantle.cache.v1.Prompt
+	(*LookupRequest)(nil),         // 3: mantle.cache.v1.LookupRequest
+	(*LookupResponse)(nil),        // 4: mantle.cache.v1.LookupResponse
+	(*Rejection)(nil),             // 5: mantle.cache.v1.Rejection
+	(*Lease)(nil),                 // 6: mantle.cache.v1.Lease
+	(*Entry)(nil),                 // 7: mantle.cache.v1.Entry
+	(*StoreRequest)(nil),          // 8: mantle.cache.v1.StoreRequest
+	(*StoreResponse)(nil),         // 9: mantle.cache.v1.StoreResponse
+	(*InvalidateRequest)(nil),     // 10: mantle.cache.v1.InvalidateRequest
+	(*InvalidateResponse)(nil),    // 11: mantle.cache.v1.InvalidateResponse
+	(*ReleaseRequest)(nil),        // 12: mantle.cache.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 13: mantle.cache.v1.ReleaseResponse
+	(*v1.ChatMessage)(nil),        // 14: mantle.v1.ChatMessage
+	(*v1.ResponseFormat)(nil),     // 15: mantle.v1.ResponseFormat
+	(*v1.QualityContext)(nil),     // 16: mantle.v1.QualityContext
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*v1.Usage)(nil),              // 19: mantle.v1.Usage
 }
 var file_mantle_cache_v1_cache_proto_depIdxs = []int32{
-	8,  // 0: mantle.cache.v1.Prompt.messages:type_name -> mantle.v1.ChatMessage
-	9,  // 1: mantle.cache.v1.Prompt.response_format:type_name -> mantle.v1.ResponseFormat
-	10, // 2: mantle.cache.v1.LookupRequest.quality:type_name -> mantle.v1.QualityContext
-	0,  // 3: mantle.cache.v1.LookupRequest.prompt:type_name -> mantle.cache.v1.Prompt
-	3,  // 4: mantle.cache.v1.LookupResponse.entry:type_name -> mantle.cache.v1.Entry
-	10, // 5: mantle.cache.v1.LookupResponse.quality:type_name -> mantle.v1.QualityContext
-	11, // 6: mantle.cache.v1.Entry.usage:type_name -> mantle.v1.Usage
-	12, // 7: mantle.cache.v1.Entry.created_at:type_name -> google.protobuf.Timestamp
-	12, // 8: mantle.cache.v1.Entry.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 9: mantle.cache.v1.StoreRequest.quality:type_name -> mantle.v1.QualityContext
-	0,  // 10: mantle.cache.v1.StoreRequest.prompt:type_name -> mantle.cache.v1.Prompt
-	11, // 11: mantle.cache.v1.StoreRequest.usage:type_name -> mantle.v1.Usage
-	13, // 12: mantle.cache.v1.StoreRequest.ttl:type_name -> google.protobuf.Duration
-	1,  // 13: mantle.cache.v1.CacheService.Lookup:input_type -> mantle.cache.v1.LookupRequest
-	4,  // 14: mantle.cache.v1.CacheService.Store:input_type -> mantle.cache.v1.StoreRequest
-	6,  // 15: mantle.cache.v1.CacheService.Invalidate:input_type -> mantle.cache.v1.InvalidateRequest
-	2,  // 16: mantle.cache.v1.CacheService.Lookup:output_type -> mantle.cache.v1.LookupResponse
-	5,  // 17: mantle.cache.v1.CacheService.Store:output_type -> mantle.cache.v1.StoreResponse
-	7,  // 18: mantle.cache.v1.CacheService.Invalidate:output_type -> mantle.cache.v1.InvalidateResponse
-	16, // [16:19] is the sub-list for method output_type
-	13, // [13:16] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	14, // 0: mantle.cache.v1.Prompt.messages:type_name -> mantle.v1.ChatMessage
+	15, // 1: mantle.cache.v1.Prompt.response_format:type_name -> mantle.v1.ResponseFormat
+	16, // 2: mantle.cache.v1.LookupRequest.quality:type_name -> mantle.v1.QualityContext
+	2,  // 3: mantle.cache.v1.LookupRequest.prompt:type_name -> mantle.cache.v1.Prompt
+	0,  // 4: mantle.cache.v1.LookupRequest.mode:type_name -> mantle.cache.v1.LookupMode
+	17, // 5: mantle.cache.v1.LookupRequest.max_wait:type_name -> google.protobuf.Duration
+	7,  // 6: mantle.cache.v1.LookupResponse.entry:type_name -> mantle.cache.v1.Entry
+	16, // 7: mantle.cache.v1.LookupResponse.quality:type_name -> mantle.v1.QualityContext
+	1,  // 8: mantle.cache.v1.LookupResponse.match:type_name -> mantle.cache.v1.MatchKind
+	17, // 9: mantle.cache.v1.LookupResponse.age:type_name -> google.protobuf.Duration
+	5,  // 10: mantle.cache.v1.LookupResponse.rejected:type_name -> mantle.cache.v1.Rejection
+	6,  // 11: mantle.cache.v1.LookupResponse.lease:type_name -> mantle.cache.v1.Lease
+	18, // 12: mantle.cache.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 13: mantle.cache.v1.Entry.usage:type_name -> mantle.v1.Usage
+	18, // 14: mantle.cache.v1.Entry.created_at:type_name -> google.protobuf.Timestamp
+	18, // 15: mantle.cache.v1.Entry.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 16: mantle.cache.v1.Entry.stale_until:type_name -> google.protobuf.Timestamp
+	16, // 17: mantle.cache.v1.StoreRequest.quality:type_name -> mantle.v1.QualityContext
+	2,  // 18: mantle.cache.v1.StoreRequest.prompt:type_name -> mantle.cache.v1.Prompt
+	19, // 19: mantle.cache.v1.StoreRequest.usage:type_name -> mantle.v1.Usage
+	17, // 20: mantle.cache.v1.StoreRequest.ttl:type_name -> google.protobuf.Duration
+	16, // 21: mantle.cache.v1.ReleaseRequest.quality:type_name -> mantle.v1.QualityContext
+	3,  // 22: mantle.cache.v1.CacheService.Lookup:input_type -> mantle.cache.v1.LookupRequest
+	8,  // 23: mantle.cache.v1.CacheService.Store:input_type -> mantle.cache.v1.StoreRequest
+	10, // 24: mantle.cache.v1.CacheService.Invalidate:input_type -> mantle.cache.v1.InvalidateRequest
+	12, // 25: mantle.cache.v1.CacheService.Release:input_type -> mantle.cache.v1.ReleaseRequest
+	4,  // 26: mantle.cache.v1.CacheService.Lookup:output_type -> mantle.cache.v1.LookupResponse
+	9,  // 27: mantle.cache.v1.CacheService.Store:output_type -> mantle.cache.v1.StoreResponse
+	11, // 28: mantle.cache.v1.CacheService.Invalidate:output_type -> mantle.cache.v1.InvalidateResponse
+	13, // 29: mantle.cache.v1.CacheService.Release:output_type -> mantle.cache.v1.ReleaseResponse
+	26, // [26:30] is the sub-list for method output_type
+	22, // [22:26] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_mantle_cache_v1_cache_proto_init() }
@@ -719,13 +1287,14 @@ func file_mantle_cache_v1_cache_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_cache_v1_cache_proto_rawDesc), len(file_mantle_cache_v1_cache_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   8,
+			NumEnums:      2,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_mantle_cache_v1_cache_proto_goTypes,
 		DependencyIndexes: file_mantle_cache_v1_cache_proto_depIdxs,
+		EnumInfos:         file_mantle_cache_v1_cache_proto_enumTypes,
 		MessageInfos:      file_mantle_cache_v1_cache_proto_msgTypes,
 	}.Build()
 	File_mantle_cache_v1_cache_proto = out.File

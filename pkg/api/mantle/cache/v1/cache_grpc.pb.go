@@ -22,6 +22,7 @@ const (
 	CacheService_Lookup_FullMethodName     = "/mantle.cache.v1.CacheService/Lookup"
 	CacheService_Store_FullMethodName      = "/mantle.cache.v1.CacheService/Store"
 	CacheService_Invalidate_FullMethodName = "/mantle.cache.v1.CacheService/Invalidate"
+	CacheService_Release_FullMethodName    = "/mantle.cache.v1.CacheService/Release"
 )
 
 // CacheServiceClient is the client API for CacheService service.
@@ -29,18 +30,25 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // CacheService stores verified answers and finds them again for the same tenant,
-// scenario, model and prompt.
+// scenario, model and prompt: first by an exact hash of the normalised prompt, then by the
+// similarity of the last user message within the same scope.
 //
 // Errors carry google.rpc.ErrorInfo with domain "cache.mantle" and reason
 // INVALID_REQUEST (with BadRequest), PERMISSION_DENIED (the QualityContext names another
-// tenant than the caller's credentials) or UNAUTHENTICATED (no tenant at all).
+// tenant than the caller's credentials) or UNAUTHENTICATED (no tenant at all). A Lookup
+// whose backend or embedder fails is a miss, not an error.
 type CacheServiceClient interface {
-	// Lookup finds a cached answer for a prompt. A miss is not an error.
+	// Lookup finds a cached answer for a prompt. A miss is not an error. With coalesce set,
+	// the first miss for a prompt gets a lease and later identical lookups wait for its answer.
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
 	// Store records a verified answer. Answers that policy forbids are skipped, not failed.
+	// Store with a lease id also hands the answer to the lookups waiting on that lease.
 	Store(ctx context.Context, in *StoreRequest, opts ...grpc.CallOption) (*StoreResponse, error)
 	// Invalidate removes entries by scope.
 	Invalidate(ctx context.Context, in *InvalidateRequest, opts ...grpc.CallOption) (*InvalidateResponse, error)
+	// Release gives up a lease without an answer (the model call failed, the answer did not
+	// pass verification, or the caller went away), so a waiting lookup can take it over.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
 type cacheServiceClient struct {
@@ -81,23 +89,40 @@ func (c *cacheServiceClient) Invalidate(ctx context.Context, in *InvalidateReque
 	return out, nil
 }
 
+func (c *cacheServiceClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, CacheService_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CacheServiceServer is the server API for CacheService service.
 // All implementations must embed UnimplementedCacheServiceServer
 // for forward compatibility.
 //
 // CacheService stores verified answers and finds them again for the same tenant,
-// scenario, model and prompt.
+// scenario, model and prompt: first by an exact hash of the normalised prompt, then by the
+// similarity of the last user message within the same scope.
 //
 // Errors carry google.rpc.ErrorInfo with domain "cache.mantle" and reason
 // INVALID_REQUEST (with BadRequest), PERMISSION_DENIED (the QualityContext names another
-// tenant than the caller's credentials) or UNAUTHENTICATED (no tenant at all).
+// tenant than the caller's credentials) or UNAUTHENTICATED (no tenant at all). A Lookup
+// whose backend or embedder fails is a miss, not an error.
 type CacheServiceServer interface {
-	// Lookup finds a cached answer for a prompt. A miss is not an error.
+	// Lookup finds a cached answer for a prompt. A miss is not an error. With coalesce set,
+	// the first miss for a prompt gets a lease and later identical lookups wait for its answer.
 	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)
 	// Store records a verified answer. Answers that policy forbids are skipped, not failed.
+	// Store with a lease id also hands the answer to the lookups waiting on that lease.
 	Store(context.Context, *StoreRequest) (*StoreResponse, error)
 	// Invalidate removes entries by scope.
 	Invalidate(context.Context, *InvalidateRequest) (*InvalidateResponse, error)
+	// Release gives up a lease without an answer (the model call failed, the answer did not
+	// pass verification, or the caller went away), so a waiting lookup can take it over.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedCacheServiceServer()
 }
 
@@ -116,6 +141,9 @@ func (UnimplementedCacheServiceServer) Store(context.Context, *StoreRequest) (*S
 }
 func (UnimplementedCacheServiceServer) Invalidate(context.Context, *InvalidateRequest) (*InvalidateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Invalidate not implemented")
+}
+func (UnimplementedCacheServiceServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedCacheServiceServer) mustEmbedUnimplementedCacheServiceServer() {}
 func (UnimplementedCacheServiceServer) testEmbeddedByValue()                      {}
@@ -192,6 +220,24 @@ func _CacheService_Invalidate_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CacheService_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CacheServiceServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CacheService_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CacheServiceServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CacheService_ServiceDesc is the grpc.ServiceDesc for CacheService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -210,6 +256,10 @@ var CacheService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Invalidate",
 			Handler:    _CacheService_Invalidate_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _CacheService_Release_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
