@@ -5,13 +5,18 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/cache/internal/nearmiss"
+	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
 // ErrNoTenant is returned when a call names no tenant. Entries are always scoped to one,
@@ -22,12 +27,18 @@ const roleUser = "user"
 
 // Prompt is everything that decides whether two requests may share an answer.
 type Prompt struct {
-	Scenario       string
-	Model          string
+	Scenario string
+	Model    string
+	// ModelFamily, when set, replaces Model in the scope: models of one family share
+	// answers.
+	ModelFamily    string
 	Messages       []Message
 	Temperature    *float64 // nil: the provider's default
 	MaxTokens      int32    // 0: the provider's default
 	ResponseFormat ResponseFormat
+	// ContextFingerprint stands for everything else that changes the answer (tools, stop
+	// sequences); it is hashed into the scope.
+	ContextFingerprint string
 }
 
 // Message is one conversation turn.
@@ -62,6 +73,87 @@ func (f ResponseFormat) typeOrText() FormatType {
 	return f.Type
 }
 
+// Mode says how far a lookup may go (see LookupMode in cache.proto).
+type Mode int
+
+// Lookup modes.
+const (
+	// ModeNormal: fresh entries at the scenario's threshold.
+	ModeNormal Mode = iota
+	// ModeCacheOnly: also stale entries (within max_staleness) at the stale threshold.
+	ModeCacheOnly
+	// ModeApproximate: like ModeCacheOnly, and entries down to the approximate threshold.
+	ModeApproximate
+)
+
+// MatchKind says how a hit was found.
+type MatchKind string
+
+// Match kinds.
+const (
+	MatchNone      MatchKind = "none"
+	MatchExact     MatchKind = "exact"
+	MatchSemantic  MatchKind = "semantic"
+	MatchCoalesced MatchKind = "coalesced"
+)
+
+// Reasons a lookup did not search or could not, besides the policy's SkipReasons.
+const (
+	MissBackendError   = "backend_error"
+	MissEmbedderError  = "embedder_error"
+	MissCoalesceTimeout = "coalesce_timeout"
+)
+
+// LookupRequest asks for a cached answer.
+type LookupRequest struct {
+	Prompt Prompt
+	Mode   Mode
+	// Coalesce asks for a lease on a miss, or to wait for the answer of the lookup that
+	// holds one.
+	Coalesce bool
+	// MaxWait shortens the configured coalesce.max_wait; zero uses it.
+	MaxWait time.Duration
+	// Deadline is the request's deadline (zero: none). A lease expires by then at the
+	// latest, since its holder stops answering by then.
+	Deadline time.Time
+}
+
+// LookupResult is a hit or a miss, and why.
+type LookupResult struct {
+	Hit   bool
+	Entry Entry
+	// Similarity of the hit: 1 for exact and coalesced matches.
+	Similarity float64
+	Match      MatchKind
+	// Stale: the hit is past its TTL. Approximate: its similarity is below the normal
+	// threshold.
+	Stale, Approximate bool
+	// Age of the hit's entry.
+	Age time.Duration
+	// Rejected is the closest candidate that did not answer, and why.
+	Rejected *Rejection
+	// Lease is set on a coalescing miss: the caller answers for the others.
+	Lease *Lease
+	// MissReason says why a miss did not search or could not ("" for an ordinary miss).
+	MissReason string
+	Namespace  string
+}
+
+// Rejection is a candidate that did not answer.
+type Rejection struct {
+	EntryID    string
+	Similarity float64
+	// Reason is below_threshold or a nearmiss.Reason.
+	Reason string
+	Detail string
+}
+
+// Lease is a coalescing lease handed to the caller.
+type Lease struct {
+	ID        string
+	ExpiresAt time.Time
+}
+
 // StoreRequest is an answer offered to the cache.
 type StoreRequest struct {
 	Prompt       Prompt
@@ -71,11 +163,14 @@ type StoreRequest struct {
 	Usage        Usage
 	// TTL shortens the policy's TTL; zero uses it. It cannot lengthen it.
 	TTL time.Duration
-	// VerificationFailed, Degraded and FromCache describe where the answer came from
-	// (the request's QualityContext); each keeps it out of the cache.
-	VerificationFailed bool
-	Degraded           bool
-	FromCache          bool
+	// Verified: the answer passed verification. Degraded and FromCache describe where the
+	// answer came from (the request's QualityContext); each keeps it out of the cache.
+	Verified  bool
+	Degraded  bool
+	FromCache bool
+	// LeaseID ends the caller's coalescing lease: the waiters get the answer when it may be
+	// stored, and look again when not.
+	LeaseID string
 }
 
 // StoreResult says whether the answer was stored, under which id, or why not.
@@ -85,71 +180,366 @@ type StoreResult struct {
 	SkippedReason SkipReason
 }
 
-// InvalidateRequest selects the tenant's entries to remove. Scenario and EntryID narrow
-// the selection; All must be set to remove the whole tenant, so a request with every
-// field forgotten removes nothing.
+// InvalidateRequest selects the tenant's entries to remove. Scenario, EntryID and
+// Namespace narrow the selection; All must be set to remove the whole tenant, so a request
+// with every field forgotten removes nothing.
 type InvalidateRequest struct {
-	Tenant   string
-	Scenario string
-	EntryID  string
-	All      bool
+	Tenant    string
+	Scenario  string
+	EntryID   string
+	Namespace string
+	All       bool
 }
 
-// Service is the exact-match cache: it derives keys, applies the store policy, and keeps
-// entries in an Index. It is safe for concurrent use.
+// Deps are what a Service is built on.
+type Deps struct {
+	Index Index
+	// Embedder is nil for exact matching only.
+	Embedder Embedder
+	Clock    clockwork.Clock
+	Metrics  prometheus.Registerer
+	Log      *slog.Logger
+}
+
+// Service is the cache: it derives keys, applies the policies, matches exactly and by
+// similarity, coalesces identical requests, and keeps entries in an Index. It is safe for
+// concurrent use.
 type Service struct {
 	index         Index
+	embedder      Embedder
+	namespace     string
 	clock         clockwork.Clock
+	log           *slog.Logger
 	defaultPolicy policy
 	scenarios     map[string]policy
 	metrics       *metrics
+	leases        *leases
+	coalesce      CoalesceConfig
+	embedTimeout  time.Duration
+	// indexCooldown and embedCooldown skip a failing dependency for a while.
+	indexCooldown *cooldown
+	embedCooldown *cooldown
 }
 
-// NewService returns a Service over index, with metrics registered on reg.
-func NewService(cfg Config, index Index, clock clockwork.Clock, reg prometheus.Registerer) (*Service, error) {
+// candidateLimit is how many nearest entries a similarity search returns: the best one
+// may be rejected as a near miss while the next is a true paraphrase.
+const candidateLimit = 5
+
+// reportMargin widens the search below the threshold, so that the closest candidate that
+// missed it can be reported (the similarity histogram and LookupResponse.rejected are how
+// thresholds get tuned; seed 004 5.2).
+const reportMargin = 0.05
+
+// NewService returns a Service over deps.Index, with metrics registered on deps.Metrics.
+func NewService(cfg Config, deps Deps) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(reg)
+	if deps.Index == nil || deps.Clock == nil || deps.Metrics == nil {
+		return nil, errors.New("cache: NewService needs an index, a clock and a metrics registry")
+	}
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(deps.Metrics, slices.Collect(maps.Keys(cfg.Scenarios)))
 	if err != nil {
 		return nil, err
 	}
+	namespace := namespaceExact
+	if deps.Embedder != nil {
+		namespace = deps.Embedder.Namespace()
+	}
+	defaults := defaultThresholds(cfg.Embedder.Kind)
 	scenarios := make(map[string]policy, len(cfg.Scenarios))
 	for name, override := range cfg.Scenarios {
-		scenarios[name] = compilePolicy(cfg.DefaultPolicy.with(override))
+		scenarios[name] = compilePolicy(cfg.DefaultPolicy.with(override), defaults)
 	}
 	return &Service{
-		index:         index,
-		clock:         clock,
-		defaultPolicy: compilePolicy(cfg.DefaultPolicy),
+		index:         deps.Index,
+		embedder:      deps.Embedder,
+		namespace:     namespace,
+		clock:         deps.Clock,
+		log:           deps.Log,
+		defaultPolicy: compilePolicy(cfg.DefaultPolicy, defaults),
 		scenarios:     scenarios,
 		metrics:       m,
+		leases:        newLeases(),
+		coalesce:      cfg.Coalesce,
+		embedTimeout:  cfg.Embedder.Timeout,
+		indexCooldown: newCooldown(deps.Clock),
+		embedCooldown: newCooldown(deps.Clock),
 	}, nil
 }
 
-// Lookup returns the tenant's live entry for p. A miss is (Entry{}, false, nil).
-func (s *Service) Lookup(ctx context.Context, tenant string, p Prompt) (Entry, bool, error) {
+// Namespace returns the embedder namespace entries are stored and found under.
+func (s *Service) Namespace() string { return s.namespace }
+
+// Lookup returns the tenant's best answer for req, or a miss. Only invalid requests and a
+// cancelled caller are errors: a failing backend or embedder is a miss with a MissReason.
+func (s *Service) Lookup(ctx context.Context, tenant string, req LookupRequest) (LookupResult, error) {
 	if tenant == "" {
-		return Entry{}, false, ErrNoTenant
+		return LookupResult{}, ErrNoTenant
 	}
-	if err := validatePrompt(p).OrNil(); err != nil {
-		return Entry{}, false, err
+	if err := validatePrompt(req.Prompt).OrNil(); err != nil {
+		return LookupResult{}, err
 	}
-	key, _ := deriveKey(tenant, p)
-	e, hit, err := s.index.Get(ctx, key, s.clock.Now())
+	scenario := s.metrics.scenario(req.Prompt.Scenario)
+	res, err := s.lookup(ctx, tenant, req, scenario)
 	if err != nil {
-		return Entry{}, false, fmt.Errorf("get %s: %w", key, err)
+		return LookupResult{}, err
 	}
-	if hit {
-		s.metrics.hits.Inc()
+	if res.Hit {
+		s.metrics.lookups.WithLabelValues(scenario, "hit", string(res.Match)).Inc()
+		if res.Stale {
+			s.metrics.degraded.WithLabelValues(scenario, "stale").Inc()
+		}
+		if res.Approximate {
+			s.metrics.degraded.WithLabelValues(scenario, "approximate").Inc()
+		}
 	} else {
-		s.metrics.misses.Inc()
+		s.metrics.lookups.WithLabelValues(scenario, "miss", string(MatchNone)).Inc()
+		if res.MissReason != "" {
+			s.metrics.skips.WithLabelValues(scenario, res.MissReason).Inc()
+		}
 	}
-	return e, hit, nil
+	return res, nil
 }
 
+func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, scenario string) (LookupResult, error) {
+	res := LookupResult{Match: MatchNone, Namespace: s.namespace}
+	k := deriveKeys(tenant, s.namespace, req.Prompt)
+	pol := s.policyFor(req.Prompt.Scenario)
+	if reason := pol.promptSkip(req.Prompt, k.Normalized); reason != "" {
+		res.MissReason = string(reason)
+		return res, nil
+	}
+	now := s.clock.Now()
+
+	// Exact first: the same normalised question in the same scope needs no embedding.
+	if e, ok, err := s.get(ctx, k.Exact, now); err != nil {
+		if ctx.Err() != nil {
+			return LookupResult{}, ctx.Err()
+		}
+		res.MissReason = MissBackendError
+	} else if ok && (e.freshAt(now) || req.Mode != ModeNormal) {
+		return s.hit(res, e, 1, MatchExact, now, pol, req.Mode), nil
+	}
+
+	if res.MissReason == "" && s.embedder != nil {
+		if err := s.searchSimilar(ctx, tenant, req, k, pol, now, scenario, &res); err != nil {
+			return LookupResult{}, err
+		}
+		if res.Hit {
+			return res, nil
+		}
+	}
+	if !req.Coalesce {
+		return res, nil
+	}
+	return s.coalesceMiss(ctx, tenant, req, k, res, pol)
+}
+
+// searchSimilar embeds the question and looks for a close enough entry in its partition.
+// It fills res with a hit, or with the closest rejection and a miss reason.
+func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRequest, k keys, pol policy, now time.Time, scenario string, res *LookupResult) error {
+	v, err := s.embed(ctx, k.Question)
+	if errors.Is(err, vector.ErrZero) {
+		return nil // nothing to compare: only exact matches are possible
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		res.MissReason = MissEmbedderError
+		return nil
+	}
+	th := pol.thresholds
+	floor := th.normal
+	if req.Mode == ModeApproximate {
+		floor = th.approximate
+	}
+	candidates, err := s.search(ctx, Query{
+		Tenant:    tenant,
+		Partition: k.Partition,
+		Namespace: s.namespace,
+		Vector:    v,
+		Limit:     candidateLimit,
+		MinScore:  float32(max(0, floor-reportMargin)),
+		Now:       now,
+		FreshOnly: req.Mode == ModeNormal,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		res.MissReason = MissBackendError
+		return nil
+	}
+	var query nearmiss.Signature
+	if len(candidates) > 0 {
+		query = nearmiss.Extract(k.Question)
+	}
+	for _, c := range candidates {
+		score := math.Min(float64(c.Score), 1) // float rounding can put an identical vector a hair above 1
+		need := th.normal
+		switch {
+		case req.Mode == ModeApproximate:
+			need = th.approximate
+		case !c.Entry.freshAt(now):
+			need = th.stale
+		}
+		reason, detail := "", ""
+		if score < need {
+			reason, detail = rejectBelowThreshold, fmt.Sprintf("%.3f below %.2f", score, need)
+			if !c.Entry.freshAt(now) {
+				detail += " (stale entry)"
+			}
+		} else if r, d := nearmiss.CompareSignatures(query, nearmiss.Extract(c.Entry.Question)); r != "" {
+			reason, detail = string(r), d
+		}
+		if reason != "" {
+			s.metrics.rejections.WithLabelValues(scenario, reason).Inc()
+			if res.Rejected == nil {
+				res.Rejected = &Rejection{EntryID: c.Entry.ID, Similarity: score, Reason: reason, Detail: detail}
+			}
+			continue
+		}
+		if t, ok := s.index.(interface{ Touch(Key) }); ok {
+			t.Touch(c.Entry.Key)
+		}
+		s.metrics.similarity.WithLabelValues(scenario, "hit").Observe(score)
+		*res = s.hit(*res, c.Entry, score, MatchSemantic, now, pol, req.Mode)
+		return nil
+	}
+	if res.Rejected != nil {
+		s.metrics.similarity.WithLabelValues(scenario, "rejected").Observe(res.Rejected.Similarity)
+	}
+	return nil
+}
+
+// hit fills res with e as the answer.
+func (s *Service) hit(res LookupResult, e Entry, similarity float64, match MatchKind, now time.Time, pol policy, mode Mode) LookupResult {
+	res.Hit, res.Entry, res.Similarity, res.Match = true, e, similarity, match
+	res.Stale = !e.freshAt(now)
+	res.Approximate = mode == ModeApproximate && similarity < pol.thresholds.normal
+	res.Age = max(0, now.Sub(e.CreatedAt))
+	res.MissReason = ""
+	return res
+}
+
+// coalesceMiss turns a miss into a lease, or waits for the lease another lookup holds.
+func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupRequest, k keys, res LookupResult, pol policy) (LookupResult, error) {
+	start := s.clock.Now()
+	wait := s.coalesce.MaxWait
+	if req.MaxWait > 0 && req.MaxWait < wait {
+		wait = req.MaxWait
+	}
+	// Give up waiting a little before the caller's deadline, so it gets a miss it can act
+	// on rather than a deadline error.
+	if d, ok := ctx.Deadline(); ok {
+		if left := time.Until(d) * 9 / 10; left < wait {
+			wait = left
+		}
+	}
+	giveUp := start.Add(wait)
+	for {
+		now := s.clock.Now()
+		expires := now.Add(s.coalesce.LeaseTTL)
+		if !req.Deadline.IsZero() && req.Deadline.Before(expires) {
+			expires = req.Deadline
+		}
+		mine, theirs := s.leases.acquire(k.Exact, tenant, now, expires)
+		if mine != nil {
+			s.metrics.coalesce.WithLabelValues("leased").Inc()
+			res.Lease = &Lease{ID: mine.id, ExpiresAt: mine.expires}
+			return res, nil
+		}
+		if !now.Before(giveUp) {
+			s.metrics.coalesce.WithLabelValues("timeout").Inc()
+			res.MissReason = MissCoalesceTimeout
+			return res, nil
+		}
+		// One timer for whichever comes first: the lease's expiry or the end of the wait.
+		until := min(theirs.expires.Sub(now), giveUp.Sub(now))
+		timer := s.clock.NewTimer(until)
+		select {
+		case <-theirs.done:
+			timer.Stop()
+			if theirs.entry != nil {
+				s.metrics.coalesce.WithLabelValues("joined").Inc()
+				return s.hit(res, *theirs.entry, 1, MatchCoalesced, s.clock.Now(), pol, req.Mode), nil
+			}
+			// Released or expired without an answer: look once more (another path may have
+			// stored one), then try for the lease.
+			s.metrics.coalesce.WithLabelValues("retried").Inc()
+			if e, ok, err := s.get(ctx, k.Exact, s.clock.Now()); err == nil && ok && e.freshAt(s.clock.Now()) {
+				return s.hit(res, e, 1, MatchExact, s.clock.Now(), pol, req.Mode), nil
+			}
+		case <-timer.Chan():
+			s.leases.expire(theirs, s.clock.Now())
+		case <-ctx.Done():
+			timer.Stop()
+			return LookupResult{}, ctx.Err()
+		}
+	}
+}
+
+// get reads an entry unless the index is cooling down after failures.
+func (s *Service) get(ctx context.Context, key Key, now time.Time) (Entry, bool, error) {
+	if !s.indexCooldown.allow() {
+		s.metrics.errors.WithLabelValues("get").Inc()
+		return Entry{}, false, errCooldown
+	}
+	e, ok, err := s.index.Get(ctx, s.namespace, key, now)
+	s.indexCooldown.record(ctx, err)
+	if err != nil {
+		s.metrics.errors.WithLabelValues("get").Inc()
+		s.log.WarnContext(ctx, "cache: index get failed; serving a miss", "err", err)
+	}
+	return e, ok, err
+}
+
+func (s *Service) search(ctx context.Context, q Query) ([]Candidate, error) {
+	if !s.indexCooldown.allow() {
+		s.metrics.errors.WithLabelValues("search").Inc()
+		return nil, errCooldown
+	}
+	c, err := s.index.Search(ctx, q)
+	s.indexCooldown.record(ctx, err)
+	if err != nil {
+		s.metrics.errors.WithLabelValues("search").Inc()
+		s.log.WarnContext(ctx, "cache: index search failed; serving a miss", "err", err)
+	}
+	return c, err
+}
+
+// embed embeds text within the embedder timeout, unless the embedder is cooling down.
+func (s *Service) embed(ctx context.Context, text string) (vector.Vector, error) {
+	if !s.embedCooldown.allow() {
+		s.metrics.errors.WithLabelValues("embed").Inc()
+		return vector.Vector{}, errCooldown
+	}
+	ectx, cancel := context.WithTimeout(ctx, s.embedTimeout)
+	defer cancel()
+	v, err := s.embedder.Embed(ectx, text)
+	if errors.Is(err, vector.ErrZero) {
+		return v, err
+	}
+	s.embedCooldown.record(ctx, err)
+	if err != nil {
+		s.metrics.errors.WithLabelValues("embed").Inc()
+		s.log.WarnContext(ctx, "cache: embedding failed", "err", err)
+	}
+	return v, err
+}
+
+// errCooldown is the error of a call skipped because its dependency failed repeatedly.
+var errCooldown = errors.New("skipped: failing repeatedly, cooling down")
+
 // Store records req's answer for tenant unless the scenario's policy forbids it; a
-// forbidden answer is a StoreResult with a SkippedReason, not an error.
+// forbidden answer is a StoreResult with a SkippedReason, not an error. With a lease id it
+// also ends the lease: its waiters get the answer when policy allows it, even if the
+// backend then fails to keep it.
 func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (StoreResult, error) {
 	if tenant == "" {
 		return StoreResult{}, ErrNoTenant
@@ -165,9 +555,22 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 		return StoreResult{}, err
 	}
 
-	key, lastUser := deriveKey(tenant, req.Prompt)
+	k := deriveKeys(tenant, s.namespace, req.Prompt)
+	var held *lease
+	if req.LeaseID != "" {
+		held = s.leases.find(req.LeaseID, tenant)
+		if held != nil && held.key != k.Exact {
+			// A lease for another prompt: its waiters asked something else. Let them
+			// look again rather than hand them this answer.
+			s.leases.finish(held.id, tenant, nil)
+			held = nil
+		}
+	}
 	pol := s.policyFor(req.Prompt.Scenario)
-	if reason := pol.skipReason(req, lastUser); reason != "" {
+	if reason := pol.storeSkip(req, k.Normalized); reason != "" {
+		if held != nil {
+			s.leases.finish(held.id, tenant, nil)
+		}
 		s.metrics.stores.WithLabelValues(string(reason)).Inc()
 		return StoreResult{SkippedReason: reason}, nil
 	}
@@ -179,21 +582,54 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 	now := s.clock.Now()
 	e := Entry{
 		ID:           rand.Text(),
-		Key:          key,
+		Key:          k.Exact,
+		Partition:    k.Partition,
 		Tenant:       tenant,
 		Scenario:     req.Prompt.Scenario,
+		Namespace:    s.namespace,
+		Question:     k.Question,
 		Content:      req.Content,
 		SourceModel:  req.SourceModel,
 		FinishReason: req.FinishReason,
 		Usage:        req.Usage,
 		CreatedAt:    now,
 		ExpiresAt:    now.Add(ttl),
+		StaleUntil:   now.Add(ttl + pol.maxStaleness),
 	}
-	if err := s.index.Put(ctx, e); err != nil {
-		return StoreResult{}, fmt.Errorf("put %s: %w", key, err)
+	if held != nil {
+		s.leases.finish(held.id, tenant, &e)
+	}
+	var v vector.Vector
+	if s.embedder != nil {
+		var err error
+		// Without a vector the entry still serves exact matches.
+		if v, err = s.embed(ctx, k.Question); err != nil && !errors.Is(err, vector.ErrZero) && ctx.Err() != nil {
+			return StoreResult{}, ctx.Err()
+		}
+	}
+	err := s.index.Put(ctx, e, v)
+	if errors.Is(err, ErrNeedsVector) {
+		s.metrics.stores.WithLabelValues(string(SkipNoVector)).Inc()
+		return StoreResult{SkippedReason: SkipNoVector}, nil
+	}
+	s.indexCooldown.record(ctx, err)
+	if err != nil {
+		s.metrics.errors.WithLabelValues("put").Inc()
+		return StoreResult{}, fmt.Errorf("put %s: %w", e.Key, err)
 	}
 	s.metrics.stores.WithLabelValues(outcomeStored).Inc()
 	return StoreResult{Stored: true, EntryID: e.ID}, nil
+}
+
+// Release ends tenant's lease without an answer; it reports whether the lease was live.
+func (s *Service) Release(_ context.Context, tenant, leaseID string) (bool, error) {
+	if tenant == "" {
+		return false, ErrNoTenant
+	}
+	if leaseID == "" {
+		return false, rpc.Invalid("lease_id", "required")
+	}
+	return s.leases.finish(leaseID, tenant, nil), nil
 }
 
 // Invalidate removes the entries req selects and returns how many it removed.
@@ -201,15 +637,19 @@ func (s *Service) Invalidate(ctx context.Context, req InvalidateRequest) (int, e
 	if req.Tenant == "" {
 		return 0, ErrNoTenant
 	}
-	if !req.All && req.Scenario == "" && req.EntryID == "" {
-		return 0, rpc.Invalid("all", "set scenario, entry_id, or all to remove every entry of the tenant")
+	if !req.All && req.Scenario == "" && req.EntryID == "" && req.Namespace == "" {
+		return 0, rpc.Invalid("all", "set scenario, entry_id, namespace, or all to remove every entry of the tenant")
 	}
-	removed, err := s.index.Delete(ctx, Filter{Tenant: req.Tenant, Scenario: req.Scenario, ID: req.EntryID})
+	removed, err := s.index.Delete(ctx, Filter{Tenant: req.Tenant, Scenario: req.Scenario, ID: req.EntryID, Namespace: req.Namespace})
 	if err != nil {
+		s.metrics.errors.WithLabelValues("delete").Inc()
 		return 0, fmt.Errorf("delete: %w", err)
 	}
 	return removed, nil
 }
+
+// SweepLeases ends the leases expired at now.
+func (s *Service) SweepLeases() int { return s.leases.sweep(s.clock.Now()) }
 
 func (s *Service) policyFor(scenario string) policy {
 	if p, ok := s.scenarios[scenario]; ok {

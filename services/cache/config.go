@@ -5,25 +5,41 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net"
+	"regexp"
 	"slices"
+	"strconv"
 	"time"
 )
 
 // Config is the cache block of mantle's YAML file.
 //
-//	max_entries: 100000
+//	backend: embedded            # or qdrant
+//	max_entries: 100000          # embedded only
+//	embedded: {snapshot_path: /var/lib/mantle/cache.snap, snapshot_interval: 5m}
+//	qdrant: {address: qdrant:6334, api_key_env: QDRANT_API_KEY, timeout: 250ms}
+//	embedder: {kind: lexical}    # or openai (base_url, model, ...), or none
+//	coalesce: {max_wait: 10s, lease_ttl: 30s}
 //	default_policy:
 //	  cacheable: true
 //	  ttl: 1h
 //	  max_temperature: 0.3
-//	  volatile_markers: [today, now, 今天, 实时, ...]
+//	  threshold: 0               # 0: the embedder's calibrated default
+//	  max_staleness: 24h
 //	scenarios:
-//	  support: {ttl: 10m}          # inherits everything else from default_policy
+//	  support: {ttl: 10m}        # inherits everything else from default_policy
 //	  orders:  {cacheable: false}
 type Config struct {
-	// MaxEntries bounds the in-memory index; the least recently used entry is evicted
-	// when a new one would exceed it.
-	MaxEntries int `yaml:"max_entries"`
+	// Backend is where entries live: embedded (in this process; for mantle dev and single
+	// nodes) or qdrant (shared by every cache replica).
+	Backend string `yaml:"backend"`
+	// MaxEntries bounds the embedded index; the least recently used entry is evicted when a
+	// new one would exceed it.
+	MaxEntries int                       `yaml:"max_entries"`
+	Embedded   EmbeddedConfig            `yaml:"embedded"`
+	Qdrant     QdrantConfig              `yaml:"qdrant"`
+	Embedder   EmbedderConfig            `yaml:"embedder"`
+	Coalesce   CoalesceConfig            `yaml:"coalesce"`
 	// DefaultPolicy applies to every scenario without its own block, and fills in the
 	// keys a scenario block leaves out.
 	DefaultPolicy Policy `yaml:"default_policy"`
@@ -31,50 +47,205 @@ type Config struct {
 	Scenarios map[string]ScenarioPolicy `yaml:"scenarios"`
 }
 
-// Policy decides which answers may be stored and for how long.
+// Backends.
+const (
+	BackendEmbedded = "embedded"
+	BackendQdrant   = "qdrant"
+)
+
+// EmbeddedConfig configures the in-process index.
+type EmbeddedConfig struct {
+	// SnapshotPath is a file the index is written to periodically and on shutdown, and read
+	// back at start, so a restart keeps the cache. Empty: no snapshot. The file holds
+	// tenants' prompts and answers; it is written with mode 0600.
+	SnapshotPath string `yaml:"snapshot_path"`
+	// SnapshotInterval is how often the snapshot is written while running.
+	SnapshotInterval time.Duration `yaml:"snapshot_interval"`
+}
+
+// QdrantConfig configures the Qdrant backend (server v1.17.x, gRPC API).
+type QdrantConfig struct {
+	// Address is host:port of Qdrant's gRPC API (port 6334 by default).
+	Address string `yaml:"address"`
+	// APIKeyEnv names the environment variable holding the API key; empty for none.
+	APIKeyEnv string `yaml:"api_key_env"`
+	// TLS connects with TLS (required by Qdrant Cloud).
+	TLS bool `yaml:"tls"`
+	// CollectionPrefix starts the name of every collection; the embedder namespace ends it
+	// (mantle_cache_lexical-v1).
+	CollectionPrefix string `yaml:"collection_prefix"`
+	// Timeout bounds every call. A lookup whose call fails or times out is a miss: a slow
+	// cache must not make requests slower than no cache.
+	Timeout time.Duration `yaml:"timeout"`
+	// SweepInterval is how often expired points are deleted.
+	SweepInterval time.Duration `yaml:"sweep_interval"`
+}
+
+// EmbedderConfig selects the embedder.
+type EmbedderConfig struct {
+	// Kind is lexical (built in, offline), openai (any OpenAI-compatible /v1/embeddings
+	// endpoint) or none (exact matches only).
+	Kind string `yaml:"kind"`
+	// Timeout bounds one embedding. On failure the lookup still tries the exact match.
+	Timeout time.Duration `yaml:"timeout"`
+	// BaseURL, Model, Dimensions, APIKeyEnv and Version configure kind openai.
+	BaseURL    string `yaml:"base_url"`
+	Model      string `yaml:"model"`
+	Dimensions int    `yaml:"dimensions"`
+	APIKeyEnv  string `yaml:"api_key_env"`
+	// Version is appended to the namespace; change it when the model behind the endpoint
+	// changes under the same name.
+	Version string `yaml:"version"`
+}
+
+// Embedder kinds.
+const (
+	EmbedderLexical = "lexical"
+	EmbedderOpenAI  = "openai"
+	EmbedderNone    = "none"
+)
+
+// CoalesceConfig bounds request coalescing.
+type CoalesceConfig struct {
+	// MaxWait is the longest a lookup waits for another request's answer.
+	MaxWait time.Duration `yaml:"max_wait"`
+	// LeaseTTL is how long a lease holds when the request carries no deadline; a lease
+	// never outlives its request's deadline.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+}
+
+// Policy decides which answers may be stored, for how long, and how close a question must be
+// to use one.
 type Policy struct {
-	// Cacheable false turns storing off for the scenario.
+	// Cacheable false turns the cache off for the scenario: nothing is stored or looked up.
 	Cacheable bool `yaml:"cacheable"`
-	// TTL is how long a stored answer is served. A Store request may ask for less, never more.
+	// TTL is how long a stored answer is served. A Store request may ask for less, never
+	// more. Reads do not renew it.
 	TTL time.Duration `yaml:"ttl"`
 	// MaxTemperature is the highest sampling temperature whose answers are stored: above it
 	// an answer is one random draw among many, not the answer to the question.
 	MaxTemperature float64 `yaml:"max_temperature"`
-	// VolatileMarkers are words that make a prompt time- or person-dependent (today, 库存,
-	// 订单 ...). A prompt whose user turns contain one is never stored. Matching happens
-	// after the same normalisation as the key; Latin-script markers match whole words only,
-	// so "now" does not match "know".
+	// VolatileMarkers are words that make a prompt time-dependent (today, 库存, 订单 ...). A
+	// prompt whose user turns contain one is never stored or served. Matching happens after
+	// the same normalisation as the key; Latin-script markers match whole words only, so
+	// "now" does not match "know".
 	VolatileMarkers []string `yaml:"volatile_markers"`
+	// PersonalMarkers are words that make a prompt about one person (my account, 我的余额);
+	// matched like volatile markers.
+	PersonalMarkers []string `yaml:"personal_markers"`
+	// PersonalPatterns are regular expressions (RE2) for user-specific identifiers: e-mail
+	// addresses, phone numbers, long account or order numbers.
+	PersonalPatterns []string `yaml:"personal_patterns"`
+	// RefusalMarkers are phrases of an answer that declines ("I'm sorry, but I can't",
+	// 抱歉，我无法); such answers are never stored, even when the verifier let them pass.
+	RefusalMarkers []string `yaml:"refusal_markers"`
+	// Threshold is the cosine similarity a fresh entry needs to answer. 0 takes the
+	// embedder's calibrated default: 0.92 for a dense embedder, a stricter value for the
+	// lexical one (see the README).
+	Threshold float64 `yaml:"threshold"`
+	// StaleThreshold is what an entry past its TTL needs in cache-only mode: staleness is a
+	// second doubt, so the similarity must be higher. 0: the embedder's default.
+	StaleThreshold float64 `yaml:"stale_threshold"`
+	// ApproximateThreshold is the floor of the degradation ladder's related-answer rung;
+	// never below 0.85. 0: the embedder's default.
+	ApproximateThreshold float64 `yaml:"approximate_threshold"`
+	// MaxStaleness is how long past its TTL a verified entry may still answer in cache-only
+	// mode. 0: never.
+	MaxStaleness time.Duration `yaml:"max_staleness"`
 }
 
 // ScenarioPolicy overrides some keys of the default policy for one scenario; a key left
-// out (nil) inherits the default. volatile_markers replaces the default list when
-// present; write [] for none.
+// out (nil) inherits the default. A list replaces the default list when present; write []
+// for none.
 type ScenarioPolicy struct {
-	Cacheable       *bool          `yaml:"cacheable,omitempty"`
-	TTL             *time.Duration `yaml:"ttl,omitempty"`
-	MaxTemperature  *float64       `yaml:"max_temperature,omitempty"`
-	VolatileMarkers []string       `yaml:"volatile_markers,omitempty"`
+	Cacheable            *bool          `yaml:"cacheable,omitempty"`
+	TTL                  *time.Duration `yaml:"ttl,omitempty"`
+	MaxTemperature       *float64       `yaml:"max_temperature,omitempty"`
+	VolatileMarkers      []string       `yaml:"volatile_markers,omitempty"`
+	PersonalMarkers      []string       `yaml:"personal_markers,omitempty"`
+	PersonalPatterns     []string       `yaml:"personal_patterns,omitempty"`
+	RefusalMarkers       []string       `yaml:"refusal_markers,omitempty"`
+	Threshold            *float64       `yaml:"threshold,omitempty"`
+	StaleThreshold       *float64       `yaml:"stale_threshold,omitempty"`
+	ApproximateThreshold *float64       `yaml:"approximate_threshold,omitempty"`
+	MaxStaleness         *time.Duration `yaml:"max_staleness,omitempty"`
 }
 
-// defaultVolatileMarkers are the default volatile markers: time words, live data and
-// personal records, in English and Chinese. The seeds warn against caching real-time
-// inventory, order status, weather and personalised content.
+// approximateFloor is the lowest similarity at which any answer is served (DESIGN.md:
+// approximate answers never below 0.85).
+const approximateFloor = 0.85
+
+// thresholds are the three similarity thresholds of a scenario.
+type thresholds struct {
+	normal, stale, approximate float64
+}
+
+// defaultThresholds are the calibrated defaults per embedder kind. Dense embedders use the
+// seeds' 0.92 (seed 000 3.1, seed 003 3.4). The lexical embedder's scores measure shared
+// wording, and its defaults come from the labelled evaluation set in testdata (see
+// eval_test.go and the README): the lowest thresholds whose false-hit rate stays at 0.
+func defaultThresholds(kind string) thresholds {
+	if kind == EmbedderLexical {
+		return thresholds{normal: 0.90, stale: 0.94, approximate: 0.86}
+	}
+	return thresholds{normal: 0.92, stale: 0.95, approximate: approximateFloor}
+}
+
+// defaultVolatileMarkers are the default volatile markers: time words and live data, in
+// English and Chinese. The seeds warn against caching real-time inventory, order status,
+// weather and personalised content.
 var defaultVolatileMarkers = []string{
 	"today", "tonight", "tomorrow", "yesterday", "now", "current", "currently", "latest",
 	"real-time", "realtime", "weather", "in stock", "inventory", "my order", "order status",
 	"今天", "今日", "明天", "昨天", "现在", "目前", "当前", "最新", "实时", "天气", "库存", "订单", "股价",
 }
 
+// defaultPersonalMarkers make a prompt about the asker's own records.
+var defaultPersonalMarkers = []string{
+	"my account", "my balance", "my address", "my bill", "my invoice", "my payment", "my refund",
+	"my package", "my delivery", "my subscription", "my points",
+	"我的账户", "我的账号", "我的余额", "我的地址", "我的账单", "我的快递", "我的包裹", "我的积分", "我的退款",
+}
+
+// defaultPersonalPatterns match identifiers of one person: e-mail addresses, phone
+// numbers (international, North American), and runs of ten or more digits (Chinese mobile
+// numbers, account, order, card and ID numbers). Dates (2024-01-01) match none of them.
+var defaultPersonalPatterns = []string{
+	`[\w.+-]+@[\w-]+(\.[\w-]+)+`,
+	`\+\d[\d -]{7,}\d`,
+	`\b\d{3}[ -]\d{3,4}[ -]\d{4}\b`,
+	`\d{10,}`,
+}
+
+// defaultRefusalMarkers are openings of answers that decline to answer.
+var defaultRefusalMarkers = []string{
+	"i'm sorry, but i can't", "i am sorry, but i cannot", "i cannot help with", "i can't help with",
+	"i'm unable to", "i am unable to", "as an ai language model",
+	"抱歉，我无法", "很抱歉，我不能", "抱歉，我不能", "我无法回答", "作为一个人工智能", "作为ai语言模型",
+}
+
 // DefaultConfig returns the configuration used when the file leaves the cache block out.
 func DefaultConfig() Config {
 	return Config{
+		Backend:    BackendEmbedded,
 		MaxEntries: 100_000,
+		Embedded:   EmbeddedConfig{SnapshotInterval: 5 * time.Minute},
+		Qdrant: QdrantConfig{
+			CollectionPrefix: "mantle_cache_",
+			Timeout:          250 * time.Millisecond,
+			SweepInterval:    time.Minute,
+		},
+		Embedder: EmbedderConfig{Kind: EmbedderLexical, Timeout: 500 * time.Millisecond},
+		Coalesce: CoalesceConfig{MaxWait: 10 * time.Second, LeaseTTL: 30 * time.Second},
 		DefaultPolicy: Policy{
-			Cacheable:       true,
-			TTL:             time.Hour,
-			MaxTemperature:  0.3,
-			VolatileMarkers: slices.Clone(defaultVolatileMarkers),
+			Cacheable:        true,
+			TTL:              time.Hour,
+			MaxTemperature:   0.3,
+			VolatileMarkers:  slices.Clone(defaultVolatileMarkers),
+			PersonalMarkers:  slices.Clone(defaultPersonalMarkers),
+			PersonalPatterns: slices.Clone(defaultPersonalPatterns),
+			RefusalMarkers:   slices.Clone(defaultRefusalMarkers),
+			MaxStaleness:     24 * time.Hour,
 		},
 	}
 }
@@ -82,18 +253,69 @@ func DefaultConfig() Config {
 // Validate reports every invalid key, named relative to the cache block.
 func (c Config) Validate() error {
 	var errs []error
-	if c.MaxEntries <= 0 {
-		errs = append(errs, fmt.Errorf("max_entries: must be positive, got %d", c.MaxEntries))
+	switch c.Backend {
+	case BackendEmbedded:
+		if c.MaxEntries <= 0 {
+			errs = append(errs, fmt.Errorf("max_entries: must be positive, got %d", c.MaxEntries))
+		}
+		if c.Embedded.SnapshotPath != "" && c.Embedded.SnapshotInterval <= 0 {
+			errs = append(errs, fmt.Errorf("embedded.snapshot_interval: must be positive with a snapshot_path, got %s", c.Embedded.SnapshotInterval))
+		}
+	case BackendQdrant:
+		if _, port, err := net.SplitHostPort(c.Qdrant.Address); err != nil {
+			errs = append(errs, fmt.Errorf("qdrant.address: must be host:port, got %q", c.Qdrant.Address))
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			errs = append(errs, fmt.Errorf("qdrant.address: port must be a number, got %q", port))
+		}
+		if c.Qdrant.Timeout <= 0 {
+			errs = append(errs, fmt.Errorf("qdrant.timeout: must be positive, got %s", c.Qdrant.Timeout))
+		}
+		if c.Qdrant.SweepInterval <= 0 {
+			errs = append(errs, fmt.Errorf("qdrant.sweep_interval: must be positive, got %s", c.Qdrant.SweepInterval))
+		}
+		if c.Qdrant.CollectionPrefix == "" {
+			errs = append(errs, errors.New("qdrant.collection_prefix: required"))
+		}
+		if c.Embedder.Kind == EmbedderNone {
+			errs = append(errs, errors.New("embedder.kind: none needs backend embedded; Qdrant stores vectors"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("backend: must be embedded or qdrant, got %q", c.Backend))
 	}
-	errs = append(errs, c.DefaultPolicy.validate("default_policy")...)
+	switch c.Embedder.Kind {
+	case EmbedderLexical, EmbedderNone:
+	case EmbedderOpenAI:
+		if c.Embedder.BaseURL == "" {
+			errs = append(errs, errors.New("embedder.base_url: required for kind openai"))
+		}
+		if c.Embedder.Model == "" {
+			errs = append(errs, errors.New("embedder.model: required for kind openai"))
+		}
+		if c.Embedder.Dimensions < 0 {
+			errs = append(errs, fmt.Errorf("embedder.dimensions: must not be negative, got %d", c.Embedder.Dimensions))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("embedder.kind: must be lexical, openai or none, got %q", c.Embedder.Kind))
+	}
+	if c.Embedder.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("embedder.timeout: must be positive, got %s", c.Embedder.Timeout))
+	}
+	if c.Coalesce.MaxWait < 0 {
+		errs = append(errs, fmt.Errorf("coalesce.max_wait: must not be negative, got %s", c.Coalesce.MaxWait))
+	}
+	if c.Coalesce.LeaseTTL <= 0 {
+		errs = append(errs, fmt.Errorf("coalesce.lease_ttl: must be positive, got %s", c.Coalesce.LeaseTTL))
+	}
+	defaults := defaultThresholds(c.Embedder.Kind)
+	errs = append(errs, c.DefaultPolicy.validate("default_policy", defaults)...)
 	for _, name := range slices.Sorted(maps.Keys(c.Scenarios)) {
 		resolved := c.DefaultPolicy.with(c.Scenarios[name])
-		errs = append(errs, resolved.validate("scenarios."+name)...)
+		errs = append(errs, resolved.validate("scenarios."+name, defaults)...)
 	}
 	return errors.Join(errs...)
 }
 
-func (p Policy) validate(prefix string) []error {
+func (p Policy) validate(prefix string, defaults thresholds) []error {
 	var errs []error
 	if p.TTL <= 0 {
 		errs = append(errs, fmt.Errorf("%s.ttl: must be positive, got %s", prefix, p.TTL))
@@ -101,12 +323,58 @@ func (p Policy) validate(prefix string) []error {
 	if p.MaxTemperature < 0 || math.IsNaN(p.MaxTemperature) || math.IsInf(p.MaxTemperature, 0) {
 		errs = append(errs, fmt.Errorf("%s.max_temperature: must be a non-negative number, got %v", prefix, p.MaxTemperature))
 	}
-	for i, m := range p.VolatileMarkers {
-		if normalizeText(m) == "" {
-			errs = append(errs, fmt.Errorf("%s.volatile_markers[%d]: must contain a word, got %q", prefix, i, m))
+	if p.MaxStaleness < 0 {
+		errs = append(errs, fmt.Errorf("%s.max_staleness: must not be negative, got %s", prefix, p.MaxStaleness))
+	}
+	for _, list := range []struct {
+		key     string
+		markers []string
+	}{{"volatile_markers", p.VolatileMarkers}, {"personal_markers", p.PersonalMarkers}, {"refusal_markers", p.RefusalMarkers}} {
+		for i, m := range list.markers {
+			if normalizeText(m) == "" {
+				errs = append(errs, fmt.Errorf("%s.%s[%d]: must contain a word, got %q", prefix, list.key, i, m))
+			}
+		}
+	}
+	for i, pattern := range p.PersonalPatterns {
+		if _, err := regexp.Compile(pattern); err != nil {
+			errs = append(errs, fmt.Errorf("%s.personal_patterns[%d]: %w", prefix, i, err))
+		}
+	}
+	for _, th := range []struct {
+		key   string
+		value float64
+	}{{"threshold", p.Threshold}, {"stale_threshold", p.StaleThreshold}, {"approximate_threshold", p.ApproximateThreshold}} {
+		if th.value != 0 && !(th.value >= approximateFloor && th.value <= 1) {
+			errs = append(errs, fmt.Errorf("%s.%s: must be 0 (the embedder's default) or within [%.2f, 1], got %v", prefix, th.key, approximateFloor, th.value))
+		}
+	}
+	if len(errs) == 0 {
+		t := p.thresholds(defaults)
+		if !(t.approximate <= t.normal && t.normal <= t.stale) {
+			errs = append(errs, fmt.Errorf("%s: thresholds must satisfy approximate_threshold (%v) <= threshold (%v) <= stale_threshold (%v)", prefix, t.approximate, t.normal, t.stale))
 		}
 	}
 	return errs
+}
+
+// thresholds resolves the policy's thresholds against the embedder's defaults.
+func (p Policy) thresholds(defaults thresholds) thresholds {
+	t := defaults
+	if p.Threshold != 0 {
+		t.normal = p.Threshold
+		// A scenario that only sets its threshold keeps the default distances to the
+		// other two, within [floor, 1].
+		t.stale = min(1, max(p.Threshold+defaults.stale-defaults.normal, p.Threshold))
+		t.approximate = max(approximateFloor, min(p.Threshold-(defaults.normal-defaults.approximate), p.Threshold))
+	}
+	if p.StaleThreshold != 0 {
+		t.stale = p.StaleThreshold
+	}
+	if p.ApproximateThreshold != 0 {
+		t.approximate = p.ApproximateThreshold
+	}
+	return t
 }
 
 // with returns p with the keys that o sets replaced.
@@ -122,6 +390,27 @@ func (p Policy) with(o ScenarioPolicy) Policy {
 	}
 	if o.VolatileMarkers != nil {
 		p.VolatileMarkers = o.VolatileMarkers
+	}
+	if o.PersonalMarkers != nil {
+		p.PersonalMarkers = o.PersonalMarkers
+	}
+	if o.PersonalPatterns != nil {
+		p.PersonalPatterns = o.PersonalPatterns
+	}
+	if o.RefusalMarkers != nil {
+		p.RefusalMarkers = o.RefusalMarkers
+	}
+	if o.Threshold != nil {
+		p.Threshold = *o.Threshold
+	}
+	if o.StaleThreshold != nil {
+		p.StaleThreshold = *o.StaleThreshold
+	}
+	if o.ApproximateThreshold != nil {
+		p.ApproximateThreshold = *o.ApproximateThreshold
+	}
+	if o.MaxStaleness != nil {
+		p.MaxStaleness = *o.MaxStaleness
 	}
 	return p
 }

@@ -2,55 +2,107 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
-// Index stores entries by key. The service owns this interface and the backends implement
-// it: MemoryIndex for dev, tests and single nodes; Qdrant (with vector search beside the
-// exact key) later. Implementations are safe for concurrent use.
+// Index stores entries by key and finds them by similarity within a partition. The service
+// owns this interface and the backends implement it: EmbeddedIndex (in process, for mantle
+// dev and single nodes) and QdrantIndex (shared by replicas). Implementations are safe for
+// concurrent use.
+//
+// An entry is held until its StaleUntil; whether it is fresh or stale at a given time is
+// the service's decision, from ExpiresAt. Reads never extend either.
 type Index interface {
-	// Get returns the entry stored under key when it is still live at now. An entry whose
-	// ExpiresAt is not after now is a miss and is removed. A hit counts as a use for
-	// eviction but does not extend the entry's life.
-	Get(ctx context.Context, key Key, now time.Time) (Entry, bool, error)
-	// Put stores e under e.Key, replacing any entry with that key.
-	Put(ctx context.Context, e Entry) error
+	// Get returns the entry stored under key in namespace when now is before its
+	// StaleUntil.
+	Get(ctx context.Context, namespace string, key Key, now time.Time) (Entry, bool, error)
+	// Search returns the entries of q's tenant and partition most similar to q.Vector,
+	// best first.
+	Search(ctx context.Context, q Query) ([]Candidate, error)
+	// Put stores e under e.Key with its vector, replacing any entry with that key. A zero
+	// vector (no embedder, or a question without words) stores an entry that only exact
+	// lookups find, or is refused with ErrNeedsVector.
+	Put(ctx context.Context, e Entry, v vector.Vector) error
 	// Delete removes the entries that match f and returns how many it removed.
 	Delete(ctx context.Context, f Filter) (int, error)
+}
+
+// ErrNeedsVector is returned by Put of a backend that keeps only entries with a vector.
+var ErrNeedsVector = errors.New("the index keeps only entries with a vector")
+
+// Query is one similarity search.
+type Query struct {
+	// Tenant and Partition scope the search before any similarity is computed; Namespace
+	// names the vector space (the Qdrant collection).
+	Tenant    string
+	Partition Key
+	Namespace string
+	Vector    vector.Vector
+	// Limit is the most candidates returned.
+	Limit int
+	// MinScore drops candidates below this similarity.
+	MinScore float32
+	Now      time.Time
+	// FreshOnly drops entries past their ExpiresAt; otherwise entries are returned until
+	// their StaleUntil.
+	FreshOnly bool
+}
+
+// Candidate is an entry and its similarity to the query.
+type Candidate struct {
+	Entry Entry
+	Score float32
 }
 
 // Filter selects entries of one tenant for Delete. Empty fields match everything; the
 // tenant is required, so a delete can never reach across tenants.
 type Filter struct {
-	Tenant   string
-	Scenario string
-	ID       string
+	Tenant    string
+	Scenario  string
+	ID        string
+	Namespace string
 }
 
 func (f Filter) matches(e Entry) bool {
 	return e.Tenant == f.Tenant &&
 		(f.Scenario == "" || e.Scenario == f.Scenario) &&
-		(f.ID == "" || e.ID == f.ID)
+		(f.ID == "" || e.ID == f.ID) &&
+		(f.Namespace == "" || e.Namespace == f.Namespace)
 }
 
 // Entry is one cached answer.
 type Entry struct {
-	ID  string
-	Key Key
-	// Tenant and Scenario are the parts of the key that Invalidate filters on; the key is
-	// a one-way hash, so they are kept beside it.
-	Tenant       string
-	Scenario     string
+	ID string
+	// Key names the entry (partition and normalised question); Partition is its scope.
+	Key       Key
+	Partition Key
+	// Tenant, Scenario and Namespace are kept beside the keys (which are one-way hashes)
+	// for filtering and invalidation.
+	Tenant    string
+	Scenario  string
+	Namespace string
+	// Question is the last user message the answer was given to, folded (see foldText);
+	// the near-miss check compares it with later questions.
+	Question     string
 	Content      string
 	SourceModel  string
 	FinishReason string
 	Usage        Usage
 	CreatedAt    time.Time
 	ExpiresAt    time.Time
+	// StaleUntil is when the entry is deleted: ExpiresAt plus the scenario's max_staleness
+	// for verified answers, which cache-only lookups may serve stale until then.
+	StaleUntil time.Time
 }
 
-// liveAt reports whether e may still be served at now.
-func (e Entry) liveAt(now time.Time) bool { return now.Before(e.ExpiresAt) }
+// freshAt reports whether e may be served at now in every mode.
+func (e Entry) freshAt(now time.Time) bool { return now.Before(e.ExpiresAt) }
+
+// heldAt reports whether e is still kept at now (fresh, or stale but not yet deleted).
+func (e Entry) heldAt(now time.Time) bool { return now.Before(e.StaleUntil) }
 
 // Usage counts the tokens the answer cost when it was generated.
 type Usage struct {

@@ -31,6 +31,20 @@ func TestNormalizeText(t *testing.T) {
 	}
 }
 
+// exactKey is the exact key of tenant's prompt under the lexical embedder.
+func exactKey(tenant string, p Prompt) Key { return deriveKeys(tenant, "lexical-v1", p).Exact }
+
+func TestFoldTextKeepsCaseAndPunctuation(t *testing.T) {
+	t.Parallel()
+	got := foldText("  Ｉs the ｉPhone “15”\u3000ok？ ")
+	if want := "Is the iPhone “15” ok?"; got != want {
+		t.Errorf("foldText = %q, want %q", got, want)
+	}
+	if n := trimText(got); n != normalizeText("  Ｉs the ｉPhone “15”\u3000ok？ ") {
+		t.Errorf("trimText(foldText(s)) = %q, want normalizeText(s)", n)
+	}
+}
+
 // basePrompt is the prompt the key tests vary.
 func basePrompt(user string) Prompt {
 	temperature := 0.2
@@ -61,8 +75,7 @@ func TestDeriveKeyIgnoresSpellingDifferences(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			keyA, _ := deriveKey("acme", basePrompt(tt.a))
-			keyB, _ := deriveKey("acme", basePrompt(tt.b))
+			keyA, keyB := exactKey("acme", basePrompt(tt.a)), exactKey("acme", basePrompt(tt.b))
 			if keyA != keyB {
 				t.Errorf("keys differ for %q and %q; want the same key", tt.a, tt.b)
 			}
@@ -74,12 +87,17 @@ func TestDeriveKeySeparatesScopes(t *testing.T) {
 	t.Parallel()
 	float := func(v float64) *float64 { return &v }
 	tests := []struct {
-		name   string
-		tenant string
-		change func(p *Prompt)
+		name          string
+		tenant        string
+		namespace     string
+		change        func(p *Prompt)
+		samePartition bool
 	}{
-		{name: "different numbers", change: func(p *Prompt) { p.Messages[1].Content = "what is 1+2" }},
+		{name: "different numbers", change: func(p *Prompt) { p.Messages[1].Content = "what is 1+2" }, samePartition: true},
 		{name: "different tenant", tenant: "globex"},
+		{name: "different embedder namespace", namespace: "openai-text-embedding-3-small-1536"},
+		{name: "model family replaces the model", change: func(p *Prompt) { p.ModelFamily = "gpt-4o" }},
+		{name: "context fingerprint (tools)", change: func(p *Prompt) { p.ContextFingerprint = "tools:sha256:abc" }},
 		{name: "different scenario", change: func(p *Prompt) { p.Scenario = "sales" }},
 		{name: "different model", change: func(p *Prompt) { p.Model = "gpt-4o" }},
 		{name: "different system prompt", change: func(p *Prompt) { p.Messages[0].Content = "You are a pirate." }},
@@ -96,7 +114,7 @@ func TestDeriveKeySeparatesScopes(t *testing.T) {
 		}},
 		{name: "required fields", change: func(p *Prompt) { p.ResponseFormat.RequiredFields = []string{"answer"} }},
 	}
-	base, _ := deriveKey("acme", basePrompt("what is 1+1"))
+	base := deriveKeys("acme", "lexical-v1", basePrompt("what is 1+1"))
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -107,8 +125,18 @@ func TestDeriveKeySeparatesScopes(t *testing.T) {
 			if tt.change != nil {
 				tt.change(&p)
 			}
-			if got, _ := deriveKey(tenant, p); got == base {
+			ns := "lexical-v1"
+			if tt.namespace != "" {
+				ns = tt.namespace
+			}
+			got := deriveKeys(tenant, ns, p)
+			if got.Exact == base.Exact {
 				t.Errorf("key equals the base prompt's key; want a different key")
+			}
+			// Everything but the last message is the partition: only a change of the
+			// question itself stays within it.
+			if samePartition := got.Partition == base.Partition; samePartition != tt.samePartition {
+				t.Errorf("same partition = %v, want %v", samePartition, tt.samePartition)
 			}
 		})
 	}
@@ -132,6 +160,11 @@ func TestDeriveKeySharesEquivalentScopes(t *testing.T) {
 			b:    func(p *Prompt) { p.ResponseFormat.Type = FormatText },
 		},
 		{
+			name: "model family names the model",
+			a:    func(p *Prompt) { p.Model, p.ModelFamily = "gpt-4o-2024-08-06", "gpt-4o" },
+			b:    func(p *Prompt) { p.Model, p.ModelFamily = "gpt-4o-2024-11-20", "gpt-4o" },
+		},
+		{
 			name: "required fields are a set",
 			a:    func(p *Prompt) { p.ResponseFormat.RequiredFields = []string{"answer", "confidence"} },
 			b:    func(p *Prompt) { p.ResponseFormat.RequiredFields = []string{"confidence", "answer"} },
@@ -143,9 +176,7 @@ func TestDeriveKeySharesEquivalentScopes(t *testing.T) {
 			a, b := basePrompt("hello"), basePrompt("hello")
 			tt.a(&a)
 			tt.b(&b)
-			keyA, _ := deriveKey("acme", a)
-			keyB, _ := deriveKey("acme", b)
-			if keyA != keyB {
+			if exactKey("acme", a) != exactKey("acme", b) {
 				t.Errorf("keys differ; want the same key")
 			}
 		})
@@ -157,9 +188,7 @@ func TestDeriveKeyTemperatureZeroIsNotUnset(t *testing.T) {
 	zero := 0.0
 	set, unset := basePrompt("hello"), basePrompt("hello")
 	set.Temperature, unset.Temperature = &zero, nil
-	keySet, _ := deriveKey("acme", set)
-	keyUnset, _ := deriveKey("acme", unset)
-	if keySet == keyUnset {
+	if exactKey("acme", set) == exactKey("acme", unset) {
 		t.Errorf("temperature 0 and unset share a key; want different keys")
 	}
 }
@@ -170,9 +199,7 @@ func TestDeriveKeyFieldsDoNotRunTogether(t *testing.T) {
 	// would hash the same bytes.
 	p1, p2 := basePrompt("hello"), basePrompt("hello")
 	p1.Scenario, p2.Scenario = "c", "bc"
-	key1, _ := deriveKey("ab", p1)
-	key2, _ := deriveKey("a", p2)
-	if key1 == key2 {
+	if exactKey("ab", p1) == exactKey("a", p2) {
 		t.Errorf("(ab, c) and (a, bc) share a key; want different keys")
 	}
 }

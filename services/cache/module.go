@@ -2,28 +2,210 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/qdrant/go-client/qdrant"
 
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 )
 
-// Module returns the cache module: it serves mantle.cache.v1.CacheService from an in-memory
-// index. It calls no other service and has no background work.
+// Module returns the cache module: it serves mantle.cache.v1.CacheService from the
+// configured backend. It calls no other service. Its background work (lease expiry, the
+// embedded index's snapshots, Qdrant's expiry sweep) runs in the returned Runnable.
 func Module(cfg Config) app.Module {
 	return app.Module{
 		Name: serviceName,
-		New: func(_ context.Context, env app.Env) (app.Runnable, error) {
-			index := NewMemoryIndex(cfg.MaxEntries)
-			svc, err := NewService(cfg, index, env.Clock, env.Metrics)
+		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
+			r, err := build(ctx, cfg, env, os.Getenv)
 			if err != nil {
 				return nil, fmt.Errorf("cache: %w", err)
 			}
-			if err := registerMemoryIndexMetrics(env.Metrics, index); err != nil {
-				return nil, fmt.Errorf("cache: %w", err)
-			}
-			cachev1.RegisterCacheServiceServer(env.GRPC, newServer(svc, env.Clock, env.Log))
-			return nil, nil
+			return r, nil
 		},
+	}
+}
+
+// build wires the module; getenv reads secrets (API keys) from the environment.
+func build(ctx context.Context, cfg Config, env app.Env, getenv func(string) string) (*runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	embedder, err := NewEmbedder(cfg.Embedder, getenv, nil)
+	if err != nil {
+		return nil, err
+	}
+	r := &runner{cfg: cfg, clock: env.Clock, log: env.Log}
+	var index Index
+	switch cfg.Backend {
+	case BackendQdrant:
+		client, err := newQdrantClient(cfg.Qdrant, getenv)
+		if err != nil {
+			return nil, err
+		}
+		r.qdrant, r.closeQdrant = NewQdrantIndex(client, cfg.Qdrant.CollectionPrefix, cfg.Qdrant.Timeout), client.Close
+		index = r.qdrant
+	default:
+		r.embedded = NewEmbeddedIndex(cfg.MaxEntries)
+		if path := cfg.Embedded.SnapshotPath; path != "" {
+			namespace := namespaceExact
+			if embedder != nil {
+				namespace = embedder.Namespace()
+			}
+			stats, err := r.embedded.LoadFile(path, env.Clock.Now(), namespace)
+			if err != nil {
+				// A cache that cannot read its snapshot starts empty; refusing to start
+				// would turn a lost cache into an outage.
+				env.Log.WarnContext(ctx, "cache: snapshot not loaded; starting empty", "path", path, "err", err)
+				r.embedded = NewEmbeddedIndex(cfg.MaxEntries)
+			} else {
+				env.Log.InfoContext(ctx, "cache: snapshot loaded", "path", path, "entries", stats.Loaded,
+					"expired", stats.Expired, "other_namespace", stats.OtherNamespace, "overflow", stats.Overflow)
+			}
+		}
+		index = r.embedded
+	}
+	svc, err := NewService(cfg, Deps{Index: index, Embedder: embedder, Clock: env.Clock, Metrics: env.Metrics, Log: env.Log})
+	if err != nil {
+		r.close()
+		return nil, err
+	}
+	r.svc = svc
+	if r.embedded != nil {
+		err = registerEmbeddedIndexMetrics(env.Metrics, r.embedded)
+	} else {
+		err = registerQdrantMetrics(env.Metrics, svc.metrics)
+	}
+	if err != nil {
+		r.close()
+		return nil, err
+	}
+	cachev1.RegisterCacheServiceServer(env.GRPC, newServer(svc, env.Clock, env.Log))
+	return r, nil
+}
+
+// newQdrantClient returns a client for cfg. It does not connect: gRPC connects on the
+// first call, so a Qdrant that is down at start makes lookups miss instead of failing the
+// process. The client's own version check is off because it logs through the global
+// logger; runner.Run checks the version and logs it here.
+func newQdrantClient(cfg QdrantConfig, getenv func(string) string) (*qdrant.Client, error) {
+	host, portText, err := net.SplitHostPort(cfg.Address)
+	if err != nil {
+		return nil, fmt.Errorf("qdrant.address: %w", err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil {
+		return nil, fmt.Errorf("qdrant.address: %w", err)
+	}
+	key := ""
+	if cfg.APIKeyEnv != "" {
+		key = getenv(cfg.APIKeyEnv)
+	}
+	client, err := qdrant.NewClient(&qdrant.Config{
+		Host: host, Port: port, APIKey: key, UseTLS: cfg.TLS,
+		SkipCompatibilityCheck: true,
+		PoolSize:               1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("qdrant: %w", err)
+	}
+	return client, nil
+}
+
+// runner owns the module's background work and the resources New acquired.
+type runner struct {
+	cfg   Config
+	clock clockwork.Clock
+	log   *slog.Logger
+	svc   *Service
+
+	embedded    *EmbeddedIndex
+	qdrant      *QdrantIndex
+	closeQdrant func() error
+}
+
+// Run expires abandoned leases, and per backend writes snapshots (embedded) or deletes
+// expired points (Qdrant), until ctx is done; then it writes a last snapshot and closes the
+// Qdrant connection.
+func (r *runner) Run(ctx context.Context) error {
+	defer r.close()
+	if ctx.Err() != nil { // a later module failed to start: just release what New took
+		return nil
+	}
+	leaseTicker := r.clock.NewTicker(r.cfg.Coalesce.LeaseTTL)
+	defer leaseTicker.Stop()
+	var snapshot, sweep <-chan time.Time
+	if r.embedded != nil && r.cfg.Embedded.SnapshotPath != "" {
+		t := r.clock.NewTicker(r.cfg.Embedded.SnapshotInterval)
+		defer t.Stop()
+		snapshot = t.Chan()
+		defer r.saveSnapshot(context.WithoutCancel(ctx))
+	}
+	if r.qdrant != nil {
+		r.checkQdrantVersion(ctx)
+		t := r.clock.NewTicker(r.cfg.Qdrant.SweepInterval)
+		defer t.Stop()
+		sweep = t.Chan()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-leaseTicker.Chan():
+			r.svc.SweepLeases()
+		case <-snapshot:
+			r.saveSnapshot(ctx)
+		case <-sweep:
+			r.sweepQdrant(ctx)
+		}
+	}
+}
+
+func (r *runner) saveSnapshot(ctx context.Context) {
+	start := time.Now() // wall time: this measures the write, not the cache's clock
+	if err := r.embedded.SaveFile(r.cfg.Embedded.SnapshotPath); err != nil {
+		r.log.ErrorContext(ctx, "cache: snapshot failed", "path", r.cfg.Embedded.SnapshotPath, "err", err)
+		return
+	}
+	r.log.DebugContext(ctx, "cache: snapshot written", "path", r.cfg.Embedded.SnapshotPath, "entries", r.embedded.Len(), "took", time.Since(start))
+}
+
+func (r *runner) sweepQdrant(ctx context.Context) {
+	remaining, err := r.qdrant.Sweep(ctx, r.clock.Now())
+	if err != nil {
+		r.log.WarnContext(ctx, "cache: qdrant expiry sweep failed; retrying next interval", "err", err)
+		return
+	}
+	r.svc.metrics.entries.Set(float64(remaining))
+}
+
+// checkQdrantVersion logs the server's version, and warns when it is not the line this
+// backend was built for.
+func (r *runner) checkQdrantVersion(ctx context.Context) {
+	v, err := r.qdrant.ServerVersion(ctx)
+	switch {
+	case err != nil:
+		r.log.WarnContext(ctx, "cache: qdrant not reachable yet; lookups miss until it is", "err", err)
+	case !strings.HasPrefix(v, QdrantServerVersion+"."):
+		r.log.WarnContext(ctx, "cache: qdrant server version differs from the one this build is tested with", "server", v, "want", QdrantServerVersion+".x")
+	default:
+		r.log.InfoContext(ctx, "cache: qdrant connected", "server", v)
+	}
+}
+
+func (r *runner) close() {
+	if r.closeQdrant != nil {
+		if err := r.closeQdrant(); err != nil && !errors.Is(err, context.Canceled) {
+			r.log.Warn("cache: closing the qdrant connection", "err", err)
+		}
+		r.closeQdrant = nil
 	}
 }

@@ -1,17 +1,20 @@
 package cache
 
 import (
+	"encoding/json"
+	"regexp"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 )
 
-// SkipReason says why Store left an answer out of the cache. Skips follow policy; they are
-// not errors.
+// SkipReason says why Store left an answer out of the cache, or why Lookup did not search.
+// Skips follow policy; they are not errors.
 type SkipReason string
 
-// Skip reasons, as reported in StoreResponse.skipped_reason and the stores metric.
+// Skip reasons, as reported in StoreResponse.skipped_reason, LookupResponse.miss_reason and
+// the stores metric.
 const (
 	// SkipNotCacheable: the scenario's policy has cacheable: false.
 	SkipNotCacheable SkipReason = "not_cacheable"
@@ -19,24 +22,36 @@ const (
 	SkipFinishReason SkipReason = "finish_reason"
 	// SkipEmpty: the answer is only white space.
 	SkipEmpty SkipReason = "empty"
-	// SkipNotVerified: the verifier rejected the answer.
+	// SkipNotVerified: the answer did not pass verification, or carries no verification.
 	SkipNotVerified SkipReason = "not_verified"
 	// SkipDegraded: the answer is a template or an approximate cached answer from the
 	// degradation ladder; storing it would serve a stopgap as the answer to the question.
 	SkipDegraded SkipReason = "degraded"
 	// SkipCacheHit: the answer came from the cache; storing it again would renew its TTL.
 	SkipCacheHit SkipReason = "cache_hit"
+	// SkipRefusal: the answer declines to answer (a refusal marker).
+	SkipRefusal SkipReason = "refusal"
+	// SkipErrorAnswer: the answer is an error object ({"error": ...}) that came back as
+	// content.
+	SkipErrorAnswer SkipReason = "error_answer"
 	// SkipHighTemperature: the answer was sampled above the policy's max_temperature, or
 	// at the provider's default temperature (unset), which is usually 1.0.
 	SkipHighTemperature SkipReason = "high_temperature"
 	// SkipVolatilePrompt: a user turn contains a volatile marker (today, 库存 ...).
 	SkipVolatilePrompt SkipReason = "volatile_prompt"
+	// SkipPersonalPrompt: a user turn is about one person (my account, an e-mail address,
+	// a phone or account number).
+	SkipPersonalPrompt SkipReason = "personal_prompt"
+	// SkipNoVector: the backend keeps only entries with a vector (Qdrant), and the question
+	// had none: the embedder failed, or the question has no words.
+	SkipNoVector SkipReason = "no_vector"
 )
 
 // skipReasons lists every SkipReason, for the metric's initial series.
 var skipReasons = []SkipReason{
-	SkipNotCacheable, SkipFinishReason, SkipEmpty, SkipNotVerified, SkipDegraded,
-	SkipCacheHit, SkipHighTemperature, SkipVolatilePrompt,
+	SkipNotCacheable, SkipFinishReason, SkipEmpty, SkipNotVerified, SkipDegraded, SkipCacheHit,
+	SkipRefusal, SkipErrorAnswer, SkipHighTemperature, SkipVolatilePrompt, SkipPersonalPrompt,
+	SkipNoVector,
 }
 
 // finishReasonStop is the only finish reason of a complete answer.
@@ -46,27 +61,86 @@ const finishReasonStop = "stop"
 type policy struct {
 	cacheable            bool
 	ttl                  time.Duration
+	maxStaleness         time.Duration
 	maxTemperatureBucket int64
-	// markers are normalised like prompts, so they match the text they are compared with.
-	markers []string
+	thresholds           thresholds
+	// Markers are normalised like prompts, so they match the text they are compared with.
+	volatile []string
+	personal []string
+	refusals []string
+	patterns []*regexp.Regexp
 }
 
-func compilePolicy(p Policy) policy {
-	markers := make([]string, 0, len(p.VolatileMarkers))
-	for _, m := range p.VolatileMarkers {
-		markers = append(markers, normalizeText(m))
-	}
-	return policy{
+// compilePolicy prepares p; p must have passed validation.
+func compilePolicy(p Policy, defaults thresholds) policy {
+	compiled := policy{
 		cacheable:            p.Cacheable,
 		ttl:                  p.TTL,
+		maxStaleness:         p.MaxStaleness,
 		maxTemperatureBucket: temperatureBucket(p.MaxTemperature),
-		markers:              markers,
+		thresholds:           p.thresholds(defaults),
+		volatile:             normalizeAll(p.VolatileMarkers),
+		personal:             normalizeAll(p.PersonalMarkers),
+		refusals:             normalizeAll(p.RefusalMarkers),
 	}
+	for _, pattern := range p.PersonalPatterns {
+		compiled.patterns = append(compiled.patterns, regexp.MustCompile(pattern))
+	}
+	return compiled
 }
 
-// skipReason returns why req may not be stored, or "" when it may. lastUser is the
-// normalised last user message. Cheap checks run first; the marker scan runs last.
-func (p policy) skipReason(req StoreRequest, lastUser string) SkipReason {
+func normalizeAll(markers []string) []string {
+	out := make([]string, 0, len(markers))
+	for _, m := range markers {
+		out = append(out, normalizeText(m))
+	}
+	return out
+}
+
+// promptSkip returns why no answer to p may be stored or served, or "": the scenario is
+// not cacheable, the temperature is too high, or a user turn is volatile or personal.
+// Store and Lookup apply the same rules, so a lookup never serves what Store would have
+// refused (a vector match could otherwise answer "what is the price now?" with the answer
+// to "what is the price?").
+func (p policy) promptSkip(prompt Prompt, lastUser string) SkipReason {
+	switch {
+	case !p.cacheable:
+		return SkipNotCacheable
+	// Compared by bucket, like the key: every request that shares a bucket gets the same
+	// decision, and 0.30000000000000004 is not above 0.3.
+	case prompt.Temperature == nil || temperatureBucket(*prompt.Temperature) > p.maxTemperatureBucket:
+		return SkipHighTemperature
+	}
+	// Earlier user turns count too: after "what is the latest price?", the answer to "and
+	// in euros?" is just as volatile. System and assistant turns do not: system prompts
+	// routinely say "the current conversation", and they are part of the scope anyway.
+	userTurns := []string{lastUser}
+	for _, m := range prompt.Messages[:len(prompt.Messages)-1] {
+		if m.Role == roleUser {
+			userTurns = append(userTurns, normalizeText(m.Content))
+		}
+	}
+	for _, text := range userTurns {
+		if containsMarker(text, p.volatile) {
+			return SkipVolatilePrompt
+		}
+	}
+	for _, text := range userTurns {
+		if containsMarker(text, p.personal) {
+			return SkipPersonalPrompt
+		}
+		for _, re := range p.patterns {
+			if re.MatchString(text) {
+				return SkipPersonalPrompt
+			}
+		}
+	}
+	return ""
+}
+
+// storeSkip returns why req may not be stored, or "" when it may. lastUser is the
+// normalised last user message. Cheap checks run first; the marker scans run last.
+func (p policy) storeSkip(req StoreRequest, lastUser string) SkipReason {
 	switch {
 	case !p.cacheable:
 		return SkipNotCacheable
@@ -74,47 +148,41 @@ func (p policy) skipReason(req StoreRequest, lastUser string) SkipReason {
 		return SkipFinishReason
 	case strings.TrimSpace(req.Content) == "":
 		return SkipEmpty
-	case req.VerificationFailed:
+	case !req.Verified:
 		return SkipNotVerified
 	case req.Degraded:
 		return SkipDegraded
 	case req.FromCache:
 		return SkipCacheHit
-	// Compared by bucket, like the key: every request that shares a bucket gets the same
-	// decision, and 0.30000000000000004 is not above 0.3.
-	case req.Prompt.Temperature == nil || temperatureBucket(*req.Prompt.Temperature) > p.maxTemperatureBucket:
-		return SkipHighTemperature
-	case p.isVolatile(req.Prompt.Messages, lastUser):
-		return SkipVolatilePrompt
+	case containsMarker(normalizeText(req.Content), p.refusals):
+		return SkipRefusal
+	case isErrorObject(req.Content):
+		return SkipErrorAnswer
 	}
-	return ""
+	return p.promptSkip(req.Prompt, lastUser)
 }
 
-// isVolatile reports whether any user turn contains a marker. Earlier user turns count
-// too: after "what is the latest price?", the answer to "and in euros?" is just as
-// volatile. System and assistant turns do not: system prompts routinely say "the current
-// conversation", and they are part of the key anyway.
-func (p policy) isVolatile(messages []Message, lastUser string) bool {
-	if len(p.markers) == 0 {
+// isErrorObject reports whether content is a JSON object with a top-level "error" member,
+// the shape of provider errors that arrive as a 200 response's content.
+func isErrorObject(content string) bool {
+	trimmed := strings.TrimSpace(content)
+	if !strings.HasPrefix(trimmed, "{") {
 		return false
 	}
-	if p.containsMarker(lastUser) {
-		return true
+	var obj map[string]json.RawMessage
+	if json.Unmarshal([]byte(trimmed), &obj) != nil {
+		return false
 	}
-	for _, m := range messages[:len(messages)-1] {
-		if m.Role == roleUser && p.containsMarker(normalizeText(m.Content)) {
-			return true
-		}
-	}
-	return false
+	_, ok := obj["error"]
+	return ok
 }
 
 // containsMarker reports whether normalised text contains a marker. A marker edge that is a
 // letter or digit of a script written with spaces must sit on a word boundary, so "now"
 // matches "now?" and "right now" but not "know" or "nowhere". Chinese and Japanese are
 // written without spaces, so their markers match anywhere ("今天" in "今天天气").
-func (p policy) containsMarker(text string) bool {
-	for _, marker := range p.markers {
+func containsMarker(text string, markers []string) bool {
+	for _, marker := range markers {
 		for from := 0; from < len(text); {
 			i := strings.Index(text[from:], marker)
 			if i < 0 {

@@ -51,7 +51,18 @@ func (s *server) Lookup(ctx context.Context, req *cachev1.LookupRequest) (*cache
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
-	entry, hit, err := s.svc.Lookup(ctx, tenant, prompt)
+	mode, err := modeFromProto(req.GetMode())
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	lookup := LookupRequest{Prompt: prompt, Mode: mode, Coalesce: req.GetCoalesce(), MaxWait: req.GetMaxWait().AsDuration()}
+	if lookup.MaxWait < 0 {
+		return nil, s.toStatus(rpc.Invalid("max_wait", "must not be negative, got %s", lookup.MaxWait))
+	}
+	if d := quality.GetDeadline(); d != nil {
+		lookup.Deadline = d.AsTime()
+	}
+	res, err := s.svc.Lookup(ctx, tenant, lookup)
 	if err != nil {
 		return nil, s.toStatus(fmt.Errorf("lookup for request %q: %w", quality.GetRequestId(), err))
 	}
@@ -61,14 +72,43 @@ func (s *server) Lookup(ctx context.Context, req *cachev1.LookupRequest) (*cache
 	if quality == nil {
 		quality = &mantlev1.QualityContext{}
 	}
-	resp := &cachev1.LookupResponse{Hit: hit, Quality: quality}
+	resp := &cachev1.LookupResponse{
+		Hit:         res.Hit,
+		Quality:     quality,
+		Match:       matchToProto(res.Match),
+		Stale:       res.Stale,
+		Approximate: res.Approximate,
+		MissReason:  res.MissReason,
+		Namespace:   res.Namespace,
+	}
+	if r := res.Rejected; r != nil {
+		resp.Rejected = &cachev1.Rejection{EntryId: r.EntryID, Similarity: r.Similarity, Reason: r.Reason, Detail: r.Detail}
+	}
+	if l := res.Lease; l != nil {
+		resp.Lease = &cachev1.Lease{Id: l.ID, ExpiresAt: timestamppb.New(l.ExpiresAt)}
+	}
 	detail := "miss"
-	if hit {
-		resp.Entry = entryToProto(entry)
-		resp.Similarity = 1 // exact match; similarity below 1 comes with vector search
+	switch {
+	case res.Hit:
+		resp.Entry = entryToProto(res.Entry)
+		resp.Similarity = res.Similarity
+		resp.Age = durationpb.New(res.Age)
 		quality.CacheHit = true
-		quality.CacheSimilarity = 1
-		detail = fmt.Sprintf("exact hit, entry %s from %s", entry.ID, entry.SourceModel)
+		quality.CacheSimilarity = res.Similarity
+		detail = fmt.Sprintf("%s hit %.3f, entry %s from %s, age %s", res.Match, res.Similarity, res.Entry.ID, res.Entry.SourceModel, res.Age)
+		if res.Stale {
+			detail += ", stale"
+		}
+		if res.Approximate {
+			detail += ", approximate"
+		}
+	case res.Lease != nil:
+		detail = "miss, lease " + res.Lease.ID
+	case res.MissReason != "":
+		detail = "miss: " + res.MissReason
+	}
+	if r := res.Rejected; r != nil {
+		detail += fmt.Sprintf("; rejected %s at %.3f: %s (%s)", r.EntryID, r.Similarity, r.Reason, r.Detail)
 	}
 	quality.Audit = append(quality.Audit, &mantlev1.AuditStep{
 		At:       timestamppb.New(s.clock.Now()),
@@ -93,15 +133,18 @@ func (s *server) Store(ctx context.Context, req *cachev1.StoreRequest) (*cachev1
 	}
 	level := quality.GetFallbackLevel()
 	result, err := s.svc.Store(ctx, tenant, StoreRequest{
-		Prompt:             prompt,
-		Content:            req.GetContent(),
-		SourceModel:        req.GetSourceModel(),
-		FinishReason:       req.GetFinishReason(),
-		Usage:              usageFromProto(req.GetUsage()),
-		TTL:                req.GetTtl().AsDuration(),
-		VerificationFailed: quality.GetVerification() != nil && !quality.GetVerification().GetL1Passed(),
-		Degraded:           level == mantlev1.FallbackLevel_FALLBACK_LEVEL_CACHED_APPROXIMATE || level == mantlev1.FallbackLevel_FALLBACK_LEVEL_TEMPLATE,
-		FromCache:          quality.GetCacheHit(),
+		Prompt:       prompt,
+		Content:      req.GetContent(),
+		SourceModel:  req.GetSourceModel(),
+		FinishReason: req.GetFinishReason(),
+		Usage:        usageFromProto(req.GetUsage()),
+		TTL:          req.GetTtl().AsDuration(),
+		// Only an answer the verifier passed is cached; one that was never checked is not
+		// known to be good.
+		Verified:  quality.GetVerification().GetL1Passed(),
+		Degraded:  level == mantlev1.FallbackLevel_FALLBACK_LEVEL_CACHED_APPROXIMATE || level == mantlev1.FallbackLevel_FALLBACK_LEVEL_TEMPLATE,
+		FromCache: quality.GetCacheHit(),
+		LeaseID:   req.GetLeaseId(),
 	})
 	if err != nil {
 		return nil, s.toStatus(fmt.Errorf("store for request %q: %w", quality.GetRequestId(), err))
@@ -109,15 +152,29 @@ func (s *server) Store(ctx context.Context, req *cachev1.StoreRequest) (*cachev1
 	return &cachev1.StoreResponse{Stored: result.Stored, EntryId: result.EntryID, SkippedReason: string(result.SkippedReason)}, nil
 }
 
+// Release implements cachev1.CacheServiceServer.
+func (s *server) Release(ctx context.Context, req *cachev1.ReleaseRequest) (*cachev1.ReleaseResponse, error) {
+	tenant, err := tenantOf(ctx, req.GetQuality())
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	released, err := s.svc.Release(ctx, tenant, req.GetLeaseId())
+	if err != nil {
+		return nil, s.toStatus(fmt.Errorf("release: %w", err))
+	}
+	return &cachev1.ReleaseResponse{Released: released}, nil
+}
+
 // Invalidate implements cachev1.CacheServiceServer. The request carries no QualityContext:
 // the tenant comes only from the call's credentials, so with authentication disabled there
 // is no tenant to invalidate and the call fails with UNAUTHENTICATED.
 func (s *server) Invalidate(ctx context.Context, req *cachev1.InvalidateRequest) (*cachev1.InvalidateResponse, error) {
 	removed, err := s.svc.Invalidate(ctx, InvalidateRequest{
-		Tenant:   rpc.Tenant(ctx),
-		Scenario: req.GetScenario(),
-		EntryID:  req.GetEntryId(),
-		All:      req.GetAll(),
+		Tenant:    rpc.Tenant(ctx),
+		Scenario:  req.GetScenario(),
+		EntryID:   req.GetEntryId(),
+		Namespace: req.GetNamespace(),
+		All:       req.GetAll(),
 	})
 	if err != nil {
 		return nil, s.toStatus(fmt.Errorf("invalidate: %w", err))
@@ -177,11 +234,13 @@ func promptFromProto(p *cachev1.Prompt, quality *mantlev1.QualityContext) (Promp
 	}
 	rf := p.GetResponseFormat()
 	return Prompt{
-		Scenario:    scenario,
-		Model:       p.GetModel(),
-		Messages:    messages,
-		Temperature: p.Temperature,
-		MaxTokens:   p.GetMaxTokens(),
+		Scenario:           scenario,
+		Model:              p.GetModel(),
+		ModelFamily:        p.GetModelFamily(),
+		ContextFingerprint: p.GetContextFingerprint(),
+		Messages:           messages,
+		Temperature:        p.Temperature,
+		MaxTokens:          p.GetMaxTokens(),
 		ResponseFormat: ResponseFormat{
 			Type:           formatTypeFromProto(rf.GetType()),
 			JSONSchema:     rf.GetJsonSchema(),
@@ -205,6 +264,34 @@ func formatTypeFromProto(t mantlev1.ResponseFormat_Type) FormatType {
 	}
 }
 
+// modeFromProto maps the lookup mode; an unknown mode is refused rather than treated as
+// normal, since a caller asking for something new expects something different.
+func modeFromProto(m cachev1.LookupMode) (Mode, error) {
+	switch m {
+	case cachev1.LookupMode_LOOKUP_MODE_UNSPECIFIED:
+		return ModeNormal, nil
+	case cachev1.LookupMode_LOOKUP_MODE_CACHE_ONLY:
+		return ModeCacheOnly, nil
+	case cachev1.LookupMode_LOOKUP_MODE_APPROXIMATE:
+		return ModeApproximate, nil
+	default:
+		return 0, rpc.Invalid("mode", "unknown lookup mode %d", int32(m))
+	}
+}
+
+func matchToProto(m MatchKind) cachev1.MatchKind {
+	switch m {
+	case MatchExact:
+		return cachev1.MatchKind_MATCH_KIND_EXACT
+	case MatchSemantic:
+		return cachev1.MatchKind_MATCH_KIND_SEMANTIC
+	case MatchCoalesced:
+		return cachev1.MatchKind_MATCH_KIND_COALESCED
+	default:
+		return cachev1.MatchKind_MATCH_KIND_UNSPECIFIED
+	}
+}
+
 func usageFromProto(u *mantlev1.Usage) Usage {
 	return Usage{InputTokens: u.GetInputTokens(), OutputTokens: u.GetOutputTokens(), TotalTokens: u.GetTotalTokens()}
 }
@@ -218,5 +305,7 @@ func entryToProto(e Entry) *cachev1.Entry {
 		CreatedAt:    timestamppb.New(e.CreatedAt),
 		ExpiresAt:    timestamppb.New(e.ExpiresAt),
 		FinishReason: e.FinishReason,
+		Namespace:    e.Namespace,
+		StaleUntil:   timestamppb.New(e.StaleUntil),
 	}
 }

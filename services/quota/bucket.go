@@ -93,3 +93,23 @@ func tokensIn(d time.Duration, limit int64) int64 {
 	q, _ := bits.Div64(hi, lo, uint64(window))
 	return int64(min(q, math.MaxInt64))
 }
+
+// lower makes the bucket hold at most remaining tokens now, as a provider reported for
+// the same key; it never raises the level, because the provider's view lags and does not
+// include what mantle has reserved but not yet sent.
+func (b *bucket) lower(now time.Time, remaining int64, reset time.Duration, limit int64) {
+	if target := observedDebt(remaining, reset, limit); b.debt(now) < target {
+		b.fullAt = now.Add(target)
+	}
+}
+
+// observedDebt is the debt of a bucket that holds remaining tokens. A provider that says
+// "0 left, full in reset" may refill more slowly than one window per window, so an empty
+// bucket owes at least reset.
+func observedDebt(remaining int64, reset time.Duration, limit int64) time.Duration {
+	d := durationOf(limit-remaining, limit)
+	if remaining == 0 {
+		d = max(d, reset)
+	}
+	return min(d, maxDebt)
+}

@@ -5,92 +5,131 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
-// MemoryStore is the in-memory Store: for `mantle dev`, tests and single-replica
-// deployments. One mutex makes every operation atomic; each holds it for a few map
-// lookups, so it is not a bottleneck at the request rates one replica serves.
+// MemoryStore is the in-memory Store: for `mantle dev`, tests, single-replica
+// deployments, and the local fallback of a RedisStore. One mutex makes every operation
+// atomic; each holds it for a few map lookups, so it is not a bottleneck at the request
+// rates one replica serves.
 type MemoryStore struct {
+	clock        clockwork.Clock
 	mu           sync.Mutex
-	buckets      map[string]*keyBuckets // by key; a missing entry means both buckets are full
-	reservations map[string]openReservation
+	buckets      map[string]*bucket      // by bucket name; a missing entry is a full bucket
+	budgets      map[string]*budgetState // by group
+	reservations map[string]*memReservation
+	retries      map[string]*retryWindow // by budget name
 }
 
-type keyBuckets struct {
-	requests bucket
-	tokens   bucket
-}
-
-type openReservation struct {
-	key       string
-	tokens    int64
+type memReservation struct {
+	tenant    string
 	expiresAt time.Time
+	tokens    int64
+	buckets   []BucketSpec // the charged ones
+	budget    *BudgetCharge
+	budgetDay int64
+	meta      ReservationMeta
 }
 
-// NewMemoryStore returns an empty store: every bucket starts full.
-func NewMemoryStore() *MemoryStore {
+// NewMemoryStore returns an empty store that decides at clock's time: every bucket
+// starts full.
+func NewMemoryStore(clock clockwork.Clock) *MemoryStore {
 	return &MemoryStore{
-		buckets:      make(map[string]*keyBuckets),
-		reservations: make(map[string]openReservation),
+		clock:        clock,
+		buckets:      make(map[string]*bucket),
+		budgets:      make(map[string]*budgetState),
+		reservations: make(map[string]*memReservation),
+		retries:      make(map[string]*retryWindow),
 	}
 }
 
 var _ Store = (*MemoryStore)(nil)
 
 // Reserve implements Store.
-func (s *MemoryStore) Reserve(ctx context.Context, now time.Time, key string, limits RateLimits, res Reservation) (Levels, error) {
+func (s *MemoryStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 	if err := ctx.Err(); err != nil {
-		return Levels{}, err
+		return Grant{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.clock.Now()
 
-	if _, taken := s.reservations[res.ID]; taken {
-		return Levels{}, fmt.Errorf("reservation id %s is already in use", res.ID)
+	if _, taken := s.reservations[c.ID]; taken {
+		return Grant{}, fmt.Errorf("reservation id %s is already in use", c.ID)
 	}
-	b := s.bucketsOf(key)
-	// Check both buckets before touching either: that is what makes a TPM refusal leave
-	// the RPM bucket alone. Report the longer wait, since both must be covered.
-	var refusal *ExhaustedError
-	for _, c := range []struct {
-		name        string
-		b           *bucket
-		cost, limit int64
-	}{
-		{"rpm", &b.requests, res.Cost.Requests, limits.RPM},
-		{"tpm", &b.tokens, res.Cost.Tokens, limits.TPM},
-	} {
-		wait := c.b.wait(now, c.cost, c.limit)
-		if wait > 0 && (refusal == nil || wait > refusal.RetryAfter) {
-			refusal = &ExhaustedError{
-				Bucket:     key + ":" + c.name,
-				Cost:       c.cost,
-				Remaining:  c.b.remaining(now, c.limit),
-				RetryAfter: wait,
+	// Check everything before touching anything: that is what makes a TPM refusal leave
+	// the RPM bucket alone.
+	var short []*ExhaustedError
+	shadowRefused := make([]bool, len(c.Buckets))
+	for i, spec := range c.Buckets {
+		b := s.bucket(spec.Name())
+		wait := b.wait(now, spec.Cost, spec.Limit)
+		switch {
+		case wait == 0:
+		case spec.Shadow:
+			shadowRefused[i] = true
+		default:
+			short = append(short, &ExhaustedError{Bucket: spec.Name(), Cost: spec.Cost, Remaining: b.remaining(now, spec.Limit), RetryAfter: wait})
+		}
+	}
+	var budgetRefused bool
+	var day int64
+	if bc := c.Budget; bc != nil {
+		var reset time.Duration
+		day, reset = budgetDay(now, bc.DayOffset)
+		spent := s.budget(bc.Group).spentOn(day)
+		if spent+bc.Cost > bc.Limit {
+			if bc.Shadow {
+				budgetRefused = true
+			} else {
+				short = append(short, &ExhaustedError{Bucket: bc.Group + ":budget", Cost: bc.Cost, Remaining: max(bc.Limit-spent, 0), RetryAfter: reset, Cause: CauseBudget})
 			}
 		}
 	}
-	if refusal != nil {
-		return Levels{}, refusal
+	if len(short) > 0 {
+		return Grant{}, longestWait(short)
 	}
 
-	b.requests.take(now, res.Cost.Requests, limits.RPM)
-	b.tokens.take(now, res.Cost.Tokens, limits.TPM)
-	s.reservations[res.ID] = openReservation{key: key, tokens: res.Cost.Tokens, expiresAt: res.ExpiresAt}
-	return levelsOf(b, now, limits), nil
+	res := &memReservation{tenant: c.Tenant, expiresAt: now.Add(c.TTL), tokens: c.Tokens, meta: c.Meta}
+	g := Grant{At: now, ExpiresAt: res.expiresAt, Levels: make([]BucketLevel, len(c.Buckets))}
+	for i, spec := range c.Buckets {
+		b := s.bucket(spec.Name())
+		if !shadowRefused[i] {
+			b.take(now, spec.Cost, spec.Limit)
+			res.buckets = append(res.buckets, spec)
+		}
+		g.Levels[i] = levelOf(spec, b, now)
+		g.Levels[i].ShadowRefused = shadowRefused[i]
+	}
+	if bc := c.Budget; bc != nil {
+		st := s.budget(bc.Group)
+		if st.day != day {
+			*st = budgetState{day: day}
+		}
+		if !budgetRefused {
+			st.spent += bc.Cost
+			res.budget, res.budgetDay = bc, day
+		}
+		g.Budget = budgetLevelOf(bc, st.spent, now)
+		g.Budget.ShadowRefused = budgetRefused
+	}
+	s.reservations[c.ID] = res
+	return g, nil
 }
 
 // Settle implements Store.
-func (s *MemoryStore) Settle(ctx context.Context, now time.Time, key string, limits RateLimits, id string, actualTokens int64) (Settlement, error) {
+func (s *MemoryStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
 	if err := ctx.Err(); err != nil {
 		return Settlement{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.clock.Now()
 
 	r, ok := s.reservations[id]
-	if !ok || r.key != key {
-		// Another key's reservation is "not found" too, so tenants cannot probe each
+	if !ok || r.tenant != tenant {
+		// Another tenant's reservation is "not found" too, so tenants cannot probe each
 		// other's reservation ids.
 		return Settlement{}, ErrReservationNotFound
 	}
@@ -99,19 +138,136 @@ func (s *MemoryStore) Settle(ctx context.Context, now time.Time, key string, lim
 		return Settlement{}, ErrReservationNotFound
 	}
 
-	b := s.bucketsOf(key)
-	b.tokens.take(now, actualTokens-r.tokens, limits.TPM)
-	return Settlement{Refunded: r.tokens - actualTokens, Levels: levelsOf(b, now, limits)}, nil
+	out := Settlement{At: now, Reserved: r.tokens, Meta: r.meta}
+	actualTokens := clampUsage(actual.Tokens)
+	if release {
+		actualTokens = 0
+	}
+	out.Refunded = r.tokens - actualTokens
+	for _, spec := range r.buckets {
+		b := s.bucket(spec.Name())
+		b.take(now, settleDelta(spec, actualTokens, release), spec.Limit)
+		out.Levels = append(out.Levels, levelOf(spec, b, now))
+	}
+	if bc := r.budget; bc != nil {
+		st := s.budget(bc.Group)
+		if !release {
+			out.CostNano = usageCost(actual, bc.Price)
+		}
+		// Spending from an earlier day is history: that day's counter is gone.
+		if st.day == r.budgetDay {
+			st.spent = max(st.spent+out.CostNano-bc.Cost, 0)
+		}
+		day, _ := budgetDay(now, bc.DayOffset)
+		out.Budget = budgetLevelOf(bc, st.spentOn(day), now)
+	}
+	return out, nil
 }
 
-// Sweep implements Store. It also forgets buckets that have refilled completely: a
-// missing entry reads as full, so memory stays proportional to recently active keys.
-func (s *MemoryStore) Sweep(ctx context.Context, now time.Time) (int, error) {
+// settleDelta is what Settle takes from a bucket the reservation charged: the overrun
+// (or, negative, the refund) for token buckets; nothing for request buckets, whose
+// request was made. Release returns the whole charge.
+func settleDelta(spec BucketSpec, actualTokens int64, release bool) int64 {
+	switch {
+	case release:
+		return -spec.Cost
+	case spec.Kind == KindTokens:
+		return actualTokens - spec.Cost
+	default:
+		return 0
+	}
+}
+
+// Observe implements Store.
+func (s *MemoryStore) Observe(ctx context.Context, obs []Observation) ([]BucketLevel, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	levels := make([]BucketLevel, len(obs))
+	for i, o := range obs {
+		b := s.bucket(o.Bucket.Name())
+		if o.Remaining >= 0 {
+			b.lower(now, o.Remaining, o.Reset, o.Bucket.Limit)
+		}
+		levels[i] = levelOf(o.Bucket, b, now)
+	}
+	return levels, nil
+}
+
+// CountRequest implements Store.
+func (s *MemoryStore) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
+	s.countRequests(key, overall, 1, window)
+}
+
+func (s *MemoryStore) countRequests(key string, overall bool, n float64, window time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	if overall {
+		s.retryWindow(retryOverall, now, window).requests += n
+	}
+	if key != "" {
+		s.retryWindow(retryKeyBudget(key), now, window).requests += n
+	}
+}
+
+// AcquireRetry implements Store.
+func (s *MemoryStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecision, error) {
+	if err := ctx.Err(); err != nil {
+		return RetryDecision{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	_, elapsed := retryWindowAt(now, ask.Budget.Window)
+
+	names := []string{retryOverall}
+	if ask.Key != "" {
+		names = append(names, retryKeyBudget(ask.Key))
+	}
+	var overall RetryDecision
+	for i, name := range names {
+		requests, retries := s.retryWindow(name, now, ask.Budget.Window).estimate(elapsed)
+		d := RetryDecision{Granted: allowRetry(ask.Budget, requests, retries, ask.Format), Budget: name, Requests: requests, Retries: retries}
+		if !d.Granted {
+			return d, nil
+		}
+		if i == 0 {
+			overall = d
+		}
+	}
+	for _, name := range names {
+		s.retries[name].tries++
+	}
+	overall.Retries++
+	return overall, nil
+}
+
+// retryWindow returns the named budget's counters, rolled to now. Callers hold s.mu.
+func (s *MemoryStore) retryWindow(name string, now time.Time, window time.Duration) *retryWindow {
+	w, ok := s.retries[name]
+	if !ok {
+		w = &retryWindow{}
+		s.retries[name] = w
+	}
+	win, _ := retryWindowAt(now, window)
+	w.roll(win)
+	return w
+}
+
+// Sweep implements Store. It also forgets buckets that have refilled completely (a
+// missing entry reads as full) and budgets of past days, so memory stays proportional
+// to recently active tenants and keys.
+func (s *MemoryStore) Sweep(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.clock.Now()
 
 	expired := 0
 	for id, r := range s.reservations {
@@ -120,27 +276,53 @@ func (s *MemoryStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 			expired++
 		}
 	}
-	for key, b := range s.buckets {
-		if b.requests.debt(now) == 0 && b.tokens.debt(now) == 0 {
-			delete(s.buckets, key)
+	for name, b := range s.buckets {
+		if b.debt(now) == 0 {
+			delete(s.buckets, name)
+		}
+	}
+	// A budget day is at most a day plus the largest offset long, so two days back is
+	// always over.
+	today, _ := budgetDay(now, 0)
+	for group, st := range s.budgets {
+		if st.day < today-2 {
+			delete(s.budgets, group)
 		}
 	}
 	return expired, nil
 }
 
-// bucketsOf returns key's buckets, creating full ones on first use. Callers hold s.mu.
-func (s *MemoryStore) bucketsOf(key string) *keyBuckets {
-	b, ok := s.buckets[key]
+// bucket returns the named bucket, creating a full one on first use. Callers hold s.mu.
+func (s *MemoryStore) bucket(name string) *bucket {
+	b, ok := s.buckets[name]
 	if !ok {
-		b = &keyBuckets{}
-		s.buckets[key] = b
+		b = &bucket{}
+		s.buckets[name] = b
 	}
 	return b
 }
 
-func levelsOf(b *keyBuckets, now time.Time, limits RateLimits) Levels {
-	return Levels{
-		Requests: Level{Limit: limits.RPM, Remaining: b.requests.remaining(now, limits.RPM), Reset: b.requests.debt(now)},
-		Tokens:   Level{Limit: limits.TPM, Remaining: b.tokens.remaining(now, limits.TPM), Reset: b.tokens.debt(now)},
+// budget returns a group's budget state. Callers hold s.mu.
+func (s *MemoryStore) budget(group string) *budgetState {
+	st, ok := s.budgets[group]
+	if !ok {
+		st = &budgetState{}
+		s.budgets[group] = st
 	}
+	return st
+}
+
+func levelOf(spec BucketSpec, b *bucket, now time.Time) BucketLevel {
+	return BucketLevel{
+		Name:      spec.Name(),
+		Limit:     spec.Limit,
+		Remaining: b.remaining(now, spec.Limit),
+		Reset:     b.debt(now),
+		Shadow:    spec.Shadow,
+	}
+}
+
+func budgetLevelOf(bc *BudgetCharge, spent int64, now time.Time) *BudgetLevel {
+	_, reset := budgetDay(now, bc.DayOffset)
+	return &BudgetLevel{Limit: bc.Limit, Spent: spent, Reset: reset, Shadow: bc.Shadow}
 }

@@ -8,23 +8,47 @@ import (
 
 // Values of the result label of mantle_quota_decisions_total.
 const (
-	decisionGranted   = "granted"
-	decisionExhausted = "exhausted"
-	decisionTooLarge  = "too_large"
+	decisionGranted     = "granted"
+	decisionExhausted   = "exhausted"
+	decisionTooLarge    = "too_large"
+	decisionQueueFull   = "queue_full"
+	decisionShed        = "shed"
+	decisionDeadline    = "deadline"
+	decisionUnavailable = "unavailable"
+	decisionPrice       = "price_unknown"
 )
 
 type metrics struct {
 	decisions           *prometheus.CounterVec
+	decisionSeconds     *prometheus.HistogramVec
 	reservedTokens      prometheus.Counter
 	settledTokens       prometheus.Counter
+	refundedTokens      prometheus.Counter
+	extraTokens         prometheus.Counter
 	expiredReservations prometheus.Counter
+	queueLength         *prometheus.GaugeVec
+	queueWait           *prometheus.HistogramVec
+	queueShed           *prometheus.CounterVec
+	shadowRefusals      *prometheus.CounterVec
+	nearLimit           *prometheus.CounterVec
+	observations        *prometheus.CounterVec
+	retries             *prometheus.CounterVec
+	correction          *prometheus.GaugeVec
+	backendFallback     prometheus.Gauge
+	backendFallbacks    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	classes := []string{"priority"}
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_quota_decisions_total",
-			Help: "Reserve decisions by result: granted, exhausted (retry later) or too_large (never fits).",
+			Help: "Reserve decisions by result (granted, exhausted, too_large, queue_full, shed, deadline, unavailable, price_unknown) and priority class.",
+		}, []string{"result", "priority"}),
+		decisionSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mantle_quota_decision_seconds",
+			Help:    "Time to decide a Reserve, waiting in the queue included, by result.",
+			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5, 30},
 		}, []string{"result"}),
 		reservedTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_quota_reserved_tokens_total",
@@ -34,19 +58,79 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mantle_quota_settled_tokens_total",
 			Help: "Tokens actually used, as settled; compare with reserved to see how good estimates are.",
 		}),
+		refundedTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_quota_refunded_tokens_total",
+			Help: "Tokens returned by Settle because the request used less than it reserved.",
+		}),
+		extraTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_quota_extra_tokens_total",
+			Help: "Tokens charged by Settle beyond the reservation.",
+		}),
 		expiredReservations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_quota_expired_reservations_total",
-			Help: "Reservations never settled before reservation_ttl; their charge stands.",
+			Help: "Reservations never settled before reservation_ttl; their charge stands (memory backend; Redis expires them itself).",
+		}),
+		queueLength: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mantle_quota_queue_length",
+			Help: "Requests waiting for quota in this replica, by priority class.",
+		}, classes),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mantle_quota_queue_wait_seconds",
+			Help:    "How long requests admitted from the queue waited, by priority class.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+		}, classes),
+		queueShed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_quota_queue_shed_total",
+			Help: "Waiting requests displaced by a higher priority when the queue was full, by the displaced class.",
+		}, classes),
+		shadowRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_quota_shadow_refusals_total",
+			Help: "Requests a rule in shadow mode would have refused (they were admitted), by bucket kind.",
+		}, []string{"kind"}),
+		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_quota_near_limit_total",
+			Help: "Near-limit signals published, by bucket kind.",
+		}, []string{"kind"}),
+		observations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_quota_upstream_observations_total",
+			Help: "ObserveUpstream calls, by whether the key has buckets (applied).",
+		}, []string{"applied"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_quota_retry_decisions_total",
+			Help: "AcquireRetry answers, by result (granted, denied).",
+		}, []string{"result"}),
+		correction: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mantle_quota_token_correction",
+			Help: "Correction factor learned for token estimates, by tokenizer family.",
+		}, []string{"family"}),
+		backendFallback: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mantle_quota_backend_fallback",
+			Help: "1 while Redis is unreachable and this replica enforces limit/replicas locally; money budgets then fail closed.",
+		}),
+		backendFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_quota_backend_fallbacks_total",
+			Help: "Times this replica fell back from Redis to its local limiter.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.reservedTokens, m.settledTokens, m.expiredReservations} {
+	for _, c := range []prometheus.Collector{
+		m.decisions, m.decisionSeconds, m.reservedTokens, m.settledTokens, m.refundedTokens, m.extraTokens,
+		m.expiredReservations, m.queueLength, m.queueWait, m.queueShed, m.shadowRefusals, m.nearLimit,
+		m.observations, m.retries, m.correction, m.backendFallback, m.backendFallbacks,
+	} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register quota metrics: %w", err)
 		}
 	}
-	// Export every result from the start, so rate() sees a zero before the first refusal.
-	for _, result := range []string{decisionGranted, decisionExhausted, decisionTooLarge} {
-		m.decisions.WithLabelValues(result)
+	// Export every series from the start, so rate() sees a zero before the first event.
+	for _, class := range classNames {
+		for _, result := range []string{decisionGranted, decisionExhausted, decisionTooLarge, decisionQueueFull, decisionShed, decisionDeadline, decisionUnavailable, decisionPrice} {
+			m.decisions.WithLabelValues(result, class)
+		}
+		m.queueLength.WithLabelValues(class)
+		m.queueShed.WithLabelValues(class)
+	}
+	for _, result := range []string{"granted", "denied"} {
+		m.retries.WithLabelValues(result)
 	}
 	return m, nil
 }

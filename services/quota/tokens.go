@@ -3,8 +3,11 @@ package quota
 import (
 	"math"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/tiktoken-go/tokenizer"
 )
 
 // Message is one chat turn, as far as token counting is concerned.
@@ -14,68 +17,216 @@ type Message struct {
 	Name    string
 }
 
-// Chat framing overhead, as OpenAI documents it for its chat models: every message is
-// wrapped in a few special tokens plus its role, and the reply is primed with three
-// more. Other families frame messages similarly.
-const (
-	tokensPerMessage = 4 // <|start|>, role, <|message|>, <|end|>
-	tokensPerName    = 1 // a name replaces or follows the role
-	tokensPerReply   = 3 // <|start|>assistant<|message|>
-)
-
-// estimator approximates a BPE tokenizer without its vocabulary. Reservations are
-// settled with real usage, so an estimate only has to be close; where unsure it errs
-// high, which delays a request slightly rather than overspending the quota.
-//
-// Outside CJK scripts it takes the larger of two rules of thumb: about one token per 4
-// bytes of text (whitespace included; a non-ASCII letter is 2-3 bytes, so Cyrillic or
-// accented text costs more per character, as it does in real vocabularies), and at
-// least one token per word and per punctuation mark or symbol (which dominates in code
-// and JSON). Each CJK character (Han, kana, Hangul) costs cjkTokens, and that is where
-// families differ most: vocabularies trained on Chinese pack a character into well
-// under a token, older ones need one or more.
-type estimator struct {
-	name      string
-	cjkTokens float64
+// family describes how one model family turns text into tokens: exactly, with an
+// OpenAI BPE vocabulary (embedded in the binary by tiktoken-go, so nothing is
+// downloaded at run time), or by a calibrated estimate.
+type family struct {
+	name string
+	// encoding is the BPE vocabulary; empty for estimated families.
+	encoding tokenizer.Encoding
+	// latin scales the estimate of text outside CJK scripts (see estimateText).
+	latin float64
+	// cjk is the tokens per Han, kana or Hangul character. This is where vocabularies
+	// differ most (seed 001, 6.2: one Chinese legal text is 128 tokens for GPT-4 and 156
+	// for a domestic model): vocabularies trained on Chinese pack a character into well
+	// under a token, older ones need one or more.
+	cjk float64
+	// Chat framing: tokens per message (role included), per name, and the reply's
+	// priming. OpenAI documents 3 + role + content per message, 1 per name, 3 per reply;
+	// ChatML-style templates (<|im_start|>role\n…<|im_end|>\n) cost about 5 per message.
+	perMessage, perName, reply int64
 }
 
-// Estimators by model family. Counting is not exact yet: every name says "estimate".
+// Families. The CJK rates of estimated families come from vendors' documentation
+// (DeepSeek: about 0.6 tokens per Chinese character; Qwen: about 1.4-1.8 characters per
+// token) and from comparing tokenizers on Chinese text: cl100k_base spends about 1.1
+// tokens per character on the legal text in tokens_test.go, o200k_base about 0.6, and
+// Claude's tokenizer more than cl100k. The latin factor of estimates is 1 except where a
+// tokenizer is known to split English finer than cl100k (Claude). Whatever is off, the
+// correction learned from reported usage (corrections) pulls back.
 var (
-	cl100kLike = estimator{name: "estimate/cl100k-like", cjkTokens: 1.0}
-	o200kLike  = estimator{name: "estimate/o200k-like", cjkTokens: 0.8}
-	zhLike     = estimator{name: "estimate/zh-optimized", cjkTokens: 0.7}
+	familyO200k    = family{name: "o200k_base", encoding: tokenizer.O200kBase, perMessage: 3, perName: 1, reply: 3}
+	familyCL100k   = family{name: "cl100k_base", encoding: tokenizer.Cl100kBase, perMessage: 3, perName: 1, reply: 3}
+	familyClaude   = family{name: "estimate/claude", latin: 1.15, cjk: 1.3, perMessage: 5, perName: 1, reply: 3}
+	familyDeepSeek = family{name: "estimate/deepseek", latin: 1, cjk: 0.6, perMessage: 5, perName: 1, reply: 3}
+	familyZH       = family{name: "estimate/zh-optimized", latin: 1, cjk: 0.7, perMessage: 5, perName: 1, reply: 3}
+	familyLlama    = family{name: "estimate/llama", latin: 1, cjk: 1.0, perMessage: 5, perName: 1, reply: 4}
+	familyGemini   = family{name: "estimate/gemini", latin: 1, cjk: 0.9, perMessage: 4, perName: 1, reply: 3}
+	familyGeneric  = family{name: "estimate/generic", latin: 1, cjk: 1.0, perMessage: 4, perName: 1, reply: 3}
 )
 
-// familyPrefixes maps model-name prefixes to estimators; the first match wins, and
-// anything unmatched (including Claude and older GPT models) uses cl100kLike.
+// familyPrefixes maps model-name prefixes to families; the first match wins, and
+// anything unmatched uses familyGeneric.
 var familyPrefixes = []struct {
 	prefix string
-	est    estimator
+	fam    family
 }{
-	{"gpt-4o", o200kLike}, {"gpt-4.1", o200kLike}, {"gpt-5", o200kLike},
-	{"o1", o200kLike}, {"o3", o200kLike}, {"o4", o200kLike},
-	{"qwen", zhLike}, {"deepseek", zhLike}, {"glm", zhLike}, {"chatglm", zhLike},
-	{"yi-", zhLike}, {"baichuan", zhLike}, {"moonshot", zhLike}, {"kimi", zhLike},
-	{"ernie", zhLike}, {"hunyuan", zhLike}, {"doubao", zhLike}, {"minimax", zhLike},
+	{"gpt-4o", familyO200k}, {"gpt-4.1", familyO200k}, {"gpt-4.5", familyO200k}, {"gpt-5", familyO200k},
+	{"chatgpt-4o", familyO200k}, {"gpt-oss", familyO200k},
+	{"o1", familyO200k}, {"o3", familyO200k}, {"o4", familyO200k},
+	{"gpt-4", familyCL100k}, {"gpt-3.5", familyCL100k}, {"gpt-35", familyCL100k},
+	{"text-embedding-3", familyCL100k}, {"text-embedding-ada-002", familyCL100k},
+	{"claude", familyClaude},
+	{"deepseek", familyDeepSeek},
+	{"qwen", familyZH}, {"qwq", familyZH}, {"glm", familyZH}, {"chatglm", familyZH},
+	{"yi-", familyZH}, {"baichuan", familyZH}, {"moonshot", familyZH}, {"kimi", familyZH},
+	{"ernie", familyZH}, {"hunyuan", familyZH}, {"doubao", familyZH}, {"minimax", familyZH},
+	{"abab", familyZH}, {"spark", familyZH}, {"step-", familyZH},
+	{"llama", familyLlama}, {"meta-llama", familyLlama}, {"mistral", familyLlama}, {"mixtral", familyLlama},
+	{"gemini", familyGemini}, {"gemma", familyGemini},
 }
 
-// estimatorFor picks the estimator of model's family. A provider prefix such as
-// "openai/" is ignored.
-func estimatorFor(model string) estimator {
-	name := strings.ToLower(model)
+// familyFor picks model's family. A provider prefix such as "openai/" is ignored.
+func familyFor(model string) family {
+	name := normalizeModel(model)
 	if i := strings.LastIndexByte(name, '/'); i >= 0 {
 		name = name[i+1:]
 	}
 	for _, f := range familyPrefixes {
 		if strings.HasPrefix(name, f.prefix) {
-			return f.est
+			return f.fam
 		}
 	}
-	return cl100kLike
+	return familyGeneric
 }
 
-// countText estimates the tokens of plain text.
-func (e estimator) countText(s string) int64 {
+func normalizeModel(model string) string { return strings.ToLower(strings.TrimSpace(model)) }
+
+// tokenCounter counts tokens per family and learns corrections from reported usage.
+// It is safe for concurrent use.
+type tokenCounter struct {
+	maxExactBytes int
+	codecs        map[tokenizer.Encoding]*lazyCodec
+	corrections   *corrections
+}
+
+// lazyCodec loads a BPE vocabulary on first use: o200k_base takes about 50 ms and tens
+// of megabytes, which a replica that never sees an OpenAI model should not pay.
+type lazyCodec struct {
+	once  sync.Once
+	enc   tokenizer.Encoding
+	codec tokenizer.Codec
+	err   error
+}
+
+func (l *lazyCodec) get() (tokenizer.Codec, error) {
+	l.once.Do(func() { l.codec, l.err = tokenizer.Get(l.enc) })
+	return l.codec, l.err
+}
+
+func newTokenCounter(cfg TokensConfig) *tokenCounter {
+	return &tokenCounter{
+		maxExactBytes: cfg.ExactMaxBytes,
+		codecs: map[tokenizer.Encoding]*lazyCodec{
+			tokenizer.O200kBase:  {enc: tokenizer.O200kBase},
+			tokenizer.Cl100kBase: {enc: tokenizer.Cl100kBase},
+		},
+		corrections: newCorrections(cfg),
+	}
+}
+
+// TokenCount is the result of counting.
+type TokenCount struct {
+	// Tokens is the count, with any learned correction applied.
+	Tokens    int64
+	Tokenizer string
+	Exact     bool
+	// Correction is the factor applied; 1 when none.
+	Correction float64
+	// Raw is the count before correction.
+	Raw int64
+}
+
+// count counts a chat prompt (when msgs is not nil) or plain text for model.
+func (t *tokenCounter) count(model string, msgs []Message, text string, chat bool) TokenCount {
+	fam := familyFor(model)
+	size := len(text)
+	for _, m := range msgs {
+		size += len(m.Role) + len(m.Content) + len(m.Name)
+	}
+	if fam.encoding != "" && size <= t.maxExactBytes {
+		if codec, err := t.codecs[fam.encoding].get(); err == nil {
+			if n, ok := exactCount(codec, fam, msgs, text, chat); ok {
+				return TokenCount{Tokens: n, Raw: n, Tokenizer: fam.name, Exact: true, Correction: 1}
+			}
+		}
+		// Unreachable with the embedded vocabularies; an estimate is still an answer.
+	}
+	est := fam
+	if fam.encoding != "" {
+		// Too long to count exactly: estimate like the vocabulary would.
+		est.latin, est.cjk = 1, 1.1
+		if fam.encoding == tokenizer.O200kBase {
+			est.cjk = 0.7
+		}
+	}
+	var raw int64
+	if chat {
+		raw = est.reply
+		for _, m := range msgs {
+			raw += est.perMessage + estimateText(est, m.Content)
+			if m.Name != "" {
+				raw += est.perName + estimateText(est, m.Name)
+			}
+		}
+	} else {
+		raw = estimateText(est, text)
+	}
+	factor := t.corrections.factor(model)
+	name := est.name
+	if fam.encoding != "" {
+		name = "estimate/" + fam.name
+	}
+	return TokenCount{Tokens: int64(math.Ceil(float64(raw) * factor)), Raw: raw, Tokenizer: name, Correction: factor}
+}
+
+// exactCount counts with a BPE vocabulary, framing included (OpenAI's documented
+// formula for its chat models).
+func exactCount(codec tokenizer.Codec, fam family, msgs []Message, text string, chat bool) (int64, bool) {
+	n := func(s string) int64 {
+		if s == "" {
+			return 0
+		}
+		c, err := codec.Count(s)
+		if err != nil {
+			return -1
+		}
+		return int64(c)
+	}
+	if !chat {
+		c := n(text)
+		return c, c >= 0
+	}
+	total := fam.reply
+	for _, m := range msgs {
+		role, content := n(m.Role), n(m.Content)
+		if role < 0 || content < 0 {
+			return 0, false
+		}
+		total += fam.perMessage + role + content
+		if m.Name != "" {
+			name := n(m.Name)
+			if name < 0 {
+				return 0, false
+			}
+			total += fam.perName + name
+		}
+	}
+	return total, true
+}
+
+// estimateText approximates a BPE tokenizer without its vocabulary. Reservations are
+// settled with real usage, so an estimate only has to be close; where unsure it errs
+// high, which delays a request slightly rather than overspending the quota.
+//
+// Outside CJK scripts it takes the larger of two rules of thumb, scaled by the family's
+// latin factor: about one token per 4 bytes of text (whitespace included; a non-ASCII
+// letter is 2-3 bytes, so Cyrillic or accented text costs more per character, as it does
+// in real vocabularies), and at least one token per word and per punctuation mark or
+// symbol (which dominates in code and JSON). Against cl100k_base this lands within about
+// +30% on English prose and code (tokens_test.go measures it). Each CJK character costs
+// the family's cjk rate.
+func estimateText(f family, s string) int64 {
 	var (
 		cjk    int64 // CJK characters, priced per family
 		bytes  int64 // UTF-8 bytes of everything else
@@ -101,21 +252,81 @@ func (e estimator) countText(s string) int64 {
 		}
 		bytes += int64(utf8.RuneLen(r))
 	}
-	return max((bytes+3)/4, pieces) + int64(math.Ceil(float64(cjk)*e.cjkTokens))
-}
-
-// countMessages estimates the tokens of a chat prompt, framing included.
-func (e estimator) countMessages(msgs []Message) int64 {
-	total := int64(tokensPerReply)
-	for _, m := range msgs {
-		total += tokensPerMessage + e.countText(m.Content)
-		if m.Name != "" {
-			total += tokensPerName + e.countText(m.Name)
-		}
-	}
-	return total
+	latin := float64(max((bytes+3)/4, pieces)) * f.latin
+	return int64(math.Ceil(latin)) + int64(math.Ceil(float64(cjk)*f.cjk))
 }
 
 func isCJK(r rune) bool {
 	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul)
+}
+
+// corrections learns, per model, how far estimates are from the input tokens providers
+// report, and scales later estimates by it. Exact counts are never corrected: they
+// differ from reports only by what the prompt does not show (tools, images).
+//
+// The factor is an exponentially weighted mean of actual/estimate (weight 0.1 for the
+// newest report), applied once a model has CorrectionMinSamples reports, bounded to
+// [0.5, 2] so that a few absurd reports cannot halve or multiply quotas. It is learned
+// per replica and starts at 1 after a restart.
+type corrections struct {
+	enabled    bool
+	minSamples int
+	mu         sync.Mutex
+	models     map[string]*correction
+}
+
+type correction struct {
+	factor  float64
+	samples int
+}
+
+const (
+	correctionWeight  = 0.1
+	minCorrection     = 0.5
+	maxCorrection     = 2.0
+	maxCorrectedModel = 1024 // bounds memory against arbitrary model names
+	// minCorrectionSample: below this many tokens the fixed framing dominates and the
+	// ratio says little about the text.
+	minCorrectionSample = 16
+)
+
+func newCorrections(cfg TokensConfig) *corrections {
+	return &corrections{enabled: cfg.LearnCorrection, minSamples: cfg.CorrectionMinSamples, models: make(map[string]*correction)}
+}
+
+// factor returns the correction for model's estimates.
+func (c *corrections) factor(model string) float64 {
+	if !c.enabled {
+		return 1
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if k, ok := c.models[normalizeModel(model)]; ok && k.samples >= c.minSamples {
+		return k.factor
+	}
+	return 1
+}
+
+// learn records that an estimate of estimated input tokens was actual.
+func (c *corrections) learn(model string, estimated, actual int64) (float64, bool) {
+	if !c.enabled || estimated < minCorrectionSample || actual <= 0 {
+		return 0, false
+	}
+	ratio := min(max(float64(actual)/float64(estimated), minCorrection/2), maxCorrection*2)
+	key := normalizeModel(model)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k, ok := c.models[key]
+	if !ok {
+		if len(c.models) >= maxCorrectedModel {
+			return 0, false
+		}
+		k = &correction{factor: ratio}
+		c.models[key] = k
+	} else {
+		k.factor += correctionWeight * (ratio - k.factor)
+	}
+	k.samples++
+	k.factor = min(max(k.factor, minCorrection), maxCorrection)
+	return k.factor, true
 }

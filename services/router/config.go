@@ -221,11 +221,13 @@ func DefaultConfig() Config {
 		},
 		RetryBudget: BudgetConfig{Ratio: 0.2, Floor: 10, Window: time.Minute, FormatOnlyAbove: 0.15},
 		Breaker: BreakerConfig{
-			Window:              time.Minute,
-			MinCalls:            20,
-			FailureRate:         0.5,
-			SlowCall:            10 * time.Second,
-			SlowCallRate:        0.5,
+			Window:      time.Minute,
+			MinCalls:    20,
+			FailureRate: 0.5,
+			// Seed 000: a provider with 30% of calls over 8 s is in trouble although it
+			// returns no errors; with 0.5 it would never trip on such a tail.
+			SlowCall:            8 * time.Second,
+			SlowCallRate:        0.25,
 			ConsecutiveFailures: 5,
 			OpenDuration:        30 * time.Second,
 			MaxOpenDuration:     5 * time.Minute,

@@ -47,6 +47,10 @@ type exhaustedError struct {
 	cause  error
 	tried  []string
 	forced string // the ladder level an operator forced, when that is why
+	// retryDenied: the retry budget refused the next attempt.
+	retryDenied bool
+	// partial: part of a streamed answer reached the caller, so no ladder answer may follow.
+	partial bool
 }
 
 func (e *exhaustedError) Error() string {
@@ -54,8 +58,11 @@ func (e *exhaustedError) Error() string {
 	if e.forced != "" {
 		return "route forced to the " + e.forced + " level"
 	}
-	if e.class == mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED {
+	switch {
+	case e.class == mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED:
 		msg = "the deadline budget ran out"
+	case e.retryDenied:
+		msg = "retry budget exhausted"
 	}
 	if len(e.tried) > 0 {
 		msg += " (tried " + strings.Join(e.tried, ", ") + ")"

@@ -145,6 +145,20 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		if remaining <= 0 {
 			break
 		}
+		// Wait (for the provider's hint, or the backoff) before taking a key: the key that
+		// asked us to wait cools down until then and would be refused, and a breaker permit
+		// or bulkhead place held through the wait would be kept from other requests.
+		if wait := r.waitBefore(c); p.attempts > 0 && wait > 0 {
+			if !r.budget.Allowed(isFormatClass(p.prefer)) {
+				r.denyRetry(qc, p) // do not wait for a retry that will be refused
+				break
+			}
+			if wait >= remaining || !r.sleep(ctx, wait) {
+				c.exhausted = true
+				continue
+			}
+			remaining = qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) - r.conf().HopReserve
+		}
 		key, permit, skip := r.acquire(c.u, qc.Scenario, p.avoid)
 		if key == nil {
 			r.skipCandidate(qc, p, c, skip)
@@ -164,23 +178,11 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			r.skipCandidate(qc, p, c, mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED)
 			continue
 		}
-		if p.attempts > 0 {
-			if !r.allowRetry(key, isFormatClass(p.prefer)) {
-				permit.Cancel()
-				release()
-				p.denied = true
-				r.deps.Metrics.budgetDenied.Inc()
-				r.audit(qc, "retry", "retry budget exhausted: going down the ladder", 0)
-				break
-			}
-			if wait := r.waitBefore(c); wait > 0 {
-				if wait >= remaining || !r.sleep(ctx, wait) {
-					permit.Cancel()
-					release()
-					c.exhausted = true
-					continue
-				}
-			}
+		if p.attempts > 0 && !r.allowRetry(key, isFormatClass(p.prefer)) {
+			permit.Cancel()
+			release()
+			r.denyRetry(qc, p)
+			break
 		}
 		if p.attempts == 0 {
 			key.budget.Request()
@@ -220,12 +222,19 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			}
 			break
 		}
-		if !provider.FailsOver(class) {
+		if !failsOver(class) {
 			return nil, &rejectedError{class: class, cause: o.err}
 		}
 		r.afterFailure(p, o)
 	}
 	return nil, r.exhausted(ctx, qc, p)
+}
+
+// failsOver reports whether another candidate may succeed where this attempt failed. A
+// failed business or semantic check is the verifier's verdict on one model's answer, not a
+// provider failure (pkg/provider does not know the class): a fresher model may pass it.
+func failsOver(class mantlev1.ErrorClass) bool {
+	return class == mantlev1.ErrorClass_ERROR_CLASS_VERIFICATION_FAILED || provider.FailsOver(class)
 }
 
 // exhausted explains why the loop ended without an answer.
@@ -240,10 +249,9 @@ func (r *Router) exhausted(ctx context.Context, qc *mantlev1.QualityContext, p *
 		// Nothing was called: every candidate was skipped (breakers open, bulkheads full).
 		class = mantlev1.ErrorClass_ERROR_CLASS_BREAKER_OPEN
 	}
-	if p.denied {
-		class = mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED
-	}
-	return &exhaustedError{class: class, cause: p.lastErr, tried: p.failed}
+	// A refused retry keeps the last attempt's class: BUDGET_EXHAUSTED means the caller's
+	// deadline, and a spent retry budget must not be reported as one.
+	return &exhaustedError{class: class, cause: p.lastErr, tried: p.failed, retryDenied: p.denied}
 }
 
 // afterFailure updates the plan from a failed attempt's class.
@@ -320,6 +328,14 @@ func (r *Router) sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// denyRetry ends the loop because the retry budget refused the next attempt; the request
+// goes down the ladder.
+func (r *Router) denyRetry(qc *mantlev1.QualityContext, p *plan) {
+	p.denied = true
+	r.deps.Metrics.budgetDenied.Inc()
+	r.audit(qc, "retry", "retry budget exhausted: going down the ladder", 0)
 }
 
 // allowRetry asks the overall and the key's retry budget.
@@ -401,24 +417,33 @@ func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, q
 		}
 	case <-ctx.Done():
 	}
-	var last outcome
+	// Outcomes are recorded only once neither attempt runs: a running attempt's verification
+	// reads qc. The first answer wins and the other attempt is cancelled (it ends promptly).
+	var failed []outcome
+	var won *outcome
 	for ; running > 0; running-- {
 		o := <-results
-		r.record(qc, o)
-		if o.err == nil {
+		if o.err == nil && won == nil {
+			won = &o
 			cancelPrimary()
 			cancelHedge()
-			if running > 1 {
-				r.record(qc, <-results) // the loser ends promptly once cancelled
-			}
-			return o
+			continue
 		}
-		if running > 1 && o.c != c {
-			r.afterFailure(p, o) // the hedge failed; the primary may still answer
-		}
-		last = o
+		failed = append(failed, o)
 	}
-	return last
+	for _, o := range failed {
+		r.record(qc, o)
+	}
+	if won != nil {
+		r.record(qc, *won) // last, so that qc keeps the answer's verdict
+		return *won
+	}
+	// Both failed: the plan learns from each; the caller applies the last one.
+	for _, o := range failed[:len(failed)-1] {
+		p.failed = append(p.failed, o.c.u.model.Name)
+		r.afterFailure(p, o)
+	}
+	return failed[len(failed)-1]
 }
 
 // hedgeCandidate reserves a key and a bulkhead slot on the best other candidate, if the
@@ -615,7 +640,7 @@ func (r *Router) stream(ctx context.Context, rt *route, c *candidate, key *upstr
 	watchdog := r.deps.Clock.AfterFunc(firstToken, func() {
 		cancel(&provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Message: fmt.Sprintf("no first token within %s", firstToken)})
 	})
-	defer watchdog.Stop()
+	defer func() { watchdog.Stop() }() // the watchdog in force at the end, not the first one
 
 	s, err := key.client.Stream(ctx, preq)
 	if err != nil {
@@ -675,7 +700,7 @@ func streamCause(ctx context.Context, err error) error {
 // looks complete.
 func (r *Router) continueStream(_ context.Context, _ *routerv1.Request, _ *route, qc *mantlev1.QualityContext, p *plan, o outcome, _ Sink) (*answer, error) {
 	r.audit(qc, "stream", "stream failed after the first token: "+shortClass(provider.ClassOf(o.err)), 0)
-	return nil, &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, cause: o.err, tried: p.failed}
+	return nil, &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, cause: o.err, tried: p.failed, partial: true}
 }
 
 func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {

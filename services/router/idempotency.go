@@ -46,7 +46,15 @@ func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc 
 	}
 	rec, owner, err := store.Begin(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("idempotency: %w", err)
+		if ctx.Err() != nil {
+			return nil, ctx.Err() // a duplicate gave up waiting for the first
+		}
+		// The store (NATS) is unreachable: answering without replay protection beats not
+		// answering; the metric and the audit trail say so.
+		r.deps.Log.WarnContext(ctx, "idempotency store unavailable; serving without replay protection", "err", err)
+		r.deps.Metrics.idempotencyUnavailable.Inc()
+		qc.SkippedSteps = append(qc.SkippedSteps, "idempotency")
+		return r.serve(ctx, req, rt, qc, sink)
 	}
 	if !owner {
 		return r.replay(rec, qc, sink)

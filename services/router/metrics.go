@@ -16,6 +16,8 @@ type metrics struct {
 	budgetDenied       prometheus.Counter
 	hedges             prometheus.Counter
 	replays            prometheus.Counter
+	// idempotencyUnavailable counts requests served without replay protection.
+	idempotencyUnavailable prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -49,8 +51,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_idempotent_replays_total", Help: "Requests answered from an idempotency record.",
 		}),
+		idempotencyUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_router_idempotency_unavailable_total", Help: "Requests served without replay protection because the idempotency store failed.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedges, m.replays} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedges, m.replays, m.idempotencyUnavailable} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

@@ -293,7 +293,7 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	r.settle(ctx, qc, reservation, qc.Usage)
 	if err != nil {
 		var exhausted *exhaustedError
-		if errors.As(err, &exhausted) && exhausted.class != mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED {
+		if errors.As(err, &exhausted) && !exhausted.partial {
 			if resp := r.descend(ctx, req, rt, qc, exhausted.Error()); resp != nil {
 				r.publishDegradation(ctx, rt, qc, qc.DegradationReason)
 				resp.RateLimit = limits

@@ -2,249 +2,23 @@ package router
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/jonboulle/clockwork"
-	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
-	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	"github.com/mantle-mesh/mantle/pkg/events"
-	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
-
-// Hand-written in-memory fakes of the router's collaborators. Requests are cloned when
-// recorded: the router keeps mutating its QualityContext after a call returns.
-
-type fakeQuota struct {
-	reserveErr error
-
-	mu       sync.Mutex
-	reserves []*quotav1.ReserveRequest
-	settles  []*quotav1.SettleRequest
-}
-
-func (q *fakeQuota) Reserve(_ context.Context, in *quotav1.ReserveRequest, _ ...grpc.CallOption) (*quotav1.ReserveResponse, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.reserves = append(q.reserves, proto.Clone(in).(*quotav1.ReserveRequest))
-	if q.reserveErr != nil {
-		return nil, q.reserveErr
-	}
-	return &quotav1.ReserveResponse{ReservationId: "res-1", ReservedTokens: 100, Quality: in.Quality,
-		Limits: &quotav1.Limits{LimitRequests: 10, RemainingRequests: 9, ResetRequests: durationpb.New(time.Second)}}, nil
-}
-
-func (q *fakeQuota) Settle(_ context.Context, in *quotav1.SettleRequest, _ ...grpc.CallOption) (*quotav1.SettleResponse, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.settles = append(q.settles, proto.Clone(in).(*quotav1.SettleRequest))
-	return &quotav1.SettleResponse{}, nil
-}
-
-func (q *fakeQuota) CountTokens(context.Context, *quotav1.CountTokensRequest, ...grpc.CallOption) (*quotav1.CountTokensResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "not used by the router")
-}
-
-type fakeCache struct {
-	hit *cachev1.Entry // nil: every lookup misses
-
-	mu     sync.Mutex
-	stores []*cachev1.StoreRequest
-}
-
-func (c *fakeCache) Lookup(_ context.Context, in *cachev1.LookupRequest, _ ...grpc.CallOption) (*cachev1.LookupResponse, error) {
-	if c.hit == nil {
-		return &cachev1.LookupResponse{Quality: in.Quality}, nil
-	}
-	return &cachev1.LookupResponse{Hit: true, Entry: c.hit, Similarity: 1, Quality: in.Quality}, nil
-}
-
-func (c *fakeCache) Store(_ context.Context, in *cachev1.StoreRequest, _ ...grpc.CallOption) (*cachev1.StoreResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.stores = append(c.stores, proto.Clone(in).(*cachev1.StoreRequest))
-	return &cachev1.StoreResponse{Stored: true}, nil
-}
-
-func (c *fakeCache) Invalidate(context.Context, *cachev1.InvalidateRequest, ...grpc.CallOption) (*cachev1.InvalidateResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "not used by the router")
-}
-
-// fakeVerifier passes everything unless verdict says otherwise.
-type fakeVerifier struct {
-	verdict func(*verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error)
-}
-
-func (v *fakeVerifier) Verify(_ context.Context, in *verifierv1.VerifyRequest, _ ...grpc.CallOption) (*verifierv1.VerifyResponse, error) {
-	if v.verdict != nil {
-		return v.verdict(in)
-	}
-	return pass(in), nil
-}
-
-func pass(in *verifierv1.VerifyRequest) *verifierv1.VerifyResponse {
-	return &verifierv1.VerifyResponse{Passed: true, Content: in.Content, Grade: mantlev1.QualityGrade_QUALITY_GRADE_HIGH, Quality: in.Quality}
-}
-
-type published struct {
-	subject string
-	msg     proto.Message
-}
-
-type fakePublisher struct {
-	mu     sync.Mutex
-	events []published
-}
-
-func (p *fakePublisher) Publish(_ context.Context, subject string, msg proto.Message) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.events = append(p.events, published{subject, proto.Clone(msg)})
-}
-
-// result is one scripted provider answer.
-type result struct {
-	res provider.Response
-	err error
-}
-
-func reply(content string, in, out int64) result {
-	return result{res: provider.Response{Content: content, FinishReason: "stop", Usage: provider.Usage{InputTokens: in, OutputTokens: out}}}
-}
-
-func failure(class mantlev1.ErrorClass, msg string) result {
-	return result{err: &provider.Error{Class: class, StatusCode: 400, Message: msg}}
-}
-
-// fakeProvider replays its results in order (repeating the last) and honours ctx like an
-// HTTP client does.
-type fakeProvider struct {
-	results []result
-
-	mu   sync.Mutex
-	reqs []provider.Request
-}
-
-func (p *fakeProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.reqs = append(p.reqs, req)
-	if err := ctx.Err(); err != nil {
-		return provider.Response{}, fmt.Errorf("post: %w", err)
-	}
-	if len(p.results) == 0 {
-		return reply("default answer", 1, 1).res, nil
-	}
-	r := p.results[min(len(p.reqs), len(p.results))-1]
-	return r.res, r.err
-}
-
-func (p *fakeProvider) Stream(context.Context, provider.Request) (provider.Stream, error) {
-	return nil, errors.New("fakeProvider does not stream")
-}
-
-func (p *fakeProvider) calls() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.reqs)
-}
-
-// testConfig has three models on one provider and route "chat" over them in order.
-func testConfig() Config {
-	c := DefaultConfig()
-	c.Providers = []ProviderConfig{{Name: "p", Type: ProviderSim, Timeout: 5 * time.Second}}
-	c.Models = []ModelConfig{
-		{Name: "a", Provider: "p", Upstream: "a-upstream", InputPricePerMillion: 1, OutputPricePerMillion: 2},
-		{Name: "b", Provider: "p"},
-		{Name: "c", Provider: "p"},
-	}
-	c.Routes = []RouteConfig{{Name: "chat", Scenario: "support", Candidates: []string{"a", "b", "c"}}}
-	return c
-}
-
-type harness struct {
-	router    *Router
-	quota     *fakeQuota
-	cache     *fakeCache
-	verifier  *fakeVerifier
-	events    *fakePublisher
-	providers map[string]*fakeProvider
-}
-
-func newHarness(t *testing.T, cfg Config, h *harness) *harness {
-	t.Helper()
-	if h == nil {
-		h = &harness{}
-	}
-	if h.quota == nil {
-		h.quota = &fakeQuota{}
-	}
-	if h.cache == nil {
-		h.cache = &fakeCache{}
-	}
-	if h.verifier == nil {
-		h.verifier = &fakeVerifier{}
-	}
-	h.events = &fakePublisher{}
-	if h.providers == nil {
-		h.providers = map[string]*fakeProvider{}
-	}
-	for _, m := range cfg.Models {
-		if h.providers[m.Name] == nil {
-			h.providers[m.Name] = &fakeProvider{}
-		}
-	}
-	m, err := newMetrics(prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	deps := Deps{Quota: h.quota, Cache: h.cache, Verifier: h.verifier, Events: h.events,
-		Clock: clockwork.NewRealClock(), Log: slog.New(slog.DiscardHandler), Metrics: m}
-	h.router, err = New(cfg, deps, func(_ ProviderConfig, m ModelConfig, _ string) (provider.Provider, error) {
-		return h.providers[m.Name], nil
-	})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	return h
-}
-
-func ask(model string) *routerv1.Request {
-	return &routerv1.Request{Model: model, Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "What is a circuit breaker?"}}}
-}
-
-func usage(in, out int64) *mantlev1.Usage {
-	return &mantlev1.Usage{InputTokens: in, OutputTokens: out, TotalTokens: in + out}
-}
-
-func failVerification(content string, class mantlev1.ErrorClass) func(*verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error) {
-	return func(in *verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error) {
-		if in.Content != content {
-			return pass(in), nil
-		}
-		return &verifierv1.VerifyResponse{Passed: false, FailedLayer: "l1", FailureClass: class,
-			Findings: []*verifierv1.Finding{{Code: "json_parse", Blocking: true}}, Quality: in.Quality}, nil
-	}
-}
 
 func TestRouterComplete(t *testing.T) {
 	t.Parallel()
@@ -442,15 +216,20 @@ func TestRouterComplete(t *testing.T) {
 			},
 		},
 		{
+			// a is overloaded: fail over at once, come back to it (with backoff) only when
+			// nothing else is left. b's 429 has no hint and b has no other key: move on. c's
+			// transient failure is retried on c, max_retries (2) times. Then a again.
 			name: "every candidate fails",
 			results: map[string][]result{
 				"a": {failure(mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, "busy")},
 				"b": {failure(mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, "slow down")},
 				"c": {failure(mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, "502")},
 			},
-			want: want{code: codes.Unavailable, reason: ReasonAllCandidatesFailed, message: "tried a, b, c",
-				classes: []mantlev1.ErrorClass{mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
-				calls:   map[string]int{"a": 1, "b": 1, "c": 1}, settle: usage(0, 0), events: 1},
+			want: want{code: codes.Unavailable, reason: ReasonAllCandidatesFailed, message: "tried a, b, c, c, c, a, a",
+				classes: []mantlev1.ErrorClass{mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED,
+					mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT,
+					mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED},
+				calls: map[string]int{"a": 3, "b": 1, "c": 3}, settle: usage(0, 0), events: 1},
 		},
 		{
 			name: "deadline already passed",
@@ -471,9 +250,9 @@ func TestRouterComplete(t *testing.T) {
 				cancel()
 				return ctx, cancel
 			},
-			// Nobody degraded: the caller left, so no event is published.
-			want: want{code: codes.Canceled,
-				classes: []mantlev1.ErrorClass{mantlev1.ErrorClass_ERROR_CLASS_CANCELED}, calls: map[string]int{"a": 1}, settle: usage(0, 0), events: 0},
+			// Nobody degraded and no provider is called for a caller that left, so no
+			// event is published either.
+			want: want{code: codes.Canceled, settle: usage(0, 0), events: 0},
 		},
 		{
 			name:  "unknown route",
@@ -490,7 +269,7 @@ func TestRouterComplete(t *testing.T) {
 			}
 			h := &harness{providers: map[string]*fakeProvider{}}
 			for model, rs := range tt.results {
-				h.providers[model] = &fakeProvider{results: rs}
+				h.providers[model] = newFakeProvider(rs...)
 			}
 			h.quota, h.cache, h.verifier = &fakeQuota{}, &fakeCache{}, &fakeVerifier{}
 			if tt.h != nil {
@@ -568,7 +347,7 @@ func TestRouterComplete(t *testing.T) {
 func TestDescribeCountsCalls(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, testConfig(), &harness{providers: map[string]*fakeProvider{
-		"a": {results: []result{failure(mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, "busy")}},
+		"a": newFakeProvider(failure(mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, "busy")),
 	}})
 	if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
 		t.Fatal(err)

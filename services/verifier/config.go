@@ -4,15 +4,26 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
+	"time"
+
+	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
+	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
 )
 
-// Config is the verifier block of mantle's YAML configuration:
+// Config is the verifier block of mantle's YAML configuration. DefaultConfig documents
+// every default; the sample rules it ships are scoped to the medical and legal scenarios.
 //
 //	verifier:
 //	  confidence_threshold: 0.3
-//	  refusal_phrases: ["I'm sorry, but I can't", "我无法", ...]
 //	  repetition_threshold: 4
-//	  max_content_bytes: 1048576
+//	  degraded: {confidence_threshold: 0.2, review_threshold_factor: 1.3}
+//	  rules: [{id: ..., scenarios: [...], condition: <CEL>, action: {type: block}}]
+//	  rules_file: /etc/mantle/rules.yaml   # watched; reloaded without restart
+//	  risk: {weights: {input: 0.25, output: 0.5, context: 0.25}, review_threshold: 0.75}
+//	  scenarios: {medical: {review_timeout: 10m, default_action: {type: replace, text: ...}}}
+//	  review: {timeout: 15m, lease: 5m, spool_dir: /var/lib/mantle/review-spool}
+//	  l3: {enabled: true, judge: {enabled: false}}
 type Config struct {
 	// ConfidenceThreshold fails a JSON answer whose top-level numeric "confidence" field is
 	// strictly below it. The seed's example is 0.3.
@@ -28,6 +39,181 @@ type Config struct {
 	// MaxContentBytes bounds the answer a caller may send; larger answers are rejected as
 	// INVALID_ARGUMENT rather than verified, so one request cannot pin a CPU.
 	MaxContentBytes int `yaml:"max_content_bytes"`
+	// SchemaCacheSize is how many compiled JSON Schemas are kept (schemas arrive with each
+	// request; compiling one costs far more than validating against it).
+	SchemaCacheSize int `yaml:"schema_cache_size"`
+	// MaxSchemaFindings bounds the schema findings reported for one answer.
+	MaxSchemaFindings int `yaml:"max_schema_findings"`
+
+	// Degraded adapts the checks to answers that did not come from the primary model.
+	Degraded DegradedConfig `yaml:"degraded"`
+
+	// Rules are the L2 business rules (see package rules for the CEL variables).
+	Rules []rules.Rule `yaml:"rules"`
+	// RulesFile is a YAML file with more rules ("rules: [...]"), re-read every
+	// RulesReloadInterval and on the ReloadRules RPC. A file that fails to compile is
+	// rejected and the last good set stays.
+	RulesFile           string        `yaml:"rules_file"`
+	RulesReloadInterval time.Duration `yaml:"rules_reload_interval"`
+	// RuleCostLimit bounds the CEL cost of one condition on one answer.
+	RuleCostLimit uint64 `yaml:"rule_cost_limit"`
+
+	Risk RiskConfig `yaml:"risk"`
+	// Scenarios override risk weights, the review threshold and timeout, the default action
+	// and reference snippets per scenario.
+	Scenarios map[string]ScenarioConfig `yaml:"scenarios"`
+	Review    ReviewConfig              `yaml:"review"`
+	L3        L3Config                  `yaml:"l3"`
+}
+
+// DegradedConfig: seed 001 5.1 — once the router has fallen back, the checks must fit the
+// model that answered, or the review pool floods with acceptable degraded answers.
+type DegradedConfig struct {
+	// ConfidenceThreshold replaces confidence_threshold for degraded answers (smaller models
+	// report lower confidence for the same quality).
+	ConfidenceThreshold float64 `yaml:"confidence_threshold"`
+	// ReviewThresholdFactor multiplies the review threshold for degraded answers: 1.3 is
+	// DESIGN.md's "30% higher threshold". Below 1 reviews degraded answers more eagerly.
+	ReviewThresholdFactor float64 `yaml:"review_threshold_factor"`
+	// SkipL3Levels are fallback levels whose answers get no L3 check: cached answers were
+	// checked when first given, templates are fixed texts (seed 001 5.2).
+	SkipL3Levels []string `yaml:"skip_l3_levels"`
+}
+
+// RiskWeights weigh the three risk dimensions; they are normalised to sum to 1.
+type RiskWeights struct {
+	Input   float64 `yaml:"input"`
+	Output  float64 `yaml:"output"`
+	Context float64 `yaml:"context"`
+}
+
+// RiskConfig is the risk model (seed 001 4.1). Each dimension is the strongest of its
+// signals, each signal in [0,1]; the score is the weighted sum of the dimensions.
+type RiskConfig struct {
+	Weights RiskWeights `yaml:"weights"`
+	// ReviewThreshold: a delivered answer at or above it goes to human review.
+	ReviewThreshold float64 `yaml:"review_threshold"`
+	// SensitiveTerms in the user's messages raise input risk (case-insensitive).
+	SensitiveTerms []string `yaml:"sensitive_terms"`
+	// LongInputChars: a conversation longer than this (in characters) raises input risk.
+	LongInputChars int `yaml:"long_input_chars"`
+	// LowConfidence: an L3 confidence below it raises output risk.
+	LowConfidence float64 `yaml:"low_confidence"`
+	// Divergence: a divergence from earlier answers above it raises output risk.
+	Divergence float64 `yaml:"divergence"`
+	// RepetitionRatio: a share of repeated sentences (or JSON string values) above it
+	// raises output risk (a hallucination symptom).
+	RepetitionRatio float64 `yaml:"repetition_ratio"`
+	// DegradedStreak: this many degraded answers in a row in a session raise context risk.
+	DegradedStreak int `yaml:"degraded_streak"`
+	// FeedbackWindow: a dissatisfied user raises the context risk of the session this long.
+	FeedbackWindow time.Duration `yaml:"feedback_window"`
+	// SessionTTL and MaxSessions bound the per-session memory.
+	SessionTTL  time.Duration `yaml:"session_ttl"`
+	MaxSessions int           `yaml:"max_sessions"`
+}
+
+// ScenarioConfig overrides defaults for one scenario; zero values inherit.
+type ScenarioConfig struct {
+	Weights         *RiskWeights         `yaml:"weights,omitempty"`
+	ReviewThreshold float64              `yaml:"review_threshold,omitempty"`
+	ReviewTimeout   time.Duration        `yaml:"review_timeout,omitempty"`
+	DefaultAction   review.DefaultAction `yaml:"default_action,omitempty"`
+	// References are snippets every answer in the scenario should agree with (L3).
+	References []string `yaml:"references,omitempty"`
+}
+
+// ReviewConfig is the human review queue.
+type ReviewConfig struct {
+	// Timeout is how long a review may wait for a decision before the default action
+	// applies (seed 001 6.4: 15 minutes).
+	Timeout time.Duration `yaml:"timeout"`
+	// DefaultAction applies on timeout unless the scenario sets its own.
+	DefaultAction review.DefaultAction `yaml:"default_action"`
+	// Lease is how long a claim lasts by default; MaxLease bounds what reviewers ask for.
+	Lease    time.Duration `yaml:"lease"`
+	MaxLease time.Duration `yaml:"max_lease"`
+	// SweepInterval is how often deadlines are checked.
+	SweepInterval time.Duration `yaml:"sweep_interval"`
+	// SpoolDir keeps review requests while NATS is unreachable. Use a persistent volume in
+	// production; empty means a fresh temporary directory per process (lost on restart).
+	// One directory per process.
+	SpoolDir string `yaml:"spool_dir"`
+	// Stream, Consumer and Bucket name the JetStream work-queue stream, its durable intake
+	// consumer and the key-value bucket that holds review state.
+	Stream   string `yaml:"stream"`
+	Consumer string `yaml:"consumer"`
+	Bucket   string `yaml:"bucket"`
+	// Retention is how long reviews and their audit trail are kept in the bucket.
+	Retention time.Duration `yaml:"retention"`
+	// OperatorTenants may see and decide every tenant's reviews; other authenticated
+	// tenants see only their own. Without authentication everything is visible.
+	OperatorTenants []string `yaml:"operator_tenants"`
+}
+
+// L3Config is the asynchronous semantic layer.
+type L3Config struct {
+	Enabled bool `yaml:"enabled"`
+	// Workers run L3 checks; QueueSize bounds the backlog (beyond it answers skip L3).
+	Workers   int `yaml:"workers"`
+	QueueSize int `yaml:"queue_size"`
+	// EmbeddingDim is the size of the built-in lexical embedder's vectors.
+	EmbeddingDim int `yaml:"embedding_dim"`
+	// RelevanceFull and ConsistencyFull calibrate cosine similarities to scores (see
+	// package semantic; the defaults suit the built-in lexical embedder).
+	RelevanceFull   float64 `yaml:"relevance_full"`
+	ConsistencyFull float64 `yaml:"consistency_full"`
+	// HistoryQuestions and HistoryAnswers bound the memory used for divergence.
+	HistoryQuestions int `yaml:"history_questions"`
+	HistoryAnswers   int `yaml:"history_answers"`
+	// FollowUps is how many L3 results GetFollowUp can still return.
+	FollowUps int         `yaml:"follow_ups"`
+	Judge     JudgeConfig `yaml:"judge"`
+}
+
+// JudgeConfig is the optional LLM judge, called through the router.
+type JudgeConfig struct {
+	Enabled bool `yaml:"enabled"`
+	// Route is the router route that judges; Scenario marks judge calls (L3 skips it).
+	Route    string        `yaml:"route"`
+	Scenario string        `yaml:"scenario"`
+	Timeout  time.Duration `yaml:"timeout"`
+	// MaxTokens and PerMinute are the judge's own small budget.
+	MaxTokens int `yaml:"max_tokens"`
+	PerMinute int `yaml:"per_minute"`
+	// APIKeyEnv names the environment variable with the tenant key the judge uses.
+	APIKeyEnv string `yaml:"api_key_env"`
+}
+
+// SampleRules are the example L2 rules from seed 001 (3.2 and 4.2), shipped in the default
+// configuration and scoped to the scenarios they were written for.
+func SampleRules() []rules.Rule {
+	return []rules.Rule{
+		{
+			ID:          "diagnosis-no-hedging",
+			Description: "A diagnosis may not hedge (seed 001 3.2): the field becomes a referral and the user is told a doctor must confirm.",
+			Scenarios:   []string{"medical"},
+			Condition: `has(output.diagnosis) && ["可能", "疑似", "或许", "大概", "maybe", "possibly", "probably", "likely"]` +
+				`.exists(w, string(output.diagnosis).lowerAscii().contains(w))`,
+			Action: rules.Action{Type: rules.ActionReplace, Field: "diagnosis", Value: "请咨询医生",
+				Notice: "根据诊疗规范，此结论需医生复核。"},
+		},
+		{
+			ID:          "work-injury-cite-regulation",
+			Description: "Answers about 工伤认定 must cite the regulation (seed 001 4.2).",
+			Scenarios:   []string{"legal"},
+			Condition:   `question.contains("工伤认定") && !text.contains("工伤保险条例")`,
+			Action: rules.Action{Type: rules.ActionNotice,
+				Notice: "依据《工伤保险条例》第二十条：社会保险行政部门应当自受理工伤认定申请之日起60日内作出工伤认定的决定。"},
+		},
+		{
+			ID:          "work-injury-no-appraisal-review",
+			Description: "An answer telling a 工伤认定 asker that no appraisal is needed goes to a human (seed 001 4.2).",
+			Scenarios:   []string{"legal"},
+			Condition:   `question.contains("工伤认定") && text.contains("无需鉴定")`,
+			Action:      rules.Action{Type: rules.ActionReview},
+		},
+	}
 }
 
 // DefaultConfig returns the configuration used when the file says nothing.
@@ -37,25 +223,247 @@ func DefaultConfig() Config {
 		RefusalPhrases:      DefaultRefusalPhrases(),
 		RepetitionThreshold: 4,
 		MaxContentBytes:     1 << 20,
+		SchemaCacheSize:     256,
+		MaxSchemaFindings:   10,
+		Degraded: DegradedConfig{
+			ConfidenceThreshold:   0.2,
+			ReviewThresholdFactor: 1.3,
+			SkipL3Levels:          []string{"cached_approximate", "template"},
+		},
+		Rules:               SampleRules(),
+		RulesReloadInterval: 10 * time.Second,
+		RuleCostLimit:       rules.DefaultCostLimit,
+		Risk: RiskConfig{
+			Weights:         RiskWeights{Input: 0.25, Output: 0.5, Context: 0.25},
+			ReviewThreshold: 0.75,
+			SensitiveTerms:  []string{"癌症", "自杀", "自残", "轻生", "cancer", "suicide", "self-harm"},
+			LongInputChars:  2000,
+			LowConfidence:   0.4,
+			Divergence:      0.8,
+			RepetitionRatio: 0.7,
+			DegradedStreak:  3,
+			FeedbackWindow:  30 * time.Minute,
+			SessionTTL:      time.Hour,
+			MaxSessions:     100_000,
+		},
+		Review: ReviewConfig{
+			Timeout:       15 * time.Minute,
+			DefaultAction: review.DefaultAction{Type: review.DefaultKeep},
+			Lease:         5 * time.Minute,
+			MaxLease:      time.Hour,
+			SweepInterval: 10 * time.Second,
+			Stream:        "MANTLE_REVIEWS",
+			Consumer:      "verifier-intake",
+			Bucket:        "mantle_reviews",
+			Retention:     30 * 24 * time.Hour,
+		},
+		L3: L3Config{
+			Enabled:          true,
+			Workers:          2,
+			QueueSize:        1024,
+			EmbeddingDim:     256,
+			RelevanceFull:    0.25,
+			ConsistencyFull:  0.3,
+			HistoryQuestions: 10_000,
+			HistoryAnswers:   5,
+			FollowUps:        10_000,
+			Judge: JudgeConfig{
+				Route:     "judge",
+				Scenario:  "verifier-judge",
+				Timeout:   5 * time.Second,
+				MaxTokens: 16,
+				PerMinute: 30,
+			},
+		},
 	}
 }
 
+var fallbackLevels = []string{"primary", "backup_model", "cached_approximate", "template"}
+
 // Validate reports every invalid key, each message naming the key relative to this block.
+// It compiles the inline rules, so a rule that would be rejected at start is reported here.
 func (c Config) Validate() error {
 	var errs []error
-	if math.IsNaN(c.ConfidenceThreshold) || c.ConfidenceThreshold < 0 || c.ConfidenceThreshold > 1 {
-		errs = append(errs, fmt.Errorf("confidence_threshold: must be between 0 and 1, got %v", c.ConfidenceThreshold))
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	unit := func(key string, v float64) {
+		if math.IsNaN(v) || v < 0 || v > 1 {
+			add("%s: must be between 0 and 1, got %v", key, v)
+		}
 	}
+	positive := func(key string, d time.Duration) {
+		if d <= 0 {
+			add("%s: must be positive, got %s", key, d)
+		}
+	}
+	unit("confidence_threshold", c.ConfidenceThreshold)
 	for i, phrase := range c.RefusalPhrases {
 		if key, _ := appendMatchKey(nil, phrase, math.MaxInt); len(key) == 0 {
-			errs = append(errs, fmt.Errorf("refusal_phrases[%d]: must contain a letter or digit, got %q", i, phrase))
+			add("refusal_phrases[%d]: must contain a letter or digit, got %q", i, phrase)
 		}
 	}
 	if c.RepetitionThreshold < 2 {
-		errs = append(errs, fmt.Errorf("repetition_threshold: must be at least 2, got %d", c.RepetitionThreshold))
+		add("repetition_threshold: must be at least 2, got %d", c.RepetitionThreshold)
 	}
 	if c.MaxContentBytes <= 0 {
-		errs = append(errs, fmt.Errorf("max_content_bytes: must be positive, got %d", c.MaxContentBytes))
+		add("max_content_bytes: must be positive, got %d", c.MaxContentBytes)
+	}
+	if c.SchemaCacheSize <= 0 {
+		add("schema_cache_size: must be positive, got %d", c.SchemaCacheSize)
+	}
+	if c.MaxSchemaFindings <= 0 {
+		add("max_schema_findings: must be positive, got %d", c.MaxSchemaFindings)
+	}
+
+	unit("degraded.confidence_threshold", c.Degraded.ConfidenceThreshold)
+	if f := c.Degraded.ReviewThresholdFactor; math.IsNaN(f) || f <= 0 || f > 2 {
+		add("degraded.review_threshold_factor: must be in (0, 2], got %v", f)
+	}
+	for i, l := range c.Degraded.SkipL3Levels {
+		if !contains(fallbackLevels, l) {
+			add("degraded.skip_l3_levels[%d]: want one of %s, got %q", i, strings.Join(fallbackLevels, ", "), l)
+		}
+	}
+
+	if c.RulesFile != "" {
+		positive("rules_reload_interval", c.RulesReloadInterval)
+	}
+	if c.RuleCostLimit == 0 {
+		add("rule_cost_limit: must be positive")
+	} else if engine, err := rules.NewEngine(c.RuleCostLimit); err != nil {
+		add("rules: %v", err)
+	} else if _, err := engine.Compile(c.Rules); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			add("%s", line)
+		}
+	}
+
+	errs = append(errs, c.Risk.validate()...)
+	for name, sc := range c.Scenarios {
+		key := "scenarios." + name
+		if sc.Weights != nil {
+			if err := sc.Weights.validate(); err != nil {
+				add("%s.weights: %v", key, err)
+			}
+		}
+		unit(key+".review_threshold", sc.ReviewThreshold)
+		if sc.ReviewTimeout < 0 {
+			add("%s.review_timeout: must not be negative, got %s", key, sc.ReviewTimeout)
+		}
+		if sc.DefaultAction != (review.DefaultAction{}) {
+			if err := sc.DefaultAction.Validate(); err != nil {
+				add("%s.default_action.%v", key, err)
+			}
+		}
+	}
+
+	r := c.Review
+	positive("review.timeout", r.Timeout)
+	if err := r.DefaultAction.Validate(); err != nil {
+		add("review.default_action.%v", err)
+	}
+	positive("review.lease", r.Lease)
+	if r.MaxLease < r.Lease {
+		add("review.max_lease: must be at least review.lease (%s), got %s", r.Lease, r.MaxLease)
+	}
+	positive("review.sweep_interval", r.SweepInterval)
+	positive("review.retention", r.Retention)
+	for key, v := range map[string]string{"review.stream": r.Stream, "review.consumer": r.Consumer, "review.bucket": r.Bucket} {
+		if !natsName(v) {
+			add("%s: want letters, digits, '-' or '_', got %q", key, v)
+		}
+	}
+
+	l := c.L3
+	if l.Enabled {
+		if l.Workers <= 0 {
+			add("l3.workers: must be positive, got %d", l.Workers)
+		}
+		if l.QueueSize <= 0 {
+			add("l3.queue_size: must be positive, got %d", l.QueueSize)
+		}
+		if l.EmbeddingDim <= 0 {
+			add("l3.embedding_dim: must be positive, got %d", l.EmbeddingDim)
+		}
+		for key, v := range map[string]float64{"l3.relevance_full": l.RelevanceFull, "l3.consistency_full": l.ConsistencyFull} {
+			if math.IsNaN(v) || v <= 0 || v > 1 {
+				add("%s: must be in (0, 1], got %v", key, v)
+			}
+		}
+		if l.HistoryQuestions <= 0 || l.HistoryAnswers <= 0 || l.FollowUps <= 0 {
+			add("l3.history_questions, l3.history_answers, l3.follow_ups: must be positive")
+		}
+		if j := l.Judge; j.Enabled {
+			if j.Route == "" || j.Scenario == "" {
+				add("l3.judge: route and scenario are required when enabled")
+			}
+			positive("l3.judge.timeout", j.Timeout)
+			if j.MaxTokens <= 0 || j.PerMinute <= 0 {
+				add("l3.judge.max_tokens, l3.judge.per_minute: must be positive")
+			}
+		}
 	}
 	return errors.Join(errs...)
+}
+
+func (w RiskWeights) validate() error {
+	for _, v := range []float64{w.Input, w.Output, w.Context} {
+		if math.IsNaN(v) || v < 0 {
+			return fmt.Errorf("must not be negative, got %+v", w)
+		}
+	}
+	if w.Input+w.Output+w.Context <= 0 {
+		return errors.New("at least one must be positive")
+	}
+	return nil
+}
+
+func (r RiskConfig) validate() []error {
+	var errs []error
+	if err := r.Weights.validate(); err != nil {
+		errs = append(errs, fmt.Errorf("risk.weights: %w", err))
+	}
+	for key, v := range map[string]float64{
+		"risk.review_threshold": r.ReviewThreshold, "risk.low_confidence": r.LowConfidence,
+		"risk.divergence": r.Divergence, "risk.repetition_ratio": r.RepetitionRatio,
+	} {
+		if math.IsNaN(v) || v < 0 || v > 1 {
+			errs = append(errs, fmt.Errorf("%s: must be between 0 and 1, got %v", key, v))
+		}
+	}
+	for i, t := range r.SensitiveTerms {
+		if strings.TrimSpace(t) == "" {
+			errs = append(errs, fmt.Errorf("risk.sensitive_terms[%d]: must not be empty", i))
+		}
+	}
+	if r.LongInputChars <= 0 {
+		errs = append(errs, fmt.Errorf("risk.long_input_chars: must be positive, got %d", r.LongInputChars))
+	}
+	if r.DegradedStreak < 1 {
+		errs = append(errs, fmt.Errorf("risk.degraded_streak: must be at least 1, got %d", r.DegradedStreak))
+	}
+	if r.FeedbackWindow <= 0 || r.SessionTTL <= 0 || r.MaxSessions <= 0 {
+		errs = append(errs, errors.New("risk.feedback_window, risk.session_ttl, risk.max_sessions: must be positive"))
+	}
+	return errs
+}
+
+func natsName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
 }

@@ -1,7 +1,6 @@
 package verifier
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -12,13 +11,16 @@ type jsonCheck struct {
 	findings []Finding
 	// content is the answer to deliver: the fence's contents when the answer was fenced.
 	content string
-	// parsed is true when the answer (after unwrapping) is valid JSON.
+	// parsed is true when the answer (after unwrapping) is valid JSON; value is its decoding
+	// (objects as map[string]any, numbers as float64), shared with the schema and L2.
 	parsed bool
+	value  any
 }
 
 // checkJSON checks an answer to a JSON request: it unwraps a markdown fence, parses, and
-// checks the top-level shape, the required fields and the model's own confidence.
-func (v *Verifier) checkJSON(content string, format Format) jsonCheck {
+// checks the top-level shape, the schema, the required fields and the model's own
+// confidence against the threshold for this answer.
+func (v *Verifier) checkJSON(content string, format Format, confidence float64) jsonCheck {
 	res := jsonCheck{content: content}
 	body := content
 	if inner, ok := unwrapFence(content); ok {
@@ -33,24 +35,21 @@ func (v *Verifier) checkJSON(content string, format Format) jsonCheck {
 			"the code fence is empty"))
 		return res
 	}
-
-	// Only the top level matters to L1, so object members stay raw: decoding into
-	// json.RawMessage still validates the whole document but builds no nested values.
-	var object map[string]json.RawMessage
-	if body[0] == '{' {
-		if err := json.Unmarshal([]byte(body), &object); err != nil {
-			res.findings = append(res.findings, blocking(CodeJSONParse, "", ClassMalformedOutput,
-				fmt.Sprintf("the answer is not valid JSON: %v", err)))
-			return res
-		}
-	} else if !json.Valid([]byte(body)) {
+	if err := json.Unmarshal([]byte(body), &res.value); err != nil {
 		res.findings = append(res.findings, blocking(CodeJSONParse, "", ClassMalformedOutput,
-			fmt.Sprintf("the answer is not valid JSON: %v", syntaxError(body))))
+			fmt.Sprintf("the answer is not valid JSON: %v", err)))
 		return res
 	}
 	res.parsed = true
 
-	if object == nil {
+	if format.Type == FormatJSONSchema {
+		// validate() compiled the schema already; this is a cache hit.
+		if schema, err := v.schemas.get(format.JSONSchema); err == nil {
+			res.findings = append(res.findings, schemaFindings(schema, res.value, v.cfg.MaxSchemaFindings)...)
+		}
+	}
+	object, isObject := res.value.(map[string]any)
+	if !isObject {
 		kind := jsonKind(body[0])
 		if format.Type == FormatJSONObject {
 			res.findings = append(res.findings, blocking(CodeJSONType, "", ClassMalformedOutput,
@@ -65,54 +64,45 @@ func (v *Verifier) checkJSON(content string, format Format) jsonCheck {
 	}
 
 	for _, field := range format.RequiredFields {
-		raw, ok := object[field]
+		value, ok := object[field]
 		switch {
 		case !ok:
 			res.findings = append(res.findings, blocking(CodeRequiredField, field, ClassMalformedOutput,
 				fmt.Sprintf("required field %q is missing", field)))
-		case isEmptyJSON(raw):
+		case isEmptyValue(value):
 			res.findings = append(res.findings, blocking(CodeRequiredField, field, ClassMalformedOutput,
-				fmt.Sprintf("required field %q is empty (%s)", field, raw)))
+				fmt.Sprintf("required field %q is empty (%s)", field, compactJSON(value))))
 		}
 	}
-	if f, ok := v.checkConfidence(object); ok {
-		res.findings = append(res.findings, f)
+	if c, ok := object["confidence"].(float64); ok && c < confidence {
+		res.findings = append(res.findings, blocking(CodeLowConfidence, "confidence", ClassVerificationFailed,
+			fmt.Sprintf("confidence %v is below the threshold %v", c, confidence)))
 	}
 	return res
 }
 
-// checkConfidence fails an answer whose own top-level "confidence" number is below the
-// threshold: the model is telling us not to trust it. Non-numeric values are left to L2.
-func (v *Verifier) checkConfidence(object map[string]json.RawMessage) (Finding, bool) {
-	raw, ok := object["confidence"]
-	if !ok || len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
-		return Finding{}, false
-	}
-	var confidence float64
-	if err := json.Unmarshal(raw, &confidence); err != nil || confidence >= v.cfg.ConfidenceThreshold {
-		return Finding{}, false
-	}
-	return blocking(CodeLowConfidence, "confidence", ClassVerificationFailed,
-		fmt.Sprintf("confidence %v is below the threshold %v", confidence, v.cfg.ConfidenceThreshold)), true
-}
-
-// isEmptyJSON reports whether a value carries nothing: null, an empty or blank string, an
-// empty array or an empty object. Zero and false are values, not absences.
-func isEmptyJSON(raw json.RawMessage) bool {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
+// isEmptyValue reports whether a decoded value carries nothing: null, an empty or blank
+// string, an empty array or an empty object. Zero and false are values, not absences.
+func isEmptyValue(v any) bool {
+	switch v := v.(type) {
+	case nil:
 		return true
-	}
-	switch raw[0] {
-	case 'n':
-		return true // null: the only valid JSON starting with n
-	case '"':
-		var s string
-		return json.Unmarshal(raw, &s) == nil && strings.TrimSpace(s) == ""
-	case '[', '{':
-		return len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0
+	case string:
+		return strings.TrimSpace(v) == ""
+	case []any:
+		return len(v) == 0
+	case map[string]any:
+		return len(v) == 0
 	}
 	return false
+}
+
+func compactJSON(v any) string {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(raw)
 }
 
 // unwrapFence returns the contents of an answer that is exactly one markdown code fence,
@@ -159,14 +149,4 @@ func jsonKind(first byte) string {
 		return "null"
 	}
 	return "number"
-}
-
-// syntaxError explains why body is not JSON. It runs only on the failure path, so the
-// second pass over the input costs nothing on valid answers.
-func syntaxError(body string) error {
-	var discard any
-	if err := json.Unmarshal([]byte(body), &discard); err != nil {
-		return err
-	}
-	return fmt.Errorf("invalid JSON")
 }

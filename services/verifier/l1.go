@@ -6,9 +6,19 @@ import (
 	"unicode/utf8"
 )
 
+// l1Result is what L1 found and what it leaves for L2.
+type l1Result struct {
+	findings []Finding
+	// content is the answer to deliver: unwrapped from a markdown fence when it was one.
+	content string
+	// parsed is the decoded JSON answer when the request asked for JSON and it parsed.
+	parsed any
+	isJSON bool
+}
+
 // checkL1 runs the format checks and returns their findings, in the order the package doc
-// explains, and the content to deliver (unwrapped from a markdown fence when it was one).
-func (v *Verifier) checkL1(a Answer) ([]Finding, string) {
+// explains. confidence is the threshold for this answer (lower for degraded answers).
+func (v *Verifier) checkL1(a Answer, confidence float64) l1Result {
 	var findings []Finding
 	if f, ok := checkTruncated(a.FinishReason); ok {
 		findings = append(findings, f)
@@ -16,14 +26,14 @@ func (v *Verifier) checkL1(a Answer) ([]Finding, string) {
 	findings = appendEncodingFindings(findings, a.Content)
 	if strings.TrimSpace(a.Content) == "" {
 		// Nothing else can be said about an empty answer; json_parse would only repeat it.
-		return append(findings, blocking(CodeEmpty, "", ClassMalformedOutput, "the answer is empty")), a.Content
+		return l1Result{findings: append(findings, blocking(CodeEmpty, "", ClassMalformedOutput, "the answer is empty")), content: a.Content}
 	}
 
-	content := a.Content
+	res := l1Result{content: a.Content}
 	var jsonResult jsonCheck
 	if a.Format.Type.wantsJSON() {
-		jsonResult = v.checkJSON(a.Content, a.Format)
-		content = jsonResult.content
+		jsonResult = v.checkJSON(a.Content, a.Format, confidence)
+		res.content, res.parsed, res.isJSON = jsonResult.content, jsonResult.value, jsonResult.parsed
 	}
 	// A refusal to a JSON request arrives as prose, so it is looked for only when the answer
 	// did not parse. Apologetic text inside a well-formed JSON value is a business matter
@@ -37,7 +47,15 @@ func (v *Verifier) checkL1(a Answer) ([]Finding, string) {
 	if f, ok := checkRepetition(a.Content, v.cfg.RepetitionThreshold); ok {
 		findings = append(findings, f)
 	}
-	return append(findings, jsonResult.findings...), content
+	if tag, ok := findHTMLTag(res.content); ok {
+		findings = append(findings, warning(CodeHTML, "",
+			fmt.Sprintf("the answer contains HTML markup (%q)", abbreviate(tag, 40))))
+	}
+	if !a.Format.Type.wantsJSON() && unclosedFence(a.Content) {
+		findings = append(findings, warning(CodeMarkdown, "", "the answer opens a markdown code fence it never closes"))
+	}
+	res.findings = append(findings, jsonResult.findings...)
+	return res
 }
 
 func blocking(code, path string, class FailureClass, msg string) Finding {

@@ -29,10 +29,11 @@ import (
 // fires when the code under test is broken; passing tests never wait for it.
 const Watchdog = 5 * time.Second
 
-// Now is the time of the tests' clock, Clock.
+// Now is the time at which Clock stands still.
 var Now = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 
-// Clock is a clock stopped at Now, for Config.Now.
+// Clock is a stopped clock for an adapter's Config.Now, so that absolute reset and
+// Retry-After times in test headers turn into exact durations.
 func Clock() time.Time { return Now }
 
 // NewServer starts a server for h that is closed when the test ends.

@@ -71,16 +71,27 @@ func newJetStream(ctx context.Context, js jetstream.JetStream, bucket string, tt
 // Begin implements Store.
 func (s *JetStream) Begin(ctx context.Context, key string) (*Record, bool, error) {
 	k := bucketKey(key)
-	// The common case is a new request: one round trip.
-	owned, err := s.create(ctx, k)
-	if err != nil || owned {
-		return nil, owned, err
+	// The common case is a new request: one round trip. Update with revision 0 succeeds
+	// only if the key has never been written (or the bucket's TTL removed it); unlike
+	// Create it does not read the key again when it exists, which keeps a replay at two
+	// round trips.
+	rev, err := s.kv.Update(ctx, k, s.claimValue(), 0)
+	switch {
+	case err == nil:
+		s.hold(k, rev)
+		return nil, true, nil
+	case !isConflict(err):
+		return nil, false, fmt.Errorf("idempotency claim: %w", err)
 	}
 	// The key exists. A replay of a finished request needs only a read.
 	e, err := s.kv.Get(ctx, k)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		// Abandoned or expired since the create: go through the watch, which claims it.
+		// Abandoned (a delete marker) or expired since: claim it, or wait for whoever did.
+		owned, err := s.create(ctx, k)
+		if err != nil || owned {
+			return nil, owned, err
+		}
 	case err != nil:
 		return nil, false, fmt.Errorf("idempotency begin: %w", err)
 	default:

@@ -266,7 +266,7 @@ func testStore(t *testing.T, newStore func(t *testing.T) fixture) {
 		tests := []struct {
 			name  string
 			end   func(t *testing.T, fx fixture, key string) // what the owner does after the waiter left
-			owner bool                         // whether the next caller owns the key
+			owner bool                                       // whether the next caller owns the key
 		}{
 			{name: "owner completes", end: func(t *testing.T, fx fixture, key string) {
 				mustComplete(t, fx.store, key, Record{Response: []byte("late")})

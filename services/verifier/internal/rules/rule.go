@@ -26,27 +26,27 @@ const DefaultMask = "***"
 
 // Action is a rule's action, as configured.
 type Action struct {
-	Type ActionType `yaml:"type"`
+	Type ActionType `json:"type" yaml:"type"`
 	// Field is a dot path into a JSON answer ("diagnosis", "patient.phone", "items.0.name")
 	// for mask, replace and notice; empty means the whole text.
-	Field string `yaml:"field,omitempty"`
+	Field string `json:"field,omitempty" yaml:"field,omitempty"`
 	// Pattern (RE2) limits a mask to the matching substrings.
-	Pattern string `yaml:"pattern,omitempty"`
+	Pattern string `json:"pattern,omitempty" yaml:"pattern,omitempty"`
 	// Value is the replacement (replace) or the mask text (mask; default "***").
-	Value string `yaml:"value,omitempty"`
+	Value string `json:"value,omitempty" yaml:"value,omitempty"`
 	// Notice is shown to the end user; the notice action also appends it to the answer.
-	Notice string `yaml:"notice,omitempty"`
+	Notice string `json:"notice,omitempty" yaml:"notice,omitempty"`
 }
 
 // Rule is one L2 business rule, as configured.
 type Rule struct {
-	ID          string `yaml:"id"`
-	Description string `yaml:"description,omitempty"`
+	ID          string `json:"id" yaml:"id"`
+	Description string `json:"description,omitempty" yaml:"description,omitempty"`
 	// Scenarios the rule applies to; empty means every scenario.
-	Scenarios []string `yaml:"scenarios,omitempty"`
+	Scenarios []string `json:"scenarios,omitempty" yaml:"scenarios,omitempty"`
 	// Condition is a CEL expression that evaluates to a bool.
-	Condition string `yaml:"condition"`
-	Action    Action `yaml:"action"`
+	Condition string `json:"condition" yaml:"condition"`
+	Action    Action `json:"action" yaml:"action"`
 }
 
 var ruleID = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)

@@ -1,0 +1,117 @@
+package cache
+
+import (
+	"crypto/rand"
+	"sync"
+	"time"
+)
+
+// A lease coalesces identical requests (seed 000 4.3, task merging): the first lookup that
+// misses for a prompt gets the lease and answers it; identical lookups that arrive while
+// it does wait for that answer instead of calling the model too. The lease ends when the
+// holder stores the answer (the waiters get it), releases it, or it expires (the waiters
+// look again, and one of them gets a new lease).
+//
+// Leases live in the memory of one cache replica. With several replicas, identical prompts
+// coalesce when they reach the same replica; the others each answer once.
+type lease struct {
+	id      string
+	key     Key
+	tenant  string
+	expires time.Time
+	// done is closed when the lease ends; entry is set before that when it ended with an
+	// answer.
+	done  chan struct{}
+	entry *Entry
+}
+
+type leases struct {
+	mu    sync.Mutex
+	byKey map[Key]*lease
+	byID  map[string]*lease
+}
+
+func newLeases() *leases {
+	return &leases{byKey: map[Key]*lease{}, byID: map[string]*lease{}}
+}
+
+// acquire gives the caller a new lease on key (mine), or returns the live lease another
+// caller holds (theirs). An expired lease is ended and replaced.
+func (l *leases) acquire(key Key, tenant string, now, expires time.Time) (mine, theirs *lease) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if held, ok := l.byKey[key]; ok {
+		if now.Before(held.expires) {
+			return nil, held
+		}
+		l.end(held, nil)
+	}
+	le := &lease{id: "lease-" + rand.Text(), key: key, tenant: tenant, expires: expires, done: make(chan struct{})}
+	l.byKey[key], l.byID[le.id] = le, le
+	return le, nil
+}
+
+// find returns tenant's live lease with id.
+func (l *leases) find(id, tenant string) *lease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	le, ok := l.byID[id]
+	if !ok || le.tenant != tenant {
+		return nil
+	}
+	return le
+}
+
+// finish ends tenant's lease id, handing e (nil for none) to its waiters; it reports
+// whether the lease was live.
+func (l *leases) finish(id, tenant string, e *Entry) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	le, ok := l.byID[id]
+	if !ok || le.tenant != tenant {
+		return false
+	}
+	l.end(le, e)
+	return true
+}
+
+// expire ends le if it is still the live lease and has expired at now.
+func (l *leases) expire(le *lease, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.byID[le.id] == le && !now.Before(le.expires) {
+		l.end(le, nil)
+	}
+}
+
+// sweep ends every lease expired at now: a holder that never stored nor released, with
+// nobody waiting, would otherwise stay in the maps.
+func (l *leases) sweep(now time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, le := range l.byID {
+		if !now.Before(le.expires) {
+			l.end(le, nil)
+			n++
+		}
+	}
+	return n
+}
+
+// len returns the number of live leases.
+func (l *leases) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.byID)
+}
+
+// end removes le and wakes its waiters; l.mu must be held.
+func (l *leases) end(le *lease, e *Entry) {
+	delete(l.byID, le.id)
+	if l.byKey[le.key] == le {
+		delete(l.byKey, le.key)
+	}
+	le.entry = e
+	close(le.done)
+}

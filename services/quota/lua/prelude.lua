@@ -1,0 +1,114 @@
+-- Shared by every quota script. Numbers in Redis's Lua are IEEE doubles, exact for
+-- integers below 2^53 (about 104 days in nanoseconds). So instants are kept as seconds
+-- plus nanoseconds ("sec:nsec"), durations stay below maxdebt (30 days), and the one
+-- product that would overflow, tokens x window, is formed by long division. This keeps
+-- every decision identical to MemoryStore's, to the nanosecond.
+local W = 60000000000 -- the bucket window, one minute, in ns
+local E9 = 1000000000
+
+-- idiv returns floor(a / b) and the remainder, for non-negative integers below 2^53.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+    r = r + b
+  elseif r >= b then
+    q = q + 1
+    r = r - b
+  end
+  return q, r
+end
+
+-- dur returns ceil(n * W / L): how long a bucket of limit L takes to refill n tokens,
+-- saturating at maxdebt (bucket.go: durationOf).
+local function dur(n, L, maxdebt)
+  if n <= 0 then
+    return 0
+  end
+  local q, r = idiv(n, L)
+  if q * W >= maxdebt then
+    return maxdebt
+  end
+  -- r * 60e9 / L, one factor at a time: 60, then 1000 three times.
+  local f, m = idiv(r * 60, L)
+  for _ = 1, 3 do
+    local d
+    d, m = idiv(m * 1000, L)
+    f = f * 1000 + d
+  end
+  if m > 0 then
+    f = f + 1
+  end
+  return math.min(q * W + f, maxdebt)
+end
+
+-- clock returns the decision time: the caller's when given (tests pin it to a fake
+-- clock), Redis's TIME otherwise, so that every replica decides on one clock.
+local function clock(s, ns)
+  if s == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]), tonumber(t[2]) * 1000
+  end
+  return tonumber(s), tonumber(ns)
+end
+
+-- debtOf returns how long a bucket full again at v ("sec:nsec"; false when the field is
+-- missing, which is a full bucket) still needs at (s, ns).
+local function debtOf(v, s, ns)
+  if not v then
+    return 0
+  end
+  local i = string.find(v, ':', 1, true)
+  local d = (tonumber(string.sub(v, 1, i - 1)) - s) * E9 + (tonumber(string.sub(v, i + 1)) - ns)
+  if d < 0 then
+    return 0
+  end
+  return d
+end
+
+-- stamp formats (s, ns) + d as "sec:nsec".
+local function stamp(s, ns, d)
+  local q, r = idiv(ns + d, E9)
+  return string.format('%d:%d', s + q, r)
+end
+
+-- put stores a bucket's debt and returns the second by which it is full again.
+local function put(key, field, s, ns, d)
+  if d <= 0 then
+    redis.call('HDEL', key, field)
+    return s
+  end
+  redis.call('HSET', key, field, stamp(s, ns, d))
+  return s + math.ceil(d / E9)
+end
+
+-- keep makes a group's hash outlive every bucket in it that may still be in debt (its
+-- field x holds the latest such second), plus a window of slack.
+local function keep(key, s, untilS)
+  local x = tonumber(redis.call('HGET', key, 'x') or 0)
+  if untilS > x then
+    redis.call('HSET', key, 'x', string.format('%d', untilS))
+    x = untilS
+  end
+  redis.call('PEXPIRE', key, (x - s + 61) * 1000)
+end
+
+-- budgetDay returns the budget day (s, ns) falls in and the ns until the next one.
+local function budgetDay(s, ns, off)
+  local day = idiv(s + off, 86400)
+  return day, ((day + 1) * 86400 - off - s) * E9 - ns
+end
+
+local function split(str, sep)
+  local out, i = {}, 1
+  while true do
+    local j = string.find(str, sep, i, true)
+    if not j then
+      out[#out + 1] = string.sub(str, i)
+      return out
+    end
+    out[#out + 1] = string.sub(str, i, j - 1)
+    i = j + 1
+  end
+end

@@ -1,0 +1,589 @@
+package quota
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+)
+
+// Priority classes, highest first. Unspecified counts as normal.
+const (
+	classCritical = iota
+	classHigh
+	classNormal
+	classBatch
+	numClasses
+)
+
+var classNames = [numClasses]string{"critical", "high", "normal", "batch"}
+
+func classOf(p mantlev1.Priority) int {
+	switch p {
+	case mantlev1.Priority_PRIORITY_CRITICAL:
+		return classCritical
+	case mantlev1.Priority_PRIORITY_HIGH:
+		return classHigh
+	case mantlev1.Priority_PRIORITY_BATCH:
+		return classBatch
+	default:
+		return classNormal
+	}
+}
+
+// admission is what the queue needs to know about a request.
+type admission struct {
+	tenant string
+	class  int
+	// tokens is the request's size for fairness between tenants.
+	tokens int64
+	// buckets are the names of the enforced buckets (and budget) the request charges.
+	buckets []string
+	charge  Charge
+}
+
+// queue admits requests to the Store in priority order. A request is first tried at
+// once; when a bucket is short and the caller's deadline leaves room, it waits here, and
+// a dispatcher (run, owned by Service.Run) tries the waiting requests again when their
+// buckets should have refilled, and whenever capacity comes back (a refund) or the
+// queue changes.
+//
+// # Order
+//
+// Classes are strict: critical before high before normal before batch. Within a class,
+// tenants take turns by weighted fair queuing over tokens: each tenant has a virtual
+// time that grows by tokens/weight with every admission from the queue, and the tenant
+// with the smallest goes next; a tenant that starts waiting joins at the class's current
+// virtual time, so idling earns no credit. Within a tenant and class, requests are first
+// in, first out.
+//
+// # No bypassing
+//
+// A waiting request names the buckets it is short on. Those buckets are spoken for: no
+// request of the same or a lower class, waiting or newly arrived, may charge them until
+// the waiter has been served or has left. Without this, a stream of small batch requests
+// could keep taking the refill a large critical request waits for, and it would never be
+// admitted. Requests that do not touch those buckets are not held up.
+//
+// # Bounds
+//
+// A wait never outlasts the caller's deadline (less DeadlineMargin) nor MaxWait; a call
+// without a deadline never waits. When the dispatcher learns that a bucket will not
+// refill before a waiter's deadline, the waiter is refused at once. The queue holds at
+// most Size requests; a newcomer to a full queue displaces the newest waiter of the
+// lowest class below its own, or is refused: the lowest class is shed first.
+//
+// The queue is per replica. Replicas share buckets through the Store but not their
+// queues, so priority holds within each replica's traffic.
+type queue struct {
+	cfg     QueueConfig
+	store   Store
+	clock   clockwork.Clock
+	metrics *metrics
+	// release returns a grant nobody will use (the caller left while it was granted).
+	release func(Charge)
+
+	waiting atomic.Int64 // len of every tenant queue together; read without mu on the fast path
+	kick    chan struct{}
+
+	mu      sync.Mutex
+	running bool
+	seq     uint64
+	classes [numClasses]classQueue
+	// spoken counts, per bucket and class, the waiters short on that bucket.
+	spoken map[string]*[numClasses]int
+}
+
+type classQueue struct {
+	tenants map[string]*tenantQueue
+	// vtime is the virtual start time of the last admission from this class.
+	vtime float64
+	// idle keeps the virtual time of tenants whose line emptied, so that leaving and
+	// coming back does not reset a tenant that has been served more than others.
+	idle map[string]float64
+}
+
+type tenantQueue struct {
+	waiters []*waiter
+	vtime   float64
+}
+
+// Waiter states.
+const (
+	waiting  = iota // in the queue
+	trying          // the dispatcher is asking the Store for it
+	finished        // an outcome was delivered, or the waiter left
+)
+
+type waiter struct {
+	adm      *admission
+	ctx      context.Context
+	seq      uint64
+	arrived  time.Time
+	giveUpAt time.Time
+	nextTry  time.Time
+	short    []string
+	lastErr  *ExhaustedError
+	state    int
+	left     bool // the caller stopped waiting while the dispatcher was trying
+	done     chan outcome
+}
+
+type outcome struct {
+	grant Grant
+	err   error
+}
+
+func newQueue(cfg QueueConfig, store Store, clock clockwork.Clock, m *metrics, release func(Charge)) *queue {
+	q := &queue{
+		cfg: cfg, store: store, clock: clock, metrics: m, release: release,
+		kick:   make(chan struct{}, 1),
+		spoken: make(map[string]*[numClasses]int),
+	}
+	for c := range q.classes {
+		q.classes[c].tenants = make(map[string]*tenantQueue)
+		q.classes[c].idle = make(map[string]float64)
+	}
+	return q
+}
+
+// admit asks the Store for adm, waiting in the queue when allowed. It returns the grant
+// and how long the request waited.
+func (q *queue) admit(ctx context.Context, adm *admission) (Grant, time.Duration, error) {
+	var refusal *ExhaustedError
+	// The fast path: nobody waits (the common case), or nobody waits for what this
+	// request needs.
+	if q.waiting.Load() == 0 || !q.spokenFor(adm) {
+		g, err := q.store.Reserve(ctx, adm.charge)
+		if !errors.As(err, &refusal) {
+			return g, 0, err
+		}
+	}
+
+	q.mu.Lock()
+	now := q.clock.Now()
+	budget := q.waitBudget(ctx)
+	switch {
+	case refusal == nil && budget <= 0:
+		// Held back by a waiter of higher or equal priority, and not allowed to wait.
+		q.mu.Unlock()
+		return Grant{}, 0, q.heldBack(adm, now)
+	case refusal != nil && (budget <= 0 || refusal.RetryAfter > budget):
+		// Not allowed to wait, or the bucket will not refill in time: refuse at once.
+		q.mu.Unlock()
+		return Grant{}, 0, refusal
+	}
+	if int(q.waiting.Load()) >= q.cfg.Size && !q.shedFor(adm.class, now) {
+		q.mu.Unlock()
+		return Grant{}, 0, q.full(refusal)
+	}
+	w := &waiter{adm: adm, ctx: ctx, arrived: now, giveUpAt: now.Add(budget), nextTry: now, done: make(chan outcome, 1)}
+	if refusal != nil {
+		w.nextTry, w.lastErr = now.Add(refusal.RetryAfter), refusal
+		w.short = refusal.Short
+	}
+	q.push(w)
+	q.mu.Unlock()
+	q.poke()
+
+	timer := q.clock.NewTimer(budget)
+	defer timer.Stop()
+	select {
+	case o := <-w.done:
+		return o.grant, q.clock.Since(w.arrived), o.err
+	case <-timer.Chan():
+		if o, ok := q.leave(w); ok {
+			return o.grant, q.clock.Since(w.arrived), o.err
+		}
+		return Grant{}, q.clock.Since(w.arrived), w.deadlineError(q.clock.Now())
+	case <-ctx.Done():
+		if o, ok := q.leave(w); ok && o.err == nil {
+			q.release(adm.charge)
+		}
+		return Grant{}, q.clock.Since(w.arrived), ctx.Err()
+	}
+}
+
+// waitBudget is how long a caller may wait: its remaining deadline less the margin,
+// capped at MaxWait; 0 without a deadline, a dispatcher, or waiting room. The deadline
+// is wall-clock time, the one thing here that is not on the injected clock; it is
+// turned into a duration once, and the wait itself runs on the injected clock.
+func (q *queue) waitBudget(ctx context.Context) time.Duration {
+	deadline, ok := ctx.Deadline()
+	if !ok || !q.running || q.cfg.Size == 0 {
+		return 0
+	}
+	return max(min(time.Until(deadline)-q.cfg.DeadlineMargin, q.cfg.MaxWait), 0)
+}
+
+// spokenFor reports whether a waiter of the same or a higher class is short on a bucket
+// adm charges.
+func (q *queue) spokenFor(adm *admission) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.spokenForLocked(adm)
+}
+
+func (q *queue) spokenForLocked(adm *admission) bool {
+	for _, b := range adm.buckets {
+		if counts, ok := q.spoken[b]; ok {
+			for c := 0; c <= adm.class; c++ {
+				if counts[c] > 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// heldBack is the refusal of a request that may not wait and may not bypass a waiter.
+func (q *queue) heldBack(adm *admission, now time.Time) *ExhaustedError {
+	e := &ExhaustedError{Bucket: "queue", RetryAfter: time.Second, Cause: CauseQueueFull}
+	for c := 0; c <= adm.class; c++ {
+		for _, tq := range q.classes[c].tenants {
+			for _, w := range tq.waiters {
+				for _, b := range w.short {
+					if slices.Contains(adm.buckets, b) {
+						e.Bucket, e.Cause, e.Short = b, CauseBucket, w.short
+						e.RetryAfter = max(w.nextTry.Sub(now), time.Millisecond)
+						return e
+					}
+				}
+			}
+		}
+	}
+	return e
+}
+
+// full is the refusal of a newcomer to a full queue.
+func (q *queue) full(refusal *ExhaustedError) *ExhaustedError {
+	e := &ExhaustedError{Bucket: "queue", RetryAfter: time.Second, Cause: CauseQueueFull}
+	if refusal != nil {
+		e.RetryAfter, e.Short = refusal.RetryAfter, refusal.Short
+	}
+	return e
+}
+
+// shedFor displaces the newest waiter of the lowest class below class, and reports
+// whether it found one. Callers hold q.mu.
+func (q *queue) shedFor(class int, now time.Time) bool {
+	for c := numClasses - 1; c > class; c-- {
+		var victim *waiter
+		for _, tq := range q.classes[c].tenants {
+			for _, w := range tq.waiters {
+				// A waiter the dispatcher is trying right now is left alone.
+				if w.state == waiting && (victim == nil || w.seq > victim.seq) {
+					victim = w
+				}
+			}
+		}
+		if victim != nil {
+			q.remove(victim)
+			victim.deliver(outcome{err: &ExhaustedError{Bucket: "queue", RetryAfter: victim.retryEstimate(now), Cause: CauseShed, Short: victim.short}})
+			q.metrics.queueShed.WithLabelValues(classNames[c]).Inc()
+			return true
+		}
+	}
+	return false
+}
+
+// push adds w to its class and tenant. Callers hold q.mu.
+func (q *queue) push(w *waiter) {
+	q.seq++
+	w.seq = q.seq
+	cq := &q.classes[w.adm.class]
+	tq, ok := cq.tenants[w.adm.tenant]
+	if !ok {
+		tq = &tenantQueue{vtime: max(cq.idle[w.adm.tenant], cq.vtime)}
+		delete(cq.idle, w.adm.tenant)
+		cq.tenants[w.adm.tenant] = tq
+	}
+	tq.waiters = append(tq.waiters, w)
+	q.markShort(w, w.short, 1)
+	q.waiting.Add(1)
+	q.metrics.queueLength.WithLabelValues(classNames[w.adm.class]).Inc()
+}
+
+// remove takes w out of the queue. Callers hold q.mu.
+func (q *queue) remove(w *waiter) {
+	cq := &q.classes[w.adm.class]
+	tq := cq.tenants[w.adm.tenant]
+	if tq == nil {
+		return
+	}
+	i := slices.Index(tq.waiters, w)
+	if i < 0 {
+		return
+	}
+	tq.waiters = slices.Delete(tq.waiters, i, i+1)
+	if len(tq.waiters) == 0 {
+		delete(cq.tenants, w.adm.tenant)
+		if tq.vtime > cq.vtime {
+			cq.idle[w.adm.tenant] = tq.vtime
+		}
+		if len(cq.idle) > maxIdleTenants {
+			// Tags at or below the class's time no longer matter (max() would drop them).
+			maps.DeleteFunc(cq.idle, func(_ string, v float64) bool { return v <= cq.vtime })
+		}
+	}
+	q.markShort(w, w.short, -1)
+	q.waiting.Add(-1)
+	q.metrics.queueLength.WithLabelValues(classNames[w.adm.class]).Dec()
+}
+
+// markShort adds delta to the spoken counts of buckets for w's class. Callers hold q.mu.
+func (q *queue) markShort(w *waiter, buckets []string, delta int) {
+	for _, b := range buckets {
+		counts, ok := q.spoken[b]
+		if !ok {
+			counts = new([numClasses]int)
+			q.spoken[b] = counts
+		}
+		counts[w.adm.class] += delta
+		if *counts == ([numClasses]int{}) {
+			delete(q.spoken, b)
+		}
+	}
+}
+
+// setShort replaces w's short buckets. Callers hold q.mu.
+func (q *queue) setShort(w *waiter, short []string) {
+	q.markShort(w, w.short, -1)
+	w.short = short
+	q.markShort(w, w.short, 1)
+}
+
+// leave takes a waiter whose caller stopped waiting out of the queue. When an outcome
+// was already delivered it returns it instead.
+func (q *queue) leave(w *waiter) (outcome, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch w.state {
+	case finished:
+		return <-w.done, true
+	case trying:
+		// The dispatcher is asking the Store right now; it will see left and release
+		// what it gets.
+		w.left = true
+	default:
+		q.remove(w)
+		w.state = finished
+	}
+	q.poke() // what w held spoken for is free
+	return outcome{}, false
+}
+
+func (w *waiter) deliver(o outcome) {
+	w.state = finished
+	w.done <- o // buffered: never blocks
+}
+
+// retryEstimate is when w's buckets are expected to cover it.
+func (w *waiter) retryEstimate(now time.Time) time.Duration {
+	return max(w.nextTry.Sub(now), time.Millisecond)
+}
+
+// deadlineError is the refusal of a waiter whose wait ran out.
+func (w *waiter) deadlineError(now time.Time) *ExhaustedError {
+	e := &ExhaustedError{Bucket: "queue", RetryAfter: w.retryEstimate(now), Cause: CauseDeadline, Short: w.short}
+	if w.lastErr != nil {
+		e.Bucket, e.Cost, e.Remaining = w.lastErr.Bucket, w.lastErr.Cost, w.lastErr.Remaining
+	}
+	return e
+}
+
+// poke wakes the dispatcher without blocking.
+func (q *queue) poke() {
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run is the dispatcher. It returns when ctx is done, refusing every waiter: without a
+// dispatcher nobody would serve them.
+func (q *queue) run(ctx context.Context) error {
+	q.mu.Lock()
+	q.running = true
+	q.mu.Unlock()
+	timer := q.clock.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		next := q.dispatch()
+		timer.Stop()
+		var wake <-chan time.Time
+		if !next.IsZero() {
+			timer.Reset(max(next.Sub(q.clock.Now()), 0))
+			wake = timer.Chan()
+		}
+		select {
+		case <-ctx.Done():
+			q.close()
+			return nil
+		case <-q.kick:
+		case <-wake:
+		}
+	}
+}
+
+func (q *queue) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.running = false
+	for c := range q.classes {
+		for _, tq := range q.classes[c].tenants {
+			for _, w := range slices.Clone(tq.waiters) {
+				q.remove(w)
+				w.deliver(outcome{err: ErrShuttingDown})
+			}
+		}
+	}
+}
+
+// maxIdleTenants bounds the remembered virtual times of tenants that stopped waiting.
+const maxIdleTenants = 1024
+
+// maxPasses bounds how often one dispatch goes over the queue: each pass after the first
+// follows an admission, which moves a new request to the head of its tenant's line.
+const maxPasses = 64
+
+// dispatch tries the waiting requests in order and returns when it should run next
+// (zero when nothing waits on time).
+func (q *queue) dispatch() time.Time {
+	var next time.Time
+	for range maxPasses {
+		var progress bool
+		next, progress = q.pass()
+		if !progress {
+			break
+		}
+	}
+	return next
+}
+
+// pass goes once over the head of every tenant's line, classes in order and tenants by
+// virtual time, and tries each that is due and not spoken for by one before it.
+func (q *queue) pass() (next time.Time, progress bool) {
+	q.mu.Lock()
+	heads := q.heads()
+	q.mu.Unlock()
+
+	spoken := map[string]bool{}
+	var unused []Charge // granted to callers who left; released after the pass
+	defer func() {
+		for _, c := range unused {
+			q.release(c)
+		}
+	}()
+	blocked := func(w *waiter) bool {
+		for _, b := range w.adm.buckets {
+			if spoken[b] {
+				return true
+			}
+		}
+		return false
+	}
+	for _, w := range heads {
+		q.mu.Lock()
+		if w.state != waiting {
+			q.mu.Unlock()
+			continue
+		}
+		now := q.clock.Now()
+		if w.nextTry.After(now) || blocked(w) {
+			for _, b := range w.short {
+				spoken[b] = true
+			}
+			if w.nextTry.After(now) && (next.IsZero() || w.nextTry.Before(next)) {
+				next = w.nextTry
+			}
+			q.mu.Unlock()
+			continue
+		}
+		w.state = trying
+		q.mu.Unlock()
+
+		g, err := q.store.Reserve(w.ctx, w.adm.charge)
+
+		q.mu.Lock()
+		now = q.clock.Now()
+		var refusal *ExhaustedError
+		switch {
+		case w.left || w.state == finished:
+			// The caller left, or was shed or stopped meanwhile: nobody takes this.
+			w.state = finished
+			q.remove(w)
+			if err == nil {
+				unused = append(unused, w.adm.charge)
+			}
+		case err == nil:
+			q.served(w)
+			q.remove(w)
+			w.deliver(outcome{grant: g})
+			progress = true
+		case errors.As(err, &refusal):
+			w.state, w.lastErr = waiting, refusal
+			w.nextTry = now.Add(refusal.RetryAfter)
+			q.setShort(w, refusal.Short)
+			if w.nextTry.After(w.giveUpAt) {
+				// It will not refill in time: say so now rather than at the deadline.
+				q.remove(w)
+				w.deliver(outcome{err: w.deadlineError(now)})
+				progress = true // its spoken buckets are free
+				break
+			}
+			for _, b := range w.short {
+				spoken[b] = true
+			}
+			if next.IsZero() || w.nextTry.Before(next) {
+				next = w.nextTry
+			}
+		default:
+			q.remove(w)
+			w.deliver(outcome{err: err})
+		}
+		q.mu.Unlock()
+	}
+	return next, progress
+}
+
+// heads returns the first waiter of every tenant's line, in dispatch order. Callers
+// hold q.mu.
+func (q *queue) heads() []*waiter {
+	var heads []*waiter
+	for c := range q.classes {
+		cq := &q.classes[c]
+		start := len(heads)
+		for _, tq := range cq.tenants {
+			heads = append(heads, tq.waiters[0])
+		}
+		slices.SortFunc(heads[start:], func(a, b *waiter) int {
+			va, vb := cq.tenants[a.adm.tenant].vtime, cq.tenants[b.adm.tenant].vtime
+			if c := cmp.Compare(va, vb); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.seq, b.seq)
+		})
+	}
+	return heads
+}
+
+// served advances the virtual time of w's tenant as w is admitted from the queue.
+// Callers hold q.mu, before removing w.
+func (q *queue) served(w *waiter) {
+	cq := &q.classes[w.adm.class]
+	tq := cq.tenants[w.adm.tenant]
+	start := max(tq.vtime, cq.vtime)
+	tq.vtime = start + float64(max(w.adm.tokens, 1))/q.cfg.weight(w.adm.tenant)
+	cq.vtime = start
+	q.metrics.queueWait.WithLabelValues(classNames[w.adm.class]).Observe(q.clock.Since(w.arrived).Seconds())
+}

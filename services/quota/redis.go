@@ -1,0 +1,868 @@
+package quota
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
+)
+
+// The scripts share prelude.lua (arithmetic, clock, bucket helpers).
+var (
+	//go:embed lua/prelude.lua
+	luaPrelude string
+	//go:embed lua/reserve.lua
+	luaReserve string
+	//go:embed lua/settle.lua
+	luaSettle string
+	//go:embed lua/adjust.lua
+	luaAdjust string
+	//go:embed lua/retry.lua
+	luaRetry string
+)
+
+// RedisStore keeps quota state in Redis so that every replica shares it. Each operation
+// on a group of buckets (a tenant's, or an upstream key's) is one Lua script, atomic in
+// Redis, deciding at Redis's TIME.
+//
+// # Layout
+//
+// A group's buckets and budget are one hash, <prefix>{<group>}:b, whose fields hold when
+// each bucket is full again ("sec:nsec"; a missing field is a full bucket) and the budget
+// day and spending. Reservations are strings <prefix>{tenant:<id>}:r:<id>. The hash tag
+// {…} puts a tenant's buckets, budget and reservations in one cluster slot, which is
+// what lets one script touch them all. Keys expire by themselves once their buckets are
+// full again, so Sweep has nothing to do.
+//
+// # Requests that charge a tenant and an upstream key
+//
+// An upstream key's buckets are shared by every tenant, so they live in the key's own
+// slot, and no script can touch both. Reserve charges the key first, then the tenant
+// (which records the reservation); when the tenant refuses, the key's charge is given
+// back with a second script. All or nothing therefore holds for outcomes, but for a
+// moment a refused request holds key capacity it then returns.
+type RedisStore struct {
+	client     redis.UniversalClient
+	prefix     string
+	clock      clockwork.Clock
+	serverTime bool
+	cacheTTL   time.Duration
+	flushEvery time.Duration
+
+	reserve, settle, adjust, retry *redis.Script
+
+	cache   overLimitCache
+	pending pendingRequests
+	// calls counts script round trips; tests use it to see the over-limit cache work.
+	calls atomic.Int64
+}
+
+// RedisOptions configure a RedisStore.
+type RedisOptions struct {
+	// Prefix starts every key.
+	Prefix string
+	// Clock is the replica's clock: it times the over-limit cache and, when ServerTime is
+	// false, decides (tests pin decisions to a fake clock this way).
+	Clock clockwork.Clock
+	// ServerTime decides at Redis's TIME. Production sets it: replicas' clocks differ,
+	// Redis's is one.
+	ServerTime bool
+	// OverLimitCache is how long a refusal is remembered locally; 0 turns it off.
+	OverLimitCache time.Duration
+	// FlushInterval is how often Run adds buffered request counts to Redis.
+	FlushInterval time.Duration
+}
+
+// NewRedisStore returns a store on client. It does not contact Redis.
+func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore {
+	script := func(body string) *redis.Script { return redis.NewScript(luaPrelude + "\n" + body) }
+	s := &RedisStore{
+		client:     client,
+		prefix:     opts.Prefix,
+		clock:      opts.Clock,
+		serverTime: opts.ServerTime,
+		cacheTTL:   opts.OverLimitCache,
+		flushEvery: opts.FlushInterval,
+		reserve:    script(luaReserve),
+		settle:     script(luaSettle),
+		adjust:     script(luaAdjust),
+		retry:      script(luaRetry),
+	}
+	s.cache.entries = make(map[string]cacheEntry)
+	s.pending.keys = make(map[string]float64)
+	if s.flushEvery <= 0 {
+		s.flushEvery = time.Second
+	}
+	return s
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// groupKey is the hash of a group's buckets. Braces and percent signs in ids are escaped
+// so that the hash tag is exactly the group.
+func (s *RedisStore) groupKey(group string) string {
+	return s.prefix + "{" + escapeTag(group) + "}:b"
+}
+
+func (s *RedisStore) reservationKey(tenant, id string) string {
+	return s.prefix + "{" + escapeTag(tenantGroup(tenant)) + "}:r:" + id
+}
+
+func (s *RedisStore) retryKey() string { return s.prefix + "{retry}:c" }
+
+// now returns the script's time arguments: empty for Redis TIME.
+func (s *RedisStore) now() (string, string) {
+	if s.serverTime {
+		return "", ""
+	}
+	t := s.clock.Now()
+	return strconv.FormatInt(t.Unix(), 10), strconv.Itoa(t.Nanosecond())
+}
+
+func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, args ...any) ([]any, error) {
+	s.calls.Add(1)
+	v, err := script.Run(ctx, s.client, keys, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	return v, nil
+}
+
+// Reserve implements Store.
+func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
+	if refusal := s.cache.check(s.clock.Now(), c); refusal != nil {
+		return Grant{}, refusal
+	}
+	tenant := tenantGroup(c.Tenant)
+	// Buckets by group, in charge order; the tenant's group (if charged) goes last
+	// because it records the reservation and must know what the key's script charged.
+	var order []string
+	byGroup := map[string][]int{}
+	for i, b := range c.Buckets {
+		if _, ok := byGroup[b.Group]; !ok && b.Group != tenant {
+			order = append(order, b.Group)
+		}
+		byGroup[b.Group] = append(byGroup[b.Group], i)
+	}
+	_, hasTenant := byGroup[tenant]
+	if c.Budget != nil {
+		hasTenant = true
+	}
+
+	g := Grant{Levels: make([]BucketLevel, len(c.Buckets))}
+	var done []groupCharge // charged so far, to undo on a refusal
+	charged := make([]bool, len(c.Buckets))
+	undo := func() {
+		// Best effort with a fresh context: the caller's may be the reason we stopped.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		for _, d := range done {
+			_ = s.undoGroup(uctx, d, c)
+		}
+	}
+	for _, group := range order {
+		idx := byGroup[group]
+		res, err := s.reserveGroup(ctx, group, c, idx, nil, "")
+		if err != nil {
+			undo()
+			return Grant{}, err
+		}
+		if res.refusal != nil {
+			undo()
+			s.cache.remember(s.clock.Now(), c, res.refusal, s.cacheTTL)
+			return Grant{}, res.refusal
+		}
+		done = append(done, groupCharge{group: group, idx: idx, charged: res.charged})
+		for j, i := range idx {
+			charged[i] = res.charged[j]
+		}
+		s.fill(&g, c, idx, res)
+	}
+
+	tail := recordTail(c, charged)
+	if hasTenant {
+		res, err := s.reserveGroup(ctx, tenant, c, byGroup[tenant], c.Budget, tail)
+		if err != nil {
+			undo()
+			return Grant{}, err
+		}
+		if res.refusal != nil {
+			undo()
+			s.cache.remember(s.clock.Now(), c, res.refusal, s.cacheTTL)
+			return Grant{}, res.refusal
+		}
+		s.fill(&g, c, byGroup[tenant], res)
+		g.Budget = res.budget
+	} else {
+		// An upstream-key-only reservation: the record still lives with the tenant, so
+		// that Settle finds it by tenant and id like any other.
+		exp := g.At.Add(c.TTL)
+		rec := fmt.Sprintf("%d:%d||-|%s", exp.Unix(), exp.Nanosecond(), tail)
+		if err := s.client.Set(ctx, s.reservationKey(c.Tenant, c.ID), rec, c.TTL+time.Minute).Err(); err != nil {
+			undo()
+			return Grant{}, fmt.Errorf("redis: %w", err)
+		}
+	}
+	g.ExpiresAt = g.At.Add(c.TTL)
+	return g, nil
+}
+
+// groupCharge is what one group's script charged, for undoing it.
+type groupCharge struct {
+	group   string
+	idx     []int
+	charged []bool
+}
+
+func (s *RedisStore) undoGroup(ctx context.Context, d groupCharge, c Charge) error {
+	var ops []adjustOp
+	for j, i := range d.idx {
+		if d.charged[j] {
+			b := c.Buckets[i]
+			ops = append(ops, adjustOp{field: b.Field, take: -b.Cost, limit: b.Limit})
+		}
+	}
+	_, err := s.adjustGroup(ctx, d.group, ops)
+	return err
+}
+
+// groupResult is one reserve script's answer.
+type groupResult struct {
+	at      time.Time
+	refusal *ExhaustedError
+	charged []bool
+	debts   []time.Duration
+	flags   []int64
+	budget  *BudgetLevel
+}
+
+func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, idx []int, budget *BudgetCharge, tail string) (groupResult, error) {
+	ts, tns := s.now()
+	args := make([]any, 0, 4+4*len(idx)+6)
+	args = append(args, ts, tns, int64(maxDebt), len(idx))
+	for _, i := range idx {
+		b := c.Buckets[i]
+		args = append(args, escapeField(b.Field), b.Cost, b.Limit, boolArg(b.Shadow))
+	}
+	if budget != nil {
+		args = append(args, budget.Cost, budget.Limit, int64(budget.DayOffset/time.Second), boolArg(budget.Shadow))
+	} else {
+		args = append(args, -1, 0, 0, 0)
+	}
+	keys := []string{s.groupKey(group)}
+	if tail != "" {
+		keys = append(keys, s.reservationKey(c.Tenant, c.ID))
+		args = append(args, int64(c.TTL), tail)
+	}
+	v, err := s.run(ctx, s.reserve, keys, args...)
+	if err != nil {
+		return groupResult{}, err
+	}
+	r := newReply(v)
+	granted := r.int() == 1
+	res := groupResult{at: r.time(), charged: make([]bool, len(idx)), debts: make([]time.Duration, len(idx)), flags: make([]int64, len(idx))}
+	var short []*ExhaustedError
+	for j, i := range idx {
+		wait, debt, flag := time.Duration(r.int()), time.Duration(r.int()), r.int()
+		b := c.Buckets[i]
+		res.debts[j], res.flags[j], res.charged[j] = debt, flag, flag == 0
+		if flag == 1 {
+			short = append(short, &ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: remainingAt(debt, b.Limit), RetryAfter: wait})
+		}
+	}
+	spent, reset, bflag := r.int(), time.Duration(r.int()), r.int()
+	if budget != nil {
+		if bflag == 1 {
+			short = append(short, &ExhaustedError{Bucket: budget.Group + ":budget", Cost: budget.Cost, Remaining: max(budget.Limit-spent, 0), RetryAfter: reset, Cause: CauseBudget})
+		}
+		res.budget = &BudgetLevel{Limit: budget.Limit, Spent: spent, Reset: reset, Shadow: budget.Shadow, ShadowRefused: bflag == 2}
+	}
+	if r.err != nil {
+		return groupResult{}, r.err
+	}
+	if !granted {
+		if len(short) == 0 {
+			return groupResult{}, errors.New("redis: reserve script refused without naming a bucket")
+		}
+		res.refusal = longestWait(short)
+	}
+	return res, nil
+}
+
+// fill copies a group's levels into the grant.
+func (s *RedisStore) fill(g *Grant, c Charge, idx []int, res groupResult) {
+	g.At = res.at
+	for j, i := range idx {
+		b := c.Buckets[i]
+		g.Levels[i] = BucketLevel{
+			Name: b.Name(), Limit: b.Limit, Remaining: remainingAt(res.debts[j], b.Limit), Reset: res.debts[j],
+			Shadow: b.Shadow, ShadowRefused: res.flags[j] == 2,
+		}
+	}
+}
+
+// recordTail is the part of a reservation record the caller writes: tokens | budget |
+// tenant buckets | meta. The tenant's buckets are listed in charge order; the script's
+// mask says which it charged. Meta carries the key's buckets and what was charged there.
+func recordTail(c Charge, charged []bool) string {
+	var sb strings.Builder
+	sb.WriteString(strconv.FormatInt(c.Tokens, 10))
+	sb.WriteByte('|')
+	if bc := c.Budget; bc != nil {
+		fmt.Fprintf(&sb, "%d,%d,%d,%d", bc.Cost, bc.Price.Input, bc.Price.Output, int64(bc.DayOffset/time.Second))
+	} else {
+		sb.WriteByte('-')
+	}
+	sb.WriteByte('|')
+	tenant := tenantGroup(c.Tenant)
+	first := true
+	var keyBuckets []string
+	for i, b := range c.Buckets {
+		spec := fmt.Sprintf("%s,%s,%d,%d", escapeField(b.Field), kindArg(b.Kind), b.Cost, b.Limit)
+		if b.Group != tenant {
+			keyBuckets = append(keyBuckets, b.Group+","+spec+","+boolArg(charged[i]))
+			continue
+		}
+		if !first {
+			sb.WriteByte(';')
+		}
+		first = false
+		sb.WriteString(spec)
+	}
+	sb.WriteByte('|')
+	meta := url.Values{}
+	meta.Set("m", c.Meta.Model)
+	if c.Meta.EstimatedInput > 0 {
+		meta.Set("e", strconv.FormatInt(c.Meta.EstimatedInput, 10))
+	}
+	if c.Meta.UpstreamKey != "" {
+		meta.Set("k", c.Meta.UpstreamKey)
+	}
+	for _, kb := range keyBuckets {
+		meta.Add("b", kb)
+	}
+	sb.WriteString(meta.Encode()) // escapes '|'
+	return sb.String()
+}
+
+// Settle implements Store.
+func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
+	ts, tns := s.now()
+	group := tenantGroup(tenant)
+	tokens := clampUsage(actual.Tokens)
+	v, err := s.run(ctx, s.settle, []string{s.groupKey(group), s.reservationKey(tenant, id)},
+		ts, tns, int64(maxDebt), tokens, clampUsage(actual.Input), clampUsage(actual.Output), boolArg(release))
+	if err != nil {
+		return Settlement{}, err
+	}
+	r := newReply(v)
+	if r.int() == 0 {
+		return Settlement{}, ErrReservationNotFound
+	}
+	at := r.time()
+	reserved, cost, spent, reset := r.int(), r.int(), r.int(), time.Duration(r.int())
+	metaRaw, bucketsRaw, mask := r.str(), r.str(), r.str()
+	var debts []time.Duration
+	for r.more() {
+		debts = append(debts, time.Duration(r.int()))
+	}
+	if r.err != nil {
+		return Settlement{}, r.err
+	}
+	rec, err := parseRecord(group, bucketsRaw, mask, metaRaw)
+	if err != nil {
+		return Settlement{}, fmt.Errorf("redis: reservation %s: %w", id, err)
+	}
+	if len(rec.tenantCharged) != len(debts) {
+		return Settlement{}, fmt.Errorf("redis: reservation %s: %d charged buckets, %d debts", id, len(rec.tenantCharged), len(debts))
+	}
+	if release {
+		tokens = 0
+	}
+	out := Settlement{At: at, Reserved: reserved, Refunded: reserved - tokens, CostNano: cost, Meta: rec.meta}
+	for i, b := range rec.tenantCharged {
+		out.Levels = append(out.Levels, BucketLevel{Name: b.Name(), Limit: b.Limit, Remaining: remainingAt(debts[i], b.Limit), Reset: debts[i], Shadow: b.Shadow})
+	}
+	if spent >= 0 {
+		out.Budget = &BudgetLevel{Spent: spent, Reset: reset}
+	}
+
+	// The key's buckets live in the key's slot: correct them with a second script.
+	if len(rec.keyCharged) > 0 {
+		ops := make([]adjustOp, len(rec.keyCharged))
+		for i, b := range rec.keyCharged {
+			ops[i] = adjustOp{field: b.Field, take: settleDelta(b, tokens, release), limit: b.Limit}
+		}
+		kd, err := s.adjustGroup(ctx, rec.keyCharged[0].Group, ops)
+		if err != nil {
+			return Settlement{}, err
+		}
+		for i, b := range rec.keyCharged {
+			out.Levels = append(out.Levels, BucketLevel{Name: b.Name(), Limit: b.Limit, Remaining: remainingAt(kd[i], b.Limit), Reset: kd[i], Shadow: b.Shadow})
+		}
+	}
+	return out, nil
+}
+
+// record is the part of a reservation record Settle needs after the script ran.
+type record struct {
+	tenantCharged []BucketSpec
+	keyCharged    []BucketSpec
+	meta          ReservationMeta
+}
+
+func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
+	var rec record
+	if buckets != "" {
+		for i, spec := range strings.Split(buckets, ";") {
+			b, err := parseBucketSpec(tenantGroup, spec)
+			if err != nil {
+				return record{}, err
+			}
+			if i < len(mask) && mask[i] == '1' {
+				rec.tenantCharged = append(rec.tenantCharged, b)
+			}
+		}
+	}
+	meta, err := url.ParseQuery(metaRaw)
+	if err != nil {
+		return record{}, fmt.Errorf("malformed meta: %w", err)
+	}
+	rec.meta.Model, rec.meta.UpstreamKey = meta.Get("m"), meta.Get("k")
+	rec.meta.EstimatedInput, _ = strconv.ParseInt(meta.Get("e"), 10, 64)
+	for _, kb := range meta["b"] {
+		// group,field,kind,cost,limit,charged
+		group, rest, ok := strings.Cut(kb, ",")
+		i := strings.LastIndexByte(rest, ',')
+		if !ok || i < 0 {
+			return record{}, fmt.Errorf("malformed key bucket %q", kb)
+		}
+		b, err := parseBucketSpec(group, rest[:i])
+		if err != nil {
+			return record{}, err
+		}
+		if rest[i+1:] == "1" {
+			rec.keyCharged = append(rec.keyCharged, b)
+		}
+	}
+	return rec, nil
+}
+
+// parseBucketSpec reads "field,kind,cost,limit".
+func parseBucketSpec(group, spec string) (BucketSpec, error) {
+	f := strings.Split(spec, ",")
+	if len(f) != 4 {
+		return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
+	}
+	field, err := url.PathUnescape(f[0])
+	if err != nil {
+		return BucketSpec{}, fmt.Errorf("malformed bucket field %q: %w", f[0], err)
+	}
+	cost, err1 := strconv.ParseInt(f[2], 10, 64)
+	limit, err2 := strconv.ParseInt(f[3], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return BucketSpec{}, fmt.Errorf("malformed bucket %q: %w", spec, err)
+	}
+	kind := KindRequests
+	if f[1] == "t" {
+		kind = KindTokens
+	}
+	return BucketSpec{Group: group, Field: field, Kind: kind, Cost: cost, Limit: limit}, nil
+}
+
+// adjustOp is one bucket change of the adjust script: take tokens (mode 't') or lower
+// the bucket to a provider's remaining count (mode 'f').
+type adjustOp struct {
+	field     string
+	take      int64
+	observe   bool
+	remaining int64
+	reset     time.Duration
+	limit     int64
+}
+
+// adjustGroup runs the adjust script and returns each bucket's debt afterwards.
+func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjustOp) ([]time.Duration, error) {
+	if len(ops) == 0 {
+		return nil, nil
+	}
+	ts, tns := s.now()
+	args := make([]any, 0, 4+5*len(ops))
+	args = append(args, ts, tns, int64(maxDebt), len(ops))
+	for _, op := range ops {
+		if op.observe {
+			args = append(args, escapeField(op.field), "f", op.remaining, int64(op.reset), op.limit)
+		} else {
+			args = append(args, escapeField(op.field), "t", op.take, 0, op.limit)
+		}
+	}
+	v, err := s.run(ctx, s.adjust, []string{s.groupKey(group)}, args...)
+	if err != nil {
+		return nil, err
+	}
+	r := newReply(v)
+	r.time()
+	debts := make([]time.Duration, len(ops))
+	for i := range debts {
+		debts[i] = time.Duration(r.int())
+	}
+	return debts, r.err
+}
+
+// Observe implements Store.
+func (s *RedisStore) Observe(ctx context.Context, obs []Observation) ([]BucketLevel, error) {
+	levels := make([]BucketLevel, len(obs))
+	// Observations of one key share a group; group them to make one call per group.
+	for start := 0; start < len(obs); {
+		end := start
+		for end < len(obs) && obs[end].Bucket.Group == obs[start].Bucket.Group {
+			end++
+		}
+		ops := make([]adjustOp, 0, end-start)
+		for _, o := range obs[start:end] {
+			ops = append(ops, adjustOp{field: o.Bucket.Field, observe: true, remaining: min(o.Remaining, o.Bucket.Limit), reset: min(max(o.Reset, 0), maxDebt), limit: o.Bucket.Limit})
+		}
+		debts, err := s.adjustGroup(ctx, obs[start].Bucket.Group, ops)
+		if err != nil {
+			return nil, err
+		}
+		for i, d := range debts {
+			b := obs[start+i].Bucket
+			levels[start+i] = BucketLevel{Name: b.Name(), Limit: b.Limit, Remaining: remainingAt(d, b.Limit), Reset: d, Shadow: b.Shadow}
+		}
+		start = end
+	}
+	return levels, nil
+}
+
+// CountRequest implements Store. Requests are counted locally and added to Redis by
+// Run every FlushInterval (and by AcquireRetry), so that the hot path pays no round
+// trip to the retry budget's single hash.
+func (s *RedisStore) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
+	s.pending.add(key, overall, window)
+}
+
+// AcquireRetry implements Store.
+func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecision, error) {
+	overall, forKey := s.pending.take(ask.Key)
+	d, err := s.retryCall(ctx, ask.Budget, ask.Key, ask.Format, true, overall, forKey)
+	if err != nil {
+		s.pending.giveBack(ask.Key, overall, forKey, ask.Budget.Window)
+	}
+	return d, err
+}
+
+func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key string, format, acquire bool, overall, forKey float64) (RetryDecision, error) {
+	ts, tns := s.now()
+	v, err := s.run(ctx, s.retry, []string{s.retryKey()}, ts, tns, int64(cfg.Window/time.Second),
+		cfg.Ratio, cfg.Floor, cfg.FormatOnlyAbove, boolArg(format), boolArg(acquire), key, overall, forKey)
+	if err != nil {
+		return RetryDecision{}, err
+	}
+	r := newReply(v)
+	granted, refusing := r.int() == 1, r.int()
+	requests, _ := strconv.ParseFloat(r.str(), 64)
+	retries, _ := strconv.ParseFloat(r.str(), 64)
+	d := RetryDecision{Granted: granted, Budget: retryOverall, Requests: requests, Retries: retries}
+	if refusing == 2 {
+		d.Budget = retryKeyBudget(key)
+	}
+	return d, r.err
+}
+
+// flush adds the buffered request counts to Redis.
+func (s *RedisStore) flush(ctx context.Context) error {
+	var errs []error
+	for _, p := range s.pending.drain() {
+		if _, err := s.retryCall(ctx, RetryBudgetConfig{Window: p.window}, p.key, false, false, p.overall, p.forKey); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Sweep implements Store. Redis expires reservations and full buckets by itself; only
+// the local over-limit cache is pruned.
+func (s *RedisStore) Sweep(context.Context) (int, error) {
+	s.cache.prune(s.clock.Now())
+	return 0, nil
+}
+
+// Run flushes buffered request counts every FlushInterval until ctx is done.
+func (s *RedisStore) Run(ctx context.Context) error {
+	ticker := s.clock.NewTicker(s.flushEvery)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.Chan():
+			// Lost counts only make the budget a little stricter; the next tick tries
+			// again with new ones.
+			_ = s.flush(ctx)
+		}
+	}
+}
+
+// Ping checks that Redis answers.
+func (s *RedisStore) Ping(ctx context.Context) error {
+	return s.client.Ping(ctx).Err()
+}
+
+// remainingAt is the whole tokens a bucket with the given debt holds.
+func remainingAt(debt time.Duration, limit int64) int64 {
+	return tokensIn(max(window-debt, 0), limit)
+}
+
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+func kindArg(k Kind) string {
+	if k == KindTokens {
+		return "t"
+	}
+	return "r"
+}
+
+// escapeTag escapes the characters that would end or nest a hash tag.
+func escapeTag(s string) string {
+	if !strings.ContainsAny(s, "{}%") {
+		return s
+	}
+	r := strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+	return r.Replace(s)
+}
+
+// escapeField escapes the separators of the record format in a bucket field.
+func escapeField(s string) string {
+	if !strings.ContainsAny(s, "%,;| ") {
+		return s
+	}
+	return url.PathEscape(s)
+}
+
+// reply reads a script's array reply in order, remembering the first type error.
+type reply struct {
+	v   []any
+	i   int
+	err error
+}
+
+func newReply(v []any) *reply { return &reply{v: v} }
+
+func (r *reply) more() bool { return r.i < len(r.v) }
+
+func (r *reply) next() any {
+	if r.i >= len(r.v) {
+		if r.err == nil {
+			r.err = fmt.Errorf("redis: script reply has %d values, wanted more", len(r.v))
+		}
+		return nil
+	}
+	x := r.v[r.i]
+	r.i++
+	return x
+}
+
+func (r *reply) int() int64 {
+	x := r.next()
+	n, ok := x.(int64)
+	if !ok && r.err == nil && x != nil {
+		r.err = fmt.Errorf("redis: script reply value %d is %T, want an integer", r.i-1, x)
+	}
+	return n
+}
+
+func (r *reply) str() string {
+	x := r.next()
+	s, ok := x.(string)
+	if !ok && r.err == nil && x != nil {
+		r.err = fmt.Errorf("redis: script reply value %d is %T, want a string", r.i-1, x)
+	}
+	return s
+}
+
+// time reads the script's decision time (s, ns).
+func (r *reply) time() time.Time {
+	sec, nsec := r.int(), r.int()
+	return time.Unix(sec, nsec)
+}
+
+// overLimitCache remembers buckets Redis refused, so that requests they cannot cover
+// are refused without a round trip. An entry estimates the bucket's level from the
+// refill since the refusal; it ignores what other replicas take (which would only make
+// the refusal more right) and what they refund (which is why entries live briefly).
+type overLimitCache struct {
+	mu      sync.Mutex
+	entries map[string]cacheEntry
+}
+
+type cacheEntry struct {
+	remaining int64
+	limit     int64 // 0 for budgets, which do not refill
+	at, until time.Time
+}
+
+func (c *overLimitCache) check(now time.Time, ch Charge) *ExhaustedError {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.entries) == 0 {
+		return nil
+	}
+	var short []*ExhaustedError
+	for _, b := range ch.Buckets {
+		if b.Shadow {
+			continue
+		}
+		e, ok := c.entries[b.Name()]
+		if !ok {
+			continue
+		}
+		if !now.Before(e.until) {
+			delete(c.entries, b.Name())
+			continue
+		}
+		level := min(e.remaining+tokensIn(now.Sub(e.at), b.Limit), b.Limit)
+		if b.Cost > level {
+			short = append(short, &ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: level, RetryAfter: durationOf(b.Cost-level, b.Limit)})
+		}
+	}
+	if bc := ch.Budget; bc != nil && !bc.Shadow {
+		name := bc.Group + ":budget"
+		if e, ok := c.entries[name]; ok {
+			if !now.Before(e.until) {
+				delete(c.entries, name)
+			} else if bc.Cost > e.remaining {
+				short = append(short, &ExhaustedError{Bucket: name, Cost: bc.Cost, Remaining: e.remaining, RetryAfter: e.until.Sub(now), Cause: CauseBudget})
+			}
+		}
+	}
+	if len(short) == 0 {
+		return nil
+	}
+	return longestWait(short)
+}
+
+// remember caches every short bucket of a refusal for at most ttl.
+func (c *overLimitCache) remember(now time.Time, ch Charge, refusal *ExhaustedError, ttl time.Duration) {
+	if ttl <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, name := range refusal.Short {
+		for _, b := range ch.Buckets {
+			if b.Name() == name {
+				level := remainingFor(refusal, name)
+				wait := durationOf(b.Cost-level, b.Limit)
+				c.entries[name] = cacheEntry{remaining: level, limit: b.Limit, at: now, until: now.Add(min(ttl, max(wait, 0)))}
+			}
+		}
+		if bc := ch.Budget; bc != nil && name == bc.Group+":budget" && refusal.Bucket == name {
+			c.entries[name] = cacheEntry{remaining: refusal.Remaining, at: now, until: now.Add(min(ttl, refusal.RetryAfter))}
+		}
+	}
+}
+
+// remainingFor returns what the refusal said the named bucket held. Only the longest
+// wait's level is known exactly; other short buckets are cached as empty, which errs
+// towards one extra round trip, never towards admitting.
+func remainingFor(refusal *ExhaustedError, name string) int64 {
+	if refusal.Bucket == name {
+		return refusal.Remaining
+	}
+	return 0
+}
+
+func (c *overLimitCache) prune(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name, e := range c.entries {
+		if !now.Before(e.until) {
+			delete(c.entries, name)
+		}
+	}
+}
+
+// pendingRequests buffers request counts for the retry budget.
+type pendingRequests struct {
+	mu      sync.Mutex
+	window  time.Duration
+	overall float64
+	keys    map[string]float64
+}
+
+type pendingBatch struct {
+	window  time.Duration
+	key     string
+	overall float64
+	forKey  float64
+}
+
+func (p *pendingRequests) add(key string, overall bool, window time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.window = window
+	if overall {
+		p.overall++
+	}
+	if key != "" {
+		p.keys[key]++
+	}
+}
+
+// take removes the overall count and key's count for an AcquireRetry to add.
+func (p *pendingRequests) take(key string) (overall, forKey float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	overall, p.overall = p.overall, 0
+	if key != "" {
+		forKey = p.keys[key]
+		delete(p.keys, key)
+	}
+	return overall, forKey
+}
+
+func (p *pendingRequests) giveBack(key string, overall, forKey float64, window time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.window = window
+	p.overall += overall
+	if key != "" && forKey > 0 {
+		p.keys[key] += forKey
+	}
+}
+
+// drain empties the buffer into one batch per key (the overall count rides on the
+// first, or on a key-less batch when there are no keys).
+func (p *pendingRequests) drain() []pendingBatch {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.overall == 0 && len(p.keys) == 0 {
+		return nil
+	}
+	out := []pendingBatch{}
+	for key, n := range p.keys {
+		out = append(out, pendingBatch{window: p.window, key: key, forKey: n})
+	}
+	if len(out) == 0 {
+		out = append(out, pendingBatch{window: p.window})
+	}
+	out[0].overall = p.overall
+	p.overall = 0
+	clear(p.keys)
+	return out
+}

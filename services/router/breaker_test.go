@@ -1,0 +1,225 @@
+package router
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/events"
+)
+
+const (
+	breakerClosed   = mantlev1.BreakerState_BREAKER_STATE_CLOSED
+	breakerOpen     = mantlev1.BreakerState_BREAKER_STATE_OPEN
+	breakerHalfOpen = mantlev1.BreakerState_BREAKER_STATE_HALF_OPEN
+)
+
+// fastBreaker trips after two failures in a row, stays open 30 s (doubling on a re-trip,
+// no jitter) and closes after one good probe.
+func fastBreaker(c *Config) {
+	c.Breaker.ConsecutiveFailures = 2
+	c.Breaker.OpenDuration = 30 * time.Second
+	c.Breaker.OpenJitter = 0
+	c.Breaker.HalfOpenProbes = 1
+	c.Retry.MaxRetries = 0
+	c.Routes[0].Candidates = []string{"a", "b"}
+}
+
+// TestBreakerLifecycle walks one key's breaker through every state the router can put it
+// in, and checks at each step which model answered, whether the open model was called at
+// all, what DescribeRoutes says, and the transition events on NATS's subject.
+func TestBreakerLifecycle(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	fastBreaker(&cfg)
+	h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+		"a": newFakeProvider(
+			failure(classTransient, "502"), failure(classTransient, "502"), // trip
+			failure(classTransient, "502"), // the first probe fails
+			reply("a is back", 1, 1),       // the second succeeds
+		),
+	}})
+	steps := []struct {
+		name    string
+		advance time.Duration // before the request
+		model   string        // who answers
+		callsA  int           // a's calls so far
+		state   mantlev1.BreakerState
+		reason  string // substring of a's breaker reason in DescribeRoutes
+	}{
+		{"first failure: breaker still closed", 0, "b", 1, breakerClosed, "closed"},
+		{"second failure in a row trips it", 0, "b", 2, breakerOpen, "2 consecutive failures (scenario support)"},
+		{"open: a is skipped without a call", 0, "b", 2, breakerOpen, "2 consecutive failures"},
+		{"still open before its period ends", 29 * time.Second, "b", 2, breakerOpen, "2 consecutive failures"},
+		{"open period over: the probe fails and re-opens it for twice as long", time.Second, "b", 3, breakerOpen, "probe failed"},
+		{"30 s later it is still open (60 s now)", 30 * time.Second, "b", 3, breakerOpen, "probe failed"},
+		{"after 60 s a good probe closes it and a answers again", 30 * time.Second, "a", 4, breakerClosed, "closed"},
+	}
+	for _, st := range steps {
+		h.clock.Advance(st.advance)
+		resp, err := h.router.Complete(context.Background(), ask("chat"))
+		if err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if resp.Model != st.model || h.calls("a") != st.callsA {
+			t.Errorf("%s: answered by %s with %d calls to a, want %s and %d", st.name, resp.Model, h.calls("a"), st.model, st.callsA)
+		}
+		k := describeKey(t, h, "chat", "a", "sim")
+		if k.BreakerState != st.state || !strings.Contains(k.BreakerReason, st.reason) {
+			t.Errorf("%s: DescribeRoutes says %v (%q), want %v (%q)", st.name, k.BreakerState, k.BreakerReason, st.state, st.reason)
+		}
+	}
+
+	// Every transition is an event, with its reason, in order.
+	type tr struct {
+		From, To mantlev1.BreakerState
+		Reason   string
+	}
+	var got []tr
+	for _, m := range h.events.on(events.SubjectBreaker) {
+		ev := m.(*eventsv1.BreakerTransitionEvent)
+		if ev.Provider != "p" || ev.Model != "a" || ev.KeyId != "sim" || ev.Scenario != "support" {
+			t.Errorf("event for %s/%s/%s/%s, want p/a/sim/support", ev.Provider, ev.Model, ev.KeyId, ev.Scenario)
+		}
+		got = append(got, tr{ev.From, ev.To, ev.Reason})
+	}
+	want := []tr{
+		{breakerClosed, breakerOpen, "2 consecutive failures"},
+		{breakerOpen, breakerHalfOpen, "open period elapsed"},
+		{breakerHalfOpen, breakerOpen, "probe failed"},
+		{breakerOpen, breakerHalfOpen, "open period elapsed"},
+		{breakerHalfOpen, breakerClosed, "probes succeeded"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("breaker transition events (-want +got):\n%s", diff)
+	}
+}
+
+// TestBreakerPerScenario: the breaker belongs to (provider, model, key, scenario): a model
+// that keeps failing for one scenario is still called for another.
+func TestBreakerPerScenario(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	fastBreaker(&cfg)
+	cfg.Routes = append(cfg.Routes, RouteConfig{Name: "other", Scenario: "billing", Candidates: []string{"a", "b"}})
+	h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+		"a": newFakeProvider(failure(classTransient, "502"), failure(classTransient, "502"), reply("a", 1, 1)),
+	}})
+	for range 2 {
+		if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := h.router.Complete(context.Background(), ask("other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Model != "a" || h.calls("a") != 3 {
+		t.Errorf("scenario billing answered by %s after %d calls to a, want a (its breaker is closed)", resp.Model, h.calls("a"))
+	}
+}
+
+// TestBulkheadFullFailsOver: a model at its concurrency limit is skipped at once, not
+// queued behind the slow call holding its place.
+func TestBulkheadFullFailsOver(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Models[0].MaxConcurrency = 1
+	release := make(chan struct{})
+	h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+		"a": newFakeProvider(result{release: release, res: reply("slow a", 1, 1).res}, reply("a", 1, 1)),
+	}})
+	first := h.start(context.Background(), ask("chat"))
+	<-h.providers["a"].started // the slow call holds a's only place
+
+	resp, err := h.router.Complete(context.Background(), ask("chat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Model != "b" || h.calls("a") != 1 {
+		t.Errorf("answered by %s with %d calls to a, want b without calling a", resp.Model, h.calls("a"))
+	}
+	if diff := cmp.Diff([]string{"b:none"}, attemptsOf(resp.Quality)); diff != "" {
+		t.Errorf("attempts (-want +got):\n%s", diff)
+	}
+	if !hasAudit(resp.Quality, "skip", "a: bulkhead_full") {
+		t.Errorf("audit %v, want a skip of a for its full bulkhead", resp.Quality.Audit)
+	}
+
+	close(release)
+	if d := await(t, first); d.err != nil || d.resp.Model != "a" {
+		t.Errorf("the slow request: %v %v, want a's answer", d.resp.GetModel(), d.err)
+	}
+	// The place is free again.
+	if resp, err := h.router.Complete(context.Background(), ask("chat")); err != nil || resp.Model != "a" {
+		t.Errorf("after the slow call: %v %v, want a", resp.GetModel(), err)
+	}
+}
+
+// TestSlowKeySkippedWhenBudgetTooShort: an attempt is not started when the remaining budget
+// is below the key's observed median latency; a faster candidate answers instead.
+func TestSlowKeySkippedWhenBudgetTooShort(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Routes = append(cfg.Routes, RouteConfig{Name: "quick", Candidates: []string{"a", "b"}, Budget: 3 * time.Second})
+	h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+		"a": newFakeProvider(result{res: reply("slow", 1, 1).res, advance: 5 * time.Second}),
+	}})
+	if _, err := h.router.Complete(context.Background(), ask("a")); err != nil { // a's median is now 5 s
+		t.Fatal(err)
+	}
+	resp, err := h.router.Complete(context.Background(), ask("quick"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Model != "b" || h.calls("a") != 1 {
+		t.Errorf("answered by %s with %d calls to a, want b: a's 5 s median does not fit in 3 s", resp.Model, h.calls("a"))
+	}
+	if !hasAudit(resp.Quality, "skip", "a: budget_exhausted") {
+		t.Errorf("audit %v, want a skip of a for the budget", resp.Quality.Audit)
+	}
+}
+
+// TestDescribeAfterTrip: DescribeRoutes reports the open breaker with its reason, and the
+// route's ladder level moves to the backup while the primary is open.
+func TestDescribeAfterTrip(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	fastBreaker(&cfg)
+	h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+		"a": newFakeProvider(failure(classOverloaded, "busy")),
+	}})
+	for range 2 {
+		if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := h.router.Describe("chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := resp.Routes[0]
+	if rt.LadderLevel != levelBackup {
+		t.Errorf("ladder level = %v, want backup while a is open", rt.LadderLevel)
+	}
+	if k := rt.Candidates[0].Keys[0]; k.BreakerState != breakerOpen || k.BreakerReason != "2 consecutive failures (scenario support)" || k.Failures != 2 {
+		t.Errorf("a's key: %v %q failures %d, want open, the reason and 2 failures", k.BreakerState, k.BreakerReason, k.Failures)
+	}
+	if got := rt.Candidates[1].Keys[0].BreakerState; got != breakerClosed {
+		t.Errorf("b's breaker = %v, want closed", got)
+	}
+}
+
+func hasAudit(qc *mantlev1.QualityContext, step, detail string) bool {
+	for _, a := range qc.GetAudit() {
+		if a.Step == step && strings.Contains(a.Detail, detail) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,478 @@
+package router
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
+	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
+	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/services/router/internal/idempotency"
+)
+
+// In-memory fakes of the router's collaborators. Each embeds the generated client interface
+// it stands in for, so the fakes keep compiling as the protos gain RPCs; an RPC the router
+// starts calling without the fake implementing it panics (nil interface), which a test
+// notices at once. Requests are cloned when recorded: the router keeps mutating its
+// QualityContext after a call returns.
+
+type fakeQuota struct {
+	quotav1.QuotaServiceClient
+	reserveErr error
+
+	mu       sync.Mutex
+	reserves []*quotav1.ReserveRequest
+	settles  []*quotav1.SettleRequest
+}
+
+func (q *fakeQuota) Reserve(_ context.Context, in *quotav1.ReserveRequest, _ ...grpc.CallOption) (*quotav1.ReserveResponse, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.reserves = append(q.reserves, proto.Clone(in).(*quotav1.ReserveRequest))
+	if q.reserveErr != nil {
+		return nil, q.reserveErr
+	}
+	return &quotav1.ReserveResponse{ReservationId: "res-1", ReservedTokens: 100, Quality: in.Quality,
+		Limits: &quotav1.Limits{LimitRequests: 10, RemainingRequests: 9, ResetRequests: durationpb.New(time.Second)}}, nil
+}
+
+func (q *fakeQuota) Settle(_ context.Context, in *quotav1.SettleRequest, _ ...grpc.CallOption) (*quotav1.SettleResponse, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.settles = append(q.settles, proto.Clone(in).(*quotav1.SettleRequest))
+	return &quotav1.SettleResponse{}, nil
+}
+
+func (q *fakeQuota) settled() []*quotav1.SettleRequest {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]*quotav1.SettleRequest(nil), q.settles...)
+}
+
+// fakeCache misses unless hit is set. With approximateOnly, only lookups after the first
+// of each request hit: the exact lookup misses and the ladder's L2 lookup finds hit.
+type fakeCache struct {
+	cachev1.CacheServiceClient
+	hit             *cachev1.Entry
+	approximateOnly bool
+
+	mu      sync.Mutex
+	lookups int
+	stores  []*cachev1.StoreRequest
+}
+
+func (c *fakeCache) Lookup(_ context.Context, in *cachev1.LookupRequest, _ ...grpc.CallOption) (*cachev1.LookupResponse, error) {
+	c.mu.Lock()
+	c.lookups++
+	n := c.lookups
+	c.mu.Unlock()
+	if c.hit == nil || (c.approximateOnly && n%2 == 1) {
+		return &cachev1.LookupResponse{Quality: in.Quality}, nil
+	}
+	return &cachev1.LookupResponse{Hit: true, Entry: c.hit, Similarity: 0.93, Quality: in.Quality}, nil
+}
+
+func (c *fakeCache) Store(_ context.Context, in *cachev1.StoreRequest, _ ...grpc.CallOption) (*cachev1.StoreResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stores = append(c.stores, proto.Clone(in).(*cachev1.StoreRequest))
+	return &cachev1.StoreResponse{Stored: true}, nil
+}
+
+func (c *fakeCache) stored() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.stores)
+}
+
+// fakeVerifier passes everything unless verdict says otherwise.
+type fakeVerifier struct {
+	verifierv1.VerifierServiceClient
+	verdict func(*verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error)
+}
+
+func (v *fakeVerifier) Verify(_ context.Context, in *verifierv1.VerifyRequest, _ ...grpc.CallOption) (*verifierv1.VerifyResponse, error) {
+	if v.verdict != nil {
+		return v.verdict(in)
+	}
+	return pass(in), nil
+}
+
+// pass is the verdict of a real verifier on a good answer: it writes its verification into
+// the QualityContext it returns.
+func pass(in *verifierv1.VerifyRequest) *verifierv1.VerifyResponse {
+	q := proto.Clone(in.Quality).(*mantlev1.QualityContext)
+	q.Verification = &mantlev1.Verification{L1Passed: true}
+	return &verifierv1.VerifyResponse{Passed: true, Content: in.Content, Grade: mantlev1.QualityGrade_QUALITY_GRADE_HIGH, Quality: q}
+}
+
+type published struct {
+	subject string
+	msg     proto.Message
+}
+
+type fakePublisher struct {
+	mu     sync.Mutex
+	events []published
+}
+
+func (p *fakePublisher) Publish(_ context.Context, subject string, msg proto.Message) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, published{subject, proto.Clone(msg)})
+}
+
+// on returns the messages published on subject, oldest first.
+func (p *fakePublisher) on(subject string) []proto.Message {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []proto.Message
+	for _, e := range p.events {
+		if e.subject == subject {
+			out = append(out, e.msg)
+		}
+	}
+	return out
+}
+
+// result is one scripted provider answer. A result that hangs (or waits for release)
+// blocks the call until then; when ctx ends first the call fails the way an HTTP client
+// does (CANCELED, or TIMEOUT for a deadline).
+type result struct {
+	res     provider.Response
+	err     error
+	hang    bool          // block until ctx is done
+	release chan struct{} // block until closed (or ctx is done)
+	// advance moves the harness's fake clock during the call: the attempt takes that long
+	// as far as the router's latency statistics can tell.
+	advance time.Duration
+	// stream scripts a Stream call: its chunks in order, then io.EOF. A nil stream on a
+	// successful result streams res.Content as one chunk.
+	stream []chunk
+}
+
+// chunk is one step of a scripted stream.
+type chunk struct {
+	content string
+	finish  string
+	usage   *provider.Usage
+	err     error // Recv fails with it
+	hang    bool  // Recv blocks until ctx is done
+}
+
+func reply(content string, in, out int64) result {
+	return result{res: provider.Response{Content: content, FinishReason: "stop", Usage: provider.Usage{InputTokens: in, OutputTokens: out}}}
+}
+
+func failure(class mantlev1.ErrorClass, msg string) result {
+	return result{err: &provider.Error{Class: class, StatusCode: 400, Message: msg}}
+}
+
+func rateLimited(hint time.Duration) result {
+	return result{err: &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, StatusCode: 429, Message: "slow down", RetryAfter: hint}}
+}
+
+func hang() result { return result{hang: true} }
+
+// fakeProvider replays its results in order (repeating the last) and honours ctx like an
+// HTTP client does. Every call is announced on started (buffered), so a test knows a
+// blocking call has begun.
+type fakeProvider struct {
+	results []result
+	started chan provider.Request
+	clock   *clockwork.FakeClock // set by newHarness, for result.advance
+
+	mu   sync.Mutex
+	reqs []provider.Request
+}
+
+func newFakeProvider(results ...result) *fakeProvider {
+	return &fakeProvider{results: results, started: make(chan provider.Request, 64)}
+}
+
+func (p *fakeProvider) next(req provider.Request) result {
+	p.mu.Lock()
+	p.reqs = append(p.reqs, req)
+	n := len(p.reqs)
+	p.mu.Unlock()
+	select {
+	case p.started <- req:
+	default:
+	}
+	if len(p.results) == 0 {
+		return reply("default answer", 1, 1)
+	}
+	r := p.results[min(n, len(p.results))-1]
+	if r.advance > 0 {
+		p.clock.Advance(r.advance)
+	}
+	return r
+}
+
+// block waits as r says; it returns the transport failure when ctx ended first.
+func block(ctx context.Context, r result) error {
+	switch {
+	case r.hang:
+		<-ctx.Done()
+	case r.release != nil:
+		select {
+		case <-r.release:
+			return nil
+		case <-ctx.Done():
+		}
+	default:
+		if ctx.Err() == nil {
+			return nil
+		}
+	}
+	return provider.ClassifyTransport(ctx, ctx.Err())
+}
+
+func (p *fakeProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
+	r := p.next(req)
+	if err := block(ctx, r); err != nil {
+		return provider.Response{}, err
+	}
+	return r.res, r.err
+}
+
+func (p *fakeProvider) Stream(ctx context.Context, req provider.Request) (provider.Stream, error) {
+	r := p.next(req)
+	if err := block(ctx, r); err != nil {
+		return nil, err
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	steps := r.stream
+	if steps == nil {
+		u := r.res.Usage
+		steps = []chunk{{content: r.res.Content}, {finish: r.res.FinishReason, usage: &u}}
+	}
+	return &fakeStream{ctx: ctx, steps: steps}, nil
+}
+
+func (p *fakeProvider) calls() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.reqs)
+}
+
+func (p *fakeProvider) requests() []provider.Request {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]provider.Request(nil), p.reqs...)
+}
+
+type fakeStream struct {
+	ctx   context.Context
+	steps []chunk
+	mu    sync.Mutex
+	i     int
+}
+
+func (s *fakeStream) Recv() (provider.Chunk, error) {
+	s.mu.Lock()
+	if s.i == len(s.steps) {
+		s.mu.Unlock()
+		return provider.Chunk{}, io.EOF
+	}
+	st := s.steps[s.i]
+	s.i++
+	s.mu.Unlock()
+	if st.hang {
+		<-s.ctx.Done()
+		return provider.Chunk{}, provider.ClassifyTransport(s.ctx, s.ctx.Err())
+	}
+	if st.err != nil {
+		return provider.Chunk{}, st.err
+	}
+	return provider.Chunk{Content: st.content, FinishReason: st.finish, Usage: st.usage}, nil
+}
+
+func (s *fakeStream) Close() error      { return nil }
+func (s *fakeStream) RequestID() string { return "req-stream" }
+
+// testConfig has three models on one provider and route "chat" over them in order.
+func testConfig() Config {
+	c := DefaultConfig()
+	c.Providers = []ProviderConfig{{Name: "p", Type: ProviderSim, Timeout: 5 * time.Second}}
+	c.Models = []ModelConfig{
+		{Name: "a", Provider: "p", Upstream: "a-upstream", InputPricePerMillion: 1, OutputPricePerMillion: 2},
+		{Name: "b", Provider: "p"},
+		{Name: "c", Provider: "p"},
+	}
+	c.Routes = []RouteConfig{{Name: "chat", Scenario: "support", Candidates: []string{"a", "b", "c"}}}
+	return c
+}
+
+type harness struct {
+	router   *Router
+	clock    *clockwork.FakeClock
+	quota    *fakeQuota
+	cache    *fakeCache
+	verifier *fakeVerifier
+	events   *fakePublisher
+	// providers are looked up by "model/key" first, then by "model" (any key).
+	providers map[string]*fakeProvider
+	// rand is the jitter source; nil draws 0, so backoff never waits unless a test asks.
+	rand func() float64
+	// idempotency enables replay protection with an in-memory store on the fake clock.
+	idempotency bool
+}
+
+// newHarness builds a Router over fakes. Its clock is fake and starts at the real now,
+// because contexts carry real deadlines derived from it.
+func newHarness(t *testing.T, cfg Config, h *harness) *harness {
+	t.Helper()
+	if h == nil {
+		h = &harness{}
+	}
+	if h.clock == nil {
+		h.clock = clockwork.NewFakeClockAt(time.Now())
+	}
+	if h.quota == nil {
+		h.quota = &fakeQuota{}
+	}
+	if h.cache == nil {
+		h.cache = &fakeCache{}
+	}
+	if h.verifier == nil {
+		h.verifier = &fakeVerifier{}
+	}
+	h.events = &fakePublisher{}
+	if h.providers == nil {
+		h.providers = map[string]*fakeProvider{}
+	}
+	for _, m := range cfg.Models {
+		if h.providers[m.Name] == nil {
+			h.providers[m.Name] = newFakeProvider()
+		}
+	}
+	for _, p := range h.providers {
+		p.clock = h.clock
+		if p.started == nil {
+			p.started = make(chan provider.Request, 64)
+		}
+	}
+	if h.rand == nil {
+		h.rand = func() float64 { return 0 }
+	}
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := Deps{Quota: h.quota, Cache: h.cache, Verifier: h.verifier, Events: h.events,
+		Clock: h.clock, Log: slog.New(slog.DiscardHandler), Metrics: m, Rand: h.rand}
+	if h.idempotency {
+		deps.Idempotency = idempotency.NewMemory(time.Hour, time.Minute, h.clock)
+	}
+	h.router, err = New(cfg, deps, func(_ ProviderConfig, m ModelConfig, key string) (provider.Provider, error) {
+		if p := h.providers[m.Name+"/"+key]; p != nil {
+			return p, nil
+		}
+		return h.providers[m.Name], nil
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return h
+}
+
+func (h *harness) calls(name string) int { return h.providers[name].calls() }
+
+// outcome of a request run in the background.
+type done struct {
+	resp *routerv1.CompleteResponse
+	err  error
+}
+
+// start runs Complete in the background, so the test can drive the fake clock meanwhile.
+func (h *harness) start(ctx context.Context, req *routerv1.Request) <-chan done {
+	ch := make(chan done, 1)
+	go func() {
+		resp, err := h.router.Complete(ctx, req)
+		ch <- done{resp, err}
+	}()
+	return ch
+}
+
+// await returns the request's outcome. The real-time guard only turns a hang (a bug) into
+// a failure instead of a test timeout; nothing waits on it in a passing run.
+func await(t *testing.T, ch <-chan done) done {
+	t.Helper()
+	select {
+	case d := <-ch:
+		return d
+	case <-time.After(10 * time.Second):
+		t.Fatal("request did not finish")
+		return done{}
+	}
+}
+
+// blockUntil waits until the fake clock has n waiters: the router is sleeping.
+func (h *harness) blockUntil(t *testing.T, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.clock.BlockUntilContext(ctx, n); err != nil {
+		t.Fatalf("the router never waited on the clock (%d waiters wanted): %v", n, err)
+	}
+}
+
+func ask(model string) *routerv1.Request {
+	return &routerv1.Request{Model: model, Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "What is a circuit breaker?"}}}
+}
+
+func usage(in, out int64) *mantlev1.Usage {
+	return &mantlev1.Usage{InputTokens: in, OutputTokens: out, TotalTokens: in + out}
+}
+
+func failVerification(content string, class mantlev1.ErrorClass) func(*verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error) {
+	return func(in *verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error) {
+		if in.Content != content {
+			return pass(in), nil
+		}
+		q := proto.Clone(in.Quality).(*mantlev1.QualityContext)
+		q.Verification = &mantlev1.Verification{L1Passed: false, FailureClass: class}
+		return &verifierv1.VerifyResponse{Passed: false, FailedLayer: "l1", FailureClass: class,
+			Findings: []*verifierv1.Finding{{Code: "json_parse", Blocking: true}}, Quality: q}, nil
+	}
+}
+
+// attemptsOf lists (model, class) of every attempt in qc.
+func attemptsOf(qc *mantlev1.QualityContext) []string {
+	var out []string
+	for _, a := range qc.GetAttempts() {
+		s := a.Model + ":" + shortClass(a.ErrorClass)
+		if a.Hedged {
+			s += ":hedged"
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// counterValue reads a counter (prometheus/testutil would need modules go.sum does not pin).
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}

@@ -1,0 +1,150 @@
+package router
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+)
+
+// hedging turns hedging on for route chat with a 100-500 ms delay.
+func hedging(c *Config) {
+	c.Routes[0].Hedge = HedgeConfig{Enabled: true, MinDelay: 100 * time.Millisecond, MaxDelay: 500 * time.Millisecond}
+}
+
+func TestHedging(t *testing.T) {
+	t.Parallel()
+
+	t.Run("slow primary: the hedge after the delay wins and the primary is cancelled", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig()
+		hedging(&cfg)
+		h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+			"a": newFakeProvider(hang()),
+			"b": newFakeProvider(reply("from the hedge", 2, 3)),
+		}})
+		ch := h.start(context.Background(), ask("chat"))
+		h.blockUntil(t, 1) // the hedge timer: a has no latency history, so the delay is max_delay
+		h.clock.Advance(499 * time.Millisecond)
+		if n := h.calls("b"); n != 0 {
+			t.Fatalf("hedged after 499ms, before the 500ms delay (b called %d times)", n)
+		}
+		h.clock.Advance(time.Millisecond)
+		d := await(t, ch)
+		if d.err != nil {
+			t.Fatal(d.err)
+		}
+		if d.resp.Model != "b" || d.resp.Message.Content != "from the hedge" {
+			t.Errorf("answered by %s: %q, want the hedge's answer", d.resp.Model, d.resp.Message.Content)
+		}
+		// Both attempts are recorded: the cancelled primary, then the hedge that answered.
+		if diff := cmp.Diff([]string{"a:canceled", "b:none:hedged"}, attemptsOf(d.resp.Quality)); diff != "" {
+			t.Errorf("attempts (-want +got):\n%s", diff)
+		}
+		if got := counterValue(t, h.router.deps.Metrics.hedges); got != 1 {
+			t.Errorf("hedges = %v, want 1", got)
+		}
+		if diff := cmp.Diff(usage(2, 3), d.resp.Usage, protocmp.Transform()); diff != "" {
+			t.Errorf("response usage is the hedge's (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("the hedge delay is the key's live p95, within the bounds", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig()
+		hedging(&cfg)
+		h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+			"a": newFakeProvider(result{res: reply("a", 1, 1).res, advance: 300 * time.Millisecond}, hang()),
+			"b": newFakeProvider(reply("from the hedge", 1, 1)),
+		}})
+		if _, err := h.router.Complete(context.Background(), ask("a")); err != nil { // a's p95: 300ms
+			t.Fatal(err)
+		}
+		ch := h.start(context.Background(), ask("chat"))
+		h.blockUntil(t, 1)
+		h.clock.Advance(299 * time.Millisecond)
+		if n := h.calls("b"); n != 0 {
+			t.Fatalf("hedged before a's p95 of 300ms (b called %d times)", n)
+		}
+		h.clock.Advance(time.Millisecond)
+		if d := await(t, ch); d.err != nil || d.resp.Model != "b" {
+			t.Errorf("got %v %v, want the hedge's answer", d.resp.GetModel(), d.err)
+		}
+	})
+
+	t.Run("no hedge when the retry budget is spent", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig()
+		hedging(&cfg)
+		noRetryBudget(&cfg)
+		cfg.Providers[0].Timeout = 50 * time.Millisecond // real time: a hangs until its per-try timeout
+		h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{"a": newFakeProvider(hang())}})
+		ch := h.start(context.Background(), ask("chat"))
+		h.blockUntil(t, 1)
+		h.clock.Advance(500 * time.Millisecond)
+		d := await(t, ch)
+		// Had the hedge gone, b would have answered while a hung.
+		if status.Code(toStatus(d.err)) != codes.Unavailable || h.calls("b") != 0 {
+			t.Errorf("got %v with %d calls to b, want no hedge and no failover: the budget is spent", d.err, h.calls("b"))
+		}
+		if got := counterValue(t, h.router.deps.Metrics.hedges); got != 0 {
+			t.Errorf("hedges = %v, want 0", got)
+		}
+	})
+
+	t.Run("the hedge fails, the primary still answers", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig()
+		hedging(&cfg)
+		release := make(chan struct{})
+		h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+			"a": newFakeProvider(result{release: release, res: reply("slow but fine", 1, 1).res}),
+			"b": newFakeProvider(failure(classTransient, "502")),
+		}})
+		ch := h.start(context.Background(), ask("chat"))
+		h.blockUntil(t, 1)
+		h.clock.Advance(500 * time.Millisecond)
+		<-h.providers["b"].started
+		close(release)
+		d := await(t, ch)
+		if d.err != nil || d.resp.Model != "a" {
+			t.Fatalf("got %v %v, want a's answer", d.resp.GetModel(), d.err)
+		}
+		if diff := cmp.Diff([]string{"b:transient:hedged", "a:none"}, attemptsOf(d.resp.Quality)); diff != "" {
+			t.Errorf("attempts (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("both fail: the plan learns from the primary's failure too", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig()
+		hedging(&cfg)
+		releaseA, releaseB := make(chan struct{}), make(chan struct{})
+		h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+			// a's key timed out: it must not be asked again in this request.
+			"a": newFakeProvider(result{release: releaseA, err: failure(classTimeout, "deadline").err}),
+			"b": newFakeProvider(result{release: releaseB, err: failure(classTransient, "502").err}, failure(classTransient, "502")),
+			"c": newFakeProvider(reply("from c", 1, 1)),
+		}})
+		ch := h.start(context.Background(), ask("chat"))
+		h.blockUntil(t, 1)
+		h.clock.Advance(500 * time.Millisecond)
+		<-h.providers["b"].started
+		close(releaseA)
+		close(releaseB)
+		d := await(t, ch)
+		if d.err != nil || d.resp.Model != "c" {
+			t.Fatalf("got %v %v, want c's answer", d.resp.GetModel(), d.err)
+		}
+		if n := h.calls("a"); n != 1 {
+			t.Errorf("a called %d times, want 1: its key timed out", n)
+		}
+		if n := h.calls("b"); n != 3 {
+			t.Errorf("b called %d times, want 3: the hedge and max_retries (2)", n)
+		}
+	})
+}

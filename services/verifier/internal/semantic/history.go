@@ -1,0 +1,71 @@
+package semantic
+
+import (
+	"container/list"
+	"sync"
+)
+
+// History remembers the embeddings of recent answers per question key, to measure how far a
+// new answer strays from what was said before (seed 001 4.1: divergence from earlier
+// answers to the same query > 0.8 is an output risk). It keeps at most maxKeys questions
+// (least recently seen evicted) and perKey answers each. Safe for concurrent use.
+type History struct {
+	maxKeys, perKey int
+
+	mu      sync.Mutex
+	order   *list.List // of *historyEntry, most recent first
+	entries map[string]*list.Element
+}
+
+type historyEntry struct {
+	key  string
+	vecs [][]float32
+	next int // ring position of the next write once full
+}
+
+// NewHistory returns an empty History.
+func NewHistory(maxKeys, perKey int) *History {
+	return &History{maxKeys: max(1, maxKeys), perKey: max(1, perKey), order: list.New(), entries: map[string]*list.Element{}}
+}
+
+// Observe returns the divergence of vec from the answers stored under key, 1 minus their
+// mean cosine similarity, and whether there were any; then it stores vec.
+func (h *History) Observe(key string, vec []float32) (float64, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	el, ok := h.entries[key]
+	if !ok {
+		el = h.order.PushFront(&historyEntry{key: key})
+		h.entries[key] = el
+		if h.order.Len() > h.maxKeys {
+			oldest := h.order.Back()
+			h.order.Remove(oldest)
+			delete(h.entries, oldest.Value.(*historyEntry).key)
+		}
+	} else {
+		h.order.MoveToFront(el)
+	}
+	e := el.Value.(*historyEntry)
+	divergence, seen := 0.0, len(e.vecs) > 0
+	if seen {
+		var sum float64
+		for _, prev := range e.vecs {
+			sum += Cosine(prev, vec)
+		}
+		divergence = 1 - sum/float64(len(e.vecs))
+	}
+	if len(e.vecs) < h.perKey {
+		e.vecs = append(e.vecs, vec)
+	} else {
+		e.vecs[e.next] = vec
+		e.next = (e.next + 1) % h.perKey
+	}
+	return divergence, seen
+}
+
+// Len is the number of questions remembered.
+func (h *History) Len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.order.Len()
+}
