@@ -45,6 +45,31 @@ type Scenario struct {
 	Router RouterSettings `yaml:"router"`
 	// Naive is the baseline client.
 	Naive Naive `yaml:"naive"`
+	// Targets are what mantle's side should achieve; the report checks them. They are
+	// measured, never asserted by tests: a drill is evidence, not a unit test.
+	Targets Targets `yaml:"targets"`
+}
+
+// Targets are optional goals for mantle's side of a drill; unset ones are not checked.
+type Targets struct {
+	// SuccessRate is the least share of requests answered (at any ladder level).
+	SuccessRate *float64 `yaml:"success_rate,omitempty"`
+	// P99 is the longest acceptable 99th percentile latency (scenario time).
+	P99 *time.Duration `yaml:"p99,omitempty"`
+	// Amplification is the most upstream calls per request.
+	Amplification *float64 `yaml:"amplification,omitempty"`
+	// DuplicateBilled is the most billed calls that repeat an already billed request.
+	DuplicateBilled *int64 `yaml:"duplicate_billed,omitempty"`
+	// BreakerOpenWithin is the longest time from the incident's start until a breaker of
+	// the primary opens.
+	BreakerOpenWithin *time.Duration `yaml:"breaker_open_within,omitempty"`
+	// AnsweredWithinBudget is the least share of requests answered within the budget.
+	AnsweredWithinBudget *float64 `yaml:"answered_within_budget,omitempty"`
+	// DegradedMarked: every ladder answer (L2, L3) says it is one.
+	DegradedMarked bool `yaml:"degraded_marked,omitempty"`
+	// ProbesWithinCap: no breaker lets more than router.breaker.half_open_probes calls
+	// through in one half-open period.
+	ProbesWithinCap bool `yaml:"probes_within_cap,omitempty"`
 }
 
 // Window is a period of scenario time.
@@ -186,7 +211,7 @@ func resolveProfile(base string, node *yaml.Node) (sim.Profile, error) {
 	if node.Kind != 0 {
 		// Re-encoding the node lets the strict decoder check its keys, which decoding a
 		// yaml.Node directly does not.
-		raw, err := yaml.Marshal(node)
+		raw, err := yaml.Marshal(inlineAliases(node))
 		if err != nil {
 			return sim.Profile{}, fmt.Errorf("sim: %w", err)
 		}
@@ -200,6 +225,25 @@ func resolveProfile(base string, node *yaml.Node) (sim.Profile, error) {
 		return sim.Profile{}, err
 	}
 	return p, nil
+}
+
+// inlineAliases returns a copy of n with every alias replaced by what it refers to, so the
+// node can be encoded on its own: an anchor defined elsewhere in the scenario file would
+// otherwise be unknown to the document it is encoded into.
+func inlineAliases(n *yaml.Node) *yaml.Node {
+	if n == nil {
+		return nil
+	}
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		return inlineAliases(n.Alias)
+	}
+	c := *n
+	c.Anchor = ""
+	c.Content = make([]*yaml.Node, len(n.Content))
+	for i, child := range n.Content {
+		c.Content[i] = inlineAliases(child)
+	}
+	return &c
 }
 
 // Validate reports every problem with s, each named by its YAML key.

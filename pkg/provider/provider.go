@@ -31,6 +31,10 @@ type Request struct {
 	User string
 	// IdempotencyKey is forwarded as the Idempotency-Key header where accepted.
 	IdempotencyKey string
+	// Prefill is the start of the assistant's answer, which the model continues: the router
+	// uses it to finish a stream that broke mid-answer on another model. Only models that
+	// accept a prefill (Anthropic; DeepSeek and vLLM through OpenAI-compatible APIs) get it.
+	Prefill string
 }
 
 // Usage is the token usage a provider reported.

@@ -16,6 +16,8 @@
 //     honest ones (429, 500, 503, connection reset) to the ones that look like success
 //     (an error object inside a 200, broken JSON, a refusal, a truncated answer, a stream
 //     that stops without [DONE] or stalls forever).
+//   - A script that fixes the outcomes of a model's first calls ("500 once, then fine"), for
+//     tests and drills that need an exact sequence rather than a probability.
 //   - Phases over time (healthy, incident, recovery), measured from the server's start on
 //     an injected clock, so a drill can script an incident and its end.
 //   - A time scale that shrinks every latency and phase offset, so a ten-minute incident

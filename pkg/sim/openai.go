@@ -104,6 +104,12 @@ func (r *chatRequest) answer() string {
 		last = string([]rune(last)[:promptEcho]) + "..."
 	}
 	text := "sim answer to: " + last
+	if n := len(r.Messages); n > 0 && r.Messages[n-1].Role == "assistant" {
+		// A prefill: continue the answer it starts, as prefill-capable models do.
+		if rest, ok := strings.CutPrefix(text, r.Messages[n-1].text()); ok {
+			return rest
+		}
+	}
 	if !r.jsonMode() {
 		return text
 	}
@@ -120,6 +126,8 @@ func (r *chatRequest) content(o Outcome) (text, finish string) {
 	switch o {
 	case OutcomeRefusal:
 		return refusalText, "stop"
+	case OutcomeContentFilterFinish:
+		return "", "content_filter"
 	case OutcomeTruncated:
 		return cutAt(text, len(text)/2), "length"
 	case OutcomeMalformedJSON:

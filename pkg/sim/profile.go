@@ -52,6 +52,12 @@ type Profile struct {
 	// Seed, when not zero, seeds this profile's random outcomes instead of the server's
 	// seed, so one model's behaviour can be pinned while others vary.
 	Seed int64 `yaml:"seed,omitempty"`
+
+	// Script fixes the outcomes of a model's first calls, in order, whatever the error mix
+	// and the phase say ("500 once, then fine": [server_error]); later calls draw from the
+	// mix as usual. Every call still makes its random draws, so the latencies of a run do
+	// not depend on the script. A simulated rate limit still refuses calls beyond it.
+	Script []Outcome `yaml:"script,omitempty"`
 }
 
 // ErrorMix is the probability of each failure mode. Probabilities are in [0, 1] and sum to
@@ -87,6 +93,19 @@ type ErrorMix struct {
 	StreamCut float64 `yaml:"stream_cut,omitempty"`
 	// StreamStall sends part of the answer, then sends nothing until the client goes away.
 	StreamStall float64 `yaml:"stream_stall,omitempty"`
+	// ContextLengthExceeded is a 400 with code context_length_exceeded: the prompt does not
+	// fit this model, and only a model with a larger context window can answer.
+	ContextLengthExceeded float64 `yaml:"context_length_exceeded,omitempty"`
+	// ContentFilter is a 400 with code content_policy_violation: the provider's safety
+	// system refused the prompt, and its message is the reason the caller is owed.
+	ContentFilter float64 `yaml:"content_filter,omitempty"`
+	// ContentFilterFinish is a 200 whose answer the safety system stopped: no content and
+	// finish_reason content_filter (in a stream, the finish chunk says so).
+	ContentFilterFinish float64 `yaml:"content_filter_finish,omitempty"`
+	// StreamNoDone sends the whole answer with its finish reason (and usage when asked for),
+	// then ends the body without the [DONE] marker, as some OpenAI-compatible servers do.
+	// A non-streamed request that draws it gets a normal answer.
+	StreamNoDone float64 `yaml:"stream_no_done,omitempty"`
 }
 
 // RateLimit is a simulated per-minute capacity. When a limit is set, every answer carries
@@ -159,6 +178,11 @@ func (p Profile) Validate() error {
 	}
 	if p.TimeScale < 0 {
 		problems = append(problems, fmt.Sprintf("time_scale: %g is negative", p.TimeScale))
+	}
+	for i, o := range p.Script {
+		if !o.valid() {
+			problems = append(problems, fmt.Sprintf("script[%d]: unknown outcome %q", i, o))
+		}
 	}
 	for i, ph := range p.Phases {
 		problems = append(problems, ph.validate(fmt.Sprintf("phases[%d]", i))...)
@@ -301,7 +325,26 @@ const (
 	OutcomeTruncated         Outcome = "truncated"
 	OutcomeStreamCut         Outcome = "stream_cut"
 	OutcomeStreamStall       Outcome = "stream_stall"
+	// OutcomeContextLength and the outcomes after it come last in the mix's order, so that
+	// adding them left the outcomes of existing seeded runs unchanged.
+	OutcomeContextLength       Outcome = "context_length_exceeded"
+	OutcomeContentFilter       Outcome = "content_filter"
+	OutcomeContentFilterFinish Outcome = "content_filter_finish"
+	OutcomeStreamNoDone        Outcome = "stream_no_done"
 )
+
+// valid reports whether o is an outcome the simulator knows.
+func (o Outcome) valid() bool {
+	if o == OutcomeOK {
+		return true
+	}
+	for _, w := range (ErrorMix{}).weights() {
+		if w.outcome == o {
+			return true
+		}
+	}
+	return false
+}
 
 type weighted struct {
 	outcome Outcome
@@ -324,6 +367,10 @@ func (m ErrorMix) weights() []weighted {
 		{OutcomeTruncated, m.Truncated},
 		{OutcomeStreamCut, m.StreamCut},
 		{OutcomeStreamStall, m.StreamStall},
+		{OutcomeContextLength, m.ContextLengthExceeded},
+		{OutcomeContentFilter, m.ContentFilter},
+		{OutcomeContentFilterFinish, m.ContentFilterFinish},
+		{OutcomeStreamNoDone, m.StreamNoDone},
 	}
 }
 

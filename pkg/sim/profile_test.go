@@ -122,6 +122,8 @@ latency: {min: 100ms, p50: 1s, p95: 4s, p99: 9s, max: 12s}
 errors:
   rate_limited: 0.1
   hang: 0.05
+  context_length_exceeded: 0.01
+script: [server_error, ok, stream_no_done]
 time_scale: 0.1
 seed: 99
 phases:
@@ -141,7 +143,8 @@ phases:
 		t.Fatalf("LoadProfile: %v", err)
 	}
 	if p.Name != "drill" || p.Latency.P99 != 9*time.Second || p.Errors.RateLimited != 0.1 ||
-		p.Errors.Hang != 0.05 || p.TimeScale != 0.1 || p.Seed != 99 || len(p.Phases) != 3 {
+		p.Errors.Hang != 0.05 || p.Errors.ContextLengthExceeded != 0.01 || p.TimeScale != 0.1 || p.Seed != 99 || len(p.Phases) != 3 ||
+		!slices.Equal(p.Script, []Outcome{OutcomeServerError, OutcomeOK, OutcomeStreamNoDone}) {
 		t.Errorf("LoadProfile = %+v", p)
 	}
 	if p.TTFT != defaultTTFT || p.TokenDelay != defaultTokenDelay || p.RateLimit != defaultRateLimit {
@@ -180,6 +183,7 @@ func TestLoadProfileRejects(t *testing.T) {
 		{"overlapping phases", "name: x\nphases:\n- {name: a, start: 0s, duration: 2m}\n- {name: b, start: 1m}\n", "inside phases[0]"},
 		{"empty", "", "empty"},
 		{"two documents", "name: a\n---\nname: b\n", "more than one"},
+		{"unknown scripted outcome", "name: x\nscript: [server_error, teapot]\n", `script[1]: unknown outcome "teapot"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -43,6 +43,13 @@ func (x *exchange) run() {
 	case OutcomeOverloaded:
 		writeJSON(x.w, http.StatusServiceUnavailable,
 			newError("The engine is currently overloaded, please try again later.", "server_error", "overloaded"))
+	case OutcomeContextLength:
+		writeJSON(x.w, http.StatusBadRequest, newError(fmt.Sprintf(
+			"This model's maximum context length is %d tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages.",
+			x.req.promptTokens()/2, x.req.promptTokens()), "invalid_request_error", "context_length_exceeded"))
+	case OutcomeContentFilter:
+		writeJSON(x.w, http.StatusBadRequest, newError(
+			"Your request was rejected as a result of our safety system.", "invalid_request_error", "content_policy_violation"))
 	default:
 		if x.req.Stream {
 			x.stream()
@@ -214,6 +221,9 @@ func (x *exchange) stream() {
 		if !x.event(u) {
 			return
 		}
+	}
+	if x.call.outcome == OutcomeStreamNoDone {
+		return // the body ends cleanly, without the marker
 	}
 	x.send([]byte("data: [DONE]\n\n"))
 }

@@ -263,8 +263,12 @@ func (m *model) plan(now time.Time, elapsed time.Duration, req *chatRequest, ide
 	set := p.settingsAt(elapsed)
 	uOutcome, uLatency, uTTFT := m.rng.Float64(), m.rng.Float64(), m.rng.Float64()
 
+	outcome := set.errors.pick(uOutcome)
+	if n := m.stats.Calls; n < int64(len(p.Script)) {
+		outcome = p.Script[n]
+	}
 	c := call{
-		outcome:    set.errors.pick(uOutcome),
+		outcome:    outcome,
 		phase:      set.phase,
 		profile:    p.Name,
 		latency:    p.scaled(set.latency.Quantile(uLatency)),
@@ -303,7 +307,8 @@ func (m *model) done() {
 
 func billed(o Outcome) bool {
 	switch o {
-	case OutcomeOK, OutcomeRefusal, OutcomeTruncated, OutcomeMalformedJSON, OutcomeStreamCut, OutcomeStreamStall:
+	case OutcomeOK, OutcomeRefusal, OutcomeTruncated, OutcomeMalformedJSON, OutcomeStreamCut, OutcomeStreamStall,
+		OutcomeContentFilterFinish, OutcomeStreamNoDone:
 		return true
 	}
 	return false

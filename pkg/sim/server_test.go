@@ -162,6 +162,14 @@ func only(o Outcome) ErrorMix {
 		m.StreamCut = 1
 	case OutcomeStreamStall:
 		m.StreamStall = 1
+	case OutcomeContextLength:
+		m.ContextLengthExceeded = 1
+	case OutcomeContentFilter:
+		m.ContentFilter = 1
+	case OutcomeContentFilterFinish:
+		m.ContentFilterFinish = 1
+	case OutcomeStreamNoDone:
+		m.StreamNoDone = 1
 	}
 	return m
 }
@@ -251,6 +259,29 @@ func TestNonStreamOutcomes(t *testing.T) {
 			c := v.Choices[0].Message.Content
 			if *v.Choices[0].FinishReason != "length" || len(c) >= len(wantAnswer) || !strings.HasPrefix(wantAnswer, c) {
 				t.Errorf("choice = %+v, want a prefix of %q with finish_reason length", v.Choices[0], wantAnswer)
+			}
+		}},
+		{OutcomeContextLength, 400, "", true, func(t *testing.T, body []byte) {
+			v := decodeCompletion(t, body)
+			if v.Error == nil || *v.Error.Code != "context_length_exceeded" || !strings.Contains(v.Error.Message, "maximum context length") {
+				t.Errorf("body = %s, want a context_length_exceeded error", body)
+			}
+		}},
+		{OutcomeContentFilter, 400, "", true, func(t *testing.T, body []byte) {
+			v := decodeCompletion(t, body)
+			if v.Error == nil || *v.Error.Code != "content_policy_violation" || v.Error.Message == "" {
+				t.Errorf("body = %s, want a content_policy_violation error with a reason", body)
+			}
+		}},
+		{OutcomeContentFilterFinish, 200, "", true, func(t *testing.T, body []byte) {
+			v := decodeCompletion(t, body)
+			if *v.Choices[0].FinishReason != "content_filter" || v.Choices[0].Message.Content != "" {
+				t.Errorf("choice = %+v, want no content and finish_reason content_filter", v.Choices[0])
+			}
+		}},
+		{OutcomeStreamNoDone, 200, "", true, func(t *testing.T, body []byte) {
+			if v := decodeCompletion(t, body); v.Choices[0].Message.Content != wantAnswer {
+				t.Errorf("content = %q, want the normal answer", v.Choices[0].Message.Content)
 			}
 		}},
 	}
@@ -442,6 +473,19 @@ func TestStreamOutcomes(t *testing.T) {
 		{OutcomeMalformedJSON, false, true, nil, func(t *testing.T, events []sseEvent) {
 			if !slices.ContainsFunc(events, func(ev sseEvent) bool { return !ev.valid }) {
 				t.Errorf("every event is valid JSON, want a broken one")
+			}
+		}},
+		{OutcomeContentFilterFinish, false, true, nil, func(t *testing.T, events []sseEvent) {
+			if got := content(events); got != "" || finishReason(events) != "content_filter" {
+				t.Errorf("content = %q, finish_reason %q; want none and content_filter", got, finishReason(events))
+			}
+		}},
+		{OutcomeStreamNoDone, true, false, nil, func(t *testing.T, events []sseEvent) {
+			if got := content(events); got != wantAnswer || finishReason(events) != "stop" {
+				t.Errorf("content = %q, finish_reason %q; want the whole answer and stop", got, finishReason(events))
+			}
+			if last := events[len(events)-1]; last.Usage == nil {
+				t.Errorf("last event = %s, want the usage chunk", last.raw)
 			}
 		}},
 		{OutcomeStreamCut, true, false, io.ErrUnexpectedEOF, func(t *testing.T, events []sseEvent) {
@@ -950,6 +994,28 @@ func TestStats(t *testing.T) {
 	}
 	if got.BadRequests != 1 {
 		t.Errorf("BadRequests = %d, want 1", got.BadRequests)
+	}
+}
+
+// TestScript: a script fixes a model's first outcomes in order, then the mix takes over;
+// other models are not affected.
+func TestScript(t *testing.T) {
+	t.Parallel()
+	p := instant(OutcomeOverloaded)
+	p.Script = []Outcome{OutcomeServerError, OutcomeOK, OutcomeRateLimitedNoHint}
+	h := newHarness(t, ServerConfig{Models: map[string]Profile{"scripted": p}})
+	ctx := testCtx(t)
+	var got []string
+	for _, model := range []string{"scripted", "other", "scripted", "scripted", "scripted", "scripted"} {
+		resp, _, err := h.call(ctx, chatParams{model: model})
+		if err != nil {
+			t.Fatalf("call: %v", err)
+		}
+		got = append(got, model+":"+resp.Header.Get("x-sim-outcome"))
+	}
+	want := []string{"scripted:server_error", "other:ok", "scripted:ok", "scripted:rate_limited_no_hint", "scripted:overloaded", "scripted:overloaded"}
+	if !slices.Equal(got, want) {
+		t.Errorf("outcomes = %v, want %v", got, want)
 	}
 }
 

@@ -99,8 +99,8 @@ const (
 
 // Reasons a lookup did not search or could not, besides the policy's SkipReasons.
 const (
-	MissBackendError   = "backend_error"
-	MissEmbedderError  = "embedder_error"
+	MissBackendError    = "backend_error"
+	MissEmbedderError   = "embedder_error"
 	MissCoalesceTimeout = "coalesce_timeout"
 )
 

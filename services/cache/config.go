@@ -35,11 +35,11 @@ type Config struct {
 	Backend string `yaml:"backend"`
 	// MaxEntries bounds the embedded index; the least recently used entry is evicted when a
 	// new one would exceed it.
-	MaxEntries int                       `yaml:"max_entries"`
-	Embedded   EmbeddedConfig            `yaml:"embedded"`
-	Qdrant     QdrantConfig              `yaml:"qdrant"`
-	Embedder   EmbedderConfig            `yaml:"embedder"`
-	Coalesce   CoalesceConfig            `yaml:"coalesce"`
+	MaxEntries int            `yaml:"max_entries"`
+	Embedded   EmbeddedConfig `yaml:"embedded"`
+	Qdrant     QdrantConfig   `yaml:"qdrant"`
+	Embedder   EmbedderConfig `yaml:"embedder"`
+	Coalesce   CoalesceConfig `yaml:"coalesce"`
 	// DefaultPolicy applies to every scenario without its own block, and fills in the
 	// keys a scenario block leaves out.
 	DefaultPolicy Policy `yaml:"default_policy"`
@@ -182,11 +182,14 @@ type thresholds struct {
 
 // defaultThresholds are the calibrated defaults per embedder kind. Dense embedders use the
 // seeds' 0.92 (seed 000 3.1, seed 003 3.4). The lexical embedder's scores measure shared
-// wording, and its defaults come from the labelled evaluation set in testdata (see
-// eval_test.go and the README): the lowest thresholds whose false-hit rate stays at 0.
+// wording; on the labelled evaluation set (testdata/eval.jsonl, eval_test.go) its first
+// false hit appears below 0.90 (金卡/白金卡 at 0.899) while recall barely changes between
+// 0.90 and 0.96, so its threshold is 0.94: stricter than the dense default, with a margin
+// for questions the set does not have. Its approximate floor sits at the last
+// threshold without a false hit on the set.
 func defaultThresholds(kind string) thresholds {
 	if kind == EmbedderLexical {
-		return thresholds{normal: 0.90, stale: 0.94, approximate: 0.86}
+		return thresholds{normal: 0.94, stale: 0.97, approximate: 0.90}
 	}
 	return thresholds{normal: 0.92, stale: 0.95, approximate: approximateFloor}
 }
@@ -200,11 +203,13 @@ var defaultVolatileMarkers = []string{
 	"今天", "今日", "明天", "昨天", "现在", "目前", "当前", "最新", "实时", "天气", "库存", "订单", "股价",
 }
 
-// defaultPersonalMarkers make a prompt about the asker's own records.
+// defaultPersonalMarkers make a prompt about the asker's own records. How-to questions that
+// merely say "my" (how do I delete my account?) are the cache's best customers and are not
+// matched; questions about a person's data (my balance, 我的快递) are.
 var defaultPersonalMarkers = []string{
-	"my account", "my balance", "my address", "my bill", "my invoice", "my payment", "my refund",
-	"my package", "my delivery", "my subscription", "my points",
-	"我的账户", "我的账号", "我的余额", "我的地址", "我的账单", "我的快递", "我的包裹", "我的积分", "我的退款",
+	"my balance", "my points", "my package", "my parcel", "my delivery", "my refund status",
+	"my account number", "my address is", "my phone number", "my email is",
+	"我的余额", "我的积分", "我的快递", "我的包裹", "我的账单", "我的地址是", "我的手机号", "我的邮箱是",
 }
 
 // defaultPersonalPatterns match identifiers of one person: e-mail addresses, phone

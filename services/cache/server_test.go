@@ -28,6 +28,8 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/cache/internal/embed"
+	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
 // tenantHeader stands in for the app's auth interceptor: the tenant it names becomes the
@@ -76,7 +78,7 @@ func serve(t *testing.T, register func(*grpc.Server)) *grpc.ClientConn {
 func startCache(t *testing.T, index Index) (cachev1.CacheServiceClient, *clockwork.FakeClock) {
 	t.Helper()
 	clock := clockwork.NewFakeClockAt(epoch)
-	svc, err := NewService(DefaultConfig(), index, clock, prometheus.NewRegistry())
+	svc, err := NewService(DefaultConfig(), Deps{Index: index, Embedder: embed.NewLexical(), Clock: clock, Metrics: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatalf("NewService: %v", err)
 	}
@@ -102,7 +104,11 @@ func protoPrompt(user string) *cachev1.Prompt {
 
 func storeRequest(tenant string, prompt *cachev1.Prompt) *cachev1.StoreRequest {
 	return &cachev1.StoreRequest{
-		Quality:      &mantlev1.QualityContext{RequestId: "req-store", Tenant: tenant},
+		Quality: &mantlev1.QualityContext{
+			RequestId:    "req-store",
+			Tenant:       tenant,
+			Verification: &mantlev1.Verification{L1Passed: true},
+		},
 		Prompt:       prompt,
 		Content:      "Click “Forgot password” on the sign-in page.",
 		SourceModel:  "gpt-4o-mini-2024-07-18",
@@ -113,7 +119,7 @@ func storeRequest(tenant string, prompt *cachev1.Prompt) *cachev1.StoreRequest {
 
 func TestServerLookupHitAndMiss(t *testing.T) {
 	t.Parallel()
-	client, clock := startCache(t, NewMemoryIndex(10))
+	client, clock := startCache(t, NewEmbeddedIndex(10))
 	ctx := asTenant("acme")
 
 	// The scenario may come from the QualityContext alone.
@@ -144,6 +150,8 @@ func TestServerLookupHitAndMiss(t *testing.T) {
 			CreatedAt:    timestamppb.New(epoch),
 			ExpiresAt:    timestamppb.New(epoch.Add(time.Hour)),
 			FinishReason: "stop",
+			Namespace:    "lexical-v1",
+			StaleUntil:   timestamppb.New(epoch.Add(25 * time.Hour)),
 		}
 		if !resp.GetHit() || resp.GetSimilarity() != 1 || !proto.Equal(resp.GetEntry(), wantEntry) {
 			t.Errorf("Lookup = hit %v, similarity %v, entry %v; want hit, 1, %v", resp.GetHit(), resp.GetSimilarity(), resp.GetEntry(), wantEntry)
@@ -152,7 +160,7 @@ func TestServerLookupHitAndMiss(t *testing.T) {
 		if q.GetRequestId() != "req-1" || !q.GetCacheHit() || q.GetCacheSimilarity() != 1 {
 			t.Errorf("quality = %v, want request req-1 with cache_hit and similarity 1", q)
 		}
-		assertAuditStep(t, q, clock.Now(), "exact hit, entry "+stored.GetEntryId())
+		assertAuditStep(t, q, clock.Now(), "exact hit 1.000, entry "+stored.GetEntryId())
 	})
 
 	t.Run("miss", func(t *testing.T) {
@@ -184,7 +192,7 @@ func assertAuditStep(t *testing.T, q *mantlev1.QualityContext, at time.Time, det
 
 func TestServerTenants(t *testing.T) {
 	t.Parallel()
-	client, _ := startCache(t, NewMemoryIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10))
 	// Stored without authentication, under the tenant the QualityContext names.
 	if _, err := client.Store(context.Background(), storeRequest("acme", protoPrompt("hello"))); err != nil {
 		t.Fatalf("Store: %v", err)
@@ -229,6 +237,7 @@ func TestServerStoreSkips(t *testing.T) {
 		{"failed verification", func(r *cachev1.StoreRequest) {
 			r.Quality.Verification = &mantlev1.Verification{L1Passed: false, L1Failures: []string{"json_parse"}}
 		}, SkipNotVerified},
+		{"no verification", func(r *cachev1.StoreRequest) { r.Quality.Verification = nil }, SkipNotVerified},
 		{"template answer", func(r *cachev1.StoreRequest) {
 			r.Quality.FallbackLevel = mantlev1.FallbackLevel_FALLBACK_LEVEL_TEMPLATE
 		}, SkipDegraded},
@@ -241,7 +250,7 @@ func TestServerStoreSkips(t *testing.T) {
 			r.Quality.Verification = &mantlev1.Verification{L1Passed: true}
 		}, ""},
 	}
-	client, _ := startCache(t, NewMemoryIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10))
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -260,7 +269,7 @@ func TestServerStoreSkips(t *testing.T) {
 
 func TestServerInvalidate(t *testing.T) {
 	t.Parallel()
-	client, _ := startCache(t, NewMemoryIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10))
 	var ids []string
 	for _, q := range []string{"one", "two", "three"} {
 		resp, err := client.Store(asTenant("acme"), storeRequest("", protoPrompt(q)))
@@ -298,7 +307,7 @@ func TestServerInvalidate(t *testing.T) {
 
 func TestServerErrors(t *testing.T) {
 	t.Parallel()
-	client, _ := startCache(t, NewMemoryIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10))
 	lookup := func(ctx context.Context, quality *mantlev1.QualityContext, prompt *cachev1.Prompt) error {
 		_, err := client.Lookup(ctx, &cachev1.LookupRequest{Quality: quality, Prompt: prompt})
 		return err
@@ -405,11 +414,12 @@ func assertStatus(t *testing.T, err error, code codes.Code, reason string, field
 // failingIndex fails every call with err.
 type failingIndex struct{ err error }
 
-func (f failingIndex) Get(context.Context, Key, time.Time) (Entry, bool, error) {
+func (f failingIndex) Get(context.Context, string, Key, time.Time) (Entry, bool, error) {
 	return Entry{}, false, f.err
 }
-func (f failingIndex) Put(context.Context, Entry) error            { return f.err }
-func (f failingIndex) Delete(context.Context, Filter) (int, error) { return 0, f.err }
+func (f failingIndex) Search(context.Context, Query) ([]Candidate, error) { return nil, f.err }
+func (f failingIndex) Put(context.Context, Entry, vector.Vector) error    { return f.err }
+func (f failingIndex) Delete(context.Context, Filter) (int, error)        { return 0, f.err }
 
 func TestServerBackendErrors(t *testing.T) {
 	t.Parallel()
@@ -427,11 +437,12 @@ func TestServerBackendErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			client, _ := startCache(t, failingIndex{err: tt.err})
+			// A lookup is a miss whatever the backend did: the request goes on to a model.
+			resp, err := client.Lookup(asTenant("acme"), &cachev1.LookupRequest{Prompt: protoPrompt("hi")})
+			if err != nil || resp.GetHit() || resp.GetMissReason() != MissBackendError {
+				t.Errorf("Lookup = (%v, %v), want a miss with reason %s", resp, err, MissBackendError)
+			}
 			calls := map[string]func() error{
-				"lookup": func() error {
-					_, err := client.Lookup(asTenant("acme"), &cachev1.LookupRequest{Prompt: protoPrompt("hi")})
-					return err
-				},
 				"store": func() error {
 					_, err := client.Store(asTenant("acme"), storeRequest("", protoPrompt("hi")))
 					return err
@@ -457,10 +468,125 @@ func TestServerBackendErrors(t *testing.T) {
 	}
 }
 
+func TestServerSemanticLookupAndRejection(t *testing.T) {
+	t.Parallel()
+	client, clock := startCache(t, NewEmbeddedIndex(10))
+	stored, err := client.Store(asTenant("acme"), storeRequest("", protoPrompt("How do I return an iPhone 15 that I bought online?")))
+	if err != nil || !stored.GetStored() {
+		t.Fatalf("Store = (%v, %v)", stored, err)
+	}
+	clock.Advance(2 * time.Minute)
+
+	resp, err := client.Lookup(asTenant("acme"), &cachev1.LookupRequest{Prompt: protoPrompt("how can I return an iPhone 15 that I bought online")})
+	if err != nil {
+		t.Fatalf("Lookup: %v", err)
+	}
+	if !resp.GetHit() || resp.GetMatch() != cachev1.MatchKind_MATCH_KIND_SEMANTIC || resp.GetSimilarity() >= 1 ||
+		resp.GetAge().AsDuration() != 2*time.Minute || resp.GetNamespace() != "lexical-v1" || resp.GetEntry().GetNamespace() != "lexical-v1" ||
+		resp.GetQuality().GetCacheSimilarity() != resp.GetSimilarity() {
+		t.Errorf("Lookup = %v; want a semantic hit aged 2m in lexical-v1 whose similarity is in the QualityContext", resp)
+	}
+	assertAuditStep(t, resp.GetQuality(), clock.Now(), "semantic hit")
+
+	// Close, but under the threshold: reported, not served.
+	resp, err = client.Lookup(asTenant("acme"), &cachev1.LookupRequest{Prompt: protoPrompt("How do I return an iPhone 15 that I bought in the online shop?")})
+	if err != nil {
+		t.Fatalf("Lookup: %v", err)
+	}
+	r := resp.GetRejected()
+	if resp.GetHit() || r.GetEntryId() != stored.GetEntryId() || r.GetReason() != "below_threshold" || r.GetDetail() == "" || r.GetSimilarity() < 0.89 {
+		t.Errorf("Lookup = %v; want a miss that names the rejected entry and why", resp)
+	}
+	if !strings.Contains(resp.GetQuality().GetAudit()[0].GetDetail(), "rejected "+stored.GetEntryId()) {
+		t.Errorf("audit %q does not mention the rejection", resp.GetQuality().GetAudit()[0].GetDetail())
+	}
+}
+
+func TestServerModesAndInvalidNamespace(t *testing.T) {
+	t.Parallel()
+	client, clock := startCache(t, NewEmbeddedIndex(10))
+	if _, err := client.Store(asTenant("acme"), storeRequest("", protoPrompt("How do I reset my password?"))); err != nil {
+		t.Fatalf("Store: %v", err)
+	}
+	clock.Advance(2 * time.Hour) // past the 1h TTL, within the 24h staleness
+	lookup := func(mode cachev1.LookupMode) (*cachev1.LookupResponse, error) {
+		return client.Lookup(asTenant("acme"), &cachev1.LookupRequest{Prompt: protoPrompt("how do i reset my password"), Mode: mode})
+	}
+	if resp, err := lookup(cachev1.LookupMode_LOOKUP_MODE_UNSPECIFIED); err != nil || resp.GetHit() {
+		t.Errorf("normal lookup of a stale entry = (%v, %v), want a miss", resp, err)
+	}
+	resp, err := lookup(cachev1.LookupMode_LOOKUP_MODE_CACHE_ONLY)
+	if err != nil || !resp.GetHit() || !resp.GetStale() || resp.GetApproximate() {
+		t.Errorf("cache-only lookup of a stale entry = (%v, %v), want a stale hit", resp, err)
+	}
+	if resp.GetEntry().GetStaleUntil().AsTime() != epoch.Add(25*time.Hour) {
+		t.Errorf("stale_until = %v, want %v", resp.GetEntry().GetStaleUntil().AsTime(), epoch.Add(25*time.Hour))
+	}
+	_, err = lookup(cachev1.LookupMode(42))
+	assertStatus(t, err, codes.InvalidArgument, rpc.ReasonInvalidRequest, []string{"mode"})
+
+	removed, err := client.Invalidate(asTenant("acme"), &cachev1.InvalidateRequest{Namespace: "lexical-v1"})
+	if err != nil || removed.GetRemoved() != 1 {
+		t.Errorf("Invalidate(namespace) = (%v, %v), want 1 removed", removed, err)
+	}
+}
+
+func TestServerCoalescing(t *testing.T) {
+	t.Parallel()
+	client, clock := startCache(t, NewEmbeddedIndex(10))
+	lookup := func(ctx context.Context) (*cachev1.LookupResponse, error) {
+		return client.Lookup(ctx, &cachev1.LookupRequest{Prompt: protoPrompt("How do I reset my password?"), Coalesce: true})
+	}
+	first, err := lookup(asTenant("acme"))
+	if err != nil || first.GetHit() || first.GetLease().GetId() == "" || !first.GetLease().GetExpiresAt().AsTime().Equal(epoch.Add(30*time.Second)) {
+		t.Fatalf("first Lookup = (%v, %v), want a miss with a lease expiring in 30s", first, err)
+	}
+	type result struct {
+		resp *cachev1.LookupResponse
+		err  error
+	}
+	waiter := make(chan result, 1)
+	go func() {
+		resp, err := lookup(asTenant("acme"))
+		waiter <- result{resp, err}
+	}()
+	// The second lookup waits on a timer of the cache's clock until the answer arrives.
+	if err := clock.BlockUntilContext(t.Context(), 1); err != nil {
+		t.Fatalf("the second lookup never waited: %v", err)
+	}
+	store := storeRequest("", protoPrompt("How do I reset my password?"))
+	store.LeaseId = first.GetLease().GetId()
+	stored, err := client.Store(asTenant("acme"), store)
+	if err != nil || !stored.GetStored() {
+		t.Fatalf("Store = (%v, %v)", stored, err)
+	}
+	got := <-waiter
+	if got.err != nil || !got.resp.GetHit() || got.resp.GetMatch() != cachev1.MatchKind_MATCH_KIND_COALESCED || got.resp.GetEntry().GetId() != stored.GetEntryId() {
+		t.Errorf("waiting Lookup = (%v, %v), want the stored answer, coalesced", got.resp, got.err)
+	}
+
+	// Release: another tenant cannot; the holder can, once.
+	second, err := client.Lookup(asTenant("acme"), &cachev1.LookupRequest{Prompt: protoPrompt("What is your refund policy?"), Coalesce: true})
+	if err != nil || second.GetLease() == nil {
+		t.Fatalf("Lookup = (%v, %v), want a lease", second, err)
+	}
+	for _, c := range []struct {
+		ctx  context.Context
+		want bool
+	}{{asTenant("globex"), false}, {asTenant("acme"), true}, {asTenant("acme"), false}} {
+		resp, err := client.Release(c.ctx, &cachev1.ReleaseRequest{LeaseId: second.GetLease().GetId()})
+		if err != nil || resp.GetReleased() != c.want {
+			t.Errorf("Release = (%v, %v), want released %v", resp, err, c.want)
+		}
+	}
+	_, err = client.Release(asTenant("acme"), &cachev1.ReleaseRequest{})
+	assertStatus(t, err, codes.InvalidArgument, rpc.ReasonInvalidRequest, []string{"lease_id"})
+}
+
 func TestModule(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	var client cachev1.CacheServiceClient
+	var runnable app.Runnable
 	conn := serve(t, func(s *grpc.Server) {
 		env := app.Env{
 			GRPC:    s,
@@ -473,15 +599,21 @@ func TestModule(t *testing.T) {
 		if m.Name != "cache" || len(m.Deps) != 0 {
 			t.Errorf("Module = %q with deps %v, want cache without deps", m.Name, m.Deps)
 		}
-		runnable, err := m.New(context.Background(), env)
-		if err != nil {
+		var err error
+		if runnable, err = m.New(context.Background(), env); err != nil {
 			t.Fatalf("New: %v", err)
 		}
-		if runnable != nil {
-			t.Errorf("New returned a Runnable; the cache has no background work")
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- runnable.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
 		}
 	})
-	client = cachev1.NewCacheServiceClient(conn)
+	client := cachev1.NewCacheServiceClient(conn)
 
 	if _, err := client.Store(asTenant("acme"), storeRequest("", protoPrompt("hello"))); err != nil {
 		t.Fatalf("Store: %v", err)
@@ -490,10 +622,10 @@ func TestModule(t *testing.T) {
 	if err != nil || !resp.GetHit() {
 		t.Fatalf("Lookup = (%v, %v), want a hit", resp, err)
 	}
-	if got := metricValue(t, reg, "mantle_cache_entries", "", ""); got != 1 {
+	if got := metricValue(t, reg, "mantle_cache_entries", nil); got != 1 {
 		t.Errorf("mantle_cache_entries = %v, want 1", got)
 	}
-	if got := metricValue(t, reg, "mantle_cache_lookups_total", "result", "hit"); got != 1 {
+	if got := metricValue(t, reg, "mantle_cache_lookups_total", map[string]string{"result": "hit"}); got != 1 {
 		t.Errorf("lookups{result=hit} = %v, want 1", got)
 	}
 }

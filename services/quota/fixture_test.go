@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,19 +21,56 @@ func testConfig() Config {
 	return cfg
 }
 
+// backend makes Stores of one kind for the shared test suite. Every store decides at
+// the fixture's fake clock: RedisStore passes it to its scripts instead of Redis TIME.
+type backend struct {
+	name     string
+	newStore func(t testing.TB, clock clockwork.Clock) Store
+}
+
+var memoryBackend = backend{name: "memory", newStore: func(_ testing.TB, clock clockwork.Clock) Store { return NewMemoryStore(clock) }}
+
+// redisBackend stores in the test Redis under a prefix of its own (see redisForTest).
+var redisBackend = backend{name: "redis", newStore: func(t testing.TB, clock clockwork.Clock) Store {
+	return newTestRedisStore(t, clock, RedisOptions{})
+}}
+
+// eachBackend runs f once per backend, as parallel subtests named after the backend.
+func eachBackend(t *testing.T, f func(t *testing.T, b backend)) {
+	t.Helper()
+	for _, b := range []backend{memoryBackend, redisBackend} {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, b)
+		})
+	}
+}
+
 type fixture struct {
 	svc    *Service
-	store  *MemoryStore
+	store  Store
 	clock  *clockwork.FakeClock
 	events *recordingPublisher
 	reg    *prometheus.Registry
 }
 
+// newFixture builds a Service on the memory backend.
 func newFixture(t testing.TB, cfg Config) *fixture {
 	t.Helper()
+	return newFixtureOn(t, memoryBackend, cfg)
+}
+
+func newFixtureOn(t testing.TB, b backend, cfg Config) *fixture {
+	t.Helper()
+	clock := clockwork.NewFakeClockAt(t0)
+	return newFixtureWith(t, b.newStore(t, clock), clock, cfg)
+}
+
+func newFixtureWith(t testing.TB, store Store, clock *clockwork.FakeClock, cfg Config) *fixture {
+	t.Helper()
 	f := &fixture{
-		store:  NewMemoryStore(),
-		clock:  clockwork.NewFakeClockAt(t0),
+		store:  store,
+		clock:  clock,
 		events: &recordingPublisher{},
 		reg:    prometheus.NewRegistry(),
 	}
@@ -52,8 +88,27 @@ func newFixture(t testing.TB, cfg Config) *fixture {
 	return f
 }
 
+// run starts the Service's background work (sweeper, dispatcher) until the test ends.
+func (f *fixture) run(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v, want nil after cancel", err)
+		}
+	})
+	select {
+	case <-f.svc.queue.started:
+	case err := <-done:
+		t.Fatalf("Run returned %v before the dispatcher started", err)
+	}
+}
+
 // reserve reserves input+output tokens for tenant and fails the test on error.
-func (f *fixture) reserve(t *testing.T, tenant string, input, maxOutput int64) Reserved {
+func (f *fixture) reserve(t testing.TB, tenant string, input, maxOutput int64) Reserved {
 	t.Helper()
 	got, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: input, MaxOutputTokens: maxOutput})
 	if err != nil {
@@ -63,7 +118,7 @@ func (f *fixture) reserve(t *testing.T, tenant string, input, maxOutput int64) R
 }
 
 // counter returns the value of a counter in the registry, matching all given labels.
-func (f *fixture) counter(t *testing.T, name string, labels ...string) float64 {
+func (f *fixture) counter(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()
 	families, err := f.reg.Gather()
 	if err != nil {
@@ -73,23 +128,28 @@ func (f *fixture) counter(t *testing.T, name string, labels ...string) float64 {
 		if mf.GetName() != name {
 			continue
 		}
+		total, found := 0.0, false
 	metrics:
 		for _, m := range mf.GetMetric() {
 			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
+				ok := false
 				for _, lp := range m.GetLabel() {
 					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
+						ok = true
 					}
 				}
-				if !found {
+				if !ok {
 					continue metrics
 				}
 			}
-			return m.GetCounter().GetValue()
+			found = true
+			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+		if found {
+			return total
 		}
 	}
-	t.Fatalf("counter %s%v not found", name, labels)
+	t.Fatalf("metric %s%v not found", name, labels)
 	return 0
 }
 
@@ -117,17 +177,30 @@ func (p *recordingPublisher) Publish(_ context.Context, subject string, msg prot
 	p.events = append(p.events, publishedEvent{subject, msg})
 }
 
-func (p *recordingPublisher) rejections(t *testing.T) []*eventsv1.QuotaRejectionEvent {
+// rejections returns the QuotaRejectionEvents published on mantle.events.quota.
+func (p *recordingPublisher) rejections(t testing.TB) []*eventsv1.QuotaRejectionEvent {
+	t.Helper()
+	return eventsOf[*eventsv1.QuotaRejectionEvent](t, p, "mantle.events.quota")
+}
+
+// nearLimits returns the QuotaNearLimitEvents published on mantle.events.quota.
+func (p *recordingPublisher) nearLimits(t testing.TB) []*eventsv1.QuotaNearLimitEvent {
+	t.Helper()
+	return eventsOf[*eventsv1.QuotaNearLimitEvent](t, p, "mantle.events.quota")
+}
+
+func eventsOf[E proto.Message](t testing.TB, p *recordingPublisher, subject string) []E {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out []*eventsv1.QuotaRejectionEvent
+	var out []E
 	for _, e := range p.events {
-		ev, ok := e.msg.(*eventsv1.QuotaRejectionEvent)
-		if !ok || e.subject != "mantle.events.quota" {
-			t.Fatalf("published %T on %q, want QuotaRejectionEvent on mantle.events.quota", e.msg, e.subject)
+		if ev, ok := e.msg.(E); ok {
+			if e.subject != subject {
+				t.Fatalf("published %T on %q, want %q", e.msg, e.subject, subject)
+			}
+			out = append(out, ev)
 		}
-		out = append(out, ev)
 	}
 	return out
 }
@@ -139,8 +212,8 @@ type sweepSignallingStore struct {
 	swept chan int
 }
 
-func (s *sweepSignallingStore) Sweep(ctx context.Context, now time.Time) (int, error) {
-	n, err := s.Store.Sweep(ctx, now)
+func (s *sweepSignallingStore) Sweep(ctx context.Context) (int, error) {
+	n, err := s.Store.Sweep(ctx)
 	s.swept <- n
 	return n, err
 }

@@ -315,6 +315,8 @@ func (s *MemoryStore) budget(group string) *budgetState {
 func levelOf(spec BucketSpec, b *bucket, now time.Time) BucketLevel {
 	return BucketLevel{
 		Name:      spec.Name(),
+		Group:     spec.Group,
+		Field:     spec.Field,
 		Limit:     spec.Limit,
 		Remaining: b.remaining(now, spec.Limit),
 		Reset:     b.debt(now),

@@ -2,29 +2,96 @@ package quota
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/redis/go-redis/v9"
 
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 )
 
-// Module returns the quota module: it keeps state in memory for now and depends on no
-// other service. Its Runnable is the reservation sweeper.
+// Module returns the quota module. It depends on no other service; its Runnable runs
+// the sweeper, the queue's dispatcher and, with backend redis, the Redis client's
+// background work, and closes the client on the way out.
 func Module(cfg Config) app.Module {
 	return app.Module{
 		Name: "quota",
 		New: func(_ context.Context, env app.Env) (app.Runnable, error) {
+			log := env.Log.With("service", "quota")
+			var (
+				store  Store
+				client *redis.Client
+			)
+			switch cfg.Backend {
+			case BackendRedis:
+				var err error
+				client, err = newRedisClient(cfg.Redis)
+				if err != nil {
+					return nil, err
+				}
+				primary := NewRedisStore(client, RedisOptions{
+					Prefix:         cfg.Redis.KeyPrefix,
+					Clock:          env.Clock,
+					ServerTime:     true,
+					OverLimitCache: cfg.Redis.OverLimitCache,
+					FlushInterval:  cfg.RetryBudget.FlushInterval,
+				})
+				// Redis being away at start is not fatal: the store starts on its local
+				// limiter and switches when Redis answers.
+				store = NewFailoverStore(primary, env.Clock, FailoverOptions{
+					Replicas: cfg.Redis.Replicas, ProbeInterval: cfg.Redis.ProbeInterval, Log: log, Events: env.Events,
+				})
+			default:
+				store = NewMemoryStore(env.Clock)
+			}
 			svc, err := NewService(cfg, Deps{
-				Store:   NewMemoryStore(),
+				Store:   store,
 				Clock:   env.Clock,
 				Metrics: env.Metrics,
-				Log:     env.Log.With("service", "quota"),
+				Log:     log,
 				Events:  env.Events,
 			})
 			if err != nil {
+				if client != nil {
+					_ = client.Close()
+				}
 				return nil, err
 			}
 			quotav1.RegisterQuotaServiceServer(env.GRPC, newServer(svc))
-			return svc, nil
+			return app.RunFunc(func(ctx context.Context) error {
+				err := svc.Run(ctx)
+				if client != nil {
+					err = errors.Join(err, client.Close())
+				}
+				return err
+			}), nil
 		},
 	}
+}
+
+// newRedisClient builds the client from the redis block; the password comes from the
+// environment variable it names.
+func newRedisClient(cfg RedisConfig) (*redis.Client, error) {
+	opts := &redis.Options{
+		Addr:         cfg.Address,
+		Username:     cfg.Username,
+		DB:           cfg.DB,
+		PoolSize:     cfg.PoolSize,
+		DialTimeout:  cfg.DialTimeout,
+		ReadTimeout:  cfg.Timeout,
+		WriteTimeout: cfg.Timeout,
+		// The store falls back on the first failure; retrying inside the client would
+		// only make every request wait for the outage.
+		MaxRetries: -1,
+	}
+	if cfg.PasswordEnv != "" {
+		pw, ok := os.LookupEnv(cfg.PasswordEnv)
+		if !ok {
+			return nil, fmt.Errorf("redis.password_env: environment variable %s is not set", cfg.PasswordEnv)
+		}
+		opts.Password = pw
+	}
+	return redis.NewClient(opts), nil
 }

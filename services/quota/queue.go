@@ -93,6 +93,13 @@ type queue struct {
 
 	waiting atomic.Int64 // len of every tenant queue together; read without mu on the fast path
 	kick    chan struct{}
+	// onPush and onGrant, when set (tests), are called after a request joins the queue
+	// and after one is granted (from the queue or at once), without q.mu held.
+	onPush  func()
+	onGrant func(adm *admission, fromQueue bool)
+	// started is closed once a dispatcher runs.
+	started   chan struct{}
+	startOnce sync.Once
 
 	mu      sync.Mutex
 	running bool
@@ -145,8 +152,9 @@ type outcome struct {
 func newQueue(cfg QueueConfig, store Store, clock clockwork.Clock, m *metrics, release func(Charge)) *queue {
 	q := &queue{
 		cfg: cfg, store: store, clock: clock, metrics: m, release: release,
-		kick:   make(chan struct{}, 1),
-		spoken: make(map[string]*[numClasses]int),
+		kick:    make(chan struct{}, 1),
+		started: make(chan struct{}),
+		spoken:  make(map[string]*[numClasses]int),
 	}
 	for c := range q.classes {
 		q.classes[c].tenants = make(map[string]*tenantQueue)
@@ -158,43 +166,11 @@ func newQueue(cfg QueueConfig, store Store, clock clockwork.Clock, m *metrics, r
 // admit asks the Store for adm, waiting in the queue when allowed. It returns the grant
 // and how long the request waited.
 func (q *queue) admit(ctx context.Context, adm *admission) (Grant, time.Duration, error) {
-	var refusal *ExhaustedError
-	// The fast path: nobody waits (the common case), or nobody waits for what this
-	// request needs.
-	if q.waiting.Load() == 0 || !q.spokenFor(adm) {
-		g, err := q.store.Reserve(ctx, adm.charge)
-		if !errors.As(err, &refusal) {
-			return g, 0, err
-		}
+	w, g, err := q.enter(ctx, adm)
+	if w == nil {
+		return g, 0, err
 	}
-
-	q.mu.Lock()
-	now := q.clock.Now()
-	budget := q.waitBudget(ctx)
-	switch {
-	case refusal == nil && budget <= 0:
-		// Held back by a waiter of higher or equal priority, and not allowed to wait.
-		q.mu.Unlock()
-		return Grant{}, 0, q.heldBack(adm, now)
-	case refusal != nil && (budget <= 0 || refusal.RetryAfter > budget):
-		// Not allowed to wait, or the bucket will not refill in time: refuse at once.
-		q.mu.Unlock()
-		return Grant{}, 0, refusal
-	}
-	if int(q.waiting.Load()) >= q.cfg.Size && !q.shedFor(adm.class, now) {
-		q.mu.Unlock()
-		return Grant{}, 0, q.full(refusal)
-	}
-	w := &waiter{adm: adm, ctx: ctx, arrived: now, giveUpAt: now.Add(budget), nextTry: now, done: make(chan outcome, 1)}
-	if refusal != nil {
-		w.nextTry, w.lastErr = now.Add(refusal.RetryAfter), refusal
-		w.short = refusal.Short
-	}
-	q.push(w)
-	q.mu.Unlock()
-	q.poke()
-
-	timer := q.clock.NewTimer(budget)
+	timer := q.clock.NewTimer(w.giveUpAt.Sub(w.arrived))
 	defer timer.Stop()
 	select {
 	case o := <-w.done:
@@ -210,6 +186,53 @@ func (q *queue) admit(ctx context.Context, adm *admission) (Grant, time.Duration
 		}
 		return Grant{}, q.clock.Since(w.arrived), ctx.Err()
 	}
+}
+
+// enter tries adm at once and, when it has to wait and may, queues it. It returns the
+// waiter to wait on, or (with a nil waiter) the outcome.
+func (q *queue) enter(ctx context.Context, adm *admission) (*waiter, Grant, error) {
+	var refusal *ExhaustedError
+	// The fast path: nobody waits (the common case), or nobody of the same or a higher
+	// class waits for what this request needs.
+	if q.waiting.Load() == 0 || !q.spokenFor(adm) {
+		g, err := q.store.Reserve(ctx, adm.charge)
+		if !errors.As(err, &refusal) {
+			if err == nil && q.onGrant != nil {
+				q.onGrant(adm, false)
+			}
+			return nil, g, err
+		}
+	}
+
+	q.mu.Lock()
+	now := q.clock.Now()
+	budget := q.waitBudget(ctx)
+	switch {
+	case refusal == nil && budget <= 0:
+		// Held back by a waiter of higher or equal priority, and not allowed to wait.
+		q.mu.Unlock()
+		return nil, Grant{}, q.heldBack(adm, now)
+	case refusal != nil && (budget <= 0 || refusal.RetryAfter > budget):
+		// Not allowed to wait, or the bucket will not refill in time: refuse at once.
+		q.mu.Unlock()
+		return nil, Grant{}, refusal
+	}
+	if int(q.waiting.Load()) >= q.cfg.Size && !q.shedFor(adm.class, now) {
+		q.mu.Unlock()
+		return nil, Grant{}, q.full(refusal)
+	}
+	w := &waiter{adm: adm, ctx: ctx, arrived: now, giveUpAt: now.Add(budget), nextTry: now, done: make(chan outcome, 1)}
+	if refusal != nil {
+		w.nextTry, w.lastErr = now.Add(refusal.RetryAfter), refusal
+		w.short = refusal.Short
+	}
+	q.push(w)
+	q.mu.Unlock()
+	q.poke()
+	if q.onPush != nil {
+		q.onPush()
+	}
+	return w, Grant{}, nil
 }
 
 // waitBudget is how long a caller may wait: its remaining deadline less the margin,
@@ -233,9 +256,21 @@ func (q *queue) spokenFor(adm *admission) bool {
 }
 
 func (q *queue) spokenForLocked(adm *admission) bool {
+	return q.spokenBy(adm, adm.class)
+}
+
+// spokenAboveLocked reports whether a waiter of a strictly higher class is short on a
+// bucket adm charges.
+func (q *queue) spokenAboveLocked(adm *admission) bool {
+	return q.spokenBy(adm, adm.class-1)
+}
+
+// spokenBy reports whether a waiter of class upTo or higher is short on a bucket adm
+// charges. Callers hold q.mu.
+func (q *queue) spokenBy(adm *admission, upTo int) bool {
 	for _, b := range adm.buckets {
 		if counts, ok := q.spoken[b]; ok {
-			for c := 0; c <= adm.class; c++ {
+			for c := 0; c <= upTo; c++ {
 				if counts[c] > 0 {
 					return true
 				}
@@ -412,9 +447,8 @@ func (q *queue) poke() {
 // run is the dispatcher. It returns when ctx is done, refusing every waiter: without a
 // dispatcher nobody would serve them.
 func (q *queue) run(ctx context.Context) error {
-	q.mu.Lock()
-	q.running = true
-	q.mu.Unlock()
+	q.setRunning(true)
+	q.startOnce.Do(func() { close(q.started) })
 	timer := q.clock.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -433,6 +467,13 @@ func (q *queue) run(ctx context.Context) error {
 		case <-wake:
 		}
 	}
+}
+
+// setRunning says whether a dispatcher serves the queue: without one, nobody may wait.
+func (q *queue) setRunning(running bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.running = running
 }
 
 func (q *queue) close() {
@@ -477,6 +518,10 @@ func (q *queue) pass() (next time.Time, progress bool) {
 	heads := q.heads()
 	q.mu.Unlock()
 
+	// spoken holds the buckets short for waiters already passed over in this pass; a
+	// later waiter that charges one of them must not take what they wait for. Waiters of
+	// higher classes that are not at the head of their line block it too
+	// (spokenAboveLocked).
 	spoken := map[string]bool{}
 	var unused []Charge // granted to callers who left; released after the pass
 	defer func() {
@@ -490,7 +535,7 @@ func (q *queue) pass() (next time.Time, progress bool) {
 				return true
 			}
 		}
-		return false
+		return q.spokenAboveLocked(w.adm)
 	}
 	for _, w := range heads {
 		q.mu.Lock()
@@ -530,6 +575,11 @@ func (q *queue) pass() (next time.Time, progress bool) {
 			q.remove(w)
 			w.deliver(outcome{grant: g})
 			progress = true
+			if q.onGrant != nil {
+				q.mu.Unlock()
+				q.onGrant(w.adm, true)
+				q.mu.Lock()
+			}
 		case errors.As(err, &refusal):
 			w.state, w.lastErr = waiting, refusal
 			w.nextTry = now.Add(refusal.RetryAfter)

@@ -12,14 +12,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
-	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
-	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -28,11 +25,10 @@ import (
 const (
 	ReasonRequestTooLarge     = "REQUEST_TOO_LARGE"
 	ReasonReservationNotFound = "RESERVATION_NOT_FOUND"
+	ReasonPriceUnknown        = "PRICE_UNKNOWN"
+	ReasonBudgetUnavailable   = "BUDGET_UNAVAILABLE"
+	ReasonUnavailable         = "UNAVAILABLE"
 )
-
-// tenantKeyPrefix namespaces tenant buckets in the Store, leaving room for the
-// per-upstream-key buckets to come ("key:<id>").
-const tenantKeyPrefix = "tenant:"
 
 // Deps are what a Service needs besides its Config; the module fills them from app.Env.
 type Deps struct {
@@ -40,12 +36,13 @@ type Deps struct {
 	Clock   clockwork.Clock
 	Metrics prometheus.Registerer
 	Log     *slog.Logger
-	// Events receives a QuotaRejectionEvent per refusal; nil publishes nothing.
+	// Events receives rejection and near-limit events; nil publishes nothing.
 	Events app.Publisher
 }
 
 // Service is the quota domain: it decides admission and keeps reservations honest.
-// It knows nothing about gRPC; server.go adapts it. Its Run method is the sweeper.
+// It knows nothing about gRPC; server.go adapts it. Its Run method runs the sweeper,
+// the queue's dispatcher and the store's background work.
 type Service struct {
 	cfg     Config
 	store   Store
@@ -53,6 +50,9 @@ type Service struct {
 	log     *slog.Logger
 	events  app.Publisher
 	metrics *metrics
+	queue   *queue
+	tokens  *tokenCounter
+	signals *signals
 }
 
 // NewService validates cfg and builds a Service.
@@ -71,9 +71,23 @@ func NewService(cfg Config, deps Deps) (*Service, error) {
 	if publisher == nil {
 		publisher = discardEvents{}
 	}
-	// The caller keeps its map; sharing it would let a later write race with readers.
+	// The caller keeps its maps; sharing them would let a later write race with readers.
 	cfg.Tenants = maps.Clone(cfg.Tenants)
-	return &Service{cfg: cfg, store: deps.Store, clock: deps.Clock, log: deps.Log, events: publisher, metrics: m}, nil
+	cfg.ModelLimits = maps.Clone(cfg.ModelLimits)
+	cfg.UpstreamKeys = maps.Clone(cfg.UpstreamKeys)
+	cfg.Budgets.Tenants = maps.Clone(cfg.Budgets.Tenants)
+	cfg.Budgets.Prices = maps.Clone(cfg.Budgets.Prices)
+	cfg.Queue.Weights = maps.Clone(cfg.Queue.Weights)
+	s := &Service{
+		cfg: cfg, store: deps.Store, clock: deps.Clock, log: deps.Log, events: publisher, metrics: m,
+		tokens:  newTokenCounter(cfg.Tokens),
+		signals: newSignals(cfg.NearLimitRatio),
+	}
+	s.queue = newQueue(cfg.Queue, deps.Store, deps.Clock, m, s.release)
+	if a, ok := deps.Store.(interface{ attach(*metrics) }); ok {
+		a.attach(m)
+	}
+	return s, nil
 }
 
 // ReserveRequest asks to admit one model call.
@@ -87,6 +101,12 @@ type ReserveRequest struct {
 	// MaxOutputTokens caps the answer; 0 means Config.DefaultMaxOutputTokens.
 	MaxOutputTokens int64
 	Messages        []Message
+	// UpstreamKey is the provider key the call will use; its buckets are charged when
+	// it is configured.
+	UpstreamKey string
+	// KeyOnly charges only the upstream key's buckets (a further attempt of a request
+	// that already holds a reservation).
+	KeyOnly bool
 }
 
 // Reserved is a granted admission.
@@ -94,66 +114,196 @@ type Reserved struct {
 	ReservationID   string
 	InputTokens     int64
 	MaxOutputTokens int64
-	// ReservedTokens = InputTokens + MaxOutputTokens, charged against TPM.
+	// ReservedTokens = InputTokens + MaxOutputTokens, charged against the token buckets.
 	ReservedTokens int64
-	Levels         Levels
-	ExpiresAt      time.Time
+	// Levels are the tenant's RPM and TPM (the key's, for KeyOnly).
+	Levels Levels
+	// Buckets are every bucket the decision looked at, in charge order.
+	Buckets   []BucketLevel
+	Budget    *BudgetLevel
+	ExpiresAt time.Time
+	Waited    time.Duration
 }
 
-// Reserve charges one request and the request's estimated tokens against the tenant's
-// buckets, all or nothing. Refusals are *ExhaustedError (retry later) or *TooLargeError
-// (never retry), and each one is published as a QuotaRejectionEvent.
+// Levels are a pair of request and token buckets.
+type Levels struct {
+	Requests BucketLevel
+	Tokens   BucketLevel
+}
+
+// Reserve charges the request's estimated tokens against every applicable bucket, all
+// or nothing, waiting in the priority queue when a bucket is short and the caller's
+// deadline allows. Refusals are *ExhaustedError (retry later), *TooLargeError (never
+// retry), *PriceUnknownError or ErrBudgetUnavailable; each one is published as a
+// QuotaRejectionEvent.
 func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, error) {
+	start := s.clock.Now()
 	if err := validateReserve(req); err != nil {
 		return Reserved{}, err
 	}
-	input := req.InputTokens
+	input, meta := req.InputTokens, ReservationMeta{Model: req.Model, UpstreamKey: req.UpstreamKey}
 	if input == 0 {
-		input = estimatorFor(req.Model).countMessages(req.Messages)
+		count := s.tokens.count(req.Model, req.Messages, "", true)
+		input = count.Tokens
+		if !count.Exact {
+			meta.EstimatedInput = count.Raw
+		}
 	}
 	maxOutput := req.MaxOutputTokens
 	if maxOutput == 0 {
 		maxOutput = s.cfg.DefaultMaxOutputTokens
 	}
-	cost := Cost{Requests: 1, Tokens: addSaturating(input, maxOutput)}
-	key := tenantKeyPrefix + req.Tenant
-	limits := s.cfg.limitsFor(req.Tenant)
-	now := s.clock.Now()
+	tokens := addSaturating(input, maxOutput)
+	class := classOf(req.Priority)
 
-	// Checked here, not in the Store: a request bigger than the bucket would otherwise
-	// be told to retry after a wait that never ends.
-	if cost.Tokens > limits.TPM {
-		field := "max_output_tokens"
-		switch {
-		case input > limits.TPM && req.InputTokens == 0:
-			field = "messages"
-		case input > limits.TPM:
-			field = "input_tokens"
-		}
-		err := &TooLargeError{Bucket: key + ":tpm", Field: field, Cost: cost.Tokens, Limit: limits.TPM}
-		s.reject(ctx, now, req, err.Bucket, 0, ReasonRequestTooLarge)
-		return Reserved{}, err
-	}
-
-	res := Reservation{ID: uuid.NewString(), Cost: cost, ExpiresAt: now.Add(s.cfg.ReservationTTL)}
-	levels, err := s.store.Reserve(ctx, now, key, limits, res)
-	if exhausted, ok := errors.AsType[*ExhaustedError](err); ok {
-		s.reject(ctx, now, req, exhausted.Bucket, exhausted.RetryAfter, rpc.ReasonQuotaExhausted)
-		return Reserved{}, err
+	charge, err := s.chargeFor(req, input, maxOutput, tokens)
+	if err == nil {
+		err = s.checkSize(req, charge, input)
 	}
 	if err != nil {
+		s.refused(ctx, start, req, err)
+		return Reserved{}, err
+	}
+	charge.Meta = meta
+	adm := &admission{tenant: req.Tenant, class: class, tokens: tokens, charge: charge}
+	for _, b := range charge.Buckets {
+		if !b.Shadow {
+			adm.buckets = append(adm.buckets, b.Name())
+		}
+	}
+	if bc := charge.Budget; bc != nil && !bc.Shadow {
+		adm.buckets = append(adm.buckets, bc.Group+":budget")
+	}
+
+	g, waited, err := s.queue.admit(ctx, adm)
+	if err != nil {
+		s.refused(ctx, start, req, err)
+		if errors.Is(err, ErrExhausted) || errors.Is(err, ErrBudgetUnavailable) || errors.Is(err, ErrShuttingDown) || ctx.Err() != nil {
+			return Reserved{}, err
+		}
 		return Reserved{}, fmt.Errorf("reserve for request %q: %w", req.RequestID, err)
 	}
-	s.metrics.decisions.WithLabelValues(decisionGranted).Inc()
-	s.metrics.reservedTokens.Add(float64(cost.Tokens))
-	return Reserved{
-		ReservationID:   res.ID,
+
+	s.metrics.decisions.WithLabelValues(decisionGranted, classNames[class]).Inc()
+	s.metrics.decisionSeconds.WithLabelValues(decisionGranted).Observe(s.clock.Since(start).Seconds())
+	s.metrics.reservedTokens.Add(float64(tokens))
+	s.store.CountRequest(ctx, req.UpstreamKey, !req.KeyOnly, s.cfg.RetryBudget.Window)
+	s.signalLevels(ctx, g.At, req.RequestID, req.Tenant, req.Model, req.UpstreamKey, req.Priority, g.Levels, g.Budget, charge.Budget)
+
+	out := Reserved{
+		ReservationID:   charge.ID,
 		InputTokens:     input,
 		MaxOutputTokens: maxOutput,
-		ReservedTokens:  cost.Tokens,
-		Levels:          levels,
-		ExpiresAt:       res.ExpiresAt,
-	}, nil
+		ReservedTokens:  tokens,
+		Buckets:         g.Levels,
+		Budget:          g.Budget,
+		ExpiresAt:       g.ExpiresAt,
+		Waited:          waited,
+	}
+	out.Levels = pairOf(g.Levels)
+	return out, nil
+}
+
+// pairOf picks the RPM and TPM levels for the response's Limits: the first group's,
+// which is the tenant's unless only an upstream key was charged.
+func pairOf(levels []BucketLevel) Levels {
+	var out Levels
+	if len(levels) == 0 {
+		return out
+	}
+	group := levels[0].Group
+	for _, l := range levels {
+		if l.Group != group {
+			continue
+		}
+		switch l.Field {
+		case fieldRPM:
+			out.Requests = l
+		case fieldTPM:
+			out.Tokens = l
+		}
+	}
+	return out
+}
+
+// Bucket fields and groups.
+const (
+	fieldRPM = "rpm"
+	fieldTPM = "tpm"
+)
+
+func tenantGroup(tenant string) string { return "tenant:" + tenant }
+func keyGroup(key string) string       { return "key:" + key }
+
+// chargeFor resolves the request against the config: which buckets apply, with which
+// limits and costs.
+func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) (Charge, error) {
+	c := Charge{ID: uuid.NewString(), Tenant: req.Tenant, TTL: s.cfg.ReservationTTL, Tokens: tokens}
+	if !req.KeyOnly {
+		group := tenantGroup(req.Tenant)
+		rpm, tpm := s.cfg.tenantLimits(req.Tenant)
+		c.Buckets = append(c.Buckets,
+			BucketSpec{Group: group, Field: fieldRPM, Kind: KindRequests, Cost: 1, Limit: rpm.limit, Shadow: rpm.shadow},
+			BucketSpec{Group: group, Field: fieldTPM, Kind: KindTokens, Cost: tokens, Limit: tpm.limit, Shadow: tpm.shadow},
+		)
+		if ml, ok := s.cfg.modelLimits(req.Tenant, req.Model); ok {
+			m := "model:" + normalizeModel(req.Model) + ":"
+			if ml.RPM > 0 {
+				c.Buckets = append(c.Buckets, BucketSpec{Group: group, Field: m + fieldRPM, Kind: KindRequests, Cost: 1, Limit: ml.RPM, Shadow: ml.Shadow})
+			}
+			if ml.TPM > 0 {
+				c.Buckets = append(c.Buckets, BucketSpec{Group: group, Field: m + fieldTPM, Kind: KindTokens, Cost: tokens, Limit: ml.TPM, Shadow: ml.Shadow})
+			}
+		}
+		if b, ok := s.cfg.Budgets.Tenants[req.Tenant]; ok {
+			price, ok := s.cfg.Budgets.price(req.Model)
+			switch {
+			case ok:
+				p := nanoPriceOf(price)
+				c.Budget = &BudgetCharge{
+					Group: group, Limit: dollarsToNano(b.DailyUSD), Shadow: b.Shadow, DayOffset: s.cfg.Budgets.DayOffset, Price: p,
+					Cost: clampUsage(input)*p.Input + clampUsage(maxOutput)*p.Output,
+				}
+			case !b.Shadow:
+				return Charge{}, &PriceUnknownError{Model: req.Model}
+			}
+		}
+	}
+	if req.UpstreamKey != "" {
+		if kl, ok := s.cfg.UpstreamKeys[req.UpstreamKey]; ok {
+			group := keyGroup(req.UpstreamKey)
+			if kl.RPM > 0 {
+				c.Buckets = append(c.Buckets, BucketSpec{Group: group, Field: fieldRPM, Kind: KindRequests, Cost: 1, Limit: kl.RPM, Shadow: kl.Shadow})
+			}
+			if kl.TPM > 0 {
+				c.Buckets = append(c.Buckets, BucketSpec{Group: group, Field: fieldTPM, Kind: KindTokens, Cost: tokens, Limit: kl.TPM, Shadow: kl.Shadow})
+			}
+		}
+	}
+	return c, nil
+}
+
+// checkSize refuses at once a request that an enforced bucket or budget could never
+// cover: it would otherwise be told to retry after a wait that never ends. Shadow rules
+// are left to the Store, which reports them as shadow refusals.
+func (s *Service) checkSize(req ReserveRequest, c Charge, input int64) error {
+	for _, b := range c.Buckets {
+		if b.Shadow || b.Cost <= b.Limit {
+			continue
+		}
+		field := "max_output_tokens"
+		switch {
+		case input > b.Limit && req.InputTokens == 0:
+			field = "messages"
+		case input > b.Limit:
+			field = "input_tokens"
+		}
+		return &TooLargeError{Bucket: b.Name(), Field: field, Cost: b.Cost, Limit: b.Limit}
+	}
+	if bc := c.Budget; bc != nil && !bc.Shadow && bc.Cost > bc.Limit {
+		return &TooLargeError{Bucket: bc.Group + ":budget", Field: "max_output_tokens", Cost: bc.Cost, Limit: bc.Limit}
+	}
+	return nil
 }
 
 func validateReserve(req ReserveRequest) error {
@@ -170,29 +320,21 @@ func validateReserve(req ReserveRequest) error {
 	if req.MaxOutputTokens < 0 {
 		v.Add("max_output_tokens", "must not be negative, got %d", req.MaxOutputTokens)
 	}
+	if req.KeyOnly && req.UpstreamKey == "" {
+		v.Add("upstream_key_id", "is required with scope RESERVE_SCOPE_UPSTREAM_KEY")
+	}
 	return v.OrNil()
 }
 
-// reject records and publishes a refusal. Publishing never blocks (app.Publisher).
-func (s *Service) reject(ctx context.Context, now time.Time, req ReserveRequest, bucket string, retryAfter time.Duration, reason string) {
-	decision := decisionExhausted
-	if reason == ReasonRequestTooLarge {
-		decision = decisionTooLarge
+// release returns everything a grant took; the queue calls it for grants whose caller
+// left. Failing only delays the capacity's return until the reservation expires.
+func (s *Service) release(c Charge) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := s.store.Settle(ctx, c.Tenant, c.ID, Actual{}, true); err != nil {
+		s.log.Warn("releasing an unused reservation failed; it will expire", "reservation", c.ID, "err", err)
 	}
-	s.metrics.decisions.WithLabelValues(decision).Inc()
-	ev := &eventsv1.QuotaRejectionEvent{
-		At:        timestamppb.New(now),
-		RequestId: req.RequestID,
-		Tenant:    req.Tenant,
-		Model:     req.Model,
-		Priority:  req.Priority,
-		Bucket:    bucket,
-		Reason:    reason,
-	}
-	if retryAfter > 0 {
-		ev.RetryAfter = durationpb.New(retryAfter)
-	}
-	s.events.Publish(ctx, events.SubjectQuota, ev)
+	s.queue.poke()
 }
 
 // SettleRequest reports the real usage of a reservation.
@@ -220,23 +362,48 @@ func (u Usage) total() int64 {
 	return addSaturating(u.InputTokens, u.OutputTokens)
 }
 
+// Settled is the outcome of Settle.
+type Settled struct {
+	// Reserved is what the reservation held; Refunded is Reserved minus the actual
+	// tokens: positive when tokens went back, negative when the overrun was charged.
+	Reserved, Refunded int64
+	// Levels are the tenant's RPM and TPM after the correction (the key's, for a
+	// key-only reservation).
+	Levels  Levels
+	Buckets []BucketLevel
+	CostUSD float64
+}
+
 // Settle applies real usage to a reservation: the unused part of the estimate goes back
-// to the TPM bucket, an overrun is charged (the balance may go negative). The RPM
-// charge stands either way: the request was made.
+// to every token bucket it charged, an overrun is charged (balances may go negative).
+// Request counts stand either way: the request was made. So for any reservation,
+// reserved - refunded = actual usage.
 //
 // Settling is once only. A second Settle of the same reservation, or one after it
 // expired, returns ErrReservationNotFound; so a retried Settle can never refund twice.
-func (s *Service) Settle(ctx context.Context, req SettleRequest) (Settlement, error) {
+func (s *Service) Settle(ctx context.Context, req SettleRequest) (Settled, error) {
 	if err := validateSettle(req); err != nil {
-		return Settlement{}, err
+		return Settled{}, err
 	}
-	actual := req.Usage.total()
-	settled, err := s.store.Settle(ctx, s.clock.Now(), tenantKeyPrefix+req.Tenant, s.cfg.limitsFor(req.Tenant), req.ReservationID, actual)
+	actual := Actual{Tokens: req.Usage.total(), Input: req.Usage.InputTokens, Output: req.Usage.OutputTokens}
+	st, err := s.store.Settle(ctx, req.Tenant, req.ReservationID, actual, false)
 	if err != nil {
-		return Settlement{}, fmt.Errorf("settle reservation %s for request %q: %w", req.ReservationID, req.RequestID, err)
+		return Settled{}, fmt.Errorf("settle reservation %s for request %q: %w", req.ReservationID, req.RequestID, err)
 	}
-	s.metrics.settledTokens.Add(float64(actual))
-	return settled, nil
+	s.metrics.settledTokens.Add(float64(actual.Tokens))
+	if st.Refunded > 0 {
+		s.metrics.refundedTokens.Add(float64(st.Refunded))
+		s.queue.poke() // capacity came back: waiters may fit now
+	} else {
+		s.metrics.extraTokens.Add(float64(-st.Refunded))
+	}
+	if st.Meta.EstimatedInput > 0 && req.Usage.InputTokens > 0 {
+		if f, ok := s.tokens.corrections.learn(st.Meta.Model, st.Meta.EstimatedInput, req.Usage.InputTokens); ok {
+			s.metrics.correction.WithLabelValues(familyFor(st.Meta.Model).name).Set(f)
+		}
+	}
+	s.signalLevels(ctx, st.At, req.RequestID, req.Tenant, st.Meta.Model, st.Meta.UpstreamKey, mantlev1.Priority_PRIORITY_UNSPECIFIED, st.Levels, nil, nil)
+	return Settled{Reserved: st.Reserved, Refunded: st.Refunded, Levels: pairOf(st.Levels), Buckets: st.Levels, CostUSD: nanoToDollars(st.CostNano)}, nil
 }
 
 func validateSettle(req SettleRequest) error {
@@ -266,33 +433,101 @@ func validateSettle(req SettleRequest) error {
 	return v.OrNil()
 }
 
-// TokenCount is the result of CountTokens.
-type TokenCount struct {
-	Tokens    int64
-	Tokenizer string
-	Exact     bool
-}
-
-// CountTokens estimates the tokens of either a chat prompt or plain text for model's
-// family. An empty model uses the default (cl100k-like) estimator.
-func (s *Service) CountTokens(ctx context.Context, model string, messages []Message, text string) (TokenCount, error) {
+// CountTokens counts the tokens of either a chat prompt or plain text for model's
+// family: exactly for OpenAI encodings, estimated (and corrected by what providers
+// reported) for others. An empty model uses the generic estimator.
+func (s *Service) CountTokens(_ context.Context, model string, messages []Message, text string) (TokenCount, error) {
 	switch {
 	case len(messages) == 0 && text == "":
 		return TokenCount{}, rpc.Invalid("messages", "messages or text is required")
 	case len(messages) > 0 && text != "":
 		return TokenCount{}, rpc.Invalid("text", "set messages or text, not both")
 	}
-	est := estimatorFor(model)
-	tokens := est.countText(text)
-	if len(messages) > 0 {
-		tokens = est.countMessages(messages)
-	}
-	return TokenCount{Tokens: tokens, Tokenizer: est.name, Exact: false}, nil
+	return s.tokens.count(model, messages, text, len(messages) > 0), nil
 }
 
-// Run is the sweeper: every SweepInterval on the injected clock it deletes expired
-// reservations. It returns nil when ctx is done.
+// UpstreamObservation is what a provider's rate-limit headers said about a key.
+type UpstreamObservation struct {
+	Key string
+	// RemainingRequests and RemainingTokens are -1 when unknown.
+	RemainingRequests, RemainingTokens int64
+	ResetRequests, ResetTokens         time.Duration
+}
+
+// ObserveUpstream lowers a configured key's buckets to what the provider reported. It
+// reports false for keys without buckets, which are left alone.
+func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (bool, Levels, error) {
+	v := &rpc.ValidationError{}
+	if o.Key == "" {
+		v.Add("upstream_key_id", "is required")
+	}
+	if o.RemainingRequests < -1 {
+		v.Add("remaining_requests", "must be -1 (unknown) or more, got %d", o.RemainingRequests)
+	}
+	if o.RemainingTokens < -1 {
+		v.Add("remaining_tokens", "must be -1 (unknown) or more, got %d", o.RemainingTokens)
+	}
+	if o.ResetRequests < 0 {
+		v.Add("reset_requests", "must not be negative, got %s", o.ResetRequests)
+	}
+	if o.ResetTokens < 0 {
+		v.Add("reset_tokens", "must not be negative, got %s", o.ResetTokens)
+	}
+	if err := v.OrNil(); err != nil {
+		return false, Levels{}, err
+	}
+	kl, ok := s.cfg.UpstreamKeys[o.Key]
+	if !ok {
+		s.metrics.observations.WithLabelValues("false").Inc()
+		return false, Levels{}, nil
+	}
+	group := keyGroup(o.Key)
+	var obs []Observation
+	if kl.RPM > 0 {
+		obs = append(obs, Observation{Bucket: BucketSpec{Group: group, Field: fieldRPM, Kind: KindRequests, Limit: kl.RPM, Shadow: kl.Shadow}, Remaining: o.RemainingRequests, Reset: o.ResetRequests})
+	}
+	if kl.TPM > 0 {
+		obs = append(obs, Observation{Bucket: BucketSpec{Group: group, Field: fieldTPM, Kind: KindTokens, Limit: kl.TPM, Shadow: kl.Shadow}, Remaining: o.RemainingTokens, Reset: o.ResetTokens})
+	}
+	levels, err := s.store.Observe(ctx, obs)
+	if err != nil {
+		return false, Levels{}, fmt.Errorf("observe upstream key %s: %w", o.Key, err)
+	}
+	s.metrics.observations.WithLabelValues("true").Inc()
+	s.signalLevels(ctx, s.clock.Now(), "", "", "", o.Key, mantlev1.Priority_PRIORITY_UNSPECIFIED, levels, nil, nil)
+	return true, pairOf(levels), nil
+}
+
+// AcquireRetry asks the mesh-wide retry budget for one retry (or hedge) to key ("" for
+// the overall budget only). A refusal is an answer, not an error.
+func (s *Service) AcquireRetry(ctx context.Context, key string, format bool) (RetryDecision, error) {
+	d, err := s.store.AcquireRetry(ctx, RetryAsk{Key: key, Format: format, Budget: s.cfg.RetryBudget})
+	if err != nil {
+		return RetryDecision{}, fmt.Errorf("acquire retry: %w", err)
+	}
+	result := "granted"
+	if !d.Granted {
+		result = "denied"
+	}
+	s.metrics.retries.WithLabelValues(result).Inc()
+	return d, nil
+}
+
+// Run runs the background work until ctx is done: the sweeper (every SweepInterval on
+// the injected clock it deletes expired reservations), the queue's dispatcher, and the
+// store's own loop when it has one (Redis: flushing request counts, probing after a
+// fallback). It returns nil when ctx is done.
 func (s *Service) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.queue.run(ctx) })
+	g.Go(func() error { return s.sweep(ctx) })
+	if r, ok := s.store.(interface{ Run(context.Context) error }); ok {
+		g.Go(func() error { return r.Run(ctx) })
+	}
+	return g.Wait()
+}
+
+func (s *Service) sweep(ctx context.Context) error {
 	ticker := s.clock.NewTicker(s.cfg.SweepInterval)
 	defer ticker.Stop()
 	for {
@@ -300,7 +535,8 @@ func (s *Service) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.Chan():
-			expired, err := s.store.Sweep(ctx, s.clock.Now())
+			expired, err := s.store.Sweep(ctx)
+			s.signals.prune(s.clock.Now())
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil

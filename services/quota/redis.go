@@ -304,7 +304,7 @@ func (s *RedisStore) fill(g *Grant, c Charge, idx []int, res groupResult) {
 	for j, i := range idx {
 		b := c.Buckets[i]
 		g.Levels[i] = BucketLevel{
-			Name: b.Name(), Limit: b.Limit, Remaining: remainingAt(res.debts[j], b.Limit), Reset: res.debts[j],
+			Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(res.debts[j], b.Limit), Reset: res.debts[j],
 			Shadow: b.Shadow, ShadowRefused: res.flags[j] == 2,
 		}
 	}
@@ -327,7 +327,7 @@ func recordTail(c Charge, charged []bool) string {
 	first := true
 	var keyBuckets []string
 	for i, b := range c.Buckets {
-		spec := fmt.Sprintf("%s,%s,%d,%d", escapeField(b.Field), kindArg(b.Kind), b.Cost, b.Limit)
+		spec := fmt.Sprintf("%s,%s,%d,%d,%s", escapeField(b.Field), kindArg(b.Kind), b.Cost, b.Limit, boolArg(b.Shadow))
 		if b.Group != tenant {
 			keyBuckets = append(keyBuckets, b.Group+","+spec+","+boolArg(charged[i]))
 			continue
@@ -390,7 +390,7 @@ func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actua
 	}
 	out := Settlement{At: at, Reserved: reserved, Refunded: reserved - tokens, CostNano: cost, Meta: rec.meta}
 	for i, b := range rec.tenantCharged {
-		out.Levels = append(out.Levels, BucketLevel{Name: b.Name(), Limit: b.Limit, Remaining: remainingAt(debts[i], b.Limit), Reset: debts[i], Shadow: b.Shadow})
+		out.Levels = append(out.Levels, levelAt(b, debts[i]))
 	}
 	if spent >= 0 {
 		out.Budget = &BudgetLevel{Spent: spent, Reset: reset}
@@ -407,7 +407,7 @@ func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actua
 			return Settlement{}, err
 		}
 		for i, b := range rec.keyCharged {
-			out.Levels = append(out.Levels, BucketLevel{Name: b.Name(), Limit: b.Limit, Remaining: remainingAt(kd[i], b.Limit), Reset: kd[i], Shadow: b.Shadow})
+			out.Levels = append(out.Levels, levelAt(b, kd[i]))
 		}
 	}
 	return out, nil
@@ -440,7 +440,7 @@ func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 	rec.meta.Model, rec.meta.UpstreamKey = meta.Get("m"), meta.Get("k")
 	rec.meta.EstimatedInput, _ = strconv.ParseInt(meta.Get("e"), 10, 64)
 	for _, kb := range meta["b"] {
-		// group,field,kind,cost,limit,charged
+		// group,field,kind,cost,limit,shadow,charged
 		group, rest, ok := strings.Cut(kb, ",")
 		i := strings.LastIndexByte(rest, ',')
 		if !ok || i < 0 {
@@ -457,10 +457,10 @@ func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 	return rec, nil
 }
 
-// parseBucketSpec reads "field,kind,cost,limit".
+// parseBucketSpec reads "field,kind,cost,limit,shadow".
 func parseBucketSpec(group, spec string) (BucketSpec, error) {
 	f := strings.Split(spec, ",")
-	if len(f) != 4 {
+	if len(f) != 5 {
 		return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
 	}
 	field, err := url.PathUnescape(f[0])
@@ -476,7 +476,7 @@ func parseBucketSpec(group, spec string) (BucketSpec, error) {
 	if f[1] == "t" {
 		kind = KindTokens
 	}
-	return BucketSpec{Group: group, Field: field, Kind: kind, Cost: cost, Limit: limit}, nil
+	return BucketSpec{Group: group, Field: field, Kind: kind, Cost: cost, Limit: limit, Shadow: f[4] == "1"}, nil
 }
 
 // adjustOp is one bucket change of the adjust script: take tokens (mode 't') or lower
@@ -537,7 +537,7 @@ func (s *RedisStore) Observe(ctx context.Context, obs []Observation) ([]BucketLe
 		}
 		for i, d := range debts {
 			b := obs[start+i].Bucket
-			levels[start+i] = BucketLevel{Name: b.Name(), Limit: b.Limit, Remaining: remainingAt(d, b.Limit), Reset: d, Shadow: b.Shadow}
+			levels[start+i] = levelAt(b, d)
 		}
 		start = end
 	}
@@ -616,6 +616,11 @@ func (s *RedisStore) Run(ctx context.Context) error {
 // Ping checks that Redis answers.
 func (s *RedisStore) Ping(ctx context.Context) error {
 	return s.client.Ping(ctx).Err()
+}
+
+// levelAt is the level of a bucket with the given debt.
+func levelAt(b BucketSpec, debt time.Duration) BucketLevel {
+	return BucketLevel{Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(debt, b.Limit), Reset: debt, Shadow: b.Shadow}
 }
 
 // remainingAt is the whole tokens a bucket with the given debt holds.

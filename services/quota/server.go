@@ -7,8 +7,11 @@ import (
 	"log/slog"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -46,6 +49,8 @@ func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 		InputTokens:     req.GetInputTokens(),
 		MaxOutputTokens: req.GetMaxOutputTokens(),
 		Messages:        messagesFromProto(req.GetMessages()),
+		UpstreamKey:     req.GetUpstreamKeyId(),
+		KeyOnly:         req.GetScope() == quotav1.ReserveScope_RESERVE_SCOPE_UPSTREAM_KEY,
 	})
 	if err != nil {
 		return nil, s.toStatus(err)
@@ -60,22 +65,33 @@ func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 	if quality.GetTenant() == "" {
 		quality.Tenant = tenant
 	}
+	detail := fmt.Sprintf("reserved %d tokens (%d input + %d max output) for %s; %d/%d tokens and %d/%d requests left",
+		got.ReservedTokens, got.InputTokens, got.MaxOutputTokens, req.GetModel(),
+		got.Levels.Tokens.Remaining, got.Levels.Tokens.Limit, got.Levels.Requests.Remaining, got.Levels.Requests.Limit)
+	if got.Waited > 0 {
+		detail += fmt.Sprintf("; waited %s", got.Waited)
+	}
 	quality.Audit = append(quality.Audit, &mantlev1.AuditStep{
-		At:      timestamppb.New(start),
-		Service: "quota",
-		Step:    "reserve",
-		Detail: fmt.Sprintf("reserved %d tokens (%d input + %d max output) for %s; %d/%d tokens and %d/%d requests left",
-			got.ReservedTokens, got.InputTokens, got.MaxOutputTokens, req.GetModel(),
-			got.Levels.Tokens.Remaining, got.Levels.Tokens.Limit, got.Levels.Requests.Remaining, got.Levels.Requests.Limit),
+		At:       timestamppb.New(start),
+		Service:  "quota",
+		Step:     "reserve",
+		Detail:   detail,
 		Duration: durationpb.New(s.svc.clock.Since(start)),
 	})
-	return &quotav1.ReserveResponse{
+	resp := &quotav1.ReserveResponse{
 		ReservationId:  got.ReservationID,
 		ReservedTokens: got.ReservedTokens,
 		Limits:         limitsToProto(got.Levels),
 		ExpiresAt:      timestamppb.New(got.ExpiresAt),
 		Quality:        quality,
-	}, nil
+		Buckets:        bucketsToProto(got.Buckets),
+		InputTokens:    got.InputTokens,
+		Waited:         durationpb.New(got.Waited),
+	}
+	if b := got.Budget; b != nil {
+		resp.Budget = &quotav1.Budget{LimitUsd: nanoToDollars(b.Limit), SpentUsd: nanoToDollars(b.Spent), ResetAfter: durationpb.New(b.Reset), Shadow: b.Shadow}
+	}
+	return resp, nil
 }
 
 func (s *server) Settle(ctx context.Context, req *quotav1.SettleRequest) (*quotav1.SettleResponse, error) {
@@ -96,7 +112,13 @@ func (s *server) Settle(ctx context.Context, req *quotav1.SettleRequest) (*quota
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
-	return &quotav1.SettleResponse{RefundedTokens: settled.Refunded, Limits: limitsToProto(settled.Levels)}, nil
+	return &quotav1.SettleResponse{
+		RefundedTokens: settled.Refunded,
+		Limits:         limitsToProto(settled.Levels),
+		ReservedTokens: settled.Reserved,
+		Buckets:        bucketsToProto(settled.Buckets),
+		CostUsd:        settled.CostUSD,
+	}, nil
 }
 
 func (s *server) CountTokens(ctx context.Context, req *quotav1.CountTokensRequest) (*quotav1.CountTokensResponse, error) {
@@ -104,7 +126,37 @@ func (s *server) CountTokens(ctx context.Context, req *quotav1.CountTokensReques
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
-	return &quotav1.CountTokensResponse{Tokens: count.Tokens, Tokenizer: count.Tokenizer, Exact: count.Exact}, nil
+	return &quotav1.CountTokensResponse{Tokens: count.Tokens, Tokenizer: count.Tokenizer, Exact: count.Exact, Correction: count.Correction}, nil
+}
+
+func (s *server) ObserveUpstream(ctx context.Context, req *quotav1.ObserveUpstreamRequest) (*quotav1.ObserveUpstreamResponse, error) {
+	applied, levels, err := s.svc.ObserveUpstream(ctx, UpstreamObservation{
+		Key:               req.GetUpstreamKeyId(),
+		RemainingRequests: req.GetRemainingRequests(),
+		RemainingTokens:   req.GetRemainingTokens(),
+		ResetRequests:     req.GetResetRequests().AsDuration(),
+		ResetTokens:       req.GetResetTokens().AsDuration(),
+	})
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	resp := &quotav1.ObserveUpstreamResponse{Applied: applied}
+	if applied {
+		resp.Limits = limitsToProto(levels)
+	}
+	return resp, nil
+}
+
+func (s *server) AcquireRetry(ctx context.Context, req *quotav1.AcquireRetryRequest) (*quotav1.AcquireRetryResponse, error) {
+	d, err := s.svc.AcquireRetry(ctx, req.GetUpstreamKeyId(), req.GetFormatRetry())
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	resp := &quotav1.AcquireRetryResponse{Granted: d.Granted, Requests: d.Requests, Retries: d.Retries}
+	if !d.Granted {
+		resp.Budget = d.Budget
+	}
+	return resp, nil
 }
 
 // resolveTenant returns the tenant a call acts for. An authenticated tenant wins, and a
@@ -129,7 +181,7 @@ func (s *server) toStatus(err error) error {
 		return rpc.InvalidArgument(errorDomain, v)
 	}
 	if e, ok := errors.AsType[*ExhaustedError](err); ok {
-		return rpc.ResourceExhausted(errorDomain, e.Bucket, e.Error(), e.RetryAfter)
+		return exhaustedStatus(e)
 	}
 	if e, ok := errors.AsType[*TooLargeError](err); ok {
 		return rpc.Status(codes.FailedPrecondition, errorDomain, ReasonRequestTooLarge, e.Error(),
@@ -138,15 +190,22 @@ func (s *server) toStatus(err error) error {
 			}}},
 			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
 				Field:       e.Field,
-				Description: fmt.Sprintf("the request needs %d tokens but the limit is %d per minute; reduce it or raise the limit", e.Cost, e.Limit),
+				Description: fmt.Sprintf("the request needs %d but %s holds at most %d; reduce it or raise the limit", e.Cost, e.Bucket, e.Limit),
 			}}},
 		)
+	}
+	if e, ok := errors.AsType[*PriceUnknownError](err); ok {
+		return rpc.Status(codes.FailedPrecondition, errorDomain, ReasonPriceUnknown, e.Error())
 	}
 	switch {
 	case errors.Is(err, ErrReservationNotFound):
 		return rpc.Status(codes.NotFound, errorDomain, ReasonReservationNotFound, err.Error())
 	case errors.Is(err, ErrTenantMismatch):
 		return rpc.Status(codes.PermissionDenied, errorDomain, rpc.ReasonPermissionDenied, err.Error())
+	case errors.Is(err, ErrBudgetUnavailable):
+		return rpc.Status(codes.Unavailable, errorDomain, ReasonBudgetUnavailable, ErrBudgetUnavailable.Error())
+	case errors.Is(err, ErrStoreUnavailable), errors.Is(err, ErrShuttingDown):
+		return rpc.Status(codes.Unavailable, errorDomain, ReasonUnavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	default:
@@ -154,6 +213,33 @@ func (s *server) toStatus(err error) error {
 		s.log.Error("quota: internal error", "err", err)
 		return rpc.Status(codes.Internal, errorDomain, rpc.ReasonInternal, "internal error")
 	}
+}
+
+// exhaustedStatus is RESOURCE_EXHAUSTED with RetryInfo, QuotaFailure, and the cause in
+// the ErrorInfo metadata. The reason stays QUOTA_EXHAUSTED whatever the cause, so
+// clients need one branch to retry after the delay.
+func exhaustedStatus(e *ExhaustedError) error {
+	return status.ErrorProto(&spb.Status{
+		Code:    int32(codes.ResourceExhausted),
+		Message: e.Error(),
+		Details: mustAny(
+			&errdetails.ErrorInfo{Reason: rpc.ReasonQuotaExhausted, Domain: errorDomain, Metadata: map[string]string{"cause": e.cause()}},
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)},
+			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: e.Bucket, Description: e.Error()}}},
+		),
+	})
+}
+
+func mustAny(msgs ...proto.Message) []*anypb.Any {
+	out := make([]*anypb.Any, 0, len(msgs))
+	for _, m := range msgs {
+		a, err := anypb.New(m)
+		if err != nil {
+			continue // our own well-formed messages; cannot happen
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 func messagesFromProto(msgs []*mantlev1.ChatMessage) []Message {
@@ -173,4 +259,15 @@ func limitsToProto(l Levels) *quotav1.Limits {
 		ResetRequests:     durationpb.New(l.Requests.Reset),
 		ResetTokens:       durationpb.New(l.Tokens.Reset),
 	}
+}
+
+func bucketsToProto(levels []BucketLevel) []*quotav1.BucketLevel {
+	out := make([]*quotav1.BucketLevel, len(levels))
+	for i, l := range levels {
+		out[i] = &quotav1.BucketLevel{
+			Name: l.Name, Limit: l.Limit, Remaining: l.Remaining, ResetAfter: durationpb.New(l.Reset),
+			Shadow: l.Shadow, ShadowRefused: l.ShadowRefused,
+		}
+	}
+	return out
 }

@@ -254,7 +254,7 @@ func TestServerCountTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &quotav1.CountTokensResponse{Tokens: 3 + 4 + 7, Tokenizer: "estimate/zh-optimized", Exact: false}
+	want := &quotav1.CountTokensResponse{Tokens: 3 + 5 + 6, Tokenizer: "estimate/deepseek", Exact: false, Correction: 1}
 	if !proto.Equal(resp, want) {
 		t.Errorf("got %v, want %v", resp, want)
 	}

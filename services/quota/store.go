@@ -121,8 +121,10 @@ type Grant struct {
 
 // BucketLevel is the state of one bucket, in the shape of rate-limit response headers.
 type BucketLevel struct {
-	Name  string
-	Limit int64
+	// Name is Group:Field.
+	Name         string
+	Group, Field string
+	Limit        int64
 	// Remaining is what can be taken now; 0 while the bucket is overdrawn.
 	Remaining int64
 	// Reset is how long until the bucket is full again.

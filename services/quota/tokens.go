@@ -224,7 +224,7 @@ func exactCount(codec tokenizer.Codec, fam family, msgs []Message, text string, 
 // letter is 2-3 bytes, so Cyrillic or accented text costs more per character, as it does
 // in real vocabularies), and at least one token per word and per punctuation mark or
 // symbol (which dominates in code and JSON). Against cl100k_base this lands within about
-// +30% on English prose and code (tokens_test.go measures it). Each CJK character costs
+// +40% on English prose and code (tokens_test.go measures it). Each CJK character costs
 // the family's cjk rate.
 func estimateText(f family, s string) int64 {
 	var (

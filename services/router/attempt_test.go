@@ -70,8 +70,8 @@ func TestAttemptDecisions(t *testing.T) {
 		name    string
 		cfg     func(*Config)
 		results map[string][]result // by provider name: "model" or "model/key"
-		h       func(*harness) // before the router is built
-		ready   func(*harness) // after
+		h       func(*harness)      // before the router is built
+		ready   func(*harness)      // after
 		ctx     func() (context.Context, context.CancelFunc)
 		drive   func(t *testing.T, h *harness)
 		want    want

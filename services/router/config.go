@@ -3,8 +3,11 @@ package router
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/sim"
 )
 
 // Provider types.
@@ -56,6 +59,13 @@ type Config struct {
 	Providers []ProviderConfig `yaml:"providers"`
 	Models    []ModelConfig    `yaml:"models"`
 	Routes    []RouteConfig    `yaml:"routes"`
+
+	// SimProfiles defines sim profiles by name, for the sim_profile of sim providers and
+	// models, next to the built-in ones (a definition here replaces a built-in of the same
+	// name). Each starts from the zero profile: instant answers, no errors, no rate-limit
+	// headers, so a fault drill states only the fault ("errors: {overloaded: 1}", or
+	// "script: [server_error]" for a 500 once).
+	SimProfiles map[string]sim.Profile `yaml:"sim_profiles,omitempty"`
 }
 
 // RetryConfig is the retry policy of a candidate.
@@ -378,5 +388,34 @@ func (c Config) Validate() error {
 			add("%s: first_token_timeout and stall_timeout must not be negative", key)
 		}
 	}
+	for _, name := range slices.Sorted(maps.Keys(c.SimProfiles)) {
+		if err := c.SimProfiles[name].Validate(); err != nil {
+			add("sim_profiles.%s: %v", name, err)
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// simProfile resolves a sim_profile name: the configuration's own profiles first, then the
+// built-in ones.
+func (c Config) simProfile(name string) (sim.Profile, bool) {
+	if p, ok := c.SimProfiles[name]; ok {
+		if p.Name == "" {
+			p.Name = name
+		}
+		return p, true
+	}
+	return sim.Builtin(name)
+}
+
+// simProfileNames lists every name simProfile resolves, for error messages.
+func (c Config) simProfileNames() []string {
+	names := sim.ProfileNames()
+	for name := range c.SimProfiles {
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }

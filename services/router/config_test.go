@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/sim"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -45,6 +47,12 @@ func TestConfigValidate(t *testing.T) {
 		{"negative route budget", func(c *Config) { c.Routes[0].Budget = -time.Second }, []string{"routes[0].budget: must not be negative"}},
 		{"route budget within the hop reserve", func(c *Config) { c.Routes[0].Budget = c.HopReserve }, []string{"routes[0].budget: must be more than hop_reserve"}},
 		{"route budget above the hop reserve", func(c *Config) { c.Routes[0].Budget = c.HopReserve + time.Millisecond }, nil},
+		{"custom sim profile", func(c *Config) {
+			c.SimProfiles = map[string]sim.Profile{"drill": {Errors: sim.ErrorMix{Overloaded: 1}, Script: []sim.Outcome{sim.OutcomeOK}}}
+		}, nil},
+		{"invalid sim profile", func(c *Config) {
+			c.SimProfiles = map[string]sim.Profile{"drill": {Errors: sim.ErrorMix{Overloaded: 0.7, Hang: 0.7}}}
+		}, []string{`sim_profiles.drill: sim: profile "unnamed": errors: probabilities sum to 1.4`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -196,19 +196,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		}
 		release()
 		if o.err == nil {
-			if sink != nil {
-				// The answer is already with the caller; the verdict annotates it (and keeps a
-				// failed one out of the cache).
-				v, audit, _ := r.verify(ctx, req, qc, o.c.u, &o.res, nil)
-				qc.Audit = append(qc.Audit, audit...)
-				applyVerdict(qc, v)
-			}
-			qc.CurrentModel, qc.CurrentProvider = o.c.u.model.Name, o.c.u.provider
-			qc.FallbackLevel = o.c.level
-			if o.c.level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY && qc.DegradationReason == "" {
-				qc.DegradationReason = "primary unavailable"
-			}
-			return &answer{Response: o.res, model: o.c.u.model.Name}, nil
+			return r.accept(ctx, req, qc, o, sink, ""), nil
 		}
 		class := provider.ClassOf(o.err)
 		p.lastErr = o.err
@@ -235,6 +223,24 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 // provider failure (pkg/provider does not know the class): a fresher model may pass it.
 func failsOver(class mantlev1.ErrorClass) bool {
 	return class == mantlev1.ErrorClass_ERROR_CLASS_VERIFICATION_FAILED || provider.FailsOver(class)
+}
+
+// accept makes o's answer the request's. A streamed answer is verified now that the caller
+// has it: the verdict annotates it and keeps a failed one out of the cache. prefix is the
+// part of a streamed answer that an earlier model sent before it broke.
+func (r *Router) accept(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, o outcome, sink Sink, prefix string) *answer {
+	o.res.Content = prefix + o.res.Content
+	if sink != nil {
+		v, audit, _ := r.verify(ctx, req, qc, o.c.u, &o.res, nil)
+		qc.Audit = append(qc.Audit, audit...)
+		applyVerdict(qc, v)
+	}
+	qc.CurrentModel, qc.CurrentProvider = o.c.u.model.Name, o.c.u.provider
+	qc.FallbackLevel = o.c.level
+	if o.c.level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY && qc.DegradationReason == "" {
+		qc.DegradationReason = "primary unavailable"
+	}
+	return &answer{Response: o.res, model: o.c.u.model.Name}
 }
 
 // exhausted explains why the loop ended without an answer.
@@ -694,13 +700,50 @@ func streamCause(ctx context.Context, err error) error {
 	return err
 }
 
-// continueStream handles a stream that failed after part of the answer reached the caller.
-// A fallback that accepts a prefill could finish the answer; mantle does not send the rest
-// yet (see the issue note), so the caller gets a clear error instead of a cut answer that
-// looks complete.
-func (r *Router) continueStream(_ context.Context, _ *routerv1.Request, _ *route, qc *mantlev1.QualityContext, p *plan, o outcome, _ Sink) (*answer, error) {
-	r.audit(qc, "stream", "stream failed after the first token: "+shortClass(provider.ClassOf(o.err)), 0)
-	return nil, &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, cause: o.err, tried: p.failed, partial: true}
+// continueStream finishes a stream that broke after part of the answer reached the caller:
+// a candidate that accepts a prefill gets the partial answer and continues it, and only the
+// rest is streamed, so the caller receives one complete answer. Without such a candidate
+// (or budget) the caller gets a clear error: a cut answer is never reported as complete.
+func (r *Router) continueStream(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, p *plan, o outcome, sink Sink) (*answer, error) {
+	partial := o.res.Content
+	r.afterFailure(p, o)
+	o.c.exhausted = true
+	for _, c := range p.cands {
+		if c.exhausted || !c.u.model.AcceptsPrefill || ctx.Err() != nil {
+			continue
+		}
+		if qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.conf().HopReserve {
+			break
+		}
+		key, permit, _ := r.acquire(c.u, qc.Scenario, p.avoid)
+		if key == nil {
+			continue
+		}
+		release, ok := c.u.bulkhead.TryAcquire()
+		if !ok {
+			permit.Cancel()
+			continue
+		}
+		if !r.allowRetry(key, false) {
+			permit.Cancel()
+			release()
+			break
+		}
+		preq := providerRequest(req, qc)
+		preq.Prefill = partial
+		p.attempts++
+		r.audit(qc, "stream", fmt.Sprintf("continuing the answer on %s after %d bytes", c.u.model.Name, len(partial)), 0)
+		next := r.try(ctx, req, rt, qc, c, key, permit, preq, sink, false)
+		release()
+		if next.err == nil {
+			qc.DegradationReason = fmt.Sprintf("%s broke mid-answer (%s); %s finished it", o.c.u.model.Name, shortClass(provider.ClassOf(o.err)), c.u.model.Name)
+			return r.accept(ctx, req, qc, next, sink, partial), nil
+		}
+		partial += next.res.Content // it may have added some before breaking too
+		c.exhausted = true
+	}
+	r.audit(qc, "stream", "stream failed after the first token and no fallback could continue it: "+shortClass(provider.ClassOf(o.err)), 0)
+	return nil, &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, cause: o.err, tried: p.failed}
 }
 
 func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {

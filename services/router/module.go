@@ -168,9 +168,9 @@ func (s *simHosts) baseURL(p ProviderConfig) (string, error) {
 	if u, ok := s.urls[p.Name]; ok {
 		return u, nil
 	}
-	def, ok := sim.Builtin(orDefault(p.SimProfile, "fast"))
+	def, ok := s.cfg.simProfile(orDefault(p.SimProfile, "fast"))
 	if !ok {
-		return "", fmt.Errorf("providers %s: unknown sim_profile %q (have %v)", p.Name, p.SimProfile, sim.ProfileNames())
+		return "", fmt.Errorf("providers %s: unknown sim_profile %q (have %v)", p.Name, p.SimProfile, s.cfg.simProfileNames())
 	}
 	models := map[string]sim.Profile{}
 	for _, m := range s.cfg.Models {
@@ -179,8 +179,8 @@ func (s *simHosts) baseURL(p ProviderConfig) (string, error) {
 		}
 		prof := def
 		if m.SimProfile != "" {
-			if prof, ok = sim.Builtin(m.SimProfile); !ok {
-				return "", fmt.Errorf("models %s: unknown sim_profile %q (have %v)", m.Name, m.SimProfile, sim.ProfileNames())
+			if prof, ok = s.cfg.simProfile(m.SimProfile); !ok {
+				return "", fmt.Errorf("models %s: unknown sim_profile %q (have %v)", m.Name, m.SimProfile, s.cfg.simProfileNames())
 			}
 		}
 		models[orDefault(m.Upstream, m.Name)] = prof

@@ -218,8 +218,9 @@ func (r *Router) Reload(cfg Config) error {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
 	old := r.conf()
-	if !reflect.DeepEqual(old.Providers, cfg.Providers) || !reflect.DeepEqual(old.Models, cfg.Models) {
-		return errors.New("providers and models change only with a restart")
+	if !reflect.DeepEqual(old.Providers, cfg.Providers) || !reflect.DeepEqual(old.Models, cfg.Models) ||
+		!reflect.DeepEqual(old.SimProfiles, cfg.SimProfiles) {
+		return errors.New("providers, models and sim profiles change only with a restart")
 	}
 	r.tab.Store(r.buildTable(&cfg))
 	r.cfg.Store(&cfg)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -261,11 +262,11 @@ func DefaultConfig() Config {
 			Enabled:          true,
 			Workers:          2,
 			QueueSize:        1024,
-			EmbeddingDim:     256,
+			EmbeddingDim:     512,
 			RelevanceFull:    0.25,
 			ConsistencyFull:  0.3,
-			HistoryQuestions: 10_000,
-			HistoryAnswers:   5,
+			HistoryQuestions: 2000,
+			HistoryAnswers:   3,
 			FollowUps:        10_000,
 			Judge: JudgeConfig{
 				Route:     "judge",
@@ -319,7 +320,7 @@ func (c Config) Validate() error {
 		add("degraded.review_threshold_factor: must be in (0, 2], got %v", f)
 	}
 	for i, l := range c.Degraded.SkipL3Levels {
-		if !contains(fallbackLevels, l) {
+		if !slices.Contains(fallbackLevels, l) {
 			add("degraded.skip_l3_levels[%d]: want one of %s, got %q", i, strings.Join(fallbackLevels, ", "), l)
 		}
 	}
@@ -457,13 +458,4 @@ func natsName(s string) bool {
 		}
 	}
 	return true
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }

@@ -1,6 +1,7 @@
 package verifier
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -19,8 +20,10 @@ type jsonCheck struct {
 
 // checkJSON checks an answer to a JSON request: it unwraps a markdown fence, parses, and
 // checks the top-level shape, the schema, the required fields and the model's own
-// confidence against the threshold for this answer.
-func (v *Verifier) checkJSON(content string, format Format, confidence float64) jsonCheck {
+// confidence against the threshold for this answer. The whole document is decoded only when
+// something needs it (a schema, or L2 rules for the scenario, when needValue is set);
+// otherwise only the top level is, which is several times cheaper on large answers.
+func (v *Verifier) checkJSON(content string, format Format, confidence float64, needValue bool) jsonCheck {
 	res := jsonCheck{content: content}
 	body := content
 	if inner, ok := unwrapFence(content); ok {
@@ -35,7 +38,28 @@ func (v *Verifier) checkJSON(content string, format Format, confidence float64) 
 			"the code fence is empty"))
 		return res
 	}
-	if err := json.Unmarshal([]byte(body), &res.value); err != nil {
+	var top topLevel
+	needValue = needValue || format.Type == FormatJSONSchema
+	var err error
+	switch {
+	case needValue:
+		if err = json.Unmarshal([]byte(body), &res.value); err == nil {
+			if object, ok := res.value.(map[string]any); ok {
+				top = valueFields(object)
+			}
+		}
+	case body[0] == '{':
+		// Object members stay raw: decoding into json.RawMessage still validates the whole
+		// document but builds no nested values.
+		var object map[string]json.RawMessage
+		if err = json.Unmarshal([]byte(body), &object); err == nil {
+			top = rawFields(object)
+		}
+	default:
+		var discard any
+		err = json.Unmarshal([]byte(body), &discard)
+	}
+	if err != nil {
 		res.findings = append(res.findings, blocking(CodeJSONParse, "", ClassMalformedOutput,
 			fmt.Sprintf("the answer is not valid JSON: %v", err)))
 		return res
@@ -48,8 +72,7 @@ func (v *Verifier) checkJSON(content string, format Format, confidence float64) 
 			res.findings = append(res.findings, schemaFindings(schema, res.value, v.cfg.MaxSchemaFindings)...)
 		}
 	}
-	object, isObject := res.value.(map[string]any)
-	if !isObject {
+	if top == nil {
 		kind := jsonKind(body[0])
 		if format.Type == FormatJSONObject {
 			res.findings = append(res.findings, blocking(CodeJSONType, "", ClassMalformedOutput,
@@ -64,21 +87,82 @@ func (v *Verifier) checkJSON(content string, format Format, confidence float64) 
 	}
 
 	for _, field := range format.RequiredFields {
-		value, ok := object[field]
+		present, empty, shown := top.field(field)
 		switch {
-		case !ok:
+		case !present:
 			res.findings = append(res.findings, blocking(CodeRequiredField, field, ClassMalformedOutput,
 				fmt.Sprintf("required field %q is missing", field)))
-		case isEmptyValue(value):
+		case empty:
 			res.findings = append(res.findings, blocking(CodeRequiredField, field, ClassMalformedOutput,
-				fmt.Sprintf("required field %q is empty (%s)", field, compactJSON(value))))
+				fmt.Sprintf("required field %q is empty (%s)", field, shown)))
 		}
 	}
-	if c, ok := object["confidence"].(float64); ok && c < confidence {
+	// The model's own confidence; non-numeric values are left to L2.
+	if c, ok := top.number("confidence"); ok && c < confidence {
 		res.findings = append(res.findings, blocking(CodeLowConfidence, "confidence", ClassVerificationFailed,
 			fmt.Sprintf("confidence %v is below the threshold %v", c, confidence)))
 	}
 	return res
+}
+
+// topLevel reads the top-level members of a JSON object, decoded or raw.
+type topLevel interface {
+	// field reports whether name is present, whether its value is empty, and the value as
+	// JSON for a message.
+	field(name string) (present, empty bool, shown string)
+	number(name string) (float64, bool)
+}
+
+type valueFields map[string]any
+
+func (o valueFields) field(name string) (bool, bool, string) {
+	v, ok := o[name]
+	if !ok {
+		return false, false, ""
+	}
+	return true, isEmptyValue(v), compactJSON(v)
+}
+
+func (o valueFields) number(name string) (float64, bool) {
+	f, ok := o[name].(float64)
+	return f, ok
+}
+
+type rawFields map[string]json.RawMessage
+
+func (o rawFields) field(name string) (bool, bool, string) {
+	raw, ok := o[name]
+	if !ok {
+		return false, false, ""
+	}
+	return true, isEmptyJSON(raw), string(raw)
+}
+
+func (o rawFields) number(name string) (float64, bool) {
+	raw := o[name]
+	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
+		return 0, false
+	}
+	var f float64
+	return f, json.Unmarshal(raw, &f) == nil
+}
+
+// isEmptyJSON is isEmptyValue for a raw value.
+func isEmptyJSON(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return true
+	}
+	switch raw[0] {
+	case 'n':
+		return true // null: the only valid JSON starting with n
+	case '"':
+		var s string
+		return json.Unmarshal(raw, &s) == nil && strings.TrimSpace(s) == ""
+	case '[', '{':
+		return len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0
+	}
+	return false
 }
 
 // isEmptyValue reports whether a decoded value carries nothing: null, an empty or blank

@@ -17,8 +17,9 @@ type l1Result struct {
 }
 
 // checkL1 runs the format checks and returns their findings, in the order the package doc
-// explains. confidence is the threshold for this answer (lower for degraded answers).
-func (v *Verifier) checkL1(a Answer, confidence float64) l1Result {
+// explains. confidence is the threshold for this answer (lower for degraded answers);
+// needValue asks for the whole JSON document decoded (L2 rules will read it).
+func (v *Verifier) checkL1(a Answer, confidence float64, needValue bool) l1Result {
 	var findings []Finding
 	if f, ok := checkTruncated(a.FinishReason); ok {
 		findings = append(findings, f)
@@ -32,7 +33,7 @@ func (v *Verifier) checkL1(a Answer, confidence float64) l1Result {
 	res := l1Result{content: a.Content}
 	var jsonResult jsonCheck
 	if a.Format.Type.wantsJSON() {
-		jsonResult = v.checkJSON(a.Content, a.Format, confidence)
+		jsonResult = v.checkJSON(a.Content, a.Format, confidence, needValue)
 		res.content, res.parsed, res.isJSON = jsonResult.content, jsonResult.value, jsonResult.parsed
 	}
 	// A refusal to a JSON request arrives as prose, so it is looked for only when the answer

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -16,10 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -28,61 +24,13 @@ import (
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
 )
 
-// testTenantHeader stands in for the API key the real auth interceptor (pkg/rpc)
-// authenticates: the test interceptor below copies it into the context with rpc.WithTenant.
-const testTenantHeader = "x-test-tenant"
-
-var testNow = time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
-
-func authForTest(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(testTenantHeader); len(v) > 0 {
-			ctx = rpc.WithTenant(ctx, v[0])
-		}
-	}
-	return handler(ctx, req)
-}
-
-// startVerifier serves the verifier module over bufconn and returns a real generated client.
+// startVerifier serves the verifier module in memory mode and returns a real generated client.
 func startVerifier(t *testing.T, cfg Config) verifierv1.VerifierServiceClient {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer(grpc.UnaryInterceptor(authForTest))
-	runnable, err := Module(cfg).New(context.Background(), app.Env{
-		GRPC:    srv,
-		Log:     slog.New(slog.DiscardHandler),
-		Metrics: prometheus.NewRegistry(),
-		Clock:   clockwork.NewFakeClockAt(testNow),
-	})
-	if err != nil {
-		t.Fatalf("Module.New: %v", err)
-	}
-	if runnable != nil {
-		t.Fatalf("Module.New returned a Runnable; the verifier has no background work")
-	}
-	// The serving goroutine is owned by the test and exits when Stop closes the listener.
-	serveDone := make(chan error, 1)
-	go func() { serveDone <- srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatalf("grpc.NewClient: %v", err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-		if err := <-serveDone; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return verifierv1.NewVerifierServiceClient(conn)
-}
-
-func asTenant(tenant string) context.Context {
-	return metadata.AppendToOutgoingContext(context.Background(), testTenantHeader, tenant)
+	return startServer(t, cfg, serverOptions{}).client
 }
 
 func TestServerVerifyReturnsVerdictAndQuality(t *testing.T) {
@@ -111,19 +59,24 @@ func TestServerVerifyReturnsVerdictAndQuality(t *testing.T) {
 			}},
 			Content:   validJSON,
 			Grade:     mantlev1.QualityGrade_QUALITY_GRADE_MEDIUM,
-			RiskScore: 0.1,
+			RiskScore: 0.15,
+			L3Pending: true,
+			Risk: &verifierv1.RiskBreakdown{
+				Output: 0.3, Signals: []string{SignalFormatWarning}, Threshold: 0.75,
+			},
 			Quality: &mantlev1.QualityContext{
 				RequestId: "req-1",
 				Tenant:    "acme",
 				Verification: &mantlev1.Verification{
 					L1Passed:     true,
+					L3Pending:    true,
 					FailureClass: mantlev1.ErrorClass_ERROR_CLASS_NONE,
 				},
 				QualityGrade: mantlev1.QualityGrade_QUALITY_GRADE_MEDIUM,
-				RiskScore:    0.1,
+				RiskScore:    0.15,
 				Audit: []*mantlev1.AuditStep{routerStep, {
 					At: timestamppb.New(testNow), Service: "verifier", Step: "verify",
-					Detail:   "model=gpt-4o l1 passed with warnings: markdown_fence",
+					Detail:   "model=gpt-4o passed with findings: markdown_fence risk=0.15",
 					Duration: durationpb.New(0),
 				}},
 			},
@@ -162,8 +115,11 @@ func TestServerVerifyReturnsVerdictAndQuality(t *testing.T) {
 			t.Errorf("quality.quality_grade = %v, want LOW", got)
 		}
 		audit := resp.GetQuality().GetAudit()
-		if len(audit) != 1 || audit[0].GetDetail() != "l1 failed: truncated,json_parse (truncated)" {
-			t.Errorf("quality.audit = %v, want one step with detail %q", audit, "l1 failed: truncated,json_parse (truncated)")
+		if want := "l1 failed: truncated,json_parse (truncated) risk=0.50"; len(audit) != 1 || audit[0].GetDetail() != want {
+			t.Errorf("quality.audit = %v, want one step with detail %q", audit, want)
+		}
+		if resp.GetL3Pending() || resp.GetReviewId() != "" {
+			t.Errorf("a failed answer got l3_pending %v, review %q; want neither", resp.GetL3Pending(), resp.GetReviewId())
 		}
 	})
 
@@ -277,14 +233,19 @@ func TestToStatus(t *testing.T) {
 		{name: "tenant mismatch", err: errTenantMismatch, wantCode: codes.PermissionDenied, wantReason: rpc.ReasonPermissionDenied},
 		{name: "canceled", err: fmt.Errorf("verify: %w", context.Canceled), wantCode: codes.Canceled},
 		{name: "deadline", err: fmt.Errorf("verify: %w", context.DeadlineExceeded), wantCode: codes.DeadlineExceeded},
+		{name: "review not found", err: fmt.Errorf("get: %w", review.ErrNotFound), wantCode: codes.NotFound, wantReason: ReasonNotFound},
+		{name: "review conflict", err: &review.ConflictError{Reason: "claimed by bob"}, wantCode: codes.FailedPrecondition, wantReason: ReasonReviewConflict},
+		{name: "draft rule rejected", err: &review.RulesRejectedError{Err: errors.New("x")}, wantCode: codes.FailedPrecondition, wantReason: ReasonRulesRejected},
+		{name: "rule set rejected", err: fmt.Errorf("%w: bad", ErrRulesRejected), wantCode: codes.FailedPrecondition, wantReason: ReasonRulesRejected},
+		{name: "store unavailable", err: fmt.Errorf("%w: nats down", review.ErrUnavailable), wantCode: codes.Unavailable, wantReason: ReasonUnavailable},
 		{name: "unknown", err: errors.New("disk on fire"), wantCode: codes.Internal, wantReason: rpc.ReasonInternal, wantLogged: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var logs bytes.Buffer
-			s := NewServer(nil, slog.New(slog.NewTextHandler(&logs, nil)))
-			got := s.toStatus(tt.err)
+			s := NewServer(nil, nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+			got := s.toStatus(context.Background(), tt.err)
 			if code := status.Code(got); code != tt.wantCode {
 				t.Errorf("code = %v, want %v", code, tt.wantCode)
 			}
@@ -310,8 +271,15 @@ func TestModule(t *testing.T) {
 			t.Errorf("Module = {Name: %q, Deps: %q}, want verifier with no deps", m.Name, m.Deps)
 		}
 		srv := grpc.NewServer()
-		if _, err := m.New(context.Background(), app.Env{GRPC: srv, Clock: clockwork.NewFakeClock()}); err != nil {
+		runnable, err := m.New(context.Background(), app.Env{GRPC: srv, Clock: clockwork.NewFakeClock()})
+		if err != nil {
 			t.Fatalf("New: %v", err)
+		}
+		// The background work stops when its context is done, even if it never started.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := runnable.Run(ctx); err != nil {
+			t.Errorf("Run after cancel = %v, want nil", err)
 		}
 		if _, ok := srv.GetServiceInfo()[verifierv1.VerifierService_ServiceDesc.ServiceName]; !ok {
 			t.Errorf("services = %v, want %s registered", srv.GetServiceInfo(), verifierv1.VerifierService_ServiceDesc.ServiceName)

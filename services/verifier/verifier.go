@@ -394,13 +394,14 @@ func (v *Verifier) Verify(ctx context.Context, a Answer) (Verdict, error) {
 	if degraded {
 		confidence = v.cfg.Degraded.ConfidenceThreshold
 	}
-	l1 := v.checkL1(a, confidence)
+	set := v.rules.engine.Live()
+	l1 := v.checkL1(a, confidence, set.Applies(a.scenario()))
 	findings, content := l1.findings, l1.content
 
 	// L2 only looks at answers L1 let through: a malformed answer is rejected anyway.
 	var outcome rules.Outcome
 	if !anyBlocking(findings) {
-		outcome = v.checkL2(a, l1, degraded)
+		outcome = v.checkL2(set, a, l1, degraded)
 		content = outcome.Text
 		findings = append(findings, l2Findings(outcome)...)
 	}
@@ -468,8 +469,7 @@ func anyBlocking(findings []Finding) bool {
 }
 
 // checkL2 evaluates the live rule set and applies the actions of the rules that matched.
-func (v *Verifier) checkL2(a Answer, l1 l1Result, degraded bool) rules.Outcome {
-	set := v.rules.engine.Live()
+func (v *Verifier) checkL2(set *rules.Set, a Answer, l1 l1Result, degraded bool) rules.Outcome {
 	in := &rules.Input{
 		Scenario:       a.scenario(),
 		Tenant:         a.Tenant,

@@ -13,7 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
 )
 
 // wantFinding is the part of a Finding the tests pin down; messages are for humans and may
@@ -457,21 +459,19 @@ func messages(findings []Finding) []string {
 	return out
 }
 
-func TestVerdictRiskAndCodes(t *testing.T) {
+func TestFailedCodes(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name      string
 		answer    Answer
-		wantRisk  float64
 		wantCodes []string
 	}{
-		{name: "clean", answer: Answer{Content: validJSON, Format: jsonObject("answer")}, wantRisk: 0},
-		{name: "warning only", answer: Answer{Content: "```json\n" + validJSON + "\n```", Format: jsonObject()}, wantRisk: 0.1},
-		{name: "one blocking", answer: Answer{Content: "{", Format: jsonObject()}, wantRisk: 0.4, wantCodes: []string{CodeJSONParse}},
+		{name: "clean", answer: Answer{Content: validJSON, Format: jsonObject("answer")}},
+		{name: "warning only", answer: Answer{Content: "```json\n" + validJSON + "\n```", Format: jsonObject()}},
+		{name: "one blocking", answer: Answer{Content: "{", Format: jsonObject()}, wantCodes: []string{CodeJSONParse}},
 		{
-			name:      "codes are distinct and risk is capped",
+			name:      "codes are distinct",
 			answer:    Answer{Content: `{"a": "", "b": null, "c": []}`, FinishReason: "length", Format: jsonObject("a", "b", "c")},
-			wantRisk:  1,
 			wantCodes: []string{CodeTruncated, CodeRequiredField},
 		},
 	}
@@ -483,11 +483,11 @@ func TestVerdictRiskAndCodes(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Verify: %v", err)
 			}
-			if got.RiskScore != tt.wantRisk {
-				t.Errorf("RiskScore = %v, want %v", got.RiskScore, tt.wantRisk)
-			}
 			if diff := cmp.Diff(tt.wantCodes, got.FailedCodes()); diff != "" {
 				t.Errorf("FailedCodes() mismatch (-want +got):\n%s", diff)
+			}
+			if got.L1Passed() != (tt.wantCodes == nil) {
+				t.Errorf("L1Passed() = %v, want %v", got.L1Passed(), tt.wantCodes == nil)
 			}
 		})
 	}
@@ -601,7 +601,7 @@ func TestVerifyMetrics(t *testing.T) {
 		{"mantle_verifier_verdicts_total", map[string]string{"result": "failed", "code": "refusal"}, 1},
 		{"mantle_verifier_findings_total", map[string]string{"layer": "l1", "code": "markdown_fence", "blocking": "false"}, 1},
 		{"mantle_verifier_findings_total", map[string]string{"layer": "l1", "code": "refusal", "blocking": "true"}, 1},
-		{"mantle_verifier_l1_duration_seconds", nil, 4},
+		{"mantle_verifier_verify_duration_seconds", nil, 4},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s%v", tt.metric, tt.labels), func(t *testing.T) {
@@ -742,25 +742,66 @@ func TestAnswer2KBPasses(t *testing.T) {
 	}
 }
 
-// BenchmarkVerifyL1 measures the whole L1 pass, metrics included. The seed's budget is 1 ms.
-func BenchmarkVerifyL1(b *testing.B) {
-	v, err := New(DefaultConfig(), clockwork.NewRealClock(), prometheus.NewRegistry())
-	if err != nil {
-		b.Fatalf("New: %v", err)
+// benchConfig is the configuration of the synchronous benchmarks: L3 (asynchronous, not
+// part of Verify's latency) is off so that the queue does not fill and shed.
+func benchConfig(rulesN int) Config {
+	cfg := DefaultConfig()
+	cfg.L3.Enabled = false
+	cfg.Rules = nil
+	for i := range rulesN {
+		cfg.Rules = append(cfg.Rules, benchRules[i%len(benchRules)](i))
 	}
+	return cfg
+}
+
+// benchRules are realistic conditions over the 2 KB answer: field presence, keyword lists
+// over the text, comprehensions over the items, QualityContext reads. Half of them match
+// and apply an action, so the benchmark includes rewriting the answer.
+var benchRules = []func(i int) rules.Rule{
+	func(i int) rules.Rule {
+		return rules.Rule{ID: fmt.Sprintf("r%02d-hedging", i), Condition: `has(output.answer) && ["可能", "疑似", "maybe", "possibly"].exists(w, string(output.answer).contains(w))`, Action: rules.Action{Type: rules.ActionBlock}}
+	},
+	func(i int) rules.Rule {
+		return rules.Rule{ID: fmt.Sprintf("r%02d-items", i), Condition: `has(output.items) && output.items.exists(it, it.qty > 2)`, Action: rules.Action{Type: rules.ActionNotice, Field: "notice", Notice: "大件商品分批发货"}}
+	},
+	func(i int) rules.Rule {
+		return rules.Rule{ID: fmt.Sprintf("r%02d-degraded", i), Condition: `degraded && quality.retry_count >= 2`, Action: rules.Action{Type: rules.ActionReview}}
+	},
+	func(i int) rules.Rule {
+		return rules.Rule{ID: fmt.Sprintf("r%02d-order", i), Condition: `has(output.order_id) && output.order_id.startsWith("A-")`, Action: rules.Action{Type: rules.ActionMask, Field: "order_id", Pattern: `\d+`}}
+	},
+	func(i int) rules.Rule {
+		return rules.Rule{ID: fmt.Sprintf("r%02d-question", i), Condition: `question.contains("工伤认定") && !text.contains("工伤保险条例")`, Action: rules.Action{Type: rules.ActionNotice, Notice: "依据《工伤保险条例》"}}
+	},
+}
+
+func benchAnswers() []struct {
+	name   string
+	answer Answer
+} {
 	jsonAnswer := answer2KB()
+	jsonAnswer.Messages = []Message{{Role: "user", Content: "Where is my order A-1042?"}}
+	jsonAnswer.Quality = &mantlev1.QualityContext{RequestId: "req-bench", Scenario: "support"}
 	var text strings.Builder
 	for i := 0; text.Len() < 2048; i++ {
 		fmt.Fprintf(&text, "Step %d: check the item against line %d of the packing list and note any difference. ", i+1, i+3)
 	}
-	for _, bc := range []struct {
+	return []struct {
 		name   string
 		answer Answer
 	}{
 		{"json_2KB", jsonAnswer},
-		{"fenced_json_2KB", Answer{Content: "```json\n" + jsonAnswer.Content + "\n```", Format: jsonAnswer.Format}},
-		{"text_2KB", Answer{Content: text.String(), FinishReason: "stop"}},
-	} {
+		{"fenced_json_2KB", Answer{Content: "```json\n" + jsonAnswer.Content + "\n```", Format: jsonAnswer.Format, Messages: jsonAnswer.Messages, Quality: jsonAnswer.Quality}},
+		{"text_2KB", Answer{Content: text.String(), FinishReason: "stop", Messages: jsonAnswer.Messages, Quality: jsonAnswer.Quality}},
+	}
+}
+
+func benchmarkVerify(b *testing.B, cfg Config) {
+	v, err := New(cfg, clockwork.NewRealClock(), prometheus.NewRegistry())
+	if err != nil {
+		b.Fatalf("New: %v", err)
+	}
+	for _, bc := range benchAnswers() {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
@@ -773,3 +814,10 @@ func BenchmarkVerifyL1(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkVerifyL1 measures the whole synchronous pass with no rules: L1, risk and
+// metrics. The seed's budget is 1 ms; ours is 100 µs on a 2 KB answer.
+func BenchmarkVerifyL1(b *testing.B) { benchmarkVerify(b, benchConfig(0)) }
+
+// BenchmarkVerifyL1L2 is the same with 20 rules in the scenario (budget 300 µs).
+func BenchmarkVerifyL1L2(b *testing.B) { benchmarkVerify(b, benchConfig(20)) }

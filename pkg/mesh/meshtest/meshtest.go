@@ -42,6 +42,17 @@ type Mesh struct {
 // and router service addresses are overridden.
 func Start(t testing.TB, cfg mesh.Config, mode Mode) *Mesh {
 	t.Helper()
+	return StartWith(t, cfg, mode, mesh.Options{})
+}
+
+// StartWith is Start with process options, for tests that drive the mesh's clock (a fake
+// clock shared by the router, its in-process sims and the other services). Logs are
+// discarded unless opts.LogOutput says otherwise.
+func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mesh {
+	t.Helper()
+	if opts.LogOutput == nil {
+		opts.LogOutput = io.Discard
+	}
 	nats, err := events.StartEmbedded()
 	if err != nil {
 		t.Fatalf("embedded nats: %v", err)
@@ -56,12 +67,12 @@ func Start(t testing.TB, cfg mesh.Config, mode Mode) *Mesh {
 	m := &Mesh{NATSURL: nats.URL()}
 	if mode == All {
 		cfg.Target = "all"
-		m.Router = run(t, cfg)
+		m.Router = run(t, cfg, opts)
 	} else {
 		for _, svc := range []string{"quota", "cache", "verifier"} {
 			c := cfg
 			c.Target = svc
-			p := run(t, c)
+			p := run(t, c, opts)
 			switch svc {
 			case "quota":
 				cfg.Router.QuotaAddress = p.App.GRPCAddr()
@@ -72,7 +83,7 @@ func Start(t testing.TB, cfg mesh.Config, mode Mode) *Mesh {
 			}
 		}
 		cfg.Target = "router"
-		m.Router = run(t, cfg)
+		m.Router = run(t, cfg, opts)
 	}
 	m.GRPCAddr = m.Router.App.GRPCAddr()
 	m.HTTPAddr = m.Router.App.HTTPAddr()
@@ -81,9 +92,9 @@ func Start(t testing.TB, cfg mesh.Config, mode Mode) *Mesh {
 
 // run starts one process, waits until its health check answers SERVING, and stops it
 // (waiting for a clean exit) when the test ends.
-func run(t testing.TB, cfg mesh.Config) *mesh.Process {
+func run(t testing.TB, cfg mesh.Config, opts mesh.Options) *mesh.Process {
 	t.Helper()
-	p, err := mesh.Start(context.Background(), cfg, mesh.Options{LogOutput: io.Discard})
+	p, err := mesh.Start(context.Background(), cfg, opts)
 	if err != nil {
 		t.Fatalf("start %s: %v", cfg.Target, err)
 	}

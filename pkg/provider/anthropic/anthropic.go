@@ -198,6 +198,10 @@ func messagesBody(req provider.Request, stream bool) messagesRequest {
 		}
 	}
 	body.System = strings.Join(system, "\n\n")
+	if req.Prefill != "" {
+		// A final assistant turn is Anthropic's native prefill; it must not end in white space.
+		body.Messages = append(body.Messages, message{Role: "assistant", Content: strings.TrimRight(req.Prefill, " \t\n")})
+	}
 	if req.User != "" {
 		body.Metadata = &metadata{UserID: req.User}
 	}

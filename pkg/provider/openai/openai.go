@@ -73,6 +73,9 @@ type chatMessage struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
 	Name    string `json:"name,omitempty"`
+	// Prefix marks a trailing assistant message as a prefill to continue (DeepSeek's
+	// "prefix completion"; vLLM continues a final assistant message by itself).
+	Prefix bool `json:"prefix,omitempty"`
 }
 
 type responseFormat struct {
@@ -173,6 +176,9 @@ func chatBody(req provider.Request, stream bool) chatRequest {
 	}
 	for i, m := range req.Messages {
 		body.Messages[i] = chatMessage{Role: m.Role, Content: m.Content, Name: m.Name}
+	}
+	if req.Prefill != "" {
+		body.Messages = append(body.Messages, chatMessage{Role: "assistant", Content: req.Prefill, Prefix: true})
 	}
 	if req.JSON {
 		body.ResponseFormat = &responseFormat{Type: "json_object"}

@@ -5,8 +5,8 @@
 -- ARGV: now s, now ns, maxdebt, actual tokens, actual input, actual output, release 0|1.
 --
 -- The record is: expiry "s:ns" | charged mask | budget day or '-' | tokens | budget
--- "cost,input price,output price,day offset" or '-' | buckets "field,kind,cost,limit"
--- joined by ';' | meta (opaque to this script).
+-- "cost,input price,output price,day offset" or '-' | buckets
+-- "field,kind,cost,limit,shadow" joined by ';' | meta (opaque to this script).
 --
 -- Returns {0} when the reservation is missing or expired, else {1, s, ns, tokens, cost,
 -- spent (-1 without budget), budget reset, meta, buckets, mask, debt of each charged

@@ -79,21 +79,20 @@ func lexicalFeatures(text string) []vector.Feature {
 	var han []rune
 	var words []string
 	flushHan := func() {
-		for i, r := range han {
-			w := weightHanUnigram
+		// Pairs are formed over the content characters, skipping function characters
+		// between them, so that a particle does not break a word pair: 退货流程 and
+		// 退货的流程 share 货流.
+		var prev rune
+		for _, r := range han {
 			if stopHan[r] {
-				w *= weightStop
+				add("u\x00"+string(r), weightHanUnigram*weightStop)
+				continue
 			}
-			add("u\x00"+string(r), w)
-			if i+1 < len(han) {
-				w := weightHanBigram
-				// A pair with a function character is mostly the seam between a word and
-				// a particle (么退 in 怎么退货), not a word.
-				if stopHan[r] || stopHan[han[i+1]] || stopHanBigrams[string(han[i:i+2])] {
-					w *= weightStop
-				}
-				add("b\x00"+string(han[i:i+2]), w)
+			add("u\x00"+string(r), weightHanUnigram)
+			if prev != 0 {
+				add("b\x00"+string([]rune{prev, r}), weightHanBigram)
 			}
+			prev = r
 		}
 		han = han[:0]
 	}
@@ -187,16 +186,9 @@ func isHan(r rune) bool {
 	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul)
 }
 
-// stopHan are function characters. Characters that also start common content words (会员,
-// 有效, 个人, 问题) are left out.
-var stopHan = runeSet("的了吗呢吧啊呀么是我你他她它们这那在和与及就都也还请怎如何样什啥哪些")
-
-// stopHanBigrams are two-character function words made of characters that also appear in
-// content words.
-var stopHanBigrams = map[string]bool{
-	"怎么": true, "如何": true, "怎样": true, "什么": true, "请问": true, "我的": true, "可以": true,
-	"一下": true, "为什": true, "么样": true, "需要": true, "应该": true,
-}
+// stopHan are function characters (and 请问, please-may-I-ask). Characters that also start
+// common content words (会员, 有效, 个人) are left out.
+var stopHan = runeSet("的了吗呢吧啊呀么是我你他她它们这那在和与及就都也还请问怎如何样什啥哪些")
 
 var stopWords = wordSet(`a an the is are was were be been being am do does did i me my mine you your we
 our us it its to of in on at for with by from and or can could would should will shall may might

@@ -420,6 +420,7 @@ func chineseNegations(rs []rune) int {
 // lexicalised lists words that contain a negating character without negating anything.
 var lexicalised = []string{
 	"不过", "不错", "不断", "不仅", "不管", "不久", "不少", "不但", "不如", "不然", "要不", "差不多",
+	"不同", "不一样", // "what is different": a comparison, not a negation
 	"非常", "非洲", "除非", "未来", "无论", "无线", "无人机", "是否", "能否", "可否", "与否", "否则",
 	"莫名", "没关系",
 }

@@ -20,6 +20,7 @@ func TestCompare(t *testing.T) {
 		{"是否 asks", "是否支持花呗", "支持花呗吗", ""},
 		{"lexicalised 非常", "这个非常好用吗", "这个好用吗", ""},
 		{"lexicalised 未来", "未来会涨价吗", "以后会涨价吗", ""},
+		{"不同 compares", "基础版和专业版有什么区别", "基础版跟专业版有啥不同", ""},
 		{"same number, other spelling", "Is shipping free over 1,000 yuan?", "is shipping free above 1000 yuan", ""},
 		{"leading zeros", "order 007 status", "order 7 status", ""},
 		{"number word and digits", "Can I return it within two weeks?", "can i return it within 2 weeks", ""},

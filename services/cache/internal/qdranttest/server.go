@@ -23,6 +23,7 @@ import (
 	"github.com/qdrant/go-client/qdrant"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -46,6 +47,7 @@ type Server struct {
 	collections map[string]*collection
 	fault       func(ctx context.Context, method string) error
 	calls       map[string]int
+	apiKey      string
 }
 
 type collection struct {
@@ -145,8 +147,20 @@ func (s *Server) Payloads(name string) []map[string]*qdrant.Value {
 	return out
 }
 
+// APIKey returns the api-key header of the last call.
+func (s *Server) APIKey() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.apiKey
+}
+
 func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	s.mu.Lock()
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if keys := md.Get("api-key"); len(keys) > 0 {
+			s.apiKey = keys[0]
+		}
+	}
 	f := s.fault
 	s.calls[lastSegment(info.FullMethod)]++
 	s.mu.Unlock()
@@ -176,7 +190,9 @@ func (s *Server) get(name string) (*collection, error) {
 	return c, nil
 }
 
-type healthServer struct{ qdrant.UnimplementedQdrantServer }
+type healthServer struct {
+	qdrant.UnimplementedQdrantServer
+}
 
 func (healthServer) HealthCheck(context.Context, *qdrant.HealthCheckRequest) (*qdrant.HealthCheckReply, error) {
 	return &qdrant.HealthCheckReply{Title: "qdranttest", Version: Version}, nil

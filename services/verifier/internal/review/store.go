@@ -139,11 +139,14 @@ func (j JetStreamKV) Keys(ctx context.Context, prefix string) ([]string, error) 
 		}
 		return nil, unavailable(err)
 	}
+	// The channel closes once every key was sent; Stop then only reports that the
+	// subscription is already gone, so its error says nothing.
+	defer func() { _ = lister.Stop() }()
 	var keys []string
 	for k := range lister.Keys() {
 		keys = append(keys, k)
 	}
-	if err := lister.Stop(); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	if err := ctx.Err(); err != nil {
 		return nil, unavailable(err)
 	}
 	return keys, nil
@@ -284,6 +287,9 @@ func (s *Store) listAudit(ctx context.Context, reviewID string) ([]AuditEntry, e
 	if err != nil {
 		return nil, err
 	}
+	// Keys order the entries of one review by time and write sequence; the stable sort by
+	// time below keeps that order for entries written at the same instant.
+	slices.Sort(keys)
 	out := make([]AuditEntry, 0, len(keys))
 	for _, k := range keys {
 		e, _, err := getJSON[AuditEntry](ctx, s.kv, k)

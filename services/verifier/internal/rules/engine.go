@@ -110,6 +110,14 @@ func (s *Set) Rules() []Rule {
 	return out
 }
 
+// Applies reports whether any rule applies to the scenario.
+func (s *Set) Applies(scenario string) bool {
+	if rules, ok := s.byScenario[scenario]; ok {
+		return len(rules) > 0
+	}
+	return len(s.global) > 0
+}
+
 // Len is the number of rules.
 func (s *Set) Len() int { return len(s.rules) }
 

@@ -2,7 +2,6 @@ package semantic
 
 import (
 	"context"
-	"hash/maphash"
 	"math"
 	"strings"
 	"unicode"
@@ -16,40 +15,48 @@ type Embedder interface {
 }
 
 // Lexical embeds text by hashing its features into Dim buckets: lower-cased Latin words and
-// digit runs, and for Han, Hiragana and Katakana text every character and every pair of
-// adjacent characters (Chinese does not space its words; bigrams approximate them). The
-// vector is L2-normalised. It is deterministic within a process (the hash seed is per
-// Lexical), which is all L3 needs: vectors are compared, never stored across restarts.
+// digit runs, and for Han, Hiragana and Katakana text every pair of adjacent characters
+// (Chinese does not space its words; bigrams approximate them) plus, at half weight, every
+// character. The vector is L2-normalised. The hash (FNV-1a) is fixed, so vectors are
+// comparable across processes and runs; two features sharing a bucket blur the similarity
+// a little, which more buckets make rarer.
 type Lexical struct {
-	dim  int
-	seed maphash.Seed
+	dim int
 }
 
-// NewLexical returns a Lexical embedder with dim buckets (256 when dim <= 0).
+// NewLexical returns a Lexical embedder with dim buckets (512 when dim <= 0).
 func NewLexical(dim int) *Lexical {
 	if dim <= 0 {
-		dim = 256
+		dim = 512
 	}
-	return &Lexical{dim: dim, seed: maphash.MakeSeed()}
+	return &Lexical{dim: dim}
 }
 
 // Embed implements Embedder.
 func (l *Lexical) Embed(_ context.Context, text string) ([]float32, error) {
 	v := make([]float32, l.dim)
-	add := func(feature string) {
-		v[maphash.String(l.seed, feature)%uint64(l.dim)]++
-	}
-	forEachFeature(norm.NFKC.String(text), add)
+	forEachFeature(norm.NFKC.String(text), func(feature string, weight float32) {
+		v[fnv1a(feature)%uint64(l.dim)] += weight
+	})
 	normalise(v)
 	return v, nil
 }
 
-// forEachFeature calls f for every feature of s (see Lexical).
-func forEachFeature(s string, f func(string)) {
+func fnv1a(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// forEachFeature calls f for every feature of s and its weight (see Lexical).
+func forEachFeature(s string, f func(string, float32)) {
 	var word strings.Builder
 	flush := func() {
 		if word.Len() > 0 {
-			f(word.String())
+			f(word.String(), 1)
 			word.Reset()
 		}
 	}
@@ -58,9 +65,9 @@ func forEachFeature(s string, f func(string)) {
 		switch {
 		case isCJK(r):
 			flush()
-			f(string(r))
+			f(string(r), 0.5)
 			if prev >= 0 {
-				f(string([]rune{prev, r}))
+				f(string([]rune{prev, r}), 1)
 			}
 			prev = r
 			continue

@@ -382,7 +382,7 @@ type BucketLevel struct {
 	// What can be taken now; 0 while the bucket is overdrawn.
 	Remaining int64 `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
 	// How long until the bucket is full again.
-	Reset_ *durationpb.Duration `protobuf:"bytes,4,opt,name=reset,proto3" json:"reset,omitempty"`
+	ResetAfter *durationpb.Duration `protobuf:"bytes,4,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
 	// The rule is in shadow mode: counted, never refusing.
 	Shadow bool `protobuf:"varint,5,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	// A shadow rule that would have refused this request (it was not charged).
@@ -442,9 +442,9 @@ func (x *BucketLevel) GetRemaining() int64 {
 	return 0
 }
 
-func (x *BucketLevel) GetReset_() *durationpb.Duration {
+func (x *BucketLevel) GetResetAfter() *durationpb.Duration {
 	if x != nil {
-		return x.Reset_
+		return x.ResetAfter
 	}
 	return nil
 }
@@ -469,7 +469,7 @@ type Budget struct {
 	LimitUsd float64                `protobuf:"fixed64,1,opt,name=limit_usd,json=limitUsd,proto3" json:"limit_usd,omitempty"`
 	SpentUsd float64                `protobuf:"fixed64,2,opt,name=spent_usd,json=spentUsd,proto3" json:"spent_usd,omitempty"`
 	// Until the budget resets (the configured day boundary).
-	Reset_        *durationpb.Duration `protobuf:"bytes,3,opt,name=reset,proto3" json:"reset,omitempty"`
+	ResetAfter    *durationpb.Duration `protobuf:"bytes,3,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
 	Shadow        bool                 `protobuf:"varint,4,opt,name=shadow,proto3" json:"shadow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -519,9 +519,9 @@ func (x *Budget) GetSpentUsd() float64 {
 	return 0
 }
 
-func (x *Budget) GetReset_() *durationpb.Duration {
+func (x *Budget) GetResetAfter() *durationpb.Duration {
 	if x != nil {
-		return x.Reset_
+		return x.ResetAfter
 	}
 	return nil
 }
@@ -1119,18 +1119,20 @@ const file_mantle_quota_v1_quota_proto_rawDesc = "" +
 	"\flimit_tokens\x18\x03 \x01(\x03R\vlimitTokens\x12)\n" +
 	"\x10remaining_tokens\x18\x04 \x01(\x03R\x0fremainingTokens\x12@\n" +
 	"\x0ereset_requests\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rresetRequests\x12<\n" +
-	"\freset_tokens\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vresetTokens\"\xc5\x01\n" +
+	"\freset_tokens\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vresetTokens\"\xd0\x01\n" +
 	"\vBucketLevel\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
-	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12/\n" +
-	"\x05reset\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05reset\x12\x16\n" +
+	"\tremaining\x18\x03 \x01(\x03R\tremaining\x12:\n" +
+	"\vreset_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"resetAfter\x12\x16\n" +
 	"\x06shadow\x18\x05 \x01(\bR\x06shadow\x12%\n" +
-	"\x0eshadow_refused\x18\x06 \x01(\bR\rshadowRefused\"\x8b\x01\n" +
+	"\x0eshadow_refused\x18\x06 \x01(\bR\rshadowRefused\"\x96\x01\n" +
 	"\x06Budget\x12\x1b\n" +
 	"\tlimit_usd\x18\x01 \x01(\x01R\blimitUsd\x12\x1b\n" +
-	"\tspent_usd\x18\x02 \x01(\x01R\bspentUsd\x12/\n" +
-	"\x05reset\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05reset\x12\x16\n" +
+	"\tspent_usd\x18\x02 \x01(\x01R\bspentUsd\x12:\n" +
+	"\vreset_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"resetAfter\x12\x16\n" +
 	"\x06shadow\x18\x04 \x01(\bR\x06shadow\"\x93\x01\n" +
 	"\rSettleRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12%\n" +
@@ -1231,8 +1233,8 @@ var file_mantle_quota_v1_quota_proto_depIdxs = []int32{
 	5,  // 8: mantle.quota.v1.ReserveResponse.budget:type_name -> mantle.quota.v1.Budget
 	17, // 9: mantle.quota.v1.Limits.reset_requests:type_name -> google.protobuf.Duration
 	17, // 10: mantle.quota.v1.Limits.reset_tokens:type_name -> google.protobuf.Duration
-	17, // 11: mantle.quota.v1.BucketLevel.reset:type_name -> google.protobuf.Duration
-	17, // 12: mantle.quota.v1.Budget.reset:type_name -> google.protobuf.Duration
+	17, // 11: mantle.quota.v1.BucketLevel.reset_after:type_name -> google.protobuf.Duration
+	17, // 12: mantle.quota.v1.Budget.reset_after:type_name -> google.protobuf.Duration
 	14, // 13: mantle.quota.v1.SettleRequest.quality:type_name -> mantle.v1.QualityContext
 	18, // 14: mantle.quota.v1.SettleRequest.usage:type_name -> mantle.v1.Usage
 	3,  // 15: mantle.quota.v1.SettleResponse.limits:type_name -> mantle.quota.v1.Limits

@@ -1,0 +1,221 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
+)
+
+func TestEmbeddedIndexEvictsLeastRecentlyUsed(t *testing.T) {
+	t.Parallel()
+	idx := NewEmbeddedIndex(2)
+	a, b, c := testEntry("a", "t", "s", "p", "alpha question"), testEntry("b", "t", "s", "p", "beta question"), testEntry("c", "t", "s", "p", "gamma question")
+	put(t, idx, a, b)
+	// Reading a makes b the least recently used.
+	if got := present(t, idx, epoch, a); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("before eviction got %v, want [a]", got)
+	}
+	put(t, idx, c)
+
+	if got := present(t, idx, epoch, a, b, c); !slices.Equal(got, []string{"a", "c"}) {
+		t.Errorf("after eviction got %v, want [a c]", got)
+	}
+	if got := idx.Len(); got != 2 {
+		t.Errorf("Len() = %d, want 2", got)
+	}
+	if got := idx.Evictions(); got != 1 {
+		t.Errorf("Evictions() = %d, want 1", got)
+	}
+	// The evicted entry left the partition's vectors too.
+	hits, _ := idx.Search(context.Background(), Query{Tenant: "t", Partition: b.Partition, Vector: vec(t, "beta question"), Limit: 3, MinScore: 0.9, Now: epoch})
+	if len(hits) != 0 {
+		t.Errorf("search finds the evicted entry: %v", hits)
+	}
+}
+
+func TestEmbeddedIndexTouchCountsAsUse(t *testing.T) {
+	t.Parallel()
+	idx := NewEmbeddedIndex(2)
+	a, b, c := testEntry("a", "t", "s", "p", "alpha question"), testEntry("b", "t", "s", "p", "beta question"), testEntry("c", "t", "s", "p", "gamma question")
+	put(t, idx, a, b)
+	idx.Touch(a.Key) // what the service does after a similarity hit
+	put(t, idx, c)
+	if got := present(t, idx, epoch, a, b, c); !slices.Equal(got, []string{"a", "c"}) {
+		t.Errorf("left %v, want [a c]", got)
+	}
+}
+
+func TestEmbeddedIndexRemovesExpiredOnGet(t *testing.T) {
+	t.Parallel()
+	idx := NewEmbeddedIndex(10)
+	e := testEntry("a", "t", "s", "p", "alpha question")
+	put(t, idx, e)
+	if got := present(t, idx, e.StaleUntil, e); len(got) != 0 {
+		t.Errorf("at StaleUntil: got %v, want a miss", got)
+	}
+	if idx.Len() != 0 {
+		t.Errorf("Len() after the expired Get = %d, want 0 (removed)", idx.Len())
+	}
+}
+
+func TestEmbeddedIndexEntriesWithoutVector(t *testing.T) {
+	t.Parallel()
+	idx := NewEmbeddedIndex(10)
+	e := testEntry("a", "t", "s", "p", "？？？")
+	if err := idx.Put(context.Background(), e, vector.Vector{}); err != nil {
+		t.Fatalf("Put without a vector: %v", err)
+	}
+	if got := present(t, idx, epoch, e); len(got) != 1 {
+		t.Errorf("exact Get of an entry without a vector = %v, want it found", got)
+	}
+	removed, err := idx.Delete(context.Background(), Filter{Tenant: "t"})
+	if err != nil || removed != 1 || idx.Len() != 0 {
+		t.Errorf("Delete = (%d, %v), Len %d; want 1 removed and none left", removed, err, idx.Len())
+	}
+}
+
+func TestEmbeddedIndexRefusesMixedVectorsInAPartition(t *testing.T) {
+	t.Parallel()
+	idx := NewEmbeddedIndex(10)
+	put(t, idx, testEntry("a", "t", "s", "p", "alpha question"))
+	dense, _ := vector.NewDense([]float32{1, 2})
+	if err := idx.Put(context.Background(), testEntry("b", "t", "s", "p", "beta question"), dense); err == nil {
+		t.Errorf("Put of a dense vector into a sparse partition succeeded")
+	}
+	if idx.Len() != 1 {
+		t.Errorf("Len() = %d, want 1: the refused entry must not be half stored", idx.Len())
+	}
+}
+
+// TestEmbeddedIndexConcurrentUse gives the race detector concurrent readers, searchers,
+// writers and deleters; the bound must hold throughout.
+func TestEmbeddedIndexConcurrentUse(t *testing.T) {
+	t.Parallel()
+	const workers, rounds, maxEntries = 8, 150, 50
+	idx := NewEmbeddedIndex(maxEntries)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			ctx := context.Background()
+			for i := range rounds {
+				e := testEntry(fmt.Sprintf("%d-%d", w, i), "acme", "support", "p", fmt.Sprintf("question number %d from worker %d", i, w))
+				v := vec(t, e.Question)
+				if err := idx.Put(ctx, e, v); err != nil {
+					t.Errorf("Put: %v", err)
+					return
+				}
+				if _, _, err := idx.Get(ctx, "", e.Key, epoch); err != nil {
+					t.Errorf("Get: %v", err)
+					return
+				}
+				if _, err := idx.Search(ctx, Query{Tenant: "acme", Partition: e.Partition, Vector: v, Limit: 3, MinScore: 0.5, Now: epoch}); err != nil {
+					t.Errorf("Search: %v", err)
+					return
+				}
+				if i%50 == 0 {
+					if _, err := idx.Delete(ctx, Filter{Tenant: "acme", ID: e.ID}); err != nil {
+						t.Errorf("Delete: %v", err)
+						return
+					}
+				}
+				if n := idx.Len(); n > maxEntries {
+					t.Errorf("Len() = %d, above the bound %d", n, maxEntries)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := idx.Len(); n != maxEntries {
+		t.Errorf("Len() after %d puts = %d, want %d", workers*rounds, n, maxEntries)
+	}
+}
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	t.Parallel()
+	idx := NewEmbeddedIndex(10)
+	a, b := testEntry("a", "t", "s", "p", "alpha question"), testEntry("b", "t", "s", "p", "beta question")
+	expired := testEntry("x", "t", "s", "p", "expired question")
+	expired.StaleUntil = epoch.Add(time.Minute)
+	other := testEntry("o", "t", "s", "q", "other embedder question")
+	other.Namespace = "openai-m-3"
+	put(t, idx, a, expired, other, b)
+	present(t, idx, epoch, a) // a is now the most recently used
+
+	var buf bytes.Buffer
+	if err := idx.Save(&buf); err != nil {
+		t.Fatalf("Save: %v", err)
+	}
+	restored := NewEmbeddedIndex(10)
+	stats, err := restored.Load(&buf, epoch.Add(2*time.Minute), "lexical-v1")
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if stats != (LoadStats{Loaded: 2, Expired: 1, OtherNamespace: 1}) {
+		t.Errorf("Load stats = %+v, want 2 loaded, 1 expired, 1 of another namespace", stats)
+	}
+	// Saved before any read below changes the recency.
+	var again bytes.Buffer
+	if err := restored.Save(&again); err != nil {
+		t.Fatalf("Save: %v", err)
+	}
+	if got := present(t, restored, epoch, a, b, expired, other); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("restored %v, want [a b]", got)
+	}
+	hits, err := restored.Search(context.Background(), Query{Tenant: "t", Partition: a.Partition, Vector: vec(t, "beta question"), Limit: 1, MinScore: 0.9, Now: epoch})
+	if err != nil || len(hits) != 1 || hits[0].Entry.ID != "b" {
+		t.Errorf("Search after restore = (%v, %v), want b: vectors must survive", hits, err)
+	}
+	// Recency survives too: with room for one more, the least recently used (b) goes.
+	small := NewEmbeddedIndex(2)
+	if _, err := small.Load(&again, epoch, "lexical-v1"); err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	put(t, small, testEntry("c", "t", "s", "p", "gamma question"))
+	if got := present(t, small, epoch, a, b); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("after one more entry, left %v, want [a]: recency order lost", got)
+	}
+}
+
+func TestSnapshotFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "state", "cache.snap")
+	idx := NewEmbeddedIndex(10)
+	e := testEntry("a", "t", "s", "p", "alpha question")
+	put(t, idx, e)
+	if err := idx.SaveFile(path); err != nil {
+		t.Fatalf("SaveFile: %v", err)
+	}
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatalf("stat: %v", err)
+	}
+	if mode := info.Mode().Perm(); mode != 0o600 {
+		t.Errorf("snapshot mode %o, want 600: it holds tenants' answers", mode)
+	}
+	if matches, _ := filepath.Glob(path + ".tmp-*"); len(matches) != 0 {
+		t.Errorf("temporary files left behind: %v", matches)
+	}
+	restored := NewEmbeddedIndex(10)
+	if stats, err := restored.LoadFile(path, epoch, "lexical-v1"); err != nil || stats.Loaded != 1 {
+		t.Fatalf("LoadFile = (%+v, %v), want 1 loaded", stats, err)
+	}
+	missing := NewEmbeddedIndex(10)
+	if stats, err := missing.LoadFile(filepath.Join(t.TempDir(), "none"), epoch, "lexical-v1"); err != nil || stats.Loaded != 0 {
+		t.Errorf("LoadFile of a missing file = (%+v, %v), want an empty cache and no error", stats, err)
+	}
+	if err := os.WriteFile(path, []byte("not a snapshot"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewEmbeddedIndex(10).LoadFile(path, epoch, "lexical-v1"); err == nil {
+		t.Errorf("LoadFile of garbage succeeded; want an error")
+	}
+}

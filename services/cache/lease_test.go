@@ -1,0 +1,212 @@
+package cache
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+type lookupOutcome struct {
+	res LookupResult
+	err error
+}
+
+// coalesce starts a coalescing lookup of question in the background.
+func (f fixture) coalesce(ctx context.Context, tenant, question string, maxWait time.Duration) <-chan lookupOutcome {
+	out := make(chan lookupOutcome, 1)
+	go func() {
+		res, err := f.svc.Lookup(ctx, tenant, LookupRequest{Prompt: basePrompt(question), Coalesce: true, MaxWait: maxWait})
+		out <- lookupOutcome{res, err}
+	}()
+	return out
+}
+
+// waiters blocks until n lookups wait on the fake clock.
+func (f fixture) waiters(t *testing.T, n int) {
+	t.Helper()
+	if err := f.clock.BlockUntilContext(t.Context(), n); err != nil {
+		t.Fatalf("waiting for %d waiters: %v", n, err)
+	}
+}
+
+func (f fixture) lease(t *testing.T, tenant, question string) Lease {
+	t.Helper()
+	res, err := f.svc.Lookup(context.Background(), tenant, LookupRequest{Prompt: basePrompt(question), Coalesce: true})
+	if err != nil || res.Hit || res.Lease == nil {
+		t.Fatalf("Lookup = (%+v, %v), want a miss with a lease", res, err)
+	}
+	return *res.Lease
+}
+
+const question = "How do I reset my password?"
+
+func TestCoalescingStoreAnswersEveryWaiter(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	lease := f.lease(t, "acme", question)
+	if want := epoch.Add(30 * time.Second); !lease.ExpiresAt.Equal(want) {
+		t.Errorf("lease expires %v, want %v (lease_ttl)", lease.ExpiresAt, want)
+	}
+	// Identical prompts (in another spelling too) wait; another tenant's does not.
+	w1 := f.coalesce(context.Background(), "acme", question, 0)
+	w2 := f.coalesce(context.Background(), "acme", "HOW DO I RESET MY PASSWORD", 0)
+	f.waiters(t, 2)
+	other := f.lease(t, "globex", question)
+
+	req := answer(basePrompt(question))
+	req.LeaseID = lease.ID
+	stored := f.mustStore(t, "acme", req)
+	for i, w := range []<-chan lookupOutcome{w1, w2} {
+		got := <-w
+		if got.err != nil || !got.res.Hit || got.res.Match != MatchCoalesced || got.res.Entry.ID != stored.EntryID || got.res.Similarity != 1 {
+			t.Errorf("waiter %d = (%+v, %v), want the stored answer, coalesced", i, got.res, got.err)
+		}
+	}
+	if got := f.svc.leases.len(); got != 1 {
+		t.Errorf("%d live leases, want 1 (globex's %s)", got, other.ID)
+	}
+	if got := metricValue(t, f.reg, "mantle_cache_coalesce_total", map[string]string{"outcome": "joined"}); got != 2 {
+		t.Errorf("coalesce{joined} = %v, want 2", got)
+	}
+}
+
+func TestCoalescingReleaseHandsTheLeaseOn(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	first := f.lease(t, "acme", question)
+	w := f.coalesce(context.Background(), "acme", question, 0)
+	f.waiters(t, 1)
+	if ok, err := f.svc.Release(context.Background(), "globex", first.ID); err != nil || ok {
+		t.Errorf("another tenant's Release = (%v, %v), want not released", ok, err)
+	}
+	if ok, err := f.svc.Release(context.Background(), "acme", first.ID); err != nil || !ok {
+		t.Fatalf("Release = (%v, %v), want released", ok, err)
+	}
+	got := <-w
+	if got.err != nil || got.res.Hit || got.res.Lease == nil || got.res.Lease.ID == first.ID {
+		t.Fatalf("waiter after a release = (%+v, %v), want a miss with a lease of its own", got.res, got.err)
+	}
+	if ok, _ := f.svc.Release(context.Background(), "acme", first.ID); ok {
+		t.Errorf("a second Release of the same lease succeeded")
+	}
+}
+
+func TestCoalescingSkippedStoreReleases(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	lease := f.lease(t, "acme", question)
+	w := f.coalesce(context.Background(), "acme", question, 0)
+	f.waiters(t, 1)
+	req := answer(basePrompt(question))
+	req.LeaseID, req.FinishReason = lease.ID, "length" // a truncated answer is not for sharing
+	if res, err := f.svc.Store(context.Background(), "acme", req); err != nil || res.Stored {
+		t.Fatalf("Store = (%+v, %v), want skipped", res, err)
+	}
+	if got := <-w; got.err != nil || got.res.Hit || got.res.Lease == nil {
+		t.Errorf("waiter = (%+v, %v), want a miss with its own lease", got.res, got.err)
+	}
+}
+
+func TestCoalescingStoreOfAnotherPromptDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	lease := f.lease(t, "acme", question)
+	w := f.coalesce(context.Background(), "acme", question, 0)
+	f.waiters(t, 1)
+	req := answer(basePrompt("What is your refund policy?"))
+	req.LeaseID = lease.ID
+	f.mustStore(t, "acme", req)
+	if got := <-w; got.err != nil || got.res.Hit || got.res.Lease == nil {
+		t.Errorf("waiter = (%+v, %v), want a miss with its own lease, not another prompt's answer", got.res, got.err)
+	}
+}
+
+func TestCoalescingLeaseExpires(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig()) // lease_ttl 30s, max_wait 10s
+	first := f.lease(t, "acme", question)
+	// The waiter gives up after max_wait, before the lease expires.
+	w := f.coalesce(context.Background(), "acme", question, 0)
+	f.waiters(t, 1)
+	f.clock.Advance(10 * time.Second) // the default max_wait
+	got := <-w
+	if got.err != nil || got.res.Hit || got.res.Lease != nil || got.res.MissReason != MissCoalesceTimeout {
+		t.Fatalf("waiter after max_wait = (%+v, %v), want a miss with reason %s", got.res, got.err, MissCoalesceTimeout)
+	}
+	// A waiter allowed to wait longer than the lease lives (30s) takes over when it expires.
+	cfg := DefaultConfig()
+	cfg.Coalesce.MaxWait = time.Minute
+	g := newFixture(t, cfg)
+	first = g.lease(t, "acme", question)
+	w = g.coalesce(context.Background(), "acme", question, 0)
+	g.waiters(t, 1)
+	g.clock.Advance(30 * time.Second)
+	got = <-w
+	if got.err != nil || got.res.Lease == nil || got.res.Lease.ID == first.ID {
+		t.Fatalf("waiter after the lease expired = (%+v, %v), want a new lease", got.res, got.err)
+	}
+	// The expired holder's late answer neither answers nor fails.
+	req := answer(basePrompt(question))
+	req.LeaseID = first.ID
+	if res, err := g.svc.Store(context.Background(), "acme", req); err != nil || !res.Stored {
+		t.Errorf("late Store = (%+v, %v), want stored", res, err)
+	}
+}
+
+func TestCoalescingLeaseEndsByTheRequestDeadline(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	deadline := epoch.Add(5 * time.Second)
+	res, err := f.svc.Lookup(context.Background(), "acme", LookupRequest{Prompt: basePrompt(question), Coalesce: true, Deadline: deadline})
+	if err != nil || res.Lease == nil || !res.Lease.ExpiresAt.Equal(deadline) {
+		t.Fatalf("Lookup = (%+v, %v), want a lease ending at the request's deadline", res, err)
+	}
+}
+
+func TestCoalescingWaiterCancelled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	f.lease(t, "acme", question)
+	ctx, cancel := context.WithCancel(context.Background())
+	w := f.coalesce(ctx, "acme", question, 0)
+	f.waiters(t, 1)
+	cancel()
+	if got := <-w; got.err != context.Canceled {
+		t.Errorf("cancelled waiter = (%+v, %v), want context.Canceled", got.res, got.err)
+	}
+}
+
+func TestCoalescingNeedsACacheablePrompt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	for _, q := range []string{"What is the weather today?", "我的积分怎么还没到账"} {
+		res, err := f.svc.Lookup(context.Background(), "acme", LookupRequest{Prompt: basePrompt(q), Coalesce: true})
+		if err != nil || res.Lease != nil || res.MissReason == "" {
+			t.Errorf("Lookup(%q) = (%+v, %v), want a miss without a lease: its answer could never be shared", q, res, err)
+		}
+	}
+}
+
+func TestCoalescingHitsNeedNoLease(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	f.mustStore(t, "acme", answer(basePrompt(question)))
+	res, err := f.svc.Lookup(context.Background(), "acme", LookupRequest{Prompt: basePrompt(question), Coalesce: true})
+	if err != nil || !res.Hit || res.Lease != nil {
+		t.Errorf("Lookup = (%+v, %v), want a hit without a lease", res, err)
+	}
+}
+
+func TestSweepLeases(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	f.lease(t, "acme", question)
+	f.lease(t, "acme", "What is your refund policy?")
+	if n := f.svc.SweepLeases(); n != 0 {
+		t.Errorf("SweepLeases before expiry ended %d, want 0", n)
+	}
+	f.clock.Advance(30 * time.Second)
+	if n := f.svc.SweepLeases(); n != 2 || f.svc.leases.len() != 0 {
+		t.Errorf("SweepLeases after expiry ended %d (left %d), want 2 (0)", n, f.svc.leases.len())
+	}
+}

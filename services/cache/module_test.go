@@ -1,0 +1,111 @@
+package cache
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/mantle-mesh/mantle/pkg/app"
+)
+
+// moduleEnv is an app.Env with a fake clock and a registry of its own.
+func moduleEnv(t testing.TB) (app.Env, *prometheus.Registry, *clockwork.FakeClock) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	clock := clockwork.NewFakeClockAt(epoch)
+	return app.Env{
+		GRPC:    grpc.NewServer(),
+		HTTP:    http.NewServeMux(),
+		Log:     slog.New(slog.DiscardHandler),
+		Metrics: reg,
+		Clock:   clock,
+	}, reg, clock
+}
+
+// TestSnapshotAcrossRestarts runs the module with a snapshot path: the running module
+// writes a snapshot on its interval and when it stops, and a new module reads it back.
+func TestSnapshotAcrossRestarts(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.Embedded.SnapshotPath = filepath.Join(t.TempDir(), "cache.snap")
+	cfg.Embedded.SnapshotInterval = time.Minute
+
+	env, reg, clock := moduleEnv(t)
+	r, err := build(context.Background(), cfg, env, os.Getenv)
+	if err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	f := fixture{svc: r.svc, clock: clock, reg: reg, index: r.embedded}
+	f.mustStore(t, "acme", answer(basePrompt(question)))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	if err := clock.BlockUntilContext(t.Context(), 2); err != nil { // lease and snapshot tickers
+		t.Fatal(err)
+	}
+	clock.Advance(time.Minute)
+	for {
+		if _, err := os.Stat(cfg.Embedded.SnapshotPath); err == nil {
+			break
+		}
+		if err := clock.BlockUntilContext(t.Context(), 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.mustStore(t, "acme", answer(basePrompt("What is your refund policy?")))
+	cancel() // the last snapshot, written on the way out, has both entries
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+
+	env2, reg2, clock2 := moduleEnv(t)
+	clock2.Advance(30 * time.Minute)
+	r2, err := build(context.Background(), cfg, env2, os.Getenv)
+	if err != nil {
+		t.Fatalf("build after restart: %v", err)
+	}
+	g := fixture{svc: r2.svc, clock: clock2, reg: reg2, index: r2.embedded}
+	for _, q := range []string{question, "what is your refund policy", "How can I reset my password"} {
+		if _, hit := g.lookup(t, "acme", basePrompt(q)); !hit {
+			t.Errorf("after a restart, %q missed", q)
+		}
+	}
+}
+
+func TestSnapshotThatCannotBeReadStartsEmpty(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.Embedded.SnapshotPath = filepath.Join(t.TempDir(), "cache.snap")
+	if err := os.WriteFile(cfg.Embedded.SnapshotPath, []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env, _, _ := moduleEnv(t)
+	r, err := build(context.Background(), cfg, env, os.Getenv)
+	if err != nil {
+		t.Fatalf("build with a corrupt snapshot: %v; want an empty cache", err)
+	}
+	if r.embedded.Len() != 0 {
+		t.Errorf("Len() = %d, want 0", r.embedded.Len())
+	}
+}
+
+func TestBuildRefusesBadEmbedderConfig(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.Embedder.Kind = EmbedderOpenAI // without base_url and model
+	env, _, _ := moduleEnv(t)
+	_, err := build(context.Background(), cfg, env, os.Getenv)
+	if err == nil || !strings.Contains(err.Error(), "embedder.base_url") {
+		t.Errorf("build error = %v, want one naming embedder.base_url", err)
+	}
+}

@@ -1,0 +1,199 @@
+package router
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/provider"
+)
+
+// recorder is a Sink that keeps the deltas and announces each one on got.
+type recorder struct {
+	got    chan Delta
+	mu     sync.Mutex
+	deltas []Delta
+}
+
+func newRecorder() *recorder { return &recorder{got: make(chan Delta, 64)} }
+
+func (r *recorder) sink(d Delta) error {
+	r.mu.Lock()
+	r.deltas = append(r.deltas, d)
+	r.mu.Unlock()
+	r.got <- d
+	return nil
+}
+
+func (r *recorder) text() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for _, d := range r.deltas {
+		b.WriteString(d.Content)
+	}
+	return b.String()
+}
+
+func (r *recorder) models() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, d := range r.deltas {
+		out = append(out, d.Model)
+	}
+	return out
+}
+
+// startStream runs Stream in the background.
+func (h *harness) startStream(req *routerv1.Request, rec *recorder) <-chan done {
+	ch := make(chan done, 1)
+	go func() {
+		resp, err := h.router.Stream(context.Background(), req, rec.sink)
+		ch <- done{resp, err}
+	}()
+	return ch
+}
+
+// streamLimits sets route chat's first-token limit to 2 s and its stall limit to 3 s, and
+// gives it a template, so that a test can see the ladder is not used after a partial answer.
+func streamLimits(c *Config) {
+	c.Routes[0].FirstTokenTimeout = 2 * time.Second
+	c.Routes[0].StallTimeout = 3 * time.Second
+	c.Routes[0].Ladder.Template = "later"
+}
+
+func streamOf(parts ...string) result {
+	var steps []chunk
+	for _, p := range parts {
+		steps = append(steps, chunk{content: p})
+	}
+	steps = append(steps, chunk{finish: "stop", usage: &provider.Usage{InputTokens: 5, OutputTokens: int64(len(parts))}})
+	return result{stream: steps}
+}
+
+func TestStreamWatchdog(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name string
+		a    result
+		// afterFirst: the test waits for the first delta before advancing (stall cases).
+		afterFirst bool
+		advance    time.Duration
+		wantCode   codes.Code
+		wantText   string
+		wantModels []string
+		attempts   []string
+		callsB     int
+	}{
+		{
+			name:     "no first token in time: cancelled, the next candidate streams the whole answer",
+			a:        result{stream: []chunk{{hang: true}}},
+			advance:  2 * time.Second,
+			wantText: "Hello from b", wantModels: []string{"b", "b", "b"},
+			attempts: []string{"a:timeout", "b:none"}, callsB: 1,
+		},
+		{
+			name:     "no response headers in time: the same",
+			a:        hang(),
+			advance:  2 * time.Second,
+			wantText: "Hello from b", wantModels: []string{"b", "b", "b"},
+			attempts: []string{"a:timeout", "b:none"}, callsB: 1,
+		},
+		{
+			name:       "stall after the first token: an error, never a stop, and no ladder answer",
+			a:          result{stream: []chunk{{content: "Hel"}, {hang: true}}},
+			afterFirst: true,
+			advance:    3 * time.Second,
+			wantCode:   codes.Unavailable,
+			wantText:   "Hel", wantModels: []string{"a"},
+			attempts: []string{"a:timeout"},
+		},
+		{
+			name:       "cut after the first token: an error",
+			a:          result{stream: []chunk{{content: "Hel"}, {err: &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, Message: "stream ended before [DONE]"}}}},
+			afterFirst: true,
+			wantCode:   codes.Unavailable,
+			wantText:   "Hel", wantModels: []string{"a"},
+			attempts: []string{"a:truncated"},
+		},
+		{
+			name:     "failure before the first token fails over",
+			a:        failure(classOverloaded, "busy"),
+			wantText: "Hello from b", wantModels: []string{"b", "b", "b"},
+			attempts: []string{"a:overloaded", "b:none"}, callsB: 1,
+		},
+		{
+			name:     "a healthy stream within its limits",
+			a:        streamOf("Hello ", "from ", "a"),
+			wantText: "Hello from a", wantModels: []string{"a", "a", "a"},
+			attempts: []string{"a:none"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig()
+			streamLimits(&cfg)
+			h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+				"a": newFakeProvider(tt.a),
+				"b": newFakeProvider(streamOf("Hello ", "from ", "b")),
+			}})
+			rec := newRecorder()
+			ch := h.startStream(ask("chat"), rec)
+			if tt.afterFirst {
+				<-rec.got // the watchdog now guards the gap to the next chunk
+			}
+			if tt.advance > 0 {
+				if !tt.afterFirst {
+					h.blockUntil(t, 1) // the first-token watchdog
+				}
+				h.clock.Advance(tt.advance - time.Millisecond)
+				select {
+				case d := <-ch:
+					t.Fatalf("the stream ended before its limit: %v %v", d.resp, d.err)
+				default:
+				}
+				h.clock.Advance(time.Millisecond)
+			}
+			d := await(t, ch)
+
+			if got := status.Code(toStatus(d.err)); got != tt.wantCode {
+				t.Fatalf("code = %v (%v), want %v", got, d.err, tt.wantCode)
+			}
+			if rec.text() != tt.wantText {
+				t.Errorf("the caller received %q, want %q", rec.text(), tt.wantText)
+			}
+			if diff := cmp.Diff(tt.wantModels, rec.models()); diff != "" {
+				t.Errorf("delta models (-want +got):\n%s", diff)
+			}
+			var qc *mantlev1.QualityContext
+			if d.err == nil {
+				qc = d.resp.Quality
+				if d.resp.FinishReason != "stop" || d.resp.Message.Content != tt.wantText {
+					t.Errorf("final %q finish %q, want the whole answer with stop", d.resp.Message.Content, d.resp.FinishReason)
+				}
+			} else {
+				qc = h.quota.settled()[0].Quality
+				if d.resp != nil {
+					t.Errorf("a cut stream returned a final message %v; it must be an error", d.resp)
+				}
+			}
+			if diff := cmp.Diff(tt.attempts, attemptsOf(qc)); diff != "" {
+				t.Errorf("attempts (-want +got):\n%s", diff)
+			}
+			if n := h.calls("b"); n != tt.callsB {
+				t.Errorf("b called %d times, want %d", n, tt.callsB)
+			}
+		})
+	}
+}

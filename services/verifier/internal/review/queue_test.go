@@ -1,0 +1,148 @@
+package review
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	"github.com/mantle-mesh/mantle/pkg/events"
+)
+
+type queueFixture struct {
+	*fixture
+	queue  *Queue
+	js     jetstream.JetStream
+	stream string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startQueue(t *testing.T) *queueFixture {
+	t.Helper()
+	srv, err := events.StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, NewLazyJetStreamKV(js, jetstream.KeyValueConfig{Bucket: "reviews_q", History: 1}))
+	spool, err := events.OpenSpool(t.TempDir(), events.SpoolLimits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := NewQueue(QueueConfig{Stream: "REVIEWS_Q", Consumer: "intake_q", AckWait: time.Hour, PublishTimeout: 5 * time.Second},
+		js, spool, f.svc, clockwork.NewFakeClock(), slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	qf := &queueFixture{fixture: f, queue: q, js: js, stream: "REVIEWS_Q", cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(qf.done)
+		_ = q.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-qf.done
+	})
+	return qf
+}
+
+func (q *queueFixture) streamMsgs(t *testing.T) uint64 {
+	t.Helper()
+	s, err := q.js.Stream(context.Background(), q.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func request(id string, due time.Time) *eventsv1.ReviewRequestEvent {
+	return &eventsv1.ReviewRequestEvent{
+		At: timestamppb.New(t0), RequestId: id, Tenant: "acme", Scenario: "legal", ReviewId: ID("acme", id),
+		RiskScore: 0.9, Reason: "risk", Content: "无需鉴定。", Question: "工伤认定要鉴定吗", DueAt: timestamppb.New(due),
+		DefaultAction: "keep",
+	}
+}
+
+func TestQueueHoldsARequestUntilItsDecisionIsStored(t *testing.T) {
+	t.Parallel()
+	q := startQueue(t)
+	ctx := context.Background()
+	ev := request("req-1", t0.Add(15*time.Minute))
+	if err := q.queue.Enqueue(ctx, ev); err != nil {
+		t.Fatalf("Enqueue: %v", err)
+	}
+	// The intake stored it (the opened event is published after the store write).
+	opened := q.pub.wait(t, SubjectOpened, 1).(*eventsv1.ReviewRequestEvent)
+	if opened.GetReviewId() != ev.GetReviewId() {
+		t.Fatalf("opened %s, want %s", opened.GetReviewId(), ev.GetReviewId())
+	}
+	if q.queue.Spooled() != 0 {
+		t.Errorf("spooled = %d after the flush, want 0", q.queue.Spooled())
+	}
+	// Not acknowledged yet: the work queue still holds the request.
+	if n := q.streamMsgs(t); n != 1 {
+		t.Fatalf("stream holds %d messages before the decision, want 1", n)
+	}
+	if _, err := q.svc.Claim(ctx, ClaimRequest{ID: ev.GetReviewId(), Reviewer: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := q.svc.Decide(ctx, DecideRequest{ID: ev.GetReviewId(), Reviewer: "alice", Verdict: VerdictApprove,
+		RootCause: CauseNone, CorrectiveAction: ActionNone}); err != nil {
+		t.Fatal(err)
+	}
+	// Decide acknowledged synchronously (double ack), so the work queue is empty now.
+	if n := q.streamMsgs(t); n != 0 {
+		t.Errorf("stream holds %d messages after the decision, want 0", n)
+	}
+	if q.queue.Held() != 0 {
+		t.Errorf("held = %d, want 0", q.queue.Held())
+	}
+}
+
+func TestQueueDeduplicatesAndAcknowledgesFinishedReviews(t *testing.T) {
+	t.Parallel()
+	q := startQueue(t)
+	ctx := context.Background()
+	ev := request("req-1", t0.Add(15*time.Minute))
+	// Enqueued twice (the sync check and the L3 follow-up both asked): one review.
+	for range 2 {
+		if err := q.queue.Enqueue(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q.pub.wait(t, SubjectOpened, 1)
+	if n := q.streamMsgs(t); n != 1 {
+		t.Errorf("stream holds %d messages, want 1 (the duplicate is dropped by its Nats-Msg-Id)", n)
+	}
+	reviews, _, err := q.svc.List(ctx, Filter{}, Page{})
+	if err != nil || len(reviews) != 1 {
+		t.Fatalf("reviews = %v, %v; want one", reviews, err)
+	}
+
+	// Timing the review out is an outcome too: the request is acknowledged then.
+	q.clock.Advance(16 * time.Minute)
+	if n, err := q.svc.Sweep(ctx); n != 1 || err != nil {
+		t.Fatalf("Sweep = %d, %v", n, err)
+	}
+	if n := q.streamMsgs(t); n != 0 {
+		t.Errorf("stream holds %d messages after the timeout, want 0", n)
+	}
+}

@@ -1,0 +1,234 @@
+package verifier
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/services/verifier/internal/semantic"
+)
+
+// l3Job is one delivered answer waiting for its semantic checks.
+type l3Job struct {
+	answer  Answer
+	verdict Verdict
+	risk    riskInputs
+	at      time.Time
+}
+
+// l3Runner runs L3 on a bounded pool: Verify hands it jobs without waiting, workers score
+// them, recompute the risk with the L3 signals, open a review when the risk now calls for
+// one, and publish a QualityFollowUpEvent. A full queue sheds the job (the answer simply
+// gets no L3) rather than slowing Verify down.
+type l3Runner struct {
+	cfg    L3Config
+	scorer *semantic.Scorer
+	v      *Verifier
+	jobs   chan l3Job
+
+	results *followUps
+}
+
+func newL3Runner(cfg L3Config, scorer *semantic.Scorer, v *Verifier) *l3Runner {
+	return &l3Runner{cfg: cfg, scorer: scorer, v: v, jobs: make(chan l3Job, cfg.QueueSize), results: newFollowUps(cfg.FollowUps)}
+}
+
+// submitL3 queues the semantic checks of a delivered answer and reports whether they will
+// run. Answers from skipped fallback levels and the judge's own answers get none.
+func (v *Verifier) submitL3(a Answer, verdict Verdict, risk riskInputs, at time.Time) bool {
+	if v.l3 == nil {
+		return false
+	}
+	if a.scenario() != "" && a.scenario() == v.cfg.L3.Judge.Scenario {
+		return false // the judge's own answer: judging it would loop
+	}
+	if slices.Contains(v.cfg.Degraded.SkipL3Levels, levelName(a.Quality.GetFallbackLevel())) {
+		return false
+	}
+	requestID := a.Quality.GetRequestId()
+	if requestID != "" && !v.l3.results.start(requestID) {
+		return true // already running for another candidate of this request
+	}
+	select {
+	case v.l3.jobs <- l3Job{answer: a, verdict: verdict, risk: risk, at: at}:
+		return true
+	default:
+		v.metrics.l3.WithLabelValues("shed").Inc()
+		v.l3.results.abandon(requestID)
+		return false
+	}
+}
+
+func levelName(l mantlev1.FallbackLevel) string {
+	return strings.ToLower(strings.TrimPrefix(l.String(), "FALLBACK_LEVEL_"))
+}
+
+// run starts the workers and returns when ctx is done and they have stopped. Jobs still
+// queued then are dropped: L3 is advisory, and waiters are released.
+func (r *l3Runner) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range r.cfg.Workers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case job := <-r.jobs:
+					r.process(ctx, job)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for {
+		select {
+		case job := <-r.jobs:
+			r.results.abandon(job.answer.Quality.GetRequestId())
+		default:
+			return
+		}
+	}
+}
+
+// process runs the checks of one job.
+func (r *l3Runner) process(ctx context.Context, job l3Job) {
+	v, a := r.v, job.answer
+	requestID := a.Quality.GetRequestId()
+	refs := slices.Concat(a.References, v.cfg.Scenarios[a.scenario()].References)
+	question := a.question()
+	key := ""
+	if question != "" {
+		key = a.Tenant + "/" + a.scenario() + "/" + semantic.NormalizeQuestion(question)
+	}
+	res, err := r.scorer.Score(ctx, semantic.Input{Key: key, Question: question, Answer: job.verdict.Content, References: refs})
+	if err != nil {
+		v.metrics.l3.WithLabelValues("failed").Inc()
+		v.log.WarnContext(ctx, "l3 check failed", "request_id", requestID, "err", err)
+		r.results.abandon(requestID)
+		return
+	}
+	v.metrics.l3.WithLabelValues("done").Inc()
+	if res.JudgeErr != nil {
+		v.log.DebugContext(ctx, "l3 judge skipped", "request_id", requestID, "err", res.JudgeErr)
+	}
+
+	var extra []signal
+	if res.Confidence < v.cfg.Risk.LowConfidence {
+		extra = append(extra, signal{name: SignalLowConfidence, dim: dimOutput, value: 1})
+	}
+	if res.HasHistory && res.Divergence > v.cfg.Risk.Divergence {
+		extra = append(extra, signal{name: SignalDivergence, dim: dimOutput, value: 1})
+	}
+	risk := job.risk.score(extra)
+	verdict := job.verdict
+	verdict.Risk, verdict.RiskScore = risk, risk.Score
+
+	reviewID := ""
+	if job.verdict.ReviewID == "" && risk.Score >= risk.Threshold {
+		reviewID = v.openReview(ctx, reviewFor(a, verdict, job.risk, "l3", v.cfg, v.clock.Now()))
+	}
+	grade := mantlev1.QualityGrade_QUALITY_GRADE_HIGH
+	switch {
+	case res.Confidence < v.cfg.Risk.LowConfidence:
+		grade = mantlev1.QualityGrade_QUALITY_GRADE_LOW
+	case res.Confidence < 0.7 || len(extra) > 0:
+		grade = mantlev1.QualityGrade_QUALITY_GRADE_MEDIUM
+	}
+	ev := &eventsv1.QualityFollowUpEvent{
+		At: timestamppb.New(v.clock.Now()), RequestId: requestID, Tenant: a.Tenant, Scenario: a.scenario(),
+		L3Confidence: res.Confidence, Grade: grade,
+		Detail: fmt.Sprintf("relevance=%.2f consistency=%.2f divergence=%.2f judge=%.2f risk=%.2f",
+			res.Relevance, res.Consistency, res.Divergence, res.JudgeScore, risk.Score),
+		Relevance: res.Relevance, Consistency: res.Consistency, HasReferences: res.HasReferences,
+		Divergence: res.Divergence, JudgeScore: res.JudgeScore, Judged: res.Judged,
+		RiskScore: risk.Score, ReviewId: reviewID, Signals: risk.Signals, Model: a.Model,
+	}
+	v.events.Publish(ctx, events.SubjectQuality, ev)
+	r.results.finish(requestID, ev)
+}
+
+// followUps keeps the latest L3 results for GetFollowUp and wakes callers waiting for one.
+type followUps struct {
+	max int
+
+	mu      sync.Mutex
+	results map[string]*eventsv1.QualityFollowUpEvent
+	order   []string // insertion order of results, for eviction
+	pending map[string]chan struct{}
+}
+
+func newFollowUps(max int) *followUps {
+	return &followUps{max: max, results: map[string]*eventsv1.QualityFollowUpEvent{}, pending: map[string]chan struct{}{}}
+}
+
+// start marks a request's L3 as running; false when it already is or is done.
+func (f *followUps) start(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.pending[id]; ok {
+		return false
+	}
+	if _, ok := f.results[id]; ok {
+		return false
+	}
+	f.pending[id] = make(chan struct{})
+	return true
+}
+
+func (f *followUps) finish(id string, ev *eventsv1.QualityFollowUpEvent) {
+	if id == "" {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.results[id]; !ok {
+		f.order = append(f.order, id)
+		if len(f.order) > f.max {
+			delete(f.results, f.order[0])
+			f.order = f.order[1:]
+		}
+	}
+	f.results[id] = ev
+	if ch, ok := f.pending[id]; ok {
+		close(ch)
+		delete(f.pending, id)
+	}
+}
+
+// abandon releases waiters of a request whose L3 will not finish.
+func (f *followUps) abandon(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ch, ok := f.pending[id]; ok {
+		close(ch)
+		delete(f.pending, id)
+	}
+}
+
+// get returns the result for id, or (when wait is set and L3 is still running) waits for
+// it until ctx is done.
+func (f *followUps) get(ctx context.Context, id string, wait bool) (*eventsv1.QualityFollowUpEvent, error) {
+	f.mu.Lock()
+	ev, done := f.results[id]
+	ch, running := f.pending[id]
+	f.mu.Unlock()
+	if done || !running || !wait {
+		return ev, nil
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.results[id], nil
+}
