@@ -256,3 +256,29 @@ func TestNoHiddenResend(t *testing.T) {
 	}
 	providertest.NoHiddenResend(t, a)
 }
+
+func TestPrefillIsAFinalAssistantTurn(t *testing.T) {
+	bodies := make(chan []byte, 1)
+	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		bodies <- b
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"type":"message","content":[{"type":"text","text":" the rest."}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":2}}`)
+	}))
+	if _, err := c.Complete(context.Background(), provider.Request{Model: "m", Messages: []provider.Message{{Role: "user", Content: "hi"}}, Prefill: "The start, \n"}); err != nil {
+		t.Fatal(err)
+	}
+	var sent struct {
+		Messages []struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(<-bodies, &sent); err != nil {
+		t.Fatal(err)
+	}
+	last := sent.Messages[len(sent.Messages)-1]
+	if last.Role != "assistant" || last.Content != "The start," {
+		t.Errorf("last message = %+v, want the prefill without trailing white space", last)
+	}
+}

@@ -238,3 +238,31 @@ func TestNoHiddenResend(t *testing.T) {
 	a.Request.IdempotencyKey = "req-1"
 	providertest.NoHiddenResend(t, a)
 }
+
+func TestPrefillIsSentAsAPrefixAssistantTurn(t *testing.T) {
+	bodies := make(chan []byte, 1)
+	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		bodies <- b
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":" the rest."},"finish_reason":"stop"}]}`)
+	}))
+	res, err := c.Complete(context.Background(), provider.Request{Model: "m", Messages: []provider.Message{{Role: "user", Content: "hi"}}, Prefill: "The start,"})
+	if err != nil || res.Content != " the rest." {
+		t.Fatalf("Complete = %q, %v", res.Content, err)
+	}
+	var sent struct {
+		Messages []struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+			Prefix  bool   `json:"prefix"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(<-bodies, &sent); err != nil {
+		t.Fatal(err)
+	}
+	last := sent.Messages[len(sent.Messages)-1]
+	if len(sent.Messages) != 2 || last.Role != "assistant" || last.Content != "The start," || !last.Prefix {
+		t.Errorf("messages sent = %+v, want the user turn then the prefill as a prefix assistant turn", sent.Messages)
+	}
+}
