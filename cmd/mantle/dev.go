@@ -52,10 +52,18 @@ func devConfig(primaryProfile string, getenv func(string) string) mesh.Config {
 	r.Providers = []router.ProviderConfig{{Name: "sim", Type: router.ProviderSim, Timeout: 10 * time.Second, SimProfile: "fast", SimSeed: time.Now().UnixNano()}}
 	r.Models = []router.ModelConfig{
 		{Name: "primary", Provider: "sim", SimProfile: primaryProfile, ContextWindow: 128000, InputPricePerMillion: 2.5, OutputPricePerMillion: 10},
-		{Name: "backup", Provider: "sim", SimProfile: "fast", ContextWindow: 64000, InputPricePerMillion: 0.5, OutputPricePerMillion: 1.5},
+		{Name: "backup", Provider: "sim", SimProfile: "fast", ContextWindow: 64000, InputPricePerMillion: 0.5, OutputPricePerMillion: 1.5,
+			FormatStability: 0.95, AcceptsPrefill: true},
 		{Name: "small", Provider: "sim", SimProfile: "fast", ContextWindow: 32000, InputPricePerMillion: 0.15, OutputPricePerMillion: 0.6},
 	}
-	chat := router.RouteConfig{Name: "chat", Scenario: "chat", Candidates: []string{"primary", "backup", "small"}, Budget: 10 * time.Second}
+	chat := router.RouteConfig{
+		Name: "chat", Scenario: "chat", Candidates: []string{"primary", "backup"}, Budget: 10 * time.Second,
+		Ladder: router.LadderConfig{
+			Smaller:  []string{"small"},
+			Cache:    true,
+			Template: "Our assistant is busy right now. We have noted your question and will get back to you.",
+		},
+	}
 	if getenv("OPENAI_API_KEY") != "" {
 		model := getenv("OPENAI_MODEL")
 		if model == "" {

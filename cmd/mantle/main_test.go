@@ -128,13 +128,13 @@ func TestDevConfig(t *testing.T) {
 	}{
 		{
 			name:           "sim only",
-			wantCandidates: []string{"primary", "backup", "small"},
+			wantCandidates: []string{"primary", "backup"},
 			wantBudget:     10 * time.Second,
 		},
 		{
 			name:           "real model first",
 			env:            map[string]string{"OPENAI_API_KEY": "sk-real-secret"},
-			wantCandidates: []string{"gpt-4o-mini", "primary", "backup", "small"},
+			wantCandidates: []string{"gpt-4o-mini", "primary", "backup"},
 			wantBudget:     30 * time.Second,
 			wantOpenAI: &router.ProviderConfig{Name: "openai", Type: router.ProviderOpenAI,
 				Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 30 * time.Second},
@@ -142,7 +142,7 @@ func TestDevConfig(t *testing.T) {
 		{
 			name:           "model and base URL from the environment",
 			env:            map[string]string{"OPENAI_API_KEY": "sk-real-secret", "OPENAI_MODEL": "deepseek-chat", "OPENAI_BASE_URL": "https://api.deepseek.com/v1"},
-			wantCandidates: []string{"deepseek-chat", "primary", "backup", "small"},
+			wantCandidates: []string{"deepseek-chat", "primary", "backup"},
 			wantBudget:     30 * time.Second,
 			wantOpenAI: &router.ProviderConfig{Name: "openai", Type: router.ProviderOpenAI, BaseURL: "https://api.deepseek.com/v1",
 				Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 30 * time.Second},

@@ -39,6 +39,11 @@ type result struct {
 	marked bool
 	// failure says why there was no answer.
 	failure string
+	// flagged: a wrong answer whose QualityContext says it failed verification (mantle
+	// verifies streamed answers after they were delivered, and says so in the last chunk).
+	flagged bool
+	// reason is mantle's degradation reason for answers below L0, condensed.
+	reason string
 	// trail is mantle's audit trail of the request, condensed (see condense).
 	trail string
 }
@@ -132,8 +137,27 @@ func (c *mantleClient) do(ctx context.Context, r request) result {
 	}
 	res.verified = qc.GetVerification().GetL1Passed()
 	res.marked = res.level >= 2 && qc.GetUserNotice() != ""
+	res.flagged = !res.correct && qc.GetVerification() != nil && !qc.GetVerification().GetL1Passed()
+	if res.level > 0 {
+		res.reason = reasonKind(qc.GetDegradationReason())
+	}
 	res.trail = condense(qc)
 	return res
+}
+
+// reasonKind keeps the kind of a degradation reason and drops its details ("retry budget
+// exhausted (tried primary): provider: timeout" becomes "retry budget exhausted"), so
+// reasons can be counted.
+func reasonKind(reason string) string {
+	if reason == "" {
+		return "unspecified"
+	}
+	for _, sep := range []string{" (tried", ": "} {
+		if i := strings.Index(reason, sep); i > 0 {
+			reason = reason[:i]
+		}
+	}
+	return reason
 }
 
 // condense summarises a QualityContext's audit trail on one line, each step with its offset

@@ -41,7 +41,12 @@ func (r *Report) rows() []row {
 	share := func(n, of int) string { return fmt.Sprintf("%s (%d)", pct(ratio(n, of)), n) }
 	add("answered", func(s *Side) string { return share(s.Answered, s.Requests) })
 	add("  correct answer", func(s *Side) string { return share(s.Correct, s.Requests) })
-	add("  wrong answer, not marked", func(s *Side) string { return share(s.Wrong, s.Requests) })
+	add("  wrong answer from a model", func(s *Side) string {
+		if s.Flagged > 0 {
+			return fmt.Sprintf("%s, %d flagged by the verifier", share(s.Wrong, s.Requests), s.Flagged)
+		}
+		return share(s.Wrong, s.Requests)
+	})
 	add("  ladder answer (L2/L3), marked", func(s *Side) string {
 		if s.Degraded == 0 {
 			return "-"
@@ -99,6 +104,7 @@ func (r *Report) rows() []row {
 			return fmt.Sprintf("%d (offered load %.0f/s)", *s.RecoveryPeak, r.Rate)
 		})
 	}
+	add("why answers degraded", func(s *Side) string { return failureList(s.DegradedReasons, 3) })
 	add("failures", func(s *Side) string { return failureList(s.Failures, 4) })
 	return rows
 }

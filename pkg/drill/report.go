@@ -54,6 +54,8 @@ type Side struct {
 	// Wrong got an answer from a model that is not the right one (a refusal, a truncation,
 	// broken JSON) and not marked as degraded: the silent failures a user is shown.
 	Wrong int `json:"wrong"`
+	// Flagged wrong answers came with a QualityContext saying they failed verification.
+	Flagged int `json:"flagged"`
 	// Degraded answers came from the ladder without a model (L2 cache, L3 template); Marked
 	// is how many of them said so.
 	Degraded int `json:"degraded"`
@@ -78,6 +80,8 @@ type Side struct {
 	// L2 cached related answer, L3 template); LevelShares divides by Answered.
 	Levels      [4]int     `json:"levels"`
 	LevelShares [4]float64 `json:"level_shares"`
+	// DegradedReasons counts mantle's reasons for answers below L0, by kind.
+	DegradedReasons map[string]int `json:"degraded_reasons,omitempty"`
 	// Failures counts unanswered requests by reason.
 	Failures map[string]int `json:"failures,omitempty"`
 	// Models holds the simulator's counters per model.
@@ -152,10 +156,12 @@ type Transition struct {
 
 // Bucket is one slice of the timeline, by the requests' due times.
 type Bucket struct {
-	StartS        float64 `json:"start_s"`
-	Requests      int     `json:"requests"`
-	Answered      int     `json:"answered"`
-	Correct       int     `json:"correct"`
+	StartS   float64 `json:"start_s"`
+	Requests int     `json:"requests"`
+	Answered int     `json:"answered"`
+	Correct  int     `json:"correct"`
+	// Levels counts answers per ladder level.
+	Levels        [4]int  `json:"levels"`
 	P50Ms         float64 `json:"p50_ms"`
 	P99Ms         float64 `json:"p99_ms"`
 	UpstreamCalls int     `json:"upstream_calls"`
@@ -225,6 +231,15 @@ func (p *plan) summarize(d sideData, buckets int) Side {
 			}
 		} else if !r.correct {
 			sd.Wrong++
+			if r.flagged {
+				sd.Flagged++
+			}
+		}
+		if r.reason != "" {
+			if sd.DegradedReasons == nil {
+				sd.DegradedReasons = map[string]int{}
+			}
+			sd.DegradedReasons[r.reason]++
 		}
 		if r.latency <= budget {
 			sd.WithinBudget++
@@ -404,6 +419,9 @@ func timeline(d sideData, n int, span time.Duration, toS func(time.Duration) flo
 		}
 		if r.correct {
 			b.Correct++
+		}
+		if r.answered && r.level >= 0 {
+			b.Levels[r.level]++
 		}
 		lat[at(r.due)] = append(lat[at(r.due)], r.latency)
 	}
