@@ -53,6 +53,7 @@ Built-in scenarios: %s (or all).
 	natsURL := fs.String("nats-url", "", "with --mesh: NATS URL the mesh publishes events to (for breaker transitions)")
 	simAddr := fs.String("sim-addr", "127.0.0.1:0", "listen address of the drill's simulated provider")
 	maxInFlight := fs.Int("max-in-flight", 0, "most concurrent requests per side (0: 10000); more are shed and counted as failures")
+	requestsCSV := fs.Bool("requests", false, "also write every request of both sides to <out>/<scenario>-requests.csv")
 	verbose := fs.Bool("v", false, "write the mesh's and the simulator's warnings to stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -134,6 +135,9 @@ Built-in scenarios: %s (or all).
 	if *verbose {
 		opts.Log = stderr
 	}
+	if *requestsCSV && *out == "" {
+		return errors.New("--requests needs --out")
+	}
 	if *out != "" {
 		if err := os.MkdirAll(*out, 0o755); err != nil {
 			return fmt.Errorf("--out: %w", err)
@@ -143,7 +147,19 @@ Built-in scenarios: %s (or all).
 	missed := false
 	for i, s := range scenarios {
 		opts.Scenario = s
+		var csv *os.File
+		if *requestsCSV {
+			if csv, err = os.Create(filepath.Join(*out, s.Name+"-requests.csv")); err != nil {
+				return fmt.Errorf("--requests: %w", err)
+			}
+			opts.Requests = csv
+		}
 		rep, err := mdrill.Run(ctx, opts)
+		if csv != nil {
+			if cerr := csv.Close(); err == nil {
+				err = cerr
+			}
+		}
 		if err != nil {
 			return err
 		}

@@ -124,12 +124,31 @@ func (r *Report) charts() []template.HTML {
 		succ = append(succ, chartSeries{s.Name + " answered", color, false, ok}, chartSeries{s.Name + " correct", color, true, correct})
 		calls = append(calls, chartSeries{s.Name, color, false, ups})
 	}
-	return []template.HTML{
-		r.chart("Latency (log scale)", lat, true, func(v float64) string { return fmtMs(v) }),
-		r.chart("Requests answered and correct (%)", succ, false, func(v float64) string { return fmt.Sprintf("%.0f%%", v) }),
-		r.chart("Upstream calls per second", calls, false, func(v float64) string { return fmt.Sprintf("%.0f", v) }),
+	pct := func(v float64) string { return fmt.Sprintf("%.0f%%", v) }
+	charts := []template.HTML{
+		r.chart("Latency (log scale)", lat, true, fmtMs),
+		r.chart("Requests answered and correct (%)", succ, false, pct),
 	}
+	if m := r.Side(SideMantle); m != nil {
+		var levels []chartSeries
+		for l, color := range levelColors {
+			ys := nanSlice(len(m.Timeline))
+			for i, b := range m.Timeline {
+				if b.Answered > 0 {
+					ys[i] = float64(b.Levels[l]) / float64(b.Answered) * 100
+				}
+			}
+			levels = append(levels, chartSeries{strings.SplitN(levelNames[l], " ", 2)[0] + " " + levelShort[l], color, false, ys})
+		}
+		charts = append(charts, r.chart("mantle's answers by ladder level (% of answers)", levels, false, pct))
+	}
+	return append(charts, r.chart("Upstream calls per second", calls, false, func(v float64) string { return fmt.Sprintf("%.0f", v) }))
 }
+
+var (
+	levelColors = [4]string{"#1f6fb5", "#2e9d5b", "#b58b1f", "#7b3fa0"}
+	levelShort  = [4]string{"primary", "backup", "cache", "template"}
+)
 
 func nanSlice(n int) []float64 {
 	s := make([]float64, n)

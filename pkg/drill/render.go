@@ -150,9 +150,13 @@ func failureList(f map[string]int, n int) string {
 // Header describes the run in two lines.
 func (r *Report) Header() string {
 	wall := time.Duration(r.DurationS * r.TimeScale * float64(time.Second)).Round(time.Second)
-	return fmt.Sprintf("%s: %s\n%d requests per side: %g/s for %s of scenario time, replayed at time scale %g (%s of wall time per side), seed %d; mantle is the %s.\nTimes are scenario time (measured wall time divided by the time scale).",
+	lag := 0.0
+	for _, s := range r.Sides {
+		lag = max(lag, s.MaxLagMs)
+	}
+	return fmt.Sprintf("%s: %s\n%d requests per side: %g/s for %s of scenario time, replayed at time scale %g (%s of wall time per side), seed %d; mantle is the %s.\nTimes are scenario time (measured wall time divided by the time scale). Machine: %d CPUs, load average %.1f to %.1f; the load generator fell behind by up to %.0f ms of wall time.",
 		r.Scenario, r.Description, r.Requests, r.Rate, clockTime(time.Duration(r.DurationS*float64(time.Second))),
-		r.TimeScale, clockTime(wall), r.Seed, r.Target)
+		r.TimeScale, clockTime(wall), r.Seed, r.Target, r.Machine.CPUs, r.Machine.LoadAverage[0], r.Machine.LoadAverage[1], lag)
 }
 
 // WriteText writes the side-by-side table and the target checks.

@@ -33,11 +33,33 @@ type Report struct {
 	// Target says what mantle ran as: the in-process mesh or a mesh at an address.
 	Target    string    `json:"target"`
 	StartedAt time.Time `json:"started_at"`
+	// Build and Machine say what ran where, so figures can be compared across runs.
+	Build   Build   `json:"build"`
+	Machine Machine `json:"machine"`
 	// BucketS is the width of the timeline buckets.
 	BucketS float64 `json:"bucket_s"`
 	Sides   []Side  `json:"sides"`
 	// Checks are the scenario's targets evaluated on mantle's side.
 	Checks []Check `json:"checks,omitempty"`
+}
+
+// Build identifies the binary that ran the drill.
+type Build struct {
+	GoVersion string `json:"go_version"`
+	// Revision is the VCS revision the binary was built from, when stamped; Modified says
+	// the working tree had uncommitted changes.
+	Revision string `json:"revision,omitempty"`
+	Modified bool   `json:"modified,omitempty"`
+}
+
+// Machine describes the host. The drill shares it with whatever else runs there, and a
+// busy machine stretches every latency (more so at strong time scales): LoadAverage and
+// each side's generator lag say how busy it was.
+type Machine struct {
+	CPUs       int `json:"cpus"`
+	GOMAXPROCS int `json:"gomaxprocs"`
+	// LoadAverage is the 1-minute load average at the start and at the end, where known.
+	LoadAverage [2]float64 `json:"load_average,omitempty"`
 }
 
 // Side is one side's results.
@@ -82,6 +104,8 @@ type Side struct {
 	LevelShares [4]float64 `json:"level_shares"`
 	// DegradedReasons counts mantle's reasons for answers below L0, by kind.
 	DegradedReasons map[string]int `json:"degraded_reasons,omitempty"`
+	// ReasonExamples holds one request per degradation reason, with its audit trail.
+	ReasonExamples map[string]Slow `json:"reason_examples,omitempty"`
 	// Failures counts unanswered requests by reason.
 	Failures map[string]int `json:"failures,omitempty"`
 	// Models holds the simulator's counters per model.
@@ -207,7 +231,7 @@ func (p *plan) summarize(d sideData, buckets int) Side {
 		Shed: d.gen.Shed, MaxLagMs: float64(d.gen.MaxLag) / float64(time.Millisecond), WallSeconds: d.wall.Seconds()}
 	lat := make([]time.Duration, 0, len(d.results))
 	verified := 0
-	for _, r := range d.results {
+	for i, r := range d.results {
 		lat = append(lat, r.latency)
 		if !r.answered {
 			sd.Failed++
@@ -215,7 +239,9 @@ func (p *plan) summarize(d sideData, buckets int) Side {
 			continue
 		}
 		sd.Answered++
-		if r.correct {
+		// Every answer is exactly one of: correct, wrong (from a model) or degraded (from
+		// the ladder), so the three add up to Answered.
+		if r.correct && r.level < 2 {
 			sd.Correct++
 		}
 		if r.verified {
@@ -240,6 +266,12 @@ func (p *plan) summarize(d sideData, buckets int) Side {
 				sd.DegradedReasons = map[string]int{}
 			}
 			sd.DegradedReasons[r.reason]++
+			if _, ok := sd.ReasonExamples[r.reason]; !ok {
+				if sd.ReasonExamples == nil {
+					sd.ReasonExamples = map[string]Slow{}
+				}
+				sd.ReasonExamples[r.reason] = Slow{Index: i, LatencyMs: toMs(r.latency), Level: r.level, Trail: r.trail}
+			}
 		}
 		if r.latency <= budget {
 			sd.WithinBudget++

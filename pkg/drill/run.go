@@ -9,6 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -63,6 +66,9 @@ type Options struct {
 	ProgressInterval time.Duration
 	// Log receives the in-process mesh's and the simulator's logs; nil discards them.
 	Log io.Writer
+	// Requests, when set, receives one CSV line per request of each side (see
+	// WriteRequestsCSV), for analyses the report does not make.
+	Requests io.Writer
 }
 
 // plan is a run's fixed parameters, derived from the options.
@@ -104,21 +110,65 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if opts.MeshURL != "" {
 		rep.Target = "mesh at " + opts.MeshURL
 	}
+	rep.Build = buildInfo()
+	rep.Machine = Machine{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	rep.Machine.LoadAverage[0] = loadAverage()
 	if inc := s.Incident; inc != nil {
 		start, end := inc.Start.Seconds(), inc.End.Seconds()
 		rep.IncidentStartS, rep.IncidentEndS = &start, &end
+	}
+	if opts.Requests != nil {
+		if _, err := io.WriteString(opts.Requests, requestsCSVHeader); err != nil {
+			return nil, err
+		}
 	}
 	for _, side := range sides {
 		d, err := p.runSide(ctx, side, opts)
 		if err != nil {
 			return nil, err
 		}
+		if opts.Requests != nil {
+			if err := p.writeRequestsCSV(opts.Requests, d); err != nil {
+				return nil, err
+			}
+		}
 		rep.Sides = append(rep.Sides, p.summarize(d, buckets))
 	}
 	if m := rep.Side(SideMantle); m != nil {
 		rep.Checks = p.check(m)
 	}
+	rep.Machine.LoadAverage[1] = loadAverage()
 	return rep, nil
+}
+
+func buildInfo() Build {
+	b := Build{GoVersion: runtime.Version()}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return b
+	}
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			b.Revision = s.Value
+		case "vcs.modified":
+			b.Modified = s.Value == "true"
+		}
+	}
+	return b
+}
+
+// loadAverage reads the 1-minute load average on Linux; 0 elsewhere.
+func loadAverage() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var v float64
+	if _, err := fmt.Sscan(string(data), &v); err != nil {
+		return 0
+	}
+	return v
 }
 
 func newPlan(opts Options) (*plan, error) {
@@ -337,6 +387,27 @@ func (p *plan) showProgress(side string, opts Options, prog *progress) (stop fun
 		close(done)
 		<-finished
 	}
+}
+
+const requestsCSVHeader = "scenario,side,index,due_s,latency_ms,answered,correct,level,verified,failure,degradation\n"
+
+// writeRequestsCSV writes one line per request of d; times are scenario time.
+func (p *plan) writeRequestsCSV(w io.Writer, d sideData) error {
+	var b strings.Builder
+	for i, r := range d.results {
+		fmt.Fprintf(&b, "%s,%s,%d,%.3f,%.1f,%t,%t,%d,%t,%s,%s\n", p.s.Name, d.name, i,
+			r.due.Seconds()/p.scale, float64(r.latency)/float64(time.Millisecond)/p.scale,
+			r.answered, r.correct, r.level, r.verified, csvField(r.failure), csvField(r.reason))
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func csvField(s string) string {
+	if strings.ContainsAny(s, ",\"\n") {
+		return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+	}
+	return s
 }
 
 // clockTime formats d as m:ss.

@@ -92,6 +92,11 @@ func resilienceConfig() mesh.Config {
 		}
 		r.Routes = append(r.Routes, router.RouteConfig{Name: "r-" + name, Scenario: name, Candidates: candidates})
 	}
+	// A stream cut mid-answer, with a fallback that accepts a prefill behind one that does not.
+	r.Models = append(r.Models,
+		router.ModelConfig{Name: "cut-mid-answer", Provider: "sim", SimProfile: "stream-cut"},
+		router.ModelConfig{Name: "continuer", Provider: "sim", AcceptsPrefill: true})
+	r.Routes = append(r.Routes, router.RouteConfig{Name: "r-continued", Scenario: "continued", Candidates: []string{"cut-mid-answer", "backup", "continuer"}})
 	return cfg
 }
 
@@ -295,6 +300,15 @@ func TestResilienceOverHTTP(t *testing.T) {
 			name: "stream cut after the first token: an error, never a stop", route: "r-stream-cut", stream: true,
 			status: 200, errCode: "all_candidates_failed",
 			check: wantCutStream,
+		},
+		{
+			name: "stream cut after the first token: a prefill-capable fallback finishes the answer", route: "r-continued", stream: true,
+			status: 200, model: "continuer", attempts: []string{"cut-mid-answer:truncated", "continuer:none"},
+			check: func(t *testing.T, r chatResult) {
+				if r.content != "sim answer to: "+question || strings.Join(r.finish, ",") != "stop" || !r.done {
+					t.Errorf("content %q finish %v done %t, want one complete answer", r.content, r.finish, r.done)
+				}
+			},
 		},
 		{
 			name: "stream stall after the first token: cancelled, an error", route: "r-stream-stall", stream: true,

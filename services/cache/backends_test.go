@@ -10,7 +10,7 @@ import (
 
 	"github.com/qdrant/go-client/qdrant"
 
-	"github.com/mantle-mesh/mantle/services/cache/internal/qdranttest"
+	"github.com/mantle-mesh/mantle/services/cache/qdranttest"
 )
 
 var epoch = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -370,8 +370,8 @@ func (p Policy) thresholds(defaults thresholds) thresholds {
 		t.normal = p.Threshold
 		// A scenario that only sets its threshold keeps the default distances to the
 		// other two, within [floor, 1].
-		t.stale = min(1, max(p.Threshold+defaults.stale-defaults.normal, p.Threshold))
-		t.approximate = max(approximateFloor, min(p.Threshold-(defaults.normal-defaults.approximate), p.Threshold))
+		t.stale = roundThreshold(min(1, max(p.Threshold+defaults.stale-defaults.normal, p.Threshold)))
+		t.approximate = roundThreshold(max(approximateFloor, min(p.Threshold-(defaults.normal-defaults.approximate), p.Threshold)))
 	}
 	if p.StaleThreshold != 0 {
 		t.stale = p.StaleThreshold
@@ -381,6 +381,9 @@ func (p Policy) thresholds(defaults thresholds) thresholds {
 	}
 	return t
 }
+
+// roundThreshold drops float noise from derived thresholds (0.93 + 0.03 is 0.9599999...).
+func roundThreshold(x float64) float64 { return math.Round(x*1e4) / 1e4 }
 
 // with returns p with the keys that o sets replaced.
 func (p Policy) with(o ScenarioPolicy) Policy {

@@ -29,6 +29,10 @@ func TestDefaultConfig(t *testing.T) {
 	if cfg.MaxEntries != 100_000 || !cfg.DefaultPolicy.Cacheable || cfg.DefaultPolicy.TTL != time.Hour || cfg.DefaultPolicy.MaxTemperature != 0.3 {
 		t.Errorf("DefaultConfig() = %+v, want max_entries 100000, cacheable, ttl 1h, max_temperature 0.3", cfg)
 	}
+	if cfg.Backend != BackendEmbedded || cfg.Embedder.Kind != EmbedderLexical || cfg.DefaultPolicy.MaxStaleness != 24*time.Hour ||
+		cfg.Coalesce.MaxWait != 10*time.Second || cfg.Coalesce.LeaseTTL != 30*time.Second || cfg.Qdrant.Timeout != 250*time.Millisecond {
+		t.Errorf("DefaultConfig() = %+v, want the embedded backend, the lexical embedder, 24h staleness, coalescing 10s/30s, qdrant timeout 250ms", cfg)
+	}
 	for _, marker := range []string{"today", "now", "current", "latest", "今天", "现在", "实时", "库存", "订单"} {
 		if !strings.Contains(strings.Join(cfg.DefaultPolicy.VolatileMarkers, "|"), marker) {
 			t.Errorf("default volatile markers lack %q", marker)
@@ -78,6 +82,72 @@ scenarios:
 			tt.want(&want)
 			if got := cfg.DefaultPolicy.with(cfg.Scenarios[tt.scenario]); !reflect.DeepEqual(got, want) {
 				t.Errorf("effective policy\n got %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestConfigYAMLBackendsAndEmbedders(t *testing.T) {
+	t.Parallel()
+	cfg, err := decodeStrict(`
+backend: qdrant
+qdrant:
+  address: qdrant:6334
+  api_key_env: QDRANT_API_KEY
+  timeout: 150ms
+embedder:
+  kind: openai
+  base_url: http://ollama:11434/v1
+  model: nomic-embed-text
+  timeout: 300ms
+coalesce: {max_wait: 5s}
+default_policy:
+  threshold: 0.93
+scenarios:
+  faq: {approximate_threshold: 0.88, max_staleness: 0s}
+`)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if cfg.Qdrant.Address != "qdrant:6334" || cfg.Qdrant.Timeout != 150*time.Millisecond || cfg.Qdrant.CollectionPrefix != "mantle_cache_" ||
+		cfg.Embedder.Model != "nomic-embed-text" || cfg.Coalesce.MaxWait != 5*time.Second || cfg.Coalesce.LeaseTTL != 30*time.Second {
+		t.Errorf("decoded %+v", cfg)
+	}
+	faq := cfg.DefaultPolicy.with(cfg.Scenarios["faq"])
+	if got := faq.thresholds(defaultThresholds(cfg.Embedder.Kind)); got != (thresholds{normal: 0.93, stale: 0.96, approximate: 0.88}) {
+		t.Errorf("faq thresholds = %+v, want 0.93, 0.96 (the default distance), 0.88", got)
+	}
+	if faq.MaxStaleness != 0 {
+		t.Errorf("faq max_staleness = %s, want 0 (never stale)", faq.MaxStaleness)
+	}
+}
+
+func TestThresholdDefaults(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		kind   string
+		policy Policy
+		want   thresholds
+	}{
+		{"dense defaults", EmbedderOpenAI, Policy{}, thresholds{0.92, 0.95, 0.85}},
+		{"lexical defaults are stricter", EmbedderLexical, Policy{}, thresholds{0.94, 0.97, 0.90}},
+		{"a threshold keeps the distances", EmbedderOpenAI, Policy{Threshold: 0.90}, thresholds{0.90, 0.93, 0.85}},
+		{"the approximate floor holds", EmbedderOpenAI, Policy{Threshold: 0.86}, thresholds{0.86, 0.89, 0.85}},
+		{"stale is capped at 1", EmbedderLexical, Policy{Threshold: 0.99}, thresholds{0.99, 1, 0.95}},
+		{"explicit values win", EmbedderLexical, Policy{Threshold: 0.95, StaleThreshold: 0.99, ApproximateThreshold: 0.87}, thresholds{0.95, 0.99, 0.87}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := tt.policy.thresholds(defaultThresholds(tt.kind))
+			for _, pair := range [][2]float64{{got.normal, tt.want.normal}, {got.stale, tt.want.stale}, {got.approximate, tt.want.approximate}} {
+				if diff := pair[0] - pair[1]; diff > 1e-9 || diff < -1e-9 {
+					t.Fatalf("thresholds = %+v, want %+v", got, tt.want)
+				}
 			}
 		})
 	}
@@ -141,6 +211,29 @@ func TestConfigValidate(t *testing.T) {
 		{"scenario override", func(c *Config) {
 			c.Scenarios = map[string]ScenarioPolicy{"support": {TTL: new(-time.Minute)}}
 		}, []string{"scenarios.support.ttl: must be positive, got -1m0s"}},
+		{"unknown backend", func(c *Config) { c.Backend = "redis" }, []string{`backend: must be embedded or qdrant, got "redis"`}},
+		{"qdrant without an address", func(c *Config) { c.Backend = BackendQdrant }, []string{`qdrant.address: must be host:port, got ""`}},
+		{"qdrant with a bad port", func(c *Config) { c.Backend, c.Qdrant.Address = BackendQdrant, "qdrant:grpc" }, []string{`qdrant.address: port must be a number, got "grpc"`}},
+		{"qdrant needs vectors", func(c *Config) {
+			c.Backend, c.Qdrant.Address, c.Embedder.Kind = BackendQdrant, "qdrant:6334", EmbedderNone
+		}, []string{"embedder.kind: none needs backend embedded; Qdrant stores vectors"}},
+		{"unknown embedder", func(c *Config) { c.Embedder.Kind = "bert" }, []string{`embedder.kind: must be lexical, openai or none, got "bert"`}},
+		{"openai without endpoint", func(c *Config) { c.Embedder.Kind = EmbedderOpenAI }, []string{
+			"embedder.base_url: required for kind openai", "embedder.model: required for kind openai",
+		}},
+		{"threshold below the floor", func(c *Config) { c.DefaultPolicy.Threshold = 0.8 }, []string{
+			"default_policy.threshold: must be 0 (the embedder's default) or within [0.85, 1], got 0.8",
+		}},
+		{"thresholds out of order", func(c *Config) { c.DefaultPolicy.StaleThreshold = 0.9 }, []string{
+			"default_policy: thresholds must satisfy approximate_threshold (0.9) <= threshold (0.94) <= stale_threshold (0.9)",
+		}},
+		{"bad personal pattern", func(c *Config) { c.DefaultPolicy.PersonalPatterns = []string{"(unclosed"} }, []string{
+			"default_policy.personal_patterns[0]: error parsing regexp: missing closing ): `(unclosed`",
+		}},
+		{"snapshot without an interval", func(c *Config) { c.Embedded.SnapshotPath, c.Embedded.SnapshotInterval = "/tmp/x", 0 }, []string{
+			"embedded.snapshot_interval: must be positive with a snapshot_path, got 0s",
+		}},
+		{"lease ttl zero", func(c *Config) { c.Coalesce.LeaseTTL = 0 }, []string{"coalesce.lease_ttl: must be positive, got 0s"}},
 		{"every problem is reported", func(c *Config) { c.MaxEntries, c.DefaultPolicy.TTL = -1, 0 }, []string{
 			"max_entries: must be positive, got -1", "default_policy.ttl: must be positive, got 0s",
 		}},

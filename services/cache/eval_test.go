@@ -98,14 +98,13 @@ func evalConfig(kind string, th float64) Config {
 	cfg.Embedder.Kind = kind
 	cfg.DefaultPolicy.VolatileMarkers, cfg.DefaultPolicy.PersonalMarkers, cfg.DefaultPolicy.PersonalPatterns = []string{}, []string{}, []string{}
 	cfg.DefaultPolicy.Threshold = th
-	cfg.DefaultPolicy.ApproximateThreshold = approximateFloor
 	cfg.MaxEntries = 10_000
 	return cfg
 }
 
 // runEval stores every pair's question and asks its query through the service, each pair
 // in a scenario of its own so pairs never meet.
-func runEval(t testing.TB, pairs []evalPair, kind string, embedder Embedder, th float64) evalScore {
+func runEval(t testing.TB, pairs []evalPair, kind string, embedder Embedder, th float64, mode Mode) evalScore {
 	t.Helper()
 	f := newFixtureWith(t, evalConfig(kind, th), NewEmbeddedIndex(10_000), embedder)
 	score := evalScore{languages: map[string]*evalScore{"en": {}, "zh": {}}}
@@ -117,7 +116,7 @@ func runEval(t testing.TB, pairs []evalPair, kind string, embedder Embedder, th 
 		if p.Tenant == "other" {
 			asker = "globex"
 		}
-		res, err := f.svc.Lookup(context.Background(), asker, LookupRequest{Prompt: query})
+		res, err := f.svc.Lookup(context.Background(), asker, LookupRequest{Prompt: query, Mode: mode})
 		if err != nil {
 			t.Fatalf("Lookup(%s): %v", p.ID, err)
 		}
@@ -180,7 +179,7 @@ func TestEvaluation(t *testing.T) {
 
 	var table strings.Builder
 	fmt.Fprintf(&table, "%d pairs (%d should hit, %d must not)\n", len(pairs), counts["en/true"]+counts["zh/true"], counts["en/false"]+counts["zh/false"])
-	fmt.Fprintf(&table, "%-22s %-9s %9s %7s %9s %8s %8s  %s\n", "embedder", "threshold", "precision", "recall", "false-hit", "recall-en", "recall-zh", "false hits by kind")
+	fmt.Fprintf(&table, "%-24s %-9s %9s %7s %9s %9s %9s  %s\n", "embedder", "threshold", "precision", "recall", "false-hit", "recall-en", "recall-zh", "false hits by kind")
 	row := func(name, th string, s evalScore) {
 		var kinds []string
 		for _, k := range slices.Sorted(maps.Keys(s.falseHits)) {
@@ -190,15 +189,15 @@ func TestEvaluation(t *testing.T) {
 		if s.languages != nil {
 			en, zh = fmt.Sprintf("%.3f", s.languages["en"].recall()), fmt.Sprintf("%.3f", s.languages["zh"].recall())
 		}
-		fmt.Fprintf(&table, "%-22s %-9s %9.3f %7.3f %9.3f %8s %8s  %s\n", name, th, s.precision(), s.recall(), s.falseHitRate(), en, zh, strings.Join(kinds, " "))
+		fmt.Fprintf(&table, "%-24s %-9s %9.3f %7.3f %9.3f %9s %9s  %s\n", name, th, s.precision(), s.recall(), s.falseHitRate(), en, zh, strings.Join(kinds, " "))
 	}
 
-	exact := runEval(t, pairs, EmbedderNone, nil, 0)
+	exact := runEval(t, pairs, EmbedderNone, nil, 0, ModeNormal)
 	row("exact only", "-", exact)
 	for _, e := range embedders {
 		def := defaultThresholds(e.kind).normal
 		for _, th := range evalThresholds {
-			s := runEval(t, pairs, e.kind, e.embedder, th)
+			s := runEval(t, pairs, e.kind, e.embedder, th, ModeNormal)
 			label := fmt.Sprintf("%.2f", th)
 			if th == def {
 				label += "*"
@@ -208,13 +207,16 @@ func TestEvaluation(t *testing.T) {
 				t.Errorf("%s at %.2f: %d pairs asked by another tenant hit", e.name, th, s.falseHits["tenant"])
 			}
 		}
+		// The degradation ladder's related-answer rung, at the approximate floor.
+		approx := defaultThresholds(e.kind).approximate
+		row(e.name+" (approximate)", fmt.Sprintf("%.2f*", approx), runEval(t, pairs, e.kind, e.embedder, 0, ModeApproximate))
 		for _, th := range []float64{0.80, def} {
 			row(e.name+" (cosine only)", fmt.Sprintf("%.2f", th), similarityOnly(t, pairs, e.embedder, th))
 		}
 	}
 	t.Logf("evaluation on testdata/eval.jsonl (* = default threshold; cosine only = no scope, no near-miss check):\n%s", table.String())
 
-	lexical := runEval(t, pairs, EmbedderLexical, embed.NewLexical(), 0)
+	lexical := runEval(t, pairs, EmbedderLexical, embed.NewLexical(), 0, ModeNormal)
 	if rate := lexical.falseHitRate(); rate > 0.01 {
 		t.Errorf("lexical embedder at its default threshold %.2f: false-hit rate %.3f (%v), want at most 0.01",
 			defaultThresholds(EmbedderLexical).normal, rate, lexical.falseHits)

@@ -130,6 +130,16 @@ type runner struct {
 	embedded    *EmbeddedIndex
 	qdrant      *QdrantIndex
 	closeQdrant func() error
+
+	// done, when set (by tests), is told about each periodic task that ran: "snapshot",
+	// "sweep" or "leases".
+	done func(task string)
+}
+
+func (r *runner) ran(task string) {
+	if r.done != nil {
+		r.done(task)
+	}
 }
 
 // Run expires abandoned leases, and per backend writes snapshots (embedded) or deletes
@@ -161,10 +171,13 @@ func (r *runner) Run(ctx context.Context) error {
 			return nil
 		case <-leaseTicker.Chan():
 			r.svc.SweepLeases()
+			r.ran("leases")
 		case <-snapshot:
 			r.saveSnapshot(ctx)
+			r.ran("snapshot")
 		case <-sweep:
 			r.sweepQdrant(ctx)
+			r.ran("sweep")
 		}
 	}
 }

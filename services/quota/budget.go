@@ -9,10 +9,10 @@ import (
 // (maxBudgetUSD) is 10^15, well inside the 2^53 that Redis's Lua numbers hold exactly.
 const nanoPerDollar = 1_000_000_000
 
-// maxUsageTokens bounds the token counts a Store multiplies by prices, so that a
-// nonsensical usage report cannot overflow: 10^10 tokens at the highest accepted price
-// (10^5 dollars per million, 10^8 nano-dollars per token) is 10^18.
-const maxUsageTokens = 10_000_000_000
+// maxUsageTokens bounds the token counts a Store works with, so that a nonsensical
+// usage report cannot overflow: input and output at the highest accepted price (10^4
+// dollars per million, 10^7 nano-dollars per token) stay below 2^53 together.
+const maxUsageTokens = 50_000_000
 
 const secondsPerDay = 24 * 60 * 60
 

@@ -1,26 +1,42 @@
 // Package quota implements mantle.quota.v1.QuotaService: token-aware admission for the
 // mesh. The router asks quota before every provider call and tells it afterwards what
-// the call really cost.
+// the call really cost. One runaway client or one long-document batch must not burn the
+// provider quota for everyone (seed 000, 4.1; seed 004, 2.2), and because requests
+// differ by orders of magnitude in tokens, admission counts tokens, not requests.
 //
-// # What it does
+// # Buckets
 //
-// Each tenant has two token buckets: requests per minute (RPM) and tokens per minute
-// (TPM). A bucket holds at most its per-minute limit and refills continuously at
-// limit/60 s per second, so a tenant that paused for half a minute may burst half its
-// limit at once.
+// Every bucket is a token bucket whose capacity is its per-minute limit and which
+// refills continuously at limit/60 s per second (bucket.go: the GCRA form, one instant
+// per bucket, exact to the nanosecond). A request may charge:
 //
-//   - Reserve charges one request against RPM and the request's estimated tokens
-//     (input + max output) against TPM, all or nothing: when either bucket is short,
-//     neither is charged and the caller gets RESOURCE_EXHAUSTED with the bucket that
-//     refused (QuotaFailure) and how long until it can cover the cost (RetryInfo). A
-//     request that no bucket could ever cover (more tokens than the limit) is refused at
-//     once with FAILED_PRECONDITION and reason REQUEST_TOO_LARGE: waiting cannot help.
-//     Every refusal is also published as a QuotaRejectionEvent.
-//   - Settle applies the real usage of a reservation: it returns the unused part of
-//     the estimate to the TPM bucket, or charges the overrun (the balance may go
-//     negative, which delays the tenant's next requests until the debt refills).
-//   - CountTokens estimates tokens per model family. There is no exact BPE tokenizer
-//     yet; counts are marked exact=false.
+//   - the tenant's RPM and TPM (default_limits, tenants);
+//   - the tenant x model RPM and TPM, when model_limits has an entry;
+//   - the tenant's daily money budget (budgets), priced per model from a price table;
+//   - the upstream key's RPM and TPM (upstream_keys), which mirror a provider key's own
+//     limits and are corrected from its rate-limit headers by ObserveUpstream, so that
+//     mantle slows down before the provider answers 429.
+//
+// Reserve charges one request and input + max output tokens (a configured default when
+// max_output_tokens is 0; messages are counted when input_tokens is 0) to every
+// applicable bucket, all or nothing. Settle replaces the estimate by the real usage:
+// unused tokens go back, an overrun is charged and may leave a bucket in debt, which
+// delays the tenant's next requests until it has refilled. A request no bucket could
+// ever hold is refused at once as REQUEST_TOO_LARGE: waiting cannot help.
+//
+// Any rule may be in shadow mode: its buckets are charged when they can be, and a
+// request they would refuse is admitted and reported (SHADOW_ events, a metric), so new
+// limits can be watched before they bite. A bucket past near_limit_ratio (80%) raises a
+// QuotaNearLimitEvent.
+//
+// # Waiting and priorities
+//
+// A refused request whose call has a deadline waits in a per-replica queue (queue.go)
+// for at most that deadline: strict priority classes (critical, high, normal, batch),
+// weighted fair sharing between tenants within a class, and no bypassing: buckets a
+// waiting request is short on are reserved for it against requests of its class and
+// below. When the queue is full the lowest class is shed first; a refusal is
+// RESOURCE_EXHAUSTED with RetryInfo and QuotaFailure.
 //
 // # Reservations
 //
@@ -30,16 +46,32 @@
 // a retried Settle whose first attempt succeeded gets NOT_FOUND and can never refund
 // twice, so callers treat NOT_FOUND after a retry as "already settled".
 //
-// A reservation that is never settled keeps its charge: the caller may have made the
-// provider call and crashed before settling, and refunding on expiry would let a
-// misbehaving client spend tokens it never pays for. The tokens come back the normal
-// way, through refill. A sweeper (Service.Run, driven by the injected clock) deletes
-// expired reservation records so memory stays bounded.
+// A reservation that is never settled is released as a record, but its charge stands:
+// the caller may have made the provider call and crashed before settling, and refunding
+// on expiry would let a misbehaving client spend tokens it never pays for. The tokens
+// come back the normal way, through refill.
+//
+// # Retry budget
+//
+// AcquireRetry hands out retries from a mesh-wide budget (a share of requests over a
+// sliding window, per upstream key and overall, with a small floor), counted where all
+// router replicas see it, so the budget holds however many routers there are.
+//
+// # Token counting
+//
+// CountTokens (and Reserve without input_tokens) counts exactly with OpenAI's BPE
+// vocabularies for OpenAI models (cl100k_base, o200k_base, embedded in the binary by
+// github.com/tiktoken-go/tokenizer) and estimates other families with calibrated
+// per-script rates, chat framing included. Estimates are corrected by the ratio of the
+// input tokens providers report in Settle to the estimate, learned per model.
 //
 // # State
 //
-// Bucket levels and open reservations live behind the Store interface. This package
-// ships an in-memory Store for `mantle dev`, tests and single-replica deployments; a
-// Redis Store (one shared view for many replicas, atomic through scripts) is planned
-// and plugs in without changes to the service. quota calls no other service.
+// Everything that must be shared lives behind the Store interface. MemoryStore serves
+// `mantle dev`, tests and single replicas. RedisStore serves many replicas: every
+// operation on a tenant's (or a key's) buckets is one Lua script, atomic in Redis and
+// decided at Redis's TIME, with hash tags that put a tenant's keys in one cluster slot.
+// FailoverStore wraps it: when Redis does not answer, each replica enforces
+// limit/replicas locally and says so (metric, DegradationEvent), and money budgets fail
+// closed. The same test suite runs against both backends. quota calls no other service.
 package quota

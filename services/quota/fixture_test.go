@@ -66,7 +66,13 @@ func newFixtureOn(t testing.TB, b backend, cfg Config) *fixture {
 	return newFixtureWith(t, b.newStore(t, clock), clock, cfg)
 }
 
-func newFixtureWith(t testing.TB, store Store, clock *clockwork.FakeClock, cfg Config) *fixture {
+// tb is what fixtures need of a test: *testing.T and *rapid.T both have it.
+type tb interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+func newFixtureWith(t tb, store Store, clock *clockwork.FakeClock, cfg Config) *fixture {
 	t.Helper()
 	f := &fixture{
 		store:  store,
@@ -183,10 +189,10 @@ func (p *recordingPublisher) rejections(t testing.TB) []*eventsv1.QuotaRejection
 	return eventsOf[*eventsv1.QuotaRejectionEvent](t, p, "mantle.events.quota")
 }
 
-// nearLimits returns the QuotaNearLimitEvents published on mantle.events.quota.
+// nearLimits returns the QuotaNearLimitEvents published on mantle.events.quota.near_limit.
 func (p *recordingPublisher) nearLimits(t testing.TB) []*eventsv1.QuotaNearLimitEvent {
 	t.Helper()
-	return eventsOf[*eventsv1.QuotaNearLimitEvent](t, p, "mantle.events.quota")
+	return eventsOf[*eventsv1.QuotaNearLimitEvent](t, p, "mantle.events.quota.near_limit")
 }
 
 func eventsOf[E proto.Message](t testing.TB, p *recordingPublisher, subject string) []E {

@@ -31,13 +31,23 @@ func Module(cfg Config) app.Module {
 				if err != nil {
 					return nil, err
 				}
-				primary := NewRedisStore(client, RedisOptions{
+				opts := RedisOptions{
 					Prefix:         cfg.Redis.KeyPrefix,
 					Clock:          env.Clock,
 					ServerTime:     true,
 					OverLimitCache: cfg.Redis.OverLimitCache,
 					FlushInterval:  cfg.RetryBudget.FlushInterval,
-				})
+				}
+				if cfg.Redis.AutoPipeline {
+					// Closed with the client.
+					ap, err := client.AutoPipeline()
+					if err != nil {
+						_ = client.Close()
+						return nil, fmt.Errorf("redis.auto_pipeline: %w", err)
+					}
+					opts.Scripter = ap
+				}
+				primary := NewRedisStore(client, opts)
 				// Redis being away at start is not fatal: the store starts on its local
 				// limiter and switches when Redis answers.
 				store = NewFailoverStore(primary, env.Clock, FailoverOptions{

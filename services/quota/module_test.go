@@ -40,7 +40,7 @@ func TestModule(t *testing.T) {
 			t.Errorf("services registered: %v, want mantle.quota.v1.QuotaService", env.GRPC.GetServiceInfo())
 		}
 		if run == nil {
-			t.Fatal("Runnable is nil, want the sweeper")
+			t.Fatal("Runnable is nil, want the sweeper and dispatcher")
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
@@ -51,6 +51,37 @@ func TestModule(t *testing.T) {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run = %v, want nil after cancel", err)
+		}
+	})
+	t.Run("redis backend", func(t *testing.T) {
+		t.Parallel()
+		env := testEnv()
+		c := newTestRedisClient(t)
+		cfg := DefaultConfig()
+		cfg.Backend, cfg.Redis.Address, cfg.Redis.KeyPrefix = BackendRedis, redisAddrForTest(t), testPrefix(t, c)
+		cfg.Redis.AutoPipeline = true
+		run, err := Module(cfg).New(context.Background(), env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run.Run(ctx) }()
+		// The probe, flush and sweep tickers: the module runs the store's loop too.
+		if err := env.Clock.(*clockwork.FakeClock).BlockUntilContext(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v, want nil after cancel (the client closes cleanly)", err)
+		}
+	})
+	t.Run("redis password comes from the environment", func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.Backend, cfg.Redis.Address, cfg.Redis.PasswordEnv = BackendRedis, "127.0.0.1:1", "MANTLE_TEST_NO_SUCH_VARIABLE"
+		_, err := Module(cfg).New(context.Background(), testEnv())
+		if err == nil || !strings.Contains(err.Error(), "MANTLE_TEST_NO_SUCH_VARIABLE is not set") {
+			t.Errorf("err = %v, want the missing variable named", err)
 		}
 	})
 	t.Run("refuses an invalid config", func(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 )
 
@@ -298,7 +300,7 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 		q.dispatchAfter(time.Minute) // refill completely
 		q.reserve(t, "acme", 5999, 1)
 		w := q.enqueue(t, ctx, req("timer", "acme", mantlev1.Priority_PRIORITY_NORMAL, 300)) // due at 3s
-		q.clock.Advance(5 * time.Second)                                                    // no dispatch: the budget ends first
+		q.clock.Advance(5 * time.Second)                                                     // no dispatch: the budget ends first
 		res := await(t, "timer", w)
 		if e, ok := errors.AsType[*ExhaustedError](res.err); !ok || e.Cause != CauseDeadline {
 			t.Fatalf("timer: err = %v, want refused at its 5s budget", res.err)
@@ -354,5 +356,62 @@ func TestQueueShutdownRefusesWaiters(t *testing.T) {
 	_, err := f.svc.Reserve(longDeadline(t), req("after", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 100))
 	if !errors.Is(err, ErrExhausted) {
 		t.Errorf("after shutdown: err = %v, want refused at once", err)
+	}
+}
+
+// gateStore holds the dispatcher inside Reserve, after the grant, until the test lets
+// it go: the moment a caller may leave while its request is being granted.
+type gateStore struct {
+	Store
+	armed   chan struct{} // one value arms the gate for one Reserve
+	entered chan struct{}
+	proceed chan struct{}
+}
+
+func (g *gateStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
+	gr, err := g.Store.Reserve(ctx, c)
+	select {
+	case <-g.armed:
+		g.entered <- struct{}{}
+		<-g.proceed
+	default:
+	}
+	return gr, err
+}
+
+func TestQueueReleasesAGrantItsCallerLeft(t *testing.T) {
+	t.Parallel()
+	clock := clockwork.NewFakeClockAt(t0)
+	memory := NewMemoryStore(clock)
+	gate := &gateStore{Store: memory, armed: make(chan struct{}, 1), entered: make(chan struct{}), proceed: make(chan struct{})}
+	q := &queueFixture{fixture: newFixtureWith(t, gate, clock, testConfig()), pushed: make(chan struct{}, 10)}
+	q.svc.queue.onPush = func() { q.pushed <- struct{}{} }
+	q.svc.queue.setRunning(true)
+	q.reserve(t, "acme", 5999, 1)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	ch := q.enqueue(t, ctx, req("leaver", "acme", mantlev1.Priority_PRIORITY_NORMAL, 100))
+	gate.armed <- struct{}{}
+	clock.Advance(time.Second)
+	dispatched := make(chan struct{})
+	go func() {
+		q.svc.queue.dispatch()
+		close(dispatched)
+	}()
+	<-gate.entered // granted in the store, not yet delivered
+	cancel()
+	if res := await(t, "leaver", ch); !errors.Is(res.err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", res.err)
+	}
+	close(gate.proceed)
+	<-dispatched
+	if n := memory.openReservations(); n != 1 {
+		t.Errorf("%d reservations open, want only the first: the unused grant released", n)
+	}
+	// The 100 tokens came back: they are there to take again. (The request bucket
+	// refilled its one request in the second that passed.)
+	if got := q.reserve(t, "acme", 99, 1); got.Levels.Tokens.Remaining != 0 || got.Levels.Requests.Remaining != 59 {
+		t.Errorf("levels = %+v, want the released 100 tokens taken again and 59 requests left", got.Levels)
 	}
 }

@@ -238,21 +238,21 @@ func keyGroup(key string) string       { return "key:" + key }
 // chargeFor resolves the request against the config: which buckets apply, with which
 // limits and costs.
 func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) (Charge, error) {
-	c := Charge{ID: uuid.NewString(), Tenant: req.Tenant, TTL: s.cfg.ReservationTTL, Tokens: tokens}
+	c := Charge{ID: uuid.NewString(), Tenant: req.Tenant, TTL: s.cfg.ReservationTTL, Tokens: tokens, Buckets: make([]BucketSpec, 0, 4)}
 	if !req.KeyOnly {
 		group := tenantGroup(req.Tenant)
 		rpm, tpm := s.cfg.tenantLimits(req.Tenant)
 		c.Buckets = append(c.Buckets,
-			BucketSpec{Group: group, Field: fieldRPM, Kind: KindRequests, Cost: 1, Limit: rpm.limit, Shadow: rpm.shadow},
-			BucketSpec{Group: group, Field: fieldTPM, Kind: KindTokens, Cost: tokens, Limit: tpm.limit, Shadow: tpm.shadow},
+			newSpec(group, fieldRPM, KindRequests, 1, rpm.limit, rpm.shadow),
+			newSpec(group, fieldTPM, KindTokens, tokens, tpm.limit, tpm.shadow),
 		)
 		if ml, ok := s.cfg.modelLimits(req.Tenant, req.Model); ok {
 			m := "model:" + normalizeModel(req.Model) + ":"
 			if ml.RPM > 0 {
-				c.Buckets = append(c.Buckets, BucketSpec{Group: group, Field: m + fieldRPM, Kind: KindRequests, Cost: 1, Limit: ml.RPM, Shadow: ml.Shadow})
+				c.Buckets = append(c.Buckets, newSpec(group, m+fieldRPM, KindRequests, 1, ml.RPM, ml.Shadow))
 			}
 			if ml.TPM > 0 {
-				c.Buckets = append(c.Buckets, BucketSpec{Group: group, Field: m + fieldTPM, Kind: KindTokens, Cost: tokens, Limit: ml.TPM, Shadow: ml.Shadow})
+				c.Buckets = append(c.Buckets, newSpec(group, m+fieldTPM, KindTokens, tokens, ml.TPM, ml.Shadow))
 			}
 		}
 		if b, ok := s.cfg.Budgets.Tenants[req.Tenant]; ok {
@@ -273,10 +273,10 @@ func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) 
 		if kl, ok := s.cfg.UpstreamKeys[req.UpstreamKey]; ok {
 			group := keyGroup(req.UpstreamKey)
 			if kl.RPM > 0 {
-				c.Buckets = append(c.Buckets, BucketSpec{Group: group, Field: fieldRPM, Kind: KindRequests, Cost: 1, Limit: kl.RPM, Shadow: kl.Shadow})
+				c.Buckets = append(c.Buckets, newSpec(group, fieldRPM, KindRequests, 1, kl.RPM, kl.Shadow))
 			}
 			if kl.TPM > 0 {
-				c.Buckets = append(c.Buckets, BucketSpec{Group: group, Field: fieldTPM, Kind: KindTokens, Cost: tokens, Limit: kl.TPM, Shadow: kl.Shadow})
+				c.Buckets = append(c.Buckets, newSpec(group, fieldTPM, KindTokens, tokens, kl.TPM, kl.Shadow))
 			}
 		}
 	}

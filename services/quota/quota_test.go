@@ -745,6 +745,7 @@ func TestUpstreamKeyBuckets(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		cfg := testConfig()
 		cfg.DefaultLimits = RateLimits{RPM: 600, TPM: 60_000}
+		cfg.Tenants = map[string]RateLimits{"tight": {TPM: 150}}
 		cfg.UpstreamKeys = map[string]RateLimits{"openai-1": {RPM: 600, TPM: 6000}}
 		f := newFixtureOn(t, b, cfg)
 		ctx := context.Background()
@@ -782,6 +783,24 @@ func TestUpstreamKeyBuckets(t *testing.T) {
 		if key.Remaining != 3000 {
 			t.Errorf("key tpm after settling 1000 of 4000 = %+v, want 3000 remaining", key)
 		}
+		// A refusal by the tenant takes nothing from the key either (Redis charges the
+		// key first and gives it back).
+		if _, err := reserve("tight", 100); err != nil {
+			t.Fatal(err)
+		}
+		_, err = reserve("tight", 100)
+		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "tenant:tight:tpm" {
+			t.Fatalf("err = %v, want the tenant's tpm exhausted", err)
+		}
+		_, levels, err := f.svc.ObserveUpstream(ctx, UpstreamObservation{Key: "openai-1", RemainingRequests: -1, RemainingTokens: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Granted on the key: acme's 4000, beta's 2000 (the 1000 settled back) and
+		// tight's 100: three requests.
+		if levels.Tokens.Remaining != 2900 || levels.Requests.Remaining != 597 {
+			t.Errorf("key after the tenant's refusal = %+v, want 2900 tokens and 597 requests left", levels)
+		}
 		// An unconfigured key adds no buckets.
 		r, err = f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 1, UpstreamKey: "other"})
 		if err != nil || len(r.Buckets) != 2 {
@@ -814,6 +833,14 @@ func TestUpstreamKeyOnlyReservation(t *testing.T) {
 		}
 		if st.Refunded != 600 || st.Levels.Tokens.Remaining != 2600 {
 			t.Errorf("settle: refunded %d, key level %+v; want 600 and 2600 left", st.Refunded, st.Levels.Tokens)
+		}
+		// A key without buckets charges nothing, but the reservation settles as usual.
+		r, err = f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 10, UpstreamKey: "unconfigured", KeyOnly: true})
+		if err != nil || len(r.Buckets) != 0 || !r.ExpiresAt.Equal(t0.Add(2*time.Minute)) {
+			t.Fatalf("unconfigured key: %+v, %v; want no buckets, expiring in 2m", r, err)
+		}
+		if _, err := f.svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{TotalTokens: 5}}); err != nil {
+			t.Errorf("settling it: %v", err)
 		}
 		if _, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", KeyOnly: true}); violationFields(err) == nil {
 			t.Errorf("key-only without a key: err = %v, want a validation error", err)

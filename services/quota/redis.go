@@ -52,6 +52,7 @@ var (
 // moment a refused request holds key capacity it then returns.
 type RedisStore struct {
 	client     redis.UniversalClient
+	scripter   redis.Scripter
 	prefix     string
 	clock      clockwork.Clock
 	serverTime bool
@@ -80,6 +81,10 @@ type RedisOptions struct {
 	OverLimitCache time.Duration
 	// FlushInterval is how often Run adds buffered request counts to Redis.
 	FlushInterval time.Duration
+	// Scripter runs the scripts; nil runs them on the client. A go-redis
+	// AutoPipeliner batches the scripts of concurrent requests into pipelines: one
+	// write and one read for many decisions, which is most of the client's cost.
+	Scripter redis.Scripter
 }
 
 // NewRedisStore returns a store on client. It does not contact Redis.
@@ -87,6 +92,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 	script := func(body string) *redis.Script { return redis.NewScript(luaPrelude + "\n" + body) }
 	s := &RedisStore{
 		client:     client,
+		scripter:   opts.Scripter,
 		prefix:     opts.Prefix,
 		clock:      opts.Clock,
 		serverTime: opts.ServerTime,
@@ -101,6 +107,9 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 	s.pending.keys = make(map[string]float64)
 	if s.flushEvery <= 0 {
 		s.flushEvery = time.Second
+	}
+	if s.scripter == nil {
+		s.scripter = client
 	}
 	return s
 }
@@ -130,7 +139,7 @@ func (s *RedisStore) now() (string, string) {
 
 func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, args ...any) ([]any, error) {
 	s.calls.Add(1)
-	v, err := script.Run(ctx, s.client, keys, args...).Slice()
+	v, err := script.Run(ctx, s.scripter, keys, args...).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
@@ -204,7 +213,12 @@ func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		g.Budget = res.budget
 	} else {
 		// An upstream-key-only reservation: the record still lives with the tenant, so
-		// that Settle finds it by tenant and id like any other.
+		// that Settle finds it by tenant and id like any other. Its expiry is on the
+		// key script's clock; with no bucket charged at all (an unconfigured key) there
+		// was no script, and the replica's clock stands in.
+		if g.At.IsZero() {
+			g.At = s.clock.Now()
+		}
 		exp := g.At.Add(c.TTL)
 		rec := fmt.Sprintf("%d:%d||-|%s", exp.Unix(), exp.Nanosecond(), tail)
 		if err := s.client.Set(ctx, s.reservationKey(c.Tenant, c.ID), rec, c.TTL+time.Minute).Err(); err != nil {
@@ -339,19 +353,22 @@ func recordTail(c Charge, charged []bool) string {
 		sb.WriteString(spec)
 	}
 	sb.WriteByte('|')
-	meta := url.Values{}
-	meta.Set("m", c.Meta.Model)
+	// Meta, in query-string form without a map: m=<model>&e=<estimate>&k=<key>&b=...
+	sb.WriteString("m=")
+	sb.WriteString(url.QueryEscape(c.Meta.Model))
 	if c.Meta.EstimatedInput > 0 {
-		meta.Set("e", strconv.FormatInt(c.Meta.EstimatedInput, 10))
+		sb.WriteString("&e=")
+		sb.WriteString(strconv.FormatInt(c.Meta.EstimatedInput, 10))
 	}
 	if c.Meta.UpstreamKey != "" {
-		meta.Set("k", c.Meta.UpstreamKey)
+		sb.WriteString("&k=")
+		sb.WriteString(url.QueryEscape(c.Meta.UpstreamKey))
 	}
 	for _, kb := range keyBuckets {
-		meta.Add("b", kb)
+		sb.WriteString("&b=")
+		sb.WriteString(url.QueryEscape(kb))
 	}
-	sb.WriteString(meta.Encode()) // escapes '|'
-	return sb.String()
+	return sb.String() // the escaping leaves no '|'
 }
 
 // Settle implements Store.
@@ -433,25 +450,33 @@ func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 			}
 		}
 	}
-	meta, err := url.ParseQuery(metaRaw)
-	if err != nil {
-		return record{}, fmt.Errorf("malformed meta: %w", err)
-	}
-	rec.meta.Model, rec.meta.UpstreamKey = meta.Get("m"), meta.Get("k")
-	rec.meta.EstimatedInput, _ = strconv.ParseInt(meta.Get("e"), 10, 64)
-	for _, kb := range meta["b"] {
-		// group,field,kind,cost,limit,shadow,charged
-		group, rest, ok := strings.Cut(kb, ",")
-		i := strings.LastIndexByte(rest, ',')
-		if !ok || i < 0 {
-			return record{}, fmt.Errorf("malformed key bucket %q", kb)
-		}
-		b, err := parseBucketSpec(group, rest[:i])
+	for part := range strings.SplitSeq(metaRaw, "&") {
+		name, raw, _ := strings.Cut(part, "=")
+		value, err := url.QueryUnescape(raw)
 		if err != nil {
-			return record{}, err
+			return record{}, fmt.Errorf("malformed meta %q: %w", part, err)
 		}
-		if rest[i+1:] == "1" {
-			rec.keyCharged = append(rec.keyCharged, b)
+		switch name {
+		case "m":
+			rec.meta.Model = value
+		case "k":
+			rec.meta.UpstreamKey = value
+		case "e":
+			rec.meta.EstimatedInput, _ = strconv.ParseInt(value, 10, 64)
+		case "b":
+			// group,field,kind,cost,limit,shadow,charged
+			group, rest, ok := strings.Cut(value, ",")
+			i := strings.LastIndexByte(rest, ',')
+			if !ok || i < 0 {
+				return record{}, fmt.Errorf("malformed key bucket %q", value)
+			}
+			b, err := parseBucketSpec(group, rest[:i])
+			if err != nil {
+				return record{}, err
+			}
+			if rest[i+1:] == "1" {
+				rec.keyCharged = append(rec.keyCharged, b)
+			}
 		}
 	}
 	return rec, nil

@@ -140,7 +140,7 @@ func startRedisServer(path string) (string, *exec.Cmd, error) {
 // newTestRedisClient returns a client of the test Redis, closed when the test ends.
 func newTestRedisClient(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: redisAddrForTest(t), PoolSize: 64})
+	c := redis.NewClient(&redis.Options{Addr: redisAddrForTest(t), PoolSize: 256})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

@@ -187,6 +187,9 @@ func TestServerReserveErrors(t *testing.T) {
 			if hasRetry != (tt.wantRetry > 0) || retry != tt.wantRetry {
 				t.Errorf("RetryInfo = %v (present %v), want %v", retry, hasRetry, tt.wantRetry)
 			}
+			if tt.wantCode == codes.ResourceExhausted && errorCause(err) != "bucket" {
+				t.Errorf("ErrorInfo cause = %q, want bucket", errorCause(err))
+			}
 		})
 	}
 }
@@ -280,6 +283,10 @@ func TestToStatus(t *testing.T) {
 		{"deadline keeps its code", fmt.Errorf("settle: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "", "settle: context deadline exceeded", false},
 		{"not found", fmt.Errorf("settle x: %w", ErrReservationNotFound), codes.NotFound, "RESERVATION_NOT_FOUND", "settle x: reservation not found", false},
 		{"unknown becomes a generic internal error", errors.New("redis: connection refused to 10.0.0.7"), codes.Internal, "INTERNAL", "internal error", true},
+		{"money fails closed", fmt.Errorf("reserve: %w", ErrBudgetUnavailable), codes.Unavailable, "BUDGET_UNAVAILABLE", ErrBudgetUnavailable.Error(), false},
+		{"unreachable state", fmt.Errorf("settle: %w", ErrStoreUnavailable), codes.Unavailable, "UNAVAILABLE", "settle: quota state unavailable", false},
+		{"shutting down", ErrShuttingDown, codes.Unavailable, "UNAVAILABLE", "quota service is shutting down", false},
+		{"no price", &PriceUnknownError{Model: "x"}, codes.FailedPrecondition, "PRICE_UNKNOWN", (&PriceUnknownError{Model: "x"}).Error(), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -320,6 +327,10 @@ func assertStatus(t *testing.T, err error, wantCode codes.Code, wantReason strin
 	}
 }
 
+func errorCause(err error) string {
+	return rpc.ErrorInfo(err).GetMetadata()["cause"]
+}
+
 func quotaFailureSubjects(err error) []string {
 	var subjects []string
 	for _, d := range status.Convert(err).Details() {
@@ -330,4 +341,129 @@ func quotaFailureSubjects(err error) []string {
 		}
 	}
 	return subjects
+}
+
+func TestServerReserveReportsEveryBucket(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.UpstreamKeys = map[string]RateLimits{"k1": {RPM: 100, TPM: 10_000, Shadow: true}}
+	cfg.Budgets = BudgetsConfig{Tenants: map[string]Budget{"acme": {DailyUSD: 2}}, Prices: map[string]Price{"gpt-4o": {InputPerMillion: 2.5, OutputPerMillion: 10}}}
+	f := newFixture(t, cfg)
+	client := startServer(t, f)
+	resp, err := client.Reserve(context.Background(), &quotav1.ReserveRequest{
+		Quality:       quality("acme"),
+		Model:         "gpt-4o",
+		Messages:      []*mantlev1.ChatMessage{{Role: "user", Content: "the cat sat on the mat"}},
+		UpstreamKeyId: "k1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetInputTokens() != 13 || resp.GetReservedTokens() != 113 || resp.GetWaited().AsDuration() != 0 {
+		t.Errorf("input %d, reserved %d, waited %v; want 13, 113, 0", resp.GetInputTokens(), resp.GetReservedTokens(), resp.GetWaited().AsDuration())
+	}
+	var names []string
+	for _, b := range resp.GetBuckets() {
+		names = append(names, fmt.Sprintf("%s shadow=%v", b.GetName(), b.GetShadow()))
+	}
+	want := []string{"tenant:acme:rpm shadow=false", "tenant:acme:tpm shadow=false", "key:k1:rpm shadow=true", "key:k1:tpm shadow=true"}
+	if !slices.Equal(names, want) {
+		t.Errorf("buckets = %v, want %v", names, want)
+	}
+	// 13 input tokens at 2.5/M and 100 output at 10/M: 32,500 + 1,000,000 nano-USD.
+	wantBudget := &quotav1.Budget{LimitUsd: 2, SpentUsd: 0.0010325, ResetAfter: durationpb.New(12 * time.Hour)}
+	if !proto.Equal(resp.GetBudget(), wantBudget) {
+		t.Errorf("budget = %v, want %v", resp.GetBudget(), wantBudget)
+	}
+	st, err := client.Settle(context.Background(), &quotav1.SettleRequest{Quality: quality("acme"), ReservationId: resp.GetReservationId(), Usage: &mantlev1.Usage{InputTokens: 13, OutputTokens: 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetReservedTokens() != 113 || st.GetRefundedTokens() != 93 || st.GetCostUsd() != 0.0001025 || len(st.GetBuckets()) != 4 {
+		t.Errorf("settle = %v, want 113 reserved, 93 refunded, cost 0.0001025 and 4 buckets", st)
+	}
+}
+
+func TestServerQueueRefusalsCarryTheirCause(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Queue.Size = 1
+	q := manualQueue(t, cfg)
+	client := startServer(t, q.fixture)
+	q.reserve(t, "acme", 5999, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	q.enqueue(t, ctx, req("w", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 100))
+	_, err := client.Reserve(ctx, &quotav1.ReserveRequest{Quality: &mantlev1.QualityContext{Tenant: "acme", Priority: mantlev1.Priority_PRIORITY_BATCH}, Model: "m", InputTokens: 10})
+	assertStatus(t, err, codes.ResourceExhausted, "QUOTA_EXHAUSTED")
+	if errorCause(err) != "queue_full" || !slices.Equal(quotaFailureSubjects(err), []string{"queue"}) {
+		t.Errorf("cause %q, subjects %v; want queue_full on queue", errorCause(err), quotaFailureSubjects(err))
+	}
+	if d, ok := rpc.RetryDelay(err); !ok || d <= 0 {
+		t.Errorf("RetryInfo = %v, %v; want a delay", d, ok)
+	}
+}
+
+func TestServerObserveUpstream(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.UpstreamKeys = map[string]RateLimits{"openai-1": {RPM: 60, TPM: 6000}}
+	client := startServer(t, newFixture(t, cfg))
+	resp, err := client.ObserveUpstream(context.Background(), &quotav1.ObserveUpstreamRequest{
+		UpstreamKeyId: "openai-1", RemainingRequests: -1, RemainingTokens: 1500, ResetTokens: durationpb.New(6 * time.Second),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &quotav1.ObserveUpstreamResponse{Applied: true, Limits: &quotav1.Limits{
+		LimitRequests: 60, RemainingRequests: 60, ResetRequests: durationpb.New(0),
+		LimitTokens: 6000, RemainingTokens: 1500, ResetTokens: durationpb.New(45 * time.Second),
+	}}
+	if !proto.Equal(resp, want) {
+		t.Errorf("got %v, want %v", resp, want)
+	}
+	resp, err = client.ObserveUpstream(context.Background(), &quotav1.ObserveUpstreamRequest{UpstreamKeyId: "unknown", RemainingRequests: 0, RemainingTokens: 0})
+	if err != nil || resp.GetApplied() || resp.GetLimits() != nil {
+		t.Errorf("unknown key: %v, %v; want not applied", resp, err)
+	}
+	_, err = client.ObserveUpstream(context.Background(), &quotav1.ObserveUpstreamRequest{RemainingRequests: -3})
+	assertStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+	if got := rpc.BadRequestFields(err); !slices.Equal(got, []string{"upstream_key_id", "remaining_requests"}) {
+		t.Errorf("fields = %v", got)
+	}
+}
+
+func TestServerAcquireRetry(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.RetryBudget.Floor = 1
+	client := startServer(t, newFixture(t, cfg))
+	ctx := context.Background()
+	first, err := client.AcquireRetry(ctx, &quotav1.AcquireRetryRequest{Quality: quality("acme"), UpstreamKeyId: "k1"})
+	if err != nil || !first.GetGranted() || first.GetBudget() != "" || first.GetRetries() != 1 {
+		t.Fatalf("first retry: %v, %v; want granted by the floor", first, err)
+	}
+	second, err := client.AcquireRetry(ctx, &quotav1.AcquireRetryRequest{Quality: quality("acme"), UpstreamKeyId: "k1"})
+	if err != nil || second.GetGranted() || second.GetBudget() != "retry:overall" {
+		t.Fatalf("second retry: %v, %v; want refused by retry:overall", second, err)
+	}
+}
+
+func TestServerReserveUpstreamScope(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.UpstreamKeys = map[string]RateLimits{"backup": {TPM: 3000}}
+	client := startServer(t, newFixture(t, cfg))
+	resp, err := client.Reserve(context.Background(), &quotav1.ReserveRequest{
+		Quality: quality("acme"), Model: "m", InputTokens: 99, MaxOutputTokens: 1,
+		UpstreamKeyId: "backup", Scope: quotav1.ReserveScope_RESERVE_SCOPE_UPSTREAM_KEY,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := resp.GetLimits(); l.GetLimitTokens() != 3000 || l.GetRemainingTokens() != 2900 || len(resp.GetBuckets()) != 1 {
+		t.Errorf("limits %v, buckets %v; want the key's tpm only", l, resp.GetBuckets())
+	}
+	_, err = client.Reserve(context.Background(), &quotav1.ReserveRequest{Quality: quality("acme"), Model: "m", Scope: quotav1.ReserveScope_RESERVE_SCOPE_UPSTREAM_KEY})
+	assertStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
 }

@@ -31,6 +31,12 @@ const (
 	eventNearLimit         = "NEAR_LIMIT"
 )
 
+// subjectNearLimit carries QuotaNearLimitEvents. Every subject carries one message type
+// so that consumers can decode what they receive: rejections keep mantle.events.quota,
+// near-limit signals get a subject of their own under it (the JetStream stream keeps
+// mantle.events.>). It belongs in pkg/events with the other subjects.
+const subjectNearLimit = events.SubjectQuota + ".near_limit"
+
 // signals rate-limits near-limit events: at most one per bucket per window (a minute)
 // and replica, so a tenant running at 90% for an hour raises sixty, not millions.
 type signals struct {
@@ -124,7 +130,7 @@ func (s *Service) nearLimit(ctx context.Context, at time.Time, requestID, tenant
 		reason = eventShadowPrefix + eventNearLimit
 	}
 	s.metrics.nearLimit.WithLabelValues(bucketKind(bucket)).Inc()
-	s.events.Publish(ctx, events.SubjectQuota, &eventsv1.QuotaNearLimitEvent{
+	s.events.Publish(ctx, subjectNearLimit, &eventsv1.QuotaNearLimitEvent{
 		At: timestamppb.New(at), RequestId: requestID, Tenant: tenant, Model: model, Bucket: bucket,
 		Limit: limit, Remaining: remaining, Utilization: use, Reason: reason, UpstreamKeyId: key,
 	})

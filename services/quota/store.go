@@ -61,10 +61,22 @@ type BucketSpec struct {
 	Cost   int64
 	Limit  int64
 	Shadow bool
+	// name caches Group:Field; specs made by newSpec carry it.
+	name string
+}
+
+// newSpec builds a spec with its name computed once.
+func newSpec(group, field string, kind Kind, cost, limit int64, shadow bool) BucketSpec {
+	return BucketSpec{Group: group, Field: field, Kind: kind, Cost: cost, Limit: limit, Shadow: shadow, name: group + ":" + field}
 }
 
 // Name is the bucket's full name, as errors, events and QuotaFailure show it.
-func (b BucketSpec) Name() string { return b.Group + ":" + b.Field }
+func (b BucketSpec) Name() string {
+	if b.name != "" {
+		return b.name
+	}
+	return b.Group + ":" + b.Field
+}
 
 // BudgetCharge is the money part of a reservation, in nano-dollars.
 type BudgetCharge struct {

@@ -743,7 +743,7 @@ func (r *Router) continueStream(ctx context.Context, req *routerv1.Request, rt *
 		c.exhausted = true
 	}
 	r.audit(qc, "stream", "stream failed after the first token and no fallback could continue it: "+shortClass(provider.ClassOf(o.err)), 0)
-	return nil, &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, cause: o.err, tried: p.failed}
+	return nil, &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, cause: o.err, tried: p.failed, partial: true}
 }
 
 func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {

@@ -63,24 +63,19 @@ func (q *fakeQuota) settled() []*quotav1.SettleRequest {
 	return append([]*quotav1.SettleRequest(nil), q.settles...)
 }
 
-// fakeCache misses unless hit is set. With approximateOnly, only lookups after the first
-// of each request hit: the exact lookup misses and the ladder's L2 lookup finds hit.
+// fakeCache misses unless hit is set. With approximateOnly, only the ladder's L2 lookups
+// (mode APPROXIMATE) hit: hit is a related answer, not a match for the prompt.
 type fakeCache struct {
 	cachev1.CacheServiceClient
 	hit             *cachev1.Entry
 	approximateOnly bool
 
-	mu      sync.Mutex
-	lookups int
-	stores  []*cachev1.StoreRequest
+	mu     sync.Mutex
+	stores []*cachev1.StoreRequest
 }
 
 func (c *fakeCache) Lookup(_ context.Context, in *cachev1.LookupRequest, _ ...grpc.CallOption) (*cachev1.LookupResponse, error) {
-	c.mu.Lock()
-	c.lookups++
-	n := c.lookups
-	c.mu.Unlock()
-	if c.hit == nil || (c.approximateOnly && n%2 == 1) {
+	if c.hit == nil || (c.approximateOnly && in.Mode != cachev1.LookupMode_LOOKUP_MODE_APPROXIMATE) {
 		return &cachev1.LookupResponse{Quality: in.Quality}, nil
 	}
 	return &cachev1.LookupResponse{Hit: true, Entry: c.hit, Similarity: 0.93, Quality: in.Quality}, nil

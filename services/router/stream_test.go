@@ -197,3 +197,115 @@ func TestStreamWatchdog(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamContinuation: a stream that breaks after part of the answer reached the caller is
+// finished by a fallback that accepts a prefill: it gets the partial answer and only the rest
+// is streamed, so the caller receives one complete answer. Without such a fallback, or when
+// the continuation breaks too, the caller gets an error, never a stop.
+func TestStreamContinuation(t *testing.T) {
+	t.Parallel()
+	truncated := &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, Message: "stream ended before [DONE]"}
+	tests := []struct {
+		name     string
+		prefill  []int // indexes of the models that accept a prefill
+		a, b, c  result
+		stall    bool // a stalls after its first chunk: the test drives the watchdog
+		wantCode codes.Code
+		wantText string
+		model    string
+		attempts []string
+		prefills map[string]string // the Prefill each model was sent
+	}{
+		{
+			name:     "cut mid-answer: the prefill-capable fallback finishes it",
+			prefill:  []int{1},
+			a:        result{stream: []chunk{{content: "Hello "}, {err: truncated}}},
+			b:        streamOf("from ", "b"),
+			wantText: "Hello from b", model: "b",
+			attempts: []string{"a:truncated", "b:none"},
+			prefills: map[string]string{"a": "", "b": "Hello "},
+		},
+		{
+			name:     "stalled mid-answer: cancelled, and a fallback that accepts a prefill is chosen",
+			prefill:  []int{2},
+			a:        result{stream: []chunk{{content: "Hello "}, {hang: true}}},
+			c:        streamOf("from ", "c"),
+			stall:    true,
+			wantText: "Hello from c", model: "c",
+			attempts: []string{"a:timeout", "c:none"},
+			prefills: map[string]string{"a": "", "c": "Hello "},
+		},
+		{
+			name:     "the continuation breaks too: an error",
+			prefill:  []int{1},
+			a:        result{stream: []chunk{{content: "Hello "}, {err: truncated}}},
+			b:        result{stream: []chunk{{content: "from "}, {err: truncated}}},
+			wantCode: codes.Unavailable, wantText: "Hello from ",
+			attempts: []string{"a:truncated", "b:truncated"},
+			prefills: map[string]string{"a": "", "b": "Hello "},
+		},
+		{
+			name:     "no fallback accepts a prefill: an error",
+			a:        result{stream: []chunk{{content: "Hello "}, {err: truncated}}},
+			wantCode: codes.Unavailable, wantText: "Hello ",
+			attempts: []string{"a:truncated"},
+			prefills: map[string]string{"a": ""},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig()
+			streamLimits(&cfg)
+			for _, i := range tt.prefill {
+				cfg.Models[i].AcceptsPrefill = true
+			}
+			providers := map[string]*fakeProvider{"a": newFakeProvider(tt.a)}
+			if tt.b.stream != nil {
+				providers["b"] = newFakeProvider(tt.b)
+			}
+			if tt.c.stream != nil {
+				providers["c"] = newFakeProvider(tt.c)
+			}
+			h := newHarness(t, cfg, &harness{providers: providers})
+			rec := newRecorder()
+			ch := h.startStream(ask("chat"), rec)
+			if tt.stall {
+				<-rec.got
+				h.clock.Advance(3 * time.Second)
+			}
+			d := await(t, ch)
+
+			if got := status.Code(toStatus(d.err)); got != tt.wantCode {
+				t.Fatalf("code = %v (%v), want %v", got, d.err, tt.wantCode)
+			}
+			if rec.text() != tt.wantText {
+				t.Errorf("the caller received %q, want %q", rec.text(), tt.wantText)
+			}
+			qc := h.quota.settled()[0].Quality
+			if d.err == nil {
+				qc = d.resp.Quality
+				if d.resp.Model != tt.model || d.resp.Message.Content != tt.wantText || d.resp.FinishReason != "stop" {
+					t.Errorf("final: %s %q %q, want %s, the whole answer and stop", d.resp.Model, d.resp.Message.Content, d.resp.FinishReason, tt.model)
+				}
+				if !strings.Contains(qc.DegradationReason, "broke mid-answer") {
+					t.Errorf("degradation reason = %q, want the continuation explained", qc.DegradationReason)
+				}
+			} else if d.resp != nil {
+				t.Errorf("a broken stream returned a final message %v", d.resp)
+			}
+			if diff := cmp.Diff(tt.attempts, attemptsOf(qc)); diff != "" {
+				t.Errorf("attempts (-want +got):\n%s", diff)
+			}
+			got := map[string]string{}
+			for name, p := range h.providers {
+				for _, req := range p.requests() {
+					got[name] = req.Prefill
+				}
+			}
+			if diff := cmp.Diff(tt.prefills, got); diff != "" {
+				t.Errorf("prefill sent per model (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

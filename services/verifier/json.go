@@ -16,6 +16,8 @@ type jsonCheck struct {
 	// (objects as map[string]any, numbers as float64), shared with the schema and L2.
 	parsed bool
 	value  any
+	// top reads the top-level members of an object answer; nil for other JSON.
+	top topLevel
 }
 
 // checkJSON checks an answer to a JSON request: it unwraps a markdown fence, parses, and
@@ -64,7 +66,7 @@ func (v *Verifier) checkJSON(content string, format Format, confidence float64, 
 			fmt.Sprintf("the answer is not valid JSON: %v", err)))
 		return res
 	}
-	res.parsed = true
+	res.parsed, res.top = true, top
 
 	if format.Type == FormatJSONSchema {
 		// validate() compiled the schema already; this is a cache hit.
@@ -111,6 +113,8 @@ type topLevel interface {
 	// JSON for a message.
 	field(name string) (present, empty bool, shown string)
 	number(name string) (float64, bool)
+	// strings returns the non-empty string values (nested ones too when decoded).
+	strings() []string
 }
 
 type valueFields map[string]any
@@ -128,7 +132,26 @@ func (o valueFields) number(name string) (float64, bool) {
 	return f, ok
 }
 
+func (o valueFields) strings() []string {
+	var out []string
+	collectStrings(map[string]any(o), &out)
+	return out
+}
+
 type rawFields map[string]json.RawMessage
+
+func (o rawFields) strings() []string {
+	var out []string
+	for _, raw := range o {
+		var s string
+		if len(raw) > 0 && raw[0] == '"' && json.Unmarshal(raw, &s) == nil {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
 
 func (o rawFields) field(name string) (bool, bool, string) {
 	raw, ok := o[name]

@@ -14,6 +14,8 @@ type l1Result struct {
 	// parsed is the decoded JSON answer when the request asked for JSON and it parsed.
 	parsed any
 	isJSON bool
+	// top reads the top-level members of a JSON object answer; nil otherwise.
+	top topLevel
 }
 
 // checkL1 runs the format checks and returns their findings, in the order the package doc
@@ -34,7 +36,7 @@ func (v *Verifier) checkL1(a Answer, confidence float64, needValue bool) l1Resul
 	var jsonResult jsonCheck
 	if a.Format.Type.wantsJSON() {
 		jsonResult = v.checkJSON(a.Content, a.Format, confidence, needValue)
-		res.content, res.parsed, res.isJSON = jsonResult.content, jsonResult.value, jsonResult.parsed
+		res.content, res.parsed, res.isJSON, res.top = jsonResult.content, jsonResult.value, jsonResult.parsed, jsonResult.top
 	}
 	// A refusal to a JSON request arrives as prose, so it is looked for only when the answer
 	// did not parse. Apologetic text inside a well-formed JSON value is a business matter

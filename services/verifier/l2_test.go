@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
@@ -63,7 +64,7 @@ func TestSampleRulesThroughVerify(t *testing.T) {
 		if diff := cmp.Diff([]string{"diagnosis-no-hedging"}, got.RulesApplied()); diff != "" {
 			t.Errorf("rules applied (-want +got):\n%s", diff)
 		}
-		if !slices(got.Risk.Signals).has(SignalRuleApplied) {
+		if !slices.Contains(got.Risk.Signals, SignalRuleApplied) {
 			t.Errorf("signals %v, want rule_applied", got.Risk.Signals)
 		}
 	})
@@ -106,15 +107,15 @@ func TestSampleRulesThroughVerify(t *testing.T) {
 	})
 }
 
-type slices []string
-
-func (s slices) has(x string) bool {
-	for _, v := range s {
-		if v == x {
-			return true
-		}
+// counterValue reads a counter without the testutil package (whose dependencies are not
+// in go.mod).
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
 	}
-	return false
+	return m.GetCounter().GetValue()
 }
 
 func TestBlockAndDegradeRulesFailTheAnswer(t *testing.T) {
@@ -137,7 +138,7 @@ func TestBlockAndDegradeRulesFailTheAnswer(t *testing.T) {
 		{"block in Chinese", Answer{Content: "我们保证三天到账。"}, false, false, LayerL2, []string{"no-guarantee", "tag"}},
 		{"block in English", Answer{Content: "We GUARANTEE delivery."}, false, false, LayerL2, []string{"no-guarantee", "tag"}},
 		{"degrade", Answer{Content: "您的订单已经从上海仓库发出，预计周四送达。", Quality: inScenario("sms", "r1")}, false, true, LayerL2, []string{"tag", "too-long-for-sms"}},
-		{"block wins over degrade", Answer{Content: "我们保证周四送达，请耐心等待快递员联系。", Quality: inScenario("sms", "r2")}, false, false, LayerL2, []string{"no-guarantee", "tag", "too-long-for-sms"}},
+		{"block wins over degrade", Answer{Content: "我们保证周四送达，请您耐心等待快递员的电话联系。", Quality: inScenario("sms", "r2")}, false, false, LayerL2, []string{"no-guarantee", "tag", "too-long-for-sms"}},
 		{"notice only", Answer{Content: "周四送达。"}, true, false, "", []string{"tag"}},
 		{"L1 failure skips L2", Answer{Content: "我们保证", FinishReason: "length"}, false, false, LayerL1, nil},
 	}
@@ -187,10 +188,10 @@ func TestRuleErrorsAreCountedNotFatal(t *testing.T) {
 	if err != nil || !got.Passed {
 		t.Fatalf("Verify = passed %v, %v; a rule that cannot be evaluated must not fail the answer", got.Passed, err)
 	}
-	if n := testutil.ToFloat64(v.metrics.ruleErrors.WithLabelValues("runaway", "cost_limit")); n != 1 {
+	if n := counterValue(t, v.metrics.ruleErrors.WithLabelValues("runaway", "cost_limit")); n != 1 {
 		t.Errorf("cost-limit errors = %v, want 1", n)
 	}
-	if n := testutil.ToFloat64(v.metrics.ruleErrors.WithLabelValues("no-has", "evaluation")); n != 1 {
+	if n := counterValue(t, v.metrics.ruleErrors.WithLabelValues("no-has", "evaluation")); n != 1 {
 		t.Errorf("evaluation errors = %v, want 1", n)
 	}
 }
@@ -251,7 +252,7 @@ func TestRulesFileHotReload(t *testing.T) {
 	if got := noticeOf(t, v); got != "退款规则B" || set.Version != start+1 {
 		t.Errorf("after a good reload: notice %q version %d; want rule B at version %d", got, set.Version, start+1)
 	}
-	if n := testutil.ToFloat64(v.metrics.reloads.WithLabelValues("rejected")); n != 2 {
+	if n := counterValue(t, v.metrics.reloads.WithLabelValues("rejected")); n != 2 {
 		t.Errorf("rejected reloads = %v, want 2", n)
 	}
 }

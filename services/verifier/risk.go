@@ -172,22 +172,32 @@ func containsTerm(s string, terms []string) bool {
 }
 
 // repetitionRatio is the share of an answer's sentences (or, for JSON, string values) that
-// repeat an earlier one: "关键字段重复率" in seed 001 4.1. Fewer than three items say nothing.
+// occur more than once: "关键字段重复率" in seed 001 4.1 (three equal fields of four: 0.75).
+// Fewer than three items say nothing.
 func repetitionRatio(l1 l1Result) float64 {
 	var items []string
-	if l1.parsed != nil {
+	switch {
+	case l1.parsed != nil:
 		collectStrings(l1.parsed, &items)
-	} else {
+	case l1.top != nil:
+		items = l1.top.strings()
+	case !l1.isJSON:
 		items = splitSentences(l1.content)
 	}
 	if len(items) < 3 {
 		return 0
 	}
-	seen := make(map[string]struct{}, len(items))
+	counts := make(map[string]int, len(items))
 	for _, s := range items {
-		seen[s] = struct{}{}
+		counts[s]++
 	}
-	return float64(len(items)-len(seen)) / float64(len(items))
+	repeated := 0
+	for _, n := range counts {
+		if n > 1 {
+			repeated += n
+		}
+	}
+	return float64(repeated) / float64(len(items))
 }
 
 func collectStrings(v any, out *[]string) {

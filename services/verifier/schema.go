@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync"
 
@@ -120,6 +121,10 @@ func schemaFindings(s *jsonschema.Schema, value any, limit int) []Finding {
 		}
 	}
 	walk(verr)
+	// The library visits properties in map order; sorted paths make reports reproducible.
+	slices.SortStableFunc(leaves, func(a, b *jsonschema.ValidationError) int {
+		return strings.Compare(jsonPointer(a.InstanceLocation), jsonPointer(b.InstanceLocation))
+	})
 	var findings []Finding
 	for i, leaf := range leaves {
 		if i == limit-1 && len(leaves) > limit {

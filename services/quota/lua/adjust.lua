@@ -12,13 +12,22 @@ local key = KEYS[1]
 local s, ns = clock(ARGV[1], ARGV[2])
 local maxdebt = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
+local fields = {}
+for i = 1, n do
+  fields[i] = ARGV[4 + (i - 1) * 5 + 1]
+end
+fields[n + 1] = 'x'
+local v = redis.call('HMGET', key, unpack(fields))
+local x = tonumber(v[n + 1] or 0)
+
 local out = {s, ns}
 local untilS = s
+local sets, dels = {}, {}
 for i = 1, n do
   local b = 4 + (i - 1) * 5
-  local field, mode = ARGV[b + 1], ARGV[b + 2]
+  local mode = ARGV[b + 2]
   local a, limit = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 5])
-  local d = debtOf(redis.call('HGET', key, field), s, ns)
+  local d = debtOf(v[i], s, ns)
   local nd = d
   if mode == 't' then
     if a > 0 then
@@ -34,9 +43,16 @@ for i = 1, n do
     nd = math.max(d, target)
   end
   if nd ~= d then
-    untilS = math.max(untilS, put(key, field, s, ns, nd))
+    local stampV, full = fullAt(s, ns, nd)
+    if stampV then
+      sets[#sets + 1] = fields[i]
+      sets[#sets + 1] = stampV
+    elseif v[i] then
+      dels[#dels + 1] = fields[i]
+    end
+    untilS = math.max(untilS, full)
   end
   out[#out + 1] = nd
 end
-keep(key, s, untilS)
+save(key, s, sets, dels, untilS, x)
 return out

@@ -73,25 +73,33 @@ local function stamp(s, ns, d)
   return string.format('%d:%d', s + q, r)
 end
 
--- put stores a bucket's debt and returns the second by which it is full again.
-local function put(key, field, s, ns, d)
+-- fullAt formats when a bucket with debt d at (s, ns) is full again, for HSET; false
+-- (HDEL) when it is full already. It also returns that second, for expiry.
+local function fullAt(s, ns, d)
   if d <= 0 then
-    redis.call('HDEL', key, field)
-    return s
+    return false, s
   end
-  redis.call('HSET', key, field, stamp(s, ns, d))
-  return s + math.ceil(d / E9)
+  return stamp(s, ns, d), s + math.ceil(d / E9)
 end
 
--- keep makes a group's hash outlive every bucket in it that may still be in debt (its
--- field x holds the latest such second), plus a window of slack.
-local function keep(key, s, untilS)
-  local x = tonumber(redis.call('HGET', key, 'x') or 0)
+-- save writes a group's changed fields in one HSET (and HDEL for buckets that are full
+-- again) and makes the hash outlive every bucket in it that may still be in debt: field
+-- x holds the latest such second, and the expiry (x plus a window of slack) is only
+-- moved when x grows, since it is an absolute point in time.
+local function save(key, s, sets, dels, untilS, x)
   if untilS > x then
-    redis.call('HSET', key, 'x', string.format('%d', untilS))
-    x = untilS
+    sets[#sets + 1] = 'x'
+    sets[#sets + 1] = string.format('%d', untilS)
   end
-  redis.call('PEXPIRE', key, (x - s + 61) * 1000)
+  if #sets > 0 then
+    redis.call('HSET', key, unpack(sets))
+  end
+  if #dels > 0 then
+    redis.call('HDEL', key, unpack(dels))
+  end
+  if untilS > x then
+    redis.call('PEXPIRE', key, (untilS - s + 61) * 1000)
+  end
 end
 
 -- budgetDay returns the budget day (s, ns) falls in and the ns until the next one.

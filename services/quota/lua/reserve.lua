@@ -13,14 +13,25 @@ local key = KEYS[1]
 local s, ns = clock(ARGV[1], ARGV[2])
 local maxdebt = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
+local bi = 4 + n * 4
+local bcost = tonumber(ARGV[bi + 1])
+
+-- One read for everything: the buckets, then budget day, spending and expiry second.
+local fields = {}
+for i = 1, n do
+  fields[i] = ARGV[4 + (i - 1) * 4 + 1]
+end
+fields[n + 1], fields[n + 2], fields[n + 3] = 'bd', 'bs', 'x'
+local v = redis.call('HMGET', key, unpack(fields))
+local x = tonumber(v[n + 3] or 0)
+
 local out = {0, s, ns}
 local refused = false
 local debts, costs, flags = {}, {}, {}
 for i = 1, n do
   local b = 4 + (i - 1) * 4
-  local cost, limit = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local d = debtOf(redis.call('HGET', key, ARGV[b + 1]), s, ns)
-  local c = dur(cost, limit, maxdebt)
+  local d = debtOf(v[i], s, ns)
+  local c = dur(tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), maxdebt)
   local wait, flag = d + c - W, 0
   if wait > 0 then
     if ARGV[b + 4] == '1' then
@@ -38,13 +49,11 @@ for i = 1, n do
   out[#out + 1] = flag
 end
 
-local bi = 4 + n * 4
-local bcost = tonumber(ARGV[bi + 1])
 local day, spent, breset, bflag = 0, 0, 0, 0
 if bcost >= 0 then
   day, breset = budgetDay(s, ns, tonumber(ARGV[bi + 3]))
-  if tonumber(redis.call('HGET', key, 'bd') or -1) == day then
-    spent = tonumber(redis.call('HGET', key, 'bs'))
+  if tonumber(v[n + 1] or -1) == day then
+    spent = tonumber(v[n + 2])
   end
   if spent + bcost > tonumber(ARGV[bi + 2]) then
     if ARGV[bi + 4] == '1' then
@@ -64,11 +73,18 @@ end
 
 out[1] = 1
 local untilS = s
-local mask = {}
+local sets, dels, mask = {}, {}, {}
 for i = 1, n do
   if flags[i] == 0 then
     local d = math.min(debts[i] + costs[i], maxdebt)
-    untilS = math.max(untilS, put(key, ARGV[4 + (i - 1) * 4 + 1], s, ns, d))
+    local stampV, full = fullAt(s, ns, d)
+    if stampV then
+      sets[#sets + 1] = fields[i]
+      sets[#sets + 1] = stampV
+    elseif v[i] then
+      dels[#dels + 1] = fields[i]
+    end
+    untilS = math.max(untilS, full)
     out[3 + (i - 1) * 3 + 2] = d
     mask[i] = '1'
   else
@@ -81,11 +97,14 @@ if bcost >= 0 then
     spent = spent + bcost
     bday = string.format('%d', day)
   end
-  redis.call('HSET', key, 'bd', string.format('%d', day), 'bs', string.format('%d', spent))
+  sets[#sets + 1] = 'bd'
+  sets[#sets + 1] = string.format('%d', day)
+  sets[#sets + 1] = 'bs'
+  sets[#sets + 1] = string.format('%d', spent)
   out[3 + n * 3 + 1] = spent
   untilS = math.max(untilS, s + math.ceil(breset / E9))
 end
-keep(key, s, untilS)
+save(key, s, sets, dels, untilS, x)
 
 if #KEYS == 2 then
   -- The record: expiry | charged mask | budget day ('-' when not charged) | tail, where

@@ -32,28 +32,48 @@ if release then
   actual = 0
 end
 local out = {1, s, ns, tonumber(r[4]), 0, -1, 0, r[7], r[6], r[2]}
-local untilS = s
+
+-- The charged buckets, then budget day, spending and expiry second, in one read.
+local specs, fields = {}, {}
 if r[6] ~= '' then
   for i, spec in ipairs(split(r[6], ';')) do
     if string.sub(r[2], i, i) == '1' then
       local f = split(spec, ',')
-      local cost, limit = tonumber(f[3]), tonumber(f[4])
-      local delta = 0
-      if release then
-        delta = -cost
-      elseif f[2] == 't' then
-        delta = actual - cost
-      end
-      local d = debtOf(redis.call('HGET', key, f[1]), s, ns)
-      if delta > 0 then
-        d = math.min(d + dur(delta, limit, maxdebt), maxdebt)
-      elseif delta < 0 then
-        d = math.max(d - dur(-delta, limit, maxdebt), 0)
-      end
-      untilS = math.max(untilS, put(key, f[1], s, ns, d))
-      out[#out + 1] = d
+      specs[#specs + 1] = f
+      fields[#fields + 1] = f[1]
     end
   end
+end
+local m = #fields
+fields[m + 1], fields[m + 2], fields[m + 3] = 'bd', 'bs', 'x'
+local v = redis.call('HMGET', key, unpack(fields))
+local x = tonumber(v[m + 3] or 0)
+
+local untilS = s
+local sets, dels = {}, {}
+for i, f in ipairs(specs) do
+  local cost, limit = tonumber(f[3]), tonumber(f[4])
+  local delta = 0
+  if release then
+    delta = -cost
+  elseif f[2] == 't' then
+    delta = actual - cost
+  end
+  local d = debtOf(v[i], s, ns)
+  if delta > 0 then
+    d = math.min(d + dur(delta, limit, maxdebt), maxdebt)
+  elseif delta < 0 then
+    d = math.max(d - dur(-delta, limit, maxdebt), 0)
+  end
+  local stampV, full = fullAt(s, ns, d)
+  if stampV then
+    sets[#sets + 1] = f[1]
+    sets[#sets + 1] = stampV
+  elseif v[i] then
+    dels[#dels + 1] = f[1]
+  end
+  untilS = math.max(untilS, full)
+  out[#out + 1] = d
 end
 
 if r[3] ~= '-' then
@@ -70,15 +90,18 @@ if r[3] ~= '-' then
   end
   local day, reset = budgetDay(s, ns, tonumber(b[4]))
   local spent = 0
-  if tonumber(redis.call('HGET', key, 'bd') or -1) == day then
-    spent = tonumber(redis.call('HGET', key, 'bs'))
+  if tonumber(v[m + 1] or -1) == day then
+    spent = tonumber(v[m + 2])
   end
   -- Spending from an earlier day is history: that day's counter is gone.
   if tonumber(r[3]) == day then
     spent = math.max(spent + cost - bcost, 0)
-    redis.call('HSET', key, 'bd', string.format('%d', day), 'bs', string.format('%d', spent))
+    sets[#sets + 1] = 'bd'
+    sets[#sets + 1] = string.format('%d', day)
+    sets[#sets + 1] = 'bs'
+    sets[#sets + 1] = string.format('%d', spent)
   end
   out[5], out[6], out[7] = cost, spent, reset
 end
-keep(key, s, untilS)
+save(key, s, sets, dels, untilS, x)
 return out

@@ -1,11 +1,13 @@
 package embed
 
 import (
+	"cmp"
 	"context"
-	"hash/fnv"
 	"math"
+	"slices"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 
@@ -59,125 +61,160 @@ func (*Lexical) Embed(_ context.Context, text string) (vector.Vector, error) {
 	return vector.NewSparse(lexicalFeatures(text))
 }
 
-type featureAcc struct {
-	weight float64
-	count  int
+// fnv-1a, 32 bits: the feature hash, computed over the bytes of a feature's spelling
+// (a type prefix, NUL, then the text) without building the string.
+const (
+	fnvOffset = 2166136261
+	fnvPrime  = 16777619
+)
+
+type fnvHash uint32
+
+func newHash(kind byte) fnvHash {
+	h := fnvHash(fnvOffset)
+	return h.byte(kind).byte(0)
+}
+
+func (h fnvHash) byte(b byte) fnvHash { return (h ^ fnvHash(b)) * fnvPrime }
+
+func (h fnvHash) string(s string) fnvHash {
+	for i := 0; i < len(s); i++ {
+		h = h.byte(s[i])
+	}
+	return h
+}
+
+func (h fnvHash) rune(r rune) fnvHash {
+	var buf [utf8.UTFMax]byte
+	n := utf8.EncodeRune(buf[:], r)
+	for _, b := range buf[:n] {
+		h = h.byte(b)
+	}
+	return h
+}
+
+func (h fnvHash) index() uint32 { return uint32(h) % lexicalBuckets }
+
+// featureList collects features with their static weights; the same feature may appear
+// several times (its count is its term frequency).
+type featureList []vector.Feature
+
+func (l *featureList) add(h fnvHash, w float64) {
+	*l = append(*l, vector.Feature{Index: h.index(), Weight: float32(w)})
+}
+
+// weighted turns the list into one feature per index weighted by the logarithm of its
+// count (a word said twice is not twice as important) times its static weight. A trigram's
+// static weight depends on the length of its word; the first occurrence's counts, which
+// the stable sort keeps first.
+func (l featureList) weighted() []vector.Feature {
+	slices.SortStableFunc(l, func(a, b vector.Feature) int { return cmp.Compare(a.Index, b.Index) })
+	out := l[:0]
+	for i := 0; i < len(l); {
+		j := i + 1
+		for j < len(l) && l[j].Index == l[i].Index {
+			j++
+		}
+		out = append(out, vector.Feature{Index: l[i].Index, Weight: float32(float64(l[i].Weight) * (1 + math.Log(float64(j-i))))})
+		i = j
+	}
+	return out
 }
 
 func lexicalFeatures(text string) []vector.Feature {
 	text = strings.ToLower(norm.NFKC.String(text))
-	acc := make(map[string]*featureAcc, 64)
-	add := func(f string, w float64) {
-		a := acc[f]
-		if a == nil {
-			a = &featureAcc{weight: w}
-			acc[f] = a
+	if strings.ContainsRune(text, '’') {
+		text = strings.ReplaceAll(text, "’", "'")
+	}
+	features := make(featureList, 0, 4*utf8.RuneCountInString(text))
+
+	// Han: pairs are formed over the content characters, skipping function characters
+	// between them, so that a particle does not break a word pair: 退货流程 and 退货的流程
+	// share 货流.
+	var prevHan rune
+	addHan := func(r rune) {
+		if stopHan[r] {
+			features.add(newHash('u').rune(r), weightHanUnigram*weightStop)
+			return
 		}
-		a.count++
+		features.add(newHash('u').rune(r), weightHanUnigram)
+		if prevHan != 0 {
+			features.add(newHash('b').rune(prevHan).rune(r), weightHanBigram)
+		}
+		prevHan = r
+	}
+	// Words: pairs skip function words too.
+	prevWord := ""
+	addWord := func(word string) {
+		if stopWords[word] {
+			features.add(newHash('w').string(word), weightWord*weightStop)
+			return
+		}
+		features.add(newHash('w').string(word), weightWord)
+		if prevWord != "" {
+			features.add(newHash('p').string(prevWord).byte(' ').string(word), weightWordPair)
+		}
+		prevWord = word
+		addTrigrams(&features, word)
 	}
 
-	var han []rune
-	var words []string
-	flushHan := func() {
-		// Pairs are formed over the content characters, skipping function characters
-		// between them, so that a particle does not break a word pair: 退货流程 and
-		// 退货的流程 share 货流.
-		var prev rune
-		for _, r := range han {
-			if stopHan[r] {
-				add("u\x00"+string(r), weightHanUnigram*weightStop)
-				continue
-			}
-			add("u\x00"+string(r), weightHanUnigram)
-			if prev != 0 {
-				add("b\x00"+string([]rune{prev, r}), weightHanBigram)
-			}
-			prev = r
-		}
-		han = han[:0]
-	}
-	flushWords := func() {
-		prev := "" // the previous content word: pairs skip function words
-		for _, word := range words {
-			if stopWords[word] {
-				add("w\x00"+word, weightWord*weightStop)
-				continue
-			}
-			add("w\x00"+word, weightWord)
-			if prev != "" {
-				add("p\x00"+prev+" "+word, weightWordPair)
-			}
-			prev = word
-			rs := []rune("<" + word + ">")
-			if n := len(rs) - 2; n >= 2 {
-				per := weightTrigramMass / math.Sqrt(float64(n))
-				for j := 0; j+3 <= len(rs); j++ {
-					add("c\x00"+string(rs[j:j+3]), per)
-				}
-			}
-		}
-		words = words[:0]
-	}
-
-	rs := []rune(text)
-	for i := 0; i < len(rs); {
-		r := rs[i]
+	for i := 0; i < len(text); {
+		r, size := utf8.DecodeRuneInString(text[i:])
 		switch {
 		case isHan(r):
-			if len(words) > 0 {
-				flushWords()
-			}
-			han = append(han, r)
-			i++
+			prevWord = ""
+			addHan(r)
+			i += size
 		case unicode.IsLetter(r) || unicode.IsDigit(r):
-			if len(han) > 0 {
-				flushHan()
-			}
-			j := i + 1
-			for j < len(rs) {
-				c := rs[j]
+			prevHan = 0
+			j := i + size
+			for j < len(text) {
+				c, n := utf8.DecodeRuneInString(text[j:])
 				if (unicode.IsLetter(c) || unicode.IsDigit(c) || unicode.IsMark(c)) && !isHan(c) {
-					j++
+					j += n
 					continue
 				}
 				// An inner apostrophe belongs to the word: don't, it's.
-				if (c == '\'' || c == '’') && j+1 < len(rs) && unicode.IsLetter(rs[j+1]) && !isHan(rs[j+1]) {
-					j += 2
-					continue
+				if c == '\'' && j+n < len(text) {
+					if d, _ := utf8.DecodeRuneInString(text[j+n:]); unicode.IsLetter(d) && !isHan(d) {
+						j += n
+						continue
+					}
 				}
 				break
 			}
-			words = append(words, strings.ReplaceAll(string(rs[i:j]), "’", "'"))
+			addWord(text[i:j])
 			i = j
 		default:
 			// Spaces and hyphens separate the words of one sequence (word pairs span
 			// them); other punctuation ends the sequence.
-			if len(han) > 0 {
-				flushHan()
+			prevHan = 0
+			if !(r == '-' || unicode.IsSpace(r)) {
+				prevWord = ""
 			}
-			if !(r == '-' || unicode.IsSpace(r)) && len(words) > 0 {
-				flushWords()
-			}
-			i++
+			i += size
 		}
 	}
-	flushHan()
-	flushWords()
-
-	features := make([]vector.Feature, 0, len(acc))
-	for f, a := range acc {
-		features = append(features, vector.Feature{
-			Index:  hashFeature(f),
-			Weight: float32(a.weight * (1 + math.Log(float64(a.count)))),
-		})
-	}
-	return features
+	return features.weighted()
 }
 
-func hashFeature(f string) uint32 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(f)) // a hash.Hash never fails to write
-	return h.Sum32() % lexicalBuckets
+// addTrigrams adds the character trigrams of "<word>"; together they weigh
+// weightTrigramMass (in L2 norm), however long the word.
+func addTrigrams(features *featureList, word string) {
+	var buf [64]rune
+	rs := append(buf[:0], '<')
+	for _, r := range word {
+		rs = append(rs, r)
+	}
+	rs = append(rs, '>')
+	n := len(rs) - 2
+	if n < 2 {
+		return
+	}
+	per := weightTrigramMass / math.Sqrt(float64(n))
+	for j := 0; j+3 <= len(rs); j++ {
+		features.add(newHash('c').rune(rs[j]).rune(rs[j+1]).rune(rs[j+2]), per)
+	}
 }
 
 // isHan reports whether r belongs to a script written without spaces, where characters

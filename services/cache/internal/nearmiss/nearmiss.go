@@ -1,13 +1,3 @@
-// Package nearmiss rejects cache candidates that are close in wording but differ in a
-// detail that changes the answer: a number, a date, a negation, a quoted string or a named
-// thing. "How do I return an iPhone 15?" and "How do I return an iPhone 14?" are almost the
-// same string and have different answers; so have "为什么不能退款" and "为什么能退款". No
-// similarity score can be trusted with that difference, so the check runs on every
-// candidate, whatever its score.
-//
-// The check is deliberately one-sided: it may reject a real paraphrase ("two" against
-// "a couple of"), which costs one model call, and it must not let a changed detail through,
-// which would serve a wrong answer.
 package nearmiss
 
 import (
@@ -425,23 +415,31 @@ var lexicalised = []string{
 	"莫名", "没关系",
 }
 
+var lexicalisedRunes = runesOf(lexicalised)
+
 func notNegation(rs []rune, i int) bool {
-	for _, w := range lexicalised {
-		wr := []rune(w)
+	for _, wr := range lexicalisedRunes {
 		for k, c := range wr {
-			if c != rs[i] {
-				continue
-			}
-			start := i - k
-			if start < 0 || start+len(wr) > len(rs) {
-				continue
-			}
-			if string(rs[start:start+len(wr)]) == w {
+			if c == rs[i] && runesAt(rs, i-k, wr) {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// runesOf converts word lists once, so matching does not allocate.
+func runesOf(words []string) [][]rune {
+	out := make([][]rune, len(words))
+	for i, w := range words {
+		out[i] = []rune(w)
+	}
+	return out
+}
+
+// runesAt reports whether w occurs in rs at index i.
+func runesAt(rs []rune, i int, w []rune) bool {
+	return i >= 0 && i+len(w) <= len(rs) && slices.Equal(rs[i:i+len(w)], w)
 }
 
 var chineseDigits = map[rune]int{
@@ -459,15 +457,16 @@ var notNumbers = []string{
 	"一个", "一种", "一份", "一封", "一张", "一位", "一件", "一本", "一条", "一篇", "一段", "一句",
 }
 
+var notNumberRunes = runesOf(notNumbers)
+
 // chineseNumbers returns the values of numeral runs in a CJK run (三个, 十五, 两千五百),
 // skipping words that only look like numbers (一下, 十分).
 func chineseNumbers(s string) []string {
 	rs := []rune(s)
 	skip := make([]bool, len(rs))
-	for _, w := range notNumbers {
-		wr := []rune(w)
-		for i := 0; i+len(wr) <= len(rs); i++ {
-			if string(rs[i:i+len(wr)]) == w {
+	for _, wr := range notNumberRunes {
+		for i := range rs {
+			if rs[i] == wr[0] && runesAt(rs, i, wr) {
 				for k := range wr {
 					skip[i+k] = true
 				}
@@ -547,17 +546,20 @@ var chineseDateWords = []string{
 	"每天", "每周", "每月", "每年",
 }
 
+var (
+	chineseDateRunes = runesOf(chineseDateWords)
+	weekdayPrefixes  = runesOf([]string{"星期", "礼拜", "周"})
+)
+
 // chineseDates returns calendar words and weekdays (周一, 星期三, 礼拜天) in a CJK run.
 func chineseDates(s string) []string {
 	var out []string
 	rs := []rune(s)
 	for i := 0; i < len(rs); i++ {
 		matched := false
-		for _, w := range chineseDateWords {
-			wr := []rune(w)
-			if i+len(wr) <= len(rs) && string(rs[i:i+len(wr)]) == w {
-				// The longest word wins: 上个月 over nothing shorter, as none is a prefix here.
-				out = append(out, w)
+		for k, wr := range chineseDateRunes {
+			if runesAt(rs, i, wr) {
+				out = append(out, chineseDateWords[k])
 				i += len(wr) - 1
 				matched = true
 				break
@@ -566,9 +568,8 @@ func chineseDates(s string) []string {
 		if matched {
 			continue
 		}
-		for _, prefix := range []string{"星期", "礼拜", "周"} {
-			pr := []rune(prefix)
-			if i+len(pr) < len(rs) && string(rs[i:i+len(pr)]) == prefix && strings.ContainsRune("一二三四五六日天", rs[i+len(pr)]) {
+		for _, pr := range weekdayPrefixes {
+			if i+len(pr) < len(rs) && runesAt(rs, i, pr) && strings.ContainsRune("一二三四五六日天", rs[i+len(pr)]) {
 				day := rs[i+len(pr)]
 				if day == '天' {
 					day = '日'

@@ -1,7 +1,9 @@
 package vector
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -129,10 +131,13 @@ func TestSetSearchMatchesBruteForce(t *testing.T) {
 				for range n {
 					fs = append(fs, Feature{
 						Index:  uint32(rapid.IntRange(0, 20).Draw(t, label+"-i")),
-						Weight: float32(rapid.IntRange(1, 5).Draw(t, label+"-w")),
+						Weight: float32(rapid.SampledFrom([]int{-2, -1, 1, 2, 3, 5}).Draw(t, label+"-w")),
 					})
 				}
 				v, err := NewSparse(fs)
+				if err == ErrZero { // the weights cancelled out: any non-zero vector will do
+					v, err = NewSparse([]Feature{{Index: 21, Weight: 1}})
+				}
 				if err != nil {
 					t.Fatalf("NewSparse: %v", err)
 				}
@@ -220,11 +225,52 @@ func TestSparseRebuildKeepsResults(t *testing.T) {
 	if set.stale != 0 && set.stale*2 > set.total {
 		t.Errorf("stale postings %d of %d: the rebuild did not run", set.stale, set.total)
 	}
+	// New vectors reuse the freed slots; their postings must not mix with the old ones.
+	for i := range 1500 {
+		slot, err := set.Add(mustSparse(t, float32(10_000+i), 1, float32(10_001+i), 1))
+		if err != nil {
+			t.Fatalf("Add: %v", err)
+		}
+		keep = append(keep, slot)
+	}
+	if set.Len() != len(keep) {
+		t.Fatalf("Len() = %d, want %d", set.Len(), len(keep))
+	}
 	for _, slot := range keep {
 		v := set.Vector(slot)
 		hits := set.Search(v, 1, 0.99, nil)
 		if len(hits) != 1 || hits[0].Slot != slot {
 			t.Fatalf("Search for slot %d = %v", slot, hits)
 		}
+	}
+}
+
+// BenchmarkSetSearchDense measures the scan that dense embedders' partitions get in the
+// embedded index (768 dimensions, as bge-base or nomic-embed-text).
+func BenchmarkSetSearchDense(b *testing.B) {
+	const dim = 768
+	for _, n := range []int{10_000, 100_000} {
+		b.Run(fmt.Sprintf("vectors=%d", n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			random := func() Vector {
+				x := make([]float32, dim)
+				for i := range x {
+					x[i] = float32(r.NormFloat64())
+				}
+				v, _ := NewDense(x)
+				return v
+			}
+			set := NewSet(false)
+			for range n {
+				if _, err := set.Add(random()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			q := random()
+			b.ReportAllocs()
+			for b.Loop() {
+				set.Search(q, 5, 0.9, nil)
+			}
+		})
 	}
 }

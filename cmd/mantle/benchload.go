@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/drill/benchload"
+)
+
+// benchLoadName is the command's name in main.go's table; the parent re-runs the binary
+// with it to measure each mode in a process of its own.
+const benchLoadName = "bench-load"
+
+// benchLoad is `mantle bench-load`: the overhead and throughput benchmark.
+func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(benchLoadName, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: mantle bench-load [flags]
+
+Sends the same OpenAI-compatible request at fixed rates, each for a fixed time, to an
+instant upstream: directly, through the router alone, and through the whole mesh. Reports
+latency percentiles, what mantle adds to them, CPU seconds per 1000 requests and peak RSS.
+Each mode runs in a process of its own so that its CPU and memory figures are its own.
+
+`)
+		fs.PrintDefaults()
+	}
+	modes := fs.String("modes", "direct,router,all", "modes to run: direct, router (the router alone) and all (the whole mesh)")
+	rates := fs.String("rates", "500,1000,2000,4000", "requests per second, each run in turn")
+	duration := fs.Duration("duration", 10*time.Second, "how long each rate runs")
+	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured load at each rate before it is measured")
+	maxInFlight := fs.Int("max-in-flight", 20000, "most concurrent requests; more are shed and counted")
+	samePrompt := fs.Bool("same-prompt", false, "send the identical request every time (the cache then answers all but the first)")
+	format := fs.String("format", "text", "output: text or json")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
+	inProcess := fs.Bool("in-process", false, "run every mode in this process (CPU and RSS figures then mix)")
+	child := fs.Bool("child", false, "internal: run one mode and print its results as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *format != "text" && *format != "json" {
+		return fmt.Errorf("--format: want text or json, got %q", *format)
+	}
+	cfg := benchload.Config{Duration: *duration, Warmup: *warmup, MaxInFlight: *maxInFlight, SamePrompt: *samePrompt}
+	for _, r := range strings.Split(*rates, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(r), 64)
+		if err != nil || v <= 0 {
+			return fmt.Errorf("--rates: %q is not a positive number", r)
+		}
+		cfg.Rates = append(cfg.Rates, v)
+	}
+	var run []benchload.Mode
+	for _, m := range strings.Split(*modes, ",") {
+		mode := benchload.Mode(strings.TrimSpace(m))
+		if mode != benchload.Direct && mode != benchload.RouterOnly && mode != benchload.All {
+			return fmt.Errorf("--modes: unknown mode %q (want direct, router or all)", m)
+		}
+		run = append(run, mode)
+	}
+
+	runMode := func(mode benchload.Mode) ([]benchload.Result, error) {
+		c := cfg
+		c.Mode = mode
+		if *cpuProfile != "" {
+			f, err := os.Create(fmt.Sprintf("%s.%s.pprof", *cpuProfile, mode))
+			if err != nil {
+				return nil, fmt.Errorf("--cpuprofile: %w", err)
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return nil, fmt.Errorf("--cpuprofile: %w", err)
+			}
+			defer pprof.StopCPUProfile()
+		}
+		return benchload.Run(ctx, c)
+	}
+
+	if *child {
+		if len(run) != 1 {
+			return errors.New("--child runs exactly one mode")
+		}
+		res, err := runMode(run[0])
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(stdout).Encode(res)
+	}
+
+	var all []benchload.Result
+	for _, mode := range run {
+		fmt.Fprintf(stderr, "bench-load: %s at %s/s, %s each...\n", mode, *rates, *duration)
+		var res []benchload.Result
+		var err error
+		if *inProcess {
+			res, err = runMode(mode)
+		} else {
+			res, err = runChild(ctx, mode, []string{
+				"--rates", *rates, "--duration", duration.String(), "--warmup", warmup.String(),
+				"--max-in-flight", strconv.Itoa(*maxInFlight), "--same-prompt=" + strconv.FormatBool(*samePrompt),
+				"--cpuprofile", *cpuProfile,
+			}, stderr)
+		}
+		if err != nil {
+			return fmt.Errorf("mode %s: %w", mode, err)
+		}
+		all = append(all, res...)
+	}
+	if *format == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(all)
+	}
+	return writeBenchTable(stdout, all)
+}
+
+// runChild runs one mode in a fresh process of this binary, with flags, and reads its
+// results.
+func runChild(ctx context.Context, mode benchload.Mode, flags []string, stderr io.Writer) ([]benchload.Result, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{benchLoadName, "--child", "--modes", string(mode), "--format", "json"}, flags...)
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, self, args...)
+	cmd.Stdout, cmd.Stderr = &out, stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", self, strings.Join(args, " "), err)
+	}
+	var res []benchload.Result
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		return nil, fmt.Errorf("child output: %w", err)
+	}
+	return res, nil
+}
+
+// writeBenchTable prints the results, with what each mesh mode adds to the direct mode's
+// latency and CPU at the same rate.
+func writeBenchTable(w io.Writer, all []benchload.Result) error {
+	direct := map[float64]benchload.Result{}
+	for _, r := range all {
+		if r.Mode == benchload.Direct {
+			direct[r.Rate] = r
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\trate/s\tachieved/s\tok\terrors\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\t")
+	for _, r := range all {
+		added := "\t\t\t\t"
+		if d, ok := direct[r.Rate]; ok && r.Mode != benchload.Direct {
+			added = fmt.Sprintf("%+.3f\t%+.3f\t%+.3f\t%+.3f\t", r.P50Ms-d.P50Ms, r.P90Ms-d.P90Ms, r.P99Ms-d.P99Ms, r.CPUPer1000-d.CPUPer1000)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%d\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.3f\t%.0f\t%s\n",
+			r.Mode, r.Rate, r.AchievedRate, r.OK, r.Errors, r.Shed, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.CPUPer1000, r.PeakRSSMB, added)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range all {
+		if r.Errors > 0 {
+			fmt.Fprintf(w, "%s at %.0f/s: %d errors, first: %s\n", r.Mode, r.Rate, r.Errors, r.FirstError)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/mantle-mesh/mantle/pkg/drill/benchload"
+)
+
+func TestBenchLoadInProcess(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	args := []string{"--in-process", "--modes", "direct,router", "--rates", "40", "--duration", "250ms", "--warmup", "0s"}
+	if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "added p99") {
+		t.Fatalf("want a header and a line per mode:\n%s", stdout.String())
+	}
+	// The router line says what it adds to the direct line at the same rate.
+	if !strings.Contains(lines[2], "router") || !strings.ContainsAny(lines[2], "+-") {
+		t.Errorf("router line lacks the added latency: %q", lines[2])
+	}
+}
+
+func TestBenchLoadChildPrintsJSON(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	args := []string{"--child", "--modes", "direct", "--rates", "40", "--duration", "200ms", "--warmup", "0s"}
+	if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("bench-load --child: %v", err)
+	}
+	var res []benchload.Result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("child output is not JSON: %v\n%s", err, stdout.String())
+	}
+	if len(res) != 1 || res[0].Mode != benchload.Direct || res[0].Requests != 8 {
+		t.Errorf("results %+v, want 8 direct requests", res)
+	}
+}
+
+func TestBenchLoadRejectsBadFlags(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--modes", "direct,teleport"}, `unknown mode "teleport"`},
+		{[]string{"--rates", "500,fast"}, `"fast" is not a positive number`},
+		{[]string{"--rates", "0"}, "not a positive number"},
+		{[]string{"--format", "yaml"}, "--format"},
+		{[]string{"--child", "--modes", "direct,all"}, "exactly one mode"},
+	}
+	for _, tt := range tests {
+		var stdout, stderr bytes.Buffer
+		err := benchLoad(context.Background(), tt.args, &stdout, &stderr)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("bench-load %q: error %v, want one containing %q", tt.args, err, tt.want)
+		}
+	}
+}

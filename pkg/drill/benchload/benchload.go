@@ -1,0 +1,291 @@
+// Package benchload measures what mantle adds to a request: it sends the same
+// OpenAI-compatible request at fixed rates, bounded in time, to an instant upstream (the
+// simulator with a zero profile: no latency, no failures), either directly or through a
+// mesh, and reports latency percentiles, CPU seconds per 1000 requests and peak RSS.
+//
+// The load is open loop (see pkg/drill/load): request i is due at i/rate and its latency
+// runs from that due time, so a mesh that falls behind shows it as latency instead of
+// quietly sending less. Everything runs in one process: the load generator, the upstream
+// and, in the mesh modes, the mesh. CPU and RSS are the process's, so the cost of mantle is
+// a mesh mode's figures minus the direct mode's at the same rate; comparing like that also
+// cancels the generator's and the upstream's own cost. Peak RSS is a process lifetime high
+// water mark, so each mode should run in a process of its own (mantle bench-load does).
+package benchload
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/mantle-mesh/mantle/pkg/drill/load"
+	"github.com/mantle-mesh/mantle/pkg/mesh"
+	"github.com/mantle-mesh/mantle/pkg/sim"
+	"github.com/mantle-mesh/mantle/services/quota"
+	"github.com/mantle-mesh/mantle/services/router"
+)
+
+// Mode is what the requests go through.
+type Mode string
+
+// Modes.
+const (
+	// Direct sends requests straight to the upstream: the baseline.
+	Direct Mode = "direct"
+	// RouterOnly runs the router alone (--target=router) with quota, cache and verifier
+	// addresses that refuse connections, so those steps fail fast and are skipped: quota
+	// fails open, the cache lookup is a miss, the answer goes out unverified. It measures
+	// the router's own path: admission, routing, breaker and budget bookkeeping, the
+	// provider call, idempotency, metrics.
+	RouterOnly Mode = "router"
+	// All runs every service in one process (--target=all) with quota, cache and verifier
+	// on: the full path of a request.
+	All Mode = "all"
+)
+
+// Modes lists the modes in the order they are compared.
+func Modes() []Mode { return []Mode{Direct, RouterOnly, All} }
+
+// refusedAddress is where RouterOnly's quota, cache and verifier are dialled: port 1 on
+// loopback, where nothing listens, so every call fails at once with UNAVAILABLE.
+const refusedAddress = "127.0.0.1:1"
+
+// ModelName is the model (and route) the benchmark asks for.
+const ModelName = "bench"
+
+// Config is one benchmark.
+type Config struct {
+	Mode Mode
+	// Rates are requests per second, run one after the other.
+	Rates []float64
+	// Duration is how long each rate runs; Warmup runs before each rate, at that rate, and
+	// is not measured.
+	Duration, Warmup time.Duration
+	// MaxInFlight bounds concurrent requests; more are shed and counted.
+	MaxInFlight int
+	// SamePrompt sends the identical request every time. By default each request differs by
+	// a number, so the cache cannot answer it and every request takes the whole path.
+	SamePrompt bool
+	// Log receives the mesh's errors; nil discards them.
+	Log io.Writer
+}
+
+// Result is one rate of one mode.
+type Result struct {
+	Mode         Mode    `json:"mode"`
+	Rate         float64 `json:"rate"`
+	Requests     int     `json:"requests"`
+	OK           int     `json:"ok"`
+	Errors       int     `json:"errors"`
+	Shed         int     `json:"shed"`
+	AchievedRate float64 `json:"achieved_rate"`
+	P50Ms        float64 `json:"p50_ms"`
+	P90Ms        float64 `json:"p90_ms"`
+	P99Ms        float64 `json:"p99_ms"`
+	MaxMs        float64 `json:"max_ms"`
+	// CPUPer1000 is user plus system CPU seconds of the whole process per 1000 requests.
+	CPUPer1000 float64 `json:"cpu_s_per_1000"`
+	// PeakRSSMB is the process's peak resident set so far, in MiB.
+	PeakRSSMB float64 `json:"peak_rss_mib"`
+	// MaxLagMs is how far the generator fell behind its schedule.
+	MaxLagMs float64 `json:"generator_max_lag_ms"`
+	// FirstError is one error, to say what went wrong when Errors > 0.
+	FirstError string `json:"first_error,omitempty"`
+}
+
+// Run benchmarks cfg.Mode at each rate and returns one result per rate.
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	if len(cfg.Rates) == 0 || cfg.Duration <= 0 || cfg.Warmup < 0 {
+		return nil, errors.New("benchload: want at least one rate, a positive duration and a non-negative warmup")
+	}
+	logOut := cfg.Log
+	if logOut == nil {
+		logOut = io.Discard
+	}
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelError}))
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	upstreamAddr, waitUpstream, err := sim.Start(ctx, "127.0.0.1:0", sim.NewServer(sim.ServerConfig{Log: log}), log)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { cancel(); _ = waitUpstream() }()
+	base := "http://" + upstreamAddr + "/v1"
+
+	url := base + "/chat/completions"
+	if cfg.Mode != Direct {
+		mc, err := MeshConfig(cfg.Mode, base)
+		if err != nil {
+			return nil, err
+		}
+		p, err := mesh.Start(ctx, mc, mesh.Options{LogOutput: logOut})
+		if err != nil {
+			return nil, fmt.Errorf("benchload: start mesh: %w", err)
+		}
+		runCtx, stopMesh := context.WithCancel(context.WithoutCancel(ctx))
+		stopped := make(chan error, 1)
+		go func() { stopped <- p.Run(runCtx) }()
+		defer func() { stopMesh(); <-stopped }()
+		url = "http://" + p.App.HTTPAddr() + "/v1/chat/completions"
+		if err := waitServing(ctx, p.App.GRPCAddr()); err != nil {
+			return nil, err
+		}
+	}
+
+	c := &http.Client{Transport: &http.Transport{MaxIdleConns: 8192, MaxIdleConnsPerHost: 8192, IdleConnTimeout: time.Minute}}
+	var out []Result
+	seq := 0
+	for _, rate := range cfg.Rates {
+		if cfg.Warmup > 0 {
+			if _, err := step(ctx, c, url, cfg, rate, cfg.Warmup, &seq); err != nil {
+				return nil, err
+			}
+		}
+		before := usage()
+		res, err := step(ctx, c, url, cfg, rate, cfg.Duration, &seq)
+		if err != nil {
+			return nil, err
+		}
+		after := usage()
+		res.Mode = cfg.Mode
+		res.CPUPer1000 = (after.cpu - before.cpu).Seconds() / float64(max(res.Requests, 1)) * 1000
+		res.PeakRSSMB = after.maxRSSMiB
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// MeshConfig is the mesh mode runs with, calling the upstream at base.
+func MeshConfig(mode Mode, base string) (mesh.Config, error) {
+	cfg := mesh.Default()
+	cfg.Server.GRPCListenAddress = "127.0.0.1:0"
+	cfg.Server.HTTPListenAddress = "127.0.0.1:0"
+	cfg.Log = mesh.LogConfig{Level: "error", Format: "text"}
+	// Tenant limits are not what is measured.
+	cfg.Quota.DefaultLimits = quota.RateLimits{RPM: 1_000_000_000, TPM: 1_000_000_000_000}
+	switch mode {
+	case All:
+		cfg.Target = "all"
+	case RouterOnly:
+		cfg.Target = "router"
+		cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.VerifierAddress = refusedAddress, refusedAddress, refusedAddress
+	default:
+		return cfg, fmt.Errorf("benchload: mode %q runs no mesh", mode)
+	}
+	r := &cfg.Router
+	r.Providers = []router.ProviderConfig{{
+		Name: "upstream", Type: router.ProviderOpenAI, BaseURL: base,
+		Keys: []router.KeyConfig{{ID: "bench", Env: "MANTLE_BENCH_KEY"}}, Timeout: 10 * time.Second,
+	}}
+	r.Models = []router.ModelConfig{{Name: ModelName, Provider: "upstream", InputPricePerMillion: 1, OutputPricePerMillion: 2}}
+	return cfg, nil
+}
+
+// step runs one rate for d and measures it.
+func step(ctx context.Context, c *http.Client, url string, cfg Config, rate float64, d time.Duration, seq *int) (Result, error) {
+	lc := load.Config{Rate: rate, Duration: d, MaxInFlight: cfg.MaxInFlight}
+	if err := lc.Validate(); err != nil {
+		return Result{}, fmt.Errorf("benchload: %w", err)
+	}
+	n := lc.Requests()
+	lat := make([]time.Duration, n)
+	errs := make([]error, n)
+	first := *seq
+	*seq += n
+	st, err := load.Run(ctx, lc, func(ctx context.Context, i int, due time.Time) {
+		errs[i] = send(ctx, c, url, body(cfg.SamePrompt, first+i))
+		lat[i] = time.Since(due)
+	}, func(i int, _ time.Time) {
+		errs[i] = errShed
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Rate: rate, Requests: n, Shed: st.Shed, MaxLagMs: ms(st.MaxLag),
+		AchievedRate: float64(st.Started) / st.Elapsed.Seconds()}
+	ok := lat[:0]
+	for i, e := range errs {
+		switch {
+		case e == nil:
+			res.OK++
+			ok = append(ok, lat[i])
+		case !errors.Is(e, errShed):
+			res.Errors++
+			if res.FirstError == "" {
+				res.FirstError = e.Error()
+			}
+		}
+	}
+	pc := load.Summarize(ok)
+	res.P50Ms, res.P90Ms, res.P99Ms, res.MaxMs = ms(pc.P50), ms(pc.P90), ms(pc.P99), ms(pc.Max)
+	return res, nil
+}
+
+var errShed = errors.New("shed")
+
+func body(same bool, i int) []byte {
+	prompt := "How long does a parcel to Lisbon take?"
+	if !same {
+		prompt = fmt.Sprintf("Benchmark request %d: how long does a parcel to Lisbon take?", i)
+	}
+	// temperature 0 makes the answer cacheable, so the full mesh does a real cache lookup
+	// and store instead of skipping the cache for a high temperature.
+	return fmt.Appendf(nil, `{"model":%q,"temperature":0,"messages":[{"role":"user","content":%q}]}`, ModelName, prompt)
+}
+
+func send(ctx context.Context, c *http.Client, url string, payload []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// waitServing blocks until the gRPC health check at addr says SERVING; WaitForReady queues
+// the check until the server accepts connections, so nothing polls.
+func waitServing(ctx context.Context, addr string) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("benchload: dial mesh: %w", err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := grpc_health_v1.NewHealthClient(conn).Check(ctx, &grpc_health_v1.HealthCheckRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("benchload: mesh health: %w", err)
+	}
+	if res.Status != grpc_health_v1.HealthCheckResponse_SERVING {
+		return fmt.Errorf("benchload: mesh health: %s", res.Status)
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// rusage is the process's resource use so far (see usage).
+type rusage struct {
+	cpu       time.Duration
+	maxRSSMiB float64
+}

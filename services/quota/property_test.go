@@ -1,0 +1,321 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"pgregory.net/rapid"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+)
+
+// Property tests (pgregory.net/rapid): random sequences of operations, shrunk to a
+// minimal counterexample on failure. Each runs against both backends where the
+// property is about the Store.
+
+// rapidTenant gives every rapid iteration fresh buckets on a shared Redis prefix.
+var rapidTenant atomic.Int64
+
+func nextTenant() string { return fmt.Sprint("t", rapidTenant.Add(1)) }
+
+// Tokens stay within [debt floor, capacity]: whatever is reserved, settled (refunds,
+// overruns far beyond the limit), observed or waited, a bucket never holds more than
+// its limit, never owes more than maxDebt, and what it reports is consistent.
+func TestPropertyLevelsStayWithinBounds(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, b backend) {
+		clock := clockwork.NewFakeClockAt(t0)
+		store := b.newStore(t, clock)
+		rapid.Check(t, func(rt *rapid.T) {
+			limit := rapid.SampledFrom([]int64{1, 7, 60, 6000, 1_000_000_007}).Draw(rt, "limit")
+			tenant := nextTenant()
+			spec := BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Kind: KindTokens, Limit: limit}
+			var open []string
+			next := 0
+			check := func(l BucketLevel) {
+				if l.Remaining < 0 || l.Remaining > limit || l.Reset < 0 || l.Reset > maxDebt {
+					rt.Fatalf("level out of bounds: %+v (limit %d, max debt %v)", l, limit, maxDebt)
+				}
+				if want := remainingAt(l.Reset, limit); l.Remaining != want {
+					rt.Fatalf("remaining %d disagrees with a debt of %v (%d)", l.Remaining, l.Reset, want)
+				}
+			}
+			rt.Repeat(map[string]func(*rapid.T){
+				"reserve": func(rt *rapid.T) {
+					s := spec
+					s.Cost = rapid.Int64Range(0, limit).Draw(rt, "cost")
+					next++
+					id := fmt.Sprint(tenant, "-", next)
+					g, err := store.Reserve(context.Background(), Charge{ID: id, Tenant: tenant, TTL: 365 * 24 * time.Hour, Tokens: s.Cost, Buckets: []BucketSpec{s}})
+					if err == nil {
+						check(g.Levels[0])
+						open = append(open, id)
+					} else if _, ok := err.(*ExhaustedError); !ok {
+						rt.Fatalf("reserve: %v", err)
+					}
+				},
+				"settle": func(rt *rapid.T) {
+					if len(open) == 0 {
+						rt.Skip("nothing to settle")
+					}
+					i := rapid.IntRange(0, len(open)-1).Draw(rt, "which")
+					actual := rapid.SampledFrom([]int64{0, 1, limit, 1000 * limit, math.MaxInt64}).Draw(rt, "actual")
+					st, err := store.Settle(context.Background(), tenant, open[i], Actual{Tokens: actual}, false)
+					if err != nil {
+						rt.Fatalf("settle: %v", err)
+					}
+					open = append(open[:i], open[i+1:]...)
+					for _, l := range st.Levels {
+						check(l)
+					}
+				},
+				"observe": func(rt *rapid.T) {
+					rem := rapid.Int64Range(-1, limit+1).Draw(rt, "remaining")
+					reset := time.Duration(rapid.Int64Range(0, int64(48*time.Hour)).Draw(rt, "reset"))
+					levels, err := store.Observe(context.Background(), []Observation{{Bucket: spec, Remaining: min(rem, limit), Reset: reset}})
+					if err != nil {
+						rt.Fatalf("observe: %v", err)
+					}
+					check(levels[0])
+				},
+				"wait": func(rt *rapid.T) {
+					clock.Advance(time.Duration(rapid.Int64Range(0, int64(2*time.Minute)).Draw(rt, "wait")))
+				},
+			})
+		})
+	})
+}
+
+// Over any window, admitted cost never exceeds capacity plus refill: for any two grants
+// at t_i <= t_j, the tokens granted from i to j are at most limit + tokensIn(t_j - t_i).
+// Settles here only charge overruns: refunds give tokens back on purpose.
+func TestPropertyAdmittedCostWithinCapacityPlusRefill(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, b backend) {
+		clock := clockwork.NewFakeClockAt(t0)
+		cfg := testConfig()
+		cfg.DefaultLimits = RateLimits{RPM: 1_000_000, TPM: 6000}
+		f := newFixtureWith(t, b.newStore(t, clock), clock, cfg)
+		rapid.Check(t, func(rt *rapid.T) {
+			tenant := nextTenant()
+			limit := int64(6000)
+			type grant struct {
+				at   time.Time
+				cost int64
+			}
+			var grants []grant
+			var open []Reserved
+			rt.Repeat(map[string]func(*rapid.T){
+				"reserve": func(rt *rapid.T) {
+					cost := rapid.Int64Range(1, limit).Draw(rt, "cost")
+					r, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "m", InputTokens: cost, MaxOutputTokens: 0})
+					if err == nil {
+						grants = append(grants, grant{clock.Now(), r.ReservedTokens})
+						open = append(open, r)
+					}
+				},
+				"overrun": func(rt *rapid.T) {
+					if len(open) == 0 {
+						rt.Skip("nothing to settle")
+					}
+					r := open[0]
+					open = open[1:]
+					extra := rapid.Int64Range(0, limit).Draw(rt, "extra")
+					if _, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: tenant, ReservationID: r.ReservationID, Usage: &Usage{TotalTokens: r.ReservedTokens + extra}}); err != nil {
+						rt.Fatalf("settle: %v", err)
+					}
+				},
+				"wait": func(rt *rapid.T) {
+					clock.Advance(time.Duration(rapid.Int64Range(0, int64(30*time.Second)).Draw(rt, "wait")))
+				},
+				"": func(rt *rapid.T) {
+					for i := range grants {
+						var sum int64
+						for j := i; j < len(grants); j++ {
+							sum += grants[j].cost
+							if bound := limit + tokensIn(grants[j].at.Sub(grants[i].at), limit); sum > bound {
+								rt.Fatalf("granted %d tokens between %v and %v, more than capacity plus refill %d",
+									sum, grants[i].at.Sub(t0), grants[j].at.Sub(t0), bound)
+							}
+						}
+					}
+				},
+			})
+			clock.Advance(time.Hour) // the next iteration starts from full buckets anyway
+		})
+	})
+}
+
+// Reserved minus refunds plus extra charges equals the usage reported: per settlement,
+// and in the bucket itself, whose debt is exactly the net tokens charged (the clock is
+// frozen and W/limit is a whole number of nanoseconds, so there is no rounding).
+func TestPropertyAccountingBalances(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, b backend) {
+		clock := clockwork.NewFakeClockAt(t0)
+		cfg := testConfig()
+		cfg.DefaultLimits = RateLimits{RPM: 1_000_000, TPM: 60_000} // 1µs per token
+		f := newFixtureWith(t, b.newStore(t, clock), clock, cfg)
+		const nsPerToken = int64(window) / 60_000
+		rapid.Check(t, func(rt *rapid.T) {
+			tenant := nextTenant()
+			var (
+				open              = map[string]int64{} // id -> reserved
+				ids               []string
+				reserved, settled int64 // open reservations; usage of settled ones
+				settledReserved   int64 // what the settled reservations had reserved
+				refunded, extra   int64
+			)
+			rt.Repeat(map[string]func(*rapid.T){
+				"reserve": func(rt *rapid.T) {
+					in := rapid.Int64Range(1, 5000).Draw(rt, "input")
+					out := rapid.Int64Range(0, 5000).Draw(rt, "max output")
+					r, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "m", InputTokens: in, MaxOutputTokens: max(out, 1)})
+					if err != nil {
+						return // exhausted: charges nothing
+					}
+					open[r.ReservationID] = r.ReservedTokens
+					ids = append(ids, r.ReservationID)
+					reserved += r.ReservedTokens
+				},
+				"settle": func(rt *rapid.T) {
+					if len(ids) == 0 {
+						rt.Skip("nothing to settle")
+					}
+					i := rapid.IntRange(0, len(ids)-1).Draw(rt, "which")
+					id := ids[i]
+					ids = append(ids[:i], ids[i+1:]...)
+					in := rapid.Int64Range(0, 8000).Draw(rt, "actual input")
+					out := rapid.Int64Range(0, 8000).Draw(rt, "actual output")
+					st, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: tenant, ReservationID: id, Usage: &Usage{InputTokens: in, OutputTokens: out}})
+					if err != nil {
+						rt.Fatalf("settle: %v", err)
+					}
+					if st.Reserved != open[id] || st.Reserved-st.Refunded != in+out {
+						rt.Fatalf("settlement reserved %d refunded %d for usage %d; reserved was %d", st.Reserved, st.Refunded, in+out, open[id])
+					}
+					reserved -= open[id]
+					settledReserved += open[id]
+					delete(open, id)
+					settled += in + out
+					if st.Refunded > 0 {
+						refunded += st.Refunded
+					} else {
+						extra -= st.Refunded
+					}
+				},
+				"": func(rt *rapid.T) {
+					// Totals: what settled reservations had reserved, less refunds, plus
+					// extra charges, is the usage reported.
+					if settledReserved-refunded+extra != settled {
+						rt.Fatalf("reserved %d - refunded %d + extra %d != usage %d", settledReserved, refunded, extra, settled)
+					}
+					// The bucket owes exactly the net charge: open reservations at their
+					// estimate, settled ones at their usage.
+					r, err := f.svc.store.Observe(context.Background(), []Observation{{Bucket: BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Limit: 60_000}, Remaining: -1}})
+					if err != nil {
+						rt.Fatal(err)
+					}
+					net := reserved + settled
+					want := time.Duration(min(net*nsPerToken, int64(maxDebt)))
+					if r[0].Reset != want {
+						rt.Fatalf("bucket owes %v, want %v for %d tokens net (%d open, %d used)", r[0].Reset, want, net, reserved, settled)
+					}
+				},
+			})
+		})
+	})
+}
+
+// No priority class starves a higher one: whenever a request is admitted, no request of
+// a higher class (from the queue) or of the same or a higher class (admitted at once)
+// is waiting for a bucket it takes from. Requests of several tenants and classes share
+// an upstream key and their own buckets; the clock moves, refunds arrive.
+func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
+	t.Parallel()
+	rapid.Check(t, func(rt *rapid.T) {
+		clock := clockwork.NewFakeClockAt(t0)
+		cfg := testConfig()
+		cfg.DefaultLimits = RateLimits{RPM: 120, TPM: 12_000}
+		cfg.UpstreamKeys = map[string]RateLimits{"k": {TPM: 6000}}
+		cfg.Queue.MaxWait = 10 * time.Minute
+		cfg.Queue.Size = rapid.IntRange(1, 30).Draw(rt, "queue size")
+		f := newFixtureWith(rt, NewMemoryStore(clock), clock, cfg)
+		q := f.svc.queue
+		q.setRunning(true)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+
+		var granted []Charge
+		q.onGrant = func(adm *admission, fromQueue bool) {
+			granted = append(granted, adm.charge)
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			limit := adm.class - 1 // from the queue: strictly higher classes
+			if !fromQueue {
+				limit = adm.class // at once: the same class too
+			}
+			for c := 0; c <= limit; c++ {
+				for _, tq := range q.classes[c].tenants {
+					for _, w := range tq.waiters {
+						for _, s := range w.short {
+							for _, b := range adm.buckets {
+								if s == b {
+									rt.Fatalf("a %s request of %s was admitted (from queue: %v) while a %s request of %s waits for %s",
+										classNames[adm.class], adm.tenant, fromQueue, classNames[c], w.adm.tenant, b)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+		rt.Repeat(map[string]func(*rapid.T){
+			"arrive": func(rt *rapid.T) {
+				tenant := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(rt, "tenant")
+				p := rapid.SampledFrom([]mantlev1.Priority{
+					mantlev1.Priority_PRIORITY_CRITICAL, mantlev1.Priority_PRIORITY_HIGH,
+					mantlev1.Priority_PRIORITY_NORMAL, mantlev1.Priority_PRIORITY_BATCH,
+				}).Draw(rt, "priority")
+				cost := rapid.Int64Range(1, 6000).Draw(rt, "cost")
+				key := ""
+				if rapid.Bool().Draw(rt, "on the key") {
+					key = "k"
+				}
+				charge, err := f.svc.chargeFor(ReserveRequest{Tenant: tenant, Model: "m", UpstreamKey: key}, cost, 0, cost)
+				if err != nil {
+					rt.Fatal(err)
+				}
+				adm := &admission{tenant: tenant, class: classOf(p), tokens: cost, charge: charge}
+				for _, b := range charge.Buckets {
+					adm.buckets = append(adm.buckets, b.Name())
+				}
+				if _, _, err := q.enter(ctx, adm); err != nil && !errors.Is(err, ErrExhausted) && !errors.Is(err, ErrRequestTooLarge) {
+					rt.Fatalf("enter: %v", err)
+				}
+			},
+			"wait": func(rt *rapid.T) {
+				clock.Advance(time.Duration(rapid.Int64Range(0, int64(20*time.Second)).Draw(rt, "wait")))
+				q.dispatch()
+			},
+			"refund": func(rt *rapid.T) {
+				if len(granted) == 0 {
+					rt.Skip("nothing to settle")
+				}
+				c := granted[0]
+				granted = granted[1:]
+				used := rapid.Int64Range(0, c.Tokens).Draw(rt, "used")
+				if _, err := f.store.Settle(context.Background(), c.Tenant, c.ID, Actual{Tokens: used}, false); err != nil {
+					rt.Fatalf("settle: %v", err)
+				}
+				q.dispatch()
+			},
+		})
+	})
+}
