@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"net"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
 )
 
 // smallRun is the scale a scenario runs at in tests: a strong time scale, a low rate and,
@@ -250,4 +253,48 @@ func TestRunRejectsBadOptions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A drill can drive a mesh that is already running, configured to reach the drill's
+// simulator at a fixed address, and read its breaker events from the mesh's NATS.
+func TestRunAgainstRunningMesh(t *testing.T) {
+	t.Parallel()
+	s, err := Builtin("provider-outage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const scale = 0.01
+	simAddr := freeAddr(t)
+	m := meshtest.Start(t, s.MeshConfig("http://"+simAddr+"/v1", scale), meshtest.All)
+	rep, err := Run(context.Background(), Options{
+		Scenario: s, TimeScale: scale, Rate: 2, Duration: 2 * time.Minute, Sides: []string{SideMantle},
+		MeshURL: "http://" + m.HTTPAddr, NATSURL: m.NATSURL, SimAddr: simAddr,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if !strings.HasPrefix(rep.Target, "mesh at http://") || len(rep.Sides) != 1 {
+		t.Fatalf("target %q with %d sides", rep.Target, len(rep.Sides))
+	}
+	sd := rep.Sides[0]
+	checkSide(t, rep, &sd)
+	if sd.UpstreamCalls == 0 || sd.Answered == 0 {
+		t.Errorf("%d upstream calls, %d answered: the running mesh did not reach the drill's simulator", sd.UpstreamCalls, sd.Answered)
+	}
+	// The outage starts a minute in: the primary's breaker opens, and the drill saw it.
+	if mb := sd.breaker("primary"); mb == nil || mb.Trips == 0 {
+		t.Errorf("breakers %+v: no trip of the primary was read from the mesh's events", sd.Breakers)
+	}
+}
+
+// freeAddr returns a loopback address nothing listens on right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }

@@ -277,10 +277,19 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	if err != nil {
 		return nil, err
 	}
-	if hit := r.lookup(ctx, req, rt, qc); hit != nil {
+	hit, lease := r.lookup(ctx, req, rt, qc)
+	if hit != nil {
 		r.settle(ctx, qc, reservation, &mantlev1.Usage{})
 		hit.RateLimit = limits
 		return hit, sendWhole(sink, hit, true)
+	}
+	stored := false
+	if lease != "" {
+		defer func() {
+			if !stored {
+				r.release(ctx, qc, lease)
+			}
+		}()
 	}
 
 	var ans *answer
@@ -313,7 +322,8 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 		r.publishDegradation(ctx, rt, qc, qc.DegradationReason)
 	}
 	if qc.GetVerification().GetL1Passed() && ans.FinishReason == "stop" {
-		r.store(ctx, req, rt, qc, ans)
+		r.store(ctx, req, rt, qc, ans, lease)
+		stored = true
 	}
 	return &routerv1.CompleteResponse{
 		Id:           qc.RequestId,
@@ -394,21 +404,33 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 	}
 }
 
-func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) *routerv1.CompleteResponse {
+// lookup asks the cache for the prompt. On a miss it may hold a lease: identical prompts
+// arriving meanwhile wait for this request's answer instead of calling a model themselves
+// (seed 000 4.3), so the lease must end in store or release.
+func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (*routerv1.CompleteResponse, string) {
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	start := r.deps.Clock.Now()
-	res, err := r.deps.Cache.Lookup(hop, &cachev1.LookupRequest{Quality: qc, Prompt: cachePrompt(req, rt)})
+	// A duplicate waits at most half of what is left for the first request's answer, so it
+	// still has time to ask a model itself if that answer never comes.
+	wait := qc.Deadline.AsTime().Sub(start) / 2
+	res, err := r.deps.Cache.Lookup(hop, &cachev1.LookupRequest{
+		Quality: qc, Prompt: cachePrompt(req, rt), Coalesce: true, MaxWait: durationpb.New(wait),
+	})
 	if err != nil {
 		r.deps.Log.WarnContext(ctx, "cache lookup failed; treating as miss", "err", err)
 		qc.SkippedSteps = append(qc.SkippedSteps, "cache")
 		r.audit(qc, "lookup", "error: "+status.Code(err).String(), r.deps.Clock.Since(start))
-		return nil
+		return nil, ""
 	}
 	adoptAudit(qc, res.GetQuality())
 	if !res.Hit || res.Entry == nil {
-		r.audit(qc, "lookup", "miss", r.deps.Clock.Since(start))
-		return nil
+		detail := "miss"
+		if res.MissReason != "" {
+			detail += " (" + res.MissReason + ")"
+		}
+		r.audit(qc, "lookup", detail, r.deps.Clock.Since(start))
+		return nil, res.GetLease().GetId()
 	}
 	e := res.Entry
 	qc.CacheHit, qc.CacheSimilarity = true, res.Similarity
@@ -416,7 +438,7 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 	qc.FallbackLevel = mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY
 	qc.QualityGrade = mantlev1.QualityGrade_QUALITY_GRADE_HIGH
 	qc.Verification = &mantlev1.Verification{L1Passed: true}
-	r.audit(qc, "lookup", "hit "+e.Id, r.deps.Clock.Since(start))
+	r.audit(qc, "lookup", fmt.Sprintf("hit %s (%s, similarity %.3f)", e.Id, strings.ToLower(strings.TrimPrefix(res.Match.String(), "MATCH_KIND_")), res.Similarity), r.deps.Clock.Since(start))
 	return &routerv1.CompleteResponse{
 		Id:           qc.RequestId,
 		Model:        e.SourceModel,
@@ -424,10 +446,11 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 		FinishReason: "stop",
 		Usage:        &mantlev1.Usage{},
 		Quality:      qc,
-	}
+	}, ""
 }
 
-func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, ans *answer) {
+// store offers a verified answer to the cache, answering the lease's waiters too.
+func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, ans *answer, lease string) {
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	_, err := r.deps.Cache.Store(hop, &cachev1.StoreRequest{
@@ -437,9 +460,20 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 		SourceModel:  ans.model,
 		FinishReason: ans.FinishReason,
 		Usage:        usageProto(ans.Usage),
+		LeaseId:      lease,
 	})
 	if err != nil {
 		r.deps.Log.WarnContext(ctx, "cache store failed", "err", err)
+	}
+}
+
+// release gives a coalescing lease back when this request will not store an answer, so
+// the requests waiting on it stop waiting. Like settle, it runs even when the caller left.
+func (r *Router) release(ctx context.Context, qc *mantlev1.QualityContext, lease string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if _, err := r.deps.Cache.Release(ctx, &cachev1.ReleaseRequest{Quality: qc, LeaseId: lease}); err != nil {
+		r.deps.Log.WarnContext(ctx, "cache lease not released; it will expire", "err", err)
 	}
 }
 

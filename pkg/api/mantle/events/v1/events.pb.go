@@ -355,7 +355,8 @@ func (x *QuotaRejectionEvent) GetReason() string {
 }
 
 // QuotaNearLimitEvent: a bucket or budget passed the near-limit threshold (80% used by
-// default) on a granted request. Published at most once per bucket per window and replica.
+// default). Published on mantle.events.quota.near_limit, at most once per bucket per minute
+// and replica.
 type QuotaNearLimitEvent struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	At        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`

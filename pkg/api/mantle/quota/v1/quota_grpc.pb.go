@@ -50,11 +50,13 @@ const (
 //   - RESERVATION_NOT_FOUND (NOT_FOUND): unknown, already settled, expired or another
 //     tenant's reservation.
 //
-// Events (mantle.events.quota): QuotaRejectionEvent for every refusal, with reason
+// Events: QuotaRejectionEvent on mantle.events.quota for every refusal, with reason
 // QUOTA_EXHAUSTED, BUDGET_EXHAUSTED, QUEUE_FULL, SHED, DEADLINE, REQUEST_TOO_LARGE,
 // PRICE_UNKNOWN or BUDGET_UNAVAILABLE; rules in shadow mode publish the refusal they would
-// have made with the reason prefixed SHADOW_ and admit the request. QuotaNearLimitEvent when
-// a bucket passes the near-limit threshold (80% used by default).
+// have made with the reason prefixed SHADOW_ and admit the request. QuotaNearLimitEvent on
+// mantle.events.quota.near_limit when a bucket passes the near-limit threshold (80% used by
+// default). DegradationEvent (route "quota") on mantle.events.degradation when a replica
+// falls back to its local limiter because Redis is unreachable, and when it recovers.
 type QuotaServiceClient interface {
 	// Reserve charges the estimated tokens of a request against every applicable bucket,
 	// all or nothing: the tenant's RPM and TPM, the tenant x model buckets when configured,
@@ -160,11 +162,13 @@ func (c *quotaServiceClient) AcquireRetry(ctx context.Context, in *AcquireRetryR
 //   - RESERVATION_NOT_FOUND (NOT_FOUND): unknown, already settled, expired or another
 //     tenant's reservation.
 //
-// Events (mantle.events.quota): QuotaRejectionEvent for every refusal, with reason
+// Events: QuotaRejectionEvent on mantle.events.quota for every refusal, with reason
 // QUOTA_EXHAUSTED, BUDGET_EXHAUSTED, QUEUE_FULL, SHED, DEADLINE, REQUEST_TOO_LARGE,
 // PRICE_UNKNOWN or BUDGET_UNAVAILABLE; rules in shadow mode publish the refusal they would
-// have made with the reason prefixed SHADOW_ and admit the request. QuotaNearLimitEvent when
-// a bucket passes the near-limit threshold (80% used by default).
+// have made with the reason prefixed SHADOW_ and admit the request. QuotaNearLimitEvent on
+// mantle.events.quota.near_limit when a bucket passes the near-limit threshold (80% used by
+// default). DegradationEvent (route "quota") on mantle.events.degradation when a replica
+// falls back to its local limiter because Redis is unreachable, and when it recovers.
 type QuotaServiceServer interface {
 	// Reserve charges the estimated tokens of a request against every applicable bucket,
 	// all or nothing: the tenant's RPM and TPM, the tenant x model buckets when configured,
