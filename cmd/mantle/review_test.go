@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
@@ -149,7 +150,7 @@ func TestReviewCLIEndToEnd(t *testing.T) {
 		t.Errorf("list output:\n%s\nwant the review", list)
 	}
 	claim := runReview(t, addr, "claim", "--reviewer", "alice", "--lease", "10m")
-	if !regexp.MustCompile(`claimed ` + id + ` until \S+Z`).MatchString(claim) || !strings.Contains(claim, "无需鉴定") {
+	if !regexp.MustCompile(`claimed `+id+` until \S+Z`).MatchString(claim) || !strings.Contains(claim, "无需鉴定") {
 		t.Errorf("claim output:\n%s", claim)
 	}
 	decide := runReview(t, addr, "decide", id, "--reviewer", "alice", "--verdict", "correct",
@@ -172,8 +173,17 @@ func TestReviewCLIEndToEnd(t *testing.T) {
 		}
 	}
 	show := runReview(t, addr, "show", id, "--json")
-	if !strings.Contains(show, `"state": "REVIEW_STATE_DECIDED"`) {
-		t.Errorf("show --json:\n%s", show)
+	var shown struct {
+		Review struct {
+			State    string `json:"state"`
+			Decision struct {
+				RootCause string `json:"rootCause"`
+			} `json:"decision"`
+		} `json:"review"`
+	}
+	if err := json.Unmarshal([]byte(show), &shown); err != nil || shown.Review.State != "REVIEW_STATE_DECIDED" ||
+		shown.Review.Decision.RootCause != "ROOT_CAUSE_KNOWLEDGE_CUTOFF" {
+		t.Errorf("show --json (%v):\n%s", err, show)
 	}
 }
 

@@ -393,7 +393,9 @@ func (s *Service) Settle(ctx context.Context, req SettleRequest) (Settled, error
 	s.metrics.settledTokens.Add(float64(actual.Tokens))
 	if st.Refunded > 0 {
 		s.metrics.refundedTokens.Add(float64(st.Refunded))
-		s.queue.poke() // capacity came back: waiters may fit now
+		if s.queue.waiting.Load() > 0 {
+			s.queue.poke() // capacity came back: waiters may fit now
+		}
 	} else {
 		s.metrics.extraTokens.Add(float64(-st.Refunded))
 	}

@@ -1,10 +1,11 @@
-// Package verifier checks an LLM answer before it reaches the caller. It implements
-// mantle.verifier.v1.VerifierService: the router calls Verify once per candidate answer and
-// routes on the verdict (a failed verification is a verdict, not an RPC error).
+// Package verifier checks an LLM answer before it reaches the caller and sends the rare risky
+// one to people. It implements mantle.verifier.v1.VerifierService: the router calls Verify
+// once per candidate answer and routes on the verdict (a failed verification is a verdict,
+// not an RPC error); reviewers use the review RPCs and `mantle review`.
 //
-// This is the foundation version: it runs the L1 layer only. L1 is a handful of cheap,
-// deterministic checks that must stay well under a millisecond (the seed budget is < 1 ms;
-// BenchmarkVerifyL1 measures a 2 KB JSON answer in a few tens of microseconds):
+// # Layers
+//
+// L1 (format, synchronous; BenchmarkVerifyL1 keeps it well under the seed's 1 ms):
 //
 //   - truncated: finish_reason "length" (or Anthropic's "max_tokens").
 //   - encoding: invalid UTF-8, U+FFFD replacement characters, and common mojibake markers
@@ -14,27 +15,58 @@
 //     where in the answer a phrase counts.
 //   - repetition: the same sentence or line, or a short cycle of them, repeated
 //     repetition_threshold times in a row (a decoding loop). See repetition.go.
-//   - JSON, when response_format asks for it: markdown_fence (non-blocking; the answer is
-//     unwrapped), json_parse, json_type (TYPE_JSON_OBJECT needs an object), required_field
-//     (present and non-empty) and low_confidence (a top-level numeric "confidence" below
-//     confidence_threshold).
+//   - html and markdown (warnings): HTML tags leaked into the answer; a text answer that
+//     opens a code fence it never closes.
+//   - JSON, when response_format asks for it: markdown_fence (a warning; the answer is
+//     unwrapped), json_parse, json_type (TYPE_JSON_OBJECT needs an object), schema (JSON
+//     Schema validation with santhosh-tekuri/jsonschema, one finding per failing JSON
+//     pointer; schemas are compiled once and may not reference anything outside themselves),
+//     required_field (present and non-empty) and low_confidence (a top-level numeric
+//     "confidence" below confidence_threshold).
 //
 // Classes: truncated -> ERROR_CLASS_TRUNCATED, refusal -> ERROR_CLASS_REFUSAL,
-// low_confidence -> ERROR_CLASS_VERIFICATION_FAILED (well-formed but untrustworthy); every
-// other blocking finding, repetition included, is ERROR_CLASS_MALFORMED_OUTPUT.
+// low_confidence and L2 block/degrade -> ERROR_CLASS_VERIFICATION_FAILED (well-formed but
+// untrustworthy); every other blocking finding is ERROR_CLASS_MALFORMED_OUTPUT. Findings are
+// listed in a fixed order and the verdict's class is the class of the first blocking one:
+// the order puts the finding that explains the others first (a truncated answer also fails
+// to parse; garbled bytes defeat every later check; a refusal to a JSON request is not JSON).
 //
-// Findings are listed in that order, and the verdict's failure class is the class of the
-// first blocking finding. The order puts the finding that explains the others first: a
-// truncated answer also fails to parse, garbled bytes defeat every later check, and a
-// refusal to a JSON request is not JSON. The router routes on that class (a refusal is not
-// retried; malformed output goes to the most format-stable model).
+// L2 (business rules, synchronous): CEL rules from the configuration, a watched rules file
+// and approved review drafts, compiled once, evaluated under a cost limit against the
+// request, the parsed answer and the QualityContext (package internal/rules). Actions:
+// block, degrade (the router should serve its degraded form: VerifyResponse.degrade), mask
+// or replace a field, append a notice, send to review. The answer is rewritten in
+// VerifyResponse.content. Sample rules from seed 001 ship in DefaultConfig.
 //
-// The verifier calls no other service and keeps no state beyond its configuration and its
-// metrics. It reads the request's QualityContext and returns it with Verification,
-// quality_grade, risk_score and an audit step filled in.
+// L3 (semantic, asynchronous): relevance to the question, consistency with reference
+// snippets and divergence from earlier answers to the same question, through an Embedder
+// (a built-in lexical one by default), plus an optional LLM judge called through the router
+// (package internal/semantic). Verify returns with l3_pending; the result is published as a
+// QualityFollowUpEvent, kept for GetFollowUp, and can still open a review.
 //
-// Not yet here (a later issue): JSON Schema validation (the schema is only checked to be
-// JSON), L2 business rules in CEL with their actions, asynchronous L3 checks and their
-// follow-up events, the weighted risk model, and the human review queue. The risk score of
-// this version is a placeholder (see riskScore).
+// # Degraded answers
+//
+// Seed 001 5.1: when the router has fallen back, checks must fit the model that answered. A
+// degraded answer (fallback level other than primary) is held to degraded.confidence_threshold,
+// its review threshold is multiplied by degraded.review_threshold_factor (1.3: DESIGN.md's
+// "30% higher threshold", so acceptable degraded answers do not flood the review pool), it is
+// skipped by L3 at the template and cached levels, and rules see degraded == true.
+//
+// # Risk and review
+//
+// Risk (risk.go) = weighted input risk (sensitive terms, long input, garbled input), output
+// risk (failed, repetition of key values, rule rewrites, format warnings; after L3, low
+// confidence and divergence) and context risk (a run of degraded answers in the session,
+// user dissatisfaction reported with ReportFeedback, many retries). Weights and the review
+// threshold (0.75) are per scenario. A delivered answer at or above the threshold, or one a
+// review rule matched, goes to human review (package internal/review): through a disk spool
+// and a JetStream work-queue stream when NATS is configured, so no request is lost while
+// NATS is down; claims are leases; decisions record a root cause and a corrective action and
+// may draft a rule for approval; a review not decided in time gets the scenario's default
+// action; everything is in an audit trail.
+//
+// # State
+//
+// Rules, sessions (context risk), L3 history and follow-ups live in memory per replica.
+// Review state lives in a JetStream KV bucket (memory without NATS).
 package verifier

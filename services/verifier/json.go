@@ -124,7 +124,10 @@ func (o valueFields) field(name string) (bool, bool, string) {
 	if !ok {
 		return false, false, ""
 	}
-	return true, isEmptyValue(v), compactJSON(v)
+	if !isEmptyValue(v) {
+		return true, false, "" // shown only in the message about an empty value
+	}
+	return true, true, compactJSON(v)
 }
 
 func (o valueFields) number(name string) (float64, bool) {
@@ -158,7 +161,7 @@ func (o rawFields) field(name string) (bool, bool, string) {
 	if !ok {
 		return false, false, ""
 	}
-	return true, isEmptyJSON(raw), string(raw)
+	return true, isEmptyJSON(raw), string(raw) // a view of the input: free
 }
 
 func (o rawFields) number(name string) (float64, bool) {

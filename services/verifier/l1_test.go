@@ -167,7 +167,7 @@ func TestSchemaFindings(t *testing.T) {
 		{name: "missing property is reported at its object", content: `[{}]`,
 			want: []wantFinding{{Code: CodeSchema, Path: "/0", Blocking: true}}, wantMsg: "missing property 'sku'"},
 		{name: "findings are capped", content: `[{}, {}, {}, {}, {}]`,
-			want: []wantFinding{{Code: CodeSchema, Path: "/0", Blocking: true}, {Code: CodeSchema, Path: "/1", Blocking: true}, {Code: CodeSchema, Blocking: true}},
+			want:    []wantFinding{{Code: CodeSchema, Path: "/0", Blocking: true}, {Code: CodeSchema, Path: "/1", Blocking: true}, {Code: CodeSchema, Blocking: true}},
 			wantMsg: "and 3 more schema violations"},
 		{name: "wrong top level", content: `{"sku": "SKU-1"}`, want: []wantFinding{{Code: CodeSchema, Blocking: true}}, wantMsg: "at the top level"},
 	}

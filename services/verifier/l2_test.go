@@ -31,7 +31,7 @@ func inScenario(scenario, requestID string) *mantlev1.QualityContext {
 // memoryReviews attaches an in-memory review service to v, as the module does without NATS.
 func memoryReviews(t *testing.T, v *Verifier) *review.Service {
 	t.Helper()
-	svc := review.NewService(review.Config{Lease: time.Minute, MaxLease: time.Hour}, review.NewStore(review.NewMemoryKV()),
+	svc := review.NewService(review.Config{Lease: time.Minute, MaxLease: time.Hour}, review.NewStore(review.NewMemoryKV(), nil),
 		v.clock, discard{}, v.rules, slog.New(slog.DiscardHandler))
 	v.SetReviewSink(directSink{svc})
 	return svc

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
@@ -56,6 +57,11 @@ func (v *Verifier) submitL3(a Answer, verdict Verdict, risk riskInputs, at time.
 	requestID := a.Quality.GetRequestId()
 	if requestID != "" && !v.l3.results.start(requestID) {
 		return true // already running for another candidate of this request
+	}
+	// The job outlives the call: it must not share the caller's QualityContext, which the
+	// caller may go on changing.
+	if a.Quality != nil {
+		a.Quality = proto.CloneOf(a.Quality)
 	}
 	select {
 	case v.l3.jobs <- l3Job{answer: a, verdict: verdict, risk: risk, at: at}:

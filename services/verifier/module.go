@@ -105,7 +105,7 @@ func (m *module) buildReviews(cfg Config, nc *nats.Conn, pub Publisher) error {
 	rc := cfg.Review
 	svcCfg := review.Config{Lease: rc.Lease, MaxLease: rc.MaxLease}
 	if nc == nil {
-		m.reviews = review.NewService(svcCfg, review.NewStore(review.NewMemoryKV()), m.clock, pub, m.verifier.rules, m.log)
+		m.reviews = review.NewService(svcCfg, review.NewStore(review.NewMemoryKV(), nil), m.clock, pub, m.verifier.rules, m.log)
 		m.verifier.SetReviewSink(directSink{m.reviews})
 		return nil
 	}
@@ -114,10 +114,15 @@ func (m *module) buildReviews(cfg Config, nc *nats.Conn, pub Publisher) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	kv := review.NewLazyJetStreamKV(js, jetstream.KeyValueConfig{
-		Bucket: rc.Bucket, Description: "mantle review state, audit trail and draft rules",
+		Bucket: rc.Bucket, Description: "mantle review state and audit trail",
 		TTL: rc.Retention, Storage: jetstream.FileStorage, History: 1,
 	})
-	m.reviews = review.NewService(svcCfg, review.NewStore(kv), m.clock, pub, m.verifier.rules, m.log)
+	// Approved rules are configuration: their bucket keeps them until deleted.
+	rulesKV := review.NewLazyJetStreamKV(js, jetstream.KeyValueConfig{
+		Bucket: rc.Bucket + "_rules", Description: "mantle draft L2 rules from review decisions",
+		Storage: jetstream.FileStorage, History: 1,
+	})
+	m.reviews = review.NewService(svcCfg, review.NewStore(kv, rulesKV), m.clock, pub, m.verifier.rules, m.log)
 	dir := rc.SpoolDir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "mantle-review-spool-"); err != nil {

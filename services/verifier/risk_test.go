@@ -18,7 +18,9 @@ const repetitive = `{"summary": "药物可以治愈", "detail": "药物可以治
 
 func TestRiskScore(t *testing.T) {
 	t.Parallel()
-	user := func(s string) []Message { return []Message{{Role: "system", Content: "你是医生助手"}, {Role: "user", Content: s}} }
+	user := func(s string) []Message {
+		return []Message{{Role: "system", Content: "你是医生助手"}, {Role: "user", Content: s}}
+	}
 	tests := []struct {
 		name        string
 		cfg         func(*Config)

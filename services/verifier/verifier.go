@@ -420,6 +420,9 @@ func (v *Verifier) Verify(ctx context.Context, a Answer) (Verdict, error) {
 		v.sessions.delivered(a.Tenant, a.SessionID, a.Quality.GetRequestId(), degraded)
 		if reason := reviewReason(verdict.Risk, outcome.ReviewBy); reason != "" {
 			verdict.ReviewID = v.openReview(ctx, reviewFor(a, verdict, in, reason, v.cfg, start))
+			if verdict.Grade == GradeHigh {
+				verdict.Grade = GradeMedium // delivered, but a person will look at it
+			}
 		}
 		verdict.L3Pending = v.submitL3(a, verdict, in, start)
 	}

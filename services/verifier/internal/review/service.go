@@ -354,7 +354,7 @@ func (s *Service) Decide(ctx context.Context, req DecideRequest) (Review, *Draft
 		case v.State != StateClaimed || v.ClaimedBy != req.Reviewer:
 			return stopError{&ConflictError{Reason: fmt.Sprintf("%s holds no claim on review %s: claim it first", req.Reviewer, req.ID)}}
 		}
-		r.State = StateDecided
+		r.State, r.ClaimedBy, r.LeaseUntil = StateDecided, "", time.Time{}
 		r.Decision = &Decision{
 			Reviewer: req.Reviewer, Verdict: req.Verdict, RootCause: req.RootCause,
 			CorrectiveAction: req.CorrectiveAction, CorrectedContent: req.CorrectedContent,

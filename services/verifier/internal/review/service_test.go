@@ -135,7 +135,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, kv KV) *fixture {
 	f := &fixture{clock: clockwork.NewFakeClockAt(t0), pub: &memPublisher{}, sink: newSink(t)}
-	f.svc = NewService(Config{Lease: 5 * time.Minute, MaxLease: time.Hour}, NewStore(kv), f.clock, f.pub, f.sink, slog.New(slog.DiscardHandler))
+	f.svc = NewService(Config{Lease: 5 * time.Minute, MaxLease: time.Hour}, NewStore(kv, nil), f.clock, f.pub, f.sink, slog.New(slog.DiscardHandler))
 	return f
 }
 

@@ -167,16 +167,24 @@ const (
 	auditPrefix  = "audit."
 )
 
-// Store keeps reviews, draft rules and the audit trail in a KV.
+// Store keeps reviews and their audit trail in one KV, and draft rules in another: reviews
+// expire with the bucket's retention, but an approved rule is live configuration and must
+// not.
 type Store struct {
-	kv KV
-	mu sync.Mutex // guards seq
+	kv    KV
+	rules KV
+	mu    sync.Mutex // guards seq
 	// seq breaks ties between audit entries written in the same nanosecond.
 	seq uint64
 }
 
-// NewStore returns a Store over kv.
-func NewStore(kv KV) *Store { return &Store{kv: kv} }
+// NewStore returns a Store keeping reviews in kv and draft rules in rules (kv when nil).
+func NewStore(kv, rules KV) *Store {
+	if rules == nil {
+		rules = kv
+	}
+	return &Store{kv: kv, rules: rules}
+}
 
 func getJSON[T any](ctx context.Context, kv KV, key string) (T, uint64, error) {
 	var v T
@@ -310,12 +318,12 @@ func (s *Store) createDraft(ctx context.Context, d DraftRule) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.kv.Create(ctx, draftPrefix+d.ID, raw)
+	_, err = s.rules.Create(ctx, draftPrefix+d.ID, raw)
 	return err
 }
 
 func (s *Store) getDraft(ctx context.Context, id string) (DraftRule, uint64, error) {
-	return getJSON[DraftRule](ctx, s.kv, draftPrefix+id)
+	return getJSON[DraftRule](ctx, s.rules, draftPrefix+id)
 }
 
 func (s *Store) updateDraft(ctx context.Context, d DraftRule, rev uint64) error {
@@ -323,18 +331,18 @@ func (s *Store) updateDraft(ctx context.Context, d DraftRule, rev uint64) error 
 	if err != nil {
 		return err
 	}
-	_, err = s.kv.Update(ctx, draftPrefix+d.ID, raw, rev)
+	_, err = s.rules.Update(ctx, draftPrefix+d.ID, raw, rev)
 	return err
 }
 
 func (s *Store) listDrafts(ctx context.Context) ([]DraftRule, error) {
-	keys, err := s.kv.Keys(ctx, draftPrefix)
+	keys, err := s.rules.Keys(ctx, draftPrefix)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]DraftRule, 0, len(keys))
 	for _, k := range keys {
-		d, _, err := getJSON[DraftRule](ctx, s.kv, k)
+		d, _, err := getJSON[DraftRule](ctx, s.rules, k)
 		if errors.Is(err, ErrNotFound) {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -51,8 +52,9 @@ func (o Outcome) RuleIDs() []string {
 // so a rewritten answer has its object keys sorted.
 func Apply(in *Input, matches []Match, isJSON bool) Outcome {
 	out := Outcome{Text: in.Text}
-	var doc any // decoded lazily, with numbers kept exact, on the first JSON edit
-	docChanged := false
+	// JSON edits work on a tree decoded lazily, only along the edited paths, and written
+	// back once after every action.
+	var doc *jsonNode
 	for _, m := range matches {
 		r, c := m.Rule, m.c
 		if r.Action.Notice != "" {
@@ -92,26 +94,22 @@ func Apply(in *Input, matches []Match, isJSON bool) Outcome {
 				continue
 			}
 			if doc == nil {
-				var err error
-				if doc, err = decodeExact(out.Text); err != nil {
-					skip("the answer could not be re-read as JSON: " + err.Error())
-					continue
-				}
+				doc = &jsonNode{raw: json.RawMessage(out.Text)}
 			}
-			detail, ok := applyToField(&doc, r.Action, c)
+			detail, ok := applyToField(doc, r.Action, c)
 			if !ok {
 				skip(detail)
 				continue
 			}
-			docChanged = true
 			applied.Detail = detail
 		}
 		out.Applied = append(out.Applied, applied)
 	}
-	if docChanged {
-		if text, err := encode(doc); err == nil {
-			out.Text = text
-		}
+	if doc != nil && doc.dirty {
+		var buf bytes.Buffer
+		buf.Grow(len(out.Text) + 64)
+		doc.encode(&buf)
+		out.Text = buf.String()
 	}
 	return out
 }
@@ -147,47 +145,56 @@ func applyToText(text *string, a Action, c *compiled, isJSON bool) (string, bool
 	return "", false
 }
 
-// applyToField edits the value at c.path inside *doc.
-func applyToField(doc *any, a Action, c *compiled) (string, bool) {
-	parent, last, ok := walk(doc, c.path)
-	if !ok {
-		return fmt.Sprintf("field %s is not in the answer", a.Field), false
+// applyToField edits the value at c.path inside the document tree.
+func applyToField(doc *jsonNode, a Action, c *compiled) (string, bool) {
+	var detail string
+	edit := func(old json.RawMessage, present bool) (json.RawMessage, bool) {
+		var v any
+		switch a.Type {
+		case ActionMask:
+			if !present {
+				detail = fmt.Sprintf("field %s is not in the answer", a.Field)
+				return nil, false
+			}
+			if c.pattern == nil {
+				v, detail = maskValue(a), "field masked"
+				break
+			}
+			var s string
+			if json.Unmarshal(old, &s) != nil {
+				detail = fmt.Sprintf("field %s is not a string; a pattern mask does not apply", a.Field)
+				return nil, false
+			}
+			n := len(c.pattern.FindAllStringIndex(s, -1))
+			if n == 0 {
+				detail = "pattern did not match"
+				return nil, false
+			}
+			v, detail = c.pattern.ReplaceAllLiteralString(s, maskValue(a)), fmt.Sprintf("%d matches masked", n)
+		case ActionReplace:
+			if !present {
+				detail = fmt.Sprintf("field %s is not in the answer", a.Field)
+				return nil, false
+			}
+			v, detail = a.Value, "field replaced"
+		case ActionNotice:
+			// A notice field may be new: that is how a notice reaches a JSON answer.
+			v, detail = a.Notice, "notice written"
+		}
+		raw, err := marshal(v)
+		return raw, err == nil
 	}
-	get, set := accessors(parent, last)
-	cur, present := get()
-	switch a.Type {
-	case ActionMask:
-		if !present {
-			return fmt.Sprintf("field %s is not in the answer", a.Field), false
+	found, err := doc.set(c.path, edit)
+	switch {
+	case err != nil:
+		return "the answer could not be re-read as JSON: " + err.Error(), false
+	case !found:
+		if detail == "" {
+			detail = fmt.Sprintf("field %s is not in the answer", a.Field)
 		}
-		if c.pattern == nil {
-			set(maskValue(a))
-			return "field masked", true
-		}
-		s, isString := cur.(string)
-		if !isString {
-			return fmt.Sprintf("field %s is not a string; a pattern mask does not apply", a.Field), false
-		}
-		n := len(c.pattern.FindAllStringIndex(s, -1))
-		if n == 0 {
-			return "pattern did not match", false
-		}
-		set(c.pattern.ReplaceAllLiteralString(s, maskValue(a)))
-		return fmt.Sprintf("%d matches masked", n), true
-	case ActionReplace:
-		if !present {
-			return fmt.Sprintf("field %s is not in the answer", a.Field), false
-		}
-		set(a.Value)
-		return "field replaced", true
-	case ActionNotice:
-		// A notice field may be new: that is how a notice reaches a JSON answer.
-		if !set(a.Notice) {
-			return fmt.Sprintf("field %s cannot be set", a.Field), false
-		}
-		return "notice written", true
+		return detail, false
 	}
-	return "", false
+	return detail, true
 }
 
 func maskValue(a Action) string {
@@ -197,81 +204,142 @@ func maskValue(a Action) string {
 	return DefaultMask
 }
 
-// walk follows path up to its last segment and returns the container that holds (or would
-// hold) the last segment.
-func walk(doc *any, path []pathSegment) (any, pathSegment, bool) {
-	cur := *doc
-	for _, seg := range path[:len(path)-1] {
-		switch v := cur.(type) {
-		case map[string]any:
-			next, ok := v[string(seg)]
-			if !ok {
-				return nil, "", false
-			}
-			cur = next
-		case []any:
-			i, err := strconv.Atoi(string(seg))
-			if err != nil || i < 0 || i >= len(v) {
-				return nil, "", false
-			}
-			cur = v[i]
-		default:
-			return nil, "", false
+// jsonNode is a JSON value decoded only as far as edits need: an untouched value stays raw
+// and is written back byte for byte (numbers exactly as the model wrote them); an object or
+// array on an edited path is expanded into raw members.
+type jsonNode struct {
+	raw   json.RawMessage
+	obj   map[string]*jsonNode
+	arr   []*jsonNode
+	dirty bool // this value or one inside it changed
+}
+
+// expand decodes one level of an object or array; false for other values.
+func (n *jsonNode) expand() (bool, error) {
+	if n.obj != nil || n.arr != nil {
+		return true, nil
+	}
+	raw := bytes.TrimSpace(n.raw)
+	if len(raw) == 0 {
+		return false, nil
+	}
+	switch raw[0] {
+	case '{':
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &members); err != nil {
+			return false, err
+		}
+		n.obj = make(map[string]*jsonNode, len(members))
+		for k, v := range members {
+			n.obj[k] = &jsonNode{raw: v}
+		}
+		return true, nil
+	case '[':
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return false, err
+		}
+		n.arr = make([]*jsonNode, len(items))
+		for i, v := range items {
+			n.arr[i] = &jsonNode{raw: v}
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// set replaces the value at path with what edit returns for the current one. It reports
+// false when the path does not lead into the document or edit declines.
+func (n *jsonNode) set(path []pathSegment, edit func(old json.RawMessage, present bool) (json.RawMessage, bool)) (bool, error) {
+	ok, err := n.expand()
+	if !ok || err != nil {
+		return false, err
+	}
+	seg := string(path[0])
+	var child *jsonNode
+	index := -1
+	if n.obj != nil {
+		child = n.obj[seg]
+	} else if i, err := strconv.Atoi(seg); err == nil && i >= 0 && i < len(n.arr) {
+		child, index = n.arr[i], i
+	} else {
+		return false, nil
+	}
+	if len(path) > 1 {
+		if child == nil {
+			return false, nil
+		}
+		found, err := child.set(path[1:], edit)
+		if found {
+			n.dirty = true
+		}
+		return found, err
+	}
+	var old json.RawMessage
+	if child != nil {
+		if child.dirty {
+			var buf bytes.Buffer
+			child.encode(&buf)
+			old = buf.Bytes()
+		} else {
+			old = child.raw
 		}
 	}
-	switch cur.(type) {
-	case map[string]any, []any:
-		return cur, path[len(path)-1], true
+	raw, ok := edit(old, child != nil)
+	if !ok {
+		return false, nil
 	}
-	return nil, "", false
+	replacement := &jsonNode{raw: raw}
+	if index >= 0 {
+		n.arr[index] = replacement
+	} else {
+		n.obj[seg] = replacement
+	}
+	n.dirty = true
+	return true, nil
 }
 
-// accessors returns a getter and a setter for seg inside container. The setter reports
-// whether it could set (array indexes must exist).
-func accessors(container any, seg pathSegment) (func() (any, bool), func(any) bool) {
-	switch v := container.(type) {
-	case map[string]any:
-		return func() (any, bool) { x, ok := v[string(seg)]; return x, ok },
-			func(x any) bool { v[string(seg)] = x; return true }
-	case []any:
-		i, err := strconv.Atoi(string(seg))
-		inRange := err == nil && i >= 0 && i < len(v)
-		return func() (any, bool) {
-				if !inRange {
-					return nil, false
-				}
-				return v[i], true
-			}, func(x any) bool {
-				if !inRange {
-					return false
-				}
-				v[i] = x
-				return true
+// encode writes the value: raw when untouched, otherwise its members (object keys sorted).
+func (n *jsonNode) encode(buf *bytes.Buffer) {
+	switch {
+	case !n.dirty:
+		buf.Write(bytes.TrimSpace(n.raw))
+	case n.obj != nil:
+		keys := make([]string, 0, len(n.obj))
+		for k := range n.obj {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		buf.WriteByte('{')
+		for i, k := range keys {
+			if i > 0 {
+				buf.WriteByte(',')
 			}
+			key, _ := marshal(k)
+			buf.Write(key)
+			buf.WriteByte(':')
+			n.obj[k].encode(buf)
+		}
+		buf.WriteByte('}')
+	default:
+		buf.WriteByte('[')
+		for i, item := range n.arr {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			item.encode(buf)
+		}
+		buf.WriteByte(']')
 	}
-	return func() (any, bool) { return nil, false }, func(any) bool { return false }
 }
 
-// decodeExact parses a JSON answer keeping numbers as written, so that re-encoding after an
-// edit does not round large integers through float64.
-func decodeExact(text string) (any, error) {
-	dec := json.NewDecoder(strings.NewReader(text))
-	dec.UseNumber()
-	var doc any
-	if err := dec.Decode(&doc); err != nil {
-		return nil, err
-	}
-	return doc, nil
-}
-
-// encode writes doc as compact JSON without escaping <, > and & (answers are not HTML) and
-// without the encoder's trailing newline.
-func encode(doc any) (string, error) {
+// marshal writes v as compact JSON without escaping <, > and & (answers are not HTML).
+func marshal(v any) (json.RawMessage, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(doc); err != nil {
-		return "", err
+	if err := enc.Encode(v); err != nil {
+		return nil, err
 	}
-	return strings.TrimSuffix(buf.String(), "\n"), nil
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }

@@ -71,9 +71,9 @@ func TestActions(t *testing.T) {
 		wantSkipped []string // rule ids
 	}{
 		{
-			name: "block: Chinese diagnosis with a hedging word",
-			rule: Rule{ID: "diagnosis-hedging", Condition: hedging, Action: Action{Type: ActionBlock}},
-			in:   jsonInput(t, "medical", "白细胞12.5是什么情况", `{"diagnosis": "疑似细菌感染", "confidence": 0.8}`),
+			name:        "block: Chinese diagnosis with a hedging word",
+			rule:        Rule{ID: "diagnosis-hedging", Condition: hedging, Action: Action{Type: ActionBlock}},
+			in:          jsonInput(t, "medical", "白细胞12.5是什么情况", `{"diagnosis": "疑似细菌感染", "confidence": 0.8}`),
 			wantApplied: []Applied{{RuleID: "diagnosis-hedging", Action: ActionBlock}},
 			wantBlocked: "diagnosis-hedging",
 		},
@@ -131,23 +131,23 @@ func TestActions(t *testing.T) {
 			in: textInput("legal", "工伤认定需要多久？", "依据《工伤保险条例》第二十条，60日内作出决定。"),
 		},
 		{
-			name: "notice: written into a new JSON field",
-			rule: Rule{ID: "notice-field", Condition: `true`, Action: Action{Type: ActionNotice, Field: "notice", Notice: "Check with HR."}},
+			name:        "notice: written into a new JSON field",
+			rule:        Rule{ID: "notice-field", Condition: `true`, Action: Action{Type: ActionNotice, Field: "notice", Notice: "Check with HR."}},
 			in:          jsonInput(t, "", "q", `{"answer": "yes"}`),
 			wantText:    `{"answer":"yes","notice":"Check with HR."}`,
 			wantApplied: []Applied{{RuleID: "notice-field", Action: ActionNotice, Path: "notice"}},
 			wantNotices: []string{"Check with HR."},
 		},
 		{
-			name: "notice without a field leaves a JSON answer intact",
-			rule: Rule{ID: "notice-json", Condition: `true`, Action: Action{Type: ActionNotice, Notice: "注意"}},
+			name:        "notice without a field leaves a JSON answer intact",
+			rule:        Rule{ID: "notice-json", Condition: `true`, Action: Action{Type: ActionNotice, Notice: "注意"}},
 			in:          jsonInput(t, "", "q", `{"answer": "yes"}`),
 			wantNotices: []string{"注意"},
 			wantSkipped: []string{"notice-json"},
 		},
 		{
-			name: "degrade",
-			rule: Rule{ID: "degrade-long", Condition: `size(text) > 10`, Action: Action{Type: ActionDegrade}},
+			name:        "degrade",
+			rule:        Rule{ID: "degrade-long", Condition: `size(text) > 10`, Action: Action{Type: ActionDegrade}},
 			in:          textInput("", "q", "a rather long answer"),
 			wantApplied: []Applied{{RuleID: "degrade-long", Action: ActionDegrade}},
 			wantDegrade: "degrade-long",
@@ -470,5 +470,28 @@ func TestDraft(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestJSONEditsKeepUntouchedValuesAsWritten(t *testing.T) {
+	t.Parallel()
+	in := jsonInput(t, "", "q", `{"z": {"b": 1.50, "a": [1, 2]}, "patient": {"phone": "13812345678", "age": 1e2}, "big": 9007199254740993}`)
+	_, out := run(t, newEngine(t, 0), in,
+		Rule{ID: "mask-phone", Condition: `true`, Action: Action{Type: ActionMask, Field: "patient.phone", Pattern: `\d{4}$`, Value: "****"}},
+		Rule{ID: "mask-again", Condition: `true`, Action: Action{Type: ActionMask, Field: "patient.phone", Pattern: `^138`, Value: "1**"}},
+		Rule{ID: "notice", Condition: `true`, Action: Action{Type: ActionNotice, Field: "notice", Notice: "<仅供参考>"}},
+		Rule{ID: "missing", Condition: `true`, Action: Action{Type: ActionReplace, Field: "patient.name", Value: "x"}},
+	)
+	// Edited objects are rewritten with sorted keys; everything else, numbers included,
+	// is copied byte for byte; <> is not HTML-escaped.
+	want := `{"big":9007199254740993,"notice":"<仅供参考>","patient":{"age":1e2,"phone":"1**1234****"},"z":{"b": 1.50, "a": [1, 2]}}`
+	if out.Text != want {
+		t.Errorf("text =\n%s\nwant\n%s", out.Text, want)
+	}
+	if diff := cmp.Diff([]string{"mask-phone", "mask-again", "notice"}, out.RuleIDs()); diff != "" {
+		t.Errorf("applied (-want +got):\n%s", diff)
+	}
+	if len(out.Skipped) != 1 || out.Skipped[0].RuleID != "missing" {
+		t.Errorf("skipped = %+v, want the rule on a missing field", out.Skipped)
 	}
 }

@@ -54,9 +54,9 @@ func TestLexicalSimilarity(t *testing.T) {
 func TestNormalizeQuestion(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"工伤认定，需要多久？":      "工伤认定需要多久",
+		"工伤认定，需要多久？":        "工伤认定需要多久",
 		"  How LONG?  ":     "howlong",
-		"ＧＰＴ－４ 多少钱":       "gpt4多少钱",
+		"ＧＰＴ－４ 多少钱":         "gpt4多少钱",
 		"How long does it?": "howlongdoesit",
 	} {
 		if got := NormalizeQuestion(in); got != want {
