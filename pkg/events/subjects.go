@@ -8,6 +8,8 @@ const (
 	SubjectDegradation = "mantle.events.degradation"
 	SubjectBreaker     = "mantle.events.breaker"
 	SubjectQuota       = "mantle.events.quota"
-	SubjectReview      = "mantle.events.review"
-	SubjectQuality     = "mantle.events.quality"
+	// SubjectQuotaNearLimit carries QuotaNearLimitEvent: a bucket passed 80% of its limit.
+	SubjectQuotaNearLimit = "mantle.events.quota.near_limit"
+	SubjectReview         = "mantle.events.review"
+	SubjectQuality        = "mantle.events.quality"
 )

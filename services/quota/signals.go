@@ -32,10 +32,8 @@ const (
 )
 
 // subjectNearLimit carries QuotaNearLimitEvents. Every subject carries one message type
-// so that consumers can decode what they receive: rejections keep mantle.events.quota,
-// near-limit signals get a subject of their own under it (the JetStream stream keeps
-// mantle.events.>). It belongs in pkg/events with the other subjects.
-const subjectNearLimit = events.SubjectQuota + ".near_limit"
+// so that consumers can decode what they receive.
+const subjectNearLimit = events.SubjectQuotaNearLimit
 
 // signals rate-limits near-limit events: at most one per bucket per window (a minute)
 // and replica, so a tenant running at 90% for an hour raises sixty, not millions.

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
@@ -178,7 +179,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			r.skipCandidate(qc, p, c, mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED)
 			continue
 		}
-		if p.attempts > 0 && !r.allowRetry(key, isFormatClass(p.prefer)) {
+		if p.attempts > 0 && !r.allowRetry(ctx, qc, key, isFormatClass(p.prefer)) {
 			permit.Cancel()
 			release()
 			r.denyRetry(qc, p)
@@ -344,12 +345,51 @@ func (r *Router) denyRetry(qc *mantlev1.QualityContext, p *plan) {
 	r.audit(qc, "retry", "retry budget exhausted: going down the ladder", 0)
 }
 
-// allowRetry asks the overall and the key's retry budget.
-func (r *Router) allowRetry(key *upstreamKey, format bool) bool {
+// allowRetry asks this replica's overall and per-key retry budgets, then the quota
+// service's shared one, so the budget holds across router replicas. When quota cannot be
+// reached the local budgets decide alone.
+func (r *Router) allowRetry(ctx context.Context, qc *mantlev1.QualityContext, key *upstreamKey, format bool) bool {
 	if !r.budget.Allowed(format) || !key.budget.Allowed(format) {
 		return false
 	}
-	return r.budget.TryRetry(format) && key.budget.TryRetry(format)
+	if !r.budget.TryRetry(format) || !key.budget.TryRetry(format) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, sideCallTimeout)
+	defer cancel()
+	res, err := r.deps.Quota.AcquireRetry(ctx, &quotav1.AcquireRetryRequest{
+		Quality: &mantlev1.QualityContext{RequestId: qc.RequestId, Tenant: qc.Tenant}, UpstreamKeyId: key.id, FormatRetry: format,
+	})
+	if err != nil {
+		r.deps.Log.DebugContext(ctx, "shared retry budget unavailable; the local budget decided", "err", err)
+		return true
+	}
+	return res.Granted
+}
+
+// sideCallTimeout bounds calls that only inform another service (rate-limit headers,
+// retry budget): they must never hold a request up for long.
+const sideCallTimeout = 100 * time.Millisecond
+
+// observe passes a provider's rate-limit headers to quota, which slows admissions down
+// before the provider starts returning 429s.
+func (r *Router) observe(ctx context.Context, tenant string, key *upstreamKey, rl provider.RateLimit) {
+	if !rl.Known {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sideCallTimeout)
+	defer cancel()
+	_, err := r.deps.Quota.ObserveUpstream(ctx, &quotav1.ObserveUpstreamRequest{
+		Quality:           &mantlev1.QualityContext{Tenant: tenant},
+		UpstreamKeyId:     key.id,
+		RemainingRequests: rl.RemainingRequests,
+		RemainingTokens:   rl.RemainingTokens,
+		ResetRequests:     durationpb.New(rl.ResetRequests),
+		ResetTokens:       durationpb.New(rl.ResetTokens),
+	})
+	if err != nil {
+		r.deps.Log.DebugContext(ctx, "rate-limit headers not passed to quota", "err", err)
+	}
 }
 
 func retryAfter(err error) time.Duration {
@@ -381,7 +421,7 @@ func (r *Router) try(ctx context.Context, req *routerv1.Request, rt *route, qc *
 
 // run is try without recording, safe to call concurrently for hedges.
 func (r *Router) run(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool) outcome {
-	o := r.call(ctx, rt, c, key, permit, preq, sink, hedged)
+	o := r.call(ctx, rt, c, key, permit, preq, sink, hedged, qc.Tenant)
 	o.streamed = sink != nil
 	if o.err == nil && sink == nil {
 		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c.u, &o.res, o.audit)
@@ -412,7 +452,7 @@ func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, q
 		r.record(qc, o)
 		return o
 	case <-timer.Chan():
-		if h, hkey, hpermit, release, ok := r.hedgeCandidate(p, c, qc.Scenario); ok {
+		if h, hkey, hpermit, release, ok := r.hedgeCandidate(ctx, qc, p, c); ok {
 			defer release()
 			p.attempts++
 			r.deps.Metrics.hedges.Inc()
@@ -454,12 +494,12 @@ func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, q
 
 // hedgeCandidate reserves a key and a bulkhead slot on the best other candidate, if the
 // retry budget allows a hedge.
-func (r *Router) hedgeCandidate(p *plan, primary *candidate, scenario string) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
+func (r *Router) hedgeCandidate(ctx context.Context, qc *mantlev1.QualityContext, p *plan, primary *candidate) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
 	for _, c := range p.cands {
 		if c == primary || c.exhausted {
 			continue
 		}
-		key, permit, _ := r.acquire(c.u, scenario, p.avoid)
+		key, permit, _ := r.acquire(c.u, qc.Scenario, p.avoid)
 		if key == nil {
 			continue
 		}
@@ -468,7 +508,7 @@ func (r *Router) hedgeCandidate(p *plan, primary *candidate, scenario string) (*
 			permit.Cancel()
 			continue
 		}
-		if !r.allowRetry(key, false) {
+		if !r.allowRetry(ctx, qc, key, false) {
 			permit.Cancel()
 			release()
 			return nil, nil, resilience.Permit{}, nil, false
@@ -495,7 +535,7 @@ func (r *Router) hedgeDelay(rt *route, key *upstreamKey) time.Duration {
 }
 
 // call makes the provider call and keeps the breaker, cooldown and statistics of the key.
-func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool) outcome {
+func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool, tenant string) outcome {
 	u := c.u
 	preq.Model = u.upstreamModel()
 	remaining := time.Until(deadlineOf(ctx)) - r.conf().HopReserve
@@ -514,6 +554,7 @@ func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstrea
 	latency := r.deps.Clock.Since(start)
 	class := provider.ClassOf(o.err)
 	key.stats.finish(latency, o.err != nil)
+	r.observe(ctx, tenant, key, o.res.RateLimit)
 	switch {
 	case class == mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED:
 		// A 429 is the key's quota, not the provider's health: cool the key, spare the breaker.
@@ -724,7 +765,7 @@ func (r *Router) continueStream(ctx context.Context, req *routerv1.Request, rt *
 			permit.Cancel()
 			continue
 		}
-		if !r.allowRetry(key, false) {
+		if !r.allowRetry(ctx, qc, key, false) {
 			permit.Cancel()
 			release()
 			break

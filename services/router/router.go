@@ -355,9 +355,11 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	start := r.deps.Clock.Now()
+	// Buckets, prices and the tokenizer are per model: charge the route's first choice,
+	// which is what answers when nothing goes wrong.
 	res, err := r.deps.Quota.Reserve(hop, &quotav1.ReserveRequest{
 		Quality:         qc,
-		Model:           rt.name,
+		Model:           rt.candidates[0].model.Name,
 		MaxOutputTokens: int64(req.MaxTokens),
 		Messages:        req.Messages,
 	})

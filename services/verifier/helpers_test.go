@@ -118,6 +118,8 @@ type testServer struct {
 type serverOptions struct {
 	nats  *nats.Conn
 	clock *clockwork.FakeClock
+	// dial reaches other modules (the router, for the L3 judge).
+	dial func(module string) (grpc.ClientConnInterface, error)
 }
 
 // startServer builds the verifier module like the app does, serves it over bufconn, runs
@@ -137,6 +139,7 @@ func startServer(t *testing.T, cfg Config, opts serverOptions) *testServer {
 		Clock:   clock,
 		Events:  events,
 		NATS:    opts.nats,
+		Dial:    opts.dial,
 	})
 	if err != nil {
 		t.Fatalf("Module.New: %v", err)

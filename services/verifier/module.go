@@ -75,7 +75,7 @@ func build(cfg Config, env app.Env, getenv func(string) string) (*module, error)
 		pub = env.Events
 	}
 
-	deps := Deps{Clock: clock, Metrics: reg, Events: pub, Log: log, Getenv: getenv}
+	deps := Deps{Clock: clock, Metrics: reg, Events: pub, Log: log}
 	if cfg.L3.Enabled && cfg.L3.Judge.Enabled {
 		conn, err := env.Dial("router")
 		if err != nil {

@@ -2,19 +2,25 @@ package verifier
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	"github.com/mantle-mesh/mantle/pkg/events"
@@ -346,5 +352,78 @@ func TestServerReloadRules(t *testing.T) {
 	resp, err := ts.client.Verify(ctx, &verifierv1.VerifyRequest{Quality: &mantlev1.QualityContext{Tenant: "acme"}, Content: "退款已处理。"})
 	if err != nil || resp.GetUserNotice() != "退款规则B" {
 		t.Errorf("after a rejected reload: notice %q, %v; want the last good rule", resp.GetUserNotice(), err)
+	}
+}
+
+// fakeRouter is a RouterService whose every answer is the judge's verdict.
+type fakeRouter struct {
+	routerv1.UnimplementedRouterServiceServer
+	mu       sync.Mutex
+	requests []*routerv1.CompleteRequest
+}
+
+func (f *fakeRouter) Complete(_ context.Context, req *routerv1.CompleteRequest) (*routerv1.CompleteResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.requests = append(f.requests, req)
+	return &routerv1.CompleteResponse{Message: &mantlev1.ChatMessage{Role: "assistant", Content: `{"score": 0.1}`}}, nil
+}
+
+func TestServerJudgeThroughTheRouter(t *testing.T) {
+	t.Parallel()
+	router := &fakeRouter{}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	routerv1.RegisterRouterServiceServer(srv, router)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("passthrough:///router",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+
+	cfg := DefaultConfig()
+	cfg.L3.Judge.Enabled = true
+	ts := startServer(t, cfg, serverOptions{dial: func(module string) (grpc.ClientConnInterface, error) {
+		if module != "router" {
+			t.Errorf("dialled %s, want the router", module)
+		}
+		return conn, nil
+	}})
+	ctx := context.Background()
+	if _, err := ts.client.Verify(ctx, &verifierv1.VerifyRequest{
+		Quality:  &mantlev1.QualityContext{RequestId: "req-j", Tenant: "acme", Scenario: "support"},
+		Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "退款多久到账？"}},
+		Content:  "退款将在五个工作日内到账。",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, waitFor)
+	defer cancel()
+	got, err := ts.client.GetFollowUp(waitCtx, &verifierv1.GetFollowUpRequest{RequestId: "req-j", Wait: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := got.GetFollowUp()
+	if !f.GetJudged() || f.GetJudgeScore() != 0.1 || f.GetL3Confidence() > 0.5 {
+		t.Errorf("follow-up = %v; want the judge's low score to pull the confidence down", f)
+	}
+	router.mu.Lock()
+	defer router.mu.Unlock()
+	if len(router.requests) != 1 || router.requests[0].GetRequest().GetScenario() != "verifier-judge" ||
+		!strings.Contains(router.requests[0].GetRequest().GetMessages()[1].GetContent(), "退款将在五个工作日内到账") {
+		t.Errorf("router requests = %v", router.requests)
+	}
+
+	// The judge's own answers, verified when the router returns them, are not judged.
+	resp, err := ts.client.Verify(ctx, &verifierv1.VerifyRequest{
+		Quality: &mantlev1.QualityContext{RequestId: "req-judge-call", Tenant: "acme", Scenario: "verifier-judge"},
+		Content: `{"score": 0.1}`, ResponseFormat: &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_OBJECT},
+	})
+	if err != nil || resp.GetL3Pending() {
+		t.Errorf("judge answer: l3_pending %v, %v; want no L3 (it would loop)", resp.GetL3Pending(), err)
 	}
 }

@@ -281,8 +281,6 @@ type Deps struct {
 	Embedder Embedder
 	// Judge is the L3 judge; nil leaves it off.
 	Judge Judge
-	// Getenv reads the judge's key (os.Getenv in production).
-	Getenv func(string) string
 }
 
 // Verifier runs the verification layers. It is safe for concurrent use.
