@@ -73,6 +73,8 @@ func resilienceConfig() mesh.Config {
 	r.Providers = []router.ProviderConfig{{Name: "sim", Type: router.ProviderSim, Timeout: 300 * time.Millisecond, SimProfile: "instant", SimSeed: 7}}
 	r.Retry = router.RetryConfig{MaxRetries: 2, BackoffBase: 10 * time.Millisecond, BackoffCap: 50 * time.Millisecond, MaxRetryAfter: time.Second}
 	r.RetryBudget = router.BudgetConfig{Ratio: 1, Floor: 1000, Window: time.Minute, FormatOnlyAbove: 1}
+	// Every request here fails over on purpose; the shared budget in quota must allow it too.
+	cfg.Quota.RetryBudget.Ratio, cfg.Quota.RetryBudget.Floor, cfg.Quota.RetryBudget.FormatOnlyAbove = 1, 1000, 1
 	r.FirstTokenTimeout, r.StallTimeout = 200*time.Millisecond, 200*time.Millisecond
 	r.Models = []router.ModelConfig{
 		{Name: "backup", Provider: "sim", ContextWindow: 4000, FormatStability: 0.9, InputPricePerMillion: 1, OutputPricePerMillion: 1},

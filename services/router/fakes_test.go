@@ -189,6 +189,8 @@ func hang() result { return result{hang: true} }
 type fakeProvider struct {
 	results []result
 	started chan provider.Request
+	// returned is announced when a Complete call has decided its result (buffered).
+	returned chan struct{}
 	clock   *clockwork.FakeClock // set by newHarness, for result.advance
 
 	mu   sync.Mutex
@@ -196,7 +198,7 @@ type fakeProvider struct {
 }
 
 func newFakeProvider(results ...result) *fakeProvider {
-	return &fakeProvider{results: results, started: make(chan provider.Request, 64)}
+	return &fakeProvider{results: results, started: make(chan provider.Request, 64), returned: make(chan struct{}, 64)}
 }
 
 func (p *fakeProvider) next(req provider.Request) result {
@@ -238,6 +240,12 @@ func block(ctx context.Context, r result) error {
 }
 
 func (p *fakeProvider) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
+	defer func() {
+		select {
+		case p.returned <- struct{}{}:
+		default:
+		}
+	}()
 	r := p.next(req)
 	if err := block(ctx, r); err != nil {
 		return provider.Response{}, err
@@ -361,7 +369,7 @@ func newHarness(t *testing.T, cfg Config, h *harness) *harness {
 	for _, p := range h.providers {
 		p.clock = h.clock
 		if p.started == nil {
-			p.started = make(chan provider.Request, 64)
+			p.started, p.returned = make(chan provider.Request, 64), make(chan struct{}, 64)
 		}
 	}
 	if h.rand == nil {

@@ -108,7 +108,7 @@ func TestHedging(t *testing.T) {
 		ch := h.start(context.Background(), ask("chat"))
 		h.blockUntil(t, 1)
 		h.clock.Advance(500 * time.Millisecond)
-		<-h.providers["b"].started
+		<-h.providers["b"].returned // the hedge has failed; only then may a answer
 		close(release)
 		d := await(t, ch)
 		if d.err != nil || d.resp.Model != "a" {

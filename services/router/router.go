@@ -358,8 +358,10 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 	// Buckets, prices and the tokenizer are per model: charge the route's first choice,
 	// which is what answers when nothing goes wrong.
 	res, err := r.deps.Quota.Reserve(hop, &quotav1.ReserveRequest{
-		Quality:         qc,
-		Model:           rt.candidates[0].model.Name,
+		Quality: qc,
+		Model:   rt.candidates[0].model.Name,
+		// Naming the key lets quota count requests per key for the shared retry budget.
+		UpstreamKeyId:   rt.candidates[0].keys[0].id,
 		MaxOutputTokens: int64(req.MaxTokens),
 		Messages:        req.Messages,
 	})
