@@ -42,8 +42,9 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	rates := fs.String("rates", "500,1000,2000,4000", "requests per second, each run in turn")
 	duration := fs.Duration("duration", 10*time.Second, "how long each rate runs")
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured load at each rate before it is measured")
-	maxInFlight := fs.Int("max-in-flight", 20000, "most concurrent requests; more are shed and counted")
+	maxInFlight := fs.Int("max-in-flight", 5000, "most concurrent requests; more are shed and counted (each holds a few file descriptors)")
 	samePrompt := fs.Bool("same-prompt", false, "send the identical request every time (the cache then answers all but the first)")
+	temperature := fs.Float64("temperature", 0, "temperature of every request: 0 makes answers cacheable (the cache looks up and stores each one); above 0.3 the cache skips them")
 	format := fs.String("format", "text", "output: text or json")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
 	inProcess := fs.Bool("in-process", false, "run every mode in this process (CPU and RSS figures then mix)")
@@ -57,7 +58,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	if *format != "text" && *format != "json" {
 		return fmt.Errorf("--format: want text or json, got %q", *format)
 	}
-	cfg := benchload.Config{Duration: *duration, Warmup: *warmup, MaxInFlight: *maxInFlight, SamePrompt: *samePrompt}
+	cfg := benchload.Config{Duration: *duration, Warmup: *warmup, MaxInFlight: *maxInFlight, SamePrompt: *samePrompt, Temperature: *temperature}
 	for _, r := range strings.Split(*rates, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(r), 64)
 		if err != nil || v <= 0 {
@@ -113,7 +114,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 			res, err = runChild(ctx, mode, []string{
 				"--rates", *rates, "--duration", duration.String(), "--warmup", warmup.String(),
 				"--max-in-flight", strconv.Itoa(*maxInFlight), "--same-prompt=" + strconv.FormatBool(*samePrompt),
-				"--cpuprofile", *cpuProfile,
+				"--cpuprofile", *cpuProfile, "--temperature", strconv.FormatFloat(*temperature, 'g', -1, 64),
 			}, stderr)
 		}
 		if err != nil {

@@ -82,12 +82,16 @@ type chatParams struct {
 	jsonMode     bool
 	maxTokens    int
 	idemKey      string
+	prefill      string // a trailing assistant message to continue
 }
 
 func (p chatParams) body() []byte {
 	req := map[string]any{
 		"model":    cmpOr(p.model, "sim-model"),
 		"messages": []map[string]any{{"role": "system", "content": "be brief"}, {"role": "user", "content": cmpOr(p.prompt, "hello world")}},
+	}
+	if p.prefill != "" {
+		req["messages"] = append(req["messages"].([]map[string]any), map[string]any{"role": "assistant", "content": p.prefill, "prefix": true})
 	}
 	if p.stream {
 		req["stream"] = true
@@ -994,6 +998,42 @@ func TestStats(t *testing.T) {
 	}
 	if got.BadRequests != 1 {
 		t.Errorf("BadRequests = %d, want 1", got.BadRequests)
+	}
+}
+
+// TestPrefillContinues: a request ending in an assistant message that starts the answer
+// gets only the rest of it, streamed or not, as prefill-capable models do; the router
+// relies on it to finish a stream that broke mid-answer on another model.
+func TestPrefillContinues(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, ServerConfig{})
+	ctx := testCtx(t)
+	_, body, err := h.call(ctx, chatParams{prefill: "sim answer to: hello"})
+	if err != nil {
+		t.Fatalf("call: %v", err)
+	}
+	if got := decodeCompletion(t, body).Choices[0].Message.Content; got != " world" {
+		t.Errorf("unary continuation = %q, want %q", got, " world")
+	}
+	resp, err := h.post(ctx, chatParams{prefill: "sim answer", stream: true})
+	if err != nil {
+		t.Fatalf("post: %v", err)
+	}
+	defer resp.Body.Close()
+	events, done, err := readSSE(resp.Body)
+	if err != nil || !done {
+		t.Fatalf("stream: %v, done %t", err, done)
+	}
+	if got := content(events); got != " to: hello world" || finishReason(events) != "stop" {
+		t.Errorf("streamed continuation = %q (finish %q), want %q and stop", got, finishReason(events), " to: hello world")
+	}
+	// A prefill that is not the start of the answer cannot be continued: the whole answer.
+	_, body, err = h.call(ctx, chatParams{prefill: "something else"})
+	if err != nil {
+		t.Fatalf("call: %v", err)
+	}
+	if got := decodeCompletion(t, body).Choices[0].Message.Content; got != wantAnswer {
+		t.Errorf("unrelated prefill answered %q, want the whole answer", got)
 	}
 }
 

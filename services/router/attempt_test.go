@@ -371,6 +371,31 @@ func TestAttemptDecisions(t *testing.T) {
 				attempts: []string{"a:transient"}, calls: map[string]int{"a": 1}},
 		},
 		{
+			name:    "the shared retry budget (quota) refuses: no retry, across replicas",
+			results: map[string][]result{"a": {failure(classTransient, "502")}},
+			h:       func(h *harness) { h.quota.refuseRetries = true },
+			want: want{code: codes.Unavailable, message: "retry budget exhausted",
+				attempts: []string{"a:transient"}, calls: map[string]int{"a": 1}},
+			check: func(t *testing.T, h *harness, _ done) {
+				asked := h.quota.retryRequests()
+				if len(asked) != 1 || asked[0].UpstreamKeyId != "sim" || asked[0].FormatRetry {
+					t.Errorf("AcquireRetry requests %v, want one for key sim, not a format retry", asked)
+				}
+			},
+		},
+		{
+			name:    "the shared retry budget is unreachable: the local budget decides",
+			results: map[string][]result{"a": {failure(classMalformed, "not JSON")}},
+			h:       func(h *harness) { h.quota.retryErr = status.Error(codes.Unavailable, "quota down") },
+			want: want{model: "b", level: levelBackup,
+				attempts: []string{"a:malformed_output", "b:none"}, calls: map[string]int{"a": 1, "b": 1}},
+			check: func(t *testing.T, h *harness, _ done) {
+				if asked := h.quota.retryRequests(); len(asked) != 1 || !asked[0].FormatRetry {
+					t.Errorf("AcquireRetry requests %v, want one format retry", asked)
+				}
+			},
+		},
+		{
 			name: "retry rate over format_only_above: a format retry still goes",
 			cfg: func(c *Config) {
 				c.RetryBudget = BudgetConfig{Ratio: 1, Floor: 1, Window: time.Minute, FormatOnlyAbove: 0.15}

@@ -223,3 +223,32 @@ func hasAudit(qc *mantlev1.QualityContext, step, detail string) bool {
 	}
 	return false
 }
+
+// TestSlowCallsTripTheBreaker: a provider that answers every call correctly but slowly
+// (seed 004: P99 40 s with 0% errors) trips the breaker on its slow-call rate. The calls
+// take 5 s here, slower than slow_call but within the budget (a key whose median exceeds
+// what is left of the budget is not called at all).
+func TestSlowCallsTripTheBreaker(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Routes[0].Candidates = []string{"a", "b"}
+	cfg.Breaker.MinCalls, cfg.Breaker.SlowCall, cfg.Breaker.SlowCallRate = 3, 2*time.Second, 0.5
+	h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+		"a": newFakeProvider(result{res: reply("correct but slow", 1, 1).res, advance: 5 * time.Second}),
+	}})
+	var answeredBy []string
+	for range 4 {
+		resp, err := h.router.Complete(context.Background(), ask("chat"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		answeredBy = append(answeredBy, resp.Model)
+	}
+	if diff := cmp.Diff([]string{"a", "a", "a", "b"}, answeredBy); diff != "" {
+		t.Errorf("answered by (-want +got):\n%s", diff)
+	}
+	k := describeKey(t, h, "chat", "a", "sim")
+	if k.BreakerState != breakerOpen || !strings.Contains(k.BreakerReason, "slow-call rate 100% (>2s) over 3 calls") || k.Failures != 0 {
+		t.Errorf("a's key: %v %q failures %d, want open on the slow-call rate with no failures", k.BreakerState, k.BreakerReason, k.Failures)
+	}
+}

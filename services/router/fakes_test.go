@@ -33,10 +33,42 @@ import (
 type fakeQuota struct {
 	quotav1.QuotaServiceClient
 	reserveErr error
+	// refuseRetries makes the shared retry budget refuse every retry; retryErr makes it
+	// unreachable.
+	refuseRetries bool
+	retryErr      error
 
 	mu       sync.Mutex
 	reserves []*quotav1.ReserveRequest
 	settles  []*quotav1.SettleRequest
+	retries  []*quotav1.AcquireRetryRequest
+	observed []*quotav1.ObserveUpstreamRequest
+}
+
+func (q *fakeQuota) AcquireRetry(_ context.Context, in *quotav1.AcquireRetryRequest, _ ...grpc.CallOption) (*quotav1.AcquireRetryResponse, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.retries = append(q.retries, proto.Clone(in).(*quotav1.AcquireRetryRequest))
+	if q.retryErr != nil {
+		return nil, q.retryErr
+	}
+	if q.refuseRetries {
+		return &quotav1.AcquireRetryResponse{Budget: "retry:overall"}, nil
+	}
+	return &quotav1.AcquireRetryResponse{Granted: true, Budget: "retry:overall"}, nil
+}
+
+func (q *fakeQuota) ObserveUpstream(_ context.Context, in *quotav1.ObserveUpstreamRequest, _ ...grpc.CallOption) (*quotav1.ObserveUpstreamResponse, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.observed = append(q.observed, proto.Clone(in).(*quotav1.ObserveUpstreamRequest))
+	return &quotav1.ObserveUpstreamResponse{}, nil
+}
+
+func (q *fakeQuota) retryRequests() []*quotav1.AcquireRetryRequest {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]*quotav1.AcquireRetryRequest(nil), q.retries...)
 }
 
 func (q *fakeQuota) Reserve(_ context.Context, in *quotav1.ReserveRequest, _ ...grpc.CallOption) (*quotav1.ReserveResponse, error) {
@@ -191,7 +223,7 @@ type fakeProvider struct {
 	started chan provider.Request
 	// returned is announced when a Complete call has decided its result (buffered).
 	returned chan struct{}
-	clock   *clockwork.FakeClock // set by newHarness, for result.advance
+	clock    *clockwork.FakeClock // set by newHarness, for result.advance
 
 	mu   sync.Mutex
 	reqs []provider.Request

@@ -119,6 +119,12 @@ func TestReviewQueueSurvivesNATSOutage(t *testing.T) {
 	}
 
 	// 3. NATS comes back on the same port with the same data: the spooled request arrives.
+	flushed := make(chan int, 8)
+	ts.module.queue.OnFlush(func(n int, err error) {
+		if err == nil && n > 0 {
+			flushed <- n
+		}
+	})
 	srv = startNATS(t, port, dir)
 	select {
 	case <-reconnected:
@@ -130,8 +136,13 @@ func TestReviewQueueSurvivesNATSOutage(t *testing.T) {
 	if opened.GetReviewId() != second.GetReviewId() {
 		t.Fatalf("second opened %s, want %s", opened.GetReviewId(), second.GetReviewId())
 	}
-	if n := ts.module.queue.Spooled(); n != 0 {
-		t.Errorf("spooled = %d after NATS returned, want 0", n)
+	select {
+	case n := <-flushed:
+		if n != 1 || ts.module.queue.Spooled() != 0 {
+			t.Errorf("flushed %d, spooled %d after NATS returned; want 1 and 0", n, ts.module.queue.Spooled())
+		}
+	case <-time.After(waitFor):
+		t.Fatal("the spool was not flushed")
 	}
 	if n := streamMsgs(); n != 2 {
 		t.Errorf("work queue holds %d requests, want 2", n)

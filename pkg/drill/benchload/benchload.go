@@ -15,6 +15,7 @@ package benchload
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -74,6 +75,10 @@ type Config struct {
 	// SamePrompt sends the identical request every time. By default each request differs by
 	// a number, so the cache cannot answer it and every request takes the whole path.
 	SamePrompt bool
+	// Temperature is sent with every request. At 0 (the default) answers are cacheable, so
+	// the full mesh looks every prompt up in the cache and stores every answer; above the
+	// cache policy's max_temperature (0.3 by default) the cache skips both.
+	Temperature float64
 	// Log receives the mesh's errors; nil discards them.
 	Log io.Writer
 }
@@ -202,7 +207,7 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 	first := *seq
 	*seq += n
 	st, err := load.Run(ctx, lc, func(ctx context.Context, i int, due time.Time) {
-		errs[i] = send(ctx, c, url, body(cfg.SamePrompt, first+i))
+		errs[i] = send(ctx, c, url, body(cfg.SamePrompt, cfg.Temperature, first+i))
 		lat[i] = time.Since(due)
 	}, func(i int, _ time.Time) {
 		errs[i] = errShed
@@ -232,14 +237,12 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 
 var errShed = errors.New("shed")
 
-func body(same bool, i int) []byte {
+func body(same bool, temperature float64, i int) []byte {
 	prompt := "How long does a parcel to Lisbon take?"
 	if !same {
 		prompt = fmt.Sprintf("Benchmark request %d: how long does a parcel to Lisbon take?", i)
 	}
-	// temperature 0 makes the answer cacheable, so the full mesh does a real cache lookup
-	// and store instead of skipping the cache for a high temperature.
-	return fmt.Appendf(nil, `{"model":%q,"temperature":0,"messages":[{"role":"user","content":%q}]}`, ModelName, prompt)
+	return fmt.Appendf(nil, `{"model":%q,"temperature":%g,"messages":[{"role":"user","content":%q}]}`, ModelName, temperature, prompt)
 }
 
 func send(ctx context.Context, c *http.Client, url string, payload []byte) error {
@@ -253,11 +256,19 @@ func send(ctx context.Context, c *http.Client, url string, payload []byte) error
 		return err
 	}
 	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("HTTP %d", resp.StatusCode)
+		var e struct {
+			Error struct {
+				Code    string `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(data, &e)
+		return fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message)
 	}
 	return nil
 }

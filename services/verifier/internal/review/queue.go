@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -68,8 +69,8 @@ type Queue struct {
 	mu   sync.Mutex
 	held map[string]jetstream.Msg
 
-	// flushed, when set (tests), receives the outcome of every flush attempt.
-	flushed func(n int, err error)
+	// flushed, when set (tests, metrics), observes the outcome of every flush attempt.
+	flushed atomic.Pointer[func(n int, err error)]
 }
 
 // NewQueue builds a queue; Run starts it.
@@ -82,9 +83,9 @@ func NewQueue(cfg QueueConfig, js jetstream.JetStream, spool *events.Spool, svc 
 	return q
 }
 
-// OnFlush installs a callback that observes every flush attempt (tests, metrics). Call it
-// before Run.
-func (q *Queue) OnFlush(f func(n int, err error)) { q.flushed = f }
+// OnFlush installs a callback that observes every flush attempt (tests, metrics). It runs
+// on the flusher's goroutine after the published records are deleted from the spool.
+func (q *Queue) OnFlush(f func(n int, err error)) { q.flushed.Store(&f) }
 
 // Spooled is the number of requests waiting on disk.
 func (q *Queue) Spooled() int { return q.spool.Len() }
@@ -148,8 +149,8 @@ func (q *Queue) flushLoop(ctx context.Context) {
 		next := q.cfg.RetryMax // idle: look again now and then even without a kick
 		if q.spool.Len() > 0 {
 			n, err := q.spool.Flush(ctx, withTimeout)
-			if q.flushed != nil {
-				q.flushed(n, err)
+			if f := q.flushed.Load(); f != nil {
+				(*f)(n, err)
 			}
 			if err != nil && ctx.Err() == nil {
 				q.log.WarnContext(ctx, "review requests stay spooled: NATS unreachable", "published", n, "spooled", q.spool.Len(), "retry_in", backoff, "err", err)

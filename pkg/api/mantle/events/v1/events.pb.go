@@ -478,7 +478,10 @@ func (x *QuotaNearLimitEvent) GetUpstreamKeyId() string {
 	return ""
 }
 
-// ReviewRequestEvent: an answer needs a human decision.
+// ReviewRequestEvent: an answer needs a human decision. The verifier publishes it twice:
+// as the durable work item on mantle.review.requests (JetStream work-queue stream
+// MANTLE_REVIEWS, spooled to disk while NATS is down), and, once the review is stored, on
+// mantle.events.review for everyone watching.
 type ReviewRequestEvent struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	At        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
