@@ -44,6 +44,9 @@ func testConfig() mesh.Config {
 		{ID: "tight", KeySHA256: rpc.HashKey(tightKey)},
 	}
 	cfg.Quota.Tenants = map[string]quota.RateLimits{"tight": {RPM: 2, TPM: 100000}}
+	// Short enough that a request over tight's RPM is refused at once rather than queued
+	// until the bucket refills (which takes longer than the budget).
+	cfg.Router.DefaultBudget = 10 * time.Second
 	cfg.Router.Providers = []router.ProviderConfig{{Name: "sim", Type: router.ProviderSim, Timeout: 5 * time.Second, SimProfile: "fast", SimSeed: 7}}
 	cfg.Router.Models = []router.ModelConfig{
 		{Name: "primary", Provider: "sim", InputPricePerMillion: 1, OutputPricePerMillion: 2},

@@ -3,7 +3,9 @@ package mesh_test
 import (
 	"context"
 	"io"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,16 +87,14 @@ func TestWatchConfigReloadsOnChange(t *testing.T) {
 	next := cfg
 	next.Router.Routes = []router.RouteConfig{{Name: "chat", Candidates: []string{"backup"}, Ladder: router.LadderConfig{Template: "t", ForceLevel: router.ForceTemplate}}}
 	loads := make(chan struct{}, 10)
+	hup := make(chan os.Signal, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		p.WatchConfig(ctx, func() (mesh.Config, error) { loads <- struct{}{}; return next, nil }, time.Second, nil)
+		p.WatchConfig(ctx, func() (mesh.Config, error) { loads <- struct{}{}; return next, nil }, time.Hour, hup)
 	}()
-	if err := clock.BlockUntilContext(context.Background(), 1); err != nil {
-		t.Fatal(err)
-	}
-	clock.Advance(time.Second)
+	hup <- syscall.SIGHUP // as an operator would; the hourly check never fires on the fake clock
 	<-loads
 	cancel()
 	<-done

@@ -17,11 +17,24 @@ const (
 )
 
 type requestIDKey struct{}
+type callerRequestIDKey struct{}
 type traceIDKey struct{}
 
 // WithRequestID returns a context carrying the request id.
 func WithRequestID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// WithCallerRequestID returns a context carrying a request id the caller chose (an
+// x-request-id header or metadata): it identifies the request for idempotent replays too.
+func WithCallerRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(WithRequestID(ctx, id), callerRequestIDKey{}, id)
+}
+
+// CallerRequestID returns the request id the caller chose, or "" when mantle made one up.
+func CallerRequestID(ctx context.Context) string {
+	id, _ := ctx.Value(callerRequestIDKey{}).(string)
+	return id
 }
 
 // RequestID returns the request id of ctx, or "".
@@ -113,7 +126,7 @@ func traceParent(traceID string) string {
 func requestMetaFromIncoming(ctx context.Context) context.Context {
 	md, _ := metadata.FromIncomingContext(ctx)
 	if v := md.Get(MetadataRequestID); len(v) > 0 && ValidRequestID(v[0]) {
-		ctx = WithRequestID(ctx, v[0])
+		ctx = WithCallerRequestID(ctx, v[0])
 	}
 	traceID := ""
 	if v := md.Get(MetadataTraceParent); len(v) > 0 {

@@ -538,8 +538,15 @@ func (r *Router) hedgeDelay(rt *route, key *upstreamKey) time.Duration {
 func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool, tenant string) outcome {
 	u := c.u
 	preq.Model = u.upstreamModel()
-	remaining := time.Until(deadlineOf(ctx)) - r.conf().HopReserve
-	ctx, cancel := context.WithTimeout(ctx, min(u.timeout, max(remaining, time.Millisecond)))
+	remaining := max(time.Until(deadlineOf(ctx))-r.conf().HopReserve, time.Millisecond)
+	// The per-try timeout bounds a unary call. A stream is bounded by it only until its first
+	// token (see stream): a healthy long answer must not be cut, and the stall limit guards
+	// the rest.
+	limit := min(u.timeout, remaining)
+	if sink != nil {
+		limit = remaining
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	start := r.deps.Clock.Now()
 	o := outcome{c: c, key: key, att: &mantlev1.Attempt{
@@ -683,7 +690,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 func (r *Router) stream(ctx context.Context, rt *route, c *candidate, key *upstreamKey, preq provider.Request, sink Sink, att *mantlev1.Attempt, start time.Time) (provider.Response, bool, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	firstToken, stall := rt.firstTokenTimeout, rt.stallTimeout
+	firstToken, stall := min(rt.firstTokenTimeout, c.u.timeout), rt.stallTimeout
 	watchdog := r.deps.Clock.AfterFunc(firstToken, func() {
 		cancel(&provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Message: fmt.Sprintf("no first token within %s", firstToken)})
 	})

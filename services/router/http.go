@@ -104,10 +104,14 @@ func (t *messageText) UnmarshalJSON(b []byte) error {
 func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
 	ctx := r.Context()
 	id := r.Header.Get("x-request-id")
-	if !rpc.ValidRequestID(id) {
+	if rpc.ValidRequestID(id) {
+		ctx = rpc.WithCallerRequestID(ctx, id)
+	} else {
+		// Made up here so the id can go in the response headers even of early errors; not a
+		// caller's id, so it does not make the request replayable.
 		id = rpc.NewRequestID()
+		ctx = rpc.WithRequestID(ctx, id)
 	}
-	ctx = rpc.WithRequestID(ctx, id)
 	traceID, ok := rpc.TraceIDFromTraceParent(r.Header.Get("traceparent"))
 	if !ok {
 		traceID = rpc.NewTraceID()

@@ -256,7 +256,7 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	if err != nil {
 		return nil, err
 	}
-	clientID := rpc.RequestID(ctx) // set only when the caller sent one
+	clientID := rpc.CallerRequestID(ctx)
 	qc := r.newQualityContext(ctx, req, rt)
 	ctx = rpc.WithRequestID(ctx, qc.RequestId)
 	ctx, cancel := context.WithDeadline(ctx, qc.Deadline.AsTime())
