@@ -348,7 +348,12 @@ func (a *App) closeListeners() {
 // Every module is tried; the errors are joined, named by module.
 func (a *App) Reload(ctx context.Context, blocks map[string]any) error {
 	var errs []error
-	for name, reload := range a.reload {
+	for _, name := range a.selected {
+		reload, ok := a.reload[name]
+		if !ok {
+			a.deps.Log.Warn("module cannot reload; its new configuration applies after a restart", "module", name)
+			continue
+		}
 		block, ok := blocks[name]
 		if !ok {
 			continue

@@ -45,6 +45,13 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 	cfg.Events.Embedded = true
 	cfg.Log = mesh.LogConfig{Level: "error", Format: "text"}
 	cfg.Quota.DefaultLimits = quota.RateLimits{RPM: 1_000_000_000, TPM: 1_000_000_000_000}
+	// The quota service keeps the retry budget all router replicas share; it gets the
+	// scenario's budget, its window scaled like the router's (quota counts whole seconds).
+	qb := &cfg.Quota.RetryBudget
+	qb.Ratio, qb.Floor, qb.FormatOnlyAbove = s.Router.RetryBudget.Ratio, s.Router.RetryBudget.Floor, s.Router.RetryBudget.FormatOnlyAbove
+	if w := s.Router.RetryBudget.Window; w > 0 {
+		qb.Window = max(time.Second, scaler(scale).d(w).Round(time.Second))
+	}
 
 	sc := scaler(scale)
 	r := &cfg.Router
@@ -70,7 +77,9 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 			Name:           provider,
 			Type:           router.ProviderOpenAI,
 			BaseURL:        simBaseURL,
-			Keys:           []router.KeyConfig{{ID: "drill", Env: SimKeyEnv}},
+			// Key ids name upstream keys across the mesh (quota counts retries and
+			// rate limits per key id), so each model's key has its own.
+			Keys:           []router.KeyConfig{{ID: m.Name + "-key", Env: SimKeyEnv}},
 			Timeout:        sc.d(m.Timeout),
 			MaxConcurrency: m.MaxConcurrency,
 		})

@@ -144,13 +144,17 @@ func (p *Process) Reload(ctx context.Context, cfg Config) error {
 // running one: every interval on the process clock, and at once when trigger fires (SIGHUP).
 // A configuration that does not validate or reload is logged and the running one kept.
 func (p *Process) WatchConfig(ctx context.Context, load func() (Config, error), interval time.Duration, trigger <-chan os.Signal) {
-	ticker := p.clock.NewTicker(interval)
-	defer ticker.Stop()
+	var tick <-chan time.Time // nil (never) when the interval is 0: SIGHUP only
+	if interval > 0 {
+		ticker := p.clock.NewTicker(interval)
+		defer ticker.Stop()
+		tick = ticker.Chan()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-ticker.Chan():
+		case <-tick:
 		case <-trigger:
 		}
 		cfg, err := load()

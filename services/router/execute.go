@@ -197,7 +197,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		}
 		release()
 		if o.err == nil {
-			return r.accept(ctx, req, qc, o, sink, ""), nil
+			return r.accept(ctx, req, rt, qc, o, sink, ""), nil
 		}
 		class := provider.ClassOf(o.err)
 		p.lastErr = o.err
@@ -229,7 +229,7 @@ func failsOver(class mantlev1.ErrorClass) bool {
 // accept makes o's answer the request's. A streamed answer is verified now that the caller
 // has it: the verdict annotates it and keeps a failed one out of the cache. prefix is the
 // part of a streamed answer that an earlier model sent before it broke.
-func (r *Router) accept(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, o outcome, sink Sink, prefix string) *answer {
+func (r *Router) accept(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, o outcome, sink Sink, prefix string) *answer {
 	o.res.Content = prefix + o.res.Content
 	if sink != nil {
 		v, audit, _ := r.verify(ctx, req, qc, o.c.u, &o.res, nil)
@@ -238,8 +238,11 @@ func (r *Router) accept(ctx context.Context, req *routerv1.Request, qc *mantlev1
 	}
 	qc.CurrentModel, qc.CurrentProvider = o.c.u.model.Name, o.c.u.provider
 	qc.FallbackLevel = o.c.level
-	if o.c.level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY && qc.DegradationReason == "" {
-		qc.DegradationReason = "primary unavailable"
+	if o.c.level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY {
+		if qc.DegradationReason == "" {
+			qc.DegradationReason = "primary unavailable"
+		}
+		qc.UserNotice = rt.ladder.Notice // shown with any degraded answer, when the route has one
 	}
 	return &answer{Response: o.res, model: o.c.u.model.Name}
 }
@@ -785,7 +788,7 @@ func (r *Router) continueStream(ctx context.Context, req *routerv1.Request, rt *
 		release()
 		if next.err == nil {
 			qc.DegradationReason = fmt.Sprintf("%s broke mid-answer (%s); %s finished it", o.c.u.model.Name, shortClass(provider.ClassOf(o.err)), c.u.model.Name)
-			return r.accept(ctx, req, qc, next, sink, partial), nil
+			return r.accept(ctx, req, rt, qc, next, sink, partial), nil
 		}
 		partial += next.res.Content // it may have added some before breaking too
 		c.exhausted = true

@@ -61,7 +61,7 @@ func TestIdempotency(t *testing.T) {
 	t.Run("a request id the caller chose identifies the request too", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t, testConfig(), &harness{idempotency: true})
-		ctx := rpc.WithRequestID(context.Background(), "req_caller_chosen")
+		ctx := rpc.WithCallerRequestID(context.Background(), "req_caller_chosen")
 		for range 2 {
 			if _, err := h.router.Complete(ctx, ask("chat")); err != nil {
 				t.Fatal(err)

@@ -222,6 +222,11 @@ func (r *Router) Reload(cfg Config) error {
 		!reflect.DeepEqual(old.SimProfiles, cfg.SimProfiles) {
 		return errors.New("providers, models and sim profiles change only with a restart")
 	}
+	if !reflect.DeepEqual(old.RetryBudget, cfg.RetryBudget) || !reflect.DeepEqual(old.Breaker, cfg.Breaker) ||
+		old.QuotaFallbackRPM != cfg.QuotaFallbackRPM || old.Idempotency != cfg.Idempotency ||
+		old.QuotaAddress != cfg.QuotaAddress || old.CacheAddress != cfg.CacheAddress || old.VerifierAddress != cfg.VerifierAddress {
+		r.deps.Log.Warn("retry_budget, breaker, quota_fallback_rpm, idempotency and the service addresses keep their running values until a restart")
+	}
 	r.tab.Store(r.buildTable(&cfg))
 	r.cfg.Store(&cfg)
 	r.deps.Log.Info("router configuration reloaded", "routes", len(cfg.Routes))
@@ -367,7 +372,10 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 	})
 	if err != nil {
 		code := status.Code(err)
-		if r.conf().QuotaFailOpen && (code == codes.Unavailable || code == codes.DeadlineExceeded) && ctx.Err() == nil {
+		// A money budget whose state quota cannot read fails closed by design
+		// (BUDGET_UNAVAILABLE); only quota itself being unreachable may fail open.
+		budgetDown := rpc.ErrorInfo(err).GetReason() == "BUDGET_UNAVAILABLE"
+		if r.conf().QuotaFailOpen && !budgetDown && (code == codes.Unavailable || code == codes.DeadlineExceeded) && ctx.Err() == nil {
 			// Fail open, but bounded: a local limiter per tenant at this replica's share
 			// keeps a quota outage from becoming unlimited spending.
 			if !r.fallbackLimiter.allow(qc.Tenant, r.deps.Clock.Now()) {
