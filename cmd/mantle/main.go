@@ -4,6 +4,7 @@
 //	mantle dev                  all services in one process with embedded NATS and sim models
 //	mantle sim --addr :8081     a standalone simulated OpenAI-compatible provider
 //	mantle chat "question"      ask the router over gRPC and print the QualityContext summary
+//	mantle review list|claim|decide   work the human review queue
 package main
 
 import (
@@ -29,10 +30,11 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"serve": {"run any subset of the services", serve},
-	"dev":   {"run the whole mesh locally with embedded NATS and simulated models", dev},
-	"sim":   {"run the simulated OpenAI-compatible provider", simCommand},
-	"chat":  {"send one question to the router and print the answer", chat},
+	"serve":  {"run any subset of the services", serve},
+	"dev":    {"run the whole mesh locally with embedded NATS and simulated models", dev},
+	"sim":    {"run the simulated OpenAI-compatible provider", simCommand},
+	"chat":   {"send one question to the router and print the answer", chat},
+	"review": {"work the human review queue: list, show, claim, decide, audit", review},
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -59,7 +61,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: mantle <command> [flags]")
 	fmt.Fprintln(w)
-	for _, name := range []string{"serve", "dev", "sim", "chat"} {
+	for _, name := range []string{"serve", "dev", "sim", "chat", "review"} {
 		fmt.Fprintf(w, "  %-6s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintln(w, "\nRun mantle <command> -h for its flags.")

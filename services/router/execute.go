@@ -203,6 +203,10 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		p.lastErr = o.err
 		p.failed = append(p.failed, o.c.u.model.Name)
 		qc.DegradationReason = fmt.Sprintf("%s failed: %s", o.c.u.model.Name, shortClass(class))
+		if o.verdict.GetDegrade() {
+			qc.DegradationReason = "a business rule asked to degrade the answer"
+			break
+		}
 		if o.committed || ctx.Err() != nil {
 			// Part of the answer is with the caller: another model cannot take over without
 			// a prefill-capable fallback (see continueStream); a cut answer is never a success.
@@ -671,6 +675,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		FinishReason:   res.FinishReason,
 		ResponseFormat: req.ResponseFormat,
 		Model:          u.model.Name,
+		SessionId:      req.User,
 	})
 	if err != nil {
 		r.deps.Log.WarnContext(ctx, "verifier unavailable; answer not verified", "err", err)
@@ -680,6 +685,11 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		audit = append(audit, returned[len(snapshot.Audit):]...)
 	}
 	audit = append(audit, r.step("verify", fmt.Sprintf("passed=%t grade=%s", v.Passed, shortGrade(v.Grade)), r.deps.Clock.Since(start)))
+	if v.Degrade {
+		// A business rule says this kind of answer must not come from a model now: no other
+		// candidate is asked, the ladder answers.
+		return v, audit, &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_VERIFICATION_FAILED, Message: "a business rule asks to degrade: " + findingCodes(v.Findings)}
+	}
 	if !v.Passed {
 		return v, audit, &provider.Error{Class: v.FailureClass, Message: "verification failed: " + findingCodes(v.Findings)}
 	}
