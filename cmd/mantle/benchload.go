@@ -44,7 +44,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured load at each rate before it is measured")
 	maxInFlight := fs.Int("max-in-flight", 5000, "most concurrent requests; more are shed and counted (each holds a few file descriptors)")
 	samePrompt := fs.Bool("same-prompt", false, "send the identical request every time (the cache then answers all but the first)")
-	temperature := fs.Float64("temperature", 0, "temperature of every request: 0 makes answers cacheable (the cache looks up and stores each one); above 0.3 the cache skips them")
+	temperature := fs.String("temperature", "", "temperature of every request; unset (the SDK default) the cache declines to cache, 0 makes every answer cacheable")
 	format := fs.String("format", "text", "output: text or json")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
 	inProcess := fs.Bool("in-process", false, "run every mode in this process (CPU and RSS figures then mix)")
@@ -58,7 +58,14 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	if *format != "text" && *format != "json" {
 		return fmt.Errorf("--format: want text or json, got %q", *format)
 	}
-	cfg := benchload.Config{Duration: *duration, Warmup: *warmup, MaxInFlight: *maxInFlight, SamePrompt: *samePrompt, Temperature: *temperature}
+	cfg := benchload.Config{Duration: *duration, Warmup: *warmup, MaxInFlight: *maxInFlight, SamePrompt: *samePrompt}
+	if *temperature != "" {
+		v, err := strconv.ParseFloat(*temperature, 64)
+		if err != nil || v < 0 || v > 2 {
+			return fmt.Errorf("--temperature: want a number in [0, 2], got %q", *temperature)
+		}
+		cfg.Temperature = &v
+	}
 	for _, r := range strings.Split(*rates, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(r), 64)
 		if err != nil || v <= 0 {
@@ -114,7 +121,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 			res, err = runChild(ctx, mode, []string{
 				"--rates", *rates, "--duration", duration.String(), "--warmup", warmup.String(),
 				"--max-in-flight", strconv.Itoa(*maxInFlight), "--same-prompt=" + strconv.FormatBool(*samePrompt),
-				"--cpuprofile", *cpuProfile, "--temperature", strconv.FormatFloat(*temperature, 'g', -1, 64),
+				"--cpuprofile", *cpuProfile, "--temperature", *temperature,
 			}, stderr)
 		}
 		if err != nil {

@@ -74,9 +74,9 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 	for _, m := range s.Models {
 		provider := "sim-" + m.Name
 		r.Providers = append(r.Providers, router.ProviderConfig{
-			Name:           provider,
-			Type:           router.ProviderOpenAI,
-			BaseURL:        simBaseURL,
+			Name:    provider,
+			Type:    router.ProviderOpenAI,
+			BaseURL: simBaseURL,
 			// Key ids name upstream keys across the mesh (quota counts retries and
 			// rate limits per key id), so each model's key has its own.
 			Keys:           []router.KeyConfig{{ID: m.Name + "-key", Env: SimKeyEnv}},

@@ -18,6 +18,7 @@ import (
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
+	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
@@ -660,7 +661,9 @@ func applyVerdict(qc *mantlev1.QualityContext, v *verifierv1.VerifyResponse) {
 }
 
 // verify asks the verifier about res. A verifier that cannot be reached does not fail the
-// request: the answer goes out unverified and says so (verdict nil).
+// request: the router runs L1 itself (deps.Checker, the library the verifier serves L1
+// from), so a malformed answer still fails over, and an answer that passes goes out
+// unverified and says so (verdict nil): L2 rules and L3 did not run.
 func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, u *upstream, res *provider.Response, audit []*mantlev1.AuditStep) (*verifierv1.VerifyResponse, []*mantlev1.AuditStep, error) {
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
@@ -678,8 +681,26 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		SessionId:      req.User,
 	})
 	if err != nil {
+		detail := "skipped: " + status.Code(err).String()
+		if r.deps.Checker != nil {
+			format, _ := formatcheck.FormatFromProto(req.ResponseFormat) // an unknown type is checked as text
+			level := snapshot.GetFallbackLevel()
+			l1 := r.deps.Checker.Check(formatcheck.Answer{
+				Content: res.Content, FinishReason: res.FinishReason, Format: format,
+				// As the verifier would judge it from the same QualityContext.
+				Degraded: level != mantlev1.FallbackLevel_FALLBACK_LEVEL_UNSPECIFIED && level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY,
+			})
+			if !l1.Passed {
+				codes := strings.Join(l1.FailedCodes(), ",")
+				r.deps.Log.WarnContext(ctx, "verifier unavailable; local L1 failed", "err", err, "codes", codes)
+				audit = append(audit, r.step("verify", fmt.Sprintf("verifier unavailable; local L1 failed: %s (%s)", codes, shortClass(l1.Class)), r.deps.Clock.Since(start)))
+				return nil, audit, &provider.Error{Class: l1.Class, Message: "verification failed: " + codes}
+			}
+			res.Content = l1.Content // unwrapped from a markdown fence, as the verifier delivers it
+			detail = "verifier unavailable; local L1 passed (" + status.Code(err).String() + ")"
+		}
 		r.deps.Log.WarnContext(ctx, "verifier unavailable; answer not verified", "err", err)
-		return nil, append(audit, r.step("verify", "skipped: "+status.Code(err).String(), r.deps.Clock.Since(start))), nil
+		return nil, append(audit, r.step("verify", detail, r.deps.Clock.Since(start))), nil
 	}
 	if returned := v.GetQuality().GetAudit(); len(returned) > len(snapshot.Audit) {
 		audit = append(audit, returned[len(snapshot.Audit):]...)

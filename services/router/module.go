@@ -14,6 +14,7 @@ import (
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
+	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/provider/anthropic"
 	"github.com/mantle-mesh/mantle/pkg/provider/openai"
@@ -48,7 +49,12 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	if err != nil {
 		return nil, nil, err
 	}
-	deps := Deps{Events: env.Events, Clock: env.Clock, Log: env.Log, Metrics: m}
+	// The local L1 fallback uses formatcheck's defaults, which are the verifier's too.
+	checker, err := formatcheck.New(formatcheck.DefaultConfig())
+	if err != nil {
+		return nil, nil, err
+	}
+	deps := Deps{Events: env.Events, Clock: env.Clock, Log: env.Log, Metrics: m, Checker: checker}
 	quotaConn, err := env.Dial("quota")
 	if err != nil {
 		return nil, nil, err

@@ -27,6 +27,7 @@ import (
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
@@ -98,6 +99,9 @@ type Deps struct {
 	Rand func() float64
 	// Idempotency keeps request records; nil disables replay protection.
 	Idempotency idempotencyStore
+	// Checker runs the L1 format checks in the router when the verifier cannot be reached
+	// (the library the verifier serves them from); nil lets such answers through unchecked.
+	Checker *formatcheck.Checker
 }
 
 // Router executes requests.

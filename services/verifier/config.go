@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
 )
@@ -29,7 +30,7 @@ type Config struct {
 	// ConfidenceThreshold fails a JSON answer whose top-level numeric "confidence" field is
 	// strictly below it. The seed's example is 0.3.
 	ConfidenceThreshold float64 `yaml:"confidence_threshold"`
-	// RefusalPhrases replace the built-in list (DefaultRefusalPhrases) when set. Matching
+	// RefusalPhrases replace the built-in list (formatcheck.DefaultRefusalPhrases) when set. Matching
 	// ignores case, punctuation, whitespace and full/half width, so "抱歉，我不能" also
 	// matches "抱歉, 我不能". Absent or null means the defaults; an explicit empty list
 	// turns refusal detection off.
@@ -217,17 +218,19 @@ func SampleRules() []rules.Rule {
 	}
 }
 
-// DefaultConfig returns the configuration used when the file says nothing.
+// DefaultConfig returns the configuration used when the file says nothing. The L1 defaults
+// are formatcheck's, which the router also uses when it checks answers itself.
 func DefaultConfig() Config {
+	l1 := formatcheck.DefaultConfig()
 	return Config{
-		ConfidenceThreshold: 0.3,
-		RefusalPhrases:      DefaultRefusalPhrases(),
-		RepetitionThreshold: 4,
+		ConfidenceThreshold: l1.ConfidenceThreshold,
+		RefusalPhrases:      l1.RefusalPhrases,
+		RepetitionThreshold: l1.RepetitionThreshold,
 		MaxContentBytes:     1 << 20,
-		SchemaCacheSize:     256,
-		MaxSchemaFindings:   10,
+		SchemaCacheSize:     l1.SchemaCacheSize,
+		MaxSchemaFindings:   l1.MaxSchemaFindings,
 		Degraded: DegradedConfig{
-			ConfidenceThreshold:   0.2,
+			ConfidenceThreshold:   l1.DegradedConfidenceThreshold,
 			ReviewThresholdFactor: 1.3,
 			SkipL3Levels:          []string{"cached_approximate", "template"},
 		},
@@ -279,6 +282,18 @@ func DefaultConfig() Config {
 	}
 }
 
+// l1 is the part of the configuration that tunes the L1 checks.
+func (c Config) l1() formatcheck.Config {
+	return formatcheck.Config{
+		ConfidenceThreshold:         c.ConfidenceThreshold,
+		DegradedConfidenceThreshold: c.Degraded.ConfidenceThreshold,
+		RefusalPhrases:              c.RefusalPhrases,
+		RepetitionThreshold:         c.RepetitionThreshold,
+		SchemaCacheSize:             c.SchemaCacheSize,
+		MaxSchemaFindings:           c.MaxSchemaFindings,
+	}
+}
+
 var fallbackLevels = []string{"primary", "backup_model", "cached_approximate", "template"}
 
 // Validate reports every invalid key, each message naming the key relative to this block.
@@ -296,26 +311,15 @@ func (c Config) Validate() error {
 			add("%s: must be positive, got %s", key, d)
 		}
 	}
-	unit("confidence_threshold", c.ConfidenceThreshold)
-	for i, phrase := range c.RefusalPhrases {
-		if key, _ := appendMatchKey(nil, phrase, math.MaxInt); len(key) == 0 {
-			add("refusal_phrases[%d]: must contain a letter or digit, got %q", i, phrase)
-		}
-	}
-	if c.RepetitionThreshold < 2 {
-		add("repetition_threshold: must be at least 2, got %d", c.RepetitionThreshold)
+	// confidence_threshold, refusal_phrases, repetition_threshold, schema_cache_size,
+	// max_schema_findings and degraded.confidence_threshold: formatcheck names them so.
+	if err := c.l1().Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxContentBytes <= 0 {
 		add("max_content_bytes: must be positive, got %d", c.MaxContentBytes)
 	}
-	if c.SchemaCacheSize <= 0 {
-		add("schema_cache_size: must be positive, got %d", c.SchemaCacheSize)
-	}
-	if c.MaxSchemaFindings <= 0 {
-		add("max_schema_findings: must be positive, got %d", c.MaxSchemaFindings)
-	}
 
-	unit("degraded.confidence_threshold", c.Degraded.ConfidenceThreshold)
 	if f := c.Degraded.ReviewThresholdFactor; math.IsNaN(f) || f <= 0 || f > 2 {
 		add("degraded.review_threshold_factor: must be in (0, 2], got %v", f)
 	}

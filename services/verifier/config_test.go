@@ -2,7 +2,6 @@ package verifier
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
 )
@@ -36,6 +36,10 @@ func TestConfigValidate(t *testing.T) {
 			wantErr: []string{`refusal_phrases[1]: must contain a letter or digit, got "!!!"`}},
 		{name: "repetition threshold 1", mutate: func(c *Config) { c.RepetitionThreshold = 1 },
 			wantErr: []string{"repetition_threshold: must be at least 2, got 1"}},
+		{name: "degraded threshold", mutate: func(c *Config) { c.Degraded.ConfidenceThreshold = 1.2 },
+			wantErr: []string{"degraded.confidence_threshold: must be between 0 and 1, got 1.2"}},
+		{name: "schema limits", mutate: func(c *Config) { c.SchemaCacheSize, c.MaxSchemaFindings = 0, -1 },
+			wantErr: []string{"schema_cache_size: must be positive, got 0", "max_schema_findings: must be positive, got -1"}},
 		{name: "zero max content", mutate: func(c *Config) { c.MaxContentBytes = 0 },
 			wantErr: []string{"max_content_bytes: must be positive, got 0"}},
 		{name: "degraded factor 0", mutate: func(c *Config) { c.Degraded.ReviewThresholdFactor = 0 },
@@ -260,20 +264,20 @@ l3:
 	}
 }
 
-func TestDefaultRefusalPhrasesAreFresh(t *testing.T) {
+// TestDefaultL1Config: the verifier ships formatcheck's defaults (the router falls back to
+// the same ones), and its keys reach the checker.
+func TestDefaultL1Config(t *testing.T) {
 	t.Parallel()
-	a := DefaultRefusalPhrases()
-	a[0] = "changed"
-	if b := DefaultRefusalPhrases(); b[0] == "changed" {
-		t.Error("DefaultRefusalPhrases returned a shared slice; a caller's edit leaked into the defaults")
+	if diff := cmp.Diff(formatcheck.DefaultConfig(), DefaultConfig().l1()); diff != "" {
+		t.Errorf("DefaultConfig().l1() differs from formatcheck.DefaultConfig() (-want +got):\n%s", diff)
 	}
-	// Every default must be able to match an answer that is exactly that phrase.
-	v := newTestVerifier(t, DefaultConfig())
-	for _, phrase := range DefaultRefusalPhrases() {
-		got, err := v.Verify(context.Background(), Answer{Content: phrase + "."})
-		if err != nil || got.FailureClass != ClassRefusal {
-			t.Errorf("Verify(%q) = class %v, err %v; want refusal", phrase, got.FailureClass, err)
-		}
+	cfg := DefaultConfig()
+	cfg.ConfidenceThreshold, cfg.Degraded.ConfidenceThreshold = 0.5, 0.4
+	cfg.RefusalPhrases, cfg.RepetitionThreshold, cfg.SchemaCacheSize, cfg.MaxSchemaFindings = []string{"no"}, 3, 7, 2
+	want := formatcheck.Config{ConfidenceThreshold: 0.5, DegradedConfidenceThreshold: 0.4, RefusalPhrases: []string{"no"},
+		RepetitionThreshold: 3, SchemaCacheSize: 7, MaxSchemaFindings: 2}
+	if diff := cmp.Diff(want, cfg.l1()); diff != "" {
+		t.Errorf("l1() (-want +got):\n%s", diff)
 	}
 }
 

@@ -5,31 +5,22 @@
 //
 // # Layers
 //
-// L1 (format, synchronous; BenchmarkVerifyL1 keeps it well under the seed's 1 ms):
-//
-//   - truncated: finish_reason "length" (or Anthropic's "max_tokens").
-//   - encoding: invalid UTF-8, U+FFFD replacement characters, and common mojibake markers
-//     ("Ã©", "â€™", "锟斤拷", ...) that betray text decoded with the wrong charset.
-//   - empty: nothing but whitespace.
-//   - refusal: a configured refusal phrase (English and Chinese defaults). See refusal.go for
-//     where in the answer a phrase counts.
-//   - repetition: the same sentence or line, or a short cycle of them, repeated
-//     repetition_threshold times in a row (a decoding loop). See repetition.go.
-//   - html and markdown (warnings): HTML tags leaked into the answer; a text answer that
-//     opens a code fence it never closes.
-//   - JSON, when response_format asks for it: markdown_fence (a warning; the answer is
-//     unwrapped), json_parse, json_type (TYPE_JSON_OBJECT needs an object), schema (JSON
-//     Schema validation with santhosh-tekuri/jsonschema, one finding per failing JSON
-//     pointer; schemas are compiled once and may not reference anything outside themselves),
-//     required_field (present and non-empty) and low_confidence (a top-level numeric
-//     "confidence" below confidence_threshold).
+// L1 (format, synchronous; BenchmarkVerifyL1 keeps it well under the seed's 1 ms) is
+// package formatcheck, shared with the router, which runs it itself when the verifier is
+// unreachable: truncation, encoding and mojibake, empty answers, refusal phrases, decoding
+// loops (repetition), leaked HTML and unclosed code fences (warnings), and for JSON
+// requests markdown fences (a warning; the answer is unwrapped), parsing, the top-level
+// type, JSON Schema, required fields and the model's own confidence. The verifier's
+// configuration keys confidence_threshold, refusal_phrases, repetition_threshold,
+// schema_cache_size, max_schema_findings and degraded.confidence_threshold tune it; the
+// verifier compiles a request's schema first and rejects an invalid one as
+// INVALID_ARGUMENT.
 //
 // Classes: truncated -> ERROR_CLASS_TRUNCATED, refusal -> ERROR_CLASS_REFUSAL,
 // low_confidence and L2 block/degrade -> ERROR_CLASS_VERIFICATION_FAILED (well-formed but
 // untrustworthy); every other blocking finding is ERROR_CLASS_MALFORMED_OUTPUT. Findings are
-// listed in a fixed order and the verdict's class is the class of the first blocking one:
-// the order puts the finding that explains the others first (a truncated answer also fails
-// to parse; garbled bytes defeat every later check; a refusal to a JSON request is not JSON).
+// listed in a fixed order (formatcheck's, then L2's) and the verdict's class is the class of
+// the first blocking one.
 //
 // L2 (business rules, synchronous): CEL rules from the configuration, a watched rules file
 // and approved review drafts, compiled once, evaluated under a cost limit against the

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
 )
 
@@ -80,7 +81,7 @@ func (in riskInputs) score(extra []signal) Risk {
 }
 
 // riskInputs gathers the synchronous signals of an answer.
-func (v *Verifier) riskInputs(a Answer, verdict Verdict, l1 l1Result, degraded bool) riskInputs {
+func (v *Verifier) riskInputs(a Answer, verdict Verdict, l1 formatcheck.Result, degraded bool) riskInputs {
 	cfg := v.cfg.Risk
 	sc := v.cfg.Scenarios[a.scenario()]
 	weights := cfg.Weights
@@ -109,7 +110,7 @@ func (v *Verifier) riskInputs(a Answer, verdict Verdict, l1 l1Result, degraded b
 		if m.Role == "user" && !sensitive && containsTerm(m.Content, cfg.SensitiveTerms) {
 			sensitive = true
 		}
-		if !badEncoding && len(appendEncodingFindings(nil, m.Content)) > 0 {
+		if !badEncoding && formatcheck.Misencoded(m.Content) {
 			badEncoding = true
 		}
 	}
@@ -174,15 +175,12 @@ func containsTerm(s string, terms []string) bool {
 // repetitionRatio is the share of an answer's sentences (or, for JSON, string values) that
 // occur more than once: "关键字段重复率" in seed 001 4.1 (three equal fields of four: 0.75).
 // Fewer than three items say nothing.
-func repetitionRatio(l1 l1Result) float64 {
+func repetitionRatio(l1 formatcheck.Result) float64 {
 	var items []string
-	switch {
-	case l1.parsed != nil:
-		collectStrings(l1.parsed, &items)
-	case l1.top != nil:
-		items = l1.top.strings()
-	case !l1.isJSON:
-		items = splitSentences(l1.content)
+	if l1.JSON {
+		items = l1.Strings()
+	} else {
+		items = formatcheck.Sentences(l1.Content)
 	}
 	if len(items) < 3 {
 		return 0
@@ -198,21 +196,4 @@ func repetitionRatio(l1 l1Result) float64 {
 		}
 	}
 	return float64(repeated) / float64(len(items))
-}
-
-func collectStrings(v any, out *[]string) {
-	switch v := v.(type) {
-	case string:
-		if s := strings.TrimSpace(v); s != "" {
-			*out = append(*out, s)
-		}
-	case []any:
-		for _, x := range v {
-			collectStrings(x, out)
-		}
-	case map[string]any:
-		for _, x := range v {
-			collectStrings(x, out)
-		}
-	}
 }

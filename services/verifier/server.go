@@ -16,6 +16,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
+	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
@@ -347,31 +348,19 @@ func callTenant(ctx context.Context, claimed string) (string, error) {
 }
 
 func answerFromProto(req *verifierv1.VerifyRequest, tenant string) (Answer, error) {
-	rf := req.GetResponseFormat()
-	var formatType FormatType
-	switch rf.GetType() {
-	case mantlev1.ResponseFormat_TYPE_UNSPECIFIED, mantlev1.ResponseFormat_TYPE_TEXT:
-		formatType = FormatText
-	case mantlev1.ResponseFormat_TYPE_JSON_OBJECT:
-		formatType = FormatJSONObject
-	case mantlev1.ResponseFormat_TYPE_JSON_SCHEMA:
-		formatType = FormatJSONSchema
-	default:
-		return Answer{}, rpc.Invalid("response_format.type", "unknown type %d", int32(rf.GetType()))
+	format, ok := formatcheck.FormatFromProto(req.GetResponseFormat())
+	if !ok {
+		return Answer{}, rpc.Invalid("response_format.type", "unknown type %d", int32(req.GetResponseFormat().GetType()))
 	}
 	a := Answer{
 		Content:      req.GetContent(),
 		FinishReason: req.GetFinishReason(),
-		Format: Format{
-			Type:           formatType,
-			JSONSchema:     rf.GetJsonSchema(),
-			RequiredFields: rf.GetRequiredFields(),
-		},
-		Model:      req.GetModel(),
-		Quality:    req.GetQuality(),
-		Tenant:     tenant,
-		SessionID:  req.GetSessionId(),
-		References: req.GetReferences(),
+		Format:       format,
+		Model:        req.GetModel(),
+		Quality:      req.GetQuality(),
+		Tenant:       tenant,
+		SessionID:    req.GetSessionId(),
+		References:   req.GetReferences(),
 	}
 	if len(req.GetMessages()) > 0 {
 		a.Messages = make([]Message, len(req.GetMessages()))

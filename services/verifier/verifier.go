@@ -17,6 +17,7 @@ import (
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
@@ -28,62 +29,42 @@ const ServiceName = "verifier"
 
 // Layers, as named in findings and in a verdict's FailedLayer.
 const (
-	LayerL1 = "l1"
+	LayerL1 = formatcheck.LayerL1
 	LayerL2 = "l2"
 	LayerL3 = "l3"
 )
 
-// Stable L1 finding codes. Callers and dashboards key on them, so they never change
-// meaning. L2 findings carry the id of their rule as code.
+// Stable L1 finding codes (package formatcheck defines and documents them). Callers and
+// dashboards key on them, so they never change meaning. L2 findings carry the id of their
+// rule as code.
 const (
-	CodeTruncated     = "truncated"
-	CodeEncoding      = "encoding"
-	CodeEmpty         = "empty"
-	CodeRefusal       = "refusal"
-	CodeRepetition    = "repetition"
-	CodeMarkdownFence = "markdown_fence"
-	CodeMarkdown      = "markdown"
-	CodeHTML          = "html"
-	CodeJSONParse     = "json_parse"
-	CodeJSONType      = "json_type"
-	CodeSchema        = "schema"
-	CodeRequiredField = "required_field"
-	CodeLowConfidence = "low_confidence"
+	CodeTruncated     = formatcheck.CodeTruncated
+	CodeEncoding      = formatcheck.CodeEncoding
+	CodeEmpty         = formatcheck.CodeEmpty
+	CodeRefusal       = formatcheck.CodeRefusal
+	CodeRepetition    = formatcheck.CodeRepetition
+	CodeMarkdownFence = formatcheck.CodeMarkdownFence
+	CodeMarkdown      = formatcheck.CodeMarkdown
+	CodeHTML          = formatcheck.CodeHTML
+	CodeJSONParse     = formatcheck.CodeJSONParse
+	CodeJSONType      = formatcheck.CodeJSONType
+	CodeSchema        = formatcheck.CodeSchema
+	CodeRequiredField = formatcheck.CodeRequiredField
+	CodeLowConfidence = formatcheck.CodeLowConfidence
 )
 
 // FormatType is the output shape the request asked for.
-type FormatType int
+type FormatType = formatcheck.FormatType
 
+// The output shapes.
 const (
-	// FormatText is free text; also what an unspecified format means.
-	FormatText FormatType = iota
-	// FormatJSONObject asks for a JSON object.
-	FormatJSONObject
-	// FormatJSONSchema asks for JSON matching a schema.
-	FormatJSONSchema
+	FormatText       = formatcheck.FormatText
+	FormatJSONObject = formatcheck.FormatJSONObject
+	FormatJSONSchema = formatcheck.FormatJSONSchema
 )
 
-func (t FormatType) wantsJSON() bool { return t == FormatJSONObject || t == FormatJSONSchema }
-
-func (t FormatType) String() string {
-	switch t {
-	case FormatJSONObject:
-		return "json_object"
-	case FormatJSONSchema:
-		return "json_schema"
-	}
-	return "text"
-}
-
 // Format is the requested output format.
-type Format struct {
-	Type FormatType
-	// JSONSchema is the schema document for FormatJSONSchema.
-	JSONSchema string
-	// RequiredFields are top-level fields a JSON answer must carry with a non-empty value.
-	// They are ignored for FormatText.
-	RequiredFields []string
-}
+type Format = formatcheck.Format
 
 // Message is one turn of the request's conversation.
 type Message struct {
@@ -161,6 +142,22 @@ func (c FailureClass) String() string {
 	return fmt.Sprintf("FailureClass(%d)", int(c))
 }
 
+// classFromProto maps the class of a finding (formatcheck speaks the router's ErrorClass)
+// to the verdict's. It is the inverse of classToProto on the classes findings carry.
+func classFromProto(c mantlev1.ErrorClass) FailureClass {
+	switch c {
+	case mantlev1.ErrorClass_ERROR_CLASS_UNSPECIFIED, mantlev1.ErrorClass_ERROR_CLASS_NONE:
+		return ClassNone
+	case mantlev1.ErrorClass_ERROR_CLASS_REFUSAL:
+		return ClassRefusal
+	case mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED:
+		return ClassTruncated
+	case mantlev1.ErrorClass_ERROR_CLASS_VERIFICATION_FAILED:
+		return ClassVerificationFailed
+	}
+	return ClassMalformedOutput
+}
+
 // Grade summarises a verdict for callers.
 type Grade int
 
@@ -185,18 +182,10 @@ func (g Grade) String() string {
 	return fmt.Sprintf("Grade(%d)", int(g))
 }
 
-// Finding is one check's observation.
-type Finding struct {
-	Layer string
-	Code  string
-	// Path is the JSON field the finding refers to, or "" for the whole answer.
-	Path    string
-	Message string
-	// Blocking findings fail the answer; the others (a markdown fence) are warnings.
-	Blocking bool
-	// Class is the failure class a blocking finding gives the verdict when it is first.
-	Class FailureClass
-}
+// Finding is one check's observation: L1 findings come from package formatcheck, L2
+// findings (one per applied rule action) have the same shape. Class is the class a
+// blocking finding gives the verdict when it is the first.
+type Finding = formatcheck.Finding
 
 // Action is an L2 rule action applied to the answer.
 type Action = rules.Applied
@@ -289,9 +278,8 @@ type Verifier struct {
 	clock    clockwork.Clock
 	log      *slog.Logger
 	events   Publisher
-	refusals refusalMatcher
+	l1       *formatcheck.Checker
 	metrics  *metrics
-	schemas  *schemaCache
 	rules    *ruleLoader
 	sessions *sessions
 	l3       *l3Runner // nil when L3 is off
@@ -323,9 +311,9 @@ func NewWithDeps(cfg Config, deps Deps) (*Verifier, error) {
 	if deps.Events == nil {
 		deps.Events = discard{}
 	}
-	phrases := cfg.RefusalPhrases
-	if phrases == nil {
-		phrases = DefaultRefusalPhrases()
+	l1, err := formatcheck.New(cfg.l1())
+	if err != nil {
+		return nil, err
 	}
 	m, err := newMetrics(deps.Metrics)
 	if err != nil {
@@ -336,9 +324,8 @@ func NewWithDeps(cfg Config, deps Deps) (*Verifier, error) {
 		clock:    deps.Clock,
 		log:      deps.Log,
 		events:   deps.Events,
-		refusals: newRefusalMatcher(phrases),
+		l1:       l1,
 		metrics:  m,
-		schemas:  newSchemaCache(cfg.SchemaCacheSize),
 		sessions: newSessions(cfg.Risk, deps.Clock),
 	}
 	if v.rules, err = newRuleLoader(cfg, deps.Clock, deps.Log, m); err != nil {
@@ -388,13 +375,12 @@ func (v *Verifier) Verify(ctx context.Context, a Answer) (Verdict, error) {
 	}
 	start := v.clock.Now()
 	degraded := a.degraded()
-	confidence := v.cfg.ConfidenceThreshold
-	if degraded {
-		confidence = v.cfg.Degraded.ConfidenceThreshold
-	}
 	set := v.rules.engine.Live()
-	l1 := v.checkL1(a, confidence, set.Applies(a.scenario()))
-	findings, content := l1.findings, l1.content
+	l1 := v.l1.Check(formatcheck.Answer{
+		Content: a.Content, FinishReason: a.FinishReason, Format: a.Format, Degraded: degraded,
+		KeepValue: set.Applies(a.scenario()), // the scenario's rules read the decoded answer
+	})
+	findings, content := l1.Findings, l1.Content
 
 	// L2 only looks at answers L1 let through: a malformed answer is rejected anyway.
 	var outcome rules.Outcome
@@ -445,12 +431,12 @@ func (v *Verifier) validate(a Answer) error {
 			verr.Add("response_format.json_schema", "must be a JSON object or boolean")
 		default:
 			// Compiled once per distinct schema; the answer is validated against it in L1.
-			if _, err := v.schemas.get(a.Format.JSONSchema); err != nil {
+			if err := v.l1.CompileSchema(a.Format.JSONSchema); err != nil {
 				verr.Add("response_format.json_schema", "%v", err)
 			}
 		}
 	}
-	if a.Format.Type.wantsJSON() {
+	if a.Format.Type.WantsJSON() {
 		for i, field := range a.Format.RequiredFields {
 			if field == "" {
 				verr.Add(fmt.Sprintf("response_format.required_fields[%d]", i), "must not be empty")
@@ -470,15 +456,15 @@ func anyBlocking(findings []Finding) bool {
 }
 
 // checkL2 evaluates the live rule set and applies the actions of the rules that matched.
-func (v *Verifier) checkL2(set *rules.Set, a Answer, l1 l1Result, degraded bool) rules.Outcome {
+func (v *Verifier) checkL2(set *rules.Set, a Answer, l1 formatcheck.Result, degraded bool) rules.Outcome {
 	in := &rules.Input{
 		Scenario:       a.scenario(),
 		Tenant:         a.Tenant,
 		Model:          a.Model,
 		Question:       a.question(),
 		ResponseFormat: a.Format.Type.String(),
-		Text:           l1.content,
-		Output:         l1.parsed,
+		Text:           l1.Content,
+		Output:         l1.Value,
 		Degraded:       degraded,
 		Quality:        a.Quality,
 	}
@@ -493,7 +479,7 @@ func (v *Verifier) checkL2(set *rules.Set, a Answer, l1 l1Result, degraded bool)
 		v.metrics.ruleErrors.WithLabelValues(e.RuleID, ruleErrorKind(e)).Inc()
 		v.log.Debug("rule not evaluated", "rule", e.RuleID, "cost_exceeded", e.CostExceeded, "err", e.Err)
 	}
-	return rules.Apply(in, res.Matches, l1.isJSON)
+	return rules.Apply(in, res.Matches, l1.JSON)
 }
 
 func ruleErrorKind(e rules.RuleError) string {
@@ -510,7 +496,7 @@ func l2Findings(o rules.Outcome) []Finding {
 	for _, a := range o.Applied {
 		f := Finding{Layer: LayerL2, Code: a.RuleID, Path: a.Path, Message: fmt.Sprintf("rule %s: %s (%s)", a.RuleID, a.Action, a.Detail)}
 		if a.Action == rules.ActionBlock || a.Action == rules.ActionDegrade {
-			f.Blocking, f.Class = true, ClassVerificationFailed
+			f.Blocking, f.Class = true, mantlev1.ErrorClass_ERROR_CLASS_VERIFICATION_FAILED
 		}
 		out = append(out, f)
 	}
@@ -523,7 +509,7 @@ func newVerdict(findings []Finding, content string) Verdict {
 		if f.Blocking {
 			v.Passed = false
 			v.FailedLayer = f.Layer
-			v.FailureClass = f.Class
+			v.FailureClass = classFromProto(f.Class)
 			break
 		}
 	}

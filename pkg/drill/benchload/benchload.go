@@ -75,10 +75,11 @@ type Config struct {
 	// SamePrompt sends the identical request every time. By default each request differs by
 	// a number, so the cache cannot answer it and every request takes the whole path.
 	SamePrompt bool
-	// Temperature is sent with every request. At 0 (the default) answers are cacheable, so
-	// the full mesh looks every prompt up in the cache and stores every answer; above the
-	// cache policy's max_temperature (0.3 by default) the cache skips both.
-	Temperature float64
+	// Temperature, when set, is sent with every request. Unset, like OpenAI SDKs' default
+	// requests, it means the provider's default, which the cache policy treats as too high
+	// to cache: the cache service is asked and declines. At 0 answers are cacheable, so the
+	// full mesh looks every prompt up in the cache and stores every answer.
+	Temperature *float64
 	// Log receives the mesh's errors; nil discards them.
 	Log io.Writer
 }
@@ -237,12 +238,15 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 
 var errShed = errors.New("shed")
 
-func body(same bool, temperature float64, i int) []byte {
+func body(same bool, temperature *float64, i int) []byte {
 	prompt := "How long does a parcel to Lisbon take?"
 	if !same {
 		prompt = fmt.Sprintf("Benchmark request %d: how long does a parcel to Lisbon take?", i)
 	}
-	return fmt.Appendf(nil, `{"model":%q,"temperature":%g,"messages":[{"role":"user","content":%q}]}`, ModelName, temperature, prompt)
+	if temperature == nil {
+		return fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"user","content":%q}]}`, ModelName, prompt)
+	}
+	return fmt.Appendf(nil, `{"model":%q,"temperature":%g,"messages":[{"role":"user","content":%q}]}`, ModelName, *temperature, prompt)
 }
 
 func send(ctx context.Context, c *http.Client, url string, payload []byte) error {

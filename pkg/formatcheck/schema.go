@@ -1,4 +1,4 @@
-package verifier
+package formatcheck
 
 import (
 	"container/list"
@@ -70,7 +70,7 @@ func (c *schemaCache) get(doc string) (*jsonschema.Schema, error) {
 }
 
 // noLoader refuses every external reference: a schema from a request must not make the
-// verifier read files or fetch URLs. The metaschemas are built into the library.
+// checker read files or fetch URLs. The metaschemas are built into the library.
 type noLoader struct{}
 
 func (noLoader) Load(url string) (any, error) {
@@ -107,7 +107,7 @@ func schemaFindings(s *jsonschema.Schema, value any, limit int) []Finding {
 	}
 	var verr *jsonschema.ValidationError
 	if !errors.As(err, &verr) {
-		return []Finding{blocking(CodeSchema, "", ClassMalformedOutput, "the answer could not be validated: "+err.Error())}
+		return []Finding{blocking(CodeSchema, "", malformed, "the answer could not be validated: "+err.Error())}
 	}
 	var leaves []*jsonschema.ValidationError
 	var walk func(e *jsonschema.ValidationError)
@@ -128,12 +128,12 @@ func schemaFindings(s *jsonschema.Schema, value any, limit int) []Finding {
 	var findings []Finding
 	for i, leaf := range leaves {
 		if i == limit-1 && len(leaves) > limit {
-			findings = append(findings, blocking(CodeSchema, "", ClassMalformedOutput,
+			findings = append(findings, blocking(CodeSchema, "", malformed,
 				fmt.Sprintf("and %d more schema violations", len(leaves)-i)))
 			break
 		}
 		path := jsonPointer(leaf.InstanceLocation)
-		findings = append(findings, blocking(CodeSchema, path, ClassMalformedOutput,
+		findings = append(findings, blocking(CodeSchema, path, malformed,
 			fmt.Sprintf("at %s: %s", displayPointer(path), leaf.ErrorKind.LocalizedString(schemaPrinter))))
 	}
 	return findings

@@ -1,4 +1,4 @@
-package verifier
+package formatcheck
 
 import (
 	"fmt"
@@ -21,9 +21,9 @@ const (
 // sentences and fails it when the same sentence, or the same cycle of up to
 // maxRepetitionPeriod sentences, occurs threshold times in a row. Repeats that are not
 // consecutive (a refrain in a list) are allowed. Loops inside one sentence ("the the the",
-// "哈哈哈哈") are not caught; L3 is the place for finer detectors.
+// "哈哈哈哈") are not caught; the verifier's L3 is the place for finer detectors.
 func checkRepetition(content string, threshold int) (Finding, bool) {
-	segments := splitSentences(content)
+	segments := Sentences(content)
 	for period := 1; period <= maxRepetitionPeriod; period++ {
 		run := 0 // consecutive segments equal to the one period before
 		for i := period; i < len(segments); i++ {
@@ -38,17 +38,18 @@ func checkRepetition(content string, threshold int) (Finding, bool) {
 					msg = fmt.Sprintf("a cycle of %d sentences starting with %q repeats %d times in a row",
 						period, abbreviate(segments[i-period+1], 60), times)
 				}
-				return blocking(CodeRepetition, "", ClassMalformedOutput, msg), true
+				return blocking(CodeRepetition, "", malformed, msg), true
 			}
 		}
 	}
 	return Finding{}, false
 }
 
-// splitSentences splits s at line breaks and sentence ends (". ", "! ", "? " and the CJK
+// Sentences splits s at line breaks and sentence ends (". ", "! ", "? " and the CJK
 // 。！？；), trims each piece and keeps those with at least minSegmentAlnum letters or
-// digits. The pieces are substrings of s, so only the slice is allocated.
-func splitSentences(s string) []string {
+// digits: the units the repetition check compares (the verifier's risk score counts
+// repeats among them too). The pieces are substrings of s, so only the slice is allocated.
+func Sentences(s string) []string {
 	segments := make([]string, 0, 32)
 	start := 0
 	for i := 0; i < len(s); {

@@ -1,10 +1,12 @@
-package verifier
+package formatcheck
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 )
 
 // jsonCheck is the outcome of the JSON checks.
@@ -13,7 +15,8 @@ type jsonCheck struct {
 	// content is the answer to deliver: the fence's contents when the answer was fenced.
 	content string
 	// parsed is true when the answer (after unwrapping) is valid JSON; value is its decoding
-	// (objects as map[string]any, numbers as float64), shared with the schema and L2.
+	// (objects as map[string]any, numbers as float64), shared with the schema and the
+	// caller (Result.Value).
 	parsed bool
 	value  any
 	// top reads the top-level members of an object answer; nil for other JSON.
@@ -23,9 +26,9 @@ type jsonCheck struct {
 // checkJSON checks an answer to a JSON request: it unwraps a markdown fence, parses, and
 // checks the top-level shape, the schema, the required fields and the model's own
 // confidence against the threshold for this answer. The whole document is decoded only when
-// something needs it (a schema, or L2 rules for the scenario, when needValue is set);
+// something needs it (a schema, or the caller: Answer.KeepValue, passed as needValue);
 // otherwise only the top level is, which is several times cheaper on large answers.
-func (v *Verifier) checkJSON(content string, format Format, confidence float64, needValue bool) jsonCheck {
+func (c *Checker) checkJSON(content string, format Format, confidence float64, needValue bool) jsonCheck {
 	res := jsonCheck{content: content}
 	body := content
 	if inner, ok := unwrapFence(content); ok {
@@ -36,7 +39,7 @@ func (v *Verifier) checkJSON(content string, format Format, confidence float64, 
 	}
 	body = strings.TrimSpace(body)
 	if body == "" {
-		res.findings = append(res.findings, blocking(CodeJSONParse, "", ClassMalformedOutput,
+		res.findings = append(res.findings, blocking(CodeJSONParse, "", malformed,
 			"the code fence is empty"))
 		return res
 	}
@@ -62,27 +65,28 @@ func (v *Verifier) checkJSON(content string, format Format, confidence float64, 
 		err = json.Unmarshal([]byte(body), &discard)
 	}
 	if err != nil {
-		res.findings = append(res.findings, blocking(CodeJSONParse, "", ClassMalformedOutput,
+		res.findings = append(res.findings, blocking(CodeJSONParse, "", malformed,
 			fmt.Sprintf("the answer is not valid JSON: %v", err)))
 		return res
 	}
 	res.parsed, res.top = true, top
 
 	if format.Type == FormatJSONSchema {
-		// validate() compiled the schema already; this is a cache hit.
-		if schema, err := v.schemas.get(format.JSONSchema); err == nil {
-			res.findings = append(res.findings, schemaFindings(schema, res.value, v.cfg.MaxSchemaFindings)...)
+		// Usually a cache hit: callers compile the schema when they validate the request
+		// (CompileSchema). One that does not compile is a bad request, not a bad answer.
+		if schema, err := c.schemas.get(format.JSONSchema); err == nil {
+			res.findings = append(res.findings, schemaFindings(schema, res.value, c.cfg.MaxSchemaFindings)...)
 		}
 	}
 	if top == nil {
 		kind := jsonKind(body[0])
 		if format.Type == FormatJSONObject {
-			res.findings = append(res.findings, blocking(CodeJSONType, "", ClassMalformedOutput,
+			res.findings = append(res.findings, blocking(CodeJSONType, "", malformed,
 				fmt.Sprintf("the answer is a JSON %s; TYPE_JSON_OBJECT needs an object", kind)))
 		}
 		// A schema may allow an array or a scalar, but then no field can be present.
 		for _, field := range format.RequiredFields {
-			res.findings = append(res.findings, blocking(CodeRequiredField, field, ClassMalformedOutput,
+			res.findings = append(res.findings, blocking(CodeRequiredField, field, malformed,
 				fmt.Sprintf("required field %q is missing: the answer is a JSON %s, not an object", field, kind)))
 		}
 		return res
@@ -92,16 +96,16 @@ func (v *Verifier) checkJSON(content string, format Format, confidence float64, 
 		present, empty, shown := top.field(field)
 		switch {
 		case !present:
-			res.findings = append(res.findings, blocking(CodeRequiredField, field, ClassMalformedOutput,
+			res.findings = append(res.findings, blocking(CodeRequiredField, field, malformed,
 				fmt.Sprintf("required field %q is missing", field)))
 		case empty:
-			res.findings = append(res.findings, blocking(CodeRequiredField, field, ClassMalformedOutput,
+			res.findings = append(res.findings, blocking(CodeRequiredField, field, malformed,
 				fmt.Sprintf("required field %q is empty (%s)", field, shown)))
 		}
 	}
-	// The model's own confidence; non-numeric values are left to L2.
+	// The model's own confidence; non-numeric values are left to the verifier's rules.
 	if c, ok := top.number("confidence"); ok && c < confidence {
-		res.findings = append(res.findings, blocking(CodeLowConfidence, "confidence", ClassVerificationFailed,
+		res.findings = append(res.findings, blocking(CodeLowConfidence, "confidence", mantlev1.ErrorClass_ERROR_CLASS_VERIFICATION_FAILED,
 			fmt.Sprintf("confidence %v is below the threshold %v", c, confidence)))
 	}
 	return res
@@ -205,6 +209,24 @@ func isEmptyValue(v any) bool {
 		return len(v) == 0
 	}
 	return false
+}
+
+// collectStrings appends the non-empty string values in v, at any depth.
+func collectStrings(v any, out *[]string) {
+	switch v := v.(type) {
+	case string:
+		if s := strings.TrimSpace(v); s != "" {
+			*out = append(*out, s)
+		}
+	case []any:
+		for _, x := range v {
+			collectStrings(x, out)
+		}
+	case map[string]any:
+		for _, x := range v {
+			collectStrings(x, out)
+		}
+	}
 }
 
 func compactJSON(v any) string {
