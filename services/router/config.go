@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/sim"
+	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
 
 // Provider types.
@@ -80,27 +81,12 @@ type RetryConfig struct {
 	MaxRetryAfter time.Duration `yaml:"max_retry_after"`
 }
 
-// BudgetConfig is the retry budget (see resilience.BudgetConfig).
-type BudgetConfig struct {
-	Ratio           float64       `yaml:"ratio"`
-	Floor           int           `yaml:"floor"`
-	Window          time.Duration `yaml:"window"`
-	FormatOnlyAbove float64       `yaml:"format_only_above"`
-}
+// BudgetConfig is the retry budget of the router block (retry_budget): the resilience
+// package owns the type, its yaml keys, defaults and validation.
+type BudgetConfig = resilience.BudgetConfig
 
-// BreakerConfig is the circuit breaker policy (see resilience.BreakerConfig).
-type BreakerConfig struct {
-	Window              time.Duration `yaml:"window"`
-	MinCalls            int           `yaml:"min_calls"`
-	FailureRate         float64       `yaml:"failure_rate"`
-	SlowCall            time.Duration `yaml:"slow_call"`
-	SlowCallRate        float64       `yaml:"slow_call_rate"`
-	ConsecutiveFailures int           `yaml:"consecutive_failures"`
-	OpenDuration        time.Duration `yaml:"open_duration"`
-	MaxOpenDuration     time.Duration `yaml:"max_open_duration"`
-	OpenJitter          float64       `yaml:"open_jitter"`
-	HalfOpenProbes      int           `yaml:"half_open_probes"`
-}
+// BreakerConfig is the circuit breaker policy of the router block (breaker).
+type BreakerConfig = resilience.BreakerConfig
 
 // IdempotencyConfig says where request records live and for how long.
 type IdempotencyConfig struct {
@@ -229,21 +215,8 @@ func DefaultConfig() Config {
 			BackoffCap:    1500 * time.Millisecond,
 			MaxRetryAfter: 5 * time.Second,
 		},
-		RetryBudget: BudgetConfig{Ratio: 0.2, Floor: 10, Window: time.Minute, FormatOnlyAbove: 0.15},
-		Breaker: BreakerConfig{
-			Window:      time.Minute,
-			MinCalls:    20,
-			FailureRate: 0.5,
-			// Seed 000: a provider with 30% of calls over 8 s is in trouble although it
-			// returns no errors; with 0.5 it would never trip on such a tail.
-			SlowCall:            8 * time.Second,
-			SlowCallRate:        0.25,
-			ConsecutiveFailures: 5,
-			OpenDuration:        30 * time.Second,
-			MaxOpenDuration:     5 * time.Minute,
-			OpenJitter:          0.2,
-			HalfOpenProbes:      3,
-		},
+		RetryBudget: resilience.DefaultBudgetConfig(),
+		Breaker:     defaultBreaker(),
 		Idempotency: IdempotencyConfig{Backend: "memory", TTL: 24 * time.Hour, InflightTTL: time.Minute},
 	}
 }
@@ -354,10 +327,10 @@ func (c Config) Validate() error {
 	if c.FirstTokenTimeout <= 0 || c.StallTimeout <= 0 {
 		add("first_token_timeout and stall_timeout: must be positive, got %s and %s", c.FirstTokenTimeout, c.StallTimeout)
 	}
-	if err := c.RetryBudget.resilience().Validate(); err != nil {
+	if err := c.RetryBudget.Validate(); err != nil {
 		add("retry_budget.%v", err)
 	}
-	if err := c.Breaker.resilience().Validate(); err != nil {
+	if err := c.Breaker.Validate(); err != nil {
 		add("breaker.%v", err)
 	}
 	if !slices.Contains([]string{"memory", "jetstream"}, c.Idempotency.Backend) {
@@ -418,4 +391,13 @@ func (c Config) simProfileNames() []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// defaultBreaker is the resilience default with a slow-call rule that trips on the seed's
+// incident: a provider with 30% of its calls over 8 s is in trouble although it returns no
+// errors, and with a 50% rate it would never trip on such a tail.
+func defaultBreaker() BreakerConfig {
+	b := resilience.DefaultBreakerConfig()
+	b.SlowCall, b.SlowCallRate = 8*time.Second, 0.25
+	return b
 }

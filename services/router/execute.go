@@ -500,6 +500,27 @@ func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, q
 	return failed[len(failed)-1]
 }
 
+// extraAttempt reserves what an attempt beyond the plan's own needs on c: a key its
+// breaker admits, a bulkhead place and the retry budget's consent. When c cannot take one,
+// ok is false; when the budget refused, denied is true and no other candidate will do.
+func (r *Router) extraAttempt(ctx context.Context, qc *mantlev1.QualityContext, p *plan, c *candidate) (key *upstreamKey, permit resilience.Permit, release func(), ok, denied bool) {
+	key, permit, _ = r.acquire(c.u, qc.Scenario, p.avoid)
+	if key == nil {
+		return nil, permit, nil, false, false
+	}
+	release, ok = c.u.bulkhead.TryAcquire()
+	if !ok {
+		permit.Cancel()
+		return nil, permit, nil, false, false
+	}
+	if !r.allowRetry(ctx, qc, key, false) {
+		permit.Cancel()
+		release()
+		return nil, permit, nil, false, true
+	}
+	return key, permit, release, true, false
+}
+
 // hedgeCandidate reserves a key and a bulkhead slot on the best other candidate, if the
 // retry budget allows a hedge.
 func (r *Router) hedgeCandidate(ctx context.Context, qc *mantlev1.QualityContext, p *plan, primary *candidate) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
@@ -507,21 +528,13 @@ func (r *Router) hedgeCandidate(ctx context.Context, qc *mantlev1.QualityContext
 		if c == primary || c.exhausted {
 			continue
 		}
-		key, permit, _ := r.acquire(c.u, qc.Scenario, p.avoid)
-		if key == nil {
-			continue
+		key, permit, release, ok, denied := r.extraAttempt(ctx, qc, p, c)
+		if denied {
+			break
 		}
-		release, ok := c.u.bulkhead.TryAcquire()
-		if !ok {
-			permit.Cancel()
-			continue
+		if ok {
+			return c, key, permit, release, true
 		}
-		if !r.allowRetry(ctx, qc, key, false) {
-			permit.Cancel()
-			release()
-			return nil, nil, resilience.Permit{}, nil, false
-		}
-		return c, key, permit, release, true
 	}
 	return nil, nil, resilience.Permit{}, nil, false
 }
@@ -797,19 +810,12 @@ func (r *Router) continueStream(ctx context.Context, req *routerv1.Request, rt *
 		if qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.conf().HopReserve {
 			break
 		}
-		key, permit, _ := r.acquire(c.u, qc.Scenario, p.avoid)
-		if key == nil {
-			continue
-		}
-		release, ok := c.u.bulkhead.TryAcquire()
-		if !ok {
-			permit.Cancel()
-			continue
-		}
-		if !r.allowRetry(ctx, qc, key, false) {
-			permit.Cancel()
-			release()
+		key, permit, release, ok, denied := r.extraAttempt(ctx, qc, p, c)
+		if denied {
 			break
+		}
+		if !ok {
+			continue
 		}
 		preq := providerRequest(req, qc)
 		preq.Prefill = partial

@@ -51,7 +51,7 @@ func (r *Router) breaker(u *upstream, key *upstreamKey, scenario string) *resili
 	defer key.mu.Unlock()
 	b, ok := key.breakers[scenario]
 	if !ok {
-		b = resilience.NewBreaker(r.conf().Breaker.resilience(), r.deps.Clock, r.deps.Rand, func(t resilience.Transition) {
+		b = resilience.NewBreaker(r.conf().Breaker, r.deps.Clock, r.deps.Rand, func(t resilience.Transition) {
 			r.breakerTransition(u, key, scenario, t)
 		})
 		key.breakers[scenario] = b
@@ -103,29 +103,4 @@ func (r *Router) keyHealth(key *upstreamKey) (mantlev1.BreakerState, string, tim
 		}
 	}
 	return state, reason, until
-}
-
-func (c BudgetConfig) resilience() resilience.BudgetConfig {
-	d := resilience.DefaultBudgetConfig()
-	d.Ratio, d.Floor, d.FormatOnlyAbove = c.Ratio, c.Floor, c.FormatOnlyAbove
-	if c.Window > 0 {
-		d.Window = c.Window
-	}
-	return d
-}
-
-func (c BreakerConfig) resilience() resilience.BreakerConfig {
-	d := resilience.DefaultBreakerConfig()
-	d.MinCalls, d.FailureRate, d.SlowCall, d.SlowCallRate = c.MinCalls, c.FailureRate, c.SlowCall, c.SlowCallRate
-	d.ConsecutiveFailures, d.OpenJitter, d.HalfOpenProbes = c.ConsecutiveFailures, c.OpenJitter, c.HalfOpenProbes
-	if c.Window > 0 {
-		d.Window = c.Window
-	}
-	if c.OpenDuration > 0 {
-		d.OpenDuration = c.OpenDuration
-	}
-	if c.MaxOpenDuration > 0 {
-		d.MaxOpenDuration = c.MaxOpenDuration
-	}
-	return d
 }

@@ -134,7 +134,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		deps.Rand = rand.Float64
 	}
 	r := &Router{deps: deps, upstreams: map[string]*upstream{},
-		budget:          resilience.NewBudget(cfg.RetryBudget.resilience(), deps.Clock),
+		budget:          resilience.NewBudget(cfg.RetryBudget, deps.Clock),
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
 	}
 	providers := map[string]ProviderConfig{}
@@ -163,7 +163,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 			u.keys = append(u.keys, &upstreamKey{
 				id: id, client: c,
 				cooldown: resilience.NewCooldown(deps.Clock),
-				budget:   resilience.NewBudget(cfg.RetryBudget.resilience(), deps.Clock),
+				budget:   resilience.NewBudget(cfg.RetryBudget, deps.Clock),
 				breakers: map[string]*resilience.Breaker{},
 			})
 		}

@@ -85,6 +85,7 @@ func DefaultBreakerConfig() BreakerConfig {
 
 // Validate checks the config; each message names its yaml key.
 func (c BreakerConfig) Validate() error {
+	c = c.filled()
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.Window <= 0 {
@@ -204,6 +205,7 @@ func NewBreaker(cfg BreakerConfig, clock clockwork.Clock, rnd func() float64, on
 	if cfg == (BreakerConfig{}) {
 		cfg = DefaultBreakerConfig()
 	}
+	cfg = cfg.filled()
 	if err := cfg.Validate(); err != nil {
 		panic(fmt.Sprintf("resilience.NewBreaker: %v", err))
 	}
@@ -449,3 +451,16 @@ func (b *Breaker) Snapshot() BreakerSnapshot {
 
 // percent formats a rate as "62%".
 func percent(r float64) string { return fmt.Sprintf("%.0f%%", r*100) }
+
+// filled gives a zero Window or Buckets the default: a config written without them (a
+// struct literal, a YAML block that omits them) means "the usual slicing".
+func (c BreakerConfig) filled() BreakerConfig {
+	d := DefaultBreakerConfig()
+	if c.Window == 0 {
+		c.Window = d.Window
+	}
+	if c.Buckets == 0 {
+		c.Buckets = d.Buckets
+	}
+	return c
+}

@@ -93,8 +93,8 @@ func TestBreakerConfigValidate(t *testing.T) {
 	}{
 		{"defaults", func(*BreakerConfig) {}, ""},
 		{"slow calls and fast trip disabled", func(c *BreakerConfig) { c.SlowCall, c.ConsecutiveFailures = 0, 0 }, ""},
-		{"window", func(c *BreakerConfig) { c.Window = 0 }, "window:"},
-		{"buckets", func(c *BreakerConfig) { c.Buckets = 0 }, "buckets:"},
+		{"window", func(c *BreakerConfig) { c.Window = -time.Second }, "window:"},
+		{"buckets", func(c *BreakerConfig) { c.Buckets = -1 }, "buckets:"},
 		{"buckets too many for window", func(c *BreakerConfig) { c.Window = 5 }, "buckets:"},
 		{"min_calls", func(c *BreakerConfig) { c.MinCalls = 0 }, "min_calls:"},
 		{"failure_rate zero", func(c *BreakerConfig) { c.FailureRate = 0 }, "failure_rate:"},

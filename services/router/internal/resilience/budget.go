@@ -31,6 +31,7 @@ func DefaultBudgetConfig() BudgetConfig {
 
 // Validate checks the config; each message names its yaml key.
 func (c BudgetConfig) Validate() error {
+	c = c.filled()
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.Ratio < 0 {
@@ -87,6 +88,7 @@ func NewBudget(cfg BudgetConfig, clock clockwork.Clock) *Budget {
 	if cfg == (BudgetConfig{}) {
 		cfg = DefaultBudgetConfig()
 	}
+	cfg = cfg.filled()
 	if err := cfg.Validate(); err != nil {
 		panic(fmt.Sprintf("resilience.NewBudget: %v", err))
 	}
@@ -164,4 +166,17 @@ func (b *Budget) countsLocked(now time.Time) (requests, retries int) {
 
 func rate(requests, retries int) float64 {
 	return float64(retries) / float64(max(requests, 1))
+}
+
+// filled gives a zero Window or Buckets the default: a config written without them (a
+// struct literal, a YAML block that omits them) means "the usual slicing".
+func (c BudgetConfig) filled() BudgetConfig {
+	d := DefaultBudgetConfig()
+	if c.Window == 0 {
+		c.Window = d.Window
+	}
+	if c.Buckets == 0 {
+		c.Buckets = d.Buckets
+	}
+	return c
 }

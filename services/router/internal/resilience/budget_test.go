@@ -18,8 +18,8 @@ func TestBudgetConfigValidate(t *testing.T) {
 		{"no retries at all", func(c *BudgetConfig) { c.Ratio, c.Floor = 0, 0 }, ""},
 		{"ratio", func(c *BudgetConfig) { c.Ratio = -0.1 }, "ratio:"},
 		{"floor", func(c *BudgetConfig) { c.Floor = -1 }, "floor:"},
-		{"window", func(c *BudgetConfig) { c.Window = 0 }, "window:"},
-		{"buckets", func(c *BudgetConfig) { c.Buckets = 0 }, "buckets:"},
+		{"window", func(c *BudgetConfig) { c.Window = -time.Second }, "window:"},
+		{"buckets", func(c *BudgetConfig) { c.Buckets = -1 }, "buckets:"},
 		{"format_only_above", func(c *BudgetConfig) { c.FormatOnlyAbove = -1 }, "format_only_above:"},
 	}
 	for _, tt := range tests {
@@ -193,5 +193,19 @@ func TestNewBudgetZeroConfigTakesDefaults(t *testing.T) {
 	b := NewBudget(BudgetConfig{}, clockwork.NewFakeClock())
 	if b.cfg != DefaultBudgetConfig() {
 		t.Fatalf("config %+v, want defaults", b.cfg)
+	}
+}
+
+func TestZeroWindowAndBucketsMeanTheDefaults(t *testing.T) {
+	c := BudgetConfig{Ratio: 0.5, Floor: 1, FormatOnlyAbove: 0.9}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate() = %v, want nil: zero window and buckets take the defaults", err)
+	}
+	if f := c.filled(); f.Window != DefaultBudgetConfig().Window || f.Buckets != DefaultBudgetConfig().Buckets {
+		t.Errorf("filled() = %v/%d, want the defaults", f.Window, f.Buckets)
+	}
+	b := BreakerConfig{MinCalls: 1, FailureRate: 0.5, OpenDuration: time.Second, MaxOpenDuration: time.Second, HalfOpenProbes: 1}
+	if f := b.filled(); f.Window != DefaultBreakerConfig().Window || f.Buckets != DefaultBreakerConfig().Buckets {
+		t.Errorf("breaker filled() = %v/%d, want the defaults", f.Window, f.Buckets)
 	}
 }
