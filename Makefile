@@ -6,7 +6,7 @@ BUF     := $(BIN)/buf
 TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run build test vet test-race generate check-generated lint breaking tools clean bench test-sdk
+.PHONY: run build test vet test-race generate check-generated lint breaking tools clean bench test-sdk up down
 
 ## run: start `mantle dev` (all services, embedded NATS, simulated models)
 run:
@@ -66,6 +66,14 @@ lint: tools
 ## breaking: buf breaking-change check against the main branch
 breaking: tools
 	@if git rev-parse --verify -q main >/dev/null; then $(BUF) breaking --against '.git#branch=main'; else echo "no main branch to compare against"; fi
+
+## up: build the image and start the compose stack (mesh, NATS, Redis, Qdrant, Prometheus, Grafana, Jaeger)
+up:
+	docker compose up --build -d
+
+## down: stop the compose stack (volumes are kept; docker compose down -v drops them)
+down:
+	docker compose down
 
 clean:
 	rm -rf $(BIN)
