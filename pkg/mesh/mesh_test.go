@@ -350,6 +350,24 @@ func testHTTP(t *testing.T, m *meshtest.Mesh) {
 		}
 	})
 
+	t.Run("spend metrics move", func(t *testing.T) {
+		resp, err := http.Get("http://" + m.HTTPAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		for _, want := range []string{
+			`mantle_router_tokens_total{direction="input",model="backup",tenant="acme"}`,
+			`mantle_router_cost_usd_total{model="primary",tenant="acme"}`,
+			`mantle_router_attempts_total{class="overloaded",model="broken"}`,
+		} {
+			if !strings.Contains(string(body), want) {
+				t.Errorf("/metrics has no %s", want)
+			}
+		}
+	})
+
 	t.Run("models", func(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+m.HTTPAddr+"/v1/models", nil)
 		req.Header.Set("Authorization", "Bearer "+acmeKey)

@@ -648,7 +648,7 @@ func (r *Router) record(qc *mantlev1.QualityContext, o outcome) {
 	if len(qc.Attempts) > 1 {
 		qc.RetryCount++
 	}
-	addUsage(qc, o.c.u, o.res.Usage)
+	r.addUsage(qc, o.c.u, o.res.Usage)
 	qc.Audit = append(qc.Audit, o.audit...)
 	if o.verdict != nil || (o.err == nil && !o.streamed) {
 		applyVerdict(qc, o.verdict)

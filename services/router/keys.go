@@ -65,6 +65,7 @@ func (r *Router) breakerTransition(u *upstream, key *upstreamKey, scenario strin
 	r.deps.Log.Warn("circuit breaker transition", "provider", u.provider, "model", u.model.Name, "key", key.id,
 		"scenario", scenario, "from", t.From.String(), "to", t.To.String(), "reason", t.Reason)
 	r.deps.Metrics.breakerTransitions.WithLabelValues(u.model.Name, key.id, t.To.String()).Inc()
+	r.deps.Metrics.breakerState.WithLabelValues(u.provider, u.model.Name, key.id, scenario).Set(float64(breakerState(t.To)))
 	r.deps.Events.Publish(context.Background(), events.SubjectBreaker, &eventsv1.BreakerTransitionEvent{
 		At:           timestamppb.New(t.At),
 		Provider:     u.provider,

@@ -18,6 +18,11 @@ type metrics struct {
 	replays            prometheus.Counter
 	// idempotencyUnavailable counts requests served without replay protection.
 	idempotencyUnavailable prometheus.Counter
+	// breakerState is the state of every breaker that has left closed at least once:
+	// 1 closed, 2 open, 3 half-open (the BreakerState enum values).
+	breakerState *prometheus.GaugeVec
+	tokens       *prometheus.CounterVec
+	cost         *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -51,11 +56,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_idempotent_replays_total", Help: "Requests answered from an idempotency record.",
 		}),
+		breakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mantle_router_breaker_state", Help: "Circuit breaker state: 1 closed, 2 open, 3 half-open.",
+		}, []string{"provider", "model", "key", "scenario"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_router_tokens_total", Help: "Provider tokens by tenant, model and direction (input, output), failed attempts included.",
+		}, []string{"tenant", "model", "direction"}),
+		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_router_cost_usd_total", Help: "Estimated provider cost in US dollars by tenant and model.",
+		}, []string{"tenant", "model"}),
 		idempotencyUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_idempotency_unavailable_total", Help: "Requests served without replay protection because the idempotency store failed.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedges, m.replays, m.idempotencyUnavailable} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

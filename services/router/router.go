@@ -572,11 +572,18 @@ func adoptAudit(qc, returned *mantlev1.QualityContext) {
 	}
 }
 
-func addUsage(qc *mantlev1.QualityContext, u *upstream, usage provider.Usage) {
+// addUsage charges an attempt's tokens and cost to the request and to the per-tenant,
+// per-model counters operators watch for spend.
+func (r *Router) addUsage(qc *mantlev1.QualityContext, u *upstream, usage provider.Usage) {
+	cost := u.cost(usage)
 	qc.Usage.InputTokens += usage.InputTokens
 	qc.Usage.OutputTokens += usage.OutputTokens
 	qc.Usage.TotalTokens += usage.InputTokens + usage.OutputTokens
-	qc.CostUsd += u.cost(usage)
+	qc.CostUsd += cost
+	m := r.deps.Metrics
+	m.tokens.WithLabelValues(qc.Tenant, u.model.Name, "input").Add(float64(usage.InputTokens))
+	m.tokens.WithLabelValues(qc.Tenant, u.model.Name, "output").Add(float64(usage.OutputTokens))
+	m.cost.WithLabelValues(qc.Tenant, u.model.Name).Add(cost)
 }
 
 func levelOf(candidate int) mantlev1.FallbackLevel {
