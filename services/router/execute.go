@@ -237,7 +237,7 @@ func failsOver(class mantlev1.ErrorClass) bool {
 func (r *Router) accept(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, o outcome, sink Sink, prefix string) *answer {
 	o.res.Content = prefix + o.res.Content
 	if sink != nil {
-		v, audit, _ := r.verify(ctx, req, qc, o.c.u, &o.res, nil)
+		v, audit, _ := r.verify(ctx, req, qc, o.c, &o.res, nil)
 		qc.Audit = append(qc.Audit, audit...)
 		applyVerdict(qc, v)
 	}
@@ -247,7 +247,8 @@ func (r *Router) accept(ctx context.Context, req *routerv1.Request, rt *route, q
 		if qc.DegradationReason == "" {
 			qc.DegradationReason = "primary unavailable"
 		}
-		qc.UserNotice = rt.ladder.Notice // shown with any degraded answer, when the route has one
+		// The route's notice goes with any degraded answer, before a business rule's notice.
+		qc.UserNotice = strings.TrimSpace(rt.ladder.Notice + " " + qc.UserNotice)
 	}
 	return &answer{Response: o.res, model: o.c.u.model.Name}
 }
@@ -432,7 +433,7 @@ func (r *Router) run(ctx context.Context, req *routerv1.Request, rt *route, qc *
 	o := r.call(ctx, rt, c, key, permit, preq, sink, hedged, qc.Tenant)
 	o.streamed = sink != nil
 	if o.err == nil && sink == nil {
-		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c.u, &o.res, o.audit)
+		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c, &o.res, o.audit)
 		if o.err != nil {
 			o.att.ErrorClass = provider.ClassOf(o.err)
 			o.att.ErrorMessage = o.err.Error()
@@ -671,19 +672,27 @@ func applyVerdict(qc *mantlev1.QualityContext, v *verifierv1.VerifyResponse) {
 		qc.Verification = &mantlev1.Verification{L1Passed: v.Passed, FailureClass: v.FailureClass}
 	}
 	qc.QualityGrade, qc.RiskScore = v.Grade, v.RiskScore
+	if v.Passed && v.UserNotice != "" {
+		// A business rule's notice for the user (for example "this is not medical advice").
+		qc.UserNotice = strings.TrimSpace(qc.UserNotice + " " + v.UserNotice)
+	}
 }
 
 // verify asks the verifier about res. A verifier that cannot be reached does not fail the
 // request: the router runs L1 itself (deps.Checker, the library the verifier serves L1
 // from), so a malformed answer still fails over, and an answer that passes goes out
 // unverified and says so (verdict nil): L2 rules and L3 did not run.
-func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, u *upstream, res *provider.Response, audit []*mantlev1.AuditStep) (*verifierv1.VerifyResponse, []*mantlev1.AuditStep, error) {
+func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, c *candidate, res *provider.Response, audit []*mantlev1.AuditStep) (*verifierv1.VerifyResponse, []*mantlev1.AuditStep, error) {
+	u := c.u
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	start := r.deps.Clock.Now()
 	// The verifier reads the QualityContext as it is now; a clone keeps concurrent hedges
 	// from racing on the request's copy.
 	snapshot := proto.Clone(qc).(*mantlev1.QualityContext)
+	// The verifier adapts its checks to the model that answered (seed 001 5.1): tell it the
+	// level this answer would go out at, and which model gave it.
+	snapshot.FallbackLevel, snapshot.CurrentModel, snapshot.CurrentProvider = c.level, u.model.Name, u.provider
 	v, err := r.deps.Verifier.Verify(hop, &verifierv1.VerifyRequest{
 		Quality:        snapshot,
 		Messages:       req.Messages,
