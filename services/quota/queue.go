@@ -449,13 +449,25 @@ func (q *queue) poke() {
 func (q *queue) run(ctx context.Context) error {
 	q.setRunning(true)
 	q.startOnce.Do(func() { close(q.started) })
-	timer := q.clock.NewTimer(time.Hour)
-	defer timer.Stop()
+	// The timer exists only while a waiter needs a wake-up: an idle dispatcher holds no
+	// timer, so tests that count a fake clock's waiters see only what is really waiting.
+	var timer clockwork.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		next := q.dispatch()
-		timer.Stop()
 		var wake <-chan time.Time
-		if !next.IsZero() {
+		switch {
+		case next.IsZero() && timer != nil:
+			timer.Stop()
+		case !next.IsZero() && timer == nil:
+			timer = q.clock.NewTimer(max(next.Sub(q.clock.Now()), 0))
+			wake = timer.Chan()
+		case !next.IsZero():
+			timer.Stop()
 			timer.Reset(max(next.Sub(q.clock.Now()), 0))
 			wake = timer.Chan()
 		}

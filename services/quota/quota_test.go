@@ -429,7 +429,7 @@ func TestSweeperDeletesExpiredReservations(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.svc.Run(ctx) }()
-	if err := clock.BlockUntilContext(ctx, 1); err != nil { // the sweeper's ticker exists
+	if err := clock.BlockUntilContext(ctx, 1); err != nil { // the sweeper's ticker exists (the idle dispatcher holds no timer)
 		t.Fatal(err)
 	}
 	f.reserve(t, "acme", 900, 100) // expires at 2m
