@@ -6,7 +6,7 @@ BUF     := $(BIN)/buf
 TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run build test vet test-race generate check-generated lint breaking tools clean bench test-sdk up down
+.PHONY: run build test vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill
 
 ## run: start `mantle dev` (all services, embedded NATS, simulated models)
 run:
@@ -29,6 +29,10 @@ test-race:
 test-sdk:
 	cd test/sdk && npm ci --no-audit --no-fund
 	$(GO) test -tags sdk -count=1 -v ./test/sdk/
+
+## drill: the seed incident at a CI-friendly scale, mantle against a naive client (reports in drill-report/)
+drill:
+	$(GO) run ./cmd/mantle drill --scenario seed-incident --time-scale 0.025 --out drill-report
 
 ## bench: run the benchmarks once (compare runs with benchstat)
 bench:

@@ -5,6 +5,8 @@
 //	mantle sim --addr :8081     a standalone simulated OpenAI-compatible provider
 //	mantle chat "question"      ask the router over gRPC and print the QualityContext summary
 //	mantle review list|claim|decide   work the human review queue
+//	mantle drill --scenario seed-incident   fault drill, mantle vs a naive client
+//	mantle bench-load           added latency at fixed request rates
 package main
 
 import (
@@ -30,11 +32,13 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"serve":  {"run any subset of the services", serve},
-	"dev":    {"run the whole mesh locally with embedded NATS and simulated models", dev},
-	"sim":    {"run the simulated OpenAI-compatible provider", simCommand},
-	"chat":   {"send one question to the router and print the answer", chat},
-	"review": {"work the human review queue: list, show, claim, decide, audit", review},
+	"serve":      {"run any subset of the services", serve},
+	"dev":        {"run the whole mesh locally with embedded NATS and simulated models", dev},
+	"sim":        {"run the simulated OpenAI-compatible provider", simCommand},
+	"chat":       {"send one question to the router and print the answer", chat},
+	"review":     {"work the human review queue: list, show, claim, decide, audit", review},
+	"drill":      {"run a fault drill through mantle and a naive client, side by side", drill},
+	"bench-load": {"measure the latency mantle adds at fixed request rates", benchLoad},
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -61,8 +65,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: mantle <command> [flags]")
 	fmt.Fprintln(w)
-	for _, name := range []string{"serve", "dev", "sim", "chat", "review"} {
-		fmt.Fprintf(w, "  %-6s %s\n", name, commands[name].summary)
+	for _, name := range []string{"serve", "dev", "sim", "chat", "review", "drill", "bench-load"} {
+		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintln(w, "\nRun mantle <command> -h for its flags.")
 }

@@ -140,7 +140,7 @@ func (r *Report) charts() []template.HTML {
 			}
 			levels = append(levels, chartSeries{strings.SplitN(levelNames[l], " ", 2)[0] + " " + levelShort[l], color, false, ys})
 		}
-		charts = append(charts, r.chart("mantle's answers by ladder level (% of answers)", levels, false, pct))
+		charts = append(charts, r.chart("mantle's answers by ladder level (%)", levels, false, pct))
 	}
 	return append(charts, r.chart("Upstream calls per second", calls, false, func(v float64) string { return fmt.Sprintf("%.0f", v) }))
 }
@@ -235,8 +235,8 @@ func (r *Report) chart(title string, series []chartSeries, logY bool, label func
 			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.8"%s points="%s"/>`, s.color, dash, strings.Join(pts, " "))
 		}
 	}
-	// The legend runs along the top, right of the title.
-	lx := left + 300
+	// The legend runs along the top, right of the title (about 8 px per character at 14 px).
+	lx := left + max(300, 8.5*float64(len(title))+30)
 	for _, s := range series {
 		dash := ""
 		if s.dashed {
@@ -244,7 +244,7 @@ func (r *Report) chart(title string, series []chartSeries, logY bool, label func
 		}
 		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="14" y2="14" stroke="%s" stroke-width="2"%s/>`, lx, lx+22, s.color, dash)
 		fmt.Fprintf(&b, `<text x="%.0f" y="18" font-size="11">%s</text>`, lx+26, html.EscapeString(s.name))
-		lx += 150
+		lx += 140
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) //nolint:gosec // built here from numbers and escaped text

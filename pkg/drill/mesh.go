@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -178,6 +179,9 @@ type breakerWatch struct {
 	msgs chan *nats.Msg
 	done chan struct{}
 	out  chan breakerEvents
+
+	once   sync.Once
+	result breakerEvents
 }
 
 type breakerEvents struct {
@@ -236,11 +240,15 @@ func (w *breakerWatch) collect() {
 // Flush's ping only after relaying everything published on this connection before it (the
 // in-process mesh publishes on this connection), so after Flush and Unsubscribe every
 // event is in the channel and the collector can drain it without waiting.
+// It may be called more than once; later calls return the same events.
 func (w *breakerWatch) stop(ctx context.Context) breakerEvents {
-	_ = w.nc.FlushWithContext(ctx)
-	_ = w.sub.Unsubscribe()
-	close(w.done)
-	return <-w.out
+	w.once.Do(func() {
+		_ = w.nc.FlushWithContext(ctx)
+		_ = w.sub.Unsubscribe()
+		close(w.done)
+		w.result = <-w.out
+	})
+	return w.result
 }
 
 // levelOf maps the wire level to the ladder's L0..L3 (-1 for unspecified).

@@ -66,8 +66,10 @@ type Options struct {
 	ProgressInterval time.Duration
 	// Log receives the in-process mesh's and the simulator's logs; nil discards them.
 	Log io.Writer
-	// Requests, when set, receives one CSV line per request of each side (see
-	// WriteRequestsCSV), for analyses the report does not make.
+	// Requests, when set, receives a CSV header and then one line per request of each side
+	// (scenario, side, index, due time and latency in scenario time, answered, correct,
+	// ladder level, verified, failure, degradation reason), for analyses the report does
+	// not make.
 	Requests io.Writer
 }
 
@@ -277,6 +279,8 @@ func (p *plan) runSide(ctx context.Context, side string, opts Options) (d sideDa
 				if watch, err = watchBreakers(nc); err != nil {
 					return d, err
 				}
+				// Registered after the connection's Close, so it runs before it.
+				defer watch.stop(context.WithoutCancel(ctx))
 			}
 		} else {
 			logOut := opts.Log
@@ -292,6 +296,8 @@ func (p *plan) runSide(ctx context.Context, side string, opts Options) (d sideDa
 			if watch, err = watchBreakers(m.proc.Events.Conn()); err != nil {
 				return d, err
 			}
+			// Registered after the mesh's stop, so it runs before it, while NATS is up.
+			defer watch.stop(context.WithoutCancel(ctx))
 		}
 		c = mc
 	case SideNaive:
@@ -329,8 +335,7 @@ func (p *plan) runSide(ctx context.Context, side string, opts Options) (d sideDa
 	d.stats = up.stats()
 	d.calls = up.log()
 	if watch != nil {
-		ev := watch.stop(ctx)
-		d.breakers = ev.events
+		d.breakers = watch.stop(ctx).events
 	}
 	return d, nil
 }

@@ -65,6 +65,11 @@ type plan struct {
 	lastErr    error
 	failed     []string
 	denied     bool // the retry budget refused a retry
+	// firstKey is the key of the request's first attempt. Every later attempt (retry,
+	// failover, hedge) is charged to its retry budget: the failing key caused it, and a
+	// backup that is only ever a failover target would otherwise have no requests to its
+	// name and refuse failovers once its floor is spent (found by mantle drill).
+	firstKey *upstreamKey
 }
 
 func (r *Router) newPlan(rt *route) *plan {
@@ -76,6 +81,14 @@ func (r *Router) newPlan(rt *route) *plan {
 		p.cands = append(p.cands, &candidate{u: u, level: mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL, order: len(p.cands)})
 	}
 	return p
+}
+
+// chargeTo is the key whose retry budget pays for an attempt on key.
+func (p *plan) chargeTo(key *upstreamKey) *upstreamKey {
+	if p.firstKey != nil {
+		return p.firstKey
+	}
+	return key
 }
 
 // next picks the candidate for the next attempt: the current one while it may be retried,
@@ -180,7 +193,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			r.skipCandidate(qc, p, c, mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED)
 			continue
 		}
-		if p.attempts > 0 && !r.allowRetry(ctx, qc, key, isFormatClass(p.prefer)) {
+		if p.attempts > 0 && !r.allowRetry(ctx, qc, p.chargeTo(key), isFormatClass(p.prefer)) {
 			permit.Cancel()
 			release()
 			r.denyRetry(qc, p)
@@ -188,6 +201,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		}
 		if p.attempts == 0 {
 			key.budget.Request()
+			p.firstKey = key
 		}
 		p.attempts++
 		var o outcome
@@ -514,7 +528,7 @@ func (r *Router) extraAttempt(ctx context.Context, qc *mantlev1.QualityContext, 
 		permit.Cancel()
 		return nil, permit, nil, false, false
 	}
-	if !r.allowRetry(ctx, qc, key, false) {
+	if !r.allowRetry(ctx, qc, p.chargeTo(key), false) {
 		permit.Cancel()
 		release()
 		return nil, permit, nil, false, true
