@@ -1,0 +1,80 @@
+package mesh_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"slices"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	"github.com/mantle-mesh/mantle/pkg/mesh"
+	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
+)
+
+// closedAddr is an address nothing listens on: connections to it are refused at once.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// TestRouterSurvivesItsDependencies runs the router with one of its own dependencies
+// unreachable and checks that requests are still answered, with the skipped step named.
+func TestRouterSurvivesItsDependencies(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		target  string
+		set     func(c *mesh.Config, dead string)
+		skipped string // "" when nothing the caller sees is skipped
+	}{
+		{"quota down: bounded fail-open", "router,cache,verifier", func(c *mesh.Config, dead string) { c.Router.QuotaAddress = dead }, "quota"},
+		{"cache down: a miss", "router,quota,verifier", func(c *mesh.Config, dead string) { c.Router.CacheAddress = dead }, "cache"},
+		{"verifier down: local L1, unverified", "router,quota,cache", func(c *mesh.Config, dead string) { c.Router.VerifierAddress = dead }, "verify"},
+		{"NATS down: events buffered", "all", func(c *mesh.Config, dead string) { c.Events = mesh.EventsConfig{NATSURL: "nats://" + dead} }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Target = tc.target
+			cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
+			cfg.Log.Level = "error"
+			tc.set(&cfg, closedAddr(t))
+			p, err := mesh.Start(context.Background(), cfg, mesh.Options{LogOutput: io.Discard})
+			if err != nil {
+				t.Fatalf("start with %s: %v", tc.name, err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- p.Run(ctx) }()
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+					t.Errorf("Run: %v", err)
+				}
+			})
+			client := routerv1.NewRouterServiceClient(meshtest.Dial(t, p.App.GRPCAddr()))
+			resp, err := client.Complete(authed(acmeKey), &routerv1.CompleteRequest{Request: ask("primary", "Are you still there?")}, grpc.WaitForReady(true))
+			if err != nil {
+				t.Fatalf("Complete with %s: %v", tc.name, err)
+			}
+			if resp.GetMessage().GetContent() == "" {
+				t.Error("empty answer")
+			}
+			skipped := resp.GetQuality().GetSkippedSteps()
+			if tc.skipped != "" && !slices.Contains(skipped, tc.skipped) {
+				t.Errorf("skipped_steps = %v, want %s", skipped, tc.skipped)
+			}
+			if tc.skipped == "" && len(skipped) != 0 {
+				t.Errorf("skipped_steps = %v, want none", skipped)
+			}
+		})
+	}
+}
