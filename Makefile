@@ -6,7 +6,7 @@ BUF     := $(BIN)/buf
 TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run build test vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill
+.PHONY: run build test vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
 
 ## run: start `mantle dev` (all services, embedded NATS, simulated models)
 run:
@@ -33,6 +33,10 @@ test-sdk:
 ## drill: the seed incident at a CI-friendly scale, mantle against a naive client (reports in drill-report/)
 drill:
 	$(GO) run ./cmd/mantle drill --scenario seed-incident --time-scale 0.025 --out drill-report
+
+## bench-load: added latency, CPU and RSS at 500-4000 requests/s (about 3 min); see docs/performance.md
+bench-load: build
+	$(BIN)/mantle bench-load --rates 500,1000,2000,4000 --duration 10s --warmup 2s
 
 ## bench: run the benchmarks once (compare runs with benchstat)
 bench:
