@@ -738,9 +738,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		r.deps.Log.WarnContext(ctx, "verifier unavailable; answer not verified", "err", err)
 		return nil, append(audit, r.step("verify", detail, r.deps.Clock.Since(start))), nil
 	}
-	if returned := v.GetQuality().GetAudit(); len(returned) > len(snapshot.Audit) {
-		audit = append(audit, returned[len(snapshot.Audit):]...)
-	}
+	audit = append(audit, addedSteps(snapshot, v.GetQuality())...)
 	audit = append(audit, r.step("verify", fmt.Sprintf("passed=%t grade=%s", v.Passed, shortGrade(v.Grade)), r.deps.Clock.Since(start)))
 	if v.Degrade {
 		// A business rule says this kind of answer must not come from a model now: no other

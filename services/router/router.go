@@ -567,9 +567,15 @@ func (r *Router) audit(qc *mantlev1.QualityContext, step, detail string, d time.
 // adoptAudit appends the audit steps another service added to its copy of the
 // QualityContext; the router's copy stays the one source of truth for everything else.
 func adoptAudit(qc, returned *mantlev1.QualityContext) {
-	if n := len(qc.Audit); len(returned.GetAudit()) > n {
-		qc.Audit = append(qc.Audit, returned.Audit[n:]...)
+	qc.Audit = append(qc.Audit, addedSteps(qc, returned)...)
+}
+
+// addedSteps are the audit steps a service appended to the copy of sent it returned.
+func addedSteps(sent, returned *mantlev1.QualityContext) []*mantlev1.AuditStep {
+	if n := len(sent.GetAudit()); len(returned.GetAudit()) > n {
+		return returned.Audit[n:]
 	}
+	return nil
 }
 
 // addUsage charges an attempt's tokens and cost to the request and to the per-tenant,
