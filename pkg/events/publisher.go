@@ -66,15 +66,15 @@ func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.R
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_events_published_total", Help: "Events handed to NATS, by subject.",
 		}, []string{"subject"}),
-		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mantle_events_dropped_total", Help: "Events that could not be published, by subject.",
-		}, []string{"subject"}),
 	}
-	for _, c := range []prometheus.Collector{p.published, p.dropped} {
-		if err := reg.Register(c); err != nil {
-			nc.Close()
-			return nil, fmt.Errorf("register event metrics: %w", err)
-		}
+	if err := reg.Register(p.published); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("register event metrics: %w", err)
+	}
+	// Shared with a spool of the same process (metrics.go).
+	if p.dropped, err = registerShared(reg, newDroppedCounter()); err != nil {
+		nc.Close()
+		return nil, err
 	}
 	return p, nil
 }
@@ -105,7 +105,7 @@ func (p *Publisher) Publish(ctx context.Context, subject string, msg proto.Messa
 		err = p.nc.Publish(subject, data)
 	}
 	if err != nil {
-		p.dropped.WithLabelValues(subject).Inc()
+		p.dropped.WithLabelValues(subject, dropReason(err)).Inc()
 		p.log.WarnContext(ctx, "event dropped", "subject", subject, "err", err)
 		return
 	}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -61,6 +62,8 @@ type Spool struct {
 	bytes int64
 
 	flushMu sync.Mutex // one Flush at a time, so records are published in order
+
+	metrics atomic.Pointer[spoolMetrics] // nil until Instrument
 }
 
 const (
@@ -131,6 +134,9 @@ func (s *Spool) Append(rec SpoolRecord) (uint64, error) {
 	s.mu.Lock()
 	if s.count >= s.limits.MaxRecords || s.bytes+int64(len(data)) > s.limits.MaxBytes {
 		s.mu.Unlock()
+		if m := s.metrics.Load(); m != nil {
+			m.dropped.WithLabelValues(rec.Subject, dropSpoolFull).Inc()
+		}
 		return 0, ErrSpoolFull
 	}
 	seq := s.next
@@ -146,6 +152,9 @@ func (s *Spool) Append(rec SpoolRecord) (uint64, error) {
 		s.bytes -= int64(len(data))
 		s.mu.Unlock()
 		return 0, err
+	}
+	if m := s.metrics.Load(); m != nil {
+		m.spooled.WithLabelValues(rec.Subject).Inc()
 	}
 	return seq, nil
 }
@@ -216,6 +225,9 @@ func (s *Spool) Flush(ctx context.Context, publish func(ctx context.Context, rec
 			return published, fmt.Errorf("spool: delete published record %d: %w", seq, err)
 		}
 		s.forget(int64(len(raw)))
+		if m := s.metrics.Load(); m != nil {
+			m.replayed.WithLabelValues(rec.Subject).Inc()
+		}
 		published++
 	}
 	return published, nil

@@ -137,6 +137,9 @@ type LookupResult struct {
 	// MissReason says why a miss did not search or could not ("" for an ordinary miss).
 	MissReason string
 	Namespace  string
+	// StoreDeclined: the prompt policy refused the lookup, so it would refuse a Store of
+	// the answer too; the caller can skip that call.
+	StoreDeclined bool
 }
 
 // Rejection is a candidate that did not answer.
@@ -311,6 +314,7 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 	pol := s.policyFor(req.Prompt.Scenario)
 	if reason := pol.promptSkip(req.Prompt, k.Normalized); reason != "" {
 		res.MissReason = string(reason)
+		res.StoreDeclined = true
 		return res, nil
 	}
 	now := s.clock.Now()

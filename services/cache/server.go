@@ -73,13 +73,14 @@ func (s *server) Lookup(ctx context.Context, req *cachev1.LookupRequest) (*cache
 		quality = &mantlev1.QualityContext{}
 	}
 	resp := &cachev1.LookupResponse{
-		Hit:         res.Hit,
-		Quality:     quality,
-		Match:       matchToProto(res.Match),
-		Stale:       res.Stale,
-		Approximate: res.Approximate,
-		MissReason:  res.MissReason,
-		Namespace:   res.Namespace,
+		Hit:           res.Hit,
+		Quality:       quality,
+		Match:         matchToProto(res.Match),
+		Stale:         res.Stale,
+		Approximate:   res.Approximate,
+		MissReason:    res.MissReason,
+		Namespace:     res.Namespace,
+		StoreDeclined: res.StoreDeclined,
 	}
 	if r := res.Rejected; r != nil {
 		resp.Rejected = &cachev1.Rejection{EntryId: r.EntryID, Similarity: r.Similarity, Reason: r.Reason, Detail: r.Detail}

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -18,7 +19,18 @@ const (
 	decisionPrice       = "price_unknown"
 )
 
+// maxTenantLabels bounds the tenant label of mantle_quota_decisions_total. Tenants named in
+// quota's configuration (tenants, model_limits, budgets, queue weights) always get their
+// own series; callers are authenticated tenants of auth.tenants, which quota does not see,
+// so other names get one until this many exist and then share "_other". A client cannot
+// mint series: the router sends the authenticated tenant, never one the request names.
+const maxTenantLabels = 100
+
+// otherTenant labels tenants past maxTenantLabels.
+const otherTenant = "_other"
+
 type metrics struct {
+	// decisions is by result, priority class and tenant (see maxTenantLabels).
 	decisions           *prometheus.CounterVec
 	decisionSeconds     *prometheus.HistogramVec
 	reservedTokens      prometheus.Counter
@@ -36,15 +48,18 @@ type metrics struct {
 	correction          *prometheus.GaugeVec
 	backendFallback     prometheus.Gauge
 	backendFallbacks    prometheus.Counter
+
+	tenantsMu sync.Mutex
+	tenants   map[string]bool // tenant label values in use
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, configuredTenants []string) (*metrics, error) {
 	classes := []string{"priority"}
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_quota_decisions_total",
-			Help: "Reserve decisions by result (granted, exhausted, too_large, queue_full, shed, deadline, unavailable, price_unknown) and priority class.",
-		}, []string{"result", "priority"}),
+			Help: "Reserve decisions by result (granted, exhausted, too_large, queue_full, shed, deadline, unavailable, price_unknown), priority class and tenant (configured tenants; at most 100 others, then _other).",
+		}, []string{"result", "priority", "tenant"}),
 		decisionSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "mantle_quota_decision_seconds",
 			Help:    "Time to decide a Reserve, waiting in the queue included, by result.",
@@ -111,6 +126,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mantle_quota_backend_fallbacks_total",
 			Help: "Times this replica fell back from Redis to its local limiter.",
 		}),
+		tenants: map[string]bool{},
+	}
+	for _, t := range configuredTenants {
+		m.tenants[t] = true
 	}
 	for _, c := range []prometheus.Collector{
 		m.decisions, m.decisionSeconds, m.reservedTokens, m.settledTokens, m.refundedTokens, m.extraTokens,
@@ -121,10 +140,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, fmt.Errorf("register quota metrics: %w", err)
 		}
 	}
-	// Export every series from the start, so rate() sees a zero before the first event.
+	// Export every series from the start, so rate() sees a zero before the first event. The
+	// tenant is "default", the one every caller is when authentication is off: one tenant
+	// is enough for sums by result to start at zero.
 	for _, class := range classNames {
 		for _, result := range []string{decisionGranted, decisionExhausted, decisionTooLarge, decisionQueueFull, decisionShed, decisionDeadline, decisionUnavailable, decisionPrice} {
-			m.decisions.WithLabelValues(result, class)
+			m.decisions.WithLabelValues(result, class, "default")
 		}
 		m.queueLength.WithLabelValues(class)
 		m.queueShed.WithLabelValues(class)
@@ -133,4 +154,38 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.retries.WithLabelValues(result)
 	}
 	return m, nil
+}
+
+// tenant returns the tenant label value for a tenant id (see maxTenantLabels).
+func (m *metrics) tenant(id string) string {
+	m.tenantsMu.Lock()
+	defer m.tenantsMu.Unlock()
+	if m.tenants[id] {
+		return id
+	}
+	if len(m.tenants) < maxTenantLabels {
+		m.tenants[id] = true
+		return id
+	}
+	return otherTenant
+}
+
+// configuredTenants are the tenant ids quota's configuration names, "*" left out.
+func configuredTenants(cfg Config) []string {
+	var out []string
+	for t := range cfg.Tenants {
+		out = append(out, t)
+	}
+	for t := range cfg.ModelLimits {
+		if t != "*" {
+			out = append(out, t)
+		}
+	}
+	for t := range cfg.Budgets.Tenants {
+		out = append(out, t)
+	}
+	for t := range cfg.Queue.Weights {
+		out = append(out, t)
+	}
+	return out
 }

@@ -63,7 +63,7 @@ func NewService(cfg Config, deps Deps) (*Service, error) {
 	if deps.Store == nil || deps.Clock == nil || deps.Metrics == nil || deps.Log == nil {
 		return nil, errors.New("missing dependency: Store, Clock, Metrics and Log are required")
 	}
-	m, err := newMetrics(deps.Metrics)
+	m, err := newMetrics(deps.Metrics, configuredTenants(cfg))
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +184,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 		return Reserved{}, fmt.Errorf("reserve for request %q: %w", req.RequestID, err)
 	}
 
-	s.metrics.decisions.WithLabelValues(decisionGranted, classNames[class]).Inc()
+	s.metrics.decisions.WithLabelValues(decisionGranted, classNames[class], s.metrics.tenant(req.Tenant)).Inc()
 	s.metrics.decisionSeconds.WithLabelValues(decisionGranted).Observe(s.clock.Since(start).Seconds())
 	s.metrics.reservedTokens.Add(float64(tokens))
 	s.store.CountRequest(ctx, req.UpstreamKey, !req.KeyOnly, s.cfg.RetryBudget.Window)

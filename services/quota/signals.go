@@ -170,7 +170,7 @@ func (s *Service) refused(ctx context.Context, start time.Time, req ReserveReque
 	default:
 		return
 	}
-	s.metrics.decisions.WithLabelValues(decision, classNames[classOf(req.Priority)]).Inc()
+	s.metrics.decisions.WithLabelValues(decision, classNames[classOf(req.Priority)], s.metrics.tenant(req.Tenant)).Inc()
 	s.metrics.decisionSeconds.WithLabelValues(decision).Observe(s.clock.Since(start).Seconds())
 	ev := &eventsv1.QuotaRejectionEvent{
 		At:        timestamppb.New(s.clock.Now()),

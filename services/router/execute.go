@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -703,7 +702,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 	start := r.deps.Clock.Now()
 	// The verifier reads the QualityContext as it is now; a clone keeps concurrent hedges
 	// from racing on the request's copy.
-	snapshot := proto.Clone(qc).(*mantlev1.QualityContext)
+	snapshot := hopQuality(qc)
 	// The verifier adapts its checks to the model that answered (seed 001 5.1): tell it the
 	// level this answer would go out at, and which model gave it.
 	snapshot.FallbackLevel, snapshot.CurrentModel, snapshot.CurrentProvider = c.level, u.model.Name, u.provider

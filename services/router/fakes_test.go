@@ -101,14 +101,26 @@ type fakeCache struct {
 	cachev1.CacheServiceClient
 	hit             *cachev1.Entry
 	approximateOnly bool
+	// declineStore answers misses as the real cache does for a prompt its policy refuses.
+	declineStore bool
+	// lookups are the QualityContexts the cache was sent.
+	lookups []*mantlev1.QualityContext
 
 	mu     sync.Mutex
 	stores []*cachev1.StoreRequest
 }
 
 func (c *fakeCache) Lookup(_ context.Context, in *cachev1.LookupRequest, _ ...grpc.CallOption) (*cachev1.LookupResponse, error) {
+	c.mu.Lock()
+	c.lookups = append(c.lookups, proto.Clone(in.Quality).(*mantlev1.QualityContext))
+	c.mu.Unlock()
 	if c.hit == nil || (c.approximateOnly && in.Mode != cachev1.LookupMode_LOOKUP_MODE_APPROXIMATE) {
-		return &cachev1.LookupResponse{Quality: in.Quality}, nil
+		q := proto.Clone(in.Quality).(*mantlev1.QualityContext)
+		q.Audit = append(q.Audit, &mantlev1.AuditStep{Service: "cache", Step: "lookup", Detail: "miss"})
+		if c.declineStore {
+			return &cachev1.LookupResponse{Quality: q, MissReason: "high_temperature", StoreDeclined: true}, nil
+		}
+		return &cachev1.LookupResponse{Quality: q}, nil
 	}
 	return &cachev1.LookupResponse{Hit: true, Entry: c.hit, Similarity: 0.93, Quality: in.Quality}, nil
 }

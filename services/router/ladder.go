@@ -52,7 +52,7 @@ func (r *Router) descend(ctx context.Context, req *routerv1.Request, rt *route, 
 // approximate looks the prompt up in the cache as an L2 answer.
 func (r *Router) approximate(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, reason string) *routerv1.CompleteResponse {
 	start := r.deps.Clock.Now()
-	res, err := r.deps.Cache.Lookup(ctx, &cachev1.LookupRequest{Quality: qc, Prompt: cachePrompt(req, rt),
+	res, err := r.deps.Cache.Lookup(ctx, &cachev1.LookupRequest{Quality: hopQuality(qc), Prompt: cachePrompt(req, rt),
 		Mode: cachev1.LookupMode_LOOKUP_MODE_APPROXIMATE})
 	if err != nil || !res.Hit || res.Entry == nil {
 		r.audit(qc, "ladder", "L2 cache: no related answer", r.deps.Clock.Since(start))

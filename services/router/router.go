@@ -286,7 +286,7 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	if err != nil {
 		return nil, err
 	}
-	hit, lease := r.lookup(ctx, req, rt, qc)
+	hit, lease, storeDeclined := r.lookup(ctx, req, rt, qc)
 	if hit != nil {
 		r.settle(ctx, qc, reservation, &mantlev1.Usage{})
 		hit.RateLimit = limits
@@ -330,7 +330,7 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	if qc.FallbackLevel != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY {
 		r.publishDegradation(ctx, rt, qc, qc.DegradationReason)
 	}
-	if qc.GetVerification().GetL1Passed() && ans.FinishReason == "stop" {
+	if qc.GetVerification().GetL1Passed() && ans.FinishReason == "stop" && !storeDeclined {
 		r.store(ctx, req, rt, qc, ans, lease)
 		stored = true
 	}
@@ -366,8 +366,9 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 	start := r.deps.Clock.Now()
 	// Buckets, prices and the tokenizer are per model: charge the route's first choice,
 	// which is what answers when nothing goes wrong.
+	sent := hopQuality(qc)
 	res, err := r.deps.Quota.Reserve(hop, &quotav1.ReserveRequest{
-		Quality: qc,
+		Quality: sent,
 		Model:   rt.candidates[0].model.Name,
 		// Naming the key lets quota count requests per key for the shared retry budget.
 		UpstreamKeyId:   rt.candidates[0].keys[0].id,
@@ -394,7 +395,7 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 		}
 		return "", nil, err
 	}
-	adoptAudit(qc, res.GetQuality())
+	adoptAudit(qc, sent, res.GetQuality())
 	r.audit(qc, "reserve", fmt.Sprintf("reserved %d tokens", res.ReservedTokens), r.deps.Clock.Since(start))
 	l := res.GetLimits()
 	return res.ReservationId, &routerv1.RateLimit{
@@ -423,30 +424,31 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 // lookup asks the cache for the prompt. On a miss it may hold a lease: identical prompts
 // arriving meanwhile wait for this request's answer instead of calling a model themselves
 // (seed 000 4.3), so the lease must end in store or release.
-func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (*routerv1.CompleteResponse, string) {
+func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (hit *routerv1.CompleteResponse, lease string, storeDeclined bool) {
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	start := r.deps.Clock.Now()
 	// A duplicate waits at most half of what is left for the first request's answer, so it
 	// still has time to ask a model itself if that answer never comes.
 	wait := qc.Deadline.AsTime().Sub(start) / 2
+	sent := hopQuality(qc)
 	res, err := r.deps.Cache.Lookup(hop, &cachev1.LookupRequest{
-		Quality: qc, Prompt: cachePrompt(req, rt), Coalesce: true, MaxWait: durationpb.New(wait),
+		Quality: sent, Prompt: cachePrompt(req, rt), Coalesce: true, MaxWait: durationpb.New(wait),
 	})
 	if err != nil {
 		r.deps.Log.WarnContext(ctx, "cache lookup failed; treating as miss", "err", err)
 		qc.SkippedSteps = append(qc.SkippedSteps, "cache")
 		r.audit(qc, "lookup", "error: "+status.Code(err).String(), r.deps.Clock.Since(start))
-		return nil, ""
+		return nil, "", false
 	}
-	adoptAudit(qc, res.GetQuality())
+	adoptAudit(qc, sent, res.GetQuality())
 	if !res.Hit || res.Entry == nil {
 		detail := "miss"
 		if res.MissReason != "" {
 			detail += " (" + res.MissReason + ")"
 		}
 		r.audit(qc, "lookup", detail, r.deps.Clock.Since(start))
-		return nil, res.GetLease().GetId()
+		return nil, res.GetLease().GetId(), res.GetStoreDeclined()
 	}
 	e := res.Entry
 	qc.CacheHit, qc.CacheSimilarity = true, res.Similarity
@@ -462,7 +464,7 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 		FinishReason: "stop",
 		Usage:        &mantlev1.Usage{},
 		Quality:      qc,
-	}, ""
+	}, "", false
 }
 
 // store offers a verified answer to the cache, answering the lease's waiters too.
@@ -566,8 +568,8 @@ func (r *Router) audit(qc *mantlev1.QualityContext, step, detail string, d time.
 
 // adoptAudit appends the audit steps another service added to its copy of the
 // QualityContext; the router's copy stays the one source of truth for everything else.
-func adoptAudit(qc, returned *mantlev1.QualityContext) {
-	qc.Audit = append(qc.Audit, addedSteps(qc, returned)...)
+func adoptAudit(qc, sent, returned *mantlev1.QualityContext) {
+	qc.Audit = append(qc.Audit, addedSteps(sent, returned)...)
 }
 
 // addedSteps are the audit steps a service appended to the copy of sent it returned.

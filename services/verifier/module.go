@@ -92,7 +92,7 @@ func build(cfg Config, env app.Env, getenv func(string) string) (*module, error)
 		return nil, err
 	}
 	m := &module{verifier: v, clock: clock, log: log, sweepInterval: cfg.Review.SweepInterval, cleanup: func() {}}
-	if err := m.buildReviews(cfg, env.NATS, pub); err != nil {
+	if err := m.buildReviews(cfg, env.NATS, pub, reg); err != nil {
 		return nil, err
 	}
 	m.server = NewServer(v, m.reviews, cfg.Review.OperatorTenants, log)
@@ -101,7 +101,7 @@ func build(cfg Config, env app.Env, getenv func(string) string) (*module, error)
 
 // buildReviews wires the review service: JetStream (KV state, spool, work queue) when nc is
 // set, memory otherwise.
-func (m *module) buildReviews(cfg Config, nc *nats.Conn, pub Publisher) error {
+func (m *module) buildReviews(cfg Config, nc *nats.Conn, pub Publisher, reg prometheus.Registerer) error {
 	rc := cfg.Review
 	svcCfg := review.Config{Lease: rc.Lease, MaxLease: rc.MaxLease}
 	if nc == nil {
@@ -140,6 +140,11 @@ func (m *module) buildReviews(cfg Config, nc *nats.Conn, pub Publisher) error {
 	}
 	if n := spool.Len(); n > 0 {
 		m.log.Info("review requests recovered from the spool", "dir", dir, "requests", n)
+	}
+	if reg != nil {
+		if err := spool.Instrument(reg); err != nil {
+			return fmt.Errorf("review spool: %w", err)
+		}
 	}
 	m.queue = review.NewQueue(review.QueueConfig{
 		Stream: rc.Stream, Consumer: rc.Consumer, AckWait: maxReviewTimeout(cfg) + rc.Lease,

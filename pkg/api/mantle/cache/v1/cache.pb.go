@@ -351,7 +351,10 @@ type LookupResponse struct {
 	// Empty for an ordinary miss.
 	MissReason string `protobuf:"bytes,11,opt,name=miss_reason,json=missReason,proto3" json:"miss_reason,omitempty"`
 	// The embedder namespace the lookup searched, for example lexical-v1.
-	Namespace     string `protobuf:"bytes,12,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Namespace string `protobuf:"bytes,12,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The cache's policy declines this prompt (see miss_reason): a Store of its answer would
+	// be refused, so the caller need not send one.
+	StoreDeclined bool `protobuf:"varint,13,opt,name=store_declined,json=storeDeclined,proto3" json:"store_declined,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -468,6 +471,13 @@ func (x *LookupResponse) GetNamespace() string {
 		return x.Namespace
 	}
 	return ""
+}
+
+func (x *LookupResponse) GetStoreDeclined() bool {
+	if x != nil {
+		return x.StoreDeclined
+	}
+	return false
 }
 
 // Rejection explains why a candidate did not answer.
@@ -1116,7 +1126,7 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\x06prompt\x18\x02 \x01(\v2\x17.mantle.cache.v1.PromptR\x06prompt\x12/\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1b.mantle.cache.v1.LookupModeR\x04mode\x12\x1a\n" +
 	"\bcoalesce\x18\x04 \x01(\bR\bcoalesce\x124\n" +
-	"\bmax_wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\"\xe1\x03\n" +
+	"\bmax_wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\"\x88\x04\n" +
 	"\x0eLookupResponse\x12\x10\n" +
 	"\x03hit\x18\x01 \x01(\bR\x03hit\x12,\n" +
 	"\x05entry\x18\x02 \x01(\v2\x16.mantle.cache.v1.EntryR\x05entry\x12\x1e\n" +
@@ -1133,7 +1143,8 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	" \x01(\v2\x16.mantle.cache.v1.LeaseR\x05lease\x12\x1f\n" +
 	"\vmiss_reason\x18\v \x01(\tR\n" +
 	"missReason\x12\x1c\n" +
-	"\tnamespace\x18\f \x01(\tR\tnamespace\"v\n" +
+	"\tnamespace\x18\f \x01(\tR\tnamespace\x12%\n" +
+	"\x0estore_declined\x18\r \x01(\bR\rstoreDeclined\"v\n" +
 	"\tRejection\x12\x19\n" +
 	"\bentry_id\x18\x01 \x01(\tR\aentryId\x12\x1e\n" +
 	"\n" +

@@ -1,0 +1,121 @@
+package router
+
+import (
+	"context"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+)
+
+// fullQuality sets every field of a QualityContext, so a field added to the message later
+// is covered by the tests below without editing them.
+func fullQuality(t *testing.T) *mantlev1.QualityContext {
+	t.Helper()
+	qc := &mantlev1.QualityContext{}
+	m := qc.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			l := m.Mutable(fd).List()
+			l.Append(l.NewElement()) // an empty element is still an element
+		case fd.IsList():
+			m.Mutable(fd).List().Append(sampleScalar(t, fd))
+		case fd.Message() != nil:
+			m.Mutable(fd) // an empty sub-message, present
+		default:
+			m.Set(fd, sampleScalar(t, fd))
+		}
+	}
+	qc.Deadline = timestamppb.New(timestamppb.Now().AsTime())
+	qc.Usage = &mantlev1.Usage{InputTokens: 3, OutputTokens: 4, TotalTokens: 7}
+	return qc
+}
+
+func sampleScalar(t *testing.T, fd protoreflect.FieldDescriptor) protoreflect.Value {
+	t.Helper()
+	switch fd.Kind() {
+	case protoreflect.StringKind:
+		return protoreflect.ValueOfString("v-" + string(fd.Name()))
+	case protoreflect.BoolKind:
+		return protoreflect.ValueOfBool(true)
+	case protoreflect.Int32Kind:
+		return protoreflect.ValueOfInt32(7)
+	case protoreflect.Int64Kind:
+		return protoreflect.ValueOfInt64(7)
+	case protoreflect.DoubleKind:
+		return protoreflect.ValueOfFloat64(0.5)
+	case protoreflect.EnumKind:
+		return protoreflect.ValueOfEnum(1)
+	}
+	t.Fatalf("field %s: kind %s has no sample; extend sampleScalar", fd.Name(), fd.Kind())
+	return protoreflect.Value{}
+}
+
+func TestHopQualityDropsOnlyTheRouterOwnFields(t *testing.T) {
+	qc := fullQuality(t)
+	got := hopQuality(qc)
+
+	want := proto.Clone(qc).(*mantlev1.QualityContext)
+	want.Audit, want.Attempts = nil, nil
+	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+		t.Errorf("hopQuality (-want +got):\n%s", diff)
+	}
+	if len(qc.Audit) == 0 || len(qc.Attempts) == 0 {
+		t.Fatal("hopQuality changed its input")
+	}
+	// The copy shares nothing the router goes on changing.
+	qc.Usage.InputTokens = 1000
+	qc.SkippedSteps[0] = "changed"
+	if got.Usage.InputTokens == 1000 || got.SkippedSteps[0] == "changed" {
+		t.Errorf("the copy shares state with the request's QualityContext: %v", got)
+	}
+	if empty := hopQuality(nil); empty == nil || proto.Size(empty) != 0 {
+		t.Errorf("hopQuality(nil) = %v, want an empty QualityContext", empty)
+	}
+}
+
+func TestOtherServicesGetNoAuditButTheirStepsAreKept(t *testing.T) {
+	h := newHarness(t, testConfig(), &harness{cache: &fakeCache{declineStore: true}})
+	resp, err := h.router.Complete(context.Background(), ask("chat"))
+	if err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	for _, sent := range h.cache.lookups {
+		if len(sent.Audit) != 0 || len(sent.Attempts) != 0 {
+			t.Errorf("cache was sent %d audit steps and %d attempts, want none", len(sent.Audit), len(sent.Attempts))
+		}
+		if sent.RequestId != resp.GetQuality().GetRequestId() || sent.Tenant == "" && resp.GetQuality().GetTenant() != "" {
+			t.Errorf("cache was sent request %q tenant %q, want the request's", sent.RequestId, sent.Tenant)
+		}
+	}
+	var order []string
+	for _, s := range resp.GetQuality().GetAudit() {
+		order = append(order, s.GetService()+"/"+s.GetStep())
+	}
+	want := []string{"router/admit", "router/reserve", "cache/lookup", "router/lookup"}
+	if len(order) < len(want) || !cmp.Equal(order[:len(want)], want) {
+		t.Errorf("audit starts %q, want %q: the cache's step must be adopted once, in place", order, want)
+	}
+	// The prompt policy refused the lookup, so it would refuse the answer: no Store call.
+	if n := h.cache.stored(); n != 0 {
+		t.Errorf("%d Store calls for a prompt the cache declined, want 0", n)
+	}
+}
+
+func TestStoreIsSentWhenTheCacheDidNotDecline(t *testing.T) {
+	h := newHarness(t, testConfig(), nil)
+	if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if n := h.cache.stored(); n != 1 {
+		t.Errorf("%d Store calls, want 1 for a verified answer to a cacheable prompt", n)
+	}
+}
