@@ -198,6 +198,10 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			r.denyRetry(qc, p)
 			break
 		}
+		if p.attempts > 0 {
+			// p.prefer is the class of the failure this attempt answers.
+			r.deps.Metrics.retries.WithLabelValues(c.u.model.Name, shortClass(p.prefer)).Inc()
+		}
 		if p.attempts == 0 {
 			key.budget.Request()
 			p.firstKey = key
@@ -218,7 +222,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		p.failed = append(p.failed, o.c.u.model.Name)
 		qc.DegradationReason = fmt.Sprintf("%s failed: %s", o.c.u.model.Name, shortClass(class))
 		if o.verdict.GetDegrade() {
-			qc.DegradationReason = "a business rule asked to degrade the answer"
+			qc.DegradationReason = reasonRuleDegrade
 			break
 		}
 		if o.committed || ctx.Err() != nil {
@@ -794,7 +798,9 @@ func (r *Router) stream(ctx context.Context, rt *route, c *candidate, key *upstr
 			cancel(&provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Message: fmt.Sprintf("stream stalled for %s", stall)})
 		})
 		if !committed {
-			att.Ttft = durationpb.New(r.deps.Clock.Since(start))
+			ttft := r.deps.Clock.Since(start)
+			att.Ttft = durationpb.New(ttft)
+			r.deps.Metrics.ttft.WithLabelValues(c.u.model.Name).Observe(ttft.Seconds())
 			committed = true
 		}
 		content.WriteString(chunk.Content)
@@ -840,6 +846,7 @@ func (r *Router) continueStream(ctx context.Context, req *routerv1.Request, rt *
 		preq := providerRequest(req, qc)
 		preq.Prefill = partial
 		p.attempts++
+		r.deps.Metrics.retries.WithLabelValues(c.u.model.Name, shortClass(provider.ClassOf(o.err))).Inc()
 		r.audit(qc, "stream", fmt.Sprintf("continuing the answer on %s after %d bytes", c.u.model.Name, len(partial)), 0)
 		next := r.try(ctx, req, rt, qc, c, key, permit, preq, sink, false)
 		release()

@@ -1,11 +1,20 @@
 package router
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/provider"
 )
 
+// metrics are the router's Prometheus series, on the process registry. Every label is
+// bounded: route and model come from configuration, class and level are enums, reason is
+// an enum plus a few fixed words (degradationCause), scenario is a configured route's
+// scenario or "_other" (scenarioLabel), and tenant is an authenticated tenant of
+// auth.tenants ("default" when authentication is off), so a client cannot mint series.
 type metrics struct {
 	requests           *prometheus.CounterVec
 	duration           *prometheus.HistogramVec
@@ -16,6 +25,11 @@ type metrics struct {
 	budgetDenied       prometheus.Counter
 	hedges             prometheus.Counter
 	replays            prometheus.Counter
+	// ttft is the time to the first token of streamed attempts that produced one.
+	ttft *prometheus.HistogramVec
+	// retries counts attempts after a request's first (same model again, or failover), by
+	// the model tried and the class of the failure that caused it.
+	retries *prometheus.CounterVec
 	// idempotencyUnavailable counts requests served without replay protection.
 	idempotencyUnavailable prometheus.Counter
 	// breakerState is the state of every breaker that has left closed at least once:
@@ -28,12 +42,12 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mantle_router_requests_total", Help: "Requests by route, outcome (gRPC code) and ladder level.",
-		}, []string{"route", "outcome", "level"}),
+			Name: "mantle_router_requests_total", Help: "Requests by route, scenario, outcome (gRPC code) and ladder level.",
+		}, []string{"route", "scenario", "outcome", "level"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "mantle_router_request_duration_seconds", Help: "End-to-end request latency by route.",
+			Name: "mantle_router_request_duration_seconds", Help: "End-to-end request latency by route, scenario and the ladder level that answered.",
 			Buckets: []float64{.05, .1, .25, .5, .75, 1, 1.5, 2, 3, 5, 8, 12, 20, 30},
-		}, []string{"route"}),
+		}, []string{"route", "scenario", "level"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_router_attempts_total", Help: "Provider attempts by model and error class.",
 		}, []string{"model", "class"}),
@@ -45,8 +59,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mantle_router_breaker_transitions_total", Help: "Circuit breaker transitions by model, key and new state.",
 		}, []string{"model", "key", "state"}),
 		degradations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mantle_router_degradations_total", Help: "Answers below the primary by route and ladder level.",
-		}, []string{"route", "level"}),
+			Name: "mantle_router_degradations_total", Help: "Answers below the primary by route, ladder level and reason (an error class, forced, retry_budget, rule or skipped).",
+		}, []string{"route", "level", "reason"}),
 		budgetDenied: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_retry_budget_rejections_total", Help: "Retries, failovers and hedges refused by the retry budget.",
 		}),
@@ -65,14 +79,72 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_router_cost_usd_total", Help: "Estimated provider cost in US dollars by tenant and model.",
 		}, []string{"tenant", "model"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "mantle_router_provider_ttft_seconds", Help: "Time to the first token of streamed provider attempts, by model.",
+			Buckets: []float64{.1, .25, .5, .75, 1, 1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30},
+		}, []string{"model"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_router_retries_total", Help: "Attempts after a request's first (a retry of the same model or a failover), by the model tried and the error class that caused it.",
+		}, []string{"model", "class"}),
 		idempotencyUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_idempotency_unavailable_total", Help: "Requests served without replay protection because the idempotency store failed.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+// Values of the reason label of mantle_router_degradations_total besides the error classes.
+const (
+	causeForced      = "forced"       // an operator forced the route's ladder level
+	causeRetryBudget = "retry_budget" // the retry budget refused the next attempt
+	causeRule        = "rule"         // a business rule asked to degrade the answer
+	causeSkipped     = "skipped"      // no attempt failed: every better candidate was skipped
+)
+
+// reasonRuleDegrade is the degradation reason when a verifier rule asks for it.
+const reasonRuleDegrade = "a business rule asked to degrade the answer"
+
+// degradationCause is the bounded label for why a request degraded; err is the error that
+// ended the attempt loop (nil when a lower candidate answered). The free-text reason goes
+// to the event and the caller, never to a label.
+func degradationCause(qc *mantlev1.QualityContext, err error) string {
+	if qc.GetDegradationReason() == reasonRuleDegrade {
+		return causeRule
+	}
+	var ex *exhaustedError
+	if errors.As(err, &ex) {
+		switch {
+		case ex.forced != "":
+			return causeForced
+		case ex.retryDenied:
+			return causeRetryBudget
+		}
+		return shortClass(ex.class)
+	}
+	if err != nil {
+		return shortClass(provider.ClassOf(err))
+	}
+	for i := len(qc.GetAttempts()) - 1; i >= 0; i-- {
+		if c := qc.Attempts[i].ErrorClass; c != mantlev1.ErrorClass_ERROR_CLASS_NONE && c != mantlev1.ErrorClass_ERROR_CLASS_CANCELED {
+			return shortClass(c)
+		}
+	}
+	return causeSkipped
+}
+
+// otherScenario labels scenarios no route is configured with: a request may name any
+// scenario, and a series per invented name would grow without bound.
+const otherScenario = "_other"
+
+// scenarioLabel is the scenario label value for a request's scenario.
+func (r *Router) scenarioLabel(scenario string) string {
+	if r.table().scenarios[scenario] {
+		return scenario
+	}
+	return otherScenario
 }

@@ -123,6 +123,8 @@ type Router struct {
 type routeTable struct {
 	routes map[string]*route
 	names  []string
+	// scenarios are the routes' scenarios: the values the metrics' scenario label may take.
+	scenarios map[string]bool
 }
 
 func (r *Router) conf() *Config      { return r.cfg.Load() }
@@ -176,7 +178,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 
 // buildTable makes the routes of cfg over the router's upstreams.
 func (r *Router) buildTable(cfg *Config) *routeTable {
-	t := &routeTable{routes: map[string]*route{}}
+	t := &routeTable{routes: map[string]*route{}, scenarios: map[string]bool{}}
 	add := func(rt *route) {
 		if rt.budget == 0 {
 			rt.budget = cfg.DefaultBudget
@@ -192,6 +194,7 @@ func (r *Router) buildTable(cfg *Config) *routeTable {
 		}
 		t.routes[rt.name] = rt
 		t.names = append(t.names, rt.name)
+		t.scenarios[rt.scenario] = true
 	}
 	for _, m := range cfg.Models {
 		add(&route{name: m.Name, candidates: []*upstream{r.upstreams[m.Name]}})
@@ -276,8 +279,9 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	if err != nil {
 		outcome = status.Code(err).String()
 	}
-	r.deps.Metrics.requests.WithLabelValues(rt.name, outcome, level).Inc()
-	r.deps.Metrics.duration.WithLabelValues(rt.name).Observe(r.deps.Clock.Since(start).Seconds())
+	scenario := r.scenarioLabel(qc.Scenario)
+	r.deps.Metrics.requests.WithLabelValues(rt.name, scenario, outcome, level).Inc()
+	r.deps.Metrics.duration.WithLabelValues(rt.name, scenario, level).Observe(r.deps.Clock.Since(start).Seconds())
 	return resp, err
 }
 
@@ -314,7 +318,7 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 		var exhausted *exhaustedError
 		if errors.As(err, &exhausted) && !exhausted.partial {
 			if resp := r.descend(ctx, req, rt, qc, exhausted.Error()); resp != nil {
-				r.publishDegradation(ctx, rt, qc, qc.DegradationReason)
+				r.publishDegradation(ctx, rt, qc, qc.DegradationReason, degradationCause(qc, err))
 				resp.RateLimit = limits
 				return resp, sendWhole(sink, resp, false)
 			}
@@ -323,12 +327,12 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 		// no other candidate was or could have been used.
 		var rejected *rejectedError
 		if !errors.As(err, &rejected) && !errors.Is(ctx.Err(), context.Canceled) {
-			r.publishDegradation(ctx, rt, qc, err.Error())
+			r.publishDegradation(ctx, rt, qc, err.Error(), degradationCause(qc, err))
 		}
 		return nil, err
 	}
 	if qc.FallbackLevel != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY {
-		r.publishDegradation(ctx, rt, qc, qc.DegradationReason)
+		r.publishDegradation(ctx, rt, qc, qc.DegradationReason, degradationCause(qc, nil))
 	}
 	if qc.GetVerification().GetL1Passed() && ans.FinishReason == "stop" && !storeDeclined {
 		r.store(ctx, req, rt, qc, ans, lease)
@@ -495,7 +499,9 @@ func (r *Router) release(ctx context.Context, qc *mantlev1.QualityContext, lease
 	}
 }
 
-func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1.QualityContext, reason string) {
+// publishDegradation reports an answer below the primary. reason is the free text the event
+// and the caller see; cause is its bounded form for the metric label (degradationCause).
+func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1.QualityContext, reason, cause string) {
 	ev := &eventsv1.DegradationEvent{
 		At:         timestamppb.New(r.deps.Clock.Now()),
 		RequestId:  qc.RequestId,
@@ -511,7 +517,7 @@ func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1
 			ev.FailedModels = append(ev.FailedModels, a.Model)
 		}
 	}
-	r.deps.Metrics.degradations.WithLabelValues(rt.name, ShortLevel(qc.FallbackLevel)).Inc()
+	r.deps.Metrics.degradations.WithLabelValues(rt.name, ShortLevel(qc.FallbackLevel), cause).Inc()
 	r.deps.Events.Publish(ctx, events.SubjectDegradation, ev)
 }
 
