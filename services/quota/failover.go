@@ -244,6 +244,9 @@ func (f *FailoverStore) Sweep(ctx context.Context) (int, error) {
 	return n, errors.Join(err, rerr)
 }
 
+// Close stops the Redis store's batcher.
+func (f *FailoverStore) Close() error { return f.redis.Close() }
+
 // Run flushes request counts to Redis and, while Redis is unreachable, probes it every
 // ProbeInterval on the injected clock. It returns nil when ctx is done.
 func (f *FailoverStore) Run(ctx context.Context) error {

@@ -73,6 +73,11 @@ func Module(cfg Config) app.Module {
 			return app.RunFunc(func(ctx context.Context) error {
 				err := svc.Run(ctx)
 				if client != nil {
+					// The store's batcher first: it fails the calls it still holds
+					// rather than leave them to a closed client.
+					if c, ok := store.(interface{ Close() error }); ok {
+						err = errors.Join(err, c.Close())
+					}
 					err = errors.Join(err, client.Close())
 				}
 				return err

@@ -60,6 +60,8 @@ type RedisStore struct {
 	flushEvery time.Duration
 
 	reserve, settle, adjust, retry *redis.Script
+	// batch pipelines the scripts of concurrent calls; nil when Scripter was given.
+	batch *scriptBatcher
 
 	cache   overLimitCache
 	pending pendingRequests
@@ -81,9 +83,10 @@ type RedisOptions struct {
 	OverLimitCache time.Duration
 	// FlushInterval is how often Run adds buffered request counts to Redis.
 	FlushInterval time.Duration
-	// Scripter runs the scripts; nil runs them on the client. A go-redis
-	// AutoPipeliner batches the scripts of concurrent requests into pipelines: one
-	// write and one read for many decisions, which is most of the client's cost.
+	// Scripter runs the scripts one by one (a go-redis AutoPipeliner, say); nil sends
+	// them through the store's own batcher (redisbatch.go), which pipelines the scripts
+	// of concurrent calls: one write and one read for many decisions, which is most of
+	// the cost on both sides. Close stops the batcher.
 	Scripter redis.Scripter
 }
 
@@ -110,8 +113,18 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 	}
 	if s.scripter == nil {
 		s.scripter = client
+		s.batch = newScriptBatcher(client)
 	}
 	return s
+}
+
+// Close stops the store's batcher: calls still waiting, and any later call, fail. It
+// does not close the client, which the caller owns.
+func (s *RedisStore) Close() error {
+	if s.batch != nil {
+		s.batch.Close()
+	}
+	return nil
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -139,7 +152,15 @@ func (s *RedisStore) now() (string, string) {
 
 func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, args ...any) ([]any, error) {
 	s.calls.Add(1)
-	v, err := script.Run(ctx, s.scripter, keys, args...).Slice()
+	var (
+		v   []any
+		err error
+	)
+	if s.batch != nil {
+		v, err = s.batch.run(ctx, script, keys, args)
+	} else {
+		v, err = script.Run(ctx, s.scripter, keys, args...).Slice()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}

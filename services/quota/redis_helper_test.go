@@ -187,5 +187,7 @@ func newTestRedisStore(t testing.TB, clock clockwork.Clock, opts RedisOptions) *
 		opts.Prefix = testPrefix(t, c)
 	}
 	opts.Clock = clock
-	return NewRedisStore(c, opts)
+	s := NewRedisStore(c, opts)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }
