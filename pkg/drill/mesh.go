@@ -71,6 +71,9 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 	r.Breaker.SlowCall = sc.d(r.Breaker.SlowCall)
 	r.Breaker.OpenDuration = sc.d(r.Breaker.OpenDuration)
 	r.Breaker.MaxOpenDuration = sc.d(r.Breaker.MaxOpenDuration)
+	if r.Breaker.ScoutInterval > 0 { // 0 follows open_duration and a negative one is off: kept as they are
+		r.Breaker.ScoutInterval = sc.d(r.Breaker.ScoutInterval)
+	}
 	r.Providers, r.Models = nil, nil
 	for _, m := range s.Models {
 		provider := "sim-" + m.Name

@@ -20,7 +20,7 @@ const (
 )
 
 // fastBreaker trips after two failures in a row, stays open 30 s (doubling on a re-trip,
-// no jitter) and closes after one good probe.
+// no jitter; a scout every 30 s while open) and closes after one good probe.
 func fastBreaker(c *Config) {
 	c.Breaker.ConsecutiveFailures = 2
 	c.Breaker.OpenDuration = 30 * time.Second
@@ -41,7 +41,9 @@ func TestBreakerLifecycle(t *testing.T) {
 		"a": newFakeProvider(
 			failure(classTransient, "502"), failure(classTransient, "502"), // trip
 			failure(classTransient, "502"), // the first probe fails
-			reply("a is back", 1, 1),       // the second succeeds
+			failure(classTransient, "502"), // so does the scout 30 s into the 60 s period
+			failure(classTransient, "502"), // and the probe when the 60 s are over
+			reply("a is back", 1, 1),       // the scout 30 s into the 120 s period succeeds
 		),
 	}})
 	steps := []struct {
@@ -57,8 +59,10 @@ func TestBreakerLifecycle(t *testing.T) {
 		{"open: a is skipped without a call", 0, "b", 2, breakerOpen, "2 consecutive failures"},
 		{"still open before its period ends", 29 * time.Second, "b", 2, breakerOpen, "2 consecutive failures"},
 		{"open period over: the probe fails and re-opens it for twice as long", time.Second, "b", 3, breakerOpen, "probe failed"},
-		{"30 s later it is still open (60 s now)", 30 * time.Second, "b", 3, breakerOpen, "probe failed"},
-		{"after 60 s a good probe closes it and a answers again", 30 * time.Second, "a", 4, breakerClosed, "closed"},
+		{"30 s into the 60 s period a scout is let through; it fails, the period stays", 30 * time.Second, "b", 4, breakerOpen, "probe failed"},
+		{"no second scout before the interval", 29 * time.Second, "b", 4, breakerOpen, "probe failed"},
+		{"after 60 s the probe fails and re-opens it for 120 s", time.Second, "b", 5, breakerOpen, "probe failed"},
+		{"30 s in, a scout finds a back: closed without waiting out the 120 s", 30 * time.Second, "a", 6, breakerClosed, "closed"},
 	}
 	for _, st := range steps {
 		h.clock.Advance(st.advance)
@@ -93,6 +97,8 @@ func TestBreakerLifecycle(t *testing.T) {
 		{breakerOpen, breakerHalfOpen, "open period elapsed"},
 		{breakerHalfOpen, breakerOpen, "probe failed"},
 		{breakerOpen, breakerHalfOpen, "open period elapsed"},
+		{breakerHalfOpen, breakerOpen, "probe failed"},
+		{breakerOpen, breakerHalfOpen, "scout succeeded"},
 		{breakerHalfOpen, breakerClosed, "probes succeeded"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

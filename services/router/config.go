@@ -396,6 +396,14 @@ func (c Config) simProfileNames() []string {
 // defaultBreaker is the resilience default with a slow-call rule that trips on the seed's
 // incident: a provider with 30% of its calls over 8 s is in trouble although it returns no
 // errors, and with a 50% rate it would never trip on such a tail.
+//
+// The open period keeps DESIGN's 30 s, doubling per re-trip up to 5 min, and scouts while
+// open every open_duration (scout_interval 0). The doubling made a long outage's recovery
+// late by up to max_open_duration (recovery-herd drill: breakers closed 52-54 s after the
+// providers were back, with a 1 min cap); lowering the cap instead would have traded the
+// protection of a still-fragile provider for it. With scouts, a dead provider gets at most
+// one call per 30 s per breaker (plus half_open_probes per open period), and a recovery is
+// seen within 30 s +-20% whatever the outage's length.
 func defaultBreaker() BreakerConfig {
 	b := resilience.DefaultBreakerConfig()
 	b.SlowCall, b.SlowCallRate = 8*time.Second, 0.25

@@ -609,9 +609,14 @@ func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstrea
 			hint = r.conf().Retry.BackoffCap
 		}
 		key.cooldown.Set(hint)
-		permit.Cancel()
-	case class == mantlev1.ErrorClass_ERROR_CLASS_CANCELED:
-		permit.Cancel()
+		permit.Abandon() // it reached the provider: a half-open place stays spent
+	case class == mantlev1.ErrorClass_ERROR_CLASS_CANCELED, o.err != nil && errors.Is(ctx.Err(), context.Canceled):
+		// The call was sent and then we stopped listening: a hedge that lost, or a caller
+		// that went away (mid-stream the error is the caller's, not the provider's). No
+		// verdict on the provider, but the call did reach it, so a probe stays spent: Cancel
+		// would let the next request probe again (mantle drill: 4-9 calls per half-open
+		// period reached a recovering primary with hedging on; the cap is 3).
+		permit.Abandon()
 	default:
 		permit.Done(breakerFailure(class), latency)
 	}

@@ -58,11 +58,22 @@ type BreakerConfig struct {
 	OpenDuration time.Duration `yaml:"open_duration"`
 	// MaxOpenDuration caps the doubled open period (before jitter).
 	MaxOpenDuration time.Duration `yaml:"max_open_duration"`
+	// ScoutInterval is how often an open breaker lets one call through (a scout) before its
+	// open period ends; 0 means OpenDuration, a negative value disables scouting. A scout that
+	// succeeds ends the open period at once and counts as the first probe of the half-open
+	// trial. Why: the doubling above is what spares a dead upstream, but it also made the
+	// breaker notice a recovery up to MaxOpenDuration late (the recovery-herd drill closed
+	// 52-54 s after the providers were back). A scout costs one call per interval, no more
+	// than a doubled period's probes, so the upstream stays spared while a recovery is seen
+	// within one interval. Envoy does the same with an ejected host: ejection time grows
+	// with each ejection, and an active health check at a fixed interval lifts it early.
+	ScoutInterval time.Duration `yaml:"scout_interval"`
 	// OpenJitter spreads each open period uniformly by up to this fraction either way, so
 	// replicas that tripped together do not probe together.
 	OpenJitter float64 `yaml:"open_jitter"`
-	// HalfOpenProbes is how many probes half-open admits; all must succeed (and not be slow)
-	// for the breaker to close.
+	// HalfOpenProbes is how many probes half-open admits in one period, whether or not they
+	// return a verdict; every probe with a verdict must succeed (and not be slow) for the
+	// breaker to close (see Permit.Abandon for probes without one).
 	HalfOpenProbes int `yaml:"half_open_probes"`
 }
 
@@ -151,7 +162,14 @@ type BreakerSnapshot struct {
 	// Trips counts trips since the breaker last closed: 1 after the first, 2 after a probe
 	// re-opened it, and so on. It sets the open period and resets on close.
 	Trips int
+	// NextScout is when an open breaker will admit its next scout (zero unless open and
+	// scouting).
+	NextScout time.Time
 }
+
+// ReasonNoVerdict starts the reason of a half-open trial that re-opened because none of its
+// probes returned a verdict (all were abandoned). It is not a trip: Trips stays as it was.
+const ReasonNoVerdict = "no probe verdict"
 
 // Window fields of a breaker.
 const (
@@ -185,8 +203,12 @@ type Breaker struct {
 	slowRate    float64
 	tripCalls   int
 	// Half-open bookkeeping for the current period.
-	probes     int // admitted and not cancelled: in flight plus completed
-	probesDone int // completed successfully
+	probes          int // admitted and not cancelled: in flight plus completed
+	probesDone      int // completed successfully
+	probesAbandoned int // sent, ended without a verdict (Abandon)
+	// Open-period scouting (see BreakerConfig.ScoutInterval).
+	nextScout time.Time // zero when scouting is off or not open
+	scoutOut  bool      // a scout is in flight
 	// Transition delivery (see NewBreaker).
 	pending  []Transition // not yet delivered, oldest first
 	emitting bool         // a goroutine is delivering pending
@@ -224,11 +246,18 @@ func NewBreaker(cfg BreakerConfig, clock clockwork.Clock, rnd func() float64, on
 	}
 }
 
-// Permit is the right to make one call through a breaker. Report its outcome with Done, or
-// release it with Cancel when the outcome says nothing about the upstream's health. Every
-// admitted permit must end in one of the two (defer Cancel right after Allow: it is a no-op
-// after Done): a half-open probe that is never finished keeps its place, and the breaker
-// stays half-open until it is. The zero Permit is inert.
+// Permit is the right to make one call through a breaker. End it in one of three ways:
+//
+//   - Done: the call was made and its outcome says something about the upstream's health;
+//   - Abandon: the call was sent but gave no verdict (a hedge that lost and was cancelled,
+//     a caller that went away mid-call, a 429): nothing is recorded, but a half-open probe
+//     or a scout stays spent, because the upstream did receive the call;
+//   - Cancel: the call was never sent (no bulkhead place, budget refused): nothing is
+//     recorded and a probe's or scout's place is given back.
+//
+// Every admitted permit must end in one of them (defer Cancel right after Allow: it is a
+// no-op after Done or Abandon): a half-open probe that is never finished keeps its place,
+// and the breaker stays half-open until it is. The zero Permit is inert.
 type Permit struct {
 	b *Breaker
 	p *permit
@@ -237,12 +266,23 @@ type Permit struct {
 type permit struct {
 	gen      uint64
 	halfOpen bool
+	scout    bool // admitted while open (see BreakerConfig.ScoutInterval)
 	finished bool // guarded by the breaker's mu
 }
 
+// ending is how a permit ended.
+type ending int
+
+const (
+	endDone    ending = iota // a verdict: success or failure, with latency
+	endAbandon               // sent, no verdict
+	endCancel                // never sent
+)
+
 // Allow asks to make a call now. Closed always admits; open refuses until its period has
-// passed, then moves to half-open; half-open admits at most HalfOpenProbes probes in its
-// period (a cancelled probe gives its place back).
+// passed, then moves to half-open, except for one scout per ScoutInterval; half-open admits
+// at most HalfOpenProbes probes in its period (a cancelled probe gives its place back, an
+// abandoned one does not).
 func (b *Breaker) Allow() (Permit, bool) {
 	b.mu.Lock()
 	now := b.clock.Now()
@@ -257,32 +297,57 @@ func (b *Breaker) Allow() (Permit, bool) {
 			b.probes++
 			p, ok = Permit{b: b, p: &permit{gen: b.gen, halfOpen: true}}, true
 		}
+	case StateOpen:
+		// One scout at a time: a second one would only tell us the same thing.
+		if !b.nextScout.IsZero() && !b.scoutOut && !now.Before(b.nextScout) {
+			b.scoutOut = true
+			b.scheduleScoutLocked(now)
+			p, ok = Permit{b: b, p: &permit{gen: b.gen, scout: true}}, true
+		}
 	}
 	b.unlockAndEmit()
 	return p, ok
 }
 
 // Done records the outcome of the admitted call: failure counts toward the error rate, and
-// latency toward the slow-call rate even when the call succeeded. Only the first Done or
-// Cancel of a permit counts.
+// latency toward the slow-call rate even when the call succeeded. Only the first Done,
+// Abandon or Cancel of a permit counts.
 func (p Permit) Done(failure bool, latency time.Duration) {
 	if p.b == nil {
 		return
 	}
-	p.b.finish(p.p, true, failure, latency)
+	p.b.finish(p.p, endDone, failure, latency)
 }
 
-// Cancel releases the permit without recording an outcome, for results that say nothing
-// about the upstream's health: a 429 (the key cools down instead), a caller that went away,
-// a call that was never sent. A cancelled probe frees its half-open place.
+// Abandon releases a permit whose call was sent but whose result says nothing about the
+// upstream's health: a hedge that lost and was cancelled, a caller that went away mid-call,
+// a 429 (the key cools down instead). Nothing is recorded, and a half-open probe keeps its
+// place for the rest of the period: half_open_probes bounds the calls a recovering upstream
+// receives per period, and an abandoned probe was one of them (with Cancel, a hedged router
+// let 4 to 9 calls per period reach a recovering primary; mantle drill). An abandoned scout
+// is spent too: the next one waits for the next interval.
+//
+// A trial whose probes all ended, some without a verdict, is decided by those that have
+// one: it closes when at least one succeeded and none failed, and when none returned a
+// verdict it re-opens for the period it had before (ReasonNoVerdict), not counted as a trip:
+// nothing failed, but nothing showed the upstream is back either.
+func (p Permit) Abandon() {
+	if p.b == nil {
+		return
+	}
+	p.b.finish(p.p, endAbandon, false, 0)
+}
+
+// Cancel releases a permit whose call was never sent (no bulkhead place, the retry budget
+// refused): nothing is recorded, and a cancelled probe or scout gives its place back.
 func (p Permit) Cancel() {
 	if p.b == nil {
 		return
 	}
-	p.b.finish(p.p, false, false, 0)
+	p.b.finish(p.p, endCancel, false, 0)
 }
 
-func (b *Breaker) finish(p *permit, record, failure bool, latency time.Duration) {
+func (b *Breaker) finish(p *permit, end ending, failure bool, latency time.Duration) {
 	b.mu.Lock()
 	if p.finished {
 		b.mu.Unlock()
@@ -298,9 +363,22 @@ func (b *Breaker) finish(p *permit, record, failure bool, latency time.Duration)
 	}
 	slow := b.cfg.SlowCall > 0 && latency > b.cfg.SlowCall
 	switch {
-	case !record:
+	case p.scout:
+		b.scoutOut = false
+		switch end {
+		case endCancel:
+			b.nextScout = now // never sent: the turn is not used up
+		case endDone:
+			b.recordScoutLocked(now, failure, slow)
+		}
+	case end == endCancel:
 		if p.halfOpen {
 			b.probes--
+		}
+	case end == endAbandon:
+		if p.halfOpen {
+			b.probesAbandoned++
+			b.settleTrialLocked(now)
 		}
 	case b.state == StateClosed:
 		b.recordClosedLocked(now, failure, slow)
@@ -308,6 +386,18 @@ func (b *Breaker) finish(p *permit, record, failure bool, latency time.Duration)
 		b.recordProbeLocked(now, failure, slow, latency)
 	}
 	b.unlockAndEmit()
+}
+
+// recordScoutLocked applies a scout's verdict. A failed (or slow) scout leaves the open
+// period as it was: it cost one call, which is what scouting budgets for, so it does not
+// lengthen the backoff. A good one ends the open period and is the trial's first probe.
+func (b *Breaker) recordScoutLocked(now time.Time, failure, slow bool) {
+	if failure || slow {
+		return
+	}
+	b.transitionLocked(now, StateHalfOpen, "scout succeeded", 0, 0)
+	b.probes, b.probesDone = 1, 1
+	b.settleTrialLocked(now)
 }
 
 func (b *Breaker) recordClosedLocked(now time.Time, failure, slow bool) {
@@ -346,14 +436,32 @@ func (b *Breaker) recordProbeLocked(now time.Time, failure, slow bool, latency t
 			0, 1/float64(completed), completed)
 	default:
 		b.probesDone = completed
-		if b.probesDone >= b.cfg.HalfOpenProbes {
-			b.transitionLocked(now, StateClosed, "probes succeeded", 0, 0)
-			b.window.Reset()
-			b.consecutive = 0
-			b.trips = 0
-			b.failureRate, b.slowRate, b.tripCalls = 0, 0, 0
-		}
+		b.settleTrialLocked(now)
 	}
+}
+
+// settleTrialLocked ends a half-open trial once every probe place is used and every probe
+// has ended without failing: it closes when at least one probe succeeded, and re-opens for
+// the current trip's period (no trip counted) when none returned a verdict.
+func (b *Breaker) settleTrialLocked(now time.Time) {
+	if b.probesDone+b.probesAbandoned < b.cfg.HalfOpenProbes {
+		return
+	}
+	if b.probesDone == 0 {
+		reason := fmt.Sprintf("%s (%d probes abandoned)", ReasonNoVerdict, b.probesAbandoned)
+		b.openUntil = now.Add(openPeriod(b.cfg, b.trips, b.rnd()))
+		b.transitionLocked(now, StateOpen, reason, 0, 0)
+		return
+	}
+	reason := "probes succeeded"
+	if b.probesAbandoned > 0 {
+		reason = fmt.Sprintf("probes succeeded (%d of %d without a verdict)", b.probesAbandoned, b.cfg.HalfOpenProbes)
+	}
+	b.transitionLocked(now, StateClosed, reason, 0, 0)
+	b.window.Reset()
+	b.consecutive = 0
+	b.trips = 0
+	b.failureRate, b.slowRate, b.tripCalls = 0, 0, 0
 }
 
 // ratesLocked returns the calls in the window and their failure and slow-call rates.
@@ -386,18 +494,48 @@ func openPeriod(cfg BreakerConfig, trip int, r float64) time.Duration {
 		base *= 2
 	}
 	base = min(base, cfg.MaxOpenDuration)
-	factor := 1 + cfg.OpenJitter*(2*r-1)
-	return time.Duration(math.Round(float64(base) * factor))
+	return jittered(cfg.OpenJitter, base, r)
 }
 
+// jittered spreads d uniformly over [d*(1-jitter), d*(1+jitter)) with draw r in [0, 1).
+func jittered(jitter float64, d time.Duration, r float64) time.Duration {
+	factor := 1 + jitter*(2*r-1)
+	return time.Duration(math.Round(float64(d) * factor))
+}
+
+// scoutInterval is ScoutInterval with 0 meaning OpenDuration; negative means no scouting.
+func (c BreakerConfig) scoutInterval() time.Duration {
+	if c.ScoutInterval == 0 {
+		return c.OpenDuration
+	}
+	return c.ScoutInterval
+}
+
+// transitionLocked moves to state to. Entering open, the caller has set openUntil; the first
+// scout is due one jittered ScoutInterval after the period began.
 func (b *Breaker) transitionLocked(now time.Time, to State, reason string, fr, sr float64) {
 	b.pending = append(b.pending, Transition{From: b.state, To: to, Reason: reason, FailureRate: fr, SlowRate: sr, At: now})
 	b.state = to
 	b.reason = reason
 	b.gen++
-	b.probes, b.probesDone = 0, 0
+	b.probes, b.probesDone, b.probesAbandoned = 0, 0, 0
+	b.nextScout, b.scoutOut = time.Time{}, false
 	if to != StateOpen {
 		b.openUntil = time.Time{}
+	} else {
+		b.scheduleScoutLocked(now)
+	}
+}
+
+// scheduleScoutLocked sets when the next scout is due: one jittered ScoutInterval from now,
+// or never in this period when scouting is off or the open period ends first (half-open
+// then takes over).
+func (b *Breaker) scheduleScoutLocked(now time.Time) {
+	b.nextScout = time.Time{}
+	if iv := b.cfg.scoutInterval(); iv > 0 {
+		if next := now.Add(jittered(b.cfg.OpenJitter, iv, b.rnd())); next.Before(b.openUntil) {
+			b.nextScout = next
+		}
 	}
 }
 
@@ -439,7 +577,7 @@ func (b *Breaker) Snapshot() BreakerSnapshot {
 	b.mu.Lock()
 	now := b.clock.Now()
 	b.advanceLocked(now)
-	s := BreakerSnapshot{State: b.state, Reason: b.reason, Trips: b.trips, OpenUntil: b.openUntil}
+	s := BreakerSnapshot{State: b.state, Reason: b.reason, Trips: b.trips, OpenUntil: b.openUntil, NextScout: b.nextScout}
 	if b.state == StateClosed {
 		s.Calls, s.FailureRate, s.SlowRate = b.ratesLocked(now)
 	} else {

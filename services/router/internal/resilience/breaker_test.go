@@ -93,6 +93,8 @@ func TestBreakerConfigValidate(t *testing.T) {
 	}{
 		{"defaults", func(*BreakerConfig) {}, ""},
 		{"slow calls and fast trip disabled", func(c *BreakerConfig) { c.SlowCall, c.ConsecutiveFailures = 0, 0 }, ""},
+		{"scouting off", func(c *BreakerConfig) { c.ScoutInterval = -1 }, ""},
+		{"scouting more often than the open period", func(c *BreakerConfig) { c.ScoutInterval = time.Second }, ""},
 		{"window", func(c *BreakerConfig) { c.Window = -time.Second }, "window:"},
 		{"buckets", func(c *BreakerConfig) { c.Buckets = -1 }, "buckets:"},
 		{"buckets too many for window", func(c *BreakerConfig) { c.Window = 5 }, "buckets:"},
@@ -477,6 +479,9 @@ func TestOutcomesCountOnce(t *testing.T) {
 		{"cancel after done is a no-op", func(p Permit) { p.Done(false, time.Second); p.Cancel() }, 1, 0},
 		{"done after cancel is a no-op", func(p Permit) { p.Cancel(); p.Done(true, time.Second) }, 0, 0},
 		{"copies share the permit", func(p Permit) { q := p; q.Done(true, time.Second); p.Done(true, time.Second) }, 1, 1},
+		{"abandon records nothing", func(p Permit) { p.Abandon() }, 0, 0},
+		{"done after abandon is a no-op", func(p Permit) { p.Abandon(); p.Done(true, time.Second) }, 0, 0},
+		{"abandon after done is a no-op", func(p Permit) { p.Done(true, time.Second); p.Abandon() }, 1, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -513,6 +518,7 @@ func TestCancelledCallsNeverTrip(t *testing.T) {
 func TestZeroPermitIsInert(t *testing.T) {
 	var p Permit
 	p.Done(true, time.Second)
+	p.Abandon()
 	p.Cancel()
 }
 
@@ -675,5 +681,348 @@ func checkChain(t interface {
 			t.Fatalf("transition %d: no reason", i)
 		}
 		prev = tr
+	}
+}
+
+// TestAbandonedProbeStaysSpent: a probe that was sent but ended without a verdict (a hedge
+// that lost, a caller that left) keeps its place, so half_open_probes bounds the calls a
+// recovering upstream receives in one period; a probe never sent (Cancel) gives it back.
+func TestAbandonedProbeStaysSpent(t *testing.T) {
+	tests := []struct {
+		name     string
+		end      func(Permit)
+		wantFree bool // a place is free again afterwards
+	}{
+		{"abandoned", Permit.Abandon, false},
+		{"cancelled", Permit.Cancel, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultBreakerConfig()
+			h := halfOpen(t, cfg)
+			var permits []Permit
+			for range cfg.HalfOpenProbes {
+				p, ok := h.b.Allow()
+				if !ok {
+					t.Fatal("probe refused")
+				}
+				permits = append(permits, p)
+			}
+			tt.end(permits[0])
+			if _, ok := h.b.Allow(); ok != tt.wantFree {
+				t.Fatalf("Allow after the probe ended: admitted %v, want %v", ok, tt.wantFree)
+			}
+			if s := h.b.Snapshot().State; s != StateHalfOpen {
+				t.Fatalf("state %s, want half_open: the other probes are still out", s)
+			}
+		})
+	}
+}
+
+// TestTrialWithAbandonedProbes: how a half-open trial ends when some probes return no
+// verdict. Letters per probe, in the order they end: S success, F failure, A abandoned,
+// and "-" leaves it in flight.
+func TestTrialWithAbandonedProbes(t *testing.T) {
+	tests := []struct {
+		name       string
+		probes     string
+		wantState  State
+		wantReason string
+		wantTrips  int
+		wantPeriod time.Duration // open period from now, when open
+	}{
+		{"all succeed", "SSS", StateClosed, "probes succeeded", 0, 0},
+		{"one abandoned, the rest succeed", "SAS", StateClosed, "probes succeeded (1 of 3 without a verdict)", 0, 0},
+		{"one success is enough when the rest have no verdict", "AAS", StateClosed, "probes succeeded (2 of 3 without a verdict)", 0, 0},
+		{"no verdict at all: re-open for the same period, no trip", "AAA", StateOpen, ReasonNoVerdict + " (3 probes abandoned)", 1, 30 * time.Second},
+		{"a failure decides at once", "AAF", StateOpen, "probe failed", 2, time.Minute},
+		{"a failure after a success", "SAF", StateOpen, "probe failed", 2, time.Minute},
+		{"a probe still in flight keeps the trial open", "SA-", StateHalfOpen, "open period elapsed", 1, 0},
+		{"abandoned probes still in flight", "AA-", StateHalfOpen, "open period elapsed", 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultBreakerConfig()
+			h := halfOpen(t, cfg)
+			var permits []Permit
+			for range tt.probes {
+				p, ok := h.b.Allow()
+				if !ok {
+					t.Fatal("probe refused")
+				}
+				permits = append(permits, p)
+			}
+			for i, c := range tt.probes {
+				switch c {
+				case 'S':
+					permits[i].Done(false, time.Second)
+				case 'F':
+					permits[i].Done(true, time.Second)
+				case 'A':
+					permits[i].Abandon()
+				}
+			}
+			snap := h.b.Snapshot()
+			if snap.State != tt.wantState || snap.Reason != tt.wantReason || snap.Trips != tt.wantTrips {
+				t.Fatalf("state %s %q Trips %d, want %s %q Trips %d", snap.State, snap.Reason, snap.Trips, tt.wantState, tt.wantReason, tt.wantTrips)
+			}
+			if got := snap.OpenUntil.Sub(h.clock.Now()); tt.wantState == StateOpen && got != tt.wantPeriod {
+				t.Errorf("open period %s, want %s", got, tt.wantPeriod)
+			}
+		})
+	}
+}
+
+// reopened returns a harness whose breaker failed its first trial: open for 60 s (no
+// jitter), with scouts due every cfg's scout interval from now.
+func reopened(t *testing.T, cfg BreakerConfig) *harness {
+	t.Helper()
+	h := halfOpen(t, cfg)
+	p, ok := h.b.Allow()
+	if !ok {
+		t.Fatal("probe refused")
+	}
+	p.Done(true, time.Second)
+	if snap := h.b.Snapshot(); snap.State != StateOpen || snap.OpenUntil.Sub(h.clock.Now()) != 2*cfg.OpenDuration {
+		t.Fatalf("after the failed probe: %+v, want open for %s", snap, 2*cfg.OpenDuration)
+	}
+	return h
+}
+
+// TestScouting: an open breaker admits one call (a scout) per scout interval; a scout that
+// succeeds ends the open period and counts as the trial's first probe, one that fails
+// changes nothing, and one that was never sent gives its turn back.
+func TestScouting(t *testing.T) {
+	const interval = 20 * time.Second // the open period is 60 s: scouts at 20 s and 40 s
+	type step struct {
+		advance time.Duration
+		admit   bool   // whether Allow admits
+		end     string // how an admitted call ends: S, F, L (slow), A (abandon), C (cancel), "" (stays out)
+		state   State  // afterwards
+	}
+	tests := []struct {
+		name   string
+		scout  time.Duration // BreakerConfig.ScoutInterval
+		probes int           // BreakerConfig.HalfOpenProbes; 0 keeps 3
+		steps  []step
+		reason string // the breaker's reason at the end
+	}{
+		{
+			name: "no scout before the interval, one at it", scout: interval,
+			steps: []step{
+				{interval - time.Nanosecond, false, "", StateOpen},
+				{time.Nanosecond, true, "", StateOpen},
+				{0, false, "", StateOpen}, // one scout at a time
+			},
+			reason: "probe failed",
+		},
+		{
+			name: "a good scout ends the open period and is the first probe", scout: interval,
+			steps: []step{
+				{interval, true, "S", StateHalfOpen},
+				{0, true, "S", StateHalfOpen},
+				{0, true, "", StateHalfOpen},
+				{0, false, "", StateHalfOpen}, // the scout took a place: 3 in all
+			},
+			reason: "scout succeeded",
+		},
+		{
+			name: "scout, then the rest of the trial closes it", scout: interval,
+			steps: []step{
+				{interval, true, "S", StateHalfOpen},
+				{0, true, "S", StateHalfOpen},
+				{0, true, "S", StateClosed},
+			},
+			reason: "probes succeeded",
+		},
+		{
+			name: "with one probe a good scout closes at once", scout: interval, probes: 1,
+			steps: []step{
+				{interval, true, "S", StateClosed},
+			},
+			reason: "probes succeeded",
+		},
+		{
+			name: "a failed scout changes nothing; the next waits an interval", scout: interval,
+			steps: []step{
+				{interval, true, "F", StateOpen},
+				{interval - time.Nanosecond, false, "", StateOpen},
+				{time.Nanosecond, true, "S", StateHalfOpen},
+			},
+			reason: "scout succeeded",
+		},
+		{
+			name: "a slow scout counts as a failed one", scout: interval,
+			steps: []step{
+				{interval, true, "L", StateOpen},
+				{0, false, "", StateOpen},
+			},
+			reason: "probe failed",
+		},
+		{
+			name: "an abandoned scout is spent", scout: interval,
+			steps: []step{
+				{interval, true, "A", StateOpen},
+				{interval - time.Nanosecond, false, "", StateOpen},
+				{time.Nanosecond, true, "", StateOpen},
+			},
+			reason: "probe failed",
+		},
+		{
+			name: "a cancelled scout gives its turn back", scout: interval,
+			steps: []step{
+				{interval, true, "C", StateOpen},
+				{0, true, "S", StateHalfOpen},
+			},
+			reason: "scout succeeded",
+		},
+		{
+			name: "the open period's end comes first: a full trial, no scout", scout: interval,
+			steps: []step{
+				{interval, true, "F", StateOpen},
+				{interval, true, "F", StateOpen},
+				{interval - time.Nanosecond, false, "", StateOpen},
+				{time.Nanosecond, true, "", StateHalfOpen},
+				{0, true, "", StateHalfOpen},
+				{0, true, "", StateHalfOpen},
+				{0, false, "", StateHalfOpen},
+			},
+			reason: "open period elapsed",
+		},
+		{
+			name: "0 means every open_duration", scout: 0,
+			steps: []step{
+				{30*time.Second - time.Nanosecond, false, "", StateOpen},
+				{time.Nanosecond, true, "S", StateHalfOpen},
+			},
+			reason: "scout succeeded",
+		},
+		{
+			name: "negative turns scouting off", scout: -1,
+			steps: []step{
+				{time.Minute - time.Nanosecond, false, "", StateOpen},
+				{time.Nanosecond, true, "", StateHalfOpen},
+			},
+			reason: "open period elapsed",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultBreakerConfig()
+			cfg.ScoutInterval = tt.scout
+			if tt.probes > 0 {
+				cfg.HalfOpenProbes = tt.probes
+			}
+			h := reopened(t, cfg)
+			openUntil := h.b.Snapshot().OpenUntil
+			for i, st := range tt.steps {
+				h.clock.Advance(st.advance)
+				p, ok := h.b.Allow()
+				if ok != st.admit {
+					t.Fatalf("step %d: Allow admitted %v, want %v (%+v)", i, ok, st.admit, h.b.Snapshot())
+				}
+				switch st.end {
+				case "S":
+					p.Done(false, time.Second)
+				case "F":
+					p.Done(true, time.Second)
+				case "L":
+					p.Done(false, 40*time.Second)
+				case "A":
+					p.Abandon()
+				case "C":
+					p.Cancel()
+				}
+				snap := h.b.Snapshot()
+				if snap.State != st.state {
+					t.Fatalf("step %d: state %s, want %s", i, snap.State, st.state)
+				}
+				if snap.State == StateOpen && (!snap.OpenUntil.Equal(openUntil) || snap.Trips != 2) {
+					t.Fatalf("step %d: open until %s with Trips %d, want %s and 2: scouts never change the backoff", i, snap.OpenUntil, snap.Trips, openUntil)
+				}
+			}
+			if got := h.b.Snapshot().Reason; got != tt.reason {
+				t.Errorf("reason %q, want %q", got, tt.reason)
+			}
+		})
+	}
+}
+
+// TestScoutOutlivingItsPeriodIsIgnored: a scout still out when the open period ends belongs
+// to a finished period; its success does not count in the trial that followed.
+func TestScoutOutlivingItsPeriodIsIgnored(t *testing.T) {
+	cfg := DefaultBreakerConfig()
+	cfg.ScoutInterval = 20 * time.Second
+	h := reopened(t, cfg)
+	h.clock.Advance(40 * time.Second)
+	scout, ok := h.b.Allow()
+	if !ok {
+		t.Fatal("scout refused")
+	}
+	h.clock.Advance(20 * time.Second) // the open period ends while the scout is out
+	for range cfg.HalfOpenProbes {
+		if _, ok := h.b.Allow(); !ok {
+			t.Fatal("probe refused")
+		}
+	}
+	scout.Done(false, time.Second)
+	if snap := h.b.Snapshot(); snap.State != StateHalfOpen || snap.Reason != "open period elapsed" {
+		t.Fatalf("snapshot %+v, want still half-open: the late scout does not count", snap)
+	}
+}
+
+// TestLongOutageRecovery replays a ten-minute outage at one call a second and measures how
+// late the breaker closes after the upstream is back, and how many calls reached it while
+// it was down. Scouting must bring the breaker back within one scout interval (plus the
+// trial), where doubling alone waits for the capped open period, and must not cost the dead
+// upstream more than one call per interval on top of the trials.
+func TestLongOutageRecovery(t *testing.T) {
+	const outage = 10 * time.Minute
+	tests := []struct {
+		name           string
+		scout          time.Duration
+		maxLate        time.Duration
+		minLate        time.Duration
+		maxOutageCalls int
+	}{
+		// Defaults: open 30 s doubling to 5 m, scouts every 30 s, 3 probes.
+		{"scouting (default)", 0, 30*time.Second + 2*time.Second, 0, int(outage/(30*time.Second)) + 5},
+		{"doubling alone", -1, 5 * time.Minute, 2 * time.Minute, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultBreakerConfig()
+			cfg.ScoutInterval = tt.scout
+			h := newHarness(t, cfg, noJitter)
+			start := h.clock.Now()
+			back := start.Add(outage)
+			outageCalls, closedAt := 0, time.Time{}
+			for i := 0; closedAt.IsZero() && i < 3600; i++ {
+				now := h.clock.Now()
+				if p, ok := h.b.Allow(); ok {
+					down := now.Before(back)
+					if down {
+						outageCalls++
+					}
+					p.Done(down, time.Second)
+				}
+				if now.After(back) && h.b.Snapshot().State == StateClosed {
+					closedAt = now
+				}
+				h.clock.Advance(time.Second)
+			}
+			if closedAt.IsZero() {
+				t.Fatal("never closed")
+			}
+			late := closedAt.Sub(back)
+			if late > tt.maxLate || late < tt.minLate {
+				t.Errorf("closed %s after the upstream was back, want within [%s, %s]", late, tt.minLate, tt.maxLate)
+			}
+			// The five failures that tripped it are not probes.
+			if probes := outageCalls - 5; probes > tt.maxOutageCalls {
+				t.Errorf("%d probes and scouts reached the dead upstream in %s, want at most %d", probes, outage, tt.maxOutageCalls)
+			}
+			t.Logf("closed %s late; %d calls while down", late, outageCalls-5)
+		})
 	}
 }

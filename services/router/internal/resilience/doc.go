@@ -11,14 +11,17 @@
 //   - Breaker stops calling a key that fails, including one that answers correctly but
 //     slowly: a slow-call rate trips it, so a provider at P99 40 s with 0% errors opens.
 //     Re-trips double the open period (capped), and every period is jittered so that router
-//     replicas do not probe a recovering provider in lock-step. Half-open admits a few
-//     probes and closes only when all of them succeed in time.
+//     replicas do not probe a recovering provider in lock-step. While open, one scout call
+//     per scout interval checks whether the provider is back, so a long outage's backoff
+//     does not delay the recovery. Half-open admits a few probes per period (a probe that
+//     was sent counts even when its result never came: Permit.Abandon) and closes only when
+//     every probe with a verdict succeeded in time.
 //   - Budget caps retries and hedges as a share of requests, and past a retry rate lets only
 //     format retries through, so an incident cannot multiply the load (seed 001).
 //   - Backoff spreads retries over the whole interval ("full jitter").
 //   - Bulkhead bounds calls in flight and never queues, so a full bulkhead fails over at once.
 //   - Cooldown rests a key that answered 429 for the hinted period; a 429 is not a breaker
-//     failure (Permit.Cancel records nothing).
+//     failure (Permit.Abandon records nothing).
 //
 // Why not failsafe-go (v0.9.8, which we considered): its circuit breaker reads time through an
 // unexported clock field set to the wall clock in an internal package, so its open period

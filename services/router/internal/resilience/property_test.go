@@ -2,6 +2,7 @@ package resilience
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,8 +10,8 @@ import (
 	"pgregory.net/rapid"
 )
 
-// breakerModel drives a breaker with random interleavings of Allow, Done, Cancel and clock
-// advances, and checks after every step what must always hold.
+// breakerModel drives a breaker with random interleavings of Allow, Done, Abandon, Cancel
+// and clock advances, and checks after every step what must always hold.
 type breakerModel struct {
 	cfg     BreakerConfig
 	clock   *clockwork.FakeClock
@@ -19,13 +20,17 @@ type breakerModel struct {
 	checked int // transitions already checked
 	permits []*modelPermit
 	// successes[i] counts successful probes finished in the period that starts with
-	// transition i-1 (period 0 is the initial closed period).
-	successes map[int]int
+	// transition i-1 (period 0 is the initial closed period); a scout that ended an open
+	// period counts in the half-open period it started. abandoned[i] counts the probes of
+	// period i that ended without a verdict.
+	successes, abandoned map[int]int
 }
 
 type modelPermit struct {
 	p         Permit
 	period    int // len(trans) when admitted: which period it belongs to
+	at        time.Time
+	scout     bool // admitted while open
 	finished  bool
 	cancelled bool
 }
@@ -44,9 +49,12 @@ func newBreakerModel(t *rapid.T) *breakerModel {
 		MaxOpenDuration:     open * time.Duration(rapid.IntRange(1, 16).Draw(t, "max_open_factor")),
 		OpenJitter:          rapid.Float64Range(0, 0.5).Draw(t, "open_jitter"),
 		HalfOpenProbes:      rapid.IntRange(1, 5).Draw(t, "half_open_probes"),
+		// -1 s: no scouting; 0: every open_duration; else up to open_duration, so that
+		// scouts happen before the open period ends.
+		ScoutInterval: time.Duration(rapid.IntRange(-1, int(open/time.Second)).Draw(t, "scout_interval_s")) * time.Second,
 	}
 	rng := rand.New(rand.NewPCG(rapid.Uint64().Draw(t, "seed"), 1))
-	m := &breakerModel{cfg: cfg, clock: clockwork.NewFakeClock(), successes: map[int]int{}}
+	m := &breakerModel{cfg: cfg, clock: clockwork.NewFakeClock(), successes: map[int]int{}, abandoned: map[int]int{}}
 	m.b = NewBreaker(cfg, m.clock, rng.Float64, func(tr Transition) { m.trans = append(m.trans, tr) })
 	return m
 }
@@ -78,12 +86,12 @@ func (m *breakerModel) actions() map[string]func(*rapid.T) {
 			st := m.state() // after any lazy open -> half-open
 			switch {
 			case ok && st == StateOpen:
-				t.Fatalf("Allow admitted a call while open")
+				m.checkScout(t)
 			case !ok && st == StateClosed:
 				t.Fatalf("Allow refused a call while closed")
 			}
 			if ok {
-				m.permits = append(m.permits, &modelPermit{p: p, period: len(m.trans)})
+				m.permits = append(m.permits, &modelPermit{p: p, period: len(m.trans), at: m.clock.Now(), scout: st == StateOpen})
 			}
 		},
 		"done": func(t *rapid.T) {
@@ -100,8 +108,32 @@ func (m *breakerModel) actions() map[string]func(*rapid.T) {
 				return
 			}
 			mp.finished = true
-			if mp.period == before && stateBefore == StateHalfOpen && !failure && !slow {
+			switch {
+			case mp.period != before || failure || slow:
+			case stateBefore == StateHalfOpen:
 				m.successes[mp.period]++
+			case stateBefore == StateOpen && mp.scout:
+				m.successes[mp.period+1]++ // it moved the breaker to half-open
+				if len(m.trans) == before || m.trans[before].Reason != "scout succeeded" {
+					t.Fatalf("a successful scout did not end the open period")
+				}
+			}
+		},
+		"abandon": func(t *rapid.T) {
+			mp := m.pick(t)
+			before, stateBefore := len(m.trans), m.state()
+			mp.p.Abandon()
+			if mp.finished {
+				if len(m.trans) != before {
+					t.Fatalf("Abandon after the end caused a transition")
+				}
+				return
+			}
+			mp.finished = true
+			if mp.period == before && stateBefore == StateHalfOpen {
+				m.abandoned[mp.period]++
+			} else if len(m.trans) != before {
+				t.Fatalf("Abandon outside the current half-open period caused a transition")
 			}
 		},
 		"cancel": func(t *rapid.T) {
@@ -116,7 +148,18 @@ func (m *breakerModel) actions() map[string]func(*rapid.T) {
 			}
 		},
 		"advance": func(t *rapid.T) {
-			m.clock.Advance(time.Duration(rapid.Int64Range(0, int64(3*m.cfg.MaxOpenDuration)).Draw(t, "advance")))
+			// Mostly steps within an open period, so that scouts and late probes happen in it.
+			limit := []time.Duration{m.cfg.OpenDuration / 4, m.cfg.OpenDuration, 3 * m.cfg.MaxOpenDuration}[rapid.IntRange(0, 2).Draw(t, "scale")]
+			m.clock.Advance(time.Duration(rapid.Int64Range(0, int64(limit)).Draw(t, "advance")))
+		},
+		"to_scout": func(t *rapid.T) {
+			// Jump to when the next scout is due: random advances rarely land between it and
+			// the end of the open period.
+			snap := m.b.Snapshot()
+			if snap.State != StateOpen || snap.NextScout.IsZero() {
+				t.Skip("no scout due")
+			}
+			m.clock.Advance(snap.NextScout.Sub(m.clock.Now()))
 		},
 		"": m.check,
 	}
@@ -137,17 +180,26 @@ func (m *breakerModel) check(t *rapid.T) {
 		}
 		switch {
 		case tr.From == StateHalfOpen && tr.To == StateClosed:
-			if got := m.successes[i]; got != m.cfg.HalfOpenProbes {
-				t.Fatalf("closed after %d successful probes, want %d", got, m.cfg.HalfOpenProbes)
+			// Every place used, none failed, at least one success.
+			if ok, ab := m.successes[i], m.abandoned[i]; ok < 1 || ok+ab != m.cfg.HalfOpenProbes {
+				t.Fatalf("closed after %d successful and %d abandoned probes, want %d in all, at least one successful", ok, ab, m.cfg.HalfOpenProbes)
+			}
+		case tr.From == StateHalfOpen && tr.To == StateOpen && strings.HasPrefix(tr.Reason, ReasonNoVerdict):
+			if ok, ab := m.successes[i], m.abandoned[i]; ok != 0 || ab != m.cfg.HalfOpenProbes {
+				t.Fatalf("no-verdict re-open after %d successful and %d abandoned probes", ok, ab)
 			}
 		case tr.From == StateClosed && tr.To == StateOpen && prevTrips != 0:
 			t.Fatalf("trip from closed with %d trips on record", prevTrips)
 		}
 	}
 	m.checked = len(m.trans)
-	// Half-open never has more probes out or succeeded than it may admit.
+	// Half-open never has more probes out, finished or abandoned than it may admit; a scout
+	// that opened the trial is one of them.
 	if snap.State == StateHalfOpen {
 		cur, probes := len(m.trans), 0
+		if m.trans[cur-1].Reason == "scout succeeded" {
+			probes++
+		}
 		for _, p := range m.permits {
 			if p.period == cur && !p.cancelled {
 				probes++
@@ -192,19 +244,50 @@ func (m *breakerModel) check(t *rapid.T) {
 func (m *breakerModel) tripsAfter(i int) int {
 	trips := 0
 	for _, tr := range m.trans[:i+1] {
-		switch tr.To {
-		case StateOpen:
+		switch {
+		case tr.To == StateOpen && strings.HasPrefix(tr.Reason, ReasonNoVerdict):
+			// not a trip: the period is the previous one's
+		case tr.To == StateOpen:
 			trips++
-		case StateClosed:
+		case tr.To == StateClosed:
 			trips = 0
 		}
 	}
 	return trips
 }
 
-// TestBreakerProperties: for any interleaving of Allow, Done, Cancel and clock advances,
-// only legal transitions happen, half-open admissions never exceed the probe count, closing
-// takes exactly HalfOpenProbes successful probes, and open periods grow within their bounds.
+// checkScout checks a call admitted while open: scouting is on, no other scout of this
+// period is out, and the last scout that was sent (or the period's start) is at least one
+// ScoutInterval (less its jitter) ago.
+func (m *breakerModel) checkScout(t *rapid.T) {
+	iv := m.cfg.scoutInterval()
+	if iv <= 0 {
+		t.Fatalf("Allow admitted a call while open with scouting off")
+	}
+	cur := len(m.trans)
+	last := m.trans[cur-1].At
+	for _, p := range m.permits {
+		if p.period != cur || p.cancelled {
+			continue
+		}
+		if !p.finished {
+			t.Fatalf("a second scout while one is out")
+		}
+		last = p.at
+	}
+	if gap, lo := m.clock.Now().Sub(last), time.Duration(float64(iv)*(1-m.cfg.OpenJitter))-1; gap < lo {
+		t.Fatalf("scout %s after the last, want at least %s", gap, lo)
+	}
+	if !m.clock.Now().Before(m.b.Snapshot().OpenUntil) {
+		t.Fatalf("scout admitted after the open period ended")
+	}
+}
+
+// TestBreakerProperties: for any interleaving of Allow, Done, Abandon, Cancel and clock
+// advances, only legal transitions happen, half-open admissions (abandoned probes and the
+// scout that opened the trial included) never exceed the probe count, closing takes every
+// probe place with at least one success and no failure, an open breaker admits at most one
+// scout per interval, and open periods grow within their bounds.
 func TestBreakerProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		m := newBreakerModel(t)
