@@ -1728,9 +1728,9 @@ func TestAlertRules(t *testing.T) {
 	}{
 		{"MantleModelErrorRateHigh", "model error rate over 5% for 1 minute", "1m", []string{"> 0.05"}},
 		{"MantleModelLatencyP95High", "P95 over the per-model threshold", "", []string{"mantle:provider_attempt_p95_threshold_seconds"}},
-		{"MantleBreakerOpen", "any breaker open", "", []string{`state="open"`}},
+		{"MantleBreakerOpen", "any breaker open", "", []string{"mantle_router_breaker_state == 2", `state="open"`}},
 		{"MantleCacheHitRateDrop", "cache hit rate down more than 20%", "", []string{"0.8 *", "offset 1h"}},
-		{"MantleTokenUsageSurge", "token use 50% over the same hour yesterday", "", []string{"1.5 *", "offset 1d"}},
+		{"MantleTokenUsageSurge", "token use 50% over the same hour yesterday", "", []string{"mantle_router_tokens_total", "by (tenant)", "1.5 *", "offset 1d"}},
 		{"MantleQuotaQueueNearBound", "queue depth near its bound", "", slices.Collect(maps.Keys(queueSizes))},
 	}
 	for _, s := range seeds {
@@ -2077,6 +2077,8 @@ func TestDashboard(t *testing.T) {
 		"End-to-end success rate", "End-to-end latency P50 / P95 / P99", "Model call error rate",
 		"Breaker trips", "Quota queue depth", "Tokens per request (cost proxy)",
 		"Breakers open now", "Breaker transitions by state", "Degradations by ladder level",
+		// Issue 8: streaming, retries and why requests degrade.
+		"Time to first token P95 by model", "Retries by model and error class", "Degradations by reason",
 	} {
 		if !slices.Contains(titles, want) {
 			t.Errorf("no panel %q", want)

@@ -513,9 +513,7 @@ func TestAttemptDecisions(t *testing.T) {
 				if !strings.Contains(st.Message(), tt.want.message) {
 					t.Errorf("message = %q, want it to contain %q", st.Message(), tt.want.message)
 				}
-				if s := h.quota.settled(); len(s) == 1 {
-					qc = s[0].GetQuality()
-				}
+				qc = FailedQuality(d.err)
 			} else {
 				qc = d.resp.GetQuality()
 				if d.resp.GetModel() != tt.want.model || qc.GetFallbackLevel() != tt.want.level {

@@ -26,6 +26,34 @@ const (
 	ReasonDeadlineExceeded    = "DEADLINE_EXCEEDED"
 )
 
+// failedRequest is a request that ended in an error, with its QualityContext: the attempts
+// and the audit trail go back to the caller as a status detail, so "why did this fail"
+// is answered in the response itself.
+type failedRequest struct {
+	err     error
+	quality *mantlev1.QualityContext
+}
+
+func (e *failedRequest) Error() string { return e.err.Error() }
+func (e *failedRequest) Unwrap() error { return e.err }
+
+// FailedQuality returns the QualityContext a failed request carries, from a router error
+// or from its gRPC status details; nil when there is none.
+func FailedQuality(err error) *mantlev1.QualityContext {
+	var failed *failedRequest
+	if errors.As(err, &failed) {
+		return failed.quality
+	}
+	if st, ok := status.FromError(err); ok {
+		for _, d := range st.Details() {
+			if qc, ok := d.(*mantlev1.QualityContext); ok {
+				return qc
+			}
+		}
+	}
+	return nil
+}
+
 // unknownRouteError is a model name that is neither a model nor a route.
 type unknownRouteError struct{ name string }
 
@@ -79,6 +107,18 @@ func (e *exhaustedError) Unwrap() error { return e.cause }
 // from the services the router called (quota's RESOURCE_EXHAUSTED with RetryInfo, say)
 // pass through unchanged so callers see their details.
 func toStatus(err error) error {
+	var failed *failedRequest
+	if errors.As(err, &failed) {
+		out := toStatus(failed.err)
+		st, ok := status.FromError(out)
+		if !ok || failed.quality == nil {
+			return out // not a status: the rpc backstop answers INTERNAL
+		}
+		if detailed, derr := st.WithDetails(failed.quality); derr == nil {
+			return detailed.Err()
+		}
+		return out
+	}
 	var (
 		invalid  *rpc.ValidationError
 		unknown  *unknownRouteError

@@ -113,8 +113,7 @@ func TestAttemptLoopProperties(t *testing.T) {
 			if d.err == nil {
 				qc = d.resp.Quality
 			} else {
-				s := h.quota.settled()
-				qc = s[len(s)-1].Quality
+				qc = FailedQuality(d.err)
 			}
 			attempts, hedges := len(qc.Attempts), 0
 			for _, a := range qc.Attempts {

@@ -52,7 +52,7 @@ type upstream struct {
 type upstreamKey struct {
 	id       string
 	client   provider.Provider
-	stats    keyStats
+	stats    *keyStats
 	cooldown *resilience.Cooldown
 	budget   *resilience.Budget
 
@@ -164,6 +164,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 			}
 			u.keys = append(u.keys, &upstreamKey{
 				id: id, client: c,
+				stats:    newKeyStats(deps.Clock),
 				cooldown: resilience.NewCooldown(deps.Clock),
 				budget:   resilience.NewBudget(cfg.RetryBudget, deps.Clock),
 				breakers: map[string]*resilience.Breaker{},
@@ -278,6 +279,7 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	outcome, level := "ok", ShortLevel(qc.FallbackLevel)
 	if err != nil {
 		outcome = status.Code(err).String()
+		err = &failedRequest{err: err, quality: qc}
 	}
 	scenario := r.scenarioLabel(qc.Scenario)
 	r.deps.Metrics.requests.WithLabelValues(rt.name, scenario, outcome, level).Inc()
@@ -420,14 +422,15 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 	if usage == nil {
 		usage = &mantlev1.Usage{}
 	}
-	if _, err := r.deps.Quota.Settle(ctx, &quotav1.SettleRequest{Quality: qc, ReservationId: reservation, Usage: usage}); err != nil {
+	if _, err := r.deps.Quota.Settle(ctx, &quotav1.SettleRequest{Quality: hopQuality(qc), ReservationId: reservation, Usage: usage}); err != nil {
 		r.deps.Log.WarnContext(ctx, "settle failed; the reservation will expire", "reservation", reservation, "err", err)
 	}
 }
 
 // lookup asks the cache for the prompt. On a miss it may hold a lease: identical prompts
 // arriving meanwhile wait for this request's answer instead of calling a model themselves
-// (seed 000 4.3), so the lease must end in store or release.
+// (seed 000 4.3), so the lease must end in store or release. storeDeclined says the
+// cache's policy would refuse to store the answer, so store need not be called.
 func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (hit *routerv1.CompleteResponse, lease string, storeDeclined bool) {
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
@@ -476,7 +479,7 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	_, err := r.deps.Cache.Store(hop, &cachev1.StoreRequest{
-		Quality:      qc,
+		Quality:      hopQuality(qc),
 		Prompt:       cachePrompt(req, rt),
 		Content:      ans.Content,
 		SourceModel:  ans.model,
@@ -494,7 +497,7 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 func (r *Router) release(ctx context.Context, qc *mantlev1.QualityContext, lease string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if _, err := r.deps.Cache.Release(ctx, &cachev1.ReleaseRequest{Quality: qc, LeaseId: lease}); err != nil {
+	if _, err := r.deps.Cache.Release(ctx, &cachev1.ReleaseRequest{Quality: hopQuality(qc), LeaseId: lease}); err != nil {
 		r.deps.Log.WarnContext(ctx, "cache lease not released; it will expire", "err", err)
 	}
 }
@@ -572,8 +575,8 @@ func (r *Router) audit(qc *mantlev1.QualityContext, step, detail string, d time.
 	})
 }
 
-// adoptAudit appends the audit steps another service added to its copy of the
-// QualityContext; the router's copy stays the one source of truth for everything else.
+// adoptAudit appends to qc the audit steps another service added to sent, the copy of qc
+// it was given (see hopQuality), before returning it.
 func adoptAudit(qc, sent, returned *mantlev1.QualityContext) {
 	qc.Audit = append(qc.Audit, addedSteps(sent, returned)...)
 }

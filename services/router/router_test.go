@@ -323,8 +323,13 @@ func TestRouterComplete(t *testing.T) {
 				if diff := cmp.Diff(tt.want.settle, s.Usage, protocmp.Transform()); diff != "" {
 					t.Errorf("settled usage (-want +got):\n%s", diff)
 				}
+				qc := resp.GetQuality()
+				if err != nil {
+					// A failed request's QualityContext travels in its status details.
+					qc = FailedQuality(status.Convert(toStatus(err)).Err())
+				}
 				var classes []mantlev1.ErrorClass
-				for _, a := range s.GetQuality().GetAttempts() {
+				for _, a := range qc.GetAttempts() {
 					classes = append(classes, a.ErrorClass)
 				}
 				if diff := cmp.Diff(tt.want.classes, classes); diff != "" {

@@ -1,23 +1,36 @@
 package router
 
 import (
-	"slices"
 	"sync"
 	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
 
-// keyStats keeps the recent latency and outcomes of one upstream key on this replica, for
-// DescribeRoutes today and for breakers, hedging delays and budget checks later.
+// keyStats keeps the recent latency and outcomes of one upstream key on this replica: the
+// p50 decides whether an attempt still fits the remaining deadline, the p95 sets the hedge
+// delay, and DescribeRoutes shows all of it.
 type keyStats struct {
+	latency *resilience.Latency // successful calls only
+
 	mu       sync.Mutex
-	window   []time.Duration // ring buffer of recent successful latencies
-	next     int
 	calls    int64
 	failures int64
 	inFlight int64
 }
 
-const latencyWindow = 256
+const (
+	latencyWindow = 256
+	// latencyMaxAge forgets latencies older than this: a key that was slow during an
+	// incident and has been quiet since is not skipped for that incident.
+	latencyMaxAge = 5 * time.Minute
+)
+
+func newKeyStats(clock clockwork.Clock) *keyStats {
+	return &keyStats{latency: resilience.NewLatency(latencyWindow, latencyMaxAge, clock)}
+}
 
 func (s *keyStats) start() {
 	s.mu.Lock()
@@ -27,18 +40,14 @@ func (s *keyStats) start() {
 
 func (s *keyStats) finish(latency time.Duration, failed bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.inFlight--
 	s.calls++
 	if failed {
 		s.failures++
-		return
 	}
-	if len(s.window) < latencyWindow {
-		s.window = append(s.window, latency)
-	} else {
-		s.window[s.next] = latency
-		s.next = (s.next + 1) % latencyWindow
+	s.mu.Unlock()
+	if !failed {
+		s.latency.Observe(latency)
 	}
 }
 
@@ -49,21 +58,9 @@ type statsSnapshot struct {
 
 func (s *keyStats) snapshot() statsSnapshot {
 	s.mu.Lock()
-	sorted := slices.Clone(s.window)
 	snap := statsSnapshot{calls: s.calls, failures: s.failures, inFlight: s.inFlight}
 	s.mu.Unlock()
-	slices.Sort(sorted)
-	snap.p50 = percentile(sorted, 0.50)
-	snap.p95 = percentile(sorted, 0.95)
-	snap.p99 = percentile(sorted, 0.99)
+	q := s.latency.Quantiles(0.50, 0.95, 0.99)
+	snap.p50, snap.p95, snap.p99 = q[0], q[1], q[2]
 	return snap
-}
-
-// percentile uses the nearest-rank method on sorted values.
-func percentile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	rank := int(q*float64(len(sorted))+0.999999) - 1
-	return sorted[max(0, min(rank, len(sorted)-1))]
 }

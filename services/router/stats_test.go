@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jonboulle/clockwork"
 )
 
 func TestKeyStatsSnapshot(t *testing.T) {
@@ -42,7 +43,7 @@ func TestKeyStatsSnapshot(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var s keyStats
+			s := newKeyStats(clockwork.NewFakeClock())
 			for range tt.inFlight {
 				s.start()
 			}

@@ -183,7 +183,7 @@ func TestStreamWatchdog(t *testing.T) {
 					t.Errorf("final %q finish %q, want the whole answer with stop", d.resp.Message.Content, d.resp.FinishReason)
 				}
 			} else {
-				qc = h.quota.settled()[0].Quality
+				qc = FailedQuality(d.err)
 				if d.resp != nil {
 					t.Errorf("a cut stream returned a final message %v; it must be an error", d.resp)
 				}
@@ -282,7 +282,7 @@ func TestStreamContinuation(t *testing.T) {
 			if rec.text() != tt.wantText {
 				t.Errorf("the caller received %q, want %q", rec.text(), tt.wantText)
 			}
-			qc := h.quota.settled()[0].Quality
+			qc := FailedQuality(d.err)
 			if d.err == nil {
 				qc = d.resp.Quality
 				if d.resp.Model != tt.model || d.resp.Message.Content != tt.wantText || d.resp.FinishReason != "stop" {

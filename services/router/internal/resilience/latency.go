@@ -21,7 +21,15 @@ type Latency struct {
 	samples []sample // ring buffer
 	next    int
 	full    bool
-	scratch []time.Duration // reused by Quantile so it does not allocate
+
+	// sorted caches the recent values in order. The router asks for a quantile on every
+	// attempt (and again for a hedge delay); sorting the whole window each time was a
+	// measurable share of its CPU. The cache is rebuilt once stale observations pile up
+	// (see staleAfter) or its oldest value ages out.
+	sorted       []time.Duration
+	sortedOldest time.Time // time of the oldest value in sorted
+	pending      int       // observations since sorted was built
+	valid        bool
 }
 
 type sample struct {
@@ -37,7 +45,7 @@ func NewLatency(size int, maxAge time.Duration, clock clockwork.Clock) *Latency 
 		clock = clockwork.NewRealClock()
 	}
 	size = max(size, 1)
-	return &Latency{clock: clock, maxAge: maxAge, samples: make([]sample, size), scratch: make([]time.Duration, 0, size)}
+	return &Latency{clock: clock, maxAge: maxAge, samples: make([]sample, size), sorted: make([]time.Duration, 0, size)}
 }
 
 // Observe records one latency.
@@ -49,29 +57,69 @@ func (l *Latency) Observe(d time.Duration) {
 	if l.next == len(l.samples) {
 		l.next, l.full = 0, true
 	}
+	l.pending++
 	l.mu.Unlock()
 }
 
+// staleAfter is how many observations the cached order may miss: a 32nd of the values it
+// holds (8 of 256), so a quantile lags the newest few calls at most, and is exact while
+// there are few values.
+func (l *Latency) staleAfter() int { return len(l.sorted) / 32 }
+
 // Quantile returns the nearest-rank q-quantile (q in [0, 1]) of the recent observations, or
-// 0 when there are none (check Count to tell "no data" from "fast").
+// 0 when there are none (check Count to tell "no data" from "fast"). It may leave out the
+// newest n/32 of n observations (see staleAfter).
 func (l *Latency) Quantile(q float64) time.Duration {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.scratch = l.scratch[:0]
+	return nearestRank(l.sortedLocked(now), q)
+}
+
+// Quantiles is Quantile for several q at once, from one consistent view.
+func (l *Latency) Quantiles(qs ...float64) []time.Duration {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sorted := l.sortedLocked(now)
+	out := make([]time.Duration, len(qs))
+	for i, q := range qs {
+		out[i] = nearestRank(sorted, q)
+	}
+	return out
+}
+
+// sortedLocked returns the recent values in order, rebuilding the cache when it misses too
+// many observations or holds one that has aged out.
+func (l *Latency) sortedLocked(now time.Time) []time.Duration {
+	fresh := l.valid && l.pending <= l.staleAfter() &&
+		(l.maxAge <= 0 || len(l.sorted) == 0 || now.Sub(l.sortedOldest) <= l.maxAge)
+	if fresh {
+		return l.sorted
+	}
+	l.sorted = l.sorted[:0]
+	l.sortedOldest = time.Time{}
 	for _, s := range l.recentLocked() {
 		if l.maxAge <= 0 || now.Sub(s.at) <= l.maxAge {
-			l.scratch = append(l.scratch, s.d)
+			l.sorted = append(l.sorted, s.d)
+			if l.sortedOldest.IsZero() || s.at.Before(l.sortedOldest) {
+				l.sortedOldest = s.at
+			}
 		}
 	}
-	if len(l.scratch) == 0 {
+	slices.Sort(l.sorted)
+	l.pending, l.valid = 0, true
+	return l.sorted
+}
+
+// nearestRank is the smallest value with at least q of the sorted values at or below it.
+func nearestRank(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
 		return 0
 	}
-	slices.Sort(l.scratch)
 	q = min(max(q, 0), 1)
-	// Nearest rank: the smallest value with at least q of the samples at or below it.
-	rank := int(q*float64(len(l.scratch))+0.999999) - 1
-	return l.scratch[max(0, min(rank, len(l.scratch)-1))]
+	rank := int(q*float64(len(sorted))+0.999999) - 1
+	return sorted[max(0, min(rank, len(sorted)-1))]
 }
 
 // Count is how many observations Quantile would use now.
