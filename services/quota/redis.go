@@ -282,11 +282,11 @@ type groupResult struct {
 
 func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, idx []int, budget *BudgetCharge, tail string) (groupResult, error) {
 	ts, tns := s.now()
-	args := make([]any, 0, 4+4*len(idx)+6)
+	args := make([]any, 0, 4+3*len(idx)+6)
 	args = append(args, ts, tns, int64(maxDebt), len(idx))
 	for _, i := range idx {
 		b := c.Buckets[i]
-		args = append(args, escapeField(b.Field), b.Cost, b.Limit, boolArg(b.Shadow))
+		args = append(args, escapeField(b.Field), int64(durationOf(b.Cost, b.Limit)), boolArg(b.Shadow))
 	}
 	if budget != nil {
 		args = append(args, budget.Cost, budget.Limit, int64(budget.DayOffset/time.Second), boolArg(budget.Shadow))

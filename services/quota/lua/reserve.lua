@@ -2,9 +2,9 @@
 -- the reservation.
 --
 -- KEYS[1] the group's hash; KEYS[2], when given, the reservation's key.
--- ARGV: now s, now ns ('' for Redis TIME), maxdebt, n, then n x (field, cost, limit,
--- shadow 0|1), then budget cost (-1 for none), limit, day offset (s), shadow, then with
--- KEYS[2]: ttl (ns), record tail.
+-- ARGV: now s, now ns ('' for Redis TIME), maxdebt, n, then n x (field, cost as the
+-- time the bucket takes to refill it in ns, shadow 0|1), then budget cost (-1 for
+-- none), limit, day offset (s), shadow, then with KEYS[2]: ttl (ns), record tail.
 --
 -- Returns {granted 0|1, s, ns, n x (wait, debt, flag), budget (spent, reset, flag)}:
 -- flag 1 is an enforced bucket that is short (refused), 2 a shadow bucket that is short
@@ -13,13 +13,13 @@ local key = KEYS[1]
 local s, ns = clock(ARGV[1], ARGV[2])
 local maxdebt = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
-local bi = 4 + n * 4
+local bi = 4 + n * 3
 local bcost = tonumber(ARGV[bi + 1])
 
 -- One read for everything: the buckets, then budget day, spending and expiry second.
 local fields = {}
 for i = 1, n do
-  fields[i] = ARGV[4 + (i - 1) * 4 + 1]
+  fields[i] = ARGV[4 + (i - 1) * 3 + 1]
 end
 fields[n + 1], fields[n + 2], fields[n + 3] = 'bd', 'bs', 'x'
 local v = redis.call('HMGET', key, unpack(fields))
@@ -29,12 +29,14 @@ local out = {0, s, ns}
 local refused = false
 local debts, costs, flags = {}, {}, {}
 for i = 1, n do
-  local b = 4 + (i - 1) * 4
+  local b = 4 + (i - 1) * 3
   local d = debtOf(v[i], s, ns)
-  local c = dur(tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), maxdebt)
+  -- The caller converts the cost to time (bucket.go: durationOf): the same numbers,
+  -- without the long division in Lua, which was the script's largest cost.
+  local c = tonumber(ARGV[b + 2])
   local wait, flag = d + c - W, 0
   if wait > 0 then
-    if ARGV[b + 4] == '1' then
+    if ARGV[b + 3] == '1' then
       flag = 2
     else
       flag = 1
