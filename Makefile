@@ -6,7 +6,7 @@ BUF     := $(BIN)/buf
 TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run build test vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
+.PHONY: run build test deps-chromium vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
 
 ## run: start `mantle dev` (all services, embedded NATS, simulated models)
 run:
@@ -17,7 +17,16 @@ build:
 	$(GO) build -o $(BIN)/mantle ./cmd/mantle
 
 ## test: vet, the race-enabled test suite, and the generated-code check (CI runs this)
-test: vet test-race check-generated
+test: deps-chromium vet test-race check-generated
+
+## deps-chromium: install Chromium (Debian package chromium) for the status page's browser
+## test when it is missing and apt-get is there; elsewhere the test skips (fails when CI=true)
+deps-chromium:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium for the status page test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	else echo "chromium is missing and apt-get is not available: the status page browser test will skip (or fail under CI=true)"; fi
 
 vet:
 	$(GO) vet ./...

@@ -222,6 +222,8 @@ type Service struct {
 	// indexCooldown and embedCooldown skip a failing dependency for a while.
 	indexCooldown *cooldown
 	embedCooldown *cooldown
+	// stats count ordinary lookups and hits for DescribeStats.
+	stats *lookupStats
 }
 
 // candidateLimit is how many nearest entries a similarity search returns: the best one
@@ -271,6 +273,7 @@ func NewService(cfg Config, deps Deps) (*Service, error) {
 		embedTimeout:  cfg.Embedder.Timeout,
 		indexCooldown: newCooldown(deps.Clock),
 		embedCooldown: newCooldown(deps.Clock),
+		stats:         newLookupStats(deps.Clock.Now()),
 	}, nil
 }
 
@@ -290,6 +293,9 @@ func (s *Service) Lookup(ctx context.Context, tenant string, req LookupRequest) 
 	res, err := s.lookup(ctx, tenant, req, scenario)
 	if err != nil {
 		return LookupResult{}, err
+	}
+	if req.Mode == ModeNormal {
+		s.stats.record(scenario, res.Hit)
 	}
 	if res.Hit {
 		s.metrics.lookups.WithLabelValues(scenario, "hit", string(res.Match)).Inc()

@@ -166,6 +166,17 @@ func (s *server) Release(ctx context.Context, req *cachev1.ReleaseRequest) (*cac
 	return &cachev1.ReleaseResponse{Released: released}, nil
 }
 
+// DescribeStats implements cachev1.CacheServiceServer. The totals are aggregates over
+// every tenant and name no entry, so any authenticated caller may read them.
+func (s *server) DescribeStats(context.Context, *cachev1.DescribeStatsRequest) (*cachev1.DescribeStatsResponse, error) {
+	st := s.svc.Stats()
+	resp := &cachev1.DescribeStatsResponse{Since: timestamppb.New(st.Since), Lookups: st.Lookups, Hits: st.Hits}
+	for _, sc := range st.Scenarios {
+		resp.Scenarios = append(resp.Scenarios, &cachev1.ScenarioStats{Scenario: sc.Scenario, Lookups: sc.Lookups, Hits: sc.Hits})
+	}
+	return resp, nil
+}
+
 // Invalidate implements cachev1.CacheServiceServer. The request carries no QualityContext:
 // the tenant comes only from the call's credentials, so with authentication disabled there
 // is no tenant to invalidate and the call fails with UNAUTHENTICATED.

@@ -53,6 +53,8 @@ type Service struct {
 	queue   *queue
 	tokens  *tokenCounter
 	signals *signals
+	// seen are the tenants this replica admitted, for DescribeUsage.
+	seen seenTenants
 }
 
 // NewService validates cfg and builds a Service.
@@ -187,6 +189,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 	s.metrics.decisions.WithLabelValues(decisionGranted, classNames[class], s.metrics.tenant(req.Tenant)).Inc()
 	s.metrics.decisionSeconds.WithLabelValues(decisionGranted).Observe(s.clock.Since(start).Seconds())
 	s.metrics.reservedTokens.Add(float64(tokens))
+	if !req.KeyOnly {
+		s.seen.add(req.Tenant, g.At)
+	}
 	s.store.CountRequest(ctx, req.UpstreamKey, !req.KeyOnly, s.cfg.RetryBudget.Window)
 	s.signalLevels(ctx, g.At, req.RequestID, req.Tenant, req.Model, req.UpstreamKey, req.Priority, g.Levels, g.Budget, charge.Budget)
 

@@ -159,6 +159,30 @@ func (s *server) AcquireRetry(ctx context.Context, req *quotav1.AcquireRetryRequ
 	return resp, nil
 }
 
+// DescribeUsage scopes an authenticated caller to its own tenant: one tenant's traffic is
+// not another's business.
+func (s *server) DescribeUsage(ctx context.Context, req *quotav1.DescribeUsageRequest) (*quotav1.DescribeUsageResponse, error) {
+	tenants := req.GetTenants()
+	if own := rpc.Tenant(ctx); own != "" {
+		for _, t := range tenants {
+			if t != own {
+				return nil, s.toStatus(ErrTenantMismatch)
+			}
+		}
+		tenants = []string{own}
+	}
+	usage, err := s.svc.Usage(ctx, tenants)
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	resp := &quotav1.DescribeUsageResponse{}
+	for _, u := range usage {
+		b := bucketsToProto([]BucketLevel{u.Levels.Requests, u.Levels.Tokens})
+		resp.Tenants = append(resp.Tenants, &quotav1.TenantUsage{Tenant: u.Tenant, Requests: b[0], Tokens: b[1]})
+	}
+	return resp, nil
+}
+
 // resolveTenant returns the tenant a call acts for. An authenticated tenant wins, and a
 // request naming a different one is refused. Without authentication (dev mode) the
 // request's own tenant is used; the domain requires it to be set.

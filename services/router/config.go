@@ -56,6 +56,8 @@ type Config struct {
 	Breaker BreakerConfig `yaml:"breaker"`
 	// Idempotency keeps the answer of every request id so a replay is not billed twice.
 	Idempotency IdempotencyConfig `yaml:"idempotency"`
+	// Status configures the status page (GET /status on the HTTP port).
+	Status StatusConfig `yaml:"status"`
 
 	Providers []ProviderConfig `yaml:"providers"`
 	Models    []ModelConfig    `yaml:"models"`
@@ -98,6 +100,15 @@ type IdempotencyConfig struct {
 	// InflightTTL is how long a claim of a request in progress holds before a duplicate may
 	// take it over (the owner is presumed dead).
 	InflightTTL time.Duration `yaml:"inflight_ttl"`
+}
+
+// StatusConfig configures the status page.
+type StatusConfig struct {
+	// Refresh is how often the HTML page reloads itself; 0 turns auto-refresh off.
+	Refresh time.Duration `yaml:"refresh"`
+	// RecentDegradations is how many of this replica's last degradation events the page
+	// lists.
+	RecentDegradations int `yaml:"recent_degradations"`
 }
 
 // ProviderConfig is one upstream API.
@@ -218,6 +229,7 @@ func DefaultConfig() Config {
 		RetryBudget: resilience.DefaultBudgetConfig(),
 		Breaker:     defaultBreaker(),
 		Idempotency: IdempotencyConfig{Backend: "memory", TTL: 24 * time.Hour, InflightTTL: time.Minute},
+		Status:      StatusConfig{Refresh: 5 * time.Second, RecentDegradations: 50},
 	}
 }
 
@@ -239,6 +251,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxOutputTokens < 0 {
 		add("max_output_tokens: must not be negative, got %d", c.MaxOutputTokens)
+	}
+	if c.Status.Refresh != 0 && c.Status.Refresh < time.Second {
+		add("status.refresh: want 0 (off) or at least 1s, got %s", c.Status.Refresh)
+	}
+	if c.Status.RecentDegradations < 0 || c.Status.RecentDegradations > 10000 {
+		add("status.recent_degradations: want 0 to 10000, got %d", c.Status.RecentDegradations)
 	}
 	providers := map[string]bool{}
 	for i, p := range c.Providers {

@@ -20,6 +20,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/provider/openai"
 	"github.com/mantle-mesh/mantle/pkg/sim"
 	"github.com/mantle-mesh/mantle/services/router/internal/idempotency"
+	"github.com/mantle-mesh/mantle/services/router/statuspage"
 )
 
 // Module returns the router module: it calls quota, cache and verifier.
@@ -136,6 +137,10 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	}
 	routerv1.RegisterRouterServiceServer(env.GRPC, &server{router: r})
 	(&frontDoor{router: r, auth: env.Auth, log: env.Log}).register(env.HTTP)
+	statuspage.New(statuspage.Deps{
+		Routes: r, Quota: deps.Quota, Cache: deps.Cache, Auth: env.Auth, Clock: env.Clock, Log: env.Log,
+		Refresh: func() time.Duration { return r.conf().Status.Refresh },
+	}).Register(env.HTTP)
 	return r, app.RunFunc(func(ctx context.Context) error {
 		if sweep != nil {
 			_ = sweep(ctx)

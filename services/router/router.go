@@ -117,6 +117,8 @@ type Router struct {
 	budget    *resilience.Budget
 	// fallbackLimiter admits requests while the quota service is unreachable.
 	fallbackLimiter *localLimiter
+	// degradations are the last degradation events, for the status page.
+	degradations degradationRing
 }
 
 // routeTable is the routes callers can name, in config order: models first, then aliases.
@@ -522,6 +524,7 @@ func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1
 	}
 	r.deps.Metrics.degradations.WithLabelValues(rt.name, ShortLevel(qc.FallbackLevel), cause).Inc()
 	r.deps.Events.Publish(ctx, events.SubjectDegradation, ev)
+	r.degradations.add(ev, r.conf().Status.RecentDegradations)
 }
 
 // hopContext gives a call to another service the remaining budget minus the reserve.

@@ -60,7 +60,7 @@ func (r *Router) Describe(only string) (*routerv1.DescribeRoutesResponse, error)
 			c := &routerv1.Candidate{Model: u.model.Name, Provider: u.provider, Level: levelOf(i)}
 			for _, k := range u.keys {
 				snap := k.stats.snapshot()
-				state, reason, _ := r.keyHealth(k)
+				state, reason, openUntil := r.keyHealth(k)
 				ks := &routerv1.KeyState{
 					KeyId:         k.id,
 					BreakerState:  state,
@@ -74,6 +74,9 @@ func (r *Router) Describe(only string) (*routerv1.DescribeRoutesResponse, error)
 				}
 				if k.cooldown.Active() {
 					ks.CooldownUntil = timestamppb.New(k.cooldown.Until())
+				}
+				if state == mantlev1.BreakerState_BREAKER_STATE_OPEN && !openUntil.IsZero() {
+					ks.NextProbeAt = timestamppb.New(openUntil)
 				}
 				c.Keys = append(c.Keys, ks)
 			}

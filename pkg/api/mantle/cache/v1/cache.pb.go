@@ -1105,6 +1105,175 @@ func (x *ReleaseResponse) GetReleased() bool {
 	return false
 }
 
+// DescribeStatsRequest asks for the replica's lookup totals.
+type DescribeStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeStatsRequest) Reset() {
+	*x = DescribeStatsRequest{}
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeStatsRequest) ProtoMessage() {}
+
+func (x *DescribeStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeStatsRequest.ProtoReflect.Descriptor instead.
+func (*DescribeStatsRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{12}
+}
+
+// DescribeStatsResponse is the replica's lookup totals; the hit rate is hits / lookups.
+type DescribeStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the replica started counting.
+	Since   *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=since,proto3" json:"since,omitempty"`
+	Lookups int64                  `protobuf:"varint,2,opt,name=lookups,proto3" json:"lookups,omitempty"`
+	Hits    int64                  `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	// Per scenario, sorted by scenario.
+	Scenarios     []*ScenarioStats `protobuf:"bytes,4,rep,name=scenarios,proto3" json:"scenarios,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeStatsResponse) Reset() {
+	*x = DescribeStatsResponse{}
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeStatsResponse) ProtoMessage() {}
+
+func (x *DescribeStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeStatsResponse.ProtoReflect.Descriptor instead.
+func (*DescribeStatsResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DescribeStatsResponse) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *DescribeStatsResponse) GetLookups() int64 {
+	if x != nil {
+		return x.Lookups
+	}
+	return 0
+}
+
+func (x *DescribeStatsResponse) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *DescribeStatsResponse) GetScenarios() []*ScenarioStats {
+	if x != nil {
+		return x.Scenarios
+	}
+	return nil
+}
+
+// ScenarioStats are one scenario's lookups and hits.
+type ScenarioStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Scenario      string                 `protobuf:"bytes,1,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	Lookups       int64                  `protobuf:"varint,2,opt,name=lookups,proto3" json:"lookups,omitempty"`
+	Hits          int64                  `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScenarioStats) Reset() {
+	*x = ScenarioStats{}
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScenarioStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScenarioStats) ProtoMessage() {}
+
+func (x *ScenarioStats) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_cache_v1_cache_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScenarioStats.ProtoReflect.Descriptor instead.
+func (*ScenarioStats) Descriptor() ([]byte, []int) {
+	return file_mantle_cache_v1_cache_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ScenarioStats) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+func (x *ScenarioStats) GetLookups() int64 {
+	if x != nil {
+		return x.Lookups
+	}
+	return 0
+}
+
+func (x *ScenarioStats) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
 var File_mantle_cache_v1_cache_proto protoreflect.FileDescriptor
 
 const file_mantle_cache_v1_cache_proto_rawDesc = "" +
@@ -1193,7 +1362,17 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
-	"\breleased\x18\x01 \x01(\bR\breleased*b\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"\x16\n" +
+	"\x14DescribeStatsRequest\"\xb5\x01\n" +
+	"\x15DescribeStatsResponse\x120\n" +
+	"\x05since\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x18\n" +
+	"\alookups\x18\x02 \x01(\x03R\alookups\x12\x12\n" +
+	"\x04hits\x18\x03 \x01(\x03R\x04hits\x12<\n" +
+	"\tscenarios\x18\x04 \x03(\v2\x1e.mantle.cache.v1.ScenarioStatsR\tscenarios\"Y\n" +
+	"\rScenarioStats\x12\x1a\n" +
+	"\bscenario\x18\x01 \x01(\tR\bscenario\x12\x18\n" +
+	"\alookups\x18\x02 \x01(\x03R\alookups\x12\x12\n" +
+	"\x04hits\x18\x03 \x01(\x03R\x04hits*b\n" +
 	"\n" +
 	"LookupMode\x12\x1b\n" +
 	"\x17LOOKUP_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
@@ -1203,13 +1382,14 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\x16MATCH_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10MATCH_KIND_EXACT\x10\x01\x12\x17\n" +
 	"\x13MATCH_KIND_SEMANTIC\x10\x02\x12\x18\n" +
-	"\x14MATCH_KIND_COALESCED\x10\x032\xc6\x02\n" +
+	"\x14MATCH_KIND_COALESCED\x10\x032\xa6\x03\n" +
 	"\fCacheService\x12I\n" +
 	"\x06Lookup\x12\x1e.mantle.cache.v1.LookupRequest\x1a\x1f.mantle.cache.v1.LookupResponse\x12F\n" +
 	"\x05Store\x12\x1d.mantle.cache.v1.StoreRequest\x1a\x1e.mantle.cache.v1.StoreResponse\x12U\n" +
 	"\n" +
 	"Invalidate\x12\".mantle.cache.v1.InvalidateRequest\x1a#.mantle.cache.v1.InvalidateResponse\x12L\n" +
-	"\aRelease\x12\x1f.mantle.cache.v1.ReleaseRequest\x1a .mantle.cache.v1.ReleaseResponseB\xbe\x01\n" +
+	"\aRelease\x12\x1f.mantle.cache.v1.ReleaseRequest\x1a .mantle.cache.v1.ReleaseResponse\x12^\n" +
+	"\rDescribeStats\x12%.mantle.cache.v1.DescribeStatsRequest\x1a&.mantle.cache.v1.DescribeStatsResponseB\xbe\x01\n" +
 	"\x13com.mantle.cache.v1B\n" +
 	"CacheProtoP\x01Z=github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1;cachev1\xa2\x02\x03MCX\xaa\x02\x0fMantle.Cache.V1\xca\x02\x0fMantle\\Cache\\V1\xe2\x02\x1bMantle\\Cache\\V1\\GPBMetadata\xea\x02\x11Mantle::Cache::V1b\x06proto3"
 
@@ -1226,7 +1406,7 @@ func file_mantle_cache_v1_cache_proto_rawDescGZIP() []byte {
 }
 
 var file_mantle_cache_v1_cache_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_mantle_cache_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_mantle_cache_v1_cache_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_mantle_cache_v1_cache_proto_goTypes = []any{
 	(LookupMode)(0),               // 0: mantle.cache.v1.LookupMode
 	(MatchKind)(0),                // 1: mantle.cache.v1.MatchKind
@@ -1242,49 +1422,56 @@ var file_mantle_cache_v1_cache_proto_goTypes = []any{
 	(*InvalidateResponse)(nil),    // 11: mantle.cache.v1.InvalidateResponse
 	(*ReleaseRequest)(nil),        // 12: mantle.cache.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),       // 13: mantle.cache.v1.ReleaseResponse
-	(*v1.ChatMessage)(nil),        // 14: mantle.v1.ChatMessage
-	(*v1.ResponseFormat)(nil),     // 15: mantle.v1.ResponseFormat
-	(*v1.QualityContext)(nil),     // 16: mantle.v1.QualityContext
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
-	(*v1.Usage)(nil),              // 19: mantle.v1.Usage
+	(*DescribeStatsRequest)(nil),  // 14: mantle.cache.v1.DescribeStatsRequest
+	(*DescribeStatsResponse)(nil), // 15: mantle.cache.v1.DescribeStatsResponse
+	(*ScenarioStats)(nil),         // 16: mantle.cache.v1.ScenarioStats
+	(*v1.ChatMessage)(nil),        // 17: mantle.v1.ChatMessage
+	(*v1.ResponseFormat)(nil),     // 18: mantle.v1.ResponseFormat
+	(*v1.QualityContext)(nil),     // 19: mantle.v1.QualityContext
+	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*v1.Usage)(nil),              // 22: mantle.v1.Usage
 }
 var file_mantle_cache_v1_cache_proto_depIdxs = []int32{
-	14, // 0: mantle.cache.v1.Prompt.messages:type_name -> mantle.v1.ChatMessage
-	15, // 1: mantle.cache.v1.Prompt.response_format:type_name -> mantle.v1.ResponseFormat
-	16, // 2: mantle.cache.v1.LookupRequest.quality:type_name -> mantle.v1.QualityContext
+	17, // 0: mantle.cache.v1.Prompt.messages:type_name -> mantle.v1.ChatMessage
+	18, // 1: mantle.cache.v1.Prompt.response_format:type_name -> mantle.v1.ResponseFormat
+	19, // 2: mantle.cache.v1.LookupRequest.quality:type_name -> mantle.v1.QualityContext
 	2,  // 3: mantle.cache.v1.LookupRequest.prompt:type_name -> mantle.cache.v1.Prompt
 	0,  // 4: mantle.cache.v1.LookupRequest.mode:type_name -> mantle.cache.v1.LookupMode
-	17, // 5: mantle.cache.v1.LookupRequest.max_wait:type_name -> google.protobuf.Duration
+	20, // 5: mantle.cache.v1.LookupRequest.max_wait:type_name -> google.protobuf.Duration
 	7,  // 6: mantle.cache.v1.LookupResponse.entry:type_name -> mantle.cache.v1.Entry
-	16, // 7: mantle.cache.v1.LookupResponse.quality:type_name -> mantle.v1.QualityContext
+	19, // 7: mantle.cache.v1.LookupResponse.quality:type_name -> mantle.v1.QualityContext
 	1,  // 8: mantle.cache.v1.LookupResponse.match:type_name -> mantle.cache.v1.MatchKind
-	17, // 9: mantle.cache.v1.LookupResponse.age:type_name -> google.protobuf.Duration
+	20, // 9: mantle.cache.v1.LookupResponse.age:type_name -> google.protobuf.Duration
 	5,  // 10: mantle.cache.v1.LookupResponse.rejected:type_name -> mantle.cache.v1.Rejection
 	6,  // 11: mantle.cache.v1.LookupResponse.lease:type_name -> mantle.cache.v1.Lease
-	18, // 12: mantle.cache.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 13: mantle.cache.v1.Entry.usage:type_name -> mantle.v1.Usage
-	18, // 14: mantle.cache.v1.Entry.created_at:type_name -> google.protobuf.Timestamp
-	18, // 15: mantle.cache.v1.Entry.expires_at:type_name -> google.protobuf.Timestamp
-	18, // 16: mantle.cache.v1.Entry.stale_until:type_name -> google.protobuf.Timestamp
-	16, // 17: mantle.cache.v1.StoreRequest.quality:type_name -> mantle.v1.QualityContext
+	21, // 12: mantle.cache.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 13: mantle.cache.v1.Entry.usage:type_name -> mantle.v1.Usage
+	21, // 14: mantle.cache.v1.Entry.created_at:type_name -> google.protobuf.Timestamp
+	21, // 15: mantle.cache.v1.Entry.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 16: mantle.cache.v1.Entry.stale_until:type_name -> google.protobuf.Timestamp
+	19, // 17: mantle.cache.v1.StoreRequest.quality:type_name -> mantle.v1.QualityContext
 	2,  // 18: mantle.cache.v1.StoreRequest.prompt:type_name -> mantle.cache.v1.Prompt
-	19, // 19: mantle.cache.v1.StoreRequest.usage:type_name -> mantle.v1.Usage
-	17, // 20: mantle.cache.v1.StoreRequest.ttl:type_name -> google.protobuf.Duration
-	16, // 21: mantle.cache.v1.ReleaseRequest.quality:type_name -> mantle.v1.QualityContext
-	3,  // 22: mantle.cache.v1.CacheService.Lookup:input_type -> mantle.cache.v1.LookupRequest
-	8,  // 23: mantle.cache.v1.CacheService.Store:input_type -> mantle.cache.v1.StoreRequest
-	10, // 24: mantle.cache.v1.CacheService.Invalidate:input_type -> mantle.cache.v1.InvalidateRequest
-	12, // 25: mantle.cache.v1.CacheService.Release:input_type -> mantle.cache.v1.ReleaseRequest
-	4,  // 26: mantle.cache.v1.CacheService.Lookup:output_type -> mantle.cache.v1.LookupResponse
-	9,  // 27: mantle.cache.v1.CacheService.Store:output_type -> mantle.cache.v1.StoreResponse
-	11, // 28: mantle.cache.v1.CacheService.Invalidate:output_type -> mantle.cache.v1.InvalidateResponse
-	13, // 29: mantle.cache.v1.CacheService.Release:output_type -> mantle.cache.v1.ReleaseResponse
-	26, // [26:30] is the sub-list for method output_type
-	22, // [22:26] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	22, // 19: mantle.cache.v1.StoreRequest.usage:type_name -> mantle.v1.Usage
+	20, // 20: mantle.cache.v1.StoreRequest.ttl:type_name -> google.protobuf.Duration
+	19, // 21: mantle.cache.v1.ReleaseRequest.quality:type_name -> mantle.v1.QualityContext
+	21, // 22: mantle.cache.v1.DescribeStatsResponse.since:type_name -> google.protobuf.Timestamp
+	16, // 23: mantle.cache.v1.DescribeStatsResponse.scenarios:type_name -> mantle.cache.v1.ScenarioStats
+	3,  // 24: mantle.cache.v1.CacheService.Lookup:input_type -> mantle.cache.v1.LookupRequest
+	8,  // 25: mantle.cache.v1.CacheService.Store:input_type -> mantle.cache.v1.StoreRequest
+	10, // 26: mantle.cache.v1.CacheService.Invalidate:input_type -> mantle.cache.v1.InvalidateRequest
+	12, // 27: mantle.cache.v1.CacheService.Release:input_type -> mantle.cache.v1.ReleaseRequest
+	14, // 28: mantle.cache.v1.CacheService.DescribeStats:input_type -> mantle.cache.v1.DescribeStatsRequest
+	4,  // 29: mantle.cache.v1.CacheService.Lookup:output_type -> mantle.cache.v1.LookupResponse
+	9,  // 30: mantle.cache.v1.CacheService.Store:output_type -> mantle.cache.v1.StoreResponse
+	11, // 31: mantle.cache.v1.CacheService.Invalidate:output_type -> mantle.cache.v1.InvalidateResponse
+	13, // 32: mantle.cache.v1.CacheService.Release:output_type -> mantle.cache.v1.ReleaseResponse
+	15, // 33: mantle.cache.v1.CacheService.DescribeStats:output_type -> mantle.cache.v1.DescribeStatsResponse
+	29, // [29:34] is the sub-list for method output_type
+	24, // [24:29] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_mantle_cache_v1_cache_proto_init() }
@@ -1299,7 +1486,7 @@ func file_mantle_cache_v1_cache_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_cache_v1_cache_proto_rawDesc), len(file_mantle_cache_v1_cache_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   12,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	CacheService_Lookup_FullMethodName     = "/mantle.cache.v1.CacheService/Lookup"
-	CacheService_Store_FullMethodName      = "/mantle.cache.v1.CacheService/Store"
-	CacheService_Invalidate_FullMethodName = "/mantle.cache.v1.CacheService/Invalidate"
-	CacheService_Release_FullMethodName    = "/mantle.cache.v1.CacheService/Release"
+	CacheService_Lookup_FullMethodName        = "/mantle.cache.v1.CacheService/Lookup"
+	CacheService_Store_FullMethodName         = "/mantle.cache.v1.CacheService/Store"
+	CacheService_Invalidate_FullMethodName    = "/mantle.cache.v1.CacheService/Invalidate"
+	CacheService_Release_FullMethodName       = "/mantle.cache.v1.CacheService/Release"
+	CacheService_DescribeStats_FullMethodName = "/mantle.cache.v1.CacheService/DescribeStats"
 )
 
 // CacheServiceClient is the client API for CacheService service.
@@ -49,6 +50,10 @@ type CacheServiceClient interface {
 	// Release gives up a lease without an answer (the model call failed, the answer did not
 	// pass verification, or the caller went away), so a waiting lookup can take it over.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// DescribeStats reports this replica's ordinary lookups (LOOKUP_MODE_UNSPECIFIED) and hits
+	// since it started, overall and per scenario, for status pages. The totals cover every
+	// tenant and reveal no entry.
+	DescribeStats(ctx context.Context, in *DescribeStatsRequest, opts ...grpc.CallOption) (*DescribeStatsResponse, error)
 }
 
 type cacheServiceClient struct {
@@ -99,6 +104,16 @@ func (c *cacheServiceClient) Release(ctx context.Context, in *ReleaseRequest, op
 	return out, nil
 }
 
+func (c *cacheServiceClient) DescribeStats(ctx context.Context, in *DescribeStatsRequest, opts ...grpc.CallOption) (*DescribeStatsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DescribeStatsResponse)
+	err := c.cc.Invoke(ctx, CacheService_DescribeStats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CacheServiceServer is the server API for CacheService service.
 // All implementations must embed UnimplementedCacheServiceServer
 // for forward compatibility.
@@ -123,6 +138,10 @@ type CacheServiceServer interface {
 	// Release gives up a lease without an answer (the model call failed, the answer did not
 	// pass verification, or the caller went away), so a waiting lookup can take it over.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// DescribeStats reports this replica's ordinary lookups (LOOKUP_MODE_UNSPECIFIED) and hits
+	// since it started, overall and per scenario, for status pages. The totals cover every
+	// tenant and reveal no entry.
+	DescribeStats(context.Context, *DescribeStatsRequest) (*DescribeStatsResponse, error)
 	mustEmbedUnimplementedCacheServiceServer()
 }
 
@@ -144,6 +163,9 @@ func (UnimplementedCacheServiceServer) Invalidate(context.Context, *InvalidateRe
 }
 func (UnimplementedCacheServiceServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedCacheServiceServer) DescribeStats(context.Context, *DescribeStatsRequest) (*DescribeStatsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DescribeStats not implemented")
 }
 func (UnimplementedCacheServiceServer) mustEmbedUnimplementedCacheServiceServer() {}
 func (UnimplementedCacheServiceServer) testEmbeddedByValue()                      {}
@@ -238,6 +260,24 @@ func _CacheService_Release_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CacheService_DescribeStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescribeStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CacheServiceServer).DescribeStats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CacheService_DescribeStats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CacheServiceServer).DescribeStats(ctx, req.(*DescribeStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CacheService_ServiceDesc is the grpc.ServiceDesc for CacheService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -260,6 +300,10 @@ var CacheService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _CacheService_Release_Handler,
+		},
+		{
+			MethodName: "DescribeStats",
+			Handler:    _CacheService_DescribeStats_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

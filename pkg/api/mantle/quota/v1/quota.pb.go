@@ -1089,6 +1089,160 @@ func (x *AcquireRetryResponse) GetRetries() float64 {
 	return 0
 }
 
+// DescribeUsageRequest selects the tenants to describe.
+type DescribeUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only these tenants, when set.
+	Tenants       []string `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeUsageRequest) Reset() {
+	*x = DescribeUsageRequest{}
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeUsageRequest) ProtoMessage() {}
+
+func (x *DescribeUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeUsageRequest.ProtoReflect.Descriptor instead.
+func (*DescribeUsageRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DescribeUsageRequest) GetTenants() []string {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+// DescribeUsageResponse is the tenants' buckets now, sorted by tenant.
+type DescribeUsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenants       []*TenantUsage         `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeUsageResponse) Reset() {
+	*x = DescribeUsageResponse{}
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeUsageResponse) ProtoMessage() {}
+
+func (x *DescribeUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeUsageResponse.ProtoReflect.Descriptor instead.
+func (*DescribeUsageResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DescribeUsageResponse) GetTenants() []*TenantUsage {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+// TenantUsage is one tenant's request and token buckets. Used is limit minus remaining.
+type TenantUsage struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The requests-per-minute bucket (tenant:<id>:rpm).
+	Requests *BucketLevel `protobuf:"bytes,2,opt,name=requests,proto3" json:"requests,omitempty"`
+	// The tokens-per-minute bucket (tenant:<id>:tpm).
+	Tokens        *BucketLevel `protobuf:"bytes,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantUsage) Reset() {
+	*x = TenantUsage{}
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantUsage) ProtoMessage() {}
+
+func (x *TenantUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_quota_v1_quota_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantUsage.ProtoReflect.Descriptor instead.
+func (*TenantUsage) Descriptor() ([]byte, []int) {
+	return file_mantle_quota_v1_quota_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *TenantUsage) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantUsage) GetRequests() *BucketLevel {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *TenantUsage) GetTokens() *BucketLevel {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
 var File_mantle_quota_v1_quota_proto protoreflect.FileDescriptor
 
 const file_mantle_quota_v1_quota_proto_rawDesc = "" +
@@ -1173,16 +1327,25 @@ const file_mantle_quota_v1_quota_proto_rawDesc = "" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12\x16\n" +
 	"\x06budget\x18\x02 \x01(\tR\x06budget\x12\x1a\n" +
 	"\brequests\x18\x03 \x01(\x01R\brequests\x12\x18\n" +
-	"\aretries\x18\x04 \x01(\x01R\aretries*M\n" +
+	"\aretries\x18\x04 \x01(\x01R\aretries\"0\n" +
+	"\x14DescribeUsageRequest\x12\x18\n" +
+	"\atenants\x18\x01 \x03(\tR\atenants\"O\n" +
+	"\x15DescribeUsageResponse\x126\n" +
+	"\atenants\x18\x01 \x03(\v2\x1c.mantle.quota.v1.TenantUsageR\atenants\"\x95\x01\n" +
+	"\vTenantUsage\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x128\n" +
+	"\brequests\x18\x02 \x01(\v2\x1c.mantle.quota.v1.BucketLevelR\brequests\x124\n" +
+	"\x06tokens\x18\x03 \x01(\v2\x1c.mantle.quota.v1.BucketLevelR\x06tokens*M\n" +
 	"\fReserveScope\x12\x1d\n" +
 	"\x19RESERVE_SCOPE_UNSPECIFIED\x10\x00\x12\x1e\n" +
-	"\x1aRESERVE_SCOPE_UPSTREAM_KEY\x10\x012\xc4\x03\n" +
+	"\x1aRESERVE_SCOPE_UPSTREAM_KEY\x10\x012\xa4\x04\n" +
 	"\fQuotaService\x12L\n" +
 	"\aReserve\x12\x1f.mantle.quota.v1.ReserveRequest\x1a .mantle.quota.v1.ReserveResponse\x12I\n" +
 	"\x06Settle\x12\x1e.mantle.quota.v1.SettleRequest\x1a\x1f.mantle.quota.v1.SettleResponse\x12X\n" +
 	"\vCountTokens\x12#.mantle.quota.v1.CountTokensRequest\x1a$.mantle.quota.v1.CountTokensResponse\x12d\n" +
 	"\x0fObserveUpstream\x12'.mantle.quota.v1.ObserveUpstreamRequest\x1a(.mantle.quota.v1.ObserveUpstreamResponse\x12[\n" +
-	"\fAcquireRetry\x12$.mantle.quota.v1.AcquireRetryRequest\x1a%.mantle.quota.v1.AcquireRetryResponseB\xbe\x01\n" +
+	"\fAcquireRetry\x12$.mantle.quota.v1.AcquireRetryRequest\x1a%.mantle.quota.v1.AcquireRetryResponse\x12^\n" +
+	"\rDescribeUsage\x12%.mantle.quota.v1.DescribeUsageRequest\x1a&.mantle.quota.v1.DescribeUsageResponseB\xbe\x01\n" +
 	"\x13com.mantle.quota.v1B\n" +
 	"QuotaProtoP\x01Z=github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1;quotav1\xa2\x02\x03MQX\xaa\x02\x0fMantle.Quota.V1\xca\x02\x0fMantle\\Quota\\V1\xe2\x02\x1bMantle\\Quota\\V1\\GPBMetadata\xea\x02\x11Mantle::Quota::V1b\x06proto3"
 
@@ -1199,7 +1362,7 @@ func file_mantle_quota_v1_quota_proto_rawDescGZIP() []byte {
 }
 
 var file_mantle_quota_v1_quota_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_mantle_quota_v1_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_mantle_quota_v1_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_mantle_quota_v1_quota_proto_goTypes = []any{
 	(ReserveScope)(0),               // 0: mantle.quota.v1.ReserveScope
 	(*ReserveRequest)(nil),          // 1: mantle.quota.v1.ReserveRequest
@@ -1215,51 +1378,59 @@ var file_mantle_quota_v1_quota_proto_goTypes = []any{
 	(*ObserveUpstreamResponse)(nil), // 11: mantle.quota.v1.ObserveUpstreamResponse
 	(*AcquireRetryRequest)(nil),     // 12: mantle.quota.v1.AcquireRetryRequest
 	(*AcquireRetryResponse)(nil),    // 13: mantle.quota.v1.AcquireRetryResponse
-	(*v1.QualityContext)(nil),       // 14: mantle.v1.QualityContext
-	(*v1.ChatMessage)(nil),          // 15: mantle.v1.ChatMessage
-	(*timestamppb.Timestamp)(nil),   // 16: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 17: google.protobuf.Duration
-	(*v1.Usage)(nil),                // 18: mantle.v1.Usage
+	(*DescribeUsageRequest)(nil),    // 14: mantle.quota.v1.DescribeUsageRequest
+	(*DescribeUsageResponse)(nil),   // 15: mantle.quota.v1.DescribeUsageResponse
+	(*TenantUsage)(nil),             // 16: mantle.quota.v1.TenantUsage
+	(*v1.QualityContext)(nil),       // 17: mantle.v1.QualityContext
+	(*v1.ChatMessage)(nil),          // 18: mantle.v1.ChatMessage
+	(*timestamppb.Timestamp)(nil),   // 19: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 20: google.protobuf.Duration
+	(*v1.Usage)(nil),                // 21: mantle.v1.Usage
 }
 var file_mantle_quota_v1_quota_proto_depIdxs = []int32{
-	14, // 0: mantle.quota.v1.ReserveRequest.quality:type_name -> mantle.v1.QualityContext
-	15, // 1: mantle.quota.v1.ReserveRequest.messages:type_name -> mantle.v1.ChatMessage
+	17, // 0: mantle.quota.v1.ReserveRequest.quality:type_name -> mantle.v1.QualityContext
+	18, // 1: mantle.quota.v1.ReserveRequest.messages:type_name -> mantle.v1.ChatMessage
 	0,  // 2: mantle.quota.v1.ReserveRequest.scope:type_name -> mantle.quota.v1.ReserveScope
 	3,  // 3: mantle.quota.v1.ReserveResponse.limits:type_name -> mantle.quota.v1.Limits
-	16, // 4: mantle.quota.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	14, // 5: mantle.quota.v1.ReserveResponse.quality:type_name -> mantle.v1.QualityContext
+	19, // 4: mantle.quota.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	17, // 5: mantle.quota.v1.ReserveResponse.quality:type_name -> mantle.v1.QualityContext
 	4,  // 6: mantle.quota.v1.ReserveResponse.buckets:type_name -> mantle.quota.v1.BucketLevel
-	17, // 7: mantle.quota.v1.ReserveResponse.waited:type_name -> google.protobuf.Duration
+	20, // 7: mantle.quota.v1.ReserveResponse.waited:type_name -> google.protobuf.Duration
 	5,  // 8: mantle.quota.v1.ReserveResponse.budget:type_name -> mantle.quota.v1.Budget
-	17, // 9: mantle.quota.v1.Limits.reset_requests:type_name -> google.protobuf.Duration
-	17, // 10: mantle.quota.v1.Limits.reset_tokens:type_name -> google.protobuf.Duration
-	17, // 11: mantle.quota.v1.BucketLevel.reset_after:type_name -> google.protobuf.Duration
-	17, // 12: mantle.quota.v1.Budget.reset_after:type_name -> google.protobuf.Duration
-	14, // 13: mantle.quota.v1.SettleRequest.quality:type_name -> mantle.v1.QualityContext
-	18, // 14: mantle.quota.v1.SettleRequest.usage:type_name -> mantle.v1.Usage
+	20, // 9: mantle.quota.v1.Limits.reset_requests:type_name -> google.protobuf.Duration
+	20, // 10: mantle.quota.v1.Limits.reset_tokens:type_name -> google.protobuf.Duration
+	20, // 11: mantle.quota.v1.BucketLevel.reset_after:type_name -> google.protobuf.Duration
+	20, // 12: mantle.quota.v1.Budget.reset_after:type_name -> google.protobuf.Duration
+	17, // 13: mantle.quota.v1.SettleRequest.quality:type_name -> mantle.v1.QualityContext
+	21, // 14: mantle.quota.v1.SettleRequest.usage:type_name -> mantle.v1.Usage
 	3,  // 15: mantle.quota.v1.SettleResponse.limits:type_name -> mantle.quota.v1.Limits
 	4,  // 16: mantle.quota.v1.SettleResponse.buckets:type_name -> mantle.quota.v1.BucketLevel
-	15, // 17: mantle.quota.v1.CountTokensRequest.messages:type_name -> mantle.v1.ChatMessage
-	14, // 18: mantle.quota.v1.ObserveUpstreamRequest.quality:type_name -> mantle.v1.QualityContext
-	17, // 19: mantle.quota.v1.ObserveUpstreamRequest.reset_requests:type_name -> google.protobuf.Duration
-	17, // 20: mantle.quota.v1.ObserveUpstreamRequest.reset_tokens:type_name -> google.protobuf.Duration
+	18, // 17: mantle.quota.v1.CountTokensRequest.messages:type_name -> mantle.v1.ChatMessage
+	17, // 18: mantle.quota.v1.ObserveUpstreamRequest.quality:type_name -> mantle.v1.QualityContext
+	20, // 19: mantle.quota.v1.ObserveUpstreamRequest.reset_requests:type_name -> google.protobuf.Duration
+	20, // 20: mantle.quota.v1.ObserveUpstreamRequest.reset_tokens:type_name -> google.protobuf.Duration
 	3,  // 21: mantle.quota.v1.ObserveUpstreamResponse.limits:type_name -> mantle.quota.v1.Limits
-	14, // 22: mantle.quota.v1.AcquireRetryRequest.quality:type_name -> mantle.v1.QualityContext
-	1,  // 23: mantle.quota.v1.QuotaService.Reserve:input_type -> mantle.quota.v1.ReserveRequest
-	6,  // 24: mantle.quota.v1.QuotaService.Settle:input_type -> mantle.quota.v1.SettleRequest
-	8,  // 25: mantle.quota.v1.QuotaService.CountTokens:input_type -> mantle.quota.v1.CountTokensRequest
-	10, // 26: mantle.quota.v1.QuotaService.ObserveUpstream:input_type -> mantle.quota.v1.ObserveUpstreamRequest
-	12, // 27: mantle.quota.v1.QuotaService.AcquireRetry:input_type -> mantle.quota.v1.AcquireRetryRequest
-	2,  // 28: mantle.quota.v1.QuotaService.Reserve:output_type -> mantle.quota.v1.ReserveResponse
-	7,  // 29: mantle.quota.v1.QuotaService.Settle:output_type -> mantle.quota.v1.SettleResponse
-	9,  // 30: mantle.quota.v1.QuotaService.CountTokens:output_type -> mantle.quota.v1.CountTokensResponse
-	11, // 31: mantle.quota.v1.QuotaService.ObserveUpstream:output_type -> mantle.quota.v1.ObserveUpstreamResponse
-	13, // 32: mantle.quota.v1.QuotaService.AcquireRetry:output_type -> mantle.quota.v1.AcquireRetryResponse
-	28, // [28:33] is the sub-list for method output_type
-	23, // [23:28] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	17, // 22: mantle.quota.v1.AcquireRetryRequest.quality:type_name -> mantle.v1.QualityContext
+	16, // 23: mantle.quota.v1.DescribeUsageResponse.tenants:type_name -> mantle.quota.v1.TenantUsage
+	4,  // 24: mantle.quota.v1.TenantUsage.requests:type_name -> mantle.quota.v1.BucketLevel
+	4,  // 25: mantle.quota.v1.TenantUsage.tokens:type_name -> mantle.quota.v1.BucketLevel
+	1,  // 26: mantle.quota.v1.QuotaService.Reserve:input_type -> mantle.quota.v1.ReserveRequest
+	6,  // 27: mantle.quota.v1.QuotaService.Settle:input_type -> mantle.quota.v1.SettleRequest
+	8,  // 28: mantle.quota.v1.QuotaService.CountTokens:input_type -> mantle.quota.v1.CountTokensRequest
+	10, // 29: mantle.quota.v1.QuotaService.ObserveUpstream:input_type -> mantle.quota.v1.ObserveUpstreamRequest
+	12, // 30: mantle.quota.v1.QuotaService.AcquireRetry:input_type -> mantle.quota.v1.AcquireRetryRequest
+	14, // 31: mantle.quota.v1.QuotaService.DescribeUsage:input_type -> mantle.quota.v1.DescribeUsageRequest
+	2,  // 32: mantle.quota.v1.QuotaService.Reserve:output_type -> mantle.quota.v1.ReserveResponse
+	7,  // 33: mantle.quota.v1.QuotaService.Settle:output_type -> mantle.quota.v1.SettleResponse
+	9,  // 34: mantle.quota.v1.QuotaService.CountTokens:output_type -> mantle.quota.v1.CountTokensResponse
+	11, // 35: mantle.quota.v1.QuotaService.ObserveUpstream:output_type -> mantle.quota.v1.ObserveUpstreamResponse
+	13, // 36: mantle.quota.v1.QuotaService.AcquireRetry:output_type -> mantle.quota.v1.AcquireRetryResponse
+	15, // 37: mantle.quota.v1.QuotaService.DescribeUsage:output_type -> mantle.quota.v1.DescribeUsageResponse
+	32, // [32:38] is the sub-list for method output_type
+	26, // [26:32] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_mantle_quota_v1_quota_proto_init() }
@@ -1273,7 +1444,7 @@ func file_mantle_quota_v1_quota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_quota_v1_quota_proto_rawDesc), len(file_mantle_quota_v1_quota_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

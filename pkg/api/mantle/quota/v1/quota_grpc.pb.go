@@ -24,6 +24,7 @@ const (
 	QuotaService_CountTokens_FullMethodName     = "/mantle.quota.v1.QuotaService/CountTokens"
 	QuotaService_ObserveUpstream_FullMethodName = "/mantle.quota.v1.QuotaService/ObserveUpstream"
 	QuotaService_AcquireRetry_FullMethodName    = "/mantle.quota.v1.QuotaService/AcquireRetry"
+	QuotaService_DescribeUsage_FullMethodName   = "/mantle.quota.v1.QuotaService/DescribeUsage"
 )
 
 // QuotaServiceClient is the client API for QuotaService service.
@@ -78,6 +79,11 @@ type QuotaServiceClient interface {
 	// capped at a share of requests per upstream key and overall, with a small floor, across
 	// every router replica.
 	AcquireRetry(ctx context.Context, in *AcquireRetryRequest, opts ...grpc.CallOption) (*AcquireRetryResponse, error)
+	// DescribeUsage reports tenants' RPM and TPM buckets without charging them (for status
+	// pages). An authenticated caller sees only its own tenant; without authentication the
+	// request's tenants, or when it names none, the configured tenants and those this replica
+	// admitted recently.
+	DescribeUsage(ctx context.Context, in *DescribeUsageRequest, opts ...grpc.CallOption) (*DescribeUsageResponse, error)
 }
 
 type quotaServiceClient struct {
@@ -138,6 +144,16 @@ func (c *quotaServiceClient) AcquireRetry(ctx context.Context, in *AcquireRetryR
 	return out, nil
 }
 
+func (c *quotaServiceClient) DescribeUsage(ctx context.Context, in *DescribeUsageRequest, opts ...grpc.CallOption) (*DescribeUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DescribeUsageResponse)
+	err := c.cc.Invoke(ctx, QuotaService_DescribeUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QuotaServiceServer is the server API for QuotaService service.
 // All implementations must embed UnimplementedQuotaServiceServer
 // for forward compatibility.
@@ -190,6 +206,11 @@ type QuotaServiceServer interface {
 	// capped at a share of requests per upstream key and overall, with a small floor, across
 	// every router replica.
 	AcquireRetry(context.Context, *AcquireRetryRequest) (*AcquireRetryResponse, error)
+	// DescribeUsage reports tenants' RPM and TPM buckets without charging them (for status
+	// pages). An authenticated caller sees only its own tenant; without authentication the
+	// request's tenants, or when it names none, the configured tenants and those this replica
+	// admitted recently.
+	DescribeUsage(context.Context, *DescribeUsageRequest) (*DescribeUsageResponse, error)
 	mustEmbedUnimplementedQuotaServiceServer()
 }
 
@@ -214,6 +235,9 @@ func (UnimplementedQuotaServiceServer) ObserveUpstream(context.Context, *Observe
 }
 func (UnimplementedQuotaServiceServer) AcquireRetry(context.Context, *AcquireRetryRequest) (*AcquireRetryResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AcquireRetry not implemented")
+}
+func (UnimplementedQuotaServiceServer) DescribeUsage(context.Context, *DescribeUsageRequest) (*DescribeUsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DescribeUsage not implemented")
 }
 func (UnimplementedQuotaServiceServer) mustEmbedUnimplementedQuotaServiceServer() {}
 func (UnimplementedQuotaServiceServer) testEmbeddedByValue()                      {}
@@ -326,6 +350,24 @@ func _QuotaService_AcquireRetry_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _QuotaService_DescribeUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescribeUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServiceServer).DescribeUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QuotaService_DescribeUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServiceServer).DescribeUsage(ctx, req.(*DescribeUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // QuotaService_ServiceDesc is the grpc.ServiceDesc for QuotaService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -352,6 +394,10 @@ var QuotaService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AcquireRetry",
 			Handler:    _QuotaService_AcquireRetry_Handler,
+		},
+		{
+			MethodName: "DescribeUsage",
+			Handler:    _QuotaService_DescribeUsage_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -807,6 +807,8 @@ type KeyState struct {
 	InFlight   int64                `protobuf:"varint,9,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	// Set while the key cools down after a 429.
 	CooldownUntil *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=cooldown_until,json=cooldownUntil,proto3" json:"cooldown_until,omitempty"`
+	// When an open breaker lets its next probe through (set only while open).
+	NextProbeAt   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=next_probe_at,json=nextProbeAt,proto3" json:"next_probe_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -911,6 +913,13 @@ func (x *KeyState) GetCooldownUntil() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *KeyState) GetNextProbeAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextProbeAt
+	}
+	return nil
+}
+
 var File_mantle_router_v1_router_proto protoreflect.FileDescriptor
 
 const file_mantle_router_v1_router_proto_rawDesc = "" +
@@ -971,7 +980,7 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12.\n" +
 	"\x04keys\x18\x03 \x03(\v2\x1a.mantle.router.v1.KeyStateR\x04keys\x12.\n" +
-	"\x05level\x18\x04 \x01(\x0e2\x18.mantle.v1.FallbackLevelR\x05level\"\xcc\x03\n" +
+	"\x05level\x18\x04 \x01(\x0e2\x18.mantle.v1.FallbackLevelR\x05level\"\x8c\x04\n" +
 	"\bKeyState\x12\x15\n" +
 	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x12<\n" +
 	"\rbreaker_state\x18\x02 \x01(\x0e2\x17.mantle.v1.BreakerStateR\fbreakerState\x12%\n" +
@@ -986,7 +995,8 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\bfailures\x18\b \x01(\x03R\bfailures\x12\x1b\n" +
 	"\tin_flight\x18\t \x01(\x03R\binFlight\x12A\n" +
 	"\x0ecooldown_until\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil2\xae\x02\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x12>\n" +
+	"\rnext_probe_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextProbeAt2\xae\x02\n" +
 	"\rRouterService\x12Q\n" +
 	"\bComplete\x12!.mantle.router.v1.CompleteRequest\x1a\".mantle.router.v1.CompleteResponse\x12e\n" +
 	"\x0eStreamComplete\x12'.mantle.router.v1.StreamCompleteRequest\x1a(.mantle.router.v1.StreamCompleteResponse0\x01\x12c\n" +
@@ -1054,17 +1064,18 @@ var file_mantle_router_v1_router_proto_depIdxs = []int32{
 	17, // 21: mantle.router.v1.KeyState.latency_p95:type_name -> google.protobuf.Duration
 	17, // 22: mantle.router.v1.KeyState.latency_p99:type_name -> google.protobuf.Duration
 	20, // 23: mantle.router.v1.KeyState.cooldown_until:type_name -> google.protobuf.Timestamp
-	1,  // 24: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
-	3,  // 25: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
-	7,  // 26: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
-	2,  // 27: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
-	4,  // 28: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
-	8,  // 29: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
-	27, // [27:30] is the sub-list for method output_type
-	24, // [24:27] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	20, // 24: mantle.router.v1.KeyState.next_probe_at:type_name -> google.protobuf.Timestamp
+	1,  // 25: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
+	3,  // 26: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
+	7,  // 27: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
+	2,  // 28: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
+	4,  // 29: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
+	8,  // 30: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
+	28, // [28:31] is the sub-list for method output_type
+	25, // [25:28] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_mantle_router_v1_router_proto_init() }

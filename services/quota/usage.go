@@ -1,0 +1,89 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// maxSeenTenants bounds the tenants a replica remembers for DescribeUsage: tenant ids come
+// from requests, and a set that any caller can grow must not grow without limit.
+const maxSeenTenants = 1000
+
+// TenantUsage is one tenant's request and token buckets as they stand.
+type TenantUsage struct {
+	Tenant string
+	Levels Levels
+}
+
+// Usage reports the RPM and TPM buckets of tenants without charging them: the given
+// tenants, or when there are none, the configured tenants and those this replica admitted
+// recently, sorted by tenant. It reads through Store.Observe with unknown remaining counts,
+// which every Store leaves unchanged, so no Store needed a read operation of its own.
+func (s *Service) Usage(ctx context.Context, tenants []string) ([]TenantUsage, error) {
+	if len(tenants) == 0 {
+		tenants = slices.Concat(slices.Collect(maps.Keys(s.cfg.Tenants)), s.seen.list())
+	}
+	slices.Sort(tenants)
+	tenants = slices.Compact(tenants)
+	obs := make([]Observation, 0, 2*len(tenants))
+	for _, t := range tenants {
+		if t == "" {
+			continue
+		}
+		rpm, tpm := s.cfg.tenantLimits(t)
+		group := tenantGroup(t)
+		obs = append(obs,
+			Observation{Bucket: newSpec(group, fieldRPM, KindRequests, 0, rpm.limit, rpm.shadow), Remaining: -1},
+			Observation{Bucket: newSpec(group, fieldTPM, KindTokens, 0, tpm.limit, tpm.shadow), Remaining: -1},
+		)
+	}
+	if len(obs) == 0 {
+		return nil, nil
+	}
+	levels, err := s.store.Observe(ctx, obs)
+	if err != nil {
+		return nil, fmt.Errorf("read tenant buckets: %w", err)
+	}
+	out := make([]TenantUsage, 0, len(levels)/2)
+	for i := 0; i+1 < len(levels); i += 2 {
+		out = append(out, TenantUsage{Tenant: obs[i].Bucket.Group[len("tenant:"):], Levels: Levels{Requests: levels[i], Tokens: levels[i+1]}})
+	}
+	return out, nil
+}
+
+// seenTenants remembers the tenants a replica admitted, most recent last seen kept when
+// full. The zero value is ready to use.
+type seenTenants struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+func (s *seenTenants) add(tenant string, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last == nil {
+		s.last = map[string]time.Time{}
+	}
+	if _, ok := s.last[tenant]; !ok && len(s.last) >= maxSeenTenants {
+		// Forget the tenant seen longest ago; a linear scan, but only when a new tenant
+		// arrives at a full set.
+		oldest, when := "", at
+		for t, w := range s.last {
+			if w.Before(when) || oldest == "" {
+				oldest, when = t, w
+			}
+		}
+		delete(s.last, oldest)
+	}
+	s.last[tenant] = at
+}
+
+func (s *seenTenants) list() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Keys(s.last))
+}
