@@ -164,7 +164,8 @@ type ModelBreaker struct {
 	// ClosedAfterIncidentS is when it closed for good, counted from the incident's end.
 	ClosedAfterIncidentS *float64 `json:"closed_after_incident_end_s,omitempty"`
 	// HalfOpenPeriods and MaxProbeCalls: how often it probed, and the most calls the model
-	// received in one half-open period (the cap is router.breaker.half_open_probes).
+	// received in one half-open period, counting the scout that opened it if one did (the
+	// cap is router.breaker.half_open_probes).
 	HalfOpenPeriods int `json:"half_open_periods"`
 	MaxProbeCalls   int `json:"max_probe_calls"`
 	ProbeCap        int `json:"probe_cap"`
@@ -380,7 +381,13 @@ func (p *plan) breakerHistory(d sideData, toS func(time.Duration) float64) []Mod
 				if i+1 < len(evs) {
 					end = evs[i+1].At.AsTime().Sub(d.start)
 				}
-				mb.MaxProbeCalls = max(mb.MaxProbeCalls, callsBetween(d.calls, model, at, end))
+				n := callsBetween(d.calls, model, at, end)
+				if ev.Reason == "scout succeeded" {
+					// The router's breaker moved to half-open when a scout, sent while it was
+					// open, succeeded; that call is the trial's first probe.
+					n++
+				}
+				mb.MaxProbeCalls = max(mb.MaxProbeCalls, n)
 			}
 		}
 		mb.ClosedAfterIncidentS = lastClose
