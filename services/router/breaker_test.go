@@ -258,3 +258,38 @@ func TestSlowCallsTripTheBreaker(t *testing.T) {
 		t.Errorf("a's key: %v %q failures %d, want open on the slow-call rate with no failures", k.BreakerState, k.BreakerReason, k.Failures)
 	}
 }
+
+// TestDescribeRoutesNextProbe: an open key's next_probe_at is when its breaker next lets a
+// call through: the next scout when one is due before the open period ends.
+func TestDescribeRoutesNextProbe(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		scout time.Duration
+		want  time.Duration // from the re-trip
+	}{
+		{"the scout, halfway through the 60 s period", 0, 30 * time.Second},
+		{"the period's end with scouting off", -1, time.Minute},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig()
+			fastBreaker(&cfg)
+			cfg.Breaker.ScoutInterval = tt.scout
+			h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+				"a": newFakeProvider(failure(classTransient, "502")),
+			}})
+			for _, advance := range []time.Duration{0, 0, 30 * time.Second} { // trip, then a failed probe
+				h.clock.Advance(advance)
+				if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			k := describeKey(t, h, "chat", "a", "sim")
+			if k.BreakerState != breakerOpen || !k.NextProbeAt.AsTime().Equal(h.clock.Now().Add(tt.want)) {
+				t.Errorf("%v, next probe at %s, want open and %s", k.BreakerState, k.NextProbeAt.AsTime(), h.clock.Now().Add(tt.want))
+			}
+		})
+	}
+}

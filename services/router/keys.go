@@ -91,7 +91,8 @@ func breakerState(s resilience.State) mantlev1.BreakerState {
 }
 
 // keyHealth summarises a key's breakers for DescribeRoutes: the worst state over its
-// scenarios, with that breaker's reason.
+// scenarios, with that breaker's reason and, when open, when it will next let a call
+// through: its next scout if one is due before the open period ends, else the period's end.
 func (r *Router) keyHealth(key *upstreamKey) (mantlev1.BreakerState, string, time.Time) {
 	key.mu.Lock()
 	defer key.mu.Unlock()
@@ -101,6 +102,9 @@ func (r *Router) keyHealth(key *upstreamKey) (mantlev1.BreakerState, string, tim
 		snap := b.Snapshot()
 		if s := breakerState(snap.State); rank[s] > rank[state] {
 			state, reason, until = s, fmt.Sprintf("%s (scenario %s)", snap.Reason, scenario), snap.OpenUntil
+			if !snap.NextScout.IsZero() {
+				until = snap.NextScout
+			}
 		}
 	}
 	return state, reason, until
