@@ -397,7 +397,17 @@ func writeError(w http.ResponseWriter, err error) {
 	if fields := rpc.BadRequestFields(err); len(fields) > 0 {
 		param = strings.TrimPrefix(fields[0], "request.")
 	}
-	writeOpenAIError(w, httpStatus, typ, reasonOf(err), param, st.Message())
+	e := openAIError{Message: st.Message(), Type: typ, Code: reasonOf(err)}
+	if param != "" {
+		e.Param = &param
+	}
+	body := map[string]any{"error": e}
+	// A request that failed after it was admitted says what it tried, as an answer would.
+	if qc := FailedQuality(err); qc != nil {
+		body["mantle"] = json.RawMessage(qualityJSON(qc))
+		w.Header().Set(HeaderRequestID, qc.GetRequestId())
+	}
+	writeJSON(w, httpStatus, body)
 }
 
 func cacheHeader(hit bool) string {

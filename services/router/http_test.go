@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -230,5 +231,54 @@ func TestStatusDetailsSurviveWriteError(t *testing.T) {
 	}
 	if body.Error.Param == nil || *body.Error.Param != "model" {
 		t.Errorf("param = %v, want model", body.Error.Param)
+	}
+}
+
+// A request that failed after admission answers with its QualityContext, as an answer
+// would: the caller sees what was tried without asking anyone.
+func TestFailedRequestErrorCarriesQuality(t *testing.T) {
+	t.Parallel()
+	qc := &mantlev1.QualityContext{RequestId: "req-9", Attempts: []*mantlev1.Attempt{
+		{Model: "a", ErrorClass: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED},
+		{Model: "b", ErrorClass: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT},
+	}}
+	failed := &failedRequest{err: &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT}, quality: qc}
+	w := httptest.NewRecorder()
+	writeError(w, toStatus(failed))
+	if w.Code != http.StatusServiceUnavailable {
+		t.Errorf("HTTP status = %d, want 503", w.Code)
+	}
+	if got := w.Header().Get(HeaderRequestID); got != "req-9" {
+		t.Errorf("%s = %q, want req-9", HeaderRequestID, got)
+	}
+	var body struct {
+		Error  openAIError `json:"error"`
+		Mantle struct {
+			RequestID string `json:"request_id"`
+			Attempts  []struct {
+				Model      string `json:"model"`
+				ErrorClass string `json:"error_class"`
+			} `json:"attempts"`
+		} `json:"mantle"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %q: %v", w.Body, err)
+	}
+	if body.Error.Code != "all_candidates_failed" {
+		t.Errorf("error code %q, want all_candidates_failed", body.Error.Code)
+	}
+	var got []string
+	for _, a := range body.Mantle.Attempts {
+		got = append(got, a.Model+":"+a.ErrorClass)
+	}
+	want := []string{"a:ERROR_CLASS_OVERLOADED", "b:ERROR_CLASS_TRANSIENT"}
+	if body.Mantle.RequestID != "req-9" || !cmp.Equal(got, want) {
+		t.Errorf("mantle = %+v, want request req-9 with attempts %v", body.Mantle, want)
+	}
+	// Errors raised before admission have no context to show.
+	w = httptest.NewRecorder()
+	writeError(w, toStatus(&unknownRouteError{name: "x"}))
+	if strings.Contains(w.Body.String(), `"mantle"`) {
+		t.Errorf("unknown route error body %s carries a mantle field", w.Body)
 	}
 }
