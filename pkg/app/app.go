@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -62,6 +63,9 @@ type Deps struct {
 	Authenticator *rpc.Authenticator
 	// NATS is handed to modules as Env.NATS; nil when events are disabled.
 	NATS *nats.Conn
+	// TracerProvider is the process's own provider (never the global one); nil turns
+	// tracing off: no spans, and gRPC carries only the trace id.
+	TracerProvider trace.TracerProvider
 }
 
 // App is a running process: listeners are bound by New, served by Run.
@@ -155,6 +159,9 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	if cfg.MaxMessageBytes > 0 {
 		opts = append(opts, grpc.MaxRecvMsgSize(cfg.MaxMessageBytes))
 	}
+	if deps.TracerProvider != nil {
+		opts = append(opts, rpc.TracingServerOption(deps.TracerProvider))
+	}
 	a := &App{
 		cfg:      cfg,
 		deps:     deps,
@@ -182,7 +189,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	a.mux.HandleFunc("GET /readyz", a.serveReady)
 	a.http = &http.Server{Handler: a.mux, ReadHeaderTimeout: 10 * time.Second}
 
-	env := Env{GRPC: a.grpc, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS}
+	env := Env{GRPC: a.grpc, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider}
 	for _, m := range modules {
 		if !slices.Contains(selected, m.Name) {
 			continue
@@ -322,6 +329,9 @@ func (a *App) dial(module string) (grpc.ClientConnInterface, error) {
 		return cc, nil
 	}
 	opts := append(rpc.ClientOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if a.deps.TracerProvider != nil {
+		opts = append(opts, rpc.TracingDialOption(a.deps.TracerProvider))
+	}
 	cc, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s at %s: %w", module, addr, err)

@@ -8,6 +8,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
@@ -71,4 +73,16 @@ type Env struct {
 	// Auth checks tenant API keys for front doors that are not gRPC (the router's HTTP
 	// API); nil when authentication is disabled.
 	Auth *rpc.Authenticator
+	// TracerProvider is the process's tracer provider; nil when tracing is off. Modules
+	// get their tracer through Tracer, which copes with nil.
+	TracerProvider trace.TracerProvider
+}
+
+// Tracer returns the module's tracer, named after its package; a tracer that records
+// nothing when tracing is off.
+func (e Env) Tracer(name string) trace.Tracer {
+	if e.TracerProvider == nil {
+		return noop.NewTracerProvider().Tracer(name)
+	}
+	return e.TracerProvider.Tracer(name)
 }

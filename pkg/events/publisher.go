@@ -12,7 +12,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
 // StreamName is the JetStream stream that keeps every event.
@@ -24,12 +30,22 @@ const StreamName = "MANTLE_EVENTS"
 type Publisher struct {
 	nc        *nats.Conn
 	log       *slog.Logger
+	tracer    trace.Tracer
 	published *prometheus.CounterVec
 	dropped   *prometheus.CounterVec
 }
 
+// Option configures a Publisher.
+type Option func(*Publisher)
+
+// WithTracerProvider makes every publish a producer span, with the trace context in the
+// message headers so that a consumer can continue the request's trace.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(p *Publisher) { p.tracer = tp.Tracer("github.com/mantle-mesh/mantle/pkg/events") }
+}
+
 // Connect dials NATS at url, makes sure the events stream exists, and returns a Publisher.
-func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.Registerer) (*Publisher, error) {
+func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.Registerer, opts ...Option) (*Publisher, error) {
 	// The stream is (re)declared on every connect, so a NATS server that was down at start,
 	// or restarted without its store, keeps events once it is back.
 	declare := func(nc *nats.Conn) {
@@ -61,11 +77,15 @@ func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.R
 		log.Warn("nats not reachable yet; starting anyway and buffering events", "url", url)
 	}
 	p := &Publisher{
-		nc:  nc,
-		log: log,
+		nc:     nc,
+		log:    log,
+		tracer: noop.NewTracerProvider().Tracer(""),
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_events_published_total", Help: "Events handed to NATS, by subject.",
 		}, []string{"subject"}),
+	}
+	for _, o := range opts {
+		o(p)
 	}
 	if err := reg.Register(p.published); err != nil {
 		nc.Close()
@@ -99,17 +119,51 @@ func ensureStream(ctx context.Context, nc *nats.Conn) error {
 }
 
 // Publish marshals msg and hands it to the NATS client without waiting for the network.
+// The span covers the hand-over only (the client flushes on its own goroutine).
 func (p *Publisher) Publish(ctx context.Context, subject string, msg proto.Message) {
+	ctx, span := p.tracer.Start(ctx, "send "+subject, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "nats"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.destination.name", subject),
+		))
+	defer span.End()
 	data, err := proto.Marshal(msg)
 	if err == nil {
-		err = p.nc.Publish(subject, data)
+		m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+		rpc.Propagator.Inject(ctx, headerCarrier(m.Header))
+		err = p.nc.PublishMsg(m)
 	}
 	if err != nil {
+		span.SetStatus(codes.Error, "event dropped")
+		span.SetAttributes(attribute.String("error.type", fmt.Sprintf("%T", err)))
 		p.dropped.WithLabelValues(subject, dropReason(err)).Inc()
 		p.log.WarnContext(ctx, "event dropped", "subject", subject, "err", err)
 		return
 	}
+	span.SetAttributes(attribute.Int("messaging.message.body.size", len(data)))
 	p.published.WithLabelValues(subject).Inc()
+}
+
+// headerCarrier lets the propagator write NATS headers. nats.Header's keys are case
+// sensitive, unlike HTTP's, so the W3C names go in exactly as the propagator spells them
+// (traceparent, tracestate) and a consumer reads them with the same spelling.
+type headerCarrier nats.Header
+
+func (h headerCarrier) Get(key string) string { return nats.Header(h).Get(key) }
+func (h headerCarrier) Set(key, value string) { nats.Header(h).Set(key, value) }
+func (h headerCarrier) Keys() []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// TraceContext returns ctx carrying the span context a published message's headers name,
+// for consumers that continue the publisher's trace.
+func TraceContext(ctx context.Context, h nats.Header) context.Context {
+	return rpc.Propagator.Extract(ctx, headerCarrier(h))
 }
 
 // Conn exposes the connection for subscribers in the same process (tests, tools).

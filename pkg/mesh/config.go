@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/pkg/telemetry"
 	"github.com/mantle-mesh/mantle/services/cache"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -26,15 +27,16 @@ import (
 // are errors. Secrets are never in it: keys come from environment variables it names.
 type Config struct {
 	// Target is a comma list of modules (router, cache, quota, verifier) or all.
-	Target   string          `yaml:"target"`
-	Server   ServerConfig    `yaml:"server"`
-	Auth     AuthConfig      `yaml:"auth"`
-	Events   EventsConfig    `yaml:"events"`
-	Log      LogConfig       `yaml:"log"`
-	Router   router.Config   `yaml:"router"`
-	Cache    cache.Config    `yaml:"cache"`
-	Quota    quota.Config    `yaml:"quota"`
-	Verifier verifier.Config `yaml:"verifier"`
+	Target   string                  `yaml:"target"`
+	Server   ServerConfig            `yaml:"server"`
+	Auth     AuthConfig              `yaml:"auth"`
+	Events   EventsConfig            `yaml:"events"`
+	Log      LogConfig               `yaml:"log"`
+	Tracing  telemetry.TracingConfig `yaml:"tracing"`
+	Router   router.Config           `yaml:"router"`
+	Cache    cache.Config            `yaml:"cache"`
+	Quota    quota.Config            `yaml:"quota"`
+	Verifier verifier.Config         `yaml:"verifier"`
 }
 
 // ServerConfig is the process's listeners.
@@ -70,6 +72,9 @@ type LogConfig struct {
 	Level string `yaml:"level"`
 	// Format is json or text.
 	Format string `yaml:"format"`
+	// DebugBodies logs prompt and answer bodies (attributes named in logredact.BodyKeys),
+	// with API keys redacted. Off, they never reach the logs; secrets never do either way.
+	DebugBodies bool `yaml:"debug_bodies"`
 }
 
 // Default returns the built-in defaults.
@@ -83,6 +88,7 @@ func Default() Config {
 			MaxMessageBytes:         16 << 20,
 		},
 		Log:      LogConfig{Level: "info", Format: "json"},
+		Tracing:  telemetry.DefaultTracingConfig(),
 		Router:   router.DefaultConfig(),
 		Cache:    cache.DefaultConfig(),
 		Quota:    quota.DefaultConfig(),
@@ -107,7 +113,10 @@ type Flags struct {
 	PrintConfig                   bool
 	target, grpcAddr, httpAddr    string
 	natsURL, logLevel, logFormat  string
+	logDebugBodies                bool
 	quotaAddr, cacheAddr, verAddr string
+	tracingEnabled                bool
+	otlpEndpoint                  string
 }
 
 // RegisterFlags adds mantle's configuration flags to fs.
@@ -121,9 +130,12 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	fs.StringVar(&f.natsURL, "events.nats-url", "", "NATS URL for events")
 	fs.StringVar(&f.logLevel, "log.level", "", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log.format", "", "log format: json or text")
+	fs.BoolVar(&f.logDebugBodies, "log.debug-bodies", false, "log prompt and answer bodies, API keys redacted (log.debug_bodies)")
 	fs.StringVar(&f.quotaAddr, "router.quota-address", "", "quota service address when not in this process")
 	fs.StringVar(&f.cacheAddr, "router.cache-address", "", "cache service address when not in this process")
 	fs.StringVar(&f.verAddr, "router.verifier-address", "", "verifier service address when not in this process")
+	fs.BoolVar(&f.tracingEnabled, "tracing.enabled", false, "export OpenTelemetry spans over OTLP/gRPC (tracing.enabled)")
+	fs.StringVar(&f.otlpEndpoint, "tracing.otlp-endpoint", "", "host:port of the OTLP/gRPC collector (tracing.otlp_endpoint)")
 	return f
 }
 
@@ -142,9 +154,16 @@ func (f *Flags) Apply(c *Config) {
 	apply("events.nats-url", &c.Events.NATSURL, f.natsURL)
 	apply("log.level", &c.Log.Level, f.logLevel)
 	apply("log.format", &c.Log.Format, f.logFormat)
+	if set["log.debug-bodies"] {
+		c.Log.DebugBodies = f.logDebugBodies
+	}
 	apply("router.quota-address", &c.Router.QuotaAddress, f.quotaAddr)
 	apply("router.cache-address", &c.Router.CacheAddress, f.cacheAddr)
 	apply("router.verifier-address", &c.Router.VerifierAddress, f.verAddr)
+	apply("tracing.otlp-endpoint", &c.Tracing.OTLPEndpoint, f.otlpEndpoint)
+	if set["tracing.enabled"] {
+		c.Tracing.Enabled = f.tracingEnabled
+	}
 }
 
 // Load builds the effective configuration: defaults, then the file (if any), then flags.
@@ -216,6 +235,7 @@ func (c Config) Validate() error {
 	if !oneOf(c.Log.Format, "json", "text") {
 		errs = append(errs, fmt.Errorf("log.format: want json or text, got %q", c.Log.Format))
 	}
+	wrap("tracing", c.Tracing.Validate())
 	if c.Events.Embedded && c.Events.NATSURL != "" {
 		errs = append(errs, errors.New("events: set nats_url or embedded, not both"))
 	}

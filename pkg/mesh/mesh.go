@@ -12,10 +12,14 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/pkg/logredact"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/pkg/telemetry"
 	"github.com/mantle-mesh/mantle/services/cache"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -38,6 +42,9 @@ type Options struct {
 	LogOutput io.Writer
 	Clock     clockwork.Clock
 	Getenv    func(string) string
+	// TraceExporter replaces the OTLP exporter when tracing.enabled is true: tests pass an
+	// in-memory one, which receives every span as it ends.
+	TraceExporter sdktrace.SpanExporter
 }
 
 // Process is a configured mantle process with its listeners bound.
@@ -66,7 +73,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	if opts.Getenv == nil {
 		opts.Getenv = os.Getenv
 	}
-	log := NewLogger(cfg.Log, opts.LogOutput)
+	log := NewLogger(cfg.Log, opts.LogOutput, cfg.secretValues(opts.Getenv)...)
 	p := &Process{Log: log, clock: opts.Clock, current: cfg}
 	reg := prometheus.NewRegistry()
 
@@ -74,19 +81,40 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auth.%w", err)
 	}
+	var tp trace.TracerProvider // nil: tracing off
+	if cfg.Tracing.Enabled {
+		provider, err := telemetry.NewTracerProvider(ctx, cfg.Tracing, telemetry.ServiceName(cfg.Tracing.ServiceName, cfg.Targets()), opts.TraceExporter)
+		if err != nil {
+			return nil, fmt.Errorf("tracing: %w", err)
+		}
+		// First in, so last out: spans of everything below (modules, events) are flushed.
+		p.cleanup = append(p.cleanup, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := provider.Shutdown(ctx); err != nil {
+				log.Warn("spans not flushed on shutdown", "err", err)
+			}
+		})
+		tp = provider
+	}
 	var publisher app.Publisher = events.Discard{Log: log}
 	var natsConn *nats.Conn
 	natsURL := cfg.Events.NATSURL
 	if cfg.Events.Embedded {
 		srv, err := events.StartEmbedded()
 		if err != nil {
+			p.Close()
 			return nil, err
 		}
 		p.cleanup = append(p.cleanup, srv.Shutdown)
 		natsURL = srv.URL()
 	}
 	if natsURL != "" {
-		pub, err := events.Connect(ctx, natsURL, log, reg)
+		var evOpts []events.Option
+		if tp != nil {
+			evOpts = append(evOpts, events.WithTracerProvider(tp))
+		}
+		pub, err := events.Connect(ctx, natsURL, log, reg, evOpts...)
 		if err != nil {
 			p.Close()
 			return nil, fmt.Errorf("events.nats_url: %w", err)
@@ -106,7 +134,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),
 		MaxMessageBytes:         cfg.Server.MaxMessageBytes,
-	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn})
+	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp})
 	if err != nil {
 		p.Close()
 		return nil, err
@@ -130,8 +158,8 @@ func (p *Process) Reload(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("invalid configuration, keeping the running one:\n%w", err)
 	}
 	if !reflect.DeepEqual(cfg.Server, p.current.Server) || !reflect.DeepEqual(cfg.Auth, p.current.Auth) ||
-		cfg.Events != p.current.Events || cfg.Target != p.current.Target {
-		p.Log.Warn("server, auth, events and target settings change only with a restart")
+		cfg.Events != p.current.Events || cfg.Target != p.current.Target || cfg.Tracing != p.current.Tracing {
+		p.Log.Warn("server, auth, events, tracing and target settings change only with a restart")
 	}
 	err := p.App.Reload(ctx, map[string]any{"router": cfg.Router, "cache": cfg.Cache, "quota": cfg.Quota, "verifier": cfg.Verifier})
 	if err == nil {
@@ -186,13 +214,17 @@ func (p *Process) Close() {
 	p.cleanup = nil
 }
 
-// NewLogger builds the process logger.
-func NewLogger(c LogConfig, w io.Writer) *slog.Logger {
+// NewLogger builds the process logger: every line logged with a request's context carries
+// its trace_id, request_id and tenant (rpc.LogHandler), and secrets (the given values and
+// the API key shapes logredact knows) and, unless c.DebugBodies, prompt bodies are redacted.
+func NewLogger(c LogConfig, w io.Writer, secrets ...string) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(c.Level)) // validated; info on the zero value
 	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewJSONHandler(w, opts)
 	if c.Format == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
+		h = slog.NewTextHandler(w, opts)
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	h = logredact.New(logredact.Options{DebugBodies: c.DebugBodies, Secrets: secrets}).Handler(h)
+	return slog.New(rpc.LogHandler(h))
 }

@@ -105,7 +105,12 @@ func outgoing(ctx context.Context) context.Context {
 	if id := RequestID(ctx); id != "" {
 		kv = append(kv, MetadataRequestID, id)
 	}
-	if id := TraceID(ctx); id != "" {
+	// The span's own traceparent when there is one (the client stats handler, with tracing
+	// on, replaces it with its client span's); otherwise the trace id alone, so that logs of
+	// one request share it across hops even with tracing off.
+	if tp := traceParentOf(ctx); tp != "" {
+		kv = append(kv, MetadataTraceParent, tp)
+	} else if id := TraceID(ctx); id != "" {
 		kv = append(kv, MetadataTraceParent, traceParent(id))
 	}
 	if c := credential(ctx); c != "" {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"strings"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -48,8 +49,13 @@ func WithTraceID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, traceIDKey{}, id)
 }
 
-// TraceID returns the trace id of ctx, or "".
+// TraceID returns the trace id of ctx, or "". When ctx carries an OpenTelemetry span
+// context (tracing is on, or a caller's traceparent was extracted) its trace id wins, so
+// logs, the QualityContext and the exported spans always name the same trace.
 func TraceID(ctx context.Context) string {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		return sc.TraceID().String()
+	}
 	id, _ := ctx.Value(traceIDKey{}).(string)
 	return id
 }
@@ -122,11 +128,15 @@ func traceParent(traceID string) string {
 }
 
 // requestMetaFromIncoming fills request id and trace id from incoming metadata, generating
-// a trace id when the caller sent none.
+// a trace id when the caller sent none. With tracing on, the server span the stats handler
+// started already holds the trace id (the caller's, or a new one), and it is kept.
 func requestMetaFromIncoming(ctx context.Context) context.Context {
 	md, _ := metadata.FromIncomingContext(ctx)
 	if v := md.Get(MetadataRequestID); len(v) > 0 && ValidRequestID(v[0]) {
 		ctx = WithCallerRequestID(ctx, v[0])
+	}
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx
 	}
 	traceID := ""
 	if v := md.Get(MetadataTraceParent); len(v) > 0 {

@@ -447,7 +447,9 @@ func (r *Router) try(ctx context.Context, req *routerv1.Request, rt *route, qc *
 
 // run is try without recording, safe to call concurrently for hedges.
 func (r *Router) run(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, sink Sink, hedged bool) outcome {
-	o := r.call(ctx, rt, c, key, permit, preq, sink, hedged, qc.Tenant)
+	actx, span := r.startAttempt(ctx, qc, c, key, hedged)
+	o := r.call(actx, rt, c, key, permit, preq, sink, hedged, qc.Tenant)
+	defer func() { r.endAttempt(span, o) }() // after verification: its verdict is the attempt's outcome
 	o.streamed = sink != nil
 	if o.err == nil && sink == nil {
 		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c, &o.res, o.audit)

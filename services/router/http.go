@@ -43,8 +43,8 @@ type frontDoor struct {
 }
 
 func (f *frontDoor) register(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/chat/completions", f.chatCompletions)
-	mux.HandleFunc("GET /v1/models", f.models)
+	mux.Handle("POST /v1/chat/completions", f.traced("/v1/chat/completions", f.chatCompletions))
+	mux.Handle("GET /v1/models", f.traced("/v1/models", f.models))
 }
 
 // chatRequest is the subset of OpenAI's chat completion request mantle understands;
@@ -112,11 +112,11 @@ func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (contex
 		id = rpc.NewRequestID()
 		ctx = rpc.WithRequestID(ctx, id)
 	}
-	traceID, ok := rpc.TraceIDFromTraceParent(r.Header.Get("traceparent"))
-	if !ok {
-		traceID = rpc.NewTraceID()
+	// The front door's span (see traced) holds the caller's trace id, or a new one with
+	// tracing on; with tracing off and no valid traceparent, one is made up here.
+	if rpc.TraceID(ctx) == "" {
+		ctx = rpc.WithTraceID(ctx, rpc.NewTraceID())
 	}
-	ctx = rpc.WithTraceID(ctx, traceID)
 	w.Header().Set(HeaderRequestID, id)
 	if !f.auth.Enabled() {
 		return ctx, true

@@ -55,7 +55,7 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	if err != nil {
 		return nil, nil, err
 	}
-	deps := Deps{Events: env.Events, Clock: env.Clock, Log: env.Log, Metrics: m, Checker: checker}
+	deps := Deps{Events: env.Events, Clock: env.Clock, Log: env.Log, Metrics: m, Checker: checker, Tracer: env.Tracer(TracerName)}
 	quotaConn, err := env.Dial("quota")
 	if err != nil {
 		return nil, nil, err

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -97,6 +99,9 @@ type Deps struct {
 	Metrics  *metrics
 	// Rand returns uniform numbers in [0,1) for jitter; injected so tests are repeatable.
 	Rand func() float64
+	// Tracer starts the spans of provider attempts and of the HTTP front door; nil records
+	// nothing.
+	Tracer trace.Tracer
 	// Idempotency keeps request records; nil disables replay protection.
 	Idempotency idempotencyStore
 	// Checker runs the L1 format checks in the router when the verifier cannot be reached
@@ -136,6 +141,9 @@ func (r *Router) table() *routeTable { return r.tab.Load() }
 func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, keyID string) (provider.Provider, error)) (*Router, error) {
 	if deps.Rand == nil {
 		deps.Rand = rand.Float64
+	}
+	if deps.Tracer == nil {
+		deps.Tracer = noop.NewTracerProvider().Tracer(TracerName)
 	}
 	r := &Router{deps: deps, upstreams: map[string]*upstream{},
 		budget:          resilience.NewBudget(cfg.RetryBudget, deps.Clock),
@@ -278,6 +286,7 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	defer cancel()
 
 	resp, err := r.once(ctx, req, rt, qc, sink, idempotencyKey(qc.Tenant, req.IdempotencyKey, clientID))
+	traceRequest(ctx, qc)
 	outcome, level := "ok", ShortLevel(qc.FallbackLevel)
 	if err != nil {
 		outcome = status.Code(err).String()

@@ -385,7 +385,7 @@ func (v *Verifier) Verify(ctx context.Context, a Answer) (Verdict, error) {
 	// L2 only looks at answers L1 let through: a malformed answer is rejected anyway.
 	var outcome rules.Outcome
 	if !anyBlocking(findings) {
-		outcome = v.checkL2(set, a, l1, degraded)
+		outcome = v.checkL2(ctx, set, a, l1, degraded)
 		content = outcome.Text
 		findings = append(findings, l2Findings(outcome)...)
 	}
@@ -456,7 +456,7 @@ func anyBlocking(findings []Finding) bool {
 }
 
 // checkL2 evaluates the live rule set and applies the actions of the rules that matched.
-func (v *Verifier) checkL2(set *rules.Set, a Answer, l1 formatcheck.Result, degraded bool) rules.Outcome {
+func (v *Verifier) checkL2(ctx context.Context, set *rules.Set, a Answer, l1 formatcheck.Result, degraded bool) rules.Outcome {
 	in := &rules.Input{
 		Scenario:       a.scenario(),
 		Tenant:         a.Tenant,
@@ -477,7 +477,7 @@ func (v *Verifier) checkL2(set *rules.Set, a Answer, l1 formatcheck.Result, degr
 	res := set.Evaluate(in)
 	for _, e := range res.Errors {
 		v.metrics.ruleErrors.WithLabelValues(e.RuleID, ruleErrorKind(e)).Inc()
-		v.log.Debug("rule not evaluated", "rule", e.RuleID, "cost_exceeded", e.CostExceeded, "err", e.Err)
+		v.log.DebugContext(ctx, "rule not evaluated", "rule", e.RuleID, "cost_exceeded", e.CostExceeded, "err", e.Err)
 	}
 	return rules.Apply(in, res.Matches, l1.JSON)
 }
