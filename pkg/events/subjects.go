@@ -12,4 +12,9 @@ const (
 	SubjectQuotaNearLimit = "mantle.events.quota.near_limit"
 	SubjectReview         = "mantle.events.review"
 	SubjectQuality        = "mantle.events.quality"
+	// SubjectConfigReloaded carries ConfigReloadEvent: a new configuration is live.
+	SubjectConfigReloaded = "mantle.events.config.reloaded"
+	// SubjectConfigRejected carries ConfigReloadEvent: a reload was refused and the running
+	// configuration kept.
+	SubjectConfigRejected = "mantle.events.config.rejected"
 )

@@ -52,10 +52,14 @@ type Process struct {
 	App     *app.App
 	Log     *slog.Logger
 	Events  *events.Publisher // nil when events are disabled
+	// Metrics is the process's registry, the one /metrics serves (tests read it).
+	Metrics *prometheus.Registry
 	cleanup []func()
 	ran     bool
 	clock   clockwork.Clock
 	current Config
+	// publisher gets the reload events; events.Discard when NATS is not configured.
+	publisher app.Publisher
 }
 
 // Start validates cfg, connects (or starts) NATS, binds listeners and builds the modules.
@@ -126,6 +130,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		log.Info("events disabled: set events.nats_url or events.embedded")
 	}
 
+	p.publisher, p.Metrics = publisher, reg
 	a, err := app.New(ctx, app.Config{
 		Targets:                 cfg.Targets(),
 		GRPCListenAddress:       cfg.Server.GRPCListenAddress,
@@ -151,21 +156,28 @@ func (p *Process) Run(ctx context.Context) error {
 }
 
 // Reload validates cfg and hands every module running here its new block. Process-level
-// settings (listeners, auth, events, targets) apply only after a restart; a change to them
-// is reported and otherwise ignored.
+// settings (listeners, auth, events, tracing, log, targets) apply only after a restart; a
+// change to them is reported and otherwise ignored. Either way the outcome is logged and
+// published (mantle.events.config.reloaded with the changed paths, or
+// mantle.events.config.rejected with the reason, the running configuration kept).
 func (p *Process) Reload(ctx context.Context, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration, keeping the running one:\n%w", err)
+		err = fmt.Errorf("invalid configuration, keeping the running one:\n%w", err)
+		p.reloadRejected(ctx, err)
+		return err
 	}
-	if !reflect.DeepEqual(cfg.Server, p.current.Server) || !reflect.DeepEqual(cfg.Auth, p.current.Auth) ||
-		cfg.Events != p.current.Events || cfg.Target != p.current.Target || cfg.Tracing != p.current.Tracing {
-		p.Log.Warn("server, auth, events, tracing and target settings change only with a restart")
+	changes := diffConfig(p.current, cfg)
+	if restart := restartPaths(changes); len(restart) > 0 {
+		p.Log.WarnContext(ctx, "server, auth, events, tracing, log and target settings change only with a restart", "paths", restart)
 	}
 	err := p.App.Reload(ctx, map[string]any{"router": cfg.Router, "cache": cfg.Cache, "quota": cfg.Quota, "verifier": cfg.Verifier})
-	if err == nil {
-		p.current = cfg
+	if err != nil {
+		p.reloadRejected(ctx, err)
+		return err
 	}
-	return err
+	p.current = cfg
+	p.reloadAccepted(ctx, changes)
+	return nil
 }
 
 // WatchConfig reloads the configuration whenever load returns one that differs from the
@@ -193,11 +205,7 @@ func (p *Process) WatchConfig(ctx context.Context, load func() (Config, error), 
 		if reflect.DeepEqual(cfg, p.current) {
 			continue
 		}
-		if err := p.Reload(ctx, cfg); err != nil {
-			p.Log.Error("configuration not reloaded", "err", err)
-			continue
-		}
-		p.Log.Info("configuration reloaded")
+		_ = p.Reload(ctx, cfg) // Reload logs and publishes its outcome
 	}
 }
 

@@ -38,6 +38,18 @@
 // below. When the queue is full the lowest class is shed first; a refusal is
 // RESOURCE_EXHAUSTED with RetryInfo and QuotaFailure.
 //
+// The queue, its priorities, fair shares and "spoken for" buckets live in one replica;
+// replicas share buckets through the Store but not their queues. So with several
+// replicas the guarantees hold within each replica's traffic only. A critical request
+// waiting on replica A does not stop replica B from granting a batch request the refill
+// it waits for; B's waiters never see A's, so tenants' fair shares are fair per replica,
+// and a tenant whose requests land on fewer replicas gets no share of the others'
+// queues. What still holds mesh-wide is the limits themselves (every grant is charged
+// in Redis). The gap is smallest when the load balancer spreads each tenant's requests
+// evenly and the queues are short; making the queue global would need the waiters (or
+// at least the spoken-for buckets per class) in Redis, consulted on every Reserve,
+// which this version does not do.
+//
 // # Reservations
 //
 // A reservation can be settled once. Settling it again, settling one that does not

@@ -10,6 +10,7 @@ import (
 	"io"
 	"testing"
 
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health/grpc_health_v1"
@@ -36,10 +37,12 @@ type Mesh struct {
 	NATSURL string
 	// Router is the process that runs the router.
 	Router *mesh.Process
+	// Processes are the processes by target: "all", or router, cache, quota and verifier.
+	Processes map[string]*mesh.Process
 }
 
 // Start runs cfg in the given mode until the test ends. cfg's listen addresses, events
-// and router service addresses are overridden.
+// and router service addresses are overridden, and spans are never exported (see StartWith).
 func Start(t testing.TB, cfg mesh.Config, mode Mode) *Mesh {
 	t.Helper()
 	return StartWith(t, cfg, mode, mesh.Options{})
@@ -64,15 +67,22 @@ func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mes
 	if cfg.Log.Level == "" {
 		cfg.Log.Level = "error"
 	}
-	m := &Mesh{NATSURL: nats.URL()}
+	// A test mesh never exports to a real collector: spans go to opts.TraceExporter or
+	// nowhere, and a configuration with tracing on (deploy's) still runs its tracing code.
+	if cfg.Tracing.Enabled && opts.TraceExporter == nil {
+		opts.TraceExporter = tracetest.NewNoopExporter()
+	}
+	m := &Mesh{NATSURL: nats.URL(), Processes: map[string]*mesh.Process{}}
 	if mode == All {
 		cfg.Target = "all"
 		m.Router = run(t, cfg, opts)
+		m.Processes["all"] = m.Router
 	} else {
 		for _, svc := range []string{"quota", "cache", "verifier"} {
 			c := cfg
 			c.Target = svc
 			p := run(t, c, opts)
+			m.Processes[svc] = p
 			switch svc {
 			case "quota":
 				cfg.Router.QuotaAddress = p.App.GRPCAddr()
@@ -84,6 +94,7 @@ func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mes
 		}
 		cfg.Target = "router"
 		m.Router = run(t, cfg, opts)
+		m.Processes["router"] = m.Router
 	}
 	m.GRPCAddr = m.Router.App.GRPCAddr()
 	m.HTTPAddr = m.Router.App.HTTPAddr()

@@ -1115,6 +1115,92 @@ func (x *QualityFollowUpEvent) GetJudged() bool {
 	return false
 }
 
+// ConfigReloadEvent: a process was asked to reload its configuration (SIGHUP or a changed
+// file). Published on mantle.events.config.reloaded when the new configuration is live and
+// on mantle.events.config.rejected when it was refused and the running one kept.
+type ConfigReloadEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	// Modules running in the process that reloaded (router, cache, quota, verifier).
+	Targets []string `protobuf:"bytes,2,rep,name=targets,proto3" json:"targets,omitempty"`
+	// Changed configuration paths, dotted YAML keys with list items named by their name
+	// (router.routes.chat.hedging.enabled, quota.tenants.acme.tpm). Empty when rejected.
+	ChangedPaths []string `protobuf:"bytes,3,rep,name=changed_paths,json=changedPaths,proto3" json:"changed_paths,omitempty"`
+	// Why the configuration was rejected (validation or a module's refusal); empty when
+	// it was applied.
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// Changed paths that apply only after a restart (server, auth, events, tracing, log,
+	// target): reported, not applied.
+	RestartRequired []string `protobuf:"bytes,5,rep,name=restart_required,json=restartRequired,proto3" json:"restart_required,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ConfigReloadEvent) Reset() {
+	*x = ConfigReloadEvent{}
+	mi := &file_mantle_events_v1_events_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigReloadEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigReloadEvent) ProtoMessage() {}
+
+func (x *ConfigReloadEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_events_v1_events_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigReloadEvent.ProtoReflect.Descriptor instead.
+func (*ConfigReloadEvent) Descriptor() ([]byte, []int) {
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ConfigReloadEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *ConfigReloadEvent) GetTargets() []string {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+func (x *ConfigReloadEvent) GetChangedPaths() []string {
+	if x != nil {
+		return x.ChangedPaths
+	}
+	return nil
+}
+
+func (x *ConfigReloadEvent) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ConfigReloadEvent) GetRestartRequired() []string {
+	if x != nil {
+		return x.RestartRequired
+	}
+	return nil
+}
+
 var File_mantle_events_v1_events_proto protoreflect.FileDescriptor
 
 const file_mantle_events_v1_events_proto_rawDesc = "" +
@@ -1247,7 +1333,13 @@ const file_mantle_events_v1_events_proto_rawDesc = "" +
 	"\asignals\x18\x0e \x03(\tR\asignals\x12\x14\n" +
 	"\x05model\x18\x0f \x01(\tR\x05model\x12%\n" +
 	"\x0ehas_references\x18\x10 \x01(\bR\rhasReferences\x12\x16\n" +
-	"\x06judged\x18\x11 \x01(\bR\x06judgedB\xc6\x01\n" +
+	"\x06judged\x18\x11 \x01(\bR\x06judged\"\xbf\x01\n" +
+	"\x11ConfigReloadEvent\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x18\n" +
+	"\atargets\x18\x02 \x03(\tR\atargets\x12#\n" +
+	"\rchanged_paths\x18\x03 \x03(\tR\fchangedPaths\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12)\n" +
+	"\x10restart_required\x18\x05 \x03(\tR\x0frestartRequiredB\xc6\x01\n" +
 	"\x14com.mantle.events.v1B\vEventsProtoP\x01Z?github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1;eventsv1\xa2\x02\x03MEX\xaa\x02\x10Mantle.Events.V1\xca\x02\x10Mantle\\Events\\V1\xe2\x02\x1cMantle\\Events\\V1\\GPBMetadata\xea\x02\x12Mantle::Events::V1b\x06proto3"
 
 var (
@@ -1262,7 +1354,7 @@ func file_mantle_events_v1_events_proto_rawDescGZIP() []byte {
 	return file_mantle_events_v1_events_proto_rawDescData
 }
 
-var file_mantle_events_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_mantle_events_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_mantle_events_v1_events_proto_goTypes = []any{
 	(*DegradationEvent)(nil),       // 0: mantle.events.v1.DegradationEvent
 	(*BreakerTransitionEvent)(nil), // 1: mantle.events.v1.BreakerTransitionEvent
@@ -1272,38 +1364,40 @@ var file_mantle_events_v1_events_proto_goTypes = []any{
 	(*ReviewDecisionEvent)(nil),    // 5: mantle.events.v1.ReviewDecisionEvent
 	(*ReviewTimeoutEvent)(nil),     // 6: mantle.events.v1.ReviewTimeoutEvent
 	(*QualityFollowUpEvent)(nil),   // 7: mantle.events.v1.QualityFollowUpEvent
-	(*timestamppb.Timestamp)(nil),  // 8: google.protobuf.Timestamp
-	(v1.FallbackLevel)(0),          // 9: mantle.v1.FallbackLevel
-	(v1.BreakerState)(0),           // 10: mantle.v1.BreakerState
-	(v1.Priority)(0),               // 11: mantle.v1.Priority
-	(*durationpb.Duration)(nil),    // 12: google.protobuf.Duration
-	(*v1.QualityContext)(nil),      // 13: mantle.v1.QualityContext
-	(v1.QualityGrade)(0),           // 14: mantle.v1.QualityGrade
+	(*ConfigReloadEvent)(nil),      // 8: mantle.events.v1.ConfigReloadEvent
+	(*timestamppb.Timestamp)(nil),  // 9: google.protobuf.Timestamp
+	(v1.FallbackLevel)(0),          // 10: mantle.v1.FallbackLevel
+	(v1.BreakerState)(0),           // 11: mantle.v1.BreakerState
+	(v1.Priority)(0),               // 12: mantle.v1.Priority
+	(*durationpb.Duration)(nil),    // 13: google.protobuf.Duration
+	(*v1.QualityContext)(nil),      // 14: mantle.v1.QualityContext
+	(v1.QualityGrade)(0),           // 15: mantle.v1.QualityGrade
 }
 var file_mantle_events_v1_events_proto_depIdxs = []int32{
-	8,  // 0: mantle.events.v1.DegradationEvent.at:type_name -> google.protobuf.Timestamp
-	9,  // 1: mantle.events.v1.DegradationEvent.level:type_name -> mantle.v1.FallbackLevel
-	8,  // 2: mantle.events.v1.BreakerTransitionEvent.at:type_name -> google.protobuf.Timestamp
-	10, // 3: mantle.events.v1.BreakerTransitionEvent.from:type_name -> mantle.v1.BreakerState
-	10, // 4: mantle.events.v1.BreakerTransitionEvent.to:type_name -> mantle.v1.BreakerState
-	8,  // 5: mantle.events.v1.QuotaRejectionEvent.at:type_name -> google.protobuf.Timestamp
-	11, // 6: mantle.events.v1.QuotaRejectionEvent.priority:type_name -> mantle.v1.Priority
-	12, // 7: mantle.events.v1.QuotaRejectionEvent.retry_after:type_name -> google.protobuf.Duration
-	8,  // 8: mantle.events.v1.QuotaNearLimitEvent.at:type_name -> google.protobuf.Timestamp
-	8,  // 9: mantle.events.v1.ReviewRequestEvent.at:type_name -> google.protobuf.Timestamp
-	8,  // 10: mantle.events.v1.ReviewRequestEvent.due_at:type_name -> google.protobuf.Timestamp
-	13, // 11: mantle.events.v1.ReviewRequestEvent.quality:type_name -> mantle.v1.QualityContext
-	8,  // 12: mantle.events.v1.ReviewDecisionEvent.at:type_name -> google.protobuf.Timestamp
-	12, // 13: mantle.events.v1.ReviewDecisionEvent.decided_after:type_name -> google.protobuf.Duration
-	8,  // 14: mantle.events.v1.ReviewTimeoutEvent.at:type_name -> google.protobuf.Timestamp
-	8,  // 15: mantle.events.v1.ReviewTimeoutEvent.due_at:type_name -> google.protobuf.Timestamp
-	8,  // 16: mantle.events.v1.QualityFollowUpEvent.at:type_name -> google.protobuf.Timestamp
-	14, // 17: mantle.events.v1.QualityFollowUpEvent.grade:type_name -> mantle.v1.QualityGrade
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	9,  // 0: mantle.events.v1.DegradationEvent.at:type_name -> google.protobuf.Timestamp
+	10, // 1: mantle.events.v1.DegradationEvent.level:type_name -> mantle.v1.FallbackLevel
+	9,  // 2: mantle.events.v1.BreakerTransitionEvent.at:type_name -> google.protobuf.Timestamp
+	11, // 3: mantle.events.v1.BreakerTransitionEvent.from:type_name -> mantle.v1.BreakerState
+	11, // 4: mantle.events.v1.BreakerTransitionEvent.to:type_name -> mantle.v1.BreakerState
+	9,  // 5: mantle.events.v1.QuotaRejectionEvent.at:type_name -> google.protobuf.Timestamp
+	12, // 6: mantle.events.v1.QuotaRejectionEvent.priority:type_name -> mantle.v1.Priority
+	13, // 7: mantle.events.v1.QuotaRejectionEvent.retry_after:type_name -> google.protobuf.Duration
+	9,  // 8: mantle.events.v1.QuotaNearLimitEvent.at:type_name -> google.protobuf.Timestamp
+	9,  // 9: mantle.events.v1.ReviewRequestEvent.at:type_name -> google.protobuf.Timestamp
+	9,  // 10: mantle.events.v1.ReviewRequestEvent.due_at:type_name -> google.protobuf.Timestamp
+	14, // 11: mantle.events.v1.ReviewRequestEvent.quality:type_name -> mantle.v1.QualityContext
+	9,  // 12: mantle.events.v1.ReviewDecisionEvent.at:type_name -> google.protobuf.Timestamp
+	13, // 13: mantle.events.v1.ReviewDecisionEvent.decided_after:type_name -> google.protobuf.Duration
+	9,  // 14: mantle.events.v1.ReviewTimeoutEvent.at:type_name -> google.protobuf.Timestamp
+	9,  // 15: mantle.events.v1.ReviewTimeoutEvent.due_at:type_name -> google.protobuf.Timestamp
+	9,  // 16: mantle.events.v1.QualityFollowUpEvent.at:type_name -> google.protobuf.Timestamp
+	15, // 17: mantle.events.v1.QualityFollowUpEvent.grade:type_name -> mantle.v1.QualityGrade
+	9,  // 18: mantle.events.v1.ConfigReloadEvent.at:type_name -> google.protobuf.Timestamp
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_mantle_events_v1_events_proto_init() }
@@ -1317,7 +1411,7 @@ func file_mantle_events_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_events_v1_events_proto_rawDesc), len(file_mantle_events_v1_events_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
