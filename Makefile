@@ -6,7 +6,7 @@ BUF     := $(BIN)/buf
 TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run build test deps-chromium vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
+.PHONY: run build test deps-chromium status-screenshot vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
 
 ## run: start `mantle dev` (all services, embedded NATS, simulated models)
 run:
@@ -46,6 +46,10 @@ drill:
 ## bench-load: added latency, CPU and RSS at 500-4000 requests/s (about 3 min); see docs/performance.md
 bench-load: build
 	$(BIN)/mantle bench-load --rates 500,1000,2000,4000 --duration 10s --warmup 2s
+
+## status-screenshot: regenerate docs/img/status.png from a seed-incident drill (about 3 min; needs chromium)
+status-screenshot: deps-chromium
+	tools/status-screenshot.sh docs/img/status.png
 
 ## bench: run the benchmarks once (compare runs with benchstat)
 bench:

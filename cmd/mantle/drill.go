@@ -52,6 +52,7 @@ Built-in scenarios: %s (or all).
 	apiKeyEnv := fs.String("api-key-env", "MANTLE_API_KEY", "with --mesh: environment variable holding the API key")
 	natsURL := fs.String("nats-url", "", "with --mesh: NATS URL the mesh publishes events to (for breaker transitions)")
 	simAddr := fs.String("sim-addr", "127.0.0.1:0", "listen address of the drill's simulated provider")
+	httpAddr := fs.String("http-addr", "", "HTTP listen address of the in-process mesh, to watch http://<addr>/status while mantle's side runs (default: a free port, printed)")
 	maxInFlight := fs.Int("max-in-flight", 0, "most concurrent requests per side (0: 10000); more are shed and counted as failures")
 	requestsCSV := fs.Bool("requests", false, "also write every request of both sides to <out>/<scenario>-requests.csv")
 	verbose := fs.Bool("v", false, "write the mesh's and the simulator's warnings to stderr")
@@ -124,7 +125,7 @@ Built-in scenarios: %s (or all).
 
 	opts := mdrill.Options{
 		TimeScale: *timeScale, Rate: *rate, Duration: *duration,
-		MeshURL: *meshURL, Route: *route, APIKey: os.Getenv(*apiKeyEnv), NATSURL: *natsURL, SimAddr: *simAddr,
+		MeshURL: *meshURL, Route: *route, APIKey: os.Getenv(*apiKeyEnv), NATSURL: *natsURL, SimAddr: *simAddr, HTTPAddr: *httpAddr,
 		MaxInFlight: *maxInFlight, Progress: stderr, ProgressInline: isTerminal(stderr),
 	}
 	for _, side := range strings.Split(*sides, ",") {

@@ -53,6 +53,10 @@ type Options struct {
 	NATSURL string
 	// SimAddr is where the simulator listens; default 127.0.0.1:0 (any free port).
 	SimAddr string
+	// HTTPAddr is where the in-process mesh serves HTTP (the chat API, /metrics and the
+	// /status page), so a person or a browser can watch it while mantle's side runs; empty
+	// picks a free port.
+	HTTPAddr string
 
 	// MaxInFlight bounds each side's concurrent requests; 0 means load.DefaultMaxInFlight.
 	MaxInFlight int
@@ -288,11 +292,18 @@ func (p *plan) runSide(ctx context.Context, side string, opts Options) (d sideDa
 				logOut = io.Discard
 			}
 			var m *inProcessMesh
-			if m, err = startMesh(ctx, p.s.MeshConfig(up.baseURL, p.scale), logOut); err != nil {
+			cfg := p.s.MeshConfig(up.baseURL, p.scale)
+			if opts.HTTPAddr != "" {
+				cfg.Server.HTTPListenAddress = opts.HTTPAddr
+			}
+			if m, err = startMesh(ctx, cfg, logOut); err != nil {
 				return d, err
 			}
 			defer func() { err = errors.Join(err, m.stop()) }()
 			mc.url = m.url
+			if opts.Progress != nil {
+				fmt.Fprintf(opts.Progress, "status page while mantle's side runs: http://%s/status\n", m.proc.App.HTTPAddr())
+			}
 			if watch, err = watchBreakers(m.proc.Events.Conn()); err != nil {
 				return d, err
 			}

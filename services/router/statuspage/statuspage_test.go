@@ -129,7 +129,7 @@ func TestPage(t *testing.T) {
 		{
 			name: "closed and half-open breakers have no probe time", routes: fakeRoutes{state: mantlev1.BreakerState_BREAKER_STATE_HALF_OPEN, reason: "open period elapsed"},
 			url: "/status", wantCode: http.StatusOK,
-			want:    []string{`data-breaker="half_open"`, `<span class="badge L0">L0 primary</span>`, `no degradations recorded`, `class="probe"><span class="muted">-</span>`},
+			want:    []string{`data-breaker="half_open"`, `<span class="badge L0">L0 primary</span>`, `no degradations recorded`, `class="probe nowrap"><span class="muted">-</span>`},
 			notWant: []string{`data-breaker="open"`},
 		},
 		{
