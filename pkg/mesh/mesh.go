@@ -49,9 +49,9 @@ type Options struct {
 
 // Process is a configured mantle process with its listeners bound.
 type Process struct {
-	App     *app.App
-	Log     *slog.Logger
-	Events  *events.Publisher // nil when events are disabled
+	App    *app.App
+	Log    *slog.Logger
+	Events *events.Publisher // nil when events are disabled
 	// Metrics is the process's registry, the one /metrics serves (tests read it).
 	Metrics *prometheus.Registry
 	cleanup []func()
