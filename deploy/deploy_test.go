@@ -243,6 +243,30 @@ func TestComposeMatchesConfig(t *testing.T) {
 		}
 	})
 
+	t.Run("spans reach the collector", func(t *testing.T) {
+		if !cfg.Tracing.Enabled {
+			t.Skip("tracing is off in the compose configuration")
+		}
+		host, p, err := net.SplitHostPort(cfg.Tracing.OTLPEndpoint)
+		if err != nil {
+			t.Fatalf("tracing.otlp_endpoint %q: %v", cfg.Tracing.OTLPEndpoint, err)
+		}
+		collector, ok := c.Services[host]
+		if !ok {
+			t.Fatalf("tracing.otlp_endpoint %q: no compose service %q", cfg.Tracing.OTLPEndpoint, host)
+		}
+		if !slices.Contains(containerPorts(collector.Ports), p) {
+			t.Errorf("tracing.otlp_endpoint port %s: %s exposes %q", p, host, containerPorts(collector.Ports))
+		}
+		if v, ok := collector.Environment["COLLECTOR_OTLP_ENABLED"]; ok && v != "true" {
+			t.Errorf("%s: COLLECTOR_OTLP_ENABLED=%q, want true", host, v)
+		}
+		// Compose networks are plaintext; without insecure the exporter would insist on TLS.
+		if !cfg.Tracing.Insecure {
+			t.Error("tracing.insecure is false, but the compose collector serves plaintext")
+		}
+	})
+
 	// Every process authenticates (the router forwards the caller's key), so every mantle
 	// container needs each tenant's key variable, with a default so `up` works as is.
 	for _, tenant := range cfg.Auth.Tenants {

@@ -26,6 +26,8 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	httpAddr := fs.String("http", "127.0.0.1:8080", "HTTP address (a free port is used when it is taken)")
 	profile := fs.String("sim-profile", "healthy", "sim profile of the primary model: "+strings.Join(sim.ProfileNames(), ", "))
 	logLevel := fs.String("log.level", "warn", "log level")
+	tracing := fs.Bool("tracing.enabled", false, "export spans over OTLP/gRPC (docker compose up jaeger, then http://127.0.0.1:16686)")
+	otlp := fs.String("tracing.otlp-endpoint", "127.0.0.1:4317", "host:port of the OTLP/gRPC collector")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -33,6 +35,9 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg.Server.GRPCListenAddress = freeOr(*grpcAddr)
 	cfg.Server.HTTPListenAddress = freeOr(*httpAddr)
 	cfg.Log = mesh.LogConfig{Level: *logLevel, Format: "text"}
+	// Off unless asked: most dev sessions have no collector, and the exporter would log
+	// every failed flush. A collector on this machine speaks plaintext.
+	cfg.Tracing.Enabled, cfg.Tracing.OTLPEndpoint, cfg.Tracing.Insecure = *tracing, *otlp, true
 	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr})
 	if err != nil {
 		return err

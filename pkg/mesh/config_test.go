@@ -62,6 +62,9 @@ func TestDecodeAppliesOnTopOfDefaults(t *testing.T) {
 		{"empty document", "", func(*mesh.Config) {}},
 		{"comment only", "# nothing\n", func(*mesh.Config) {}},
 		{"one nested key", "log:\n  level: debug\n", func(c *mesh.Config) { c.Log.Level = "debug" }},
+		{"tracing block", "tracing:\n  enabled: true\n  otlp_endpoint: jaeger:4317\n  insecure: true\n  sample_ratio: 0.25\n", func(c *mesh.Config) {
+			c.Tracing.Enabled, c.Tracing.OTLPEndpoint, c.Tracing.Insecure, c.Tracing.SampleRatio = true, "jaeger:4317", true, 0.25
+		}},
 		{
 			"durations and lists",
 			"server:\n  graceful_shutdown_timeout: 3s\nrouter:\n  default_budget: 1m30s\n  routes:\n    - name: chat\n      candidates: [a, b]\n",
@@ -118,6 +121,10 @@ router:
 		{"flags over file", []string{"-config.file", file, "-log.level", "error", "-router.quota-address", "quota-flag:1", "-server.http-listen-address", "127.0.0.1:7002"}, func(c *mesh.Config) {
 			c.Target, c.Server.GRPCListenAddress = "cache", "127.0.0.1:7001" // not set by a flag: the file's
 			c.Log.Level, c.Router.QuotaAddress, c.Server.HTTPListenAddress = "error", "quota-flag:1", "127.0.0.1:7002"
+		}},
+		{"tracing flags", []string{"-config.file", file, "-tracing.enabled", "-tracing.otlp-endpoint=jaeger:4317"}, func(c *mesh.Config) {
+			c.Target, c.Server.GRPCListenAddress, c.Log.Level, c.Router.QuotaAddress = "cache", "127.0.0.1:7001", "debug", "quota-from-file:9090"
+			c.Tracing.Enabled, c.Tracing.OTLPEndpoint = true, "jaeger:4317"
 		}},
 		{"every flag", []string{"-config.file", file, "-target=all", "-server.grpc-listen-address=a:1", "-server.http-listen-address=a:2",
 			"-events.nats-url=nats://n:4222", "-log.level=warn", "-log.format=text",
@@ -193,6 +200,11 @@ func TestValidate(t *testing.T) {
 		{"log level", func(c *mesh.Config) { c.Log.Level = "loud" }, []string{`log.level: want debug, info, warn or error, got "loud"`}},
 		{"log format", func(c *mesh.Config) { c.Log.Format = "xml" }, []string{`log.format: want json or text, got "xml"`}},
 		{"events", func(c *mesh.Config) { c.Events = mesh.EventsConfig{NATSURL: "nats://x", Embedded: true} }, []string{"events: set nats_url or embedded, not both"}},
+		{"tracing endpoint", func(c *mesh.Config) { c.Tracing.Enabled, c.Tracing.OTLPEndpoint = true, "" }, []string{"tracing.otlp_endpoint: required when tracing.enabled is true"}},
+		{"tracing endpoint URL", func(c *mesh.Config) { c.Tracing.Enabled, c.Tracing.OTLPEndpoint = true, "http://jaeger:4317" }, []string{"tracing.otlp_endpoint: want host:port without a scheme"}},
+		{"tracing ratio", func(c *mesh.Config) { c.Tracing.SampleRatio = 2 }, []string{"tracing.sample_ratio: want a number from 0 to 1, got 2"}},
+		{"tracing service name", func(c *mesh.Config) { c.Tracing.ServiceName = "" }, []string{"tracing.service_name: required"}},
+		{"tracing off needs no endpoint", func(c *mesh.Config) { c.Tracing.OTLPEndpoint = "" }, nil},
 		{"tenant id", func(c *mesh.Config) { c.Auth.Tenants = []rpc.TenantKey{{KeyEnv: "K"}} }, []string{"auth.tenants[0].id: required"}},
 		{"tenant key", func(c *mesh.Config) {
 			c.Auth.Tenants = []rpc.TenantKey{{ID: "a", KeyEnv: "K"}, {ID: "b", KeyEnv: "K", KeySHA256: rpc.HashKey("x")}, {ID: "c"}}

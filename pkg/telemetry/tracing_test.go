@@ -2,11 +2,15 @@ package telemetry_test
 
 import (
 	"context"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
 
 	"github.com/mantle-mesh/mantle/pkg/telemetry"
 )
@@ -98,6 +102,72 @@ func TestNewTracerProviderOTLP(t *testing.T) {
 	// No span was started, so nothing waits on the unreachable collector.
 	if err := tp.Shutdown(context.Background()); err != nil {
 		t.Errorf("Shutdown: %v", err)
+	}
+}
+
+// collector is an OTLP/gRPC trace receiver that keeps what it is sent.
+type collector struct {
+	coltracepb.UnimplementedTraceServiceServer
+	mu   sync.Mutex
+	reqs []*coltracepb.ExportTraceServiceRequest
+}
+
+func (c *collector) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reqs = append(c.reqs, req)
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+// Spans batched for OTLP reach the collector at otlp_endpoint in plaintext (insecure), under
+// the process's service.name, by the time Shutdown returns: closing a process flushes.
+func TestOTLPExportReachesTheCollector(t *testing.T) {
+	t.Parallel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := &collector{}
+	srv := grpc.NewServer()
+	coltracepb.RegisterTraceServiceServer(srv, col)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+
+	c := telemetry.DefaultTracingConfig()
+	c.Enabled, c.Insecure, c.OTLPEndpoint = true, true, lis.Addr().String()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	tp, err := telemetry.NewTracerProvider(context.Background(), c, "mantle-router", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tp.Tracer("test").Start(context.Background(), "router.attempt")
+	span.End()
+	if err := tp.Shutdown(t.Context()); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	var names, services []string
+	for _, req := range col.reqs {
+		for _, rs := range req.GetResourceSpans() {
+			for _, kv := range rs.GetResource().GetAttributes() {
+				if kv.GetKey() == "service.name" {
+					services = append(services, kv.GetValue().GetStringValue())
+				}
+			}
+			for _, ss := range rs.GetScopeSpans() {
+				for _, s := range ss.GetSpans() {
+					names = append(names, s.GetName())
+				}
+			}
+		}
+	}
+	if len(names) != 1 || names[0] != "router.attempt" || len(services) != 1 || services[0] != "mantle-router" {
+		t.Errorf("collector got spans %q from services %q, want router.attempt from mantle-router", names, services)
 	}
 }
 
