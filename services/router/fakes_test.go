@@ -11,6 +11,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -380,6 +381,8 @@ type harness struct {
 	rand func() float64
 	// idempotency enables replay protection with an in-memory store on the fake clock.
 	idempotency bool
+	// tracer records the router's spans; nil records nothing.
+	tracer trace.Tracer
 }
 
 // newHarness builds a Router over fakes. Its clock is fake and starts at the real now,
@@ -424,7 +427,7 @@ func newHarness(t *testing.T, cfg Config, h *harness) *harness {
 		t.Fatal(err)
 	}
 	deps := Deps{Quota: h.quota, Cache: h.cache, Verifier: h.verifier, Events: h.events,
-		Clock: h.clock, Log: slog.New(slog.DiscardHandler), Metrics: m, Rand: h.rand}
+		Clock: h.clock, Log: slog.New(slog.DiscardHandler), Metrics: m, Rand: h.rand, Tracer: h.tracer}
 	if h.idempotency {
 		deps.Idempotency = idempotency.NewMemory(time.Hour, time.Minute, h.clock)
 	}
