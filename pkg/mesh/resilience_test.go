@@ -428,8 +428,9 @@ func wantCalls(t *testing.T, m *meshtest.Mesh, route string, want map[string]int
 // TestPrimaryDownThenRecovers: a primary that answers 503 for its first minute. The
 // fallback serves meanwhile; the breaker opens and the primary is not called while open; a
 // probe after the open period fails while the outage lasts and re-opens it for twice as
-// long; the first probe after the outage closes it, and the primary answers again. The sim
-// and the router share a fake clock, so the minute passes in no time.
+// long; a scout (one call per scout interval, here the 30 s open duration) finds the
+// primary back before that longer period ends and closes it, and the primary answers
+// again. The sim and the router share a fake clock, so the minute passes in no time.
 func TestPrimaryDownThenRecovers(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClockAt(time.Now())
@@ -460,8 +461,8 @@ func TestPrimaryDownThenRecovers(t *testing.T) {
 		{"down again: the breaker opens", 0, "backup", "primary:overloaded backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN},
 		{"open: the primary is not called", 0, "backup", "backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN},
 		{"after 31s a probe: still down, open again for 60s", 31 * time.Second, "backup", "primary:overloaded backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN},
-		{"the outage is over but the breaker still open: not called", 31 * time.Second, "backup", "backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN},
-		{"after the 60s a probe succeeds: back on the primary", 30 * time.Second, "primary", "primary:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED},
+		{"30s into the 60s the outage is over: a scout finds the primary back", 31 * time.Second, "primary", "primary:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED},
+		{"back on the primary", 30 * time.Second, "primary", "primary:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED},
 		{"and it stays there", 0, "primary", "primary:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED},
 	}
 	for i, st := range steps {
@@ -499,7 +500,7 @@ func TestPrimaryDownThenRecovers(t *testing.T) {
 		"closed->open (2 consecutive failures)",
 		"open->half_open (open period elapsed)",
 		"half_open->open (probe failed)",
-		"open->half_open (open period elapsed)",
+		"open->half_open (scout succeeded)",
 		"half_open->closed (probes succeeded)",
 	}
 	if strings.Join(got, "; ") != strings.Join(want, "; ") {
