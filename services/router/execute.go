@@ -64,11 +64,11 @@ type plan struct {
 	lastErr    error
 	failed     []string
 	denied     bool // the retry budget refused a retry
-	// firstKey is the key of the request's first attempt. Every later attempt (retry,
-	// failover, hedge) is charged to its retry budget: the failing key caused it, and a
-	// backup that is only ever a failover target would otherwise have no requests to its
-	// name and refuse failovers once its floor is spent (found by mantle drill).
+	// firstKey is the key of the request's first attempt: the shared retry budget in quota
+	// counts this request under it.
 	firstKey *upstreamKey
+	// last is the candidate of the latest attempt.
+	last *candidate
 }
 
 func (r *Router) newPlan(rt *route) *plan {
@@ -82,12 +82,28 @@ func (r *Router) newPlan(rt *route) *plan {
 	return p
 }
 
-// chargeTo is the key whose retry budget pays for an attempt on key.
-func (p *plan) chargeTo(key *upstreamKey) *upstreamKey {
-	if p.firstKey != nil {
-		return p.firstKey
+// budgetKey is the key whose own retry budget pays for an extra attempt on key of c, or
+// nil when only the overall budget does. A retry on the model that just failed adds load
+// to that model, so the key it goes to pays, and a key in trouble refuses a retry storm on
+// itself. A failover or hedge to another model adds no load to the failing one, and the
+// overall budget bounds the amplification. (mantle drill found both other choices wrong:
+// charged to the key they go to, failovers emptied a backup's budget, which counts only
+// the requests that start on it; charged to the failing key, they emptied the primary's,
+// which counts few requests while its breaker is open, and its half-open probes' slow
+// calls went down the ladder.)
+func (p *plan) budgetKey(c *candidate, key *upstreamKey) *upstreamKey {
+	if c == p.last {
+		return key
 	}
-	return key
+	return nil
+}
+
+// sharedKeyID names the request to quota's shared retry budget.
+func (p *plan) sharedKeyID(key *upstreamKey) string {
+	if p.firstKey != nil {
+		return p.firstKey.id
+	}
+	return key.id
 }
 
 // next picks the candidate for the next attempt: the current one while it may be retried,
@@ -192,7 +208,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			r.skipCandidate(qc, p, c, mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED)
 			continue
 		}
-		if p.attempts > 0 && !r.allowRetry(ctx, qc, p.chargeTo(key), isFormatClass(p.prefer)) {
+		if p.attempts > 0 && !r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKeyID(key), isFormatClass(p.prefer)) {
 			permit.Cancel()
 			release()
 			r.denyRetry(qc, p)
@@ -207,6 +223,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			p.firstKey = key
 		}
 		p.attempts++
+		p.last = c
 		var o outcome
 		if sink == nil && p.attempts == 1 && rt.hedge.Enabled {
 			o = r.hedged(ctx, req, rt, qc, p, c, key, permit, preq)
@@ -371,20 +388,24 @@ func (r *Router) denyRetry(qc *mantlev1.QualityContext, p *plan) {
 	r.audit(qc, "retry", "retry budget exhausted: going down the ladder", 0)
 }
 
-// allowRetry asks this replica's overall and per-key retry budgets, then the quota
-// service's shared one, so the budget holds across router replicas. When quota cannot be
-// reached the local budgets decide alone.
-func (r *Router) allowRetry(ctx context.Context, qc *mantlev1.QualityContext, key *upstreamKey, format bool) bool {
-	if !r.budget.Allowed(format) || !key.budget.Allowed(format) {
+// allowRetry asks this replica's overall retry budget and key's (when key is not nil, see
+// plan.budgetKey), then the quota service's shared one under sharedKeyID, so the budget
+// holds across router replicas. When quota cannot be reached the local budgets decide
+// alone.
+func (r *Router) allowRetry(ctx context.Context, qc *mantlev1.QualityContext, key *upstreamKey, sharedKeyID string, format bool) bool {
+	if !r.budget.Allowed(format) || (key != nil && !key.budget.Allowed(format)) {
 		return false
 	}
-	if !r.budget.TryRetry(format) || !key.budget.TryRetry(format) {
+	if !r.budget.TryRetry(format) {
+		return false
+	}
+	if key != nil && !key.budget.TryRetry(format) {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, sideCallTimeout)
 	defer cancel()
 	res, err := r.deps.Quota.AcquireRetry(ctx, &quotav1.AcquireRetryRequest{
-		Quality: &mantlev1.QualityContext{RequestId: qc.RequestId, Tenant: qc.Tenant}, UpstreamKeyId: key.id, FormatRetry: format,
+		Quality: &mantlev1.QualityContext{RequestId: qc.RequestId, Tenant: qc.Tenant}, UpstreamKeyId: sharedKeyID, FormatRetry: format,
 	})
 	if err != nil {
 		r.deps.Log.DebugContext(ctx, "shared retry budget unavailable; the local budget decided", "err", err)
@@ -533,7 +554,7 @@ func (r *Router) extraAttempt(ctx context.Context, qc *mantlev1.QualityContext, 
 		permit.Cancel()
 		return nil, permit, nil, false, false
 	}
-	if !r.allowRetry(ctx, qc, p.chargeTo(key), false) {
+	if !r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKeyID(key), false) {
 		permit.Cancel()
 		release()
 		return nil, permit, nil, false, true
