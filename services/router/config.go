@@ -192,7 +192,21 @@ type HedgeConfig struct {
 	Enabled  bool          `yaml:"enabled"`
 	MinDelay time.Duration `yaml:"min_delay,omitempty"`
 	MaxDelay time.Duration `yaml:"max_delay,omitempty"`
+	// BudgetShare is the share of the retry budget hedges may use (0 means the default,
+	// 0.5): a request that is only slow must leave room for one whose attempt failed, or a
+	// burst of hedges makes the next real failure go down the ladder (mantle drill).
+	BudgetShare float64 `yaml:"budget_share,omitempty"`
 }
+
+// budgetShare is BudgetShare with its default.
+func (h HedgeConfig) budgetShare() float64 {
+	if h.BudgetShare == 0 {
+		return defaultHedgeBudgetShare
+	}
+	return h.BudgetShare
+}
+
+const defaultHedgeBudgetShare = 0.5
 
 // LadderConfig is the degradation ladder of a route below its own candidates (L0).
 type LadderConfig struct {
@@ -374,6 +388,9 @@ func (c Config) Validate() error {
 		}
 		if r.Hedge.MinDelay < 0 || (r.Hedge.MaxDelay > 0 && r.Hedge.MaxDelay < r.Hedge.MinDelay) {
 			add("%s.hedge: min_delay must not be negative nor above max_delay", key)
+		}
+		if r.Hedge.BudgetShare < 0 || r.Hedge.BudgetShare > 1 {
+			add("%s.hedge.budget_share: want 0 (default 0.5) to 1, got %v", key, r.Hedge.BudgetShare)
 		}
 		if r.FirstTokenTimeout < 0 || r.StallTimeout < 0 {
 			add("%s: first_token_timeout and stall_timeout must not be negative", key)

@@ -501,7 +501,7 @@ func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, q
 		r.record(qc, o)
 		return o
 	case <-timer.Chan():
-		if h, hkey, hpermit, release, ok := r.hedgeCandidate(ctx, qc, p, c); ok {
+		if h, hkey, hpermit, release, ok := r.hedgeCandidate(ctx, qc, rt, p, c); ok {
 			defer release()
 			p.attempts++
 			r.deps.Metrics.hedges.Inc()
@@ -563,8 +563,13 @@ func (r *Router) extraAttempt(ctx context.Context, qc *mantlev1.QualityContext, 
 }
 
 // hedgeCandidate reserves a key and a bulkhead slot on the best other candidate, if the
-// retry budget allows a hedge.
-func (r *Router) hedgeCandidate(ctx context.Context, qc *mantlev1.QualityContext, p *plan, primary *candidate) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
+// hedges' share of the retry budget (route hedge.budget_share) allows one.
+func (r *Router) hedgeCandidate(ctx context.Context, qc *mantlev1.QualityContext, rt *route, p *plan, primary *candidate) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
+	// Not audited: the first attempt is running and reads qc.
+	if !r.budget.AllowedShare(rt.hedge.budgetShare()) {
+		r.deps.Metrics.budgetDenied.Inc()
+		return nil, nil, resilience.Permit{}, nil, false
+	}
 	for _, c := range p.cands {
 		if c == primary || c.exhausted {
 			continue
