@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
@@ -36,6 +37,25 @@ type failedRequest struct {
 
 func (e *failedRequest) Error() string { return e.err.Error() }
 func (e *failedRequest) Unwrap() error { return e.err }
+
+// maxDetailBytes bounds the QualityContext a status carries. Status details travel in a
+// trailer, and some gRPC clients refuse metadata over 8 KiB (grpc-java's default); the
+// detail is base64 there, so 4 KiB of message is about 5.5 KiB of header.
+const maxDetailBytes = 4 << 10
+
+// detailQuality is qc as a status detail: whole when it fits in maxDetailBytes, else
+// without the audit trail, else without the attempts too.
+func detailQuality(qc *mantlev1.QualityContext) *mantlev1.QualityContext {
+	if proto.Size(qc) <= maxDetailBytes {
+		return qc
+	}
+	trimmed := proto.CloneOf(qc)
+	trimmed.Audit = nil
+	if proto.Size(trimmed) > maxDetailBytes {
+		trimmed.Attempts = nil
+	}
+	return trimmed
+}
 
 // FailedQuality returns the QualityContext a failed request carries, from a router error
 // or from its gRPC status details; nil when there is none.
@@ -114,7 +134,7 @@ func toStatus(err error) error {
 		if !ok || failed.quality == nil {
 			return out // not a status: the rpc backstop answers INTERNAL
 		}
-		if detailed, derr := st.WithDetails(failed.quality); derr == nil {
+		if detailed, derr := st.WithDetails(detailQuality(failed.quality)); derr == nil {
 			return detailed.Err()
 		}
 		return out

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
@@ -280,5 +281,43 @@ func TestFailedRequestErrorCarriesQuality(t *testing.T) {
 	writeError(w, toStatus(&unknownRouteError{name: "x"}))
 	if strings.Contains(w.Body.String(), `"mantle"`) {
 		t.Errorf("unknown route error body %s carries a mantle field", w.Body)
+	}
+}
+
+// A failed request's context stays small enough for any gRPC client's trailer limit: the
+// audit trail goes first, then the attempts.
+func TestFailedQualityDetailIsBounded(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 200)
+	tests := []struct {
+		name                    string
+		audit, attempts         int
+		wantAudit, wantAttempts bool
+	}{
+		{"small: whole", 5, 3, true, true},
+		{"long audit: dropped", 100, 3, false, true},
+		{"long audit and many attempts: both dropped", 100, 100, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			qc := &mantlev1.QualityContext{RequestId: "req-1", DegradationReason: "all failed"}
+			for range tt.audit {
+				qc.Audit = append(qc.Audit, &mantlev1.AuditStep{Service: "router", Step: "attempt", Detail: long})
+			}
+			for range tt.attempts {
+				qc.Attempts = append(qc.Attempts, &mantlev1.Attempt{Model: "a", ErrorMessage: long})
+			}
+			got := FailedQuality(toStatus(&failedRequest{err: &exhaustedError{}, quality: qc}))
+			if got == nil || got.RequestId != "req-1" || got.DegradationReason != "all failed" {
+				t.Fatalf("detail %v, want the request's context", got)
+			}
+			if (len(got.Audit) > 0) != tt.wantAudit || (len(got.Attempts) > 0) != tt.wantAttempts {
+				t.Errorf("detail has %d audit steps and %d attempts; want audit %t, attempts %t", len(got.Audit), len(got.Attempts), tt.wantAudit, tt.wantAttempts)
+			}
+			if n := proto.Size(got); tt.audit > 10 && n > maxDetailBytes {
+				t.Errorf("detail is %d bytes, want at most %d", n, maxDetailBytes)
+			}
+		})
 	}
 }

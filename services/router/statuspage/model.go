@@ -34,10 +34,10 @@ type Summary struct {
 	// DegradedRoutes are the routes whose ladder level is below L0.
 	DegradedRoutes int `json:"degraded_routes"`
 	// Keys count each (provider, model, key) once, however many routes use it.
-	Keys int `json:"keys"`
-	OpenBreakers   int `json:"open_breakers"`
-	HalfOpen       int `json:"half_open_breakers"`
-	CoolingDown    int `json:"cooling_down"`
+	Keys         int `json:"keys"`
+	OpenBreakers int `json:"open_breakers"`
+	HalfOpen     int `json:"half_open_breakers"`
+	CoolingDown  int `json:"cooling_down"`
 }
 
 func summarize(routes []Route) Summary {

@@ -170,8 +170,8 @@ func TestPage(t *testing.T) {
 		},
 		{
 			name: "a browser's Basic password: the tenant sees its own quota and degradations only", routes: open, auth: auth, url: "/status", wantCode: http.StatusOK,
-			setup: func(r *http.Request) { r.SetBasicAuth("", key) },
-			want:  []string{`tenant <b id="tenant">acme</b>`, `data-request-id="req-acme"`, `data-tenant="acme"`, `data-breaker="open"`},
+			setup:   func(r *http.Request) { r.SetBasicAuth("", key) },
+			want:    []string{`tenant <b id="tenant">acme</b>`, `data-request-id="req-acme"`, `data-tenant="acme"`, `data-breaker="open"`},
 			notWant: []string{`data-request-id="req-beta"`, `data-tenant="beta"`, key},
 		},
 	}
