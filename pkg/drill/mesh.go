@@ -95,6 +95,7 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 			OutputPricePerMillion: m.OutputPricePerMillion,
 			FormatStability:       m.FormatStability,
 			Tier:                  m.Tier,
+			AcceptsPrefill:        m.AcceptsPrefill,
 		})
 	}
 	route := router.RouteConfig{

@@ -114,6 +114,9 @@ type Model struct {
 	// FormatStability and Tier feed mantle's failure-aware fallback.
 	FormatStability float64 `yaml:"format_stability"`
 	Tier            int     `yaml:"tier"`
+	// AcceptsPrefill lets mantle continue a stream cut mid-answer on this model (the
+	// simulator continues a prefilled assistant message).
+	AcceptsPrefill bool `yaml:"accepts_prefill"`
 
 	// Profile is the resolved sim profile (base plus overrides), before time scaling.
 	Profile sim.Profile `yaml:"-"`
