@@ -1,8 +1,6 @@
 package mesh_test
 
 import (
-	"context"
-	"errors"
 	"io"
 	"net"
 	"slices"
@@ -47,19 +45,7 @@ func TestRouterSurvivesItsDependencies(t *testing.T) {
 			cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
 			cfg.Log.Level = "error"
 			tc.set(&cfg, closedAddr(t))
-			p, err := mesh.Start(context.Background(), cfg, mesh.Options{LogOutput: io.Discard})
-			if err != nil {
-				t.Fatalf("start with %s: %v", tc.name, err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- p.Run(ctx) }()
-			t.Cleanup(func() {
-				cancel()
-				if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-					t.Errorf("Run: %v", err)
-				}
-			})
+			p := meshtest.Run(t, cfg, mesh.Options{LogOutput: io.Discard})
 			client := routerv1.NewRouterServiceClient(meshtest.Dial(t, p.App.GRPCAddr()))
 			resp, err := client.Complete(authed(acmeKey), &routerv1.CompleteRequest{Request: ask("primary", "Are you still there?")}, grpc.WaitForReady(true))
 			if err != nil {

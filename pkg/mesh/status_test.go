@@ -3,7 +3,6 @@ package mesh_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -173,19 +172,7 @@ func TestStatusPageShapes(t *testing.T) {
 		cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Log.Level = "error"
 		cfg.Router.QuotaAddress, cfg.Router.CacheAddress = closedAddr(t), closedAddr(t)
-		p, err := mesh.Start(context.Background(), cfg, mesh.Options{LogOutput: io.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- p.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("Run: %v", err)
-			}
-		})
+		p := meshtest.Run(t, cfg, mesh.Options{LogOutput: io.Discard})
 		snap := getStatus(t, p.App.HTTPAddr(), resilienceKey)
 		if snap.Quota.Available || !strings.HasPrefix(snap.Quota.Error, "Unavailable: ") {
 			t.Errorf("quota section %+v, want unavailable with the error", snap.Quota)

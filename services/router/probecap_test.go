@@ -12,12 +12,8 @@ import (
 // probeCapBreaker trips a after two failures in a row and opens it for 30 s (no jitter);
 // half-open then admits three probes.
 func probeCapBreaker(c *Config) {
-	c.Breaker.ConsecutiveFailures = 2
-	c.Breaker.OpenDuration = 30 * time.Second
-	c.Breaker.OpenJitter = 0
+	fastBreaker(c)
 	c.Breaker.HalfOpenProbes = 3
-	c.Retry.MaxRetries = 0
-	c.Routes[0].Candidates = []string{"a", "b"}
 }
 
 // TestHalfOpenProbeCapWithHedging: a hedged probe that loses to its hedge was sent to the

@@ -75,13 +75,13 @@ func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mes
 	m := &Mesh{NATSURL: nats.URL(), Processes: map[string]*mesh.Process{}}
 	if mode == All {
 		cfg.Target = "all"
-		m.Router = run(t, cfg, opts)
+		m.Router = Run(t, cfg, opts)
 		m.Processes["all"] = m.Router
 	} else {
 		for _, svc := range []string{"quota", "cache", "verifier"} {
 			c := cfg
 			c.Target = svc
-			p := run(t, c, opts)
+			p := Run(t, c, opts)
 			m.Processes[svc] = p
 			switch svc {
 			case "quota":
@@ -93,7 +93,7 @@ func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mes
 			}
 		}
 		cfg.Target = "router"
-		m.Router = run(t, cfg, opts)
+		m.Router = Run(t, cfg, opts)
 		m.Processes["router"] = m.Router
 	}
 	m.GRPCAddr = m.Router.App.GRPCAddr()
@@ -101,9 +101,9 @@ func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mes
 	return m
 }
 
-// run starts one process, waits until its health check answers SERVING, and stops it
+// Run starts one process, waits until its health check answers SERVING, and stops it
 // (waiting for a clean exit) when the test ends.
-func run(t testing.TB, cfg mesh.Config, opts mesh.Options) *mesh.Process {
+func Run(t testing.TB, cfg mesh.Config, opts mesh.Options) *mesh.Process {
 	t.Helper()
 	p, err := mesh.Start(context.Background(), cfg, opts)
 	if err != nil {
