@@ -565,8 +565,9 @@ func (r *Router) extraAttempt(ctx context.Context, qc *mantlev1.QualityContext, 
 // hedgeCandidate reserves a key and a bulkhead slot on the best other candidate, if the
 // hedges' share of the retry budget (route hedge.budget_share) allows one.
 func (r *Router) hedgeCandidate(ctx context.Context, qc *mantlev1.QualityContext, rt *route, p *plan, primary *candidate) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
-	// Not audited: the first attempt is running and reads qc.
-	if !r.budget.AllowedShare(rt.hedge.budgetShare()) {
+	// Not audited: the first attempt is running and reads qc. With the whole budget
+	// (the default) extraAttempt's own check below is the same rule.
+	if share := rt.hedge.budgetShare(); share < 1 && !r.budget.AllowedShare(share) {
 		r.deps.Metrics.budgetDenied.Inc()
 		return nil, nil, resilience.Permit{}, nil, false
 	}

@@ -60,7 +60,8 @@ func (s *keyStats) snapshot() statsSnapshot {
 	s.mu.Lock()
 	snap := statsSnapshot{calls: s.calls, failures: s.failures, inFlight: s.inFlight}
 	s.mu.Unlock()
-	q := s.latency.Quantiles(0.50, 0.95, 0.99)
+	var q [3]time.Duration
+	s.latency.Quantiles(q[:], 0.50, 0.95, 0.99)
 	snap.p50, snap.p95, snap.p99 = q[0], q[1], q[2]
 	return snap
 }

@@ -80,3 +80,15 @@ func repeat(n int, d time.Duration) []time.Duration {
 	}
 	return out
 }
+
+// The p50 check runs before every attempt: a snapshot must not allocate.
+func BenchmarkKeyStatsSnapshot(b *testing.B) {
+	s := newKeyStats(clockwork.NewRealClock())
+	for i := range latencyWindow {
+		s.finish(time.Duration(i)*time.Millisecond, false)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = s.snapshot()
+	}
+}

@@ -76,17 +76,16 @@ func (l *Latency) Quantile(q float64) time.Duration {
 	return nearestRank(l.sortedLocked(now), q)
 }
 
-// Quantiles is Quantile for several q at once, from one consistent view.
-func (l *Latency) Quantiles(qs ...float64) []time.Duration {
+// Quantiles is Quantile for several q at once, from one consistent view: out[i] becomes
+// the qs[i]-quantile. The caller owns out, so the per-attempt path does not allocate.
+func (l *Latency) Quantiles(out []time.Duration, qs ...float64) {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	sorted := l.sortedLocked(now)
-	out := make([]time.Duration, len(qs))
-	for i, q := range qs {
+	for i, q := range qs[:min(len(qs), len(out))] {
 		out[i] = nearestRank(sorted, q)
 	}
-	return out
 }
 
 // sortedLocked returns the recent values in order, rebuilding the cache when it misses too

@@ -42,7 +42,8 @@ func TestLatencyCachedOrder(t *testing.T) {
 			if got := l.Quantile(1); got != tt.want {
 				t.Errorf("max after = %s, want %s", got, tt.want)
 			}
-			if got := l.Quantiles(0, 1); got[1] != tt.want {
+			var got [2]time.Duration
+			if l.Quantiles(got[:], 0, 1); got[1] != tt.want {
 				t.Errorf("Quantiles max = %s, want %s like Quantile", got[1], tt.want)
 			}
 		})
