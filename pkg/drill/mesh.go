@@ -53,6 +53,9 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 	if w := s.Router.RetryBudget.Window; w > 0 {
 		qb.Window = max(time.Second, scaler(scale).d(w).Round(time.Second))
 	}
+	// Requests reach the shared counters once per flush; unscaled, a replayed window would
+	// see a third of its requests late and its retry rate too high.
+	qb.FlushInterval = max(10*time.Millisecond, scaler(scale).d(qb.FlushInterval))
 
 	sc := scaler(scale)
 	r := &cfg.Router
@@ -66,6 +69,8 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 	r.Retry.MaxRetryAfter = sc.d(r.Retry.MaxRetryAfter)
 	r.RetryBudget = s.Router.RetryBudget
 	r.RetryBudget.Window = sc.d(r.RetryBudget.Window)
+	r.HedgeBudget = s.Router.HedgeBudget
+	r.HedgeBudget.Window = sc.d(r.HedgeBudget.Window)
 	r.Breaker = s.Router.Breaker
 	r.Breaker.Window = sc.d(r.Breaker.Window)
 	r.Breaker.SlowCall = sc.d(r.Breaker.SlowCall)

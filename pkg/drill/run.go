@@ -405,15 +405,16 @@ func (p *plan) showProgress(side string, opts Options, prog *progress) (stop fun
 	}
 }
 
-const requestsCSVHeader = "scenario,side,index,due_s,latency_ms,answered,correct,level,verified,failure,degradation\n"
+const requestsCSVHeader = "scenario,side,index,due_s,latency_ms,answered,correct,level,verified,failure,degradation,audit_trail\n"
 
-// writeRequestsCSV writes one line per request of d; times are scenario time.
+// writeRequestsCSV writes one line per request of d; times are scenario time, except in
+// mantle's audit trail, which keeps the wall-clock offsets the mesh recorded.
 func (p *plan) writeRequestsCSV(w io.Writer, d sideData) error {
 	var b strings.Builder
 	for i, r := range d.results {
-		fmt.Fprintf(&b, "%s,%s,%d,%.3f,%.1f,%t,%t,%d,%t,%s,%s\n", p.s.Name, d.name, i,
+		fmt.Fprintf(&b, "%s,%s,%d,%.3f,%.1f,%t,%t,%d,%t,%s,%s,%s\n", p.s.Name, d.name, i,
 			r.due.Seconds()/p.scale, float64(r.latency)/float64(time.Millisecond)/p.scale,
-			r.answered, r.correct, r.level, r.verified, csvField(r.failure), csvField(r.reason))
+			r.answered, r.correct, r.level, r.verified, csvField(r.failure), csvField(r.reason), csvField(r.trail))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

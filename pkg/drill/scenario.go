@@ -136,10 +136,11 @@ type Route struct {
 // RouterSettings are the router's resilience settings for the drill; omitted keys keep
 // mantle's defaults (router.DefaultConfig).
 type RouterSettings struct {
-	HopReserve  time.Duration        `yaml:"hop_reserve"`
-	Retry       router.RetryConfig   `yaml:"retry"`
-	RetryBudget router.BudgetConfig  `yaml:"retry_budget"`
-	Breaker     router.BreakerConfig `yaml:"breaker"`
+	HopReserve  time.Duration            `yaml:"hop_reserve"`
+	Retry       router.RetryConfig       `yaml:"retry"`
+	RetryBudget router.BudgetConfig      `yaml:"retry_budget"`
+	HedgeBudget router.HedgeBudgetConfig `yaml:"hedge_budget"`
+	Breaker     router.BreakerConfig     `yaml:"breaker"`
 }
 
 // Naive is the baseline client the seeds' incident started from: a static timeout, fixed
@@ -166,6 +167,7 @@ func defaults() Scenario {
 			HopReserve:  rc.HopReserve,
 			Retry:       rc.Retry,
 			RetryBudget: rc.RetryBudget,
+			HedgeBudget: rc.HedgeBudget,
 			Breaker:     rc.Breaker,
 		},
 		Naive: Naive{Timeout: 5 * time.Second, Retries: 3, RetryDelay: 100 * time.Millisecond},

@@ -139,8 +139,10 @@ func TestMeshConfigScalesTime(t *testing.T) {
 		{"breaker open duration", r.Breaker.OpenDuration, 1500 * time.Millisecond},
 		{"slow call", r.Breaker.SlowCall, 200 * time.Millisecond},
 		{"retry budget window", r.RetryBudget.Window, 3 * time.Second},
+		{"hedge budget window", r.HedgeBudget.Window, 3 * time.Second},
 		{"backoff base", r.Retry.BackoffBase, 10 * time.Millisecond},
 		{"hedge max delay", rt.Hedge.MaxDelay, 90 * time.Millisecond},
+		{"quota's request flush", cfg.Quota.RetryBudget.FlushInterval, 100 * time.Millisecond},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

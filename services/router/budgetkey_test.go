@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -66,5 +67,53 @@ func TestRetryBudgetKeyOfExtraAttempts(t *testing.T) {
 				t.Errorf("audit %v, want the budget's refusal", qc.GetAudit())
 			}
 		})
+	}
+}
+
+// The shared retry budget in quota weighs a request's extra attempts against the requests
+// it counted for the key the request was admitted under. It must be asked about that key
+// even when the first attempt went elsewhere: here a's breaker is open, so requests start
+// on b, and b's failure fails over to c. Asking about b's key (which quota counted no
+// requests for) refused every failover past the budget's floor in the seed-incident drill.
+func TestSharedRetryBudgetAsksTheAdmissionKey(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	fastBreaker(&cfg)
+	cfg.Routes[0].Candidates = []string{"a", "b", "c"}
+	cfg.Providers = []ProviderConfig{
+		{Name: "pa", Type: ProviderSim, Timeout: 5 * time.Second, Keys: []KeyConfig{{ID: "key-a", Env: "MANTLE_TEST_KEY_A"}}},
+		{Name: "pb", Type: ProviderSim, Timeout: 5 * time.Second, Keys: []KeyConfig{{ID: "key-b", Env: "MANTLE_TEST_KEY_B"}}},
+	}
+	cfg.Models[0].Provider = "pa"
+	cfg.Models[1].Provider, cfg.Models[2].Provider = "pb", "pb"
+	h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+		"a": newFakeProvider(failure(classTransient, "502"), failure(classTransient, "502")), // trips a
+		"b": newFakeProvider(reply("b", 1, 1), reply("b", 1, 1), failure(classOverloaded, "busy")),
+	}})
+	for i := range 2 {
+		if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
+			t.Fatalf("request %d while a trips: %v", i, err)
+		}
+	}
+	resp, err := h.router.Complete(context.Background(), ask("chat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"b:overloaded", "c:none"}, attemptsOf(resp.GetQuality())); diff != "" {
+		t.Fatalf("attempts with a open (-want +got):\n%s", diff)
+	}
+	reserves, asked := h.quota.reserveRequests(), h.quota.retryRequests()
+	if len(asked) != 3 { // two failovers from a to b, then b to c
+		t.Fatalf("%d AcquireRetry requests, want 3", len(asked))
+	}
+	for i, a := range asked {
+		if a.UpstreamKeyId != "key-a" {
+			t.Errorf("AcquireRetry %d asked about key %q, want key-a, the key admission counted", i, a.UpstreamKeyId)
+		}
+	}
+	for i, r := range reserves {
+		if r.UpstreamKeyId != "key-a" {
+			t.Errorf("Reserve %d counted key %q, want key-a", i, r.UpstreamKeyId)
+		}
 	}
 }

@@ -64,15 +64,16 @@ type plan struct {
 	lastErr    error
 	failed     []string
 	denied     bool // the retry budget refused a retry
-	// firstKey is the key of the request's first attempt: the shared retry budget in quota
-	// counts this request under it.
-	firstKey *upstreamKey
+	// sharedKey is the key quota counted this request under at admission (the route's
+	// first choice, router.reserve): the shared retry budget weighs the request's extra
+	// attempts against that key's requests.
+	sharedKey string
 	// last is the candidate of the latest attempt.
 	last *candidate
 }
 
 func (r *Router) newPlan(rt *route) *plan {
-	p := &plan{avoid: map[*upstreamKey]bool{}}
+	p := &plan{avoid: map[*upstreamKey]bool{}, sharedKey: rt.admissionKeyID()}
 	for i, u := range rt.candidates {
 		p.cands = append(p.cands, &candidate{u: u, level: levelOf(i), order: len(p.cands)})
 	}
@@ -98,13 +99,11 @@ func (p *plan) budgetKey(c *candidate, key *upstreamKey) *upstreamKey {
 	return nil
 }
 
-// sharedKeyID names the request to quota's shared retry budget.
-func (p *plan) sharedKeyID(key *upstreamKey) string {
-	if p.firstKey != nil {
-		return p.firstKey.id
-	}
-	return key.id
-}
+// sharedKeyID names the request to quota's shared retry budget: the key its request was
+// counted under. Naming the key of the first attempt instead (the backup's, while the
+// primary's breaker is open) asked a budget that had counted no requests, so past its
+// floor it refused every hedge and failover (found by mantle drill, seed-incident).
+func (p *plan) sharedKeyID() string { return p.sharedKey }
 
 // next picks the candidate for the next attempt: the current one while it may be retried,
 // otherwise the best remaining one for the failure class that ended the current one.
@@ -165,6 +164,7 @@ type outcome struct {
 func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink) (*answer, error) {
 	p := r.newPlan(rt)
 	r.budget.Request()
+	r.hedgeBudget.Request()
 	preq := providerRequest(req, qc)
 	for ctx.Err() == nil {
 		c := p.next()
@@ -208,7 +208,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			r.skipCandidate(qc, p, c, mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED)
 			continue
 		}
-		if p.attempts > 0 && !r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKeyID(key), isFormatClass(p.prefer)) {
+		if p.attempts > 0 && !r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKeyID(), isFormatClass(p.prefer)) {
 			permit.Cancel()
 			release()
 			r.denyRetry(qc, p)
@@ -220,7 +220,6 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		}
 		if p.attempts == 0 {
 			key.budget.Request()
-			p.firstKey = key
 		}
 		p.attempts++
 		p.last = c
@@ -501,7 +500,7 @@ func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, q
 		r.record(qc, o)
 		return o
 	case <-timer.Chan():
-		if h, hkey, hpermit, release, ok := r.hedgeCandidate(ctx, qc, rt, p, c); ok {
+		if h, hkey, hpermit, release, ok := r.hedgeCandidate(qc, p, c); ok {
 			defer release()
 			p.attempts++
 			r.deps.Metrics.hedges.Inc()
@@ -542,9 +541,10 @@ func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, q
 }
 
 // extraAttempt reserves what an attempt beyond the plan's own needs on c: a key its
-// breaker admits, a bulkhead place and the retry budget's consent. When c cannot take one,
-// ok is false; when the budget refused, denied is true and no other candidate will do.
-func (r *Router) extraAttempt(ctx context.Context, qc *mantlev1.QualityContext, p *plan, c *candidate) (key *upstreamKey, permit resilience.Permit, release func(), ok, denied bool) {
+// breaker admits, a bulkhead place and, last, the consent of the budget that pays for it
+// (allow, which spends when it consents). When c cannot take one, ok is false; when the
+// budget refused, denied is true and no other candidate will do.
+func (r *Router) extraAttempt(qc *mantlev1.QualityContext, p *plan, c *candidate, allow func(key *upstreamKey) bool) (key *upstreamKey, permit resilience.Permit, release func(), ok, denied bool) {
 	key, permit, _ = r.acquire(c.u, qc.Scenario, p.avoid)
 	if key == nil {
 		return nil, permit, nil, false, false
@@ -554,7 +554,7 @@ func (r *Router) extraAttempt(ctx context.Context, qc *mantlev1.QualityContext, 
 		permit.Cancel()
 		return nil, permit, nil, false, false
 	}
-	if !r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKeyID(key), false) {
+	if !allow(key) {
 		permit.Cancel()
 		release()
 		return nil, permit, nil, false, true
@@ -563,20 +563,24 @@ func (r *Router) extraAttempt(ctx context.Context, qc *mantlev1.QualityContext, 
 }
 
 // hedgeCandidate reserves a key and a bulkhead slot on the best other candidate, if the
-// hedges' share of the retry budget (route hedge.budget_share) allows one.
-func (r *Router) hedgeCandidate(ctx context.Context, qc *mantlev1.QualityContext, rt *route, p *plan, primary *candidate) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
-	// Not audited: the first attempt is running and reads qc. With the whole budget
-	// (the default) extraAttempt's own check below is the same rule.
-	if share := rt.hedge.budgetShare(); share < 1 && !r.budget.AllowedShare(share) {
-		r.deps.Metrics.budgetDenied.Inc()
+// hedge budget allows one. Hedges ask only this replica's hedge budget, never the retry
+// budgets (here or shared in quota): those stay for failovers after real failures. Each
+// replica's hedges are a share of its own requests, so the ratio holds mesh-wide too.
+func (r *Router) hedgeCandidate(qc *mantlev1.QualityContext, p *plan, primary *candidate) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
+	// Refusals are not audited (the first attempt is running and reads qc): the metric
+	// is their trace.
+	if !r.hedgeBudget.Allowed(false) {
+		r.deps.Metrics.hedgeBudgetDenied.Inc()
 		return nil, nil, resilience.Permit{}, nil, false
 	}
+	spend := func(*upstreamKey) bool { return r.hedgeBudget.TryRetry(false) }
 	for _, c := range p.cands {
 		if c == primary || c.exhausted {
 			continue
 		}
-		key, permit, release, ok, denied := r.extraAttempt(ctx, qc, p, c)
+		key, permit, release, ok, denied := r.extraAttempt(qc, p, c, spend)
 		if denied {
+			r.deps.Metrics.hedgeBudgetDenied.Inc()
 			break
 		}
 		if ok {
@@ -586,7 +590,8 @@ func (r *Router) hedgeCandidate(ctx context.Context, qc *mantlev1.QualityContext
 	return nil, nil, resilience.Permit{}, nil, false
 }
 
-// hedgeDelay is the key's live p95, bounded by the route's limits.
+// hedgeDelay is the key's live p95, at least min_delay; max_delay before the key has
+// statistics, and min_delay once its p95 exceeds max_delay.
 func (r *Router) hedgeDelay(rt *route, key *upstreamKey) time.Duration {
 	lo, hi := rt.hedge.MinDelay, rt.hedge.MaxDelay
 	if lo <= 0 {
@@ -596,10 +601,18 @@ func (r *Router) hedgeDelay(rt *route, key *upstreamKey) time.Duration {
 		hi = 3 * time.Second
 	}
 	p95 := key.stats.snapshot().p95
-	if p95 == 0 {
+	switch {
+	case p95 == 0:
 		return hi
+	case p95 > hi:
+		// More than one call in twenty takes longer than the route will wait: the key is
+		// in trouble, and its slow calls are the ones the hedge exists for. Waiting out
+		// max_delay before each hedge put the seed-incident drill's tail past its target
+		// every time the primary's breaker closed on a lucky probe. The retry budget still
+		// bounds how many go.
+		return lo
 	}
-	return min(max(p95, lo), hi)
+	return max(p95, lo)
 }
 
 // call makes the provider call and keeps the breaker, cooldown and statistics of the key.
@@ -870,8 +883,11 @@ func (r *Router) continueStream(ctx context.Context, req *routerv1.Request, rt *
 		if qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.conf().HopReserve {
 			break
 		}
-		key, permit, release, ok, denied := r.extraAttempt(ctx, qc, p, c)
+		key, permit, release, ok, denied := r.extraAttempt(qc, p, c, func(key *upstreamKey) bool {
+			return r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKeyID(), false)
+		})
 		if denied {
+			r.deps.Metrics.budgetDenied.Inc()
 			break
 		}
 		if !ok {

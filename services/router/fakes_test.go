@@ -72,6 +72,12 @@ func (q *fakeQuota) retryRequests() []*quotav1.AcquireRetryRequest {
 	return append([]*quotav1.AcquireRetryRequest(nil), q.retries...)
 }
 
+func (q *fakeQuota) reserveRequests() []*quotav1.ReserveRequest {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]*quotav1.ReserveRequest(nil), q.reserves...)
+}
+
 func (q *fakeQuota) Reserve(_ context.Context, in *quotav1.ReserveRequest, _ ...grpc.CallOption) (*quotav1.ReserveResponse, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()

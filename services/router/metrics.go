@@ -23,6 +23,7 @@ type metrics struct {
 	breakerTransitions *prometheus.CounterVec
 	degradations       *prometheus.CounterVec
 	budgetDenied       prometheus.Counter
+	hedgeBudgetDenied  prometheus.Counter
 	hedges             prometheus.Counter
 	replays            prometheus.Counter
 	// ttft is the time to the first token of streamed attempts that produced one.
@@ -62,7 +63,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mantle_router_degradations_total", Help: "Answers below the primary by route, ladder level and reason (an error class, forced, retry_budget, rule or skipped).",
 		}, []string{"route", "level", "reason"}),
 		budgetDenied: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "mantle_router_retry_budget_rejections_total", Help: "Retries, failovers and hedges refused by the retry budget.",
+			Name: "mantle_router_retry_budget_rejections_total", Help: "Retries and failovers refused by the retry budget.",
+		}),
+		hedgeBudgetDenied: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_router_hedge_budget_rejections_total", Help: "Hedges not sent because the hedge budget was spent.",
 		}),
 		hedges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_hedges_total", Help: "Hedged requests sent.",
@@ -90,7 +94,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mantle_router_idempotency_unavailable_total", Help: "Requests served without replay protection because the idempotency store failed.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

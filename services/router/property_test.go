@@ -38,8 +38,8 @@ var propertyOutcomes = []struct {
 //
 //   - the loop ended with either an answer or an error (never both, never neither);
 //   - attempts never exceed candidates x (1 + max_retries), plus hedges;
-//   - every attempt after a request's first drew on the retry budget, and the retries the
-//     budget admitted never exceed max(floor, ratio x requests).
+//   - every attempt after a request's first drew on the retry budget, or for a hedge on the
+//     hedge budget, and neither budget admitted more than max(floor, ratio x requests).
 //
 // Waits (Retry-After hints, hedge delays) run on the fake clock, advanced by a helper that
 // moves time on whenever the router waits.
@@ -53,11 +53,14 @@ func TestAttemptLoopProperties(t *testing.T) {
 		ratio := rapid.SampledFrom([]float64{0, 0.1, 0.5, 1}).Draw(rt, "budget_ratio")
 		keys := rapid.IntRange(1, 2).Draw(rt, "keys")
 		hedge := rapid.Bool().Draw(rt, "hedge")
+		hedgeFloor := rapid.IntRange(0, 2).Draw(rt, "hedge_budget_floor")
+		hedgeRatio := rapid.SampledFrom([]float64{0, 0.5, 1}).Draw(rt, "hedge_budget_ratio")
 
 		cfg := testConfig()
 		cfg.Retry.MaxRetries = maxRetries
 		// A window longer than any run, so the budget's counts are exact.
 		cfg.RetryBudget = BudgetConfig{Ratio: ratio, Floor: floor, Window: 24 * time.Hour, FormatOnlyAbove: 0.15}
+		cfg.HedgeBudget = HedgeBudgetConfig{Ratio: hedgeRatio, Floor: hedgeFloor, Window: 24 * time.Hour}
 		cfg.Routes[0].Candidates = models[:nCands]
 		cfg.Routes[0].Hedge = HedgeConfig{Enabled: hedge, MinDelay: 100 * time.Millisecond, MaxDelay: 500 * time.Millisecond}
 		for i := range cfg.Models {
@@ -97,7 +100,7 @@ func TestAttemptLoopProperties(t *testing.T) {
 			}
 		}()
 
-		requests, retries := 0, 0
+		requests, retries, hedged := 0, 0, 0
 		for i := range rapid.IntRange(1, 5).Draw(rt, "requests") {
 			ch := h.start(context.Background(), ask("chat"))
 			var d done
@@ -125,14 +128,23 @@ func TestAttemptLoopProperties(t *testing.T) {
 				rt.Fatalf("request %d: %d attempts %v, over candidates x (1 + max_retries) + hedges = %d", i, attempts, attemptsOf(qc), limit)
 			}
 			requests++
-			retries += max(0, attempts-1)
+			retries += max(0, attempts-1-hedges)
+			hedged += hedges
 			gotRequests, gotRetries, _ := h.router.budget.Snapshot()
 			if gotRequests != requests || gotRetries != retries {
-				rt.Fatalf("after request %d the budget counted %d requests and %d retries; the attempts say %d and %d",
+				rt.Fatalf("after request %d the retry budget counted %d requests and %d retries; the attempts say %d and %d",
 					i, gotRequests, gotRetries, requests, retries)
 			}
 			if allowed := max(floor, int(ratio*float64(requests))); retries > allowed {
 				rt.Fatalf("after request %d: %d retries admitted, over the budget's %d", i, retries, allowed)
+			}
+			gotRequests, gotHedges, _ := h.router.hedgeBudget.Snapshot()
+			if gotRequests != requests || gotHedges != hedged {
+				rt.Fatalf("after request %d the hedge budget counted %d requests and %d hedges; the attempts say %d and %d",
+					i, gotRequests, gotHedges, requests, hedged)
+			}
+			if allowed := max(hedgeFloor, int(hedgeRatio*float64(requests))); hedged > allowed {
+				rt.Fatalf("after request %d: %d hedges admitted, over the hedge budget's %d", i, hedged, allowed)
 			}
 			if d.err == nil && qc.Attempts[len(qc.Attempts)-1].ErrorClass != mantlev1.ErrorClass_ERROR_CLASS_NONE {
 				rt.Fatalf("request %d answered, but its last attempt failed: %v", i, attemptsOf(qc))

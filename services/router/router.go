@@ -87,6 +87,11 @@ type route struct {
 	stallTimeout      time.Duration
 }
 
+// admissionKeyID is the key a request on rt is admitted and counted under in quota: the
+// first key of the route's first choice, which answers when nothing goes wrong. The shared
+// retry budget asks about the same key (plan.sharedKeyID).
+func (rt *route) admissionKeyID() string { return rt.candidates[0].keys[0].id }
+
 // Deps are the router's collaborators. The service clients are the generated interfaces,
 // so the router never depends on how (or where) the other services run.
 type Deps struct {
@@ -120,6 +125,8 @@ type Router struct {
 
 	upstreams map[string]*upstream // by model name; fixed for the process's life
 	budget    *resilience.Budget
+	// hedgeBudget bounds hedges apart from budget (Config.HedgeBudget).
+	hedgeBudget *resilience.Budget
 	// fallbackLimiter admits requests while the quota service is unreachable.
 	fallbackLimiter *localLimiter
 	// degradations are the last degradation events, for the status page.
@@ -147,6 +154,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 	}
 	r := &Router{deps: deps, upstreams: map[string]*upstream{},
 		budget:          resilience.NewBudget(cfg.RetryBudget, deps.Clock),
+		hedgeBudget:     resilience.NewBudget(cfg.HedgeBudget.budget(), deps.Clock),
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
 	}
 	providers := map[string]ProviderConfig{}
@@ -240,10 +248,10 @@ func (r *Router) Reload(cfg Config) error {
 		!reflect.DeepEqual(old.SimProfiles, cfg.SimProfiles) {
 		return errors.New("providers, models and sim profiles change only with a restart")
 	}
-	if !reflect.DeepEqual(old.RetryBudget, cfg.RetryBudget) || !reflect.DeepEqual(old.Breaker, cfg.Breaker) ||
+	if !reflect.DeepEqual(old.RetryBudget, cfg.RetryBudget) || old.HedgeBudget != cfg.HedgeBudget || !reflect.DeepEqual(old.Breaker, cfg.Breaker) ||
 		old.QuotaFallbackRPM != cfg.QuotaFallbackRPM || old.Idempotency != cfg.Idempotency ||
 		old.QuotaAddress != cfg.QuotaAddress || old.CacheAddress != cfg.CacheAddress || old.VerifierAddress != cfg.VerifierAddress {
-		r.deps.Log.Warn("retry_budget, breaker, quota_fallback_rpm, idempotency and the service addresses keep their running values until a restart")
+		r.deps.Log.Warn("retry_budget, hedge_budget, breaker, quota_fallback_rpm, idempotency and the service addresses keep their running values until a restart")
 	}
 	r.tab.Store(r.buildTable(&cfg))
 	r.cfg.Store(&cfg)
@@ -388,7 +396,7 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 		Quality: sent,
 		Model:   rt.candidates[0].model.Name,
 		// Naming the key lets quota count requests per key for the shared retry budget.
-		UpstreamKeyId:   rt.candidates[0].keys[0].id,
+		UpstreamKeyId:   rt.admissionKeyID(),
 		MaxOutputTokens: int64(req.MaxTokens),
 		Messages:        req.Messages,
 	})

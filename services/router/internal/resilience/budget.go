@@ -140,24 +140,6 @@ func (b *Budget) allowedLocked(now time.Time, format bool) bool {
 	return float64(retries+1) <= b.cfg.Ratio*float64(requests)
 }
 
-// AllowedShare reports whether a retry that may use only share (0 to 1) of the budget
-// could go now: the rules above with Floor, FormatOnlyAbove and Ratio scaled by share. The
-// router asks it before a hedge, so that requests which are merely slow leave the rest of
-// the budget to requests whose attempt actually failed. It counts nothing; TryRetry spends.
-func (b *Budget) AllowedShare(share float64) bool {
-	now := b.clock.Now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	requests, retries := b.countsLocked(now)
-	if float64(retries) < share*float64(b.cfg.Floor) {
-		return true
-	}
-	if rate(requests, retries) > share*b.cfg.FormatOnlyAbove {
-		return false
-	}
-	return float64(retries+1) <= share*b.cfg.Ratio*float64(requests)
-}
-
 // FormatOnly reports whether only format retries may go now (rule 2 above is in force).
 func (b *Budget) FormatOnly() bool {
 	now := b.clock.Now()
