@@ -14,11 +14,11 @@
 local key = KEYS[1]
 local s, ns = clock(ARGV[1], ARGV[2])
 local maxdebt = tonumber(ARGV[3])
-local rec = redis.call('GET', KEYS[2])
+-- GETDEL (Redis 6.2): one call where GET and DEL were two.
+local rec = redis.call('GETDEL', KEYS[2])
 if not rec then
   return {0}
 end
-redis.call('DEL', KEYS[2])
 local r = split(rec, '|')
 local e = split(r[1], ':')
 local es, ens = tonumber(e[1]), tonumber(e[2])
