@@ -2,11 +2,15 @@ package drill
 
 import (
 	"context"
+	"encoding/csv"
 	"errors"
 	"io"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/provider/openai"
@@ -61,5 +65,35 @@ func simAnswer(t *testing.T, p provider.Provider, r request) string {
 			t.Fatalf("Recv: %v", err)
 		}
 		b.WriteString(ch.Content)
+	}
+}
+
+// The requests CSV is read by spreadsheets and scripts: one record per request with the
+// header's columns, times in scenario time, and fields with commas or quotes (reasons,
+// audit trails) quoted so they stay one column.
+func TestRequestsCSV(t *testing.T) {
+	t.Parallel()
+	p := &plan{s: &Scenario{Name: "drill-test"}, scale: 0.1}
+	d := sideData{name: "mantle", results: []result{
+		{due: 100 * time.Millisecond, latency: 50 * time.Millisecond, answered: true, correct: true, level: 1, verified: true,
+			reason: "primary unavailable", trail: `+0s admit route=drill (0s); +1ms attempt sim/primary class=timeout, "slow" (120ms)`},
+		{due: 200 * time.Millisecond, latency: 300 * time.Millisecond, level: -1, failure: "deadline exceeded"},
+	}}
+	var b strings.Builder
+	b.WriteString(requestsCSVHeader)
+	if err := p.writeRequestsCSV(&b, d); err != nil {
+		t.Fatal(err)
+	}
+	records, err := csv.NewReader(strings.NewReader(b.String())).ReadAll()
+	if err != nil {
+		t.Fatalf("not CSV: %v\n%s", err, b.String())
+	}
+	want := [][]string{
+		strings.Split(strings.TrimSpace(requestsCSVHeader), ","),
+		{"drill-test", "mantle", "0", "1.000", "500.0", "true", "true", "1", "true", "", "primary unavailable", d.results[0].trail},
+		{"drill-test", "mantle", "1", "2.000", "3000.0", "false", "false", "-1", "false", "deadline exceeded", "", ""},
+	}
+	if diff := cmp.Diff(want, records); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
 	}
 }
