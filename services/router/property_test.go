@@ -9,6 +9,7 @@ import (
 	"pgregory.net/rapid"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
 
 // outcomes a scripted provider can give in the property test.
@@ -130,25 +131,24 @@ func TestAttemptLoopProperties(t *testing.T) {
 			requests++
 			retries += max(0, attempts-1-hedges)
 			hedged += hedges
-			gotRequests, gotRetries, _ := h.router.budget.Snapshot()
-			if gotRequests != requests || gotRetries != retries {
-				rt.Fatalf("after request %d the retry budget counted %d requests and %d retries; the attempts say %d and %d",
-					i, gotRequests, gotRetries, requests, retries)
-			}
-			if allowed := max(floor, int(ratio*float64(requests))); retries > allowed {
-				rt.Fatalf("after request %d: %d retries admitted, over the budget's %d", i, retries, allowed)
-			}
-			gotRequests, gotHedges, _ := h.router.hedgeBudget.Snapshot()
-			if gotRequests != requests || gotHedges != hedged {
-				rt.Fatalf("after request %d the hedge budget counted %d requests and %d hedges; the attempts say %d and %d",
-					i, gotRequests, gotHedges, requests, hedged)
-			}
-			if allowed := max(hedgeFloor, int(hedgeRatio*float64(requests))); hedged > allowed {
-				rt.Fatalf("after request %d: %d hedges admitted, over the hedge budget's %d", i, hedged, allowed)
-			}
+			checkBudget(rt, i, "retry", h.router.budget, requests, retries, floor, ratio)
+			checkBudget(rt, i, "hedge", h.router.hedgeBudget, requests, hedged, hedgeFloor, hedgeRatio)
 			if d.err == nil && qc.Attempts[len(qc.Attempts)-1].ErrorClass != mantlev1.ErrorClass_ERROR_CLASS_NONE {
 				rt.Fatalf("request %d answered, but its last attempt failed: %v", i, attemptsOf(qc))
 			}
 		}
 	})
+}
+
+// checkBudget fails rt unless budget counted the requests and extra attempts (spent) the
+// attempts show, and spent stays within max(floor, ratio x requests).
+func checkBudget(rt *rapid.T, request int, name string, budget *resilience.Budget, requests, spent, floor int, ratio float64) {
+	gotRequests, gotSpent, _ := budget.Snapshot()
+	if gotRequests != requests || gotSpent != spent {
+		rt.Fatalf("after request %d the %s budget counted %d requests and %d extra attempts; the attempts say %d and %d",
+			request, name, gotRequests, gotSpent, requests, spent)
+	}
+	if allowed := max(floor, int(ratio*float64(requests))); spent > allowed {
+		rt.Fatalf("after request %d: %d extra attempts admitted, over the %s budget's %d", request, spent, name, allowed)
+	}
 }
