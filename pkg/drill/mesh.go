@@ -53,9 +53,6 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 	if w := s.Router.RetryBudget.Window; w > 0 {
 		qb.Window = max(time.Second, scaler(scale).d(w).Round(time.Second))
 	}
-	// Requests reach the shared counters once per flush; unscaled, a replayed window would
-	// see a third of its requests late and its retry rate too high.
-	qb.FlushInterval = max(10*time.Millisecond, scaler(scale).d(qb.FlushInterval))
 
 	sc := scaler(scale)
 	r := &cfg.Router

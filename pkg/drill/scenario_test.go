@@ -142,7 +142,6 @@ func TestMeshConfigScalesTime(t *testing.T) {
 		{"hedge budget window", r.HedgeBudget.Window, 3 * time.Second},
 		{"backoff base", r.Retry.BackoffBase, 10 * time.Millisecond},
 		{"hedge max delay", rt.Hedge.MaxDelay, 90 * time.Millisecond},
-		{"quota's request flush", cfg.Quota.RetryBudget.FlushInterval, 100 * time.Millisecond},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

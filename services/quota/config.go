@@ -131,7 +131,7 @@ type QueueConfig struct {
 // RetryBudgetConfig is the mesh-wide retry budget; its keys match the router's own
 // retry_budget block so that the two can be swapped.
 type RetryBudgetConfig struct {
-	// Ratio is the largest share of requests that retries and hedges may add.
+	// Ratio is the largest share of requests that retries and failovers may add.
 	Ratio float64 `yaml:"ratio"`
 	// Floor is how many retries a window always allows, so a quiet mesh can still retry.
 	Floor int `yaml:"floor"`

@@ -505,8 +505,8 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 	return true, pairOf(levels), nil
 }
 
-// AcquireRetry asks the mesh-wide retry budget for one retry (or hedge) to key ("" for
-// the overall budget only). A refusal is an answer, not an error.
+// AcquireRetry asks the mesh-wide retry budget for one retry of a request admitted under
+// key ("" for the overall budget only). A refusal is an answer, not an error.
 func (s *Service) AcquireRetry(ctx context.Context, key string, format bool) (RetryDecision, error) {
 	d, err := s.store.AcquireRetry(ctx, RetryAsk{Key: key, Format: format, Budget: s.cfg.RetryBudget})
 	if err != nil {

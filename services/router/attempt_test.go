@@ -46,7 +46,7 @@ func twoKeys(c *Config) {
 	c.Providers[0].Keys = []KeyConfig{{ID: "k1", Env: "K1"}, {ID: "k2", Env: "K2"}}
 }
 
-// noRetryBudget refuses every retry, failover and hedge.
+// noRetryBudget refuses every retry and failover (hedges have their own budget).
 func noRetryBudget(c *Config) {
 	c.RetryBudget = BudgetConfig{Ratio: 0, Floor: 0, Window: time.Minute, FormatOnlyAbove: 0.15}
 }

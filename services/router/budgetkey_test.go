@@ -111,6 +111,9 @@ func TestSharedRetryBudgetAsksTheAdmissionKey(t *testing.T) {
 			t.Errorf("AcquireRetry %d asked about key %q, want key-a, the key admission counted", i, a.UpstreamKeyId)
 		}
 	}
+	if len(reserves) != 3 {
+		t.Fatalf("%d Reserve requests, want 3", len(reserves))
+	}
 	for i, r := range reserves {
 		if r.UpstreamKeyId != "key-a" {
 			t.Errorf("Reserve %d counted key %q, want key-a", i, r.UpstreamKeyId)

@@ -192,7 +192,8 @@ type RouteConfig struct {
 }
 
 // HedgeConfig: after Delay (the key's live p95, bounded by MinDelay and MaxDelay) a second
-// request goes to the best other healthy candidate; the first valid answer wins.
+// request goes to the best other healthy candidate, if the hedge budget (Config.HedgeBudget)
+// allows; the first valid answer wins.
 type HedgeConfig struct {
 	Enabled  bool          `yaml:"enabled"`
 	MinDelay time.Duration `yaml:"min_delay,omitempty"`

@@ -36,8 +36,8 @@ import (
 //   - context length exceeded: only a candidate with a larger context window;
 //   - bad request, content filter: no other attempt (another model cannot fix the request).
 //
-// Every attempt after the first draws on the retry budget; a refused retry ends the loop and
-// the request goes down the ladder instead. Breakers, cooldowns and bulkheads decide which
+// Every attempt after the first draws on the retry budget, except a hedge, which draws on the
+// hedge budget; a refused retry ends the loop and the request goes down the ladder instead. Breakers, cooldowns and bulkheads decide which
 // keys may be called at all; a candidate with none is skipped without a call.
 
 // candidate is one model in a request's plan.
@@ -86,8 +86,8 @@ func (r *Router) newPlan(rt *route) *plan {
 // budgetKey is the key whose own retry budget pays for an extra attempt on key of c, or
 // nil when only the overall budget does. A retry on the model that just failed adds load
 // to that model, so the key it goes to pays, and a key in trouble refuses a retry storm on
-// itself. A failover or hedge to another model adds no load to the failing one, and the
-// overall budget bounds the amplification. (mantle drill found both other choices wrong:
+// itself. A failover to another model adds no load to the failing one, and the overall
+// budget bounds the amplification. (mantle drill found both other choices wrong:
 // charged to the key they go to, failovers emptied a backup's budget, which counts only
 // the requests that start on it; charged to the failing key, they emptied the primary's,
 // which counts few requests while its breaker is open, and its half-open probes' slow
@@ -102,7 +102,7 @@ func (p *plan) budgetKey(c *candidate, key *upstreamKey) *upstreamKey {
 // sharedKeyID names the request to quota's shared retry budget: the key its request was
 // counted under. Naming the key of the first attempt instead (the backup's, while the
 // primary's breaker is open) asked a budget that had counted no requests, so past its
-// floor it refused every hedge and failover (found by mantle drill, seed-incident).
+// floor it refused every failover (found by mantle drill, seed-incident).
 func (p *plan) sharedKeyID() string { return p.sharedKey }
 
 // next picks the candidate for the next attempt: the current one while it may be retried,
@@ -484,7 +484,7 @@ func (r *Router) run(ctx context.Context, req *routerv1.Request, rt *route, qc *
 // hedged runs the first attempt and, when it has not answered after the hedge delay (the
 // key's live p95, bounded by the route), a second attempt on the best other candidate. The
 // first answer that passes verification wins and the other is cancelled; both attempts are
-// recorded, and the hedge draws on the retry budget like any retry.
+// recorded. The hedge draws on the hedge budget (hedgeCandidate).
 func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, p *plan, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request) outcome {
 	results := make(chan outcome, 2)
 	primaryCtx, cancelPrimary := context.WithCancel(ctx)
@@ -590,8 +590,7 @@ func (r *Router) hedgeCandidate(qc *mantlev1.QualityContext, p *plan, primary *c
 	return nil, nil, resilience.Permit{}, nil, false
 }
 
-// hedgeDelay is the key's live p95, at least min_delay; max_delay before the key has
-// statistics, and min_delay once its p95 exceeds max_delay.
+// hedgeDelay is the key's live p95, bounded by the route's limits.
 func (r *Router) hedgeDelay(rt *route, key *upstreamKey) time.Duration {
 	lo, hi := rt.hedge.MinDelay, rt.hedge.MaxDelay
 	if lo <= 0 {
@@ -601,18 +600,10 @@ func (r *Router) hedgeDelay(rt *route, key *upstreamKey) time.Duration {
 		hi = 3 * time.Second
 	}
 	p95 := key.stats.snapshot().p95
-	switch {
-	case p95 == 0:
+	if p95 == 0 {
 		return hi
-	case p95 > hi:
-		// More than one call in twenty takes longer than the route will wait: the key is
-		// in trouble, and its slow calls are the ones the hedge exists for. Waiting out
-		// max_delay before each hedge put the seed-incident drill's tail past its target
-		// every time the primary's breaker closed on a lucky probe. The retry budget still
-		// bounds how many go.
-		return lo
 	}
-	return max(p95, lo)
+	return min(max(p95, lo), hi)
 }
 
 // call makes the provider call and keeps the breaker, cooldown and statistics of the key.

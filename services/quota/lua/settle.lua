@@ -14,8 +14,15 @@
 local key = KEYS[1]
 local s, ns = clock(ARGV[1], ARGV[2])
 local maxdebt = tonumber(ARGV[3])
--- GETDEL (Redis 6.2): one call where GET and DEL were two.
-local rec = redis.call('GETDEL', KEYS[2])
+-- GETDEL (Redis 6.2) is one call where GET and DEL were two; a server without it gets
+-- those two.
+local rec = redis.pcall('GETDEL', KEYS[2])
+if type(rec) == 'table' and rec.err then
+  rec = redis.call('GET', KEYS[2])
+  if rec then
+    redis.call('DEL', KEYS[2])
+  end
+end
 if not rec then
   return {0}
 end

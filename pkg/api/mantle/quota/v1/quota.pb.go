@@ -953,11 +953,14 @@ func (x *ObserveUpstreamResponse) GetLimits() *Limits {
 	return nil
 }
 
-// AcquireRetryRequest asks for one retry or hedge.
+// AcquireRetryRequest asks for one retry or failover. (The router's hedges have a budget of
+// their own and do not ask.)
 type AcquireRetryRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Quality *v1.QualityContext     `protobuf:"bytes,1,opt,name=quality,proto3" json:"quality,omitempty"`
-	// The key the retry would go to; empty checks the overall budget only.
+	// The key whose requests the retry is weighed against: the key the request was admitted
+	// under (ReserveRequest.upstream_key_id), wherever the retry goes; empty checks the
+	// overall budget only.
 	UpstreamKeyId string `protobuf:"bytes,2,opt,name=upstream_key_id,json=upstreamKeyId,proto3" json:"upstream_key_id,omitempty"`
 	// A retry after a format (L1) failure: still allowed once the retry rate passes the
 	// format-only threshold (seed: above 15% of requests, stop all but format retries).

@@ -75,7 +75,7 @@ type QuotaServiceClient interface {
 	// headers (x-ratelimit-remaining-* / anthropic-ratelimit-*), so mantle slows down before
 	// the provider answers 429. A reported remaining count can only lower mantle's view.
 	ObserveUpstream(ctx context.Context, in *ObserveUpstreamRequest, opts ...grpc.CallOption) (*ObserveUpstreamResponse, error)
-	// AcquireRetry asks for one retry (or hedge) from the mesh-wide retry budget: retries are
+	// AcquireRetry asks for one retry or failover from the mesh-wide retry budget: retries are
 	// capped at a share of requests per upstream key and overall, with a small floor, across
 	// every router replica.
 	AcquireRetry(ctx context.Context, in *AcquireRetryRequest, opts ...grpc.CallOption) (*AcquireRetryResponse, error)
@@ -202,7 +202,7 @@ type QuotaServiceServer interface {
 	// headers (x-ratelimit-remaining-* / anthropic-ratelimit-*), so mantle slows down before
 	// the provider answers 429. A reported remaining count can only lower mantle's view.
 	ObserveUpstream(context.Context, *ObserveUpstreamRequest) (*ObserveUpstreamResponse, error)
-	// AcquireRetry asks for one retry (or hedge) from the mesh-wide retry budget: retries are
+	// AcquireRetry asks for one retry or failover from the mesh-wide retry budget: retries are
 	// capped at a share of requests per upstream key and overall, with a small floor, across
 	// every router replica.
 	AcquireRetry(context.Context, *AcquireRetryRequest) (*AcquireRetryResponse, error)
