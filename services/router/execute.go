@@ -164,7 +164,10 @@ type outcome struct {
 func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink) (*answer, error) {
 	p := r.newPlan(rt)
 	r.budget.Request()
-	r.hedgeBudget.Request()
+	if sink == nil && rt.hedge.Enabled {
+		// Only requests that may be hedged count, so the ratio is the share of those.
+		r.hedgeBudget.Request()
+	}
 	preq := providerRequest(req, qc)
 	for ctx.Err() == nil {
 		c := p.next()

@@ -101,7 +101,7 @@ func TestAttemptLoopProperties(t *testing.T) {
 			}
 		}()
 
-		requests, retries, hedged := 0, 0, 0
+		requests, retries, hedged, hedgeable := 0, 0, 0, 0
 		for i := range rapid.IntRange(1, 5).Draw(rt, "requests") {
 			ch := h.start(context.Background(), ask("chat"))
 			var d done
@@ -129,10 +129,13 @@ func TestAttemptLoopProperties(t *testing.T) {
 				rt.Fatalf("request %d: %d attempts %v, over candidates x (1 + max_retries) + hedges = %d", i, attempts, attemptsOf(qc), limit)
 			}
 			requests++
+			if hedge {
+				hedgeable++ // unary requests on a route that hedges
+			}
 			retries += max(0, attempts-1-hedges)
 			hedged += hedges
 			checkBudget(rt, i, "retry", h.router.budget, requests, retries, floor, ratio)
-			checkBudget(rt, i, "hedge", h.router.hedgeBudget, requests, hedged, hedgeFloor, hedgeRatio)
+			checkBudget(rt, i, "hedge", h.router.hedgeBudget, hedgeable, hedged, hedgeFloor, hedgeRatio)
 			if d.err == nil && qc.Attempts[len(qc.Attempts)-1].ErrorClass != mantlev1.ErrorClass_ERROR_CLASS_NONE {
 				rt.Fatalf("request %d answered, but its last attempt failed: %v", i, attemptsOf(qc))
 			}
