@@ -52,7 +52,8 @@ type Config struct {
 	// RetryBudget caps retries and failovers as a share of requests, so a provider incident
 	// cannot turn into a retry storm (seed 001: stop all but format retries above 15%).
 	RetryBudget BudgetConfig `yaml:"retry_budget"`
-	// HedgeBudget caps hedges as a share of requests. Hedges have a budget of their own so
+	// HedgeBudget caps hedges as a share of the requests that may be hedged (unary, on a
+	// route with hedging). Hedges have a budget of their own so
 	// that requests which are merely slow never take the place of a failover after a real
 	// failure (with one budget for both, the seed-incident drill answered failed probes
 	// with templates because hedges had spent it).
@@ -203,7 +204,7 @@ type HedgeConfig struct {
 // HedgeBudgetConfig is the router's hedge budget (hedge_budget): the retry budget's rule
 // without its format-only mode, which hedges (never format retries) have no use for.
 type HedgeBudgetConfig struct {
-	// Ratio is the largest share of requests that hedges may add.
+	// Ratio is the largest share of hedgeable requests that may be hedged.
 	Ratio float64 `yaml:"ratio"`
 	// Floor is how many hedges a window always allows.
 	Floor int `yaml:"floor"`
