@@ -54,7 +54,8 @@ type BreakerConfig struct {
 	// ConsecutiveFailures trips the breaker after this many failures in a row, without
 	// waiting for MinCalls; 0 disables the fast trip.
 	ConsecutiveFailures int `yaml:"consecutive_failures"`
-	// OpenDuration is the first open period; each re-trip from half-open doubles it.
+	// OpenDuration is the first open period; each re-trip from half-open doubles it, and so
+	// does a trip within MaxOpenDuration of the breaker closing (a flap, see Breaker).
 	OpenDuration time.Duration `yaml:"open_duration"`
 	// MaxOpenDuration caps the doubled open period (before jitter).
 	MaxOpenDuration time.Duration `yaml:"max_open_duration"`
@@ -159,8 +160,9 @@ type BreakerSnapshot struct {
 	Calls                 int
 	// OpenUntil is when an open breaker will admit probes (zero unless open).
 	OpenUntil time.Time
-	// Trips counts trips since the breaker last closed: 1 after the first, 2 after a probe
-	// re-opened it, and so on. It sets the open period and resets on close.
+	// Trips counts the trips of the current episode: 1 after the first, 2 after a probe
+	// re-opened it or the breaker flapped, and so on. It sets the open period; 0 while
+	// closed.
 	Trips int
 	// NextScout is when an open breaker will admit its next scout (zero unless open and
 	// scouting).
@@ -185,6 +187,15 @@ const (
 // Outcomes count only in the period they were admitted in: a call admitted while closed
 // that finishes after the breaker opened, or a probe that finishes after another probe
 // re-opened it, is ignored. A period is the time between two transitions.
+//
+// A breaker that trips again within MaxOpenDuration of closing is flapping: the upstream
+// fails often enough to trip it and succeeds often enough to pass a short half-open trial
+// (three probes all succeed 34% of the time when 30% of calls fail). Its trips then count
+// on from the episode before, so the open period keeps doubling instead of starting over,
+// and it does not scout: a scout is a shortcut for a steadily open breaker, and with it a
+// flapping one closed again within seconds (the seed-incident drill saw 16 to 21 trips in
+// ten minutes, each close sending the next seconds' requests to the slow primary). Envoy
+// damps outlier ejection the same way: each ejection of a host lasts longer than the last.
 type Breaker struct {
 	cfg          BreakerConfig
 	clock        clockwork.Clock
@@ -197,7 +208,9 @@ type Breaker struct {
 	window      *Window
 	consecutive int       // failures in a row while closed
 	openUntil   time.Time // when open ends
-	trips       int
+	trips       int       // of the current episode; kept after a close to tell a flap
+	closedAt    time.Time // when a half-open trial last closed the breaker
+	flapping    bool      // the current episode began with a trip soon after a close
 	reason      string
 	failureRate float64 // evidence of the last trip
 	slowRate    float64
@@ -460,7 +473,7 @@ func (b *Breaker) settleTrialLocked(now time.Time) {
 	b.transitionLocked(now, StateClosed, reason, 0, 0)
 	b.window.Reset()
 	b.consecutive = 0
-	b.trips = 0
+	b.closedAt = now // trips stay: a trip soon after this is a flap (see Breaker)
 	b.failureRate, b.slowRate, b.tripCalls = 0, 0, 0
 }
 
@@ -475,9 +488,19 @@ func (b *Breaker) ratesLocked(now time.Time) (calls int, failureRate, slowRate f
 	return calls, float64(sums[fieldFailures]) / float64(calls), float64(sums[fieldSlow]) / float64(calls)
 }
 
-// tripLocked opens the breaker for an open period that doubles with each trip since the last
-// close, capped, then jittered.
+// tripLocked opens the breaker for an open period that doubles with each trip of the
+// episode, capped, then jittered. A trip from closed starts a new episode unless it is a
+// flap (see Breaker).
 func (b *Breaker) tripLocked(now time.Time, reason string, fr, sr float64, calls int) {
+	if b.state == StateClosed {
+		since := now.Sub(b.closedAt)
+		b.flapping = b.trips > 0 && since < b.cfg.MaxOpenDuration
+		if b.flapping {
+			reason = fmt.Sprintf("%s; flapping: %s after closing", reason, since.Round(time.Millisecond))
+		} else {
+			b.trips = 0
+		}
+	}
 	b.trips++
 	b.failureRate, b.slowRate, b.tripCalls = fr, sr, calls
 	b.openUntil = now.Add(openPeriod(b.cfg, b.trips, b.rnd()))
@@ -532,7 +555,7 @@ func (b *Breaker) transitionLocked(now time.Time, to State, reason string, fr, s
 // then takes over).
 func (b *Breaker) scheduleScoutLocked(now time.Time) {
 	b.nextScout = time.Time{}
-	if iv := b.cfg.scoutInterval(); iv > 0 {
+	if iv := b.cfg.scoutInterval(); iv > 0 && !b.flapping {
 		if next := now.Add(jittered(b.cfg.OpenJitter, iv, b.rnd())); next.Before(b.openUntil) {
 			b.nextScout = next
 		}
@@ -579,6 +602,7 @@ func (b *Breaker) Snapshot() BreakerSnapshot {
 	b.advanceLocked(now)
 	s := BreakerSnapshot{State: b.state, Reason: b.reason, Trips: b.trips, OpenUntil: b.openUntil, NextScout: b.nextScout}
 	if b.state == StateClosed {
+		s.Trips = 0 // kept inside only to tell a flap
 		s.Calls, s.FailureRate, s.SlowRate = b.ratesLocked(now)
 	} else {
 		s.FailureRate, s.SlowRate, s.Calls = b.failureRate, b.slowRate, b.tripCalls

@@ -454,8 +454,10 @@ func TestProbesSucceedCloseAndResetTheWindow(t *testing.T) {
 	if diff := cmp.Diff(want, snap); diff != "" {
 		t.Fatalf("snapshot after probes (-want +got):\n%s", diff)
 	}
-	// The window starts empty: 19 failures (no five in a row) do not trip, and the next
-	// trip is a first trip again.
+	// The window starts empty: 19 failures (no five in a row) do not trip, and a trip once
+	// max_open_duration has passed since the close is a first trip again (a trip sooner is
+	// a flap: TestFlappingBreaker).
+	h.clock.Advance(cfg.MaxOpenDuration)
 	h.run(strings.Repeat("FFS", 6) + "F")
 	if s := h.b.Snapshot().State; s != StateClosed {
 		t.Fatalf("state %s, want closed (window was reset)", s)
@@ -464,6 +466,58 @@ func TestProbesSucceedCloseAndResetTheWindow(t *testing.T) {
 	snap = h.b.Snapshot()
 	if snap.State != StateOpen || snap.Trips != 1 || snap.OpenUntil.Sub(h.clock.Now()) != cfg.OpenDuration {
 		t.Fatalf("next trip: %+v, want open, Trips 1, period %s", snap, cfg.OpenDuration)
+	}
+}
+
+// A breaker that trips again soon after closing is flapping: its open period doubles on
+// from the episode before instead of starting over, its reason says so, and it sends no
+// scouts until the doubled period is over. Once it has stayed closed for
+// max_open_duration, a trip starts over.
+func TestFlappingBreaker(t *testing.T) {
+	cfg := DefaultBreakerConfig()
+	cfg.HalfOpenProbes = 1
+	h := halfOpen(t, cfg) // trip 1 of the episode
+	closeIt := func() {
+		t.Helper()
+		p, ok := h.b.Allow()
+		if !ok {
+			t.Fatal("probe refused")
+		}
+		p.Done(false, time.Second)
+		if s := h.b.Snapshot(); s.State != StateClosed || s.Trips != 0 {
+			t.Fatalf("after a good probe: %+v, want closed with Trips 0", s)
+		}
+	}
+	closeIt()
+
+	steps := []struct {
+		name        string
+		closedFor   time.Duration // before the trip
+		wantTrips   int
+		wantPeriod  time.Duration
+		wantFlapped bool
+	}{
+		{"tripped 10s after closing: the period doubles", 10 * time.Second, 2, 2 * cfg.OpenDuration, true},
+		{"again, just inside max_open_duration: doubles again", cfg.MaxOpenDuration - time.Second, 3, 4 * cfg.OpenDuration, true},
+		{"closed for max_open_duration: a first trip", cfg.MaxOpenDuration, 1, cfg.OpenDuration, false},
+	}
+	for _, st := range steps {
+		h.clock.Advance(st.closedFor)
+		h.trip()
+		snap := h.b.Snapshot()
+		if snap.Trips != st.wantTrips || snap.OpenUntil.Sub(h.clock.Now()) != st.wantPeriod {
+			t.Fatalf("%s: Trips %d, period %s; want %d and %s", st.name, snap.Trips, snap.OpenUntil.Sub(h.clock.Now()), st.wantTrips, st.wantPeriod)
+		}
+		if got := strings.Contains(snap.Reason, "flapping: "+st.closedFor.String()+" after closing"); got != st.wantFlapped {
+			t.Errorf("%s: reason %q, want the flap named: %t", st.name, snap.Reason, st.wantFlapped)
+		}
+		// A flapping breaker sends no scout, although its period is longer than the scout
+		// interval (open_duration); a steadily open one would (TestScouting).
+		if st.wantFlapped && !snap.NextScout.IsZero() {
+			t.Errorf("%s: next scout at %v, want none while flapping", st.name, snap.NextScout)
+		}
+		h.clock.Advance(st.wantPeriod)
+		closeIt()
 	}
 }
 
