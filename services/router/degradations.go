@@ -4,8 +4,6 @@ import (
 	"slices"
 	"sync"
 
-	"google.golang.org/protobuf/proto"
-
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 )
 
@@ -18,13 +16,13 @@ type degradationRing struct {
 }
 
 // add records ev, keeping at most capacity events (capacity comes from the live config,
-// so a reload that shrinks it applies at the next event).
+// so a reload that shrinks it applies at the next event). The ring keeps ev itself, not a
+// copy (a copy per degraded request added up during incidents): nobody may modify ev after
+// add; the publisher and the status page only read it, which is safe concurrently.
 func (d *degradationRing) add(ev *eventsv1.DegradationEvent, capacity int) {
 	if capacity <= 0 {
 		return
 	}
-	// A copy: the publisher may still be marshalling ev, and the ring hands events out.
-	ev = proto.CloneOf(ev)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if over := len(d.events) + 1 - capacity; over > 0 {
