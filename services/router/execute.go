@@ -36,9 +36,10 @@ import (
 //   - context length exceeded: only a candidate with a larger context window;
 //   - bad request, content filter: no other attempt (another model cannot fix the request).
 //
-// Every attempt after the first draws on the retry budget, except a hedge, which draws on the
-// hedge budget; a refused retry ends the loop and the request goes down the ladder instead. Breakers, cooldowns and bulkheads decide which
-// keys may be called at all; a candidate with none is skipped without a call.
+// Every attempt after the first draws on the retry budget, except a hedge, which draws on
+// the hedge budget; a refused retry ends the loop and the request goes down the ladder
+// instead. Breakers, cooldowns and bulkheads decide which keys may be called at all; a
+// candidate with none is skipped without a call.
 
 // candidate is one model in a request's plan.
 type candidate struct {
@@ -64,9 +65,11 @@ type plan struct {
 	lastErr    error
 	failed     []string
 	denied     bool // the retry budget refused a retry
-	// sharedKey is the key quota counted this request under at admission (the route's
-	// first choice, router.reserve): the shared retry budget weighs the request's extra
-	// attempts against that key's requests.
+	// sharedKey names the request to quota's shared retry budget: the key quota counted it
+	// under at admission (route.admissionKeyID), whose requests its extra attempts are
+	// weighed against. Naming the key of the first attempt instead (the backup's, while the
+	// primary's breaker is open) asked a budget that had counted no requests, so past its
+	// floor it refused every failover (found by mantle drill, seed-incident).
 	sharedKey string
 	// last is the candidate of the latest attempt.
 	last *candidate
@@ -98,12 +101,6 @@ func (p *plan) budgetKey(c *candidate, key *upstreamKey) *upstreamKey {
 	}
 	return nil
 }
-
-// sharedKeyID names the request to quota's shared retry budget: the key its request was
-// counted under. Naming the key of the first attempt instead (the backup's, while the
-// primary's breaker is open) asked a budget that had counted no requests, so past its
-// floor it refused every failover (found by mantle drill, seed-incident).
-func (p *plan) sharedKeyID() string { return p.sharedKey }
 
 // next picks the candidate for the next attempt: the current one while it may be retried,
 // otherwise the best remaining one for the failure class that ended the current one.
@@ -211,7 +208,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			r.skipCandidate(qc, p, c, mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED)
 			continue
 		}
-		if p.attempts > 0 && !r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKeyID(), isFormatClass(p.prefer)) {
+		if p.attempts > 0 && !r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKey, isFormatClass(p.prefer)) {
 			permit.Cancel()
 			release()
 			r.denyRetry(qc, p)
@@ -878,7 +875,7 @@ func (r *Router) continueStream(ctx context.Context, req *routerv1.Request, rt *
 			break
 		}
 		key, permit, release, ok, denied := r.extraAttempt(qc, p, c, func(key *upstreamKey) bool {
-			return r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKeyID(), false)
+			return r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKey, false)
 		})
 		if denied {
 			r.deps.Metrics.budgetDenied.Inc()

@@ -89,7 +89,7 @@ type route struct {
 
 // admissionKeyID is the key a request on rt is admitted and counted under in quota: the
 // first key of the route's first choice, which answers when nothing goes wrong. The shared
-// retry budget asks about the same key (plan.sharedKeyID).
+// retry budget asks about the same key (plan.sharedKey).
 func (rt *route) admissionKeyID() string { return rt.candidates[0].keys[0].id }
 
 // Deps are the router's collaborators. The service clients are the generated interfaces,
