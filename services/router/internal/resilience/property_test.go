@@ -174,10 +174,6 @@ func (m *breakerModel) check(t *rapid.T) {
 	// Every transition since the last check follows its rules.
 	for i := m.checked; i < len(m.trans); i++ {
 		tr := m.trans[i]
-		prevTrips := 0
-		if i > 0 {
-			prevTrips = m.tripsAfter(i - 1)
-		}
 		switch {
 		case tr.From == StateHalfOpen && tr.To == StateClosed:
 			// Every place used, none failed, at least one success.
@@ -188,8 +184,11 @@ func (m *breakerModel) check(t *rapid.T) {
 			if ok, ab := m.successes[i], m.abandoned[i]; ok != 0 || ab != m.cfg.HalfOpenProbes {
 				t.Fatalf("no-verdict re-open after %d successful and %d abandoned probes", ok, ab)
 			}
-		case tr.From == StateClosed && tr.To == StateOpen && prevTrips != 0:
-			t.Fatalf("trip from closed with %d trips on record", prevTrips)
+		case tr.From == StateClosed && tr.To == StateOpen:
+			// A trip soon after a close is a flap, and says so; any other starts over.
+			if got, want := strings.Contains(tr.Reason, "; flapping: "), m.flapAt(i); got != want {
+				t.Fatalf("trip %q after transitions %v: flapping %t, want %t", tr.Reason, m.trans[:i], got, want)
+			}
 		}
 	}
 	m.checked = len(m.trans)
@@ -242,18 +241,39 @@ func (m *breakerModel) check(t *rapid.T) {
 
 // tripsAfter replays the transitions up to and including i and returns the trip count.
 func (m *breakerModel) tripsAfter(i int) int {
-	trips := 0
+	trips, _ := m.episode(i)
+	return trips
+}
+
+// episode replays transitions 0..i: the trips of the episode after transition i, and
+// whether that episode began with a flap. A trip from closed within MaxOpenDuration of the
+// close before it counts on from the trips before the close (a flap); any other trip from
+// closed starts over at 1; a no-verdict re-open is not a trip.
+func (m *breakerModel) episode(i int) (trips int, flapping bool) {
+	var closedAt time.Time
 	for _, tr := range m.trans[:i+1] {
 		switch {
 		case tr.To == StateOpen && strings.HasPrefix(tr.Reason, ReasonNoVerdict):
 			// not a trip: the period is the previous one's
+		case tr.To == StateOpen && tr.From == StateClosed:
+			flapping = trips > 0 && tr.At.Sub(closedAt) < m.cfg.MaxOpenDuration
+			if !flapping {
+				trips = 0
+			}
+			trips++
 		case tr.To == StateOpen:
 			trips++
 		case tr.To == StateClosed:
-			trips = 0
+			closedAt = tr.At
 		}
 	}
-	return trips
+	return trips, flapping
+}
+
+// flapAt reports whether transition i, a trip from closed, is a flap.
+func (m *breakerModel) flapAt(i int) bool {
+	_, flapping := m.episode(i)
+	return flapping
 }
 
 // checkScout checks a call admitted while open: scouting is on, no other scout of this
@@ -265,6 +285,9 @@ func (m *breakerModel) checkScout(t *rapid.T) {
 		t.Fatalf("Allow admitted a call while open with scouting off")
 	}
 	cur := len(m.trans)
+	if _, flapping := m.episode(cur - 1); flapping {
+		t.Fatalf("a scout while flapping")
+	}
 	last := m.trans[cur-1].At
 	for _, p := range m.permits {
 		if p.period != cur || p.cancelled {
