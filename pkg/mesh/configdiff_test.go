@@ -82,8 +82,14 @@ func TestSecretPath(t *testing.T) {
 
 func TestRestartPaths(t *testing.T) {
 	t.Parallel()
-	got := restartPaths([]configChange{{Path: "log.level"}, {Path: "router.default_budget"}, {Path: "server.grpc_listen_address"}, {Path: "target"}})
-	if want := []string{"log.level", "server.grpc_listen_address", "target"}; !slices.Equal(got, want) {
+	got := restartPaths([]configChange{
+		{Path: "log.level"}, {Path: "router.default_budget"}, {Path: "server.grpc_listen_address"}, {Path: "target"},
+		{Path: "router.hedge_budget.ratio"}, {Path: "router.retry_budget_extra"}, {Path: "router.routes[0].hedge.max_delay"},
+		{Path: "quota.default_limits.tpm"}, {Path: "router.breaker.open_duration"}, {Path: "router.quota_address"},
+	})
+	want := []string{"log.level", "server.grpc_listen_address", "target", "router.hedge_budget.ratio",
+		"quota.default_limits.tpm", "router.breaker.open_duration", "router.quota_address"}
+	if !slices.Equal(got, want) {
 		t.Errorf("restartPaths = %q, want %q", got, want)
 	}
 }

@@ -14,17 +14,23 @@ import (
 // megabytes; the event still lists every path.
 const maxLoggedChanges = 50
 
-// restartBlocks are the top-level blocks a reload does not apply.
-var restartBlocks = []string{"target", "server", "auth", "events", "tracing", "log"}
+// restartPrefixes are the configuration a reload does not apply (README, "Reloading
+// configuration"): the blocks of modules without Reload, and the router settings its
+// running budgets, breakers, limiter, store and connections were built from.
+var restartPrefixes = []string{
+	"target", "server", "auth", "events", "tracing", "log", "cache", "quota", "verifier",
+	"router.retry_budget", "router.hedge_budget", "router.breaker", "router.quota_fallback_rpm",
+	"router.idempotency", "router.quota_address", "router.cache_address", "router.verifier_address",
+}
 
 // restartPaths are the changed paths that apply only after a restart.
 func restartPaths(changes []configChange) []string {
 	var out []string
 	for _, c := range changes {
-		block, _, _ := strings.Cut(c.Path, ".")
-		for _, b := range restartBlocks {
-			if block == b {
+		for _, p := range restartPrefixes {
+			if rest, ok := strings.CutPrefix(c.Path, p); ok && (rest == "" || rest[0] == '.' || rest[0] == '[') {
 				out = append(out, c.Path)
+				break
 			}
 		}
 	}
