@@ -186,7 +186,8 @@ func (m *breakerModel) check(t *rapid.T) {
 			}
 		case tr.From == StateClosed && tr.To == StateOpen:
 			// A trip soon after a close is a flap, and says so; any other starts over.
-			if got, want := strings.Contains(tr.Reason, "; flapping: "), m.flapAt(i); got != want {
+			_, want := m.episode(i)
+			if got := strings.Contains(tr.Reason, "; flapping: "); got != want {
 				t.Fatalf("trip %q after transitions %v: flapping %t, want %t", tr.Reason, m.trans[:i], got, want)
 			}
 		}
@@ -219,8 +220,8 @@ func (m *breakerModel) check(t *rapid.T) {
 			t.Fatalf("half-open with Trips %d OpenUntil %s", snap.Trips, snap.OpenUntil)
 		}
 	case StateOpen:
-		if snap.Trips != m.tripsAfter(len(m.trans)-1) {
-			t.Fatalf("Trips %d, transitions say %d", snap.Trips, m.tripsAfter(len(m.trans)-1))
+		if want, _ := m.episode(len(m.trans) - 1); snap.Trips != want {
+			t.Fatalf("Trips %d, transitions say %d", snap.Trips, want)
 		}
 		if !snap.OpenUntil.After(m.clock.Now()) {
 			t.Fatalf("open until %s, which is not after now %s", snap.OpenUntil, m.clock.Now())
@@ -237,12 +238,6 @@ func (m *breakerModel) check(t *rapid.T) {
 			t.Fatalf("open period %s after trip %d, want within [%s, %s]", period, snap.Trips, lo, hi)
 		}
 	}
-}
-
-// tripsAfter replays the transitions up to and including i and returns the trip count.
-func (m *breakerModel) tripsAfter(i int) int {
-	trips, _ := m.episode(i)
-	return trips
 }
 
 // episode replays transitions 0..i: the trips of the episode after transition i, and
@@ -268,12 +263,6 @@ func (m *breakerModel) episode(i int) (trips int, flapping bool) {
 		}
 	}
 	return trips, flapping
-}
-
-// flapAt reports whether transition i, a trip from closed, is a flap.
-func (m *breakerModel) flapAt(i int) bool {
-	_, flapping := m.episode(i)
-	return flapping
 }
 
 // checkScout checks a call admitted while open: scouting is on, no other scout of this
