@@ -567,8 +567,9 @@ func (r *Router) extraAttempt(qc *mantlev1.QualityContext, p *plan, c *candidate
 // budgets (here or shared in quota): those stay for failovers after real failures. Each
 // replica's hedges are a share of its own requests, so the ratio holds mesh-wide too.
 func (r *Router) hedgeCandidate(qc *mantlev1.QualityContext, p *plan, primary *candidate) (*candidate, *upstreamKey, resilience.Permit, func(), bool) {
-	// Refusals are not audited (the first attempt is running and reads qc): the metric
-	// is their trace.
+	// Asked before any key is acquired, so a refusal takes no half-open probe place;
+	// extraAttempt spends it last. Refusals are not audited (the first attempt is running
+	// and reads qc): the metric is their trace.
 	if !r.hedgeBudget.Allowed(false) {
 		r.deps.Metrics.hedgeBudgetDenied.Inc()
 		return nil, nil, resilience.Permit{}, nil, false
