@@ -1,8 +1,8 @@
 // Package app runs any subset of mantle's modules in one process: one gRPC server that
 // every selected module registers on, one HTTP server for /metrics, /healthz, /readyz (and
-// the router's OpenAI-compatible front door), and a Dial function that reaches a module over
-// loopback when it runs here and at its configured address otherwise. That is the only place
-// where the single-binary and the split deployments differ.
+// the router's OpenAI-compatible front door), and a Dial function that reaches a module
+// through an in-process channel when it runs here and at its configured address otherwise.
+// That is the only place where the single-binary and the split deployments differ.
 package app
 
 import (
@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fullstorydev/grpchan"
+	"github.com/fullstorydev/grpchan/inprocgrpc"
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,6 +84,11 @@ type App struct {
 	run      []Runnable
 	reload   map[string]func(context.Context, any) error
 	ready    atomic.Bool
+
+	// local carries calls between modules of this process: the server's interceptor chain
+	// and stats handlers run as they would over the network, without HTTP/2 framing,
+	// sockets and serialisation (messages are copied, not shared).
+	local grpc.ClientConnInterface
 
 	connMu sync.Mutex
 	conns  map[string]*grpc.ClientConn
@@ -152,10 +159,11 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	if err != nil {
 		return nil, err
 	}
-	opts, err := rpc.ServerOptions(deps.Log, deps.Metrics, deps.Authenticator)
+	chain, err := rpc.ServerInterceptors(deps.Log, deps.Metrics, deps.Authenticator)
 	if err != nil {
 		return nil, err
 	}
+	opts := chain.ServerOptions()
 	if cfg.MaxMessageBytes > 0 {
 		opts = append(opts, grpc.MaxRecvMsgSize(cfg.MaxMessageBytes))
 	}
@@ -182,6 +190,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 		a.grpcLis.Close()
 		return nil, fmt.Errorf("server.http_listen_address: %w", err)
 	}
+	registrar := a.localChannel(chain)
 	grpc_health_v1.RegisterHealthServer(a.grpc, a.health)
 	reflection.Register(a.grpc)
 	a.mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Metrics, promhttp.HandlerOpts{Registry: deps.Metrics}))
@@ -189,7 +198,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	a.mux.HandleFunc("GET /readyz", a.serveReady)
 	a.http = &http.Server{Handler: a.mux, ReadHeaderTimeout: 10 * time.Second}
 
-	env := Env{GRPC: a.grpc, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider}
+	env := Env{GRPC: registrar, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider}
 	for _, m := range modules {
 		if !slices.Contains(selected, m.Name) {
 			continue
@@ -210,6 +219,28 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 }
 
 func (e Env) with(log *slog.Logger) Env { e.Log = log; return e }
+
+// localChannel builds a.local and returns the registrar modules register on: the gRPC
+// server and the channel both.
+func (a *App) localChannel(chain rpc.Interceptors) grpc.ServiceRegistrar {
+	ch := new(inprocgrpc.Channel)
+	if tp := a.deps.TracerProvider; tp != nil {
+		ch.WithServerStatsHandler(rpc.TracingServerHandler(tp))
+		ch.WithClientStatsHandler(rpc.TracingClientHandler(tp))
+	}
+	a.local = grpchan.InterceptClientConnStream(grpchan.InterceptClientConnUnary(ch, rpc.UnaryClient), rpc.StreamClient)
+	local := grpchan.WithStreamInterceptors(grpchan.WithUnaryInterceptors(ch, chain.Unary...), chain.Stream...)
+	return registrars{a.grpc, local}
+}
+
+// registrars registers every service on each of its registrars.
+type registrars []grpc.ServiceRegistrar
+
+func (r registrars) RegisterService(desc *grpc.ServiceDesc, impl any) {
+	for _, reg := range r {
+		reg.RegisterService(desc, impl)
+	}
+}
 
 // GRPCAddr is the bound gRPC address.
 func (a *App) GRPCAddr() string { return a.grpcLis.Addr().String() }
@@ -314,12 +345,13 @@ func (a *App) serveReady(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintln(w, "ready")
 }
 
-// dial returns a shared connection to the named module.
+// dial returns the in-process channel for a module of this process, and a shared
+// connection to the configured address for any other.
 func (a *App) dial(module string) (grpc.ClientConnInterface, error) {
-	addr := a.cfg.Addresses[module]
 	if slices.Contains(a.selected, module) {
-		addr = a.GRPCAddr()
+		return a.local, nil
 	}
+	addr := a.cfg.Addresses[module]
 	if addr == "" {
 		return nil, fmt.Errorf("dial %s: no address configured", module)
 	}

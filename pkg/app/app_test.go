@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/mantle-mesh/mantle/pkg/app"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
 // waitLimit bounds waits on channels so that a broken implementation fails the test instead
@@ -96,6 +97,7 @@ func TestResolve(t *testing.T) {
 // call's context ends.
 type blocker struct {
 	entered  chan struct{} // one value per call that reached the handler
+	ids      chan string   // the request id each call's handler saw
 	release  chan struct{}
 	canceled chan error // the context error of calls that ended without release
 }
@@ -103,7 +105,7 @@ type blocker struct {
 const blockerService = "mantle.test.v1.Blocker"
 
 func newBlocker() *blocker {
-	return &blocker{entered: make(chan struct{}, 8), release: make(chan struct{}), canceled: make(chan error, 8)}
+	return &blocker{entered: make(chan struct{}, 8), ids: make(chan string, 8), release: make(chan struct{}), canceled: make(chan error, 8)}
 }
 
 func (b *blocker) desc() *grpc.ServiceDesc {
@@ -119,6 +121,7 @@ func (b *blocker) desc() *grpc.ServiceDesc {
 				}
 				h := func(ctx context.Context, _ any) (any, error) {
 					b.entered <- struct{}{}
+					b.ids <- rpc.RequestID(ctx)
 					select {
 					case <-b.release:
 						return wrapperspb.String("done"), nil
@@ -378,16 +381,25 @@ func TestAppDial(t *testing.T) {
 	if err != nil {
 		t.Fatalf(`Dial("blocker"): %v`, err)
 	}
-	if got := local.(*grpc.ClientConn).Target(); got != r.app.GRPCAddr() {
-		t.Errorf(`Dial("blocker") target = %s, want the app's own listener %s`, got, r.app.GRPCAddr())
+	if _, isConn := local.(*grpc.ClientConn); isConn {
+		t.Errorf(`Dial("blocker") = a network connection, want the in-process channel`)
 	}
-	// The loopback connection reaches the module through the real server.
+	// The in-process channel reaches the module through the server's interceptor chain:
+	// the request id travels as metadata and the call is counted like any other.
 	close(b.release)
-	if answer, err := wait(context.Background(), local); err != nil || answer != "done" {
+	ctx := rpc.WithRequestID(context.Background(), "req_local")
+	if answer, err := wait(ctx, local); err != nil || answer != "done" {
 		t.Errorf("call over Dial(blocker) = %q, %v; want done", answer, err)
 	}
+	if id := <-b.ids; id != "req_local" {
+		t.Errorf("the handler saw request id %q, want req_local", id)
+	}
+	_, body := httpGet(t, "http://"+r.app.HTTPAddr()+"/metrics")
+	if want := `grpc_server_handled_total{grpc_code="OK",grpc_method="Wait",grpc_service="` + blockerService + `",grpc_type="unary"} 1`; !strings.Contains(body, want) {
+		t.Errorf("/metrics does not count the in-process call: no %q", want)
+	}
 	if again, _ := dial("blocker"); again != local {
-		t.Error(`a second Dial("blocker") made a new connection; want the shared one`)
+		t.Error(`a second Dial("blocker") made a new channel; want the shared one`)
 	}
 
 	remote, err := dial("remote")
@@ -409,10 +421,8 @@ func TestAppDial(t *testing.T) {
 		t.Fatal("Run did not return")
 	}
 	r.done <- nil
-	for _, cc := range []grpc.ClientConnInterface{local, remote} {
-		if s := cc.(*grpc.ClientConn).GetState(); s != connectivity.Shutdown {
-			t.Errorf("connection to %s is %v after Run returned, want Shutdown", cc.(*grpc.ClientConn).Target(), s)
-		}
+	if s := remote.(*grpc.ClientConn).GetState(); s != connectivity.Shutdown {
+		t.Errorf("connection to %s is %v after Run returned, want Shutdown", remote.(*grpc.ClientConn).Target(), s)
 	}
 }
 

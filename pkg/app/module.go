@@ -55,11 +55,12 @@ type Publisher interface {
 // Env is what a module receives from the process that hosts it. There are no globals: every
 // process (and every test mesh) has its own registry, logger and clock.
 type Env struct {
-	// GRPC is the process's one gRPC server; every module registers on it.
-	GRPC *grpc.Server
+	// GRPC is where a module registers its services: the process's one gRPC server and
+	// the in-process channel that the other modules of this process call it through.
+	GRPC grpc.ServiceRegistrar
 	// HTTP is the process's HTTP mux (already serving /metrics, /healthz and /readyz).
 	HTTP *http.ServeMux
-	// Dial returns a connection to the named module: the process's own listener when the
+	// Dial returns a connection to the named module: an in-process channel when the
 	// module runs here, its configured address otherwise. Connections are owned by the app.
 	Dial func(module string) (grpc.ClientConnInterface, error)
 	Log  *slog.Logger

@@ -23,8 +23,15 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// ServerOptions returns the interceptor chain every mantle gRPC server uses, outermost
-// first:
+// Interceptors is the chain every mantle gRPC server runs, outermost first. The one
+// gRPC server and the in-process channel between modules of one process (pkg/app) both
+// use it, so a call is authenticated, logged and counted the same way on either path.
+type Interceptors struct {
+	Unary  []grpc.UnaryServerInterceptor
+	Stream []grpc.StreamServerInterceptor
+}
+
+// ServerInterceptors returns the chain, outermost first:
 //
 //  1. request metadata: request id and trace id into the context, so every later
 //     interceptor and handler log them;
@@ -36,10 +43,12 @@ import (
 //     the handler's own error; inside the backstop, so the cause is not lost;
 //  5. panic recovery: a panic becomes INTERNAL and its stack is logged;
 //  6. tenant authentication, skipped for health and reflection.
-func ServerOptions(log *slog.Logger, reg prometheus.Registerer, authn *Authenticator) ([]grpc.ServerOption, error) {
+//
+// It registers the metrics on reg, so it is called once per process.
+func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Authenticator) (Interceptors, error) {
 	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	if err := reg.Register(metrics); err != nil {
-		return nil, fmt.Errorf("register grpc server metrics: %w", err)
+		return Interceptors{}, fmt.Errorf("register grpc server metrics: %w", err)
 	}
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
@@ -55,24 +64,38 @@ func ServerOptions(log *slog.Logger, reg prometheus.Registerer, authn *Authentic
 	authFunc := func(ctx context.Context) (context.Context, error) { return authn.AuthenticateContext(ctx) }
 	needsAuth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool { return !isInfrastructure(c.Service) })
 
-	return []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(
+	return Interceptors{
+		Unary: []grpc.UnaryServerInterceptor{
 			requestMetaUnary,
 			metrics.UnaryServerInterceptor(),
 			backstopUnary,
 			logging.UnaryServerInterceptor(slogAdapter(log), logOpts...),
 			recovery.UnaryServerInterceptor(recoverOpt),
 			selector.UnaryServerInterceptor(auth.UnaryServerInterceptor(authFunc), needsAuth),
-		),
-		grpc.ChainStreamInterceptor(
+		},
+		Stream: []grpc.StreamServerInterceptor{
 			requestMetaStream,
 			metrics.StreamServerInterceptor(),
 			backstopStream,
 			logging.StreamServerInterceptor(slogAdapter(log), logOpts...),
 			recovery.StreamServerInterceptor(recoverOpt),
 			selector.StreamServerInterceptor(auth.StreamServerInterceptor(authFunc), needsAuth),
-		),
+		},
 	}, nil
+}
+
+// ServerOptions returns the server options that install the chain.
+func (i Interceptors) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(i.Unary...), grpc.ChainStreamInterceptor(i.Stream...)}
+}
+
+// ServerOptions returns the options of a gRPC server with ServerInterceptors' chain.
+func ServerOptions(log *slog.Logger, reg prometheus.Registerer, authn *Authenticator) ([]grpc.ServerOption, error) {
+	i, err := ServerInterceptors(log, reg, authn)
+	if err != nil {
+		return nil, err
+	}
+	return i.ServerOptions(), nil
 }
 
 // isInfrastructure reports whether a service is gRPC plumbing that must answer without
@@ -90,14 +113,18 @@ func isInfrastructure(service string) bool {
 // ClientOptions returns the dial options for calls between mantle services: they carry
 // the caller's request id, trace and tenant credential to the next hop.
 func ClientOptions() []grpc.DialOption {
-	return []grpc.DialOption{
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			return invoker(outgoing(ctx), method, req, reply, cc, opts...)
-		}),
-		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			return streamer(outgoing(ctx), desc, cc, method, opts...)
-		}),
-	}
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(UnaryClient), grpc.WithChainStreamInterceptor(StreamClient)}
+}
+
+// UnaryClient is ClientOptions' interceptor for unary calls, for channels that are not
+// grpc.ClientConns (pkg/app's in-process channel).
+func UnaryClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoker(outgoing(ctx), method, req, reply, cc, opts...)
+}
+
+// StreamClient is ClientOptions' interceptor for streams.
+func StreamClient(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return streamer(outgoing(ctx), desc, cc, method, opts...)
 }
 
 func outgoing(ctx context.Context) context.Context {

@@ -21,12 +21,23 @@ var Propagator propagation.TextMapPropagator = propagation.TraceContext{}
 // traceparent. It is a stats handler rather than an interceptor so that the span exists
 // before the first interceptor runs: request metadata, logs and metrics all see it.
 func TracingServerOption(tp trace.TracerProvider) grpc.ServerOption {
-	return grpc.StatsHandler(otelgrpc.NewServerHandler(otelOptions(tp)...))
+	return grpc.StatsHandler(TracingServerHandler(tp))
 }
 
 // TracingDialOption makes a client start a span for every call and send its traceparent.
 func TracingDialOption(tp trace.TracerProvider) grpc.DialOption {
-	return grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelOptions(tp)...))
+	return grpc.WithStatsHandler(TracingClientHandler(tp))
+}
+
+// TracingServerHandler is TracingServerOption's stats handler, for channels that take
+// handlers rather than server options (pkg/app's in-process channel).
+func TracingServerHandler(tp trace.TracerProvider) stats.Handler {
+	return otelgrpc.NewServerHandler(otelOptions(tp)...)
+}
+
+// TracingClientHandler is TracingDialOption's stats handler.
+func TracingClientHandler(tp trace.TracerProvider) stats.Handler {
+	return otelgrpc.NewClientHandler(otelOptions(tp)...)
 }
 
 func otelOptions(tp trace.TracerProvider) []otelgrpc.Option {

@@ -36,8 +36,9 @@ func TestModule(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := env.GRPC.GetServiceInfo()["mantle.quota.v1.QuotaService"]; !ok {
-			t.Errorf("services registered: %v, want mantle.quota.v1.QuotaService", env.GRPC.GetServiceInfo())
+		srv := env.GRPC.(*grpc.Server)
+		if _, ok := srv.GetServiceInfo()["mantle.quota.v1.QuotaService"]; !ok {
+			t.Errorf("services registered: %v, want mantle.quota.v1.QuotaService", srv.GetServiceInfo())
 		}
 		if run == nil {
 			t.Fatal("Runnable is nil, want the sweeper and dispatcher")
