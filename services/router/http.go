@@ -198,7 +198,7 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	setResponseHeaders(w, resp)
-	writeJSON(w, http.StatusOK, completionJSON(resp))
+	writeJSONWithQuality(w, http.StatusOK, completionJSON(resp), resp.Quality)
 }
 
 func (cr *chatRequest) toProto(h http.Header) (*routerv1.Request, error) {
@@ -248,15 +248,18 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 	started := false
 	id := "chatcmpl-" + rpc.RequestID(ctx)
 	created := f.router.deps.Clock.Now().Unix()
+	writeData := func(b []byte) error {
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
 	writeEvent := func(v any) error {
 		b, err := json.Marshal(v)
 		if err != nil {
 			return err
 		}
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return err
-		}
-		return rc.Flush()
+		return writeData(b)
 	}
 	final, err := f.router.Stream(ctx, req, func(d Delta) error {
 		if !started {
@@ -269,7 +272,7 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 			w.Header().Set(HeaderCache, cacheHeader(d.Cached))
 			w.WriteHeader(http.StatusOK)
 		}
-		return writeEvent(chunkJSON(id, created, d.Model, map[string]string{"content": d.Content}, nil, nil))
+		return writeEvent(chunkJSON(id, created, d.Model, &chatDelta{Content: &d.Content}, nil, nil))
 	})
 	if err != nil {
 		if !started {
@@ -288,9 +291,9 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 		w.WriteHeader(http.StatusOK)
 	}
 	fr := final.FinishReason
-	last := chunkJSON(id, created, final.Model, map[string]string{}, &fr, nil)
-	last["mantle"] = json.RawMessage(qualityJSON(final.Quality))
-	_ = writeEvent(last)
+	if last, err := withQuality(chunkJSON(id, created, final.Model, &chatDelta{}, &fr, nil), final.Quality); err == nil {
+		_ = writeData(last)
+	}
 	if includeUsage {
 		usage := chunkJSON(id, created, final.Model, nil, nil, final.Usage)
 		_ = writeEvent(usage)
@@ -299,45 +302,86 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 	_ = rc.Flush()
 }
 
-func chunkJSON(id string, created int64, model string, delta map[string]string, finish *string, usage *mantlev1.Usage) map[string]any {
-	c := map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
+func chunkJSON(id string, created int64, model string, delta *chatDelta, finish *string, usage *mantlev1.Usage) chatCompletion {
+	c := chatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: model, Choices: []chatChoice{}}
 	if delta != nil {
-		c["choices"] = []map[string]any{{"index": 0, "delta": delta, "finish_reason": finish}}
-	} else {
-		c["choices"] = []any{}
+		c.Choices = append(c.Choices, chatChoice{Delta: delta, FinishReason: finish})
 	}
 	if usage != nil {
-		c["usage"] = usageJSON(usage)
+		c.Usage = usageJSON(usage)
 	}
 	return c
 }
 
-func completionJSON(resp *routerv1.CompleteResponse) map[string]any {
-	return map[string]any{
-		"id":      "chatcmpl-" + resp.Id,
-		"object":  "chat.completion",
-		"created": resp.GetQuality().GetAudit()[0].GetAt().GetSeconds(),
-		"model":   resp.Model,
-		"choices": []map[string]any{{
-			"index":         0,
-			"message":       map[string]string{"role": "assistant", "content": resp.GetMessage().GetContent()},
-			"finish_reason": resp.FinishReason,
+// The OpenAI chat completion and chunk objects. Typed rather than maps, which
+// encoding/json sorts and reflects on key by key.
+type (
+	chatCompletion struct {
+		ID      string       `json:"id"`
+		Object  string       `json:"object"`
+		Created int64        `json:"created"`
+		Model   string       `json:"model"`
+		Choices []chatChoice `json:"choices"`
+		Usage   *chatUsage   `json:"usage,omitempty"`
+	}
+	chatChoice struct {
+		Index        int            `json:"index"`
+		Message      *answerMessage `json:"message,omitempty"`
+		Delta        *chatDelta     `json:"delta,omitempty"`
+		FinishReason *string        `json:"finish_reason"`
+	}
+	answerMessage struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	chatDelta struct {
+		Content *string `json:"content,omitempty"`
+	}
+	chatUsage struct {
+		PromptTokens     int64 `json:"prompt_tokens"`
+		CompletionTokens int64 `json:"completion_tokens"`
+		TotalTokens      int64 `json:"total_tokens"`
+	}
+)
+
+func completionJSON(resp *routerv1.CompleteResponse) chatCompletion {
+	return chatCompletion{
+		ID:      "chatcmpl-" + resp.Id,
+		Object:  "chat.completion",
+		Created: resp.GetQuality().GetAudit()[0].GetAt().GetSeconds(),
+		Model:   resp.Model,
+		Choices: []chatChoice{{
+			Message:      &answerMessage{Role: "assistant", Content: resp.GetMessage().GetContent()},
+			FinishReason: &resp.FinishReason,
 		}},
-		"usage":  usageJSON(resp.Usage),
-		"mantle": json.RawMessage(qualityJSON(resp.Quality)),
+		Usage: usageJSON(resp.Usage),
 	}
 }
 
-func usageJSON(u *mantlev1.Usage) map[string]int64 {
-	return map[string]int64{"prompt_tokens": u.GetInputTokens(), "completion_tokens": u.GetOutputTokens(), "total_tokens": u.GetTotalTokens()}
+func usageJSON(u *mantlev1.Usage) *chatUsage {
+	return &chatUsage{PromptTokens: u.GetInputTokens(), CompletionTokens: u.GetOutputTokens(), TotalTokens: u.GetTotalTokens()}
 }
 
-func qualityJSON(qc *mantlev1.QualityContext) []byte {
-	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(qc)
+// withQuality marshals v, a JSON object, with a `mantle` member holding qc in protojson.
+// The QualityContext is appended, not embedded as a json.RawMessage, which encoding/json
+// would parse and compact a second time.
+func withQuality(v any, qc *mantlev1.QualityContext) ([]byte, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
-		return []byte("{}")
+		return nil, err
 	}
-	return b
+	if len(b) < 2 || b[len(b)-1] != '}' {
+		return nil, fmt.Errorf("withQuality: %T is not a JSON object", v)
+	}
+	b = b[:len(b)-1]
+	if len(b) > 1 {
+		b = append(b, ',')
+	}
+	b = append(b, `"mantle":`...)
+	if b, err = (protojson.MarshalOptions{UseProtoNames: true}).MarshalAppend(b, qc); err != nil {
+		return nil, err
+	}
+	return append(b, '}'), nil
 }
 
 func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) {
@@ -401,11 +445,12 @@ func writeError(w http.ResponseWriter, err error) {
 	if param != "" {
 		e.Param = &param
 	}
-	body := map[string]any{"error": e}
+	body := errorBody{Error: e}
 	// A request that failed after it was admitted says what it tried, as an answer would.
 	if qc := FailedQuality(err); qc != nil {
-		body["mantle"] = json.RawMessage(qualityJSON(qc))
 		w.Header().Set(HeaderRequestID, qc.GetRequestId())
+		writeJSONWithQuality(w, httpStatus, body, qc)
+		return
 	}
 	writeJSON(w, httpStatus, body)
 }
@@ -438,11 +483,28 @@ func writeOpenAIError(w http.ResponseWriter, httpStatus int, typ, code, param, m
 	if param != "" {
 		e.Param = &param
 	}
-	writeJSON(w, httpStatus, map[string]any{"error": e})
+	writeJSON(w, httpStatus, errorBody{Error: e})
+}
+
+type errorBody struct {
+	Error openAIError `json:"error"`
 }
 
 func writeJSON(w http.ResponseWriter, httpStatus int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(httpStatus)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeJSONWithQuality writes v with qc as its `mantle` member (withQuality).
+func writeJSONWithQuality(w http.ResponseWriter, httpStatus int, v any, qc *mantlev1.QualityContext) {
+	b, err := withQuality(v, qc)
+	if err != nil {
+		// Only a broken QualityContext can fail; the answer still goes out.
+		writeJSON(w, httpStatus, v)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpStatus)
+	_, _ = w.Write(append(b, '\n'))
 }

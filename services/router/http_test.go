@@ -5,14 +5,17 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
@@ -317,6 +320,56 @@ func TestFailedQualityDetailIsBounded(t *testing.T) {
 			}
 			if n := proto.Size(got); tt.audit > 10 && n > maxDetailBytes {
 				t.Errorf("detail is %d bytes, want at most %d", n, maxDetailBytes)
+			}
+		})
+	}
+}
+
+func TestWithQuality(t *testing.T) {
+	t.Parallel()
+	qc := &mantlev1.QualityContext{RequestId: "req_1", Audit: []*mantlev1.AuditStep{{Step: "route", Detail: `quote " and \ slash`}}}
+	for _, tt := range []struct {
+		name    string
+		v       any
+		wantErr bool
+		want    []string // members besides mantle
+	}{
+		{name: "completion", v: chatCompletion{ID: "chatcmpl-1", Object: "chat.completion", Choices: []chatChoice{}}, want: []string{"choices", "created", "id", "model", "object"}},
+		{name: "error body", v: errorBody{Error: openAIError{Message: "m"}}, want: []string{"error"}},
+		{name: "empty object", v: struct{}{}, want: []string{}},
+		{name: "not an object", v: []int{1}, wantErr: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := withQuality(tt.v, qc)
+			if tt.wantErr {
+				if err == nil {
+					t.Fatalf("withQuality(%T) = %s, want an error", tt.v, b)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got map[string]json.RawMessage
+			if err := json.Unmarshal(b, &got); err != nil {
+				t.Fatalf("withQuality(%T) = %s: not JSON: %v", tt.v, b, err)
+			}
+			var keys []string
+			for k := range got {
+				if k != "mantle" {
+					keys = append(keys, k)
+				}
+			}
+			slices.Sort(keys)
+			if diff := cmp.Diff(tt.want, keys, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("members (-want +got):\n%s", diff)
+			}
+			back := new(mantlev1.QualityContext)
+			if err := protojson.Unmarshal(got["mantle"], back); err != nil {
+				t.Fatalf("mantle = %s: %v", got["mantle"], err)
+			}
+			if !proto.Equal(back, qc) {
+				t.Errorf("mantle = %v, want %v", back, qc)
 			}
 		})
 	}
