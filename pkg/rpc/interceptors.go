@@ -10,7 +10,6 @@ import (
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,12 +49,7 @@ func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Auth
 	if err := reg.Register(metrics); err != nil {
 		return Interceptors{}, fmt.Errorf("register grpc server metrics: %w", err)
 	}
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithFieldsFromContext(logFields),
-		// The logger sees the handler's error; log the code the backstop turns it into.
-		logging.WithCodes(func(err error) codes.Code { return status.Code(backstop(err)) }),
-	}
+	calls := callLog{log: log}
 	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()),
 			"request_id", RequestID(ctx))
@@ -69,7 +63,7 @@ func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Auth
 			requestMetaUnary,
 			metrics.UnaryServerInterceptor(),
 			backstopUnary,
-			logging.UnaryServerInterceptor(slogAdapter(log), logOpts...),
+			calls.unary,
 			recovery.UnaryServerInterceptor(recoverOpt),
 			selector.UnaryServerInterceptor(auth.UnaryServerInterceptor(authFunc), needsAuth),
 		},
@@ -77,7 +71,7 @@ func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Auth
 			requestMetaStream,
 			metrics.StreamServerInterceptor(),
 			backstopStream,
-			logging.StreamServerInterceptor(slogAdapter(log), logOpts...),
+			calls.stream,
 			recovery.StreamServerInterceptor(recoverOpt),
 			selector.StreamServerInterceptor(auth.StreamServerInterceptor(authFunc), needsAuth),
 		},
@@ -149,8 +143,9 @@ func outgoing(ctx context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
 
-func logFields(ctx context.Context) logging.Fields {
-	f := logging.Fields{"trace_id", TraceID(ctx)}
+// logFields are the request's own fields in every call's log line.
+func logFields(ctx context.Context) []any {
+	f := []any{"trace_id", TraceID(ctx)}
 	if id := RequestID(ctx); id != "" {
 		f = append(f, "request_id", id)
 	}
@@ -158,12 +153,6 @@ func logFields(ctx context.Context) logging.Fields {
 		f = append(f, "tenant", t)
 	}
 	return f
-}
-
-func slogAdapter(l *slog.Logger) logging.Logger {
-	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		l.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
 }
 
 func requestMetaUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
