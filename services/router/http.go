@@ -378,7 +378,9 @@ func withQuality(v any, qc *mantlev1.QualityContext) ([]byte, error) {
 		b = append(b, ',')
 	}
 	b = append(b, `"mantle":`...)
-	if b, err = (protojson.MarshalOptions{UseProtoNames: true}).MarshalAppend(b, qc); err != nil {
+	if q, ok := appendQualityJSON(b, qc); ok {
+		b = q
+	} else if b, err = (protojson.MarshalOptions{UseProtoNames: true}).MarshalAppend(b, qc); err != nil {
 		return nil, err
 	}
 	return append(b, '}'), nil
