@@ -266,4 +266,3 @@ func drawScalar(t *rapid.T, fd protoreflect.FieldDescriptor) protoreflect.Value 
 	t.Fatalf("field %s: kind %v has no generator", fd.FullName(), fd.Kind())
 	return protoreflect.Value{}
 }
-
