@@ -19,8 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fullstorydev/grpchan"
-	"github.com/fullstorydev/grpchan/inprocgrpc"
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,6 +31,7 @@ import (
 	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/stats"
 
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
@@ -85,10 +84,8 @@ type App struct {
 	reload   map[string]func(context.Context, any) error
 	ready    atomic.Bool
 
-	// local carries calls between modules of this process: the server's interceptor chain
-	// and stats handlers run as they would over the network, without HTTP/2 framing,
-	// sockets and serialisation (messages are copied, not shared).
-	local grpc.ClientConnInterface
+	// local carries calls between modules of this process (local.go).
+	local *localConn
 
 	connMu sync.Mutex
 	conns  map[string]*grpc.ClientConn
@@ -221,15 +218,14 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 func (e Env) with(log *slog.Logger) Env { e.Log = log; return e }
 
 // localChannel builds a.local and returns the registrar modules register on: the gRPC
-// server and the channel both.
+// server and the in-process channel both.
 func (a *App) localChannel(chain rpc.Interceptors) grpc.ServiceRegistrar {
-	ch := new(inprocgrpc.Channel)
+	var clientStats, serverStats stats.Handler
 	if tp := a.deps.TracerProvider; tp != nil {
-		ch.WithServerStatsHandler(rpc.TracingServerHandler(tp))
-		ch.WithClientStatsHandler(rpc.TracingClientHandler(tp))
+		clientStats, serverStats = rpc.TracingClientHandler(tp), rpc.TracingServerHandler(tp)
 	}
-	a.local = grpchan.InterceptClientConnStream(grpchan.InterceptClientConnUnary(ch, rpc.UnaryClient), rpc.StreamClient)
-	local := grpchan.WithStreamInterceptors(grpchan.WithUnaryInterceptors(ch, chain.Unary...), chain.Stream...)
+	local := newLocalConn(chain, clientStats, serverStats)
+	a.local = local
 	return registrars{a.grpc, local}
 }
 

@@ -1,0 +1,288 @@
+package app
+
+import (
+	"log/slog"
+
+	"context"
+	"errors"
+	"github.com/prometheus/client_golang/prometheus"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+)
+
+// echo is a service for the in-process channel: Echo answers its input with a suffix,
+// after calling seen; Count streams n values.
+type echo struct {
+	seen func(ctx context.Context, in *wrapperspb.StringValue) error
+}
+
+func (e *echo) desc() *grpc.ServiceDesc {
+	return &grpc.ServiceDesc{
+		ServiceName: "mantle.test.v1.Echo",
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "Echo",
+			Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+				in := new(wrapperspb.StringValue)
+				if err := dec(in); err != nil {
+					return nil, err
+				}
+				h := func(ctx context.Context, req any) (any, error) {
+					in := req.(*wrapperspb.StringValue)
+					if err := e.seen(ctx, in); err != nil {
+						return nil, err
+					}
+					out := wrapperspb.String(in.Value + " back")
+					in.Value = "changed by the handler" // must not reach the caller's message
+					return out, nil
+				}
+				return interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/mantle.test.v1.Echo/Echo"}, h)
+			},
+		}},
+		Streams: []grpc.StreamDesc{{
+			StreamName:    "Count",
+			ServerStreams: true,
+			Handler: func(_ any, ss grpc.ServerStream) error {
+				in := new(wrapperspb.Int32Value)
+				if err := ss.RecvMsg(in); err != nil {
+					return err
+				}
+				for i := range in.Value {
+					if err := ss.SendMsg(wrapperspb.Int32(i)); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+		}},
+	}
+}
+
+type ctxKey struct{}
+
+func TestLocalConnUnary(t *testing.T) {
+	t.Parallel()
+	deadline := time.Now().Add(time.Hour)
+	tests := []struct {
+		name     string
+		ctx      func() (context.Context, context.CancelFunc)
+		method   string
+		seen     func(ctx context.Context, in *wrapperspb.StringValue) error
+		wantCode codes.Code
+		wantMsg  string
+	}{
+		{
+			name: "the handler sees the request, its metadata and deadline, none of the caller's values",
+			ctx: func() (context.Context, context.CancelFunc) {
+				ctx := context.WithValue(rpc.WithRequestID(context.Background(), "req_1"), ctxKey{}, "secret")
+				return context.WithDeadline(ctx, deadline)
+			},
+			seen: func(ctx context.Context, in *wrapperspb.StringValue) error {
+				var errs []error
+				if in.Value != "hi" {
+					errs = append(errs, errors.New("request = "+in.Value))
+				}
+				if md, _ := metadata.FromIncomingContext(ctx); len(md.Get(rpc.MetadataRequestID)) != 1 || md.Get(rpc.MetadataRequestID)[0] != "req_1" {
+					errs = append(errs, errors.New("no request id in the incoming metadata"))
+				}
+				if rpc.RequestID(ctx) != "req_1" {
+					errs = append(errs, errors.New("the request-meta interceptor did not run"))
+				}
+				if ctx.Value(ctxKey{}) != nil {
+					errs = append(errs, errors.New("a value of the caller's context leaked"))
+				}
+				if d, ok := ctx.Deadline(); !ok || !d.Equal(deadline) {
+					errs = append(errs, errors.New("deadline not carried"))
+				}
+				if m, _ := grpc.Method(ctx); m != "/mantle.test.v1.Echo/Echo" {
+					errs = append(errs, errors.New("grpc.Method = "+m))
+				}
+				if p, ok := peer.FromContext(ctx); !ok || p.Addr.String() != "inproc" {
+					errs = append(errs, errors.New("no in-process peer"))
+				}
+				if err := errors.Join(errs...); err != nil {
+					return status.Error(codes.FailedPrecondition, err.Error())
+				}
+				return nil
+			},
+		},
+		{
+			name: "a status error reaches the caller as it is",
+			seen: func(context.Context, *wrapperspb.StringValue) error {
+				return status.Error(codes.ResourceExhausted, "over limit")
+			},
+			wantCode: codes.ResourceExhausted, wantMsg: "over limit",
+		},
+		{
+			name:     "any other error reaches the caller as the backstop's Internal",
+			seen:     func(context.Context, *wrapperspb.StringValue) error { return errors.New("disk full") },
+			wantCode: codes.Internal, wantMsg: "internal error",
+		},
+		{
+			name: "a cancelled caller does not reach the handler",
+			ctx: func() (context.Context, context.CancelFunc) {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				return ctx, cancel
+			},
+			seen:     func(context.Context, *wrapperspb.StringValue) error { return errors.New("called") },
+			wantCode: codes.Canceled,
+		},
+		{
+			name: "an answer after the caller gave up is not delivered",
+			ctx:  func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
+			// The case's cancel is called by the handler through cancelFromHandler below.
+			seen:     nil,
+			wantCode: codes.Canceled,
+		},
+		{name: "an unknown method", method: "/mantle.test.v1.Echo/Nope", wantCode: codes.Unimplemented},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if tt.ctx != nil {
+				ctx, cancel = tt.ctx()
+			}
+			defer cancel()
+			seen := tt.seen
+			if seen == nil {
+				seen = func(context.Context, *wrapperspb.StringValue) error { cancel(); return nil }
+			}
+			c := testLocalConn(t, &echo{seen: seen}, nil, nil)
+			method := tt.method
+			if method == "" {
+				method = "/mantle.test.v1.Echo/Echo"
+			}
+			req, reply := wrapperspb.String("hi"), new(wrapperspb.StringValue)
+			err := c.Invoke(ctx, method, req, reply)
+			st := status.Convert(err)
+			if st.Code() != tt.wantCode || (tt.wantMsg != "" && st.Message() != tt.wantMsg) {
+				t.Fatalf("Invoke = %v, want %v %q", err, tt.wantCode, tt.wantMsg)
+			}
+			if req.Value != "hi" {
+				t.Errorf("the caller's request became %q: messages must be copied", req.Value)
+			}
+			if tt.wantCode == codes.OK && reply.Value != "hi back" {
+				t.Errorf("reply = %q, want %q", reply.Value, "hi back")
+			}
+		})
+	}
+}
+
+func TestLocalConnStream(t *testing.T) {
+	t.Parallel()
+	c := testLocalConn(t, &echo{}, nil, nil)
+	desc := &grpc.StreamDesc{StreamName: "Count", ServerStreams: true}
+	s, err := c.NewStream(context.Background(), desc, "/mantle.test.v1.Echo/Count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SendMsg(wrapperspb.Int32(3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	var got []int32
+	for {
+		v := new(wrapperspb.Int32Value)
+		if err := s.RecvMsg(v); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, v.Value)
+	}
+	if len(got) != 3 || got[2] != 2 {
+		t.Errorf("stream = %v, want [0 1 2]", got)
+	}
+}
+
+// TestLocalConnStats: with tracing on, both sides' stats handlers see the call begin
+// and end, with its error, and the client's tag reaches the server as metadata.
+func TestLocalConnStats(t *testing.T) {
+	t.Parallel()
+	client, server := &recordingStats{client: true}, &recordingStats{}
+	c := testLocalConn(t, &echo{seen: func(ctx context.Context, _ *wrapperspb.StringValue) error {
+		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("x-tagged")) == 0 {
+			return status.Error(codes.FailedPrecondition, "the client handler's metadata did not arrive")
+		}
+		return status.Error(codes.NotFound, "nothing")
+	}}, client, server)
+	err := c.Invoke(context.Background(), "/mantle.test.v1.Echo/Echo", wrapperspb.String("hi"), new(wrapperspb.StringValue))
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("Invoke = %v, want NotFound", err)
+	}
+	for _, r := range []*recordingStats{client, server} {
+		r.mu.Lock()
+		if len(r.events) != 3 || r.events[0] != "tag /mantle.test.v1.Echo/Echo" || r.events[1] != "begin" || r.events[2] != "end NotFound" {
+			t.Errorf("client=%v stats events = %q, want tag, begin, end NotFound", r.client, r.events)
+		}
+		r.mu.Unlock()
+	}
+}
+
+func testLocalConn(t *testing.T, e *echo, client, server stats.Handler) *localConn {
+	t.Helper()
+	chain, err := rpc.ServerInterceptors(discardLog(), prometheusRegistry(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newLocalConn(chain, client, server)
+	c.RegisterService(e.desc(), e)
+	return c
+}
+
+type recordingStats struct {
+	client bool
+	mu     sync.Mutex
+	events []string
+}
+
+func (r *recordingStats) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	r.record("tag " + info.FullMethodName)
+	if r.client {
+		return metadata.AppendToOutgoingContext(ctx, "x-tagged", "1")
+	}
+	return ctx
+}
+
+func (r *recordingStats) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if s.IsClient() != r.client {
+		r.record("wrong side")
+	}
+	switch s := s.(type) {
+	case *stats.Begin:
+		r.record("begin")
+	case *stats.End:
+		r.record("end " + status.Code(s.Error).String())
+	}
+}
+
+func (r *recordingStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (r *recordingStats) HandleConn(context.Context, stats.ConnStats) {}
+
+func (r *recordingStats) record(e string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func prometheusRegistry() *prometheus.Registry { return prometheus.NewRegistry() }
