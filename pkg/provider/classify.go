@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,6 +41,12 @@ type APIError struct {
 // {"object":"error","type","code","message"}. It reports false when body is not JSON or
 // carries no error, so a successful body never looks like a failure.
 func ParseAPIError(body []byte) (APIError, bool) {
+	// Every shape above needs the word error as a key or value. A body without it, and
+	// without a \u escape that could spell it, is not decoded: most bodies are answers,
+	// and decoding each one twice cost 2% of the mesh's CPU.
+	if !bytes.Contains(body, []byte("error")) && !bytes.Contains(body, []byte(`\u`)) {
+		return APIError{}, false
+	}
 	var env struct {
 		Error   json.RawMessage `json:"error"`
 		Object  string          `json:"object"`

@@ -48,6 +48,9 @@ func TestParseAPIError(t *testing.T) {
 		{"anthropic message", `{"type":"message","content":[]}`, APIError{}, false},
 		{"not json", `<html>bad gateway</html>`, APIError{}, false},
 		{"empty", ``, APIError{}, false},
+		{"escaped key", `{"\u0065rror":{"message":"hidden"}}`, APIError{Message: "hidden"}, true},
+		{"escaped value", `{"object":"\u0065rror","message":"m"}`, APIError{Message: "m"}, true},
+		{"the word in an answer", `{"choices":[{"message":{"content":"no error here"}}]}`, APIError{}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
