@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"net/url"
@@ -16,23 +15,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The scripts share prelude.lua (arithmetic, clock, bucket helpers).
-var (
-	//go:embed lua/prelude.lua
-	luaPrelude string
-	//go:embed lua/reserve.lua
-	luaReserve string
-	//go:embed lua/settle.lua
-	luaSettle string
-	//go:embed lua/adjust.lua
-	luaAdjust string
-	//go:embed lua/retry.lua
-	luaRetry string
-)
-
 // RedisStore keeps quota state in Redis so that every replica shares it. Each operation
-// on a group of buckets (a tenant's, or an upstream key's) is one Lua script, atomic in
-// Redis, deciding at Redis's TIME.
+// on a group of buckets (a tenant's, or an upstream key's) is one Lua operation, atomic
+// in Redis, deciding at Redis's TIME. The operations live in one function library
+// (lua.go; a script on Redis before 7.0), and concurrent calls' operations go to Redis
+// together, in one call per hash slot (redisbatch.go).
 //
 // # Layout
 //
@@ -59,8 +46,9 @@ type RedisStore struct {
 	cacheTTL   time.Duration
 	flushEvery time.Duration
 
-	reserve, settle, adjust, retry *redis.Script
-	// batch pipelines the scripts of concurrent calls; nil when Scripter was given.
+	lib *luaLib
+	// batch sends the operations of concurrent calls together; nil when Scripter was
+	// given.
 	batch *scriptBatcher
 
 	cache   overLimitCache
@@ -83,16 +71,16 @@ type RedisOptions struct {
 	OverLimitCache time.Duration
 	// FlushInterval is how often Run adds buffered request counts to Redis.
 	FlushInterval time.Duration
-	// Scripter runs the scripts one by one (a go-redis AutoPipeliner, say); nil sends
-	// them through the store's own batcher (redisbatch.go), which pipelines the scripts
-	// of concurrent calls: one write and one read for many decisions, which is most of
-	// the cost on both sides. Close stops the batcher.
+	// Scripter runs the operations one by one, each as a script (a go-redis
+	// AutoPipeliner, say); nil sends them through the store's own batcher
+	// (redisbatch.go), which sends the operations of concurrent calls as one function
+	// call: one round trip and one call's setup for many decisions. Close stops the
+	// batcher.
 	Scripter redis.Scripter
 }
 
 // NewRedisStore returns a store on client. It does not contact Redis.
 func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore {
-	script := func(body string) *redis.Script { return redis.NewScript(luaPrelude + "\n" + body) }
 	s := &RedisStore{
 		client:     client,
 		scripter:   opts.Scripter,
@@ -101,10 +89,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 		serverTime: opts.ServerTime,
 		cacheTTL:   opts.OverLimitCache,
 		flushEvery: opts.FlushInterval,
-		reserve:    script(luaReserve),
-		settle:     script(luaSettle),
-		adjust:     script(luaAdjust),
-		retry:      script(luaRetry),
+		lib:        quotaLib,
 	}
 	s.cache.entries = make(map[string]cacheEntry)
 	s.pending.keys = make(map[string]float64)
@@ -113,7 +98,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 	}
 	if s.scripter == nil {
 		s.scripter = client
-		s.batch = newScriptBatcher(client)
+		s.batch = newScriptBatcher(client, s.lib)
 	}
 	return s
 }
@@ -150,21 +135,35 @@ func (s *RedisStore) now() (string, string) {
 	return strconv.FormatInt(t.Unix(), 10), strconv.Itoa(t.Nanosecond())
 }
 
-func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, args ...any) ([]any, error) {
+// run runs one quota operation (lua/batch.lua) and returns its reply.
+func (s *RedisStore) run(ctx context.Context, op string, keys []string, args ...any) ([]any, error) {
 	s.calls.Add(1)
 	var (
 		v   []any
 		err error
 	)
 	if s.batch != nil {
-		v, err = s.batch.run(ctx, script, keys, args)
+		v, err = s.batch.run(ctx, op, keys, args)
 	} else {
-		v, err = script.Run(ctx, s.scripter, keys, args...).Slice()
+		v, err = s.runScript(ctx, op, keys, args)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
 	return v, nil
+}
+
+// runScript runs one operation as a batch of one through the Scripter.
+func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []any) ([]any, error) {
+	v, err := s.lib.script.Run(ctx, s.scripter, keys, opArgs(op, keys, args)...).Slice()
+	if err != nil {
+		return nil, err
+	}
+	if len(v) != 1 {
+		return nil, fmt.Errorf("quota batch of 1 operation replied %d", len(v))
+	}
+	r := opReply(v[0])
+	return r.v, r.err
 }
 
 // Reserve implements Store.
@@ -298,7 +297,7 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, i
 		keys = append(keys, s.reservationKey(c.Tenant, c.ID))
 		args = append(args, int64(c.TTL), tail)
 	}
-	v, err := s.run(ctx, s.reserve, keys, args...)
+	v, err := s.run(ctx, opReserve, keys, args...)
 	if err != nil {
 		return groupResult{}, err
 	}
@@ -397,7 +396,7 @@ func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actua
 	ts, tns := s.now()
 	group := tenantGroup(tenant)
 	tokens := clampUsage(actual.Tokens)
-	v, err := s.run(ctx, s.settle, []string{s.groupKey(group), s.reservationKey(tenant, id)},
+	v, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)},
 		ts, tns, int64(maxDebt), tokens, clampUsage(actual.Input), clampUsage(actual.Output), boolArg(release))
 	if err != nil {
 		return Settlement{}, err
@@ -551,7 +550,7 @@ func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjust
 			args = append(args, escapeField(op.field), "t", op.take, 0, op.limit)
 		}
 	}
-	v, err := s.run(ctx, s.adjust, []string{s.groupKey(group)}, args...)
+	v, err := s.run(ctx, opAdjust, []string{s.groupKey(group)}, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -609,7 +608,7 @@ func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecis
 
 func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key string, format, acquire bool, overall, forKey float64) (RetryDecision, error) {
 	ts, tns := s.now()
-	v, err := s.run(ctx, s.retry, []string{s.retryKey()}, ts, tns, int64(cfg.Window/time.Second),
+	v, err := s.run(ctx, opRetry, []string{s.retryKey()}, ts, tns, int64(cfg.Window/time.Second),
 		cfg.Ratio, cfg.Floor, cfg.FormatOnlyAbove, boolArg(format), boolArg(acquire), key, overall, forKey)
 	if err != nil {
 		return RetryDecision{}, err
