@@ -72,19 +72,26 @@ for i, f in ipairs(specs) do
     delta = actual - cost
   end
   local d = debtOf(v[i], s, ns)
-  if delta > 0 then
-    d = math.min(d + dur(delta, limit, maxdebt), maxdebt)
-  elseif delta < 0 then
-    d = math.max(d - dur(-delta, limit, maxdebt), 0)
+  if delta == 0 then
+    -- Unchanged (a request bucket): its stamp stays as it is, only the expiry counts it.
+    if d > 0 then
+      untilS = math.max(untilS, s + math.ceil(d / E9))
+    end
+  else
+    if delta > 0 then
+      d = math.min(d + dur(delta, limit, maxdebt), maxdebt)
+    else
+      d = math.max(d - dur(-delta, limit, maxdebt), 0)
+    end
+    local stampV, full = fullAt(s, ns, d)
+    if stampV then
+      sets[#sets + 1] = f[1]
+      sets[#sets + 1] = stampV
+    elseif v[i] then
+      dels[#dels + 1] = f[1]
+    end
+    untilS = math.max(untilS, full)
   end
-  local stampV, full = fullAt(s, ns, d)
-  if stampV then
-    sets[#sets + 1] = f[1]
-    sets[#sets + 1] = stampV
-  elseif v[i] then
-    dels[#dels + 1] = f[1]
-  end
-  untilS = math.max(untilS, full)
   out[#out + 1] = d
 end
 
