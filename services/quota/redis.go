@@ -50,6 +50,8 @@ type RedisStore struct {
 	// batch sends the operations of concurrent calls together; nil when Scripter was
 	// given.
 	batch *scriptBatcher
+	// scripts is set once the Scripter's server turned out to run no functions.
+	scripts atomic.Bool
 
 	cache   overLimitCache
 	pending pendingRequests
@@ -153,12 +155,48 @@ func (s *RedisStore) run(ctx context.Context, op string, keys []string, args ...
 	return v, nil
 }
 
-// runScript runs one operation as a batch of one through the Scripter.
+// functionCaller is a Scripter that can also call functions (go-redis's
+// AutoPipeliner can, and batches FCall as it batches EvalSha).
+type functionCaller interface {
+	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
+	FunctionLoadReplace(ctx context.Context, code string) *redis.StringCmd
+}
+
+// runScript runs one operation as a batch of one through the Scripter: by FCALL when
+// the Scripter can call functions, else by EVALSHA.
 func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []any) ([]any, error) {
-	v, err := s.lib.script.Run(ctx, s.scripter, keys, opArgs(op, keys, args)...).Slice()
-	if err != nil {
-		return nil, err
+	fc, ok := s.scripter.(functionCaller)
+	if !ok {
+		v, err := s.lib.script.Run(ctx, s.scripter, keys, opArgs(op, keys, args)...).Slice()
+		if err != nil {
+			return nil, err
+		}
+		return onlyReply(v)
 	}
+	// The typed calls, which an AutoPipeliner batches (its Do does not).
+	do := func(ctx context.Context, _ [][]*scriptCall, _ []int, mode sendMode) []*redis.Cmd {
+		a := opArgs(op, keys, args)
+		switch mode {
+		case sendFunction:
+			return []*redis.Cmd{fc.FCall(ctx, s.lib.name, keys, a...)}
+		case sendScript:
+			return []*redis.Cmd{s.scripter.EvalSha(ctx, s.lib.script.Hash(), keys, a...)}
+		default:
+			return []*redis.Cmd{s.scripter.Eval(ctx, s.lib.src, keys, a...)}
+		}
+	}
+	load := func(ctx context.Context) error { return fc.FunctionLoadReplace(ctx, s.lib.code).Err() }
+	c := &scriptCall{op: op, keys: keys, args: args}
+	replies, errs := sendBatch(ctx, [][]*scriptCall{{c}}, do, load, &s.scripts)
+	if errs[0] != nil {
+		return nil, errs[0]
+	}
+	r := opReply(replies[0][0])
+	return r.v, r.err
+}
+
+// onlyReply is the reply of a batch of one operation.
+func onlyReply(v []any) ([]any, error) {
 	if len(v) != 1 {
 		return nil, fmt.Errorf("quota batch of 1 operation replied %d", len(v))
 	}

@@ -278,12 +278,21 @@ const (
 )
 
 // send runs one batch.lua call per group and returns each group's replies, one per
-// operation, or the group's error. It recovers from a server that lost the library or
-// script (a restart, FUNCTION FLUSH, SCRIPT FLUSH) by loading it again, and from one
-// without functions by switching to scripts for good.
+// operation, or the group's error.
 func (b *scriptBatcher) send(ctx context.Context, groups [][]*scriptCall) ([][]any, []error) {
+	return sendBatch(ctx, groups, b.do, b.load, &b.scripts)
+}
+
+// sendBatch runs one batch.lua call per group with do and returns each group's
+// replies, one per operation, or the group's error. It recovers from a server that
+// lost the library or script (a restart, FUNCTION FLUSH, SCRIPT FLUSH) by loading it
+// again with load, and from one without functions by setting scripts for good.
+func sendBatch(ctx context.Context, groups [][]*scriptCall,
+	do func(context.Context, [][]*scriptCall, []int, sendMode) []*redis.Cmd,
+	load func(context.Context) error, scripts *atomic.Bool,
+) ([][]any, []error) {
 	mode := sendFunction
-	if b.scripts.Load() {
+	if scripts.Load() {
 		mode = sendScript
 	}
 	replies := make([][]any, len(groups))
@@ -294,7 +303,7 @@ func (b *scriptBatcher) send(ctx context.Context, groups [][]*scriptCall) ([][]a
 	}
 	// At most: FCALL, load and FCALL again or fall back to EVALSHA, then EVAL.
 	for attempt := 0; attempt < 4 && len(todo) > 0; attempt++ {
-		cmds := b.do(ctx, groups, todo, mode)
+		cmds := do(ctx, groups, todo, mode)
 		again := todo[:0:0]
 		next := mode
 		for k, i := range todo {
@@ -323,7 +332,7 @@ func (b *scriptBatcher) send(ctx context.Context, groups [][]*scriptCall) ([][]a
 			break
 		}
 		if mode == sendFunction && next == sendFunction {
-			if err := b.load(ctx); err != nil {
+			if err := load(ctx); err != nil {
 				var rerr redis.Error
 				if !errors.As(err, &rerr) {
 					for _, i := range again {
@@ -337,7 +346,7 @@ func (b *scriptBatcher) send(ctx context.Context, groups [][]*scriptCall) ([][]a
 			}
 		}
 		if next == sendScript {
-			b.scripts.Store(true)
+			scripts.Store(true)
 		}
 		mode, todo = next, again
 	}

@@ -9,7 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -252,5 +254,68 @@ func TestHashTag(t *testing.T) {
 		if got := hashTag(tt.key); got != tt.want {
 			t.Errorf("hashTag(%q) = %q, want %q", tt.key, got, tt.want)
 		}
+	}
+}
+
+// onlyScripter hides everything of a client but the Scripter methods.
+type onlyScripter struct{ redis.Scripter }
+
+// A store given a Scripter runs each operation on its own: by FCALL when the Scripter
+// can send any command (an AutoPipeliner), by EVALSHA otherwise or when the server has
+// no functions, loading the library or script it finds missing either way.
+func TestRedisStoreThroughScripter(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		plain       bool // only the Scripter methods
+		scripts     bool // the server is taken to have no functions
+		wantScripts bool
+	}{
+		{name: "auto-pipeliner, functions"},
+		{name: "auto-pipeliner, scripts", scripts: true, wantScripts: true},
+		{name: "plain scripter", plain: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newTestRedisClient(t)
+			ap, err := c.AutoPipeline()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ap.Close() })
+			var scripter redis.Scripter = ap
+			if tt.plain {
+				scripter = onlyScripter{ap}
+			}
+			clock := clockwork.NewFakeClockAt(t0)
+			store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock, Scripter: scripter})
+			store.lib = freshLib(t, c)
+			store.scripts.Store(tt.scripts)
+			ctx := context.Background()
+			spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 60, Limit: 600}
+			for i := range 2 {
+				id := fmt.Sprint("r", i)
+				g, err := store.Reserve(ctx, Charge{ID: id, Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []BucketSpec{spec}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := int64(600 - 60*(i+1)); g.Levels[0].Remaining != want {
+					t.Fatalf("reservation %d: remaining %d, want %d", i, g.Levels[0].Remaining, want)
+				}
+				if _, err := store.Settle(ctx, "acme", id, Actual{Tokens: 60}, false); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := store.Settle(ctx, "acme", id, Actual{Tokens: 60}, false); !errors.Is(err, ErrReservationNotFound) {
+					t.Fatalf("second settle: %v, want ErrReservationNotFound", err)
+				}
+				if i == 0 && !tt.plain && !tt.scripts {
+					// Lost after it was loaded: loaded again.
+					if err := c.FunctionDelete(ctx, store.lib.name).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if got := store.scripts.Load(); got != tt.wantScripts {
+				t.Errorf("sending scripts = %v, want %v", got, tt.wantScripts)
+			}
+		})
 	}
 }
