@@ -184,8 +184,8 @@ type RedisConfig struct {
 	// they cannot cover without asking Redis again; 0 turns the cache off. Refunds made by
 	// other replicas are seen only when an entry expires.
 	OverLimitCache time.Duration `yaml:"over_limit_cache"`
-	// AutoPipeline replaces the store's own batcher (which already sends the scripts of
-	// concurrent requests in shared pipelines, redisbatch.go) with go-redis's
+	// AutoPipeline replaces the store's own batcher (which already sends the operations
+	// of concurrent requests together, one call per batch, redisbatch.go) with go-redis's
 	// AutoPipeliner, marked experimental upstream. It measured no better; it stays for
 	// comparison and may go.
 	AutoPipeline bool `yaml:"auto_pipeline"`

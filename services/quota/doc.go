@@ -81,8 +81,9 @@
 //
 // Everything that must be shared lives behind the Store interface. MemoryStore serves
 // `mantle dev`, tests and single replicas. RedisStore serves many replicas: every
-// operation on a tenant's (or a key's) buckets is one Lua script, atomic in Redis and
-// decided at Redis's TIME, with hash tags that put a tenant's keys in one cluster slot.
+// operation on a tenant's (or a key's) buckets is one Lua operation of a function
+// library (a script on Redis before 7.0), atomic in Redis and decided at Redis's TIME,
+// with hash tags that put a tenant's keys in one cluster slot.
 // FailoverStore wraps it: when Redis does not answer, each replica enforces
 // limit/replicas locally and says so (metric, DegradationEvent), and money budgets fail
 // closed. The same test suite runs against both backends. quota calls no other service.

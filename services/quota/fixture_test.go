@@ -35,10 +35,18 @@ var redisBackend = backend{name: "redis", newStore: func(t testing.TB, clock clo
 	return newTestRedisStore(t, clock, RedisOptions{})
 }}
 
+// redisScriptsBackend is redisBackend sending EVALSHA, as it does to a Redis without
+// functions (before 7.0).
+var redisScriptsBackend = backend{name: "redis scripts", newStore: func(t testing.TB, clock clockwork.Clock) Store {
+	s := newTestRedisStore(t, clock, RedisOptions{})
+	s.batch.scripts.Store(true)
+	return s
+}}
+
 // eachBackend runs f once per backend, as parallel subtests named after the backend.
 func eachBackend(t *testing.T, f func(t *testing.T, b backend)) {
 	t.Helper()
-	for _, b := range []backend{memoryBackend, redisBackend} {
+	for _, b := range []backend{memoryBackend, redisBackend, redisScriptsBackend} {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			f(t, b)

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"net/url"
@@ -16,23 +15,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The scripts share prelude.lua (arithmetic, clock, bucket helpers).
-var (
-	//go:embed lua/prelude.lua
-	luaPrelude string
-	//go:embed lua/reserve.lua
-	luaReserve string
-	//go:embed lua/settle.lua
-	luaSettle string
-	//go:embed lua/adjust.lua
-	luaAdjust string
-	//go:embed lua/retry.lua
-	luaRetry string
-)
-
 // RedisStore keeps quota state in Redis so that every replica shares it. Each operation
-// on a group of buckets (a tenant's, or an upstream key's) is one Lua script, atomic in
-// Redis, deciding at Redis's TIME.
+// on a group of buckets (a tenant's, or an upstream key's) is one Lua operation, atomic
+// in Redis, deciding at Redis's TIME. The operations live in one function library
+// (lua.go; a script on Redis before 7.0), and concurrent calls' operations go to Redis
+// together, in one call per hash slot (redisbatch.go).
 //
 // # Layout
 //
@@ -59,9 +46,12 @@ type RedisStore struct {
 	cacheTTL   time.Duration
 	flushEvery time.Duration
 
-	reserve, settle, adjust, retry *redis.Script
-	// batch pipelines the scripts of concurrent calls; nil when Scripter was given.
+	lib *luaLib
+	// batch sends the operations of concurrent calls together; nil when Scripter was
+	// given.
 	batch *scriptBatcher
+	// scripts is set once the Scripter's server turned out to run no functions.
+	scripts atomic.Bool
 
 	cache   overLimitCache
 	pending pendingRequests
@@ -83,16 +73,16 @@ type RedisOptions struct {
 	OverLimitCache time.Duration
 	// FlushInterval is how often Run adds buffered request counts to Redis.
 	FlushInterval time.Duration
-	// Scripter runs the scripts one by one (a go-redis AutoPipeliner, say); nil sends
-	// them through the store's own batcher (redisbatch.go), which pipelines the scripts
-	// of concurrent calls: one write and one read for many decisions, which is most of
-	// the cost on both sides. Close stops the batcher.
+	// Scripter runs the operations one by one, each as a script (a go-redis
+	// AutoPipeliner, say); nil sends them through the store's own batcher
+	// (redisbatch.go), which sends the operations of concurrent calls as one function
+	// call: one round trip and one call's setup for many decisions. Close stops the
+	// batcher.
 	Scripter redis.Scripter
 }
 
 // NewRedisStore returns a store on client. It does not contact Redis.
 func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore {
-	script := func(body string) *redis.Script { return redis.NewScript(luaPrelude + "\n" + body) }
 	s := &RedisStore{
 		client:     client,
 		scripter:   opts.Scripter,
@@ -101,10 +91,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 		serverTime: opts.ServerTime,
 		cacheTTL:   opts.OverLimitCache,
 		flushEvery: opts.FlushInterval,
-		reserve:    script(luaReserve),
-		settle:     script(luaSettle),
-		adjust:     script(luaAdjust),
-		retry:      script(luaRetry),
+		lib:        quotaLib,
 	}
 	s.cache.entries = make(map[string]cacheEntry)
 	s.pending.keys = make(map[string]float64)
@@ -113,7 +100,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 	}
 	if s.scripter == nil {
 		s.scripter = client
-		s.batch = newScriptBatcher(client)
+		s.batch = newScriptBatcher(client, s.lib)
 	}
 	return s
 }
@@ -150,21 +137,71 @@ func (s *RedisStore) now() (string, string) {
 	return strconv.FormatInt(t.Unix(), 10), strconv.Itoa(t.Nanosecond())
 }
 
-func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, args ...any) ([]any, error) {
+// run runs one quota operation (lua/batch.lua) and returns its reply.
+func (s *RedisStore) run(ctx context.Context, op string, keys []string, args ...any) ([]any, error) {
 	s.calls.Add(1)
 	var (
 		v   []any
 		err error
 	)
 	if s.batch != nil {
-		v, err = s.batch.run(ctx, script, keys, args)
+		v, err = s.batch.run(ctx, op, keys, args)
 	} else {
-		v, err = script.Run(ctx, s.scripter, keys, args...).Slice()
+		v, err = s.runScript(ctx, op, keys, args)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
 	return v, nil
+}
+
+// functionCaller is a Scripter that can also call functions (go-redis's
+// AutoPipeliner can, and batches FCall as it batches EvalSha).
+type functionCaller interface {
+	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
+	FunctionLoadReplace(ctx context.Context, code string) *redis.StringCmd
+}
+
+// runScript runs one operation as a batch of one through the Scripter: by FCALL when
+// the Scripter can call functions, else by EVALSHA.
+func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []any) ([]any, error) {
+	fc, ok := s.scripter.(functionCaller)
+	if !ok {
+		v, err := s.lib.script.Run(ctx, s.scripter, keys, opArgs(op, keys, args)...).Slice()
+		if err != nil {
+			return nil, err
+		}
+		return onlyReply(v)
+	}
+	// The typed calls, which an AutoPipeliner batches (its Do does not).
+	do := func(ctx context.Context, _ [][]*scriptCall, _ []int, mode sendMode) []*redis.Cmd {
+		a := opArgs(op, keys, args)
+		switch mode {
+		case sendFunction:
+			return []*redis.Cmd{fc.FCall(ctx, s.lib.name, keys, a...)}
+		case sendScript:
+			return []*redis.Cmd{s.scripter.EvalSha(ctx, s.lib.script.Hash(), keys, a...)}
+		default:
+			return []*redis.Cmd{s.scripter.Eval(ctx, s.lib.src, keys, a...)}
+		}
+	}
+	load := func(ctx context.Context) error { return fc.FunctionLoadReplace(ctx, s.lib.code).Err() }
+	c := &scriptCall{op: op, keys: keys, args: args}
+	replies, errs := sendBatch(ctx, [][]*scriptCall{{c}}, do, load, &s.scripts)
+	if errs[0] != nil {
+		return nil, errs[0]
+	}
+	r := opReply(replies[0][0])
+	return r.v, r.err
+}
+
+// onlyReply is the reply of a batch of one operation.
+func onlyReply(v []any) ([]any, error) {
+	if len(v) != 1 {
+		return nil, fmt.Errorf("quota batch of 1 operation replied %d", len(v))
+	}
+	r := opReply(v[0])
+	return r.v, r.err
 }
 
 // Reserve implements Store.
@@ -298,7 +335,7 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, i
 		keys = append(keys, s.reservationKey(c.Tenant, c.ID))
 		args = append(args, int64(c.TTL), tail)
 	}
-	v, err := s.run(ctx, s.reserve, keys, args...)
+	v, err := s.run(ctx, opReserve, keys, args...)
 	if err != nil {
 		return groupResult{}, err
 	}
@@ -349,47 +386,70 @@ func (s *RedisStore) fill(g *Grant, c Charge, idx []int, res groupResult) {
 // tenant buckets | meta. The tenant's buckets are listed in charge order; the script's
 // mask says which it charged. Meta carries the key's buckets and what was charged there.
 func recordTail(c Charge, charged []bool) string {
-	var sb strings.Builder
-	sb.WriteString(strconv.FormatInt(c.Tokens, 10))
-	sb.WriteByte('|')
+	// Appended by hand: fmt's formatting was most of the cost of building the record.
+	b := make([]byte, 0, 128)
+	b = strconv.AppendInt(b, c.Tokens, 10)
+	b = append(b, '|')
 	if bc := c.Budget; bc != nil {
-		fmt.Fprintf(&sb, "%d,%d,%d,%d", bc.Cost, bc.Price.Input, bc.Price.Output, int64(bc.DayOffset/time.Second))
+		b = strconv.AppendInt(b, bc.Cost, 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, bc.Price.Input, 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, bc.Price.Output, 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(bc.DayOffset/time.Second), 10)
 	} else {
-		sb.WriteByte('-')
+		b = append(b, '-')
 	}
-	sb.WriteByte('|')
+	b = append(b, '|')
 	tenant := tenantGroup(c.Tenant)
 	first := true
-	var keyBuckets []string
-	for i, b := range c.Buckets {
-		spec := fmt.Sprintf("%s,%s,%d,%d,%s", escapeField(b.Field), kindArg(b.Kind), b.Cost, b.Limit, boolArg(b.Shadow))
-		if b.Group != tenant {
-			keyBuckets = append(keyBuckets, b.Group+","+spec+","+boolArg(charged[i]))
-			continue
+	for _, bucket := range c.Buckets {
+		if bucket.Group == tenant {
+			if !first {
+				b = append(b, ';')
+			}
+			first = false
+			b = appendBucketSpec(b, bucket)
 		}
-		if !first {
-			sb.WriteByte(';')
-		}
-		first = false
-		sb.WriteString(spec)
 	}
-	sb.WriteByte('|')
+	b = append(b, '|')
 	// Meta, in query-string form without a map: m=<model>&e=<estimate>&k=<key>&b=...
-	sb.WriteString("m=")
-	sb.WriteString(url.QueryEscape(c.Meta.Model))
+	b = append(b, "m="...)
+	b = append(b, url.QueryEscape(c.Meta.Model)...)
 	if c.Meta.EstimatedInput > 0 {
-		sb.WriteString("&e=")
-		sb.WriteString(strconv.FormatInt(c.Meta.EstimatedInput, 10))
+		b = append(b, "&e="...)
+		b = strconv.AppendInt(b, c.Meta.EstimatedInput, 10)
 	}
 	if c.Meta.UpstreamKey != "" {
-		sb.WriteString("&k=")
-		sb.WriteString(url.QueryEscape(c.Meta.UpstreamKey))
+		b = append(b, "&k="...)
+		b = append(b, url.QueryEscape(c.Meta.UpstreamKey)...)
 	}
-	for _, kb := range keyBuckets {
-		sb.WriteString("&b=")
-		sb.WriteString(url.QueryEscape(kb))
+	// The key's buckets, with what was charged there: group,spec,charged.
+	for i, bucket := range c.Buckets {
+		if bucket.Group == tenant {
+			continue
+		}
+		kb := append([]byte(bucket.Group+","), appendBucketSpec(nil, bucket)...)
+		kb = append(kb, ',')
+		kb = append(kb, boolArg(charged[i])...)
+		b = append(b, "&b="...)
+		b = append(b, url.QueryEscape(string(kb))...)
 	}
-	return sb.String() // the escaping leaves no '|'
+	return string(b) // the escaping leaves no '|'
+}
+
+// appendBucketSpec appends "field,kind,cost,limit,shadow" (parseBucketSpec reads it).
+func appendBucketSpec(b []byte, bucket BucketSpec) []byte {
+	b = append(b, escapeField(bucket.Field)...)
+	b = append(b, ',')
+	b = append(b, kindArg(bucket.Kind)...)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, bucket.Cost, 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, bucket.Limit, 10)
+	b = append(b, ',')
+	return append(b, boolArg(bucket.Shadow)...)
 }
 
 // Settle implements Store.
@@ -397,7 +457,7 @@ func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actua
 	ts, tns := s.now()
 	group := tenantGroup(tenant)
 	tokens := clampUsage(actual.Tokens)
-	v, err := s.run(ctx, s.settle, []string{s.groupKey(group), s.reservationKey(tenant, id)},
+	v, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)},
 		ts, tns, int64(maxDebt), tokens, clampUsage(actual.Input), clampUsage(actual.Output), boolArg(release))
 	if err != nil {
 		return Settlement{}, err
@@ -551,7 +611,7 @@ func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjust
 			args = append(args, escapeField(op.field), "t", op.take, 0, op.limit)
 		}
 	}
-	v, err := s.run(ctx, s.adjust, []string{s.groupKey(group)}, args...)
+	v, err := s.run(ctx, opAdjust, []string{s.groupKey(group)}, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -609,7 +669,7 @@ func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecis
 
 func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key string, format, acquire bool, overall, forKey float64) (RetryDecision, error) {
 	ts, tns := s.now()
-	v, err := s.run(ctx, s.retry, []string{s.retryKey()}, ts, tns, int64(cfg.Window/time.Second),
+	v, err := s.run(ctx, opRetry, []string{s.retryKey()}, ts, tns, int64(cfg.Window/time.Second),
 		cfg.Ratio, cfg.Floor, cfg.FormatOnlyAbove, boolArg(format), boolArg(acquire), key, overall, forKey)
 	if err != nil {
 		return RetryDecision{}, err

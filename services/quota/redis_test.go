@@ -387,3 +387,29 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 		}
 	})
 }
+
+// The Lua refill arithmetic (prelude.lua: dur) gives Go's durationOf to the nanosecond,
+// on both sides of 2^53 ns of n × window, where it switches from dividing directly to
+// long division.
+func TestRedisRefillTimeMatchesGo(t *testing.T) {
+	t.Parallel()
+	store := newTestRedisStore(t, clockwork.NewFakeClockAt(t0), RedisOptions{})
+	ctx := context.Background()
+	limits := []int64{1, 7, 60, 6000, 999_983, 1_000_000_007, 1 << 40, 1 << 50}
+	// 150,119 tokens is the last n with n × 60e9 below 2^53.
+	tokens := []int64{1, 59, 61, 12_345, 150_119, 150_120, 150_121, 9_999_991, 1 << 30, 1 << 45}
+	i := 0
+	for _, limit := range limits {
+		for _, n := range tokens {
+			i++
+			group := fmt.Sprint("refill-", i) // a fresh, full bucket each time
+			debts, err := store.adjustGroup(ctx, group, []adjustOp{{field: "b", take: n, limit: limit}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := durationOf(n, limit); debts[0] != want {
+				t.Errorf("taking %d of limit %d: Lua %d ns, Go %d ns", n, limit, debts[0], want)
+			}
+		}
+	}
+}

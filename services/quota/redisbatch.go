@@ -3,6 +3,8 @@ package quota
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -13,22 +15,32 @@ import (
 // queued when it was.
 var errBatcherClosed = errors.New("redis: store closed")
 
-// scriptBatcher sends the scripts of concurrent callers to Redis as pipelines. Most of
-// a decision's cost on both sides is the round trip (a write, a read, two wake-ups per
-// side), not the script, so one round trip for many decisions is the main saving.
+// scriptBatcher sends the quota operations of concurrent callers to Redis together.
+// Most of a decision's cost on both sides is per call (a round trip, a script's setup,
+// Redis TIME, the reply's framing), not the operation, so one call for many operations
+// is the main saving: the operations queued for one hash slot (all of them, on a single
+// Redis) go as one call of batch.lua, and the calls for different slots as one pipeline.
 //
-// There is no timer: a worker sends whatever queued while its previous pipeline was in
-// flight, so a lone caller pays no wait and busy callers share round trips. Each call
-// keeps its own reply and error, and a caller that gives up (its context ends) leaves
-// the others alone: its script is skipped when it has not been sent yet, and its reply
+// There is no timer: a worker sends whatever queued while its previous batch was in
+// flight, so a lone caller pays no wait and busy callers share calls. Each call keeps
+// its own reply and error, and a caller that gives up (its context ends) leaves the
+// others alone: its operation is skipped when it has not been sent yet, and its reply
 // is dropped when it has.
 type scriptBatcher struct {
 	client   redis.UniversalClient
+	lib      *luaLib
 	queue    chan *scriptCall
 	maxBatch int
 	workers  int
+	// bySlot sends operations of different hash tags in different calls: a cluster or
+	// ring client routes each call by its first key, and Redis Cluster refuses a call
+	// whose keys span slots. A single Redis takes any keys in one call.
+	bySlot bool
+	// scripts is set once the server turned out to run no functions (Redis before 7.0,
+	// or an ACL without FUNCTION): batches go as EVALSHA from then on.
+	scripts atomic.Bool
 
-	// busy counts round trips in flight (direct calls and pipelines), for the fast path.
+	// busy counts round trips in flight (direct calls and batches), for the fast path.
 	busy atomic.Int64
 
 	start   sync.Once
@@ -39,11 +51,11 @@ type scriptBatcher struct {
 	stopped chan struct{} // closed once every worker has returned
 }
 
-// scriptCall is one caller's script and where its reply goes.
+// scriptCall is one caller's operation and where its reply goes.
 type scriptCall struct {
-	script *redis.Script
-	keys   []string
-	args   []any
+	op   string // opReserve, opSettle, ...
+	keys []string
+	args []any
 	// gone is the caller's ctx.Done(): a call whose caller left is not sent.
 	gone  <-chan struct{}
 	reply chan scriptReply // buffered, so that a worker never waits for a caller
@@ -54,20 +66,23 @@ type scriptReply struct {
 	err error
 }
 
-// Defaults of the batcher. Two workers keep one pipeline queued behind the one Redis is
+// Defaults of the batcher. Two workers keep one batch queued behind the one Redis is
 // running, so that Redis does not idle for a round trip between them; a batch is
-// bounded so that one pipeline's reply cannot grow without limit.
+// bounded so that one call's reply cannot grow without limit.
 const (
 	batchWorkers = 2
 	maxBatchSize = 128
 )
 
-func newScriptBatcher(client redis.UniversalClient) *scriptBatcher {
+func newScriptBatcher(client redis.UniversalClient, lib *luaLib) *scriptBatcher {
+	_, single := client.(*redis.Client)
 	return &scriptBatcher{
 		client:   client,
+		lib:      lib,
 		queue:    make(chan *scriptCall, 4*maxBatchSize),
 		maxBatch: maxBatchSize,
 		workers:  batchWorkers,
+		bySlot:   !single,
 		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),
 	}
@@ -75,23 +90,27 @@ func newScriptBatcher(client redis.UniversalClient) *scriptBatcher {
 
 var callPool = sync.Pool{New: func() any { return &scriptCall{reply: make(chan scriptReply, 1)} }}
 
-// run sends script with keys and args in the next pipeline and waits for its reply.
-func (b *scriptBatcher) run(ctx context.Context, script *redis.Script, keys []string, args []any) ([]any, error) {
+// run sends operation op with keys and args in the next batch and waits for its reply.
+func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args []any) ([]any, error) {
 	select {
 	case <-b.closing:
 		return nil, errBatcherClosed
 	default:
 	}
-	// Nothing in flight: nobody to share a round trip with, so the caller sends its own
-	// script rather than pay two goroutine hand-offs (measured: +40% latency and more
-	// CPU per decision for a lone caller).
+	c := callPool.Get().(*scriptCall)
+	c.op, c.keys, c.args = op, keys, args
+	// Nothing in flight: nobody to share a call with, so the caller sends its own
+	// rather than pay two goroutine hand-offs (measured: +40% latency and more CPU per
+	// decision for a lone caller).
 	if b.busy.CompareAndSwap(0, 1) {
-		defer b.busy.Add(-1)
-		return script.Run(ctx, b.client, keys, args...).Slice()
+		b.exec(ctx, []*scriptCall{c})
+		b.busy.Add(-1)
+		r := <-c.reply // exec answers every call it sends, and a direct call is sent
+		b.recycle(c)
+		return r.v, r.err
 	}
 	b.start.Do(b.startWorkers)
-	c := callPool.Get().(*scriptCall)
-	c.script, c.keys, c.args, c.gone = script, keys, args, ctx.Done()
+	c.gone = ctx.Done()
 	select {
 	case b.queue <- c:
 	case <-ctx.Done():
@@ -109,7 +128,7 @@ func (b *scriptBatcher) run(ctx context.Context, script *redis.Script, keys []st
 		// A worker may still hold c: it is not reused.
 		return nil, ctx.Err()
 	case <-b.stopped:
-		// Workers finish their pipelines before they stop, so a call still without a
+		// Workers finish their batches before they stop, so a call still without a
 		// reply was queued but never sent.
 		select {
 		case r := <-c.reply:
@@ -126,7 +145,7 @@ func (b *scriptBatcher) recycle(c *scriptCall) {
 }
 
 func (b *scriptBatcher) startWorkers() {
-	// The workers' context is cancelled by Close, which ends a pipeline in flight.
+	// The workers' context is cancelled by Close, which ends a batch in flight.
 	ctx, cancel := context.WithCancel(context.Background())
 	b.cancel = cancel
 	b.wg.Add(b.workers)
@@ -136,7 +155,7 @@ func (b *scriptBatcher) startWorkers() {
 }
 
 // Close stops the workers; callers still waiting get errBatcherClosed (or their
-// pipeline's error). Calls after Close fail at once.
+// batch's error). Calls after Close fail at once.
 func (b *scriptBatcher) Close() {
 	b.close.Do(func() {
 		// Closing before starting would let a later run start workers nobody stops.
@@ -153,7 +172,6 @@ func (b *scriptBatcher) Close() {
 func (b *scriptBatcher) work(ctx context.Context) {
 	defer b.wg.Done()
 	batch := make([]*scriptCall, 0, b.maxBatch)
-	cmds := make([]*redis.Cmd, 0, b.maxBatch)
 	for {
 		select {
 		case <-b.closing:
@@ -172,55 +190,197 @@ func (b *scriptBatcher) work(ctx context.Context) {
 			}
 		}
 		b.busy.Add(1)
-		cmds = b.exec(ctx, batch, cmds[:0])
+		b.exec(ctx, batch)
 		b.busy.Add(-1)
 		clear(batch)
-		clear(cmds)
 	}
 }
 
-// exec runs one batch as a pipeline and replies to every caller.
-func (b *scriptBatcher) exec(ctx context.Context, batch []*scriptCall, cmds []*redis.Cmd) []*redis.Cmd {
-	pipe := b.client.Pipeline()
-	sent := 0
+// exec sends one batch and replies to every caller in it that has not left.
+func (b *scriptBatcher) exec(ctx context.Context, batch []*scriptCall) {
+	live := make([]*scriptCall, 0, len(batch))
 	for _, c := range batch {
 		select {
 		case <-c.gone:
-			// The caller has left: sending its script would charge for nothing.
-			cmds = append(cmds, nil)
+			// The caller has left: sending its operation would charge for nothing.
 			continue
 		default:
+			live = append(live, c)
 		}
-		cmds = append(cmds, c.script.EvalSha(ctx, pipe, c.keys, c.args...))
-		sent++
 	}
-	if sent == 0 {
+	if len(live) == 0 {
+		return
+	}
+	groups := b.group(live)
+	replies, errs := b.send(ctx, groups)
+	for i, g := range groups {
+		for j, c := range g {
+			if errs[i] != nil {
+				c.reply <- scriptReply{err: errs[i]}
+				continue
+			}
+			c.reply <- opReply(replies[i][j])
+		}
+	}
+}
+
+// opReply is one operation's reply out of a batch's.
+func opReply(x any) scriptReply {
+	switch v := x.(type) {
+	case []any:
+		return scriptReply{v: v}
+	case error:
+		return scriptReply{err: v}
+	default:
+		return scriptReply{err: fmt.Errorf("redis: quota operation replied %T, want an array", x)}
+	}
+}
+
+// group splits calls into the groups that can share one call: all of them, or, with
+// bySlot, those of one hash tag (an operation's keys share their tag).
+func (b *scriptBatcher) group(calls []*scriptCall) [][]*scriptCall {
+	if !b.bySlot {
+		return [][]*scriptCall{calls}
+	}
+	var groups [][]*scriptCall
+	index := make(map[string]int)
+	for _, c := range calls {
+		tag := hashTag(c.keys[0])
+		i, ok := index[tag]
+		if !ok {
+			i = len(groups)
+			index[tag] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], c)
+	}
+	return groups
+}
+
+// hashTag is the part of key Redis Cluster hashes: what the first {…} holds, or the
+// whole key when there is no such non-empty part.
+func hashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+// How a batch is sent.
+type sendMode int
+
+const (
+	sendFunction sendMode = iota // FCALL of the loaded library
+	sendScript                   // EVALSHA
+	sendEval                     // EVAL with the script's body, which also loads it
+)
+
+// send runs one batch.lua call per group and returns each group's replies, one per
+// operation, or the group's error.
+func (b *scriptBatcher) send(ctx context.Context, groups [][]*scriptCall) ([][]any, []error) {
+	return sendBatch(ctx, groups, b.do, b.load, &b.scripts)
+}
+
+// sendBatch runs one batch.lua call per group with do and returns each group's
+// replies, one per operation, or the group's error. It recovers from a server that
+// lost the library or script (a restart, FUNCTION FLUSH, SCRIPT FLUSH) by loading it
+// again with load, and from one without functions by setting scripts for good.
+func sendBatch(ctx context.Context, groups [][]*scriptCall,
+	do func(context.Context, [][]*scriptCall, []int, sendMode) []*redis.Cmd,
+	load func(context.Context) error, scripts *atomic.Bool,
+) ([][]any, []error) {
+	mode := sendFunction
+	if scripts.Load() {
+		mode = sendScript
+	}
+	replies := make([][]any, len(groups))
+	errs := make([]error, len(groups))
+	todo := make([]int, len(groups))
+	for i := range todo {
+		todo[i] = i
+	}
+	// At most: FCALL, load and FCALL again or fall back to EVALSHA, then EVAL.
+	for attempt := 0; attempt < 4 && len(todo) > 0; attempt++ {
+		cmds := do(ctx, groups, todo, mode)
+		again := todo[:0:0]
+		next := mode
+		for k, i := range todo {
+			err := cmds[k].Err()
+			switch {
+			case err == nil:
+				replies[i], errs[i] = cmds[k].Slice()
+				if errs[i] == nil && len(replies[i]) != len(groups[i]) {
+					errs[i] = fmt.Errorf("redis: quota batch of %d operations replied %d", len(groups[i]), len(replies[i]))
+				}
+				continue
+			case mode == sendFunction && redis.HasErrorPrefix(err, "unknown command"):
+				next = sendScript
+			case mode == sendFunction && redis.HasErrorPrefix(err, "Function not found"):
+				// next stays sendFunction once the library is loaded again.
+			case mode == sendScript && redis.HasErrorPrefix(err, "NOSCRIPT"):
+				next = sendEval
+			default:
+				errs[i] = err
+				continue
+			}
+			errs[i] = err
+			again = append(again, i)
+		}
+		if len(again) == 0 {
+			break
+		}
+		if mode == sendFunction && next == sendFunction {
+			if err := load(ctx); err != nil {
+				var rerr redis.Error
+				if !errors.As(err, &rerr) {
+					for _, i := range again {
+						errs[i] = fmt.Errorf("loading the quota functions: %w", err)
+					}
+					break
+				}
+				// Redis refused the library (no FUNCTION LOAD for this user, say):
+				// scripts do the same.
+				next = sendScript
+			}
+		}
+		if next == sendScript {
+			scripts.Store(true)
+		}
+		mode, todo = next, again
+	}
+	return replies, errs
+}
+
+// do sends the calls of groups[todo...] in mode, as one command or one pipeline.
+func (b *scriptBatcher) do(ctx context.Context, groups [][]*scriptCall, todo []int, mode sendMode) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(todo))
+	if len(todo) == 1 {
+		cmds[0] = b.client.Do(ctx, b.lib.command(mode, groups[todo[0]])...)
 		return cmds
 	}
-	// Exec's error is also each command's own; they are read one by one below.
+	pipe := b.client.Pipeline()
+	for k, i := range todo {
+		cmds[k] = pipe.Do(ctx, b.lib.command(mode, groups[i])...)
+	}
+	// Exec's error is also each command's own; they are read one by one.
 	_, _ = pipe.Exec(ctx)
-
-	// Scripts Redis does not know (a restart, SCRIPT FLUSH) go again with their body;
-	// EVAL also loads them for next time.
-	var again redis.Pipeliner
-	for i, cmd := range cmds {
-		if cmd != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			if again == nil {
-				again = b.client.Pipeline()
-			}
-			c := batch[i]
-			cmds[i] = c.script.Eval(ctx, again, c.keys, c.args...)
-		}
-	}
-	if again != nil {
-		_, _ = again.Exec(ctx)
-	}
-	for i, c := range batch {
-		if cmds[i] == nil {
-			continue
-		}
-		v, err := cmds[i].Slice()
-		c.reply <- scriptReply{v: v, err: err}
-	}
 	return cmds
+}
+
+// load loads the library on every node, replacing any of the same name (which has the
+// same code, see luaLib).
+func (b *scriptBatcher) load(ctx context.Context) error {
+	loadOn := func(ctx context.Context, c *redis.Client) error {
+		return c.FunctionLoadReplace(ctx, b.lib.code).Err()
+	}
+	switch c := b.client.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, loadOn)
+	case *redis.Ring:
+		return c.ForEachShard(ctx, loadOn)
+	default:
+		return b.client.FunctionLoadReplace(ctx, b.lib.code).Err()
+	}
 }

@@ -6,89 +6,184 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 )
 
-// A script no Redis has seen, so that its first EVALSHA answers NOSCRIPT.
-func freshScript(t *testing.T, body string) *redis.Script {
+// freshLib returns a quota library no Redis has seen (its name and script hash are
+// new), so that its first FCALL answers "Function not found" and its first EVALSHA
+// NOSCRIPT, and deletes it from the test Redis when the test ends.
+func freshLib(t *testing.T, c *redis.Client) *luaLib {
 	t.Helper()
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return redis.NewScript("-- " + hex.EncodeToString(b[:]) + "\n" + body)
+	lib := newLuaLib("-- " + hex.EncodeToString(b[:]))
+	t.Cleanup(func() { _ = c.FunctionDelete(context.Background(), lib.name).Err() })
+	return lib
+}
+
+// echoOp is an adjust of no buckets decided at second sec: its reply is {sec, 0}.
+func echoOp(sec int) []any { return []any{fmt.Sprint(sec), "0", int64(maxDebt), 0} }
+
+// takeOp takes one token from bucket f (limit 60) at second 1.
+func takeOp() []any { return []any{"1", "0", int64(maxDebt), 1, "f", "t", 1, 0, 60} }
+
+// batcherModes are the ways a batcher sends: by function or by script, and in one
+// call or one call per hash slot.
+var batcherModes = []struct {
+	name    string
+	scripts bool
+	bySlot  bool
+}{
+	{"functions", false, false},
+	{"functions by slot", false, true},
+	{"scripts", true, false},
+	{"scripts by slot", true, true},
+}
+
+func newTestBatcher(t *testing.T, c *redis.Client, scripts, bySlot bool) *scriptBatcher {
+	t.Helper()
+	b := newScriptBatcher(c, freshLib(t, c))
+	b.scripts.Store(scripts)
+	b.bySlot = bySlot
+	return b
 }
 
 func TestBatcherKeepsEachCallersReplyAndError(t *testing.T) {
-	c := newTestRedisClient(t)
-	b := newScriptBatcher(c)
-	t.Cleanup(b.Close)
-	echo := freshScript(t, "return {ARGV[1], KEYS[1]}")
-	fail := freshScript(t, "return redis.error_reply('NOPE ' .. ARGV[1])")
-	ctx := context.Background()
+	for _, m := range batcherModes {
+		t.Run(m.name, func(t *testing.T) {
+			c := newTestRedisClient(t)
+			prefix := testPrefix(t, c)
+			b := newTestBatcher(t, c, m.scripts, m.bySlot)
+			t.Cleanup(b.Close)
+			ctx := context.Background()
+			// A string where a bucket hash belongs: its operations fail with WRONGTYPE.
+			wrong := prefix + "{wrong}:b"
+			if err := c.Set(ctx, wrong, "x", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
 
-	const callers = 200
-	var wg sync.WaitGroup
-	errs := make(chan error, callers)
-	for i := range callers {
-		wg.Go(func() {
-			arg := fmt.Sprint(i)
-			if i%7 == 0 {
-				_, err := b.run(ctx, fail, []string{"k"}, []any{arg})
-				if err == nil || err.Error() != "NOPE "+arg {
-					errs <- fmt.Errorf("caller %d: error %v, want NOPE %s", i, err, arg)
-				}
-				return
+			const callers = 200
+			var wg sync.WaitGroup
+			errs := make(chan error, callers)
+			for i := range callers {
+				wg.Go(func() {
+					if i%7 == 0 {
+						_, err := b.run(ctx, opAdjust, []string{wrong}, echoOp(i+1))
+						if !redis.HasErrorPrefix(err, "WRONGTYPE") {
+							errs <- fmt.Errorf("caller %d: error %v, want WRONGTYPE", i, err)
+						}
+						return
+					}
+					// Callers spread over a few hash tags, as tenants do.
+					key := fmt.Sprintf("%s{t%d}:b", prefix, i%5)
+					v, err := b.run(ctx, opAdjust, []string{key}, echoOp(i+1))
+					if err != nil {
+						errs <- fmt.Errorf("caller %d: %w", i, err)
+						return
+					}
+					if len(v) != 2 || v[0] != int64(i+1) || v[1] != int64(0) {
+						errs <- fmt.Errorf("caller %d: reply %v", i, v)
+					}
+				})
 			}
-			v, err := b.run(ctx, echo, []string{"key" + arg}, []any{arg})
-			if err != nil {
-				errs <- fmt.Errorf("caller %d: %w", i, err)
-				return
-			}
-			if len(v) != 2 || v[0] != arg || v[1] != "key"+arg {
-				errs <- fmt.Errorf("caller %d: reply %v", i, v)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
 			}
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
+}
+
+// A server that lost the library (a restart, FUNCTION FLUSH) or the script (SCRIPT
+// FLUSH) gets it again, and the call that found it missing still gets its reply.
+func TestBatcherReloadsWhatRedisLost(t *testing.T) {
+	for _, m := range batcherModes {
+		t.Run(m.name, func(t *testing.T) {
+			c := newTestRedisClient(t)
+			prefix := testPrefix(t, c)
+			b := newTestBatcher(t, c, m.scripts, m.bySlot)
+			t.Cleanup(b.Close)
+			ctx := context.Background()
+			for i := range 3 {
+				if i == 2 && !m.scripts {
+					// Lost after it was loaded. (Scripts are only ever new here: SCRIPT
+					// FLUSH would disturb every other user of the test Redis.)
+					if err := c.FunctionDelete(ctx, b.lib.name).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				v, err := b.run(ctx, opAdjust, []string{prefix + "{a}:b"}, echoOp(i+1))
+				if err != nil || len(v) != 2 || v[0] != int64(i+1) {
+					t.Fatalf("call %d: %v, %v", i, v, err)
+				}
+			}
+			if got := b.scripts.Load(); got != m.scripts {
+				t.Errorf("sending scripts = %v, want %v", got, m.scripts)
+			}
+		})
+	}
+}
+
+// A server without FUNCTION (Redis before 7.0) is simulated by a library Redis refuses
+// to load: the batcher falls back to scripts for good, and the call still succeeds.
+func TestBatcherFallsBackToScripts(t *testing.T) {
+	c := newTestRedisClient(t)
+	prefix := testPrefix(t, c)
+	b := newScriptBatcher(c, freshLib(t, c))
+	t.Cleanup(b.Close)
+	b.lib.code = "#!lua name=" + b.lib.name + "\nthis is not Lua\n"
+	ctx := context.Background()
+	v, err := b.run(ctx, opAdjust, []string{prefix + "{a}:b"}, echoOp(7))
+	if err != nil || len(v) != 2 || v[0] != int64(7) {
+		t.Fatalf("reply %v, %v", v, err)
+	}
+	if !b.scripts.Load() {
+		t.Fatal("still sending functions after Redis refused to load them")
 	}
 }
 
 func TestBatcherSkipsCallersThatLeft(t *testing.T) {
-	c := newTestRedisClient(t)
-	prefix := testPrefix(t, c)
-	b := newScriptBatcher(c)
-	incr := freshScript(t, "return {redis.call('INCR', KEYS[1])}")
+	for _, m := range batcherModes {
+		t.Run(m.name, func(t *testing.T) {
+			c := newTestRedisClient(t)
+			prefix := testPrefix(t, c)
+			b := newTestBatcher(t, c, m.scripts, m.bySlot)
 
-	left := make(chan struct{})
-	close(left)
-	gone := &scriptCall{script: incr, keys: []string{prefix + "gone"}, gone: left, reply: make(chan scriptReply, 1)}
-	live := &scriptCall{script: incr, keys: []string{prefix + "live"}, reply: make(chan scriptReply, 1)}
-	// One batch, run the way a worker runs it.
-	b.exec(context.Background(), []*scriptCall{gone, live}, nil)
+			left := make(chan struct{})
+			close(left)
+			gone := &scriptCall{op: opAdjust, keys: []string{prefix + "{gone}:b"}, args: takeOp(), gone: left, reply: make(chan scriptReply, 1)}
+			live := &scriptCall{op: opAdjust, keys: []string{prefix + "{live}:b"}, args: takeOp(), reply: make(chan scriptReply, 1)}
+			// One batch, run the way a worker runs it.
+			b.exec(context.Background(), []*scriptCall{gone, live})
 
-	if r := <-live.reply; r.err != nil {
-		t.Fatalf("live caller: %v, %v", r.v, r.err)
-	}
-	select {
-	case r := <-gone.reply:
-		t.Fatalf("a caller that left got a reply: %v", r)
-	default:
-	}
-	if n, err := c.Exists(context.Background(), prefix+"gone").Result(); err != nil || n != 0 {
-		t.Fatalf("the script of a caller that left ran (exists=%d, %v)", n, err)
+			if r := <-live.reply; r.err != nil {
+				t.Fatalf("live caller: %v, %v", r.v, r.err)
+			}
+			select {
+			case r := <-gone.reply:
+				t.Fatalf("a caller that left got a reply: %v", r)
+			default:
+			}
+			if n, err := c.Exists(context.Background(), prefix+"{gone}:b").Result(); err != nil || n != 0 {
+				t.Fatalf("the operation of a caller that left ran (exists=%d, %v)", n, err)
+			}
+		})
 	}
 }
 
 func TestBatcherCancelledCallerDoesNotFailOthers(t *testing.T) {
 	c := newTestRedisClient(t)
-	b := newScriptBatcher(c)
+	prefix := testPrefix(t, c)
+	b := newScriptBatcher(c, quotaLib)
 	t.Cleanup(b.Close)
-	echo := freshScript(t, "return {ARGV[1]}")
+	key := []string{prefix + "{a}:b"}
 
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -98,13 +193,13 @@ func TestBatcherCancelledCallerDoesNotFailOthers(t *testing.T) {
 			if i%2 == 0 {
 				// Either it left before its reply or the reply won the race; both are fine,
 				// as long as nobody else notices.
-				if _, err := b.run(cancelled, echo, []string{"k"}, []any{"x"}); err != nil && !errors.Is(err, context.Canceled) {
+				if _, err := b.run(cancelled, opAdjust, key, echoOp(1)); err != nil && !errors.Is(err, context.Canceled) {
 					t.Errorf("cancelled caller: %v", err)
 				}
 				return
 			}
-			v, err := b.run(context.Background(), echo, []string{"k"}, []any{fmt.Sprint(i)})
-			if err != nil || len(v) != 1 || v[0] != fmt.Sprint(i) {
+			v, err := b.run(context.Background(), opAdjust, key, echoOp(i))
+			if err != nil || len(v) != 2 || v[0] != int64(i) {
 				t.Errorf("caller %d: %v, %v", i, v, err)
 			}
 		})
@@ -114,22 +209,113 @@ func TestBatcherCancelledCallerDoesNotFailOthers(t *testing.T) {
 
 func TestBatcherClose(t *testing.T) {
 	c := newTestRedisClient(t)
-	b := newScriptBatcher(c)
-	echo := freshScript(t, "return {ARGV[1]}")
+	prefix := testPrefix(t, c)
+	key := []string{prefix + "{a}:b"}
+	b := newScriptBatcher(c, quotaLib)
 	ctx := context.Background()
-	if _, err := b.run(ctx, echo, []string{"k"}, []any{"a"}); err != nil {
+	if _, err := b.run(ctx, opAdjust, key, echoOp(1)); err != nil {
 		t.Fatal(err)
 	}
 	b.Close()
 	b.Close() // twice is harmless
-	if _, err := b.run(ctx, echo, []string{"k"}, []any{"a"}); !errors.Is(err, errBatcherClosed) {
+	if _, err := b.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, errBatcherClosed) {
 		t.Fatalf("after Close: %v, want errBatcherClosed", err)
 	}
 
 	// Closed before first use: no worker starts, calls fail.
-	b2 := newScriptBatcher(c)
+	b2 := newScriptBatcher(c, quotaLib)
 	b2.Close()
-	if _, err := b2.run(ctx, echo, []string{"k"}, []any{"a"}); !errors.Is(err, errBatcherClosed) {
+	if _, err := b2.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, errBatcherClosed) {
 		t.Fatalf("after Close: %v, want errBatcherClosed", err)
+	}
+}
+
+// A malformed batch is refused as a whole, not misread.
+func TestBatchRefusesMalformedOperations(t *testing.T) {
+	c := newTestRedisClient(t)
+	b := newScriptBatcher(c, quotaLib)
+	t.Cleanup(b.Close)
+	for _, op := range []string{"x", ""} {
+		_, err := b.run(context.Background(), op, []string{"k"}, nil)
+		if err == nil || !strings.Contains(err.Error(), "malformed operation") {
+			t.Errorf("operation %q: %v, want a malformed operation error", op, err)
+		}
+	}
+}
+
+func TestHashTag(t *testing.T) {
+	for _, tt := range []struct{ key, want string }{
+		{"p:{tenant:acme}:b", "tenant:acme"},
+		{"p:{tenant:acme}:r:{x}", "tenant:acme"},
+		{"{}x{y}", "{}x{y}"}, // an empty first tag: the whole key
+		{"p:{open", "p:{open"},
+		{"plain", "plain"},
+	} {
+		if got := hashTag(tt.key); got != tt.want {
+			t.Errorf("hashTag(%q) = %q, want %q", tt.key, got, tt.want)
+		}
+	}
+}
+
+// onlyScripter hides everything of a client but the Scripter methods.
+type onlyScripter struct{ redis.Scripter }
+
+// A store given a Scripter runs each operation on its own: by FCALL when the Scripter
+// can send any command (an AutoPipeliner), by EVALSHA otherwise or when the server has
+// no functions, loading the library or script it finds missing either way.
+func TestRedisStoreThroughScripter(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		plain       bool // only the Scripter methods
+		scripts     bool // the server is taken to have no functions
+		wantScripts bool
+	}{
+		{name: "auto-pipeliner, functions"},
+		{name: "auto-pipeliner, scripts", scripts: true, wantScripts: true},
+		{name: "plain scripter", plain: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newTestRedisClient(t)
+			ap, err := c.AutoPipeline()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = ap.Close() })
+			var scripter redis.Scripter = ap
+			if tt.plain {
+				scripter = onlyScripter{ap}
+			}
+			clock := clockwork.NewFakeClockAt(t0)
+			store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock, Scripter: scripter})
+			store.lib = freshLib(t, c)
+			store.scripts.Store(tt.scripts)
+			ctx := context.Background()
+			spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 60, Limit: 600}
+			for i := range 2 {
+				id := fmt.Sprint("r", i)
+				g, err := store.Reserve(ctx, Charge{ID: id, Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []BucketSpec{spec}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := int64(600 - 60*(i+1)); g.Levels[0].Remaining != want {
+					t.Fatalf("reservation %d: remaining %d, want %d", i, g.Levels[0].Remaining, want)
+				}
+				if _, err := store.Settle(ctx, "acme", id, Actual{Tokens: 60}, false); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := store.Settle(ctx, "acme", id, Actual{Tokens: 60}, false); !errors.Is(err, ErrReservationNotFound) {
+					t.Fatalf("second settle: %v, want ErrReservationNotFound", err)
+				}
+				if i == 0 && !tt.plain && !tt.scripts {
+					// Lost after it was loaded: loaded again.
+					if err := c.FunctionDelete(ctx, store.lib.name).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if got := store.scripts.Load(); got != tt.wantScripts {
+				t.Errorf("sending scripts = %v, want %v", got, tt.wantScripts)
+			}
+		})
 	}
 }

@@ -1,4 +1,4 @@
--- Shared by every quota script. Numbers in Redis's Lua are IEEE doubles, exact for
+-- Shared by every quota operation. Numbers in Redis's Lua are IEEE doubles, exact for
 -- integers below 2^53 (about 104 days in nanoseconds). So instants are kept as seconds
 -- plus nanoseconds ("sec:nsec"), durations stay below maxdebt (30 days), and the one
 -- product that would overflow, tokens x window, is formed by long division. This keeps
@@ -26,6 +26,13 @@ local function dur(n, L, maxdebt)
   if n <= 0 then
     return 0
   end
+  -- Below 2^53 the product n * W is exact, and so is ceil of the rounded quotient: a
+  -- quotient that is not whole is at least 1/L from the next whole number, more than
+  -- the rounding error (at most n * W / L / 2^53). This is most calls (n up to 150,000).
+  local nw = n * W
+  if nw < 9007199254740992 then
+    return math.min(math.ceil(nw / L), maxdebt)
+  end
   local q, r = idiv(n, L)
   if q * W >= maxdebt then
     return maxdebt
@@ -43,12 +50,21 @@ local function dur(n, L, maxdebt)
   return math.min(q * W + f, maxdebt)
 end
 
+-- now_s and now_ns are Redis's TIME, read once per call of batch (batch.lua) and shared
+-- by its operations: they run at one point in time anyway, and TIME from Lua costs
+-- about 1 µs. batch clears them first, since a function library's upvalues outlive
+-- a call.
+local now_s, now_ns
+
 -- clock returns the decision time: the caller's when given (tests pin it to a fake
 -- clock), Redis's TIME otherwise, so that every replica decides on one clock.
 local function clock(s, ns)
   if s == '' then
-    local t = redis.call('TIME')
-    return tonumber(t[1]), tonumber(t[2]) * 1000
+    if not now_s then
+      local t = redis.call('TIME')
+      now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
+    end
+    return now_s, now_ns
   end
   return tonumber(s), tonumber(ns)
 end
@@ -106,17 +122,4 @@ end
 local function budgetDay(s, ns, off)
   local day = idiv(s + off, 86400)
   return day, ((day + 1) * 86400 - off - s) * E9 - ns
-end
-
-local function split(str, sep)
-  local out, i = {}, 1
-  while true do
-    local j = string.find(str, sep, i, true)
-    if not j then
-      out[#out + 1] = string.sub(str, i)
-      return out
-    end
-    out[#out + 1] = string.sub(str, i, j - 1)
-    i = j + 1
-  end
 end

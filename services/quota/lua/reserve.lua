@@ -27,14 +27,15 @@ local x = tonumber(v[n + 3] or 0)
 
 local out = {0, s, ns}
 local refused = false
-local debts, costs, flags = {}, {}, {}
+-- Per bucket, out holds wait, debt, flag; sum holds debt + cost, what a charge leaves.
+local sum = {}
 for i = 1, n do
   local b = 4 + (i - 1) * 3
   local d = debtOf(v[i], s, ns)
   -- The caller converts the cost to time (bucket.go: durationOf): the same numbers,
   -- without the long division in Lua, which was the script's largest cost.
-  local c = tonumber(ARGV[b + 2])
-  local wait, flag = d + c - W, 0
+  local dc = d + tonumber(ARGV[b + 2])
+  local wait, flag = dc - W, 0
   if wait > 0 then
     if ARGV[b + 3] == '1' then
       flag = 2
@@ -45,10 +46,9 @@ for i = 1, n do
   else
     wait = 0
   end
-  debts[i], costs[i], flags[i] = d, c, flag
-  out[#out + 1] = wait
-  out[#out + 1] = d
-  out[#out + 1] = flag
+  sum[i] = dc
+  local o = 3 + (i - 1) * 3
+  out[o + 1], out[o + 2], out[o + 3] = wait, d, flag
 end
 
 local day, spent, breset, bflag = 0, 0, 0, 0
@@ -75,10 +75,11 @@ end
 
 out[1] = 1
 local untilS = s
-local sets, dels, mask = {}, {}, {}
+local sets, dels, mask = {}, {}, ''
 for i = 1, n do
-  if flags[i] == 0 then
-    local d = math.min(debts[i] + costs[i], maxdebt)
+  local o = 3 + (i - 1) * 3
+  if out[o + 3] == 0 then
+    local d = math.min(sum[i], maxdebt)
     local stampV, full = fullAt(s, ns, d)
     if stampV then
       sets[#sets + 1] = fields[i]
@@ -87,10 +88,10 @@ for i = 1, n do
       dels[#dels + 1] = fields[i]
     end
     untilS = math.max(untilS, full)
-    out[3 + (i - 1) * 3 + 2] = d
-    mask[i] = '1'
+    out[o + 2] = d
+    mask = mask .. '1'
   else
-    mask[i] = '0'
+    mask = mask .. '0'
   end
 end
 local bday = '-'
@@ -112,7 +113,7 @@ if #KEYS == 2 then
   -- The record: expiry | charged mask | budget day ('-' when not charged) | tail, where
   -- the caller's tail is tokens | budget | buckets | meta (see settle.lua).
   local ttl = tonumber(ARGV[bi + 5])
-  redis.call('SET', KEYS[2], stamp(s, ns, ttl) .. '|' .. table.concat(mask) .. '|' .. bday .. '|' .. ARGV[bi + 6],
+  redis.call('SET', KEYS[2], stamp(s, ns, ttl) .. '|' .. mask .. '|' .. bday .. '|' .. ARGV[bi + 6],
     'PX', math.floor(ttl / 1000000) + 60000)
 end
 return out

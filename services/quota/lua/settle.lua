@@ -26,9 +26,14 @@ end
 if not rec then
   return {0}
 end
-local r = split(rec, '|')
-local e = split(r[1], ':')
-local es, ens = tonumber(e[1]), tonumber(e[2])
+-- One match for the whole record and one per bucket: each a single call into C, where
+-- splitting in Lua was a loop of string.find and string.sub per separator.
+local es, ens, mask, bday, tokens, budget, buckets, meta =
+  string.match(rec, '^(%d+):(%d+)|([01]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+if not es then
+  return redis.error_reply('ERR quota: malformed reservation record')
+end
+es, ens = tonumber(es), tonumber(ens)
 if s > es or (s == es and ns >= ens) then
   return {0}
 end
@@ -38,17 +43,17 @@ local actual = tonumber(ARGV[4])
 if release then
   actual = 0
 end
-local out = {1, s, ns, tonumber(r[4]), 0, -1, 0, r[7], r[6], r[2]}
+local out = {1, s, ns, tonumber(tokens), 0, -1, 0, meta, buckets, mask}
 
--- The charged buckets, then budget day, spending and expiry second, in one read.
+-- The charged buckets (field, kind, cost, limit), then budget day, spending and expiry
+-- second, in one read.
 local specs, fields = {}, {}
-if r[6] ~= '' then
-  for i, spec in ipairs(split(r[6], ';')) do
-    if string.sub(r[2], i, i) == '1' then
-      local f = split(spec, ',')
-      specs[#specs + 1] = f
-      fields[#fields + 1] = f[1]
-    end
+local i = 0
+for field, kind, cost, limit in string.gmatch(buckets, '([^,;]*),(%a),(%-?%d+),(%-?%d+),[01]') do
+  i = i + 1
+  if string.byte(mask, i) == 49 then -- '1'
+    specs[#specs + 1] = {field, kind, tonumber(cost), tonumber(limit)}
+    fields[#fields + 1] = field
   end
 end
 local m = #fields
@@ -59,7 +64,7 @@ local x = tonumber(v[m + 3] or 0)
 local untilS = s
 local sets, dels = {}, {}
 for i, f in ipairs(specs) do
-  local cost, limit = tonumber(f[3]), tonumber(f[4])
+  local cost, limit = f[3], f[4]
   local delta = 0
   if release then
     delta = -cost
@@ -67,25 +72,32 @@ for i, f in ipairs(specs) do
     delta = actual - cost
   end
   local d = debtOf(v[i], s, ns)
-  if delta > 0 then
-    d = math.min(d + dur(delta, limit, maxdebt), maxdebt)
-  elseif delta < 0 then
-    d = math.max(d - dur(-delta, limit, maxdebt), 0)
+  if delta == 0 then
+    -- Unchanged (a request bucket): its stamp stays as it is, only the expiry counts it.
+    if d > 0 then
+      untilS = math.max(untilS, s + math.ceil(d / E9))
+    end
+  else
+    if delta > 0 then
+      d = math.min(d + dur(delta, limit, maxdebt), maxdebt)
+    else
+      d = math.max(d - dur(-delta, limit, maxdebt), 0)
+    end
+    local stampV, full = fullAt(s, ns, d)
+    if stampV then
+      sets[#sets + 1] = f[1]
+      sets[#sets + 1] = stampV
+    elseif v[i] then
+      dels[#dels + 1] = f[1]
+    end
+    untilS = math.max(untilS, full)
   end
-  local stampV, full = fullAt(s, ns, d)
-  if stampV then
-    sets[#sets + 1] = f[1]
-    sets[#sets + 1] = stampV
-  elseif v[i] then
-    dels[#dels + 1] = f[1]
-  end
-  untilS = math.max(untilS, full)
   out[#out + 1] = d
 end
 
-if r[3] ~= '-' then
-  local b = split(r[5], ',')
-  local bcost, pin, pout = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
+if bday ~= '-' then
+  local bcost, pin, pout, boff = string.match(budget, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+  bcost, pin, pout = tonumber(bcost), tonumber(pin), tonumber(pout)
   local cost = 0
   if not release then
     local ain, aout = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -95,13 +107,13 @@ if r[3] ~= '-' then
       cost = ain * pin + aout * pout
     end
   end
-  local day, reset = budgetDay(s, ns, tonumber(b[4]))
+  local day, reset = budgetDay(s, ns, tonumber(boff))
   local spent = 0
   if tonumber(v[m + 1] or -1) == day then
     spent = tonumber(v[m + 2])
   end
   -- Spending from an earlier day is history: that day's counter is gone.
-  if tonumber(r[3]) == day then
+  if tonumber(bday) == day then
     spent = math.max(spent + cost - bcost, 0)
     sets[#sets + 1] = 'bd'
     sets[#sets + 1] = string.format('%d', day)
