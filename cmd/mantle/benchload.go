@@ -47,6 +47,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	temperature := fs.String("temperature", "", "temperature of every request; unset (the SDK default) the cache declines to cache, 0 makes every answer cacheable")
 	format := fs.String("format", "text", "output: text or json")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
+	memProfile := fs.String("memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
 	inProcess := fs.Bool("in-process", false, "run every mode in this process (CPU and RSS figures then mix)")
 	child := fs.Bool("child", false, "internal: run one mode and print its results as JSON")
 	if err := fs.Parse(args); err != nil {
@@ -96,7 +97,11 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 			}
 			defer pprof.StopCPUProfile()
 		}
-		return benchload.Run(ctx, c)
+		res, err := benchload.Run(ctx, c)
+		if err == nil && *memProfile != "" {
+			err = writeAllocProfile(fmt.Sprintf("%s.%s.pprof", *memProfile, mode))
+		}
+		return res, err
 	}
 
 	if *child {
@@ -121,7 +126,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 			res, err = runChild(ctx, mode, []string{
 				"--rates", *rates, "--duration", duration.String(), "--warmup", warmup.String(),
 				"--max-in-flight", strconv.Itoa(*maxInFlight), "--same-prompt=" + strconv.FormatBool(*samePrompt),
-				"--cpuprofile", *cpuProfile, "--temperature", *temperature,
+				"--cpuprofile", *cpuProfile, "--memprofile", *memProfile, "--temperature", *temperature,
 			}, stderr)
 		}
 		if err != nil {
@@ -135,6 +140,20 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 		return enc.Encode(all)
 	}
 	return writeBenchTable(stdout, all)
+}
+
+// writeAllocProfile writes the process's allocations since it started (the "allocs"
+// profile: count and bytes per allocating stack, sampled by the runtime).
+func writeAllocProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	return f.Close()
 }
 
 // runChild runs one mode in a fresh process of this binary, with flags, and reads its

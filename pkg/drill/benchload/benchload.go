@@ -260,21 +260,24 @@ func send(ctx context.Context, c *http.Client, url string, payload []byte) error
 		return err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusOK {
+		// The answer is read to the end (so the connection is reused) but not kept: the
+		// generator's own allocations would load the machine it measures.
+		_, err := io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return err
 	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		_ = json.Unmarshal(data, &e)
-		return fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message)
+	var e struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
 	}
-	return nil
+	_ = json.Unmarshal(data, &e)
+	return fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message)
 }
 
 // waitServing blocks until the gRPC health check at addr says SERVING; WaitForReady queues
