@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -40,6 +42,27 @@ func TestBenchLoadChildPrintsJSON(t *testing.T) {
 	}
 	if len(res) != 1 || res[0].Mode != benchload.Direct || res[0].Requests != 8 {
 		t.Errorf("results %+v, want 8 direct requests", res)
+	}
+}
+
+func TestBenchLoadProfiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	args := []string{"--child", "--modes", "direct", "--rates", "40", "--duration", "200ms", "--warmup", "0s",
+		"--cpuprofile", filepath.Join(dir, "cpu"), "--memprofile", filepath.Join(dir, "mem")}
+	if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
+	}
+	for _, name := range []string{"cpu.direct.pprof", "mem.direct.pprof"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// pprof profiles are gzipped protobuf.
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("%s is not a gzipped profile (%d bytes)", name, len(b))
+		}
 	}
 }
 
