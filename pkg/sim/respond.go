@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 )
 
 // exchange carries out one planned call: it waits, then writes what the plan says a client
@@ -115,14 +117,14 @@ func (x *exchange) complete() {
 			newError("The server had an error processing your request.", "server_error", "internal_error"))
 		return
 	}
-	text, finish := x.req.content(x.call.outcome)
-	body, _ := json.Marshal(completion{
+	answer, finish := x.req.content(x.call.outcome)
+	body, _ := json.Marshal(openaiapi.ChatCompletion{
 		ID:      "chatcmpl-" + x.id,
 		Object:  "chat.completion",
 		Created: x.call.created,
 		Model:   x.req.Model,
-		Choices: []choice{{Message: &message{Role: "assistant", Content: text}, FinishReason: &finish}},
-		Usage:   newUsage(x.req.promptTokens(), estimateTokens(text)),
+		Choices: []openaiapi.Choice{{Message: &openaiapi.Message{Role: "assistant", Content: text(answer)}, FinishReason: &finish}},
+		Usage:   openaiapi.NewUsage(int64(x.req.promptTokens()), int64(estimateTokens(answer))),
 	})
 	h := x.w.Header()
 	h.Set("Content-Type", "application/json")
@@ -170,8 +172,8 @@ func (x *exchange) stream() {
 		return
 	}
 
-	text, finish := x.req.content(x.call.outcome)
-	parts := pieces(text)
+	answer, finish := x.req.content(x.call.outcome)
+	parts := pieces(answer)
 	stop := len(parts)
 	if x.call.outcome == OutcomeStreamCut || x.call.outcome == OutcomeStreamStall {
 		stop = max(1, len(parts)/2)
@@ -181,7 +183,7 @@ func (x *exchange) stream() {
 		broken = len(parts) / 2
 	}
 
-	if !x.event(x.chunk(&message{Role: "assistant"}, nil)) {
+	if !x.event(x.chunk(&openaiapi.Message{Role: "assistant"}, nil)) {
 		return
 	}
 	sent := ""
@@ -193,12 +195,12 @@ func (x *exchange) stream() {
 			return
 		}
 		if i == broken {
-			b, _ := json.Marshal(x.chunk(&message{Content: part}, nil))
+			b, _ := json.Marshal(x.chunk(&openaiapi.Message{Content: text(part)}, nil))
 			if !x.send(fmt.Appendf(nil, "data: %s\n\n", b[:len(b)*2/3])) {
 				return
 			}
 		}
-		if !x.event(x.chunk(&message{Content: part}, nil)) {
+		if !x.event(x.chunk(&openaiapi.Message{Content: text(part)}, nil)) {
 			return
 		}
 		sent += part
@@ -211,13 +213,13 @@ func (x *exchange) stream() {
 		x.hold()
 		return
 	}
-	if !x.event(x.chunk(&message{}, &finish)) {
+	if !x.event(x.chunk(&openaiapi.Message{}, &finish)) {
 		return
 	}
 	if x.req.includeUsage() {
 		u := x.chunk(nil, nil)
-		u.Choices = []choice{}
-		u.Usage = newUsage(x.req.promptTokens(), estimateTokens(sent))
+		u.Choices = []openaiapi.Choice{}
+		u.Usage = openaiapi.NewUsage(int64(x.req.promptTokens()), int64(estimateTokens(sent)))
 		if !x.event(u) {
 			return
 		}
@@ -228,15 +230,15 @@ func (x *exchange) stream() {
 	x.send([]byte("data: [DONE]\n\n"))
 }
 
-func (x *exchange) chunk(delta *message, finish *string) completion {
-	c := completion{
+func (x *exchange) chunk(delta *openaiapi.Message, finish *string) openaiapi.ChatCompletion {
+	c := openaiapi.ChatCompletion{
 		ID:      "chatcmpl-" + x.id,
 		Object:  "chat.completion.chunk",
 		Created: x.call.created,
 		Model:   x.req.Model,
 	}
 	if delta != nil {
-		c.Choices = []choice{{Delta: delta, FinishReason: finish}}
+		c.Choices = []openaiapi.Choice{{Delta: delta, FinishReason: finish}}
 	}
 	return c
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+
+	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 )
 
 // harness serves a Server over real HTTP with a fake clock and reports, through channels,
@@ -188,16 +190,21 @@ func instant(o Outcome) Profile {
 	}
 }
 
+type messageView struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
 type completionView struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Choices []struct {
-		Message      message `json:"message"`
-		Delta        message `json:"delta"`
-		FinishReason *string `json:"finish_reason"`
+		Message      messageView `json:"message"`
+		Delta        messageView `json:"delta"`
+		FinishReason *string     `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *usage    `json:"usage"`
-	Error *apiError `json:"error"`
+	Usage *openaiapi.Usage `json:"usage"`
+	Error *apiError        `json:"error"`
 }
 
 func decodeCompletion(t *testing.T, body []byte) completionView {
@@ -226,7 +233,7 @@ func TestNonStreamOutcomes(t *testing.T) {
 				*v.Choices[0].FinishReason != "stop" || v.Choices[0].Message.Role != "assistant" {
 				t.Errorf("completion = %+v, want %q with finish_reason stop", v, wantAnswer)
 			}
-			if v.Usage == nil || v.Usage.PromptTokens == 0 || v.Usage.CompletionTokens != estimateTokens(wantAnswer) ||
+			if v.Usage == nil || v.Usage.PromptTokens == 0 || v.Usage.CompletionTokens != int64(estimateTokens(wantAnswer)) ||
 				v.Usage.TotalTokens != v.Usage.PromptTokens+v.Usage.CompletionTokens {
 				t.Errorf("usage = %+v", v.Usage)
 			}
@@ -440,7 +447,7 @@ func TestStreamOutcomes(t *testing.T) {
 				t.Errorf("finish_reason = %q, want stop", got)
 			}
 			last := events[len(events)-1]
-			if last.Usage == nil || len(last.Choices) != 0 || last.Usage.CompletionTokens != estimateTokens(wantAnswer) {
+			if last.Usage == nil || len(last.Choices) != 0 || last.Usage.CompletionTokens != int64(estimateTokens(wantAnswer)) {
 				t.Errorf("last event = %s, want the usage chunk with no choices", last.raw)
 			}
 			for _, ev := range events {

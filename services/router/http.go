@@ -18,6 +18,7 @@ import (
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -272,7 +273,7 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 			w.Header().Set(HeaderCache, cacheHeader(d.Cached))
 			w.WriteHeader(http.StatusOK)
 		}
-		return writeEvent(chunkJSON(id, created, d.Model, &chatDelta{Content: &d.Content}, nil, nil))
+		return writeEvent(chunkJSON(id, created, d.Model, &openaiapi.Message{Content: &d.Content}, nil, nil))
 	})
 	if err != nil {
 		if !started {
@@ -291,7 +292,7 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 		w.WriteHeader(http.StatusOK)
 	}
 	fr := final.FinishReason
-	if last, err := withQuality(chunkJSON(id, created, final.Model, &chatDelta{}, &fr, nil), final.Quality); err == nil {
+	if last, err := withQuality(chunkJSON(id, created, final.Model, &openaiapi.Message{}, &fr, nil), final.Quality); err == nil {
 		_ = writeData(last)
 	}
 	if includeUsage {
@@ -302,10 +303,10 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 	_ = rc.Flush()
 }
 
-func chunkJSON(id string, created int64, model string, delta *chatDelta, finish *string, usage *mantlev1.Usage) chatCompletion {
-	c := chatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: model, Choices: []chatChoice{}}
+func chunkJSON(id string, created int64, model string, delta *openaiapi.Message, finish *string, usage *mantlev1.Usage) openaiapi.ChatCompletion {
+	c := openaiapi.ChatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: model, Choices: []openaiapi.Choice{}}
 	if delta != nil {
-		c.Choices = append(c.Choices, chatChoice{Delta: delta, FinishReason: finish})
+		c.Choices = append(c.Choices, openaiapi.Choice{Delta: delta, FinishReason: finish})
 	}
 	if usage != nil {
 		c.Usage = usageJSON(usage)
@@ -313,53 +314,24 @@ func chunkJSON(id string, created int64, model string, delta *chatDelta, finish 
 	return c
 }
 
-// The OpenAI chat completion and chunk objects. Typed rather than maps, which
-// encoding/json sorts and reflects on key by key.
-type (
-	chatCompletion struct {
-		ID      string       `json:"id"`
-		Object  string       `json:"object"`
-		Created int64        `json:"created"`
-		Model   string       `json:"model"`
-		Choices []chatChoice `json:"choices"`
-		Usage   *chatUsage   `json:"usage,omitempty"`
-	}
-	chatChoice struct {
-		Index        int            `json:"index"`
-		Message      *answerMessage `json:"message,omitempty"`
-		Delta        *chatDelta     `json:"delta,omitempty"`
-		FinishReason *string        `json:"finish_reason"`
-	}
-	answerMessage struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	}
-	chatDelta struct {
-		Content *string `json:"content,omitempty"`
-	}
-	chatUsage struct {
-		PromptTokens     int64 `json:"prompt_tokens"`
-		CompletionTokens int64 `json:"completion_tokens"`
-		TotalTokens      int64 `json:"total_tokens"`
-	}
-)
-
-func completionJSON(resp *routerv1.CompleteResponse) chatCompletion {
-	return chatCompletion{
+func completionJSON(resp *routerv1.CompleteResponse) openaiapi.ChatCompletion {
+	content := resp.GetMessage().GetContent()
+	return openaiapi.ChatCompletion{
 		ID:      "chatcmpl-" + resp.Id,
 		Object:  "chat.completion",
 		Created: resp.GetQuality().GetAudit()[0].GetAt().GetSeconds(),
 		Model:   resp.Model,
-		Choices: []chatChoice{{
-			Message:      &answerMessage{Role: "assistant", Content: resp.GetMessage().GetContent()},
+		Choices: []openaiapi.Choice{{
+			// content is always there, "" included, as OpenAI sends it.
+			Message:      &openaiapi.Message{Role: "assistant", Content: &content},
 			FinishReason: &resp.FinishReason,
 		}},
 		Usage: usageJSON(resp.Usage),
 	}
 }
 
-func usageJSON(u *mantlev1.Usage) *chatUsage {
-	return &chatUsage{PromptTokens: u.GetInputTokens(), CompletionTokens: u.GetOutputTokens(), TotalTokens: u.GetTotalTokens()}
+func usageJSON(u *mantlev1.Usage) *openaiapi.Usage {
+	return &openaiapi.Usage{PromptTokens: u.GetInputTokens(), CompletionTokens: u.GetOutputTokens(), TotalTokens: u.GetTotalTokens()}
 }
 
 // withQuality marshals v, a JSON object, with a `mantle` member holding qc in protojson.

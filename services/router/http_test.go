@@ -21,6 +21,7 @@ import (
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -334,7 +335,7 @@ func TestWithQuality(t *testing.T) {
 		wantErr bool
 		want    []string // members besides mantle
 	}{
-		{name: "completion", v: chatCompletion{ID: "chatcmpl-1", Object: "chat.completion", Choices: []chatChoice{}}, want: []string{"choices", "created", "id", "model", "object"}},
+		{name: "completion", v: openaiapi.ChatCompletion{ID: "chatcmpl-1", Object: "chat.completion", Choices: []openaiapi.Choice{}}, want: []string{"choices", "created", "id", "model", "object"}},
 		{name: "error body", v: errorBody{Error: openAIError{Message: "m"}}, want: []string{"error"}},
 		{name: "empty object", v: struct{}{}, want: []string{}},
 		{name: "not an object", v: []int{1}, wantErr: true},

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 )
 
 // BenchmarkWithQuality measures the front door's response body: a completion with the
@@ -20,7 +21,8 @@ func BenchmarkWithQuality(b *testing.B) {
 	if err := protojson.Unmarshal(raw, qc); err != nil {
 		b.Fatal(err)
 	}
-	resp := chatCompletion{ID: "chatcmpl-1", Object: "chat.completion", Choices: []chatChoice{{Message: &answerMessage{Role: "assistant", Content: "hello"}}}, Usage: &chatUsage{}}
+	hello := "hello"
+	resp := openaiapi.ChatCompletion{ID: "chatcmpl-1", Object: "chat.completion", Choices: []openaiapi.Choice{{Message: &openaiapi.Message{Role: "assistant", Content: &hello}}}, Usage: &openaiapi.Usage{}}
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := withQuality(resp, qc); err != nil {
