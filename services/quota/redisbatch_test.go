@@ -35,32 +35,35 @@ func takeOp() []any { return []any{"1", "0", int64(maxDebt), 1, "f", "t", 1, 0, 
 
 // batcherModes are the ways a batcher sends: by function or by script, and in one
 // call or one call per hash slot.
-var batcherModes = []struct {
+type batcherMode struct {
 	name    string
 	scripts bool
 	bySlot  bool
-}{
+}
+
+var batcherModes = []batcherMode{
 	{"functions", false, false},
 	{"functions by slot", false, true},
 	{"scripts", true, false},
 	{"scripts by slot", true, true},
 }
 
-func newTestBatcher(t *testing.T, c *redis.Client, scripts, bySlot bool) *scriptBatcher {
+// newTestBatcher returns a client of the test Redis, a key prefix of the test's own and
+// a batcher in mode m on a library no Redis has seen, closed when the test ends.
+func newTestBatcher(t *testing.T, m batcherMode) (*redis.Client, string, *scriptBatcher) {
 	t.Helper()
+	c := newTestRedisClient(t)
 	b := newScriptBatcher(c, freshLib(t, c))
-	b.scripts.Store(scripts)
-	b.bySlot = bySlot
-	return b
+	b.scripts.Store(m.scripts)
+	b.bySlot = m.bySlot
+	t.Cleanup(b.Close)
+	return c, testPrefix(t, c), b
 }
 
 func TestBatcherKeepsEachCallersReplyAndError(t *testing.T) {
 	for _, m := range batcherModes {
 		t.Run(m.name, func(t *testing.T) {
-			c := newTestRedisClient(t)
-			prefix := testPrefix(t, c)
-			b := newTestBatcher(t, c, m.scripts, m.bySlot)
-			t.Cleanup(b.Close)
+			c, prefix, b := newTestBatcher(t, m)
 			ctx := context.Background()
 			// A string where a bucket hash belongs: its operations fail with WRONGTYPE.
 			wrong := prefix + "{wrong}:b"
@@ -106,10 +109,7 @@ func TestBatcherKeepsEachCallersReplyAndError(t *testing.T) {
 func TestBatcherReloadsWhatRedisLost(t *testing.T) {
 	for _, m := range batcherModes {
 		t.Run(m.name, func(t *testing.T) {
-			c := newTestRedisClient(t)
-			prefix := testPrefix(t, c)
-			b := newTestBatcher(t, c, m.scripts, m.bySlot)
-			t.Cleanup(b.Close)
+			c, prefix, b := newTestBatcher(t, m)
 			ctx := context.Background()
 			for i := range 3 {
 				if i == 2 && !m.scripts {
@@ -152,9 +152,7 @@ func TestBatcherFallsBackToScripts(t *testing.T) {
 func TestBatcherSkipsCallersThatLeft(t *testing.T) {
 	for _, m := range batcherModes {
 		t.Run(m.name, func(t *testing.T) {
-			c := newTestRedisClient(t)
-			prefix := testPrefix(t, c)
-			b := newTestBatcher(t, c, m.scripts, m.bySlot)
+			c, prefix, b := newTestBatcher(t, m)
 
 			left := make(chan struct{})
 			close(left)
