@@ -22,14 +22,7 @@ import (
 // to the encoder fails the "every field" case, which sets all of them.
 func TestQualityJSONMatchesProtojson(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile("testdata/quality.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer := new(mantlev1.QualityContext)
-	if err := protojson.Unmarshal(raw, answer); err != nil {
-		t.Fatal(err)
-	}
+	answer := realAnswerQuality(t)
 	every := new(mantlev1.QualityContext)
 	fillEveryField(t, every.ProtoReflect())
 
@@ -90,6 +83,21 @@ func TestQualityJSONProperties(t *testing.T) {
 		drawFields(rt, qc.ProtoReflect(), 0)
 		checkQualityJSON(rt, qc)
 	})
+}
+
+// realAnswerQuality is the QualityContext of an answer from `mantle dev`
+// (testdata/quality.json: 8 audit steps, one attempt).
+func realAnswerQuality(tb testing.TB) *mantlev1.QualityContext {
+	tb.Helper()
+	raw, err := os.ReadFile("testdata/quality.json")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	qc := new(mantlev1.QualityContext)
+	if err := protojson.Unmarshal(raw, qc); err != nil {
+		tb.Fatal(err)
+	}
+	return qc
 }
 
 // failer is what the checks need of *testing.T and *rapid.T.
