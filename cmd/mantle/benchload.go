@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -143,8 +144,10 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 }
 
 // writeAllocProfile writes the process's allocations since it started (the "allocs"
-// profile: count and bytes per allocating stack, sampled by the runtime).
+// profile: count and bytes per allocating stack, sampled by the runtime); with
+// --in-process, a later mode's file includes the earlier modes'.
 func writeAllocProfile(path string) error {
+	runtime.GC() // the profile counts allocations up to the last collection
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("--memprofile: %w", err)

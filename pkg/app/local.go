@@ -29,8 +29,9 @@ import (
 // incoming metadata, none of its values. grpchan's channel, which carries the streams,
 // runs each call's handler in a goroutine of its own; for unary calls that hand-off,
 // and the new goroutine's stack growing from 8 KiB doubling by doubling, cost 10 to 14%
-// of the whole mesh's CPU (docs/performance.md). Headers and trailers a handler sets
-// are not carried back; no mantle service sets any.
+// of the whole mesh's CPU (docs/performance.md). Headers and trailers a handler sets,
+// and the call options that would read them (grpc.Header, grpc.Trailer, grpc.Peer), are
+// not carried; no mantle service or client uses them.
 type localConn struct {
 	methods map[string]localMethod // by full method name, "/package.Service/Method"
 	chain   grpc.UnaryServerInterceptor
@@ -84,54 +85,64 @@ func (c *localConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method
 }
 
 func (c *localConn) invoke(ctx context.Context, method string, req, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
-	m, ok := c.methods[method]
-	if !ok {
-		return status.Errorf(codes.Unimplemented, "unknown method %s", method)
-	}
+	begin := time.Now()
 	if c.clientStats != nil {
 		ctx = c.clientStats.TagRPC(ctx, &stats.RPCTagInfo{FullMethodName: method})
-		c.clientStats.HandleRPC(ctx, &stats.Begin{Client: true, BeginTime: time.Now()})
+		c.clientStats.HandleRPC(ctx, &stats.Begin{Client: true, BeginTime: begin})
 	}
-	err := c.serve(ctx, method, m, req, reply)
+	err := c.serve(ctx, method, req, reply)
 	if c.clientStats != nil {
-		c.clientStats.HandleRPC(ctx, &stats.End{Client: true, EndTime: time.Now(), Error: err})
+		c.clientStats.HandleRPC(ctx, &stats.End{Client: true, BeginTime: begin, EndTime: time.Now(), Error: err})
 	}
 	return err
 }
 
 // serve runs the server's side of a call: the chain, the handler, the copies.
-func (c *localConn) serve(ctx context.Context, method string, m localMethod, req, reply any) error {
+func (c *localConn) serve(ctx context.Context, method string, req, reply any) error {
+	m, ok := c.methods[method]
+	if !ok {
+		return status.Errorf(codes.Unimplemented, "unknown method %s", method)
+	}
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	sctx := serverContext(ctx, method)
+	sctx, cancel := serverContext(ctx, method)
+	defer cancel()
+	begin := time.Now()
 	if c.serverStats != nil {
 		sctx = c.serverStats.TagRPC(sctx, &stats.RPCTagInfo{FullMethodName: method})
-		c.serverStats.HandleRPC(sctx, &stats.Begin{BeginTime: time.Now()})
+		c.serverStats.HandleRPC(sctx, &stats.Begin{BeginTime: begin})
 	}
 	out, err := m.handler(m.impl, sctx, func(in any) error { return copyMessage(in, req) }, c.chain)
 	if c.serverStats != nil {
-		c.serverStats.HandleRPC(sctx, &stats.End{EndTime: time.Now(), Error: err})
+		c.serverStats.HandleRPC(sctx, &stats.End{BeginTime: begin, EndTime: time.Now(), Error: err})
+	}
+	// A caller whose deadline passed or who gave up meanwhile sees that, whatever the
+	// handler made of it, as over the network, where the client returns at the deadline.
+	if cerr := ctx.Err(); cerr != nil {
+		return status.FromContextError(cerr).Err()
 	}
 	if err != nil {
 		return status.Convert(err).Err()
-	}
-	// An answer that comes after the caller gave up is not delivered, as over the network.
-	if err := ctx.Err(); err != nil {
-		return status.FromContextError(err).Err()
 	}
 	return copyMessage(reply, out)
 }
 
 // serverContext is the context a handler gets: the caller's deadline and cancellation
-// but none of its values, its outgoing metadata as incoming, a peer and the method.
-func serverContext(ctx context.Context, method string) context.Context {
-	sctx := context.Context(withoutValues{ctx})
+// but none of its values, its outgoing metadata as incoming, a peer and the method. It
+// is cancelled when the call ends, as a gRPC server's is; cancel releases it.
+//
+// Its root is a cancellable context of its own, tied to the caller's through
+// withoutValues.AfterFunc: contexts a handler derives from it then register with it
+// directly instead of each starting a goroutine to watch a parent whose values (and so
+// the context package's way of finding a cancellable parent) are hidden.
+func serverContext(ctx context.Context, method string) (_ context.Context, cancel context.CancelFunc) {
+	sctx, cancel := context.WithCancel(withoutValues{ctx})
 	if md, ok := metadata.FromOutgoingContext(ctx); ok {
 		sctx = metadata.NewIncomingContext(sctx, md)
 	}
 	sctx = peer.NewContext(sctx, &localPeer)
-	return grpc.NewContextWithServerTransportStream(sctx, localStream(method))
+	return grpc.NewContextWithServerTransportStream(sctx, localStream(method)), cancel
 }
 
 func copyMessage(dst, src any) error {
@@ -150,6 +161,10 @@ func copyMessage(dst, src any) error {
 type withoutValues struct{ context.Context }
 
 func (withoutValues) Value(any) any { return nil }
+
+// AfterFunc lets a context derived from this one hook into the caller's cancellation
+// directly (serverContext).
+func (c withoutValues) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(c.Context, f) }
 
 var localPeer = peer.Peer{Addr: localAddr{}}
 

@@ -1,17 +1,17 @@
 package app
 
 import (
-	"log/slog"
-
 	"context"
 	"errors"
-	"github.com/prometheus/client_golang/prometheus"
 	"io"
+	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -74,16 +74,46 @@ func (e *echo) desc() *grpc.ServiceDesc {
 
 type ctxKey struct{}
 
+// TestServerContextDerivesWithoutGoroutines: contexts a handler derives from its context
+// hook into the caller's cancellation without a goroutine each, and are cancelled with
+// the caller. Not parallel, so that no other test's goroutines come and go meanwhile.
+func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
+	parent, cancel := context.WithCancel(context.Background())
+	sctx, release := serverContext(parent, "/mantle.test.v1.Echo/Echo")
+	defer release()
+	const derived = 100
+	before := runtime.NumGoroutine()
+	children := make([]context.Context, derived)
+	for i := range children {
+		var stop context.CancelFunc
+		children[i], stop = context.WithCancel(sctx)
+		defer stop()
+	}
+	if grew := runtime.NumGoroutine() - before; grew >= derived/2 {
+		t.Errorf("%d derived contexts started %d goroutines, want none", derived, grew)
+	}
+	cancel()
+	for i, c := range children {
+		select {
+		case <-c.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("derived context %d not cancelled with the caller", i)
+		}
+	}
+}
+
 func TestLocalConnUnary(t *testing.T) {
 	t.Parallel()
 	deadline := time.Now().Add(time.Hour)
 	tests := []struct {
-		name     string
-		ctx      func() (context.Context, context.CancelFunc)
-		method   string
-		seen     func(ctx context.Context, in *wrapperspb.StringValue) error
-		wantCode codes.Code
-		wantMsg  string
+		name   string
+		ctx    func() (context.Context, context.CancelFunc)
+		method string
+		seen   func(ctx context.Context, in *wrapperspb.StringValue) error
+		// cancelThenFail: the handler cancels the caller's context, then fails.
+		cancelThenFail bool
+		wantCode       codes.Code
+		wantMsg        string
 	}{
 		{
 			name: "the handler sees the request, its metadata and deadline, none of the caller's values",
@@ -149,6 +179,12 @@ func TestLocalConnUnary(t *testing.T) {
 			seen:     nil,
 			wantCode: codes.Canceled,
 		},
+		{
+			name:           "a caller that gave up sees that, not the handler's error",
+			ctx:            func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
+			cancelThenFail: true,
+			wantCode:       codes.Canceled,
+		},
 		{name: "an unknown method", method: "/mantle.test.v1.Echo/Nope", wantCode: codes.Unimplemented},
 	}
 	for _, tt := range tests {
@@ -160,7 +196,13 @@ func TestLocalConnUnary(t *testing.T) {
 			}
 			defer cancel()
 			seen := tt.seen
-			if seen == nil {
+			switch {
+			case tt.cancelThenFail:
+				seen = func(context.Context, *wrapperspb.StringValue) error {
+					cancel()
+					return status.Error(codes.Unavailable, "backend down")
+				}
+			case seen == nil:
 				seen = func(context.Context, *wrapperspb.StringValue) error { cancel(); return nil }
 			}
 			c := testLocalConn(t, &echo{seen: seen}, nil, nil)

@@ -41,10 +41,11 @@ type APIError struct {
 // {"object":"error","type","code","message"}. It reports false when body is not JSON or
 // carries no error, so a successful body never looks like a failure.
 func ParseAPIError(body []byte) (APIError, bool) {
-	// Every shape above needs the word error as a key or value. A body without it, and
-	// without a \u escape that could spell it, is not decoded: most bodies are answers,
-	// and decoding each one twice cost 2% of the mesh's CPU.
-	if !bytes.Contains(body, []byte("error")) && !bytes.Contains(body, []byte(`\u`)) {
+	// Every shape above needs the word error as a key or value, in any case (keys match
+	// case-insensitively). A body without it, and without a \u escape that could spell
+	// it, is not decoded: most bodies are answers, and decoding each one twice cost 2% of
+	// the mesh's CPU.
+	if !containsFold(body, "error") && !bytes.Contains(body, []byte(`\u`)) {
 		return APIError{}, false
 	}
 	var env struct {
@@ -80,6 +81,17 @@ func ParseAPIError(body []byte) (APIError, bool) {
 		return APIError{Type: env.Type, Code: codeText(env.Code), Message: env.Message}, true
 	}
 	return APIError{}, false
+}
+
+// containsFold reports whether b contains word, an ASCII lower-case word, in any case.
+// ASCII folding is enough: encoding/json folds no other letter into e, o or r.
+func containsFold(b []byte, word string) bool {
+	for i := 0; i+len(word) <= len(b); i++ {
+		if b[i]|0x20 == word[0] && bytes.EqualFold(b[i:i+len(word)], []byte(word)) {
+			return true
+		}
+	}
+	return false
 }
 
 // codeText renders a JSON code that may be a string, a number or null.

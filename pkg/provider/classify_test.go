@@ -50,6 +50,8 @@ func TestParseAPIError(t *testing.T) {
 		{"empty", ``, APIError{}, false},
 		{"escaped key", `{"\u0065rror":{"message":"hidden"}}`, APIError{Message: "hidden"}, true},
 		{"escaped value", `{"object":"\u0065rror","message":"m"}`, APIError{Message: "m"}, true},
+		{"capitalised key", `{"Error":{"Message":"proxy failed"}}`, APIError{Message: "proxy failed"}, true},
+		{"upper-case key", `{"ERROR":"down"}`, APIError{Message: "down"}, true},
 		{"the word in an answer", `{"choices":[{"message":{"content":"no error here"}}]}`, APIError{}, false},
 	}
 	for _, tt := range tests {

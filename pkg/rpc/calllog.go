@@ -2,7 +2,10 @@ package rpc
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -45,6 +48,9 @@ func (c callLog) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 }
 
 func (c callLog) finished(ctx context.Context, fullMethod, typ string, start time.Time, err error) {
+	if errors.Is(err, io.EOF) {
+		err = nil // a stream that ended normally, as the middleware counts it
+	}
 	code := status.Code(backstop(err))
 	level := slog.Level(logging.DefaultServerCodeToLevel(code))
 	if !c.log.Enabled(ctx, level) {
@@ -71,11 +77,12 @@ func (c callLog) finished(ctx context.Context, fullMethod, typ string, start tim
 	c.log.Log(ctx, level, "finished call", attrs...)
 }
 
-// splitMethod splits "/package.Service/Method".
+// splitMethod splits "/package.Service/Method"; a name without the slash between gives
+// the method "unknown", as the middleware did.
 func splitMethod(fullMethod string) (service, method string) {
-	service = serviceOf(fullMethod)
-	if len(fullMethod) > len(service)+2 {
-		method = fullMethod[len(service)+2:]
+	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	if !ok {
+		return service, "unknown"
 	}
 	return service, method
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -72,11 +73,50 @@ func TestSplitMethod(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string][2]string{
 		"/mantle.quota.v1.QuotaService/Reserve": {"mantle.quota.v1.QuotaService", "Reserve"},
-		"/svc":                                  {"svc", ""},
-		"":                                      {"", ""},
+		"/svc":                                  {"svc", "unknown"},
+		"abc/de":                                {"abc", "de"},
+		"":                                      {"", "unknown"},
 	} {
 		if s, m := splitMethod(in); s != want[0] || m != want[1] {
 			t.Errorf("splitMethod(%q) = %q, %q; want %q, %q", in, s, m, want[0], want[1])
 		}
+	}
+}
+
+// ctxStream is a grpc.ServerStream of which the call log uses only the context.
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s ctxStream) Context() context.Context { return s.ctx }
+
+func TestCallLogStream(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		info grpc.StreamServerInfo
+		err  error
+		want []string
+	}{
+		{"a stream that ended with io.EOF is OK", grpc.StreamServerInfo{FullMethod: "/mantle.router.v1.RouterService/StreamComplete", IsServerStream: true},
+			io.EOF, []string{"grpc.method_type=server_stream", "grpc.code=OK", "grpc.method=StreamComplete"}},
+		{"a failed bidi stream", grpc.StreamServerInfo{FullMethod: "/s.S/M", IsServerStream: true, IsClientStream: true},
+			status.Error(codes.Aborted, "x"), []string{"grpc.method_type=bidi_stream", "grpc.code=Aborted", "level=WARN"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var buf bytes.Buffer
+			c := callLog{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+			err := c.stream(nil, ctxStream{ctx: context.Background()}, &tt.info, func(any, grpc.ServerStream) error { return tt.err })
+			if !errors.Is(err, tt.err) {
+				t.Errorf("stream = %v, want the handler's %v", err, tt.err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(buf.String(), w) {
+					t.Errorf("line %q does not contain %q", buf.String(), w)
+				}
+			}
+		})
 	}
 }

@@ -34,8 +34,10 @@ type scriptBatcher struct {
 	workers  int
 	// bySlot sends operations of different hash tags in different calls: a cluster or
 	// ring client routes each call by its first key, and Redis Cluster refuses a call
-	// whose keys span slots. A single Redis takes any keys in one call.
-	bySlot bool
+	// whose keys span slots. A single Redis takes any keys in one call; a proxy or
+	// managed service that fronts a cluster as one endpoint does not, and its first
+	// CROSSSLOT refusal turns bySlot on (sendCalls).
+	bySlot atomic.Bool
 	// scripts is set once the server turned out to run no functions (Redis before 7.0,
 	// or an ACL without FUNCTION): batches go as EVALSHA from then on.
 	scripts atomic.Bool
@@ -76,16 +78,17 @@ const (
 
 func newScriptBatcher(client redis.UniversalClient, lib *luaLib) *scriptBatcher {
 	_, single := client.(*redis.Client)
-	return &scriptBatcher{
+	b := &scriptBatcher{
 		client:   client,
 		lib:      lib,
 		queue:    make(chan *scriptCall, 4*maxBatchSize),
 		maxBatch: maxBatchSize,
 		workers:  batchWorkers,
-		bySlot:   !single,
 		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),
 	}
+	b.bySlot.Store(!single)
+	return b
 }
 
 var callPool = sync.Pool{New: func() any { return &scriptCall{reply: make(chan scriptReply, 1)} }}
@@ -211,8 +214,7 @@ func (b *scriptBatcher) exec(ctx context.Context, batch []*scriptCall) {
 	if len(live) == 0 {
 		return
 	}
-	groups := b.group(live)
-	replies, errs := b.send(ctx, groups)
+	groups, replies, errs := b.sendCalls(ctx, live)
 	for i, g := range groups {
 		for j, c := range g {
 			if errs[i] != nil {
@@ -236,10 +238,32 @@ func opReply(x any) scriptReply {
 	}
 }
 
-// group splits calls into the groups that can share one call: all of them, or, with
-// bySlot, those of one hash tag (an operation's keys share their tag).
-func (b *scriptBatcher) group(calls []*scriptCall) [][]*scriptCall {
-	if !b.bySlot {
+// sendCalls groups calls and sends them. When the server refuses a call whose keys span
+// slots (CROSSSLOT), grouping by slot is turned on for good and the calls go again.
+func (b *scriptBatcher) sendCalls(ctx context.Context, calls []*scriptCall) ([][]*scriptCall, [][]any, []error) {
+	return sendGrouped(ctx, calls, &b.bySlot, b.send)
+}
+
+// sendGrouped is sendCalls with the sending passed in, for tests.
+func sendGrouped(ctx context.Context, calls []*scriptCall, bySlot *atomic.Bool,
+	send func(context.Context, [][]*scriptCall) ([][]any, []error),
+) ([][]*scriptCall, [][]any, []error) {
+	split := bySlot.Load()
+	groups := group(calls, split)
+	replies, errs := send(ctx, groups)
+	if split || !redis.HasErrorPrefix(errs[0], "CROSSSLOT") {
+		return groups, replies, errs
+	}
+	bySlot.Store(true)
+	groups = group(calls, true)
+	replies, errs = send(ctx, groups)
+	return groups, replies, errs
+}
+
+// group splits calls into the groups that can share one call: all of them, or, by slot,
+// those of one hash tag (an operation's keys share their tag).
+func group(calls []*scriptCall, bySlot bool) [][]*scriptCall {
+	if !bySlot {
 		return [][]*scriptCall{calls}
 	}
 	var groups [][]*scriptCall
@@ -333,14 +357,14 @@ func sendBatch(ctx context.Context, groups [][]*scriptCall,
 		}
 		if mode == sendFunction && next == sendFunction {
 			if err := load(ctx); err != nil {
-				var rerr redis.Error
-				if !errors.As(err, &rerr) {
+				if !refusesFunctions(err) {
+					// Unreachable, loading, read-only, a failover: the library loads next time.
 					for _, i := range again {
 						errs[i] = fmt.Errorf("loading the quota functions: %w", err)
 					}
 					break
 				}
-				// Redis refused the library (no FUNCTION LOAD for this user, say):
+				// Redis will not take the library (no FUNCTION LOAD for this user, say):
 				// scripts do the same.
 				next = sendScript
 			}
@@ -351,6 +375,22 @@ func sendBatch(ctx context.Context, groups [][]*scriptCall,
 		mode, todo = next, again
 	}
 	return replies, errs
+}
+
+// refusesFunctions reports whether a FUNCTION LOAD error means the server will never
+// take the library (a permission it lacks, a command it does not know), as opposed to
+// a passing state (LOADING, READONLY, BUSY, CLUSTERDOWN, a lost connection).
+func refusesFunctions(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	for _, prefix := range []string{"NOPERM", "ERR unknown command", "ERR unknown subcommand", "unknown command"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // do sends the calls of groups[todo...] in mode, as one command or one pipeline.

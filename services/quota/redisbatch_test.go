@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,7 +56,7 @@ func newTestBatcher(t *testing.T, m batcherMode) (*redis.Client, string, *script
 	c := newTestRedisClient(t)
 	b := newScriptBatcher(c, freshLib(t, c))
 	b.scripts.Store(m.scripts)
-	b.bySlot = m.bySlot
+	b.bySlot.Store(m.bySlot)
 	t.Cleanup(b.Close)
 	return c, testPrefix(t, c), b
 }
@@ -131,21 +132,101 @@ func TestBatcherReloadsWhatRedisLost(t *testing.T) {
 	}
 }
 
-// A server without FUNCTION (Redis before 7.0) is simulated by a library Redis refuses
-// to load: the batcher falls back to scripts for good, and the call still succeeds.
+// A server that will not run functions for this client (an ACL without FUNCTION, as
+// managed Redis services set them; before Redis 7.0 the command is unknown) gets
+// scripts, for good, and the call that found out still gets its reply.
 func TestBatcherFallsBackToScripts(t *testing.T) {
-	c := newTestRedisClient(t)
+	admin := newTestRedisClient(t)
+	ctx := context.Background()
+	c := admin
+	user := "mantle-test-" + strings.Trim(testPrefix(t, admin), ":{}")
+	err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-function").Err()
+	switch {
+	case err == nil:
+		t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
+		opts := *admin.Options()
+		opts.Username, opts.Password = user, "pw"
+		c = redis.NewClient(&opts)
+		t.Cleanup(func() { _ = c.Close() })
+	case redis.HasErrorPrefix(err, "unknown command"):
+		// Redis before 6.0: no ACL, and no FUNCTION either.
+	default:
+		t.Fatal(err)
+	}
 	prefix := testPrefix(t, c)
 	b := newScriptBatcher(c, freshLib(t, c))
 	t.Cleanup(b.Close)
-	b.lib.code = "#!lua name=" + b.lib.name + "\nthis is not Lua\n"
-	ctx := context.Background()
 	v, err := b.run(ctx, opAdjust, []string{prefix + "{a}:b"}, echoOp(7))
 	if err != nil || len(v) != 2 || v[0] != int64(7) {
 		t.Fatalf("reply %v, %v", v, err)
 	}
 	if !b.scripts.Load() {
 		t.Fatal("still sending functions after Redis refused to load them")
+	}
+}
+
+// A library Redis fails to load for another reason (here it does not compile; in
+// production LOADING, READONLY or a failover) fails the calls that needed it, and does
+// not give up functions: the next call tries again.
+func TestBatcherKeepsFunctionsAfterOtherLoadErrors(t *testing.T) {
+	c := newTestRedisClient(t)
+	prefix := testPrefix(t, c)
+	b := newScriptBatcher(c, freshLib(t, c))
+	t.Cleanup(b.Close)
+	b.lib.code = "#!lua name=" + b.lib.name + "\nthis is not Lua\n"
+	_, err := b.run(context.Background(), opAdjust, []string{prefix + "{a}:b"}, echoOp(7))
+	if err == nil || !strings.Contains(err.Error(), "loading the quota functions") {
+		t.Fatalf("run = %v, want the load error", err)
+	}
+	if b.scripts.Load() {
+		t.Fatal("fell back to scripts for good on an error that may pass")
+	}
+}
+
+// A server that refuses keys of several slots in one call (a proxy or managed service
+// fronting a cluster as one endpoint) turns grouping by slot on for good, and the
+// refused batch goes again, grouped.
+func TestSendGroupedAfterCrossSlot(t *testing.T) {
+	calls := []*scriptCall{{keys: []string{"q:{t1}:b"}}, {keys: []string{"q:{t2}:b"}}, {keys: []string{"q:{t1}:r:9", "q:{t1}:b"}}}
+	var sent [][]int // group sizes of each send
+	send := func(_ context.Context, groups [][]*scriptCall) ([][]any, []error) {
+		var sizes []int
+		replies, errs := make([][]any, len(groups)), make([]error, len(groups))
+		for i, g := range groups {
+			sizes = append(sizes, len(g))
+			tags := map[string]bool{}
+			for _, c := range g {
+				tags[hashTag(c.keys[0])] = true
+			}
+			if len(tags) > 1 {
+				errs[i] = redis.ErrCrossSlot
+				continue
+			}
+			for range g {
+				replies[i] = append(replies[i], []any{int64(1)})
+			}
+		}
+		sent = append(sent, sizes)
+		return replies, errs
+	}
+	var bySlot atomic.Bool
+	groups, _, errs := sendGrouped(context.Background(), calls, &bySlot, send)
+	if !bySlot.Load() {
+		t.Error("grouping by slot is still off after CROSSSLOT")
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("group %d: %v", i, err)
+		}
+	}
+	if len(groups) != 2 || len(sent) != 2 || len(sent[0]) != 1 || sent[0][0] != 3 {
+		t.Errorf("sends %v, groups %d; want one of 3 refused, then one per tag", sent, len(groups))
+	}
+	// From then on the first send is grouped.
+	sent = nil
+	sendGrouped(context.Background(), calls, &bySlot, send)
+	if len(sent) != 1 || len(sent[0]) != 2 {
+		t.Errorf("after the switch: sends %v, want one send of two groups", sent)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -203,6 +204,14 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (cr *chatRequest) toProto(h http.Header) (*routerv1.Request, error) {
+	// Header values may hold any bytes; gRPC's strings must be UTF-8 (the JSON body's
+	// already are), and over the network a request carrying them would fail at the first
+	// hop, in process only later.
+	for _, name := range []string{HeaderScenario, "Idempotency-Key"} {
+		if v := h.Get(name); !utf8.ValidString(v) {
+			return nil, rpc.Invalid(name, "must be UTF-8 text")
+		}
+	}
 	req := &routerv1.Request{
 		Model:          cr.Model,
 		Temperature:    cr.Temperature,
@@ -292,8 +301,12 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 		w.WriteHeader(http.StatusOK)
 	}
 	fr := final.FinishReason
-	if last, err := withQuality(chunkJSON(id, created, final.Model, &openaiapi.Message{}, &fr, nil), final.Quality); err == nil {
-		_ = writeData(last)
+	last := chunkJSON(id, created, final.Model, &openaiapi.Message{}, &fr, nil)
+	if b, err := withQuality(last, final.Quality); err == nil {
+		_ = writeData(b)
+	} else {
+		// The finish reason goes out even when the QualityContext cannot.
+		_ = writeEvent(last)
 	}
 	if includeUsage {
 		usage := chunkJSON(id, created, final.Model, nil, nil, final.Usage)

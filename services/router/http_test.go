@@ -138,6 +138,8 @@ func TestChatRequestToProto(t *testing.T) {
 		},
 		{name: "unknown priority", body: `{"model":"chat"}`, headers: map[string]string{HeaderPriority: "urgent"}, wantField: HeaderPriority},
 		{name: "unspecified priority", body: `{"model":"chat"}`, headers: map[string]string{HeaderPriority: "unspecified"}, wantField: HeaderPriority},
+		{name: "scenario not UTF-8", body: `{"model":"chat"}`, headers: map[string]string{HeaderScenario: "sup\xffport"}, wantField: HeaderScenario},
+		{name: "idempotency key not UTF-8", body: `{"model":"chat"}`, headers: map[string]string{"Idempotency-Key": "\xc3("}, wantField: "Idempotency-Key"},
 		{
 			name: "response_format text",
 			body: `{"model":"chat","response_format":{"type":"text"}}`,
