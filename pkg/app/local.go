@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"net"
 	"time"
 
 	"github.com/fullstorydev/grpchan"
@@ -172,8 +171,6 @@ type localAddr struct{}
 
 func (localAddr) Network() string { return "inproc" }
 func (localAddr) String() string  { return "inproc" }
-
-var _ net.Addr = localAddr{}
 
 // localStream answers grpc.Method for handlers and interceptors; headers and trailers
 // are accepted and dropped.

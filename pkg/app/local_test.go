@@ -281,7 +281,7 @@ func TestLocalConnStats(t *testing.T) {
 
 func testLocalConn(t *testing.T, e *echo, client, server stats.Handler) *localConn {
 	t.Helper()
-	chain, err := rpc.ServerInterceptors(discardLog(), prometheusRegistry(), nil)
+	chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,17 +327,13 @@ func (r *recordingStats) record(e string) {
 	r.events = append(r.events, e)
 }
 
-func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func prometheusRegistry() *prometheus.Registry { return prometheus.NewRegistry() }
-
 // BenchmarkLocalCall compares one unary call between modules of a process through the
 // in-process channel with the same call over loopback gRPC, the path it replaced; both
 // run the server's interceptor chain.
 //
 //	go test -run '^$' -bench BenchmarkLocalCall -benchmem ./pkg/app/
 func BenchmarkLocalCall(b *testing.B) {
-	chain, err := rpc.ServerInterceptors(discardLog(), prometheusRegistry(), nil)
+	chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -83,15 +83,6 @@ func (i Interceptors) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(i.Unary...), grpc.ChainStreamInterceptor(i.Stream...)}
 }
 
-// ServerOptions returns the options of a gRPC server with ServerInterceptors' chain.
-func ServerOptions(log *slog.Logger, reg prometheus.Registerer, authn *Authenticator) ([]grpc.ServerOption, error) {
-	i, err := ServerInterceptors(log, reg, authn)
-	if err != nil {
-		return nil, err
-	}
-	return i.ServerOptions(), nil
-}
-
 // isInfrastructure reports whether a service is gRPC plumbing that must answer without
 // credentials (load balancers probe health; grpcurl lists services).
 func isInfrastructure(service string) bool {

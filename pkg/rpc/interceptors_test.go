@@ -120,16 +120,16 @@ type testServer struct {
 	logs *syncBuffer
 }
 
-// startServer serves probe and health with rpc.ServerOptions on an in-memory listener.
+// startServer serves probe and health with rpc.ServerInterceptors' chain on an in-memory listener.
 func startServer(t *testing.T, authn *rpc.Authenticator, backend *grpc.ClientConn) *testServer {
 	t.Helper()
 	s := &testServer{lis: bufconn.Listen(1 << 20), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	opts, err := rpc.ServerOptions(log, s.reg, authn)
+	chain, err := rpc.ServerInterceptors(log, s.reg, authn)
 	if err != nil {
 		t.Fatalf("ServerOptions: %v", err)
 	}
-	srv := grpc.NewServer(opts...)
+	srv := grpc.NewServer(chain.ServerOptions()...)
 	srv.RegisterService(&probeDesc, &probe{backend: backend})
 	grpc_health_v1.RegisterHealthServer(srv, health.NewServer())
 	done := make(chan error, 1)

@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"context"
-	"strings"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
@@ -48,14 +47,11 @@ func otelOptions(tp trace.TracerProvider) []otelgrpc.Option {
 		// global meter provider must not collect a second, unexported copy.
 		otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider()),
 		// Health probes and reflection arrive every few seconds and say nothing about requests.
-		otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return !isInfrastructure(serviceOf(info.FullMethodName)) }),
+		otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool {
+			service, _ := splitMethod(info.FullMethodName)
+			return !isInfrastructure(service)
+		}),
 	}
-}
-
-// serviceOf is the service part of "/package.Service/Method".
-func serviceOf(fullMethod string) string {
-	s, _, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
-	return s
 }
 
 // traceParentOf renders the span context of ctx as a traceparent, or "" when ctx has none.

@@ -25,11 +25,11 @@ func startTracedServer(t *testing.T, exp sdktrace.SpanExporter, backend *grpc.Cl
 	t.Helper()
 	s := &testServer{lis: bufconn.Listen(1 << 20), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	opts, err := rpc.ServerOptions(log, s.reg, nil)
+	chain, err := rpc.ServerInterceptors(log, s.reg, nil)
 	if err != nil {
 		t.Fatalf("ServerOptions: %v", err)
 	}
-	srv := grpc.NewServer(append(opts, rpc.TracingServerOption(newProvider(t, exp)))...)
+	srv := grpc.NewServer(append(chain.ServerOptions(), rpc.TracingServerOption(newProvider(t, exp)))...)
 	srv.RegisterService(&probeDesc, &probe{backend: backend})
 	grpc_health_v1.RegisterHealthServer(srv, health.NewServer())
 	done := make(chan error, 1)
