@@ -101,6 +101,8 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 	if s.scripter == nil {
 		s.scripter = client
 		s.batch = newScriptBatcher(client, s.lib)
+	} else if _, ok := s.scripter.(functionCaller); !ok {
+		s.scripts.Store(true)
 	}
 	return s
 }
@@ -163,16 +165,10 @@ type functionCaller interface {
 }
 
 // runScript runs one operation as a batch of one through the Scripter: by FCALL when
-// the Scripter can call functions, else by EVALSHA.
+// the Scripter can call functions (NewRedisStore sets scripts when it cannot), else by
+// EVALSHA, with the recovery sendBatch gives either.
 func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []any) ([]any, error) {
-	fc, ok := s.scripter.(functionCaller)
-	if !ok {
-		v, err := s.lib.script.Run(ctx, s.scripter, keys, opArgs(op, keys, args)...).Slice()
-		if err != nil {
-			return nil, err
-		}
-		return onlyReply(v)
-	}
+	fc, _ := s.scripter.(functionCaller)
 	// The typed calls, which an AutoPipeliner batches (its Do does not).
 	do := func(ctx context.Context, _ [][]*scriptCall, _ []int, mode sendMode) []*redis.Cmd {
 		a := opArgs(op, keys, args)
@@ -192,15 +188,6 @@ func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, ar
 		return nil, errs[0]
 	}
 	r := opReply(replies[0][0])
-	return r.v, r.err
-}
-
-// onlyReply is the reply of a batch of one operation.
-func onlyReply(v []any) ([]any, error) {
-	if len(v) != 1 {
-		return nil, fmt.Errorf("quota batch of 1 operation replied %d", len(v))
-	}
-	r := opReply(v[0])
 	return r.v, r.err
 }
 

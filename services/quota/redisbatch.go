@@ -381,11 +381,8 @@ func sendBatch(ctx context.Context, groups [][]*scriptCall,
 // take the library (a permission it lacks, a command it does not know), as opposed to
 // a passing state (LOADING, READONLY, BUSY, CLUSTERDOWN, a lost connection).
 func refusesFunctions(err error) bool {
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false
-	}
-	for _, prefix := range []string{"NOPERM", "ERR unknown command", "ERR unknown subcommand", "unknown command"} {
+	// HasErrorPrefix reads only Redis's own errors and ignores their "ERR ".
+	for _, prefix := range []string{"NOPERM", "unknown command", "unknown subcommand"} {
 		if redis.HasErrorPrefix(err, prefix) {
 			return true
 		}

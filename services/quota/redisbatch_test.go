@@ -351,7 +351,7 @@ func TestRedisStoreThroughScripter(t *testing.T) {
 	}{
 		{name: "auto-pipeliner, functions"},
 		{name: "auto-pipeliner, scripts", scripts: true, wantScripts: true},
-		{name: "plain scripter", plain: true},
+		{name: "plain scripter", plain: true, wantScripts: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newTestRedisClient(t)
@@ -367,7 +367,9 @@ func TestRedisStoreThroughScripter(t *testing.T) {
 			clock := clockwork.NewFakeClockAt(t0)
 			store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock, Scripter: scripter})
 			store.lib = freshLib(t, c)
-			store.scripts.Store(tt.scripts)
+			if tt.scripts {
+				store.scripts.Store(true)
+			}
 			ctx := context.Background()
 			spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 60, Limit: 600}
 			for i := range 2 {
