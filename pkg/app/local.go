@@ -84,15 +84,14 @@ func (c *localConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method
 }
 
 func (c *localConn) invoke(ctx context.Context, method string, req, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+	if c.clientStats == nil {
+		return c.serve(ctx, method, req, reply)
+	}
 	begin := time.Now()
-	if c.clientStats != nil {
-		ctx = c.clientStats.TagRPC(ctx, &stats.RPCTagInfo{FullMethodName: method})
-		c.clientStats.HandleRPC(ctx, &stats.Begin{Client: true, BeginTime: begin})
-	}
+	ctx = c.clientStats.TagRPC(ctx, &stats.RPCTagInfo{FullMethodName: method})
+	c.clientStats.HandleRPC(ctx, &stats.Begin{Client: true, BeginTime: begin})
 	err := c.serve(ctx, method, req, reply)
-	if c.clientStats != nil {
-		c.clientStats.HandleRPC(ctx, &stats.End{Client: true, BeginTime: begin, EndTime: time.Now(), Error: err})
-	}
+	c.clientStats.HandleRPC(ctx, &stats.End{Client: true, BeginTime: begin, EndTime: time.Now(), Error: err})
 	return err
 }
 
@@ -107,8 +106,9 @@ func (c *localConn) serve(ctx context.Context, method string, req, reply any) er
 	}
 	sctx, cancel := serverContext(ctx, method)
 	defer cancel()
-	begin := time.Now()
+	var begin time.Time
 	if c.serverStats != nil {
+		begin = time.Now()
 		sctx = c.serverStats.TagRPC(sctx, &stats.RPCTagInfo{FullMethodName: method})
 		c.serverStats.HandleRPC(sctx, &stats.Begin{BeginTime: begin})
 	}
