@@ -4,13 +4,16 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
+	"github.com/mantle-mesh/mantle/services/router"
 )
 
 // closedAddr is an address nothing listens on: connections to it are refused at once.
@@ -60,6 +63,48 @@ func TestRouterSurvivesItsDependencies(t *testing.T) {
 			}
 			if tc.skipped == "" && len(skipped) != 0 {
 				t.Errorf("skipped_steps = %v, want none", skipped)
+			}
+		})
+	}
+}
+
+// TestRouterWithServicesOff runs the router with quota, cache and verifier switched off
+// (address "off"): alone, and with those modules running in the same process but unused.
+// Requests are answered without asking them; only the verifier's absence is visible,
+// since the answer goes out checked by the router's L1 alone.
+func TestRouterWithServicesOff(t *testing.T) {
+	for _, target := range []string{"router", "all"} {
+		t.Run(target, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Target = target
+			cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
+			cfg.Log.Level = "error"
+			cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.VerifierAddress = router.Off, router.Off, router.Off
+			p := meshtest.Run(t, cfg, mesh.Options{LogOutput: io.Discard})
+			client := routerv1.NewRouterServiceClient(meshtest.Dial(t, p.App.GRPCAddr()))
+			resp, err := client.Complete(authed(acmeKey), &routerv1.CompleteRequest{Request: ask("primary", "Are you still there?")}, grpc.WaitForReady(true))
+			if err != nil {
+				t.Fatalf("Complete: %v", err)
+			}
+			q := resp.GetQuality()
+			if resp.GetMessage().GetContent() == "" || q.GetFallbackLevel() != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY {
+				t.Errorf("answer %q at level %v, want the primary's", resp.GetMessage().GetContent(), q.GetFallbackLevel())
+			}
+			if got := q.GetSkippedSteps(); !slices.Equal(got, []string{"verify"}) {
+				t.Errorf("skipped_steps = %v, want [verify]: quota and cache are off, not failing", got)
+			}
+			var steps []string
+			for _, s := range q.GetAudit() {
+				if s.GetService() != "router" {
+					t.Errorf("audit step %s/%s from a service that is off", s.GetService(), s.GetStep())
+				}
+				steps = append(steps, s.GetStep()+": "+s.GetDetail())
+			}
+			if slices.ContainsFunc(steps, func(s string) bool { return strings.HasPrefix(s, "reserve") || strings.HasPrefix(s, "lookup") }) {
+				t.Errorf("audit %q reserves or looks up with quota and cache off", steps)
+			}
+			if !slices.ContainsFunc(steps, func(s string) bool { return s == "verify: verifier off; local L1 passed" }) {
+				t.Errorf("audit %q, want the router's own L1 check", steps)
 			}
 		})
 	}

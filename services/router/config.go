@@ -20,9 +20,17 @@ const (
 	ProviderSim = "sim"
 )
 
+// Off as a service address runs the router without that service. A router alone
+// (--target=router with every address off) is a plain resilient proxy: retries, breakers,
+// hedging, fallback and the ladder's template, without the hops a deployment has not
+// set up, where an unreachable address would cost every request a failed call.
+const Off = "off"
+
 // Config is the router block of mantle.yaml.
 type Config struct {
 	// Addresses of the services the router calls when they do not run in this process.
+	// Off (the word "off") runs the router without that service, in process or not: no
+	// admission control, no cache, or only the router's own L1 format check.
 	CacheAddress    string `yaml:"cache_address"`
 	QuotaAddress    string `yaml:"quota_address"`
 	VerifierAddress string `yaml:"verifier_address"`

@@ -401,6 +401,9 @@ func (r *Router) allowRetry(ctx context.Context, qc *mantlev1.QualityContext, ke
 	if key != nil && !key.budget.TryRetry(format) {
 		return false
 	}
+	if r.deps.Quota == nil {
+		return true // no shared budget: the local ones decided
+	}
 	ctx, cancel := context.WithTimeout(ctx, sideCallTimeout)
 	defer cancel()
 	res, err := r.deps.Quota.AcquireRetry(ctx, &quotav1.AcquireRetryRequest{
@@ -420,7 +423,7 @@ const sideCallTimeout = 100 * time.Millisecond
 // observe passes a provider's rate-limit headers to quota, which slows admissions down
 // before the provider starts returning 429s.
 func (r *Router) observe(ctx context.Context, tenant string, key *upstreamKey, rl provider.RateLimit) {
-	if !rl.Known {
+	if !rl.Known || r.deps.Quota == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sideCallTimeout)
@@ -740,9 +743,13 @@ func applyVerdict(qc *mantlev1.QualityContext, v *verifierv1.VerifyResponse) {
 // unverified and says so (verdict nil): L2 rules and L3 did not run.
 func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, c *candidate, res *provider.Response, audit []*mantlev1.AuditStep) (*verifierv1.VerifyResponse, []*mantlev1.AuditStep, error) {
 	u := c.u
+	start := r.deps.Clock.Now()
+	if r.deps.Verifier == nil {
+		audit, err := r.checkLocally(ctx, req, c.level, res, audit, "verifier off", start)
+		return nil, audit, err
+	}
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
-	start := r.deps.Clock.Now()
 	// The verifier reads the QualityContext as it is now; a clone keeps concurrent hedges
 	// from racing on the request's copy.
 	snapshot := hopQuality(qc)
@@ -759,26 +766,9 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		SessionId:      req.User,
 	})
 	if err != nil {
-		detail := "skipped: " + status.Code(err).String()
-		if r.deps.Checker != nil {
-			format, _ := formatcheck.FormatFromProto(req.ResponseFormat) // an unknown type is checked as text
-			level := snapshot.GetFallbackLevel()
-			l1 := r.deps.Checker.Check(formatcheck.Answer{
-				Content: res.Content, FinishReason: res.FinishReason, Format: format,
-				// As the verifier would judge it from the same QualityContext.
-				Degraded: level != mantlev1.FallbackLevel_FALLBACK_LEVEL_UNSPECIFIED && level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY,
-			})
-			if !l1.Passed {
-				codes := strings.Join(l1.FailedCodes(), ",")
-				r.deps.Log.WarnContext(ctx, "verifier unavailable; local L1 failed", "err", err, "codes", codes)
-				audit = append(audit, r.step("verify", fmt.Sprintf("verifier unavailable; local L1 failed: %s (%s)", codes, shortClass(l1.Class)), r.deps.Clock.Since(start)))
-				return nil, audit, &provider.Error{Class: l1.Class, Message: "verification failed: " + codes}
-			}
-			res.Content = l1.Content // unwrapped from a markdown fence, as the verifier delivers it
-			detail = "verifier unavailable; local L1 passed (" + status.Code(err).String() + ")"
-		}
-		r.deps.Log.WarnContext(ctx, "verifier unavailable; answer not verified", "err", err)
-		return nil, append(audit, r.step("verify", detail, r.deps.Clock.Since(start))), nil
+		r.deps.Log.WarnContext(ctx, "verifier unavailable; checking L1 in the router", "err", err)
+		audit, err := r.checkLocally(ctx, req, c.level, res, audit, "verifier unavailable ("+status.Code(err).String()+")", start)
+		return nil, audit, err
 	}
 	audit = append(audit, addedSteps(snapshot, v.GetQuality())...)
 	audit = append(audit, r.step("verify", fmt.Sprintf("passed=%t grade=%s", v.Passed, shortGrade(v.Grade)), r.deps.Clock.Since(start)))
@@ -792,6 +782,29 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 	}
 	res.Content = v.Content
 	return v, audit, nil
+}
+
+// checkLocally runs the L1 format checks in the router, for an answer the verifier does
+// not see (why says why, for the audit). An answer that fails them is an error like a
+// failed verification; without a checker it goes out unchecked.
+func (r *Router) checkLocally(ctx context.Context, req *routerv1.Request, level mantlev1.FallbackLevel, res *provider.Response, audit []*mantlev1.AuditStep, why string, start time.Time) ([]*mantlev1.AuditStep, error) {
+	if r.deps.Checker == nil {
+		return append(audit, r.step("verify", why+"; not checked", r.deps.Clock.Since(start))), nil
+	}
+	format, _ := formatcheck.FormatFromProto(req.ResponseFormat) // an unknown type is checked as text
+	l1 := r.deps.Checker.Check(formatcheck.Answer{
+		Content: res.Content, FinishReason: res.FinishReason, Format: format,
+		// As the verifier would judge it from the same QualityContext.
+		Degraded: level != mantlev1.FallbackLevel_FALLBACK_LEVEL_UNSPECIFIED && level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY,
+	})
+	if !l1.Passed {
+		codes := strings.Join(l1.FailedCodes(), ",")
+		r.deps.Log.DebugContext(ctx, "local L1 check failed", "codes", codes)
+		audit = append(audit, r.step("verify", fmt.Sprintf("%s; local L1 failed: %s (%s)", why, codes, shortClass(l1.Class)), r.deps.Clock.Since(start)))
+		return audit, &provider.Error{Class: l1.Class, Message: "verification failed: " + codes}
+	}
+	res.Content = l1.Content // unwrapped from a markdown fence, as the verifier delivers it
+	return append(audit, r.step("verify", why+"; local L1 passed", r.deps.Clock.Since(start))), nil
 }
 
 // stream relays a provider stream. Nothing is sent to the caller until the first chunk

@@ -51,6 +51,10 @@ func (r *Router) descend(ctx context.Context, req *routerv1.Request, rt *route, 
 
 // approximate looks the prompt up in the cache as an L2 answer.
 func (r *Router) approximate(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, reason string) *routerv1.CompleteResponse {
+	if r.deps.Cache == nil {
+		r.audit(qc, "ladder", "L2 cache: off", 0)
+		return nil
+	}
 	start := r.deps.Clock.Now()
 	res, err := r.deps.Cache.Lookup(ctx, &cachev1.LookupRequest{Quality: hopQuality(qc), Prompt: cachePrompt(req, rt),
 		Mode: cachev1.LookupMode_LOOKUP_MODE_APPROXIMATE})

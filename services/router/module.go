@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
 
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
@@ -56,21 +57,34 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 		return nil, nil, err
 	}
 	deps := Deps{Events: env.Events, Clock: env.Clock, Log: env.Log, Metrics: m, Checker: checker, Tracer: env.Tracer(TracerName)}
-	quotaConn, err := env.Dial("quota")
+	// A service whose address is Off stays nil: the router skips its steps.
+	dial := func(module, address string) (grpc.ClientConnInterface, error) {
+		if address == Off {
+			return nil, nil
+		}
+		return env.Dial(module)
+	}
+	quotaConn, err := dial("quota", cfg.QuotaAddress)
 	if err != nil {
 		return nil, nil, err
 	}
-	cacheConn, err := env.Dial("cache")
+	cacheConn, err := dial("cache", cfg.CacheAddress)
 	if err != nil {
 		return nil, nil, err
 	}
-	verifierConn, err := env.Dial("verifier")
+	verifierConn, err := dial("verifier", cfg.VerifierAddress)
 	if err != nil {
 		return nil, nil, err
 	}
-	deps.Quota = quotav1.NewQuotaServiceClient(quotaConn)
-	deps.Cache = cachev1.NewCacheServiceClient(cacheConn)
-	deps.Verifier = verifierv1.NewVerifierServiceClient(verifierConn)
+	if quotaConn != nil {
+		deps.Quota = quotav1.NewQuotaServiceClient(quotaConn)
+	}
+	if cacheConn != nil {
+		deps.Cache = cachev1.NewCacheServiceClient(cacheConn)
+	}
+	if verifierConn != nil {
+		deps.Verifier = verifierv1.NewVerifierServiceClient(verifierConn)
+	}
 
 	// One transport for every provider: connection reuse matters more than isolation here,
 	// and every call carries its own deadline through its context.

@@ -386,6 +386,9 @@ type answer struct {
 }
 
 func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (string, *routerv1.RateLimit, error) {
+	if r.deps.Quota == nil {
+		return "", nil, nil // quota is off: nothing to reserve, so nothing to settle
+	}
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	start := r.deps.Clock.Now()
@@ -451,6 +454,9 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 // (seed 000 4.3), so the lease must end in store or release. storeDeclined says the
 // cache's policy would refuse to store the answer, so store need not be called.
 func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (hit *routerv1.CompleteResponse, lease string, storeDeclined bool) {
+	if r.deps.Cache == nil {
+		return nil, "", true // the cache is off: there is nothing to ask and nowhere to store
+	}
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	start := r.deps.Clock.Now()

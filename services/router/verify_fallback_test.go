@@ -27,7 +27,9 @@ func TestVerifierUnavailableRunsL1Locally(t *testing.T) {
 		format  *mantlev1.ResponseFormat
 		results map[string][]result
 		// noChecker builds the router without a local checker (Deps.Checker nil).
-		noChecker    bool
+		noChecker bool
+		// verifierOff builds the router without a verifier (router.verifier_address: off).
+		verifierOff  bool
 		wantModel    string
 		wantContent  string
 		wantAttempts []string // model:class of every attempt
@@ -44,8 +46,8 @@ func TestVerifierUnavailableRunsL1Locally(t *testing.T) {
 			wantModel:    "b",
 			wantContent:  `{"answer": "A breaker stops calls."}`,
 			wantAttempts: []string{"a:malformed_output", "b:none"},
-			wantAudit: []string{"verifier unavailable; local L1 failed: json_parse (malformed_output)",
-				"verifier unavailable; local L1 passed"},
+			wantAudit: []string{"verifier unavailable (Unavailable); local L1 failed: json_parse (malformed_output)",
+				"verifier unavailable (Unavailable); local L1 passed"},
 		},
 		{
 			name:         "a valid answer passes and is marked unverified",
@@ -53,7 +55,7 @@ func TestVerifierUnavailableRunsL1Locally(t *testing.T) {
 			wantModel:    "a",
 			wantContent:  "A breaker stops calls to a failing service.",
 			wantAttempts: []string{"a:none"},
-			wantAudit:    []string{"verifier unavailable; local L1 passed (Unavailable)"},
+			wantAudit:    []string{"verifier unavailable (Unavailable); local L1 passed"},
 		},
 		{
 			name:         "fenced JSON goes out unwrapped, as the verifier would deliver it",
@@ -62,7 +64,7 @@ func TestVerifierUnavailableRunsL1Locally(t *testing.T) {
 			wantModel:    "a",
 			wantContent:  `{"answer": "yes"}`,
 			wantAttempts: []string{"a:none"},
-			wantAudit:    []string{"verifier unavailable; local L1 passed"},
+			wantAudit:    []string{"verifier unavailable (Unavailable); local L1 passed"},
 		},
 		{
 			name: "a refusal fails over with its class",
@@ -85,7 +87,30 @@ func TestVerifierUnavailableRunsL1Locally(t *testing.T) {
 			wantModel:    "a",
 			wantContent:  `{"answer": "A breaker stops calls.",`,
 			wantAttempts: []string{"a:none"},
-			wantAudit:    []string{"skipped: Unavailable"},
+			wantAudit:    []string{"verifier unavailable (Unavailable); not checked"},
+		},
+		{
+			name:        "with the verifier off, malformed JSON still fails over and nothing is asked of it",
+			format:      jsonObject,
+			verifierOff: true,
+			results: map[string][]result{
+				"a": {reply(`{"answer": "A breaker stops calls.",`, 10, 5)},
+				"b": {reply("```json\n{\"answer\": \"yes\"}\n```", 20, 7)},
+			},
+			wantModel:    "b",
+			wantContent:  `{"answer": "yes"}`,
+			wantAttempts: []string{"a:malformed_output", "b:none"},
+			wantAudit:    []string{"verifier off; local L1 failed: json_parse (malformed_output)", "verifier off; local L1 passed"},
+		},
+		{
+			name:         "with the verifier off and no checker the answer goes out unchecked",
+			verifierOff:  true,
+			noChecker:    true,
+			results:      map[string][]result{"a": {reply("A breaker stops calls to a failing service.", 10, 5)}},
+			wantModel:    "a",
+			wantContent:  "A breaker stops calls to a failing service.",
+			wantAttempts: []string{"a:none"},
+			wantAudit:    []string{"verifier off; not checked"},
 		},
 	}
 	for _, tt := range tests {
@@ -108,6 +133,9 @@ func TestVerifierUnavailableRunsL1Locally(t *testing.T) {
 				}
 				h.router.deps.Checker = checker // as newModule builds it; set before any request
 			}
+			if tt.verifierOff {
+				h.router.deps.Verifier = nil // as newModule leaves it for an address of "off"
+			}
 			req := ask("chat")
 			req.ResponseFormat = tt.format
 
@@ -122,8 +150,12 @@ func TestVerifierUnavailableRunsL1Locally(t *testing.T) {
 			if diff := cmp.Diff(tt.wantAttempts, attemptsOf(q)); diff != "" {
 				t.Errorf("attempts (-want +got):\n%s", diff)
 			}
-			if verifierCalls != len(tt.wantAttempts) {
-				t.Errorf("verifier called %d times, want once per answer (%d)", verifierCalls, len(tt.wantAttempts))
+			wantCalls := len(tt.wantAttempts) // once per answer
+			if tt.verifierOff {
+				wantCalls = 0
+			}
+			if verifierCalls != wantCalls {
+				t.Errorf("verifier called %d times, want %d", verifierCalls, wantCalls)
 			}
 			// Unverified: no verdict, no grade, "verify" skipped, and nothing cached.
 			if q.GetVerification() != nil || q.GetQualityGrade() != mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED {
@@ -150,5 +182,51 @@ func TestVerifierUnavailableRunsL1Locally(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestQuotaAndCacheOff runs a request through failures and the ladder with quota and cache
+// off (their addresses "off", so Deps leaves them nil): nothing is reserved or settled, the
+// retries are decided by the local budgets alone, the ladder's cache level says it is off,
+// and the template answers. The fakes stay reachable by the test only, to show they were
+// never asked.
+func TestQuotaAndCacheOff(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Routes[0].Ladder = LadderConfig{Cache: true, Template: "We will get back to you."}
+	h := &harness{providers: map[string]*fakeProvider{
+		"a": newFakeProvider(failure(mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, "busy")),
+		"b": newFakeProvider(failure(mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, "slow down")),
+		"c": newFakeProvider(failure(mantlev1.ErrorClass_ERROR_CLASS_TRANSIENT, "502")),
+	}}
+	h = newHarness(t, cfg, h)
+	h.router.deps.Quota, h.router.deps.Cache = nil, nil
+
+	resp, err := h.router.Complete(context.Background(), ask("chat"))
+	if err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	q := resp.GetQuality()
+	if q.GetFallbackLevel() != mantlev1.FallbackLevel_FALLBACK_LEVEL_TEMPLATE || resp.GetMessage().GetContent() != "We will get back to you." {
+		t.Errorf("answer %q at %v, want the template", resp.GetMessage().GetContent(), q.GetFallbackLevel())
+	}
+	if n := h.providers["c"].calls(); n != 3 {
+		t.Errorf("c called %d times, want 3: its transient failure is retried on the local budget", n)
+	}
+	if len(h.quota.reserves)+len(h.quota.settles)+len(h.quota.retries) != 0 || len(h.cache.lookups)+len(h.cache.stores) != 0 {
+		t.Errorf("quota asked %d/%d/%d times, cache %d/%d, want never: both are off",
+			len(h.quota.reserves), len(h.quota.settles), len(h.quota.retries), len(h.cache.lookups), len(h.cache.stores))
+	}
+	if got := q.GetSkippedSteps(); slices.Contains(got, "quota") || slices.Contains(got, "cache") {
+		t.Errorf("skipped steps %v: a service that is off did not fail", got)
+	}
+	var ladder []string
+	for _, s := range q.GetAudit() {
+		if s.GetStep() == "ladder" {
+			ladder = append(ladder, s.GetDetail())
+		}
+	}
+	if !slices.Contains(ladder, "L2 cache: off") {
+		t.Errorf("ladder steps %q, want the cache level reported off", ladder)
 	}
 }

@@ -42,10 +42,9 @@ const (
 	// Direct sends requests straight to the upstream: the baseline.
 	Direct Mode = "direct"
 	// RouterOnly runs the router alone (--target=router) with quota, cache and verifier
-	// addresses that refuse connections, so those steps fail fast and are skipped: quota
-	// fails open, the cache lookup is a miss, the answer goes out unverified. It measures
-	// the router's own path: admission, routing, breaker and budget bookkeeping, the
-	// provider call, idempotency, metrics.
+	// off: no admission, no cache, the answer checked by the router's own L1. It measures
+	// the router's own path: routing, breaker and budget bookkeeping, the provider call,
+	// idempotency, the L1 check, metrics.
 	RouterOnly Mode = "router"
 	// All runs every service in one process (--target=all) with quota, cache and verifier
 	// on: the full path of a request.
@@ -54,10 +53,6 @@ const (
 
 // Modes lists the modes in the order they are compared.
 func Modes() []Mode { return []Mode{Direct, RouterOnly, All} }
-
-// refusedAddress is where RouterOnly's quota, cache and verifier are dialled: port 1 on
-// loopback, where nothing listens, so every call fails at once with UNAVAILABLE.
-const refusedAddress = "127.0.0.1:1"
 
 // ModelName is the model (and route) the benchmark asks for.
 const ModelName = "bench"
@@ -183,7 +178,7 @@ func MeshConfig(mode Mode, base string) (mesh.Config, error) {
 		cfg.Target = "all"
 	case RouterOnly:
 		cfg.Target = "router"
-		cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.VerifierAddress = refusedAddress, refusedAddress, refusedAddress
+		cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.VerifierAddress = router.Off, router.Off, router.Off
 	default:
 		return cfg, fmt.Errorf("benchload: mode %q runs no mesh", mode)
 	}

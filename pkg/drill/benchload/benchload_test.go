@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/router"
 )
 
 func TestRunModes(t *testing.T) {
@@ -62,8 +64,9 @@ func TestMeshConfig(t *testing.T) {
 		}
 	}
 	cfg, _ := MeshConfig(RouterOnly, "http://upstream/v1")
-	if cfg.Target != "router" || cfg.Router.QuotaAddress != refusedAddress {
-		t.Errorf("router-only: target %q, quota at %q; want the router alone with refused peers", cfg.Target, cfg.Router.QuotaAddress)
+	if r := cfg.Router; cfg.Target != "router" || r.QuotaAddress != router.Off || r.CacheAddress != router.Off || r.VerifierAddress != router.Off {
+		t.Errorf("router-only: target %q, quota %q, cache %q, verifier %q; want the router alone with the others off",
+			cfg.Target, r.QuotaAddress, r.CacheAddress, r.VerifierAddress)
 	}
 }
 
