@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -32,14 +33,15 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprint(stderr, `usage: mantle bench-load [flags]
 
 Sends the same OpenAI-compatible request at fixed rates, each for a fixed time, to an
-instant upstream: directly, through the router alone, and through the whole mesh. Reports
-latency percentiles, what mantle adds to them, CPU seconds per 1000 requests and peak RSS.
+instant upstream: directly, through a bare reverse proxy, through the router alone, and
+through the whole mesh. Reports latency percentiles, what each adds to them, CPU seconds
+per 1000 requests and peak RSS.
 Each mode runs in a process of its own so that its CPU and memory figures are its own.
 
 `)
 		fs.PrintDefaults()
 	}
-	modes := fs.String("modes", "direct,router,all", "modes to run: direct, router (the router alone) and all (the whole mesh)")
+	modes := fs.String("modes", "direct,proxy,router,all", "modes to run: direct, proxy (a bare reverse proxy, the floor of any HTTP hop), router (the router alone) and all (the whole mesh)")
 	rates := fs.String("rates", "500,1000,2000,4000", "requests per second, each run in turn")
 	duration := fs.Duration("duration", 10*time.Second, "how long each rate runs")
 	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured load at each rate before it is measured")
@@ -78,8 +80,8 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	var run []benchload.Mode
 	for _, m := range strings.Split(*modes, ",") {
 		mode := benchload.Mode(strings.TrimSpace(m))
-		if mode != benchload.Direct && mode != benchload.RouterOnly && mode != benchload.All {
-			return fmt.Errorf("--modes: unknown mode %q (want direct, router or all)", m)
+		if !slices.Contains(benchload.Modes(), mode) {
+			return fmt.Errorf("--modes: unknown mode %q (want direct, proxy, router or all)", m)
 		}
 		run = append(run, mode)
 	}

@@ -426,6 +426,9 @@ func ParseRateLimit(h http.Header, now func() time.Time) RateLimit {
 }
 
 func parseCount(v string) (int64, bool) {
+	if v == "" {
+		return 0, false // most answers carry no such header: no error value to build
+	}
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 	return n, err == nil
 }

@@ -20,7 +20,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"time"
 
 	"google.golang.org/grpc"
@@ -41,6 +44,11 @@ type Mode string
 const (
 	// Direct sends requests straight to the upstream: the baseline.
 	Direct Mode = "direct"
+	// Proxy sends them through net/http/httputil's ReverseProxy and nothing else: the
+	// floor of any Go HTTP gateway (one more HTTP server and client hop), against which
+	// what mantle's own work adds can be told apart from what the hop itself costs on
+	// this machine.
+	Proxy Mode = "proxy"
 	// RouterOnly runs the router alone (--target=router) with quota, cache and verifier
 	// off: no admission, no cache, the answer checked by the router's own L1. It measures
 	// the router's own path: routing, breaker and budget bookkeeping, the provider call,
@@ -52,7 +60,7 @@ const (
 )
 
 // Modes lists the modes in the order they are compared.
-func Modes() []Mode { return []Mode{Direct, RouterOnly, All} }
+func Modes() []Mode { return []Mode{Direct, Proxy, RouterOnly, All} }
 
 // ModelName is the model (and route) the benchmark asks for.
 const ModelName = "bench"
@@ -122,8 +130,17 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	defer func() { cancel(); _ = waitUpstream() }()
 	base := "http://" + upstreamAddr + "/v1"
 
-	url := base + "/chat/completions"
-	if cfg.Mode != Direct {
+	endpoint := base + "/chat/completions"
+	switch cfg.Mode {
+	case Direct:
+	case Proxy:
+		addr, stop, err := startProxy(ctx, upstreamAddr)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		endpoint = "http://" + addr + "/v1/chat/completions"
+	default:
 		mc, err := MeshConfig(cfg.Mode, base)
 		if err != nil {
 			return nil, err
@@ -136,7 +153,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		stopped := make(chan error, 1)
 		go func() { stopped <- p.Run(runCtx) }()
 		defer func() { stopMesh(); <-stopped }()
-		url = "http://" + p.App.HTTPAddr() + "/v1/chat/completions"
+		endpoint = "http://" + p.App.HTTPAddr() + "/v1/chat/completions"
 		if err := waitServing(ctx, p.App.GRPCAddr()); err != nil {
 			return nil, err
 		}
@@ -147,12 +164,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	seq := 0
 	for _, rate := range cfg.Rates {
 		if cfg.Warmup > 0 {
-			if _, err := step(ctx, c, url, cfg, rate, cfg.Warmup, &seq); err != nil {
+			if _, err := step(ctx, c, endpoint, cfg, rate, cfg.Warmup, &seq); err != nil {
 				return nil, err
 			}
 		}
 		before := usage()
-		res, err := step(ctx, c, url, cfg, rate, cfg.Duration, &seq)
+		res, err := step(ctx, c, endpoint, cfg, rate, cfg.Duration, &seq)
 		if err != nil {
 			return nil, err
 		}
@@ -163,6 +180,28 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		out = append(out, res)
 	}
 	return out, nil
+}
+
+// startProxy serves a bare reverse proxy to upstream on a free loopback port, with the
+// connection pool the router's provider client has.
+func startProxy(ctx context.Context, upstream string) (addr string, stop func(), err error) {
+	target, err := url.Parse("http://" + upstream)
+	if err != nil {
+		return "", nil, fmt.Errorf("benchload: proxy target: %w", err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}
+	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("benchload: proxy: %w", err)
+	}
+	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(l) // returns when Close is called
+	}()
+	return l.Addr().String(), func() { _ = srv.Close(); <-done }, nil
 }
 
 // MeshConfig is the mesh mode runs with, calling the upstream at base.
