@@ -52,7 +52,10 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
 	memProfile := fs.String("memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
 	inProcess := fs.Bool("in-process", false, "run every mode in this process (CPU and RSS figures then mix)")
+	split := fs.Bool("split", true, "run the proxy or the mesh in a process of its own, apart from the load generator and the upstream; false puts all three in one")
 	child := fs.Bool("child", false, "internal: run one mode and print its results as JSON")
+	serveHop := fs.Bool("serve-hop", false, "internal: serve one mode's proxy or mesh for a benchmark in another process")
+	upstream := fs.String("upstream", "", "internal: with --serve-hop, the upstream's host:port")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -86,24 +89,59 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 		run = append(run, mode)
 	}
 
-	runMode := func(mode benchload.Mode) ([]benchload.Result, error) {
-		c := cfg
-		c.Mode = mode
+	// profiled runs f with the CPU and allocation profiles of this process that the flags
+	// ask for, named after mode.
+	profiled := func(mode benchload.Mode, f func() error) error {
 		if *cpuProfile != "" {
-			f, err := os.Create(fmt.Sprintf("%s.%s.pprof", *cpuProfile, mode))
+			out, err := os.Create(fmt.Sprintf("%s.%s.pprof", *cpuProfile, mode))
 			if err != nil {
-				return nil, fmt.Errorf("--cpuprofile: %w", err)
+				return fmt.Errorf("--cpuprofile: %w", err)
 			}
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
-				return nil, fmt.Errorf("--cpuprofile: %w", err)
+			defer out.Close()
+			if err := pprof.StartCPUProfile(out); err != nil {
+				return fmt.Errorf("--cpuprofile: %w", err)
 			}
 			defer pprof.StopCPUProfile()
 		}
-		res, err := benchload.Run(ctx, c)
-		if err == nil && *memProfile != "" {
-			err = writeAllocProfile(fmt.Sprintf("%s.%s.pprof", *memProfile, mode))
+		if err := f(); err != nil {
+			return err
 		}
+		if *memProfile != "" {
+			return writeAllocProfile(fmt.Sprintf("%s.%s.pprof", *memProfile, mode))
+		}
+		return nil
+	}
+
+	if *serveHop {
+		if len(run) != 1 {
+			return errors.New("--serve-hop serves exactly one mode")
+		}
+		return profiled(run[0], func() error {
+			return benchload.ServeHop(ctx, run[0], *upstream, os.Stdin, stdout, stderr)
+		})
+	}
+
+	runMode := func(mode benchload.Mode) (res []benchload.Result, err error) {
+		c := cfg
+		c.Mode = mode
+		if *split && mode != benchload.Direct {
+			self, err := os.Executable()
+			if err != nil {
+				return nil, err
+			}
+			// The hop's process profiles itself: that is where mantle's work is.
+			c.HopCommand = func(ctx context.Context, mode benchload.Mode, upstreamAddr string) *exec.Cmd {
+				cmd := exec.CommandContext(ctx, self, benchLoadName, "--serve-hop", "--modes", string(mode), "--upstream", upstreamAddr,
+					"--cpuprofile", *cpuProfile, "--memprofile", *memProfile)
+				cmd.Stderr = stderr
+				return cmd
+			}
+			return benchload.Run(ctx, c)
+		}
+		err = profiled(mode, func() error {
+			res, err = benchload.Run(ctx, c)
+			return err
+		})
 		return res, err
 	}
 
@@ -130,6 +168,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 				"--rates", *rates, "--duration", duration.String(), "--warmup", warmup.String(),
 				"--max-in-flight", strconv.Itoa(*maxInFlight), "--same-prompt=" + strconv.FormatBool(*samePrompt),
 				"--cpuprofile", *cpuProfile, "--memprofile", *memProfile, "--temperature", *temperature,
+				"--split=" + strconv.FormatBool(*split),
 			}, stderr)
 		}
 		if err != nil {
@@ -182,21 +221,33 @@ func runChild(ctx context.Context, mode benchload.Mode, flags []string, stderr i
 	return res, nil
 }
 
-// writeBenchTable prints the results, with what each mesh mode adds to the direct mode's
-// latency and CPU at the same rate.
+// writeBenchTable prints the results, with what each mode adds to the direct mode's
+// latency and CPU at the same rate, and the proxy's or mesh's own process's CPU and
+// peak RSS when it ran in one.
 func writeBenchTable(w io.Writer, all []benchload.Result) error {
 	direct := map[float64]benchload.Result{}
+	split := false
 	for _, r := range all {
 		if r.Mode == benchload.Direct {
 			direct[r.Rate] = r
 		}
+		split = split || r.HopPeakRSSMB > 0
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\trate/s\tachieved/s\tok\terrors\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\t")
+	header := "mode\trate/s\tachieved/s\tok\terrors\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\t"
+	if split {
+		header += "hop CPU s/1000\thop RSS MiB\t"
+	}
+	fmt.Fprintln(tw, header)
 	for _, r := range all {
 		added := "\t\t\t\t"
 		if d, ok := direct[r.Rate]; ok && r.Mode != benchload.Direct {
 			added = fmt.Sprintf("%+.3f\t%+.3f\t%+.3f\t%+.3f\t", r.P50Ms-d.P50Ms, r.P90Ms-d.P90Ms, r.P99Ms-d.P99Ms, r.CPUPer1000-d.CPUPer1000)
+		}
+		if split && r.HopPeakRSSMB > 0 {
+			added += fmt.Sprintf("%.3f\t%.0f\t", r.HopCPUPer1000, r.HopPeakRSSMB)
+		} else if split {
+			added += "\t\t"
 		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%d\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.3f\t%.0f\t%s\n",
 			r.Mode, r.Rate, r.AchievedRate, r.OK, r.Errors, r.Shed, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.CPUPer1000, r.PeakRSSMB, added)

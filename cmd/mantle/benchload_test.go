@@ -86,3 +86,40 @@ func TestBenchLoadRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestMain lets this test binary run as mantle when a test starts it as a child process
+// (bench-load runs each mode, and with --split each proxy or mesh, in a process of this
+// binary): its first argument is then a subcommand, not a test flag.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == benchLoadName {
+		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// TestBenchLoadSplit runs bench-load as a user does, each mode in a child process and the
+// router in a process of its own, and checks that the table reports that process.
+func TestBenchLoadSplit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three processes")
+	}
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	args := []string{"--modes", "direct,router", "--rates", "40", "--duration", "250ms", "--warmup", "0s", "--format", "json"}
+	if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
+	}
+	var res []benchload.Result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	if len(res) != 2 || res[0].Mode != benchload.Direct || res[1].Mode != benchload.RouterOnly {
+		t.Fatalf("results %+v, want direct then router", res)
+	}
+	if r := res[1]; r.OK != 10 || r.HopPeakRSSMB <= 0 || r.HopCPUPer1000 <= 0 {
+		t.Errorf("router: %d ok, hop RSS %v MiB, hop CPU %v s/1000; want 10 ok through a router process of its own", r.OK, r.HopPeakRSSMB, r.HopCPUPer1000)
+	}
+	if r := res[0]; r.HopPeakRSSMB != 0 {
+		t.Errorf("direct: hop RSS %v MiB, want none: the direct mode has no hop", r.HopPeakRSSMB)
+	}
+}

@@ -20,10 +20,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
+	"os/exec"
 	"time"
 
 	"google.golang.org/grpc"
@@ -85,6 +83,11 @@ type Config struct {
 	Temperature *float64
 	// Log receives the mesh's errors; nil discards them.
 	Log io.Writer
+	// HopCommand, when set, runs the proxy or the mesh in a process of its own: the
+	// command it returns must call ServeHop with mode and upstreamAddr. Its CPU and peak
+	// RSS are then reported apart (Result.HopCPUPer1000, HopPeakRSSMB), and its garbage
+	// collector and scheduler are not the load generator's. Nil runs it in this process.
+	HopCommand func(ctx context.Context, mode Mode, upstreamAddr string) *exec.Cmd
 }
 
 // Result is one rate of one mode.
@@ -104,6 +107,10 @@ type Result struct {
 	CPUPer1000 float64 `json:"cpu_s_per_1000"`
 	// PeakRSSMB is the process's peak resident set so far, in MiB.
 	PeakRSSMB float64 `json:"peak_rss_mib"`
+	// HopCPUPer1000 and HopPeakRSSMB are the proxy's or the mesh's own process's, when it
+	// runs in one (Config.HopCommand); CPUPer1000 then counts both processes.
+	HopCPUPer1000 float64 `json:"hop_cpu_s_per_1000,omitempty"`
+	HopPeakRSSMB  float64 `json:"hop_peak_rss_mib,omitempty"`
 	// MaxLagMs is how far the generator fell behind its schedule.
 	MaxLagMs float64 `json:"generator_max_lag_ms"`
 	// FirstError is one error, to say what went wrong when Errors > 0.
@@ -111,7 +118,7 @@ type Result struct {
 }
 
 // Run benchmarks cfg.Mode at each rate and returns one result per rate.
-func Run(ctx context.Context, cfg Config) ([]Result, error) {
+func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 	if len(cfg.Rates) == 0 || cfg.Duration <= 0 || cfg.Warmup < 0 {
 		return nil, errors.New("benchload: want at least one rate, a positive duration and a non-negative warmup")
 	}
@@ -128,35 +135,19 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, err
 	}
 	defer func() { cancel(); _ = waitUpstream() }()
-	base := "http://" + upstreamAddr + "/v1"
-
-	endpoint := base + "/chat/completions"
-	switch cfg.Mode {
-	case Direct:
-	case Proxy:
-		addr, stop, err := startProxy(ctx, upstreamAddr)
+	endpoint := "http://" + upstreamAddr + "/v1/chat/completions"
+	var h hop
+	if cfg.Mode != Direct {
+		if cfg.HopCommand != nil {
+			h, err = startProcessHop(cfg.HopCommand(ctx, cfg.Mode, upstreamAddr))
+		} else {
+			h, err = startHop(ctx, cfg.Mode, upstreamAddr, logOut)
+		}
 		if err != nil {
 			return nil, err
 		}
-		defer stop()
-		endpoint = "http://" + addr + "/v1/chat/completions"
-	default:
-		mc, err := MeshConfig(cfg.Mode, base)
-		if err != nil {
-			return nil, err
-		}
-		p, err := mesh.Start(ctx, mc, mesh.Options{LogOutput: logOut})
-		if err != nil {
-			return nil, fmt.Errorf("benchload: start mesh: %w", err)
-		}
-		runCtx, stopMesh := context.WithCancel(context.WithoutCancel(ctx))
-		stopped := make(chan error, 1)
-		go func() { stopped <- p.Run(runCtx) }()
-		defer func() { stopMesh(); <-stopped }()
-		endpoint = "http://" + p.App.HTTPAddr() + "/v1/chat/completions"
-		if err := waitServing(ctx, p.App.GRPCAddr()); err != nil {
-			return nil, err
-		}
+		defer func() { err = errors.Join(err, h.stop()) }()
+		endpoint = h.endpoint()
 	}
 
 	c := &http.Client{Transport: &http.Transport{MaxIdleConns: 8192, MaxIdleConnsPerHost: 8192, IdleConnTimeout: time.Minute}}
@@ -168,40 +159,42 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 				return nil, err
 			}
 		}
-		before := usage()
+		before, hopBefore, err := usages(h)
+		if err != nil {
+			return nil, err
+		}
 		res, err := step(ctx, c, endpoint, cfg, rate, cfg.Duration, &seq)
 		if err != nil {
 			return nil, err
 		}
-		after := usage()
+		after, hopAfter, err := usages(h)
+		if err != nil {
+			return nil, err
+		}
+		per1000 := func(cpu time.Duration) float64 { return cpu.Seconds() / float64(max(res.Requests, 1)) * 1000 }
 		res.Mode = cfg.Mode
-		res.CPUPer1000 = (after.cpu - before.cpu).Seconds() / float64(max(res.Requests, 1)) * 1000
+		res.CPUPer1000 = per1000(after.cpu - before.cpu + hopAfter.cpu - hopBefore.cpu)
 		res.PeakRSSMB = after.maxRSSMiB
+		if hopAfter != (rusage{}) {
+			res.HopCPUPer1000 = per1000(hopAfter.cpu - hopBefore.cpu)
+			res.HopPeakRSSMB = hopAfter.maxRSSMiB
+		}
 		out = append(out, res)
 	}
 	return out, nil
 }
 
-// startProxy serves a bare reverse proxy to upstream on a free loopback port, with the
-// connection pool the router's provider client has.
-func startProxy(ctx context.Context, upstream string) (addr string, stop func(), err error) {
-	target, err := url.Parse("http://" + upstream)
-	if err != nil {
-		return "", nil, fmt.Errorf("benchload: proxy target: %w", err)
+// usages reads this process's usage and, when h runs in a process of its own, h's.
+func usages(h hop) (self, ofHop rusage, err error) {
+	self = usage()
+	if h != nil {
+		if u, ok, err := h.usage(); err != nil {
+			return self, ofHop, err
+		} else if ok {
+			ofHop = u
+		}
 	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}
-	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, fmt.Errorf("benchload: proxy: %w", err)
-	}
-	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(l) // returns when Close is called
-	}()
-	return l.Addr().String(), func() { _ = srv.Close(); <-done }, nil
+	return self, ofHop, nil
 }
 
 // MeshConfig is the mesh mode runs with, calling the upstream at base.

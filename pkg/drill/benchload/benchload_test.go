@@ -1,7 +1,14 @@
 package benchload
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,6 +48,9 @@ func TestRunModes(t *testing.T) {
 				if r.PeakRSSMB <= 0 || r.CPUPer1000 < 0 {
 					t.Errorf("%g/s: RSS %v MiB, CPU %v s per 1000", r.Rate, r.PeakRSSMB, r.CPUPer1000)
 				}
+				if r.HopPeakRSSMB != 0 || r.HopCPUPer1000 != 0 {
+					t.Errorf("%g/s: hop RSS %v MiB, CPU %v s per 1000; want none: the hop shares this process", r.Rate, r.HopPeakRSSMB, r.HopCPUPer1000)
+				}
 			}
 		})
 	}
@@ -74,5 +84,79 @@ func TestRunRejectsEmptyConfig(t *testing.T) {
 	t.Parallel()
 	if _, err := Run(context.Background(), Config{Mode: Direct}); err == nil {
 		t.Error("Run without rates succeeded")
+	}
+}
+
+// TestMain lets this test binary stand in for "mantle bench-load --serve-hop" (see
+// hopCommand).
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("BENCHLOAD_HOP_MODE"); mode != "" {
+		err := ServeHop(context.Background(), Mode(mode), os.Getenv("BENCHLOAD_HOP_UPSTREAM"), os.Stdin, os.Stdout, io.Discard)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// hopCommand runs this test binary as the hop's process (see TestMain).
+func hopCommand(ctx context.Context, mode Mode, upstreamAddr string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0])
+	cmd.Env = append(os.Environ(), "BENCHLOAD_HOP_MODE="+string(mode), "BENCHLOAD_HOP_UPSTREAM="+upstreamAddr)
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+func TestRunWithHopProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process per mode")
+	}
+	t.Parallel()
+	for _, mode := range []Mode{Proxy, RouterOnly} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			cfg := Config{Mode: mode, Rates: []float64{100}, Duration: 300 * time.Millisecond, HopCommand: hopCommand}
+			res, err := Run(context.Background(), cfg)
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if len(res) != 1 {
+				t.Fatalf("%d results, want 1", len(res))
+			}
+			r := res[0]
+			if r.OK != 30 || r.Errors != 0 {
+				t.Errorf("%d ok, %d errors (first: %s), want 30 ok", r.OK, r.Errors, r.FirstError)
+			}
+			// The hop's own process served every request: it has a resident set and used
+			// CPU, which the total counts.
+			if r.HopPeakRSSMB <= 0 || r.HopCPUPer1000 <= 0 || r.CPUPer1000 < r.HopCPUPer1000 {
+				t.Errorf("hop RSS %v MiB, hop CPU %v s per 1000, total CPU %v: want the hop's process measured and counted",
+					r.HopPeakRSSMB, r.HopCPUPer1000, r.CPUPer1000)
+			}
+		})
+	}
+}
+
+func TestServeHopRefuses(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	if err := ServeHop(context.Background(), Direct, "127.0.0.1:1", strings.NewReader(""), &out, io.Discard); err == nil {
+		t.Error("ServeHop(Direct) succeeded; the direct mode has no hop")
+	}
+	err := ServeHop(context.Background(), Proxy, "127.0.0.1:1", strings.NewReader("usage\nreboot\n"), &out, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `unknown request "reboot"`) {
+		t.Errorf("ServeHop with an unknown request: %v", err)
+	}
+	// Before failing it said where it serves and answered the usage request.
+	dec := json.NewDecoder(&out)
+	var ready hopReady
+	var u hopUsage
+	if err := dec.Decode(&ready); err != nil || !strings.HasPrefix(ready.URL, "http://127.0.0.1:") {
+		t.Errorf("ready line %+v, %v", ready, err)
+	}
+	if err := dec.Decode(&u); err != nil || u.CPUNanos <= 0 {
+		t.Errorf("usage line %+v, %v", u, err)
 	}
 }

@@ -1,0 +1,184 @@
+package benchload
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os/exec"
+	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/mesh"
+)
+
+// A hop is what requests pass through on their way to the upstream in every mode but
+// Direct: the bare proxy or a mesh. It runs in the benchmark's process or, with
+// Config.HopCommand, in a process of its own.
+type hop interface {
+	// endpoint is the chat completions URL to send requests to.
+	endpoint() string
+	// usage is the resource use of the hop's own process; ok is false when the hop
+	// shares the benchmark's process, whose usage already counts it.
+	usage() (u rusage, ok bool, err error)
+	stop() error
+}
+
+// startHop starts mode's hop in this process, in front of the upstream at upstreamAddr.
+func startHop(ctx context.Context, mode Mode, upstreamAddr string, logOut io.Writer) (hop, error) {
+	if mode == Proxy {
+		return startProxy(ctx, upstreamAddr)
+	}
+	mc, err := MeshConfig(mode, "http://"+upstreamAddr+"/v1")
+	if err != nil {
+		return nil, err
+	}
+	p, err := mesh.Start(ctx, mc, mesh.Options{LogOutput: logOut})
+	if err != nil {
+		return nil, fmt.Errorf("benchload: start mesh: %w", err)
+	}
+	runCtx, stopMesh := context.WithCancel(context.WithoutCancel(ctx))
+	stopped := make(chan error, 1)
+	go func() { stopped <- p.Run(runCtx) }()
+	h := &localHop{url: "http://" + p.App.HTTPAddr() + "/v1/chat/completions", stopFunc: func() error { stopMesh(); return <-stopped }}
+	if err := waitServing(ctx, p.App.GRPCAddr()); err != nil {
+		_ = h.stop()
+		return nil, err
+	}
+	return h, nil
+}
+
+// localHop is a hop in this process.
+type localHop struct {
+	url      string
+	stopFunc func() error
+}
+
+func (h *localHop) endpoint() string             { return h.url }
+func (h *localHop) usage() (rusage, bool, error) { return rusage{}, false, nil }
+func (h *localHop) stop() error                  { return h.stopFunc() }
+
+// startProxy serves a bare reverse proxy to upstream on a free loopback port, with the
+// connection pool the router's provider client has.
+func startProxy(ctx context.Context, upstream string) (hop, error) {
+	target, err := url.Parse("http://" + upstream)
+	if err != nil {
+		return nil, fmt.Errorf("benchload: proxy target: %w", err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}
+	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("benchload: proxy: %w", err)
+	}
+	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(l) // returns when Close is called
+	}()
+	return &localHop{url: "http://" + l.Addr().String() + "/v1/chat/completions", stopFunc: func() error {
+		err := srv.Close()
+		<-done
+		return err
+	}}, nil
+}
+
+// The protocol between the benchmark and a hop in a process of its own (ServeHop): the
+// hop writes one hopReady line when it serves; then each "usage" line the benchmark
+// writes is answered with a hopUsage line, and the end of its input stops the hop.
+type hopReady struct {
+	URL string `json:"url"`
+}
+
+type hopUsage struct {
+	CPUNanos  int64   `json:"cpu_ns"`
+	MaxRSSMiB float64 `json:"max_rss_mib"`
+}
+
+// ServeHop runs mode's hop in this process for a benchmark in another one (see
+// Config.HopCommand), speaking the protocol above on in and out, until in ends.
+func ServeHop(ctx context.Context, mode Mode, upstreamAddr string, in io.Reader, out io.Writer, logOut io.Writer) (err error) {
+	if mode == Direct {
+		return errors.New("benchload: the direct mode has no hop")
+	}
+	h, err := startHop(ctx, mode, upstreamAddr, logOut)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, h.stop()) }()
+	enc := json.NewEncoder(out)
+	if err := enc.Encode(hopReady{URL: h.endpoint()}); err != nil {
+		return fmt.Errorf("benchload: hop: %w", err)
+	}
+	// Nothing but the end of in stops the loop: the benchmark closes it, or kills this
+	// process if it is itself stopped.
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		if sc.Text() != "usage" {
+			return fmt.Errorf("benchload: hop: unknown request %q", sc.Text())
+		}
+		u := usage()
+		if err := enc.Encode(hopUsage{CPUNanos: u.cpu.Nanoseconds(), MaxRSSMiB: u.maxRSSMiB}); err != nil {
+			return fmt.Errorf("benchload: hop: %w", err)
+		}
+	}
+	return sc.Err()
+}
+
+// processHop is a hop in a process of its own, started from cmd and driven through its
+// standard input and output.
+type processHop struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	dec   *json.Decoder
+	url   string
+}
+
+func startProcessHop(cmd *exec.Cmd) (hop, error) {
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("benchload: hop process: %w", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("benchload: hop process: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("benchload: hop process: %w", err)
+	}
+	h := &processHop{cmd: cmd, stdin: stdin, dec: json.NewDecoder(stdout)}
+	var ready hopReady
+	if err := h.dec.Decode(&ready); err != nil {
+		return nil, errors.Join(fmt.Errorf("benchload: hop process did not start: %w", err), h.stop())
+	}
+	h.url = ready.URL
+	return h, nil
+}
+
+func (h *processHop) endpoint() string { return h.url }
+
+func (h *processHop) usage() (rusage, bool, error) {
+	if _, err := io.WriteString(h.stdin, "usage\n"); err != nil {
+		return rusage{}, false, fmt.Errorf("benchload: hop process: %w", err)
+	}
+	var u hopUsage
+	if err := h.dec.Decode(&u); err != nil {
+		return rusage{}, false, fmt.Errorf("benchload: hop process usage: %w", err)
+	}
+	return rusage{cpu: time.Duration(u.CPUNanos), maxRSSMiB: u.MaxRSSMiB}, true, nil
+}
+
+// stop closes the hop's input, which ends it, and waits for it to exit.
+func (h *processHop) stop() error {
+	_ = h.stdin.Close()
+	if err := h.cmd.Wait(); err != nil {
+		return fmt.Errorf("benchload: hop process: %w", err)
+	}
+	return nil
+}
