@@ -5,11 +5,14 @@
 //
 // The load is open loop (see pkg/drill/load): request i is due at i/rate and its latency
 // runs from that due time, so a mesh that falls behind shows it as latency instead of
-// quietly sending less. Everything runs in one process: the load generator, the upstream
-// and, in the mesh modes, the mesh. CPU and RSS are the process's, so the cost of mantle is
-// a mesh mode's figures minus the direct mode's at the same rate; comparing like that also
-// cancels the generator's and the upstream's own cost. Peak RSS is a process lifetime high
-// water mark, so each mode should run in a process of its own (mantle bench-load does).
+// quietly sending less. The load generator and the upstream run in the calling process;
+// the proxy or mesh in front of the upstream runs there too, or, with Config.HopCommand,
+// in a process of its own (mantle bench-load does that by default), as it would in
+// production: its garbage collector then does not pause the generator and its CPU and
+// peak RSS are measured apart. Either way the cost of mantle is a mode's figures minus
+// the direct mode's at the same rate, which cancels the generator's and the upstream's
+// own cost. Peak RSS is a process lifetime high water mark, so each mode should run in a
+// process of its own (mantle bench-load does).
 package benchload
 
 import (
