@@ -130,17 +130,19 @@ func (s *RedisStore) reservationKey(tenant, id string) string {
 
 func (s *RedisStore) retryKey() string { return s.prefix + "{retry}:c" }
 
-// now returns the script's time arguments: empty for Redis TIME.
-func (s *RedisStore) now() (string, string) {
+// newArgs starts an operation's arguments, an array of n values (msgpack.go), with the
+// time they count among them: false for Redis TIME, else seconds and nanoseconds.
+func (s *RedisStore) newArgs(n int) []byte {
+	b := mpArray(make([]byte, 0, 24+12*n), n)
 	if s.serverTime {
-		return "", ""
+		return mpBool(mpBool(b, false), false)
 	}
 	t := s.clock.Now()
-	return strconv.FormatInt(t.Unix(), 10), strconv.Itoa(t.Nanosecond())
+	return mpInt(mpInt(b, t.Unix()), int64(t.Nanosecond()))
 }
 
 // run runs one quota operation (lua/batch.lua) and returns its reply.
-func (s *RedisStore) run(ctx context.Context, op string, keys []string, args ...any) ([]any, error) {
+func (s *RedisStore) run(ctx context.Context, op string, keys []string, args []byte) ([]any, error) {
 	s.calls.Add(1)
 	var (
 		v   []any
@@ -167,22 +169,22 @@ type functionCaller interface {
 // runScript runs one operation as a batch of one through the Scripter: by FCALL when
 // the Scripter can call functions (NewRedisStore sets scripts when it cannot), else by
 // EVALSHA, with the recovery sendBatch gives either.
-func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []any) ([]any, error) {
+func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []byte) ([]any, error) {
 	fc, _ := s.scripter.(functionCaller)
+	c := &scriptCall{op: op, keys: keys, args: args}
+	list := opList(c)
 	// The typed calls, which an AutoPipeliner batches (its Do does not).
 	do := func(ctx context.Context, _ [][]*scriptCall, _ []int, mode sendMode) []*redis.Cmd {
-		a := opArgs(op, keys, args)
 		switch mode {
 		case sendFunction:
-			return []*redis.Cmd{fc.FCall(ctx, s.lib.name, keys, a...)}
+			return []*redis.Cmd{fc.FCall(ctx, s.lib.name, keys, list)}
 		case sendScript:
-			return []*redis.Cmd{s.scripter.EvalSha(ctx, s.lib.script.Hash(), keys, a...)}
+			return []*redis.Cmd{s.scripter.EvalSha(ctx, s.lib.script.Hash(), keys, list)}
 		default:
-			return []*redis.Cmd{s.scripter.Eval(ctx, s.lib.src, keys, a...)}
+			return []*redis.Cmd{s.scripter.Eval(ctx, s.lib.src, keys, list)}
 		}
 	}
 	load := func(ctx context.Context) error { return fc.FunctionLoadReplace(ctx, s.lib.code).Err() }
-	c := &scriptCall{op: op, keys: keys, args: args}
 	replies, errs := sendBatch(ctx, [][]*scriptCall{{c}}, do, load, &s.scripts)
 	if errs[0] != nil {
 		return nil, errs[0]
@@ -305,24 +307,30 @@ type groupResult struct {
 }
 
 func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, idx []int, budget *BudgetCharge, tail string) (groupResult, error) {
-	ts, tns := s.now()
-	args := make([]any, 0, 4+3*len(idx)+6)
-	args = append(args, ts, tns, int64(maxDebt), len(idx))
+	n := 4 + 3*len(idx) + 4
+	if tail != "" {
+		n += 2
+	}
+	args := s.newArgs(n)
+	args = mpInt(mpInt(args, int64(maxDebt)), int64(len(idx)))
 	for _, i := range idx {
 		b := c.Buckets[i]
-		args = append(args, escapeField(b.Field), int64(durationOf(b.Cost, b.Limit)), boolArg(b.Shadow))
+		args = mpString(args, escapeField(b.Field))
+		args = mpInt(args, int64(durationOf(b.Cost, b.Limit)))
+		args = mpInt(args, flagArg(b.Shadow))
 	}
 	if budget != nil {
-		args = append(args, budget.Cost, budget.Limit, int64(budget.DayOffset/time.Second), boolArg(budget.Shadow))
+		args = mpInt(mpInt(args, budget.Cost), budget.Limit)
+		args = mpInt(mpInt(args, int64(budget.DayOffset/time.Second)), flagArg(budget.Shadow))
 	} else {
-		args = append(args, -1, 0, 0, 0)
+		args = mpInt(mpInt(mpInt(mpInt(args, -1), 0), 0), 0)
 	}
 	keys := []string{s.groupKey(group)}
 	if tail != "" {
 		keys = append(keys, s.reservationKey(c.Tenant, c.ID))
-		args = append(args, int64(c.TTL), tail)
+		args = mpString(mpInt(args, int64(c.TTL)), tail)
 	}
-	v, err := s.run(ctx, opReserve, keys, args...)
+	v, err := s.run(ctx, opReserve, keys, args)
 	if err != nil {
 		return groupResult{}, err
 	}
@@ -441,11 +449,13 @@ func appendBucketSpec(b []byte, bucket BucketSpec) []byte {
 
 // Settle implements Store.
 func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
-	ts, tns := s.now()
 	group := tenantGroup(tenant)
 	tokens := clampUsage(actual.Tokens)
-	v, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)},
-		ts, tns, int64(maxDebt), tokens, clampUsage(actual.Input), clampUsage(actual.Output), boolArg(release))
+	args := s.newArgs(7)
+	args = mpInt(mpInt(args, int64(maxDebt)), tokens)
+	args = mpInt(mpInt(args, clampUsage(actual.Input)), clampUsage(actual.Output))
+	args = mpInt(args, flagArg(release))
+	v, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)}, args)
 	if err != nil {
 		return Settlement{}, err
 	}
@@ -588,17 +598,18 @@ func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjust
 	if len(ops) == 0 {
 		return nil, nil
 	}
-	ts, tns := s.now()
-	args := make([]any, 0, 4+5*len(ops))
-	args = append(args, ts, tns, int64(maxDebt), len(ops))
+	args := s.newArgs(4 + 5*len(ops))
+	args = mpInt(mpInt(args, int64(maxDebt)), int64(len(ops)))
 	for _, op := range ops {
+		args = mpString(args, escapeField(op.field))
 		if op.observe {
-			args = append(args, escapeField(op.field), "f", op.remaining, int64(op.reset), op.limit)
+			args = mpInt(mpInt(mpString(args, "f"), op.remaining), int64(op.reset))
 		} else {
-			args = append(args, escapeField(op.field), "t", op.take, 0, op.limit)
+			args = mpInt(mpInt(mpString(args, "t"), op.take), 0)
 		}
+		args = mpInt(args, op.limit)
 	}
-	v, err := s.run(ctx, opAdjust, []string{s.groupKey(group)}, args...)
+	v, err := s.run(ctx, opAdjust, []string{s.groupKey(group)}, args)
 	if err != nil {
 		return nil, err
 	}
@@ -655,9 +666,12 @@ func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecis
 }
 
 func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key string, format, acquire bool, overall, forKey float64) (RetryDecision, error) {
-	ts, tns := s.now()
-	v, err := s.run(ctx, opRetry, []string{s.retryKey()}, ts, tns, int64(cfg.Window/time.Second),
-		cfg.Ratio, cfg.Floor, cfg.FormatOnlyAbove, boolArg(format), boolArg(acquire), key, overall, forKey)
+	args := s.newArgs(11)
+	args = mpInt(args, int64(cfg.Window/time.Second))
+	args = mpFloat(mpInt(mpFloat(args, cfg.Ratio), int64(cfg.Floor)), cfg.FormatOnlyAbove)
+	args = mpInt(mpInt(args, flagArg(format)), flagArg(acquire))
+	args = mpFloat(mpFloat(mpString(args, key), overall), forKey)
+	v, err := s.run(ctx, opRetry, []string{s.retryKey()}, args)
 	if err != nil {
 		return RetryDecision{}, err
 	}
@@ -719,6 +733,14 @@ func levelAt(b BucketSpec, debt time.Duration) BucketLevel {
 // remainingAt is the whole tokens a bucket with the given debt holds.
 func remainingAt(debt time.Duration, limit int64) int64 {
 	return tokensIn(max(window-debt, 0), limit)
+}
+
+// flagArg is a flag as the operations take it (msgpack.go): 1 or 0.
+func flagArg(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func boolArg(b bool) string {

@@ -57,7 +57,7 @@ type scriptBatcher struct {
 type scriptCall struct {
 	op   string // opReserve, opSettle, ...
 	keys []string
-	args []any
+	args []byte // the operation's arguments, a MessagePack array (msgpack.go)
 	// gone is the caller's ctx.Done(): a call whose caller left is not sent.
 	gone  <-chan struct{}
 	reply chan scriptReply // buffered, so that a worker never waits for a caller
@@ -94,7 +94,7 @@ func newScriptBatcher(client redis.UniversalClient, lib *luaLib) *scriptBatcher 
 var callPool = sync.Pool{New: func() any { return &scriptCall{reply: make(chan scriptReply, 1)} }}
 
 // run sends operation op with keys and args in the next batch and waits for its reply.
-func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args []any) ([]any, error) {
+func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args []byte) ([]any, error) {
 	select {
 	case <-b.closing:
 		return nil, errBatcherClosed

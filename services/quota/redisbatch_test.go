@@ -29,10 +29,10 @@ func freshLib(t *testing.T, c *redis.Client) *luaLib {
 }
 
 // echoOp is an adjust of no buckets decided at second sec: its reply is {sec, 0}.
-func echoOp(sec int) []any { return []any{fmt.Sprint(sec), "0", int64(maxDebt), 0} }
+func echoOp(sec int) []byte { return mpArgs(sec, 0, int64(maxDebt), 0) }
 
 // takeOp takes one token from bucket f (limit 60) at second 1.
-func takeOp() []any { return []any{"1", "0", int64(maxDebt), 1, "f", "t", 1, 0, 60} }
+func takeOp() []byte { return mpArgs(1, 0, int64(maxDebt), 1, "f", "t", 1, 0, 60) }
 
 // batcherModes are the ways a batcher sends: by function or by script, and in one
 // call or one call per hash slot.

@@ -57,16 +57,17 @@ end
 local now_s, now_ns
 
 -- clock returns the decision time: the caller's when given (tests pin it to a fake
--- clock), Redis's TIME otherwise, so that every replica decides on one clock.
+-- clock), Redis's TIME otherwise (s is false), so that every replica decides on one
+-- clock.
 local function clock(s, ns)
-  if s == '' then
+  if not s then
     if not now_s then
       local t = redis.call('TIME')
       now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
     end
     return now_s, now_ns
   end
-  return tonumber(s), tonumber(ns)
+  return s, ns
 end
 
 -- debtOf returns how long a bucket full again at v ("sec:nsec"; false when the field is

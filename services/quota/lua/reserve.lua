@@ -1,20 +1,21 @@
 -- reserve: charge a group's buckets (and a tenant's budget), all or nothing, and record
 -- the reservation.
 --
--- KEYS[1] the group's hash; KEYS[2], when given, the reservation's key.
--- ARGV: now s, now ns ('' for Redis TIME), maxdebt, n, then n x (field, cost as the
+-- K1 the group's hash; K2, when given, the reservation's key.
+-- ARGV: now s, now ns (false for Redis TIME), maxdebt, n, then n x (field, cost as the
 -- time the bucket takes to refill it in ns, shadow 0|1), then budget cost (-1 for
--- none), limit, day offset (s), shadow, then with KEYS[2]: ttl (ns), record tail.
+-- none), limit, day offset (s), shadow 0|1, then with K2: ttl (ns), record tail.
+-- Numbers are numbers (batch.lua).
 --
 -- Returns {granted 0|1, s, ns, n x (wait, debt, flag), budget (spent, reset, flag)}:
 -- flag 1 is an enforced bucket that is short (refused), 2 a shadow bucket that is short
 -- (not charged); debt is after the charge when granted.
-local key = KEYS[1]
+local key = K1
 local s, ns = clock(ARGV[1], ARGV[2])
-local maxdebt = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
+local maxdebt = ARGV[3]
+local n = ARGV[4]
 local bi = 4 + n * 3
-local bcost = tonumber(ARGV[bi + 1])
+local bcost = ARGV[bi + 1]
 
 -- One read for everything: the buckets, then budget day, spending and expiry second.
 local fields = {}
@@ -34,10 +35,10 @@ for i = 1, n do
   local d = debtOf(v[i], s, ns)
   -- The caller converts the cost to time (bucket.go: durationOf): the same numbers,
   -- without the long division in Lua, which was the script's largest cost.
-  local dc = d + tonumber(ARGV[b + 2])
+  local dc = d + ARGV[b + 2]
   local wait, flag = dc - W, 0
   if wait > 0 then
-    if ARGV[b + 3] == '1' then
+    if ARGV[b + 3] == 1 then
       flag = 2
     else
       flag = 1
@@ -53,12 +54,12 @@ end
 
 local day, spent, breset, bflag = 0, 0, 0, 0
 if bcost >= 0 then
-  day, breset = budgetDay(s, ns, tonumber(ARGV[bi + 3]))
+  day, breset = budgetDay(s, ns, ARGV[bi + 3])
   if tonumber(v[n + 1] or -1) == day then
     spent = tonumber(v[n + 2])
   end
-  if spent + bcost > tonumber(ARGV[bi + 2]) then
-    if ARGV[bi + 4] == '1' then
+  if spent + bcost > ARGV[bi + 2] then
+    if ARGV[bi + 4] == 1 then
       bflag = 2
     else
       bflag = 1
@@ -109,11 +110,11 @@ if bcost >= 0 then
 end
 save(key, s, sets, dels, untilS, x)
 
-if #KEYS == 2 then
+if K2 then
   -- The record: expiry | charged mask | budget day ('-' when not charged) | tail, where
   -- the caller's tail is tokens | budget | buckets | meta (see settle.lua).
-  local ttl = tonumber(ARGV[bi + 5])
-  redis.call('SET', KEYS[2], stamp(s, ns, ttl) .. '|' .. mask .. '|' .. bday .. '|' .. ARGV[bi + 6],
+  local ttl = ARGV[bi + 5]
+  redis.call('SET', K2, stamp(s, ns, ttl) .. '|' .. mask .. '|' .. bday .. '|' .. ARGV[bi + 6],
     'PX', math.floor(ttl / 1000000) + 60000)
 end
 return out

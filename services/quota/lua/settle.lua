@@ -1,7 +1,7 @@
 -- settle: correct the buckets a reservation charged by its actual usage, or return
 -- everything (release), and delete the reservation.
 --
--- KEYS[1] the tenant group's hash; KEYS[2] the reservation's key.
+-- K1 the tenant group's hash; K2 the reservation's key.
 -- ARGV: now s, now ns, maxdebt, actual tokens, actual input, actual output, release 0|1.
 --
 -- The record is: expiry "s:ns" | charged mask | budget day or '-' | tokens | budget
@@ -11,16 +11,16 @@
 -- Returns {0} when the reservation is missing or expired, else {1, s, ns, tokens, cost,
 -- spent (-1 without budget), budget reset, meta, buckets, mask, debt of each charged
 -- bucket}.
-local key = KEYS[1]
+local key = K1
 local s, ns = clock(ARGV[1], ARGV[2])
-local maxdebt = tonumber(ARGV[3])
+local maxdebt = ARGV[3]
 -- GETDEL (Redis 6.2) is one call where GET and DEL were two; a server without it gets
 -- those two.
-local rec = redis.pcall('GETDEL', KEYS[2])
+local rec = redis.pcall('GETDEL', K2)
 if type(rec) == 'table' and rec.err then
-  rec = redis.call('GET', KEYS[2])
+  rec = redis.call('GET', K2)
   if rec then
-    redis.call('DEL', KEYS[2])
+    redis.call('DEL', K2)
   end
 end
 if not rec then
@@ -38,8 +38,8 @@ if s > es or (s == es and ns >= ens) then
   return {0}
 end
 
-local release = ARGV[7] == '1'
-local actual = tonumber(ARGV[4])
+local release = ARGV[7] == 1
+local actual = ARGV[4]
 if release then
   actual = 0
 end
@@ -100,7 +100,7 @@ if bday ~= '-' then
   bcost, pin, pout = tonumber(bcost), tonumber(pin), tonumber(pout)
   local cost = 0
   if not release then
-    local ain, aout = tonumber(ARGV[5]), tonumber(ARGV[6])
+    local ain, aout = ARGV[5], ARGV[6]
     if ain + aout == 0 then
       cost = actual * math.max(pin, pout)
     else
