@@ -25,10 +25,13 @@ import (
 //
 // A group's buckets and budget are one hash, <prefix>{<group>}:b, whose fields hold when
 // each bucket is full again ("sec:nsec"; a missing field is a full bucket) and the budget
-// day and spending. Reservations are strings <prefix>{tenant:<id>}:r:<id>. The hash tag
-// {…} puts a tenant's buckets, budget and reservations in one cluster slot, which is
-// what lets one script touch them all. Keys expire by themselves once their buckets are
-// full again, so Sweep has nothing to do.
+// day and spending. A reservation's record is a field of its tenant's hash, r|<id>
+// (lua/prelude.lua has the details: records are refused once expired and swept from the
+// hash a while later), or, when it charged no tenant bucket, a string
+// <prefix>{tenant:<id>}:r:<id>. The hash tag {…} puts a tenant's buckets, budget and
+// reservations in one cluster slot, which is what lets one script touch them all. Keys
+// expire by themselves once their buckets are full again and their records expired, so
+// Sweep has nothing to do.
 //
 // # Requests that charge a tenant and an upstream key
 //
@@ -124,9 +127,16 @@ func (s *RedisStore) groupKey(group string) string {
 	return s.prefix + "{" + escapeTag(group) + "}:b"
 }
 
+// reservationKey is a reservation record of its own: one that charged no tenant bucket
+// (an upstream key's only), or one an earlier version wrote. Others are recordField in
+// the tenant's hash.
 func (s *RedisStore) reservationKey(tenant, id string) string {
 	return s.prefix + "{" + escapeTag(tenantGroup(tenant)) + "}:r:" + id
 }
+
+// recordField is a reservation record's field in its tenant's hash; bucket fields never
+// hold '|' (escapeField).
+func recordField(id string) string { return "r|" + id }
 
 func (s *RedisStore) retryKey() string { return s.prefix + "{retry}:c" }
 
@@ -309,7 +319,7 @@ type groupResult struct {
 func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, idx []int, budget *BudgetCharge, tail string) (groupResult, error) {
 	n := 4 + 3*len(idx) + 4
 	if tail != "" {
-		n += 2
+		n += 3
 	}
 	args := s.newArgs(n)
 	args = mpInt(mpInt(args, int64(maxDebt)), int64(len(idx)))
@@ -325,12 +335,10 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, i
 	} else {
 		args = mpInt(mpInt(mpInt(mpInt(args, -1), 0), 0), 0)
 	}
-	keys := []string{s.groupKey(group)}
 	if tail != "" {
-		keys = append(keys, s.reservationKey(c.Tenant, c.ID))
-		args = mpString(mpInt(args, int64(c.TTL)), tail)
+		args = mpString(mpString(mpInt(args, int64(c.TTL)), tail), recordField(c.ID))
 	}
-	v, err := s.run(ctx, opReserve, keys, args)
+	v, err := s.run(ctx, opReserve, []string{s.groupKey(group)}, args)
 	if err != nil {
 		return groupResult{}, err
 	}
@@ -451,10 +459,10 @@ func appendBucketSpec(b []byte, bucket BucketSpec) []byte {
 func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
 	group := tenantGroup(tenant)
 	tokens := clampUsage(actual.Tokens)
-	args := s.newArgs(7)
+	args := s.newArgs(8)
 	args = mpInt(mpInt(args, int64(maxDebt)), tokens)
 	args = mpInt(mpInt(args, clampUsage(actual.Input)), clampUsage(actual.Output))
-	args = mpInt(args, flagArg(release))
+	args = mpString(mpInt(args, flagArg(release)), recordField(id))
 	v, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)}, args)
 	if err != nil {
 		return Settlement{}, err

@@ -1,11 +1,14 @@
 -- reserve: charge a group's buckets (and a tenant's budget), all or nothing, and record
 -- the reservation.
 --
--- K1 the group's hash; K2, when given, the reservation's key.
+-- K1 the group's hash.
 -- ARGV: now s, now ns (false for Redis TIME), maxdebt, n, then n x (field, cost as the
 -- time the bucket takes to refill it in ns, shadow 0|1), then budget cost (-1 for
--- none), limit, day offset (s), shadow 0|1, then with K2: ttl (ns), record tail.
--- Numbers are numbers (batch.lua).
+-- none), limit, day offset (s), shadow 0|1, then, to record the reservation: ttl (ns),
+-- record tail, record field. Numbers are numbers (batch.lua).
+--
+-- The record is a field of the group's hash (prelude.lua: records), not a key of its
+-- own: one write fewer here, one lookup fewer in settle.
 --
 -- Returns {granted 0|1, s, ns, n x (wait, debt, flag), budget (spent, reset, flag)}:
 -- flag 1 is an enforced bucket that is short (refused), 2 a shadow bucket that is short
@@ -16,13 +19,14 @@ local maxdebt = ARGV[3]
 local n = ARGV[4]
 local bi = 4 + n * 3
 local bcost = ARGV[bi + 1]
+local rfield = ARGV[bi + 7]
 
 -- One read for everything: the buckets, then budget day, spending and expiry second.
 local fields = {}
 for i = 1, n do
   fields[i] = ARGV[4 + (i - 1) * 3 + 1]
 end
-fields[n + 1], fields[n + 2], fields[n + 3] = 'bd', 'bs', 'x'
+fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4], fields[n + 5] = 'bd', 'bs', 'x', 'sw', 'sc'
 local v = redis.call('HMGET', key, unpack(fields))
 local x = tonumber(v[n + 3] or 0)
 
@@ -108,13 +112,16 @@ if bcost >= 0 then
   out[3 + n * 3 + 1] = spent
   untilS = math.max(untilS, s + math.ceil(breset / E9))
 end
-save(key, s, sets, dels, untilS, x)
-
-if K2 then
+if rfield then
   -- The record: expiry | charged mask | budget day ('-' when not charged) | tail, where
   -- the caller's tail is tokens | budget | buckets | meta (see settle.lua).
-  local ttl = ARGV[bi + 5]
-  redis.call('SET', K2, stamp(s, ns, ttl) .. '|' .. mask .. '|' .. bday .. '|' .. ARGV[bi + 6],
-    'PX', math.floor(ttl / 1000000) + 60000)
+  local es, ens = idiv(ns + ARGV[bi + 5], E9)
+  es = s + es
+  sets[#sets + 1] = rfield
+  sets[#sets + 1] = string.format('%d:%d|', es, ens) .. mask .. '|' .. bday .. '|' .. ARGV[bi + 6]
+  -- The hash outlives the record by a minute, as the record's own key did.
+  untilS = math.max(untilS, es + 1)
+  sweepRecords(key, s, v[n + 4], v[n + 5], rfield, sets, dels)
 end
+save(key, s, sets, dels, untilS, x)
 return out
