@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -152,10 +153,10 @@ func (s *RedisStore) newArgs(n int) []byte {
 }
 
 // run runs one quota operation (lua/batch.lua) and returns its reply.
-func (s *RedisStore) run(ctx context.Context, op string, keys []string, args []byte) ([]any, error) {
+func (s *RedisStore) run(ctx context.Context, op string, keys []string, args []byte) (*reply, error) {
 	s.calls.Add(1)
 	var (
-		v   []any
+		v   string
 		err error
 	)
 	if s.batch != nil {
@@ -166,7 +167,7 @@ func (s *RedisStore) run(ctx context.Context, op string, keys []string, args []b
 	if err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
-	return v, nil
+	return newReply(v), nil
 }
 
 // functionCaller is a Scripter that can also call functions (go-redis's
@@ -179,7 +180,7 @@ type functionCaller interface {
 // runScript runs one operation as a batch of one through the Scripter: by FCALL when
 // the Scripter can call functions (NewRedisStore sets scripts when it cannot), else by
 // EVALSHA, with the recovery sendBatch gives either.
-func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []byte) ([]any, error) {
+func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []byte) (string, error) {
 	fc, _ := s.scripter.(functionCaller)
 	c := &scriptCall{op: op, keys: keys, args: args}
 	list := opList(c)
@@ -197,7 +198,7 @@ func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, ar
 	load := func(ctx context.Context) error { return fc.FunctionLoadReplace(ctx, s.lib.code).Err() }
 	replies, errs := sendBatch(ctx, [][]*scriptCall{{c}}, do, load, &s.scripts)
 	if errs[0] != nil {
-		return nil, errs[0]
+		return "", errs[0]
 	}
 	r := opReply(replies[0][0])
 	return r.v, r.err
@@ -338,11 +339,10 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, i
 	if tail != "" {
 		args = mpString(mpString(mpInt(args, int64(c.TTL)), tail), recordField(c.ID))
 	}
-	v, err := s.run(ctx, opReserve, []string{s.groupKey(group)}, args)
+	r, err := s.run(ctx, opReserve, []string{s.groupKey(group)}, args)
 	if err != nil {
 		return groupResult{}, err
 	}
-	r := newReply(v)
 	granted := r.int() == 1
 	res := groupResult{at: r.time(), charged: make([]bool, len(idx)), debts: make([]time.Duration, len(idx)), flags: make([]int64, len(idx))}
 	var short []*ExhaustedError
@@ -463,11 +463,10 @@ func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actua
 	args = mpInt(mpInt(args, int64(maxDebt)), tokens)
 	args = mpInt(mpInt(args, clampUsage(actual.Input)), clampUsage(actual.Output))
 	args = mpString(mpInt(args, flagArg(release)), recordField(id))
-	v, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)}, args)
+	r, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)}, args)
 	if err != nil {
 		return Settlement{}, err
 	}
-	r := newReply(v)
 	if r.int() == 0 {
 		return Settlement{}, ErrReservationNotFound
 	}
@@ -617,11 +616,10 @@ func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjust
 		}
 		args = mpInt(args, op.limit)
 	}
-	v, err := s.run(ctx, opAdjust, []string{s.groupKey(group)}, args)
+	r, err := s.run(ctx, opAdjust, []string{s.groupKey(group)}, args)
 	if err != nil {
 		return nil, err
 	}
-	r := newReply(v)
 	r.time()
 	debts := make([]time.Duration, len(ops))
 	for i := range debts {
@@ -679,11 +677,10 @@ func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key s
 	args = mpFloat(mpInt(mpFloat(args, cfg.Ratio), int64(cfg.Floor)), cfg.FormatOnlyAbove)
 	args = mpInt(mpInt(args, flagArg(format)), flagArg(acquire))
 	args = mpFloat(mpFloat(mpString(args, key), overall), forKey)
-	v, err := s.run(ctx, opRetry, []string{s.retryKey()}, args)
+	r, err := s.run(ctx, opRetry, []string{s.retryKey()}, args)
 	if err != nil {
 		return RetryDecision{}, err
 	}
-	r := newReply(v)
 	granted, refusing := r.int() == 1, r.int()
 	requests, _ := strconv.ParseFloat(r.str(), 64)
 	retries, _ := strconv.ParseFloat(r.str(), 64)
@@ -782,45 +779,92 @@ func escapeField(s string) string {
 	return url.PathEscape(s)
 }
 
-// reply reads a script's array reply in order, remembering the first type error.
+// reply reads an operation's reply (an array, see msgpack.go) in order, remembering the
+// first error.
 type reply struct {
-	v   []any
-	i   int
+	b   string
+	i   int // offset of the next value
+	n   int // values left
 	err error
 }
 
-func newReply(v []any) *reply { return &reply{v: v} }
-
-func (r *reply) more() bool { return r.i < len(r.v) }
-
-func (r *reply) next() any {
-	if r.i >= len(r.v) {
-		if r.err == nil {
-			r.err = fmt.Errorf("redis: script reply has %d values, wanted more", len(r.v))
-		}
-		return nil
+func newReply(b string) *reply {
+	r := &reply{b: b}
+	kind, n, i := mpHeader(b, 0)
+	if kind != mpArr {
+		r.err = errMalformedReply
+		return r
 	}
-	x := r.v[r.i]
-	r.i++
-	return x
+	r.n, r.i = int(n), i
+	return r
 }
 
-func (r *reply) int() int64 {
-	x := r.next()
-	n, ok := x.(int64)
-	if !ok && r.err == nil && x != nil {
-		r.err = fmt.Errorf("redis: script reply value %d is %T, want an integer", r.i-1, x)
+func (r *reply) more() bool { return r.n > 0 }
+
+// next reads the next value's header; ok is false after the last one or an error.
+func (r *reply) next() (kind mpKind, v uint64, ok bool) {
+	if r.err != nil {
+		return mpBad, 0, false
 	}
-	return n
+	if r.n == 0 {
+		r.err = errors.New("redis: script reply has fewer values than wanted")
+		return mpBad, 0, false
+	}
+	kind, v, i := mpHeader(r.b, r.i)
+	if kind == mpBad || kind == mpArr || kind == mpMap || (kind == mpStr && v > uint64(len(r.b)-i)) {
+		r.err = errMalformedReply
+		return mpBad, 0, false
+	}
+	r.n--
+	r.i = i
+	if kind == mpStr {
+		r.i += int(v)
+	}
+	return kind, v, true
+}
+
+// int reads an integer. Lua numbers beyond int64 come as floats; they saturate.
+func (r *reply) int() int64 {
+	kind, v, ok := r.next()
+	if !ok {
+		return 0
+	}
+	switch kind {
+	case mpInteger:
+		return int64(v)
+	case mpUint:
+		return int64(min(v, math.MaxInt64))
+	case mpFloat32:
+		return floatToInt(float64(math.Float32frombits(uint32(v))))
+	case mpFloat64:
+		return floatToInt(math.Float64frombits(v))
+	case mpNil:
+		return 0
+	}
+	r.err = fmt.Errorf("redis: script reply value is not an integer")
+	return 0
+}
+
+func floatToInt(f float64) int64 {
+	switch {
+	case f >= math.MaxInt64:
+		return math.MaxInt64
+	case f <= math.MinInt64:
+		return math.MinInt64
+	}
+	return int64(f)
 }
 
 func (r *reply) str() string {
-	x := r.next()
-	s, ok := x.(string)
-	if !ok && r.err == nil && x != nil {
-		r.err = fmt.Errorf("redis: script reply value %d is %T, want a string", r.i-1, x)
+	kind, v, ok := r.next()
+	if !ok || kind == mpNil {
+		return ""
 	}
-	return s
+	if kind != mpStr {
+		r.err = fmt.Errorf("redis: script reply value is not a string")
+		return ""
+	}
+	return r.b[r.i-int(v) : r.i]
 }
 
 // time reads the script's decision time (s, ns).

@@ -9,8 +9,8 @@
 -- documents as ARGV. cmsgpack decodes it in C, numbers as numbers, so that no argument
 -- goes through a Redis object, a Lua string and tonumber.
 --
--- Returns one reply per operation: what the operation returns, or an error reply when
--- it failed. A failed operation does not stop the others; like a failed script, it
+-- Returns, packed with cmsgpack, one reply per operation: what the operation returns,
+-- or {err = message} when it failed. A failed operation does not stop the others; like a failed script, it
 -- keeps the writes it made before failing.
 local ops = {r = op_reserve, s = op_settle, a = op_adjust, t = op_retry}
 
@@ -44,5 +44,7 @@ local function batch(keys, args)
     end
     k = k + nk
   end
-  return out
+  -- One string for all the replies (msgpack.go): Redis sends it as it is, and the
+  -- client reads it without a value per number.
+  return cmsgpack.pack(out)
 end
