@@ -525,7 +525,8 @@ type record struct {
 func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 	var rec record
 	if buckets != "" {
-		for i, spec := range strings.Split(buckets, ";") {
+		i := 0
+		for spec := range strings.SplitSeq(buckets, ";") {
 			b, err := parseBucketSpec(tenantGroup, spec)
 			if err != nil {
 				return record{}, err
@@ -533,6 +534,7 @@ func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 			if i < len(mask) && mask[i] == '1' {
 				rec.tenantCharged = append(rec.tenantCharged, b)
 			}
+			i++
 		}
 	}
 	for part := range strings.SplitSeq(metaRaw, "&") {
@@ -569,10 +571,19 @@ func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 
 // parseBucketSpec reads "field,kind,cost,limit,shadow".
 func parseBucketSpec(group, spec string) (BucketSpec, error) {
-	f := strings.Split(spec, ",")
-	if len(f) != 5 {
+	// Cut, not Split: Settle parses every charged bucket, and Split allocates.
+	var f [5]string
+	rest := spec
+	for i := range 4 {
+		var ok bool
+		if f[i], rest, ok = strings.Cut(rest, ","); !ok {
+			return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
+		}
+	}
+	if strings.IndexByte(rest, ',') >= 0 {
 		return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
 	}
+	f[4] = rest
 	field, err := url.PathUnescape(f[0])
 	if err != nil {
 		return BucketSpec{}, fmt.Errorf("malformed bucket field %q: %w", f[0], err)
