@@ -231,7 +231,8 @@ func pairOf(levels []BucketLevel) Levels {
 	return out
 }
 
-// Bucket fields and groups.
+// Bucket fields and groups. settle.lua reads a tenant's rpm and tpm fields with the
+// reservation's record, in one HMGET, by these names.
 const (
 	fieldRPM = "rpm"
 	fieldTPM = "tpm"

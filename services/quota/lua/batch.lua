@@ -10,8 +10,8 @@
 -- goes through a Redis object, a Lua string and tonumber.
 --
 -- Returns, packed with cmsgpack, one reply per operation: what the operation returns,
--- or {err = message} when it failed. A failed operation does not stop the others; like a failed script, it
--- keeps the writes it made before failing.
+-- or {err = message} when it failed. A failed operation does not stop the others; like
+-- a failed script, it keeps the writes it made before failing.
 local ops = {r = op_reserve, s = op_settle, a = op_adjust, t = op_retry}
 
 local function batch(keys, args)

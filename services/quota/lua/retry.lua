@@ -7,7 +7,7 @@
 -- acquire 0|1, key ('' for none), requests to add overall, requests to add for the key.
 --
 -- Returns {granted 0|1, refusing scope (0 none, 1 overall, 2 key), requests, retries}
--- with the estimates as strings (Lua numbers would be truncated to integers).
+-- with the estimates as strings, rounded to six decimals.
 local K = K1
 local s, ns = clock(ARGV[1], ARGV[2])
 local ws = ARGV[3]
