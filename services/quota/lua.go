@@ -61,9 +61,9 @@ func newLuaLib(extra string) *luaLib {
 	for _, op := range []struct{ name, body string }{
 		{"op_reserve", luaReserve}, {"op_settle", luaSettle}, {"op_adjust", luaAdjust}, {"op_retry", luaRetry},
 	} {
-		// Each operation file is the body of a function of (KEYS, ARGV), as it would be
-		// a script's.
-		b.WriteString("\nlocal function " + op.name + "(KEYS, ARGV)\n")
+		// Each operation file is the body of a function of its keys (K2 is nil for
+		// operations of one key) and its arguments.
+		b.WriteString("\nlocal function " + op.name + "(K1, K2, ARGV)\n")
 		b.WriteString(op.body)
 		b.WriteString("\nend\n")
 	}
@@ -81,15 +81,15 @@ func newLuaLib(extra string) *luaLib {
 }
 
 // command is the FCALL (or EVALSHA, or EVAL) that runs calls in order, in batch.lua's
-// layout: every call's keys, then per call its operation, key count, argument count
-// and arguments. It is built whole, as go-redis sends it, to copy the arguments once.
+// layout: every call's keys, then one MessagePack array of per call its operation, key
+// count and arguments (already encoded, see msgpack.go).
 func (l *luaLib) command(mode sendMode, calls []*scriptCall) []any {
-	nkeys, nargs := 0, 0
+	nkeys, size := 0, 5
 	for _, c := range calls {
 		nkeys += len(c.keys)
-		nargs += 3 + len(c.args)
+		size += 2 + len(c.op) + 1 + len(c.args)
 	}
-	a := make([]any, 0, 3+nkeys+nargs)
+	a := make([]any, 0, 4+nkeys)
 	switch mode {
 	case sendFunction:
 		a = append(a, "fcall", l.name)
@@ -104,17 +104,21 @@ func (l *luaLib) command(mode sendMode, calls []*scriptCall) []any {
 			a = append(a, k)
 		}
 	}
+	list := mpArray(make([]byte, 0, size), 3*len(calls))
 	for _, c := range calls {
-		a = append(a, c.op, len(c.keys), len(c.args))
-		a = append(a, c.args...)
+		list = appendOp(list, c)
 	}
-	return a
+	return append(a, list)
 }
 
-// opArgs is one operation's arguments for batch.lua as a script of its own: the
-// operation's header, then args.
-func opArgs(op string, keys []string, args []any) []any {
-	a := make([]any, 0, 3+len(args))
-	a = append(a, op, len(keys), len(args))
-	return append(a, args...)
+// appendOp appends one call's entry of batch.lua's operation list.
+func appendOp(b []byte, c *scriptCall) []byte {
+	b = mpString(b, c.op)
+	b = mpInt(b, int64(len(c.keys)))
+	return append(b, c.args...)
+}
+
+// opList is the operation list of one call on its own, for a Scripter.
+func opList(c *scriptCall) []byte {
+	return appendOp(mpArray(make([]byte, 0, 8+len(c.args)), 3), c)
 }

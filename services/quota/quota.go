@@ -186,8 +186,8 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 		return Reserved{}, fmt.Errorf("reserve for request %q: %w", req.RequestID, err)
 	}
 
-	s.metrics.decisions.WithLabelValues(decisionGranted, classNames[class], s.metrics.tenant(req.Tenant)).Inc()
-	s.metrics.decisionSeconds.WithLabelValues(decisionGranted).Observe(s.clock.Since(start).Seconds())
+	s.metrics.grantedCounter(req.Tenant, class).Inc()
+	s.metrics.grantedSeconds.Observe(s.clock.Since(start).Seconds())
 	s.metrics.reservedTokens.Add(float64(tokens))
 	if !req.KeyOnly {
 		s.seen.add(req.Tenant, g.At)
@@ -231,7 +231,8 @@ func pairOf(levels []BucketLevel) Levels {
 	return out
 }
 
-// Bucket fields and groups.
+// Bucket fields and groups. settle.lua reads a tenant's rpm and tpm fields with the
+// reservation's record, in one HMGET, by these names.
 const (
 	fieldRPM = "rpm"
 	fieldTPM = "tpm"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -25,10 +26,13 @@ import (
 //
 // A group's buckets and budget are one hash, <prefix>{<group>}:b, whose fields hold when
 // each bucket is full again ("sec:nsec"; a missing field is a full bucket) and the budget
-// day and spending. Reservations are strings <prefix>{tenant:<id>}:r:<id>. The hash tag
-// {…} puts a tenant's buckets, budget and reservations in one cluster slot, which is
-// what lets one script touch them all. Keys expire by themselves once their buckets are
-// full again, so Sweep has nothing to do.
+// day and spending. A reservation's record is a field of its tenant's hash, r|<id>
+// (lua/prelude.lua has the details: records are refused once expired and swept from the
+// hash a while later), or, when it charged no tenant bucket, a string
+// <prefix>{tenant:<id>}:r:<id>. The hash tag {…} puts a tenant's buckets, budget and
+// reservations in one cluster slot, which is what lets one script touch them all. Keys
+// expire by themselves once their buckets are full again and their records expired, so
+// Sweep has nothing to do.
 //
 // # Requests that charge a tenant and an upstream key
 //
@@ -124,26 +128,35 @@ func (s *RedisStore) groupKey(group string) string {
 	return s.prefix + "{" + escapeTag(group) + "}:b"
 }
 
+// reservationKey is a reservation record of its own: one that charged no tenant bucket
+// (an upstream key's only), or one an earlier version wrote. Others are recordField in
+// the tenant's hash.
 func (s *RedisStore) reservationKey(tenant, id string) string {
 	return s.prefix + "{" + escapeTag(tenantGroup(tenant)) + "}:r:" + id
 }
 
+// recordField is a reservation record's field in its tenant's hash; bucket fields never
+// hold '|' (escapeField).
+func recordField(id string) string { return "r|" + id }
+
 func (s *RedisStore) retryKey() string { return s.prefix + "{retry}:c" }
 
-// now returns the script's time arguments: empty for Redis TIME.
-func (s *RedisStore) now() (string, string) {
+// newArgs starts an operation's arguments, an array of n values (msgpack.go), with the
+// time they count among them: false for Redis TIME, else seconds and nanoseconds.
+func (s *RedisStore) newArgs(n int) []byte {
+	b := mpArray(make([]byte, 0, 24+12*n), n)
 	if s.serverTime {
-		return "", ""
+		return mpBool(mpBool(b, false), false)
 	}
 	t := s.clock.Now()
-	return strconv.FormatInt(t.Unix(), 10), strconv.Itoa(t.Nanosecond())
+	return mpInt(mpInt(b, t.Unix()), int64(t.Nanosecond()))
 }
 
 // run runs one quota operation (lua/batch.lua) and returns its reply.
-func (s *RedisStore) run(ctx context.Context, op string, keys []string, args ...any) ([]any, error) {
+func (s *RedisStore) run(ctx context.Context, op string, keys []string, args []byte) (*reply, error) {
 	s.calls.Add(1)
 	var (
-		v   []any
+		v   string
 		err error
 	)
 	if s.batch != nil {
@@ -154,7 +167,7 @@ func (s *RedisStore) run(ctx context.Context, op string, keys []string, args ...
 	if err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
-	return v, nil
+	return newReply(v), nil
 }
 
 // functionCaller is a Scripter that can also call functions (go-redis's
@@ -167,25 +180,25 @@ type functionCaller interface {
 // runScript runs one operation as a batch of one through the Scripter: by FCALL when
 // the Scripter can call functions (NewRedisStore sets scripts when it cannot), else by
 // EVALSHA, with the recovery sendBatch gives either.
-func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []any) ([]any, error) {
+func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []byte) (string, error) {
 	fc, _ := s.scripter.(functionCaller)
+	c := &scriptCall{op: op, keys: keys, args: args}
+	list := opList(c)
 	// The typed calls, which an AutoPipeliner batches (its Do does not).
 	do := func(ctx context.Context, _ [][]*scriptCall, _ []int, mode sendMode) []*redis.Cmd {
-		a := opArgs(op, keys, args)
 		switch mode {
 		case sendFunction:
-			return []*redis.Cmd{fc.FCall(ctx, s.lib.name, keys, a...)}
+			return []*redis.Cmd{fc.FCall(ctx, s.lib.name, keys, list)}
 		case sendScript:
-			return []*redis.Cmd{s.scripter.EvalSha(ctx, s.lib.script.Hash(), keys, a...)}
+			return []*redis.Cmd{s.scripter.EvalSha(ctx, s.lib.script.Hash(), keys, list)}
 		default:
-			return []*redis.Cmd{s.scripter.Eval(ctx, s.lib.src, keys, a...)}
+			return []*redis.Cmd{s.scripter.Eval(ctx, s.lib.src, keys, list)}
 		}
 	}
 	load := func(ctx context.Context) error { return fc.FunctionLoadReplace(ctx, s.lib.code).Err() }
-	c := &scriptCall{op: op, keys: keys, args: args}
 	replies, errs := sendBatch(ctx, [][]*scriptCall{{c}}, do, load, &s.scripts)
 	if errs[0] != nil {
-		return nil, errs[0]
+		return "", errs[0]
 	}
 	r := opReply(replies[0][0])
 	return r.v, r.err
@@ -305,28 +318,31 @@ type groupResult struct {
 }
 
 func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, idx []int, budget *BudgetCharge, tail string) (groupResult, error) {
-	ts, tns := s.now()
-	args := make([]any, 0, 4+3*len(idx)+6)
-	args = append(args, ts, tns, int64(maxDebt), len(idx))
+	n := 4 + 3*len(idx) + 4
+	if tail != "" {
+		n += 3
+	}
+	args := s.newArgs(n)
+	args = mpInt(mpInt(args, int64(maxDebt)), int64(len(idx)))
 	for _, i := range idx {
 		b := c.Buckets[i]
-		args = append(args, escapeField(b.Field), int64(durationOf(b.Cost, b.Limit)), boolArg(b.Shadow))
+		args = mpString(args, escapeField(b.Field))
+		args = mpInt(args, int64(durationOf(b.Cost, b.Limit)))
+		args = mpInt(args, flagArg(b.Shadow))
 	}
 	if budget != nil {
-		args = append(args, budget.Cost, budget.Limit, int64(budget.DayOffset/time.Second), boolArg(budget.Shadow))
+		args = mpInt(mpInt(args, budget.Cost), budget.Limit)
+		args = mpInt(mpInt(args, int64(budget.DayOffset/time.Second)), flagArg(budget.Shadow))
 	} else {
-		args = append(args, -1, 0, 0, 0)
+		args = mpInt(mpInt(mpInt(mpInt(args, -1), 0), 0), 0)
 	}
-	keys := []string{s.groupKey(group)}
 	if tail != "" {
-		keys = append(keys, s.reservationKey(c.Tenant, c.ID))
-		args = append(args, int64(c.TTL), tail)
+		args = mpString(mpString(mpInt(args, int64(c.TTL)), tail), recordField(c.ID))
 	}
-	v, err := s.run(ctx, opReserve, keys, args...)
+	r, err := s.run(ctx, opReserve, []string{s.groupKey(group)}, args)
 	if err != nil {
 		return groupResult{}, err
 	}
-	r := newReply(v)
 	granted := r.int() == 1
 	res := groupResult{at: r.time(), charged: make([]bool, len(idx)), debts: make([]time.Duration, len(idx)), flags: make([]int64, len(idx))}
 	var short []*ExhaustedError
@@ -441,15 +457,16 @@ func appendBucketSpec(b []byte, bucket BucketSpec) []byte {
 
 // Settle implements Store.
 func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
-	ts, tns := s.now()
 	group := tenantGroup(tenant)
 	tokens := clampUsage(actual.Tokens)
-	v, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)},
-		ts, tns, int64(maxDebt), tokens, clampUsage(actual.Input), clampUsage(actual.Output), boolArg(release))
+	args := s.newArgs(8)
+	args = mpInt(mpInt(args, int64(maxDebt)), tokens)
+	args = mpInt(mpInt(args, clampUsage(actual.Input)), clampUsage(actual.Output))
+	args = mpString(mpInt(args, flagArg(release)), recordField(id))
+	r, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)}, args)
 	if err != nil {
 		return Settlement{}, err
 	}
-	r := newReply(v)
 	if r.int() == 0 {
 		return Settlement{}, ErrReservationNotFound
 	}
@@ -508,7 +525,8 @@ type record struct {
 func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 	var rec record
 	if buckets != "" {
-		for i, spec := range strings.Split(buckets, ";") {
+		i := 0
+		for spec := range strings.SplitSeq(buckets, ";") {
 			b, err := parseBucketSpec(tenantGroup, spec)
 			if err != nil {
 				return record{}, err
@@ -516,6 +534,7 @@ func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 			if i < len(mask) && mask[i] == '1' {
 				rec.tenantCharged = append(rec.tenantCharged, b)
 			}
+			i++
 		}
 	}
 	for part := range strings.SplitSeq(metaRaw, "&") {
@@ -552,10 +571,19 @@ func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 
 // parseBucketSpec reads "field,kind,cost,limit,shadow".
 func parseBucketSpec(group, spec string) (BucketSpec, error) {
-	f := strings.Split(spec, ",")
-	if len(f) != 5 {
+	// Cut, not Split: Settle parses every charged bucket, and Split allocates.
+	var f [5]string
+	rest := spec
+	for i := range 4 {
+		var ok bool
+		if f[i], rest, ok = strings.Cut(rest, ","); !ok {
+			return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
+		}
+	}
+	if strings.IndexByte(rest, ',') >= 0 {
 		return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
 	}
+	f[4] = rest
 	field, err := url.PathUnescape(f[0])
 	if err != nil {
 		return BucketSpec{}, fmt.Errorf("malformed bucket field %q: %w", f[0], err)
@@ -588,21 +616,21 @@ func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjust
 	if len(ops) == 0 {
 		return nil, nil
 	}
-	ts, tns := s.now()
-	args := make([]any, 0, 4+5*len(ops))
-	args = append(args, ts, tns, int64(maxDebt), len(ops))
+	args := s.newArgs(4 + 5*len(ops))
+	args = mpInt(mpInt(args, int64(maxDebt)), int64(len(ops)))
 	for _, op := range ops {
+		args = mpString(args, escapeField(op.field))
 		if op.observe {
-			args = append(args, escapeField(op.field), "f", op.remaining, int64(op.reset), op.limit)
+			args = mpInt(mpInt(mpString(args, "f"), op.remaining), int64(op.reset))
 		} else {
-			args = append(args, escapeField(op.field), "t", op.take, 0, op.limit)
+			args = mpInt(mpInt(mpString(args, "t"), op.take), 0)
 		}
+		args = mpInt(args, op.limit)
 	}
-	v, err := s.run(ctx, opAdjust, []string{s.groupKey(group)}, args...)
+	r, err := s.run(ctx, opAdjust, []string{s.groupKey(group)}, args)
 	if err != nil {
 		return nil, err
 	}
-	r := newReply(v)
 	r.time()
 	debts := make([]time.Duration, len(ops))
 	for i := range debts {
@@ -655,13 +683,15 @@ func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecis
 }
 
 func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key string, format, acquire bool, overall, forKey float64) (RetryDecision, error) {
-	ts, tns := s.now()
-	v, err := s.run(ctx, opRetry, []string{s.retryKey()}, ts, tns, int64(cfg.Window/time.Second),
-		cfg.Ratio, cfg.Floor, cfg.FormatOnlyAbove, boolArg(format), boolArg(acquire), key, overall, forKey)
+	args := s.newArgs(11)
+	args = mpInt(args, int64(cfg.Window/time.Second))
+	args = mpFloat(mpInt(mpFloat(args, cfg.Ratio), int64(cfg.Floor)), cfg.FormatOnlyAbove)
+	args = mpInt(mpInt(args, flagArg(format)), flagArg(acquire))
+	args = mpFloat(mpFloat(mpString(args, key), overall), forKey)
+	r, err := s.run(ctx, opRetry, []string{s.retryKey()}, args)
 	if err != nil {
 		return RetryDecision{}, err
 	}
-	r := newReply(v)
 	granted, refusing := r.int() == 1, r.int()
 	requests, _ := strconv.ParseFloat(r.str(), 64)
 	retries, _ := strconv.ParseFloat(r.str(), 64)
@@ -721,6 +751,14 @@ func remainingAt(debt time.Duration, limit int64) int64 {
 	return tokensIn(max(window-debt, 0), limit)
 }
 
+// flagArg is a flag as the operations take it (msgpack.go): 1 or 0.
+func flagArg(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func boolArg(b bool) string {
 	if b {
 		return "1"
@@ -752,45 +790,92 @@ func escapeField(s string) string {
 	return url.PathEscape(s)
 }
 
-// reply reads a script's array reply in order, remembering the first type error.
+// reply reads an operation's reply (an array, see msgpack.go) in order, remembering the
+// first error.
 type reply struct {
-	v   []any
-	i   int
+	b   string
+	i   int // offset of the next value
+	n   int // values left
 	err error
 }
 
-func newReply(v []any) *reply { return &reply{v: v} }
-
-func (r *reply) more() bool { return r.i < len(r.v) }
-
-func (r *reply) next() any {
-	if r.i >= len(r.v) {
-		if r.err == nil {
-			r.err = fmt.Errorf("redis: script reply has %d values, wanted more", len(r.v))
-		}
-		return nil
+func newReply(b string) *reply {
+	r := &reply{b: b}
+	kind, n, i := mpHeader(b, 0)
+	if kind != mpArr {
+		r.err = errMalformedReply
+		return r
 	}
-	x := r.v[r.i]
-	r.i++
-	return x
+	r.n, r.i = int(n), i
+	return r
 }
 
-func (r *reply) int() int64 {
-	x := r.next()
-	n, ok := x.(int64)
-	if !ok && r.err == nil && x != nil {
-		r.err = fmt.Errorf("redis: script reply value %d is %T, want an integer", r.i-1, x)
+func (r *reply) more() bool { return r.n > 0 }
+
+// next reads the next value's header; ok is false after the last one or an error.
+func (r *reply) next() (kind mpKind, v uint64, ok bool) {
+	if r.err != nil {
+		return mpBad, 0, false
 	}
-	return n
+	if r.n == 0 {
+		r.err = errors.New("redis: script reply has fewer values than wanted")
+		return mpBad, 0, false
+	}
+	kind, v, i := mpHeader(r.b, r.i)
+	if kind == mpBad || kind == mpArr || kind == mpMap || (kind == mpStr && v > uint64(len(r.b)-i)) {
+		r.err = errMalformedReply
+		return mpBad, 0, false
+	}
+	r.n--
+	r.i = i
+	if kind == mpStr {
+		r.i += int(v)
+	}
+	return kind, v, true
+}
+
+// int reads an integer. Lua numbers beyond int64 come as floats; they saturate.
+func (r *reply) int() int64 {
+	kind, v, ok := r.next()
+	if !ok {
+		return 0
+	}
+	switch kind {
+	case mpInteger:
+		return int64(v)
+	case mpUint:
+		return int64(min(v, math.MaxInt64))
+	case mpFloat32:
+		return floatToInt(float64(math.Float32frombits(uint32(v))))
+	case mpFloat64:
+		return floatToInt(math.Float64frombits(v))
+	case mpNil:
+		return 0
+	}
+	r.err = fmt.Errorf("redis: script reply value is not an integer")
+	return 0
+}
+
+func floatToInt(f float64) int64 {
+	switch {
+	case f >= math.MaxInt64:
+		return math.MaxInt64
+	case f <= math.MinInt64:
+		return math.MinInt64
+	}
+	return int64(f)
 }
 
 func (r *reply) str() string {
-	x := r.next()
-	s, ok := x.(string)
-	if !ok && r.err == nil && x != nil {
-		r.err = fmt.Errorf("redis: script reply value %d is %T, want a string", r.i-1, x)
+	kind, v, ok := r.next()
+	if !ok || kind == mpNil {
+		return ""
 	}
-	return s
+	if kind != mpStr {
+		r.err = fmt.Errorf("redis: script reply value is not a string")
+		return ""
+	}
+	return r.b[r.i-int(v) : r.i]
 }
 
 // time reads the script's decision time (s, ns).

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -46,7 +47,8 @@ func TestRedisDecidesAtServerTime(t *testing.T) {
 }
 
 // A tenant's buckets, budget and reservations share one hash tag, hence one cluster
-// slot; an upstream key's live under its own.
+// slot (the reservations are fields of the tenant's hash); an upstream key's live
+// under its own.
 func TestRedisKeysShareTheirGroupsSlot(t *testing.T) {
 	t.Parallel()
 	c := newTestRedisClient(t)
@@ -76,8 +78,9 @@ func TestRedisKeysShareTheirGroupsSlot(t *testing.T) {
 		}
 		tags[rest[1:end]]++
 	}
-	// Per tenant: buckets+budget hash, one reservation. The key: its bucket hash.
-	want := map[string]int{"tenant:acme": 2, "tenant:a%7Bc%7Dme": 2, "key:k1": 1}
+	// Per tenant: one hash of buckets, budget and the reservation's record. The key: its
+	// bucket hash.
+	want := map[string]int{"tenant:acme": 1, "tenant:a%7Bc%7Dme": 1, "key:k1": 1}
 	if len(tags) != len(want) {
 		t.Fatalf("hash tags %v, want %v", tags, want)
 	}
@@ -391,6 +394,111 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 // The Lua refill arithmetic (prelude.lua: dur) gives Go's durationOf to the nanosecond,
 // on both sides of 2^53 ns of n × window, where it switches from dividing directly to
 // long division.
+// Reservation records are fields of the tenant's hash, which Redis does not expire one
+// by one: the hash outlives each record by a minute, settle refuses and deletes an
+// expired one, and reserves sweep the ones nobody settled out of the hash.
+func TestRedisRecordsInTheTenantsHash(t *testing.T) {
+	t.Parallel()
+	c := newTestRedisClient(t)
+	clock := clockwork.NewFakeClockAt(t0)
+	store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock})
+	t.Cleanup(func() { _ = store.Close() })
+	ctx := context.Background()
+	hash := store.groupKey(tenantGroup("acme"))
+	spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 1, Limit: 6000}
+	reserve := func(id string) {
+		t.Helper()
+		if _, err := store.Reserve(ctx, Charge{ID: id, Tenant: "acme", TTL: 2 * time.Minute, Tokens: 1, Buckets: []BucketSpec{spec}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	records := func() []string {
+		t.Helper()
+		fields, err := c.HKeys(ctx, hash).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, f := range fields {
+			if strings.HasPrefix(f, "r|") {
+				out = append(out, strings.TrimPrefix(f, "r|"))
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+
+	for i := range 5 {
+		reserve(fmt.Sprint("old-", i))
+	}
+	// The hash lives at least as long as the records in it, and a minute more.
+	if ttl, err := c.PTTL(ctx, hash).Result(); err != nil || ttl < 2*time.Minute+59*time.Second {
+		t.Fatalf("hash TTL %v (%v), want at least the reservations' 2m and a minute", ttl, err)
+	}
+	if _, err := store.Settle(ctx, "acme", "old-0", Actual{Tokens: 1}, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := records(), []string{"old-1", "old-2", "old-3", "old-4"}; !slices.Equal(got, want) {
+		t.Fatalf("records after one settle: %v, want %v", got, want)
+	}
+
+	// Expired: refused, and deleted by the refusal.
+	clock.Advance(2 * time.Minute)
+	if _, err := store.Settle(ctx, "acme", "old-1", Actual{Tokens: 1}, false); !errors.Is(err, ErrReservationNotFound) {
+		t.Fatalf("settling an expired reservation: %v, want ErrReservationNotFound", err)
+	}
+	if got, want := records(), []string{"old-2", "old-3", "old-4"}; !slices.Equal(got, want) {
+		t.Fatalf("records after settling an expired one: %v, want %v", got, want)
+	}
+
+	// The next reserve after the sweep interval deletes the rest, and keeps its own.
+	clock.Advance(time.Minute)
+	reserve("new")
+	if got, want := records(), []string{"new"}; !slices.Equal(got, want) {
+		t.Fatalf("records after the sweep: %v, want %v", got, want)
+	}
+	if _, err := store.Settle(ctx, "acme", "new", Actual{Tokens: 1}, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A record kept as a key of its own (as versions before records in the hash wrote every
+// record, and as key-only reservations still do) is settled once, like any other.
+func TestRedisSettlesRecordsOfTheirOwnKey(t *testing.T) {
+	t.Parallel()
+	c := newTestRedisClient(t)
+	clock := clockwork.NewFakeClockAt(t0)
+	store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock})
+	t.Cleanup(func() { _ = store.Close() })
+	ctx := context.Background()
+	spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 600, Limit: 6000}
+	if _, err := store.Reserve(ctx, Charge{ID: "r1", Tenant: "acme", TTL: time.Minute, Tokens: 600, Buckets: []BucketSpec{spec}}); err != nil {
+		t.Fatal(err)
+	}
+	// Move the record where an earlier version kept it.
+	hash, key := store.groupKey(tenantGroup("acme")), store.reservationKey("acme", "r1")
+	rec, err := c.HGet(ctx, hash, recordField("r1")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HDel(ctx, hash, recordField("r1")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, key, rec, 2*time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Settle(ctx, "acme", "r1", Actual{Tokens: 100}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Refunded != 500 || len(st.Levels) != 1 || st.Levels[0].Remaining != 5900 {
+		t.Fatalf("settlement %+v, want 500 refunded and 5900 left", st)
+	}
+	if _, err := store.Settle(ctx, "acme", "r1", Actual{Tokens: 100}, false); !errors.Is(err, ErrReservationNotFound) {
+		t.Fatalf("second settle: %v, want ErrReservationNotFound", err)
+	}
+}
+
 func TestRedisRefillTimeMatchesGo(t *testing.T) {
 	t.Parallel()
 	store := newTestRedisStore(t, clockwork.NewFakeClockAt(t0), RedisOptions{})

@@ -57,14 +57,14 @@ type scriptBatcher struct {
 type scriptCall struct {
 	op   string // opReserve, opSettle, ...
 	keys []string
-	args []any
+	args []byte // the operation's arguments, a MessagePack array (msgpack.go)
 	// gone is the caller's ctx.Done(): a call whose caller left is not sent.
 	gone  <-chan struct{}
 	reply chan scriptReply // buffered, so that a worker never waits for a caller
 }
 
 type scriptReply struct {
-	v   []any
+	v   string // the operation's reply, a MessagePack array (msgpack.go)
 	err error
 }
 
@@ -94,10 +94,10 @@ func newScriptBatcher(client redis.UniversalClient, lib *luaLib) *scriptBatcher 
 var callPool = sync.Pool{New: func() any { return &scriptCall{reply: make(chan scriptReply, 1)} }}
 
 // run sends operation op with keys and args in the next batch and waits for its reply.
-func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args []any) ([]any, error) {
+func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args []byte) (string, error) {
 	select {
 	case <-b.closing:
-		return nil, errBatcherClosed
+		return "", errBatcherClosed
 	default:
 	}
 	c := callPool.Get().(*scriptCall)
@@ -118,10 +118,10 @@ func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args 
 	case b.queue <- c:
 	case <-ctx.Done():
 		b.recycle(c)
-		return nil, ctx.Err()
+		return "", ctx.Err()
 	case <-b.closing:
 		b.recycle(c)
-		return nil, errBatcherClosed
+		return "", errBatcherClosed
 	}
 	select {
 	case r := <-c.reply:
@@ -129,7 +129,7 @@ func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args 
 		return r.v, r.err
 	case <-ctx.Done():
 		// A worker may still hold c: it is not reused.
-		return nil, ctx.Err()
+		return "", ctx.Err()
 	case <-b.stopped:
 		// Workers finish their batches before they stop, so a call still without a
 		// reply was queued but never sent.
@@ -137,7 +137,7 @@ func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args 
 		case r := <-c.reply:
 			return r.v, r.err
 		default:
-			return nil, errBatcherClosed
+			return "", errBatcherClosed
 		}
 	}
 }
@@ -226,28 +226,16 @@ func (b *scriptBatcher) exec(ctx context.Context, batch []*scriptCall) {
 	}
 }
 
-// opReply is one operation's reply out of a batch's.
-func opReply(x any) scriptReply {
-	switch v := x.(type) {
-	case []any:
-		return scriptReply{v: v}
-	case error:
-		return scriptReply{err: v}
-	default:
-		return scriptReply{err: fmt.Errorf("redis: quota operation replied %T, want an array", x)}
-	}
-}
-
 // sendCalls groups calls and sends them. When the server refuses a call whose keys span
 // slots (CROSSSLOT), grouping by slot is turned on for good and the calls go again.
-func (b *scriptBatcher) sendCalls(ctx context.Context, calls []*scriptCall) ([][]*scriptCall, [][]any, []error) {
+func (b *scriptBatcher) sendCalls(ctx context.Context, calls []*scriptCall) ([][]*scriptCall, [][]string, []error) {
 	return sendGrouped(ctx, calls, &b.bySlot, b.send)
 }
 
 // sendGrouped is sendCalls with the sending passed in, for tests.
 func sendGrouped(ctx context.Context, calls []*scriptCall, bySlot *atomic.Bool,
-	send func(context.Context, [][]*scriptCall) ([][]any, []error),
-) ([][]*scriptCall, [][]any, []error) {
+	send func(context.Context, [][]*scriptCall) ([][]string, []error),
+) ([][]*scriptCall, [][]string, []error) {
 	split := bySlot.Load()
 	groups := group(calls, split)
 	replies, errs := send(ctx, groups)
@@ -303,7 +291,7 @@ const (
 
 // send runs one batch.lua call per group and returns each group's replies, one per
 // operation, or the group's error.
-func (b *scriptBatcher) send(ctx context.Context, groups [][]*scriptCall) ([][]any, []error) {
+func (b *scriptBatcher) send(ctx context.Context, groups [][]*scriptCall) ([][]string, []error) {
 	return sendBatch(ctx, groups, b.do, b.load, &b.scripts)
 }
 
@@ -314,12 +302,12 @@ func (b *scriptBatcher) send(ctx context.Context, groups [][]*scriptCall) ([][]a
 func sendBatch(ctx context.Context, groups [][]*scriptCall,
 	do func(context.Context, [][]*scriptCall, []int, sendMode) []*redis.Cmd,
 	load func(context.Context) error, scripts *atomic.Bool,
-) ([][]any, []error) {
+) ([][]string, []error) {
 	mode := sendFunction
 	if scripts.Load() {
 		mode = sendScript
 	}
-	replies := make([][]any, len(groups))
+	replies := make([][]string, len(groups))
 	errs := make([]error, len(groups))
 	todo := make([]int, len(groups))
 	for i := range todo {
@@ -334,9 +322,9 @@ func sendBatch(ctx context.Context, groups [][]*scriptCall,
 			err := cmds[k].Err()
 			switch {
 			case err == nil:
-				replies[i], errs[i] = cmds[k].Slice()
-				if errs[i] == nil && len(replies[i]) != len(groups[i]) {
-					errs[i] = fmt.Errorf("redis: quota batch of %d operations replied %d", len(groups[i]), len(replies[i]))
+				var packed string
+				if packed, errs[i] = cmds[k].Text(); errs[i] == nil {
+					replies[i], errs[i] = splitReplies(packed, len(groups[i]))
 				}
 				continue
 			case mode == sendFunction && redis.HasErrorPrefix(err, "unknown command"):

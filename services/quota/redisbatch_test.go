@@ -29,10 +29,24 @@ func freshLib(t *testing.T, c *redis.Client) *luaLib {
 }
 
 // echoOp is an adjust of no buckets decided at second sec: its reply is {sec, 0}.
-func echoOp(sec int) []any { return []any{fmt.Sprint(sec), "0", int64(maxDebt), 0} }
+func echoOp(sec int) []byte { return mpArgs(sec, 0, int64(maxDebt), 0) }
+
+// runInts runs an operation whose reply is integers, and returns them.
+func runInts(b *scriptBatcher, ctx context.Context, op string, keys []string, args []byte) ([]int64, error) {
+	v, err := b.run(ctx, op, keys, args)
+	if err != nil {
+		return nil, err
+	}
+	r := newReply(v)
+	var out []int64
+	for r.more() {
+		out = append(out, r.int())
+	}
+	return out, r.err
+}
 
 // takeOp takes one token from bucket f (limit 60) at second 1.
-func takeOp() []any { return []any{"1", "0", int64(maxDebt), 1, "f", "t", 1, 0, 60} }
+func takeOp() []byte { return mpArgs(1, 0, int64(maxDebt), 1, "f", "t", 1, 0, 60) }
 
 // batcherModes are the ways a batcher sends: by function or by script, and in one
 // call or one call per hash slot.
@@ -86,7 +100,7 @@ func TestBatcherKeepsEachCallersReplyAndError(t *testing.T) {
 					}
 					// Callers spread over a few hash tags, as tenants do.
 					key := fmt.Sprintf("%s{t%d}:b", prefix, i%5)
-					v, err := b.run(ctx, opAdjust, []string{key}, echoOp(i+1))
+					v, err := runInts(b, ctx, opAdjust, []string{key}, echoOp(i+1))
 					if err != nil {
 						errs <- fmt.Errorf("caller %d: %w", i, err)
 						return
@@ -120,7 +134,7 @@ func TestBatcherReloadsWhatRedisLost(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				v, err := b.run(ctx, opAdjust, []string{prefix + "{a}:b"}, echoOp(i+1))
+				v, err := runInts(b, ctx, opAdjust, []string{prefix + "{a}:b"}, echoOp(i+1))
 				if err != nil || len(v) != 2 || v[0] != int64(i+1) {
 					t.Fatalf("call %d: %v, %v", i, v, err)
 				}
@@ -156,7 +170,7 @@ func TestBatcherFallsBackToScripts(t *testing.T) {
 	prefix := testPrefix(t, c)
 	b := newScriptBatcher(c, freshLib(t, c))
 	t.Cleanup(b.Close)
-	v, err := b.run(ctx, opAdjust, []string{prefix + "{a}:b"}, echoOp(7))
+	v, err := runInts(b, ctx, opAdjust, []string{prefix + "{a}:b"}, echoOp(7))
 	if err != nil || len(v) != 2 || v[0] != int64(7) {
 		t.Fatalf("reply %v, %v", v, err)
 	}
@@ -189,9 +203,9 @@ func TestBatcherKeepsFunctionsAfterOtherLoadErrors(t *testing.T) {
 func TestSendGroupedAfterCrossSlot(t *testing.T) {
 	calls := []*scriptCall{{keys: []string{"q:{t1}:b"}}, {keys: []string{"q:{t2}:b"}}, {keys: []string{"q:{t1}:r:9", "q:{t1}:b"}}}
 	var sent [][]int // group sizes of each send
-	send := func(_ context.Context, groups [][]*scriptCall) ([][]any, []error) {
+	send := func(_ context.Context, groups [][]*scriptCall) ([][]string, []error) {
 		var sizes []int
-		replies, errs := make([][]any, len(groups)), make([]error, len(groups))
+		replies, errs := make([][]string, len(groups)), make([]error, len(groups))
 		for i, g := range groups {
 			sizes = append(sizes, len(g))
 			tags := map[string]bool{}
@@ -203,7 +217,7 @@ func TestSendGroupedAfterCrossSlot(t *testing.T) {
 				continue
 			}
 			for range g {
-				replies[i] = append(replies[i], []any{int64(1)})
+				replies[i] = append(replies[i], "\x91\x01") // {1}
 			}
 		}
 		sent = append(sent, sizes)
@@ -277,7 +291,7 @@ func TestBatcherCancelledCallerDoesNotFailOthers(t *testing.T) {
 				}
 				return
 			}
-			v, err := b.run(context.Background(), opAdjust, key, echoOp(i))
+			v, err := runInts(b, context.Background(), opAdjust, key, echoOp(i))
 			if err != nil || len(v) != 2 || v[0] != int64(i) {
 				t.Errorf("caller %d: %v, %v", i, v, err)
 			}

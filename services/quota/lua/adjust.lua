@@ -1,17 +1,17 @@
 -- adjust: change a group's buckets outside a reservation: settle the upstream key part
 -- of one, undo a charge, or lower buckets to what a provider reported.
 --
--- KEYS[1] the group's hash.
+-- K1 the group's hash.
 -- ARGV: now s, now ns, maxdebt, n, then n x (field, mode, a, b, limit). Mode 't' takes a
 -- tokens (a negative a returns them); mode 'f' lowers the bucket to hold at most a
 -- tokens (-1 leaves it alone) and, when a is 0, to owe at least b ns (bucket.go:
 -- observedDebt). 'f' never raises a bucket.
 --
 -- Returns {s, ns, debt of each bucket afterwards}.
-local key = KEYS[1]
+local key = K1
 local s, ns = clock(ARGV[1], ARGV[2])
-local maxdebt = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
+local maxdebt = ARGV[3]
+local n = ARGV[4]
 local fields = {}
 for i = 1, n do
   fields[i] = ARGV[4 + (i - 1) * 5 + 1]
@@ -26,7 +26,7 @@ local sets, dels = {}, {}
 for i = 1, n do
   local b = 4 + (i - 1) * 5
   local mode = ARGV[b + 2]
-  local a, limit = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 5])
+  local a, limit = ARGV[b + 3], ARGV[b + 5]
   local d = debtOf(v[i], s, ns)
   local nd = d
   if mode == 't' then
@@ -38,7 +38,7 @@ for i = 1, n do
   elseif a >= 0 then
     local target = dur(limit - a, limit, maxdebt)
     if a == 0 then
-      target = math.min(math.max(target, tonumber(ARGV[b + 4])), maxdebt)
+      target = math.min(math.max(target, ARGV[b + 4]), maxdebt)
     end
     nd = math.max(d, target)
   end

@@ -3,25 +3,35 @@
 -- setup (the KEYS and ARGV tables, the script's helpers when run as EVAL), Redis TIME
 -- and the reply's framing.
 --
--- keys: every operation's keys, in order. args: per operation its name (r reserve,
--- s settle, a adjust, t retry), its number of keys, its number of arguments, then its
--- arguments, which are what the operation's file documents as ARGV.
+-- keys: every operation's keys, in order. args[1]: a MessagePack array (msgpack.go)
+-- holding per operation its name (r reserve, s settle, a adjust, t retry), its number
+-- of keys (1 or 2) and the array of its arguments, which are what the operation's file
+-- documents as ARGV. cmsgpack decodes it in C, numbers as numbers, so that no argument
+-- goes through a Redis object, a Lua string and tonumber.
 --
--- Returns one reply per operation: what the operation returns, or an error reply when
--- it failed. A failed operation does not stop the others; like a failed script, it
--- keeps the writes it made before failing.
+-- Returns, packed with cmsgpack, one reply per operation: what the operation returns,
+-- or {err = message} when it failed. A failed operation does not stop the others; like
+-- a failed script, it keeps the writes it made before failing.
 local ops = {r = op_reserve, s = op_settle, a = op_adjust, t = op_retry}
 
 local function batch(keys, args)
   now_s, now_ns = nil, nil
+  local ok, list = pcall(cmsgpack.unpack, args[1] or '')
+  if not ok or type(list) ~= 'table' then
+    return redis.error_reply('ERR quota batch: malformed operation list')
+  end
   local out = {}
-  local k, i, n = 1, 1, #args
-  while i <= n do
-    local op, nk, na = ops[args[i]], tonumber(args[i + 1]), tonumber(args[i + 2])
-    if not op or not nk or not na then
-      return redis.error_reply('ERR quota batch: malformed operation at argument ' .. i)
+  local k = 1
+  for i = 1, #list, 3 do
+    local op, nk, argv = ops[list[i]], list[i + 1], list[i + 2]
+    if not op or (nk ~= 1 and nk ~= 2) or type(argv) ~= 'table' or not keys[k + nk - 1] then
+      return redis.error_reply('ERR quota batch: malformed operation at ' .. i)
     end
-    local ok, res = pcall(op, {unpack(keys, k, k + nk - 1)}, {unpack(args, i + 3, i + 2 + na)})
+    local k2 = nil
+    if nk == 2 then
+      k2 = keys[k + 1]
+    end
+    local ok, res = pcall(op, keys[k], k2, argv)
     if ok then
       out[#out + 1] = res
     elseif type(res) == 'table' and res.err then
@@ -32,7 +42,9 @@ local function batch(keys, args)
     else
       out[#out + 1] = {err = 'ERR quota: ' .. tostring(res)}
     end
-    k, i = k + nk, i + 3 + na
+    k = k + nk
   end
-  return out
+  -- One string for all the replies (msgpack.go): Redis sends it as it is, and the
+  -- client reads it without a value per number.
+  return cmsgpack.pack(out)
 end

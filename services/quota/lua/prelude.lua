@@ -57,16 +57,17 @@ end
 local now_s, now_ns
 
 -- clock returns the decision time: the caller's when given (tests pin it to a fake
--- clock), Redis's TIME otherwise, so that every replica decides on one clock.
+-- clock), Redis's TIME otherwise (s is false), so that every replica decides on one
+-- clock.
 local function clock(s, ns)
-  if s == '' then
+  if not s then
     if not now_s then
       local t = redis.call('TIME')
       now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
     end
     return now_s, now_ns
   end
-  return tonumber(s), tonumber(ns)
+  return s, ns
 end
 
 -- debtOf returns how long a bucket full again at v ("sec:nsec"; false when the field is
@@ -83,7 +84,8 @@ local function debtOf(v, s, ns)
   return d
 end
 
--- stamp formats (s, ns) + d as "sec:nsec".
+-- stamp formats (s, ns) + d as "sec:nsec". (string.format, not concatenation: Lua
+-- writes a number it concatenates with %.14g, which costs more than %d here.)
 local function stamp(s, ns, d)
   local q, r = idiv(ns + d, E9)
   return string.format('%d:%d', s + q, r)
@@ -115,6 +117,41 @@ local function save(key, s, sets, dels, untilS, x)
   end
   if untilS > x then
     redis.call('PEXPIRE', key, (untilS - s + 61) * 1000)
+  end
+end
+
+-- Reservation records are fields of their tenant's hash: "r|<id>" (a bucket field never
+-- holds '|', see escapeField) whose value starts with the record's expiry "sec:nsec".
+-- Redis 7.0 expires keys, not fields, so settle refuses an expired record itself and a
+-- record nobody settles stays until the hash expires, or until sweepRecords deletes
+-- it: every SWEEP seconds, reserves scan the hash, one HSCAN step of about 100 fields
+-- each (field sc keeps the cursor, sw when the next scan is due), and delete the
+-- records that expired in an earlier second, except keep, the one being written. A
+-- hash with no sw yet has no records.
+local SWEEP = 60
+
+local function sweepRecords(key, s, sw, sc, keep, sets, dels)
+  if not sw then
+    sets[#sets + 1] = 'sw'
+    sets[#sets + 1] = string.format('%d', s + SWEEP)
+    return
+  end
+  if s < tonumber(sw) then
+    return
+  end
+  local r = redis.call('HSCAN', key, sc or '0', 'MATCH', 'r|*', 'COUNT', 100)
+  local kv = r[2]
+  for j = 1, #kv, 2 do
+    local es = tonumber(string.match(kv[j + 1], '^(%d+):'))
+    if es and es < s and kv[j] ~= keep then
+      dels[#dels + 1] = kv[j]
+    end
+  end
+  sets[#sets + 1] = 'sc'
+  sets[#sets + 1] = r[1]
+  if r[1] == '0' then
+    sets[#sets + 1] = 'sw'
+    sets[#sets + 1] = string.format('%d', s + SWEEP)
   end
 end
 

@@ -2,23 +2,23 @@
 -- estimate). Scopes are "o" (overall) and "k:<key id>"; each keeps the current fixed
 -- window's index and counts and the previous window's counts in one hash.
 --
--- KEYS[1] the retry budget's hash.
+-- K1 the retry budget's hash.
 -- ARGV: now s, now ns, window (whole s), ratio, floor, format_only_above, format 0|1,
 -- acquire 0|1, key ('' for none), requests to add overall, requests to add for the key.
 --
 -- Returns {granted 0|1, refusing scope (0 none, 1 overall, 2 key), requests, retries}
--- with the estimates as strings (Lua numbers would be truncated to integers).
-local K = KEYS[1]
+-- with the estimates as strings, rounded to six decimals.
+local K = K1
 local s, ns = clock(ARGV[1], ARGV[2])
-local ws = tonumber(ARGV[3])
-local ratio, floor, fmt = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local format, acquire = ARGV[7] == '1', ARGV[8] == '1'
+local ws = ARGV[3]
+local ratio, floor, fmt = ARGV[4], ARGV[5], ARGV[6]
+local format, acquire = ARGV[7] == 1, ARGV[8] == 1
 local win, off = idiv(s, ws)
 local elapsed = (off * E9 + ns) / (ws * E9)
 
-local scopes = {{'o', tonumber(ARGV[10])}}
+local scopes = {{'o', ARGV[10]}}
 if ARGV[9] ~= '' then
-  scopes[2] = {'k:' .. ARGV[9], tonumber(ARGV[11])}
+  scopes[2] = {'k:' .. ARGV[9], ARGV[11]}
 end
 local counts = {}
 for i, sc in ipairs(scopes) do
