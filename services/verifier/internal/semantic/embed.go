@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -35,29 +36,38 @@ func NewLexical(dim int) *Lexical {
 // Embed implements Embedder.
 func (l *Lexical) Embed(_ context.Context, text string) ([]float32, error) {
 	v := make([]float32, l.dim)
-	forEachFeature(norm.NFKC.String(text), func(feature string, weight float32) {
-		v[fnv1a(feature)%uint64(l.dim)] += weight
+	forEachFeature(norm.NFKC.String(text), func(hash uint64, weight float32) {
+		v[hash%uint64(l.dim)] += weight
 	})
 	normalise(v)
 	return v, nil
 }
 
-func fnv1a(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
+// FNV-1a's 64-bit parameters.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnvRune continues the FNV-1a hash h with r's UTF-8 bytes.
+func fnvRune(h uint64, r rune) uint64 {
+	var b [utf8.UTFMax]byte
+	for _, c := range b[:utf8.EncodeRune(b[:], r)] {
+		h ^= uint64(c)
+		h *= fnvPrime
 	}
 	return h
 }
 
-// forEachFeature calls f for every feature of s and its weight (see Lexical).
-func forEachFeature(s string, f func(string, float32)) {
-	var word strings.Builder
+// forEachFeature calls f with the FNV-1a hash of every feature of s (the hash of the
+// feature's UTF-8 text) and its weight (see Lexical). Each feature is hashed as its
+// runes are read, so none is built as a string: the verifier embeds every answer.
+func forEachFeature(s string, f func(hash uint64, weight float32)) {
+	word, inWord := uint64(fnvOffset), false
 	flush := func() {
-		if word.Len() > 0 {
-			f(word.String(), 1)
-			word.Reset()
+		if inWord {
+			f(word, 1)
+			word, inWord = fnvOffset, false
 		}
 	}
 	var prev rune = -1 // previous CJK character, -1 when the previous rune was not CJK
@@ -65,14 +75,14 @@ func forEachFeature(s string, f func(string, float32)) {
 		switch {
 		case isCJK(r):
 			flush()
-			f(string(r), 0.5)
+			f(fnvRune(fnvOffset, r), 0.5)
 			if prev >= 0 {
-				f(string([]rune{prev, r}), 1)
+				f(fnvRune(fnvRune(fnvOffset, prev), r), 1)
 			}
 			prev = r
 			continue
 		case unicode.IsLetter(r) || unicode.IsDigit(r):
-			word.WriteRune(unicode.ToLower(r))
+			word, inWord = fnvRune(word, unicode.ToLower(r)), true
 		default:
 			flush()
 		}
