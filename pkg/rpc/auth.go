@@ -92,8 +92,7 @@ func (a *Authenticator) AuthenticateContext(ctx context.Context) (context.Contex
 	if !a.Enabled() {
 		return ctx, nil
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	values := md.Get("authorization")
+	values := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(values) == 0 {
 		return nil, Status(codes.Unauthenticated, "auth.mantle", ReasonUnauthenticated, "missing API key: send authorization: Bearer <key>")
 	}

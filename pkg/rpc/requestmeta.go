@@ -131,15 +131,16 @@ func traceParent(traceID string) string {
 // a trace id when the caller sent none. With tracing on, the server span the stats handler
 // started already holds the trace id (the caller's, or a new one), and it is kept.
 func requestMetaFromIncoming(ctx context.Context) context.Context {
-	md, _ := metadata.FromIncomingContext(ctx)
-	if v := md.Get(MetadataRequestID); len(v) > 0 && ValidRequestID(v[0]) {
+	// ValueFromIncomingContext reads one key without copying the whole metadata, as
+	// FromIncomingContext does; every call of every service comes through here.
+	if v := metadata.ValueFromIncomingContext(ctx, MetadataRequestID); len(v) > 0 && ValidRequestID(v[0]) {
 		ctx = WithCallerRequestID(ctx, v[0])
 	}
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		return ctx
 	}
 	traceID := ""
-	if v := md.Get(MetadataTraceParent); len(v) > 0 {
+	if v := metadata.ValueFromIncomingContext(ctx, MetadataTraceParent); len(v) > 0 {
 		traceID, _ = TraceIDFromTraceParent(v[0])
 	}
 	if traceID == "" {
