@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,6 +51,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	temperature := fs.String("temperature", "", "temperature of every request; unset (the SDK default) the cache declines to cache, 0 makes every answer cacheable")
 	format := fs.String("format", "text", "output: text or json")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
+	traceOut := fs.String("trace", "", "write an execution trace of each mode to <this>.<mode>.trace (go tool trace; -pprof=sched shows waits for a CPU)")
 	memProfile := fs.String("memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
 	inProcess := fs.Bool("in-process", false, "run every mode in this process (CPU and RSS figures then mix)")
 	split := fs.Bool("split", true, "run the proxy or the mesh in a process of its own, apart from the load generator and the upstream; false puts all three in one")
@@ -89,8 +91,8 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 		run = append(run, mode)
 	}
 
-	// profiled runs f with the CPU and allocation profiles of this process that the flags
-	// ask for, named after mode.
+	// profiled runs f with the CPU and allocation profiles and the execution trace of this
+	// process that the flags ask for, named after mode.
 	profiled := func(mode benchload.Mode, f func() error) error {
 		if *cpuProfile != "" {
 			out, err := os.Create(fmt.Sprintf("%s.%s.pprof", *cpuProfile, mode))
@@ -102,6 +104,17 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 				return fmt.Errorf("--cpuprofile: %w", err)
 			}
 			defer pprof.StopCPUProfile()
+		}
+		if *traceOut != "" {
+			out, err := os.Create(fmt.Sprintf("%s.%s.trace", *traceOut, mode))
+			if err != nil {
+				return fmt.Errorf("--trace: %w", err)
+			}
+			defer out.Close()
+			if err := trace.Start(out); err != nil {
+				return fmt.Errorf("--trace: %w", err)
+			}
+			defer trace.Stop()
 		}
 		if err := f(); err != nil {
 			return err
@@ -132,7 +145,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 			// The hop's process profiles itself: that is where mantle's work is.
 			c.HopCommand = func(ctx context.Context, mode benchload.Mode, upstreamAddr string) *exec.Cmd {
 				cmd := exec.CommandContext(ctx, self, benchLoadName, "--serve-hop", "--modes", string(mode), "--upstream", upstreamAddr,
-					"--cpuprofile", *cpuProfile, "--memprofile", *memProfile)
+					"--cpuprofile", *cpuProfile, "--memprofile", *memProfile, "--trace", *traceOut)
 				cmd.Stderr = stderr
 				return cmd
 			}
@@ -167,7 +180,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 			res, err = runChild(ctx, mode, []string{
 				"--rates", *rates, "--duration", duration.String(), "--warmup", warmup.String(),
 				"--max-in-flight", strconv.Itoa(*maxInFlight), "--same-prompt=" + strconv.FormatBool(*samePrompt),
-				"--cpuprofile", *cpuProfile, "--memprofile", *memProfile, "--temperature", *temperature,
+				"--cpuprofile", *cpuProfile, "--memprofile", *memProfile, "--trace", *traceOut, "--temperature", *temperature,
 				"--split=" + strconv.FormatBool(*split),
 			}, stderr)
 		}
