@@ -43,7 +43,7 @@ test-sdk:
 drill:
 	$(GO) run ./cmd/mantle drill --scenario seed-incident --time-scale 0.025 --out drill-report
 
-## bench-load: added latency, CPU and RSS at 500-4000 requests/s (about 3 min); see docs/performance.md
+## bench-load: added latency, CPU and RSS at 500-4000 requests/s (about 4 min); see docs/performance.md
 bench-load: build
 	$(BIN)/mantle bench-load --rates 500,1000,2000,4000 --duration 10s --warmup 2s
 
