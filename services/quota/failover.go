@@ -92,8 +92,8 @@ func (f *FailoverStore) Degraded() bool {
 // unreachable reports whether err means Redis could not answer, as opposed to an answer
 // that was an error (a script bug) or the caller giving up.
 func unreachable(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil || errors.Is(err, redis.Nil) {
-		return false
+	if err == nil || ctx.Err() != nil || errors.Is(err, redis.Nil) || errors.Is(err, errMalformedReply) {
+		return false // a malformed reply is a wrong answer, not a missing one
 	}
 	if rerr, ok := errors.AsType[redis.Error](err); ok {
 		// Replies that mean "not now" rather than "wrong".

@@ -127,7 +127,7 @@ const (
 )
 
 func mpHeader(b string, i int) (kind mpKind, v uint64, next int) {
-	if i >= len(b) {
+	if i < 0 || i >= len(b) {
 		return mpBad, 0, i
 	}
 	c := b[i]
@@ -265,16 +265,17 @@ func opReply(b string) scriptReply {
 	case mpArr:
 		return scriptReply{v: b}
 	case mpMap:
-		for ; n > 0; n-- {
+		// The "err" pair, wherever it is; other pairs are skipped.
+		for ; n > 0 && i >= 0; n-- {
 			kk, kl, ki := mpHeader(b, i)
-			vk, vl, vi := mpHeader(b, ki+int(kl))
-			if kk != mpStr || vk != mpStr || ki+int(kl) > len(b) || vi+int(vl) > len(b) {
+			if kk == mpStr && kl <= uint64(len(b)-ki) && b[ki:ki+int(kl)] == "err" {
+				vk, vl, vi := mpHeader(b, ki+int(kl))
+				if vk == mpStr && vl <= uint64(len(b)-vi) {
+					return scriptReply{err: opError(b[vi : vi+int(vl)])}
+				}
 				break
 			}
-			if b[ki:ki+int(kl)] == "err" {
-				return scriptReply{err: opError(b[vi : vi+int(vl)])}
-			}
-			i = vi + int(vl)
+			i = mpSkip(b, mpSkip(b, i)) // the key, then its value
 		}
 	}
 	return scriptReply{err: errMalformedReply}

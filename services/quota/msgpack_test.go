@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -27,12 +28,13 @@ for i = 1, 16 do out[i] = v[i] end
 out[17] = 2^63
 out[18] = -2^64
 out[19] = type(v[17]) .. ',' .. type(v[18]) .. ',' .. tostring(v[16])
-return cmsgpack.pack({out, {err = 'WRONGTYPE Operation against a key holding the wrong kind of value'}})`
+return cmsgpack.pack({out, {err = 'WRONGTYPE Operation against a key holding the wrong kind of value'},
+  {ignore_error_stats_update = true, err = 'OOM command not allowed'}})`
 	packed, err := c.Eval(ctx, echo, nil, args).Text()
 	if err != nil {
 		t.Fatal(err)
 	}
-	replies, err := splitReplies(packed, 2)
+	replies, err := splitReplies(packed, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,10 +70,45 @@ return cmsgpack.pack({out, {err = 'WRONGTYPE Operation against a key holding the
 	if err := opReply(replies[1]).err; !redis.HasErrorPrefix(err, "WRONGTYPE") {
 		t.Errorf("error reply: %v, want WRONGTYPE", err)
 	}
-	if _, err := splitReplies(packed[:len(packed)-1], 2); !errors.Is(err, errMalformedReply) {
+	// An error table as Redis raises it, with a field besides err (packed first or not).
+	if err := opReply(replies[2]).err; !redis.HasErrorPrefix(err, "OOM") {
+		t.Errorf("error table with other fields: %v, want OOM", err)
+	}
+	for _, bad := range []string{replies[2][:len(replies[2])-3], "\x81\xa1x\xc3", "\x82\xa1x"} {
+		if err := opReply(bad).err; !errors.Is(err, errMalformedReply) {
+			t.Errorf("opReply(%q) = %v, want errMalformedReply", bad, err)
+		}
+	}
+	if _, err := splitReplies(packed[:len(packed)-1], 3); !errors.Is(err, errMalformedReply) {
 		t.Errorf("truncated batch reply: %v, want errMalformedReply", err)
 	}
-	if _, err := splitReplies(packed, 3); err == nil {
+	if _, err := splitReplies(packed, 4); err == nil {
 		t.Error("a batch reply with fewer replies than operations: no error")
+	}
+}
+
+// A reply the store cannot read is Redis answering wrongly, not Redis missing: it must
+// not send the replica to its local limiter.
+func TestUnreachable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	for _, tt := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"no error", ctx, nil, false},
+		{"malformed reply", ctx, fmt.Errorf("reserve: %w", errMalformedReply), false},
+		{"an operation's error", ctx, opError("WRONGTYPE Operation against a key"), false},
+		{"loading", ctx, opError("LOADING Redis is loading the dataset"), true},
+		{"connection refused", ctx, errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), true},
+		{"caller gave up", cancelled, errors.New("dial tcp: i/o timeout"), false},
+	} {
+		if got := unreachable(tt.ctx, tt.err); got != tt.want {
+			t.Errorf("%s: unreachable = %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }

@@ -32,9 +32,11 @@ local function batch(keys, args)
       k2 = keys[k + 1]
     end
     local ok, res = pcall(op, keys[k], k2, argv)
-    if ok then
-      out[#out + 1] = res
-    elseif type(res) == 'table' and res.err then
+    if type(res) == 'table' and res.err then
+      -- An error reply, returned or raised: its message alone (Redis's own error tables
+      -- carry other fields, which the client does not read).
+      out[#out + 1] = {err = res.err}
+    elseif ok then
       out[#out + 1] = res
     elseif type(res) == 'string' and string.find(res, '^%u+ ') then
       -- A Redis error (WRONGTYPE ..., OOM ...) raised by redis.call: as it was.
