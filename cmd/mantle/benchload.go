@@ -53,7 +53,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
 	traceOut := fs.String("trace", "", "write an execution trace of each mode to <this>.<mode>.trace (go tool trace; -pprof=sched shows waits for a CPU)")
 	memProfile := fs.String("memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
-	inProcess := fs.Bool("in-process", false, "run every mode in this process (CPU and RSS figures then mix)")
+	inProcess := fs.Bool("in-process", false, "run every mode in this process (CPU and RSS figures then mix; with --split the proxy or mesh still gets a process of its own)")
 	split := fs.Bool("split", true, "run the proxy or the mesh in a process of its own, apart from the load generator and the upstream; false puts all three in one")
 	child := fs.Bool("child", false, "internal: run one mode and print its results as JSON")
 	serveHop := fs.Bool("serve-hop", false, "internal: serve one mode's proxy or mesh for a benchmark in another process")

@@ -13,6 +13,9 @@ import (
 )
 
 func TestBenchLoadInProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a router process")
+	}
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--in-process", "--modes", "direct,router", "--rates", "40", "--duration", "250ms", "--warmup", "0s"}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/sim"
@@ -289,6 +290,14 @@ func (c Config) Validate() error {
 	if c.MaxOutputTokens < 0 {
 		add("max_output_tokens: must not be negative, got %d", c.MaxOutputTokens)
 	}
+	for _, a := range []struct{ key, value string }{
+		{"quota_address", c.QuotaAddress}, {"cache_address", c.CacheAddress}, {"verifier_address", c.VerifierAddress},
+	} {
+		// "OFF" would be dialled as a host name and fail on every request, later.
+		if a.value != Off && strings.EqualFold(a.value, Off) {
+			add("%s: write %q to run without the service, got %q", a.key, Off, a.value)
+		}
+	}
 	if c.Status.Refresh != 0 && c.Status.Refresh < time.Second {
 		add("status.refresh: want 0 (off) or at least 1s, got %s", c.Status.Refresh)
 	}
@@ -413,6 +422,9 @@ func (c Config) Validate() error {
 		}
 		if r.Ladder.ForceLevel == ForceCache && !r.Ladder.Cache {
 			add("%s.ladder.force_level: cache needs ladder.cache: true", key)
+		}
+		if r.Ladder.ForceLevel == ForceCache && c.CacheAddress == Off {
+			add("%s.ladder.force_level: cache needs the cache service, and cache_address is off", key)
 		}
 		if r.Hedge.MinDelay < 0 || (r.Hedge.MaxDelay > 0 && r.Hedge.MaxDelay < r.Hedge.MinDelay) {
 			add("%s.hedge: min_delay must not be negative nor above max_delay", key)

@@ -26,6 +26,13 @@ func TestConfigValidate(t *testing.T) {
 		{"no hedges at all", func(c *Config) { c.HedgeBudget = HedgeBudgetConfig{} }, nil},
 		{"negative hop reserve", func(c *Config) { c.HopReserve = -1 }, []string{"hop_reserve"}},
 		{"prompt bytes", func(c *Config) { c.MaxPromptBytes = 0 }, []string{"max_prompt_bytes: must be positive"}},
+		{"services off", func(c *Config) { c.QuotaAddress, c.CacheAddress, c.VerifierAddress = Off, Off, Off }, nil},
+		{"off in capitals", func(c *Config) { c.CacheAddress, c.VerifierAddress = "OFF", "Off" }, []string{
+			`cache_address: write "off" to run without the service, got "OFF"`, `verifier_address: write "off" to run without the service, got "Off"`}},
+		{"cache-only mode without a cache", func(c *Config) {
+			c.CacheAddress = Off
+			c.Routes[0].Ladder = LadderConfig{Cache: true, ForceLevel: ForceCache}
+		}, []string{"routes[0].ladder.force_level: cache needs the cache service, and cache_address is off"}},
 		{"output tokens", func(c *Config) { c.MaxOutputTokens = -1 }, []string{"max_output_tokens: must not be negative"}},
 		{"provider name", func(c *Config) { c.Providers[0].Name = "" }, []string{"providers[0].name: required", `models[0].provider: unknown provider "p"`}},
 		{"duplicate provider", func(c *Config) { c.Providers = append(c.Providers, c.Providers[0]) }, []string{`providers[1].name: duplicate provider "p"`}},

@@ -84,6 +84,9 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	}
 	if verifierConn != nil {
 		deps.Verifier = verifierv1.NewVerifierServiceClient(verifierConn)
+	} else if deps.Cache != nil {
+		// Only verified answers are cached (router.serve), so this router stores none.
+		env.Log.Warn("verifier_address is off and the cache is on: this router's answers are unverified and not stored; lookups find only what other routers stored")
 	}
 
 	// One transport for every provider: connection reuse matters more than isolation here,

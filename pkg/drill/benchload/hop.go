@@ -153,6 +153,9 @@ func startProcessHop(cmd *exec.Cmd) (hop, error) {
 		return nil, fmt.Errorf("benchload: hop process: %w", err)
 	}
 	h := &processHop{cmd: cmd, stdin: stdin, dec: json.NewDecoder(stdout)}
+	// A hop that never says it serves is killed, which ends the read below.
+	wedged := time.AfterFunc(hopStartTimeout, func() { _ = cmd.Process.Kill() })
+	defer wedged.Stop()
 	var ready hopReady
 	if err := h.dec.Decode(&ready); err != nil {
 		return nil, errors.Join(fmt.Errorf("benchload: hop process did not start: %w", err), h.stop())
@@ -174,10 +177,27 @@ func (h *processHop) usage() (rusage, bool, error) {
 	return rusage{cpu: time.Duration(u.CPUNanos), maxRSSMiB: u.MaxRSSMiB}, true, nil
 }
 
-// stop closes the hop's input, which ends it, and waits for it to exit.
+// Bounds on a hop process that hangs: starting (a mesh starts in well under a second)
+// and stopping (its graceful shutdown).
+const (
+	hopStartTimeout = time.Minute
+	hopStopTimeout  = 30 * time.Second
+)
+
+// stop closes the hop's input, which ends it, and waits for it to exit; one that does
+// not within hopStopTimeout is killed.
 func (h *processHop) stop() error {
 	_ = h.stdin.Close()
-	if err := h.cmd.Wait(); err != nil {
+	exited := make(chan error, 1)
+	go func() { exited <- h.cmd.Wait() }()
+	var err error
+	select {
+	case err = <-exited:
+	case <-time.After(hopStopTimeout):
+		_ = h.cmd.Process.Kill()
+		err = errors.Join(errors.New("did not stop in time; killed"), <-exited)
+	}
+	if err != nil {
 		return fmt.Errorf("benchload: hop process: %w", err)
 	}
 	return nil
