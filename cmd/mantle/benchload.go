@@ -91,30 +91,35 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 		run = append(run, mode)
 	}
 
+	// record starts one recording of this process (a CPU profile, an execution trace) into
+	// <prefix>.<mode>.<ext>; the func it returns ends it.
+	record := func(flag, prefix string, mode benchload.Mode, ext string, start func(io.Writer) error, stop func()) (func(), error) {
+		out, err := os.Create(fmt.Sprintf("%s.%s.%s", prefix, mode, ext))
+		if err != nil {
+			return nil, fmt.Errorf("--%s: %w", flag, err)
+		}
+		if err := start(out); err != nil {
+			_ = out.Close()
+			return nil, fmt.Errorf("--%s: %w", flag, err)
+		}
+		return func() { stop(); _ = out.Close() }, nil
+	}
 	// profiled runs f with the CPU and allocation profiles and the execution trace of this
 	// process that the flags ask for, named after mode.
 	profiled := func(mode benchload.Mode, f func() error) error {
 		if *cpuProfile != "" {
-			out, err := os.Create(fmt.Sprintf("%s.%s.pprof", *cpuProfile, mode))
+			end, err := record("cpuprofile", *cpuProfile, mode, "pprof", pprof.StartCPUProfile, pprof.StopCPUProfile)
 			if err != nil {
-				return fmt.Errorf("--cpuprofile: %w", err)
+				return err
 			}
-			defer out.Close()
-			if err := pprof.StartCPUProfile(out); err != nil {
-				return fmt.Errorf("--cpuprofile: %w", err)
-			}
-			defer pprof.StopCPUProfile()
+			defer end()
 		}
 		if *traceOut != "" {
-			out, err := os.Create(fmt.Sprintf("%s.%s.trace", *traceOut, mode))
+			end, err := record("trace", *traceOut, mode, "trace", trace.Start, trace.Stop)
 			if err != nil {
-				return fmt.Errorf("--trace: %w", err)
+				return err
 			}
-			defer out.Close()
-			if err := trace.Start(out); err != nil {
-				return fmt.Errorf("--trace: %w", err)
-			}
-			defer trace.Stop()
+			defer end()
 		}
 		if err := f(); err != nil {
 			return err

@@ -48,60 +48,49 @@ func TestBenchLoadChildPrintsJSON(t *testing.T) {
 	}
 }
 
+// TestBenchLoadProfiles: the profiles and the execution trace are those of the process
+// that does the work: the benchmark's own in the direct mode, and with the router in a
+// process of its own (--split), that process's.
 func TestBenchLoadProfiles(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	var stdout, stderr bytes.Buffer
-	args := []string{"--child", "--modes", "direct", "--rates", "40", "--duration", "200ms", "--warmup", "0s",
-		"--cpuprofile", filepath.Join(dir, "cpu"), "--memprofile", filepath.Join(dir, "mem")}
-	if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
-		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
-	}
-	for _, name := range []string{"cpu.direct.pprof", "mem.direct.pprof"} {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		// pprof profiles are gzipped protobuf.
-		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
-			t.Errorf("%s is not a gzipped profile (%d bytes)", name, len(b))
-		}
-	}
-}
-
-// TestBenchLoadProfilesTheHop: with the router in a process of its own, the profiles and
-// the execution trace are that process's, where mantle's work is.
-func TestBenchLoadProfilesTheHop(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a router process")
-	}
-	t.Parallel()
-	dir := t.TempDir()
-	var stdout, stderr bytes.Buffer
-	args := []string{"--child", "--modes", "router", "--rates", "40", "--duration", "200ms", "--warmup", "0s",
-		"--cpuprofile", filepath.Join(dir, "cpu"), "--memprofile", filepath.Join(dir, "mem"), "--trace", filepath.Join(dir, "tr")}
-	if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
-		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
-	}
-	for _, name := range []string{"cpu.router.pprof", "mem.router.pprof"} {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
-			t.Errorf("%s is not a gzipped profile (%d bytes)", name, len(b))
-		}
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "tr.router.trace"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.HasPrefix(b, []byte("go 1.")) || len(b) < 1024 {
-		t.Errorf("tr.router.trace is not an execution trace (%d bytes, starts %q)", len(b), b[:min(len(b), 16)])
-	}
-	var res []benchload.Result
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil || len(res) != 1 || res[0].HopPeakRSSMB <= 0 {
-		t.Errorf("results %+v (%v), want one measured in a router process of its own", res, err)
+	for _, mode := range []benchload.Mode{benchload.Direct, benchload.RouterOnly} {
+		t.Run(string(mode), func(t *testing.T) {
+			if testing.Short() && mode != benchload.Direct {
+				t.Skip("starts a router process")
+			}
+			t.Parallel()
+			dir := t.TempDir()
+			var stdout, stderr bytes.Buffer
+			args := []string{"--child", "--modes", string(mode), "--rates", "40", "--duration", "200ms", "--warmup", "0s",
+				"--cpuprofile", filepath.Join(dir, "cpu"), "--memprofile", filepath.Join(dir, "mem"), "--trace", filepath.Join(dir, "tr")}
+			if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
+				t.Fatalf("bench-load: %v\n%s", err, stderr.String())
+			}
+			for _, name := range []string{"cpu." + string(mode) + ".pprof", "mem." + string(mode) + ".pprof"} {
+				b, err := os.ReadFile(filepath.Join(dir, name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				// pprof profiles are gzipped protobuf.
+				if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+					t.Errorf("%s is not a gzipped profile (%d bytes)", name, len(b))
+				}
+			}
+			b, err := os.ReadFile(filepath.Join(dir, "tr."+string(mode)+".trace"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.HasPrefix(b, []byte("go 1.")) || len(b) < 1024 {
+				t.Errorf("the trace is not an execution trace (%d bytes, starts %q)", len(b), b[:min(len(b), 16)])
+			}
+			var res []benchload.Result
+			if err := json.Unmarshal(stdout.Bytes(), &res); err != nil || len(res) != 1 {
+				t.Fatalf("results %+v (%v), want one", res, err)
+			}
+			if split := res[0].HopPeakRSSMB > 0; split != (mode != benchload.Direct) {
+				t.Errorf("%s measured a process of its own: %v", mode, split)
+			}
+		})
 	}
 }
 

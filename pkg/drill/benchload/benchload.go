@@ -178,7 +178,7 @@ func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 		res.Mode = cfg.Mode
 		res.CPUPer1000 = per1000(after.cpu - before.cpu + hopAfter.cpu - hopBefore.cpu)
 		res.PeakRSSMB = after.maxRSSMiB
-		if hopAfter != (rusage{}) {
+		if cfg.HopCommand != nil {
 			res.HopCPUPer1000 = per1000(hopAfter.cpu - hopBefore.cpu)
 			res.HopPeakRSSMB = hopAfter.maxRSSMiB
 		}
@@ -187,17 +187,13 @@ func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 	return out, nil
 }
 
-// usages reads this process's usage and, when h runs in a process of its own, h's.
+// usages reads this process's usage and h's (zero without a hop, or one in this process).
 func usages(h hop) (self, ofHop rusage, err error) {
 	self = usage()
 	if h != nil {
-		if u, ok, err := h.usage(); err != nil {
-			return self, ofHop, err
-		} else if ok {
-			ofHop = u
-		}
+		ofHop, err = h.usage()
 	}
-	return self, ofHop, nil
+	return self, ofHop, err
 }
 
 // MeshConfig is the mesh mode runs with, calling the upstream at base.

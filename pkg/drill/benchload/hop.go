@@ -23,9 +23,9 @@ import (
 type hop interface {
 	// endpoint is the chat completions URL to send requests to.
 	endpoint() string
-	// usage is the resource use of the hop's own process; ok is false when the hop
-	// shares the benchmark's process, whose usage already counts it.
-	usage() (u rusage, ok bool, err error)
+	// usage is the resource use of the hop's own process; zero when the hop shares the
+	// benchmark's process, whose usage already counts it.
+	usage() (rusage, error)
 	stop() error
 }
 
@@ -59,9 +59,9 @@ type localHop struct {
 	stopFunc func() error
 }
 
-func (h *localHop) endpoint() string             { return h.url }
-func (h *localHop) usage() (rusage, bool, error) { return rusage{}, false, nil }
-func (h *localHop) stop() error                  { return h.stopFunc() }
+func (h *localHop) endpoint() string       { return h.url }
+func (h *localHop) usage() (rusage, error) { return rusage{}, nil }
+func (h *localHop) stop() error            { return h.stopFunc() }
 
 // startProxy serves a bare reverse proxy to upstream on a free loopback port, with the
 // connection pool the router's provider client has.
@@ -166,15 +166,15 @@ func startProcessHop(cmd *exec.Cmd) (hop, error) {
 
 func (h *processHop) endpoint() string { return h.url }
 
-func (h *processHop) usage() (rusage, bool, error) {
+func (h *processHop) usage() (rusage, error) {
 	if _, err := io.WriteString(h.stdin, "usage\n"); err != nil {
-		return rusage{}, false, fmt.Errorf("benchload: hop process: %w", err)
+		return rusage{}, fmt.Errorf("benchload: hop process: %w", err)
 	}
 	var u hopUsage
 	if err := h.dec.Decode(&u); err != nil {
-		return rusage{}, false, fmt.Errorf("benchload: hop process usage: %w", err)
+		return rusage{}, fmt.Errorf("benchload: hop process usage: %w", err)
 	}
-	return rusage{cpu: time.Duration(u.CPUNanos), maxRSSMiB: u.MaxRSSMiB}, true, nil
+	return rusage{cpu: time.Duration(u.CPUNanos), maxRSSMiB: u.MaxRSSMiB}, nil
 }
 
 // Bounds on a hop process that hangs: starting (a mesh starts in well under a second)
