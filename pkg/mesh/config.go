@@ -32,6 +32,7 @@ type Config struct {
 	Auth     AuthConfig              `yaml:"auth"`
 	Events   EventsConfig            `yaml:"events"`
 	Log      LogConfig               `yaml:"log"`
+	Runtime  RuntimeConfig           `yaml:"runtime"`
 	Tracing  telemetry.TracingConfig `yaml:"tracing"`
 	Router   router.Config           `yaml:"router"`
 	Cache    cache.Config            `yaml:"cache"`
@@ -88,6 +89,7 @@ func Default() Config {
 			MaxMessageBytes:         16 << 20,
 		},
 		Log:      LogConfig{Level: "info", Format: "json"},
+		Runtime:  DefaultRuntimeConfig(),
 		Tracing:  telemetry.DefaultTracingConfig(),
 		Router:   router.DefaultConfig(),
 		Cache:    cache.DefaultConfig(),
@@ -236,6 +238,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log.format: want json or text, got %q", c.Log.Format))
 	}
 	wrap("tracing", c.Tracing.Validate())
+	wrap("runtime", c.Runtime.Validate())
 	if c.Events.Embedded && c.Events.NATSURL != "" {
 		errs = append(errs, errors.New("events: set nats_url or embedded, not both"))
 	}

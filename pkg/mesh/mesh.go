@@ -45,6 +45,10 @@ type Options struct {
 	// TraceExporter replaces the OTLP exporter when tracing.enabled is true: tests pass an
 	// in-memory one, which receives every span as it ends.
 	TraceExporter sdktrace.SpanExporter
+	// TuneRuntime applies the runtime block to this process (its garbage collector and
+	// memory limit are the whole process's): for a process that exists to serve mantle,
+	// not for tests or tools that start a mesh inside another program.
+	TuneRuntime bool
 }
 
 // Process is a configured mantle process with its listeners bound.
@@ -79,6 +83,9 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	}
 	log := NewLogger(cfg.Log, opts.LogOutput, cfg.secretValues(opts.Getenv)...)
 	p := &Process{Log: log, clock: opts.Clock, current: cfg}
+	if opts.TuneRuntime {
+		tuneRuntime(cfg.Runtime, opts.Getenv, nil, log)
+	}
 	reg := prometheus.NewRegistry()
 
 	authn, err := rpc.NewAuthenticator(cfg.Auth.Tenants, opts.Getenv)

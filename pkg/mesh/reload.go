@@ -18,7 +18,7 @@ const maxLoggedChanges = 50
 // configuration"): the blocks of modules without Reload, and the router settings its
 // running budgets, breakers, limiter, store and connections were built from.
 var restartPrefixes = []string{
-	"target", "server", "auth", "events", "tracing", "log", "cache", "quota", "verifier",
+	"target", "server", "auth", "events", "tracing", "log", "runtime", "cache", "quota", "verifier",
 	"router.retry_budget", "router.hedge_budget", "router.breaker", "router.quota_fallback_rpm",
 	"router.idempotency", "router.quota_address", "router.cache_address", "router.verifier_address",
 }

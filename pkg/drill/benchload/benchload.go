@@ -144,7 +144,7 @@ func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 		if cfg.HopCommand != nil {
 			h, err = startProcessHop(cfg.HopCommand(ctx, cfg.Mode, upstreamAddr))
 		} else {
-			h, err = startHop(ctx, cfg.Mode, upstreamAddr, logOut)
+			h, err = startHop(ctx, cfg.Mode, upstreamAddr, false, logOut)
 		}
 		if err != nil {
 			return nil, err

@@ -30,7 +30,9 @@ type hop interface {
 }
 
 // startHop starts mode's hop in this process, in front of the upstream at upstreamAddr.
-func startHop(ctx context.Context, mode Mode, upstreamAddr string, logOut io.Writer) (hop, error) {
+// ownProcess says the process exists to serve it, as mantle serve's does: a mesh then
+// tunes the Go runtime as its configuration says (mesh.Options.TuneRuntime).
+func startHop(ctx context.Context, mode Mode, upstreamAddr string, ownProcess bool, logOut io.Writer) (hop, error) {
 	if mode == Proxy {
 		return startProxy(ctx, upstreamAddr)
 	}
@@ -38,7 +40,7 @@ func startHop(ctx context.Context, mode Mode, upstreamAddr string, logOut io.Wri
 	if err != nil {
 		return nil, err
 	}
-	p, err := mesh.Start(ctx, mc, mesh.Options{LogOutput: logOut})
+	p, err := mesh.Start(ctx, mc, mesh.Options{LogOutput: logOut, TuneRuntime: ownProcess})
 	if err != nil {
 		return nil, fmt.Errorf("benchload: start mesh: %w", err)
 	}
@@ -107,7 +109,7 @@ func ServeHop(ctx context.Context, mode Mode, upstreamAddr string, in io.Reader,
 	if mode == Direct {
 		return errors.New("benchload: the direct mode has no hop")
 	}
-	h, err := startHop(ctx, mode, upstreamAddr, logOut)
+	h, err := startHop(ctx, mode, upstreamAddr, true, logOut)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,55 @@
+package benchload
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/sim"
+)
+
+// BenchmarkRequest sends one request at a time through each mode, all in this process: the
+// instant upstream, the hop and the client. Its allocations per request are a steady
+// figure where bench-load's latencies are not; a mode's own share is its figure less
+// direct's, which pays for the client and the upstream.
+//
+//	go test -run '^$' -bench BenchmarkRequest -benchmem -count 6 ./pkg/drill/benchload/ | benchstat -
+func BenchmarkRequest(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.DiscardHandler)
+	upstreamAddr, waitUpstream, err := sim.Start(ctx, "127.0.0.1:0", sim.NewServer(sim.ServerConfig{Log: log}), log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cancel(); _ = waitUpstream() })
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}}
+	b.Cleanup(c.CloseIdleConnections)
+	payload := body(false, nil, 0)
+
+	for _, mode := range Modes() {
+		b.Run(string(mode), func(b *testing.B) {
+			url := "http://" + upstreamAddr + "/v1/chat/completions"
+			if mode != Direct {
+				h, err := startHop(ctx, mode, upstreamAddr, false, io.Discard)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() {
+					if err := h.stop(); err != nil {
+						b.Error(err)
+					}
+				})
+				url = h.endpoint()
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := send(ctx, c, url, payload); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,87 @@
+package mesh
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
+)
+
+// RuntimeConfig tunes the Go runtime of a process that serves mantle (mantle serve and
+// mantle dev; tests and tools that start a mesh inside another program leave their
+// process alone). Both settings yield to the environment: GOGC, GOMEMLIMIT and
+// AUTOMEMLIMIT, when set, win.
+type RuntimeConfig struct {
+	// GCPercent is GOGC: how far, in percent of the live heap, the heap grows before the
+	// next collection. A mesh keeps little alive (tens of MiB) and allocates per request,
+	// so at Go's 100 it collects several times a second under load, and requests that
+	// arrive meanwhile wait behind the collector's pauses and assists. 200 halves the
+	// collections for tens of MiB more (docs/performance.md, "Sixth session").
+	GCPercent int `yaml:"gc_percent"`
+	// MemoryLimitRatio sets GOMEMLIMIT to this share of the container's memory limit
+	// (cgroups), so that a heap allowed to grow by GCPercent is collected harder as it
+	// nears the limit instead of being killed at it. 0 leaves GOMEMLIMIT unset; without a
+	// cgroup limit it stays unset too.
+	MemoryLimitRatio float64 `yaml:"memory_limit_ratio"`
+}
+
+// DefaultRuntimeConfig is the runtime block's defaults.
+func DefaultRuntimeConfig() RuntimeConfig {
+	return RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}
+}
+
+// Validate checks the block.
+func (c RuntimeConfig) Validate() error {
+	var errs []error
+	if c.GCPercent <= 0 {
+		errs = append(errs, fmt.Errorf("gc_percent: must be positive (Go's default is 100), got %d", c.GCPercent))
+	}
+	if c.MemoryLimitRatio < 0 || c.MemoryLimitRatio > 1 {
+		errs = append(errs, fmt.Errorf("memory_limit_ratio: want 0 (off) or a share in (0, 1], got %g", c.MemoryLimitRatio))
+	}
+	return errors.Join(errs...)
+}
+
+// tuneRuntime applies c to this process and logs what the runtime now runs with. limit
+// says how much memory the process may use; nil reads the cgroup's limit.
+func tuneRuntime(c RuntimeConfig, getenv func(string) string, limit memlimit.Provider, log *slog.Logger) {
+	gogc := "GOGC environment variable"
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(c.GCPercent)
+		gogc = "runtime.gc_percent"
+	}
+	percent := debug.SetGCPercent(-1)
+	debug.SetGCPercent(percent)
+
+	memory := "GOMEMLIMIT environment variable"
+	switch {
+	case getenv("GOMEMLIMIT") != "":
+	case c.MemoryLimitRatio == 0:
+		memory = "off (runtime.memory_limit_ratio: 0)"
+	default:
+		if limit == nil {
+			limit = memlimit.FromCgroup
+		}
+		// memlimit.Set itself leaves GOMEMLIMIT alone when that variable is set, and
+		// honours AUTOMEMLIMIT (a ratio or "off").
+		switch l, err := memlimit.Set(memlimit.WithRatio(c.MemoryLimitRatio), memlimit.WithProvider(limit)); {
+		case err != nil:
+			// Not in a cgroup (or not on Linux): nothing to keep under.
+			memory = "no memory limit found: " + err.Error()
+		case l == maxMemoryLimit:
+			memory = "no memory limit found"
+		default:
+			memory = fmt.Sprintf("%g of the cgroup memory limit", c.MemoryLimitRatio)
+		}
+	}
+	attrs := []any{"gc_percent", percent, "gc_percent_from", gogc, "memory_limit_from", memory}
+	if l := debug.SetMemoryLimit(-1); l != maxMemoryLimit {
+		attrs = append(attrs, "memory_limit_mib", l>>20)
+	}
+	log.Info("go runtime", attrs...)
+}
+
+// maxMemoryLimit is GOMEMLIMIT's value when no limit is set (math.MaxInt64).
+const maxMemoryLimit = 1<<63 - 1
