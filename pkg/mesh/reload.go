@@ -20,7 +20,7 @@ const maxLoggedChanges = 50
 var restartPrefixes = []string{
 	"target", "server", "auth", "events", "tracing", "log", "runtime", "cache", "quota", "verifier",
 	"router.retry_budget", "router.hedge_budget", "router.breaker", "router.quota_fallback_rpm",
-	"router.idempotency", "router.quota_address", "router.cache_address", "router.verifier_address",
+	"router.idempotency", "router.overload", "router.quota_address", "router.cache_address", "router.verifier_address",
 }
 
 // restartPaths are the changed paths that apply only after a restart.

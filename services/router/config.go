@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/sim"
+	"github.com/mantle-mesh/mantle/services/router/internal/overload"
 	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
 
@@ -73,6 +74,9 @@ type Config struct {
 	Idempotency IdempotencyConfig `yaml:"idempotency"`
 	// Status configures the status page (GET /status on the HTTP port).
 	Status StatusConfig `yaml:"status"`
+	// Overload sheds a share of new requests while this process is short of CPU
+	// (services/router/internal/overload).
+	Overload overload.Config `yaml:"overload"`
 
 	Providers []ProviderConfig `yaml:"providers"`
 	Models    []ModelConfig    `yaml:"models"`
@@ -268,6 +272,9 @@ func DefaultConfig() Config {
 		Breaker:     defaultBreaker(),
 		Idempotency: IdempotencyConfig{Backend: "memory", TTL: 24 * time.Hour, InflightTTL: time.Minute},
 		Status:      StatusConfig{Refresh: 5 * time.Second, RecentDegradations: 50},
+		// At 100 ms P99 for a CPU, each request (dozens of goroutine wake-ups) is already
+		// late by much more; 64 in flight keeps a process with little to do from shedding.
+		Overload: overload.Config{MaxSchedulingDelay: 100 * time.Millisecond, MinInFlight: 64, MaxShare: 0.9},
 	}
 }
 
@@ -401,6 +408,11 @@ func (c Config) Validate() error {
 	}
 	if err := c.Breaker.Validate(); err != nil {
 		add("breaker.%v", err)
+	}
+	if err := c.Overload.Validate(); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			add("overload.%s", line)
+		}
 	}
 	if !slices.Contains([]string{"memory", "jetstream"}, c.Idempotency.Backend) {
 		add("idempotency.backend: want memory or jetstream, got %q", c.Idempotency.Backend)

@@ -389,6 +389,8 @@ type harness struct {
 	idempotency bool
 	// tracer records the router's spans; nil records nothing.
 	tracer trace.Tracer
+	// schedulingDelay is the overload shedder's signal; nil reads the Go runtime's.
+	schedulingDelay func() time.Duration
 }
 
 // newHarness builds a Router over fakes. Its clock is fake and starts at the real now,
@@ -433,7 +435,7 @@ func newHarness(t *testing.T, cfg Config, h *harness) *harness {
 		t.Fatal(err)
 	}
 	deps := Deps{Quota: h.quota, Cache: h.cache, Verifier: h.verifier, Events: h.events,
-		Clock: h.clock, Log: slog.New(slog.DiscardHandler), Metrics: m, Rand: h.rand, Tracer: h.tracer}
+		Clock: h.clock, Log: slog.New(slog.DiscardHandler), Metrics: m, Rand: h.rand, Tracer: h.tracer, SchedulingDelay: h.schedulingDelay}
 	if h.idempotency {
 		deps.Idempotency = idempotency.NewMemory(time.Hour, time.Minute, h.clock)
 	}

@@ -414,15 +414,16 @@ func writeError(w http.ResponseWriter, err error) {
 		httpStatus, typ = http.StatusNotFound, "invalid_request_error"
 	case codes.ResourceExhausted:
 		httpStatus, typ = http.StatusTooManyRequests, "rate_limit_error"
-		if d, ok := rpc.RetryDelay(err); ok {
-			w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
-		}
 	case codes.Unavailable:
 		httpStatus = http.StatusServiceUnavailable
 	case codes.DeadlineExceeded:
 		httpStatus, typ = http.StatusGatewayTimeout, "timeout_error"
 	case codes.Canceled:
 		httpStatus = 499 // client closed request; nobody reads it, but logs do
+	}
+	// RetryInfo (a quota bucket's refill, an overloaded router) in whole seconds, rounded up.
+	if d, ok := rpc.RetryDelay(err); ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
 	}
 	param := ""
 	if fields := rpc.BadRequestFields(err); len(fields) > 0 {

@@ -57,6 +57,8 @@ func TestWriteError(t *testing.T) {
 			429, openAIError{Message: "full", Type: "rate_limit_error", Code: "resource_exhausted"}, ""},
 		{"all candidates failed", rpc.Status(codes.Unavailable, errorDomain, ReasonAllCandidatesFailed, "no candidate could answer"),
 			503, openAIError{Message: "no candidate could answer", Type: "api_error", Code: "all_candidates_failed"}, ""},
+		{"overloaded says when to come back", errOverloaded,
+			503, openAIError{Message: "the router is overloaded and sheds requests; retry after 1s", Type: "api_error", Code: "overloaded"}, "1"},
 		{"deadline", rpc.Status(codes.DeadlineExceeded, errorDomain, ReasonDeadlineExceeded, "the deadline budget ran out"),
 			504, openAIError{Message: "the deadline budget ran out", Type: "timeout_error", Code: "deadline_exceeded"}, ""},
 		{"canceled", status.Error(codes.Canceled, "request canceled"),

@@ -38,6 +38,8 @@ type metrics struct {
 	breakerState *prometheus.GaugeVec
 	tokens       *prometheus.CounterVec
 	cost         *prometheus.CounterVec
+	// shed counts requests the overload shedder refused, by priority.
+	shed *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -90,11 +92,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_router_retries_total", Help: "Attempts after a request's first (a retry of the same model or a failover), by the model tried and the error class that caused it.",
 		}, []string{"model", "class"}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_router_shed_total", Help: "Requests refused with OVERLOADED while the process was short of CPU, by priority.",
+		}, []string{"priority"}),
 		idempotencyUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_idempotency_unavailable_total", Help: "Requests served without replay protection because the idempotency store failed.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

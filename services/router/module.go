@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
@@ -158,11 +159,30 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 		Routes: r, Quota: deps.Quota, Cache: deps.Cache, Auth: env.Auth, Clock: env.Clock, Log: env.Log,
 		Refresh: func() time.Duration { return r.conf().Status.Refresh },
 	}).Register(env.HTTP)
+	for _, g := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "mantle_router_shed_share", Help: "Share of normal-priority requests the overload shedder refuses now (high: half, batch: twice, critical: none).",
+		}, r.shedder.Share),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "mantle_router_cpu_wait_p99_seconds", Help: "P99 wait of runnable goroutines for a CPU over the shedder's last quarter second: the overload signal.",
+		}, func() float64 { return r.shedder.Delay().Seconds() }),
+	} {
+		if err := env.Metrics.Register(g); err != nil {
+			sims.stop()
+			return nil, nil, fmt.Errorf("register router metrics: %w", err)
+		}
+	}
 	return r, app.RunFunc(func(ctx context.Context) error {
+		shedderDone := make(chan struct{})
+		go func() {
+			defer close(shedderDone)
+			_ = r.shedder.Run(ctx) // returns when ctx ends
+		}()
 		if sweep != nil {
 			_ = sweep(ctx)
 		}
 		<-ctx.Done()
+		<-shedderDone
 		return sims.stop()
 	}), nil
 }

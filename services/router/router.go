@@ -16,6 +16,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -32,6 +33,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/router/internal/overload"
 	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
 
@@ -112,6 +114,9 @@ type Deps struct {
 	// Checker runs the L1 format checks in the router when the verifier cannot be reached
 	// (the library the verifier serves them from); nil lets such answers through unchecked.
 	Checker *formatcheck.Checker
+	// SchedulingDelay returns the P99 wait for a CPU since its previous call, the overload
+	// shedder's signal; nil reads the Go runtime's (overload.SchedulingDelay).
+	SchedulingDelay func() time.Duration
 }
 
 // Router executes requests.
@@ -131,6 +136,9 @@ type Router struct {
 	fallbackLimiter *localLimiter
 	// degradations are the last degradation events, for the status page.
 	degradations degradationRing
+	// shedder refuses a share of new requests while the process is short of CPU; its
+	// configuration is fixed for the process's life.
+	shedder *overload.Shedder
 }
 
 // routeTable is the routes callers can name, in config order: models first, then aliases.
@@ -157,6 +165,11 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		hedgeBudget:     resilience.NewBudget(cfg.HedgeBudget.budget(), deps.Clock),
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
 	}
+	delay := deps.SchedulingDelay
+	if delay == nil {
+		delay = overload.NewSchedulingDelay(0.99).Read
+	}
+	r.shedder = overload.New(cfg.Overload, delay, deps.Clock, deps.Rand, r.overloadChanged)
 	providers := map[string]ProviderConfig{}
 	for _, p := range cfg.Providers {
 		providers[p.Name] = p
@@ -287,6 +300,11 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	if err != nil {
 		return nil, err
 	}
+	if !r.shedder.Admit(req.GetPriority()) {
+		r.deps.Metrics.shed.WithLabelValues(priorityLabel(req.GetPriority())).Inc()
+		return nil, errOverloaded
+	}
+	defer r.shedder.Done()
 	clientID := rpc.CallerRequestID(ctx)
 	qc := r.newQualityContext(ctx, req, rt)
 	ctx = rpc.WithRequestID(ctx, qc.RequestId)
@@ -525,6 +543,35 @@ func (r *Router) release(ctx context.Context, qc *mantlev1.QualityContext, lease
 	if _, err := r.deps.Cache.Release(ctx, &cachev1.ReleaseRequest{Quality: hopQuality(qc), LeaseId: lease}); err != nil {
 		r.deps.Log.WarnContext(ctx, "cache lease not released; it will expire", "err", err)
 	}
+}
+
+// errOverloaded is the answer to a request the shedder refused: UNAVAILABLE, which gRPC
+// clients with a retry policy and the OpenAI SDKs (503) retry, after RetryInfo's second.
+var errOverloaded = rpc.Status(codes.Unavailable, errorDomain, ReasonOverloaded,
+	"the router is overloaded and sheds requests; retry after 1s", &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+
+// overloadChanged reports the shedder starting or stopping, as a degradation of the
+// whole router (route "overload").
+func (r *Router) overloadChanged(c overload.Change) {
+	limit := r.shedder.Config().MaxSchedulingDelay
+	reason := fmt.Sprintf("router overloaded: P99 wait for a CPU %s over %s; shedding a share of new requests (batch first, critical never)", c.Delay, limit)
+	if c.Shedding {
+		r.deps.Log.Warn("router overloaded; shedding requests", "p99_cpu_wait", c.Delay, "max_scheduling_delay", limit)
+	} else {
+		reason = fmt.Sprintf("router overload over: P99 wait for a CPU %s; every request admitted again", c.Delay)
+		r.deps.Log.Info("router overload over; admitting every request", "p99_cpu_wait", c.Delay)
+	}
+	r.deps.Events.Publish(context.Background(), events.SubjectDegradation, &eventsv1.DegradationEvent{
+		At: timestamppb.New(r.deps.Clock.Now()), Route: "overload", Reason: reason,
+	})
+}
+
+// priorityLabel is a priority as the shed metric's label: critical, high, normal or batch.
+func priorityLabel(p mantlev1.Priority) string {
+	if p == mantlev1.Priority_PRIORITY_UNSPECIFIED {
+		p = mantlev1.Priority_PRIORITY_NORMAL
+	}
+	return strings.ToLower(strings.TrimPrefix(p.String(), "PRIORITY_"))
 }
 
 // publishDegradation reports an answer below the primary. reason is the free text the event

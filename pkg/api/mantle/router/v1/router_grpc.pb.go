@@ -37,7 +37,8 @@ const (
 // with RetryInfo and QuotaFailure), CONTENT_FILTERED (FAILED_PRECONDITION, with the
 // provider's reason), UPSTREAM_REJECTED (INVALID_ARGUMENT: the provider refused the request
 // itself, so no other candidate was tried), ALL_CANDIDATES_FAILED (UNAVAILABLE),
-// DEADLINE_EXCEEDED (the budget ran out).
+// DEADLINE_EXCEEDED (the budget ran out), OVERLOADED (UNAVAILABLE with RetryInfo: the
+// router's process is short of CPU and sheds a share of new requests).
 type RouterServiceClient interface {
 	// Complete answers one chat request.
 	Complete(ctx context.Context, in *CompleteRequest, opts ...grpc.CallOption) (*CompleteResponse, error)
@@ -108,7 +109,8 @@ func (c *routerServiceClient) DescribeRoutes(ctx context.Context, in *DescribeRo
 // with RetryInfo and QuotaFailure), CONTENT_FILTERED (FAILED_PRECONDITION, with the
 // provider's reason), UPSTREAM_REJECTED (INVALID_ARGUMENT: the provider refused the request
 // itself, so no other candidate was tried), ALL_CANDIDATES_FAILED (UNAVAILABLE),
-// DEADLINE_EXCEEDED (the budget ran out).
+// DEADLINE_EXCEEDED (the budget ran out), OVERLOADED (UNAVAILABLE with RetryInfo: the
+// router's process is short of CPU and sheds a share of new requests).
 type RouterServiceServer interface {
 	// Complete answers one chat request.
 	Complete(context.Context, *CompleteRequest) (*CompleteResponse, error)

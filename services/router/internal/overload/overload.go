@@ -1,0 +1,171 @@
+// Package overload sheds a share of new requests while the router's process is short of
+// CPU, so that the requests it admits keep their latency instead of every request
+// queueing for the processor until all of them miss their deadlines.
+//
+// The signal is the Go scheduler's own: how long runnable goroutines waited for a CPU
+// (SchedulingDelay). Unlike request latency, it does not rise when a provider is slow,
+// which is the router's job to absorb, not a reason to refuse work. Every Interval the
+// shed share grows by StepUp while the delay's P99 is over the limit and falls by
+// StepDown once it is under half of it; in between it holds, so that the share settles
+// instead of swinging. A request is shed with the share of its priority: critical never,
+// high at half the share, batch at twice it.
+package overload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+)
+
+// Control constants: a quarter second reacts within a few hundred milliseconds of an
+// overload, and reads enough scheduler events at any load worth shedding at.
+const (
+	Interval = 250 * time.Millisecond
+	StepUp   = 0.1
+	StepDown = 0.05
+)
+
+// Config is the router's overload block.
+type Config struct {
+	// MaxSchedulingDelay is the P99 wait for a CPU above which requests are shed; 0 turns
+	// shedding off.
+	MaxSchedulingDelay time.Duration `yaml:"max_scheduling_delay"`
+	// MinInFlight: with fewer requests in flight than this nothing is shed, so a process
+	// slowed by something else (a neighbour, a debugger) does not refuse the few requests
+	// it has.
+	MinInFlight int `yaml:"min_in_flight"`
+	// MaxShare bounds the share of normal-priority requests shed, so some traffic always
+	// gets through and shows when the overload is over.
+	MaxShare float64 `yaml:"max_share"`
+}
+
+// Validate checks the block; messages name the keys.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxSchedulingDelay < 0 {
+		errs = append(errs, fmt.Errorf("max_scheduling_delay: must not be negative (0 turns shedding off), got %s", c.MaxSchedulingDelay))
+	}
+	if c.MinInFlight < 0 {
+		errs = append(errs, fmt.Errorf("min_in_flight: must not be negative, got %d", c.MinInFlight))
+	}
+	if c.MaxShare <= 0 || c.MaxShare >= 1 {
+		errs = append(errs, fmt.Errorf("max_share: want a share in (0, 1), got %g", c.MaxShare))
+	}
+	return errors.Join(errs...)
+}
+
+// Change is a shedder's move into or out of shedding.
+type Change struct {
+	Shedding bool
+	// Delay is the P99 scheduling delay of the interval that caused the change.
+	Delay time.Duration
+}
+
+// Shedder admits or sheds requests. Admit and Done are safe for concurrent use; Run
+// adjusts the share.
+type Shedder struct {
+	cfg      Config
+	delay    func() time.Duration
+	clock    clockwork.Clock
+	random   func() float64
+	onChange func(Change)
+
+	share     atomic.Uint64 // math.Float64bits of the share of normal requests shed
+	lastDelay atomic.Int64  // the last interval's P99, in nanoseconds
+	inFlight  atomic.Int64
+}
+
+// New returns a shedder that reads delay (a SchedulingDelay's Read, in production) every
+// Interval of clock, draws from random (uniform in [0, 1)), and calls onChange, from Run's
+// goroutine, when shedding starts or stops.
+func New(cfg Config, delay func() time.Duration, clock clockwork.Clock, random func() float64, onChange func(Change)) *Shedder {
+	if onChange == nil {
+		onChange = func(Change) {}
+	}
+	return &Shedder{cfg: cfg, delay: delay, clock: clock, random: random, onChange: onChange}
+}
+
+// Run adjusts the share every Interval until ctx ends. With shedding off it returns at once.
+func (s *Shedder) Run(ctx context.Context) error {
+	if s.cfg.MaxSchedulingDelay == 0 {
+		return nil
+	}
+	t := s.clock.NewTicker(Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.Chan():
+			s.adjust()
+		}
+	}
+}
+
+// adjust reads one interval's delay and moves the share.
+func (s *Shedder) adjust() {
+	d := s.delay()
+	s.lastDelay.Store(int64(d))
+	before := s.Share()
+	after := before
+	switch {
+	case d > s.cfg.MaxSchedulingDelay:
+		after = min(s.cfg.MaxShare, before+StepUp)
+	case d < s.cfg.MaxSchedulingDelay/2:
+		after = max(0, before-StepDown)
+		if after < StepDown/2 { // floating-point steps down to zero
+			after = 0
+		}
+	}
+	s.share.Store(math.Float64bits(after))
+	if (before == 0) != (after == 0) {
+		s.onChange(Change{Shedding: after > 0, Delay: d})
+	}
+}
+
+// Config is the configuration the shedder runs with.
+func (s *Shedder) Config() Config { return s.cfg }
+
+// Share is the share of normal-priority requests now shed.
+func (s *Shedder) Share() float64 { return math.Float64frombits(s.share.Load()) }
+
+// Delay is the last interval's P99 scheduling delay.
+func (s *Shedder) Delay() time.Duration { return time.Duration(s.lastDelay.Load()) }
+
+// InFlight is the number of admitted requests not yet done.
+func (s *Shedder) InFlight() int64 { return s.inFlight.Load() }
+
+// Admit decides whether a request of priority p is served. An admitted request must call
+// Done when it ends; a shed one must not.
+func (s *Shedder) Admit(p mantlev1.Priority) bool {
+	n := s.inFlight.Add(1)
+	share := s.Share()
+	if share == 0 || n <= int64(s.cfg.MinInFlight) || s.random() >= ShareOf(share, p) {
+		return true
+	}
+	s.inFlight.Add(-1)
+	return false
+}
+
+// Done ends an admitted request.
+func (s *Shedder) Done() { s.inFlight.Add(-1) }
+
+// ShareOf is the share of requests of priority p shed when share of normal ones are.
+func ShareOf(share float64, p mantlev1.Priority) float64 {
+	switch p {
+	case mantlev1.Priority_PRIORITY_CRITICAL:
+		return 0
+	case mantlev1.Priority_PRIORITY_HIGH:
+		return share / 2
+	case mantlev1.Priority_PRIORITY_BATCH:
+		return min(1, 2*share)
+	}
+	return share
+}
