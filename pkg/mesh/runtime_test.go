@@ -39,7 +39,7 @@ func TestTuneRuntime(t *testing.T) {
 		{name: "GOGC wins", cfg: RuntimeConfig{GCPercent: 300}, env: map[string]string{"GOGC": "77"},
 			wantLog: "gc_percent_from=\"GOGC environment variable\""},
 		{name: "GOMEMLIMIT wins", cfg: RuntimeConfig{GCPercent: 150, MemoryLimitRatio: 0.5}, env: map[string]string{"GOMEMLIMIT": "1GiB"},
-			limit: func() (uint64, error) { t.Error("the limit was read although GOMEMLIMIT is set"); return 0, nil },
+			limit:  func() (uint64, error) { t.Error("the limit was read although GOMEMLIMIT is set"); return 0, nil },
 			wantGC: 150, wantLog: "memory_limit_from=\"GOMEMLIMIT environment variable\""},
 		{name: "ratio 0 leaves the limit", cfg: RuntimeConfig{GCPercent: 200}, limit: limitOf(1000 * mib),
 			wantGC: 200, wantLog: "runtime.memory_limit_ratio: 0"},
