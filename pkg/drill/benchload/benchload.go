@@ -95,12 +95,15 @@ type Config struct {
 
 // Result is one rate of one mode.
 type Result struct {
-	Mode         Mode    `json:"mode"`
-	Rate         float64 `json:"rate"`
-	Requests     int     `json:"requests"`
-	OK           int     `json:"ok"`
-	Errors       int     `json:"errors"`
-	Shed         int     `json:"shed"`
+	Mode     Mode    `json:"mode"`
+	Rate     float64 `json:"rate"`
+	Requests int     `json:"requests"`
+	OK       int     `json:"ok"`
+	Errors   int     `json:"errors"`
+	Shed     int     `json:"shed"`
+	// Refused are requests the mesh answered with 503 OVERLOADED (router.overload): counted
+	// apart from errors, and left out of the latency percentiles as errors are.
+	Refused      int     `json:"refused"`
 	AchievedRate float64 `json:"achieved_rate"`
 	P50Ms        float64 `json:"p50_ms"`
 	P90Ms        float64 `json:"p90_ms"`
@@ -250,6 +253,8 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 		case e == nil:
 			res.OK++
 			ok = append(ok, lat[i])
+		case errors.Is(e, errRefused):
+			res.Refused++
 		case !errors.Is(e, errShed):
 			res.Errors++
 			if res.FirstError == "" {
@@ -262,7 +267,10 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 	return res, nil
 }
 
-var errShed = errors.New("shed")
+var (
+	errShed    = errors.New("shed")
+	errRefused = errors.New("refused: overloaded")
+)
 
 func body(same bool, temperature *float64, i int) []byte {
 	prompt := "How long does a parcel to Lisbon take?"
@@ -303,6 +311,9 @@ func send(ctx context.Context, c *http.Client, url string, payload []byte) error
 		} `json:"error"`
 	}
 	_ = json.Unmarshal(data, &e)
+	if resp.StatusCode == http.StatusServiceUnavailable && e.Error.Code == "overloaded" {
+		return errRefused
+	}
 	return fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message)
 }
 

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -36,8 +39,8 @@ func TestRunModes(t *testing.T) {
 					t.Errorf("result %d is %s at %g, want %s at %g", i, r.Mode, r.Rate, mode, cfg.Rates[i])
 				}
 				want := int(cfg.Rates[i] * cfg.Duration.Seconds())
-				if r.Requests != want || r.OK+r.Errors+r.Shed != r.Requests {
-					t.Errorf("%g/s: %d requests (%d ok, %d errors, %d shed), want %d", r.Rate, r.Requests, r.OK, r.Errors, r.Shed, want)
+				if r.Requests != want || r.OK+r.Errors+r.Refused+r.Shed != r.Requests {
+					t.Errorf("%g/s: %d requests (%d ok, %d errors, %d refused, %d shed), want %d", r.Rate, r.Requests, r.OK, r.Errors, r.Refused, r.Shed, want)
 				}
 				if r.Errors != 0 {
 					t.Errorf("%g/s: %d errors, first: %s", r.Rate, r.Errors, r.FirstError)
@@ -51,6 +54,37 @@ func TestRunModes(t *testing.T) {
 				if r.HopPeakRSSMB != 0 || r.HopCPUPer1000 != 0 {
 					t.Errorf("%g/s: hop RSS %v MiB, CPU %v s per 1000; want none: the hop shares this process", r.Rate, r.HopPeakRSSMB, r.HopCPUPer1000)
 				}
+			}
+		})
+	}
+}
+
+// TestSendTellsRefusalsFromErrors: a 503 OVERLOADED answer is the mesh shedding load, which
+// the benchmark counts apart from errors; any other failure is an error.
+func TestSendTellsRefusalsFromErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		status  int
+		body    string
+		refused bool
+		ok      bool
+	}{
+		{"answer", http.StatusOK, `{"choices":[]}`, false, true},
+		{"overloaded", http.StatusServiceUnavailable, `{"error":{"code":"overloaded","message":"retry after 1s"}}`, true, false},
+		{"no candidate", http.StatusServiceUnavailable, `{"error":{"code":"all_candidates_failed","message":"no"}}`, false, false},
+		{"rate limited", http.StatusTooManyRequests, `{"error":{"code":"quota_exhausted","message":"no"}}`, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.body)
+			}))
+			defer srv.Close()
+			err := send(context.Background(), srv.Client(), srv.URL, []byte(`{}`))
+			if (err == nil) != tc.ok || errors.Is(err, errRefused) != tc.refused {
+				t.Errorf("send: %v, want ok %v, refused %v", err, tc.ok, tc.refused)
 			}
 		})
 	}
