@@ -55,7 +55,7 @@ func (c Config) Validate() error {
 	if c.MinInFlight < 0 {
 		errs = append(errs, fmt.Errorf("min_in_flight: must not be negative, got %d", c.MinInFlight))
 	}
-	if c.MaxShare <= 0 || c.MaxShare >= 1 {
+	if !(c.MaxShare > 0 && c.MaxShare < 1) { // NaN too: it would shed everything, for ever
 		errs = append(errs, fmt.Errorf("max_share: want a share in (0, 1), got %g", c.MaxShare))
 	}
 	return errors.Join(errs...)

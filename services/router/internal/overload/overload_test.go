@@ -133,7 +133,7 @@ func TestAdjust(t *testing.T) {
 		{
 			// 0.1 three times is 0.30000000000000004: six StepDowns leave ~7e-17, which
 			// must end as 0, or shedding would never be reported stopped.
-			name: "falls by StepDown under half the limit, to exactly 0",
+			name:  "falls by StepDown under half the limit, to exactly 0",
 			steps: append(upTo(3, 150*ms), downFrom(0.3, 6, 49*ms)...),
 		},
 		{
@@ -201,5 +201,384 @@ func TestAdjustWithoutOnChange(t *testing.T) {
 		if got := s.Share(); !near(got, want) {
 			t.Fatalf("share = %v, want %v", got, want)
 		}
+	}
+}
+
+// shedderAt returns a shedder of cfg whose share went up ups intervals (0.1 each, capped
+// at cfg.MaxShare), drawing from random.
+func shedderAt(t *testing.T, cfg Config, ups int, random func() float64) *Shedder {
+	t.Helper()
+	over := make([]time.Duration, ups)
+	for i := range over {
+		over[i] = cfg.MaxSchedulingDelay + time.Millisecond
+	}
+	s := New(cfg, scripted(t, over...), clockwork.NewFakeClock(), random, nil)
+	for range ups {
+		s.adjust()
+	}
+	if want := min(cfg.MaxShare, float64(ups)*StepUp); !near(s.Share(), want) {
+		t.Fatalf("share after %d intervals over the limit = %v, want %v", ups, s.Share(), want)
+	}
+	return s
+}
+
+// below is the largest float64 under x: a draw that must be shed when x is the share.
+func below(x float64) float64 { return math.Nextafter(x, 0) }
+
+func TestAdmit(t *testing.T) {
+	// random is given the shedder's share (of normal requests) and answers the draw.
+	fixed := func(r float64) func(float64) float64 { return func(float64) float64 { return r } }
+	tests := []struct {
+		name     string
+		ups      int // intervals over the limit: share 0.1 each, at most 0.9
+		priority mantlev1.Priority
+		random   func(share float64) float64
+		want     bool
+	}{
+		// Share 0: everything is served, whatever the draw.
+		{name: "share 0, critical", ups: 0, priority: critical, random: fixed(0), want: true},
+		{name: "share 0, high", ups: 0, priority: high, random: fixed(0), want: true},
+		{name: "share 0, normal", ups: 0, priority: normal, random: fixed(0), want: true},
+		{name: "share 0, unspecified", ups: 0, priority: unspecified, random: fixed(0), want: true},
+		{name: "share 0, batch", ups: 0, priority: batch, random: fixed(0), want: true},
+
+		// Critical: never shed, even at the lowest draw and the highest share.
+		{name: "critical, share 0.4, draw 0", ups: 4, priority: critical, random: fixed(0), want: true},
+		{name: "critical, share 0.9, draw 0", ups: 10, priority: critical, random: fixed(0), want: true},
+
+		// High: shed iff draw < share/2.
+		{name: "high, draw 0", ups: 4, priority: high, random: fixed(0), want: false},
+		{name: "high, draw just under share/2", ups: 4, priority: high, random: func(s float64) float64 { return below(s / 2) }, want: false},
+		{name: "high, draw at share/2", ups: 4, priority: high, random: func(s float64) float64 { return s / 2 }, want: true},
+		{name: "high, draw under share but over share/2", ups: 4, priority: high, random: func(s float64) float64 { return below(s) }, want: true},
+
+		// Normal: shed iff draw < share.
+		{name: "normal, draw 0", ups: 4, priority: normal, random: fixed(0), want: false},
+		{name: "normal, draw just under share", ups: 4, priority: normal, random: func(s float64) float64 { return below(s) }, want: false},
+		{name: "normal, draw at share", ups: 4, priority: normal, random: func(s float64) float64 { return s }, want: true},
+		{name: "normal, highest draw at MaxShare", ups: 10, priority: normal, random: fixed(below(1)), want: true},
+
+		// Unspecified is normal.
+		{name: "unspecified, draw just under share", ups: 4, priority: unspecified, random: func(s float64) float64 { return below(s) }, want: false},
+		{name: "unspecified, draw at share", ups: 4, priority: unspecified, random: func(s float64) float64 { return s }, want: true},
+
+		// Batch: shed iff draw < min(1, 2*share).
+		{name: "batch, draw just under 2*share", ups: 4, priority: batch, random: func(s float64) float64 { return below(2 * s) }, want: false},
+		{name: "batch, draw at 2*share", ups: 4, priority: batch, random: func(s float64) float64 { return 2 * s }, want: true},
+		{name: "batch, share 0.6 sheds every draw", ups: 6, priority: batch, random: fixed(below(1)), want: false},
+		{name: "batch, share 0.5 sheds every draw", ups: 5, priority: batch, random: fixed(below(1)), want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var s *Shedder
+			draws := 0
+			s = shedderAt(t, testConfig, tt.ups, func() float64 { draws++; return tt.random(s.Share()) })
+			got := s.Admit(tt.priority)
+			if got != tt.want {
+				t.Fatalf("Admit(%v) at share %v, draw %v = %v, want %v", tt.priority, s.Share(), tt.random(s.Share()), got, tt.want)
+			}
+			if tt.ups > 0 && draws != 1 {
+				t.Errorf("random drawn %d times, want once", draws)
+			}
+			wantInFlight := int64(0)
+			if got {
+				wantInFlight = 1
+			}
+			if n := s.InFlight(); n != wantInFlight {
+				t.Errorf("InFlight after Admit = %v = %d, want %d", got, n, wantInFlight)
+			}
+			if got {
+				s.Done()
+				if n := s.InFlight(); n != 0 {
+					t.Errorf("InFlight after Done = %d, want 0", n)
+				}
+			}
+		})
+	}
+}
+
+func TestAdmitMinInFlight(t *testing.T) {
+	cfg := testConfig
+	cfg.MinInFlight = 3
+	// Share 0.9, draw 0: every normal request is shed unless MinInFlight protects it.
+	s := shedderAt(t, cfg, 10, func() float64 { return 0 })
+	type op struct {
+		admit        bool // false: Done
+		priority     mantlev1.Priority
+		want         bool // Admit's answer
+		wantInFlight int64
+	}
+	ops := []op{
+		{admit: true, priority: normal, want: true, wantInFlight: 1},
+		{admit: true, priority: batch, want: true, wantInFlight: 2},
+		{admit: true, priority: normal, want: true, wantInFlight: 3},  // InFlight = MinInFlight, counting itself
+		{admit: true, priority: normal, want: false, wantInFlight: 3}, // 4 > 3: shed, and not left counted
+		{admit: true, priority: batch, want: false, wantInFlight: 3},
+		{admit: true, priority: high, want: false, wantInFlight: 3},
+		{admit: true, priority: critical, want: true, wantInFlight: 4}, // critical past MinInFlight
+		{admit: true, priority: normal, want: false, wantInFlight: 4},
+		{wantInFlight: 3},
+		{wantInFlight: 2},
+		{admit: true, priority: normal, want: true, wantInFlight: 3}, // room again under MinInFlight
+		{admit: true, priority: normal, want: false, wantInFlight: 3},
+		{wantInFlight: 2}, {wantInFlight: 1}, {wantInFlight: 0},
+	}
+	for i, o := range ops {
+		if !o.admit {
+			s.Done()
+		} else if got := s.Admit(o.priority); got != o.want {
+			t.Fatalf("op %d: Admit(%v) with %d in flight = %v, want %v", i, o.priority, s.InFlight(), got, o.want)
+		}
+		if n := s.InFlight(); n != o.wantInFlight {
+			t.Fatalf("op %d: InFlight = %d, want %d", i, n, o.wantInFlight)
+		}
+	}
+}
+
+// Admit and Done from many goroutines while the share is adjusted (held: the delay is in
+// the hold band) and read: the count balances, and the draws, handed out in a fixed
+// cycle, shed exactly the share of them they should.
+func TestAdmitConcurrent(t *testing.T) {
+	const goroutines, perGoroutine = 8, 500
+	var draw atomic.Int64
+	// 0.05, 0.15, ..., 0.95: half of them under a share of 0.5.
+	random := func() float64 { return 0.05 + float64(draw.Add(1)%10)/10 }
+	s := shedderAt(t, testConfig, 5, random)
+	s.delay = func() time.Duration { return 75 * time.Millisecond } // hold
+	stop := make(chan struct{})
+	var bg sync.WaitGroup
+	bg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				s.adjust()
+				_, _, _ = s.Share(), s.Delay(), s.InFlight()
+			}
+		}
+	})
+	var admitted, shed atomic.Int64
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range perGoroutine {
+				if s.Admit(normal) {
+					admitted.Add(1)
+					if s.InFlight() < 1 {
+						t.Error("an admitted request is not counted in flight")
+					}
+					s.Done()
+				} else {
+					shed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	bg.Wait()
+	if n := s.InFlight(); n != 0 {
+		t.Errorf("InFlight after every admitted request is done = %d, want 0", n)
+	}
+	const total = goroutines * perGoroutine
+	if admitted.Load()+shed.Load() != total || shed.Load() != total/2 {
+		t.Errorf("admitted %d, shed %d of %d at share 0.5; want %d shed", admitted.Load(), shed.Load(), total, total/2)
+	}
+	if !near(s.Share(), 0.5) {
+		t.Errorf("share after holding = %v, want 0.5", s.Share())
+	}
+}
+
+func TestShareOf(t *testing.T) {
+	tests := []struct {
+		share    float64
+		priority mantlev1.Priority
+		want     float64
+	}{
+		{0, critical, 0}, {0, high, 0}, {0, normal, 0}, {0, unspecified, 0}, {0, batch, 0},
+		{0.4, critical, 0}, {0.4, high, 0.2}, {0.4, normal, 0.4}, {0.4, unspecified, 0.4}, {0.4, batch, 0.8},
+		{0.5, critical, 0}, {0.5, high, 0.25}, {0.5, normal, 0.5}, {0.5, unspecified, 0.5}, {0.5, batch, 1},
+		{0.9, critical, 0}, {0.9, high, 0.45}, {0.9, normal, 0.9}, {0.9, unspecified, 0.9}, {0.9, batch, 1},
+		{0.4, mantlev1.Priority(99), 0.4}, // a priority this build does not know: normal
+	}
+	for _, tt := range tests {
+		if got := ShareOf(tt.share, tt.priority); got != tt.want {
+			t.Errorf("ShareOf(%v, %v) = %v, want %v", tt.share, tt.priority, got, tt.want)
+		}
+	}
+}
+
+func TestRun(t *testing.T) {
+	const ms = time.Millisecond
+	script := []time.Duration{150 * ms, 150 * ms, 75 * ms, 10 * ms, 10 * ms, 10 * ms, 10 * ms}
+	wantShare := []float64{0.1, 0.2, 0.2, 0.15, 0.1, 0.05, 0}
+	wantChanges := []Change{{Shedding: true, Delay: 150 * ms}, {Shedding: false, Delay: 10 * ms}}
+
+	clock := clockwork.NewFakeClock()
+	// Each delay read announces its index, then waits for the test's release: while it
+	// waits, the previous interval's adjust is over and this one's has not begun.
+	called := make(chan int)
+	release := make(chan struct{})
+	calls := 0 // Run's goroutine only; read once Run has returned
+	delay := func() time.Duration {
+		i := calls
+		calls++
+		called <- i // a read past the script blocks here, and Run never returns
+		<-release
+		return script[i]
+	}
+	var changes []Change // Run's goroutine only, like calls
+	s := New(testConfig, delay, clock, nil, func(c Change) { changes = append(changes, c) })
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+
+	waitCtx, waitCancel := context.WithTimeout(ctx, 10*time.Second)
+	defer waitCancel()
+	if err := clock.BlockUntilContext(waitCtx, 1); err != nil {
+		t.Fatalf("Run's ticker never started: %v", err)
+	}
+	for i := range script {
+		clock.Advance(Interval)
+		if got := recv(t, called, "delay read after Advance"); got != i {
+			t.Fatalf("Advance %d led to delay read %d", i, got)
+		}
+		prevShare, prevDelay := 0.0, time.Duration(0)
+		if i > 0 {
+			prevShare, prevDelay = wantShare[i-1], script[i-1]
+		}
+		if got := s.Share(); !near(got, prevShare) {
+			t.Errorf("share before interval %d's adjust = %v, want %v", i, got, prevShare)
+		}
+		if got := s.Delay(); got != prevDelay {
+			t.Errorf("Delay() before interval %d's adjust = %v, want %v", i, got, prevDelay)
+		}
+		release <- struct{}{}
+	}
+
+	cancel()
+	if err := recv(t, done, "return from Run after cancel"); err != nil {
+		t.Fatalf("Run = %v, want nil when its context ends", err)
+	}
+	if calls != len(script) {
+		t.Errorf("delay read %d times for %d intervals, want once each", calls, len(script))
+	}
+	if got := s.Share(); got != 0 {
+		t.Errorf("final share = %v, want exactly 0", got)
+	}
+	if got := s.Delay(); got != script[len(script)-1] {
+		t.Errorf("final Delay() = %v, want %v", got, script[len(script)-1])
+	}
+	if !slices.Equal(changes, wantChanges) {
+		t.Errorf("onChange calls %+v, want %+v", changes, wantChanges)
+	}
+	if err := clock.BlockUntilContext(ctx, 1); err == nil { // ctx is done: no waiting
+		t.Error("Run left its ticker running after it returned")
+	}
+}
+
+func TestRunCancelledBeforeAnyInterval(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	s := New(testConfig, func() time.Duration {
+		t.Error("delay read with no interval passed")
+		return 0
+	}, clock, nil, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	waitCtx, waitCancel := context.WithTimeout(ctx, 10*time.Second)
+	defer waitCancel()
+	if err := clock.BlockUntilContext(waitCtx, 1); err != nil {
+		t.Fatalf("Run's ticker never started: %v", err)
+	}
+	cancel()
+	if err := recv(t, done, "return from Run after cancel"); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+}
+
+func TestRunSheddingOff(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	cfg := testConfig
+	cfg.MaxSchedulingDelay = 0
+	s := New(cfg, func() time.Duration {
+		t.Error("delay read with shedding off")
+		return time.Hour
+	}, clock, nil, nil)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(t.Context()) }() // a context that does not end during the test
+	if err := recv(t, done, "return from Run with shedding off"); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	ended, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := clock.BlockUntilContext(ended, 1); err == nil {
+		t.Error("Run with shedding off left a ticker on the clock")
+	}
+	if s.Share() != 0 {
+		t.Errorf("share with shedding off = %v, want 0", s.Share())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr []string // keys the message must name; nil: valid
+		notKeys []string // keys it must not name
+	}{
+		{name: "router default", cfg: Config{MaxSchedulingDelay: 100 * time.Millisecond, MinInFlight: 64, MaxShare: 0.9}},
+		{name: "shedding off", cfg: Config{MaxSchedulingDelay: 0, MinInFlight: 0, MaxShare: 0.5}},
+		{name: "tiny share, tiny delay", cfg: Config{MaxSchedulingDelay: time.Nanosecond, MaxShare: 1e-9}},
+		{name: "share just under 1", cfg: Config{MaxSchedulingDelay: time.Second, MaxShare: below(1)}},
+		{name: "negative delay", cfg: Config{MaxSchedulingDelay: -time.Millisecond, MaxShare: 0.9},
+			wantErr: []string{"max_scheduling_delay"}, notKeys: []string{"min_in_flight", "max_share"}},
+		{name: "negative min in flight", cfg: Config{MaxSchedulingDelay: time.Millisecond, MinInFlight: -1, MaxShare: 0.9},
+			wantErr: []string{"min_in_flight"}, notKeys: []string{"max_scheduling_delay", "max_share"}},
+		{name: "share 0", cfg: Config{MaxSchedulingDelay: time.Millisecond, MaxShare: 0},
+			wantErr: []string{"max_share"}, notKeys: []string{"max_scheduling_delay", "min_in_flight"}},
+		{name: "share 1", cfg: Config{MaxSchedulingDelay: time.Millisecond, MaxShare: 1},
+			wantErr: []string{"max_share"}, notKeys: []string{"max_scheduling_delay", "min_in_flight"}},
+		{name: "share over 1", cfg: Config{MaxSchedulingDelay: time.Millisecond, MaxShare: 1.5},
+			wantErr: []string{"max_share"}},
+		{name: "negative share", cfg: Config{MaxSchedulingDelay: time.Millisecond, MaxShare: -0.1},
+			wantErr: []string{"max_share"}},
+		{name: "NaN share", cfg: Config{MaxSchedulingDelay: time.Millisecond, MaxShare: math.NaN()},
+			wantErr: []string{"max_share"}},
+		{name: "infinite share", cfg: Config{MaxSchedulingDelay: time.Millisecond, MaxShare: math.Inf(1)},
+			wantErr: []string{"max_share"}},
+		{name: "everything wrong, every key named", cfg: Config{MaxSchedulingDelay: -1, MinInFlight: -5, MaxShare: 2},
+			wantErr: []string{"max_scheduling_delay", "min_in_flight", "max_share"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if tt.wantErr == nil {
+				if err != nil {
+					t.Fatalf("Validate(%+v) = %v, want nil", tt.cfg, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate(%+v) = nil, want an error naming %v", tt.cfg, tt.wantErr)
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) != len(tt.wantErr) {
+				t.Errorf("Validate(%+v) = %q: %d lines, want one per bad key %v", tt.cfg, err, len(lines), tt.wantErr)
+			}
+			for _, key := range tt.wantErr {
+				if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, key+": ") }) {
+					t.Errorf("Validate(%+v) = %q, want a line starting %q", tt.cfg, err, key+": ")
+				}
+			}
+			for _, key := range tt.notKeys {
+				if strings.Contains(err.Error(), key) {
+					t.Errorf("Validate(%+v) = %q names %q, though that key is fine", tt.cfg, err, key)
+				}
+			}
+		})
 	}
 }
