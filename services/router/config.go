@@ -272,7 +272,7 @@ func DefaultConfig() Config {
 		Breaker:     defaultBreaker(),
 		Idempotency: IdempotencyConfig{Backend: "memory", TTL: 24 * time.Hour, InflightTTL: time.Minute},
 		Status:      StatusConfig{Refresh: 5 * time.Second, RecentDegradations: 50},
-		// At 100 ms P99 for a CPU, each request (dozens of goroutine wake-ups) is already
+		// At 100 ms P90 for a CPU, each request (dozens of goroutine wake-ups) is already
 		// late by much more; 64 in flight keeps a process with little to do from shedding.
 		Overload: overload.Config{MaxSchedulingDelay: 100 * time.Millisecond, MinInFlight: 64, MaxShare: 0.9},
 	}

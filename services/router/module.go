@@ -164,7 +164,7 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 			Name: "mantle_router_shed_share", Help: "Share of normal-priority requests the overload shedder refuses now (high: half, batch: twice, critical: none).",
 		}, r.shedder.Share),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "mantle_router_cpu_wait_p99_seconds", Help: "P99 wait of runnable goroutines for a CPU over the shedder's last quarter second: the overload signal.",
+			Name: "mantle_router_cpu_wait_p90_seconds", Help: "P90 wait of runnable goroutines for a CPU over the shedder's last quarter second: the overload signal.",
 		}, func() float64 { return r.shedder.Delay().Seconds() }),
 	} {
 		if err := env.Metrics.Register(g); err != nil {

@@ -114,8 +114,8 @@ func TestOverloadShedsByPriority(t *testing.T) {
 		}
 	}
 	want := []string{
-		"router overloaded: P99 wait for a CPU 300ms over 100ms; shedding a share of new requests (batch first, critical never)",
-		"router overload over: P99 wait for a CPU 10ms; every request admitted again",
+		"router overloaded: P90 wait for a CPU 300ms over 100ms; shedding a share of new requests (batch first, critical never)",
+		"router overload over: P90 wait for a CPU 10ms; every request admitted again",
 	}
 	if len(reasons) != len(want) || reasons[0] != want[0] || reasons[1] != want[1] {
 		t.Errorf("overload events %q, want %q", reasons, want)

@@ -114,7 +114,7 @@ type Deps struct {
 	// Checker runs the L1 format checks in the router when the verifier cannot be reached
 	// (the library the verifier serves them from); nil lets such answers through unchecked.
 	Checker *formatcheck.Checker
-	// SchedulingDelay returns the P99 wait for a CPU since its previous call, the overload
+	// SchedulingDelay returns the P90 wait for a CPU since its previous call, the overload
 	// shedder's signal; nil reads the Go runtime's (overload.SchedulingDelay).
 	SchedulingDelay func() time.Duration
 }
@@ -167,7 +167,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 	}
 	delay := deps.SchedulingDelay
 	if delay == nil {
-		delay = overload.NewSchedulingDelay(0.99).Read
+		delay = overload.NewSchedulingDelay(0.9).Read
 	}
 	r.shedder = overload.New(cfg.Overload, delay, deps.Clock, deps.Rand, r.overloadChanged)
 	providers := map[string]ProviderConfig{}
@@ -554,12 +554,12 @@ var errOverloaded = rpc.Status(codes.Unavailable, errorDomain, ReasonOverloaded,
 // whole router (route "overload").
 func (r *Router) overloadChanged(c overload.Change) {
 	limit := r.shedder.Config().MaxSchedulingDelay
-	reason := fmt.Sprintf("router overloaded: P99 wait for a CPU %s over %s; shedding a share of new requests (batch first, critical never)", c.Delay, limit)
+	reason := fmt.Sprintf("router overloaded: P90 wait for a CPU %s over %s; shedding a share of new requests (batch first, critical never)", c.Delay, limit)
 	if c.Shedding {
-		r.deps.Log.Warn("router overloaded; shedding requests", "p99_cpu_wait", c.Delay, "max_scheduling_delay", limit)
+		r.deps.Log.Warn("router overloaded; shedding requests", "p90_cpu_wait", c.Delay, "max_scheduling_delay", limit)
 	} else {
-		reason = fmt.Sprintf("router overload over: P99 wait for a CPU %s; every request admitted again", c.Delay)
-		r.deps.Log.Info("router overload over; admitting every request", "p99_cpu_wait", c.Delay)
+		reason = fmt.Sprintf("router overload over: P90 wait for a CPU %s; every request admitted again", c.Delay)
+		r.deps.Log.Info("router overload over; admitting every request", "p90_cpu_wait", c.Delay)
 	}
 	r.deps.Events.Publish(context.Background(), events.SubjectDegradation, &eventsv1.DegradationEvent{
 		At: timestamppb.New(r.deps.Clock.Now()), Route: "overload", Reason: reason,

@@ -4,8 +4,11 @@
 //
 // The signal is the Go scheduler's own: how long runnable goroutines waited for a CPU
 // (SchedulingDelay). Unlike request latency, it does not rise when a provider is slow,
-// which is the router's job to absorb, not a reason to refuse work. Every Interval the
-// shed share grows by StepUp while the delay's P99 is over the limit and falls by
+// which is the router's job to absorb, not a reason to refuse work. The P90 rather than
+// the P99 tells a standing queue from a burst, as CoDel does for packets: a burst (a
+// collection, a new connection's first requests) delays a few wake-ups; a process with
+// more work than CPUs delays most of them. Every Interval the
+// shed share grows by StepUp while the delay's P90 is over the limit and falls by
 // StepDown once it is under half of it; in between it holds, so that the share settles
 // instead of swinging. A request is shed with the share of its priority: critical never,
 // high at half the share, batch at twice it.
@@ -34,7 +37,7 @@ const (
 
 // Config is the router's overload block.
 type Config struct {
-	// MaxSchedulingDelay is the P99 wait for a CPU above which requests are shed; 0 turns
+	// MaxSchedulingDelay is the P90 wait for a CPU above which requests are shed; 0 turns
 	// shedding off.
 	MaxSchedulingDelay time.Duration `yaml:"max_scheduling_delay"`
 	// MinInFlight: with fewer requests in flight than this nothing is shed, so a process
@@ -64,7 +67,7 @@ func (c Config) Validate() error {
 // Change is a shedder's move into or out of shedding.
 type Change struct {
 	Shedding bool
-	// Delay is the P99 scheduling delay of the interval that caused the change.
+	// Delay is the P90 scheduling delay of the interval that caused the change.
 	Delay time.Duration
 }
 
@@ -78,7 +81,7 @@ type Shedder struct {
 	onChange func(Change)
 
 	share     atomic.Uint64 // math.Float64bits of the share of normal requests shed
-	lastDelay atomic.Int64  // the last interval's P99, in nanoseconds
+	lastDelay atomic.Int64  // the last interval's P90, in nanoseconds
 	inFlight  atomic.Int64
 }
 
@@ -136,7 +139,7 @@ func (s *Shedder) Config() Config { return s.cfg }
 // Share is the share of normal-priority requests now shed.
 func (s *Shedder) Share() float64 { return math.Float64frombits(s.share.Load()) }
 
-// Delay is the last interval's P99 scheduling delay.
+// Delay is the last interval's P90 scheduling delay.
 func (s *Shedder) Delay() time.Duration { return time.Duration(s.lastDelay.Load()) }
 
 // InFlight is the number of admitted requests not yet done.
