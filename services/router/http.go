@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"time"
@@ -161,6 +162,15 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// Refused before the body is read: under overload a refusal must cost next to
+	// nothing. A priority header that does not parse is refused as normal here and
+	// reported as invalid below.
+	priority, _ := headerPriority(r.Header)
+	if f.router.admit(priority) != nil {
+		writeOverloaded(w)
+		return
+	}
+	defer f.router.shedder.Done()
 	// Room for the prompt limit plus JSON overhead; beyond it the body is not read at all.
 	limit := int64(f.router.conf().MaxPromptBytes)*2 + 64<<10
 	body := http.MaxBytesReader(w, r.Body, limit)
@@ -228,13 +238,11 @@ func (cr *chatRequest) toProto(h http.Header) (*routerv1.Request, error) {
 	for _, m := range cr.Messages {
 		req.Messages = append(req.Messages, &mantlev1.ChatMessage{Role: m.Role, Content: string(m.Content), Name: m.Name})
 	}
-	if p := h.Get(HeaderPriority); p != "" {
-		v, ok := mantlev1.Priority_value["PRIORITY_"+strings.ToUpper(p)]
-		if !ok || v == 0 {
-			return nil, rpc.Invalid(HeaderPriority, "want critical, high, normal or batch, got %q", p)
-		}
-		req.Priority = mantlev1.Priority(v)
+	p, err := headerPriority(h)
+	if err != nil {
+		return nil, err
 	}
+	req.Priority = p
 	if rf := cr.ResponseFormat; rf != nil {
 		switch rf.Type {
 		case "", "text":
@@ -441,6 +449,39 @@ func writeError(w http.ResponseWriter, err error) {
 		return
 	}
 	writeJSON(w, httpStatus, body)
+}
+
+// headerPriority reads x-mantle-priority: unset is PRIORITY_UNSPECIFIED.
+func headerPriority(h http.Header) (mantlev1.Priority, error) {
+	p := h.Get(HeaderPriority)
+	if p == "" {
+		return mantlev1.Priority_PRIORITY_UNSPECIFIED, nil
+	}
+	v, ok := mantlev1.Priority_value["PRIORITY_"+strings.ToUpper(p)]
+	if !ok || v == 0 {
+		return mantlev1.Priority_PRIORITY_UNSPECIFIED, rpc.Invalid(HeaderPriority, "want critical, high, normal or batch, got %q", p)
+	}
+	return mantlev1.Priority(v), nil
+}
+
+// overloadedResponse is writeError's rendering of errOverloaded, made once: the front
+// door may refuse thousands of requests a second, and each refusal would otherwise
+// decode the status's details three times.
+var overloadedResponse = func() *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	writeError(w, errOverloaded)
+	return w
+}()
+
+// writeOverloaded answers a request the shedder refused.
+func writeOverloaded(w http.ResponseWriter) {
+	for k, vs := range overloadedResponse.Header() {
+		for _, v := range vs {
+			w.Header().Add(k, v) // not the shared slice: a middleware may add to it
+		}
+	}
+	w.WriteHeader(overloadedResponse.Code)
+	_, _ = w.Write(overloadedResponse.Body.Bytes())
 }
 
 func cacheHeader(hit bool) string {

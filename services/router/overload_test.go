@@ -2,6 +2,10 @@ package router
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
@@ -23,43 +28,21 @@ func TestOverloadShedsByPriority(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig()
 	cfg.Overload = overload.Config{MaxSchedulingDelay: 100 * time.Millisecond, MinInFlight: 0, MaxShare: 0.9}
-	delays := make(chan time.Duration)
-	reads := make(chan struct{}, 1)
-	h := newHarness(t, cfg, &harness{
-		rand: func() float64 { return 0.2 },
-		schedulingDelay: func() time.Duration {
-			defer func() { reads <- struct{}{} }()
-			return <-delays
-		},
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- h.router.shedder.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-ran; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	// interval moves the clock one shedder interval on and has it read delay.
-	interval := func(delay time.Duration) {
-		t.Helper()
-		if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
-		h.clock.Advance(overload.Interval)
-		delays <- delay
-		<-reads
-	}
+	d := newShedderDriver(t)
+	h := newHarness(t, cfg, &harness{rand: func() float64 { return 0.2 }, schedulingDelay: d.delay})
+	d.start(h)
+	// Requests come in through the gRPC service, where the shedder decides (Router.Complete
+	// itself, for callers in this process, does not shed).
+	svc := &server{router: h.router}
 	asks := func(p mantlev1.Priority) error {
 		req := ask("chat")
 		req.Priority = p
-		_, err := h.router.Complete(context.Background(), req)
+		_, err := svc.Complete(context.Background(), &routerv1.CompleteRequest{Request: req})
 		return err
 	}
 
 	for range 3 { // the share climbs to 0.3
-		interval(300 * time.Millisecond)
+		d.interval(300 * time.Millisecond)
 	}
 	if got := h.router.shedder.Share(); got < 0.29 || got > 0.31 {
 		t.Fatalf("share after three overloaded intervals = %v, want 0.3", got)
@@ -99,13 +82,16 @@ func TestOverloadShedsByPriority(t *testing.T) {
 	}
 
 	for range 6 { // under half the limit the share falls by 0.05 an interval, to zero
-		interval(10 * time.Millisecond)
+		d.interval(10 * time.Millisecond)
 	}
 	if got := h.router.shedder.Share(); got != 0 {
 		t.Fatalf("share after the overload = %v, want 0", got)
 	}
 	if err := asks(mantlev1.Priority_PRIORITY_BATCH); err != nil {
 		t.Errorf("batch after the overload: %v, want an answer", err)
+	}
+	if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
+		t.Errorf("Router.Complete: %v, want an answer: callers in this process are never shed", err)
 	}
 	var reasons []string
 	for _, m := range h.events.on(events.SubjectDegradation) {
@@ -138,4 +124,124 @@ func TestOverloadOffByConfiguration(t *testing.T) {
 	if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
+}
+
+// TestFrontDoorRefusesBeforeReadingTheBody: under overload the HTTP front door answers 503
+// with Retry-After from the headers alone, so a refusal costs next to nothing; the
+// priority header decides as it does over gRPC.
+func TestFrontDoorRefusesBeforeReadingTheBody(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Overload = overload.Config{MaxSchedulingDelay: 100 * time.Millisecond, MaxShare: 0.9}
+	d := newShedderDriver(t)
+	h := newHarness(t, cfg, &harness{rand: func() float64 { return 0.2 }, schedulingDelay: d.delay})
+	d.start(h)
+	for range 3 { // share 0.3: rand's 0.2 sheds normal, not high
+		d.interval(time.Second)
+	}
+	f := &frontDoor{router: h.router}
+
+	for _, tc := range []struct {
+		priority string
+		refused  bool
+	}{{"", true}, {"batch", true}, {"high", false}, {"critical", false}} {
+		body := &watchedBody{Reader: strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`)}
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", body)
+		if tc.priority != "" {
+			req.Header.Set(HeaderPriority, tc.priority)
+		}
+		w := httptest.NewRecorder()
+		f.chatCompletions(w, req)
+		if !tc.refused {
+			if w.Code != http.StatusOK {
+				t.Errorf("priority %q: HTTP %d %s, want 200", tc.priority, w.Code, w.Body)
+			}
+			continue
+		}
+		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" || !strings.Contains(w.Body.String(), `"code":"overloaded"`) {
+			t.Errorf("priority %q: HTTP %d, Retry-After %q, body %s; want 503, 1, code overloaded", tc.priority, w.Code, w.Header().Get("Retry-After"), w.Body)
+		}
+		if body.read {
+			t.Errorf("priority %q: the body of a refused request was read", tc.priority)
+		}
+	}
+}
+
+// watchedBody records whether anything read it.
+type watchedBody struct {
+	io.Reader
+	read bool
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	b.read = true
+	return b.Reader.Read(p)
+}
+
+// shedderDriver runs a router's shedder on its harness's fake clock and hands it the CPU
+// wait of each interval.
+type shedderDriver struct {
+	t       *testing.T
+	h       *harness
+	ctx     context.Context
+	cancel  context.CancelFunc
+	asked   chan struct{}
+	next    chan time.Duration
+	waiting bool // the shedder is in a read, waiting for next
+}
+
+func newShedderDriver(t *testing.T) *shedderDriver {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return &shedderDriver{t: t, ctx: ctx, cancel: cancel, asked: make(chan struct{}), next: make(chan time.Duration)}
+}
+
+// delay is the harness's SchedulingDelay.
+func (d *shedderDriver) delay() time.Duration {
+	select {
+	case d.asked <- struct{}{}:
+	case <-d.ctx.Done():
+		return 0
+	}
+	select {
+	case v := <-d.next:
+		return v
+	case <-d.ctx.Done():
+		return 0
+	}
+}
+
+// start runs the shedder until the test ends.
+func (d *shedderDriver) start(h *harness) {
+	d.h = h
+	ran := make(chan error, 1)
+	go func() { ran <- h.router.shedder.Run(d.ctx) }()
+	d.t.Cleanup(func() {
+		d.cancel()
+		if err := <-ran; err != nil {
+			d.t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+// tick moves the clock one interval on and waits until the shedder asks for its delay:
+// it then has finished with the interval before.
+func (d *shedderDriver) tick() {
+	d.t.Helper()
+	if err := d.h.clock.BlockUntilContext(d.ctx, 1); err != nil {
+		d.t.Fatal(err)
+	}
+	d.h.clock.Advance(overload.Interval)
+	<-d.asked
+	d.waiting = true
+}
+
+// interval has the shedder adjust to delay, and returns once the adjustment is made.
+func (d *shedderDriver) interval(delay time.Duration) {
+	d.t.Helper()
+	if !d.waiting {
+		d.tick()
+	}
+	d.next <- delay
+	d.tick()
 }

@@ -300,11 +300,6 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	if err != nil {
 		return nil, err
 	}
-	if !r.shedder.Admit(req.GetPriority()) {
-		r.deps.Metrics.shed.WithLabelValues(priorityLabel(req.GetPriority())).Inc()
-		return nil, errOverloaded
-	}
-	defer r.shedder.Done()
 	clientID := rpc.CallerRequestID(ctx)
 	qc := r.newQualityContext(ctx, req, rt)
 	ctx = rpc.WithRequestID(ctx, qc.RequestId)
@@ -543,6 +538,19 @@ func (r *Router) release(ctx context.Context, qc *mantlev1.QualityContext, lease
 	if _, err := r.deps.Cache.Release(ctx, &cachev1.ReleaseRequest{Quality: hopQuality(qc), LeaseId: lease}); err != nil {
 		r.deps.Log.WarnContext(ctx, "cache lease not released; it will expire", "err", err)
 	}
+}
+
+// admit is the overload shedder's decision on a request of priority p, taken where
+// requests come in (the gRPC service, the HTTP front door before it reads the body) so
+// that a refusal costs next to nothing: errOverloaded, or nil, after which the caller
+// calls r.shedder.Done when the request ends. Router.Complete and Stream, for callers
+// inside this process, do not shed.
+func (r *Router) admit(p mantlev1.Priority) error {
+	if r.shedder.Admit(p) {
+		return nil
+	}
+	r.deps.Metrics.shed.WithLabelValues(priorityLabel(p)).Inc()
+	return errOverloaded
 }
 
 // errOverloaded is the answer to a request the shedder refused: UNAVAILABLE, which gRPC

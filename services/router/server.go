@@ -17,11 +17,19 @@ type server struct {
 }
 
 func (s *server) Complete(ctx context.Context, req *routerv1.CompleteRequest) (*routerv1.CompleteResponse, error) {
+	if err := s.router.admit(req.GetRequest().GetPriority()); err != nil {
+		return nil, err
+	}
+	defer s.router.shedder.Done()
 	resp, err := s.router.Complete(ctx, req.GetRequest())
 	return resp, toStatus(err)
 }
 
 func (s *server) StreamComplete(req *routerv1.StreamCompleteRequest, stream routerv1.RouterService_StreamCompleteServer) error {
+	if err := s.router.admit(req.GetRequest().GetPriority()); err != nil {
+		return err
+	}
+	defer s.router.shedder.Done()
 	final, err := s.router.Stream(stream.Context(), req.GetRequest(), func(d Delta) error {
 		return stream.Send(&routerv1.StreamCompleteResponse{Event: &routerv1.StreamCompleteResponse_Delta{
 			Delta: &routerv1.Delta{Content: d.Content, Model: d.Model},
