@@ -15,10 +15,9 @@ import (
 // AUTOMEMLIMIT, when set, win.
 type RuntimeConfig struct {
 	// GCPercent is GOGC: how far, in percent of the live heap, the heap grows before the
-	// next collection. A mesh keeps little alive (tens of MiB) and allocates per request,
-	// so at Go's 100 it collects several times a second under load, and requests that
-	// arrive meanwhile wait behind the collector's pauses and assists. 200 halves the
-	// collections for tens of MiB more (docs/performance.md, "Sixth session").
+	// next collection. Go's 100 by default: 200 collects half as often for tens of MiB
+	// more, and did not move the mesh's latency at 2000 requests/s beyond the noise of
+	// this project's 2-core machines (docs/performance.md, "Sixth session").
 	GCPercent int `yaml:"gc_percent"`
 	// MemoryLimitRatio sets GOMEMLIMIT to this share of the container's memory limit
 	// (cgroups), so that a heap allowed to grow by GCPercent is collected harder as it
@@ -29,7 +28,7 @@ type RuntimeConfig struct {
 
 // DefaultRuntimeConfig is the runtime block's defaults.
 func DefaultRuntimeConfig() RuntimeConfig {
-	return RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}
+	return RuntimeConfig{GCPercent: 100, MemoryLimitRatio: 0.9}
 }
 
 // Validate checks the block.

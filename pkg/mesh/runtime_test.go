@@ -35,7 +35,7 @@ func TestTuneRuntime(t *testing.T) {
 		wantLog   string
 	}{
 		{name: "defaults under a cgroup limit", cfg: DefaultRuntimeConfig(), limit: limitOf(1000 * mib),
-			wantGC: 200, wantLimit: 900 * mib, wantLog: "memory_limit_mib=900"},
+			wantGC: 100, wantLimit: 900 * mib, wantLog: "memory_limit_mib=900"},
 		{name: "GOGC wins", cfg: RuntimeConfig{GCPercent: 300}, env: map[string]string{"GOGC": "77"},
 			wantLog: "gc_percent_from=\"GOGC environment variable\""},
 		{name: "GOMEMLIMIT wins", cfg: RuntimeConfig{GCPercent: 150, MemoryLimitRatio: 0.5}, env: map[string]string{"GOMEMLIMIT": "1GiB"},
@@ -43,9 +43,9 @@ func TestTuneRuntime(t *testing.T) {
 			wantGC: 150, wantLog: "memory_limit_from=\"GOMEMLIMIT environment variable\""},
 		{name: "ratio 0 leaves the limit", cfg: RuntimeConfig{GCPercent: 200}, limit: limitOf(1000 * mib),
 			wantGC: 200, wantLog: "runtime.memory_limit_ratio: 0"},
-		{name: "no cgroup", cfg: DefaultRuntimeConfig(), limit: failing,
+		{name: "no cgroup", cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}, limit: failing,
 			wantGC: 200, wantLog: "no cgroup here"},
-		{name: "a cgroup without a limit", cfg: DefaultRuntimeConfig(), limit: noLimit,
+		{name: "a cgroup without a limit", cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}, limit: noLimit,
 			wantGC: 200, wantLog: "memory_limit_from=\"no memory limit found\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
