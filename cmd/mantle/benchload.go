@@ -252,7 +252,7 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 		split = split || r.HopPeakRSSMB > 0
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	header := "mode\trate/s\tachieved/s\tok\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\t"
+	header := "mode\trate/s\tachieved/s\tok\tok/s\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\t"
 	if split {
 		header += "hop CPU s/1000\thop RSS MiB\t"
 	}
@@ -267,8 +267,8 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 		} else if split {
 			added += "\t\t"
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%d\t%d\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.3f\t%.0f\t%s\n",
-			r.Mode, r.Rate, r.AchievedRate, r.OK, r.Errors, r.Refused, r.Shed, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.CPUPer1000, r.PeakRSSMB, added)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.0f\t%d\t%d\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.3f\t%.0f\t%s\n",
+			r.Mode, r.Rate, r.AchievedRate, r.OK, r.AnsweredRate, r.Errors, r.Refused, r.Shed, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.CPUPer1000, r.PeakRSSMB, added)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -86,9 +86,11 @@ func TestRestartPaths(t *testing.T) {
 		{Path: "log.level"}, {Path: "router.default_budget"}, {Path: "server.grpc_listen_address"}, {Path: "target"},
 		{Path: "router.hedge_budget.ratio"}, {Path: "router.retry_budget_extra"}, {Path: "router.routes[0].hedge.max_delay"},
 		{Path: "quota.default_limits.tpm"}, {Path: "router.breaker.open_duration"}, {Path: "router.quota_address"},
+		{Path: "router.overload.max_share"}, {Path: "runtime.gc_percent"},
 	})
 	want := []string{"log.level", "server.grpc_listen_address", "target", "router.hedge_budget.ratio",
-		"quota.default_limits.tpm", "router.breaker.open_duration", "router.quota_address"}
+		"quota.default_limits.tpm", "router.breaker.open_duration", "router.quota_address",
+		"router.overload.max_share", "runtime.gc_percent"}
 	if !slices.Equal(got, want) {
 		t.Errorf("restartPaths = %q, want %q", got, want)
 	}

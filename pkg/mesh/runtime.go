@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"runtime/metrics"
+	"strconv"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 )
@@ -51,35 +53,58 @@ func tuneRuntime(c RuntimeConfig, getenv func(string) string, limit memlimit.Pro
 		debug.SetGCPercent(c.GCPercent)
 		gogc = "runtime.gc_percent"
 	}
-	percent := debug.SetGCPercent(-1)
-	debug.SetGCPercent(percent)
+	percent := gcPercent()
 
 	memory := "GOMEMLIMIT environment variable"
-	switch {
-	case getenv("GOMEMLIMIT") != "":
-	case c.MemoryLimitRatio == 0:
-		memory = "off (runtime.memory_limit_ratio: 0)"
-	default:
-		if limit == nil {
-			limit = memlimit.FromCgroup
-		}
-		// memlimit.Set itself leaves GOMEMLIMIT alone when that variable is set, and
-		// honours AUTOMEMLIMIT (a ratio or "off").
-		switch l, err := memlimit.Set(memlimit.WithRatio(c.MemoryLimitRatio), memlimit.WithProvider(limit)); {
-		case err != nil:
-			// Not in a cgroup (or not on Linux): nothing to keep under.
-			memory = "no memory limit found: " + err.Error()
-		case l == maxMemoryLimit:
-			memory = "no memory limit found"
-		default:
-			memory = fmt.Sprintf("%g of the cgroup memory limit", c.MemoryLimitRatio)
-		}
+	if getenv("GOMEMLIMIT") == "" {
+		memory = c.setMemoryLimit(getenv("AUTOMEMLIMIT"), limit)
 	}
 	attrs := []any{"gc_percent", percent, "gc_percent_from", gogc, "memory_limit_from", memory}
 	if l := debug.SetMemoryLimit(-1); l != maxMemoryLimit {
 		attrs = append(attrs, "memory_limit_mib", l>>20)
 	}
 	log.Info("go runtime", attrs...)
+}
+
+// setMemoryLimit sets GOMEMLIMIT to a share of the cgroup's memory limit and says where
+// it came from. auto is AUTOMEMLIMIT, which memlimit.Set also reads: a ratio that
+// overrides the configured one, or off.
+func (c RuntimeConfig) setMemoryLimit(auto string, limit memlimit.Provider) string {
+	ratio, from := c.MemoryLimitRatio, "runtime.memory_limit_ratio"
+	switch {
+	case auto == "off":
+		return "off (AUTOMEMLIMIT=off)"
+	case auto != "":
+		r, err := strconv.ParseFloat(auto, 64)
+		if err != nil || !(r > 0 && r <= 1) {
+			return fmt.Sprintf("unset: AUTOMEMLIMIT=%q is neither a ratio in (0, 1] nor off", auto)
+		}
+		ratio, from = r, "AUTOMEMLIMIT"
+	case ratio == 0:
+		return "off (runtime.memory_limit_ratio: 0)"
+	}
+	if limit == nil {
+		limit = memlimit.FromCgroup
+	}
+	switch l, err := memlimit.Set(memlimit.WithRatio(ratio), memlimit.WithProvider(limit)); {
+	case err != nil:
+		// Not in a cgroup (or not on Linux): nothing to keep under.
+		return "no memory limit found: " + err.Error()
+	case l == maxMemoryLimit:
+		return "no memory limit found"
+	}
+	return fmt.Sprintf("%g of the cgroup memory limit (%s)", ratio, from)
+}
+
+// gcPercent reads GOGC as the runtime has it, without debug.SetGCPercent(-1), which
+// would turn the collector off for a moment and wait for a running cycle.
+func gcPercent() int {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int(s[0].Value.Uint64())
 }
 
 // maxMemoryLimit is GOMEMLIMIT's value when no limit is set (math.MaxInt64).

@@ -28,7 +28,7 @@ func TestTuneRuntime(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		cfg       RuntimeConfig
-		env       map[string]string
+		env       map[string]string // AUTOMEMLIMIT also goes to the process's environment
 		limit     memlimit.Provider
 		wantGC    int   // 0: left as it was (77)
 		wantLimit int64 // 0: left as it was (maxMemoryLimit)
@@ -45,12 +45,21 @@ func TestTuneRuntime(t *testing.T) {
 			wantGC: 200, wantLog: "runtime.memory_limit_ratio: 0"},
 		{name: "no cgroup", cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}, limit: failing,
 			wantGC: 200, wantLog: "no cgroup here"},
+		{name: "AUTOMEMLIMIT overrides the ratio", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "0.5"}, limit: limitOf(1000 * mib),
+			wantGC: 100, wantLimit: 500 * mib, wantLog: "0.5 of the cgroup memory limit (AUTOMEMLIMIT)"},
+		{name: "AUTOMEMLIMIT off", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "off"}, limit: limitOf(1000 * mib),
+			wantGC: 100, wantLog: "off (AUTOMEMLIMIT=off)"},
+		{name: "AUTOMEMLIMIT that is no ratio", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "lots"}, limit: limitOf(1000 * mib),
+			wantGC: 100, wantLog: `AUTOMEMLIMIT=\"lots\" is neither`},
 		{name: "a cgroup without a limit", cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}, limit: noLimit,
 			wantGC: 200, wantLog: "memory_limit_from=\"no memory limit found\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer debug.SetGCPercent(debug.SetGCPercent(77))
 			defer debug.SetMemoryLimit(debug.SetMemoryLimit(maxMemoryLimit))
+			if a, ok := tc.env["AUTOMEMLIMIT"]; ok {
+				t.Setenv("AUTOMEMLIMIT", a) // memlimit.Set reads it from the process
+			}
 			var logs bytes.Buffer
 			getenv := func(k string) string { return tc.env[k] }
 			tuneRuntime(tc.cfg, getenv, tc.limit, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -59,10 +68,9 @@ func TestTuneRuntime(t *testing.T) {
 			if wantGC == 0 {
 				wantGC = 77
 			}
-			if got := debug.SetGCPercent(-1); got != wantGC {
+			if got := gcPercent(); got != wantGC {
 				t.Errorf("GC percent = %d, want %d", got, wantGC)
 			}
-			debug.SetGCPercent(wantGC) // SetGCPercent(-1) turned the collector off
 			wantLimit := tc.wantLimit
 			if wantLimit == 0 {
 				wantLimit = maxMemoryLimit

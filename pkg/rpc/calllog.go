@@ -10,6 +10,7 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
@@ -53,6 +54,11 @@ func (c callLog) finished(ctx context.Context, fullMethod, typ string, start tim
 	}
 	code := status.Code(backstop(err))
 	level := slog.Level(logging.DefaultServerCodeToLevel(code))
+	// A refusal under overload comes by the thousand and is retried; a warning for each
+	// would flood the log and cost the CPU the refusal was meant to save.
+	if code == codes.Unavailable && ErrorInfo(err).GetReason() == ReasonOverloaded {
+		level = slog.LevelDebug
+	}
 	if !c.log.Enabled(ctx, level) {
 		return
 	}

@@ -34,6 +34,9 @@ func TestCallLog(t *testing.T) {
 		{name: "a plain error is logged as the Internal the caller sees, with its cause", level: slog.LevelError, err: errors.New("disk full"),
 			want: []string{"level=ERROR", "grpc.code=Internal", `grpc.error="disk full"`}},
 		{name: "unavailable below the level", level: slog.LevelError, err: status.Error(codes.Unavailable, "x")},
+		{name: "an overloaded refusal is not a warning", level: slog.LevelInfo, err: Status(codes.Unavailable, "router.mantle", ReasonOverloaded, "shedding")},
+		{name: "an overloaded refusal at debug", level: slog.LevelDebug, err: Status(codes.Unavailable, "router.mantle", ReasonOverloaded, "shedding"),
+			want: []string{"level=DEBUG", "grpc.code=Unavailable"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

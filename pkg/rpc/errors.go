@@ -19,6 +19,9 @@ const (
 	ReasonPermissionDenied = "PERMISSION_DENIED"
 	ReasonQuotaExhausted   = "QUOTA_EXHAUSTED"
 	ReasonInternal         = "INTERNAL"
+	// ReasonOverloaded is a request refused because the server is short of capacity: a
+	// moment's retry is expected, so the call log keeps it out of warnings.
+	ReasonOverloaded = "OVERLOADED"
 )
 
 // FieldViolation names one invalid request field.

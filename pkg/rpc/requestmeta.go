@@ -152,7 +152,7 @@ func isLowerHex(s string, n int) bool {
 func traceParent(traceID string) string {
 	var parent [8]byte
 	_, _ = rand.Read(parent[:]) // crypto/rand.Read never fails on supported platforms
-	var buf [55]byte // a traceparent's length, with a 32-digit trace id
+	var buf [55]byte            // a traceparent's length, with a 32-digit trace id
 	b := append(buf[:0], "00-"...)
 	b = append(b, traceID...)
 	b = append(b, '-')

@@ -25,7 +25,7 @@ const (
 	ReasonUpstreamRejected    = "UPSTREAM_REJECTED"
 	ReasonAllCandidatesFailed = "ALL_CANDIDATES_FAILED"
 	ReasonDeadlineExceeded    = "DEADLINE_EXCEEDED"
-	ReasonOverloaded          = "OVERLOADED"
+	ReasonOverloaded          = rpc.ReasonOverloaded
 )
 
 // failedRequest is a request that ended in an error, with its QualityContext: the attempts

@@ -166,11 +166,12 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	// nothing. A priority header that does not parse is refused as normal here and
 	// reported as invalid below.
 	priority, _ := headerPriority(r.Header)
-	if f.router.admit(priority) != nil {
+	release, err := f.router.admit(priority)
+	if err != nil {
 		writeOverloaded(w)
 		return
 	}
-	defer f.router.shedder.Done()
+	defer release()
 	// Room for the prompt limit plus JSON overhead; beyond it the body is not read at all.
 	limit := int64(f.router.conf().MaxPromptBytes)*2 + 64<<10
 	body := http.MaxBytesReader(w, r.Body, limit)

@@ -80,6 +80,17 @@ func TestOverloadShedsByPriority(t *testing.T) {
 	if n := h.router.shedder.InFlight(); n != 0 {
 		t.Errorf("%d requests still in flight after all ended", n)
 	}
+	if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
+		t.Errorf("Router.Complete while shedding: %v, want an answer: callers in this process are never shed", err)
+	}
+	req := ask("chat")
+	req.Priority = mantlev1.Priority(99) // a number this build does not know: normal
+	if _, err := svc.Complete(context.Background(), &routerv1.CompleteRequest{Request: req}); status.Code(err) != codes.Unavailable {
+		t.Errorf("unknown priority: %v, want it shed as normal", err)
+	}
+	if got := counterValue(t, h.router.deps.Metrics.shed.WithLabelValues("normal")); got != 3 {
+		t.Errorf("shed{priority=normal} = %v, want 3: an unknown priority counts as normal, not as a series of its own", got)
+	}
 
 	for range 6 { // under half the limit the share falls by 0.05 an interval, to zero
 		d.interval(10 * time.Millisecond)
@@ -89,9 +100,6 @@ func TestOverloadShedsByPriority(t *testing.T) {
 	}
 	if err := asks(mantlev1.Priority_PRIORITY_BATCH); err != nil {
 		t.Errorf("batch after the overload: %v, want an answer", err)
-	}
-	if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
-		t.Errorf("Router.Complete: %v, want an answer: callers in this process are never shed", err)
 	}
 	var reasons []string
 	for _, m := range h.events.on(events.SubjectDegradation) {
@@ -121,7 +129,9 @@ func TestOverloadOffByConfiguration(t *testing.T) {
 	if err := h.router.shedder.Run(context.Background()); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if _, err := h.router.Complete(context.Background(), ask("chat")); err != nil {
+	req := ask("chat")
+	req.Priority = mantlev1.Priority_PRIORITY_BATCH
+	if _, err := (&server{router: h.router}).Complete(context.Background(), &routerv1.CompleteRequest{Request: req}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 }
@@ -143,18 +153,32 @@ func TestFrontDoorRefusesBeforeReadingTheBody(t *testing.T) {
 
 	for _, tc := range []struct {
 		priority string
+		body     string
 		refused  bool
-	}{{"", true}, {"batch", true}, {"high", false}, {"critical", false}} {
-		body := &watchedBody{Reader: strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`)}
+		status   int // of an admitted request
+	}{
+		{priority: "", refused: true},
+		{priority: "batch", refused: true},
+		{priority: "high", status: http.StatusOK},
+		{priority: "critical", status: http.StatusOK},
+		{priority: "critical", body: `{"model":`, status: http.StatusBadRequest}, // admitted, then refused as invalid
+	} {
+		if tc.body == "" {
+			tc.body = `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`
+		}
+		body := &watchedBody{Reader: strings.NewReader(tc.body)}
 		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", body)
 		if tc.priority != "" {
 			req.Header.Set(HeaderPriority, tc.priority)
 		}
 		w := httptest.NewRecorder()
 		f.chatCompletions(w, req)
+		if n := h.router.shedder.InFlight(); n != 0 {
+			t.Errorf("priority %q: %d requests in flight after the response", tc.priority, n)
+		}
 		if !tc.refused {
-			if w.Code != http.StatusOK {
-				t.Errorf("priority %q: HTTP %d %s, want 200", tc.priority, w.Code, w.Body)
+			if w.Code != tc.status {
+				t.Errorf("priority %q: HTTP %d %s, want %d", tc.priority, w.Code, w.Body, tc.status)
 			}
 			continue
 		}

@@ -542,15 +542,16 @@ func (r *Router) release(ctx context.Context, qc *mantlev1.QualityContext, lease
 
 // admit is the overload shedder's decision on a request of priority p, taken where
 // requests come in (the gRPC service, the HTTP front door before it reads the body) so
-// that a refusal costs next to nothing: errOverloaded, or nil, after which the caller
-// calls r.shedder.Done when the request ends. Router.Complete and Stream, for callers
-// inside this process, do not shed.
-func (r *Router) admit(p mantlev1.Priority) error {
+// that a refusal costs next to nothing: errOverloaded, or the release to call when the
+// admitted request ends. Router.Complete and Stream, for callers inside this process,
+// do not shed.
+func (r *Router) admit(p mantlev1.Priority) (release func(), err error) {
+	p = effectivePriority(p)
 	if r.shedder.Admit(p) {
-		return nil
+		return r.shedder.Done, nil
 	}
 	r.deps.Metrics.shed.WithLabelValues(priorityLabel(p)).Inc()
-	return errOverloaded
+	return nil, errOverloaded
 }
 
 // errOverloaded is the answer to a request the shedder refused: UNAVAILABLE, which gRPC
@@ -560,7 +561,7 @@ var errOverloaded = rpc.Status(codes.Unavailable, errorDomain, ReasonOverloaded,
 
 // overloadChanged reports the shedder starting or stopping, as a degradation of the
 // whole router (route "overload").
-func (r *Router) overloadChanged(c overload.Change) {
+func (r *Router) overloadChanged(ctx context.Context, c overload.Change) {
 	limit := r.shedder.Config().MaxSchedulingDelay
 	reason := fmt.Sprintf("router overloaded: P90 wait for a CPU %s over %s; shedding a share of new requests (batch first, critical never)", c.Delay, limit)
 	if c.Shedding {
@@ -569,16 +570,23 @@ func (r *Router) overloadChanged(c overload.Change) {
 		reason = fmt.Sprintf("router overload over: P90 wait for a CPU %s; every request admitted again", c.Delay)
 		r.deps.Log.Info("router overload over; admitting every request", "p90_cpu_wait", c.Delay)
 	}
-	r.deps.Events.Publish(context.Background(), events.SubjectDegradation, &eventsv1.DegradationEvent{
+	r.deps.Events.Publish(ctx, events.SubjectDegradation, &eventsv1.DegradationEvent{
 		At: timestamppb.New(r.deps.Clock.Now()), Route: "overload", Reason: reason,
 	})
 }
 
-// priorityLabel is a priority as the shed metric's label: critical, high, normal or batch.
-func priorityLabel(p mantlev1.Priority) string {
-	if p == mantlev1.Priority_PRIORITY_UNSPECIFIED {
-		p = mantlev1.Priority_PRIORITY_NORMAL
+// effectivePriority is the priority a request is treated with: normal when the caller set
+// none, or a value this build does not know (a gRPC caller can send any number).
+func effectivePriority(p mantlev1.Priority) mantlev1.Priority {
+	if _, known := mantlev1.Priority_name[int32(p)]; !known || p == mantlev1.Priority_PRIORITY_UNSPECIFIED {
+		return mantlev1.Priority_PRIORITY_NORMAL
 	}
+	return p
+}
+
+// priorityLabel is an effective priority as the shed metric's label: critical, high,
+// normal or batch, so that callers cannot mint series.
+func priorityLabel(p mantlev1.Priority) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "PRIORITY_"))
 }
 
@@ -631,10 +639,7 @@ func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, r
 	if scenario == "" {
 		scenario = rt.scenario
 	}
-	priority := req.Priority
-	if priority == mantlev1.Priority_PRIORITY_UNSPECIFIED {
-		priority = mantlev1.Priority_PRIORITY_NORMAL
-	}
+	priority := effectivePriority(req.Priority)
 	qc := &mantlev1.QualityContext{
 		RequestId:      id,
 		IdempotencyKey: req.IdempotencyKey,

@@ -17,19 +17,21 @@ type server struct {
 }
 
 func (s *server) Complete(ctx context.Context, req *routerv1.CompleteRequest) (*routerv1.CompleteResponse, error) {
-	if err := s.router.admit(req.GetRequest().GetPriority()); err != nil {
+	release, err := s.router.admit(req.GetRequest().GetPriority())
+	if err != nil {
 		return nil, err
 	}
-	defer s.router.shedder.Done()
+	defer release()
 	resp, err := s.router.Complete(ctx, req.GetRequest())
 	return resp, toStatus(err)
 }
 
 func (s *server) StreamComplete(req *routerv1.StreamCompleteRequest, stream routerv1.RouterService_StreamCompleteServer) error {
-	if err := s.router.admit(req.GetRequest().GetPriority()); err != nil {
+	release, err := s.router.admit(req.GetRequest().GetPriority())
+	if err != nil {
 		return err
 	}
-	defer s.router.shedder.Done()
+	defer release()
 	final, err := s.router.Stream(stream.Context(), req.GetRequest(), func(d Delta) error {
 		return stream.Send(&routerv1.StreamCompleteResponse{Event: &routerv1.StreamCompleteResponse_Delta{
 			Delta: &routerv1.Delta{Content: d.Content, Model: d.Model},

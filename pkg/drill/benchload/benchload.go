@@ -105,6 +105,9 @@ type Result struct {
 	// apart from errors, and left out of the latency percentiles as errors are.
 	Refused      int     `json:"refused"`
 	AchievedRate float64 `json:"achieved_rate"`
+	// AnsweredRate is requests answered (OK) per second: what AchievedRate sent less the
+	// errors and refusals.
+	AnsweredRate float64 `json:"answered_rate"`
 	P50Ms        float64 `json:"p50_ms"`
 	P90Ms        float64 `json:"p90_ms"`
 	P99Ms        float64 `json:"p99_ms"`
@@ -262,6 +265,7 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 			}
 		}
 	}
+	res.AnsweredRate = float64(res.OK) / st.Elapsed.Seconds()
 	pc := load.Summarize(ok)
 	res.P50Ms, res.P90Ms, res.P99Ms, res.MaxMs = ms(pc.P50), ms(pc.P90), ms(pc.P99), ms(pc.Max)
 	return res, nil

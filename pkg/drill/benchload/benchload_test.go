@@ -45,6 +45,9 @@ func TestRunModes(t *testing.T) {
 				if r.Errors != 0 {
 					t.Errorf("%g/s: %d errors, first: %s", r.Rate, r.Errors, r.FirstError)
 				}
+				if r.AnsweredRate <= 0 || r.AnsweredRate > r.AchievedRate*1.0001 {
+					t.Errorf("%g/s: answered %v/s, sent %v/s; want answered in (0, sent]", r.Rate, r.AnsweredRate, r.AchievedRate)
+				}
 				if r.OK > 0 && !(r.P50Ms <= r.P90Ms && r.P90Ms <= r.P99Ms && r.P99Ms <= r.MaxMs) {
 					t.Errorf("%g/s: percentiles out of order: %+v", r.Rate, r)
 				}

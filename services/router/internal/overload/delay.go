@@ -19,7 +19,7 @@ type SchedulingDelay struct {
 	prev     []uint64
 }
 
-// NewSchedulingDelay returns a reader of the given quantile (0.99: the P99).
+// NewSchedulingDelay returns a reader of the given quantile (0.9: the P90).
 func NewSchedulingDelay(quantile float64) *SchedulingDelay {
 	s := &SchedulingDelay{quantile: quantile, sample: []metrics.Sample{{Name: schedLatencies}}}
 	s.Read() // the first read only sets where the next one counts from

@@ -120,14 +120,3 @@ func TestSchedulingDelayReadAfterContention(t *testing.T) {
 	}
 	t.Logf("p99 wait for a CPU: %v under contention, %v right after", busy, idle)
 }
-
-func TestSchedulingDelayReadNeverNegative(t *testing.T) {
-	for _, q := range []float64{0.5, 0.99, 1} {
-		sd := NewSchedulingDelay(q)
-		for i := range 3 {
-			if got := sd.Read(); got < 0 {
-				t.Errorf("q=%g: read %d = %v, want >= 0", q, i, got)
-			}
-		}
-	}
-}

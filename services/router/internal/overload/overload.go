@@ -52,8 +52,12 @@ type Config struct {
 // Validate checks the block; messages name the keys.
 func (c Config) Validate() error {
 	var errs []error
-	if c.MaxSchedulingDelay < 0 {
-		errs = append(errs, fmt.Errorf("max_scheduling_delay: must not be negative (0 turns shedding off), got %s", c.MaxSchedulingDelay))
+	switch {
+	case c.MaxSchedulingDelay == 0:
+		return nil // off: the rest is never used
+	case c.MaxSchedulingDelay < time.Millisecond:
+		// Below a millisecond, ordinary scheduling would read as overload.
+		errs = append(errs, fmt.Errorf("max_scheduling_delay: want 0 (off) or at least 1ms, got %s", c.MaxSchedulingDelay))
 	}
 	if c.MinInFlight < 0 {
 		errs = append(errs, fmt.Errorf("min_in_flight: must not be negative, got %d", c.MinInFlight))
@@ -78,7 +82,7 @@ type Shedder struct {
 	delay    func() time.Duration
 	clock    clockwork.Clock
 	random   func() float64
-	onChange func(Change)
+	onChange func(context.Context, Change)
 
 	share     atomic.Uint64 // math.Float64bits of the share of normal requests shed
 	lastDelay atomic.Int64  // the last interval's P90, in nanoseconds
@@ -87,10 +91,10 @@ type Shedder struct {
 
 // New returns a shedder that reads delay (a SchedulingDelay's Read, in production) every
 // Interval of clock, draws from random (uniform in [0, 1)), and calls onChange, from Run's
-// goroutine, when shedding starts or stops.
-func New(cfg Config, delay func() time.Duration, clock clockwork.Clock, random func() float64, onChange func(Change)) *Shedder {
+// goroutine and with Run's context, when shedding starts or stops.
+func New(cfg Config, delay func() time.Duration, clock clockwork.Clock, random func() float64, onChange func(context.Context, Change)) *Shedder {
 	if onChange == nil {
-		onChange = func(Change) {}
+		onChange = func(context.Context, Change) {}
 	}
 	return &Shedder{cfg: cfg, delay: delay, clock: clock, random: random, onChange: onChange}
 }
@@ -107,21 +111,25 @@ func (s *Shedder) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.Chan():
-			s.adjust()
+			s.adjust(ctx)
 		}
 	}
 }
 
-// adjust reads one interval's delay and moves the share.
-func (s *Shedder) adjust() {
+// adjust reads one interval's delay and moves the share. With fewer requests in flight
+// than could be shed, a long wait is not an overload of this router's making (a
+// neighbour, a collection, the process starting): the share falls as if the wait were
+// short, and no overload is announced.
+func (s *Shedder) adjust(ctx context.Context) {
 	d := s.delay()
 	s.lastDelay.Store(int64(d))
 	before := s.Share()
 	after := before
+	sheddable := s.inFlight.Load() >= int64(s.cfg.MinInFlight)
 	switch {
-	case d > s.cfg.MaxSchedulingDelay:
+	case d > s.cfg.MaxSchedulingDelay && sheddable:
 		after = min(s.cfg.MaxShare, before+StepUp)
-	case d < s.cfg.MaxSchedulingDelay/2:
+	case d < s.cfg.MaxSchedulingDelay/2 || !sheddable:
 		after = max(0, before-StepDown)
 		if after < StepDown/2 { // floating-point steps down to zero
 			after = 0
@@ -129,7 +137,7 @@ func (s *Shedder) adjust() {
 	}
 	s.share.Store(math.Float64bits(after))
 	if (before == 0) != (after == 0) {
-		s.onChange(Change{Shedding: after > 0, Delay: d})
+		s.onChange(ctx, Change{Shedding: after > 0, Delay: d})
 	}
 }
 

@@ -163,13 +163,13 @@ func TestAdjust(t *testing.T) {
 			}
 			var changes []Change
 			s := New(testConfig, scripted(t, delays...), clockwork.NewFakeClock(), nil,
-				func(c Change) { changes = append(changes, c) })
+				func(_ context.Context, c Change) { changes = append(changes, c) })
 			if s.Share() != 0 || s.Delay() != 0 {
 				t.Fatalf("new shedder: share %g, delay %v; want 0, 0", s.Share(), s.Delay())
 			}
 			var want []Change
 			for i, st := range tt.steps {
-				s.adjust()
+				s.adjust(context.Background())
 				if st.change != nil {
 					want = append(want, *st.change)
 				}
@@ -197,7 +197,7 @@ func TestAdjust(t *testing.T) {
 func TestAdjustWithoutOnChange(t *testing.T) {
 	s := New(testConfig, scripted(t, time.Second, 0, 0), clockwork.NewFakeClock(), nil, nil)
 	for _, want := range []float64{0.1, 0.05, 0} {
-		s.adjust() // a nil onChange must not be called
+		s.adjust(context.Background()) // a nil onChange must not be called
 		if got := s.Share(); !near(got, want) {
 			t.Fatalf("share = %v, want %v", got, want)
 		}
@@ -213,9 +213,11 @@ func shedderAt(t *testing.T, cfg Config, ups int, random func() float64) *Shedde
 		over[i] = cfg.MaxSchedulingDelay + time.Millisecond
 	}
 	s := New(cfg, scripted(t, over...), clockwork.NewFakeClock(), random, nil)
+	s.inFlight.Add(int64(cfg.MinInFlight)) // enough requests in flight to shed
 	for range ups {
-		s.adjust()
+		s.adjust(context.Background())
 	}
+	s.inFlight.Add(-int64(cfg.MinInFlight))
 	if want := min(cfg.MaxShare, float64(ups)*StepUp); !near(s.Share(), want) {
 		t.Fatalf("share after %d intervals over the limit = %v, want %v", ups, s.Share(), want)
 	}
@@ -297,6 +299,38 @@ func TestAdmit(t *testing.T) {
 	}
 }
 
+// TestAdjustNeedsRequestsInFlight: with fewer requests in flight than MinInFlight, nothing
+// could be shed, so a long wait raises no share and announces no overload; a share that
+// was raised falls as if the wait were short.
+func TestAdjustNeedsRequestsInFlight(t *testing.T) {
+	const ms = time.Millisecond
+	cfg := testConfig
+	cfg.MinInFlight = 5
+	var changes []Change
+	s := New(cfg, scripted(t, 500*ms, 500*ms, 500*ms, 500*ms, 500*ms), clockwork.NewFakeClock(), nil,
+		func(_ context.Context, c Change) { changes = append(changes, c) })
+	ctx := context.Background()
+	s.adjust(ctx) // nothing in flight
+	if s.Share() != 0 || len(changes) != 0 {
+		t.Fatalf("idle: share %v, changes %+v; want 0 and none", s.Share(), changes)
+	}
+	s.inFlight.Add(5)
+	s.adjust(ctx)
+	s.adjust(ctx)
+	if !near(s.Share(), 0.2) || len(changes) != 1 {
+		t.Fatalf("5 in flight: share %v, changes %+v; want 0.2 and shedding announced", s.Share(), changes)
+	}
+	s.inFlight.Add(-1)
+	s.adjust(ctx)
+	if !near(s.Share(), 0.15) {
+		t.Errorf("4 in flight: share %v, want 0.15 (falling although the wait is long)", s.Share())
+	}
+	s.adjust(ctx)
+	if !near(s.Share(), 0.1) || len(changes) != 1 {
+		t.Errorf("share %v, changes %+v; want 0.1 and no second announcement", s.Share(), changes)
+	}
+}
+
 func TestAdmitMinInFlight(t *testing.T) {
 	cfg := testConfig
 	cfg.MinInFlight = 3
@@ -353,7 +387,7 @@ func TestAdmitConcurrent(t *testing.T) {
 			case <-stop:
 				return
 			default:
-				s.adjust()
+				s.adjust(context.Background())
 				_, _, _ = s.Share(), s.Delay(), s.InFlight()
 			}
 		}
@@ -429,7 +463,7 @@ func TestRun(t *testing.T) {
 		return script[i]
 	}
 	var changes []Change // Run's goroutine only, like calls
-	s := New(testConfig, delay, clock, nil, func(c Change) { changes = append(changes, c) })
+	s := New(testConfig, delay, clock, nil, func(_ context.Context, c Change) { changes = append(changes, c) })
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -532,7 +566,10 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{name: "router default", cfg: Config{MaxSchedulingDelay: 100 * time.Millisecond, MinInFlight: 64, MaxShare: 0.9}},
 		{name: "shedding off", cfg: Config{MaxSchedulingDelay: 0, MinInFlight: 0, MaxShare: 0.5}},
-		{name: "tiny share, tiny delay", cfg: Config{MaxSchedulingDelay: time.Nanosecond, MaxShare: 1e-9}},
+		{name: "tiny share, smallest delay", cfg: Config{MaxSchedulingDelay: time.Millisecond, MaxShare: 1e-9}},
+		{name: "off: the rest is not checked", cfg: Config{}},
+		{name: "delay under a millisecond", cfg: Config{MaxSchedulingDelay: time.Microsecond, MaxShare: 0.9},
+			wantErr: []string{"max_scheduling_delay"}, notKeys: []string{"min_in_flight", "max_share"}},
 		{name: "share just under 1", cfg: Config{MaxSchedulingDelay: time.Second, MaxShare: below(1)}},
 		{name: "negative delay", cfg: Config{MaxSchedulingDelay: -time.Millisecond, MaxShare: 0.9},
 			wantErr: []string{"max_scheduling_delay"}, notKeys: []string{"min_in_flight", "max_share"}},
