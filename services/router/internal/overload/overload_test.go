@@ -465,16 +465,8 @@ func TestRun(t *testing.T) {
 	var changes []Change // Run's goroutine only, like calls
 	s := New(testConfig, delay, clock, nil, func(_ context.Context, c Change) { changes = append(changes, c) })
 
-	ctx, cancel := context.WithCancel(t.Context())
+	ctx, cancel, done := runOn(t, s, clock)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-
-	waitCtx, waitCancel := context.WithTimeout(ctx, 10*time.Second)
-	defer waitCancel()
-	if err := clock.BlockUntilContext(waitCtx, 1); err != nil {
-		t.Fatalf("Run's ticker never started: %v", err)
-	}
 	for i := range script {
 		clock.Advance(Interval)
 		if got := recv(t, called, "delay read after Advance"); got != i {
@@ -520,14 +512,7 @@ func TestRunCancelledBeforeAnyInterval(t *testing.T) {
 		t.Error("delay read with no interval passed")
 		return 0
 	}, clock, nil, nil)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	waitCtx, waitCancel := context.WithTimeout(ctx, 10*time.Second)
-	defer waitCancel()
-	if err := clock.BlockUntilContext(waitCtx, 1); err != nil {
-		t.Fatalf("Run's ticker never started: %v", err)
-	}
+	_, cancel, done := runOn(t, s, clock)
 	cancel()
 	if err := recv(t, done, "return from Run after cancel"); err != nil {
 		t.Fatalf("Run = %v, want nil", err)
@@ -618,4 +603,20 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runOn starts s.Run and returns once its ticker waits on clock; cancel ends Run, and
+// done then receives what it returned.
+func runOn(t *testing.T, s *Shedder, clock *clockwork.FakeClock) (ctx context.Context, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	ctx, cancel = context.WithCancel(t.Context())
+	result := make(chan error, 1)
+	go func() { result <- s.Run(ctx) }()
+	waitCtx, waitCancel := context.WithTimeout(ctx, 10*time.Second)
+	defer waitCancel()
+	if err := clock.BlockUntilContext(waitCtx, 1); err != nil {
+		cancel()
+		t.Fatalf("Run's ticker never started: %v", err)
+	}
+	return ctx, cancel, result
 }
