@@ -39,7 +39,7 @@ func (c RuntimeConfig) Validate() error {
 	if c.GCPercent <= 0 {
 		errs = append(errs, fmt.Errorf("gc_percent: must be positive (Go's default is 100), got %d", c.GCPercent))
 	}
-	if c.MemoryLimitRatio < 0 || c.MemoryLimitRatio > 1 {
+	if !(c.MemoryLimitRatio >= 0 && c.MemoryLimitRatio <= 1) { // NaN too
 		errs = append(errs, fmt.Errorf("memory_limit_ratio: want 0 (off) or a share in (0, 1], got %g", c.MemoryLimitRatio))
 	}
 	return errors.Join(errs...)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"math"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -95,6 +96,7 @@ func TestRuntimeConfigValidate(t *testing.T) {
 		{cfg: RuntimeConfig{GCPercent: 0, MemoryLimitRatio: 0.9}, want: "gc_percent: must be positive"},
 		{cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 1.5}, want: "memory_limit_ratio: want 0 (off) or a share in (0, 1]"},
 		{cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: -0.1}, want: "memory_limit_ratio"},
+		{cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: math.NaN()}, want: "memory_limit_ratio"},
 	} {
 		err := tc.cfg.Validate()
 		switch {
