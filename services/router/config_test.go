@@ -36,7 +36,7 @@ func TestConfigValidate(t *testing.T) {
 		}, []string{"routes[0].ladder.force_level: cache needs the cache service, and cache_address is off"}},
 		{"overload off", func(c *Config) { c.Overload.MaxSchedulingDelay = 0 }, nil},
 		{"overload", func(c *Config) { c.Overload = overload.Config{MaxSchedulingDelay: -1, MinInFlight: -1, MaxShare: 1} }, []string{
-			"overload.max_scheduling_delay: must not be negative", "overload.min_in_flight: must not be negative", "overload.max_share: want a share in (0, 1), got 1"}},
+			"overload.max_scheduling_delay: want 0 (off) or at least 1ms, got -1ns", "overload.min_in_flight: must not be negative", "overload.max_share: want a share in (0, 1), got 1"}},
 		{"output tokens", func(c *Config) { c.MaxOutputTokens = -1 }, []string{"max_output_tokens: must not be negative"}},
 		{"provider name", func(c *Config) { c.Providers[0].Name = "" }, []string{"providers[0].name: required", `models[0].provider: unknown provider "p"`}},
 		{"duplicate provider", func(c *Config) { c.Providers = append(c.Providers, c.Providers[0]) }, []string{`providers[1].name: duplicate provider "p"`}},
