@@ -35,8 +35,9 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 Sends the same OpenAI-compatible request at fixed rates, each for a fixed time, to an
 instant upstream: directly, through a bare reverse proxy, through the router alone, and
-through the whole mesh. Reports latency percentiles, what each adds to them, CPU seconds
-per 1000 requests and peak RSS.
+through the whole mesh. Reports latency percentiles of the answered requests, what each
+mode adds to them, CPU seconds per 1000 requests and peak RSS; "refused" counts the
+mesh's 503 OVERLOADED answers, "shed" the requests over --max-in-flight.
 Each mode runs in a process of its own so that its CPU and memory figures are its own.
 
 `)
