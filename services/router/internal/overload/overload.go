@@ -7,11 +7,13 @@
 // which is the router's job to absorb, not a reason to refuse work. The P90 rather than
 // the P99 tells a standing queue from a burst, as CoDel does for packets: a burst (a
 // collection, a new connection's first requests) delays a few wake-ups; a process with
-// more work than CPUs delays most of them. Every Interval the
-// shed share grows by StepUp while the delay's P90 is over the limit and falls by
-// StepDown once it is under half of it; in between it holds, so that the share settles
-// instead of swinging. A request is shed with the share of its priority: critical never,
-// high at half the share, batch at twice it.
+// more work than CPUs delays most of them.
+//
+// Every Interval the shed share grows by StepUp while the delay's P90 is over the limit
+// and falls by StepDown once it is under half of it, or while fewer requests are in
+// flight than could be shed; in between it holds, so that the share settles instead of
+// swinging. A request is shed with the share of its priority: critical never, high at
+// half the share, batch at twice it.
 package overload
 
 import (
