@@ -79,22 +79,23 @@ func TraceID(ctx context.Context) string {
 
 // NewTraceID returns a random W3C trace id.
 func NewTraceID() string {
-	var id [16]byte
-	return randomHex(nil, id[:])
+	var buf [32]byte
+	return string(appendRandomHex(buf[:0], 16))
 }
 
 // NewRequestID returns a random request id.
 func NewRequestID() string {
-	var id [12]byte
-	return randomHex([]byte("req_"), id[:])
+	var buf [28]byte
+	return string(appendRandomHex(append(buf[:0], "req_"...), 12))
 }
 
-// randomHex fills random with random bytes and returns prefix followed by them in hex, in
-// one allocation (ids are made for every request).
-func randomHex(prefix, random []byte) string {
-	_, _ = rand.Read(random) // crypto/rand.Read never fails on supported platforms
-	var buf [64]byte
-	return string(hex.AppendEncode(append(buf[:0], prefix...), random))
+// appendRandomHex appends n random bytes (at most 16) in hex to b. Ids and traceparents
+// are made for every request and call: built in a caller's stack buffer, each costs one
+// allocation, the final string.
+func appendRandomHex(b []byte, n int) []byte {
+	var random [16]byte
+	_, _ = rand.Read(random[:n]) // crypto/rand.Read never fails on supported platforms
+	return hex.AppendEncode(b, random[:n])
 }
 
 // ValidRequestID reports whether a caller-supplied request id may be adopted: it ends up
@@ -150,15 +151,9 @@ func isLowerHex(s string, n int) bool {
 // traceParent formats a traceparent for an outgoing call on trace id, in one allocation:
 // every call between services makes one.
 func traceParent(traceID string) string {
-	var parent [8]byte
-	_, _ = rand.Read(parent[:]) // crypto/rand.Read never fails on supported platforms
-	var buf [55]byte            // a traceparent's length, with a 32-digit trace id
-	b := append(buf[:0], "00-"...)
-	b = append(b, traceID...)
-	b = append(b, '-')
-	b = hex.AppendEncode(b, parent[:])
-	b = append(b, "-01"...)
-	return string(b)
+	var buf [55]byte // a traceparent's length, with a 32-digit trace id
+	b := append(append(append(buf[:0], "00-"...), traceID...), '-')
+	return string(append(appendRandomHex(b, 8), "-01"...))
 }
 
 // requestMetaFromIncoming fills request id and trace id from incoming metadata, generating
@@ -172,13 +167,14 @@ func requestMetaFromIncoming(ctx context.Context) context.Context {
 		m.id, m.callerID = v[0], v[0]
 	}
 	if !trace.SpanContextFromContext(ctx).IsValid() {
-		m.traceID = ""
+		traceID := ""
 		if v := metadata.ValueFromIncomingContext(ctx, MetadataTraceParent); len(v) > 0 {
-			m.traceID, _ = TraceIDFromTraceParent(v[0])
+			traceID, _ = TraceIDFromTraceParent(v[0])
 		}
-		if m.traceID == "" {
-			m.traceID = NewTraceID()
+		if traceID == "" {
+			traceID = NewTraceID()
 		}
+		m.traceID = traceID
 	}
 	return withMeta(ctx, m)
 }

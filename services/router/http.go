@@ -165,7 +165,7 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	// Refused before the body is read: under overload a refusal must cost next to
 	// nothing. A priority header that does not parse is refused as normal here and
 	// reported as invalid below.
-	priority, _ := headerPriority(r.Header)
+	priority, priorityErr := headerPriority(r.Header)
 	release, err := f.router.admit(priority)
 	if err != nil {
 		writeOverloaded(w)
@@ -186,7 +186,11 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body is not valid JSON: "+err.Error())
 		return
 	}
-	req, err := cr.toProto(r.Header)
+	if priorityErr != nil {
+		writeError(w, toStatus(priorityErr))
+		return
+	}
+	req, err := cr.toProto(r.Header, priority)
 	if err != nil {
 		writeError(w, toStatus(err))
 		return
@@ -214,7 +218,9 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	writeJSONWithQuality(w, http.StatusOK, completionJSON(resp), resp.Quality)
 }
 
-func (cr *chatRequest) toProto(h http.Header) (*routerv1.Request, error) {
+// toProto builds the request from the body, h's mantle headers and the priority its
+// x-mantle-priority gave (headerPriority, read once before the body).
+func (cr *chatRequest) toProto(h http.Header, priority mantlev1.Priority) (*routerv1.Request, error) {
 	// Header values may hold any bytes; gRPC's strings must be UTF-8 (the JSON body's
 	// already are), and over the network a request carrying them would fail at the first
 	// hop, in process only later.
@@ -239,11 +245,7 @@ func (cr *chatRequest) toProto(h http.Header) (*routerv1.Request, error) {
 	for _, m := range cr.Messages {
 		req.Messages = append(req.Messages, &mantlev1.ChatMessage{Role: m.Role, Content: string(m.Content), Name: m.Name})
 	}
-	p, err := headerPriority(h)
-	if err != nil {
-		return nil, err
-	}
-	req.Priority = p
+	req.Priority = priority
 	if rf := cr.ResponseFormat; rf != nil {
 		switch rf.Type {
 		case "", "text":

@@ -176,7 +176,12 @@ func TestChatRequestToProto(t *testing.T) {
 			for k, v := range tt.headers {
 				h.Set(k, v)
 			}
-			got, err := cr.toProto(h)
+			// As the front door does: the priority header first, then the body.
+			var got *routerv1.Request
+			priority, err := headerPriority(h)
+			if err == nil {
+				got, err = cr.toProto(h, priority)
+			}
 			if tt.wantField != "" {
 				if fields := rpc.BadRequestFields(toStatus(err)); len(fields) != 1 || fields[0] != tt.wantField {
 					t.Fatalf("toProto error %v has fields %v, want [%s]", err, fields, tt.wantField)

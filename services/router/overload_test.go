@@ -269,3 +269,23 @@ func (d *shedderDriver) interval(delay time.Duration) {
 	d.next <- delay
 	d.tick()
 }
+
+// TestFrontDoorRejectsABadPriority: the priority header is read once, before the body, for
+// admission; when it does not parse, the request (admitted as normal) is refused as invalid,
+// naming the header, and leaves nothing in flight.
+func TestFrontDoorRejectsABadPriority(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testConfig(), nil)
+	f := &frontDoor{router: h.router}
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+		strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set(HeaderPriority, "urgent")
+	w := httptest.NewRecorder()
+	f.chatCompletions(w, req)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), `"param":"x-mantle-priority"`) {
+		t.Errorf("HTTP %d %s, want 400 naming x-mantle-priority", w.Code, w.Body)
+	}
+	if n := h.router.shedder.InFlight(); n != 0 {
+		t.Errorf("%d requests in flight after the response", n)
+	}
+}
