@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
@@ -60,7 +61,7 @@ func tuneRuntime(c RuntimeConfig, getenv func(string) string, limit memlimit.Pro
 		memory = c.setMemoryLimit(getenv("AUTOMEMLIMIT"), limit)
 	}
 	attrs := []any{"gc_percent", percent, "gc_percent_from", gogc, "memory_limit_from", memory}
-	if l := debug.SetMemoryLimit(-1); l != maxMemoryLimit {
+	if l := debug.SetMemoryLimit(-1); l != math.MaxInt64 {
 		attrs = append(attrs, "memory_limit_mib", l>>20)
 	}
 	log.Info("go runtime", attrs...)
@@ -90,7 +91,7 @@ func (c RuntimeConfig) setMemoryLimit(auto string, limit memlimit.Provider) stri
 	case err != nil:
 		// Not in a cgroup (or not on Linux): nothing to keep under.
 		return "no memory limit found: " + err.Error()
-	case l == maxMemoryLimit:
+	case l == math.MaxInt64:
 		return "no memory limit found"
 	}
 	return fmt.Sprintf("%g of the cgroup memory limit (%s)", ratio, from)
@@ -106,6 +107,3 @@ func gcPercent() int {
 	}
 	return int(s[0].Value.Uint64())
 }
-
-// maxMemoryLimit is GOMEMLIMIT's value when no limit is set (math.MaxInt64).
-const maxMemoryLimit = 1<<63 - 1

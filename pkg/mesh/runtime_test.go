@@ -32,7 +32,7 @@ func TestTuneRuntime(t *testing.T) {
 		env       map[string]string // AUTOMEMLIMIT also goes to the process's environment
 		limit     memlimit.Provider
 		wantGC    int   // 0: left as it was (77)
-		wantLimit int64 // 0: left as it was (maxMemoryLimit)
+		wantLimit int64 // 0: left as it was (math.MaxInt64)
 		wantLog   string
 	}{
 		{name: "defaults under a cgroup limit", cfg: DefaultRuntimeConfig(), limit: limitOf(1000 * mib),
@@ -57,7 +57,7 @@ func TestTuneRuntime(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer debug.SetGCPercent(debug.SetGCPercent(77))
-			defer debug.SetMemoryLimit(debug.SetMemoryLimit(maxMemoryLimit))
+			defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
 			if a, ok := tc.env["AUTOMEMLIMIT"]; ok {
 				t.Setenv("AUTOMEMLIMIT", a) // memlimit.Set reads it from the process
 			}
@@ -74,7 +74,7 @@ func TestTuneRuntime(t *testing.T) {
 			}
 			wantLimit := tc.wantLimit
 			if wantLimit == 0 {
-				wantLimit = maxMemoryLimit
+				wantLimit = math.MaxInt64
 			}
 			if got := debug.SetMemoryLimit(-1); got != wantLimit {
 				t.Errorf("memory limit = %d MiB, want %d MiB", got/mib, wantLimit/mib)
