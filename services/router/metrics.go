@@ -99,8 +99,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mantle_router_idempotency_unavailable_total", Help: "Requests served without replay protection because the idempotency store failed.",
 		}),
 	}
-	for _, p := range []string{"critical", "high", "normal", "batch"} {
-		m.shed.WithLabelValues(p) // from zero, so that rate() sees the first refusals
+	for v := range mantlev1.Priority_name { // from zero, so that rate() sees the first refusals
+		if p := mantlev1.Priority(v); p != mantlev1.Priority_PRIORITY_UNSPECIFIED {
+			m.shed.WithLabelValues(priorityLabel(p))
+		}
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed} {
 		if err := reg.Register(c); err != nil {
