@@ -37,7 +37,8 @@ Sends the same OpenAI-compatible request at fixed rates, each for a fixed time, 
 instant upstream: directly, through a bare reverse proxy, through the router alone, and
 through the whole mesh. Reports latency percentiles of the answered requests, what each
 mode adds to them, CPU seconds per 1000 requests and peak RSS; "refused" counts the
-mesh's 503 OVERLOADED answers, "shed" the requests over --max-in-flight.
+mesh's 503 OVERLOADED answers, "shed" the requests over --max-in-flight; "own" are
+percentiles of the mesh's own time per answer, from its Server-Timing header.
 Each mode runs in a process of its own so that its CPU and memory figures are its own.
 
 `)
@@ -253,7 +254,7 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 		split = split || r.HopPeakRSSMB > 0
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	header := "mode\trate/s\tachieved/s\tok\tok/s\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\t"
+	header := "mode\trate/s\tachieved/s\tok\tok/s\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\town p50\town p90\town p99\t"
 	if split {
 		header += "hop CPU s/1000\thop RSS MiB\t"
 	}
@@ -262,6 +263,11 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 		added := "\t\t\t\t"
 		if d, ok := direct[r.Rate]; ok && r.Mode != benchload.Direct {
 			added = fmt.Sprintf("%+.3f\t%+.3f\t%+.3f\t%+.3f\t", r.P50Ms-d.P50Ms, r.P90Ms-d.P90Ms, r.P99Ms-d.P99Ms, r.CPUPer1000-d.CPUPer1000)
+		}
+		if r.OwnP99Ms > 0 {
+			added += fmt.Sprintf("%.3f\t%.3f\t%.3f\t", r.OwnP50Ms, r.OwnP90Ms, r.OwnP99Ms)
+		} else {
+			added += "\t\t\t"
 		}
 		if split && r.HopPeakRSSMB > 0 {
 			added += fmt.Sprintf("%.3f\t%.0f\t", r.HopCPUPer1000, r.HopPeakRSSMB)

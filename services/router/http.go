@@ -158,10 +158,12 @@ func (f *frontDoor) models(w http.ResponseWriter, r *http.Request) {
 }
 
 func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	arrived := f.router.deps.Clock.Now()
 	ctx, ok := f.authenticate(w, r)
 	if !ok {
 		return
 	}
+	ctx = withArrival(ctx, arrived)
 	// Refused before the body is read: under overload a refusal must cost next to
 	// nothing. A priority header that does not parse is refused as normal here and
 	// reported as invalid below.
@@ -215,7 +217,10 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	setResponseHeaders(w, resp)
-	writeJSONWithQuality(w, http.StatusOK, completionJSON(resp), resp.Quality)
+	writeJSONWithQuality(w, http.StatusOK, completionJSON(resp), resp.Quality, func(h http.Header) {
+		// After the answer is encoded, so that its time counts.
+		setServerTiming(h, arrived, f.router.deps.Clock.Now(), resp.Quality)
+	})
 }
 
 // toProto builds the request from the body, h's mantle headers and the priority its
@@ -448,7 +453,7 @@ func writeError(w http.ResponseWriter, err error) {
 	// A request that failed after it was admitted says what it tried, as an answer would.
 	if qc := FailedQuality(err); qc != nil {
 		w.Header().Set(HeaderRequestID, qc.GetRequestId())
-		writeJSONWithQuality(w, httpStatus, body, qc)
+		writeJSONWithQuality(w, httpStatus, body, qc, nil)
 		return
 	}
 	writeJSON(w, httpStatus, body)
@@ -528,9 +533,13 @@ func writeJSON(w http.ResponseWriter, httpStatus int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// writeJSONWithQuality writes v with qc as its `mantle` member (withQuality).
-func writeJSONWithQuality(w http.ResponseWriter, httpStatus int, v any, qc *mantlev1.QualityContext) {
+// writeJSONWithQuality writes v with qc as its `mantle` member (withQuality). lastHeaders,
+// when not nil, sets headers once the body is encoded, just before they are written.
+func writeJSONWithQuality(w http.ResponseWriter, httpStatus int, v any, qc *mantlev1.QualityContext, lastHeaders func(http.Header)) {
 	b, err := withQuality(v, qc)
+	if lastHeaders != nil {
+		lastHeaders(w.Header())
+	}
 	if err != nil {
 		// Only a broken QualityContext can fail; the answer still goes out.
 		writeJSON(w, httpStatus, v)

@@ -40,6 +40,8 @@ type metrics struct {
 	cost         *prometheus.CounterVec
 	// shed counts requests the overload shedder refused, by priority.
 	shed *prometheus.CounterVec
+	// overhead is each request's time in mantle apart from its provider calls.
+	overhead *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -92,6 +94,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_router_retries_total", Help: "Attempts after a request's first (a retry of the same model or a failover), by the model tried and the error class that caused it.",
 		}, []string{"model", "class"}),
+		overhead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "mantle_router_overhead_seconds", Help: "Time requests spent in mantle apart from waiting on providers (QualityContext.overhead), by route.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"route"}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_router_shed_total", Help: "Requests refused with OVERLOADED while the process was short of CPU, by priority.",
 		}, []string{"priority"}),
@@ -104,7 +110,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			m.shed.WithLabelValues(priorityLabel(p))
 		}
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed, m.overhead} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

@@ -78,6 +78,8 @@ func appendQualityJSON(b []byte, qc *mantlev1.QualityContext) (_ []byte, ok bool
 	}
 	o.str("route", qc.GetRoute())
 	o.strs("skipped_steps", qc.GetSkippedSteps())
+	o.duration("overhead", qc.GetOverhead())
+	o.duration("upstream_latency", qc.GetUpstreamLatency())
 	o.close()
 	return o.b, o.ok
 }

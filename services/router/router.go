@@ -295,7 +295,7 @@ func (r *Router) Stream(ctx context.Context, req *routerv1.Request, sink Sink) (
 }
 
 func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) (*routerv1.CompleteResponse, error) {
-	start := r.deps.Clock.Now()
+	start := arrivalOf(ctx, r.deps.Clock.Now())
 	rt, err := r.validate(req)
 	if err != nil {
 		return nil, err
@@ -307,6 +307,8 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	defer cancel()
 
 	resp, err := r.once(ctx, req, rt, qc, sink, idempotencyKey(qc.Tenant, req.IdempotencyKey, clientID))
+	end := r.deps.Clock.Now()
+	r.timeRequest(rt.name, qc, resp, start, end)
 	traceRequest(ctx, qc)
 	outcome, level := "ok", ShortLevel(qc.FallbackLevel)
 	if err != nil {
@@ -315,7 +317,7 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	}
 	scenario := r.scenarioLabel(qc.Scenario)
 	r.deps.Metrics.requests.WithLabelValues(rt.name, scenario, outcome, level).Inc()
-	r.deps.Metrics.duration.WithLabelValues(rt.name, scenario, level).Observe(r.deps.Clock.Since(start).Seconds())
+	r.deps.Metrics.duration.WithLabelValues(rt.name, scenario, level).Observe(end.Sub(start).Seconds())
 	return resp, err
 }
 

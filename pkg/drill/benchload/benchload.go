@@ -25,6 +25,8 @@ import (
 	"log/slog"
 	"net/http"
 	"os/exec"
+	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -120,6 +122,13 @@ type Result struct {
 	// runs in one (Config.HopCommand); CPUPer1000 then counts both processes.
 	HopCPUPer1000 float64 `json:"hop_cpu_s_per_1000,omitempty"`
 	HopPeakRSSMB  float64 `json:"hop_peak_rss_mib,omitempty"`
+	// OwnP50Ms, OwnP90Ms and OwnP99Ms are percentiles of the mesh's own time per answered
+	// request, as its Server-Timing header reports it (mantle;dur): what it adds measured
+	// from inside the process, without the kernel, the client and the waits for a CPU
+	// before the handler runs. Zero for the modes that send no such header.
+	OwnP50Ms float64 `json:"own_p50_ms,omitempty"`
+	OwnP90Ms float64 `json:"own_p90_ms,omitempty"`
+	OwnP99Ms float64 `json:"own_p99_ms,omitempty"`
 	// MaxLagMs is how far the generator fell behind its schedule.
 	MaxLagMs float64 `json:"generator_max_lag_ms"`
 	// FirstError is one error, to say what went wrong when Errors > 0.
@@ -236,11 +245,12 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 	}
 	n := lc.Requests()
 	lat := make([]time.Duration, n)
+	own := make([]time.Duration, n) // -1: no Server-Timing
 	errs := make([]error, n)
 	first := *seq
 	*seq += n
 	st, err := load.Run(ctx, lc, func(ctx context.Context, i int, due time.Time) {
-		errs[i] = send(ctx, c, url, body(cfg.SamePrompt, cfg.Temperature, first+i))
+		own[i], errs[i] = send(ctx, c, url, body(cfg.SamePrompt, cfg.Temperature, first+i))
 		lat[i] = time.Since(due)
 	}, func(i int, _ time.Time) {
 		errs[i] = errShed
@@ -250,11 +260,14 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 	}
 	res := Result{Rate: rate, Requests: n, Shed: st.Shed, MaxLagMs: ms(st.MaxLag),
 		AchievedRate: float64(st.Started) / st.Elapsed.Seconds()}
-	ok := lat[:0]
+	ok, ownOK := lat[:0], own[:0]
 	for i, e := range errs {
 		switch {
 		case e == nil:
 			res.OK++
+			if own[i] >= 0 {
+				ownOK = append(ownOK, own[i])
+			}
 			ok = append(ok, lat[i])
 		case errors.Is(e, errRefused):
 			res.Refused++
@@ -268,6 +281,10 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 	res.AnsweredRate = float64(res.OK) / st.Elapsed.Seconds()
 	pc := load.Summarize(ok)
 	res.P50Ms, res.P90Ms, res.P99Ms, res.MaxMs = ms(pc.P50), ms(pc.P90), ms(pc.P99), ms(pc.Max)
+	if len(ownOK) > 0 {
+		pc := load.Summarize(ownOK)
+		res.OwnP50Ms, res.OwnP90Ms, res.OwnP99Ms = ms(pc.P50), ms(pc.P90), ms(pc.P99)
+	}
 	return res, nil
 }
 
@@ -287,26 +304,28 @@ func body(same bool, temperature *float64, i int) []byte {
 	return fmt.Appendf(nil, `{"model":%q,"temperature":%g,"messages":[{"role":"user","content":%q}]}`, ModelName, *temperature, prompt)
 }
 
-func send(ctx context.Context, c *http.Client, url string, payload []byte) error {
+// send posts payload and returns the mesh's own time from the answer's Server-Timing
+// header (-1 without one).
+func send(ctx context.Context, c *http.Client, url string, payload []byte) (own time.Duration, _ error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
-		return err
+		return -1, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.Do(req)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusOK {
 		// The answer is read to the end (so the connection is reused) but not kept: the
 		// generator's own allocations would load the machine it measures.
 		_, err := io.Copy(io.Discard, resp.Body)
-		return err
+		return serverTiming(resp.Header.Get(router.HeaderServerTiming), "mantle"), err
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return err
+		return -1, err
 	}
 	var e struct {
 		Error struct {
@@ -316,9 +335,32 @@ func send(ctx context.Context, c *http.Client, url string, payload []byte) error
 	}
 	_ = json.Unmarshal(data, &e)
 	if resp.StatusCode == http.StatusServiceUnavailable && e.Error.Code == "overloaded" {
-		return errRefused
+		return -1, errRefused
 	}
-	return fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message)
+	return -1, fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message)
+}
+
+// serverTiming is the dur of metric name in a Server-Timing header value (W3C: metrics
+// separated by commas, parameters by semicolons, dur in milliseconds), or -1.
+func serverTiming(header, name string) time.Duration {
+	for metric := range strings.SplitSeq(header, ",") {
+		metricName, params, _ := strings.Cut(metric, ";")
+		if strings.TrimSpace(metricName) != name {
+			continue
+		}
+		for p := range strings.SplitSeq(params, ";") {
+			v, ok := strings.CutPrefix(strings.TrimSpace(p), "dur=")
+			if !ok {
+				continue
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f < 0 {
+				return -1
+			}
+			return time.Duration(f * float64(time.Millisecond))
+		}
+	}
+	return -1
 }
 
 // waitServing blocks until the gRPC health check at addr says SERVING; WaitForReady queues

@@ -54,6 +54,13 @@ func TestRunModes(t *testing.T) {
 				if r.PeakRSSMB <= 0 || r.CPUPer1000 < 0 {
 					t.Errorf("%g/s: RSS %v MiB, CPU %v s per 1000", r.Rate, r.PeakRSSMB, r.CPUPer1000)
 				}
+				// The mesh says what it spent of each answer; its own time is part of the latency.
+				switch hasMesh := mode == RouterOnly || mode == All; {
+				case hasMesh && (r.OwnP50Ms <= 0 || r.OwnP50Ms > r.OwnP90Ms || r.OwnP90Ms > r.OwnP99Ms || r.OwnP99Ms > r.MaxMs):
+					t.Errorf("%g/s: own time p50 %v, p90 %v, p99 %v ms (latency max %v): want positive, in order, under the latency", r.Rate, r.OwnP50Ms, r.OwnP90Ms, r.OwnP99Ms, r.MaxMs)
+				case !hasMesh && r.OwnP99Ms != 0:
+					t.Errorf("%g/s: own time p99 %v ms from a mode without a mesh", r.Rate, r.OwnP99Ms)
+				}
 				if r.HopPeakRSSMB != 0 || r.HopCPUPer1000 != 0 {
 					t.Errorf("%g/s: hop RSS %v MiB, CPU %v s per 1000; want none: the hop shares this process", r.Rate, r.HopPeakRSSMB, r.HopCPUPer1000)
 				}
@@ -85,11 +92,33 @@ func TestSendTellsRefusalsFromErrors(t *testing.T) {
 				_, _ = io.WriteString(w, tc.body)
 			}))
 			defer srv.Close()
-			err := send(context.Background(), srv.Client(), srv.URL, []byte(`{}`))
+			_, err := send(context.Background(), srv.Client(), srv.URL, []byte(`{}`))
 			if (err == nil) != tc.ok || errors.Is(err, errRefused) != tc.refused {
 				t.Errorf("send: %v, want ok %v, refused %v", err, tc.ok, tc.refused)
 			}
 		})
+	}
+}
+
+func TestServerTiming(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		header string
+		want   time.Duration
+	}{
+		{"mantle;dur=0.412, upstream;dur=12.3", 412 * time.Microsecond},
+		{"upstream;dur=12.3, mantle;desc=\"own time\";dur=2", 2 * time.Millisecond},
+		{"mantle ; dur=1.5", 1500 * time.Microsecond},
+		{"mantlex;dur=1", -1},
+		{"upstream;dur=12.3", -1},
+		{"mantle", -1},
+		{"mantle;dur=fast", -1},
+		{"mantle;dur=-1", -1},
+		{"", -1},
+	} {
+		if got := serverTiming(tc.header, "mantle"); got != tc.want {
+			t.Errorf("serverTiming(%q) = %v, want %v", tc.header, got, tc.want)
+		}
 	}
 }
 

@@ -46,7 +46,7 @@ func BenchmarkRequest(b *testing.B) {
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := send(ctx, c, url, payload); err != nil {
+				if _, err := send(ctx, c, url, payload); err != nil {
 					b.Fatal(err)
 				}
 			}

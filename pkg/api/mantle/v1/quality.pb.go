@@ -966,9 +966,17 @@ type QualityContext struct {
 	Route string `protobuf:"bytes,23,opt,name=route,proto3" json:"route,omitempty"`
 	// Optional steps that failed and were skipped instead of failing the request (quota,
 	// cache, verify): the answer is degraded in what these would have added.
-	SkippedSteps  []string `protobuf:"bytes,24,rep,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SkippedSteps []string `protobuf:"bytes,24,rep,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
+	// Time the request spent in mantle apart from waiting on providers: the router's own
+	// work, the quota, cache and verifier calls, and deliberate waits (between retries, in
+	// the quota queue). Measured from arrival (the HTTP front door's handler, or the gRPC
+	// method) to the answer; the front door's Server-Timing header adds its encoding.
+	Overhead *durationpb.Duration `protobuf:"bytes,25,opt,name=overhead,proto3" json:"overhead,omitempty"`
+	// Time during which at least one provider attempt was in flight (overlapping hedges
+	// count once).
+	UpstreamLatency *durationpb.Duration `protobuf:"bytes,26,opt,name=upstream_latency,json=upstreamLatency,proto3" json:"upstream_latency,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *QualityContext) Reset() {
@@ -1169,6 +1177,20 @@ func (x *QualityContext) GetSkippedSteps() []string {
 	return nil
 }
 
+func (x *QualityContext) GetOverhead() *durationpb.Duration {
+	if x != nil {
+		return x.Overhead
+	}
+	return nil
+}
+
+func (x *QualityContext) GetUpstreamLatency() *durationpb.Duration {
+	if x != nil {
+		return x.UpstreamLatency
+	}
+	return nil
+}
+
 var File_mantle_v1_quality_proto protoreflect.FileDescriptor
 
 const file_mantle_v1_quality_proto_rawDesc = "" +
@@ -1222,7 +1244,7 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\tR\x04step\x12\x16\n" +
 	"\x06detail\x18\x04 \x01(\tR\x06detail\x125\n" +
-	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xce\a\n" +
+	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xcb\b\n" +
 	"\x0eQualityContext\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12'\n" +
@@ -1252,7 +1274,9 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\bcost_usd\x18\x15 \x01(\x01R\acostUsd\x12*\n" +
 	"\x05audit\x18\x16 \x03(\v2\x14.mantle.v1.AuditStepR\x05audit\x12\x14\n" +
 	"\x05route\x18\x17 \x01(\tR\x05route\x12#\n" +
-	"\rskipped_steps\x18\x18 \x03(\tR\fskippedSteps*\xb0\x01\n" +
+	"\rskipped_steps\x18\x18 \x03(\tR\fskippedSteps\x125\n" +
+	"\boverhead\x18\x19 \x01(\v2\x19.google.protobuf.DurationR\boverhead\x12D\n" +
+	"\x10upstream_latency\x18\x1a \x01(\v2\x19.google.protobuf.DurationR\x0fupstreamLatency*\xb0\x01\n" +
 	"\rFallbackLevel\x12\x1e\n" +
 	"\x1aFALLBACK_LEVEL_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FALLBACK_LEVEL_PRIMARY\x10\x01\x12\x1f\n" +
@@ -1350,11 +1374,13 @@ var file_mantle_v1_quality_proto_depIdxs = []int32{
 	2,  // 14: mantle.v1.QualityContext.quality_grade:type_name -> mantle.v1.QualityGrade
 	8,  // 15: mantle.v1.QualityContext.usage:type_name -> mantle.v1.Usage
 	11, // 16: mantle.v1.QualityContext.audit:type_name -> mantle.v1.AuditStep
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	13, // 17: mantle.v1.QualityContext.overhead:type_name -> google.protobuf.Duration
+	13, // 18: mantle.v1.QualityContext.upstream_latency:type_name -> google.protobuf.Duration
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_mantle_v1_quality_proto_init() }
