@@ -183,7 +183,14 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 				r.denyRetry(qc, p) // do not wait for a retry that will be refused
 				break
 			}
-			if wait >= remaining || !r.sleep(ctx, wait) {
+			if wait >= remaining {
+				c.exhausted = true
+				continue
+			}
+			slept := r.deps.Clock.Now()
+			woke := r.sleep(ctx, wait)
+			addWait(qc, r.deps.Clock.Since(slept))
+			if !woke {
 				c.exhausted = true
 				continue
 			}

@@ -38,6 +38,9 @@ type fakeQuota struct {
 	// unreachable.
 	refuseRetries bool
 	retryErr      error
+	// queued makes Reserve wait that long in the queue, on clock.
+	queued time.Duration
+	clock  *clockwork.FakeClock
 
 	mu       sync.Mutex
 	reserves []*quotav1.ReserveRequest
@@ -85,7 +88,10 @@ func (q *fakeQuota) Reserve(_ context.Context, in *quotav1.ReserveRequest, _ ...
 	if q.reserveErr != nil {
 		return nil, q.reserveErr
 	}
-	return &quotav1.ReserveResponse{ReservationId: "res-1", ReservedTokens: 100, Quality: in.Quality,
+	if q.queued > 0 {
+		q.clock.Advance(q.queued)
+	}
+	return &quotav1.ReserveResponse{ReservationId: "res-1", ReservedTokens: 100, Quality: in.Quality, Waited: durationpb.New(q.queued),
 		Limits: &quotav1.Limits{LimitRequests: 10, RemainingRequests: 9, ResetRequests: durationpb.New(time.Second)}}, nil
 }
 
@@ -112,6 +118,9 @@ type fakeCache struct {
 	declineStore bool
 	// lookups are the QualityContexts the cache was sent.
 	lookups []*mantlev1.QualityContext
+	// coalesced makes the hit another request's answer, waited for that long on clock.
+	coalesced time.Duration
+	clock     *clockwork.FakeClock
 
 	mu     sync.Mutex
 	stores []*cachev1.StoreRequest
@@ -128,6 +137,10 @@ func (c *fakeCache) Lookup(_ context.Context, in *cachev1.LookupRequest, _ ...gr
 			return &cachev1.LookupResponse{Quality: q, MissReason: "high_temperature", StoreDeclined: true}, nil
 		}
 		return &cachev1.LookupResponse{Quality: q}, nil
+	}
+	if c.coalesced > 0 {
+		c.clock.Advance(c.coalesced)
+		return &cachev1.LookupResponse{Hit: true, Entry: c.hit, Similarity: 1, Match: cachev1.MatchKind_MATCH_KIND_COALESCED, Quality: in.Quality}, nil
 	}
 	return &cachev1.LookupResponse{Hit: true, Entry: c.hit, Similarity: 0.93, Quality: in.Quality}, nil
 }

@@ -13,8 +13,8 @@ import (
 // retry, none of the other services reads them, and each hop would otherwise marshal them
 // twice (request and response): on loopback that was about a third of the full mesh's
 // overhead. The services append their own audit steps to the copy and return it; take
-// them back with adoptAudit(qc, sent, returned). The timings (overhead, upstream latency)
-// are only known once the request is answered, after every hop.
+// them back with adoptAudit(qc, sent, returned). The timings (overhead, upstream latency,
+// waited) are the router's to keep: they are complete only once the request is answered.
 //
 // Sub-messages are cloned, so the copy can be marshalled while hedges go on changing qc.
 // The fields are copied by hand (a reflective copy cost 2.5% of the mesh's CPU);

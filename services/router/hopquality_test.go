@@ -64,7 +64,7 @@ func TestHopQualityDropsOnlyTheRouterOwnFields(t *testing.T) {
 	got := hopQuality(qc)
 
 	want := proto.Clone(qc).(*mantlev1.QualityContext)
-	want.Audit, want.Attempts, want.Overhead, want.UpstreamLatency = nil, nil, nil, nil
+	want.Audit, want.Attempts, want.Overhead, want.UpstreamLatency, want.Waited = nil, nil, nil, nil, nil
 	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 		t.Errorf("hopQuality (-want +got):\n%s", diff)
 	}

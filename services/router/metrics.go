@@ -95,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mantle_router_retries_total", Help: "Attempts after a request's first (a retry of the same model or a failover), by the model tried and the error class that caused it.",
 		}, []string{"model", "class"}),
 		overhead: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "mantle_router_overhead_seconds", Help: "Time requests spent in mantle apart from waiting on providers (QualityContext.overhead), by route.",
+			Name: "mantle_router_overhead_seconds", Help: "Time requests spent in mantle's own work, not waiting on providers nor held on purpose (QualityContext.overhead), by route.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}, []string{"route"}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{

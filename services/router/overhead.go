@@ -13,11 +13,12 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 )
 
-// What a request spent in mantle, apart from waiting on providers, is the figure a
-// gateway is judged by ("how much do you add?"). The router measures it per request
-// (QualityContext.overhead, mantle_router_overhead_seconds) and the front door sends it
-// in a Server-Timing header, so that it can be watched in production and read off a load
-// test without subtracting two noisy latency distributions.
+// What a request spent in mantle's own work, apart from waiting on providers and the
+// waits mantle imposes on purpose (quota queue, retry backoff, cache coalescing), is the
+// figure a gateway is judged by ("how much do you add?"). The router measures it per
+// request (QualityContext.overhead, mantle_router_overhead_seconds) and the front door
+// sends it in a Server-Timing header, so that it can be watched in production and read
+// off a load test without subtracting two noisy latency distributions.
 
 // HeaderServerTiming is the W3C Server-Timing header of the front door's answers:
 // `mantle;dur=<ms>, upstream;dur=<ms>`.
@@ -49,9 +50,19 @@ func (r *Router) timeRequest(route string, qc *mantlev1.QualityContext, resp *ro
 	}
 	// A replay's attempts ran before this request arrived: clipping leaves them out.
 	upstream := upstreamBusy(qc.GetAttempts(), arrived, end)
-	overhead := max(end.Sub(arrived)-upstream, 0)
+	waited := qc.GetWaited().AsDuration()
+	overhead := max(end.Sub(arrived)-upstream-waited, 0)
 	qc.Overhead, qc.UpstreamLatency = durationpb.New(overhead), durationpb.New(upstream)
 	r.deps.Metrics.overhead.WithLabelValues(route).Observe(overhead.Seconds())
+}
+
+// addWait adds d to the time the request was held on purpose (QualityContext.waited),
+// which is not overhead. Only the request's own goroutine waits (never a hedge), so qc
+// is not shared meanwhile.
+func addWait(qc *mantlev1.QualityContext, d time.Duration) {
+	if d > 0 {
+		qc.Waited = durationpb.New(qc.GetWaited().AsDuration() + d)
+	}
 }
 
 // upstreamBusy is how long at least one of attempts was in flight within [from, to]:
@@ -96,10 +107,11 @@ func upstreamBusy(attempts []*mantlev1.Attempt, from, to time.Time) time.Duratio
 }
 
 // setServerTiming writes the Server-Timing header: mantle's time from arrival to now less
-// the time upstream (which the QualityContext measured), in milliseconds.
+// the time upstream and the deliberate waits (which the QualityContext measured), in
+// milliseconds.
 func setServerTiming(h http.Header, arrived, now time.Time, qc *mantlev1.QualityContext) {
 	upstream := qc.GetUpstreamLatency().AsDuration()
-	own := max(now.Sub(arrived)-upstream, 0)
+	own := max(now.Sub(arrived)-upstream-qc.GetWaited().AsDuration(), 0)
 	b := make([]byte, 0, 48)
 	b = append(b, "mantle;dur="...)
 	b = strconv.AppendFloat(b, ms(own), 'f', 3, 64)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 )
@@ -133,5 +135,68 @@ func TestReplayOverheadIsTheReplays(t *testing.T) {
 	if len(q.GetAttempts()) != 1 || q.GetUpstreamLatency().AsDuration() != 0 || q.GetOverhead().AsDuration() != 0 {
 		t.Errorf("replay: %d attempts, upstream %v, overhead %v; want the recorded attempt, 0 upstream and 0 overhead (the fake clock did not move)",
 			len(q.GetAttempts()), q.GetUpstreamLatency().AsDuration(), q.GetOverhead().AsDuration())
+	}
+}
+
+// TestWaitsAreNotOverhead: time mantle holds a request on purpose (the quota queue, a
+// provider's Retry-After, an identical request's answer) is waited, not overhead.
+func TestWaitsAreNotOverhead(t *testing.T) {
+	t.Parallel()
+	slow := reply("forty milliseconds", 3, 2)
+	slow.advance = 40 * time.Millisecond
+	for _, tt := range []struct {
+		name  string
+		h     func(clock *clockwork.FakeClock) *harness
+		drive func(t *testing.T, h *harness)
+		// want: waited, upstream latency and overhead
+		waited, upstream, overhead time.Duration
+	}{
+		{
+			name: "the quota queue",
+			h: func(clock *clockwork.FakeClock) *harness {
+				return &harness{quota: &fakeQuota{queued: 300 * time.Millisecond, clock: clock},
+					providers: map[string]*fakeProvider{"a": newFakeProvider(slow)}}
+			},
+			waited: 300 * time.Millisecond, upstream: 40 * time.Millisecond,
+		},
+		{
+			name: "a provider's Retry-After",
+			h: func(*clockwork.FakeClock) *harness {
+				return &harness{providers: map[string]*fakeProvider{"a": newFakeProvider(rateLimited(2*time.Second), slow)}}
+			},
+			drive: func(t *testing.T, h *harness) {
+				h.blockUntil(t, 1)
+				h.clock.Advance(2 * time.Second)
+			},
+			waited: 2 * time.Second, upstream: 40 * time.Millisecond,
+		},
+		{
+			name: "an identical request's answer",
+			h: func(clock *clockwork.FakeClock) *harness {
+				return &harness{cache: &fakeCache{hit: &cachev1.Entry{Id: "e1", Content: "shared", SourceModel: "a"}, coalesced: 500 * time.Millisecond, clock: clock}}
+			},
+			waited: 500 * time.Millisecond,
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			clock := clockwork.NewFakeClockAt(time.Now())
+			hh := tt.h(clock)
+			hh.clock = clock
+			h := newHarness(t, testConfig(), hh)
+			ch := h.start(context.Background(), ask("chat"))
+			if tt.drive != nil {
+				tt.drive(t, h)
+			}
+			d := await(t, ch)
+			if d.err != nil {
+				t.Fatal(d.err)
+			}
+			q := d.resp.GetQuality()
+			got := []time.Duration{q.GetWaited().AsDuration(), q.GetUpstreamLatency().AsDuration(), q.GetOverhead().AsDuration()}
+			if want := []time.Duration{tt.waited, tt.upstream, tt.overhead}; !slices.Equal(got, want) {
+				t.Errorf("waited, upstream, overhead = %v, want %v", got, want)
+			}
+		})
 	}
 }

@@ -80,6 +80,7 @@ func appendQualityJSON(b []byte, qc *mantlev1.QualityContext) (_ []byte, ok bool
 	o.strs("skipped_steps", qc.GetSkippedSteps())
 	o.duration("overhead", qc.GetOverhead())
 	o.duration("upstream_latency", qc.GetUpstreamLatency())
+	o.duration("waited", qc.GetWaited())
 	o.close()
 	return o.b, o.ok
 }

@@ -439,6 +439,7 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 		return "", nil, err
 	}
 	adoptAudit(qc, sent, res.GetQuality())
+	addWait(qc, res.GetWaited().AsDuration()) // in quota's priority queue
 	r.audit(qc, "reserve", fmt.Sprintf("reserved %d tokens", res.ReservedTokens), r.deps.Clock.Since(start))
 	l := res.GetLimits()
 	return res.ReservationId, &routerv1.RateLimit{
@@ -498,6 +499,11 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 		return nil, res.GetLease().GetId(), res.GetStoreDeclined()
 	}
 	e := res.Entry
+	if res.Match == cachev1.MatchKind_MATCH_KIND_COALESCED {
+		// The lookup waited for an identical request's answer: its time was that
+		// request's provider call, not mantle's work.
+		addWait(qc, r.deps.Clock.Since(start))
+	}
 	qc.CacheHit, qc.CacheSimilarity = true, res.Similarity
 	qc.CurrentModel = e.SourceModel
 	qc.FallbackLevel = mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY

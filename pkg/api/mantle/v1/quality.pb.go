@@ -967,16 +967,19 @@ type QualityContext struct {
 	// Optional steps that failed and were skipped instead of failing the request (quota,
 	// cache, verify): the answer is degraded in what these would have added.
 	SkippedSteps []string `protobuf:"bytes,24,rep,name=skipped_steps,json=skippedSteps,proto3" json:"skipped_steps,omitempty"`
-	// Time the request spent in mantle apart from waiting on providers: the router's own
-	// work, the quota, cache and verifier calls, and deliberate waits (between retries, in
-	// the quota queue). Measured from arrival (the HTTP front door's handler, or the gRPC
-	// method) to the answer; the front door's Server-Timing header adds its encoding.
+	// Time the request spent in mantle's own work: from arrival (the HTTP front door's
+	// handler, or the gRPC method) to the answer, less upstream_latency and waited. It
+	// covers the router, the quota, cache and verifier calls and what carries them; the
+	// front door's Server-Timing header adds encoding the answer.
 	Overhead *durationpb.Duration `protobuf:"bytes,25,opt,name=overhead,proto3" json:"overhead,omitempty"`
 	// Time during which at least one provider attempt was in flight (overlapping hedges
 	// count once).
 	UpstreamLatency *durationpb.Duration `protobuf:"bytes,26,opt,name=upstream_latency,json=upstreamLatency,proto3" json:"upstream_latency,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Time mantle held the request on purpose: in the quota queue, between retries, and
+	// for another request's answer to the same prompt (cache coalescing).
+	Waited        *durationpb.Duration `protobuf:"bytes,27,opt,name=waited,proto3" json:"waited,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QualityContext) Reset() {
@@ -1191,6 +1194,13 @@ func (x *QualityContext) GetUpstreamLatency() *durationpb.Duration {
 	return nil
 }
 
+func (x *QualityContext) GetWaited() *durationpb.Duration {
+	if x != nil {
+		return x.Waited
+	}
+	return nil
+}
+
 var File_mantle_v1_quality_proto protoreflect.FileDescriptor
 
 const file_mantle_v1_quality_proto_rawDesc = "" +
@@ -1244,7 +1254,7 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\tR\x04step\x12\x16\n" +
 	"\x06detail\x18\x04 \x01(\tR\x06detail\x125\n" +
-	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xcb\b\n" +
+	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xfe\b\n" +
 	"\x0eQualityContext\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12'\n" +
@@ -1276,7 +1286,8 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\x05route\x18\x17 \x01(\tR\x05route\x12#\n" +
 	"\rskipped_steps\x18\x18 \x03(\tR\fskippedSteps\x125\n" +
 	"\boverhead\x18\x19 \x01(\v2\x19.google.protobuf.DurationR\boverhead\x12D\n" +
-	"\x10upstream_latency\x18\x1a \x01(\v2\x19.google.protobuf.DurationR\x0fupstreamLatency*\xb0\x01\n" +
+	"\x10upstream_latency\x18\x1a \x01(\v2\x19.google.protobuf.DurationR\x0fupstreamLatency\x121\n" +
+	"\x06waited\x18\x1b \x01(\v2\x19.google.protobuf.DurationR\x06waited*\xb0\x01\n" +
 	"\rFallbackLevel\x12\x1e\n" +
 	"\x1aFALLBACK_LEVEL_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FALLBACK_LEVEL_PRIMARY\x10\x01\x12\x1f\n" +
@@ -1376,11 +1387,12 @@ var file_mantle_v1_quality_proto_depIdxs = []int32{
 	11, // 16: mantle.v1.QualityContext.audit:type_name -> mantle.v1.AuditStep
 	13, // 17: mantle.v1.QualityContext.overhead:type_name -> google.protobuf.Duration
 	13, // 18: mantle.v1.QualityContext.upstream_latency:type_name -> google.protobuf.Duration
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	13, // 19: mantle.v1.QualityContext.waited:type_name -> google.protobuf.Duration
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_mantle_v1_quality_proto_init() }
