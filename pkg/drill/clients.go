@@ -46,6 +46,10 @@ type result struct {
 	reason string
 	// trail is mantle's audit trail of the request, condensed (see condense).
 	trail string
+	// overhead and waited are mantle's own time on the request and the time it held the
+	// request on purpose (QualityContext), wall clock; timed says mantle reported them.
+	overhead, waited time.Duration
+	timed            bool
 }
 
 // client sends one request of the load.
@@ -142,6 +146,9 @@ func (c *mantleClient) do(ctx context.Context, r request) result {
 		res.reason = reasonKind(qc.GetDegradationReason())
 	}
 	res.trail = condense(qc)
+	if qc.GetOverhead() != nil {
+		res.overhead, res.waited, res.timed = qc.GetOverhead().AsDuration(), qc.GetWaited().AsDuration(), true
+	}
 	return res
 }
 

@@ -65,6 +65,18 @@ func (r *Report) rows() []row {
 	add("latency P95", func(s *Side) string { return fmtMs(s.Latency.P95) })
 	add("latency P99", func(s *Side) string { return fmtMs(s.Latency.P99) })
 	add("latency max", func(s *Side) string { return fmtMs(s.Latency.Max) })
+	add("mantle's own time P50 / P99 (wall)", func(s *Side) string {
+		if s.Overhead == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f / %.2f ms", s.Overhead.P50, s.Overhead.P99)
+	})
+	add("held on purpose P99 / max (wall)", func(s *Side) string {
+		if s.Waited == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%s / %s", fmtMs(s.Waited.P99), fmtMs(s.Waited.Max))
+	})
 	add("upstream calls per request", func(s *Side) string {
 		return fmt.Sprintf("%.3f (%d calls)", s.Amplification, s.UpstreamCalls)
 	})

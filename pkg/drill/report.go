@@ -89,6 +89,12 @@ type Side struct {
 	WithinBudget int `json:"within_budget"`
 	// Latency is over every request, answered or not: how long its user waited.
 	Latency Latency `json:"latency"`
+	// Overhead is mantle's own time per answered request and Waited the time it held one
+	// on purpose (quota queue, waits between retries, an identical request's answer), as
+	// its QualityContext reports them; nil for the naive client. Unlike Latency they are
+	// wall-clock milliseconds: mantle's work does not scale with the scenario.
+	Overhead *Latency `json:"overhead,omitempty"`
+	Waited   *Latency `json:"waited,omitempty"`
 	// UpstreamCalls is every call the simulated provider received; Amplification is that
 	// per request.
 	UpstreamCalls int64   `json:"upstream_calls"`
@@ -231,6 +237,7 @@ func (p *plan) summarize(d sideData, buckets int) Side {
 	sd := Side{Name: d.name, Requests: len(d.results), Failures: map[string]int{}, Models: map[string]ModelCalls{},
 		Shed: d.gen.Shed, MaxLagMs: float64(d.gen.MaxLag) / float64(time.Millisecond), WallSeconds: d.wall.Seconds()}
 	lat := make([]time.Duration, 0, len(d.results))
+	var overhead, waited []time.Duration
 	verified := 0
 	for i, r := range d.results {
 		lat = append(lat, r.latency)
@@ -240,6 +247,9 @@ func (p *plan) summarize(d sideData, buckets int) Side {
 			continue
 		}
 		sd.Answered++
+		if r.timed {
+			overhead, waited = append(overhead, r.overhead), append(waited, r.waited)
+		}
 		// Every answer is exactly one of: correct, wrong (from a model) or degraded (from
 		// the ladder), so the three add up to Answered.
 		if r.correct && r.level < 2 {
@@ -290,6 +300,9 @@ func (p *plan) summarize(d sideData, buckets int) Side {
 	}
 	pc := load.Summarize(lat)
 	sd.Latency = Latency{P50: toMs(pc.P50), P95: toMs(pc.P95), P99: toMs(pc.P99), Max: toMs(pc.Max), Mean: toMs(pc.Mean)}
+	if len(overhead) > 0 {
+		sd.Overhead, sd.Waited = wallLatency(overhead), wallLatency(waited)
+	}
 
 	for _, name := range slices.Sorted(maps.Keys(d.stats.Models)) {
 		ms := d.stats.Models[name]
@@ -545,6 +558,13 @@ func ratio64(a, b int64) float64 {
 		return 0
 	}
 	return float64(a) / float64(b)
+}
+
+// wallLatency summarises wall-clock durations in milliseconds.
+func wallLatency(ds []time.Duration) *Latency {
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	pc := load.Summarize(ds)
+	return &Latency{P50: ms(pc.P50), P95: ms(pc.P95), P99: ms(pc.P99), Max: ms(pc.Max), Mean: ms(pc.Mean)}
 }
 
 func fmtMs(ms float64) string {
