@@ -260,22 +260,22 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 	}
 	fmt.Fprintln(tw, header)
 	for _, r := range all {
-		added := "\t\t\t\t"
+		extra := "\t\t\t\t" // added, own and hop columns
 		if d, ok := direct[r.Rate]; ok && r.Mode != benchload.Direct {
-			added = fmt.Sprintf("%+.3f\t%+.3f\t%+.3f\t%+.3f\t", r.P50Ms-d.P50Ms, r.P90Ms-d.P90Ms, r.P99Ms-d.P99Ms, r.CPUPer1000-d.CPUPer1000)
+			extra = fmt.Sprintf("%+.3f\t%+.3f\t%+.3f\t%+.3f\t", r.P50Ms-d.P50Ms, r.P90Ms-d.P90Ms, r.P99Ms-d.P99Ms, r.CPUPer1000-d.CPUPer1000)
 		}
 		if r.OwnP99Ms > 0 {
-			added += fmt.Sprintf("%.3f\t%.3f\t%.3f\t", r.OwnP50Ms, r.OwnP90Ms, r.OwnP99Ms)
+			extra += fmt.Sprintf("%.3f\t%.3f\t%.3f\t", r.OwnP50Ms, r.OwnP90Ms, r.OwnP99Ms)
 		} else {
-			added += "\t\t\t"
+			extra += "\t\t\t"
 		}
 		if split && r.HopPeakRSSMB > 0 {
-			added += fmt.Sprintf("%.3f\t%.0f\t", r.HopCPUPer1000, r.HopPeakRSSMB)
+			extra += fmt.Sprintf("%.3f\t%.0f\t", r.HopCPUPer1000, r.HopPeakRSSMB)
 		} else if split {
-			added += "\t\t"
+			extra += "\t\t"
 		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.0f\t%d\t%d\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.3f\t%.0f\t%s\n",
-			r.Mode, r.Rate, r.AchievedRate, r.OK, r.AnsweredRate, r.Errors, r.Refused, r.Shed, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.CPUPer1000, r.PeakRSSMB, added)
+			r.Mode, r.Rate, r.AchievedRate, r.OK, r.AnsweredRate, r.Errors, r.Refused, r.Shed, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.CPUPer1000, r.PeakRSSMB, extra)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

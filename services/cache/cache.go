@@ -140,6 +140,8 @@ type LookupResult struct {
 	// StoreDeclined: the prompt policy refused the lookup, so it would refuse a Store of
 	// the answer too; the caller can skip that call.
 	StoreDeclined bool
+	// Waited is how long a coalescing lookup waited for another request's answer.
+	Waited time.Duration
 }
 
 // Rejection is a candidate that did not answer.
@@ -437,9 +439,16 @@ func (s *Service) hit(res LookupResult, e Entry, similarity float64, match Match
 	return res
 }
 
-// coalesceMiss turns a miss into a lease, or waits for the lease another lookup holds.
-func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupRequest, k keys, res LookupResult, pol policy) (LookupResult, error) {
+// coalesceMiss turns a miss into a lease, or waits for the lease another lookup holds
+// (and says how long in the result's Waited).
+func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupRequest, k keys, res LookupResult, pol policy) (out LookupResult, err error) {
 	start := s.clock.Now()
+	waited := false
+	defer func() {
+		if waited && err == nil {
+			out.Waited = s.clock.Since(start)
+		}
+	}()
 	wait := s.coalesce.MaxWait
 	if req.MaxWait > 0 && req.MaxWait < wait {
 		wait = req.MaxWait
@@ -472,6 +481,7 @@ func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupReq
 		// One timer for whichever comes first: the lease's expiry or the end of the wait.
 		until := min(theirs.expires.Sub(now), giveUp.Sub(now))
 		timer := s.clock.NewTimer(until)
+		waited = true
 		select {
 		case <-theirs.done:
 			timer.Stop()

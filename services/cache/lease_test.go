@@ -32,8 +32,8 @@ func (f fixture) waiters(t *testing.T, n int) {
 func (f fixture) lease(t *testing.T, tenant, question string) Lease {
 	t.Helper()
 	res, err := f.svc.Lookup(context.Background(), tenant, LookupRequest{Prompt: basePrompt(question), Coalesce: true})
-	if err != nil || res.Hit || res.Lease == nil {
-		t.Fatalf("Lookup = (%+v, %v), want a miss with a lease", res, err)
+	if err != nil || res.Hit || res.Lease == nil || res.Waited != 0 {
+		t.Fatalf("Lookup = (%+v, %v), want a miss with a lease, at once", res, err)
 	}
 	return *res.Lease
 }
@@ -53,6 +53,7 @@ func TestCoalescingStoreAnswersEveryWaiter(t *testing.T) {
 	f.waiters(t, 2)
 	other := f.lease(t, "globex", question)
 
+	f.clock.Advance(2 * time.Second) // the first request's model call
 	req := answer(basePrompt(question))
 	req.LeaseID = lease.ID
 	stored := f.mustStore(t, "acme", req)
@@ -60,6 +61,9 @@ func TestCoalescingStoreAnswersEveryWaiter(t *testing.T) {
 		got := <-w
 		if got.err != nil || !got.res.Hit || got.res.Match != MatchCoalesced || got.res.Entry.ID != stored.EntryID || got.res.Similarity != 1 {
 			t.Errorf("waiter %d = (%+v, %v), want the stored answer, coalesced", i, got.res, got.err)
+		}
+		if got.res.Waited != 2*time.Second {
+			t.Errorf("waiter %d waited %v, want 2s", i, got.res.Waited)
 		}
 	}
 	if got := f.svc.leases.len(); got != 1 {
@@ -130,8 +134,8 @@ func TestCoalescingLeaseExpires(t *testing.T) {
 	f.waiters(t, 1)
 	f.clock.Advance(10 * time.Second) // the default max_wait
 	got := <-w
-	if got.err != nil || got.res.Hit || got.res.Lease != nil || got.res.MissReason != MissCoalesceTimeout {
-		t.Fatalf("waiter after max_wait = (%+v, %v), want a miss with reason %s", got.res, got.err, MissCoalesceTimeout)
+	if got.err != nil || got.res.Hit || got.res.Lease != nil || got.res.MissReason != MissCoalesceTimeout || got.res.Waited != 10*time.Second {
+		t.Fatalf("waiter after max_wait = (%+v, %v), want a miss with reason %s after 10s", got.res, got.err, MissCoalesceTimeout)
 	}
 	// A waiter allowed to wait longer than the lease lives (30s) takes over when it expires.
 	cfg := DefaultConfig()

@@ -88,6 +88,9 @@ func (s *server) Lookup(ctx context.Context, req *cachev1.LookupRequest) (*cache
 	if l := res.Lease; l != nil {
 		resp.Lease = &cachev1.Lease{Id: l.ID, ExpiresAt: timestamppb.New(l.ExpiresAt)}
 	}
+	if res.Waited > 0 {
+		resp.Waited = durationpb.New(res.Waited)
+	}
 	detail := "miss"
 	switch {
 	case res.Hit:

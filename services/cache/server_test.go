@@ -554,6 +554,7 @@ func TestServerCoalescing(t *testing.T) {
 	if err := clock.BlockUntilContext(t.Context(), 1); err != nil {
 		t.Fatalf("the second lookup never waited: %v", err)
 	}
+	clock.Advance(1500 * time.Millisecond) // the first request's model call
 	store := storeRequest("", protoPrompt("How do I reset my password?"))
 	store.LeaseId = first.GetLease().GetId()
 	stored, err := client.Store(asTenant("acme"), store)
@@ -563,6 +564,9 @@ func TestServerCoalescing(t *testing.T) {
 	got := <-waiter
 	if got.err != nil || !got.resp.GetHit() || got.resp.GetMatch() != cachev1.MatchKind_MATCH_KIND_COALESCED || got.resp.GetEntry().GetId() != stored.GetEntryId() {
 		t.Errorf("waiting Lookup = (%v, %v), want the stored answer, coalesced", got.resp, got.err)
+	}
+	if w := got.resp.GetWaited().AsDuration(); w != 1500*time.Millisecond || first.GetWaited() != nil {
+		t.Errorf("waited %v (first lookup %v), want 1.5s (and none)", w, first.GetWaited())
 	}
 
 	// Release: another tenant cannot; the holder can, once.

@@ -60,6 +60,8 @@ type ExhaustedError struct {
 	// the queue keeps them for the waiting request, so that lower priorities do not take
 	// what it waits for.
 	Short []string
+	// Waited is how long the request waited in the queue before it was refused.
+	Waited time.Duration
 }
 
 func (e *ExhaustedError) Error() string {

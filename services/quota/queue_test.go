@@ -302,8 +302,8 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 		w := q.enqueue(t, ctx, req("timer", "acme", mantlev1.Priority_PRIORITY_NORMAL, 300)) // due at 3s
 		q.clock.Advance(5 * time.Second)                                                     // no dispatch: the budget ends first
 		res := await(t, "timer", w)
-		if e, ok := errors.AsType[*ExhaustedError](res.err); !ok || e.Cause != CauseDeadline {
-			t.Fatalf("timer: err = %v, want refused at its 5s budget", res.err)
+		if e, ok := errors.AsType[*ExhaustedError](res.err); !ok || e.Cause != CauseDeadline || e.Waited != 5*time.Second {
+			t.Fatalf("timer: err = %v, want refused at its 5s budget, having waited 5s", res.err)
 		}
 		if q.waiting() != 0 {
 			t.Errorf("%d still waiting, want 0", q.waiting())

@@ -179,6 +179,11 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 
 	g, waited, err := s.queue.admit(ctx, adm)
 	if err != nil {
+		if e, ok := errors.AsType[*ExhaustedError](err); ok && waited > 0 {
+			refusal := *e // the caller learns the wait was deliberate, not quota's slowness
+			refusal.Waited = waited
+			err = &refusal
+		}
 		s.refused(ctx, start, req, err)
 		if errors.Is(err, ErrExhausted) || errors.Is(err, ErrBudgetUnavailable) || errors.Is(err, ErrShuttingDown) || ctx.Err() != nil {
 			return Reserved{}, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -243,11 +244,15 @@ func (s *server) toStatus(err error) error {
 // the ErrorInfo metadata. The reason stays QUOTA_EXHAUSTED whatever the cause, so
 // clients need one branch to retry after the delay.
 func exhaustedStatus(e *ExhaustedError) error {
+	meta := map[string]string{"cause": e.cause()}
+	if e.Waited > 0 {
+		meta["waited_ms"] = strconv.FormatInt(e.Waited.Milliseconds(), 10)
+	}
 	return status.ErrorProto(&spb.Status{
 		Code:    int32(codes.ResourceExhausted),
 		Message: e.Error(),
 		Details: mustAny(
-			&errdetails.ErrorInfo{Reason: rpc.ReasonQuotaExhausted, Domain: errorDomain, Metadata: map[string]string{"cause": e.cause()}},
+			&errdetails.ErrorInfo{Reason: rpc.ReasonQuotaExhausted, Domain: errorDomain, Metadata: meta},
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)},
 			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: e.Bucket, Description: e.Error()}}},
 		),

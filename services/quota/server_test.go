@@ -399,6 +399,14 @@ func TestServerQueueRefusalsCarryTheirCause(t *testing.T) {
 	if errorCause(err) != "queue_full" || !slices.Equal(quotaFailureSubjects(err), []string{"queue"}) {
 		t.Errorf("cause %q, subjects %v; want queue_full on queue", errorCause(err), quotaFailureSubjects(err))
 	}
+	if w, ok := rpc.ErrorInfo(err).GetMetadata()["waited_ms"]; ok {
+		t.Errorf("waited_ms %q on a refusal that did not wait", w)
+	}
+	// A refusal after a wait says how long, so that callers do not count it as quota's.
+	waited := exhaustedStatus(&ExhaustedError{Bucket: "queue", Cause: CauseShed, Waited: 1500 * time.Millisecond})
+	if w := rpc.ErrorInfo(waited).GetMetadata()["waited_ms"]; w != "1500" {
+		t.Errorf("waited_ms = %q, want 1500", w)
+	}
 	if d, ok := rpc.RetryDelay(err); !ok || d <= 0 {
 		t.Errorf("RetryInfo = %v, %v; want a delay", d, ok)
 	}

@@ -85,11 +85,11 @@ func (q *fakeQuota) Reserve(_ context.Context, in *quotav1.ReserveRequest, _ ...
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.reserves = append(q.reserves, proto.Clone(in).(*quotav1.ReserveRequest))
-	if q.reserveErr != nil {
-		return nil, q.reserveErr
-	}
 	if q.queued > 0 {
 		q.clock.Advance(q.queued)
+	}
+	if q.reserveErr != nil {
+		return nil, q.reserveErr
 	}
 	return &quotav1.ReserveResponse{ReservationId: "res-1", ReservedTokens: 100, Quality: in.Quality, Waited: durationpb.New(q.queued),
 		Limits: &quotav1.Limits{LimitRequests: 10, RemainingRequests: 9, ResetRequests: durationpb.New(time.Second)}}, nil
@@ -118,9 +118,10 @@ type fakeCache struct {
 	declineStore bool
 	// lookups are the QualityContexts the cache was sent.
 	lookups []*mantlev1.QualityContext
-	// coalesced makes the hit another request's answer, waited for that long on clock.
-	coalesced time.Duration
-	clock     *clockwork.FakeClock
+	// coalesced makes the hit another request's answer, waited for that long on clock;
+	// takes makes a lookup take that long on clock (the cache's own work).
+	coalesced, takes time.Duration
+	clock            *clockwork.FakeClock
 
 	mu     sync.Mutex
 	stores []*cachev1.StoreRequest
@@ -138,9 +139,13 @@ func (c *fakeCache) Lookup(_ context.Context, in *cachev1.LookupRequest, _ ...gr
 		}
 		return &cachev1.LookupResponse{Quality: q}, nil
 	}
+	if c.takes > 0 {
+		c.clock.Advance(c.takes)
+	}
 	if c.coalesced > 0 {
 		c.clock.Advance(c.coalesced)
-		return &cachev1.LookupResponse{Hit: true, Entry: c.hit, Similarity: 1, Match: cachev1.MatchKind_MATCH_KIND_COALESCED, Quality: in.Quality}, nil
+		return &cachev1.LookupResponse{Hit: true, Entry: c.hit, Similarity: 1, Match: cachev1.MatchKind_MATCH_KIND_COALESCED,
+			Quality: in.Quality, Waited: durationpb.New(c.coalesced)}, nil
 	}
 	return &cachev1.LookupResponse{Hit: true, Entry: c.hit, Similarity: 0.93, Quality: in.Quality}, nil
 }

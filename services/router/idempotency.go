@@ -44,6 +44,7 @@ func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc 
 	if store == nil || key == "" {
 		return r.serve(ctx, req, rt, qc, sink)
 	}
+	began := r.deps.Clock.Now()
 	rec, owner, err := store.Begin(ctx, key)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -57,6 +58,8 @@ func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc 
 		return r.serve(ctx, req, rt, qc, sink)
 	}
 	if !owner {
+		// A duplicate that arrived while the first request ran waited for its record.
+		addWait(qc, min(rec.At.Sub(began), r.deps.Clock.Since(began)))
 		return r.replay(rec, qc, sink)
 	}
 	resp, err := r.serve(ctx, req, rt, qc, sink)

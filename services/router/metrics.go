@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mantle_router_requests_total", Help: "Requests by route, scenario, outcome (gRPC code) and ladder level.",
 		}, []string{"route", "scenario", "outcome", "level"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "mantle_router_request_duration_seconds", Help: "End-to-end request latency by route, scenario and the ladder level that answered.",
+			Name: "mantle_router_request_duration_seconds", Help: "End-to-end request latency (from the front door's handler or the gRPC method) by route, scenario and the ladder level that answered.",
 			Buckets: []float64{.05, .1, .25, .5, .75, 1, 1.5, 2, 3, 5, 8, 12, 20, 30},
 		}, []string{"route", "scenario", "level"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{

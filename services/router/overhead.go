@@ -41,18 +41,22 @@ func arrivalOf(ctx context.Context, now time.Time) time.Time {
 	return now
 }
 
-// timeRequest sets how long the request took in mantle and upstream on the QualityContext
-// the caller gets (an idempotent replay's is the recorded one: its figures become the
-// replay's) and observes the overhead.
+// timeRequest sets how long the request took in mantle, upstream and held on purpose on
+// the QualityContext the caller gets, and observes the overhead.
+//
+// An idempotent replay answers with the recorded QualityContext of the request that did
+// the work: its attempts and waits were that request's, so the replay's figures replace
+// them (no upstream time; its own waits, such as for the first request to finish).
 func (r *Router) timeRequest(route string, qc *mantlev1.QualityContext, resp *routerv1.CompleteResponse, arrived, end time.Time) {
-	if q := resp.GetQuality(); q != nil {
-		qc = q
+	// Wall-clock bounds: attempts' start times are wall-clock readings (timestamps).
+	arrived, end = arrived.Round(0), end.Round(0)
+	out, upstream := qc, upstreamBusy(qc.GetAttempts(), arrived, end)
+	if q := resp.GetQuality(); q != nil && q != qc {
+		out, upstream = q, 0
+		out.Waited = qc.GetWaited()
 	}
-	// A replay's attempts ran before this request arrived: clipping leaves them out.
-	upstream := upstreamBusy(qc.GetAttempts(), arrived, end)
-	waited := qc.GetWaited().AsDuration()
-	overhead := max(end.Sub(arrived)-upstream-waited, 0)
-	qc.Overhead, qc.UpstreamLatency = durationpb.New(overhead), durationpb.New(upstream)
+	overhead := max(end.Sub(arrived)-upstream-out.GetWaited().AsDuration(), 0)
+	out.Overhead, out.UpstreamLatency = durationpb.New(overhead), durationpb.New(upstream)
 	r.deps.Metrics.overhead.WithLabelValues(route).Observe(overhead.Seconds())
 }
 

@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -13,12 +15,16 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
 func TestUpstreamBusy(t *testing.T) {
@@ -57,8 +63,9 @@ func TestUpstreamBusy(t *testing.T) {
 	}
 }
 
-// TestOverheadIsWhatMantleAdds: a request whose provider takes 40 ms and whose verifier
-// takes 2 ms (on the fake clock) reports 2 ms of overhead and 40 ms upstream, in the
+// TestOverheadIsWhatMantleAdds: a request whose body takes 1 ms to read, that waits
+// 300 ms in the quota queue, whose provider takes 40 ms and whose verifier takes 2 ms (on
+// the fake clock) reports 3 ms of overhead, 40 ms upstream and 300 ms waited, in the
 // QualityContext, the Server-Timing header and the metric.
 func TestOverheadIsWhatMantleAdds(t *testing.T) {
 	t.Parallel()
@@ -67,6 +74,7 @@ func TestOverheadIsWhatMantleAdds(t *testing.T) {
 	answer.advance = 40 * time.Millisecond
 	h := newHarness(t, testConfig(), &harness{
 		clock:     clock,
+		quota:     &fakeQuota{queued: 300 * time.Millisecond, clock: clock},
 		providers: map[string]*fakeProvider{"a": newFakeProvider(answer)},
 		verifier: &fakeVerifier{verdict: func(in *verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error) {
 			clock.Advance(2 * time.Millisecond)
@@ -74,54 +82,74 @@ func TestOverheadIsWhatMantleAdds(t *testing.T) {
 		}},
 	})
 	f := &frontDoor{router: h.router}
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
-		strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`))
+	body := &slowBody{Reader: strings.NewReader(`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`), clock: clock, takes: time.Millisecond}
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", body)
 	w := httptest.NewRecorder()
 	f.chatCompletions(w, req)
 	if w.Code != http.StatusOK {
 		t.Fatalf("HTTP %d: %s", w.Code, w.Body)
 	}
-	if got, want := w.Header().Get(HeaderServerTiming), "mantle;dur=2.000, upstream;dur=40.000"; got != want {
+	if got, want := w.Header().Get(HeaderServerTiming), "mantle;dur=3.000, upstream;dur=40.000"; got != want {
 		t.Errorf("Server-Timing = %q, want %q", got, want)
 	}
-	var body struct {
+	var out struct {
 		Mantle struct {
 			Overhead        string `json:"overhead"`
 			UpstreamLatency string `json:"upstream_latency"`
+			Waited          string `json:"waited"`
 		} `json:"mantle"`
 	}
-	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+	if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
 		t.Fatal(err)
 	}
-	if body.Mantle.Overhead != "0.002s" || body.Mantle.UpstreamLatency != "0.040s" {
-		t.Errorf("mantle.overhead %q, upstream_latency %q; want 0.002s and 0.040s", body.Mantle.Overhead, body.Mantle.UpstreamLatency)
+	if m := out.Mantle; m.Overhead != "0.003s" || m.UpstreamLatency != "0.040s" || m.Waited != "0.300s" {
+		t.Errorf("mantle.overhead %q, upstream_latency %q, waited %q; want 0.003s, 0.040s and 0.300s", m.Overhead, m.UpstreamLatency, m.Waited)
 	}
 	var m dto.Metric
 	if err := h.router.deps.Metrics.overhead.WithLabelValues("chat").(prometheus.Metric).Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	hist := m.GetHistogram()
-	if hist.GetSampleCount() != 1 || hist.GetSampleSum() != 0.002 {
-		t.Errorf("mantle_router_overhead_seconds{route=chat}: %d samples summing to %g, want 1 of 0.002", hist.GetSampleCount(), hist.GetSampleSum())
+	if hist.GetSampleCount() != 1 || hist.GetSampleSum() != 0.003 {
+		t.Errorf("mantle_router_overhead_seconds{route=chat}: %d samples summing to %g, want 1 of 0.003", hist.GetSampleCount(), hist.GetSampleSum())
 	}
 }
 
+// slowBody is a request body whose first read takes a while on the clock.
+type slowBody struct {
+	io.Reader
+	clock *clockwork.FakeClock
+	takes time.Duration
+	read  bool
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	if !b.read {
+		b.read = true
+		b.clock.Advance(b.takes)
+	}
+	return b.Reader.Read(p)
+}
+
 // TestReplayOverheadIsTheReplays: an idempotent replay answers with the recorded
-// QualityContext, whose attempts ran before the replay arrived: its upstream time is 0
-// and its overhead the replay's own.
+// QualityContext of the request that did the work; its timings are the replay's own: no
+// upstream time, and no wait of the first request's (here 300 ms in the quota queue).
 func TestReplayOverheadIsTheReplays(t *testing.T) {
 	t.Parallel()
 	answer := reply("once", 3, 2)
 	answer.advance = 30 * time.Millisecond
-	h := newHarness(t, testConfig(), &harness{idempotency: true, providers: map[string]*fakeProvider{"a": newFakeProvider(answer)}})
+	clock := clockwork.NewFakeClockAt(time.Now())
+	h := newHarness(t, testConfig(), &harness{clock: clock, idempotency: true,
+		quota:     &fakeQuota{queued: 300 * time.Millisecond, clock: clock},
+		providers: map[string]*fakeProvider{"a": newFakeProvider(answer)}})
 	req := ask("chat")
 	req.IdempotencyKey = "order-42"
 	first, err := h.router.Complete(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := first.Quality.GetUpstreamLatency().AsDuration(); got != 30*time.Millisecond {
-		t.Errorf("first: upstream %v, want 30ms", got)
+	if got, want := timings(first.GetQuality()), []time.Duration{300 * time.Millisecond, 30 * time.Millisecond, 0}; !slices.Equal(got, want) {
+		t.Errorf("first: waited, upstream, overhead = %v, want %v", got, want)
 	}
 	h.clock.Advance(time.Second)
 	again, err := h.router.Complete(context.Background(), req)
@@ -132,18 +160,75 @@ func TestReplayOverheadIsTheReplays(t *testing.T) {
 		t.Fatalf("%d provider calls, want 1 (the second is a replay)", h.calls("a"))
 	}
 	q := again.GetQuality()
-	if len(q.GetAttempts()) != 1 || q.GetUpstreamLatency().AsDuration() != 0 || q.GetOverhead().AsDuration() != 0 {
-		t.Errorf("replay: %d attempts, upstream %v, overhead %v; want the recorded attempt, 0 upstream and 0 overhead (the fake clock did not move)",
-			len(q.GetAttempts()), q.GetUpstreamLatency().AsDuration(), q.GetOverhead().AsDuration())
+	if len(q.GetAttempts()) != 1 || q.GetOverhead() == nil || q.GetUpstreamLatency() == nil {
+		t.Fatalf("replay: %d attempts, overhead %v, upstream %v; want the recorded attempt and both timings set", len(q.GetAttempts()), q.GetOverhead(), q.GetUpstreamLatency())
+	}
+	if got := timings(q); !slices.Equal(got, []time.Duration{0, 0, 0}) {
+		t.Errorf("replay: waited, upstream, overhead = %v, want none (the fake clock did not move)", got)
 	}
 }
 
+// TestDuplicateWaitsForTheFirst: a duplicate that arrives while the first request runs
+// waits for its answer; that wait is waited, not overhead.
+func TestDuplicateWaitsForTheFirst(t *testing.T) {
+	t.Parallel()
+	answer := reply("once", 3, 2)
+	answer.release = make(chan struct{})
+	h := newHarness(t, testConfig(), &harness{idempotency: true, providers: map[string]*fakeProvider{"a": newFakeProvider(answer)}})
+	req := ask("chat")
+	req.IdempotencyKey = "order-43"
+	first := h.start(context.Background(), req)
+	<-h.providers["a"].started
+	dup := h.start(context.Background(), req)
+	h.blockUntil(t, 1) // the duplicate waits for the first's record
+	h.clock.Advance(time.Second)
+	close(answer.release)
+	if d := await(t, first); d.err != nil {
+		t.Fatal(d.err)
+	}
+	d := await(t, dup)
+	if d.err != nil {
+		t.Fatal(d.err)
+	}
+	if got, want := timings(d.resp.GetQuality()), []time.Duration{time.Second, 0, 0}; !slices.Equal(got, want) {
+		t.Errorf("duplicate: waited, upstream, overhead = %v, want %v", got, want)
+	}
+}
+
+// TestQuotaRefusalAfterAWait: quota refuses a request it had queued for 1.5 s and says
+// so (ErrorInfo waited_ms); the failed request's context counts that as waited.
+func TestQuotaRefusalAfterAWait(t *testing.T) {
+	t.Parallel()
+	clock := clockwork.NewFakeClockAt(time.Now())
+	st, err := status.New(codes.ResourceExhausted, "displaced from the quota queue by a higher priority request").WithDetails(
+		&errdetails.ErrorInfo{Reason: rpc.ReasonQuotaExhausted, Domain: "quota.mantle", Metadata: map[string]string{"cause": "shed", "waited_ms": "1500"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, testConfig(), &harness{clock: clock, quota: &fakeQuota{queued: 1500 * time.Millisecond, clock: clock, reserveErr: st.Err()}})
+	_, err = h.router.Complete(context.Background(), ask("chat"))
+	var failed *failedRequest
+	if status.Code(err) != codes.ResourceExhausted || !errors.As(err, &failed) {
+		t.Fatalf("err = %v, want the quota's refusal with the request's context", err)
+	}
+	if got, want := timings(failed.quality), []time.Duration{1500 * time.Millisecond, 0, 0}; !slices.Equal(got, want) {
+		t.Errorf("waited, upstream, overhead = %v, want %v", got, want)
+	}
+}
+
+// timings are a QualityContext's waited, upstream latency and overhead.
+func timings(q *mantlev1.QualityContext) []time.Duration {
+	return []time.Duration{q.GetWaited().AsDuration(), q.GetUpstreamLatency().AsDuration(), q.GetOverhead().AsDuration()}
+}
+
 // TestWaitsAreNotOverhead: time mantle holds a request on purpose (the quota queue, a
-// provider's Retry-After, an identical request's answer) is waited, not overhead.
+// provider's Retry-After, an identical request's answer) is waited, not overhead; the
+// verifier's 2 ms (and a cache's own work) are overhead.
 func TestWaitsAreNotOverhead(t *testing.T) {
 	t.Parallel()
 	slow := reply("forty milliseconds", 3, 2)
 	slow.advance = 40 * time.Millisecond
+	entry := &cachev1.Entry{Id: "e1", Content: "shared", SourceModel: "a"}
 	for _, tt := range []struct {
 		name  string
 		h     func(clock *clockwork.FakeClock) *harness
@@ -157,7 +242,7 @@ func TestWaitsAreNotOverhead(t *testing.T) {
 				return &harness{quota: &fakeQuota{queued: 300 * time.Millisecond, clock: clock},
 					providers: map[string]*fakeProvider{"a": newFakeProvider(slow)}}
 			},
-			waited: 300 * time.Millisecond, upstream: 40 * time.Millisecond,
+			waited: 300 * time.Millisecond, upstream: 40 * time.Millisecond, overhead: 2 * time.Millisecond,
 		},
 		{
 			name: "a provider's Retry-After",
@@ -168,14 +253,21 @@ func TestWaitsAreNotOverhead(t *testing.T) {
 				h.blockUntil(t, 1)
 				h.clock.Advance(2 * time.Second)
 			},
-			waited: 2 * time.Second, upstream: 40 * time.Millisecond,
+			waited: 2 * time.Second, upstream: 40 * time.Millisecond, overhead: 2 * time.Millisecond,
 		},
 		{
 			name: "an identical request's answer",
 			h: func(clock *clockwork.FakeClock) *harness {
-				return &harness{cache: &fakeCache{hit: &cachev1.Entry{Id: "e1", Content: "shared", SourceModel: "a"}, coalesced: 500 * time.Millisecond, clock: clock}}
+				return &harness{cache: &fakeCache{hit: entry, coalesced: 500 * time.Millisecond, takes: time.Millisecond, clock: clock}}
 			},
-			waited: 500 * time.Millisecond,
+			waited: 500 * time.Millisecond, overhead: time.Millisecond,
+		},
+		{
+			name: "a cache hit is mantle's work",
+			h: func(clock *clockwork.FakeClock) *harness {
+				return &harness{cache: &fakeCache{hit: entry, takes: 3 * time.Millisecond, clock: clock}}
+			},
+			overhead: 3 * time.Millisecond,
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -183,6 +275,10 @@ func TestWaitsAreNotOverhead(t *testing.T) {
 			clock := clockwork.NewFakeClockAt(time.Now())
 			hh := tt.h(clock)
 			hh.clock = clock
+			hh.verifier = &fakeVerifier{verdict: func(in *verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error) {
+				clock.Advance(2 * time.Millisecond)
+				return pass(in), nil
+			}}
 			h := newHarness(t, testConfig(), hh)
 			ch := h.start(context.Background(), ask("chat"))
 			if tt.drive != nil {
@@ -193,7 +289,10 @@ func TestWaitsAreNotOverhead(t *testing.T) {
 				t.Fatal(d.err)
 			}
 			q := d.resp.GetQuality()
-			got := []time.Duration{q.GetWaited().AsDuration(), q.GetUpstreamLatency().AsDuration(), q.GetOverhead().AsDuration()}
+			if q.GetOverhead() == nil || q.GetUpstreamLatency() == nil {
+				t.Fatalf("overhead %v, upstream latency %v: want both set", q.GetOverhead(), q.GetUpstreamLatency())
+			}
+			got := timings(q)
 			if want := []time.Duration{tt.waited, tt.upstream, tt.overhead}; !slices.Equal(got, want) {
 				t.Errorf("waited, upstream, overhead = %v, want %v", got, want)
 			}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -420,9 +421,14 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 	})
 	if err != nil {
 		code := status.Code(err)
+		info := rpc.ErrorInfo(err)
+		// A refusal after a wait in quota's queue: the wait was deliberate, not overhead.
+		if ms, perr := strconv.ParseInt(info.GetMetadata()["waited_ms"], 10, 64); perr == nil && ms > 0 {
+			addWait(qc, time.Duration(ms)*time.Millisecond)
+		}
 		// A money budget whose state quota cannot read fails closed by design
 		// (BUDGET_UNAVAILABLE); only quota itself being unreachable may fail open.
-		budgetDown := rpc.ErrorInfo(err).GetReason() == "BUDGET_UNAVAILABLE"
+		budgetDown := info.GetReason() == "BUDGET_UNAVAILABLE"
 		if r.conf().QuotaFailOpen && !budgetDown && (code == codes.Unavailable || code == codes.DeadlineExceeded) && ctx.Err() == nil {
 			// Fail open, but bounded: a local limiter per tenant at this replica's share
 			// keeps a quota outage from becoming unlimited spending.
@@ -490,6 +496,9 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 		return nil, "", false
 	}
 	adoptAudit(qc, sent, res.GetQuality())
+	// Waiting for an identical request's answer is that request's provider call, not
+	// mantle's work.
+	addWait(qc, res.GetWaited().AsDuration())
 	if !res.Hit || res.Entry == nil {
 		detail := "miss"
 		if res.MissReason != "" {
@@ -499,11 +508,6 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 		return nil, res.GetLease().GetId(), res.GetStoreDeclined()
 	}
 	e := res.Entry
-	if res.Match == cachev1.MatchKind_MATCH_KIND_COALESCED {
-		// The lookup waited for an identical request's answer: its time was that
-		// request's provider call, not mantle's work.
-		addWait(qc, r.deps.Clock.Since(start))
-	}
 	qc.CacheHit, qc.CacheSimilarity = true, res.Similarity
 	qc.CurrentModel = e.SourceModel
 	qc.FallbackLevel = mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY

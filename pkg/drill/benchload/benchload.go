@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os/exec"
 	"strconv"
@@ -123,8 +124,9 @@ type Result struct {
 	HopCPUPer1000 float64 `json:"hop_cpu_s_per_1000,omitempty"`
 	HopPeakRSSMB  float64 `json:"hop_peak_rss_mib,omitempty"`
 	// OwnP50Ms, OwnP90Ms and OwnP99Ms are percentiles of the mesh's own time per answered
-	// request, as its Server-Timing header reports it (mantle;dur): what it adds measured
-	// from inside the process, without the kernel, the client and the waits for a CPU
+	// request, as its Server-Timing header reports it (mantle;dur): from its handler's
+	// start (reading the body included) to the answer's headers, measured inside the
+	// process, so without the kernel, the HTTP server's parsing and the waits for a CPU
 	// before the handler runs. Zero for the modes that send no such header.
 	OwnP50Ms float64 `json:"own_p50_ms,omitempty"`
 	OwnP90Ms float64 `json:"own_p90_ms,omitempty"`
@@ -354,7 +356,7 @@ func serverTiming(header, name string) time.Duration {
 				continue
 			}
 			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f < 0 {
+			if err != nil || !(f >= 0) || math.IsInf(f, 0) { // NaN fails f >= 0
 				return -1
 			}
 			return time.Duration(f * float64(time.Millisecond))

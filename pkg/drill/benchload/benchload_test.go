@@ -114,6 +114,8 @@ func TestServerTiming(t *testing.T) {
 		{"mantle", -1},
 		{"mantle;dur=fast", -1},
 		{"mantle;dur=-1", -1},
+		{"mantle;dur=NaN", -1},
+		{"mantle;dur=+Inf", -1},
 		{"", -1},
 	} {
 		if got := serverTiming(tc.header, "mantle"); got != tc.want {

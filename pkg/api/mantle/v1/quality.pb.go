@@ -973,7 +973,8 @@ type QualityContext struct {
 	// front door's Server-Timing header adds encoding the answer.
 	Overhead *durationpb.Duration `protobuf:"bytes,25,opt,name=overhead,proto3" json:"overhead,omitempty"`
 	// Time during which at least one provider attempt was in flight (overlapping hedges
-	// count once).
+	// count once). Work done meanwhile counts here: a streamed answer's delivery to a slow
+	// reader, a winning hedge's verification while the other attempt is being cancelled.
 	UpstreamLatency *durationpb.Duration `protobuf:"bytes,26,opt,name=upstream_latency,json=upstreamLatency,proto3" json:"upstream_latency,omitempty"`
 	// Time mantle held the request on purpose: in the quota queue, between retries, and
 	// for another request's answer to the same prompt (cache coalescing).

@@ -355,6 +355,9 @@ type LookupResponse struct {
 	// The cache's policy declines this prompt (see miss_reason): a Store of its answer would
 	// be refused, so the caller need not send one.
 	StoreDeclined bool `protobuf:"varint,13,opt,name=store_declined,json=storeDeclined,proto3" json:"store_declined,omitempty"`
+	// How long the lookup waited for another request's answer to the same prompt
+	// (coalescing), whether or not that answer came; zero when it did not wait.
+	Waited        *durationpb.Duration `protobuf:"bytes,14,opt,name=waited,proto3" json:"waited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -478,6 +481,13 @@ func (x *LookupResponse) GetStoreDeclined() bool {
 		return x.StoreDeclined
 	}
 	return false
+}
+
+func (x *LookupResponse) GetWaited() *durationpb.Duration {
+	if x != nil {
+		return x.Waited
+	}
+	return nil
 }
 
 // Rejection explains why a candidate did not answer.
@@ -1295,7 +1305,7 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\x06prompt\x18\x02 \x01(\v2\x17.mantle.cache.v1.PromptR\x06prompt\x12/\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1b.mantle.cache.v1.LookupModeR\x04mode\x12\x1a\n" +
 	"\bcoalesce\x18\x04 \x01(\bR\bcoalesce\x124\n" +
-	"\bmax_wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\"\x88\x04\n" +
+	"\bmax_wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\"\xbb\x04\n" +
 	"\x0eLookupResponse\x12\x10\n" +
 	"\x03hit\x18\x01 \x01(\bR\x03hit\x12,\n" +
 	"\x05entry\x18\x02 \x01(\v2\x16.mantle.cache.v1.EntryR\x05entry\x12\x1e\n" +
@@ -1313,7 +1323,8 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\vmiss_reason\x18\v \x01(\tR\n" +
 	"missReason\x12\x1c\n" +
 	"\tnamespace\x18\f \x01(\tR\tnamespace\x12%\n" +
-	"\x0estore_declined\x18\r \x01(\bR\rstoreDeclined\"v\n" +
+	"\x0estore_declined\x18\r \x01(\bR\rstoreDeclined\x121\n" +
+	"\x06waited\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\x06waited\"v\n" +
 	"\tRejection\x12\x19\n" +
 	"\bentry_id\x18\x01 \x01(\tR\aentryId\x12\x1e\n" +
 	"\n" +
@@ -1445,33 +1456,34 @@ var file_mantle_cache_v1_cache_proto_depIdxs = []int32{
 	20, // 9: mantle.cache.v1.LookupResponse.age:type_name -> google.protobuf.Duration
 	5,  // 10: mantle.cache.v1.LookupResponse.rejected:type_name -> mantle.cache.v1.Rejection
 	6,  // 11: mantle.cache.v1.LookupResponse.lease:type_name -> mantle.cache.v1.Lease
-	21, // 12: mantle.cache.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	22, // 13: mantle.cache.v1.Entry.usage:type_name -> mantle.v1.Usage
-	21, // 14: mantle.cache.v1.Entry.created_at:type_name -> google.protobuf.Timestamp
-	21, // 15: mantle.cache.v1.Entry.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 16: mantle.cache.v1.Entry.stale_until:type_name -> google.protobuf.Timestamp
-	19, // 17: mantle.cache.v1.StoreRequest.quality:type_name -> mantle.v1.QualityContext
-	2,  // 18: mantle.cache.v1.StoreRequest.prompt:type_name -> mantle.cache.v1.Prompt
-	22, // 19: mantle.cache.v1.StoreRequest.usage:type_name -> mantle.v1.Usage
-	20, // 20: mantle.cache.v1.StoreRequest.ttl:type_name -> google.protobuf.Duration
-	19, // 21: mantle.cache.v1.ReleaseRequest.quality:type_name -> mantle.v1.QualityContext
-	21, // 22: mantle.cache.v1.DescribeStatsResponse.since:type_name -> google.protobuf.Timestamp
-	16, // 23: mantle.cache.v1.DescribeStatsResponse.scenarios:type_name -> mantle.cache.v1.ScenarioStats
-	3,  // 24: mantle.cache.v1.CacheService.Lookup:input_type -> mantle.cache.v1.LookupRequest
-	8,  // 25: mantle.cache.v1.CacheService.Store:input_type -> mantle.cache.v1.StoreRequest
-	10, // 26: mantle.cache.v1.CacheService.Invalidate:input_type -> mantle.cache.v1.InvalidateRequest
-	12, // 27: mantle.cache.v1.CacheService.Release:input_type -> mantle.cache.v1.ReleaseRequest
-	14, // 28: mantle.cache.v1.CacheService.DescribeStats:input_type -> mantle.cache.v1.DescribeStatsRequest
-	4,  // 29: mantle.cache.v1.CacheService.Lookup:output_type -> mantle.cache.v1.LookupResponse
-	9,  // 30: mantle.cache.v1.CacheService.Store:output_type -> mantle.cache.v1.StoreResponse
-	11, // 31: mantle.cache.v1.CacheService.Invalidate:output_type -> mantle.cache.v1.InvalidateResponse
-	13, // 32: mantle.cache.v1.CacheService.Release:output_type -> mantle.cache.v1.ReleaseResponse
-	15, // 33: mantle.cache.v1.CacheService.DescribeStats:output_type -> mantle.cache.v1.DescribeStatsResponse
-	29, // [29:34] is the sub-list for method output_type
-	24, // [24:29] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	20, // 12: mantle.cache.v1.LookupResponse.waited:type_name -> google.protobuf.Duration
+	21, // 13: mantle.cache.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 14: mantle.cache.v1.Entry.usage:type_name -> mantle.v1.Usage
+	21, // 15: mantle.cache.v1.Entry.created_at:type_name -> google.protobuf.Timestamp
+	21, // 16: mantle.cache.v1.Entry.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 17: mantle.cache.v1.Entry.stale_until:type_name -> google.protobuf.Timestamp
+	19, // 18: mantle.cache.v1.StoreRequest.quality:type_name -> mantle.v1.QualityContext
+	2,  // 19: mantle.cache.v1.StoreRequest.prompt:type_name -> mantle.cache.v1.Prompt
+	22, // 20: mantle.cache.v1.StoreRequest.usage:type_name -> mantle.v1.Usage
+	20, // 21: mantle.cache.v1.StoreRequest.ttl:type_name -> google.protobuf.Duration
+	19, // 22: mantle.cache.v1.ReleaseRequest.quality:type_name -> mantle.v1.QualityContext
+	21, // 23: mantle.cache.v1.DescribeStatsResponse.since:type_name -> google.protobuf.Timestamp
+	16, // 24: mantle.cache.v1.DescribeStatsResponse.scenarios:type_name -> mantle.cache.v1.ScenarioStats
+	3,  // 25: mantle.cache.v1.CacheService.Lookup:input_type -> mantle.cache.v1.LookupRequest
+	8,  // 26: mantle.cache.v1.CacheService.Store:input_type -> mantle.cache.v1.StoreRequest
+	10, // 27: mantle.cache.v1.CacheService.Invalidate:input_type -> mantle.cache.v1.InvalidateRequest
+	12, // 28: mantle.cache.v1.CacheService.Release:input_type -> mantle.cache.v1.ReleaseRequest
+	14, // 29: mantle.cache.v1.CacheService.DescribeStats:input_type -> mantle.cache.v1.DescribeStatsRequest
+	4,  // 30: mantle.cache.v1.CacheService.Lookup:output_type -> mantle.cache.v1.LookupResponse
+	9,  // 31: mantle.cache.v1.CacheService.Store:output_type -> mantle.cache.v1.StoreResponse
+	11, // 32: mantle.cache.v1.CacheService.Invalidate:output_type -> mantle.cache.v1.InvalidateResponse
+	13, // 33: mantle.cache.v1.CacheService.Release:output_type -> mantle.cache.v1.ReleaseResponse
+	15, // 34: mantle.cache.v1.CacheService.DescribeStats:output_type -> mantle.cache.v1.DescribeStatsResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_mantle_cache_v1_cache_proto_init() }

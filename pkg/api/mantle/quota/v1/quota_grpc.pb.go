@@ -39,7 +39,8 @@ const (
 //   - QUOTA_EXHAUSTED (RESOURCE_EXHAUSTED, with RetryInfo and QuotaFailure): a bucket, the
 //     daily budget or the wait queue refused; retry after the RetryInfo delay. ErrorInfo
 //     metadata "cause" says which: bucket, budget, queue_full, shed (a higher priority took
-//     the queue slot) or deadline (the wait would not end before the call's deadline).
+//     the queue slot) or deadline (the wait would not end before the call's deadline);
+//     "waited_ms", when present, is how long the request waited in the queue first.
 //     QuotaFailure names the bucket ("tenant:acme:tpm", "key:openai-1:rpm",
 //     "tenant:acme:budget") or "queue".
 //   - REQUEST_TOO_LARGE (FAILED_PRECONDITION, with QuotaFailure and BadRequest): the request
@@ -166,7 +167,8 @@ func (c *quotaServiceClient) DescribeUsage(ctx context.Context, in *DescribeUsag
 //   - QUOTA_EXHAUSTED (RESOURCE_EXHAUSTED, with RetryInfo and QuotaFailure): a bucket, the
 //     daily budget or the wait queue refused; retry after the RetryInfo delay. ErrorInfo
 //     metadata "cause" says which: bucket, budget, queue_full, shed (a higher priority took
-//     the queue slot) or deadline (the wait would not end before the call's deadline).
+//     the queue slot) or deadline (the wait would not end before the call's deadline);
+//     "waited_ms", when present, is how long the request waited in the queue first.
 //     QuotaFailure names the bucket ("tenant:acme:tpm", "key:openai-1:rpm",
 //     "tenant:acme:budget") or "queue".
 //   - REQUEST_TOO_LARGE (FAILED_PRECONDITION, with QuotaFailure and BadRequest): the request
