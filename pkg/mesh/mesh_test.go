@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -254,6 +255,8 @@ func post(t *testing.T, m *meshtest.Mesh, key string, body string) *http.Respons
 	return resp
 }
 
+var serverTiming = regexp.MustCompile(`^mantle;dur=\d+\.\d{3}, upstream;dur=\d+\.\d{3}$`)
+
 func testHTTP(t *testing.T, m *meshtest.Mesh) {
 	t.Run("chat completion", func(t *testing.T) {
 		resp := post(t, m, acmeKey, `{"model":"chat","messages":[{"role":"user","content":"hello over http"}],"max_tokens":64}`)
@@ -293,6 +296,13 @@ func testHTTP(t *testing.T, m *meshtest.Mesh) {
 			if resp.Header.Get(h) == "" {
 				t.Errorf("missing header %s", h)
 			}
+		}
+		// The primary failed and the backup answered: both took provider time.
+		var own, upstream float64
+		if st := resp.Header.Get(router.HeaderServerTiming); !serverTiming.MatchString(st) {
+			t.Errorf("%s = %q, want mantle;dur=<ms>, upstream;dur=<ms>", router.HeaderServerTiming, st)
+		} else if _, err := fmt.Sscanf(st, "mantle;dur=%g, upstream;dur=%g", &own, &upstream); err != nil || own <= 0 || upstream <= 0 {
+			t.Errorf("%s = %q: want both durations positive (%v)", router.HeaderServerTiming, st, err)
 		}
 	})
 
