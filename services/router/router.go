@@ -401,6 +401,10 @@ type answer struct {
 	model string
 }
 
+// maxWaitMs bounds a wait another service reports, so that a bad figure cannot overflow
+// a time.Duration (a day is longer than any request's budget).
+const maxWaitMs = 24 * 60 * 60 * 1000
+
 func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (string, *routerv1.RateLimit, error) {
 	if r.deps.Quota == nil {
 		return "", nil, nil // quota is off: nothing to reserve, so nothing to settle
@@ -423,7 +427,7 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 		code := status.Code(err)
 		info := rpc.ErrorInfo(err)
 		// A refusal after a wait in quota's queue: the wait was deliberate, not overhead.
-		if ms, perr := strconv.ParseInt(info.GetMetadata()["waited_ms"], 10, 64); perr == nil && ms > 0 {
+		if ms, perr := strconv.ParseInt(info.GetMetadata()["waited_ms"], 10, 64); perr == nil && ms > 0 && ms <= maxWaitMs {
 			addWait(qc, time.Duration(ms)*time.Millisecond)
 		}
 		// A money budget whose state quota cannot read fails closed by design
