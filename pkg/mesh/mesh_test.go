@@ -341,7 +341,17 @@ func testHTTP(t *testing.T, m *meshtest.Mesh) {
 				text.WriteString(c.Delta.Content)
 			}
 			sawUsage = sawUsage || (chunk.Usage != nil && chunk.Usage.TotalTokens > 0)
-			sawMantle = sawMantle || len(chunk.Mantle) > 0
+			if len(chunk.Mantle) > 0 {
+				// The stream's timings come with its QualityContext, in the last chunk.
+				var qc struct {
+					Overhead        string `json:"overhead"`
+					UpstreamLatency string `json:"upstream_latency"`
+				}
+				if err := json.Unmarshal(chunk.Mantle, &qc); err != nil || qc.Overhead == "" || qc.UpstreamLatency == "" {
+					t.Errorf("mantle field %s: want overhead and upstream_latency (%v)", chunk.Mantle, err)
+				}
+				sawMantle = true
+			}
 		}
 		if !sawDone || !sawUsage || !sawMantle || !strings.Contains(text.String(), "stream over http") {
 			t.Errorf("done=%v usage=%v mantle=%v text=%q", sawDone, sawUsage, sawMantle, text.String())
