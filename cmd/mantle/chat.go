@@ -101,10 +101,13 @@ func summary(resp *routerv1.CompleteResponse, elapsed time.Duration) string {
 		cache = fmt.Sprintf("hit(%.2f)", qc.GetCacheSimilarity())
 	}
 	grade := strings.ToLower(strings.TrimPrefix(qc.GetQualityGrade().String(), "QUALITY_GRADE_"))
-	return fmt.Sprintf("-- model=%s level=%s cache=%s quality=%s attempts=%d tokens=%d+%d cost=$%.6f latency=%s request=%s",
+	// latency is what this client waited; mantle and upstream are how the router split it
+	// (QualityContext overhead and upstream_latency).
+	return fmt.Sprintf("-- model=%s level=%s cache=%s quality=%s attempts=%d tokens=%d+%d cost=$%.6f latency=%s mantle=%s upstream=%s request=%s",
 		resp.GetModel(), router.ShortLevel(qc.GetFallbackLevel()), cache, grade, len(qc.GetAttempts()),
 		qc.GetUsage().GetInputTokens(), qc.GetUsage().GetOutputTokens(), qc.GetCostUsd(),
-		elapsed.Round(time.Millisecond), qc.GetRequestId())
+		elapsed.Round(time.Millisecond), qc.GetOverhead().AsDuration().Round(time.Microsecond),
+		qc.GetUpstreamLatency().AsDuration().Round(time.Millisecond), qc.GetRequestId())
 }
 
 func describe(err error) error {

@@ -207,7 +207,7 @@ func TestChat(t *testing.T) {
 
 	// Without a temperature the answer is not cached, so every question reaches primary.
 	answered := regexp.MustCompile(`^-- model=primary level=primary cache=miss quality=[a-z]+ attempts=1 ` +
-		`tokens=[1-9]\d*\+[1-9]\d* cost=\$\d+\.\d{6} latency=\d\S*s request=req_[0-9a-f]{24}$`)
+		`tokens=[1-9]\d*\+[1-9]\d* cost=\$\d+\.\d{6} latency=\d\S*s mantle=[1-9]\S*s upstream=\d\S*s request=req_[0-9a-f]{24}$`)
 	tests := []struct {
 		name        string
 		args        []string
