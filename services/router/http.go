@@ -388,24 +388,48 @@ func withQuality(v any, qc *mantlev1.QualityContext) ([]byte, error) {
 }
 
 func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) {
+	// Every answer sets these, so they are set as http.Header.Set would, without its
+	// costs: the names are canonical already (Set canonicalises a lowercase name into a
+	// new string each time) and the values share one backing array.
 	h := w.Header()
+	values := make([]string, 0, 9)
+	set := func(canonical, v string) {
+		values = append(values, v)
+		n := len(values)
+		h[canonical] = values[n-1 : n : n]
+	}
 	qc := resp.GetQuality()
-	h.Set(HeaderFallbackLevel, ShortLevel(qc.GetFallbackLevel()))
-	h.Set(HeaderCache, cacheHeader(qc.GetCacheHit()))
+	set(canonicalFallbackLevel, ShortLevel(qc.GetFallbackLevel()))
+	set(canonicalCache, cacheHeader(qc.GetCacheHit()))
 	if g := qc.GetQualityGrade(); g != mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED {
-		h.Set(HeaderQuality, shortGrade(g))
+		set(canonicalQuality, shortGrade(g))
 	} else {
-		h.Set(HeaderQuality, "unverified")
+		set(canonicalQuality, "unverified")
 	}
 	if rl := resp.GetRateLimit(); rl != nil {
-		h.Set("x-ratelimit-limit-requests", strconv.FormatInt(rl.LimitRequests, 10))
-		h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(rl.RemainingRequests, 10))
-		h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(rl.LimitTokens, 10))
-		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(rl.RemainingTokens, 10))
-		h.Set("x-ratelimit-reset-requests", rl.GetResetRequests().AsDuration().String())
-		h.Set("x-ratelimit-reset-tokens", rl.GetResetTokens().AsDuration().String())
+		set(canonicalRateLimit[0], strconv.FormatInt(rl.LimitRequests, 10))
+		set(canonicalRateLimit[1], strconv.FormatInt(rl.RemainingRequests, 10))
+		set(canonicalRateLimit[2], strconv.FormatInt(rl.LimitTokens, 10))
+		set(canonicalRateLimit[3], strconv.FormatInt(rl.RemainingTokens, 10))
+		set(canonicalRateLimit[4], rl.GetResetRequests().AsDuration().String())
+		set(canonicalRateLimit[5], rl.GetResetTokens().AsDuration().String())
 	}
 }
+
+// Canonical forms of the headers setResponseHeaders sets.
+var (
+	canonicalFallbackLevel = http.CanonicalHeaderKey(HeaderFallbackLevel)
+	canonicalCache         = http.CanonicalHeaderKey(HeaderCache)
+	canonicalQuality       = http.CanonicalHeaderKey(HeaderQuality)
+	canonicalRateLimit     = [...]string{
+		http.CanonicalHeaderKey("x-ratelimit-limit-requests"),
+		http.CanonicalHeaderKey("x-ratelimit-remaining-requests"),
+		http.CanonicalHeaderKey("x-ratelimit-limit-tokens"),
+		http.CanonicalHeaderKey("x-ratelimit-remaining-tokens"),
+		http.CanonicalHeaderKey("x-ratelimit-reset-requests"),
+		http.CanonicalHeaderKey("x-ratelimit-reset-tokens"),
+	}
+)
 
 type openAIError struct {
 	Message string  `json:"message"`
