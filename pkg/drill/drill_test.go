@@ -169,15 +169,16 @@ func checkSide(t *testing.T, rep *Report, sd *Side) {
 				t.Errorf("mantle: breaker %s: %d trips in %d transitions", mb.Model, mb.Trips, len(mb.Transitions))
 			}
 		}
-		// Every answer says what mantle spent on it; its own time is part of what the user
-		// waited (wall clock against scenario time: the scale only stretches latency).
+		// Every answer says what mantle spent on it; its own time (wall clock) is part of
+		// what the user waited (scenario time: the scale stretches it), and so is what
+		// mantle held it on purpose (scenario time too).
 		switch o, w := sd.Overhead, sd.Waited; {
 		case sd.Answered > 0 && (o == nil || w == nil):
 			t.Errorf("mantle: %d answers and no overhead (%v) or waits (%v) reported", sd.Answered, o, w)
 		case o != nil && (o.P50 <= 0 || o.P50 > o.P95 || o.P95 > o.P99 || o.P99 > o.Max || o.Max > sd.Latency.Max*rep.TimeScale):
 			t.Errorf("mantle: own time %+v out of order or over the latency max %v ms", *o, sd.Latency.Max*rep.TimeScale)
-		case w != nil && (w.P50 < 0 || w.P50 > w.P95 || w.P95 > w.P99 || w.P99 > w.Max):
-			t.Errorf("mantle: waits %+v out of order", *w)
+		case w != nil && (w.P50 < 0 || w.P50 > w.P95 || w.P95 > w.P99 || w.P99 > w.Max || w.Max > sd.Latency.Max):
+			t.Errorf("mantle: waits %+v out of order or over the latency max %v ms", *w, sd.Latency.Max)
 		}
 	} else if sd.Overhead != nil || sd.Waited != nil {
 		t.Errorf("%s: overhead %v, waited %v from a client without mantle", sd.Name, sd.Overhead, sd.Waited)

@@ -71,7 +71,7 @@ func (r *Report) rows() []row {
 		}
 		return fmt.Sprintf("%.2f / %.2f ms", s.Overhead.P50, s.Overhead.P99)
 	})
-	add("held on purpose P99 / max (wall)", func(s *Side) string {
+	add("held on purpose P99 / max", func(s *Side) string {
 		if s.Waited == nil {
 			return "-"
 		}

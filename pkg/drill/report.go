@@ -91,8 +91,9 @@ type Side struct {
 	Latency Latency `json:"latency"`
 	// Overhead is mantle's own time per answered request and Waited the time it held one
 	// on purpose (quota queue, waits between retries, an identical request's answer), as
-	// its QualityContext reports them; nil for the naive client. Unlike Latency they are
-	// wall-clock milliseconds: mantle's work does not scale with the scenario.
+	// its QualityContext reports them; nil for the naive client. Overhead is wall-clock
+	// milliseconds, since mantle's work does not scale with the scenario; Waited is
+	// scenario time like Latency, since the drill scales the waits (backoff, Retry-After).
 	Overhead *Latency `json:"overhead,omitempty"`
 	Waited   *Latency `json:"waited,omitempty"`
 	// UpstreamCalls is every call the simulated provider received; Amplification is that
@@ -301,7 +302,9 @@ func (p *plan) summarize(d sideData, buckets int) Side {
 	pc := load.Summarize(lat)
 	sd.Latency = Latency{P50: toMs(pc.P50), P95: toMs(pc.P95), P99: toMs(pc.P99), Max: toMs(pc.Max), Mean: toMs(pc.Mean)}
 	if len(overhead) > 0 {
-		sd.Overhead, sd.Waited = wallLatency(overhead), wallLatency(waited)
+		sd.Overhead = wallLatency(overhead)
+		pc := load.Summarize(waited)
+		sd.Waited = &Latency{P50: toMs(pc.P50), P95: toMs(pc.P95), P99: toMs(pc.P99), Max: toMs(pc.Max), Mean: toMs(pc.Mean)}
 	}
 
 	for _, name := range slices.Sorted(maps.Keys(d.stats.Models)) {

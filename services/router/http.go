@@ -392,7 +392,7 @@ func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) 
 	// costs: the names are canonical already (Set canonicalises a lowercase name into a
 	// new string each time) and the values share one backing array.
 	h := w.Header()
-	values := make([]string, 0, 9)
+	values := make([]string, 0, 3+len(canonicalRateLimit))
 	set := func(canonical, v string) {
 		values = append(values, v)
 		n := len(values)

@@ -390,29 +390,48 @@ func TestWithQuality(t *testing.T) {
 // them, though set without it.
 func TestSetResponseHeaders(t *testing.T) {
 	t.Parallel()
-	resp := &routerv1.CompleteResponse{
-		Quality: &mantlev1.QualityContext{FallbackLevel: mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL, CacheHit: true,
-			QualityGrade: mantlev1.QualityGrade_QUALITY_GRADE_HIGH},
-		RateLimit: &routerv1.RateLimit{LimitRequests: 600, RemainingRequests: 598, LimitTokens: 200000, RemainingTokens: 198964,
-			ResetRequests: durationpb.New(140 * time.Millisecond), ResetTokens: durationpb.New(310 * time.Millisecond)},
-	}
-	want := http.Header{}
-	for k, v := range map[string]string{
-		"x-mantle-fallback-level": "backup_model", "x-mantle-cache": "hit", "x-mantle-quality": "high",
-		"x-ratelimit-limit-requests": "600", "x-ratelimit-remaining-requests": "598",
-		"x-ratelimit-limit-tokens": "200000", "x-ratelimit-remaining-tokens": "198964",
-		"x-ratelimit-reset-requests": "140ms", "x-ratelimit-reset-tokens": "310ms",
+	for _, tt := range []struct {
+		name string
+		resp *routerv1.CompleteResponse
+		want map[string]string
+	}{
+		{
+			name: "verified, with the tenant's limits",
+			resp: &routerv1.CompleteResponse{
+				Quality: &mantlev1.QualityContext{FallbackLevel: mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL, CacheHit: true,
+					QualityGrade: mantlev1.QualityGrade_QUALITY_GRADE_HIGH},
+				RateLimit: &routerv1.RateLimit{LimitRequests: 600, RemainingRequests: 598, LimitTokens: 200000, RemainingTokens: 198964,
+					ResetRequests: durationpb.New(140 * time.Millisecond), ResetTokens: durationpb.New(310 * time.Millisecond)},
+			},
+			want: map[string]string{
+				"x-mantle-fallback-level": "backup_model", "x-mantle-cache": "hit", "x-mantle-quality": "high",
+				"x-ratelimit-limit-requests": "600", "x-ratelimit-remaining-requests": "598",
+				"x-ratelimit-limit-tokens": "200000", "x-ratelimit-remaining-tokens": "198964",
+				"x-ratelimit-reset-requests": "140ms", "x-ratelimit-reset-tokens": "310ms",
+			},
+		},
+		{
+			name: "unverified, quota off",
+			resp: &routerv1.CompleteResponse{Quality: &mantlev1.QualityContext{FallbackLevel: mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY}},
+			want: map[string]string{"x-mantle-fallback-level": "primary", "x-mantle-cache": "miss", "x-mantle-quality": "unverified"},
+		},
 	} {
-		want.Set(k, v)
-	}
-	w := httptest.NewRecorder()
-	setResponseHeaders(w, resp)
-	if diff := cmp.Diff(want, w.Header()); diff != "" {
-		t.Errorf("headers (-want +got):\n%s", diff)
-	}
-	// A value's slice is its own: adding to one header leaves the others as they were.
-	w.Header().Add("x-mantle-cache", "again")
-	if got := w.Header().Values("x-mantle-quality"); len(got) != 1 || got[0] != "high" {
-		t.Errorf("x-mantle-quality = %q after adding to x-mantle-cache", got)
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			want := http.Header{}
+			for k, v := range tt.want {
+				want.Set(k, v)
+			}
+			w := httptest.NewRecorder()
+			setResponseHeaders(w, tt.resp)
+			if diff := cmp.Diff(want, w.Header()); diff != "" {
+				t.Errorf("headers (-want +got):\n%s", diff)
+			}
+			// A value's slice is its own: adding to one header leaves the others as they were.
+			w.Header().Add("x-mantle-cache", "again")
+			if got := w.Header().Values("x-mantle-quality"); len(got) != 1 || got[0] != tt.want["x-mantle-quality"] {
+				t.Errorf("x-mantle-quality = %q after adding to x-mantle-cache", got)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -55,6 +56,10 @@ func (r *Router) timeRequest(route string, qc *mantlev1.QualityContext, resp *ro
 		out, upstream = q, 0
 		out.Waited = qc.GetWaited()
 	}
+	// A wait another service reported cannot have lasted longer than the request.
+	if w := out.GetWaited(); w != nil && w.AsDuration() > end.Sub(arrived)-upstream {
+		out.Waited = durationpb.New(max(end.Sub(arrived)-upstream, 0))
+	}
 	overhead := max(end.Sub(arrived)-upstream-out.GetWaited().AsDuration(), 0)
 	out.Overhead, out.UpstreamLatency = durationpb.New(overhead), durationpb.New(upstream)
 	r.deps.Metrics.overhead.WithLabelValues(route).Observe(overhead.Seconds())
@@ -64,9 +69,14 @@ func (r *Router) timeRequest(route string, qc *mantlev1.QualityContext, resp *ro
 // which is not overhead. Only the request's own goroutine waits (never a hedge), so qc
 // is not shared meanwhile.
 func addWait(qc *mantlev1.QualityContext, d time.Duration) {
-	if d > 0 {
-		qc.Waited = durationpb.New(qc.GetWaited().AsDuration() + d)
+	if d <= 0 {
+		return
 	}
+	sum := qc.GetWaited().AsDuration() + d
+	if sum < d { // overflow: timeRequest bounds it by the request's own time
+		sum = math.MaxInt64
+	}
+	qc.Waited = durationpb.New(sum)
 }
 
 // upstreamBusy is how long at least one of attempts was in flight within [from, to]:

@@ -199,20 +199,34 @@ func TestDuplicateWaitsForTheFirst(t *testing.T) {
 // so (ErrorInfo waited_ms); the failed request's context counts that as waited.
 func TestQuotaRefusalAfterAWait(t *testing.T) {
 	t.Parallel()
-	clock := clockwork.NewFakeClockAt(time.Now())
-	st, err := status.New(codes.ResourceExhausted, "displaced from the quota queue by a higher priority request").WithDetails(
-		&errdetails.ErrorInfo{Reason: rpc.ReasonQuotaExhausted, Domain: "quota.mantle", Metadata: map[string]string{"cause": "shed", "waited_ms": "1500"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarness(t, testConfig(), &harness{clock: clock, quota: &fakeQuota{queued: 1500 * time.Millisecond, clock: clock, reserveErr: st.Err()}})
-	_, err = h.router.Complete(context.Background(), ask("chat"))
-	var failed *failedRequest
-	if status.Code(err) != codes.ResourceExhausted || !errors.As(err, &failed) {
-		t.Fatalf("err = %v, want the quota's refusal with the request's context", err)
-	}
-	if got, want := timings(failed.quality), []time.Duration{1500 * time.Millisecond, 0, 0}; !slices.Equal(got, want) {
-		t.Errorf("waited, upstream, overhead = %v, want %v", got, want)
+	for _, tt := range []struct {
+		name, waitedMs string
+		// want: waited, upstream, overhead
+		want []time.Duration
+	}{
+		{"as reported", "1500", []time.Duration{1500 * time.Millisecond, 0, 0}},
+		{"less than the request took", "1000", []time.Duration{time.Second, 0, 500 * time.Millisecond}},
+		{"an absurd figure: no longer than the request", "9223372036854775807", []time.Duration{1500 * time.Millisecond, 0, 0}},
+		{"not a number: not a wait", "soon", []time.Duration{0, 0, 1500 * time.Millisecond}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			clock := clockwork.NewFakeClockAt(time.Now())
+			st, err := status.New(codes.ResourceExhausted, "displaced from the quota queue by a higher priority request").WithDetails(
+				&errdetails.ErrorInfo{Reason: rpc.ReasonQuotaExhausted, Domain: "quota.mantle", Metadata: map[string]string{"cause": "shed", "waited_ms": tt.waitedMs}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := newHarness(t, testConfig(), &harness{clock: clock, quota: &fakeQuota{queued: 1500 * time.Millisecond, clock: clock, reserveErr: st.Err()}})
+			_, err = h.router.Complete(context.Background(), ask("chat"))
+			var failed *failedRequest
+			if status.Code(err) != codes.ResourceExhausted || !errors.As(err, &failed) {
+				t.Fatalf("err = %v, want the quota's refusal with the request's context", err)
+			}
+			if got := timings(failed.quality); !slices.Equal(got, tt.want) {
+				t.Errorf("waited, upstream, overhead = %v, want %v", got, tt.want)
+			}
+		})
 	}
 }
 

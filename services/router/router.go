@@ -401,8 +401,9 @@ type answer struct {
 	model string
 }
 
-// maxWaitMs bounds a wait another service reports, so that a bad figure cannot overflow
-// a time.Duration (a day is longer than any request's budget).
+// maxWaitMs caps a wait another service reports before it becomes a time.Duration, which
+// a bad figure could overflow (a day is longer than any request's budget; timeRequest
+// then bounds it by the request's own time).
 const maxWaitMs = 24 * 60 * 60 * 1000
 
 func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (string, *routerv1.RateLimit, error) {
@@ -427,8 +428,8 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 		code := status.Code(err)
 		info := rpc.ErrorInfo(err)
 		// A refusal after a wait in quota's queue: the wait was deliberate, not overhead.
-		if ms, perr := strconv.ParseInt(info.GetMetadata()["waited_ms"], 10, 64); perr == nil && ms > 0 && ms <= maxWaitMs {
-			addWait(qc, time.Duration(ms)*time.Millisecond)
+		if ms, perr := strconv.ParseInt(info.GetMetadata()["waited_ms"], 10, 64); perr == nil && ms > 0 {
+			addWait(qc, time.Duration(min(ms, maxWaitMs))*time.Millisecond)
 		}
 		// A money budget whose state quota cannot read fails closed by design
 		// (BUDGET_UNAVAILABLE); only quota itself being unreachable may fail open.
