@@ -299,12 +299,11 @@ func (p *plan) summarize(d sideData, buckets int) Side {
 	for l := range sd.Levels {
 		sd.LevelShares[l] = ratio(sd.Levels[l], sd.Answered)
 	}
-	pc := load.Summarize(lat)
-	sd.Latency = Latency{P50: toMs(pc.P50), P95: toMs(pc.P95), P99: toMs(pc.P99), Max: toMs(pc.Max), Mean: toMs(pc.Mean)}
+	sd.Latency = latencyOf(lat, toMs)
 	if len(overhead) > 0 {
-		sd.Overhead = wallLatency(overhead)
-		pc := load.Summarize(waited)
-		sd.Waited = &Latency{P50: toMs(pc.P50), P95: toMs(pc.P95), P99: toMs(pc.P99), Max: toMs(pc.Max), Mean: toMs(pc.Mean)}
+		wallMs := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+		own, held := latencyOf(overhead, wallMs), latencyOf(waited, toMs)
+		sd.Overhead, sd.Waited = &own, &held
 	}
 
 	for _, name := range slices.Sorted(maps.Keys(d.stats.Models)) {
@@ -563,11 +562,11 @@ func ratio64(a, b int64) float64 {
 	return float64(a) / float64(b)
 }
 
-// wallLatency summarises wall-clock durations in milliseconds.
-func wallLatency(ds []time.Duration) *Latency {
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+// latencyOf summarises durations in milliseconds as toMs converts them (wall clock, or
+// scenario time).
+func latencyOf(ds []time.Duration, toMs func(time.Duration) float64) Latency {
 	pc := load.Summarize(ds)
-	return &Latency{P50: ms(pc.P50), P95: ms(pc.P95), P99: ms(pc.P99), Max: ms(pc.Max), Mean: ms(pc.Mean)}
+	return Latency{P50: toMs(pc.P50), P95: toMs(pc.P95), P99: toMs(pc.P99), Max: toMs(pc.Max), Mean: toMs(pc.Mean)}
 }
 
 func fmtMs(ms float64) string {

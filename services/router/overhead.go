@@ -56,11 +56,13 @@ func (r *Router) timeRequest(route string, qc *mantlev1.QualityContext, resp *ro
 		out, upstream = q, 0
 		out.Waited = qc.GetWaited()
 	}
-	// A wait another service reported cannot have lasted longer than the request.
-	if w := out.GetWaited(); w != nil && w.AsDuration() > end.Sub(arrived)-upstream {
-		out.Waited = durationpb.New(max(end.Sub(arrived)-upstream, 0))
+	rest := max(end.Sub(arrived)-upstream, 0) // mantle's, on purpose or not
+	waited := out.GetWaited().AsDuration()
+	if waited > rest { // a wait another service reported cannot outlast the request
+		waited = rest
+		out.Waited = durationpb.New(waited)
 	}
-	overhead := max(end.Sub(arrived)-upstream-out.GetWaited().AsDuration(), 0)
+	overhead := rest - waited
 	out.Overhead, out.UpstreamLatency = durationpb.New(overhead), durationpb.New(upstream)
 	r.deps.Metrics.overhead.WithLabelValues(route).Observe(overhead.Seconds())
 }
