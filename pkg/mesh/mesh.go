@@ -64,6 +64,8 @@ type Process struct {
 	current Config
 	// publisher gets the reload events; events.Discard when NATS is not configured.
 	publisher app.Publisher
+	// heapFloor paces the collector while Run serves; nil without one.
+	heapFloor *heapFloor
 }
 
 // Start validates cfg, connects (or starts) NATS, binds listeners and builds the modules.
@@ -84,7 +86,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	log := NewLogger(cfg.Log, opts.LogOutput, cfg.secretValues(opts.Getenv)...)
 	p := &Process{Log: log, clock: opts.Clock, current: cfg}
 	if opts.TuneRuntime {
-		tuneRuntime(cfg.Runtime, opts.Getenv, nil, log)
+		p.heapFloor = tuneRuntime(cfg.Runtime, opts.Getenv, nil, log)
 	}
 	reg := prometheus.NewRegistry()
 
@@ -159,6 +161,15 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 func (p *Process) Run(ctx context.Context) error {
 	p.ran = true
 	defer p.Close()
+	if p.heapFloor != nil {
+		floorCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.heapFloor.run(floorCtx)
+		}()
+		defer func() { stop(); <-done }()
+	}
 	return p.App.Run(ctx)
 }
 

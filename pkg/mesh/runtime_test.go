@@ -2,11 +2,14 @@ package mesh
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"math"
 	"os"
+	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
 
@@ -34,24 +37,27 @@ func TestTuneRuntime(t *testing.T) {
 		wantGC    int   // 0: left as it was (77)
 		wantLimit int64 // 0: left as it was (math.MaxInt64)
 		wantLog   string
+		wantFloor uint64 // bytes; 0: no heap floor
 	}{
 		{name: "defaults under a cgroup limit", cfg: DefaultRuntimeConfig(), limit: limitOf(1000 * mib),
-			wantGC: 100, wantLimit: 900 * mib, wantLog: "memory_limit_mib=900"},
-		{name: "GOGC wins", cfg: RuntimeConfig{GCPercent: 300}, env: map[string]string{"GOGC": "77"},
+			wantGC: 100, wantLimit: 900 * mib, wantLog: "memory_limit_mib=900", wantFloor: 64 * mib},
+		{name: "GOGC wins, over the floor too", cfg: RuntimeConfig{GCPercent: 300, GCMinHeapMiB: 64}, env: map[string]string{"GOGC": "77"},
 			wantLog: "gc_percent_from=\"GOGC environment variable\""},
 		{name: "GOMEMLIMIT wins", cfg: RuntimeConfig{GCPercent: 150, MemoryLimitRatio: 0.5}, env: map[string]string{"GOMEMLIMIT": "1GiB"},
 			limit:  func() (uint64, error) { t.Error("the limit was read although GOMEMLIMIT is set"); return 0, nil },
 			wantGC: 150, wantLog: "memory_limit_from=\"GOMEMLIMIT environment variable\""},
 		{name: "ratio 0 leaves the limit", cfg: RuntimeConfig{GCPercent: 200}, limit: limitOf(1000 * mib),
 			wantGC: 200, wantLog: "runtime.memory_limit_ratio: 0"},
+		{name: "a floor of its own", cfg: RuntimeConfig{GCPercent: 150, GCMinHeapMiB: 256}, limit: noLimit,
+			wantGC: 150, wantLog: "gc_min_heap_mib=256", wantFloor: 256 * mib},
 		{name: "no cgroup", cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}, limit: failing,
 			wantGC: 200, wantLog: "no cgroup here"},
 		{name: "AUTOMEMLIMIT overrides the ratio", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "0.5"}, limit: limitOf(1000 * mib),
-			wantGC: 100, wantLimit: 500 * mib, wantLog: "0.5 of the cgroup memory limit (AUTOMEMLIMIT)"},
+			wantGC: 100, wantLimit: 500 * mib, wantLog: "0.5 of the cgroup memory limit (AUTOMEMLIMIT)", wantFloor: 64 * mib},
 		{name: "AUTOMEMLIMIT off", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "off"}, limit: limitOf(1000 * mib),
-			wantGC: 100, wantLog: "off (AUTOMEMLIMIT=off)"},
+			wantGC: 100, wantLog: "off (AUTOMEMLIMIT=off)", wantFloor: 64 * mib},
 		{name: "AUTOMEMLIMIT that is no ratio", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "lots"}, limit: limitOf(1000 * mib),
-			wantGC: 100, wantLog: `AUTOMEMLIMIT=\"lots\" is neither`},
+			wantGC: 100, wantLog: `AUTOMEMLIMIT=\"lots\" is neither`, wantFloor: 64 * mib},
 		{name: "a cgroup without a limit", cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}, limit: noLimit,
 			wantGC: 200, wantLog: "memory_limit_from=\"no memory limit found\""},
 	} {
@@ -63,7 +69,15 @@ func TestTuneRuntime(t *testing.T) {
 			}
 			var logs bytes.Buffer
 			getenv := func(k string) string { return tc.env[k] }
-			tuneRuntime(tc.cfg, getenv, tc.limit, slog.New(slog.NewTextHandler(&logs, nil)))
+			floor := tuneRuntime(tc.cfg, getenv, tc.limit, slog.New(slog.NewTextHandler(&logs, nil)))
+			switch {
+			case tc.wantFloor == 0 && floor != nil:
+				t.Errorf("heap floor of %d MiB, want none", floor.floor/mib)
+			case tc.wantFloor != 0 && floor == nil:
+				t.Errorf("no heap floor, want %d MiB", tc.wantFloor/mib)
+			case floor != nil && (floor.floor != tc.wantFloor || floor.base != tc.cfg.GCPercent):
+				t.Errorf("heap floor %d MiB over GOGC %d, want %d MiB over %d", floor.floor/mib, floor.base, tc.wantFloor/mib, tc.cfg.GCPercent)
+			}
 
 			wantGC := tc.wantGC
 			if wantGC == 0 {
@@ -94,6 +108,8 @@ func TestRuntimeConfigValidate(t *testing.T) {
 		{cfg: DefaultRuntimeConfig()},
 		{cfg: RuntimeConfig{GCPercent: 100, MemoryLimitRatio: 1}},
 		{cfg: RuntimeConfig{GCPercent: 0, MemoryLimitRatio: 0.9}, want: "gc_percent: must be positive"},
+		{cfg: RuntimeConfig{GCPercent: 100, GCMinHeapMiB: -1}, want: "gc_min_heap_mib: want 0 (off) to 1048576, got -1"},
+		{cfg: RuntimeConfig{GCPercent: 100, GCMinHeapMiB: maxMinHeapMiB + 1}, want: "gc_min_heap_mib"},
 		{cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 1.5}, want: "memory_limit_ratio: want 0 (off) or a share in (0, 1]"},
 		{cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: -0.1}, want: "memory_limit_ratio"},
 		{cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: math.NaN()}, want: "memory_limit_ratio"},
@@ -105,5 +121,75 @@ func TestRuntimeConfigValidate(t *testing.T) {
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%+v: error %v, want one saying %q", tc.cfg, err, tc.want)
 		}
+	}
+}
+
+func TestGCPercentFor(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name        string
+		live, floor uint64
+		base, want  int
+	}{
+		{name: "the mesh at 2000/s", live: 13 * mib, floor: 64 * mib, base: 100, want: 400},
+		{name: "live heap over the floor", live: 500 * mib, floor: 64 * mib, base: 100, want: 100},
+		{name: "live heap at the floor", live: 64 * mib, floor: 64 * mib, base: 100, want: 100},
+		{name: "configured GOGC already reaches the floor", live: 30 * mib, floor: 64 * mib, base: 300, want: 300},
+		{name: "tiny live heap counts as 4 MiB", live: 1 * mib, floor: 64 * mib, base: 100, want: 1525},
+		{name: "nothing read yet", live: 0, floor: 64 * mib, base: 100, want: 1525},
+		{name: "huge floor", live: 4 * mib, floor: maxMinHeapMiB * mib, base: 100, want: 26214325},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := gcPercentFor(tc.live, tc.floor, tc.base)
+			if got != tc.want {
+				t.Fatalf("gcPercentFor(%d MiB, %d MiB, %d) = %d, want %d", tc.live/mib, tc.floor/mib, tc.base, got, tc.want)
+			}
+			// Whatever it returns, the goal it sets reaches the floor (or GOGC is the base).
+			if goal := max(tc.live, minLiveHeap) * uint64(100+got) / 100; goal < tc.floor && got != tc.base {
+				t.Errorf("goal %d MiB under the floor", goal/mib)
+			}
+		})
+	}
+}
+
+// TestHeapFloorFollowsTheLiveHeap runs the floor over collections that find a live heap
+// growing past the floor and shrinking again: GOGC rises, falls to the configured value
+// and rises again, is set only when it changes, and is restored when the process stops.
+func TestHeapFloorFollowsTheLiveHeap(t *testing.T) {
+	const mib = 1 << 20
+	lives := []uint64{13 * mib, 13 * mib, 200 * mib, 8 * mib}
+	read := make(chan uint64)       // each reading of the live heap, handed over by the test
+	finished := make(chan struct{}) // after the last: collections the runtime starts itself
+	last := lives[len(lives)-1]     // read this, which changes nothing
+	var sets []int
+	f := &heapFloor{floor: 64 * mib, base: 100, current: 100,
+		live: func() uint64 {
+			select {
+			case l := <-read:
+				return l
+			case <-finished:
+				return last
+			}
+		},
+		set: func(p int) int { sets = append(sets, p); return 0 }}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); f.run(ctx) }()
+	for i, live := range lives {
+		if i > 0 {
+			// The reading before was taken after the floor had marked this collection.
+			runtime.GC()
+		}
+		read <- live
+	}
+	close(finished)
+	cancel()
+	<-done
+	// 13 MiB: 400 (once, not again for the second reading); 200 MiB: back to 100; 8 MiB:
+	// 725; stopping: 100.
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if want := []int{400, 100, 725, 100}; !slices.Equal(sets, want) {
+		t.Fatalf("GOGC set to %v, want %v", sets, want)
 	}
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -367,25 +369,52 @@ func usageJSON(u *mantlev1.Usage) *openaiapi.Usage {
 // The QualityContext is appended, not embedded as a json.RawMessage, which encoding/json
 // would parse and compact a second time.
 func withQuality(v any, qc *mantlev1.QualityContext) ([]byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
+	return appendWithQuality(nil, v, qc)
+}
+
+// appendWithQuality appends withQuality's JSON to dst.
+func appendWithQuality(dst []byte, v any, qc *mantlev1.QualityContext) ([]byte, error) {
+	// An Encoder writes into dst where json.Marshal would return a new slice; it escapes
+	// HTML as Marshal does, and ends the object with a newline, dropped below.
+	w := appendWriter{b: dst}
+	if err := json.NewEncoder(&w).Encode(v); err != nil {
 		return nil, err
 	}
-	if len(b) < 2 || b[len(b)-1] != '}' {
+	b := bytes.TrimSuffix(w.b, []byte("\n"))
+	if len(b)-len(dst) < 2 || b[len(b)-1] != '}' {
 		return nil, fmt.Errorf("withQuality: %T is not a JSON object", v)
 	}
 	b = b[:len(b)-1]
-	if len(b) > 1 {
+	if len(b)-len(dst) > 1 {
 		b = append(b, ',')
 	}
 	b = append(b, `"mantle":`...)
 	if q, ok := appendQualityJSON(b, qc); ok {
 		b = q
-	} else if b, err = (protojson.MarshalOptions{UseProtoNames: true}).MarshalAppend(b, qc); err != nil {
-		return nil, err
+	} else {
+		var err error
+		if b, err = (protojson.MarshalOptions{UseProtoNames: true}).MarshalAppend(b, qc); err != nil {
+			return nil, err
+		}
 	}
 	return append(b, '}'), nil
 }
+
+// appendWriter is an io.Writer that appends to b.
+type appendWriter struct{ b []byte }
+
+func (w *appendWriter) Write(p []byte) (int, error) {
+	w.b = append(w.b, p...)
+	return len(p), nil
+}
+
+// answerBuffers holds the buffers answers are rendered into: an answer with its
+// QualityContext is a few KB, and every request renders one.
+var answerBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledAnswer is the largest buffer put back: a rare long answer is left to the
+// collector rather than held by the pool.
+const maxPooledAnswer = 64 << 10
 
 func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) {
 	// Every answer sets these, so they are set as http.Header.Set would, without its
@@ -560,16 +589,23 @@ func writeJSON(w http.ResponseWriter, httpStatus int, v any) {
 // writeJSONWithQuality writes v with qc as its `mantle` member (withQuality). lastHeaders,
 // when not nil, sets headers once the body is encoded, just before they are written.
 func writeJSONWithQuality(w http.ResponseWriter, httpStatus int, v any, qc *mantlev1.QualityContext, lastHeaders func(http.Header)) {
-	b, err := withQuality(v, qc)
+	buf := answerBuffers.Get().(*[]byte)
+	b, err := appendWithQuality((*buf)[:0], v, qc)
 	if lastHeaders != nil {
 		lastHeaders(w.Header())
 	}
 	if err != nil {
+		answerBuffers.Put(buf)
 		// Only a broken QualityContext can fail; the answer still goes out.
 		writeJSON(w, httpStatus, v)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(httpStatus)
-	_, _ = w.Write(append(b, '\n'))
+	b = append(b, '\n')
+	_, _ = w.Write(b) // copied into the connection's buffer or written through; not kept
+	if cap(b) <= maxPooledAnswer {
+		*buf = b
+		answerBuffers.Put(buf)
+	}
 }
