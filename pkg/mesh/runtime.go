@@ -21,17 +21,18 @@ import (
 // AUTOMEMLIMIT, when set, win.
 type RuntimeConfig struct {
 	// GCPercent is GOGC: how far, in percent of the live heap, the heap grows before the
-	// next collection. Go's 100 by default: 200 collects half as often for tens of MiB
-	// more, and did not move the mesh's latency at 2000 requests/s beyond the noise of
-	// this project's 2-core machines (docs/performance.md, "Sixth session").
+	// next collection. Go's 100 by default; the floor below raises it while little is
+	// live, which is where the mesh spends its life.
 	GCPercent int `yaml:"gc_percent"`
-	// GCMinHeapMiB is a floor under the heap goal: the collector lets the heap reach this
-	// many MiB before it runs, however little of it is live. The mesh keeps little live
-	// data (about 13 MiB at 2000 requests/s) and allocates about 70 KB per request, so
-	// GCPercent alone collects ten times a second, and each collection stops the world
-	// twice and takes CPU from the requests. With a floor of 64 MiB it collects about four
-	// times less often; a process with more live data than the floor is paced by
-	// GCPercent alone, so the floor never multiplies a large heap. 0 turns it off.
+	// GCMinHeapMiB is a floor under the heap goal: the collector lets the heap reach about
+	// this many MiB before it runs, however little of it is live. The mesh keeps little
+	// live data (about 13 MiB at 2000 requests/s) and allocates about 65 KB per request,
+	// so GCPercent alone collects ten times a second, and each collection stops the world
+	// twice and takes CPU from the requests. With a floor of 64 MiB it collects about
+	// twice a second, and the latency tail at 2000/s halves (docs/performance.md,
+	// "Eighth session"); a process with more live data than the floor is paced by
+	// GCPercent alone, so the floor never multiplies a large heap. It is held under half
+	// of the memory limit, when there is one. 0 turns it off.
 	GCMinHeapMiB int `yaml:"gc_min_heap_mib"`
 	// MemoryLimitRatio sets GOMEMLIMIT to this share of the container's memory limit
 	// (cgroups), so that a heap allowed to grow by GCPercent is collected harder as it
@@ -69,14 +70,9 @@ const maxMinHeapMiB = 1 << 20
 // gc_min_heap_mib 0).
 func tuneRuntime(c RuntimeConfig, getenv func(string) string, limit memlimit.Provider, log *slog.Logger) *heapFloor {
 	gogc := "GOGC environment variable"
-	var floor *heapFloor
 	if getenv("GOGC") == "" {
 		debug.SetGCPercent(c.GCPercent)
 		gogc = "runtime.gc_percent"
-		if c.GCMinHeapMiB > 0 {
-			floor = &heapFloor{floor: uint64(c.GCMinHeapMiB) << 20, base: c.GCPercent, current: c.GCPercent,
-				live: liveHeap, set: debug.SetGCPercent}
-		}
 	}
 	percent := gcPercent()
 
@@ -85,12 +81,21 @@ func tuneRuntime(c RuntimeConfig, getenv func(string) string, limit memlimit.Pro
 		memory = c.setMemoryLimit(getenv("AUTOMEMLIMIT"), limit)
 	}
 	attrs := []any{"gc_percent", percent, "gc_percent_from", gogc}
-	if floor != nil {
-		attrs = append(attrs, "gc_min_heap_mib", c.GCMinHeapMiB)
+	memLimit := debug.SetMemoryLimit(-1)
+	var floor *heapFloor
+	if getenv("GOGC") == "" && c.GCMinHeapMiB > 0 {
+		floorBytes := uint64(c.GCMinHeapMiB) << 20
+		if memLimit != math.MaxInt64 {
+			// A floor near the limit would keep the collector running at the limit,
+			// returning memory to the system and taking it back, instead of at its pace.
+			floorBytes = min(floorBytes, uint64(memLimit)/2)
+		}
+		floor = &heapFloor{floor: floorBytes, base: c.GCPercent, current: c.GCPercent, read: readHeap, set: debug.SetGCPercent}
+		attrs = append(attrs, "gc_min_heap_mib", floorBytes>>20)
 	}
 	attrs = append(attrs, "memory_limit_from", memory)
-	if l := debug.SetMemoryLimit(-1); l != math.MaxInt64 {
-		attrs = append(attrs, "memory_limit_mib", l>>20)
+	if memLimit != math.MaxInt64 {
+		attrs = append(attrs, "memory_limit_mib", memLimit>>20)
 	}
 	log.Info("go runtime", attrs...)
 	return floor
@@ -139,15 +144,15 @@ func gcPercent() int {
 
 // heapFloor keeps the collector's heap goal at or above floor bytes by raising GOGC while
 // little of the heap is live. Go has no such setting (a "ballast" allocation was the old
-// way to get one); GOGC is the lever. It is set again after every collection, from the
-// heap that collection found live: set less often, a GOGC computed for a small live heap
-// would multiply a grown one (the goal is live x (1 + GOGC/100)) until the next setting.
-// GOMEMLIMIT, when set, still caps the heap.
+// way to get one); GOGC is the lever. It is set again after every collection, from what
+// that collection found live: set less often, a GOGC computed for a small live heap
+// would multiply a grown one until the next setting. GOMEMLIMIT, when set, still caps the
+// heap.
 type heapFloor struct {
-	floor uint64        // bytes
-	base  int           // the configured GOGC: never go below it
-	live  func() uint64 // the live heap after the last collection
-	set   func(int) int // debug.SetGCPercent
+	floor uint64           // bytes
+	base  int              // the configured GOGC: never go below it
+	read  func() heapShape // what the last collection found
+	set   func(int) int    // debug.SetGCPercent
 
 	mu      sync.Mutex
 	current int  // what GOGC is now
@@ -164,10 +169,12 @@ func (f *heapFloor) run(ctx context.Context) {
 	f.setPercent(f.base)
 }
 
-// afterCollection adjusts GOGC to the live heap and arranges to run again after the next
+// afterCollection adjusts GOGC to the heap and arranges to run again after the next
 // collection: it attaches itself as the cleanup of an object nothing references, which
-// that collection finds unreachable. Cleanups run one at a time on the runtime's cleanup
-// goroutine, shortly after the collection ends; once run has returned the chain stops.
+// that collection finds unreachable. The runtime runs cleanups on goroutines of its own
+// once the collection's sweep has reached the object, usually within milliseconds; until
+// then the goal that collection set uses the GOGC before. The mutex keeps one adjustment
+// at a time; once run has returned, the chain stops.
 func (f *heapFloor) afterCollection() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -177,7 +184,7 @@ func (f *heapFloor) afterCollection() {
 	// Sixteen bytes with a pointer: not a tiny allocation, which may share a block with
 	// live objects and never be collected.
 	runtime.AddCleanup(&collectionMarker{}, func(f *heapFloor) { f.afterCollection() }, f)
-	f.setPercent(gcPercentFor(f.live(), f.floor, f.base))
+	f.setPercent(gcPercentFor(f.read(), f.floor, f.base))
 }
 
 // collectionMarker is the object whose collection says a collection happened.
@@ -193,30 +200,44 @@ func (f *heapFloor) setPercent(p int) {
 	}
 }
 
-// minLiveHeap is the live heap gcPercentFor assumes at least. Go's own minimum heap goal
-// is 4 MiB scaled by GOGC, so a GOGC computed from a smaller live heap would overshoot
-// the floor through that minimum.
-const minLiveHeap = 4 << 20
+// heapShape is what the runtime's pacer sets the next heap goal from.
+type heapShape struct {
+	live  uint64 // heap bytes the last collection marked
+	roots uint64 // stack and global bytes it scanned
+}
 
-// gcPercentFor is the GOGC that puts the heap goal, live x (1 + GOGC/100), at floor or
-// above, and never below base. Rounded up to a multiple of 25 so that small movements of
-// the live heap do not change it after every collection.
-func gcPercentFor(live, floor uint64, base int) int {
-	live = max(live, minLiveHeap)
-	if floor <= live {
+// minHeapPer100 is Go's minimum heap goal at GOGC=100 (the runtime's defaultHeapMinimum);
+// it scales with GOGC.
+const minHeapPer100 = 4 << 20
+
+// gcPercentFor is the GOGC that puts the heap goal at floor or above, and never below
+// base. The runtime's goal is live + (live + roots) x GOGC/100, and at least
+// minHeapPer100 x GOGC/100; the smaller GOGC that reaches the floor either way wins.
+// Rounded up to a multiple of 25 so that small movements of the live heap do not change it
+// after every collection.
+func gcPercentFor(h heapShape, floor uint64, base int) int {
+	if floor <= h.live {
 		return base
 	}
-	need := (floor - live) * 100 / live // GOGC for goal = floor, rounded down
-	need = (need + 25) / 25 * 25        // up to the next step of 25
+	need := ceilDiv(floor*100, minHeapPer100)
+	if scanned := h.live + h.roots; scanned > 0 {
+		need = min(need, ceilDiv((floor-h.live)*100, scanned))
+	}
+	need = (need + 24) / 25 * 25
 	return max(base, int(min(need, math.MaxInt32)))
 }
 
-// liveHeap reads the heap that survived the last collection.
-func liveHeap() uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+func ceilDiv(a, b uint64) uint64 { return (a + b - 1) / b }
+
+// readHeap reads what the last collection found.
+func readHeap() heapShape {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/scan/stack:bytes"}, {Name: "/gc/scan/globals:bytes"}}
 	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
+	var v [3]uint64
+	for i := range s {
+		if s[i].Value.Kind() == metrics.KindUint64 {
+			v[i] = s[i].Value.Uint64()
+		}
 	}
-	return s[0].Value.Uint64()
+	return heapShape{live: v[0], roots: v[1] + v[2]}
 }

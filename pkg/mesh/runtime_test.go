@@ -9,9 +9,11 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 )
@@ -50,6 +52,8 @@ func TestTuneRuntime(t *testing.T) {
 			wantGC: 200, wantLog: "runtime.memory_limit_ratio: 0"},
 		{name: "a floor of its own", cfg: RuntimeConfig{GCPercent: 150, GCMinHeapMiB: 256}, limit: noLimit,
 			wantGC: 150, wantLog: "gc_min_heap_mib=256", wantFloor: 256 * mib},
+		{name: "a floor held under half the memory limit", cfg: RuntimeConfig{GCPercent: 100, GCMinHeapMiB: 256, MemoryLimitRatio: 0.9}, limit: limitOf(200 * mib),
+			wantGC: 100, wantLimit: 180 * mib, wantLog: "gc_min_heap_mib=90", wantFloor: 90 * mib},
 		{name: "no cgroup", cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}, limit: failing,
 			wantGC: 200, wantLog: "no cgroup here"},
 		{name: "AUTOMEMLIMIT overrides the ratio", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "0.5"}, limit: limitOf(1000 * mib),
@@ -75,8 +79,8 @@ func TestTuneRuntime(t *testing.T) {
 				t.Errorf("heap floor of %d MiB, want none", floor.floor/mib)
 			case tc.wantFloor != 0 && floor == nil:
 				t.Errorf("no heap floor, want %d MiB", tc.wantFloor/mib)
-			case floor != nil && (floor.floor != tc.wantFloor || floor.base != tc.cfg.GCPercent):
-				t.Errorf("heap floor %d MiB over GOGC %d, want %d MiB over %d", floor.floor/mib, floor.base, tc.wantFloor/mib, tc.cfg.GCPercent)
+			case floor != nil && (floor.floor != tc.wantFloor || floor.base != tc.cfg.GCPercent || floor.current != tc.cfg.GCPercent):
+				t.Errorf("heap floor %d MiB over GOGC %d (now %d), want %d MiB over %d", floor.floor/mib, floor.base, floor.current, tc.wantFloor/mib, tc.cfg.GCPercent)
 			}
 
 			wantGC := tc.wantGC
@@ -127,26 +131,38 @@ func TestRuntimeConfigValidate(t *testing.T) {
 func TestGCPercentFor(t *testing.T) {
 	const mib = 1 << 20
 	for _, tc := range []struct {
-		name        string
-		live, floor uint64
-		base, want  int
+		name       string
+		heap       heapShape
+		floor      uint64
+		base, want int
 	}{
-		{name: "the mesh at 2000/s", live: 13 * mib, floor: 64 * mib, base: 100, want: 400},
-		{name: "live heap over the floor", live: 500 * mib, floor: 64 * mib, base: 100, want: 100},
-		{name: "live heap at the floor", live: 64 * mib, floor: 64 * mib, base: 100, want: 100},
-		{name: "configured GOGC already reaches the floor", live: 30 * mib, floor: 64 * mib, base: 300, want: 300},
-		{name: "tiny live heap counts as 4 MiB", live: 1 * mib, floor: 64 * mib, base: 100, want: 1525},
-		{name: "nothing read yet", live: 0, floor: 64 * mib, base: 100, want: 1525},
-		{name: "huge floor", live: 4 * mib, floor: maxMinHeapMiB * mib, base: 100, want: 26214325},
+		{name: "the mesh at 2000/s", heap: heapShape{live: 13 * mib}, floor: 64 * mib, base: 100, want: 400},
+		{name: "stacks and globals count", heap: heapShape{live: 13 * mib, roots: 3 * mib}, floor: 64 * mib, base: 100, want: 325},
+		{name: "an exact step stays", heap: heapShape{live: 8 * mib}, floor: 64 * mib, base: 100, want: 700},
+		{name: "live heap over the floor", heap: heapShape{live: 500 * mib}, floor: 64 * mib, base: 100, want: 100},
+		{name: "live heap at the floor", heap: heapShape{live: 64 * mib}, floor: 64 * mib, base: 100, want: 100},
+		{name: "configured GOGC already reaches the floor", heap: heapShape{live: 30 * mib}, floor: 64 * mib, base: 300, want: 300},
+		{name: "tiny live heap: Go's minimum heap reaches it first", heap: heapShape{live: 1 * mib}, floor: 64 * mib, base: 100, want: 1600},
+		{name: "nothing read yet", floor: 64 * mib, base: 100, want: 1600},
+		{name: "huge floor", heap: heapShape{live: 4 * mib}, floor: maxMinHeapMiB * mib, base: 100, want: 26214300},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := gcPercentFor(tc.live, tc.floor, tc.base)
+			got := gcPercentFor(tc.heap, tc.floor, tc.base)
 			if got != tc.want {
-				t.Fatalf("gcPercentFor(%d MiB, %d MiB, %d) = %d, want %d", tc.live/mib, tc.floor/mib, tc.base, got, tc.want)
+				t.Fatalf("gcPercentFor(%+v, %d MiB, %d) = %d, want %d", tc.heap, tc.floor/mib, tc.base, got, tc.want)
 			}
-			// Whatever it returns, the goal it sets reaches the floor (or GOGC is the base).
-			if goal := max(tc.live, minLiveHeap) * uint64(100+got) / 100; goal < tc.floor && got != tc.base {
+			// The goal as the runtime computes it (mgcpacer.go's commit) reaches the
+			// floor, unless GOGC is the configured one.
+			g := uint64(got)
+			goal := max(tc.heap.live+(tc.heap.live+tc.heap.roots)*g/100, minHeapPer100*g/100)
+			if goal < tc.floor && got != tc.base {
 				t.Errorf("goal %d MiB under the floor", goal/mib)
+			}
+			// And a GOGC a step lower would not have.
+			if lower := g - 25; got != tc.base && lower > uint64(tc.base) {
+				if goal := max(tc.heap.live+(tc.heap.live+tc.heap.roots)*lower/100, minHeapPer100*lower/100); goal >= tc.floor {
+					t.Errorf("GOGC %d already reaches the floor (goal %d MiB); %d is more than needed", lower, goal/mib, got)
+				}
 			}
 		})
 	}
@@ -154,21 +170,24 @@ func TestGCPercentFor(t *testing.T) {
 
 // TestHeapFloorFollowsTheLiveHeap runs the floor over collections that find a live heap
 // growing past the floor and shrinking again: GOGC rises, falls to the configured value
-// and rises again, is set only when it changes, and is restored when the process stops.
+// and rises again, is set only when it changes, each time after a new collection, and is
+// restored when the process stops.
 func TestHeapFloorFollowsTheLiveHeap(t *testing.T) {
 	const mib = 1 << 20
 	lives := []uint64{13 * mib, 13 * mib, 200 * mib, 8 * mib}
-	read := make(chan uint64)       // each reading of the live heap, handed over by the test
+	read := make(chan uint64)       // each reading of the heap, handed over by the test
 	finished := make(chan struct{}) // after the last: collections the runtime starts itself
 	last := lives[len(lives)-1]     // read this, which changes nothing
 	var sets []int
+	var cycles []uint64 // the collection each reading followed
 	f := &heapFloor{floor: 64 * mib, base: 100, current: 100,
-		live: func() uint64 {
+		read: func() heapShape {
 			select {
 			case l := <-read:
-				return l
+				cycles = append(cycles, gcCycles())
+				return heapShape{live: l}
 			case <-finished:
-				return last
+				return heapShape{live: last}
 			}
 		},
 		set: func(p int) int { sets = append(sets, p); return 0 }}
@@ -180,16 +199,31 @@ func TestHeapFloorFollowsTheLiveHeap(t *testing.T) {
 			// The reading before was taken after the floor had marked this collection.
 			runtime.GC()
 		}
-		read <- live
+		select {
+		case read <- live:
+		case <-time.After(time.Minute): // a guard, not a wait: the handover is immediate when it works
+			t.Fatalf("reading %d was never taken: the floor did not run after collection %d", i, gcCycles())
+		}
 	}
 	close(finished)
 	cancel()
 	<-done
-	// 13 MiB: 400 (once, not again for the second reading); 200 MiB: back to 100; 8 MiB:
-	// 725; stopping: 100.
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if want := []int{400, 100, 725, 100}; !slices.Equal(sets, want) {
+	// 13 MiB: 400 (once, not again for the second reading); 200 MiB: back to 100; 8 MiB:
+	// 700; stopping: 100.
+	if want := []int{400, 100, 700, 100}; !slices.Equal(sets, want) {
 		t.Fatalf("GOGC set to %v, want %v", sets, want)
 	}
+	for i := 1; i < len(cycles); i++ {
+		if cycles[i] <= cycles[i-1] {
+			t.Errorf("readings %d and %d both followed collection %d: want one reading per collection", i-1, i, cycles[i])
+		}
+	}
+}
+
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }

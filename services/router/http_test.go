@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -383,6 +384,54 @@ func TestWithQuality(t *testing.T) {
 				t.Errorf("mantle = %v, want %v", back, qc)
 			}
 		})
+	}
+}
+
+// TestAnswerBytes holds the answer's rendering to json.Marshal's bytes (HTML and line
+// separators escaped as Marshal escapes them) followed by the QualityContext, and checks
+// that an answer rendered into a reused buffer carries nothing of the one before.
+func TestAnswerBytes(t *testing.T) {
+	qc := &mantlev1.QualityContext{RequestId: "req_1"}
+	answer := func(content string) openaiapi.ChatCompletion {
+		return openaiapi.ChatCompletion{ID: "chatcmpl-1", Object: "chat.completion",
+			Choices: []openaiapi.Choice{{Message: &openaiapi.Message{Role: "assistant", Content: &content}}}}
+	}
+	// What the front door rendered before it used pooled buffers.
+	marshalled := func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, err := (protojson.MarshalOptions{UseProtoNames: true}).Marshal(qc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// appendQualityJSON writes protojson's members without its random spacing.
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, q); err != nil {
+			t.Fatal(err)
+		}
+		return string(b[:len(b)-1]) + `,"mantle":` + compact.String() + "}\n"
+	}
+	long := answer(strings.Repeat("a long answer <b>&amp;</b> \u2028 ", 400))
+	short := answer("short <i>")
+	for _, v := range []openaiapi.ChatCompletion{long, short, long, short} {
+		rec := httptest.NewRecorder()
+		writeJSONWithQuality(rec, http.StatusOK, v, qc, nil)
+		if got, want := rec.Body.String(), marshalled(v); got != want {
+			t.Fatalf("answer of %d bytes, want %d:\n%.300s\nwant\n%.300s", len(got), len(want), got, want)
+		}
+	}
+	// Appending keeps what the buffer held.
+	b, err := appendWithQuality([]byte("prefix"), short, qc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "prefix" + strings.TrimSuffix(marshalled(short), "\n"); string(b) != want {
+		t.Errorf("appended %s, want %s", b, want)
+	}
+	if _, err := appendWithQuality([]byte("{}"), []int{1}, qc); err == nil {
+		t.Error("an array after a buffer holding an object was taken for an object")
 	}
 }
 
