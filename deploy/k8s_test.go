@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 	"go.yaml.in/yaml/v3"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
@@ -1065,6 +1067,31 @@ var grpcServerMetrics = []metricDef{
 	{name: "grpc_server_handling_seconds", kind: "Histogram", labels: []string{"grpc_type", "grpc_service", "grpc_method"}},
 }
 
+// goRuntimeMetrics are the Go runtime's metrics every process exports: what
+// collectors.NewGoCollector, as pkg/app registers it, gathers here.
+func goRuntimeMetrics(t *testing.T) []metricDef {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[dto.MetricType]string{dto.MetricType_COUNTER: "Counter", dto.MetricType_GAUGE: "Gauge",
+		dto.MetricType_SUMMARY: "Summary", dto.MetricType_HISTOGRAM: "Histogram", dto.MetricType_UNTYPED: "Untyped"}
+	var defs []metricDef
+	for _, f := range families {
+		d := metricDef{name: f.GetName(), kind: kinds[f.GetType()], where: "Go collector"}
+		if ms := f.GetMetric(); len(ms) > 0 {
+			for _, l := range ms[0].GetLabel() {
+				d.labels = append(d.labels, l.GetName())
+			}
+		}
+		defs = append(defs, d)
+	}
+	return defs
+}
+
 // prometheusMetrics are made by Prometheus itself for every target.
 var prometheusMetrics = []metricDef{{name: "up", kind: "Gauge"}}
 
@@ -1087,6 +1114,9 @@ func registeredMetrics(t *testing.T) map[string]metricDef {
 	}
 	for _, d := range append(slices.Clone(grpcServerMetrics), prometheusMetrics...) {
 		d.where = "built in"
+		add(d)
+	}
+	for _, d := range goRuntimeMetrics(t) {
 		add(d)
 	}
 	fset := token.NewFileSet()
