@@ -162,13 +162,7 @@ func (p *Process) Run(ctx context.Context) error {
 	p.ran = true
 	defer p.Close()
 	if p.heapFloor != nil {
-		floorCtx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			p.heapFloor.run(floorCtx)
-		}()
-		defer func() { stop(); <-done }()
+		defer p.heapFloor.start()()
 	}
 	return p.App.Run(ctx)
 }

@@ -3,7 +3,10 @@ package mesh_test
 import (
 	"context"
 	"io"
+	"math"
 	"os"
+	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"syscall"
 	"testing"
@@ -106,4 +109,51 @@ func TestWatchConfigReloadsOnChange(t *testing.T) {
 	if got := resp.Routes[0].LadderLevel; got != mantlev1.FallbackLevel_FALLBACK_LEVEL_TEMPLATE {
 		t.Errorf("after the watched reload the chat route is at %v, want TEMPLATE", got)
 	}
+}
+
+// TestRunKeepsTheHeapFloor: a process that serves (mantle serve, mantle dev) raises GOGC
+// above gc_percent while Run serves, and puts gc_percent back when Run returns. It changes
+// the test process's collector, so it runs alone (t.Setenv forbids t.Parallel).
+func TestRunKeepsTheHeapFloor(t *testing.T) {
+	t.Setenv("GOGC", "") // the memory limit library reads these itself
+	t.Setenv("AUTOMEMLIMIT", "off")
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	cfg := testConfig()
+	cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Log.Level = "error"
+	cfg.Runtime.GCPercent = 150
+	cfg.Runtime.GCMinHeapMiB = 1 << 16 // 64 GiB: over any test's live heap
+	p, err := mesh.Start(context.Background(), cfg, mesh.Options{LogOutput: io.Discard, TuneRuntime: true, Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := gogc(); got != 150 {
+		t.Fatalf("after Start GOGC = %d, want gc_percent 150 (the floor starts with Run)", got)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- p.Run(runCtx) }()
+	// Run sets the floor before it serves: once a call is answered, GOGC is raised.
+	client := routerv1.NewRouterServiceClient(meshtest.Dial(t, p.App.GRPCAddr()))
+	if _, err := client.DescribeRoutes(authed(acmeKey), &routerv1.DescribeRoutesRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	if got := gogc(); got <= 150 {
+		t.Errorf("while serving GOGC = %d, want it raised over gc_percent 150 by a 64 GiB floor", got)
+	}
+	stop()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	if got := gogc(); got != 150 {
+		t.Errorf("after Run GOGC = %d, want gc_percent 150 back", got)
+	}
+}
+
+// gogc reads GOGC as the runtime has it.
+func gogc() int {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int(s[0].Value.Uint64())
 }

@@ -1,7 +1,6 @@
 package mesh
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -156,17 +155,19 @@ type heapFloor struct {
 
 	mu      sync.Mutex
 	current int  // what GOGC is now
-	stopped bool // run has returned: GOGC is the base again
+	stopped bool // stop was called: GOGC is the base again
 }
 
-// run keeps the floor from now until ctx is done, then restores the configured GOGC.
-func (f *heapFloor) run(ctx context.Context) {
+// start adjusts GOGC now and then after every collection, until stop, which restores the
+// configured GOGC. No goroutine of its own: the runtime's cleanups drive it.
+func (f *heapFloor) start() (stop func()) {
 	f.afterCollection()
-	<-ctx.Done()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.stopped = true
-	f.setPercent(f.base)
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.stopped = true
+		f.setPercent(f.base)
+	}
 }
 
 // afterCollection adjusts GOGC to the heap and arranges to run again after the next
@@ -174,7 +175,7 @@ func (f *heapFloor) run(ctx context.Context) {
 // that collection finds unreachable. The runtime runs cleanups on goroutines of its own
 // once the collection's sweep has reached the object, usually within milliseconds; until
 // then the goal that collection set uses the GOGC before. The mutex keeps one adjustment
-// at a time; once run has returned, the chain stops.
+// at a time; once stopped, the chain ends.
 func (f *heapFloor) afterCollection() {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -2,7 +2,6 @@ package mesh
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"log/slog"
 	"math"
@@ -191,9 +190,8 @@ func TestHeapFloorFollowsTheLiveHeap(t *testing.T) {
 			}
 		},
 		set: func(p int) int { sets = append(sets, p); return 0 }}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); f.run(ctx) }()
+	started := make(chan func(), 1) // start returns once it has taken the first reading
+	go func() { started <- f.start() }()
 	for i, live := range lives {
 		if i > 0 {
 			// The reading before was taken after the floor had marked this collection.
@@ -206,8 +204,7 @@ func TestHeapFloorFollowsTheLiveHeap(t *testing.T) {
 		}
 	}
 	close(finished)
-	cancel()
-	<-done
+	(<-started)()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// 13 MiB: 400 (once, not again for the second reading); 200 MiB: back to 100; 8 MiB:
