@@ -113,12 +113,12 @@ func TestWatchConfigReloadsOnChange(t *testing.T) {
 
 // TestRunKeepsTheHeapFloor: a process that serves (mantle serve, mantle dev) raises GOGC
 // above gc_percent while Run serves, and puts gc_percent back when Run returns. It changes
-// the test process's collector, so it runs alone (t.Setenv forbids t.Parallel).
+// the test process's collector; it is not parallel, so no other test runs meanwhile.
 func TestRunKeepsTheHeapFloor(t *testing.T) {
-	t.Setenv("GOGC", "") // the memory limit library reads these itself
-	t.Setenv("AUTOMEMLIMIT", "off")
-	defer debug.SetGCPercent(debug.SetGCPercent(100))
-	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	t.Setenv("AUTOMEMLIMIT", "off") // the memory limit library reads it from the process: no cgroup limit here
+	// Cleanups, not defers: they run after the one below that stops the floor.
+	gcBefore, limitBefore := debug.SetGCPercent(100), debug.SetMemoryLimit(math.MaxInt64)
+	t.Cleanup(func() { debug.SetGCPercent(gcBefore); debug.SetMemoryLimit(limitBefore) })
 	cfg := testConfig()
 	cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Log.Level = "error"
@@ -129,21 +129,34 @@ func TestRunKeepsTheHeapFloor(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := gogc(); got != 150 {
+		p.Close()
 		t.Fatalf("after Start GOGC = %d, want gc_percent 150 (the floor starts with Run)", got)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
+	runCtx, stopRun := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- p.Run(runCtx) }()
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		stopRun()
+		return <-ran
+	}
+	// On a failure below too: a floor left running would raise GOGC for the tests after.
+	t.Cleanup(func() { _ = stop() })
 	// Run sets the floor before it serves: once a call is answered, GOGC is raised.
 	client := routerv1.NewRouterServiceClient(meshtest.Dial(t, p.App.GRPCAddr()))
-	if _, err := client.DescribeRoutes(authed(acmeKey), &routerv1.DescribeRoutesRequest{}, grpc.WaitForReady(true)); err != nil {
+	ctx, cancel := context.WithTimeout(authed(acmeKey), 30*time.Second)
+	defer cancel()
+	if _, err := client.DescribeRoutes(ctx, &routerv1.DescribeRoutesRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
 	if got := gogc(); got <= 150 {
 		t.Errorf("while serving GOGC = %d, want it raised over gc_percent 150 by a 64 GiB floor", got)
 	}
-	stop()
-	if err := <-ran; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if got := gogc(); got != 150 {
