@@ -68,23 +68,24 @@ const maxMinHeapMiB = 1 << 20
 // heap floor to keep while the process runs, nil when there is none (GOGC set, or
 // gc_min_heap_mib 0).
 func tuneRuntime(c RuntimeConfig, getenv func(string) string, limit memlimit.Provider, log *slog.Logger) *heapFloor {
+	paced := getenv("GOGC") == "" // by the configuration: GOGC in the environment wins
 	gogc := "GOGC environment variable"
-	if getenv("GOGC") == "" {
+	if paced {
 		debug.SetGCPercent(c.GCPercent)
 		gogc = "runtime.gc_percent"
 	}
-	percent := gcPercent()
+	attrs := []any{"gc_percent", gcPercent(), "gc_percent_from", gogc}
 
 	memory := "GOMEMLIMIT environment variable"
 	if getenv("GOMEMLIMIT") == "" {
 		memory = c.setMemoryLimit(getenv("AUTOMEMLIMIT"), limit)
 	}
-	attrs := []any{"gc_percent", percent, "gc_percent_from", gogc}
 	memLimit := debug.SetMemoryLimit(-1)
+	limited := memLimit != math.MaxInt64
 	var floor *heapFloor
-	if getenv("GOGC") == "" && c.GCMinHeapMiB > 0 {
+	if paced && c.GCMinHeapMiB > 0 {
 		floorBytes := uint64(c.GCMinHeapMiB) << 20
-		if memLimit != math.MaxInt64 {
+		if limited {
 			// A floor near the limit would keep the collector running at the limit,
 			// returning memory to the system and taking it back, instead of at its pace.
 			floorBytes = min(floorBytes, uint64(memLimit)/2)
@@ -93,7 +94,7 @@ func tuneRuntime(c RuntimeConfig, getenv func(string) string, limit memlimit.Pro
 		attrs = append(attrs, "gc_min_heap_mib", floorBytes>>20)
 	}
 	attrs = append(attrs, "memory_limit_from", memory)
-	if memLimit != math.MaxInt64 {
+	if limited {
 		attrs = append(attrs, "memory_limit_mib", memLimit>>20)
 	}
 	log.Info("go runtime", attrs...)
