@@ -19,14 +19,17 @@ build:
 ## test: vet, the race-enabled test suite, and the generated-code check (CI runs this)
 test: deps-chromium vet test-race check-generated
 
-## deps-chromium: install Chromium (Debian package chromium) for the status page's browser
-## test when it is missing and apt-get is there; elsewhere the test skips (fails when CI=true)
+## deps-chromium: make sure the status page's browser test has a Chromium ($CHROME_BIN or
+## chromium/chromium-browser/google-chrome on PATH). As root with apt-get it installs Debian's
+## chromium; otherwise it says how, and the browser test skips (it fails when CI=true).
 deps-chromium:
-	@if [ -x /usr/bin/chromium ]; then :; \
-	elif command -v apt-get >/dev/null 2>&1; then \
+	@if [ -n "$$CHROME_BIN" ] || command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+		|| command -v google-chrome >/dev/null 2>&1 || command -v google-chrome-stable >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing chromium for the status page test"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
-	else echo "chromium is missing and apt-get is not available: the status page browser test will skip (or fail under CI=true)"; fi
+	else echo "no Chromium found: the status page browser test will skip (it fails under CI=true)."; \
+		echo "  install it (Debian: sudo apt-get install chromium) or set CHROME_BIN to a Chrome/Chromium binary"; fi
 
 vet:
 	$(GO) vet ./...

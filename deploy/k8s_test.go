@@ -1739,7 +1739,7 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 
-	// The seeds' alert list (seed 003 4.3), each with what makes it that alert.
+	// The alert list an LLM gateway needs, each with what makes it that alert.
 	queueSizes := map[string]bool{}
 	var models []string
 	for _, file := range []string{configFile, k8sConfigFile} {
@@ -2017,7 +2017,7 @@ func loadDatasources(t *testing.T) grafanaDatasources {
 }
 
 // TestDashboard checks the dashboard's panels and queries: the minimum metric set of
-// seed 000 6.2 plus breakers and the ladder, each query on metrics the code registers, on
+// The golden signals plus breakers and the ladder, each query on metrics the code registers, on
 // the provisioned Prometheus, with variables the dashboard defines.
 func TestDashboard(t *testing.T) {
 	t.Parallel()

@@ -42,7 +42,7 @@ percentiles of the mesh's own time per answer, from its Server-Timing header.
 Each mode runs in a process of its own so that its CPU and memory figures are its own.
 
 `)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	modes := fs.String("modes", "direct,proxy,router,all", "modes to run: direct, proxy (a bare reverse proxy, the floor of any HTTP hop), router (the router alone) and all (the whole mesh)")
 	rates := fs.String("rates", "500,1000,2000,4000", "requests per second, each run in turn")
@@ -60,7 +60,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	child := fs.Bool("child", false, "internal: run one mode and print its results as JSON")
 	serveHop := fs.Bool("serve-hop", false, "internal: serve one mode's proxy or mesh for a benchmark in another process")
 	upstream := fs.String("upstream", "", "internal: with --serve-hop, the upstream's host:port")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

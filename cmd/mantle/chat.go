@@ -31,7 +31,7 @@ func chat(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	stream := fs.Bool("stream", false, "stream the answer")
 	jsonOut := fs.Bool("json", false, "ask for a JSON object answer")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline for the whole request")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	question := strings.Join(fs.Args(), " ")

@@ -28,7 +28,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	logLevel := fs.String("log.level", "warn", "log level")
 	tracing := fs.Bool("tracing.enabled", false, "export spans over OTLP/gRPC (docker compose up jaeger, then http://127.0.0.1:16686)")
 	otlp := fs.String("tracing.otlp-endpoint", "127.0.0.1:4317", "host:port of the OTLP/gRPC collector")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg := devConfig(*profile, os.Getenv)

@@ -56,7 +56,7 @@ Built-in scenarios: %s (or all).
 	maxInFlight := fs.Int("max-in-flight", 0, "most concurrent requests per side (0: 10000); more are shed and counted as failures")
 	requestsCSV := fs.Bool("requests", false, "also write every request of both sides to <out>/<scenario>-requests.csv")
 	verbose := fs.Bool("v", false, "write the mesh's and the simulator's warnings to stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -7,6 +7,7 @@
 //	mantle review list|claim|decide   work the human review queue
 //	mantle drill --scenario seed-incident   fault drill, mantle vs a naive client
 //	mantle bench-load           added latency at fixed request rates
+//	mantle version              the build's module version, commit and Go version
 package main
 
 import (
@@ -39,12 +40,21 @@ var commands = map[string]command{
 	"review":     {"work the human review queue: list, show, claim, decide, audit", review},
 	"drill":      {"run a fault drill through mantle and a naive client, side by side", drill},
 	"bench-load": {"measure the latency mantle adds at fixed request rates", benchLoad},
+	"version":    {"print the module version, commit and Go version of this build", version},
 }
 
+// errUsage reports a command line that is wrong (exit 2), unlike flag.ErrHelp, which
+// answers a request for help (exit 0). The command has already printed why.
+var errUsage = errors.New("usage")
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(stderr)
 		return 2
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		return 0
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
@@ -53,7 +63,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.Is(err, errUsage):
 			return 2
 		}
 		fmt.Fprintf(stderr, "mantle %s: %v\n", args[0], err)
@@ -65,8 +78,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: mantle <command> [flags]")
 	fmt.Fprintln(w)
-	for _, name := range []string{"serve", "dev", "sim", "chat", "review", "drill", "bench-load"} {
+	for _, name := range []string{"serve", "dev", "sim", "chat", "review", "drill", "bench-load", "version"} {
 		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintln(w, "\nRun mantle <command> -h for its flags.")
+}
+
+// parseFlags parses args with fs (which prints its own complaint and usage on a bad flag)
+// and marks a bad command line errUsage, so that it exits 2 without a second message.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errUsage, err)
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -22,32 +23,85 @@ import (
 func TestRunUsage(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name       string
-		args       []string
+		name string
+		args []string
+		// code is the exit code: 0 when help was asked for, 2 for a wrong command line.
+		code       int
+		wantStdout []string
 		wantStderr []string
 	}{
-		{"no args", nil, []string{"usage: mantle <command> [flags]", "serve", "dev", "sim", "chat"}},
-		{"help", []string{"help"}, []string{"usage: mantle <command> [flags]"}},
-		{"-h", []string{"-h"}, []string{"usage: mantle <command> [flags]"}},
-		{"unknown command", []string{"frobnicate", "--x"}, []string{`mantle: unknown command "frobnicate"`, "usage: mantle <command> [flags]"}},
-		{"command help", []string{"serve", "-h"}, []string{"-config.file", "-print-config", "-target"}},
+		{"no args", nil, 2, nil, []string{"usage: mantle <command> [flags]", "serve", "dev", "sim", "chat", "version"}},
+		{"help", []string{"help"}, 0, []string{"usage: mantle <command> [flags]"}, nil},
+		{"-h", []string{"-h"}, 0, []string{"usage: mantle <command> [flags]"}, nil},
+		{"--help", []string{"--help"}, 0, []string{"usage: mantle <command> [flags]"}, nil},
+		{"unknown command", []string{"frobnicate", "--x"}, 2, nil, []string{`mantle: unknown command "frobnicate"`, "usage: mantle <command> [flags]"}},
+		{"command help", []string{"serve", "-h"}, 0, nil, []string{"-config.file", "-print-config", "-target"}},
+		{"unknown flag", []string{"serve", "--frobnicate"}, 2, nil, []string{"flag provided but not defined: -frobnicate"}},
+		{"review without a command", []string{"review"}, 2, nil, []string{"usage: mantle review"}},
+		{"review help", []string{"review", "help"}, 0, nil, []string{"usage: mantle review"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			if code := run(context.Background(), tt.args, &stdout, &stderr); code != 2 {
-				t.Errorf("run(%q) = %d, want 2", tt.args, code)
+			if code := run(context.Background(), tt.args, &stdout, &stderr); code != tt.code {
+				t.Errorf("run(%q) = %d, want %d (stderr %q)", tt.args, code, tt.code, stderr.String())
 			}
-			if stdout.Len() != 0 {
-				t.Errorf("stdout = %q, want nothing", stdout.String())
-			}
-			for _, want := range tt.wantStderr {
-				if !strings.Contains(stderr.String(), want) {
-					t.Errorf("stderr does not contain %q:\n%s", want, stderr.String())
+			for _, w := range []struct {
+				name string
+				got  string
+				want []string
+			}{{"stdout", stdout.String(), tt.wantStdout}, {"stderr", stderr.String(), tt.wantStderr}} {
+				if len(w.want) == 0 && w.got != "" {
+					t.Errorf("%s = %q, want nothing", w.name, w.got)
+				}
+				for _, want := range w.want {
+					if !strings.Contains(w.got, want) {
+						t.Errorf("%s does not contain %q:\n%s", w.name, want, w.got)
+					}
 				}
 			}
 		})
+	}
+}
+
+// TestBenchLoadHidesInternalFlags holds bench-load's help to the flags a user sets: the
+// flags the command passes to its own child processes are not listed.
+func TestBenchLoadHidesInternalFlags(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"bench-load", "-h"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("bench-load -h = %d, want 0", code)
+	}
+	help := stderr.String()
+	for _, want := range []string{"-modes", "-rates", "-duration"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("help does not list %s:\n%s", want, help)
+		}
+	}
+	for _, hidden := range []string{"-child", "-serve-hop", "-upstream", "internal:"} {
+		if strings.Contains(help, hidden) {
+			t.Errorf("help lists the internal %s:\n%s", hidden, help)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"version"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("version = %d, want 0 (stderr %q)", code, stderr.String())
+	}
+	out := stdout.String()
+	// A test binary has build info with the module path and the Go version; the commit is
+	// known only to binaries built from a checkout, so it is not asserted here.
+	for _, want := range []string{"mantle ", runtime.Version(), "github.com/mantle-mesh/mantle"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("version output does not contain %q:\n%s", want, out)
+		}
+	}
+	if code := run(context.Background(), []string{"version", "extra"}, &stdout, &stderr); code != 2 {
+		t.Errorf("version extra = %d, want 2", code)
 	}
 }
 

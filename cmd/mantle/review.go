@@ -35,14 +35,18 @@ Common flags: --addr (verifier gRPC address, $MANTLE_ADDR), --key ($MANTLE_API_K
 
 // review is `mantle review`: the human review workbench on the command line.
 func review(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, reviewUsage)
+		return errUsage
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintln(stderr, reviewUsage)
 		return flag.ErrHelp
 	}
 	sub, ok := reviewCommands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "mantle review: unknown command %q\n\n%s\n", args[0], reviewUsage)
-		return flag.ErrHelp
+		return errUsage
 	}
 	fs := flag.NewFlagSet("review "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -94,7 +98,7 @@ var reviewCommands = map[string]func(fs *flag.FlagSet, c *reviewCLI) func(ctx co
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		if fs.NArg() == 0 {

@@ -193,10 +193,13 @@ func TestReviewCLIErrors(t *testing.T) {
 		name    string
 		args    []string
 		wantErr string
-		help    bool
+		// usage is the error of a call that prints the usage: errUsage for a wrong
+		// command line, flag.ErrHelp for a request for help.
+		usage error
 	}{
-		{name: "no command", args: nil, help: true},
-		{name: "unknown command", args: []string{"approve"}, help: true},
+		{name: "no command", args: nil, usage: errUsage},
+		{name: "unknown command", args: []string{"approve"}, usage: errUsage},
+		{name: "help", args: []string{"help"}, usage: flag.ErrHelp},
 		{name: "decide without an id", args: []string{"decide", "--verdict", "approve"}, wantErr: "a review id is required"},
 		{name: "bad enums are all reported", args: []string{"decide", "rv_1", "--verdict", "ok", "--root-cause", "x", "--action", "none"},
 			wantErr: "--verdict: want one of approve, correct, reject, got \"ok\"\n--root-cause: want one of context_truncation,"},
@@ -210,9 +213,9 @@ func TestReviewCLIErrors(t *testing.T) {
 			var stderr bytes.Buffer
 			// An address nothing listens on: these must fail before any call is made.
 			err := review(context.Background(), append(tt.args, "--addr", "127.0.0.1:1", "--timeout", "1s"), io.Discard, &stderr)
-			if tt.help {
-				if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "usage: mantle review") {
-					t.Errorf("err = %v, stderr %q; want the usage", err, stderr.String())
+			if tt.usage != nil {
+				if !errors.Is(err, tt.usage) || !strings.Contains(stderr.String(), "usage: mantle review") {
+					t.Errorf("err = %v, stderr %q; want %v and the usage", err, stderr.String(), tt.usage)
 				}
 				return
 			}

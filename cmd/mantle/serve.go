@@ -17,7 +17,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	flags := mesh.RegisterFlags(fs)
 	reloadEvery := fs.Duration("config.reload-interval", 10*time.Second, "how often the config file is checked for changes (0: only on SIGHUP)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg, err := mesh.Load(flags)

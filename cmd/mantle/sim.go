@@ -21,7 +21,7 @@ func simCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	seed := fs.Int64("seed", 1, "random seed; the same seed replays the same run")
 	models := fs.String("models", "sim-primary,sim-backup,sim-small", "comma list of model names GET /v1/models lists (any name is accepted)")
 	timeScale := fs.Float64("time-scale", 0, "multiply latencies and phase times by this factor (0 keeps the profile's)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	prof, ok := sim.Builtin(*profile)

@@ -33,7 +33,7 @@ type Scenario struct {
 	// the command line can override it.
 	TimeScale float64 `yaml:"time_scale"`
 	Load      Load    `yaml:"load"`
-	// Budget is the whole-request deadline of the route (seed 000: 3 s for chat).
+	// Budget is the whole-request deadline of the route (3 s for chat).
 	Budget time.Duration `yaml:"budget"`
 	// Incident marks when the fault is on, for the report: breaker trip time is measured
 	// from its start and recovery from its end, and charts shade it. Optional.
@@ -104,7 +104,7 @@ type Model struct {
 	// phases, ...). A block that is set replaces the base's block of the same key.
 	Sim yaml.Node `yaml:"sim"`
 	// Timeout is mantle's per-try timeout for the model. Set it from the budget: the first
-	// hop gets part of it (seed 000: 1.2 s of 3 s) so a failover still fits.
+	// hop gets part of it (1.2 s of 3 s) so a failover still fits.
 	Timeout time.Duration `yaml:"timeout"`
 	// MaxConcurrency is the model's bulkhead; 0 means unlimited.
 	MaxConcurrency int `yaml:"max_concurrency"`

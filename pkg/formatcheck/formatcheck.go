@@ -39,7 +39,7 @@ type Config struct {
 	ConfidenceThreshold float64
 	// DegradedConfidenceThreshold replaces ConfidenceThreshold for answers marked Degraded
 	// (degraded.confidence_threshold): smaller fallback models report lower confidence for
-	// the same quality (seed 001 5.1).
+	// the same quality.
 	DegradedConfidenceThreshold float64
 	// RefusalPhrases (refusal_phrases) replace DefaultRefusalPhrases when non-nil. Matching
 	// ignores case, punctuation, whitespace and full/half width, so "抱歉，我不能" also

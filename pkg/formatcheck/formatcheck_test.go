@@ -578,7 +578,7 @@ func TestChecksInChineseAndEnglish(t *testing.T) {
 	}
 }
 
-// TestDegradedThreshold: seed 001 5.1, a fallback model's confidence is judged against its
+// TestDegradedThreshold: a fallback model's confidence is judged against its
 // own (lower) threshold.
 func TestDegradedThreshold(t *testing.T) {
 	t.Parallel()

@@ -22,9 +22,9 @@ import (
 	"github.com/mantle-mesh/mantle/services/router/statuspage"
 )
 
-// chromiumPath is the Debian package's binary; `make deps-chromium` (run by `make test`)
-// installs it.
-const chromiumPath = "/usr/bin/chromium"
+// chromiumNames are the browser's names on PATH, tried in order after $CHROME_BIN; as
+// root on Debian, `make deps-chromium` (run by `make test`) installs the first.
+var chromiumNames = []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"}
 
 // statusConfig is one route, "chat", over a primary that answers 503 to everything and a
 // healthy backup. The breaker opens after two failures for 30s, without jitter, so the
@@ -209,14 +209,25 @@ func getStatus(t *testing.T, addr, key string) statuspage.Snapshot {
 	return snap
 }
 
-// requireChromium returns Chromium's path. Without it the test skips, except in CI
-// (CI=true), where a browser test that silently skips would prove nothing.
+// requireChromium returns the browser's path: $CHROME_BIN, else the first of
+// chromiumNames on PATH. Without one the test skips, except in CI (CI=true), where a
+// browser test that silently skips would prove nothing.
 func requireChromium(t *testing.T) string {
 	t.Helper()
-	if _, err := os.Stat(chromiumPath); err == nil {
-		return chromiumPath
+	if bin := os.Getenv("CHROME_BIN"); bin != "" {
+		path, err := exec.LookPath(bin)
+		if err != nil {
+			t.Fatalf("CHROME_BIN=%s: %v", bin, err)
+		}
+		return path
 	}
-	msg := "chromium is not installed (" + chromiumPath + "): run `make deps-chromium` (apt-get install chromium)"
+	for _, name := range chromiumNames {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	msg := "no Chromium on PATH (" + strings.Join(chromiumNames, ", ") + ") and CHROME_BIN is unset: " +
+		"install it (Debian: apt-get install chromium, or `make deps-chromium` as root) or set CHROME_BIN"
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg + "; CI=true, so this is a failure, not a skip")
 	}

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The seed articles' typical model latency: P50 0.7 s, P95 3.2 s, P99 8.5 s (seed 000).
+// The seed articles' typical model latency: P50 0.7 s, P95 3.2 s, P99 8.5 s.
 // Min and Max bound what the articles leave open: nothing answers faster than a network
 // round trip plus a little generation, and client timeouts cut the tail well before 20 s.
 var defaultLatency = Latency{
@@ -27,7 +27,7 @@ var defaultTTFT = Latency{
 
 const defaultTokenDelay = 20 * time.Millisecond
 
-// incidentLatency is seed 000's incident: "about 30% of requests took over 8 s" against a
+// incidentLatency is the reference incident: "about 30% of requests took over 8 s" against a
 // 3 s design target. With P50 5 s and P95 14.4 s, log-linear interpolation puts 8 s at the
 // 70th percentile, so exactly 30% of calls take longer.
 var incidentLatency = Latency{
@@ -76,7 +76,7 @@ func builtins() map[string]Profile {
 
 	seedIncident := healthy()
 	seedIncident.Name = "seed-incident"
-	seedIncident.Description = "seed 000's incident: healthy for 2 min, then 10 min with 30% of calls over 8 s, then recovery"
+	seedIncident.Description = "the reference incident: healthy for 2 min, then 10 min with 30% of calls over 8 s, then recovery"
 	seedIncident.Phases = []Phase{
 		{Name: "healthy", Start: 0, Duration: 2 * time.Minute},
 		{

@@ -78,7 +78,7 @@ type ErrorMix struct {
 	Reset float64 `yaml:"reset,omitempty"`
 	// Hang accepts the request and never answers until the client goes away.
 	Hang float64 `yaml:"hang,omitempty"`
-	// ErrorIn200 is a 200 whose body is an {"error": {...}} object (seed 000: some vendors
+	// ErrorIn200 is a 200 whose body is an {"error": {...}} object (some vendors
 	// do this instead of a status code).
 	ErrorIn200 float64 `yaml:"error_in_200,omitempty"`
 	// MalformedJSON is a 200 whose JSON is broken: the body itself for plain requests, the

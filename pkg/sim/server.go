@@ -105,7 +105,7 @@ type ModelStats struct {
 	// (normal answers, refusals, truncated, malformed and cut or stalled streams).
 	Billed int64
 	// DuplicateBilled counts billed calls whose Idempotency-Key had already been billed on
-	// this model: the money lost to retries without idempotency (seed 000's bill was 3.2x
+	// this model: the money lost to retries without idempotency (the reference incident's bill was 3.2x
 	// normal). Calls without the header are not tracked.
 	DuplicateBilled int64
 }

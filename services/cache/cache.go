@@ -234,7 +234,7 @@ const candidateLimit = 5
 
 // reportMargin widens the search below the threshold, so that the closest candidate that
 // missed it can be reported (the similarity histogram and LookupResponse.rejected are how
-// thresholds get tuned; seed 004 5.2).
+// thresholds get tuned).
 const reportMargin = 0.05
 
 // NewService returns a Service over deps.Index, with metrics registered on deps.Metrics.

@@ -181,7 +181,7 @@ type thresholds struct {
 }
 
 // defaultThresholds are the calibrated defaults per embedder kind. Dense embedders use the
-// seeds' 0.92 (seed 000 3.1, seed 003 3.4). The lexical embedder's scores measure shared
+// 0.92 that semantic caches commonly start from. The lexical embedder's scores measure shared
 // wording; on the labelled evaluation set (testdata/eval.jsonl, eval_test.go) its first
 // false hit appears below 0.90 (金卡/白金卡 at 0.899) while recall barely changes between
 // 0.90 and 0.96, so its threshold is 0.94: stricter than the dense default, with a margin

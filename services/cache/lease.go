@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// A lease coalesces identical requests (seed 000 4.3, task merging): the first lookup that
+// A lease coalesces identical requests (task merging: one upstream call for a burst of the same question): the first lookup that
 // misses for a prompt gets the lease and answers it; identical lookups that arrive while
 // it does wait for that answer instead of calling the model too. The lease ends when the
 // holder stores the answer (the waiters get it), releases it, or it expires (the waiters

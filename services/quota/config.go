@@ -138,7 +138,7 @@ type RetryBudgetConfig struct {
 	// Window is the sliding window requests and retries are counted over; whole seconds.
 	Window time.Duration `yaml:"window"`
 	// FormatOnlyAbove switches to format retries only once the retry rate exceeds it
-	// (seed 001: above 15% of requests in a minute, stop all but format retries).
+	// (above 15% of requests in a minute, stop all but format retries).
 	FormatOnlyAbove float64 `yaml:"format_only_above"`
 	// FlushInterval is how often a replica adds the requests it counted to the shared
 	// (Redis) counters; retries themselves are counted at once.

@@ -1,7 +1,7 @@
 // Package quota implements mantle.quota.v1.QuotaService: token-aware admission for the
 // mesh. The router asks quota before every provider call and tells it afterwards what
 // the call really cost. One runaway client or one long-document batch must not burn the
-// provider quota for everyone (seed 000, 4.1; seed 004, 2.2), and because requests
+// provider quota for everyone, and because requests
 // differ by orders of magnitude in tokens, admission counts tokens, not requests.
 //
 // # Buckets

@@ -27,7 +27,7 @@ type family struct {
 	// latin scales the estimate of text outside CJK scripts (see estimateText).
 	latin float64
 	// cjk is the tokens per Han, kana or Hangul character. This is where vocabularies
-	// differ most (seed 001, 6.2: one Chinese legal text is 128 tokens for GPT-4 and 156
+	// differ most (one Chinese legal text is 128 tokens for GPT-4 and 156
 	// for a domestic model): vocabularies trained on Chinese pack a character into well
 	// under a token, older ones need one or more.
 	cjk float64

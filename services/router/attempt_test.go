@@ -545,7 +545,7 @@ func TestAttemptDecisions(t *testing.T) {
 }
 
 // spendOverallBudget puts the router's overall retry budget at its floor with a retry rate
-// of 100%, so only format retries may go (seed 001: above 15%, stop all but format retries).
+// of 100%, so only format retries may go (above 15%, stop all but format retries).
 func spendOverallBudget(h *harness) {
 	h.router.budget.Request()
 	if !h.router.budget.TryRetry(false) {

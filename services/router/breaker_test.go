@@ -231,7 +231,7 @@ func hasAudit(qc *mantlev1.QualityContext, step, detail string) bool {
 }
 
 // TestSlowCallsTripTheBreaker: a provider that answers every call correctly but slowly
-// (seed 004: P99 40 s with 0% errors) trips the breaker on its slow-call rate. The calls
+// (P99 40 s with 0% errors) trips the breaker on its slow-call rate. The calls
 // take 5 s here, slower than slow_call but within the budget (a key whose median exceeds
 // what is left of the budget is not called at all).
 func TestSlowCallsTripTheBreaker(t *testing.T) {

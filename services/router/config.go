@@ -60,7 +60,7 @@ type Config struct {
 	// Retry decides how often and how soon a failed candidate is tried again.
 	Retry RetryConfig `yaml:"retry"`
 	// RetryBudget caps retries and failovers as a share of requests, so a provider incident
-	// cannot turn into a retry storm (seed 001: stop all but format retries above 15%).
+	// cannot turn into a retry storm (stop all but format retries above 15%).
 	RetryBudget BudgetConfig `yaml:"retry_budget"`
 	// HedgeBudget caps hedges as a share of the requests that may be hedged (unary, on a
 	// route with hedging). Hedges have a budget of their own so
@@ -175,7 +175,7 @@ type ModelConfig struct {
 	// MaxConcurrency overrides the provider's bulkhead for this model.
 	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
 
-	// The capability profile the fallback matrix chooses by (seed 001 6.3).
+	// The capability profile the fallback matrix chooses by.
 	// FormatStability in [0,1]: how reliably the model keeps to a requested format.
 	FormatStability float64 `yaml:"format_stability,omitempty"`
 	// Freshness ranks knowledge recency; higher is fresher.

@@ -760,7 +760,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 	// The verifier reads the QualityContext as it is now; a clone keeps concurrent hedges
 	// from racing on the request's copy.
 	snapshot := hopQuality(qc)
-	// The verifier adapts its checks to the model that answered (seed 001 5.1): tell it the
+	// The verifier judges a fallback model by that model's own thresholds: tell it the
 	// level this answer would go out at, and which model gave it.
 	snapshot.FallbackLevel, snapshot.CurrentModel, snapshot.CurrentProvider = c.level, u.model.Name, u.provider
 	v, err := r.deps.Verifier.Verify(hop, &verifierv1.VerifyRequest{

@@ -478,7 +478,7 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 
 // lookup asks the cache for the prompt. On a miss it may hold a lease: identical prompts
 // arriving meanwhile wait for this request's answer instead of calling a model themselves
-// (seed 000 4.3), so the lease must end in store or release. storeDeclined says the
+// (task merging), so the lease must end in store or release. storeDeclined says the
 // cache's policy would refuse to store the answer, so store need not be called.
 func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (hit *routerv1.CompleteResponse, lease string, storeDeclined bool) {
 	if r.deps.Cache == nil {

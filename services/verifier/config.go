@@ -68,7 +68,7 @@ type Config struct {
 	L3        L3Config                  `yaml:"l3"`
 }
 
-// DegradedConfig: seed 001 5.1 — once the router has fallen back, the checks must fit the
+// DegradedConfig: once the router has fallen back, the checks must fit the
 // model that answered, or the review pool floods with acceptable degraded answers.
 type DegradedConfig struct {
 	// ConfidenceThreshold replaces confidence_threshold for degraded answers (smaller models
@@ -78,7 +78,7 @@ type DegradedConfig struct {
 	// DESIGN.md's "30% higher threshold". Below 1 reviews degraded answers more eagerly.
 	ReviewThresholdFactor float64 `yaml:"review_threshold_factor"`
 	// SkipL3Levels are fallback levels whose answers get no L3 check: cached answers were
-	// checked when first given, templates are fixed texts (seed 001 5.2).
+	// checked when first given, templates are fixed texts.
 	SkipL3Levels []string `yaml:"skip_l3_levels"`
 }
 
@@ -89,7 +89,7 @@ type RiskWeights struct {
 	Context float64 `yaml:"context"`
 }
 
-// RiskConfig is the risk model (seed 001 4.1). Each dimension is the strongest of its
+// RiskConfig is the risk model. Each dimension is the strongest of its
 // signals, each signal in [0,1]; the score is the weighted sum of the dimensions.
 type RiskConfig struct {
 	Weights RiskWeights `yaml:"weights"`
@@ -128,7 +128,7 @@ type ScenarioConfig struct {
 // ReviewConfig is the human review queue.
 type ReviewConfig struct {
 	// Timeout is how long a review may wait for a decision before the default action
-	// applies (seed 001 6.4: 15 minutes).
+	// applies (15 minutes by default).
 	Timeout time.Duration `yaml:"timeout"`
 	// DefaultAction applies on timeout unless the scenario sets its own.
 	DefaultAction review.DefaultAction `yaml:"default_action"`
@@ -187,13 +187,13 @@ type JudgeConfig struct {
 	APIKeyEnv string `yaml:"api_key_env"`
 }
 
-// SampleRules are the example L2 rules from seed 001 (3.2 and 4.2), shipped in the default
+// SampleRules are the example L2 rules (a medical and a work-injury scenario), shipped in the default
 // configuration and scoped to the scenarios they were written for.
 func SampleRules() []rules.Rule {
 	return []rules.Rule{
 		{
 			ID:          "diagnosis-no-hedging",
-			Description: "A diagnosis may not hedge (seed 001 3.2): the field becomes a referral and the user is told a doctor must confirm.",
+			Description: "A diagnosis may not hedge: the field becomes a referral and the user is told a doctor must confirm.",
 			Scenarios:   []string{"medical"},
 			Condition: `has(output.diagnosis) && ["可能", "疑似", "或许", "大概", "maybe", "possibly", "probably", "likely"]` +
 				`.exists(w, string(output.diagnosis).lowerAscii().contains(w))`,
@@ -202,7 +202,7 @@ func SampleRules() []rules.Rule {
 		},
 		{
 			ID:          "work-injury-cite-regulation",
-			Description: "Answers about 工伤认定 must cite the regulation (seed 001 4.2).",
+			Description: "Answers about 工伤认定 must cite the regulation.",
 			Scenarios:   []string{"legal"},
 			Condition:   `question.contains("工伤认定") && !text.contains("工伤保险条例")`,
 			Action: rules.Action{Type: rules.ActionNotice,
@@ -210,7 +210,7 @@ func SampleRules() []rules.Rule {
 		},
 		{
 			ID:          "work-injury-no-appraisal-review",
-			Description: "An answer telling a 工伤认定 asker that no appraisal is needed goes to a human (seed 001 4.2).",
+			Description: "An answer telling a 工伤认定 asker that no appraisal is needed goes to a human.",
 			Scenarios:   []string{"legal"},
 			Condition:   `question.contains("工伤认定") && text.contains("无需鉴定")`,
 			Action:      rules.Action{Type: rules.ActionReview},

@@ -27,7 +27,7 @@
 // request, the parsed answer and the QualityContext (package internal/rules). Actions:
 // block, degrade (the router should serve its degraded form: VerifyResponse.degrade), mask
 // or replace a field, append a notice, send to review. The answer is rewritten in
-// VerifyResponse.content. Sample rules from seed 001 ship in DefaultConfig.
+// VerifyResponse.content. Sample rules (medical hedging, work-injury citations) ship in DefaultConfig.
 //
 // L3 (semantic, asynchronous): relevance to the question, consistency with reference
 // snippets and divergence from earlier answers to the same question, through an Embedder

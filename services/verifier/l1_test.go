@@ -172,7 +172,7 @@ func TestSchemaRejectsExternalReferences(t *testing.T) {
 	}
 }
 
-// TestDegradedAnswersGetAdaptedThresholds: seed 001 5.1, the checks fit the model that
+// TestDegradedAnswersGetAdaptedThresholds: the checks fit the model that
 // answered.
 func TestDegradedAnswersGetAdaptedThresholds(t *testing.T) {
 	t.Parallel()

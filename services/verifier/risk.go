@@ -8,7 +8,7 @@ import (
 	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
 )
 
-// Risk explains a risk score (seed 001 4.1): three dimensions in [0,1], each the strongest
+// Risk explains a risk score: three dimensions in [0,1], each the strongest
 // of its signals, weighed into Score. Answers at or above Threshold go to human review.
 type Risk struct {
 	Input   float64
@@ -173,7 +173,7 @@ func containsTerm(s string, terms []string) bool {
 }
 
 // repetitionRatio is the share of an answer's sentences (or, for JSON, string values) that
-// occur more than once: "关键字段重复率" in seed 001 4.1 (three equal fields of four: 0.75).
+// occur more than once: "关键字段重复率", the repeated-key-field rate (three equal fields of four: 0.75).
 // Fewer than three items say nothing.
 func repetitionRatio(l1 formatcheck.Result) float64 {
 	var items []string

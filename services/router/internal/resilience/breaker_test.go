@@ -207,7 +207,7 @@ func TestBreakerTrips(t *testing.T) {
 			wantState: StateOpen, wantReason: "error rate 100% over 20 calls", wantFR: 1, wantSR: 1,
 		},
 		{
-			name:      "seed 000 tail: 30% of calls over 8 s trips with slow_call 8s, slow_call_rate 0.3",
+			name:      "incident tail: 30% of calls over 8 s trips with slow_call 8s, slow_call_rate 0.3",
 			mutate:    func(c *BreakerConfig) { c.SlowCall, c.SlowCallRate = 8*time.Second, 0.3 },
 			pattern:   strings.Repeat("SSLSLSSLSS", 2), // 6 of 20 at 40 s
 			wantState: StateOpen, wantReason: "slow-call rate 30% (>8s) over 20 calls", wantSR: 0.3,

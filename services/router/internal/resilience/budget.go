@@ -20,7 +20,7 @@ type BudgetConfig struct {
 	// Buckets is how many slices the window slides by.
 	Buckets int `yaml:"buckets"`
 	// FormatOnlyAbove switches to format retries only once the retry rate exceeds it
-	// (seed 001: above 15% of requests in a minute, stop all but format retries).
+	// (above 15% of requests in a minute, stop all but format retries).
 	FormatOnlyAbove float64 `yaml:"format_only_above"`
 }
 

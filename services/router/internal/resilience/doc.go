@@ -17,7 +17,7 @@
 //     was sent counts even when its result never came: Permit.Abandon) and closes only when
 //     every probe with a verdict succeeded in time.
 //   - Budget caps retries and hedges as a share of requests, and past a retry rate lets only
-//     format retries through, so an incident cannot multiply the load (seed 001).
+//     format retries through, so an incident cannot multiply the load.
 //   - Backoff spreads retries over the whole interval ("full jitter").
 //   - Bulkhead bounds calls in flight and never queues, so a full bulkhead fails over at once.
 //   - Cooldown rests a key that answered 429 for the hinted period; a 429 is not a breaker

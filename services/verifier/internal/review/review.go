@@ -34,7 +34,7 @@ const (
 	VerdictCorrect Verdict = "correct"
 )
 
-// RootCause is why an answer went wrong, from a fixed list (seed 001 4.2) so that causes
+// RootCause is why an answer went wrong, from a fixed list so that causes
 // can be counted.
 type RootCause string
 

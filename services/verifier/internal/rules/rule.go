@@ -135,7 +135,7 @@ type Hint struct {
 	Action ActionType
 }
 
-// Draft builds a rule from a reviewer's hint (seed 001 4.2: "when the question contains
+// Draft builds a rule from a reviewer's hint ("when the question contains
 // 工伤认定 and the answer says 无需鉴定, insert the regulation's text"). The result still
 // has to compile and be approved before it goes live.
 func Draft(id string, h Hint) (Rule, error) {

@@ -416,7 +416,7 @@ func TestDraft(t *testing.T) {
 		unmatched *Input
 	}{
 		{
-			name: "seed 001 4.2: 工伤认定 + 无需鉴定 gets the regulation",
+			name: "work injury: 工伤认定 + 无需鉴定 gets the regulation",
 			hint: Hint{ReviewID: "rv_1", Scenario: "legal", QuestionTerms: []string{"工伤认定"}, AnswerTerms: []string{"无需鉴定"},
 				Knowledge: "《工伤保险条例》第二十条规定…", Action: ActionNotice},
 			wantRule: Rule{ID: "draft-rv-1", Description: "drafted from review rv_1", Scenarios: []string{"legal"},

@@ -6,7 +6,7 @@ import (
 )
 
 // History remembers the embeddings of recent answers per question key, to measure how far a
-// new answer strays from what was said before (seed 001 4.1: divergence from earlier
+// new answer strays from what was said before (divergence from earlier
 // answers to the same query > 0.8 is an output risk). It keeps at most maxKeys questions
 // (least recently seen evicted) and perKey answers each. Safe for concurrent use.
 type History struct {
