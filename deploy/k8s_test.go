@@ -2101,7 +2101,7 @@ func TestDashboard(t *testing.T) {
 	}
 	walk(d.Panels)
 
-	// Seed 000 6.2: end-to-end success rate, end-to-end P50/P95/P99, model call error rate,
+	// The minimum metric set: end-to-end success rate, end-to-end P50/P95/P99, model call error rate,
 	// breaker trips, queue depth, cost per request; and (issue 8) breaker states, the ladder.
 	for _, want := range []string{
 		"End-to-end success rate", "End-to-end latency P50 / P95 / P99", "Model call error rate",

@@ -66,7 +66,7 @@ func TestSeedIncidentProfiles(t *testing.T) {
 	if inc.Name != "incident" || inc.Start != 2*time.Minute || inc.Latency == nil {
 		t.Fatalf("phase 1 = %+v, want the built-in incident at 2m", inc)
 	}
-	// Seed 000: about 30% of calls over 8 s.
+	// The reference incident: about 30% of calls over 8 s.
 	if q := inc.Latency.Quantile(0.70); q < 7900*time.Millisecond || q > 8100*time.Millisecond {
 		t.Errorf("incident 70th percentile = %s, want 8s", q)
 	}

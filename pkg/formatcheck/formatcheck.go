@@ -35,7 +35,7 @@ const (
 // operators set them.
 type Config struct {
 	// ConfidenceThreshold fails a JSON answer whose top-level numeric "confidence" field is
-	// strictly below it (confidence_threshold). The seed's example is 0.3.
+	// strictly below it (confidence_threshold). A common choice is 0.3.
 	ConfidenceThreshold float64
 	// DegradedConfidenceThreshold replaces ConfidenceThreshold for answers marked Degraded
 	// (degraded.confidence_threshold): smaller fallback models report lower confidence for

@@ -774,7 +774,7 @@ func answer2KB() Answer {
 }
 
 // BenchmarkCheck measures the checks alone on 2 KB answers (the verifier's
-// BenchmarkVerifyL1 adds risk scoring and metrics; the seed's budget is 1 ms).
+// BenchmarkVerifyL1 adds risk scoring and metrics; the usual budget is 1 ms).
 func BenchmarkCheck(b *testing.B) {
 	c := newTestChecker(b, DefaultConfig())
 	jsonAnswer := answer2KB()

@@ -1059,7 +1059,7 @@ func TestReserveLearnsTokenCorrection(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, testConfig())
 	ctx := context.Background()
-	// Seed 001, 6.2: a Chinese legal text counted 128 tokens by one tokenizer and 156 by
+	// A Chinese legal text counted 128 tokens by one tokenizer and 156 by
 	// another. Here the estimate is what it is, and the provider keeps reporting 22% more.
 	msgs := []Message{{Role: "user", Content: strings.Repeat("根据劳动合同法第三十九条规定，劳动者严重违反用人单位的规章制度的。", 3)}}
 	var first, last Reserved

@@ -477,7 +477,7 @@ func (c Config) simProfileNames() []string {
 	return names
 }
 
-// defaultBreaker is the resilience default with a slow-call rule that trips on the seed's
+// defaultBreaker is the resilience default with a slow-call rule that trips on a long-tail
 // incident: a provider with 30% of its calls over 8 s is in trouble although it returns no
 // errors, and with a 50% rate it would never trip on such a tail.
 //

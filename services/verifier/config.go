@@ -28,7 +28,7 @@ import (
 //	  l3: {enabled: true, judge: {enabled: false}}
 type Config struct {
 	// ConfidenceThreshold fails a JSON answer whose top-level numeric "confidence" field is
-	// strictly below it. The seed's example is 0.3.
+	// strictly below it. A common choice is 0.3.
 	ConfidenceThreshold float64 `yaml:"confidence_threshold"`
 	// RefusalPhrases replace the built-in list (formatcheck.DefaultRefusalPhrases) when set. Matching
 	// ignores case, punctuation, whitespace and full/half width, so "抱歉，我不能" also

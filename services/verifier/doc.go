@@ -5,7 +5,7 @@
 //
 // # Layers
 //
-// L1 (format, synchronous; BenchmarkVerifyL1 keeps it well under the seed's 1 ms) is
+// L1 (format, synchronous; BenchmarkVerifyL1 keeps it well under 1 ms) is
 // package formatcheck, shared with the router, which runs it itself when the verifier is
 // unreachable: truncation, encoding and mojibake, empty answers, refusal phrases, decoding
 // loops (repetition), leaked HTML and unclosed code fences (warnings), and for JSON
@@ -37,7 +37,7 @@
 //
 // # Degraded answers
 //
-// Seed 001 5.1: when the router has fallen back, checks must fit the model that answered. A
+// When the router has fallen back, checks must fit the model that answered. A
 // degraded answer (fallback level other than primary) is held to degraded.confidence_threshold,
 // its review threshold is multiplied by degraded.review_threshold_factor (1.3: DESIGN.md's
 // "30% higher threshold", so acceptable degraded answers do not flood the review pool), it is

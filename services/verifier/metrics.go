@@ -14,7 +14,7 @@ type metrics struct {
 	verdicts *prometheus.CounterVec
 	// findings counts every finding, warnings included, by layer, code and whether it blocked.
 	findings *prometheus.CounterVec
-	// duration is how long the synchronous layers (L1 and L2) took; the seed's budgets are
+	// duration is how long the synchronous layers (L1 and L2) took; the usual budgets are
 	// 1 ms and 3-8 ms.
 	duration prometheus.Histogram
 	// ruleErrors counts rule conditions that could not be evaluated.

@@ -343,7 +343,7 @@ func benchmarkVerify(b *testing.B, cfg Config) {
 }
 
 // BenchmarkVerifyL1 measures the whole synchronous pass with no rules: L1, risk and
-// metrics. The seed's budget is 1 ms; ours is 100 µs on a 2 KB answer.
+// metrics. The usual budget for such checks is 1 ms; ours is 100 µs on a 2 KB answer.
 func BenchmarkVerifyL1(b *testing.B) { benchmarkVerify(b, benchConfig(0)) }
 
 // BenchmarkVerifyL1L2 is the same with 20 rules in the scenario (budget 300 µs).
