@@ -18,11 +18,12 @@ type commentSource struct {
 	// docs maps package path → type name → field name → comment text.
 	docs    map[string]map[string]map[string]string
 	missing []string
+	seen    map[string]bool // fields reported missing, once each however often they occur
 	errs    []error
 }
 
 func newCommentSource(root, module string) *commentSource {
-	return &commentSource{root: root, module: module, docs: map[string]map[string]map[string]string{}}
+	return &commentSource{root: root, module: module, docs: map[string]map[string]map[string]string{}, seen: map[string]bool{}}
 }
 
 // doc returns the description of f, found under key: its doc comment (or line comment) as
@@ -41,7 +42,10 @@ func (c *commentSource) doc(f yamlField, key string) string {
 	}
 	text := strings.Join(strings.Fields(fields[f.goName]), " ")
 	if text == "" {
-		c.missing = append(c.missing, fmt.Sprintf("field %s has no doc comment", where))
+		if id := f.owner.String() + "." + f.goName; !c.seen[id] {
+			c.seen[id] = true
+			c.missing = append(c.missing, fmt.Sprintf("field %s has no doc comment", where))
+		}
 		return ""
 	}
 	for _, sep := range []string{" ", ": "} {

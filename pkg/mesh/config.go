@@ -26,44 +26,73 @@ import (
 // Config is mantle.yaml. Precedence: defaults, then the file, then flags. Unknown keys
 // are errors. Secrets are never in it: keys come from environment variables it names.
 type Config struct {
-	// Target is a comma list of modules (router, cache, quota, verifier) or all.
-	Target   string                  `yaml:"target"`
-	Server   ServerConfig            `yaml:"server"`
-	Auth     AuthConfig              `yaml:"auth"`
-	Events   EventsConfig            `yaml:"events"`
-	Log      LogConfig               `yaml:"log"`
-	Runtime  RuntimeConfig           `yaml:"runtime"`
-	Tracing  telemetry.TracingConfig `yaml:"tracing"`
-	Router   router.Config           `yaml:"router"`
-	Cache    cache.Config            `yaml:"cache"`
-	Quota    quota.Config            `yaml:"quota"`
-	Verifier verifier.Config         `yaml:"verifier"`
+	// Target is the modules to run: all, or a comma list of router, cache, quota and
+	// verifier.
+	Target string `yaml:"target"`
+	// Server is the process's listeners, shared by every module it runs.
+	Server ServerConfig `yaml:"server"`
+	// Auth lists tenants and their API keys.
+	Auth AuthConfig `yaml:"auth"`
+	// Events says where events go: subjects mantle.events.<kind> on NATS, kept in the
+	// JetStream stream MANTLE_EVENTS for 7 days.
+	Events EventsConfig `yaml:"events"`
+	// Log configures the process logger.
+	Log LogConfig `yaml:"log"`
+	// Runtime tunes the Go runtime of mantle serve and mantle dev.
+	Runtime RuntimeConfig `yaml:"runtime"`
+	// Tracing exports OpenTelemetry spans.
+	Tracing telemetry.TracingConfig `yaml:"tracing"`
+	// Router is the router module: limits, its dependencies, providers, models and routes.
+	Router router.Config `yaml:"router"`
+	// Cache is the semantic cache module. services/cache/README.md explains how a lookup
+	// decides, the thresholds, coalescing, the two backends, and what the built-in lexical
+	// embedder can and cannot match (it measures shared wording, not meaning).
+	Cache cache.Config `yaml:"cache"`
+	// Quota is the quota module: rate limits, money budgets, the wait queue and the
+	// mesh-wide retry budget.
+	Quota quota.Config `yaml:"quota"`
+	// Verifier is the verifier module: L1 checks, L2 rules, risk scoring, human review and
+	// the L3 semantic checks. Fractions are 0 to 1; a scenario's overrides go under
+	// scenarios.<name>.
+	Verifier verifier.Config `yaml:"verifier"`
 }
 
 // ServerConfig is the process's listeners.
 type ServerConfig struct {
-	GRPCListenAddress       string        `yaml:"grpc_listen_address"`
-	HTTPListenAddress       string        `yaml:"http_listen_address"`
+	// GRPCListenAddress is the gRPC listener shared by every module, with health and
+	// reflection.
+	GRPCListenAddress string `yaml:"grpc_listen_address"`
+	// HTTPListenAddress is the HTTP listener: /metrics, /healthz, /readyz, and the router's
+	// OpenAI API under /v1.
+	HTTPListenAddress string `yaml:"http_listen_address"`
+	// GracefulShutdownTimeout is how long in-flight calls may drain after SIGTERM.
 	GracefulShutdownTimeout time.Duration `yaml:"graceful_shutdown_timeout"`
-	// ShutdownDelay keeps serving after readiness turns off, so load balancers notice
-	// before the listeners close (Kubernetes: a few seconds; 0 in development).
+	// ShutdownDelay is how long to keep serving after readiness turns off, so that load
+	// balancers notice before the listeners close (a few seconds on Kubernetes; 0 in
+	// development).
 	ShutdownDelay time.Duration `yaml:"shutdown_delay"`
-	// MaxMessageBytes bounds received gRPC messages; prompts are bounded separately by
-	// router.max_prompt_bytes so that oversized ones get a clear INVALID_ARGUMENT.
+	// MaxMessageBytes is the largest gRPC message received (at least 1 MiB). Prompts are
+	// bounded separately by router.max_prompt_bytes, so that oversized ones get a clear
+	// INVALID_ARGUMENT.
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 }
 
 // AuthConfig lists tenants and their hashed API keys. With no tenants, authentication is
 // off and every caller is the tenant "default".
 type AuthConfig struct {
+	// Tenants are the tenants and their keys. With none, authentication is off and every
+	// caller is the tenant default.
 	Tenants []rpc.TenantKey `yaml:"tenants"`
 }
 
 // EventsConfig says where events go.
 type EventsConfig struct {
-	// NATSURL of a NATS server with JetStream; empty with embedded false disables events.
+	// NATSURL is a NATS server with JetStream. Events go to the subjects
+	// mantle.events.<kind> and the stream MANTLE_EVENTS (7 days). With neither nats_url
+	// nor embedded set, events are off.
 	NATSURL string `yaml:"nats_url"`
-	// Embedded starts an in-process NATS server with JetStream (development, single node).
+	// Embedded starts an in-process NATS server with JetStream instead (development, single
+	// node; not together with nats_url).
 	Embedded bool `yaml:"embedded"`
 }
 

@@ -19,24 +19,26 @@ import (
 // process alone). Both settings yield to the environment: GOGC, GOMEMLIMIT and
 // AUTOMEMLIMIT, when set, win.
 type RuntimeConfig struct {
-	// GCPercent is GOGC: how far, in percent of the live heap, the heap grows before the
-	// next collection. Go's 100 by default; the floor below raises it while little is
-	// live, which is where the mesh spends its life.
+	// GCPercent is the garbage collector's GOGC for mantle serve and mantle dev: how far,
+	// in percent of the live heap, the heap grows before the next collection. The GOGC
+	// environment variable wins (and then gc_min_heap_mib is off too).
 	GCPercent int `yaml:"gc_percent"`
-	// GCMinHeapMiB is a floor under the heap goal: the collector lets the heap reach about
-	// this many MiB before it runs, however little of it is live. The mesh keeps little
-	// live data (about 13 MiB at 2000 requests/s) and allocates about 65 KB per request,
-	// so GCPercent alone collects ten times a second, and each collection stops the world
-	// twice and takes CPU from the requests. With a floor of 64 MiB it collects about
-	// twice a second, and the latency tail at 2000/s halves (docs/performance.md,
-	// "Eighth session"); a process with more live data than the floor is paced by
-	// GCPercent alone, so the floor never multiplies a large heap. It is held under half
-	// of the memory limit, when there is one. 0 turns it off.
+	// GCMinHeapMiB is a floor under the collector's heap goal: GOGC is raised after every
+	// collection while the live heap is small, so that the heap may reach about this many
+	// MiB before the next one (held under half the memory limit when there is one). The
+	// mesh keeps about 13 MiB live and allocates about 65 KB per request, so gc_percent
+	// alone collects ten times a second at 2000 requests/s, each collection stopping the
+	// world twice and taking CPU from the requests; with a floor of 64 MiB it collects
+	// about twice a second, for about 45 MiB more resident memory per process, and the
+	// latency tail halves (docs/performance.md). A process with more live data than the
+	// floor is paced by gc_percent alone, so the floor never multiplies a large heap.
+	// go_gc_gogc_percent on /metrics shows the GOGC in effect. 0 turns it off.
 	GCMinHeapMiB int `yaml:"gc_min_heap_mib"`
-	// MemoryLimitRatio sets GOMEMLIMIT to this share of the container's memory limit
-	// (cgroups), so that a heap allowed to grow by GCPercent is collected harder as it
-	// nears the limit instead of being killed at it. 0 leaves GOMEMLIMIT unset; without a
-	// cgroup limit it stays unset too.
+	// MemoryLimitRatio sets GOMEMLIMIT to this share of the container's (cgroup) memory
+	// limit, so that the collector works harder near the limit instead of the process
+	// being killed at it. 0 leaves it unset, as does running outside a cgroup with a
+	// limit. GOMEMLIMIT wins, and AUTOMEMLIMIT (a ratio, or off) overrides the share. The
+	// process logs "go runtime" at start with what it runs with.
 	MemoryLimitRatio float64 `yaml:"memory_limit_ratio"`
 }
 

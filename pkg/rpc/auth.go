@@ -16,12 +16,14 @@ import (
 
 // TenantKey configures one tenant's API key.
 type TenantKey struct {
-	// ID is the tenant id that becomes part of every QualityContext.
+	// ID is the tenant id, recorded in every QualityContext, quota bucket and cache key.
 	ID string `yaml:"id"`
-	// KeySHA256 is the hex SHA-256 of the key.
+	// KeySHA256 is the hex SHA-256 of the key (printf %s "$KEY" | sha256sum); set exactly
+	// one of key_sha256 and key_env.
 	KeySHA256 string `yaml:"key_sha256,omitempty"`
-	// KeyEnv names an environment variable that holds the key in the clear; it is hashed
-	// at load and the variable's value never enters the config.
+	// KeyEnv names the environment variable that holds the key. It is hashed at start and
+	// the variable's value never enters the configuration; the process refuses to start if
+	// it is empty.
 	KeyEnv string `yaml:"key_env,omitempty"`
 }
 

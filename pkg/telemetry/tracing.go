@@ -20,19 +20,21 @@ import (
 
 // TracingConfig is the root configuration's tracing block.
 type TracingConfig struct {
-	// Enabled turns span export on. Off, mantle still carries a W3C traceparent between
-	// services so that logs of one request share a trace id.
+	// Enabled exports OpenTelemetry spans over OTLP/gRPC. Off, mantle still carries a W3C
+	// traceparent between services, and the trace id appears in the logs.
 	Enabled bool `yaml:"enabled"`
-	// OTLPEndpoint is the host:port of an OTLP/gRPC collector (Jaeger, the OTel Collector).
+	// OTLPEndpoint is the host:port of the OTLP/gRPC collector (Jaeger, the OTel
+	// Collector), without a scheme; required when tracing is on.
 	OTLPEndpoint string `yaml:"otlp_endpoint"`
-	// Insecure sends spans in plaintext: for a collector on the same host or network only.
+	// Insecure sends spans in plaintext, for a collector on the same host or a private
+	// network; otherwise TLS.
 	Insecure bool `yaml:"insecure"`
 	// SampleRatio is the share of new traces kept, in [0, 1]. A request that arrives with a
 	// traceparent follows its caller's sampling decision instead (parent-based sampling), so
 	// a trace is never cut in the middle.
 	SampleRatio float64 `yaml:"sample_ratio"`
-	// ServiceName is the service.name spans are reported under; a process that runs only
-	// some modules adds them ("mantle-router"), one that runs all of them uses it as is.
+	// ServiceName is the service.name of the spans: as is with target all, with the target
+	// appended otherwise (mantle-router).
 	ServiceName string `yaml:"service_name"`
 }
 

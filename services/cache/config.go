@@ -35,16 +35,24 @@ type Config struct {
 	Backend string `yaml:"backend"`
 	// MaxEntries bounds the embedded index; the least recently used entry is evicted when a
 	// new one would exceed it.
-	MaxEntries int            `yaml:"max_entries"`
-	Embedded   EmbeddedConfig `yaml:"embedded"`
-	Qdrant     QdrantConfig   `yaml:"qdrant"`
-	Embedder   EmbedderConfig `yaml:"embedder"`
-	Coalesce   CoalesceConfig `yaml:"coalesce"`
+	MaxEntries int `yaml:"max_entries"`
+	// Embedded configures the in-process index of backend embedded.
+	Embedded EmbeddedConfig `yaml:"embedded"`
+	// Qdrant configures backend qdrant.
+	Qdrant QdrantConfig `yaml:"qdrant"`
+	// Embedder turns prompts into vectors; what the built-in lexical embedder can and
+	// cannot match is in services/cache/README.md.
+	Embedder EmbedderConfig `yaml:"embedder"`
+	// Coalesce makes identical prompts in flight wait for the first one's answer instead
+	// of all calling a model.
+	Coalesce CoalesceConfig `yaml:"coalesce"`
 	// DefaultPolicy applies to every scenario without its own block, and fills in the
 	// keys a scenario block leaves out.
 	DefaultPolicy Policy `yaml:"default_policy"`
-	// Scenarios overrides the default policy per scenario name.
-	Scenarios map[string]ScenarioPolicy `yaml:"scenarios"`
+	// Scenarios overrides the default policy for one scenario, with any default_policy
+	// key; keys left out inherit default_policy. A list replaces the default list; []
+	// means none.
+	Scenarios map[string]ScenarioPolicy `yaml:"scenarios" doc:"leaf"`
 }
 
 // Backends.
@@ -55,9 +63,9 @@ const (
 
 // EmbeddedConfig configures the in-process index.
 type EmbeddedConfig struct {
-	// SnapshotPath is a file the index is written to periodically and on shutdown, and read
-	// back at start, so a restart keeps the cache. Empty: no snapshot. The file holds
-	// tenants' prompts and answers; it is written with mode 0600.
+	// SnapshotPath is a file the embedded index is written to periodically and on
+	// shutdown, and read back at start, so that a restart keeps the cache. Empty: no
+	// snapshot. The file holds tenants' prompts and answers; it is written with mode 0600.
 	SnapshotPath string `yaml:"snapshot_path"`
 	// SnapshotInterval is how often the snapshot is written while running.
 	SnapshotInterval time.Duration `yaml:"snapshot_interval"`
@@ -65,7 +73,7 @@ type EmbeddedConfig struct {
 
 // QdrantConfig configures the Qdrant backend (server v1.17.x, gRPC API).
 type QdrantConfig struct {
-	// Address is host:port of Qdrant's gRPC API (port 6334 by default).
+	// Address is host:port of Qdrant's gRPC API (port 6334 by default), server v1.17.x.
 	Address string `yaml:"address"`
 	// APIKeyEnv names the environment variable holding the API key; empty for none.
 	APIKeyEnv string `yaml:"api_key_env"`
@@ -84,17 +92,20 @@ type QdrantConfig struct {
 // EmbedderConfig selects the embedder.
 type EmbedderConfig struct {
 	// Kind is lexical (built in, offline), openai (any OpenAI-compatible /v1/embeddings
-	// endpoint) or none (exact matches only).
+	// endpoint) or none (exact matches only; backend embedded only).
 	Kind string `yaml:"kind"`
 	// Timeout bounds one embedding. On failure the lookup still tries the exact match.
 	Timeout time.Duration `yaml:"timeout"`
-	// BaseURL, Model, Dimensions, APIKeyEnv and Version configure kind openai.
-	BaseURL    string `yaml:"base_url"`
-	Model      string `yaml:"model"`
-	Dimensions int    `yaml:"dimensions"`
-	APIKeyEnv  string `yaml:"api_key_env"`
-	// Version is appended to the namespace; change it when the model behind the endpoint
-	// changes under the same name.
+	// BaseURL is, for kind openai, the endpoint (required).
+	BaseURL string `yaml:"base_url"`
+	// Model is, for kind openai, the embedding model (required).
+	Model string `yaml:"model"`
+	// Dimensions asks an openai model for shorter vectors; 0 keeps its own size.
+	Dimensions int `yaml:"dimensions"`
+	// APIKeyEnv names, for kind openai, the environment variable holding the API key.
+	APIKeyEnv string `yaml:"api_key_env"`
+	// Version is appended to the embedder namespace; change it when the model behind the
+	// name changes (a new namespace starts a cold cache).
 	Version string `yaml:"version"`
 }
 
@@ -107,10 +118,10 @@ const (
 
 // CoalesceConfig bounds request coalescing.
 type CoalesceConfig struct {
-	// MaxWait is the longest a lookup waits for another request's answer.
+	// MaxWait is the longest an identical prompt waits for the first one's answer.
 	MaxWait time.Duration `yaml:"max_wait"`
-	// LeaseTTL is how long a lease holds when the request carries no deadline; a lease
-	// never outlives its request's deadline.
+	// LeaseTTL is how long a coalescing lease holds when the request carries no deadline;
+	// a lease never outlives its request's deadline.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
 }
 
@@ -123,34 +134,41 @@ type Policy struct {
 	// more. Reads do not renew it.
 	TTL time.Duration `yaml:"ttl"`
 	// MaxTemperature is the highest sampling temperature whose answers are stored: above it
-	// an answer is one random draw among many, not the answer to the question.
+	// an answer is one random draw among many, not the answer to the question. A request
+	// without temperature counts as the provider default (usually 1.0), so send
+	// "temperature": 0 for cacheable requests.
 	MaxTemperature float64 `yaml:"max_temperature"`
-	// VolatileMarkers are words that make a prompt time-dependent (today, 库存, 订单 ...). A
-	// prompt whose user turns contain one is never stored or served. Matching happens after
+	// VolatileMarkers are words that make a prompt time-dependent: English and Chinese time
+	// and live-data words (today, 库存, 订单 ...). A prompt whose user turns contain one is
+	// never stored or served. Matching happens after
 	// the same normalisation as the key; Latin-script markers match whole words only, so
 	// "now" does not match "know".
 	VolatileMarkers []string `yaml:"volatile_markers"`
-	// PersonalMarkers are words that make a prompt about one person (my account, 我的余额);
-	// matched like volatile markers.
+	// PersonalMarkers are English and Chinese phrases that make a prompt about one's own
+	// records (my balance, 我的快递, 我的余额); matched like volatile markers.
 	PersonalMarkers []string `yaml:"personal_markers"`
 	// PersonalPatterns are regular expressions (RE2) for user-specific identifiers: e-mail
 	// addresses, phone numbers, long account or order numbers.
 	PersonalPatterns []string `yaml:"personal_patterns"`
-	// RefusalMarkers are phrases of an answer that declines ("I'm sorry, but I can't",
-	// 抱歉，我无法); such answers are never stored, even when the verifier let them pass.
+	// RefusalMarkers are English and Chinese openings of an answer that declines ("I'm
+	// sorry, but I can't", 抱歉，我无法); such answers are never stored, even when the
+	// verifier let them pass.
 	RefusalMarkers []string `yaml:"refusal_markers"`
 	// Threshold is the cosine similarity a fresh entry needs to answer. 0 takes the
-	// embedder's calibrated default: 0.92 for a dense embedder, a stricter value for the
-	// lexical one (see the README).
+	// embedder's calibrated default: 0.94 for the lexical embedder, 0.92 for a dense one.
+	// The thresholds must satisfy approximate_threshold <= threshold <= stale_threshold,
+	// each 0 or within [0.85, 1]; a scenario that sets only threshold keeps the default
+	// distances to the other two.
 	Threshold float64 `yaml:"threshold"`
-	// StaleThreshold is what an entry past its TTL needs in cache-only mode: staleness is a
-	// second doubt, so the similarity must be higher. 0: the embedder's default.
+	// StaleThreshold is what an entry past its TTL needs in cache-only and approximate
+	// lookups: staleness is a second doubt, so the similarity must be higher. 0: the
+	// embedder's default, 0.97 (lexical) or 0.95 (dense).
 	StaleThreshold float64 `yaml:"stale_threshold"`
-	// ApproximateThreshold is the floor of the degradation ladder's related-answer rung;
-	// never below 0.85. 0: the embedder's default.
+	// ApproximateThreshold is the floor of the degradation ladder's L2 related answers;
+	// never below 0.85. 0: the embedder's default, 0.90 (lexical) or 0.85 (dense).
 	ApproximateThreshold float64 `yaml:"approximate_threshold"`
 	// MaxStaleness is how long past its TTL a verified entry may still answer in cache-only
-	// mode. 0: never.
+	// and approximate lookups. 0: never.
 	MaxStaleness time.Duration `yaml:"max_staleness"`
 }
 

@@ -30,73 +30,91 @@ const Off = "off"
 
 // Config is the router block of mantle.yaml.
 type Config struct {
-	// Addresses of the services the router calls when they do not run in this process.
-	// Off (the word "off") runs the router without that service, in process or not: no
-	// admission control, no cache, or only the router's own L1 format check.
-	CacheAddress    string `yaml:"cache_address"`
-	QuotaAddress    string `yaml:"quota_address"`
+	// CacheAddress is where to dial the cache when it does not run in this process; off
+	// runs the router without a cache, in process or not.
+	CacheAddress string `yaml:"cache_address"`
+	// QuotaAddress is where to dial quota when it does not run in this process; off runs
+	// the router without admission control.
+	QuotaAddress string `yaml:"quota_address"`
+	// VerifierAddress is where to dial the verifier when it does not run in this process;
+	// off leaves only the router's own L1 format check, and answers are marked unverified.
 	VerifierAddress string `yaml:"verifier_address"`
 
 	// DefaultBudget is the whole-request deadline when neither the caller nor the route
 	// sets one.
 	DefaultBudget time.Duration `yaml:"default_budget"`
-	// HopReserve is kept back from every hop's timeout so the router can still answer
-	// (fail over, settle, respond) when a hop uses its whole share.
+	// HopReserve is kept back from every hop's timeout so that the router can still fail
+	// over, settle and answer when a hop uses its whole share. Must be below
+	// default_budget.
 	HopReserve time.Duration `yaml:"hop_reserve"`
 	// MaxPromptBytes bounds the total size of a request's messages.
 	MaxPromptBytes int `yaml:"max_prompt_bytes"`
-	// MaxOutputTokens bounds max_tokens; 0 means no bound.
+	// MaxOutputTokens is the upper bound on a request's max_tokens; 0 means no bound.
 	MaxOutputTokens int `yaml:"max_output_tokens"`
-	// FirstTokenTimeout and StallTimeout are the streaming limits of routes that set none.
+	// FirstTokenTimeout cancels a stream without a first token after this long (class
+	// timeout), and it fails over; for routes that set none.
 	FirstTokenTimeout time.Duration `yaml:"first_token_timeout"`
-	StallTimeout      time.Duration `yaml:"stall_timeout"`
-	// QuotaFailOpen admits requests when the quota service cannot be reached. Availability
-	// wins by default; set false where overspending is worse than refusing.
+	// StallTimeout cancels a stream that makes no progress for this long; for routes that
+	// set none.
+	StallTimeout time.Duration `yaml:"stall_timeout"`
+	// QuotaFailOpen admits requests when the quota service cannot be reached; false
+	// refuses them instead. Availability wins by default; set false where overspending is
+	// worse than refusing.
 	QuotaFailOpen bool `yaml:"quota_fail_open"`
 	// QuotaFallbackRPM bounds each tenant's requests per minute on this replica while the
 	// quota service is unreachable and quota_fail_open admits them; 0 means no bound.
 	QuotaFallbackRPM int `yaml:"quota_fallback_rpm"`
 
-	// Retry decides how often and how soon a failed candidate is tried again.
+	// Retry decides how often and how soon a failed candidate is tried again (README, "How
+	// mantle handles a misbehaving provider", tells the whole story).
 	Retry RetryConfig `yaml:"retry"`
-	// RetryBudget caps retries and failovers as a share of requests, so a provider incident
-	// cannot turn into a retry storm (stop all but format retries above 15%).
+	// RetryBudget caps retries and failovers as a share of requests per replica (retries
+	// on a model, as a share of its key's requests), so that a provider incident cannot
+	// turn into a retry storm.
 	RetryBudget BudgetConfig `yaml:"retry_budget"`
 	// HedgeBudget caps hedges as a share of the requests that may be hedged (unary, on a
-	// route with hedging). Hedges have a budget of their own so
-	// that requests which are merely slow never take the place of a failover after a real
-	// failure (with one budget for both, the seed-incident drill answered failed probes
-	// with templates because hedges had spent it).
+	// route with hedging), per replica: the retry budget's rule without format-only mode.
+	// Hedges have a budget of their own so that requests which are merely slow never take
+	// the place of a failover after a real failure (with one budget for both, a provider
+	// incident answered failed probes with templates because hedges had spent it).
 	HedgeBudget HedgeBudgetConfig `yaml:"hedge_budget"`
 	// Breaker configures the circuit breaker of every (provider, model, key, scenario).
 	Breaker BreakerConfig `yaml:"breaker"`
-	// Idempotency keeps the answer of every request id so a replay is not billed twice.
+	// Idempotency keeps the answer of every request id so that a replay is not billed
+	// twice.
 	Idempotency IdempotencyConfig `yaml:"idempotency"`
 	// Status configures the status page (GET /status on the HTTP port).
 	Status StatusConfig `yaml:"status"`
-	// Overload sheds a share of new requests while this process is short of CPU
-	// (services/router/internal/overload).
+	// Overload sheds a share of new requests while this process is short of CPU (README,
+	// "When the router itself is overloaded").
 	Overload overload.Config `yaml:"overload"`
 
+	// Providers are the upstream APIs.
 	Providers []ProviderConfig `yaml:"providers"`
-	Models    []ModelConfig    `yaml:"models"`
-	Routes    []RouteConfig    `yaml:"routes"`
+	// Models are what callers and routes name. Every model is also a one-candidate route
+	// under its own name. The router needs at least one model.
+	Models []ModelConfig `yaml:"models"`
+	// Routes are names callers use for an ordered list of candidate models.
+	Routes []RouteConfig `yaml:"routes"`
 
 	// SimProfiles defines sim profiles by name, for the sim_profile of sim providers and
 	// models, next to the built-in ones (a definition here replaces a built-in of the same
-	// name). Each starts from the zero profile: instant answers, no errors, no rate-limit
-	// headers, so a fault drill states only the fault ("errors: {overloaded: 1}", or
-	// "script: [server_error]" for a 500 once).
-	SimProfiles map[string]sim.Profile `yaml:"sim_profiles,omitempty"`
+	// name). Same YAML as mantle sim --profile-file. Each starts from the zero profile:
+	// instant answers, no errors, no rate-limit headers, so that a fault drill states only
+	// the fault ("errors: {overloaded: 1}", or "script: [server_error]" for a 500 once).
+	SimProfiles map[string]sim.Profile `yaml:"sim_profiles,omitempty" doc:"leaf"`
 }
 
 // RetryConfig is the retry policy of a candidate.
 type RetryConfig struct {
-	// MaxRetries per candidate after its first attempt (seed: 2).
+	// MaxRetries is the attempts per candidate after its first one.
 	MaxRetries int `yaml:"max_retries"`
-	// BackoffBase and BackoffCap bound the full-jitter exponential backoff.
+	// BackoffBase is the base of the full-jitter exponential backoff: the n-th wait is
+	// uniform in [0, min(backoff_cap, backoff_base·2ⁿ)).
 	BackoffBase time.Duration `yaml:"backoff_base"`
-	BackoffCap  time.Duration `yaml:"backoff_cap"`
+	// BackoffCap caps the backoff; it is also the cooldown of a key that answered 429
+	// without a hint.
+	BackoffCap time.Duration `yaml:"backoff_cap"`
 	// MaxRetryAfter is the longest provider Retry-After hint the router waits for; longer
 	// hints fail over instead (the hint must also fit in the remaining budget).
 	MaxRetryAfter time.Duration `yaml:"max_retry_after"`
@@ -111,13 +129,14 @@ type BreakerConfig = resilience.BreakerConfig
 
 // IdempotencyConfig says where request records live and for how long.
 type IdempotencyConfig struct {
-	// Backend is memory (one replica, development) or jetstream (NATS KV, shared by replicas;
-	// needs events.nats_url or events.embedded).
+	// Backend is memory (one replica, development) or jetstream (the NATS KV bucket
+	// mantle_idempotency, shared by replicas; needs events.nats_url or events.embedded,
+	// reachable at start).
 	Backend string `yaml:"backend"`
 	// TTL is how long a finished request's answer can be replayed.
 	TTL time.Duration `yaml:"ttl"`
 	// InflightTTL is how long a claim of a request in progress holds before a duplicate may
-	// take it over (the owner is presumed dead).
+	// take it over (the owner is presumed dead); below ttl for jetstream.
 	InflightTTL time.Duration `yaml:"inflight_ttl"`
 }
 
@@ -132,27 +151,33 @@ type StatusConfig struct {
 
 // ProviderConfig is one upstream API.
 type ProviderConfig struct {
+	// Name is the unique name models refer to.
 	Name string `yaml:"name"`
-	// Type is openai (any OpenAI-compatible API), anthropic, or sim.
-	Type    string `yaml:"type"`
+	// Type is openai (any OpenAI-compatible API), anthropic, or sim (a simulated provider
+	// inside the router process, reached through the OpenAI adapter over loopback HTTP).
+	Type string `yaml:"type"`
+	// BaseURL is the API root: https://api.openai.com/v1 (the default for openai) or
+	// https://api.anthropic.com/v1 (the default for anthropic).
 	BaseURL string `yaml:"base_url,omitempty"`
-	// Keys are the API keys to use; their values come from environment variables only.
+	// Keys are the API keys, required for openai and anthropic; their values come from
+	// environment variables only. Calls rotate over the keys; each has its own breakers,
+	// cooldown and retry budget. A sim provider has one key, sim.
 	Keys []KeyConfig `yaml:"keys,omitempty"`
-	// Timeout is the per-try timeout of one call.
+	// Timeout is the per-try timeout of one call (required).
 	Timeout time.Duration `yaml:"timeout"`
-	// SimProfile names the built-in sim profile for type sim (per model overrides in
-	// models[].sim_profile).
+	// SimProfile is, for sim, the profile of this provider's models (built in, or from
+	// sim_profiles); fast when empty. models[].sim_profile overrides it per model.
 	SimProfile string `yaml:"sim_profile,omitempty"`
-	// SimSeed makes a sim provider reproducible.
+	// SimSeed is, for sim, the random seed: the same seed replays the same run.
 	SimSeed int64 `yaml:"sim_seed,omitempty"`
-	// MaxConcurrency is the bulkhead of each model of this provider: calls beyond it fail
-	// over at once instead of queueing (seed: main 200, backup 50). 0 means unlimited.
+	// MaxConcurrency is the bulkhead of each model of this provider: calls in flight beyond
+	// it fail over at once instead of queueing. 0 means unlimited.
 	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
 }
 
 // KeyConfig is one API key.
 type KeyConfig struct {
-	// ID names the key in logs, metrics and QualityContexts.
+	// ID names the key in logs, metrics, QualityContexts and quota's upstream_keys.
 	ID string `yaml:"id"`
 	// Env is the environment variable holding the key.
 	Env string `yaml:"env"`
@@ -161,44 +186,59 @@ type KeyConfig struct {
 // ModelConfig is one model callers can name and routes can use.
 type ModelConfig struct {
 	// Name is what callers and routes use.
-	Name     string `yaml:"name"`
+	Name string `yaml:"name"`
+	// Provider is a providers[].name.
 	Provider string `yaml:"provider"`
-	// Upstream is the provider's model name; defaults to Name.
+	// Upstream is the provider's model name; name when empty.
 	Upstream string `yaml:"upstream,omitempty"`
-	// ContextWindow in tokens, 0 when unknown.
+	// ContextWindow is in tokens, 0 when unknown. After a context overflow only models with
+	// a larger window are tried.
 	ContextWindow int `yaml:"context_window,omitempty"`
-	// Prices in US dollars per million tokens.
-	InputPricePerMillion  float64 `yaml:"input_price_per_million,omitempty"`
+	// InputPricePerMillion is in US dollars per million input tokens, for cost_usd.
+	InputPricePerMillion float64 `yaml:"input_price_per_million,omitempty"`
+	// OutputPricePerMillion is in US dollars per million output tokens, for cost_usd.
 	OutputPricePerMillion float64 `yaml:"output_price_per_million,omitempty"`
-	// SimProfile overrides the provider's sim profile for this model.
+	// SimProfile is, for sim providers, this model's profile instead of the provider's.
 	SimProfile string `yaml:"sim_profile,omitempty"`
-	// MaxConcurrency overrides the provider's bulkhead for this model.
+	// MaxConcurrency is this model's bulkhead, instead of the provider's.
 	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
 
-	// The capability profile the fallback matrix chooses by.
-	// FormatStability in [0,1]: how reliably the model keeps to a requested format.
+	// The fields below are the capability profile the fallback matrix chooses by.
+
+	// FormatStability is how reliably the model keeps to a requested format, 0 to 1. After
+	// malformed output, a refusal or a truncation, the remaining candidate with the highest
+	// value is next.
 	FormatStability float64 `yaml:"format_stability,omitempty"`
-	// Freshness ranks knowledge recency; higher is fresher.
+	// Freshness ranks knowledge recency; higher is fresher. After a failed verification,
+	// the freshest remaining candidate is next.
 	Freshness int `yaml:"freshness,omitempty"`
-	// Tier ranks capability; higher is stronger. Ladder L1 models are usually lower tiers.
+	// Tier ranks capability; higher is stronger. Recorded in the configuration; the router
+	// does not route by it (ladder L1 models are usually lower tiers).
 	Tier int `yaml:"tier,omitempty"`
-	// AcceptsPrefill: the model continues a partial assistant message, so a stream cut
-	// mid-answer can be finished by it.
+	// AcceptsPrefill says the model continues a partial assistant message, so that it can
+	// finish a stream that broke mid-answer.
 	AcceptsPrefill bool `yaml:"accepts_prefill,omitempty"`
 }
 
 // RouteConfig is a name callers use for an ordered list of candidate models.
 type RouteConfig struct {
-	Name     string `yaml:"name"`
+	// Name is what callers use as model; it must not be a model name.
+	Name string `yaml:"name"`
+	// Scenario is the route's scenario (default when empty): recorded in QualityContexts,
+	// it selects cache.scenarios.<scenario> and keys the breakers (unless the caller names
+	// another scenario).
 	Scenario string `yaml:"scenario,omitempty"`
 	// Candidates are model names, first choice first.
 	Candidates []string `yaml:"candidates"`
-	// Budget overrides default_budget.
+	// Budget is this route's deadline budget instead of default_budget; more than
+	// hop_reserve.
 	Budget time.Duration `yaml:"budget,omitempty"`
-	// FirstTokenTimeout cancels a stream whose first token has not arrived in time
-	// (seed: 4-10 s); StallTimeout cancels a stream that makes no progress for that long.
+	// FirstTokenTimeout cancels a stream whose first token has not arrived in time,
+	// instead of the router's first_token_timeout (4 to 10 s suits most chat models).
 	FirstTokenTimeout time.Duration `yaml:"first_token_timeout,omitempty"`
-	StallTimeout      time.Duration `yaml:"stall_timeout,omitempty"`
+	// StallTimeout cancels a stream that makes no progress for this long, instead of the
+	// router's stall_timeout.
+	StallTimeout time.Duration `yaml:"stall_timeout,omitempty"`
 	// Hedge sends a second request when the first is slow.
 	Hedge HedgeConfig `yaml:"hedge,omitempty"`
 	// Ladder is what the route degrades to when its candidates cannot answer.
@@ -209,8 +249,11 @@ type RouteConfig struct {
 // request goes to the best other healthy candidate, if the hedge budget (Config.HedgeBudget)
 // allows; the first valid answer wins.
 type HedgeConfig struct {
-	Enabled  bool          `yaml:"enabled"`
+	// Enabled hedges a unary request's first attempt.
+	Enabled bool `yaml:"enabled"`
+	// MinDelay is the lower bound of the hedge delay (the key's live p95); 0 takes 200ms.
 	MinDelay time.Duration `yaml:"min_delay,omitempty"`
+	// MaxDelay is the upper bound of the hedge delay; 0 takes 3s.
 	MaxDelay time.Duration `yaml:"max_delay,omitempty"`
 }
 
@@ -235,17 +278,20 @@ func (c HedgeBudgetConfig) budget() BudgetConfig {
 
 // LadderConfig is the degradation ladder of a route below its own candidates (L0).
 type LadderConfig struct {
-	// Smaller are L1: smaller or faster models tried when every candidate failed.
+	// Smaller are L1: smaller or faster model names tried after every candidate failed, at
+	// the same level as a backup (BACKUP_MODEL).
 	Smaller []string `yaml:"smaller,omitempty"`
-	// Cache enables L2: the closest verified cached answer, marked as a related answer.
+	// Cache turns on L2: answer with the closest verified cached answer, marked as
+	// related.
 	Cache bool `yaml:"cache,omitempty"`
 	// Template is L3: a fixed answer (an FAQ text, a "we'll get back to you") that is always
-	// available; a review/ticket event is raised with it. Empty disables L3.
+	// available; a review event is raised with it. Empty turns L3 off.
 	Template string `yaml:"template,omitempty"`
-	// Notice is shown to users with any degraded answer.
+	// Notice is the user_notice of L2 and L3 answers; empty takes a built-in one per level.
 	Notice string `yaml:"notice,omitempty"`
-	// ForceLevel pins the route to a level: "" (automatic), "cache" (cache-only mode during an
-	// outage) or "template".
+	// ForceLevel pins the route to a level: "" (automatic), cache (answer from L2, then L3,
+	// without calling models, for an outage; needs cache: true) or template (answer from
+	// L3).
 	ForceLevel string `yaml:"force_level,omitempty"`
 }
 

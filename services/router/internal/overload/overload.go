@@ -39,15 +39,16 @@ const (
 
 // Config is the router's overload block.
 type Config struct {
-	// MaxSchedulingDelay is the P90 wait for a CPU above which requests are shed; 0 turns
-	// shedding off.
+	// MaxSchedulingDelay: the router sheds a share of new requests while the P90 wait of its
+	// goroutines for a CPU is over this; 0s turns shedding off.
 	MaxSchedulingDelay time.Duration `yaml:"max_scheduling_delay"`
-	// MinInFlight: with fewer requests in flight than this nothing is shed, so a process
-	// slowed by something else (a neighbour, a debugger) does not refuse the few requests
-	// it has.
+	// MinInFlight: with fewer requests in flight on this replica nothing is shed, so that
+	// a process slowed by something else (a neighbour, a debugger) does not refuse the few
+	// requests it has.
 	MinInFlight int `yaml:"min_in_flight"`
-	// MaxShare bounds the share of normal-priority requests shed, so some traffic always
-	// gets through and shows when the overload is over.
+	// MaxShare is the largest share of normal-priority requests shed (batch: twice it, up
+	// to all; high: half; critical: none), so that some traffic always gets through and
+	// shows when the overload is over.
 	MaxShare float64 `yaml:"max_share"`
 }
 

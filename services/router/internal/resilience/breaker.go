@@ -36,45 +36,43 @@ func (s State) String() string {
 
 // BreakerConfig is the policy of one breaker. The yaml keys match the router's breaker block.
 type BreakerConfig struct {
-	// Window is the length of the sliding window the rates are computed over.
+	// Window is the sliding window of each breaker, which the rates are computed over.
 	Window time.Duration `yaml:"window"`
 	// Buckets is how many slices the window slides by.
 	Buckets int `yaml:"buckets"`
-	// MinCalls is how many calls the window must hold before its rates can trip the
-	// breaker, so three failures out of four calls at night do not open it.
+	// MinCalls is how many calls the window needs before the rates can trip the breaker,
+	// so that three failures out of four calls at night do not open it.
 	MinCalls int `yaml:"min_calls"`
-	// FailureRate trips the breaker when failures/calls reaches it.
+	// FailureRate is the failure share that trips the breaker, in (0, 1].
 	FailureRate float64 `yaml:"failure_rate"`
 	// SlowCall is the latency above which a call counts as slow, whether it succeeded or not;
-	// 0 disables slow-call tracking.
+	// 0 turns slow-call tracking off.
 	SlowCall time.Duration `yaml:"slow_call"`
-	// SlowCallRate trips the breaker when slow/calls reaches it. This is what opens a
-	// provider whose answers are all correct but arrive at P99 40 s.
+	// SlowCallRate is the slow-call share that trips the breaker, in (0, 1]. This is what
+	// opens a provider whose answers are all correct but arrive at P99 40 s.
 	SlowCallRate float64 `yaml:"slow_call_rate"`
 	// ConsecutiveFailures trips the breaker after this many failures in a row, without
-	// waiting for MinCalls; 0 disables the fast trip.
+	// waiting for min_calls; 0 turns this off.
 	ConsecutiveFailures int `yaml:"consecutive_failures"`
 	// OpenDuration is the first open period; each re-trip from half-open doubles it, and so
-	// does a trip within MaxOpenDuration of the breaker closing (a flap, see Breaker).
+	// does a trip within max_open_duration of the breaker closing (a flap).
 	OpenDuration time.Duration `yaml:"open_duration"`
 	// MaxOpenDuration caps the doubled open period (before jitter).
 	MaxOpenDuration time.Duration `yaml:"max_open_duration"`
-	// ScoutInterval is how often an open breaker lets one call through (a scout) before its
-	// open period ends; 0 means OpenDuration, a negative value disables scouting. A scout that
-	// succeeds ends the open period at once and counts as the first probe of the half-open
-	// trial. Why: the doubling above is what spares a dead upstream, but it also made the
-	// breaker notice a recovery up to MaxOpenDuration late (the recovery-herd drill closed
-	// 52-54 s after the providers were back). A scout costs one call per interval, no more
-	// than a doubled period's probes, so the upstream stays spared while a recovery is seen
-	// within one interval. Envoy does the same with an ejected host: ejection time grows
-	// with each ejection, and an active health check at a fixed interval lifts it early.
+	// ScoutInterval is how often an open breaker lets one call through (a scout) to check
+	// whether the provider is back; 0 means open_duration, a negative value turns scouting
+	// off. A scout that succeeds ends the open period at once and counts as the first probe
+	// of the half-open trial. The doubling of open periods spares a dead upstream but would
+	// notice a recovery up to max_open_duration late; a scout costs one call per interval,
+	// so the upstream stays spared while a recovery is seen within one interval (Envoy lifts
+	// an ejected host early with an active health check the same way).
 	ScoutInterval time.Duration `yaml:"scout_interval"`
-	// OpenJitter spreads each open period uniformly by up to this fraction either way, so
-	// replicas that tripped together do not probe together.
+	// OpenJitter spreads every open period uniformly by up to this fraction either way, in
+	// [0, 1), so that replicas that tripped together do not probe together.
 	OpenJitter float64 `yaml:"open_jitter"`
-	// HalfOpenProbes is how many probes half-open admits in one period, whether or not they
-	// return a verdict; every probe with a verdict must succeed (and not be slow) for the
-	// breaker to close (see Permit.Abandon for probes without one).
+	// HalfOpenProbes is how many calls a half-open breaker admits per period, those that
+	// lost a hedge (and so return no verdict) included; every one with a verdict must
+	// succeed, and not be slow, to close it.
 	HalfOpenProbes int `yaml:"half_open_probes"`
 }
 

@@ -11,16 +11,17 @@ import (
 
 // BudgetConfig is a retry budget. The yaml keys match the router's retry_budget block.
 type BudgetConfig struct {
-	// Ratio is the largest share of requests that retries and hedges may add.
+	// Ratio is the largest share of requests that retries and failovers may add.
 	Ratio float64 `yaml:"ratio"`
-	// Floor is how many retries a window always allows, so a quiet service can still retry.
+	// Floor is how many retries a window always allows, so that a quiet replica can still
+	// retry.
 	Floor int `yaml:"floor"`
 	// Window is the sliding window requests and retries are counted over.
 	Window time.Duration `yaml:"window"`
 	// Buckets is how many slices the window slides by.
 	Buckets int `yaml:"buckets"`
-	// FormatOnlyAbove switches to format retries only once the retry rate exceeds it
-	// (above 15% of requests in a minute, stop all but format retries).
+	// FormatOnlyAbove: above this retry rate only format retries (malformed output,
+	// refusal, truncation) are allowed.
 	FormatOnlyAbove float64 `yaml:"format_only_above"`
 }
 
