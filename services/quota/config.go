@@ -33,62 +33,88 @@ import (
 //	  backend: redis
 //	  redis: {address: "redis:6379", replicas: 3}
 type Config struct {
-	// DefaultLimits apply to every tenant without an entry in Tenants.
+	// DefaultLimits are the per-minute request and token buckets of every tenant without an
+	// entry in tenants.
 	DefaultLimits RateLimits `yaml:"default_limits"`
-	// Tenants overrides limits per tenant id. A field left out (or 0) inherits the
-	// default, so `acme: {tpm: 500000}` raises only acme's token limit.
+	// Tenants overrides limits per tenant id: {rpm, tpm, shadow}. A limit left out (or 0)
+	// inherits the default, so acme: {tpm: 500000} raises only acme's token limit.
 	Tenants map[string]RateLimits `yaml:"tenants"`
-	// ModelLimits adds tenant x model buckets: model_limits.<tenant>.<model> = {rpm, tpm}.
-	// Tenant "*" applies to every tenant without its own entry for that model. A limit
-	// left at 0 adds no bucket. Model names match the Reserve request's model exactly,
-	// ignoring case.
+	// ModelLimits adds tenant × model buckets: model_limits.<tenant>.<model> = {rpm, tpm,
+	// shadow}. Tenant "*" applies to every tenant without its own entry for that model. A
+	// limit left at 0 adds no bucket. Model names are the router's, matched ignoring case;
+	// the router charges the route's first candidate.
 	ModelLimits map[string]map[string]RateLimits `yaml:"model_limits"`
-	// DefaultMaxOutputTokens is reserved for the answer when a request leaves
-	// max_output_tokens at 0.
+	// DefaultMaxOutputTokens is reserved for the answer when a request sets no
+	// max_tokens.
 	DefaultMaxOutputTokens int64 `yaml:"default_max_output_tokens"`
 	// ReservationTTL is how long a reservation can be settled. After it, the reservation
-	// is gone and its charge stands (see the package documentation).
+	// is dropped and its charge stands.
 	ReservationTTL time.Duration `yaml:"reservation_ttl"`
 	// SweepInterval is how often expired reservation records are deleted.
 	SweepInterval time.Duration `yaml:"sweep_interval"`
-	// Budgets are daily money budgets per tenant.
+	// Budgets are daily money budgets per tenant, and the model prices they are charged
+	// by.
 	Budgets BudgetsConfig `yaml:"budgets"`
-	// UpstreamKeys mirrors the limits of provider API keys, by the router's key id, so that
-	// mantle slows down before the provider answers 429. ObserveUpstream corrects them from
-	// the provider's rate-limit headers.
+	// UpstreamKeys mirrors the limits of provider API keys, {rpm, tpm, shadow} by the
+	// router's key id, so that mantle slows down before the provider answers 429. The
+	// provider's rate-limit headers correct them (ObserveUpstream). The router names the
+	// first key of the route's first candidate.
 	UpstreamKeys map[string]RateLimits `yaml:"upstream_keys"`
-	// Queue is where requests wait for quota, by priority.
+	// Queue is where requests wait for quota. They wait in strict priority classes
+	// (critical, high, normal, batch, from x-mantle-priority), with weighted fair sharing
+	// between tenants within a class. A waiting request's buckets are held for it against
+	// its own class and lower ones, so that a stream of small batch requests cannot starve
+	// it.
 	Queue QueueConfig `yaml:"queue"`
-	// NearLimitRatio is the share of a bucket in use at which a QuotaNearLimitEvent is
-	// published (at most once per bucket per minute and replica).
+	// NearLimitRatio is the share of a bucket or budget in use past which a
+	// QuotaNearLimitEvent is published (at most once per bucket per minute and replica).
 	NearLimitRatio float64 `yaml:"near_limit_ratio"`
-	// RetryBudget caps retries across every router replica (AcquireRetry).
+	// RetryBudget is the mesh-wide retry budget behind AcquireRetry: it caps retries across
+	// every router replica, by the same rule as router.retry_budget.
 	RetryBudget RetryBudgetConfig `yaml:"retry_budget"`
-	// Tokens configures CountTokens and the input estimate of Reserve.
+	// Tokens configures token counting: CountTokens and the input estimate of Reserve.
 	Tokens TokensConfig `yaml:"tokens"`
-	// Backend keeps the state: "memory" (one replica, `mantle dev`) or "redis" (shared by
-	// every replica).
+	// Backend keeps the state: memory (one replica, mantle dev) or redis (buckets, budgets
+	// and the retry budget shared by every quota replica).
 	Backend string `yaml:"backend"`
-	// Redis is used when backend is redis.
+	// Redis is used when backend is redis. Every decision is one Lua operation, and the
+	// decisions that arrive together go to Redis as one call. On Redis 7 and later the
+	// operations are a function library, mantle_quota_<hash of its code>, that each
+	// replica loads itself (FUNCTION LOAD): replicas of two builds during a rolling deploy
+	// each use their own, and Redis keeps the older ones (a few KB each) until FUNCTION
+	// DELETE. A server without functions, or a user whose ACL forbids FUNCTION, gets the
+	// same code as scripts (EVALSHA). A cluster client sends each hash slot's operations
+	// apart; so does a single-endpoint client after its first CROSSSLOT refusal (a proxy
+	// in front of a cluster). A reservation's record is a field of its tenant's hash
+	// (r|<id>); records nobody settles are swept from the hash by later reservations once
+	// they expire. Builds that kept each record as a key of its own do not find these, so
+	// during a rolling deploy from such a build a Settle that lands on an old replica can
+	// answer RESERVATION_NOT_FOUND and the reservation keeps its charge. The server must be 5.0 or later (scripts that write after
+	// reading a hash with HSCAN need its effects replication).
 	Redis RedisConfig `yaml:"redis"`
 }
 
 // RateLimits are the per-minute limits of one rule. Each is both the bucket's capacity
 // and how much it refills per minute.
 type RateLimits struct {
+	// RPM is requests per minute: the request bucket's capacity and its refill per minute.
 	RPM int64 `yaml:"rpm"`
+	// TPM is tokens per minute: the token bucket's capacity and its refill per minute.
 	TPM int64 `yaml:"tpm"`
-	// Shadow counts the limits this rule sets without enforcing them: a request they
-	// would refuse is admitted, and the refusal is published (reason SHADOW_...) and
-	// counted in mantle_quota_shadow_refusals_total. For safe roll-out of new limits.
+	// Shadow counts the limits this rule sets without enforcing them: they are charged
+	// when they can be, a request they would refuse is admitted, and the refusal is
+	// published (reason SHADOW_...) and counted in mantle_quota_shadow_refusals_total. For
+	// safe roll-out of new limits.
 	Shadow bool `yaml:"shadow,omitempty"`
 }
 
 // BudgetsConfig is the money budget block.
 type BudgetsConfig struct {
-	// Tenants sets a daily budget per tenant id; tenants without an entry have none.
+	// Tenants sets a daily money budget per tenant id, {daily_usd, shadow}; tenants without
+	// an entry have none.
 	Tenants map[string]Budget `yaml:"tenants"`
-	// Prices per model name (matched ignoring case), in US dollars per million tokens.
+	// Prices are per model name (matched ignoring case): {input_per_million,
+	// output_per_million} in US dollars.
 	Prices map[string]Price `yaml:"prices"`
 	// DefaultPrice applies to models missing from Prices. Without it, a budgeted tenant's
 	// request for an unpriced model is refused (PRICE_UNKNOWN): a budget that cannot be
@@ -101,6 +127,7 @@ type BudgetsConfig struct {
 
 // Budget is a tenant's daily money budget.
 type Budget struct {
+	// DailyUSD is the most the tenant may spend in a budget day, in US dollars.
 	DailyUSD float64 `yaml:"daily_usd"`
 	// Shadow counts spending against the budget without refusing requests.
 	Shadow bool `yaml:"shadow,omitempty"`
@@ -108,14 +135,17 @@ type Budget struct {
 
 // Price is what a model costs, in US dollars per million tokens.
 type Price struct {
-	InputPerMillion  float64 `yaml:"input_per_million"`
+	// InputPerMillion is the price of a million input tokens, in US dollars.
+	InputPerMillion float64 `yaml:"input_per_million"`
+	// OutputPerMillion is the price of a million output tokens, in US dollars.
 	OutputPerMillion float64 `yaml:"output_per_million"`
 }
 
 // QueueConfig bounds waiting for quota.
 type QueueConfig struct {
-	// Size is how many requests may wait at once in this replica. When it is full, a
-	// newcomer displaces the newest waiter of a lower priority class, or is refused.
+	// Size is how many requests may wait for quota at once in this replica. When it is
+	// full, a newcomer displaces the newest waiter of a lower priority class, or is
+	// refused. 0 turns waiting off.
 	Size int `yaml:"size"`
 	// MaxWait caps any wait, whatever the caller's deadline. A Reserve call without a
 	// deadline never waits.
@@ -133,12 +163,13 @@ type QueueConfig struct {
 type RetryBudgetConfig struct {
 	// Ratio is the largest share of requests that retries and failovers may add.
 	Ratio float64 `yaml:"ratio"`
-	// Floor is how many retries a window always allows, so a quiet mesh can still retry.
+	// Floor is how many retries a window always allows, so that a quiet mesh can still
+	// retry.
 	Floor int `yaml:"floor"`
 	// Window is the sliding window requests and retries are counted over; whole seconds.
 	Window time.Duration `yaml:"window"`
-	// FormatOnlyAbove switches to format retries only once the retry rate exceeds it
-	// (above 15% of requests in a minute, stop all but format retries).
+	// FormatOnlyAbove: above this retry rate only format retries (malformed output,
+	// refusal, truncation) are allowed.
 	FormatOnlyAbove float64 `yaml:"format_only_above"`
 	// FlushInterval is how often a replica adds the requests it counted to the shared
 	// (Redis) counters; retries themselves are counted at once.
@@ -147,8 +178,10 @@ type RetryBudgetConfig struct {
 
 // TokensConfig configures token counting.
 type TokensConfig struct {
-	// ExactMaxBytes caps exact BPE counting: longer prompts are estimated (and the
-	// estimate corrected by what providers report), which is ten times cheaper. BPE
+	// ExactMaxBytes caps exact counting: prompts up to this size are counted exactly with
+	// OpenAI's BPE vocabularies (OpenAI models); longer ones, and other families, are
+	// estimated (and the estimate corrected by what providers report), which is ten times
+	// cheaper. BPE
 	// costs about 350 µs of CPU for 2 KB of chat (BenchmarkCountTokens), and Reserve
 	// counts every prompt that arrives without input_tokens.
 	ExactMaxBytes int `yaml:"exact_max_bytes"`
@@ -161,16 +194,19 @@ type TokensConfig struct {
 
 // RedisConfig connects to Redis. The password comes from the environment only.
 type RedisConfig struct {
-	// Address is host:port.
-	Address  string `yaml:"address"`
+	// Address is host:port; required with backend redis.
+	Address string `yaml:"address"`
+	// Username is the Redis user (ACL); empty for the default user.
 	Username string `yaml:"username,omitempty"`
 	// PasswordEnv names the environment variable that holds the password.
 	PasswordEnv string `yaml:"password_env,omitempty"`
-	DB          int    `yaml:"db"`
-	// KeyPrefix starts every key, so several meshes can share a Redis.
+	// DB is the database number.
+	DB int `yaml:"db"`
+	// KeyPrefix starts every key, so that several meshes can share a Redis (no { or }).
 	KeyPrefix string `yaml:"key_prefix"`
 	// PoolSize is the connection pool size; 0 keeps go-redis's default (10 per CPU).
-	PoolSize    int           `yaml:"pool_size"`
+	PoolSize int `yaml:"pool_size"`
+	// DialTimeout bounds connecting.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// Timeout bounds every command. A command that times out counts as Redis being
 	// unreachable: the replica falls back to its local limiter.
@@ -184,10 +220,10 @@ type RedisConfig struct {
 	// they cannot cover without asking Redis again; 0 turns the cache off. Refunds made by
 	// other replicas are seen only when an entry expires.
 	OverLimitCache time.Duration `yaml:"over_limit_cache"`
-	// AutoPipeline replaces the store's own batcher (which already sends the operations
-	// of concurrent requests together, one call per batch, redisbatch.go) with go-redis's
-	// AutoPipeliner, marked experimental upstream. It measured no better; it stays for
-	// comparison and may go.
+	// AutoPipeline shares pipelines between concurrent requests with go-redis's
+	// auto-pipeliner (experimental upstream) instead of the store's own batcher, which
+	// already sends the operations of concurrent requests together. It measured no better;
+	// it stays for comparison and may go.
 	AutoPipeline bool `yaml:"auto_pipeline"`
 }
 

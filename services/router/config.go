@@ -65,8 +65,7 @@ type Config struct {
 	// quota service is unreachable and quota_fail_open admits them; 0 means no bound.
 	QuotaFallbackRPM int `yaml:"quota_fallback_rpm"`
 
-	// Retry decides how often and how soon a failed candidate is tried again (README, "How
-	// mantle handles a misbehaving provider", tells the whole story).
+	// Retry decides how often and how soon a failed candidate is tried again.
 	Retry RetryConfig `yaml:"retry"`
 	// RetryBudget caps retries and failovers as a share of requests per replica (retries
 	// on a model, as a share of its key's requests), so that a provider incident cannot
@@ -85,8 +84,7 @@ type Config struct {
 	Idempotency IdempotencyConfig `yaml:"idempotency"`
 	// Status configures the status page (GET /status on the HTTP port).
 	Status StatusConfig `yaml:"status"`
-	// Overload sheds a share of new requests while this process is short of CPU (README,
-	// "When the router itself is overloaded").
+	// Overload sheds a share of new requests while this process is short of CPU.
 	Overload overload.Config `yaml:"overload"`
 
 	// Providers are the upstream APIs.

@@ -28,18 +28,19 @@ import (
 //	  l3: {enabled: true, judge: {enabled: false}}
 type Config struct {
 	// ConfidenceThreshold fails a JSON answer whose top-level numeric "confidence" field is
-	// strictly below it. A common choice is 0.3.
+	// strictly below it (0 to 1).
 	ConfidenceThreshold float64 `yaml:"confidence_threshold"`
-	// RefusalPhrases replace the built-in list (formatcheck.DefaultRefusalPhrases) when set. Matching
-	// ignores case, punctuation, whitespace and full/half width, so "抱歉，我不能" also
-	// matches "抱歉, 我不能". Absent or null means the defaults; an explicit empty list
-	// turns refusal detection off.
+	// RefusalPhrases replace the built-in English and Chinese list when set. Matching
+	// ignores case, punctuation, spacing and full/half width, so "抱歉，我不能" also
+	// matches "抱歉, 我不能". Absent or null means the defaults; [] turns refusal detection
+	// off.
 	RefusalPhrases []string `yaml:"refusal_phrases"`
 	// RepetitionThreshold is how many times in a row the same sentence (or cycle of up to
-	// three sentences) may appear before the answer counts as a decoding loop.
+	// three sentences) may appear before the answer counts as a decoding loop (at least 2).
 	RepetitionThreshold int `yaml:"repetition_threshold"`
-	// MaxContentBytes bounds the answer a caller may send; larger answers are rejected as
-	// INVALID_ARGUMENT rather than verified, so one request cannot pin a CPU.
+	// MaxContentBytes bounds the answer a caller may send; larger answers are refused
+	// (INVALID_ARGUMENT) rather than checked, so that one request cannot pin a CPU. The
+	// router then sends the answer out unverified.
 	MaxContentBytes int `yaml:"max_content_bytes"`
 	// SchemaCacheSize is how many compiled JSON Schemas are kept (schemas arrive with each
 	// request; compiling one costs far more than validating against it).
@@ -50,22 +51,30 @@ type Config struct {
 	// Degraded adapts the checks to answers that did not come from the primary model.
 	Degraded DegradedConfig `yaml:"degraded"`
 
-	// Rules are the L2 business rules (see package rules for the CEL variables).
+	// Rules are the L2 business rules, validated (compiled) at start; change them with a
+	// restart. The defaults are three sample rules for the medical and legal scenarios; []
+	// removes them.
 	Rules []rules.Rule `yaml:"rules"`
-	// RulesFile is a YAML file with more rules ("rules: [...]"), re-read every
-	// RulesReloadInterval and on the ReloadRules RPC. A file that fails to compile is
-	// rejected and the last good set stays.
-	RulesFile           string        `yaml:"rules_file"`
+	// RulesFile is a YAML file with more rules ("rules: [...]"), watched and reloaded
+	// without a restart when it changes and on the ReloadRules RPC. A file that fails to
+	// compile is rejected and the last good set stays.
+	RulesFile string `yaml:"rules_file"`
+	// RulesReloadInterval is how often the rules file is checked for changes.
 	RulesReloadInterval time.Duration `yaml:"rules_reload_interval"`
-	// RuleCostLimit bounds the CEL cost of one condition on one answer.
+	// RuleCostLimit is the CEL cost one condition may spend on one answer; beyond it the
+	// rule does not apply.
 	RuleCostLimit uint64 `yaml:"rule_cost_limit"`
 
+	// Risk scores every delivered answer; a high score sends it to human review.
 	Risk RiskConfig `yaml:"risk"`
 	// Scenarios override risk weights, the review threshold and timeout, the default action
 	// and reference snippets per scenario.
 	Scenarios map[string]ScenarioConfig `yaml:"scenarios"`
-	Review    ReviewConfig              `yaml:"review"`
-	L3        L3Config                  `yaml:"l3"`
+	// Review is the human review queue, kept in NATS JetStream when events go to NATS.
+	Review ReviewConfig `yaml:"review"`
+	// L3 is the asynchronous semantic layer: relevance, consistency and divergence of
+	// answers, and an optional LLM judge.
+	L3 L3Config `yaml:"l3"`
 }
 
 // DegradedConfig: once the router has fallen back, the checks must fit the
@@ -74,24 +83,30 @@ type DegradedConfig struct {
 	// ConfidenceThreshold replaces confidence_threshold for degraded answers (smaller models
 	// report lower confidence for the same quality).
 	ConfidenceThreshold float64 `yaml:"confidence_threshold"`
-	// ReviewThresholdFactor multiplies the review threshold for degraded answers: 1.3 is
-	// DESIGN.md's "30% higher threshold". Below 1 reviews degraded answers more eagerly.
+	// ReviewThresholdFactor multiplies the review threshold for degraded answers, in
+	// (0, 2]: 1.3 reviews them only at a 30% higher score. Below 1 reviews degraded answers
+	// more eagerly.
 	ReviewThresholdFactor float64 `yaml:"review_threshold_factor"`
-	// SkipL3Levels are fallback levels whose answers get no L3 check: cached answers were
-	// checked when first given, templates are fixed texts.
+	// SkipL3Levels are fallback levels (primary, backup_model, cached_approximate,
+	// template) whose answers get no L3 check: cached answers were checked when first
+	// given, templates are fixed texts.
 	SkipL3Levels []string `yaml:"skip_l3_levels"`
 }
 
 // RiskWeights weigh the three risk dimensions; they are normalised to sum to 1.
 type RiskWeights struct {
-	Input   float64 `yaml:"input"`
-	Output  float64 `yaml:"output"`
+	// Input weighs the input risk: sensitive terms, long conversations.
+	Input float64 `yaml:"input"`
+	// Output weighs the output risk: low L3 confidence, divergence, repetition.
+	Output float64 `yaml:"output"`
+	// Context weighs the session's risk: degraded streaks, dissatisfied users.
 	Context float64 `yaml:"context"`
 }
 
 // RiskConfig is the risk model. Each dimension is the strongest of its
 // signals, each signal in [0,1]; the score is the weighted sum of the dimensions.
 type RiskConfig struct {
+	// Weights weigh the three risk dimensions; they are normalised to sum to 1.
 	Weights RiskWeights `yaml:"weights"`
 	// ReviewThreshold: a delivered answer at or above it goes to human review.
 	ReviewThreshold float64 `yaml:"review_threshold"`
@@ -101,7 +116,7 @@ type RiskConfig struct {
 	LongInputChars int `yaml:"long_input_chars"`
 	// LowConfidence: an L3 confidence below it raises output risk.
 	LowConfidence float64 `yaml:"low_confidence"`
-	// Divergence: a divergence from earlier answers above it raises output risk.
+	// Divergence: an L3 divergence from earlier answers above it raises output risk.
 	Divergence float64 `yaml:"divergence"`
 	// RepetitionRatio: a share of repeated sentences (or JSON string values) above it
 	// raises output risk (a hallucination symptom).
@@ -110,80 +125,105 @@ type RiskConfig struct {
 	DegradedStreak int `yaml:"degraded_streak"`
 	// FeedbackWindow: a dissatisfied user raises the context risk of the session this long.
 	FeedbackWindow time.Duration `yaml:"feedback_window"`
-	// SessionTTL and MaxSessions bound the per-session memory.
-	SessionTTL  time.Duration `yaml:"session_ttl"`
-	MaxSessions int           `yaml:"max_sessions"`
+	// SessionTTL bounds the per-replica session memory: a session idle this long is
+	// forgotten.
+	SessionTTL time.Duration `yaml:"session_ttl"`
+	// MaxSessions bounds the per-replica session memory: the sessions remembered.
+	MaxSessions int `yaml:"max_sessions"`
 }
 
 // ScenarioConfig overrides defaults for one scenario; zero values inherit.
 type ScenarioConfig struct {
-	Weights         *RiskWeights         `yaml:"weights,omitempty"`
-	ReviewThreshold float64              `yaml:"review_threshold,omitempty"`
-	ReviewTimeout   time.Duration        `yaml:"review_timeout,omitempty"`
-	DefaultAction   review.DefaultAction `yaml:"default_action,omitempty"`
-	// References are snippets every answer in the scenario should agree with (L3).
+	// Weights are this scenario's risk weights instead of risk.weights.
+	Weights *RiskWeights `yaml:"weights,omitempty"`
+	// ReviewThreshold is this scenario's threshold instead of risk.review_threshold.
+	ReviewThreshold float64 `yaml:"review_threshold,omitempty"`
+	// ReviewTimeout is how long this scenario's reviews wait for a decision, instead of
+	// review.timeout.
+	ReviewTimeout time.Duration `yaml:"review_timeout,omitempty"`
+	// DefaultAction applies when one of this scenario's reviews times out, instead of
+	// review.default_action.
+	DefaultAction review.DefaultAction `yaml:"default_action,omitempty"`
+	// References are snippets every answer in the scenario should agree with (L3
+	// consistency).
 	References []string `yaml:"references,omitempty"`
 }
 
 // ReviewConfig is the human review queue.
 type ReviewConfig struct {
 	// Timeout is how long a review may wait for a decision before the default action
-	// applies (15 minutes by default).
+	// applies.
 	Timeout time.Duration `yaml:"timeout"`
-	// DefaultAction applies on timeout unless the scenario sets its own.
+	// DefaultAction applies on timeout for scenarios that set none.
 	DefaultAction review.DefaultAction `yaml:"default_action"`
-	// Lease is how long a claim lasts by default; MaxLease bounds what reviewers ask for.
-	Lease    time.Duration `yaml:"lease"`
+	// Lease is how long a claim lasts when the reviewer asks for no particular length.
+	Lease time.Duration `yaml:"lease"`
+	// MaxLease is the longest claim a reviewer may ask for.
 	MaxLease time.Duration `yaml:"max_lease"`
 	// SweepInterval is how often deadlines are checked.
 	SweepInterval time.Duration `yaml:"sweep_interval"`
-	// SpoolDir keeps review requests while NATS is unreachable. Use a persistent volume in
-	// production; empty means a fresh temporary directory per process (lost on restart).
-	// One directory per process.
+	// SpoolDir is, with NATS, where review requests wait until JetStream has them. One
+	// directory per process, on a persistent volume in production; empty means a fresh
+	// temporary directory per process, lost on restart.
 	SpoolDir string `yaml:"spool_dir"`
-	// Stream, Consumer and Bucket name the JetStream work-queue stream, its durable intake
-	// consumer and the key-value bucket that holds review state.
-	Stream   string `yaml:"stream"`
+	// Stream names the JetStream work-queue stream of review requests.
+	Stream string `yaml:"stream"`
+	// Consumer names the stream's durable intake consumer.
 	Consumer string `yaml:"consumer"`
-	Bucket   string `yaml:"bucket"`
+	// Bucket names the key-value bucket of review state and audit; approved draft rules
+	// are in <bucket>_rules.
+	Bucket string `yaml:"bucket"`
 	// Retention is how long reviews and their audit trail are kept in the bucket.
 	Retention time.Duration `yaml:"retention"`
-	// OperatorTenants may see and decide every tenant's reviews; other authenticated
-	// tenants see only their own. Without authentication everything is visible.
+	// OperatorTenants may see and decide every tenant's reviews and call ReloadRules;
+	// other authenticated tenants see only their own. Without authentication everything
+	// is visible.
 	OperatorTenants []string `yaml:"operator_tenants"`
 }
 
 // L3Config is the asynchronous semantic layer.
 type L3Config struct {
+	// Enabled runs the semantic checks.
 	Enabled bool `yaml:"enabled"`
-	// Workers run L3 checks; QueueSize bounds the backlog (beyond it answers skip L3).
-	Workers   int `yaml:"workers"`
+	// Workers run the L3 checks.
+	Workers int `yaml:"workers"`
+	// QueueSize is how many answers may wait for the workers; beyond it answers get no L3.
 	QueueSize int `yaml:"queue_size"`
 	// EmbeddingDim is the size of the built-in lexical embedder's vectors.
 	EmbeddingDim int `yaml:"embedding_dim"`
-	// RelevanceFull and ConsistencyFull calibrate cosine similarities to scores (see
-	// package semantic; the defaults suit the built-in lexical embedder).
-	RelevanceFull   float64 `yaml:"relevance_full"`
+	// RelevanceFull is the cosine similarity between question and answer that counts as
+	// fully relevant (the default suits the built-in lexical embedder).
+	RelevanceFull float64 `yaml:"relevance_full"`
+	// ConsistencyFull is the cosine similarity to a scenario's references that counts as
+	// fully consistent (the default suits the built-in lexical embedder).
 	ConsistencyFull float64 `yaml:"consistency_full"`
-	// HistoryQuestions and HistoryAnswers bound the memory used for divergence.
+	// HistoryQuestions is how many questions are remembered for divergence.
 	HistoryQuestions int `yaml:"history_questions"`
-	HistoryAnswers   int `yaml:"history_answers"`
-	// FollowUps is how many L3 results GetFollowUp can still return.
-	FollowUps int         `yaml:"follow_ups"`
-	Judge     JudgeConfig `yaml:"judge"`
+	// HistoryAnswers is how many answers are kept per remembered question.
+	HistoryAnswers int `yaml:"history_answers"`
+	// FollowUps is how many L3 results are kept for GetFollowUp.
+	FollowUps int `yaml:"follow_ups"`
+	// Judge asks an LLM, through the router, to rate answers.
+	Judge JudgeConfig `yaml:"judge"`
 }
 
 // JudgeConfig is the optional LLM judge, called through the router.
 type JudgeConfig struct {
+	// Enabled asks the judge to rate answers; it needs the router in the same process.
 	Enabled bool `yaml:"enabled"`
-	// Route is the router route that judges; Scenario marks judge calls (L3 skips it).
-	Route    string        `yaml:"route"`
-	Scenario string        `yaml:"scenario"`
-	Timeout  time.Duration `yaml:"timeout"`
-	// MaxTokens and PerMinute are the judge's own small budget.
+	// Route is the router route that judges.
+	Route string `yaml:"route"`
+	// Scenario marks judge calls, so that L3 skips them.
+	Scenario string `yaml:"scenario"`
+	// Timeout bounds one judge call.
+	Timeout time.Duration `yaml:"timeout"`
+	// MaxTokens bounds the judge's answer.
 	MaxTokens int `yaml:"max_tokens"`
+	// PerMinute is how many answers the judge rates per minute; beyond it answers are
+	// scored without it.
 	PerMinute int `yaml:"per_minute"`
-	// APIKeyEnv names the environment variable with the tenant key the judge uses.
+	// APIKeyEnv names the environment variable with the tenant key the judge calls the
+	// router with.
 	APIKeyEnv string `yaml:"api_key_env"`
 }
 

@@ -88,6 +88,7 @@ const (
 
 // DefaultAction is a scenario's action on timeout.
 type DefaultAction struct {
+	// Type is keep (the delivered answer stands), retract or replace (needs text).
 	Type DefaultActionType `json:"type" yaml:"type"`
 	// Text replaces the answer for DefaultReplace.
 	Text string `json:"text,omitempty" yaml:"text,omitempty"`

@@ -26,6 +26,8 @@ const DefaultMask = "***"
 
 // Action is a rule's action, as configured.
 type Action struct {
+	// Type is what the rule does to a matching answer: block, mask, replace, notice,
+	// degrade or review.
 	Type ActionType `json:"type" yaml:"type"`
 	// Field is a dot path into a JSON answer ("diagnosis", "patient.phone", "items.0.name")
 	// for mask, replace and notice; empty means the whole text.
@@ -40,13 +42,17 @@ type Action struct {
 
 // Rule is one L2 business rule, as configured.
 type Rule struct {
-	ID          string `json:"id" yaml:"id"`
+	// ID names the rule in findings, events and logs: up to 64 lower-case letters, digits,
+	// '.', '_' and '-', starting with a letter or digit.
+	ID string `json:"id" yaml:"id"`
+	// Description says what the rule is for; it is for people only.
 	Description string `json:"description,omitempty" yaml:"description,omitempty"`
 	// Scenarios the rule applies to; empty means every scenario.
 	Scenarios []string `json:"scenarios,omitempty" yaml:"scenarios,omitempty"`
 	// Condition is a CEL expression that evaluates to a bool.
 	Condition string `json:"condition" yaml:"condition"`
-	Action    Action `json:"action" yaml:"action"`
+	// Action is what happens to an answer the condition holds for.
+	Action Action `json:"action" yaml:"action"`
 }
 
 var ruleID = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
