@@ -48,12 +48,26 @@ func (c *commentSource) doc(f yamlField, key string) string {
 		}
 		return ""
 	}
-	for _, sep := range []string{" ", ": "} {
-		if rest, ok := strings.CutPrefix(text, f.goName+sep); ok {
-			return code(f.name) + sep + rest
-		}
+	return describe(text, f.goName)
+}
+
+// describe turns a Go doc comment into a description: "Timeout is how long …" and
+// "MinInFlight: with fewer …" become "how long …" and "with fewer …", as the key stands
+// beside it.
+func describe(text, goName string) string {
+	rest, ok := strings.CutPrefix(text, goName)
+	if !ok || rest != "" && rest[0] != ' ' && rest[0] != ':' {
+		return text
 	}
-	return text
+	rest = strings.TrimPrefix(rest, ":")
+	rest = strings.TrimSpace(rest)
+	for _, verb := range []string{"is ", "are "} {
+		rest = strings.TrimPrefix(rest, verb)
+	}
+	if rest == "" {
+		return text
+	}
+	return rest
 }
 
 // err reports the fields without a comment, and anything that kept comments from being read.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 const intro = `# Configuration reference
@@ -36,13 +38,19 @@ func writeMarkdown(w io.Writer, blocks []block) {
 			fmt.Fprintf(w, "\n## `%s`\n", b.Name)
 		}
 		if b.Doc != "" {
-			fmt.Fprintf(w, "\n%s\n", b.Doc)
+			r, size := utf8.DecodeRuneInString(b.Doc)
+			fmt.Fprintf(w, "\n%s\n", text(string(unicode.ToUpper(r))+b.Doc[size:]))
 		}
 		fmt.Fprint(w, "\n| key | type | default | description |\n|---|---|---|---|\n")
 		for _, f := range b.Fields {
-			fmt.Fprintf(w, "| `%s` | %s | %s | %s |\n", f.Key, f.Type, cell(f.Default), cell(f.Doc))
+			fmt.Fprintf(w, "| `%s` | %s | %s | %s |\n", f.Key, f.Type, cell(f.Default), cell(text(f.Doc)))
 		}
 	}
+}
+
+// text keeps comment text from reading as HTML: mantle.events.<kind> is not a tag.
+func text(s string) string {
+	return strings.NewReplacer("<", "&lt;", ">", "&gt;").Replace(s)
 }
 
 // cell keeps text inside one table cell.

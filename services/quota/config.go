@@ -116,7 +116,7 @@ type BudgetsConfig struct {
 	// Prices are per model name (matched ignoring case): {input_per_million,
 	// output_per_million} in US dollars.
 	Prices map[string]Price `yaml:"prices"`
-	// DefaultPrice applies to models missing from Prices. Without it, a budgeted tenant's
+	// DefaultPrice applies to models missing from prices. Without it, a budgeted tenant's
 	// request for an unpriced model is refused (PRICE_UNKNOWN): a budget that cannot be
 	// computed is not silently bypassed.
 	DefaultPrice *Price `yaml:"default_price,omitempty"`

@@ -163,10 +163,10 @@ type ProviderConfig struct {
 	Keys []KeyConfig `yaml:"keys,omitempty"`
 	// Timeout is the per-try timeout of one call (required).
 	Timeout time.Duration `yaml:"timeout"`
-	// SimProfile is, for sim, the profile of this provider's models (built in, or from
+	// SimProfile is the profile of this provider's models, for type sim (built in, or from
 	// sim_profiles); fast when empty. models[].sim_profile overrides it per model.
 	SimProfile string `yaml:"sim_profile,omitempty"`
-	// SimSeed is, for sim, the random seed: the same seed replays the same run.
+	// SimSeed is the random seed of a sim provider: the same seed replays the same run.
 	SimSeed int64 `yaml:"sim_seed,omitempty"`
 	// MaxConcurrency is the bulkhead of each model of this provider: calls in flight beyond
 	// it fail over at once instead of queueing. 0 means unlimited.
@@ -189,14 +189,16 @@ type ModelConfig struct {
 	Provider string `yaml:"provider"`
 	// Upstream is the provider's model name; name when empty.
 	Upstream string `yaml:"upstream,omitempty"`
-	// ContextWindow is in tokens, 0 when unknown. After a context overflow only models with
+	// ContextWindow is the model's context window in tokens, 0 when unknown. After a context overflow only models with
 	// a larger window are tried.
 	ContextWindow int `yaml:"context_window,omitempty"`
-	// InputPricePerMillion is in US dollars per million input tokens, for cost_usd.
+	// InputPricePerMillion is the price of a million input tokens in US dollars, for
+	// cost_usd.
 	InputPricePerMillion float64 `yaml:"input_price_per_million,omitempty"`
-	// OutputPricePerMillion is in US dollars per million output tokens, for cost_usd.
+	// OutputPricePerMillion is the price of a million output tokens in US dollars, for
+	// cost_usd.
 	OutputPricePerMillion float64 `yaml:"output_price_per_million,omitempty"`
-	// SimProfile is, for sim providers, this model's profile instead of the provider's.
+	// SimProfile is this model's profile instead of the provider's, for sim providers.
 	SimProfile string `yaml:"sim_profile,omitempty"`
 	// MaxConcurrency is this model's bulkhead, instead of the provider's.
 	MaxConcurrency int `yaml:"max_concurrency,omitempty"`

@@ -110,7 +110,7 @@ type RiskConfig struct {
 	Weights RiskWeights `yaml:"weights"`
 	// ReviewThreshold: a delivered answer at or above it goes to human review.
 	ReviewThreshold float64 `yaml:"review_threshold"`
-	// SensitiveTerms in the user's messages raise input risk (case-insensitive).
+	// SensitiveTerms are terms in a user message that raise input risk (case-insensitive).
 	SensitiveTerms []string `yaml:"sensitive_terms"`
 	// LongInputChars: a conversation longer than this (in characters) raises input risk.
 	LongInputChars int `yaml:"long_input_chars"`
@@ -162,7 +162,7 @@ type ReviewConfig struct {
 	MaxLease time.Duration `yaml:"max_lease"`
 	// SweepInterval is how often deadlines are checked.
 	SweepInterval time.Duration `yaml:"sweep_interval"`
-	// SpoolDir is, with NATS, where review requests wait until JetStream has them. One
+	// SpoolDir is where review requests wait until JetStream has them (with NATS). One
 	// directory per process, on a persistent volume in production; empty means a fresh
 	// temporary directory per process, lost on restart.
 	SpoolDir string `yaml:"spool_dir"`
@@ -185,7 +185,7 @@ type ReviewConfig struct {
 type L3Config struct {
 	// Enabled runs the semantic checks.
 	Enabled bool `yaml:"enabled"`
-	// Workers run the L3 checks.
+	// Workers is how many goroutines run the L3 checks.
 	Workers int `yaml:"workers"`
 	// QueueSize is how many answers may wait for the workers; beyond it answers get no L3.
 	QueueSize int `yaml:"queue_size"`

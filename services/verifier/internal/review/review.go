@@ -90,7 +90,7 @@ const (
 type DefaultAction struct {
 	// Type is keep (the delivered answer stands), retract or replace (needs text).
 	Type DefaultActionType `json:"type" yaml:"type"`
-	// Text replaces the answer for DefaultReplace.
+	// Text replaces the answer when the type is replace.
 	Text string `json:"text,omitempty" yaml:"text,omitempty"`
 }
 

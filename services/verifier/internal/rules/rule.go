@@ -32,7 +32,7 @@ type Action struct {
 	// Field is a dot path into a JSON answer ("diagnosis", "patient.phone", "items.0.name")
 	// for mask, replace and notice; empty means the whole text.
 	Field string `json:"field,omitempty" yaml:"field,omitempty"`
-	// Pattern (RE2) limits a mask to the matching substrings.
+	// Pattern is an RE2 expression that limits a mask to the matching substrings.
 	Pattern string `json:"pattern,omitempty" yaml:"pattern,omitempty"`
 	// Value is the replacement (replace) or the mask text (mask; default "***").
 	Value string `json:"value,omitempty" yaml:"value,omitempty"`
@@ -47,7 +47,7 @@ type Rule struct {
 	ID string `json:"id" yaml:"id"`
 	// Description says what the rule is for; it is for people only.
 	Description string `json:"description,omitempty" yaml:"description,omitempty"`
-	// Scenarios the rule applies to; empty means every scenario.
+	// Scenarios are the scenarios the rule applies to; empty means every scenario.
 	Scenarios []string `json:"scenarios,omitempty" yaml:"scenarios,omitempty"`
 	// Condition is a CEL expression that evaluates to a bool.
 	Condition string `json:"condition" yaml:"condition"`
