@@ -6,7 +6,7 @@ BUF     := $(BIN)/buf
 TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run build test deps-chromium status-screenshot vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
+.PHONY: run build test docs check-docs deps-chromium status-screenshot vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
 
 ## run: start `mantle dev` (all services, embedded NATS, simulated models)
 run:
@@ -16,8 +16,23 @@ run:
 build:
 	$(GO) build -o $(BIN)/mantle ./cmd/mantle
 
-## test: vet, the race-enabled test suite, and the generated-code check (CI runs this)
-test: deps-chromium vet test-race check-generated
+## test: vet, the configuration reference check, the race-enabled test suite, and the
+## generated-code check (CI runs this)
+test: deps-chromium vet check-docs test-race check-generated
+
+## docs: write docs/configuration.md from the configuration structs: keys, types and defaults
+## from mesh.Default(), descriptions from the fields' doc comments (cmd/docgen)
+docs:
+	$(GO) run ./cmd/docgen -out docs/configuration.md
+
+## check-docs: fail when docs/configuration.md is not what make docs writes, or a
+## configuration field has no doc comment
+check-docs:
+	@tmp=$$(mktemp) && trap 'rm -f "$$tmp"' EXIT && \
+	$(GO) run ./cmd/docgen -out "$$tmp" && \
+	if ! diff -u docs/configuration.md "$$tmp"; then \
+		echo "docs/configuration.md is stale: run make docs and commit it"; exit 1; fi && \
+	echo "docs/configuration.md is current"
 
 ## deps-chromium: make sure the status page's browser test has a Chromium ($CHROME_BIN or
 ## chromium/chromium-browser/google-chrome on PATH). As root with apt-get it installs Debian's
