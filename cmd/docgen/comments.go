@@ -59,23 +59,32 @@ func describe(text, goName string) string {
 	if !ok || rest != "" && rest[0] != ' ' && rest[0] != ':' {
 		return text
 	}
-	rest = strings.TrimPrefix(rest, ":")
+	rest, colon := strings.CutPrefix(rest, ":")
 	rest = strings.TrimSpace(rest)
+	next, _, _ := strings.Cut(rest, " ")
+	if rest == "" || !colon && notVerb[next] {
+		return text // "Ratio of calls sampled" names the key as a noun
+	}
 	for _, verb := range []string{"is ", "are "} {
 		rest = strings.TrimPrefix(rest, verb)
 	}
-	if rest == "" {
-		return text
-	}
 	return rest
+}
+
+// notVerb are words that, after a field's name, show that the name is not the subject of
+// the sentence.
+var notVerb = map[string]bool{
+	"a": true, "after": true, "an": true, "and": true, "at": true, "before": true, "by": true,
+	"for": true, "from": true, "in": true, "of": true, "on": true, "or": true, "per": true,
+	"the": true, "to": true, "with": true,
 }
 
 // err reports the fields without a comment, and anything that kept comments from being read.
 func (c *commentSource) err() error {
 	errs := c.errs
 	if len(c.missing) > 0 {
-		errs = append(errs, fmt.Errorf("%d configuration fields have no doc comment; the comment is what docs/configuration.md says about the key:\n  %s",
-			len(c.missing), strings.Join(c.missing, "\n  ")))
+		errs = append(errs, fmt.Errorf("every configuration field needs a doc comment, its key's description in docs/configuration.md:\n  %s",
+			strings.Join(c.missing, "\n  ")))
 	}
 	return errors.Join(errs...)
 }
