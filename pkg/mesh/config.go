@@ -43,17 +43,19 @@ type Config struct {
 	// Tracing exports OpenTelemetry spans.
 	Tracing telemetry.TracingConfig `yaml:"tracing"`
 	// Router is the router module: limits, its dependencies, providers, models and routes.
+	// docs/resilience.md explains retries, budgets, breakers, hedging and the ladder.
 	Router router.Config `yaml:"router"`
 	// Cache is the semantic cache module. services/cache/README.md explains how a lookup
 	// decides, the thresholds, coalescing, the two backends, and what the built-in lexical
 	// embedder can and cannot match (it measures shared wording, not meaning).
 	Cache cache.Config `yaml:"cache"`
 	// Quota is the quota module: rate limits, money budgets, the wait queue and the
-	// mesh-wide retry budget.
+	// mesh-wide retry budget. How quota decides, its Redis layout and its priority queue
+	// are in docs/quota.md.
 	Quota quota.Config `yaml:"quota"`
 	// Verifier is the verifier module: L1 checks, L2 rules, risk scoring, human review and
-	// the L3 semantic checks. Fractions are 0 to 1; a scenario's overrides go under
-	// scenarios.<name>.
+	// the L3 semantic checks, explained in docs/verification.md. Fractions are 0 to 1; a
+	// scenario's overrides go under scenarios.<name>.
 	Verifier verifier.Config `yaml:"verifier"`
 }
 

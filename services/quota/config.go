@@ -64,7 +64,7 @@ type Config struct {
 	// (critical, high, normal, batch, from x-mantle-priority), with weighted fair sharing
 	// between tenants within a class. A waiting request's buckets are held for it against
 	// its own class and lower ones, so that a stream of small batch requests cannot starve
-	// it.
+	// it (docs/quota.md).
 	Queue QueueConfig `yaml:"queue"`
 	// NearLimitRatio is the share of a bucket or budget in use past which a
 	// QuotaNearLimitEvent is published (at most once per bucket per minute and replica).
@@ -77,20 +77,9 @@ type Config struct {
 	// Backend keeps the state: memory (one replica, mantle dev) or redis (buckets, budgets
 	// and the retry budget shared by every quota replica).
 	Backend string `yaml:"backend"`
-	// Redis is used when backend is redis. Every decision is one Lua operation, and the
-	// decisions that arrive together go to Redis as one call. On Redis 7 and later the
-	// operations are a function library, mantle_quota_<hash of its code>, that each
-	// replica loads itself (FUNCTION LOAD): replicas of two builds during a rolling deploy
-	// each use their own, and Redis keeps the older ones (a few KB each) until FUNCTION
-	// DELETE. A server without functions, or a user whose ACL forbids FUNCTION, gets the
-	// same code as scripts (EVALSHA). A cluster client sends each hash slot's operations
-	// apart; so does a single-endpoint client after its first CROSSSLOT refusal (a proxy
-	// in front of a cluster). A reservation's record is a field of its tenant's hash
-	// (r|<id>); records nobody settles are swept from the hash by later reservations once
-	// they expire. Builds that kept each record as a key of its own do not find these, so
-	// during a rolling deploy from such a build a Settle that lands on an old replica can
-	// answer RESERVATION_NOT_FOUND and the reservation keeps its charge. The server must be 5.0 or later (scripts that write after
-	// reading a hash with HSCAN need its effects replication).
+	// Redis is used when backend is redis: every decision is one Lua operation, and the
+	// decisions that arrive together go to Redis as one call. The key layout, the Redis
+	// versions and ACLs it needs, and rolling deploys are in docs/quota.md.
 	Redis RedisConfig `yaml:"redis"`
 }
 
