@@ -39,7 +39,7 @@ type sampleServer struct {
 	// Profiles are documented with the simulator.
 	Profiles map[string]sampleBackend `yaml:"profiles" doc:"leaf"`
 	// Limit is an optional override.
-	Limit *int `yaml:"limit,omitempty"`
+	Limit        *int `yaml:"limit,omitempty"`
 	sampleInline `yaml:",inline"`
 }
 
@@ -60,7 +60,7 @@ type undocumented struct {
 	A int `yaml:"a"`
 	B int `yaml:"b"`
 	// C is a block with a hole.
-	C struct{ D bool } `yaml:"c"`
+	C struct{ D bool }   `yaml:"c"`
 	E []undocumentedItem `yaml:"e"`
 }
 
