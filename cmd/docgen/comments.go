@@ -30,6 +30,10 @@ func newCommentSource(root, module string) *commentSource {
 // one line, with a leading Go field name replaced by the YAML key it stands for.
 func (c *commentSource) doc(f yamlField, key string) string {
 	where := fmt.Sprintf("%s.%s (%s)", f.owner, f.goName, key)
+	if f.owner.Name() == "" {
+		c.errs = append(c.errs, fmt.Errorf("%s: an anonymous struct's fields cannot be documented; give it a named type", key))
+		return ""
+	}
 	types, err := c.load(f.owner.PkgPath())
 	if err != nil {
 		c.errs = append(c.errs, fmt.Errorf("%s: %w", where, err))

@@ -115,6 +115,7 @@ func TestParse(t *testing.T) {
 			"field main.undocumented.B (b) has no doc comment",
 			"field main.undocumented.E (e) has no doc comment",
 			"field main.undocumentedItem.F (e[].f) has no doc comment",
+			"c.d: an anonymous struct's fields cannot be documented; give it a named type",
 		},
 	}}
 	root, module, err := findModule()
