@@ -40,7 +40,7 @@ func parse(cfg any, comments *commentSource) []block {
 	for _, f := range yamlFields(v.Type()) {
 		fv := v.FieldByIndex(f.index)
 		doc := comments.doc(f, f.name)
-		if f.typ.Kind() == reflect.Struct && f.typ != durationType {
+		if f.typ.Kind() == reflect.Struct {
 			blocks = append(blocks, block{Name: f.name, Doc: doc, Fields: walk(fv, f.typ, f.name, comments)})
 			continue
 		}
@@ -78,14 +78,11 @@ func descend(v reflect.Value, f yamlField, key string, comments *commentSource) 
 			v = v.Elem() // the zero Value when nil: no defaults below
 		}
 	}
-	switch {
-	case t == durationType:
-		return nil
-	case t.Kind() == reflect.Struct:
+	if t.Kind() == reflect.Struct {
 		return walk(v, t, key, comments)
 	}
-	// Lists and maps: their entries have no defaults; a non-empty default list or map is
-	// shown on its own row.
+	// The entries of lists and maps have no defaults of their own (the list's or map's
+	// default is on its own row).
 	for {
 		switch t.Kind() {
 		case reflect.Slice:
@@ -94,7 +91,7 @@ func descend(v reflect.Value, f yamlField, key string, comments *commentSource) 
 			key += ".<name>"
 		case reflect.Pointer:
 		default:
-			if t.Kind() == reflect.Struct && t != durationType {
+			if t.Kind() == reflect.Struct {
 				return walk(reflect.Value{}, t, key, comments)
 			}
 			return nil
