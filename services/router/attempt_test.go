@@ -385,13 +385,29 @@ func TestAttemptDecisions(t *testing.T) {
 		},
 		{
 			name:    "the shared retry budget is unreachable: the local budget decides",
-			results: map[string][]result{"a": {failure(classMalformed, "not JSON")}},
+			results: map[string][]result{"a": {failure(classTransient, "502"), reply("second try", 1, 1)}},
 			h:       func(h *harness) { h.quota.retryErr = status.Error(codes.Unavailable, "quota down") },
-			want: want{model: "b", level: levelBackup,
-				attempts: []string{"a:malformed_output", "b:none"}, calls: map[string]int{"a": 1, "b": 1}},
+			want: want{model: "a", level: levelPrimary,
+				attempts: []string{"a:transient", "a:none"}, calls: map[string]int{"a": 2}},
 			check: func(t *testing.T, h *harness, _ done) {
-				if asked := h.quota.retryRequests(); len(asked) != 1 || !asked[0].FormatRetry {
-					t.Errorf("AcquireRetry requests %v, want one format retry", asked)
+				if asked := h.quota.retryRequests(); len(asked) != 1 || asked[0].FormatRetry {
+					t.Errorf("AcquireRetry requests %v, want one, not a format retry", asked)
+				}
+			},
+		},
+		{
+			name: "a failover to a healthy model needs no retry budget, here or shared",
+			cfg: func(c *Config) {
+				c.RetryBudget = BudgetConfig{Ratio: 1, Floor: 1, Window: time.Minute, FormatOnlyAbove: 0.15}
+			},
+			ready:   spendOverallBudget,
+			results: map[string][]result{"a": {failure(classOverloaded, "busy")}},
+			h:       func(h *harness) { h.quota.refuseRetries = true },
+			want: want{model: "b", level: levelBackup,
+				attempts: []string{"a:overloaded", "b:none"}, calls: map[string]int{"a": 1, "b": 1}},
+			check: func(t *testing.T, h *harness, _ done) {
+				if asked := h.quota.retryRequests(); len(asked) != 0 {
+					t.Errorf("AcquireRetry requests %v, want none for a failover to a closed breaker", asked)
 				}
 			},
 		},

@@ -26,6 +26,7 @@ func fastBreaker(c *Config) {
 	c.Breaker.OpenDuration = 30 * time.Second
 	c.Breaker.OpenJitter = 0
 	c.Breaker.HalfOpenProbes = 1
+	c.Breaker.ScoutInterval = 0 // one scout per open period, so the tests' steps can count them
 	c.Retry.MaxRetries = 0
 	c.Routes[0].Candidates = []string{"a", "b"}
 }

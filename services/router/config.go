@@ -527,15 +527,19 @@ func (c Config) simProfileNames() []string {
 // incident: a provider with 30% of its calls over 8 s is in trouble although it returns no
 // errors, and with a 50% rate it would never trip on such a tail.
 //
-// The open period keeps DESIGN's 30 s, doubling per re-trip up to 5 min, and scouts while
-// open every open_duration (scout_interval 0). The doubling made a long outage's recovery
-// late by up to max_open_duration (recovery-herd drill: breakers closed 52-54 s after the
-// providers were back, with a 1 min cap); lowering the cap instead would have traded the
-// protection of a still-fragile provider for it. With scouts, a dead provider gets at most
-// one call per 30 s per breaker (plus half_open_probes per open period), and a recovery is
-// seen within 30 s +-20% whatever the outage's length.
+// The open period starts at 30 s, doubling per re-trip up to 5 min, and while open a scout
+// (one request admitted to the open key) goes every 5 s (+-20%). The doubling spares an
+// upstream in a long outage; scouts make a recovery seen quickly whatever the outage's
+// length. With requests every 4 s against a primary down for a minute, a scout interval
+// of the open period (30 s) left the recovered primary unused for 40 s and more (a scout
+// and the half-open probe both fell inside the outage, and the doubled period outlasted
+// the traffic); every 5 s the primary answers again within 10 s of its recovery (a scout
+// due 4 to 6 s after the last one, then the next request). A dead upstream gets one
+// scout per 5 s per breaker (key and scenario) and replica; a scout that fails fails the
+// request over like any failure, and neither lengthens the open period.
 func defaultBreaker() BreakerConfig {
 	b := resilience.DefaultBreakerConfig()
 	b.SlowCall, b.SlowCallRate = 8*time.Second, 0.25
+	b.ScoutInterval = 5 * time.Second
 	return b
 }

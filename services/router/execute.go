@@ -37,8 +37,9 @@ import (
 //   - bad request, content filter: no other attempt (another model cannot fix the request).
 //
 // Every attempt after the first draws on the retry budget, except a hedge, which draws on
-// the hedge budget; a refused retry ends the loop and the request goes down the ladder
-// instead. Breakers, cooldowns and bulkheads decide which keys may be called at all; a
+// the hedge budget, and a failover to another model whose breaker is closed, which adds no
+// load to the upstream in trouble (see plan.isFailover); a refused retry ends the loop and
+// the request goes down the ladder instead. Breakers, cooldowns and bulkheads decide which keys may be called at all; a
 // candidate with none is skipped without a call.
 
 // candidate is one model in a request's plan.
@@ -100,6 +101,20 @@ func (p *plan) budgetKey(c *candidate, key *upstreamKey) *upstreamKey {
 		return key
 	}
 	return nil
+}
+
+// isFailover reports whether an attempt on c, admitted by permit, is a failover to a
+// healthy upstream: another model than the last attempt's, whose breaker is closed. Such an
+// attempt needs no retry budget. The budget exists to keep retries from multiplying the
+// load on an upstream in trouble; a failover adds no load to the failing upstream, and the
+// one it goes to is healthy by its breaker's account. What bounds it is the failing
+// upstream's breaker (a request fails over only until it opens, after which requests go
+// to the fallback first), the route's length and the fallback's bulkhead. At low traffic
+// a budget of a share of requests refused exactly these failovers: with most requests
+// failing over, the failovers were most of the traffic. Retries on the same model, and
+// attempts that probe or scout a breaker that is not closed, still ask the budget.
+func (p *plan) isFailover(c *candidate, permit resilience.Permit) bool {
+	return p.last != nil && c != p.last && c.u != p.last.u && !permit.Trial()
 }
 
 // next picks the candidate for the next attempt: the current one while it may be retried,
@@ -215,7 +230,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			r.skipCandidate(qc, p, c, mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED)
 			continue
 		}
-		if p.attempts > 0 && !r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKey, isFormatClass(p.prefer)) {
+		if p.attempts > 0 && !p.isFailover(c, permit) && !r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKey, isFormatClass(p.prefer)) {
 			permit.Cancel()
 			release()
 			r.denyRetry(qc, p)

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/testing/protocmp"
 )
 
@@ -88,9 +86,19 @@ func TestHedging(t *testing.T) {
 		h.blockUntil(t, 1)
 		h.clock.Advance(500 * time.Millisecond)
 		d := await(t, ch)
-		// Had the hedge gone, b would have answered while a hung.
-		if status.Code(toStatus(d.err)) != codes.Unavailable || h.calls("b") != 0 {
-			t.Errorf("got %v with %d calls to b, want no hedge and no failover: the budget is spent", d.err, h.calls("b"))
+		// Had the hedge gone, b would have answered while a hung, in an attempt marked hedged.
+		// Without it a is waited for until its per-try timeout, and then the request fails
+		// over to the healthy b, which needs no retry budget.
+		if d.err != nil || d.resp.GetModel() != "b" {
+			t.Fatalf("got %v %v, want b's answer after a's timeout", d.resp.GetModel(), d.err)
+		}
+		if diff := cmp.Diff([]string{"a:timeout", "b:none"}, attemptsOf(d.resp.GetQuality())); diff != "" {
+			t.Errorf("attempts (-want +got):\n%s", diff)
+		}
+		for _, a := range d.resp.GetQuality().GetAttempts() {
+			if a.Hedged {
+				t.Errorf("attempt %d on %s is a hedge; the hedge budget was spent", a.Number, a.Model)
+			}
 		}
 		if got := counterValue(t, h.router.deps.Metrics.hedges); got != 0 {
 			t.Errorf("hedges = %v, want 0", got)

@@ -320,6 +320,11 @@ func (b *Breaker) Allow() (Permit, bool) {
 	return p, ok
 }
 
+// Trial reports whether the permit was admitted to test a breaker that is not closed: a
+// half-open probe or a scout. A caller that treats calls to a healthy upstream differently
+// (a failover to it needs no retry budget) asks this.
+func (p Permit) Trial() bool { return p.p != nil && (p.p.halfOpen || p.p.scout) }
+
 // Done records the outcome of the admitted call: failure counts toward the error rate, and
 // latency toward the slow-call rate even when the call succeeded. Only the first Done,
 // Abandon or Cancel of a permit counts.
