@@ -54,7 +54,10 @@ func devConfig(primaryProfile string, getenv func(string) string) mesh.Config {
 	cfg.Events.Embedded = true
 	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "dev", KeySHA256: rpc.HashKey(devKey)}}
 	r := &cfg.Router
-	r.Providers = []router.ProviderConfig{{Name: "sim", Type: router.ProviderSim, Timeout: 10 * time.Second, SimProfile: "fast", SimSeed: time.Now().UnixNano()}}
+	// The simulated primary answers like a typical model (P99 8.5 s): a 4 s per-try timeout
+	// inside a 15 s budget, with hedging after the primary's p95, leaves room to fail over,
+	// so the examples answer from a model on the first try instead of from the ladder.
+	r.Providers = []router.ProviderConfig{{Name: "sim", Type: router.ProviderSim, Timeout: 4 * time.Second, SimProfile: "fast", SimSeed: time.Now().UnixNano()}}
 	r.Models = []router.ModelConfig{
 		{Name: "primary", Provider: "sim", SimProfile: primaryProfile, ContextWindow: 128000, InputPricePerMillion: 2.5, OutputPricePerMillion: 10},
 		{Name: "backup", Provider: "sim", SimProfile: "fast", ContextWindow: 64000, InputPricePerMillion: 0.5, OutputPricePerMillion: 1.5,
@@ -62,7 +65,8 @@ func devConfig(primaryProfile string, getenv func(string) string) mesh.Config {
 		{Name: "small", Provider: "sim", SimProfile: "fast", ContextWindow: 32000, InputPricePerMillion: 0.15, OutputPricePerMillion: 0.6},
 	}
 	chat := router.RouteConfig{
-		Name: "chat", Scenario: "chat", Candidates: []string{"primary", "backup"}, Budget: 10 * time.Second,
+		Name: "chat", Scenario: "chat", Candidates: []string{"primary", "backup"}, Budget: 15 * time.Second,
+		Hedge: router.HedgeConfig{Enabled: true},
 		Ladder: router.LadderConfig{
 			Smaller:  []string{"small"},
 			Cache:    true,
@@ -76,7 +80,7 @@ func devConfig(primaryProfile string, getenv func(string) string) mesh.Config {
 		}
 		r.Providers = append(r.Providers, router.ProviderConfig{
 			Name: "openai", Type: router.ProviderOpenAI, BaseURL: getenv("OPENAI_BASE_URL"),
-			Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 30 * time.Second,
+			Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 20 * time.Second,
 		})
 		r.Models = append(r.Models, router.ModelConfig{Name: model, Provider: "openai"})
 		chat.Candidates = append([]string{model}, chat.Candidates...)

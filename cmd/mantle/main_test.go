@@ -183,7 +183,7 @@ func TestDevConfig(t *testing.T) {
 		{
 			name:           "sim only",
 			wantCandidates: []string{"primary", "backup"},
-			wantBudget:     10 * time.Second,
+			wantBudget:     15 * time.Second,
 		},
 		{
 			name:           "real model first",
@@ -191,7 +191,7 @@ func TestDevConfig(t *testing.T) {
 			wantCandidates: []string{"gpt-4o-mini", "primary", "backup"},
 			wantBudget:     30 * time.Second,
 			wantOpenAI: &router.ProviderConfig{Name: "openai", Type: router.ProviderOpenAI,
-				Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 30 * time.Second},
+				Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 20 * time.Second},
 		},
 		{
 			name:           "model and base URL from the environment",
@@ -199,7 +199,7 @@ func TestDevConfig(t *testing.T) {
 			wantCandidates: []string{"deepseek-chat", "primary", "backup"},
 			wantBudget:     30 * time.Second,
 			wantOpenAI: &router.ProviderConfig{Name: "openai", Type: router.ProviderOpenAI, BaseURL: "https://api.deepseek.com/v1",
-				Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 30 * time.Second},
+				Keys: []router.KeyConfig{{ID: "env", Env: "OPENAI_API_KEY"}}, Timeout: 20 * time.Second},
 		},
 	}
 	for _, tt := range tests {
@@ -218,6 +218,19 @@ func TestDevConfig(t *testing.T) {
 			}
 			if chat.Budget != tt.wantBudget {
 				t.Errorf("chat budget = %s, want %s", chat.Budget, tt.wantBudget)
+			}
+			// The examples must answer from a model on the first try: the route hedges, and
+			// its budget leaves room for a failover after any provider's per-try timeout.
+			if !chat.Hedge.Enabled {
+				t.Error("chat does not hedge")
+			}
+			// The fallbacks are simulated models: after any provider's timeout, a whole try on
+			// the sim provider must still fit.
+			fallback := cfg.Router.Providers[0].Timeout
+			for _, p := range cfg.Router.Providers {
+				if room := chat.Budget - p.Timeout - cfg.Router.HopReserve; room < fallback {
+					t.Errorf("provider %s: timeout %s leaves %s of the %s budget, less than a fallback try (%s)", p.Name, p.Timeout, room, chat.Budget, fallback)
+				}
 			}
 			var openai *router.ProviderConfig
 			for _, p := range cfg.Router.Providers {

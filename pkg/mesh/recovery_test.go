@@ -129,3 +129,46 @@ func TestRecoveredPrimaryAnswersWithinTenSeconds(t *testing.T) {
 		t.Errorf("the open primary was never scouted before its recovery (tries at %v)", primaryTries)
 	}
 }
+
+// TestEveryKeyThrottledIsA429: when every candidate's keys answer 429 with hints too long to
+// wait for, the caller is told to come back (429 with the soonest truthful Retry-After), not
+// that the providers failed (503). A route with one candidate that fails otherwise is an
+// ordinary failure.
+func TestEveryKeyThrottledIsA429(t *testing.T) {
+	t.Parallel()
+	cfg := resilienceConfig()
+	r := &cfg.Router
+	r.SimProfiles["429-3s"] = sim.Profile{Errors: sim.ErrorMix{RateLimited: 1}, RetryAfter: 3 * time.Second}
+	r.Models = append(r.Models, router.ModelConfig{Name: "throttled-3s", Provider: "sim", SimProfile: "429-3s"})
+	r.Routes = append(r.Routes,
+		router.RouteConfig{Name: "all-throttled", Scenario: "throttled", Candidates: []string{"429-long-hint", "throttled-3s"}},
+		router.RouteConfig{Name: "throttled-and-down", Scenario: "throttled-down", Candidates: []string{"429-long-hint", "503"}})
+	m := meshtest.Start(t, cfg, meshtest.All)
+
+	res, header := chatHeader(t, m.HTTPAddr, "all-throttled", "question while everyone is throttled")
+	if res.status != http.StatusTooManyRequests || res.errCode != "upstream_rate_limited" {
+		t.Fatalf("status %d code %q (%s) after %v, want 429 upstream_rate_limited", res.status, res.errCode, res.errMsg, res.attempts())
+	}
+	// The 3 s hint is the soonest; a second or so may pass before the answer, never more.
+	if ra := header.Get("Retry-After"); ra != "3" && ra != "2" {
+		t.Errorf("Retry-After %q, want 3 (the soonest provider hint, in whole seconds)", ra)
+	}
+	// The throttled keys are now cooling down; a request that meets them skips them and is
+	// still a 429.
+	res, _ = chatHeader(t, m.HTTPAddr, "all-throttled", "another question")
+	if res.status != http.StatusTooManyRequests {
+		t.Errorf("second request: status %d (%s), want 429 while the keys cool down", res.status, res.errMsg)
+	}
+	res, _ = chatHeader(t, m.HTTPAddr, "throttled-and-down", "question with one provider down")
+	if res.status != http.StatusServiceUnavailable || res.errCode != "all_candidates_failed" {
+		t.Errorf("one throttled, one down: status %d code %q, want 503 all_candidates_failed", res.status, res.errCode)
+	}
+}
+
+// chatHeader is chat for a unary request, with the answer's headers.
+func chatHeader(t *testing.T, addr, route, question string) (chatResult, http.Header) {
+	t.Helper()
+	var header http.Header
+	res := chatWith(t, addr, route, question, func(h http.Header) { header = h })
+	return res, header
+}

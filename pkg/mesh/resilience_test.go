@@ -126,6 +126,17 @@ func (r chatResult) attempts() []string {
 
 func chat(t *testing.T, addr, route, question string, stream, jsonMode bool) chatResult {
 	t.Helper()
+	return chatRequest(t, addr, route, question, stream, jsonMode, nil)
+}
+
+// chatWith is chat for a unary request, passing the answer's headers to onHeader.
+func chatWith(t *testing.T, addr, route, question string, onHeader func(http.Header)) chatResult {
+	t.Helper()
+	return chatRequest(t, addr, route, question, false, false, onHeader)
+}
+
+func chatRequest(t *testing.T, addr, route, question string, stream, jsonMode bool, onHeader func(http.Header)) chatResult {
+	t.Helper()
 	body := map[string]any{"model": route, "messages": []map[string]string{{"role": "user", "content": question}}}
 	if stream {
 		body["stream"] = true
@@ -148,6 +159,9 @@ func chat(t *testing.T, addr, route, question string, stream, jsonMode bool) cha
 		t.Fatalf("POST %s: %v", route, err)
 	}
 	defer resp.Body.Close()
+	if onHeader != nil {
+		onHeader(resp.Header)
+	}
 	out := chatResult{status: resp.StatusCode, fallback: resp.Header.Get(router.HeaderFallbackLevel)}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		readStream(t, resp.Body, &out)

@@ -163,6 +163,11 @@ type ProviderConfig struct {
 	Keys []KeyConfig `yaml:"keys,omitempty"`
 	// Timeout is the per-try timeout of one call (required).
 	Timeout time.Duration `yaml:"timeout"`
+	// DialTimeout bounds connecting to the provider (TCP and TLS handshake), apart from
+	// the call's timeout: a provider that cannot be reached fails in seconds and the request
+	// fails over, instead of spending the whole per-try timeout on a connection attempt. 0
+	// means 3s; it must be below timeout.
+	DialTimeout time.Duration `yaml:"dial_timeout,omitempty"`
 	// SimProfile is the profile of this provider's models, for type sim (built in, or from
 	// sim_profiles); fast when empty. models[].sim_profile overrides it per model.
 	SimProfile string `yaml:"sim_profile,omitempty"`
@@ -171,6 +176,23 @@ type ProviderConfig struct {
 	// MaxConcurrency is the bulkhead of each model of this provider: calls in flight beyond
 	// it fail over at once instead of queueing. 0 means unlimited.
 	MaxConcurrency int `yaml:"max_concurrency,omitempty"`
+}
+
+// defaultDialTimeout is how long connecting to a provider may take when dial_timeout is
+// unset: long enough for a TLS handshake across continents, short enough to fail over well
+// inside a request's budget.
+const defaultDialTimeout = 3 * time.Second
+
+// dialTimeout is DialTimeout with its default; a provider whose timeout is shorter than the
+// default dials for at most half its timeout.
+func (p ProviderConfig) dialTimeout() time.Duration {
+	if p.DialTimeout > 0 {
+		return p.DialTimeout
+	}
+	if p.Timeout > 0 && p.Timeout <= defaultDialTimeout {
+		return p.Timeout / 2
+	}
+	return defaultDialTimeout
 }
 
 // KeyConfig is one API key.
@@ -383,6 +405,9 @@ func (c Config) Validate() error {
 		}
 		if p.Timeout <= 0 {
 			add("%s.timeout: must be positive, got %s", key, p.Timeout)
+		}
+		if p.DialTimeout < 0 || (p.Timeout > 0 && p.dialTimeout() >= p.Timeout) {
+			add("%s.dial_timeout: must be positive and below timeout (%s), got %s", key, p.Timeout, p.dialTimeout())
 		}
 	}
 	models := map[string]bool{}

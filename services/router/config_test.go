@@ -1,6 +1,7 @@
 package router
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -92,5 +93,57 @@ func TestConfigValidate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestProviderDialTimeout(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		p       ProviderConfig
+		want    time.Duration
+		wantErr string
+	}{
+		{"default", ProviderConfig{Timeout: 30 * time.Second}, 3 * time.Second, ""},
+		{"set", ProviderConfig{Timeout: 30 * time.Second, DialTimeout: time.Second}, time.Second, ""},
+		{"short timeout: half of it", ProviderConfig{Timeout: 2 * time.Second}, time.Second, ""},
+		{"not below the timeout", ProviderConfig{Timeout: 2 * time.Second, DialTimeout: 2 * time.Second}, 2 * time.Second,
+			"providers[0].dial_timeout: must be positive and below timeout (2s), got 2s"},
+		{"negative", ProviderConfig{Timeout: 2 * time.Second, DialTimeout: -time.Second}, -time.Second,
+			"providers[0].dial_timeout: must be positive and below timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := tt.p.dialTimeout(); got != tt.want && tt.p.DialTimeout >= 0 {
+				t.Errorf("dialTimeout() = %s, want %s", got, tt.want)
+			}
+			cfg := testConfig()
+			tt.p.Name, tt.p.Type = "p", ProviderSim
+			cfg.Providers[0] = tt.p
+			err := cfg.Validate()
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("Validate: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("Validate = %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestProviderHTTPClientUsesTheDialTimeout checks the wiring: a provider's client connects
+// with its own dial timeout. (Making a real connection attempt hang would need an address
+// that drops SYNs, which a test may not send traffic to; the timeout itself is the
+// standard library's.)
+func TestProviderHTTPClientUsesTheDialTimeout(t *testing.T) {
+	t.Parallel()
+	c := providerHTTPClient(ProviderConfig{Timeout: 30 * time.Second, DialTimeout: 1500 * time.Millisecond})
+	tr, ok := c.Transport.(*http.Transport)
+	if !ok {
+		t.Fatalf("transport %T, want *http.Transport", c.Transport)
+	}
+	if tr.TLSHandshakeTimeout != 1500*time.Millisecond || tr.DialContext == nil {
+		t.Errorf("TLS handshake timeout %s, dialer set %t; want 1.5s and a dialer with the dial timeout", tr.TLSHandshakeTimeout, tr.DialContext != nil)
 	}
 }

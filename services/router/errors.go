@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
@@ -24,6 +28,9 @@ const (
 	ReasonContentFiltered     = "CONTENT_FILTERED"
 	ReasonUpstreamRejected    = "UPSTREAM_REJECTED"
 	ReasonAllCandidatesFailed = "ALL_CANDIDATES_FAILED"
+	// ReasonUpstreamRateLimited: every candidate's provider keys are rate limited; the
+	// RetryInfo says when the first is free again.
+	ReasonUpstreamRateLimited = "UPSTREAM_RATE_LIMITED"
 	ReasonDeadlineExceeded    = "DEADLINE_EXCEEDED"
 	ReasonOverloaded          = rpc.ReasonOverloaded
 )
@@ -100,6 +107,10 @@ type exhaustedError struct {
 	retryDenied bool
 	// partial: part of a streamed answer reached the caller, so no ladder answer may follow.
 	partial bool
+	// throttled: every candidate ended on its keys' rate limits; throttledFor is the soonest
+	// a key is free again (0 when no provider said).
+	throttled    bool
+	throttledFor time.Duration
 }
 
 func (e *exhaustedError) Error() string {
@@ -110,6 +121,8 @@ func (e *exhaustedError) Error() string {
 	switch {
 	case e.class == mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED:
 		msg = "the deadline budget ran out"
+	case e.throttled:
+		msg = "every candidate's provider keys are rate limited"
 	case e.retryDenied:
 		msg = "retry budget exhausted"
 	}
@@ -164,6 +177,15 @@ func toStatus(err error) error {
 		}
 		if exhaust.class == mantlev1.ErrorClass_ERROR_CLASS_CANCELED {
 			return status.Error(codes.Canceled, "request canceled")
+		}
+		if exhaust.throttled {
+			// Every provider key is rate limited: the truthful answer is "come back then",
+			// which clients and SDKs honour (429 with Retry-After), not "the providers failed".
+			var extra []protoadapt.MessageV1
+			if exhaust.throttledFor > 0 {
+				extra = append(extra, &errdetails.RetryInfo{RetryDelay: durationpb.New(exhaust.throttledFor)})
+			}
+			return rpc.Status(codes.ResourceExhausted, errorDomain, ReasonUpstreamRateLimited, exhaust.Error(), extra...)
 		}
 		return rpc.Status(codes.Unavailable, errorDomain, ReasonAllCandidatesFailed, exhaust.Error())
 	case errors.Is(err, context.Canceled):

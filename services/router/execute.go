@@ -322,7 +322,31 @@ func (r *Router) exhausted(ctx context.Context, qc *mantlev1.QualityContext, p *
 	}
 	// A refused retry keeps the last attempt's class: BUDGET_EXHAUSTED means the caller's
 	// deadline, and a spent retry budget must not be reported as one.
-	return &exhaustedError{class: class, cause: p.lastErr, tried: p.failed, retryDenied: p.denied}
+	e := &exhaustedError{class: class, cause: p.lastErr, tried: p.failed, retryDenied: p.denied}
+	if ctx.Err() == nil && class != mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED {
+		e.throttledFor, e.throttled = p.throttledFor()
+	}
+	return e
+}
+
+// throttledFor reports whether every candidate of the plan ended on its keys' rate limits
+// (a 429, or every key cooling down from one), and if so the soonest any of their keys is
+// free again: the caller is then told to come back (429 and Retry-After), not that the
+// providers failed. A candidate that ended any other way (an error, an open breaker, a
+// full bulkhead, never tried) makes it an ordinary failure.
+func (p *plan) throttledFor() (time.Duration, bool) {
+	soonest := time.Duration(0)
+	for _, c := range p.cands {
+		if c.lastClass != mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED {
+			return 0, false
+		}
+		for _, key := range c.u.keys {
+			if d := key.cooldown.Remaining(); soonest == 0 || d < soonest {
+				soonest = d
+			}
+		}
+	}
+	return soonest, len(p.cands) > 0
 }
 
 // afterFailure updates the plan from a failed attempt's class.
@@ -474,6 +498,7 @@ func retryAfter(err error) time.Duration {
 // skipCandidate records a candidate that could not be called at all.
 func (r *Router) skipCandidate(qc *mantlev1.QualityContext, p *plan, c *candidate, class mantlev1.ErrorClass) {
 	c.exhausted = true
+	c.lastClass = class
 	r.deps.Metrics.attempts.WithLabelValues(c.u.model.Name, shortClass(class)).Inc()
 	r.audit(qc, "skip", fmt.Sprintf("%s: %s", c.u.model.Name, shortClass(class)), 0)
 	if p.lastErr == nil || provider.ClassOf(p.lastErr) == mantlev1.ErrorClass_ERROR_CLASS_BREAKER_OPEN {

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"time"
@@ -92,14 +93,16 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 
 	// One transport for every provider: connection reuse matters more than isolation here,
 	// and every call carries its own deadline through its context.
-	httpClient := &http.Client{Transport: &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
-		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
-		ForceAttemptHTTP2:   true,
-	}}
+	// One HTTP client per provider, each with its provider's dial timeout (providers change
+	// only with a restart, so clients are built once).
+	httpClients := map[string]*http.Client{}
 	sims := newSimHosts(ctx, cfg, env)
 	clients := func(p ProviderConfig, mc ModelConfig, keyID string) (provider.Provider, error) {
+		httpClient, ok := httpClients[p.Name]
+		if !ok {
+			httpClient = providerHTTPClient(p)
+			httpClients[p.Name] = httpClient
+		}
 		switch p.Type {
 		case ProviderSim:
 			base, err := sims.baseURL(p)
@@ -259,4 +262,20 @@ func orDefault(v, def string) string {
 		return def
 	}
 	return v
+}
+
+// providerHTTPClient is the HTTP client of one provider's calls: pooled connections, and a
+// dial timeout of its own (dial_timeout) so that an unreachable provider fails fast and the
+// request fails over within its budget. The call's own timeout comes from the request's
+// context.
+func providerHTTPClient(p ProviderConfig) *http.Client {
+	dial := p.dialTimeout()
+	return &http.Client{Transport: &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         (&net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout: dial,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   true,
+	}}
 }
