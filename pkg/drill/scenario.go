@@ -52,7 +52,8 @@ type Scenario struct {
 
 // Targets are optional goals for mantle's side of a drill; unset ones are not checked.
 type Targets struct {
-	// SuccessRate is the least share of requests answered (at any ladder level).
+	// SuccessRate is the least share of requests that got a correct answer: not degraded,
+	// not a ladder answer, not a wrong answer passed on.
 	SuccessRate *float64 `yaml:"success_rate,omitempty"`
 	// P99 is the longest acceptable 99th percentile latency (scenario time).
 	P99 *time.Duration `yaml:"p99,omitempty"`
