@@ -197,6 +197,12 @@ func TestCachedAnswersObeyTheCallersScenario(t *testing.T) {
 		if got.cache == "hit" || (got.status == http.StatusOK && got.content == plain.content) {
 			t.Fatalf("strict got the chat entry: %d %s %q", got.status, got.cache, got.content)
 		}
+		// Scoped by its scenario, strict's lookup does not even find chat's entry.
+		if !slices.ContainsFunc(got.quality.GetAudit(), func(s *mantlev1.AuditStep) bool {
+			return s.Service == "router" && s.Step == "lookup" && strings.HasPrefix(s.Detail, "miss")
+		}) {
+			t.Errorf("strict's lookup was not a miss: audit %v", got.quality.GetAudit())
+		}
 		// Every model's answer is blocked too: the request fails, it is not answered.
 		if got.status == http.StatusOK {
 			t.Errorf("strict answered %q (rules %v), want the block to fail the request", got.content, got.rules())
