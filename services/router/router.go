@@ -379,11 +379,13 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	if ans.degraded {
 		r.publishDegradation(ctx, rt, qc, qc.DegradationReason, degradationCause(qc, nil))
 	}
-	if why := unstorable(ans.verdict); why != "" {
-		r.audit(qc, "store", "not cached: "+why, 0)
-	} else if qc.GetVerification().GetL1Passed() && ans.FinishReason == "stop" && !storeDeclined {
-		r.store(ctx, req, rt, qc, ans, lease)
-		stored = true
+	if qc.GetVerification().GetL1Passed() && ans.FinishReason == "stop" && !storeDeclined {
+		if why := unstorable(ans.verdict); why != "" {
+			r.audit(qc, "store", "not cached: "+why, 0)
+		} else {
+			r.store(ctx, req, rt, qc, ans, lease)
+			stored = true
+		}
 	}
 	return &routerv1.CompleteResponse{
 		Id:           qc.RequestId,
