@@ -3,6 +3,7 @@ package mesh_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -161,6 +162,33 @@ func askRuled(t *testing.T, addr, route, scenario, question string) ruled {
 	}
 	v.apply(t, &out.chatResult)
 	return out
+}
+
+// streamedCacheHeader asks question on route as a stream and returns its x-mantle-cache.
+func streamedCacheHeader(t *testing.T, addr, route, question string) string {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"model": route, "temperature": 0, "stream": true,
+		"messages": []map[string]string{{"role": "user", "content": question}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+rulesKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", route, err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatalf("%s: read stream: %v", route, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: stream status %d", route, resp.StatusCode)
+	}
+	return resp.Header.Get(router.HeaderCache)
 }
 
 func writeRules(t *testing.T, path, rules string) {
@@ -349,6 +377,9 @@ func TestStaleCachedAnswerIsMarked(t *testing.T) {
 		}
 		if got.cache != st.cache || got.quality.GetCacheStale() != st.stale || !got.quality.GetCacheHit() {
 			t.Errorf("%s: x-mantle-cache %s, cache_stale %t, cache_hit %t; want %s, %t, true", st.name, got.cache, got.quality.GetCacheStale(), got.quality.GetCacheHit(), st.cache, st.stale)
+		}
+		if h := streamedCacheHeader(t, m.HTTPAddr, "faq", q); h != st.cache {
+			t.Errorf("%s, streamed: x-mantle-cache %s, want %s", st.name, h, st.cache)
 		}
 	}
 }
