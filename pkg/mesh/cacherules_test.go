@@ -33,50 +33,29 @@ const (
 	rulesOpsKey = "sk-cache-rules-ops"
 )
 
+// The rules of these tests: a block, a mask, a notice and a review.
+const (
+	blockRefund     = `condition: text.contains("refund")` + "\n    action: {type: block}"
+	maskCodename    = `condition: text.contains("BLUEFIN")` + "\n    action: {type: mask, pattern: \"BLUEFIN\", value: \"***\"}"
+	noticeLegal     = `condition: text.contains("contract")` + "\n    action: {type: notice, notice: \"This is not legal advice.\"}"
+	reviewContract  = `condition: text.contains("contract")` + "\n    action: {type: review}"
+	reviewEverytime = `condition: "true"` + "\n    action: {type: review}"
+)
+
+// rule is one entry of a rules file: id, applying to scenario, with body's condition and action.
+func rule(id, scenario, body string) string {
+	return "\n  - id: " + id + "\n    scenarios: [" + scenario + "]\n    " + body
+}
+
 // headerRules apply to scenarios callers name in x-mantle-scenario; route chat (scenario
 // chat) has none, so its answers are cached plain.
-const headerRules = `rules:
-  - id: strict-refund
-    scenarios: [strict]
-    condition: text.contains("refund")
-    action: {type: block}
-  - id: masked-codename
-    scenarios: [masked]
-    condition: text.contains("BLUEFIN")
-    action: {type: mask, pattern: "BLUEFIN", value: "***"}
-  - id: legal-notice
-    scenarios: [legal]
-    condition: "true"
-    action: {type: notice, notice: "This is not legal advice."}
-  - id: legal-contract-review
-    scenarios: [legal]
-    condition: text.contains("contract")
-    action: {type: review}
-  - id: audited-review
-    scenarios: [audited]
-    condition: "true"
-    action: {type: review}
-`
+var headerRules = "rules:" + rule("strict-refund", "strict", blockRefund) + rule("masked-codename", "masked", maskCodename) +
+	rule("legal-notice", "legal", noticeLegal) + rule("legal-contract-review", "legal", reviewContract) +
+	rule("audited-review", "audited", reviewEverytime) + "\n"
 
-// laterRules are rules for scenario later that go live after its answers were cached.
-const laterRules = `
-  - id: later-refund
-    scenarios: [later]
-    condition: text.contains("refund")
-    action: {type: block}
-  - id: later-codename
-    scenarios: [later]
-    condition: text.contains("BLUEFIN")
-    action: {type: mask, pattern: "BLUEFIN", value: "***"}
-  - id: later-notice
-    scenarios: [later]
-    condition: text.contains("contract")
-    action: {type: notice, notice: "This is not legal advice."}
-  - id: later-contract-review
-    scenarios: [later]
-    condition: text.contains("contract")
-    action: {type: review}
-`
+// laterRules are the same rules for scenario later, made live after its answers were cached.
+var laterRules = rule("later-refund", "later", blockRefund) + rule("later-codename", "later", maskCodename) +
+	rule("later-notice", "later", noticeLegal) + rule("later-contract-review", "later", reviewContract) + "\n"
 
 const backupNotice = "Answered by a backup model."
 
@@ -133,14 +112,14 @@ func (r ruled) review() string {
 
 func (r ruled) rules() []string { return r.quality.GetVerification().GetL2RulesApplied() }
 
-// askRuled sends a cacheable (temperature 0) question to route, under scenario when it is
-// not empty.
-func askRuled(t *testing.T, addr, route, scenario, question string) ruled {
+// postRuled sends a cacheable (temperature 0) question to route, as a stream when stream
+// is set, under scenario when it is not empty. The body is closed when the test ends.
+func postRuled(t *testing.T, addr, route, scenario, question string, stream bool) *http.Response {
 	t.Helper()
-	b, _ := json.Marshal(map[string]any{"model": route, "temperature": 0,
+	b, _ := json.Marshal(map[string]any{"model": route, "temperature": 0, "stream": stream,
 		"messages": []map[string]string{{"role": "user", "content": question}}})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a hang fails, not blocks
-	defer cancel()
+	t.Cleanup(cancel)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(string(b)))
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +133,14 @@ func askRuled(t *testing.T, addr, route, scenario, question string) ruled {
 	if err != nil {
 		t.Fatalf("POST %s: %v", route, err)
 	}
-	defer resp.Body.Close()
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// askRuled asks question on route (see postRuled) and decodes the answer.
+func askRuled(t *testing.T, addr, route, scenario, question string) ruled {
+	t.Helper()
+	resp := postRuled(t, addr, route, scenario, question, false)
 	out := ruled{chatResult: chatResult{status: resp.StatusCode, fallback: resp.Header.Get(router.HeaderFallbackLevel)}, cache: resp.Header.Get(router.HeaderCache)}
 	var v completionBody
 	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
@@ -167,21 +153,7 @@ func askRuled(t *testing.T, addr, route, scenario, question string) ruled {
 // streamedCacheHeader asks question on route as a stream and returns its x-mantle-cache.
 func streamedCacheHeader(t *testing.T, addr, route, question string) string {
 	t.Helper()
-	b, _ := json.Marshal(map[string]any{"model": route, "temperature": 0, "stream": true,
-		"messages": []map[string]string{{"role": "user", "content": question}}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+rulesKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("POST %s: %v", route, err)
-	}
-	defer resp.Body.Close()
+	resp := postRuled(t, addr, route, "", question, true)
 	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 		t.Fatalf("%s: read stream: %v", route, err)
 	}
