@@ -97,7 +97,10 @@ func chat(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 func summary(resp *routerv1.CompleteResponse, elapsed time.Duration) string {
 	qc := resp.GetQuality()
 	cache := "miss"
-	if qc.GetCacheHit() {
+	switch {
+	case qc.GetCacheHit() && qc.GetCacheStale():
+		cache = fmt.Sprintf("stale(%.2f)", qc.GetCacheSimilarity())
+	case qc.GetCacheHit():
 		cache = fmt.Sprintf("hit(%.2f)", qc.GetCacheSimilarity())
 	}
 	grade := strings.ToLower(strings.TrimPrefix(qc.GetQualityGrade().String(), "QUALITY_GRADE_"))

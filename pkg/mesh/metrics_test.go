@@ -165,8 +165,9 @@ func TestMetricsMove(t *testing.T) {
 		{cache, "mantle_cache_lookups_total", l("scenario", "default", "result", "miss"), 1},
 		{cache, "mantle_cache_lookups_total", l("scenario", "chat", "result", "miss"), 4},
 		{cache, "mantle_cache_stores_total", l("outcome", "stored"), 1},
-		// Verifier: every answer a model gave was checked and passed.
-		{verifier, "mantle_verifier_verdicts_total", l("result", "passed"), 5},
+		// Verifier: every answer a model gave, and the cache hit (ruled for its request),
+		// was checked and passed.
+		{verifier, "mantle_verifier_verdicts_total", l("result", "passed"), 6},
 		{verifier, "mantle_verifier_findings_total", l("blocking", "true"), 0},
 	}
 	for _, tt := range tests {

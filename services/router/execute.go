@@ -170,6 +170,9 @@ type outcome struct {
 	committed bool                       // part of a stream reached the caller
 	streamed  bool                       // verified after the caller has the answer
 	err       error                      // the provider's or the verifier's rejection
+	// raced: a hedge that answered while the route's first choice, which had not
+	// failed, was still working on it. Such an answer is not degraded.
+	raced bool
 }
 
 // attempt runs the loop and returns the first acceptable answer.
@@ -291,21 +294,28 @@ func failsOver(class mantlev1.ErrorClass) bool {
 // part of a streamed answer that an earlier model sent before it broke.
 func (r *Router) accept(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, o outcome, sink Sink, prefix string) *answer {
 	o.res.Content = prefix + o.res.Content
+	verdict := o.verdict
 	if sink != nil {
-		v, audit, _ := r.verify(ctx, req, qc, o.c, &o.res, nil)
+		v, audit, _ := r.verify(ctx, req, qc, o.c.answerer(), &o.res, nil)
 		qc.Audit = append(qc.Audit, audit...)
 		applyVerdict(qc, v)
+		verdict = v
 	}
 	qc.CurrentModel, qc.CurrentProvider = o.c.u.model.Name, o.c.u.provider
 	qc.FallbackLevel = o.c.level
-	if o.c.level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY {
+	// The level says which model answered; degraded says whether that is because
+	// something failed. A hedge that won a race against a healthy first choice is not.
+	degraded := o.c.level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY && !o.raced
+	if degraded {
 		if qc.DegradationReason == "" {
 			qc.DegradationReason = "primary unavailable"
 		}
 		// The route's notice goes with any degraded answer, before a business rule's notice.
 		qc.UserNotice = strings.TrimSpace(rt.ladder.Notice + " " + qc.UserNotice)
+	} else if o.raced {
+		r.audit(qc, "hedge", fmt.Sprintf("%s answered first; %s had not failed: not degraded", o.c.u.model.Name, qc.Attempts[0].GetModel()), 0)
 	}
-	return &answer{Response: o.res, model: o.c.u.model.Name}
+	return &answer{Response: o.res, model: o.c.u.model.Name, verdict: verdict, degraded: degraded}
 }
 
 // exhausted explains why the loop ended without an answer.
@@ -522,7 +532,7 @@ func (r *Router) run(ctx context.Context, req *routerv1.Request, rt *route, qc *
 	defer func() { r.endAttempt(span, o) }() // after verification: its verdict is the attempt's outcome
 	o.streamed = sink != nil
 	if o.err == nil && sink == nil {
-		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c, &o.res, o.audit)
+		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c.answerer(), &o.res, o.audit)
 		if o.err != nil {
 			o.att.ErrorClass = provider.ClassOf(o.err)
 			o.att.ErrorMessage = o.err.Error()
@@ -580,6 +590,9 @@ func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, q
 	}
 	if won != nil {
 		r.record(qc, *won) // last, so that qc keeps the answer's verdict
+		// The hedge won a race, and nothing failed, when the first choice was the route's
+		// primary and its attempt ended only because the hedge's answer made it moot.
+		won.raced = won.att.Hedged && c.level == mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY && allCanceled(failed)
 		return *won
 	}
 	// Both failed: the plan learns from each; the caller applies the last one.
@@ -588,6 +601,16 @@ func (r *Router) hedged(ctx context.Context, req *routerv1.Request, rt *route, q
 		r.afterFailure(p, o)
 	}
 	return failed[len(failed)-1]
+}
+
+// allCanceled reports whether every outcome ended because it was cancelled.
+func allCanceled(os []outcome) bool {
+	for _, o := range os {
+		if provider.ClassOf(o.err) != mantlev1.ErrorClass_ERROR_CLASS_CANCELED {
+			return false
+		}
+	}
+	return true
 }
 
 // extraAttempt reserves what an attempt beyond the plan's own needs on c: a key its
@@ -784,15 +807,27 @@ func applyVerdict(qc *mantlev1.QualityContext, v *verifierv1.VerifyResponse) {
 	}
 }
 
+// answerer is who gave an answer being verified: a candidate's model, or the cache.
+type answerer struct {
+	model, provider string
+	// level is the ladder level the answer would go out at.
+	level mantlev1.FallbackLevel
+	// cached: the answer comes from the cache (stale: past its time to live).
+	cached, stale bool
+}
+
+func (c *candidate) answerer() answerer {
+	return answerer{model: c.u.model.Name, provider: c.u.provider, level: c.level}
+}
+
 // verify asks the verifier about res. A verifier that cannot be reached does not fail the
 // request: the router runs L1 itself (deps.Checker, the library the verifier serves L1
 // from), so a malformed answer still fails over, and an answer that passes goes out
 // unverified and says so (verdict nil): L2 rules and L3 did not run.
-func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, c *candidate, res *provider.Response, audit []*mantlev1.AuditStep) (*verifierv1.VerifyResponse, []*mantlev1.AuditStep, error) {
-	u := c.u
+func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, who answerer, res *provider.Response, audit []*mantlev1.AuditStep) (*verifierv1.VerifyResponse, []*mantlev1.AuditStep, error) {
 	start := r.deps.Clock.Now()
 	if r.deps.Verifier == nil {
-		audit, err := r.checkLocally(ctx, req, c.level, res, audit, "verifier off", start)
+		audit, err := r.checkLocally(ctx, req, who.level, res, audit, "verifier off", start)
 		return nil, audit, err
 	}
 	hop, cancel := r.hopContext(ctx)
@@ -802,19 +837,22 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 	snapshot := hopQuality(qc)
 	// The verifier judges a fallback model by that model's own thresholds: tell it the
 	// level this answer would go out at, and which model gave it.
-	snapshot.FallbackLevel, snapshot.CurrentModel, snapshot.CurrentProvider = c.level, u.model.Name, u.provider
+	snapshot.FallbackLevel, snapshot.CurrentModel, snapshot.CurrentProvider = who.level, who.model, who.provider
+	// The verifier knows a cached answer by cache_hit (it was checked in depth when first
+	// given, so L3 does not run again); its rules run all the same.
+	snapshot.CacheHit, snapshot.CacheStale = who.cached, who.stale
 	v, err := r.deps.Verifier.Verify(hop, &verifierv1.VerifyRequest{
 		Quality:        snapshot,
 		Messages:       req.Messages,
 		Content:        res.Content,
 		FinishReason:   res.FinishReason,
 		ResponseFormat: req.ResponseFormat,
-		Model:          u.model.Name,
+		Model:          who.model,
 		SessionId:      req.User,
 	})
 	if err != nil {
 		r.deps.Log.WarnContext(ctx, "verifier unavailable; checking L1 in the router", "err", err)
-		audit, err := r.checkLocally(ctx, req, c.level, res, audit, "verifier unavailable ("+status.Code(err).String()+")", start)
+		audit, err := r.checkLocally(ctx, req, who.level, res, audit, "verifier unavailable ("+status.Code(err).String()+")", start)
 		return nil, audit, err
 	}
 	audit = append(audit, addedSteps(snapshot, v.GetQuality())...)

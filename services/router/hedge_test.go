@@ -7,6 +7,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/provider"
 )
 
 // hedging turns hedging on for route chat with a 100-500 ms delay.
@@ -187,4 +190,55 @@ func TestHedging(t *testing.T) {
 			t.Errorf("b called %d times, want 3: the hedge and max_retries (2)", n)
 		}
 	})
+}
+
+// TestHedgeNotice: the route's degraded-answer notice (and a degradation reason) go with a
+// hedge's answer only when the first choice failed; a hedge that merely answered first,
+// while the first choice was still working, is not degraded.
+func TestHedgeNotice(t *testing.T) {
+	t.Parallel()
+	const notice = "Answered by a backup model."
+	for _, tt := range []struct {
+		name         string
+		primaryFails bool
+		notice       string
+	}{
+		{"the primary is only slow", false, ""},
+		{"the primary failed while the hedge ran", true, notice},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig()
+			hedging(&cfg)
+			cfg.Routes[0].Ladder.Notice = notice
+			releaseA, releaseB := make(chan struct{}), make(chan struct{})
+			a := hang()
+			if tt.primaryFails {
+				a = result{err: &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_OVERLOADED, StatusCode: 503, Message: "busy"}, release: releaseA}
+			}
+			b := reply("from the hedge", 1, 1)
+			b.release = releaseB
+			h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{"a": newFakeProvider(a), "b": newFakeProvider(b)}})
+			ch := h.start(context.Background(), ask("chat"))
+			h.blockUntil(t, 1) // the hedge timer
+			h.clock.Advance(500 * time.Millisecond)
+			<-h.providers["b"].started
+			if tt.primaryFails {
+				close(releaseA)
+				<-h.providers["a"].returned
+			}
+			close(releaseB)
+			d := await(t, ch)
+			if d.err != nil || d.resp.Model != "b" {
+				t.Fatalf("got %v %v, want the hedge's answer", d.resp.GetModel(), d.err)
+			}
+			q := d.resp.Quality
+			if q.UserNotice != tt.notice || (q.DegradationReason != "") != tt.primaryFails {
+				t.Errorf("notice %q, degradation reason %q; want notice %q and a reason only when the primary failed (%t)", q.UserNotice, q.DegradationReason, tt.notice, tt.primaryFails)
+			}
+			if q.FallbackLevel != mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL {
+				t.Errorf("level %v, want BACKUP_MODEL: the backup answered either way", q.FallbackLevel)
+			}
+		})
+	}
 }

@@ -40,6 +40,7 @@ func hopQuality(qc *mantlev1.QualityContext) *mantlev1.QualityContext {
 		UserNotice:        qc.UserNotice,
 		CacheHit:          qc.CacheHit,
 		CacheSimilarity:   qc.CacheSimilarity,
+		CacheStale:        qc.CacheStale,
 		Verification:      cloneOrNil(qc.Verification),
 		QualityGrade:      qc.QualityGrade,
 		RiskScore:         qc.RiskScore,

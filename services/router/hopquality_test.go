@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 )
 
 // fullQuality sets every field of a QualityContext, so a field added to the message later
@@ -117,5 +118,49 @@ func TestStoreIsSentWhenTheCacheDidNotDecline(t *testing.T) {
 	}
 	if n := h.cache.stored(); n != 1 {
 		t.Errorf("%d Store calls, want 1 for a verified answer to a cacheable prompt", n)
+	}
+}
+
+// TestOnlyPlainAnswersAreStored: an answer the rules touched, or one under review, is not
+// offered to the cache; the audit says why.
+func TestOnlyPlainAnswersAreStored(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		edit   func(v *verifierv1.VerifyResponse)
+		stored int
+		audit  string
+	}{
+		{"plain", func(*verifierv1.VerifyResponse) {}, 1, ""},
+		{"masked", func(v *verifierv1.VerifyResponse) {
+			v.Actions = []*verifierv1.AppliedAction{{RuleId: "mask-codename", Action: "mask"}}
+		}, 0, "not cached: rules applied (mask-codename)"},
+		{"noticed", func(v *verifierv1.VerifyResponse) { v.UserNotice = "Not legal advice." }, 0, "not cached: carries a notice"},
+		{"under review", func(v *verifierv1.VerifyResponse) { v.ReviewId = "rv_1" }, 0, "not cached: under review (rv_1)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, testConfig(), &harness{verifier: &fakeVerifier{verdict: func(in *verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error) {
+				v := pass(in)
+				tt.edit(v)
+				return v, nil
+			}}})
+			resp, err := h.router.Complete(context.Background(), ask("chat"))
+			if err != nil {
+				t.Fatalf("Complete: %v", err)
+			}
+			if n := h.cache.stored(); n != tt.stored {
+				t.Errorf("%d Store calls, want %d", n, tt.stored)
+			}
+			var got string
+			for _, s := range resp.GetQuality().GetAudit() {
+				if s.GetStep() == "store" {
+					got = s.GetDetail()
+				}
+			}
+			if got != tt.audit {
+				t.Errorf("store audit %q, want %q", got, tt.audit)
+			}
+		})
 	}
 }

@@ -297,7 +297,7 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 			w.Header().Set("Content-Type", "text/event-stream")
 			w.Header().Set("Cache-Control", "no-cache")
 			w.Header().Set(HeaderFallbackLevel, ShortLevel(d.Level))
-			w.Header().Set(HeaderCache, cacheHeader(d.Cached))
+			w.Header().Set(HeaderCache, cacheHeader(d.Cached, d.Stale))
 			w.WriteHeader(http.StatusOK)
 		}
 		return writeEvent(chunkJSON(id, created, d.Model, &openaiapi.Message{Content: &d.Content}, nil, nil))
@@ -429,7 +429,7 @@ func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) 
 	}
 	qc := resp.GetQuality()
 	set(canonicalFallbackLevel, ShortLevel(qc.GetFallbackLevel()))
-	set(canonicalCache, cacheHeader(qc.GetCacheHit()))
+	set(canonicalCache, cacheHeader(qc.GetCacheHit(), qc.GetCacheStale()))
 	if g := qc.GetQualityGrade(); g != mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED {
 		set(canonicalQuality, shortGrade(g))
 	} else {
@@ -545,8 +545,13 @@ func writeOverloaded(w http.ResponseWriter) {
 	_, _ = w.Write(overloadedResponse.Body.Bytes())
 }
 
-func cacheHeader(hit bool) string {
-	if hit {
+// cacheHeader is x-mantle-cache: hit, stale (a hit past its time to live, served because
+// no model could answer) or miss.
+func cacheHeader(hit, stale bool) string {
+	switch {
+	case hit && stale:
+		return "stale"
+	case hit:
 		return "hit"
 	}
 	return "miss"

@@ -116,5 +116,5 @@ func (r *Router) replay(rec *idempotency.Record, qc *mantlev1.QualityContext, si
 		return nil, grpcstatus.Error(codes.Internal, "idempotency record without quality context")
 	}
 	resp.Quality.Audit = append(resp.Quality.Audit, r.step("replay", "answered from the idempotency record of "+resp.Quality.RequestId+" for "+qc.RequestId, 0))
-	return &resp, sendWhole(sink, &resp, false)
+	return &resp, sendWhole(sink, &resp)
 }

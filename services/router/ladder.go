@@ -56,25 +56,24 @@ func (r *Router) approximate(ctx context.Context, req *routerv1.Request, rt *rou
 		return nil
 	}
 	start := r.deps.Clock.Now()
-	res, err := r.deps.Cache.Lookup(ctx, &cachev1.LookupRequest{Quality: hopQuality(qc), Prompt: cachePrompt(req, rt),
+	res, err := r.deps.Cache.Lookup(ctx, &cachev1.LookupRequest{Quality: hopQuality(qc), Prompt: cachePrompt(req, rt, qc),
 		Mode: cachev1.LookupMode_LOOKUP_MODE_APPROXIMATE})
 	if err != nil || !res.Hit || res.Entry == nil {
 		r.audit(qc, "ladder", "L2 cache: no related answer", r.deps.Clock.Since(start))
 		return nil
 	}
-	e := res.Entry
-	r.degrade(qc, mantlev1.FallbackLevel_FALLBACK_LEVEL_CACHED_APPROXIMATE, reason, rt.ladder.Notice)
-	qc.CacheHit, qc.CacheSimilarity = true, res.Similarity
-	qc.CurrentModel = e.SourceModel
-	r.audit(qc, "ladder", "L2 cache: related answer "+e.Id, r.deps.Clock.Since(start))
-	return &routerv1.CompleteResponse{
-		Id:           qc.RequestId,
-		Model:        e.SourceModel,
-		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: e.Content},
-		FinishReason: "stop",
-		Usage:        &mantlev1.Usage{},
-		Quality:      qc,
+	// The request's rules judge the related answer too; one they refuse leaves the template.
+	v, content, ok := r.ruleCached(ctx, req, qc, res, mantlev1.FallbackLevel_FALLBACK_LEVEL_CACHED_APPROXIMATE)
+	if !ok {
+		return nil
 	}
+	r.degrade(qc, mantlev1.FallbackLevel_FALLBACK_LEVEL_CACHED_APPROXIMATE, reason, rt.ladder.Notice)
+	detail := "L2 cache: related answer " + res.Entry.Id
+	if res.Stale {
+		detail += " (stale)"
+	}
+	r.audit(qc, "ladder", detail, r.deps.Clock.Since(start))
+	return r.serveCached(qc, res, v, content)
 }
 
 // template answers with the route's fixed text and opens a review so a person follows up.

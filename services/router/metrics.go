@@ -26,6 +26,8 @@ type metrics struct {
 	hedgeBudgetDenied  prometheus.Counter
 	hedges             prometheus.Counter
 	replays            prometheus.Counter
+	// cachedRefused counts cache hits the request's rules (or checks) refused to serve.
+	cachedRefused prometheus.Counter
 	// ttft is the time to the first token of streamed attempts that produced one.
 	ttft *prometheus.HistogramVec
 	// retries counts attempts after a request's first (same model again, or failover), by
@@ -101,6 +103,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_router_shed_total", Help: "Requests refused with OVERLOADED while the process was short of CPU, by priority.",
 		}, []string{"priority"}),
+		cachedRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_router_cached_answers_refused_total", Help: "Cache hits not served because the verification of the request's scenario refused them (a rule blocked or degraded them, or L1 failed); the models were asked instead.",
+		}),
 		idempotencyUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_idempotency_unavailable_total", Help: "Requests served without replay protection because the idempotency store failed.",
 		}),
@@ -110,7 +115,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			m.shed.WithLabelValues(priorityLabel(p))
 		}
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.hedges, m.replays, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed, m.overhead} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.hedges, m.replays, m.cachedRefused, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed, m.overhead} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

@@ -81,6 +81,7 @@ func appendQualityJSON(b []byte, qc *mantlev1.QualityContext) (_ []byte, ok bool
 	o.duration("overhead", qc.GetOverhead())
 	o.duration("upstream_latency", qc.GetUpstreamLatency())
 	o.duration("waited", qc.GetWaited())
+	o.bool("cache_stale", qc.GetCacheStale())
 	o.close()
 	return o.b, o.ok
 }

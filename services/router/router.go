@@ -280,6 +280,8 @@ type Delta struct {
 	Model   string
 	Level   mantlev1.FallbackLevel
 	Cached  bool
+	// Stale: the cached answer is past its time to live (see QualityContext.cache_stale).
+	Stale bool
 }
 
 // Sink receives streamed content. A nil Sink asks for a unary answer.
@@ -327,11 +329,17 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	if err != nil {
 		return nil, err
 	}
-	hit, lease, storeDeclined := r.lookup(ctx, req, rt, qc)
-	if hit != nil {
-		r.settle(ctx, qc, reservation, &mantlev1.Usage{})
-		hit.RateLimit = limits
-		return hit, sendWhole(sink, hit, true)
+	found, lease, storeDeclined := r.lookup(ctx, req, rt, qc)
+	if found != nil {
+		// The rules of the request's scenario judge a cached answer as they judge a fresh
+		// one; one they refuse is not served, and the models are asked instead.
+		if v, content, ok := r.ruleCached(ctx, req, qc, found, mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY); ok {
+			qc.FallbackLevel = mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY
+			hit := r.serveCached(qc, found, v, content)
+			r.settle(ctx, qc, reservation, &mantlev1.Usage{})
+			hit.RateLimit = limits
+			return hit, sendWhole(sink, hit)
+		}
 	}
 	stored := false
 	if lease != "" {
@@ -357,7 +365,7 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 			if resp := r.descend(ctx, req, rt, qc, exhausted.Error()); resp != nil {
 				r.publishDegradation(ctx, rt, qc, qc.DegradationReason, degradationCause(qc, err))
 				resp.RateLimit = limits
-				return resp, sendWhole(sink, resp, false)
+				return resp, sendWhole(sink, resp)
 			}
 		}
 		// A request the provider refused (bad request, content filter) did not degrade:
@@ -368,12 +376,16 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 		}
 		return nil, err
 	}
-	if qc.FallbackLevel != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY {
+	if ans.degraded {
 		r.publishDegradation(ctx, rt, qc, qc.DegradationReason, degradationCause(qc, nil))
 	}
 	if qc.GetVerification().GetL1Passed() && ans.FinishReason == "stop" && !storeDeclined {
-		r.store(ctx, req, rt, qc, ans, lease)
-		stored = true
+		if why := unstorable(ans.verdict); why != "" {
+			r.audit(qc, "store", "not cached: "+why, 0)
+		} else {
+			r.store(ctx, req, rt, qc, ans, lease)
+			stored = true
+		}
 	}
 	return &routerv1.CompleteResponse{
 		Id:           qc.RequestId,
@@ -388,17 +400,50 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 
 // sendWhole streams an answer that did not come from a provider stream (cache, ladder,
 // idempotent replay) as one delta.
-func sendWhole(sink Sink, resp *routerv1.CompleteResponse, cached bool) error {
+func sendWhole(sink Sink, resp *routerv1.CompleteResponse) error {
 	if sink == nil || resp.GetMessage().GetContent() == "" {
 		return nil
 	}
-	return sink(Delta{Content: resp.Message.Content, Model: resp.Model, Level: resp.GetQuality().GetFallbackLevel(), Cached: cached})
+	qc := resp.GetQuality()
+	return sink(Delta{Content: resp.Message.Content, Model: resp.Model, Level: qc.GetFallbackLevel(), Cached: qc.GetCacheHit(), Stale: qc.GetCacheStale()})
 }
 
 // answer is a provider response that passed (or skipped) verification.
 type answer struct {
 	provider.Response
 	model string
+	// verdict is the verifier's on the answer; nil when it was not verified.
+	verdict *verifierv1.VerifyResponse
+	// degraded: the answer is not the route's first choice's because something failed
+	// (a hedge that merely answered first is not degraded).
+	degraded bool
+}
+
+// unstorable says why an answer must not be cached, or "" when it may be. The cache keeps
+// plain answers only: one the rules changed (masked, replaced, noticed), one a person is
+// asked to review, or one that failed a check after it was streamed would otherwise come
+// back later as a plain, high-grade answer. Hits are ruled again when served, so what a
+// rule does to an answer is never stored, only redone.
+func unstorable(v *verifierv1.VerifyResponse) string {
+	switch {
+	case v == nil:
+		return "not verified"
+	case !v.Passed:
+		return "failed verification"
+	case v.ReviewId != "":
+		return "under review (" + v.ReviewId + ")"
+	case len(v.Actions) > 0:
+		ids := make([]string, 0, len(v.Actions))
+		for _, a := range v.Actions {
+			if !slices.Contains(ids, a.RuleId) {
+				ids = append(ids, a.RuleId)
+			}
+		}
+		return "rules applied (" + strings.Join(ids, ",") + ")"
+	case v.UserNotice != "":
+		return "carries a notice"
+	}
+	return ""
 }
 
 // maxWaitMs caps a wait another service reports before it becomes a time.Duration, which
@@ -479,8 +524,9 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 // lookup asks the cache for the prompt. On a miss it may hold a lease: identical prompts
 // arriving meanwhile wait for this request's answer instead of calling a model themselves
 // (task merging), so the lease must end in store or release. storeDeclined says the
-// cache's policy would refuse to store the answer, so store need not be called.
-func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (hit *routerv1.CompleteResponse, lease string, storeDeclined bool) {
+// cache's policy would refuse to store the answer, so store need not be called. A hit is
+// not the request's answer yet: ruleCached decides.
+func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (hit *cachev1.LookupResponse, lease string, storeDeclined bool) {
 	if r.deps.Cache == nil {
 		return nil, "", true // the cache is off: there is nothing to ask and nowhere to store
 	}
@@ -492,7 +538,7 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 	wait := qc.Deadline.AsTime().Sub(start) / 2
 	sent := hopQuality(qc)
 	res, err := r.deps.Cache.Lookup(hop, &cachev1.LookupRequest{
-		Quality: sent, Prompt: cachePrompt(req, rt), Coalesce: true, MaxWait: durationpb.New(wait),
+		Quality: sent, Prompt: cachePrompt(req, rt, qc), Coalesce: true, MaxWait: durationpb.New(wait),
 	})
 	if err != nil {
 		r.deps.Log.WarnContext(ctx, "cache lookup failed; treating as miss", "err", err)
@@ -512,21 +558,46 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 		r.audit(qc, "lookup", detail, r.deps.Clock.Since(start))
 		return nil, res.GetLease().GetId(), res.GetStoreDeclined()
 	}
+	r.audit(qc, "lookup", fmt.Sprintf("hit %s (%s, similarity %.3f)", res.Entry.Id, strings.ToLower(strings.TrimPrefix(res.Match.String(), "MATCH_KIND_")), res.Similarity), r.deps.Clock.Since(start))
+	return res, "", false
+}
+
+// ruleCached verifies a cached answer for this request as the answer of level: the L1
+// checks and the L2 rules of the request's own scenario (a mask, a notice, a review, a
+// block apply to a hit as to a fresh answer), and the risk score. ok is false when the
+// verdict refuses the answer; v is nil when the verifier could not be asked (the answer
+// then goes out unverified, as a fresh one would). content is the answer to deliver.
+func (r *Router) ruleCached(ctx context.Context, req *routerv1.Request, qc *mantlev1.QualityContext, res *cachev1.LookupResponse, level mantlev1.FallbackLevel) (v *verifierv1.VerifyResponse, content string, ok bool) {
 	e := res.Entry
-	qc.CacheHit, qc.CacheSimilarity = true, res.Similarity
+	finish := e.FinishReason
+	if finish == "" {
+		finish = "stop"
+	}
+	ans := provider.Response{Content: e.Content, FinishReason: finish}
+	v, audit, err := r.verify(ctx, req, qc, answerer{model: e.SourceModel, level: level, cached: true, stale: res.Stale}, &ans, nil)
+	qc.Audit = append(qc.Audit, audit...)
+	if err != nil {
+		r.deps.Metrics.cachedRefused.Inc()
+		r.audit(qc, "lookup", fmt.Sprintf("cached answer %s not served: %v", e.Id, err), 0)
+		return nil, "", false
+	}
+	return v, ans.Content, true
+}
+
+// serveCached makes a cached answer that passed ruleCached the request's answer.
+func (r *Router) serveCached(qc *mantlev1.QualityContext, res *cachev1.LookupResponse, v *verifierv1.VerifyResponse, content string) *routerv1.CompleteResponse {
+	e := res.Entry
+	qc.CacheHit, qc.CacheSimilarity, qc.CacheStale = true, res.Similarity, res.Stale
 	qc.CurrentModel = e.SourceModel
-	qc.FallbackLevel = mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY
-	qc.QualityGrade = mantlev1.QualityGrade_QUALITY_GRADE_HIGH
-	qc.Verification = &mantlev1.Verification{L1Passed: true}
-	r.audit(qc, "lookup", fmt.Sprintf("hit %s (%s, similarity %.3f)", e.Id, strings.ToLower(strings.TrimPrefix(res.Match.String(), "MATCH_KIND_")), res.Similarity), r.deps.Clock.Since(start))
+	applyVerdict(qc, v)
 	return &routerv1.CompleteResponse{
 		Id:           qc.RequestId,
 		Model:        e.SourceModel,
-		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: e.Content},
+		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: content},
 		FinishReason: "stop",
 		Usage:        &mantlev1.Usage{},
 		Quality:      qc,
-	}, "", false
+	}
 }
 
 // store offers a verified answer to the cache, answering the lease's waiters too.
@@ -535,7 +606,7 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 	defer cancel()
 	_, err := r.deps.Cache.Store(hop, &cachev1.StoreRequest{
 		Quality:      hopQuality(qc),
-		Prompt:       cachePrompt(req, rt),
+		Prompt:       cachePrompt(req, rt, qc),
 		Content:      ans.Content,
 		SourceModel:  ans.model,
 		FinishReason: ans.FinishReason,
@@ -733,9 +804,13 @@ func providerRequest(req *routerv1.Request, qc *mantlev1.QualityContext) provide
 	return p
 }
 
-func cachePrompt(req *routerv1.Request, rt *route) *cachev1.Prompt {
+// cachePrompt is the request as the cache scopes it. The scenario is the request's own
+// (the x-mantle-scenario header or the gRPC field, else the route's): it decides the
+// cache's policy (cacheable, TTL, thresholds) and which verifier rules the answer met, so
+// answers of two scenarios never share an entry.
+func cachePrompt(req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) *cachev1.Prompt {
 	return &cachev1.Prompt{
-		Scenario:       rt.scenario,
+		Scenario:       qc.Scenario,
 		Model:          rt.name,
 		Messages:       req.Messages,
 		Temperature:    req.Temperature,

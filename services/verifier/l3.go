@@ -43,7 +43,8 @@ func newL3Runner(cfg L3Config, scorer *semantic.Scorer, v *Verifier) *l3Runner {
 }
 
 // submitL3 queues the semantic checks of a delivered answer and reports whether they will
-// run. Answers from skipped fallback levels and the judge's own answers get none.
+// run. Answers from skipped fallback levels, cache hits and the judge's own answers get
+// none.
 func (v *Verifier) submitL3(a Answer, verdict Verdict, risk riskInputs, at time.Time) bool {
 	if v.l3 == nil {
 		return false
@@ -52,6 +53,11 @@ func (v *Verifier) submitL3(a Answer, verdict Verdict, risk riskInputs, at time.
 		return false // the judge's own answer: judging it would loop
 	}
 	if slices.Contains(v.cfg.Degraded.SkipL3Levels, levelName(a.Quality.GetFallbackLevel())) {
+		return false
+	}
+	if a.Quality.GetCacheHit() {
+		// A cached answer had its L3 check when it was first given; the router verifies
+		// each hit again for the L1 checks and the rules of the scenario asking now.
 		return false
 	}
 	requestID := a.Quality.GetRequestId()

@@ -2,9 +2,11 @@ package verifier
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -425,5 +427,29 @@ func TestServerJudgeThroughTheRouter(t *testing.T) {
 	})
 	if err != nil || resp.GetL3Pending() {
 		t.Errorf("judge answer: l3_pending %v, %v; want no L3 (it would loop)", resp.GetL3Pending(), err)
+	}
+}
+
+// TestCachedAnswerGetsRulesButNoL3: the router verifies every cache hit for the scenario
+// asking now. Its rules apply as to a fresh answer; L3, which ran when the answer was first
+// given, does not run again.
+func TestCachedAnswerGetsRulesButNoL3(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, DefaultConfig(), serverOptions{})
+	for _, cached := range []bool{false, true} {
+		resp, err := ts.client.Verify(context.Background(), &verifierv1.VerifyRequest{
+			Quality:  &mantlev1.QualityContext{RequestId: fmt.Sprintf("req-cached-%t", cached), Tenant: "acme", Scenario: "legal", CacheHit: cached},
+			Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "工伤认定需要多久？"}},
+			Content:  "一般需要两个月。",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !resp.GetPassed() || resp.GetUserNotice() == "" || !slices.Contains(resp.GetQuality().GetVerification().GetL2RulesApplied(), "work-injury-cite-regulation") {
+			t.Errorf("cache_hit %t: passed %t notice %q rules %v; want the legal notice rule applied", cached, resp.GetPassed(), resp.GetUserNotice(), resp.GetQuality().GetVerification().GetL2RulesApplied())
+		}
+		if resp.GetL3Pending() == cached {
+			t.Errorf("cache_hit %t: l3_pending %t, want L3 only for the fresh answer", cached, resp.GetL3Pending())
+		}
 	}
 }

@@ -978,7 +978,11 @@ type QualityContext struct {
 	UpstreamLatency *durationpb.Duration `protobuf:"bytes,26,opt,name=upstream_latency,json=upstreamLatency,proto3" json:"upstream_latency,omitempty"`
 	// Time mantle held the request on purpose: in the quota queue, between retries, and
 	// for another request's answer to the same prompt (cache coalescing).
-	Waited        *durationpb.Duration `protobuf:"bytes,27,opt,name=waited,proto3" json:"waited,omitempty"`
+	Waited *durationpb.Duration `protobuf:"bytes,27,opt,name=waited,proto3" json:"waited,omitempty"`
+	// True when the cached answer (cache_hit) is past its time to live: served only because
+	// no model could answer (cache-only mode, the ladder's cache rung). Also the
+	// x-mantle-cache: stale header.
+	CacheStale    bool `protobuf:"varint,28,opt,name=cache_stale,json=cacheStale,proto3" json:"cache_stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1202,6 +1206,13 @@ func (x *QualityContext) GetWaited() *durationpb.Duration {
 	return nil
 }
 
+func (x *QualityContext) GetCacheStale() bool {
+	if x != nil {
+		return x.CacheStale
+	}
+	return false
+}
+
 var File_mantle_v1_quality_proto protoreflect.FileDescriptor
 
 const file_mantle_v1_quality_proto_rawDesc = "" +
@@ -1255,7 +1266,7 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\tR\x04step\x12\x16\n" +
 	"\x06detail\x18\x04 \x01(\tR\x06detail\x125\n" +
-	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xfe\b\n" +
+	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\x9f\t\n" +
 	"\x0eQualityContext\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12'\n" +
@@ -1288,7 +1299,9 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\rskipped_steps\x18\x18 \x03(\tR\fskippedSteps\x125\n" +
 	"\boverhead\x18\x19 \x01(\v2\x19.google.protobuf.DurationR\boverhead\x12D\n" +
 	"\x10upstream_latency\x18\x1a \x01(\v2\x19.google.protobuf.DurationR\x0fupstreamLatency\x121\n" +
-	"\x06waited\x18\x1b \x01(\v2\x19.google.protobuf.DurationR\x06waited*\xb0\x01\n" +
+	"\x06waited\x18\x1b \x01(\v2\x19.google.protobuf.DurationR\x06waited\x12\x1f\n" +
+	"\vcache_stale\x18\x1c \x01(\bR\n" +
+	"cacheStale*\xb0\x01\n" +
 	"\rFallbackLevel\x12\x1e\n" +
 	"\x1aFALLBACK_LEVEL_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FALLBACK_LEVEL_PRIMARY\x10\x01\x12\x1f\n" +
