@@ -132,7 +132,7 @@ func Extract(text string) Signature {
 	symbols := scanSymbols(runes)
 	sig.Operators, sig.Formulas, sig.Emoji = symbols.operators, symbols.formulas, symbols.emoji
 	units := symbols.units // positioned below, with the unit words
-	var seq []string // words and numbers in order, lower-cased
+	var seq []string       // words and numbers in order, lower-cased
 
 	numbers := map[string]int{}
 	dates := map[string]int{}
