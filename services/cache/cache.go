@@ -333,7 +333,7 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 			return LookupResult{}, ctx.Err()
 		}
 		res.MissReason = MissBackendError
-	} else if ok && (e.freshAt(now) || req.Mode != ModeNormal) {
+	} else if ok && (e.freshAt(now) || req.Mode != ModeNormal) && s.admits(k.Question, e, 1, scenario, &res) {
 		return s.hit(res, e, 1, MatchExact, now, pol, req.Mode), nil
 	}
 
@@ -429,6 +429,22 @@ func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRe
 	return nil
 }
 
+// admits runs the near-miss check on an entry found by its exact key or handed over by a
+// coalescing lease. The exact key normalises case and the punctuation at either end, so
+// "-5" and "5", or "50%" and "50", share a key while asking different things; the check
+// reads the questions as written. A rejection is recorded in res and the metrics.
+func (s *Service) admits(question string, e Entry, similarity float64, scenario string, res *LookupResult) bool {
+	r, d := nearmiss.Compare(question, e.Question)
+	if r == "" {
+		return true
+	}
+	s.metrics.rejections.WithLabelValues(scenario, string(r)).Inc()
+	if res.Rejected == nil {
+		res.Rejected = &Rejection{EntryID: e.ID, Similarity: similarity, Reason: string(r), Detail: d}
+	}
+	return false
+}
+
 // hit fills res with e as the answer.
 func (s *Service) hit(res LookupResult, e Entry, similarity float64, match MatchKind, now time.Time, pol policy, mode Mode) LookupResult {
 	res.Hit, res.Entry, res.Similarity, res.Match = true, e, similarity, match
@@ -486,13 +502,19 @@ func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupReq
 		case <-theirs.done:
 			timer.Stop()
 			if theirs.entry != nil {
+				if !s.admits(k.Question, *theirs.entry, 1, s.metrics.scenario(req.Prompt.Scenario), &res) {
+					// Same normalised text, other meaning ("-5" and "5"): this caller asks
+					// the model itself.
+					return res, nil
+				}
 				s.metrics.coalesce.WithLabelValues("joined").Inc()
 				return s.hit(res, *theirs.entry, 1, MatchCoalesced, s.clock.Now(), pol, req.Mode), nil
 			}
 			// Released or expired without an answer: look once more (another path may have
 			// stored one), then try for the lease.
 			s.metrics.coalesce.WithLabelValues("retried").Inc()
-			if e, ok, err := s.get(ctx, k.Exact, s.clock.Now()); err == nil && ok && e.freshAt(s.clock.Now()) {
+			if e, ok, err := s.get(ctx, k.Exact, s.clock.Now()); err == nil && ok && e.freshAt(s.clock.Now()) &&
+				s.admits(k.Question, e, 1, s.metrics.scenario(req.Prompt.Scenario), &res) {
 				return s.hit(res, e, 1, MatchExact, s.clock.Now(), pol, req.Mode), nil
 			}
 		case <-timer.Chan():
