@@ -68,6 +68,8 @@ type policy struct {
 	volatile []string
 	personal []string
 	refusals []string
+	// detectVolatile and detectPersonal turn on the built-in detection (classify.go).
+	detectVolatile, detectPersonal bool
 	patterns []*regexp.Regexp
 }
 
@@ -82,6 +84,8 @@ func compilePolicy(p Policy, defaults thresholds) policy {
 		volatile:             normalizeAll(p.VolatileMarkers),
 		personal:             normalizeAll(p.PersonalMarkers),
 		refusals:             normalizeAll(p.RefusalMarkers),
+		detectVolatile:       p.DetectVolatile,
+		detectPersonal:       p.DetectPersonal,
 	}
 	for _, pattern := range p.PersonalPatterns {
 		compiled.patterns = append(compiled.patterns, regexp.MustCompile(pattern))
@@ -121,12 +125,12 @@ func (p policy) promptSkip(prompt Prompt, lastUser string) SkipReason {
 		}
 	}
 	for _, text := range userTurns {
-		if containsMarker(text, p.volatile) {
+		if containsMarker(text, p.volatile) || (p.detectVolatile && volatileQuestion(text)) {
 			return SkipVolatilePrompt
 		}
 	}
 	for _, text := range userTurns {
-		if containsMarker(text, p.personal) {
+		if containsMarker(text, p.personal) || (p.detectPersonal && personalQuestion(text)) {
 			return SkipPersonalPrompt
 		}
 		for _, re := range p.patterns {

@@ -25,7 +25,7 @@ func (p pair) String() string { return p.a + "→" + p.b }
 var determiners = map[string]bool{
 	"my": true, "your": true, "our": true, "their": true, "his": true, "her": true, "its": true,
 	"the": true, "a": true, "an": true, "this": true, "that": true, "these": true, "those": true,
-	"me": true, "us": true, "him": true, "them": true, "some": true, "all": true, "one": true,
+	"some": true, "all": true, "one": true,
 }
 
 var towards = map[string]bool{"to": true, "into": true, "onto": true, "toward": true, "towards": true}
@@ -98,7 +98,7 @@ func newPair(a, b string) pair {
 var (
 	fromWords    = runesOf([]string{"从"})
 	notFrom      = runesOf([]string{"从来", "从不", "从没", "从事", "从而", "自从", "服从", "从前", "从容", "从小", "从头", "从未", "从此", "从中", "随从"})
-	afterFrom    = runesOf([]string{"转到", "转入", "转至", "转给", "转去", "转往", "换成", "改成", "变成", "调到", "搬到", "寄到", "发到", "飞往", "开往", "到", "至", "往", "去"})
+	afterFrom    = runesOf([]string{"转到", "转入", "转至", "转给", "转去", "转往", "转成", "转为", "换成", "换为", "改成", "改为", "变成", "变为", "调到", "搬到", "寄到", "发到", "飞往", "开往", "到", "至", "往", "去"})
 	directional  = runesOf([]string{"兑换成", "换算成", "兑换", "兑成", "换多少", "兑多少", "等于多少", "折合", "转到", "转入", "转至", "转给", "换成", "兑"})
 	notCompare   = runesOf([]string{"比较", "比如", "比特", "比赛", "对比", "相比", "比例", "比率", "无比", "评比", "比分", "比方", "好比", "比起", "类比", "攀比", "比重", "比对", "比拼"})
 	leadingOwner = runesOf([]string{"我的", "你的", "您的", "他的", "她的", "我", "你", "您"})
