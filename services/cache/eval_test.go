@@ -17,7 +17,7 @@ import (
 
 // evalPair is one labelled line of testdata/eval.jsonl.
 type evalPair struct {
-	ID     string `json:"id"`
+	ID string `json:"id"`
 	// Kind: paraphrase, negation, number, date, product, quote, intent, tenant, operator,
 	// unit, emoji, direction, opposite, volatile, personal.
 	Kind   string `json:"kind"`

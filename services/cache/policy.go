@@ -70,7 +70,7 @@ type policy struct {
 	refusals []string
 	// detectVolatile and detectPersonal turn on the built-in detection (classify.go).
 	detectVolatile, detectPersonal bool
-	patterns []*regexp.Regexp
+	patterns                       []*regexp.Regexp
 }
 
 // compilePolicy prepares p; p must have passed validation.
