@@ -68,9 +68,9 @@ type policy struct {
 	volatile []string
 	personal []string
 	refusals []string
+	patterns []*regexp.Regexp
 	// detectVolatile and detectPersonal turn on the built-in detection (classify.go).
 	detectVolatile, detectPersonal bool
-	patterns                       []*regexp.Regexp
 }
 
 // compilePolicy prepares p; p must have passed validation.
