@@ -39,7 +39,14 @@ type Prompt struct {
 	// ContextFingerprint stands for everything else that changes the answer (tools, stop
 	// sequences); it is hashed into the scope.
 	ContextFingerprint string
+	// EndUser is who the prompt is asked for (the OpenAI user field). A personal prompt is
+	// cached in a scope of its own per end user, and not at all without one.
+	EndUser string
 }
+
+// maxEndUser bounds Prompt.EndUser; OpenAI's user field is an opaque identifier, well
+// below this.
+const maxEndUser = 256
 
 // Message is one conversation turn.
 type Message struct {
@@ -320,7 +327,10 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 	res := LookupResult{Match: MatchNone, Namespace: s.namespace}
 	k := deriveKeys(tenant, s.namespace, req.Prompt)
 	pol := s.policyFor(req.Prompt.Scenario)
-	if reason := pol.promptSkip(req.Prompt, k.Normalized); reason != "" {
+	if reason := pol.promptSkip(req.Prompt, k.Normalized); reason == SkipPersonalPrompt && req.Prompt.EndUser != "" {
+		req.Prompt = endUserScope(req.Prompt)
+		k = deriveKeys(tenant, s.namespace, req.Prompt)
+	} else if reason != "" {
 		res.MissReason = string(reason)
 		res.StoreDeclined = true
 		return res, nil
@@ -427,6 +437,16 @@ func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRe
 		s.metrics.similarity.WithLabelValues(scenario, "rejected").Observe(res.Rejected.Similarity)
 	}
 	return nil
+}
+
+// endUserScope returns p scoped to its end user: the user joins the context fingerprint,
+// which is hashed into the partition, so the exact key, the vector search and coalescing
+// all stay within that user's entries. The user is length-prefixed so no choice of user
+// and fingerprint spells another pair's. The policy treats the scoped prompt as personal
+// still; callers check it before scoping.
+func endUserScope(p Prompt) Prompt {
+	p.ContextFingerprint = fmt.Sprintf("end_user:%d:%s\x00%s", len(p.EndUser), p.EndUser, p.ContextFingerprint)
+	return p
 }
 
 // admits runs the near-miss check on an entry found by its exact key or handed over by a
@@ -597,7 +617,14 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 		return StoreResult{}, err
 	}
 
+	pol := s.policyFor(req.Prompt.Scenario)
 	k := deriveKeys(tenant, s.namespace, req.Prompt)
+	// A personal prompt asked for a known end user is kept in that user's scope; its
+	// lease, if any, was taken in the same scope by the lookup.
+	if pol.promptSkip(req.Prompt, k.Normalized) == SkipPersonalPrompt && req.Prompt.EndUser != "" {
+		req.Prompt = endUserScope(req.Prompt)
+		k = deriveKeys(tenant, s.namespace, req.Prompt)
+	}
 	var held *lease
 	if req.LeaseID != "" {
 		held = s.leases.find(req.LeaseID, tenant)
@@ -608,7 +635,6 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 			held = nil
 		}
 	}
-	pol := s.policyFor(req.Prompt.Scenario)
 	if reason := pol.storeSkip(req, k.Normalized); reason != "" {
 		if held != nil {
 			s.leases.finish(held.id, tenant, nil)
@@ -720,6 +746,9 @@ func validatePrompt(p Prompt) *rpc.ValidationError {
 	}
 	if p.MaxTokens < 0 {
 		invalid.Add("prompt.max_tokens", "must not be negative, got %d", p.MaxTokens)
+	}
+	if len(p.EndUser) > maxEndUser {
+		invalid.Add("prompt.end_user", "at most %d bytes, got %d", maxEndUser, len(p.EndUser))
 	}
 	return invalid
 }

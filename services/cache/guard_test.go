@@ -70,3 +70,52 @@ func TestGuardOnCoalescedAnswer(t *testing.T) {
 		t.Errorf("waiter rejected %+v; want reason number", got.res.Rejected)
 	}
 }
+
+// TestPersonalAnswersPerEndUser checks that a personal answer is kept for the end user who
+// asked, found again by that user only, and not kept at all when the caller names nobody;
+// general questions stay shared.
+func TestPersonalAnswersPerEndUser(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, DefaultConfig())
+	asked := func(question, user string) Prompt {
+		p := basePrompt(question)
+		p.EndUser = user
+		return p
+	}
+	const personal = "What is my account balance?"
+
+	anonymous, err := f.svc.Store(context.Background(), "acme", answer(asked(personal, "")))
+	if err != nil || anonymous.Stored || anonymous.SkippedReason != SkipPersonalPrompt {
+		t.Fatalf("Store without an end user = (%+v, %v); want skipped as %s", anonymous, err, SkipPersonalPrompt)
+	}
+	f.mustStore(t, "acme", answer(asked(personal, "alice")))
+	if res := f.lookupMode(t, "acme", asked(personal, "alice"), ModeNormal); !res.Hit {
+		t.Errorf("alice's own lookup = %+v; want her answer", res)
+	}
+	for _, user := range []string{"bob", ""} {
+		for _, mode := range []Mode{ModeNormal, ModeApproximate} {
+			if res := f.lookupMode(t, "acme", asked(personal, user), mode); res.Hit {
+				t.Errorf("lookup for end user %q (mode %d) = hit; want alice's answer kept from others", user, mode)
+			}
+		}
+	}
+	// A paraphrase by bob does not reach alice's entry through the vector search either.
+	if res := f.lookupMode(t, "acme", asked("what is my account balance", "bob"), ModeApproximate); res.Hit {
+		t.Errorf("bob's paraphrase = hit; want a miss")
+	}
+	// A user whose name ends like another's fingerprint does not meet it.
+	if res := f.lookupMode(t, "acme", asked(personal, "alice\x00"), ModeNormal); res.Hit {
+		t.Errorf("lookup for end user %q = hit; want a miss", "alice\x00")
+	}
+
+	// A general question is shared across end users as before.
+	const general = "Can I change my delivery address?"
+	f.mustStore(t, "acme", answer(asked(general, "alice")))
+	if res := f.lookupMode(t, "acme", asked(general, "bob"), ModeNormal); !res.Hit {
+		t.Errorf("bob's lookup of a general question = %+v; want the shared answer", res)
+	}
+	// Volatile questions are never kept, whoever asks.
+	if res, err := f.svc.Store(context.Background(), "acme", answer(asked("What time is it?", "alice"))); err != nil || res.Stored {
+		t.Errorf("Store of a volatile question = (%+v, %v); want skipped", res, err)
+	}
+}

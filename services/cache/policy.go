@@ -163,7 +163,11 @@ func (p policy) storeSkip(req StoreRequest, lastUser string) SkipReason {
 	case isErrorObject(req.Content):
 		return SkipErrorAnswer
 	}
-	return p.promptSkip(req.Prompt, lastUser)
+	reason := p.promptSkip(req.Prompt, lastUser)
+	if reason == SkipPersonalPrompt && req.Prompt.EndUser != "" {
+		return "" // kept in the end user's own scope (endUserScope)
+	}
+	return reason
 }
 
 // isErrorObject reports whether content is a JSON object with a top-level "error" member,
