@@ -29,8 +29,8 @@ type evalPair struct {
 	// Tenant is "other" when Query is asked by another tenant than the one that stored.
 	Tenant string `json:"tenant"`
 	// Policy "default" runs the pair under the default prompt policy (volatile and personal
-	// detection on): another user of the tenant asks what one user asked. Other pairs run
-	// with the prompt filters off, to measure matching alone.
+	// detection on), stored for end user alice and asked by end user bob of the same
+	// tenant. Other pairs run with the prompt filters off, to measure matching alone.
 	Policy string `json:"policy"`
 }
 
@@ -137,7 +137,10 @@ func runEval(t testing.TB, pairs []evalPair, kind string, embedder Embedder, th 
 		stored.Scenario, query.Scenario = p.ID, p.ID
 		f := matching
 		if p.Policy == "default" {
+			// One end user stores, another asks: personal answers stay with their user,
+			// general ones are shared.
 			f = withPolicy
+			stored.EndUser, query.EndUser = "alice", "bob"
 		}
 		// The policy may decline to store (that is what volatile and personal pairs test).
 		if _, err := f.svc.Store(context.Background(), "acme", answer(stored)); err != nil {
