@@ -507,7 +507,7 @@ type Rejection struct {
 	EntryId    string                 `protobuf:"bytes,1,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"`
 	Similarity float64                `protobuf:"fixed64,2,opt,name=similarity,proto3" json:"similarity,omitempty"`
 	// below_threshold, stale, or a near-miss difference: number, date, negation, quote,
-	// entity.
+	// entity, operator, unit, emoji, direction, opposite.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Detail for operators, for example "numbers [15] vs [14]".
 	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
