@@ -1,12 +1,15 @@
 package mesh_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"testing"
 
 	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
+	"github.com/mantle-mesh/mantle/services/router"
 )
 
 // askHTTP sends one question through the HTTP front door at temperature 0, for end user
@@ -92,5 +95,51 @@ func TestVolatileAndPersonalThroughTheFrontDoor(t *testing.T) {
 	askHTTP(t, m, general, "alice")
 	if got := askHTTP(t, m, general, "bob"); got != "hit" {
 		t.Errorf("general %q asked by bob after alice: x-mantle-cache %q, want hit", general, got)
+	}
+}
+
+// TestRelatedAnswerRungThroughTheFrontDoor pins a route to the ladder's cache rung and asks,
+// over HTTP, questions one opposite word or operator away from cached ones: the near miss
+// gets no related answer (the rung's lookup runs the near-miss check too).
+func TestRelatedAnswerRungThroughTheFrontDoor(t *testing.T) {
+	cfg := testConfig()
+	route := router.RouteConfig{Name: "ladder", Scenario: "ladder", Candidates: []string{"primary"}, Ladder: router.LadderConfig{Cache: true}}
+	cfg.Router.Routes = append(cfg.Router.Routes, route)
+	m := meshtest.Start(t, cfg, meshtest.All)
+	ask := func(question string) *http.Response {
+		t.Helper()
+		b, err := json.Marshal(map[string]any{"model": "ladder", "temperature": 0,
+			"messages": []map[string]string{{"role": "user", "content": question}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return post(t, m, acmeKey, string(b))
+	}
+	tests := []struct{ stored, asked string }{
+		{"What is the maximum daily dose of ibuprofen tablets for an adult with a bad headache and a mild fever?", "What is the minimum daily dose of ibuprofen tablets for an adult with a bad headache and a mild fever?"},
+		{"发烧头痛的时候儿童阿司匹林肠溶片每天最多可以吃几片，饭前还是饭后吃比较好", "发烧头痛的时候成人阿司匹林肠溶片每天最多可以吃几片，饭前还是饭后吃比较好"},
+		{"公司规定上班路上骑电动车出了交通事故受伤，按照劳动法能不能认定为工伤并报销医疗费用", "公司规定下班路上骑电动车出了交通事故受伤，按照劳动法能不能认定为工伤并报销医疗费用"},
+		{"2+3等于几", "2-3等于几"},
+		{"门店买的商品支持七天无理由退货吗，退货运费谁出", "网店买的商品支持七天无理由退货吗，退货运费谁出"},
+	}
+	for _, tt := range tests {
+		if resp := ask(tt.stored); resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST %q: status %d", tt.stored, resp.StatusCode)
+		}
+	}
+	forced := cfg
+	forced.Router.Routes = slices.Clone(cfg.Router.Routes)
+	forced.Router.Routes[len(forced.Router.Routes)-1].Ladder.ForceLevel = router.ForceCache
+	if err := m.Router.Reload(context.Background(), forced); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	for _, tt := range tests {
+		// The cached question itself is still answered from the cache.
+		if resp := ask(tt.stored); resp.StatusCode != http.StatusOK || resp.Header.Get("x-mantle-cache") != "hit" {
+			t.Fatalf("%q with the route forced to the cache: status %d, x-mantle-cache %q; want its cached answer", tt.stored, resp.StatusCode, resp.Header.Get("x-mantle-cache"))
+		}
+		if resp := ask(tt.asked); resp.StatusCode == http.StatusOK {
+			t.Errorf("%q on the cache rung: status 200 (level %q); want no related answer from %q", tt.asked, resp.Header.Get("x-mantle-fallback-level"), tt.stored)
+		}
 	}
 }
