@@ -19,6 +19,8 @@ var operatorRunes = map[rune]string{
 // arrows are written directions: A→B is not B→A.
 var arrows = []string{"->", "=>", "→", "⇒", "➡", "⟶", "➔", "<-", "←", "⇐", "⬅"}
 
+var arrowRunes = runesOf(arrows)
+
 // arrowBackward marks arrows that point from right to left.
 var arrowBackward = map[string]bool{"<-": true, "←": true, "⇐": true, "⬅": true}
 
@@ -144,10 +146,9 @@ func scanSymbols(rs []rune) symbolScan {
 	s.arrowAt = map[int]string{}
 	skip := make([]bool, len(rs))
 	for i := 0; i < len(rs); i++ {
-		for _, a := range arrows {
-			ar := []rune(a)
+		for k, ar := range arrowRunes {
 			if runesAt(rs, i, ar) {
-				s.arrowAt[i] = a
+				s.arrowAt[i] = arrows[k]
 				for k := range ar {
 					skip[i+k] = true
 				}
