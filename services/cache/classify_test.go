@@ -77,3 +77,35 @@ func TestDetectionCanBeTurnedOff(t *testing.T) {
 		}
 	}
 }
+
+// TestDetectionConfig checks that a scenario can turn each detection off in YAML and that
+// the others keep the default.
+func TestDetectionConfig(t *testing.T) {
+	t.Parallel()
+	cfg, err := decodeStrict(`
+scenarios:
+  clock:
+    detect_volatile: false
+  ledger:
+    detect_personal: false
+`)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	tests := []struct {
+		scenario, question string
+		want               SkipReason
+	}{
+		{"clock", "What time is it?", ""},
+		{"clock", "What is my account balance?", SkipPersonalPrompt},
+		{"ledger", "What is my account balance?", ""},
+		{"ledger", "What time is it?", SkipVolatilePrompt},
+		{"other", "What time is it?", SkipVolatilePrompt},
+	}
+	for _, tt := range tests {
+		p := compilePolicy(cfg.DefaultPolicy.with(cfg.Scenarios[tt.scenario]), defaultThresholds(EmbedderLexical))
+		if got := p.promptSkip(basePrompt(tt.question), normalizeText(tt.question)); got != tt.want {
+			t.Errorf("scenario %s: promptSkip(%q) = %q, want %q", tt.scenario, tt.question, got, tt.want)
+		}
+	}
+}

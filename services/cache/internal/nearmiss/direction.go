@@ -105,6 +105,9 @@ var (
 	trailingVerb = runesOf([]string{"转账", "转钱", "汇款", "转", "汇", "寄", "发", "飞", "开", "调", "搬", "换", "改", "变", "走", "把", "钱"})
 )
 
+// chineseDirectionRunes are the runes every Chinese direction word contains one of.
+const chineseDirectionRunes = "从比兑换转等折"
+
 // stopRunes end the thing named on either side of a direction word.
 const stopRunes = "的要需吗怎多了可能是呢吧啊么几该会还更最很太去有没用在和跟与及或"
 

@@ -214,7 +214,10 @@ func Extract(text string) Signature {
 	sig.Dates = multiset(dates)
 	sig.Entities = slices.Sorted(maps.Keys(entities))
 	sig.opposites.countEnglish(seq)
-	sig.Pairs = append(englishPairs(seq), chinesePairs([]rune(sig.text))...)
+	sig.Pairs = englishPairs(seq)
+	if strings.ContainsAny(sig.text, chineseDirectionRunes) {
+		sig.Pairs = append(sig.Pairs, chinesePairs([]rune(sig.text))...)
+	}
 	for at, a := range symbols.arrowAt {
 		sig.Pairs = append(sig.Pairs, arrowPair(runes, toks, at, a))
 	}

@@ -21,6 +21,9 @@ var arrows = []string{"->", "=>", "→", "⇒", "➡", "⟶", "➔", "<-", "←"
 
 var arrowRunes = runesOf(arrows)
 
+// arrowStarts are the first runes of the arrows, to skip every other rune at once.
+const arrowStarts = "-=<→⇒➡⟶➔←⇐⬅"
+
 // arrowBackward marks arrows that point from right to left.
 var arrowBackward = map[string]bool{"<-": true, "←": true, "⇐": true, "⬅": true}
 
@@ -146,6 +149,9 @@ func scanSymbols(rs []rune) symbolScan {
 	s.arrowAt = map[int]string{}
 	skip := make([]bool, len(rs))
 	for i := 0; i < len(rs); i++ {
+		if !strings.ContainsRune(arrowStarts, rs[i]) {
+			continue
+		}
 		for k, ar := range arrowRunes {
 			if runesAt(rs, i, ar) {
 				s.arrowAt[i] = arrows[k]
@@ -156,8 +162,14 @@ func scanSymbols(rs []rune) symbolScan {
 			}
 		}
 	}
+	digits := false
 	for i, r := range rs {
-		if skip[i] {
+		// Letters, digits and spaces are the words' business; most runes stop here.
+		if skip[i] || unicode.IsLetter(r) || unicode.IsSpace(r) {
+			continue
+		}
+		if unicode.IsDigit(r) {
+			digits = true
 			continue
 		}
 		if u, ok := currencySymbols[r]; ok {
@@ -185,7 +197,9 @@ func scanSymbols(rs []rune) symbolScan {
 			s.emoji = append(s.emoji, string(r))
 		}
 	}
-	s.formulas = formulas(rs, skip)
+	if digits {
+		s.formulas = formulas(rs, skip)
+	}
 	return s
 }
 
