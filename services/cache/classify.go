@@ -3,6 +3,7 @@ package cache
 import (
 	"regexp"
 	"strings"
+	"unicode/utf8"
 )
 
 // Built-in detection of volatile and personal questions, in English and Chinese. Marker
@@ -97,9 +98,26 @@ type gatedRule struct {
 	re       *regexp.Regexp
 }
 
-func compileRules(patterns ...string) rules {
-	var r rules
+// byScript splits rules in two: those that can match ASCII text, and those that need
+// other characters (Chinese words), which text without such characters skips.
+type byScript struct{ ascii, other rules }
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+func compileRules(patterns ...string) byScript {
+	var b byScript
 	for _, p := range patterns {
+		r := &b.ascii
+		if !isASCII(strings.Split(p, "\t")[0]) {
+			r = &b.other
+		}
 		triggers, expr, gated := strings.Cut(p, "\t")
 		if !gated {
 			if regexp.QuoteMeta(p) != p {
@@ -110,10 +128,14 @@ func compileRules(patterns ...string) rules {
 		}
 		r.gated = append(r.gated, gatedRule{strings.Split(triggers, "|"), regexp.MustCompile(expr)})
 	}
-	return r
+	return b
 }
 
-func matchesAny(text string, r rules) bool {
+func matchesAny(text string, b byScript) bool {
+	return b.ascii.match(text) || (!isASCII(text) && b.other.match(text))
+}
+
+func (r rules) match(text string) bool {
 	for _, l := range r.literals {
 		if strings.Contains(text, l) {
 			return true
