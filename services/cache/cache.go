@@ -39,7 +39,14 @@ type Prompt struct {
 	// ContextFingerprint stands for everything else that changes the answer (tools, stop
 	// sequences); it is hashed into the scope.
 	ContextFingerprint string
+	// EndUser is who the prompt is asked for (the OpenAI user field). A personal prompt is
+	// cached in a scope of its own per end user, and not at all without one.
+	EndUser string
 }
+
+// maxEndUser bounds Prompt.EndUser; OpenAI's user field is an opaque identifier, well
+// below this.
+const maxEndUser = 256
 
 // Message is one conversation turn.
 type Message struct {
@@ -320,7 +327,10 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 	res := LookupResult{Match: MatchNone, Namespace: s.namespace}
 	k := deriveKeys(tenant, s.namespace, req.Prompt)
 	pol := s.policyFor(req.Prompt.Scenario)
-	if reason := pol.promptSkip(req.Prompt, k.Normalized); reason != "" {
+	if reason := pol.promptSkip(req.Prompt, k.Normalized); reason == SkipPersonalPrompt && req.Prompt.EndUser != "" {
+		req.Prompt = endUserScope(req.Prompt)
+		k = deriveKeys(tenant, s.namespace, req.Prompt)
+	} else if reason != "" {
 		res.MissReason = string(reason)
 		res.StoreDeclined = true
 		return res, nil
@@ -333,7 +343,7 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 			return LookupResult{}, ctx.Err()
 		}
 		res.MissReason = MissBackendError
-	} else if ok && (e.freshAt(now) || req.Mode != ModeNormal) {
+	} else if ok && (e.freshAt(now) || req.Mode != ModeNormal) && s.admits(k.Question, e, 1, scenario, &res) {
 		return s.hit(res, e, 1, MatchExact, now, pol, req.Mode), nil
 	}
 
@@ -429,6 +439,35 @@ func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRe
 	return nil
 }
 
+// endUserScope returns p scoped to its end user: the user joins the context fingerprint,
+// which is hashed into the partition, so the exact key, the vector search and coalescing
+// all stay within that user's entries. The user is length-prefixed so no choice of user
+// and fingerprint spells another pair's. The policy treats the scoped prompt as personal
+// still; callers check it before scoping.
+func endUserScope(p Prompt) Prompt {
+	p.ContextFingerprint = fmt.Sprintf("end_user:%d:%s\x00%s", len(p.EndUser), p.EndUser, p.ContextFingerprint)
+	return p
+}
+
+// admits runs the near-miss check on an entry found by its exact key or handed over by a
+// coalescing lease. The exact key normalises case and the punctuation at either end, so
+// "-5" and "5", or "50%" and "50", share a key while asking different things; the check
+// reads the questions as written. A rejection is recorded in res and the metrics.
+func (s *Service) admits(question string, e Entry, similarity float64, scenario string, res *LookupResult) bool {
+	if question == e.Question {
+		return true // the same text agrees with itself (FuzzCompare holds the check to that)
+	}
+	r, d := nearmiss.Compare(question, e.Question)
+	if r == "" {
+		return true
+	}
+	s.metrics.rejections.WithLabelValues(scenario, string(r)).Inc()
+	if res.Rejected == nil {
+		res.Rejected = &Rejection{EntryID: e.ID, Similarity: similarity, Reason: string(r), Detail: d}
+	}
+	return false
+}
+
 // hit fills res with e as the answer.
 func (s *Service) hit(res LookupResult, e Entry, similarity float64, match MatchKind, now time.Time, pol policy, mode Mode) LookupResult {
 	res.Hit, res.Entry, res.Similarity, res.Match = true, e, similarity, match
@@ -486,13 +525,19 @@ func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupReq
 		case <-theirs.done:
 			timer.Stop()
 			if theirs.entry != nil {
+				if !s.admits(k.Question, *theirs.entry, 1, s.metrics.scenario(req.Prompt.Scenario), &res) {
+					// Same normalised text, other meaning ("-5" and "5"): this caller asks
+					// the model itself.
+					return res, nil
+				}
 				s.metrics.coalesce.WithLabelValues("joined").Inc()
 				return s.hit(res, *theirs.entry, 1, MatchCoalesced, s.clock.Now(), pol, req.Mode), nil
 			}
 			// Released or expired without an answer: look once more (another path may have
 			// stored one), then try for the lease.
 			s.metrics.coalesce.WithLabelValues("retried").Inc()
-			if e, ok, err := s.get(ctx, k.Exact, s.clock.Now()); err == nil && ok && e.freshAt(s.clock.Now()) {
+			if e, ok, err := s.get(ctx, k.Exact, s.clock.Now()); err == nil && ok && e.freshAt(s.clock.Now()) &&
+				s.admits(k.Question, e, 1, s.metrics.scenario(req.Prompt.Scenario), &res) {
 				return s.hit(res, e, 1, MatchExact, s.clock.Now(), pol, req.Mode), nil
 			}
 		case <-timer.Chan():
@@ -575,7 +620,14 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 		return StoreResult{}, err
 	}
 
+	pol := s.policyFor(req.Prompt.Scenario)
 	k := deriveKeys(tenant, s.namespace, req.Prompt)
+	// A personal prompt asked for a known end user is kept in that user's scope; its
+	// lease, if any, was taken in the same scope by the lookup.
+	if pol.promptSkip(req.Prompt, k.Normalized) == SkipPersonalPrompt && req.Prompt.EndUser != "" {
+		req.Prompt = endUserScope(req.Prompt)
+		k = deriveKeys(tenant, s.namespace, req.Prompt)
+	}
 	var held *lease
 	if req.LeaseID != "" {
 		held = s.leases.find(req.LeaseID, tenant)
@@ -586,7 +638,6 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 			held = nil
 		}
 	}
-	pol := s.policyFor(req.Prompt.Scenario)
 	if reason := pol.storeSkip(req, k.Normalized); reason != "" {
 		if held != nil {
 			s.leases.finish(held.id, tenant, nil)
@@ -698,6 +749,9 @@ func validatePrompt(p Prompt) *rpc.ValidationError {
 	}
 	if p.MaxTokens < 0 {
 		invalid.Add("prompt.max_tokens", "must not be negative, got %d", p.MaxTokens)
+	}
+	if len(p.EndUser) > maxEndUser {
+		invalid.Add("prompt.end_user", "at most %d bytes, got %d", maxEndUser, len(p.EndUser))
 	}
 	return invalid
 }

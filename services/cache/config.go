@@ -138,18 +138,31 @@ type Policy struct {
 	// without temperature counts as the provider default (usually 1.0), so send
 	// "temperature": 0 for cacheable requests.
 	MaxTemperature float64 `yaml:"max_temperature"`
-	// VolatileMarkers are words that make a prompt time-dependent: English and Chinese time
-	// and live-data words (today, 库存, 订单 ...). A prompt whose user turns contain one is
-	// never stored or served. Matching happens after
+	// VolatileMarkers are words that make a prompt time-dependent wherever they stand:
+	// English and Chinese time and live-data words (today, now, latest, 库存, 实时 ...). A
+	// prompt whose user turns contain one is never stored or served. Matching happens after
 	// the same normalisation as the key; Latin-script markers match whole words only, so
-	// "now" does not match "know".
+	// "now" does not match "know". Questions whose shape makes them volatile are
+	// detect_volatile's.
 	VolatileMarkers []string `yaml:"volatile_markers"`
-	// PersonalMarkers are English and Chinese phrases that make a prompt about one's own
-	// records (my balance, 我的快递, 我的余额); matched like volatile markers.
+	// PersonalMarkers are English and Chinese disclosures that make a prompt about one
+	// person wherever they stand (my phone number, 我的地址是 ...); matched like volatile
+	// markers. Questions about one's own records are detect_personal's.
 	PersonalMarkers []string `yaml:"personal_markers"`
 	// PersonalPatterns are regular expressions (RE2) for user-specific identifiers: e-mail
 	// addresses, phone numbers, long account or order numbers.
 	PersonalPatterns []string `yaml:"personal_patterns"`
+	// DetectVolatile turns on the built-in detection of volatile questions in English and
+	// Chinese (the time, the date, weather, market prices and exchange rates, scores, events
+	// this week, the status of a service or an order), which reads the question's shape
+	// where markers only see words: "what time is it", not "what time do you open".
+	DetectVolatile bool `yaml:"detect_volatile"`
+	// DetectPersonal turns on the built-in detection of questions about the asker's own
+	// records (my balance, did my payment go through, 我还有多少积分); how-to and policy
+	// questions that merely say "my" (can I change my delivery address?) are not personal.
+	// A personal answer is cached only for the end user who asked (the request's user
+	// field), never across users, and not at all without one.
+	DetectPersonal bool `yaml:"detect_personal"`
 	// RefusalMarkers are English and Chinese openings of an answer that declines ("I'm
 	// sorry, but I can't", 抱歉，我无法); such answers are never stored, even when the
 	// verifier let them pass.
@@ -182,6 +195,8 @@ type ScenarioPolicy struct {
 	VolatileMarkers      []string       `yaml:"volatile_markers,omitempty"`
 	PersonalMarkers      []string       `yaml:"personal_markers,omitempty"`
 	PersonalPatterns     []string       `yaml:"personal_patterns,omitempty"`
+	DetectVolatile       *bool          `yaml:"detect_volatile,omitempty"`
+	DetectPersonal       *bool          `yaml:"detect_personal,omitempty"`
 	RefusalMarkers       []string       `yaml:"refusal_markers,omitempty"`
 	Threshold            *float64       `yaml:"threshold,omitempty"`
 	StaleThreshold       *float64       `yaml:"stale_threshold,omitempty"`
@@ -213,21 +228,21 @@ func defaultThresholds(kind string) thresholds {
 }
 
 // defaultVolatileMarkers are the default volatile markers: time words and live data, in
-// English and Chinese. The seeds warn against caching real-time inventory, order status,
-// weather and personalised content.
+// English and Chinese. Questions with a sentence shape (what time is it, where is my order)
+// are the built-in detection's (detect_volatile); a marker is a word that is volatile
+// wherever it stands.
 var defaultVolatileMarkers = []string{
 	"today", "tonight", "tomorrow", "yesterday", "now", "current", "currently", "latest",
-	"real-time", "realtime", "weather", "in stock", "inventory", "my order", "order status",
-	"今天", "今日", "明天", "昨天", "现在", "目前", "当前", "最新", "实时", "天气", "库存", "订单", "股价",
+	"real-time", "realtime", "live", "weather", "in stock", "inventory", "order status",
+	"今天", "今日", "明天", "昨天", "现在", "目前", "当前", "最新", "实时", "天气", "库存", "股价",
 }
 
-// defaultPersonalMarkers make a prompt about the asker's own records. How-to questions that
-// merely say "my" (how do I delete my account?) are the cache's best customers and are not
-// matched; questions about a person's data (my balance, 我的快递) are.
+// defaultPersonalMarkers are disclosures, personal wherever they stand. Questions about
+// one's records (my balance, 我的积分) are the built-in detection's (detect_personal), which
+// tells them from how-to questions that merely say "my" (how do I delete my account?).
 var defaultPersonalMarkers = []string{
-	"my balance", "my points", "my package", "my parcel", "my delivery", "my refund status",
-	"my account number", "my address is", "my phone number", "my email is",
-	"我的余额", "我的积分", "我的快递", "我的包裹", "我的账单", "我的地址是", "我的手机号", "我的邮箱是",
+	"my account number", "my address is", "my phone number", "my email is", "my card number",
+	"我的地址是", "我的手机号", "我的邮箱是", "我的卡号", "我的身份证",
 }
 
 // defaultPersonalPatterns match identifiers of one person: e-mail addresses, phone
@@ -268,6 +283,8 @@ func DefaultConfig() Config {
 			PersonalMarkers:  slices.Clone(defaultPersonalMarkers),
 			PersonalPatterns: slices.Clone(defaultPersonalPatterns),
 			RefusalMarkers:   slices.Clone(defaultRefusalMarkers),
+			DetectVolatile:   true,
+			DetectPersonal:   true,
 			MaxStaleness:     24 * time.Hour,
 		},
 	}
@@ -425,6 +442,12 @@ func (p Policy) with(o ScenarioPolicy) Policy {
 	}
 	if o.RefusalMarkers != nil {
 		p.RefusalMarkers = o.RefusalMarkers
+	}
+	if o.DetectVolatile != nil {
+		p.DetectVolatile = *o.DetectVolatile
+	}
+	if o.DetectPersonal != nil {
+		p.DetectPersonal = *o.DetectPersonal
 	}
 	if o.Threshold != nil {
 		p.Threshold = *o.Threshold

@@ -33,10 +33,15 @@ func TestDefaultConfig(t *testing.T) {
 		cfg.Coalesce.MaxWait != 10*time.Second || cfg.Coalesce.LeaseTTL != 30*time.Second || cfg.Qdrant.Timeout != 250*time.Millisecond {
 		t.Errorf("DefaultConfig() = %+v, want the embedded backend, the lexical embedder, 24h staleness, coalescing 10s/30s, qdrant timeout 250ms", cfg)
 	}
-	for _, marker := range []string{"today", "now", "current", "latest", "今天", "现在", "实时", "库存", "订单"} {
+	for _, marker := range []string{"today", "now", "current", "latest", "今天", "现在", "实时", "库存"} {
 		if !strings.Contains(strings.Join(cfg.DefaultPolicy.VolatileMarkers, "|"), marker) {
 			t.Errorf("default volatile markers lack %q", marker)
 		}
+	}
+	// 订单 and "my order" are left to detect_volatile, which tells "where is my order" from
+	// "how do I cancel my order".
+	if !cfg.DefaultPolicy.DetectVolatile || !cfg.DefaultPolicy.DetectPersonal {
+		t.Errorf("DefaultConfig() detection volatile %v personal %v, want both on", cfg.DefaultPolicy.DetectVolatile, cfg.DefaultPolicy.DetectPersonal)
 	}
 }
 

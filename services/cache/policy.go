@@ -69,6 +69,8 @@ type policy struct {
 	personal []string
 	refusals []string
 	patterns []*regexp.Regexp
+	// detectVolatile and detectPersonal turn on the built-in detection (classify.go).
+	detectVolatile, detectPersonal bool
 }
 
 // compilePolicy prepares p; p must have passed validation.
@@ -82,6 +84,8 @@ func compilePolicy(p Policy, defaults thresholds) policy {
 		volatile:             normalizeAll(p.VolatileMarkers),
 		personal:             normalizeAll(p.PersonalMarkers),
 		refusals:             normalizeAll(p.RefusalMarkers),
+		detectVolatile:       p.DetectVolatile,
+		detectPersonal:       p.DetectPersonal,
 	}
 	for _, pattern := range p.PersonalPatterns {
 		compiled.patterns = append(compiled.patterns, regexp.MustCompile(pattern))
@@ -121,12 +125,12 @@ func (p policy) promptSkip(prompt Prompt, lastUser string) SkipReason {
 		}
 	}
 	for _, text := range userTurns {
-		if containsMarker(text, p.volatile) {
+		if containsMarker(text, p.volatile) || (p.detectVolatile && volatileQuestion(text)) {
 			return SkipVolatilePrompt
 		}
 	}
 	for _, text := range userTurns {
-		if containsMarker(text, p.personal) {
+		if containsMarker(text, p.personal) || (p.detectPersonal && personalQuestion(text)) {
 			return SkipPersonalPrompt
 		}
 		for _, re := range p.patterns {
@@ -159,7 +163,11 @@ func (p policy) storeSkip(req StoreRequest, lastUser string) SkipReason {
 	case isErrorObject(req.Content):
 		return SkipErrorAnswer
 	}
-	return p.promptSkip(req.Prompt, lastUser)
+	reason := p.promptSkip(req.Prompt, lastUser)
+	if reason == SkipPersonalPrompt && req.Prompt.EndUser != "" {
+		return "" // kept in the end user's own scope (endUserScope)
+	}
+	return reason
 }
 
 // isErrorObject reports whether content is a JSON object with a top-level "error" member,

@@ -253,6 +253,7 @@ func promptFromProto(p *cachev1.Prompt, quality *mantlev1.QualityContext) (Promp
 		Model:              p.GetModel(),
 		ModelFamily:        p.GetModelFamily(),
 		ContextFingerprint: p.GetContextFingerprint(),
+		EndUser:            p.GetEndUser(),
 		Messages:           messages,
 		Temperature:        p.Temperature,
 		MaxTokens:          p.GetMaxTokens(),

@@ -816,6 +816,8 @@ func cachePrompt(req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) 
 		Temperature:    req.Temperature,
 		MaxTokens:      req.MaxTokens,
 		ResponseFormat: req.ResponseFormat,
+		// The cache keeps answers about one person's records for that person only.
+		EndUser: req.User,
 	}
 }
 

@@ -21,10 +21,21 @@ const (
 	Negation Reason = "negation"
 	Quote    Reason = "quote"
 	Entity   Reason = "entity"
+	// Operator: another arithmetic operator or expression (200 / 15 and 200 * 15).
+	Operator Reason = "operator"
+	// Unit: another currency or unit ($500 and €500, 5 km and 5 miles).
+	Unit Reason = "unit"
+	// Opposite: opposite words (minimum and maximum, 儿童 and 成人, 退货 and 换货).
+	Opposite Reason = "opposite"
+	// Direction: the same things in the other direction or role (from savings to checking
+	// and back, USD→CNY and CNY→USD, A比B and B比A).
+	Direction Reason = "direction"
+	// Emoji: other emoji, or emoji of the other polarity (👍 and 👎).
+	Emoji Reason = "emoji"
 )
 
 // Reasons lists every Reason, for metrics' initial series.
-var Reasons = []Reason{Number, Date, Negation, Quote, Entity}
+var Reasons = []Reason{Number, Date, Negation, Quote, Entity, Operator, Unit, Opposite, Direction, Emoji}
 
 // Signature is the part of a question that must agree exactly between two questions for one
 // answer to serve both.
@@ -42,9 +53,26 @@ type Signature struct {
 	// Entities are words that name things (iPhone, AWS, Netflix, a Latin word inside Chinese
 	// text), lower-cased and sorted.
 	Entities []string
+	// Operators are arithmetic operators (+ - * / = < > ...; 加 减 乘 除 and plus, minus
+	// next to a number), canonical, sorted.
+	Operators []string
+	// Formulas are arithmetic expressions as written, spaces removed (200/15), sorted.
+	Formulas []string
+	// Units are currencies and units ($, €, usd, 美元, %, km, 公斤, 3天's day), canonical,
+	// sorted.
+	Units []string
+	// Emoji are emoji of known polarity (emoji:+ for 👍, emoji:- for 👎) and other
+	// pictographs as themselves, sorted.
+	Emoji []string
+	// Pairs are directions: from A to B, A→B, A兑B, A比B.
+	Pairs []pair
 	// words are the lower-cased Latin-script words, to check that an entity of the other
 	// question also occurs here.
 	words map[string]bool
+	// unitOrder is Units in the order written; text is the folded, lower-cased question.
+	unitOrder []string
+	text      string
+	opposites oppositeCounts
 }
 
 // Compare returns why candidate may not serve query, and a detail for operators, or ""
@@ -58,12 +86,26 @@ func CompareSignatures(q, c Signature) (Reason, string) {
 	switch {
 	case !slices.Equal(q.Numbers, c.Numbers):
 		return Number, fmt.Sprintf("numbers %v vs %v", q.Numbers, c.Numbers)
+	case !slices.Equal(q.Operators, c.Operators):
+		return Operator, fmt.Sprintf("operators %q vs %q", q.Operators, c.Operators)
+	case !slices.Equal(q.Formulas, c.Formulas):
+		return Operator, fmt.Sprintf("expressions %q vs %q", q.Formulas, c.Formulas)
+	case !slices.Equal(q.Units, c.Units):
+		return Unit, fmt.Sprintf("units %v vs %v", q.Units, c.Units)
 	case !slices.Equal(q.Dates, c.Dates):
 		return Date, fmt.Sprintf("dates %v vs %v", q.Dates, c.Dates)
 	case q.Negations != c.Negations:
 		return Negation, fmt.Sprintf("%d negations vs %d", q.Negations, c.Negations)
+	case !slices.Equal(q.Emoji, c.Emoji):
+		return Emoji, fmt.Sprintf("emoji %q vs %q", q.Emoji, c.Emoji)
 	case !slices.Equal(q.Quotes, c.Quotes):
 		return Quote, fmt.Sprintf("quoted %q vs %q", q.Quotes, c.Quotes)
+	}
+	if d := compareOpposites(q.opposites, c.opposites); d != "" {
+		return Opposite, d
+	}
+	if d := compareDirections(q, c); d != "" {
+		return Direction, d
 	}
 	// An entity must occur in both questions as a word; where it was recognised (by its
 	// capital letters) does not matter, so "iphone" still matches "iPhone".
@@ -84,9 +126,13 @@ func CompareSignatures(q, c Signature) (Reason, string) {
 func Extract(text string) Signature {
 	text = norm.NFKC.String(text)
 	runes := []rune(text)
-	sig := Signature{words: map[string]bool{}}
+	sig := Signature{words: map[string]bool{}, text: strings.ToLower(text)}
 	sig.Quotes = quotes(runes)
 	sig.Negations = chineseNegations(runes)
+	symbols := scanSymbols(runes)
+	sig.Operators, sig.Formulas, sig.Emoji = symbols.operators, symbols.formulas, symbols.emoji
+	units := symbols.units // positioned below, with the unit words
+	var seq []string       // words and numbers in order, lower-cased
 
 	numbers := map[string]int{}
 	dates := map[string]int{}
@@ -109,6 +155,7 @@ func Extract(text string) Signature {
 		case tokDigits:
 			n := canonicalNumber(t.text)
 			numbers[n]++
+			seq = append(seq, n)
 			if i+1 < len(toks) && toks[i+1].kind == tokCJK {
 				if unit := firstRune(toks[i+1].text); strings.ContainsRune("年月日号点时", unit) {
 					dates[n+string(unit)]++
@@ -117,6 +164,15 @@ func Extract(text string) Signature {
 		case tokWord:
 			lower := strings.ToLower(t.text)
 			sig.words[lower] = true
+			seq = append(seq, lower)
+			if u, ok := unitWords[lower]; ok {
+				units = append(units, positioned{t.start, u})
+			} else if u, ok := unitWordsAfterNumber[lower]; ok && numberAt(toks, i-1) {
+				units = append(units, positioned{t.start, u})
+			}
+			if op, ok := operatorWords[lower]; ok && (numberAt(toks, i-1) || numberAt(toks, i+1) || lower == "divided" || lower == "multiplied") {
+				sig.Operators = append(sig.Operators, op)
+			}
 			for _, part := range strings.FieldsFunc(lower, func(r rune) bool { return r == '\'' || r == '-' }) {
 				sig.words[part] = true
 			}
@@ -145,6 +201,10 @@ func Extract(text string) Signature {
 			for _, n := range chineseNumbers(t.text) {
 				numbers[n]++
 			}
+			afterDigits := i > 0 && toks[i-1].kind == tokDigits && toks[i-1].end >= t.start-1
+			units = append(units, unitsInChinese(runes, t.start, t.end, afterDigits)...)
+			sig.Operators = append(sig.Operators, chineseOperatorsIn(runes, t.start, t.end)...)
+			sig.opposites.countChinese(runes[t.start:t.end])
 			for _, d := range chineseDates(t.text) {
 				dates[d]++
 			}
@@ -153,6 +213,22 @@ func Extract(text string) Signature {
 	sig.Numbers = multiset(numbers)
 	sig.Dates = multiset(dates)
 	sig.Entities = slices.Sorted(maps.Keys(entities))
+	sig.opposites.countEnglish(seq)
+	sig.Pairs = englishPairs(seq)
+	if strings.ContainsAny(sig.text, chineseDirectionRunes) {
+		sig.Pairs = append(sig.Pairs, chinesePairs([]rune(sig.text))...)
+	}
+	for at, a := range symbols.arrowAt {
+		sig.Pairs = append(sig.Pairs, arrowPair(runes, toks, at, a))
+	}
+	slices.SortStableFunc(units, func(a, b positioned) int { return a.at - b.at })
+	for _, u := range units {
+		sig.unitOrder = append(sig.unitOrder, u.unit)
+	}
+	sig.Units = sortedCopy(sig.unitOrder)
+	slices.Sort(sig.Operators)
+	slices.Sort(sig.Formulas)
+	slices.Sort(sig.Emoji)
 	return sig
 }
 
@@ -181,6 +257,8 @@ type token struct {
 	// sentenceStart: the first word of the text or of a sentence, where a capital letter says
 	// nothing about the word being a name.
 	sentenceStart bool
+	// start and end are the token's rune offsets in the text.
+	start, end int
 }
 
 func isCJK(r rune) bool {
@@ -208,7 +286,11 @@ func tokenize(rs []rune) []token {
 				}
 				break
 			}
-			toks = append(toks, token{kind: tokDigits, text: string(rs[i:j])})
+			text := string(rs[i:j])
+			if negativeBefore(rs, i) {
+				text = "-" + text
+			}
+			toks = append(toks, token{kind: tokDigits, text: text, start: i, end: j})
 			i = j
 			sentenceStart = false
 		case isCJK(r):
@@ -216,7 +298,7 @@ func tokenize(rs []rune) []token {
 			for j < len(rs) && isCJK(rs[j]) {
 				j++
 			}
-			toks = append(toks, token{kind: tokCJK, text: string(rs[i:j])})
+			toks = append(toks, token{kind: tokCJK, text: string(rs[i:j]), start: i, end: j})
 			i = j
 			sentenceStart = false
 		case unicode.IsLetter(r):
@@ -235,10 +317,10 @@ func tokenize(rs []rune) []token {
 				break
 			}
 			word := strings.ReplaceAll(string(rs[i:j]), "’", "'")
-			toks = append(toks, token{kind: tokWord, text: word, sentenceStart: sentenceStart})
+			toks = append(toks, token{kind: tokWord, text: word, sentenceStart: sentenceStart, start: i, end: j})
 			// Digits inside a word are numbers too: iPhone15 and "iphone 15" agree.
 			for _, run := range strings.FieldsFunc(word, func(r rune) bool { return !unicode.IsDigit(r) }) {
-				toks = append(toks, token{kind: tokDigits, text: run})
+				toks = append(toks, token{kind: tokDigits, text: run, start: j, end: j})
 			}
 			i = j
 			sentenceStart = false
@@ -263,6 +345,12 @@ func firstRune(s string) rune {
 // separators or leading zeros, and without trailing zeros after a decimal point. Anything
 // with several dots (a version, 1.2.3) is kept as written.
 func canonicalNumber(s string) string {
+	if rest, ok := strings.CutPrefix(s, "-"); ok {
+		if n := canonicalNumber(rest); n != "0" {
+			return "-" + n
+		}
+		return "0"
+	}
 	groups := strings.Split(s, ",")
 	thousands := len(groups) > 1
 	for i, g := range groups[1:] {
@@ -452,7 +540,7 @@ var chineseUnits = map[rune]int{'十': 10, '百': 100, '千': 1000, '万': 10_00
 var notNumbers = []string{
 	"一下", "一起", "一样", "一直", "一般", "一些", "一点", "一定", "一切", "一旦", "一边", "一致",
 	"一会", "统一", "唯一", "万一", "千万", "十分", "一向", "一律", "一再", "一同", "之一", "百分之百",
-	"三思", "一贯", "万分",
+	"三思", "一贯", "万分", "零下", "百分之",
 	// 一 before a measure word is usually the article "a": 写一封邮件, 申请一个账号.
 	"一个", "一种", "一份", "一封", "一张", "一位", "一件", "一本", "一条", "一篇", "一段", "一句",
 }
@@ -496,7 +584,11 @@ func chineseNumbers(s string) []string {
 			}
 			j++
 		}
-		out = append(out, strconv.FormatInt(chineseValue(rs[i:j]), 10))
+		v := strconv.FormatInt(chineseValue(rs[i:j]), 10)
+		if negativeBefore(rs, i) && v != "0" {
+			v = "-" + v
+		}
+		out = append(out, v)
 		i = j
 	}
 	return out

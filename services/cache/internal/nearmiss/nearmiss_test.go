@@ -5,12 +5,36 @@ import (
 	"testing"
 )
 
+// compareCase is one question pair and the reason Compare must give ("" to pass).
+type compareCase struct {
+	name, query, candidate string
+	want                   Reason
+}
+
+// runCompareCases checks each case both ways: the check is symmetric, it compares two
+// questions and neither is special; and a detail comes exactly with a rejection.
+func runCompareCases(t *testing.T, tests []compareCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, detail := Compare(tt.query, tt.candidate)
+			if got != tt.want {
+				t.Errorf("Compare(%q, %q) = %q (%s), want %q", tt.query, tt.candidate, got, detail, tt.want)
+			}
+			if back, _ := Compare(tt.candidate, tt.query); back != got {
+				t.Errorf("Compare is not symmetric: %q one way, %q the other", got, back)
+			}
+			if (got == "") != (detail == "") {
+				t.Errorf("detail %q with reason %q: want a detail exactly when rejected", detail, got)
+			}
+		})
+	}
+}
+
 func TestCompare(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name, query, candidate string
-		want                   Reason
-	}{
+	runCompareCases(t, []compareCase{
 		// Paraphrases that keep every detail pass.
 		{"same words", "How do I reset my password?", "how do i reset my password", ""},
 		{"reworded english", "How can I reset my password?", "What's the way to reset a password", ""},
@@ -65,23 +89,7 @@ func TestCompare(t *testing.T) {
 		{"other product in chinese text", "iPhone怎么退货", "iPad怎么退货", Entity},
 		{"other product, mixed case", "Does it work with macOS?", "Does it work with Windows?", Entity},
 		{"name missing from one side", "How do I export data to Excel?", "how do i export data", Entity},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			got, detail := Compare(tt.query, tt.candidate)
-			if got != tt.want {
-				t.Errorf("Compare(%q, %q) = %q (%s), want %q", tt.query, tt.candidate, got, detail, tt.want)
-			}
-			// The check is symmetric: it compares two questions, neither is special.
-			if back, _ := Compare(tt.candidate, tt.query); back != got {
-				t.Errorf("Compare is not symmetric: %q one way, %q the other", got, back)
-			}
-			if (got == "") != (detail == "") {
-				t.Errorf("detail %q with reason %q: want a detail exactly when rejected", detail, got)
-			}
-		})
-	}
+	})
 }
 
 func TestExtract(t *testing.T) {

@@ -153,8 +153,12 @@ type Prompt struct {
 	// sequences, a seed. Opaque to the cache; it is hashed into the scope, so requests with
 	// different values never share an entry.
 	ContextFingerprint string `protobuf:"bytes,8,opt,name=context_fingerprint,json=contextFingerprint,proto3" json:"context_fingerprint,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// End user the prompt is asked for (the OpenAI user field). A personal prompt (about the
+	// asker's own records) is cached and found only for the same end user, and not at all
+	// without one; other prompts ignore it.
+	EndUser       string `protobuf:"bytes,9,opt,name=end_user,json=endUser,proto3" json:"end_user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Prompt) Reset() {
@@ -239,6 +243,13 @@ func (x *Prompt) GetModelFamily() string {
 func (x *Prompt) GetContextFingerprint() string {
 	if x != nil {
 		return x.ContextFingerprint
+	}
+	return ""
+}
+
+func (x *Prompt) GetEndUser() string {
+	if x != nil {
+		return x.EndUser
 	}
 	return ""
 }
@@ -496,7 +507,7 @@ type Rejection struct {
 	EntryId    string                 `protobuf:"bytes,1,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"`
 	Similarity float64                `protobuf:"fixed64,2,opt,name=similarity,proto3" json:"similarity,omitempty"`
 	// below_threshold, stale, or a near-miss difference: number, date, negation, quote,
-	// entity.
+	// entity, operator, unit, emoji, direction, opposite.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Detail for operators, for example "numbers [15] vs [14]".
 	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
@@ -1288,7 +1299,7 @@ var File_mantle_cache_v1_cache_proto protoreflect.FileDescriptor
 
 const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\n" +
-	"\x1bmantle/cache/v1/cache.proto\x12\x0fmantle.cache.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xdc\x02\n" +
+	"\x1bmantle/cache/v1/cache.proto\x12\x0fmantle.cache.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xf7\x02\n" +
 	"\x06Prompt\x12\x1a\n" +
 	"\bscenario\x18\x01 \x01(\tR\bscenario\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
@@ -1298,7 +1309,8 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"max_tokens\x18\x05 \x01(\x05R\tmaxTokens\x12B\n" +
 	"\x0fresponse_format\x18\x06 \x01(\v2\x19.mantle.v1.ResponseFormatR\x0eresponseFormat\x12!\n" +
 	"\fmodel_family\x18\a \x01(\tR\vmodelFamily\x12/\n" +
-	"\x13context_fingerprint\x18\b \x01(\tR\x12contextFingerprintB\x0e\n" +
+	"\x13context_fingerprint\x18\b \x01(\tR\x12contextFingerprint\x12\x19\n" +
+	"\bend_user\x18\t \x01(\tR\aendUserB\x0e\n" +
 	"\f_temperature\"\xf8\x01\n" +
 	"\rLookupRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12/\n" +
