@@ -280,6 +280,10 @@ type Delta struct {
 	Model   string
 	Level   mantlev1.FallbackLevel
 	Cached  bool
+	// ToolCalls are pieces of tool calls, as the provider streamed them.
+	ToolCalls []provider.ToolCallDelta
+	// Logprobs is the provider's logprobs object for this piece, when asked for.
+	Logprobs []byte
 }
 
 // Sink receives streamed content. A nil Sink asks for a unary answer.
@@ -378,8 +382,9 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	return &routerv1.CompleteResponse{
 		Id:           qc.RequestId,
 		Model:        ans.model,
-		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: ans.Content},
+		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: ans.Content, ToolCalls: toolCallsProto(ans.ToolCalls)},
 		FinishReason: ans.FinishReason,
+		Logprobs:     string(ans.Logprobs),
 		Usage:        usageProto(ans.Usage),
 		Quality:      qc,
 		RateLimit:    limits,
@@ -389,10 +394,18 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 // sendWhole streams an answer that did not come from a provider stream (cache, ladder,
 // idempotent replay) as one delta.
 func sendWhole(sink Sink, resp *routerv1.CompleteResponse, cached bool) error {
-	if sink == nil || resp.GetMessage().GetContent() == "" {
+	msg := resp.GetMessage()
+	if sink == nil || (msg.GetContent() == "" && len(msg.GetToolCalls()) == 0) {
 		return nil
 	}
-	return sink(Delta{Content: resp.Message.Content, Model: resp.Model, Level: resp.GetQuality().GetFallbackLevel(), Cached: cached})
+	d := Delta{Content: msg.Content, Model: resp.Model, Level: resp.GetQuality().GetFallbackLevel(), Cached: cached}
+	for i, tc := range msg.GetToolCalls() {
+		d.ToolCalls = append(d.ToolCalls, provider.ToolCallDelta{Index: i, ID: tc.Id, Type: tc.Type, Name: tc.Name, Arguments: tc.Arguments})
+	}
+	if resp.Logprobs != "" {
+		d.Logprobs = []byte(resp.Logprobs)
+	}
+	return sink(d)
 }
 
 // answer is a provider response that passed (or skipped) verification.
@@ -483,6 +496,10 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (hit *routerv1.CompleteResponse, lease string, storeDeclined bool) {
 	if r.deps.Cache == nil {
 		return nil, "", true // the cache is off: there is nothing to ask and nowhere to store
+	}
+	if why := cacheBypass(req); why != "" {
+		r.audit(qc, "lookup", "skipped: the cache key does not cover "+why, 0)
+		return nil, "", true
 	}
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
@@ -728,8 +745,9 @@ func providerRequest(req *routerv1.Request, qc *mantlev1.QualityContext) provide
 		p.JSON = true
 	}
 	for _, m := range req.Messages {
-		p.Messages = append(p.Messages, provider.Message{Role: m.Role, Content: m.Content, Name: m.Name})
+		p.Messages = append(p.Messages, chatMessageOut(m))
 	}
+	chatFields(&p, req)
 	return p
 }
 
