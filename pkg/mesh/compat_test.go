@@ -377,7 +377,7 @@ func checkCompatibilityDoc(t *testing.T, outcomes map[string]string) {
 // unary and streamed; the stream carries the upstream's index-based pieces as they came,
 // and the router's reassembly of them is what an idempotent replay answers with.
 func TestToolCallsRoundTrip(t *testing.T) {
-	_, base := startCompat(t)
+	up, base := startCompat(t)
 	const body = `{"model":"chat","messages":[` + userMsg + `],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},{"type":"function","function":{"name":"get_time"}}]`
 	wantCalls := `[{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]`
 
@@ -450,12 +450,17 @@ func TestToolCallsRoundTrip(t *testing.T) {
 		t.Errorf("stream finish_reason %q, want tool_calls", finish)
 	}
 	// The replay is the router's record of the streamed answer: its reassembly.
+	calls := up.count()
 	res = postChat(t, base, body+`,"stream":false}`, map[string]string{"Idempotency-Key": "tools-stream-1"})
-	if err := json.Unmarshal(res.body, &unary); err != nil || len(unary.Choices) != 1 {
+	if up.count() != calls {
+		t.Fatalf("the replay called the upstream: %s", res.body)
+	}
+	var replay struct{ Choices []choice }
+	if err := json.Unmarshal(res.body, &replay); err != nil || len(replay.Choices) != 1 {
 		t.Fatalf("replay %s: %v", res.body, err)
 	}
-	if !jsonEqual(unary.Choices[0].Message.ToolCalls, []byte(wantCalls)) {
-		t.Errorf("replayed tool calls %s, want the reassembled %s", unary.Choices[0].Message.ToolCalls, wantCalls)
+	if !jsonEqual(replay.Choices[0].Message.ToolCalls, []byte(wantCalls)) {
+		t.Errorf("replayed tool calls %s, want the reassembled %s", replay.Choices[0].Message.ToolCalls, wantCalls)
 	}
 }
 
