@@ -26,91 +26,13 @@ import (
 
 const compatKey = "sk-compat-test"
 
-// recordingUpstream is an OpenAI-compatible server that keeps the bodies it was sent. It
-// answers a request that offers tools with two parallel tool calls (streamed as index-based
-// pieces when asked to stream), any other with text, and logprobs when they were asked for.
-type recordingUpstream struct {
-	mu     sync.Mutex
-	bodies []map[string]json.RawMessage
-}
-
-func (u *recordingUpstream) last(t *testing.T) map[string]json.RawMessage {
-	t.Helper()
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(u.bodies) == 0 {
-		t.Fatal("the upstream received nothing")
-	}
-	return u.bodies[len(u.bodies)-1]
-}
-
-func (u *recordingUpstream) count() int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return len(u.bodies)
-}
-
-func (u *recordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	raw, _ := io.ReadAll(r.Body)
-	var body map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &body); err != nil {
-		http.Error(w, `{"error":{"message":"not JSON","type":"invalid_request_error"}}`, http.StatusBadRequest)
-		return
-	}
-	u.mu.Lock()
-	u.bodies = append(u.bodies, body)
-	u.mu.Unlock()
-	_, tools := body["tools"]
-	logprobs := string(body["logprobs"]) == "true"
-	const lp = `{"content":[{"token":"ok","logprob":-0.1,"bytes":[111,107],"top_logprobs":[]}]}`
-	if string(body["stream"]) == "true" {
-		w.Header().Set("Content-Type", "text/event-stream")
-		send := func(s string) { fmt.Fprintf(w, "data: %s\n\n", s) }
-		if tools {
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]}`)
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]},"finish_reason":null}]}`)
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":"}}]},"finish_reason":null}]}`)
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]},"finish_reason":null}]}`)
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\"CET\"}"}}]},"finish_reason":null}]}`)
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`)
-		} else {
-			logp := ""
-			if logprobs {
-				logp = `,"logprobs":` + lp
-			}
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"role":"assistant","content":"ok"}` + logp + `,"finish_reason":null}]}`)
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`)
-		}
-		send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
-		send(`[DONE]`)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if tools {
-		fmt.Fprint(w, `{"id":"u1","object":"chat.completion","model":"up","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[`+
-			`{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},`+
-			`{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]},"finish_reason":"tool_calls"}],`+
-			`"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
-		return
-	}
-	logp := ""
-	if logprobs {
-		logp = `,"logprobs":` + lp
-	}
-	content := `"ok"`
-	if _, ok := body["response_format"]; ok {
-		content = `"{\"a\":1}"`
-	}
-	fmt.Fprint(w, `{"id":"u1","object":"chat.completion","model":"up","choices":[{"index":0,"message":{"role":"assistant","content":`+content+`}`+logp+`,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
-}
-
 // startCompat runs the whole mesh with one OpenAI-type provider, the recording upstream,
 // and an Anthropic-type one that answers nothing (it must never be called for fields it
 // cannot carry). Route "chat" is the OpenAI model; route "anthropic-first" tries the
 // Anthropic model first; route "anthropic-only" has no other.
-func startCompat(t *testing.T) (*recordingUpstream, string) {
+func startCompat(t *testing.T) (*meshtest.RecordingUpstream, string) {
 	t.Helper()
-	up := &recordingUpstream{}
+	up := &meshtest.RecordingUpstream{}
 	srv := httptest.NewServer(up)
 	t.Cleanup(srv.Close)
 	var anthropicCalls sync.Mutex
@@ -286,7 +208,7 @@ func TestCompatibilityTable(t *testing.T) {
 			// A question of its own, so that no row is answered from the cache.
 			body = fmt.Sprintf(`{"model":"chat","messages":[{"role":"user","content":"weather in Paris? (row %d)"}],%s}`, i, tc.body)
 		}
-		before := up.count()
+		before := up.Count()
 		res := postChat(t, base, body, nil)
 		switch {
 		case tc.refused != "":
@@ -294,16 +216,16 @@ func TestCompatibilityTable(t *testing.T) {
 			if res.status != http.StatusBadRequest || res.param != tc.refused {
 				t.Errorf("%s: got HTTP %d param %q (%s), want 400 naming %q", tc.field, res.status, res.param, res.body, tc.refused)
 			}
-			if up.count() != before {
+			if up.Count() != before {
 				t.Errorf("%s: refused, yet the upstream was called", tc.field)
 			}
 		default:
 			outcomes[tc.field] = "forwarded"
-			if res.status != http.StatusOK || up.count() != before+1 {
-				t.Errorf("%s: got HTTP %d (%s) after %d upstream calls, want it forwarded in one", tc.field, res.status, res.body, up.count()-before)
+			if res.status != http.StatusOK || up.Count() != before+1 {
+				t.Errorf("%s: got HTTP %d (%s) after %d upstream calls, want it forwarded in one", tc.field, res.status, res.body, up.Count()-before)
 				continue
 			}
-			got := up.last(t)
+			got := up.Last(t)
 			for member, want := range tc.forwarded {
 				if !jsonEqual(got[member], []byte(want)) {
 					t.Errorf("%s: the upstream received %s = %s, want %s", tc.field, member, got[member], want)
@@ -450,9 +372,9 @@ func TestToolCallsRoundTrip(t *testing.T) {
 		t.Errorf("stream finish_reason %q, want tool_calls", finish)
 	}
 	// The replay is the router's record of the streamed answer: its reassembly.
-	calls := up.count()
+	calls := up.Count()
 	res = postChat(t, base, body+`,"stream":false}`, map[string]string{"Idempotency-Key": "tools-stream-1"})
-	if up.count() != calls {
+	if up.Count() != calls {
 		t.Fatalf("the replay called the upstream: %s", res.body)
 	}
 	var replay struct{ Choices []choice }
@@ -493,7 +415,7 @@ func TestFieldsSkipCandidatesThatCannotCarryThem(t *testing.T) {
 	if res.status != http.StatusOK {
 		t.Fatalf("anthropic-first with tools: HTTP %d: %s", res.status, res.body)
 	}
-	if _, ok := up.last(t)["tools"]; !ok {
+	if _, ok := up.Last(t)["tools"]; !ok {
 		t.Error("the OpenAI upstream did not receive the tools")
 	}
 	res = postChat(t, base, `{"model":"anthropic-only","messages":[`+userMsg+`],`+tools+`}`, nil)
