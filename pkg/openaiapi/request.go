@@ -138,7 +138,7 @@ func DecodeChatRequest(body []byte) (*ChatRequest, error) {
 			if why, ok := Refused[k]; ok {
 				d.fail(k, "not supported: %s", why)
 			} else {
-				d.fail(k, "unknown field: mantle forwards every documented chat completions field and refuses others (provider-specific fields go in extra_body)")
+				d.fail(keyName(k), "unknown field: mantle forwards every documented chat completions field and refuses others (provider-specific fields go in extra_body)")
 			}
 		}
 		if d.err != nil {
@@ -314,7 +314,7 @@ func (d *decoder) extraBody(v json.RawMessage) string {
 		// A member that names a field mantle models would be sent twice, or override
 		// what mantle checked (a model name, the stream flag).
 		if slices.Contains(Forwarded, k) {
-			d.fail("extra_body."+k, "is a field mantle forwards itself: send it at the top level")
+			d.fail(join("extra_body", k), "is a field mantle forwards itself: send it at the top level")
 			return ""
 		}
 	}
@@ -599,9 +599,18 @@ func shorten(v json.RawMessage) string {
 
 func join(field, k string) string {
 	if field == "" {
-		return k
+		return keyName(k)
 	}
-	return field + "." + k
+	return field + "." + keyName(k)
+}
+
+// keyName is k as a field name; an empty key is shown quoted, so that the error still
+// names it.
+func keyName(k string) string {
+	if k == "" {
+		return `""`
+	}
+	return k
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -233,49 +233,111 @@ func cacheBypass(req *routerv1.Request) string {
 	return ""
 }
 
-// unsupportedBy names the first field of preq that u's provider would have to drop, or "".
-func unsupportedBy(u *upstream, preq provider.Request) string {
+// need is a capability a request needs, and the field that needs it.
+type need struct {
+	capability string
+	field      string
+	lacks      func(*Capabilities) bool
+}
+
+// needs lists the capabilities req needs, each once, with the first field needing it.
+func needs(req *routerv1.Request) []need {
+	var out []need
+	add := func(capability, field string, lacks func(*Capabilities) bool) {
+		for _, n := range out {
+			if n.capability == capability {
+				return
+			}
+		}
+		out = append(out, need{capability, field, lacks})
+	}
+	if len(req.Tools) > 0 {
+		add("tools", "tools", func(c *Capabilities) bool { return !c.Tools })
+	}
+	if p := req.ParallelToolCalls; p != nil && *p {
+		add("parallel_tools", "parallel_tool_calls", func(c *Capabilities) bool { return !c.ParallelTools })
+	}
+	for i, m := range req.Messages {
+		if len(m.ToolCalls) > 0 || m.ToolCallId != "" {
+			add("tools", fmt.Sprintf("messages[%d].tool_calls", i), func(c *Capabilities) bool { return !c.Tools })
+		}
+		for _, p := range m.Parts {
+			switch p.Part.(type) {
+			case *mantlev1.ContentPart_Image:
+				add("vision", fmt.Sprintf("messages[%d].content", i), func(c *Capabilities) bool { return !c.Vision })
+			case *mantlev1.ContentPart_InputAudio:
+				add("audio", fmt.Sprintf("messages[%d].content", i), func(c *Capabilities) bool { return !c.Audio })
+			case *mantlev1.ContentPart_File:
+				add("files", fmt.Sprintf("messages[%d].content", i), func(c *Capabilities) bool { return !c.Files })
+			}
+		}
+	}
+	if req.GetResponseFormat().GetType() == mantlev1.ResponseFormat_TYPE_JSON_SCHEMA {
+		add("json_schema", "response_format", func(c *Capabilities) bool { return !c.JSONSchema })
+	}
+	if p := req.Logprobs; p != nil && *p {
+		add("logprobs", "logprobs", func(c *Capabilities) bool { return !c.Logprobs })
+	}
+	if mt := int(req.MaxTokens); mt > 0 {
+		add("max_output", "max_tokens", func(c *Capabilities) bool { return c.MaxOutput > 0 && mt > c.MaxOutput })
+	}
+	return out
+}
+
+// unsupportedBy says why u cannot serve req (preq as its provider gets it): a capability
+// its model lacks, or a field its provider would have to drop. field is the request field
+// to name; both are "" when u can serve it.
+func unsupportedBy(u *upstream, req *routerv1.Request, preq provider.Request) (field, why string) {
+	if caps := u.model.Capabilities; caps != nil {
+		for _, n := range needs(req) {
+			if n.lacks(caps) {
+				return n.field, "capability " + n.capability
+			}
+		}
+	}
 	if len(u.keys) == 0 {
-		return ""
+		return "", ""
 	}
 	if fr, ok := u.keys[0].client.(provider.FieldRefuser); ok {
-		return fr.Unsupported(preq)
+		if f := fr.Unsupported(preq); f != "" {
+			return f, "its provider cannot carry " + f
+		}
 	}
-	return ""
+	return "", ""
 }
 
 // skipUnable marks the candidates whose provider would have to drop a field of preq as
 // exhausted, so that none of them is tried: a fallback that ignores the tools or the image
 // gives a wrong answer, not a rescue.
-func (r *Router) skipUnable(qc *mantlev1.QualityContext, p *plan, preq provider.Request) {
+func (r *Router) skipUnable(qc *mantlev1.QualityContext, p *plan, req *routerv1.Request, preq provider.Request) {
 	for _, c := range p.cands {
-		if f := unsupportedBy(c.u, preq); f != "" {
+		if f, why := unsupportedBy(c.u, req, preq); f != "" {
 			c.exhausted = true
-			r.audit(qc, "route", fmt.Sprintf("%s skipped: its provider cannot carry %s", c.u.model.Name, f), 0)
+			r.audit(qc, "route", fmt.Sprintf("%s skipped: %s (%s)", c.u.model.Name, why, f), 0)
 		}
 	}
 }
 
-// checkCarried refuses req when no candidate of rt can carry all its fields, naming the
-// field the first candidate lacks.
+// checkCarried refuses req when no candidate of rt can serve it (capabilities, fields its
+// provider carries), naming the field and what the first candidate lacks.
 func checkCarried(rt *route, req *routerv1.Request) error {
 	preq := providerRequest(req, &mantlev1.QualityContext{})
-	first := ""
+	first, firstWhy, firstModel := "", "", ""
 	for _, us := range [][]*upstream{rt.candidates, rt.smaller} {
 		for _, u := range us {
-			f := unsupportedBy(u, preq)
+			f, why := unsupportedBy(u, req, preq)
 			if f == "" {
 				return nil
 			}
 			if first == "" {
-				first = f
+				first, firstWhy, firstModel = f, why, u.model.Name
 			}
 		}
 	}
 	if first == "" {
 		return nil // a route without candidates fails later, as before
 	}
-	return rpc.Invalid("request."+first, "no model of route %q can take this field: their providers do not carry it", rt.name)
+	return rpc.Invalid("request."+first, "no model of route %q can serve this request: %s, lacked by %s and every other candidate", rt.name, firstWhy, firstModel)
 }
 
 // dataURL is an inline image as a data: URL, the form OpenAI-type APIs take.

@@ -218,6 +218,23 @@ type ModelConfig struct {
 	// AcceptsPrefill says the model continues a partial assistant message, so that it can
 	// finish a stream that broke mid-answer.
 	AcceptsPrefill bool `yaml:"accepts_prefill,omitempty"`
+	// Capabilities say what requests the model can serve; a request needing one it lacks
+	// is never sent to it. Unset: the model is not restricted (its provider type still is).
+	Capabilities *Capabilities `yaml:"capabilities,omitempty"`
+}
+
+// Capabilities are what a model can act on. The context window is ModelConfig.ContextWindow.
+type Capabilities struct {
+	Tools         bool `yaml:"tools"`
+	ParallelTools bool `yaml:"parallel_tools"`
+	// Vision: image parts; Audio: input_audio parts; Files: file parts.
+	Vision     bool `yaml:"vision"`
+	Audio      bool `yaml:"audio"`
+	Files      bool `yaml:"files"`
+	JSONSchema bool `yaml:"json_schema"`
+	Logprobs   bool `yaml:"logprobs"`
+	// MaxOutput is the most output tokens the model produces; 0 is unknown (no limit).
+	MaxOutput int `yaml:"max_output,omitempty"`
 }
 
 // RouteConfig is a name callers use for an ordered list of candidate models.
