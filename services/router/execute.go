@@ -181,7 +181,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		r.hedgeBudget.Request()
 	}
 	preq := providerRequest(req, qc)
-	r.skipUnable(qc, p, preq)
+	r.skipUnable(qc, p, req, preq)
 	for ctx.Err() == nil {
 		c := p.next()
 		if c == nil {
