@@ -389,6 +389,9 @@ func writeError(w http.ResponseWriter, err error) {
 	switch st.Code() {
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
 		httpStatus, typ = http.StatusBadRequest, "invalid_request_error"
+		if rpc.ErrorInfo(err).GetReason() == ReasonIdempotencyKeyReused {
+			httpStatus = http.StatusUnprocessableEntity
+		}
 	case codes.Unauthenticated:
 		httpStatus, typ = http.StatusUnauthorized, "authentication_error"
 	case codes.PermissionDenied:
