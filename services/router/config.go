@@ -225,14 +225,20 @@ type ModelConfig struct {
 
 // Capabilities are what a model can act on. The context window is ModelConfig.ContextWindow.
 type Capabilities struct {
-	Tools         bool `yaml:"tools"`
+	// Tools says the model calls functions (tools offered, tool turns in the conversation).
+	Tools bool `yaml:"tools"`
+	// ParallelTools says it makes several tool calls in one answer (parallel_tool_calls: true).
 	ParallelTools bool `yaml:"parallel_tools"`
-	// Vision: image parts; Audio: input_audio parts; Files: file parts.
-	Vision     bool `yaml:"vision"`
-	Audio      bool `yaml:"audio"`
-	Files      bool `yaml:"files"`
+	// Vision says it reads image parts.
+	Vision bool `yaml:"vision"`
+	// Audio says it reads input_audio parts.
+	Audio bool `yaml:"audio"`
+	// Files says it reads file parts.
+	Files bool `yaml:"files"`
+	// JSONSchema says it follows a json_schema response format.
 	JSONSchema bool `yaml:"json_schema"`
-	Logprobs   bool `yaml:"logprobs"`
+	// Logprobs says it returns log probabilities when asked.
+	Logprobs bool `yaml:"logprobs"`
 	// MaxOutput is the most output tokens the model produces; 0 is unknown (no limit).
 	MaxOutput int `yaml:"max_output,omitempty"`
 }
