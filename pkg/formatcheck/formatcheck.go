@@ -161,6 +161,9 @@ type Answer struct {
 	// Degraded: the answer comes from a fallback, not the route's first choice; it is held
 	// to Config.DegradedConfidenceThreshold.
 	Degraded bool
+	// ToolCalls is how many tool calls the answer made: an answer that is only tool calls
+	// has no content, and is not empty.
+	ToolCalls int
 	// KeepValue asks for the whole JSON document decoded into Result.Value even without a
 	// schema (the verifier's L2 rules read it). Otherwise only the top level is decoded,
 	// which is several times cheaper on large answers.
@@ -259,6 +262,10 @@ func (c *Checker) Check(a Answer) Result {
 		findings = append(findings, f)
 	}
 	findings = appendEncodingFindings(findings, a.Content)
+	if strings.TrimSpace(a.Content) == "" && a.ToolCalls > 0 {
+		// The answer is the tool calls; the format asked for applies to text answers.
+		return newResult(Result{Content: a.Content}, findings)
+	}
 	if strings.TrimSpace(a.Content) == "" {
 		// Nothing else can be said about an empty answer; json_parse would only repeat it.
 		return newResult(Result{Content: a.Content}, append(findings, blocking(CodeEmpty, "", malformed, "the answer is empty")))

@@ -4,6 +4,8 @@
 // compatible servers send, is pkg/provider/openai's job.
 package openaiapi
 
+import "encoding/json"
+
 // ChatCompletion is a chat completion, or, with Object "chat.completion.chunk", one
 // chunk of a streamed one.
 type ChatCompletion struct {
@@ -21,6 +23,8 @@ type Choice struct {
 	Message      *Message `json:"message,omitempty"`
 	Delta        *Message `json:"delta,omitempty"`
 	FinishReason *string  `json:"finish_reason"`
+	// Logprobs is the provider's logprobs object, passed through when the caller asked.
+	Logprobs json.RawMessage `json:"logprobs,omitempty"`
 }
 
 // Message is an answer, or a chunk's delta, which leaves out what it does not add: the
@@ -28,6 +32,22 @@ type Choice struct {
 type Message struct {
 	Role    string  `json:"role,omitempty"`
 	Content *string `json:"content,omitempty"`
+	// ToolCalls are the calls of an answer, or in a chunk pieces of them (with Index).
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+}
+
+// ToolCall is a call of a function, or in a chunk a piece of one.
+type ToolCall struct {
+	Index    *int         `json:"index,omitempty"`
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type,omitempty"`
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall is a tool call's function and its arguments (JSON text).
+type FunctionCall struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
 }
 
 // Usage counts a completion's tokens.

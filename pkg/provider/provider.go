@@ -5,6 +5,7 @@ package provider
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -17,6 +18,78 @@ type Message struct {
 	Role    string
 	Content string
 	Name    string
+	// Parts is the content as typed parts, when the caller sent a list; Content is empty then.
+	Parts []Part
+	// ContentNull: the turn has no content at all (an assistant turn that only calls tools).
+	ContentNull bool
+	// ToolCalls are the calls an assistant turn made.
+	ToolCalls []ToolCall
+	// ToolCallID is, for role tool, the call this message answers.
+	ToolCallID string
+	// Refusal is an assistant turn's refusal.
+	Refusal string
+}
+
+// Part kinds.
+const (
+	PartText       = "text"
+	PartImage      = "image_url"
+	PartInputAudio = "input_audio"
+	PartFile       = "file"
+	PartRefusal    = "refusal"
+)
+
+// Part is one typed part of a message's content; Type says which fields are set.
+type Part struct {
+	Type string
+	// Text is the text of a text part, or the refusal of a refusal part.
+	Text string
+	// ImageURL is an image's URL (a data: URL for an inline image) and Detail its detail.
+	ImageURL string
+	Detail   string
+	// AudioData (base64) and AudioFormat are an input_audio part.
+	AudioData   string
+	AudioFormat string
+	// FileID, Filename and FileData (base64) are a file part.
+	FileID   string
+	Filename string
+	FileData string
+}
+
+// ToolCall is one call of a function by the model.
+type ToolCall struct {
+	ID   string
+	Type string
+	Name string
+	// Arguments is the JSON text the model wrote, unparsed.
+	Arguments string
+}
+
+// ToolCallDelta is a piece of a streamed tool call (see Chunk.ToolCalls).
+type ToolCallDelta struct {
+	Index     int
+	ID        string
+	Type      string
+	Name      string
+	Arguments string
+}
+
+// Tool is a function the model may call.
+type Tool struct {
+	Type        string
+	Name        string
+	Description string
+	// Parameters is the JSON Schema of the arguments as the caller wrote it; nil when absent.
+	Parameters json.RawMessage
+	Strict     *bool
+}
+
+// JSONSchema is a json_schema response format.
+type JSONSchema struct {
+	Name        string
+	Description string
+	Schema      json.RawMessage
+	Strict      *bool
 }
 
 // Request is one chat completion call to one model with one key.
@@ -25,8 +98,12 @@ type Request struct {
 	Messages    []Message
 	MaxTokens   int
 	Temperature *float64
-	// JSON asks the provider for a JSON object answer when it supports that.
+	// JSON asks the provider for a JSON answer: a JSON object, or JSONSchema when set.
 	JSON bool
+	// JSONSchema is the schema of a json_schema response format.
+	JSONSchema *JSONSchema
+	// TextFormat: the caller asked for response_format text explicitly.
+	TextFormat bool
 	// User is the end-user id, forwarded where the provider accepts one.
 	User string
 	// IdempotencyKey is forwarded as the Idempotency-Key header where accepted.
@@ -35,6 +112,41 @@ type Request struct {
 	// uses it to finish a stream that broke mid-answer on another model. Only models that
 	// accept a prefill (Anthropic; DeepSeek and vLLM through OpenAI-compatible APIs) get it.
 	Prefill string
+
+	// The sampling and tool fields of OpenAI's chat completions API, forwarded as given:
+	// nil and empty mean "not sent".
+	Tools              []Tool
+	ToolChoice         string // auto, none, required, or function (with ToolChoiceFunction)
+	ToolChoiceFunction string
+	ParallelToolCalls  *bool
+	Stop               []string
+	N                  *int
+	Seed               *int64
+	TopP               *float64
+	PresencePenalty    *float64
+	FrequencyPenalty   *float64
+	LogitBias          map[string]int
+	Logprobs           *bool
+	TopLogprobs        *int
+	// MaxTokensIsCompletion sends MaxTokens as max_completion_tokens, which reasoning
+	// models require.
+	MaxTokensIsCompletion bool
+	ReasoningEffort       string
+	ServiceTier           string
+	Metadata              map[string]string
+	Modalities            []string
+	Store                 *bool
+	// ExtraBody is a JSON object whose members are added to the request body as they are;
+	// only adapters whose API it is meant for accept it.
+	ExtraBody json.RawMessage
+}
+
+// FieldRefuser is implemented by adapters that cannot carry every field of a Request. The
+// router does not send a request to such an adapter when Unsupported names a field.
+type FieldRefuser interface {
+	// Unsupported returns the OpenAI name of the first field of req the adapter would have
+	// to drop, or "" when it carries them all.
+	Unsupported(req Request) string
 }
 
 // Usage is the token usage a provider reported.
@@ -47,7 +159,11 @@ type Usage struct {
 type Response struct {
 	Content      string
 	FinishReason string
-	Usage        Usage
+	// ToolCalls are the calls the model made (finish reason tool_calls).
+	ToolCalls []ToolCall
+	// Logprobs is the choice's logprobs object as the provider sent it, when asked for.
+	Logprobs json.RawMessage
+	Usage    Usage
 	// Model is the model name the provider reported.
 	Model string
 	// RequestID is the provider's own request id, when it sent one.
@@ -75,6 +191,39 @@ type Chunk struct {
 	Content      string
 	FinishReason string
 	Usage        *Usage
+	// ToolCalls are pieces of tool calls, by index (AssembleToolCalls joins them).
+	ToolCalls []ToolCallDelta
+	// Logprobs is the chunk's logprobs object as the provider sent it.
+	Logprobs json.RawMessage
+}
+
+// Empty reports whether c carries nothing for the caller (content, tool calls, logprobs).
+func (c Chunk) Empty() bool {
+	return c.Content == "" && len(c.ToolCalls) == 0 && len(c.Logprobs) == 0
+}
+
+// AssembleToolCalls folds streamed tool call pieces into calls, in index order: the first
+// piece of an index gives its id, type and name, every piece adds to its arguments.
+func AssembleToolCalls(calls []ToolCall, deltas []ToolCallDelta) []ToolCall {
+	for _, d := range deltas {
+		if d.Index < 0 || d.Index > len(calls) {
+			// Out of order indexes are appended rather than dropped.
+			d.Index = len(calls)
+		}
+		if d.Index == len(calls) {
+			calls = append(calls, ToolCall{})
+		}
+		c := &calls[d.Index]
+		if d.ID != "" {
+			c.ID = d.ID
+		}
+		if d.Type != "" {
+			c.Type = d.Type
+		}
+		c.Name += d.Name
+		c.Arguments += d.Arguments
+	}
+	return calls
 }
 
 // Stream yields chunks until Recv returns io.EOF (a clean end) or an *Error.

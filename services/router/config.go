@@ -240,6 +240,29 @@ type ModelConfig struct {
 	// AcceptsPrefill says the model continues a partial assistant message, so that it can
 	// finish a stream that broke mid-answer.
 	AcceptsPrefill bool `yaml:"accepts_prefill,omitempty"`
+	// Capabilities say what requests the model can serve; a request needing one it lacks
+	// is never sent to it. Unset: the model is not restricted (its provider type still is).
+	Capabilities *Capabilities `yaml:"capabilities,omitempty"`
+}
+
+// Capabilities are what a model can act on. The context window is ModelConfig.ContextWindow.
+type Capabilities struct {
+	// Tools says the model calls functions (tools offered, tool turns in the conversation).
+	Tools bool `yaml:"tools"`
+	// ParallelTools says it makes several tool calls in one answer (parallel_tool_calls: true).
+	ParallelTools bool `yaml:"parallel_tools"`
+	// Vision says it reads image parts.
+	Vision bool `yaml:"vision"`
+	// Audio says it reads input_audio parts.
+	Audio bool `yaml:"audio"`
+	// Files says it reads file parts.
+	Files bool `yaml:"files"`
+	// JSONSchema says it follows a json_schema response format.
+	JSONSchema bool `yaml:"json_schema"`
+	// Logprobs says it returns log probabilities when asked.
+	Logprobs bool `yaml:"logprobs"`
+	// MaxOutput is the most output tokens the model produces; 0 is unknown (no limit).
+	MaxOutput int `yaml:"max_output,omitempty"`
 }
 
 // RouteConfig is a name callers use for an ordered list of candidate models.

@@ -184,6 +184,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		r.hedgeBudget.Request()
 	}
 	preq := providerRequest(req, qc)
+	r.skipUnable(qc, p, req, preq)
 	for ctx.Err() == nil {
 		c := p.next()
 		if c == nil {
@@ -847,6 +848,8 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		Content:        res.Content,
 		FinishReason:   res.FinishReason,
 		ResponseFormat: req.ResponseFormat,
+		ToolCalls:      toolCallsProto(res.ToolCalls),
+		Tools:          req.Tools,
 		Model:          who.model,
 		SessionId:      req.User,
 	})
@@ -878,7 +881,7 @@ func (r *Router) checkLocally(ctx context.Context, req *routerv1.Request, level 
 	}
 	format, _ := formatcheck.FormatFromProto(req.ResponseFormat) // an unknown type is checked as text
 	l1 := r.deps.Checker.Check(formatcheck.Answer{
-		Content: res.Content, FinishReason: res.FinishReason, Format: format,
+		Content: res.Content, FinishReason: res.FinishReason, Format: format, ToolCalls: len(res.ToolCalls),
 		// As the verifier would judge it from the same QualityContext.
 		Degraded: level != mantlev1.FallbackLevel_FALLBACK_LEVEL_UNSPECIFIED && level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY,
 	})
@@ -927,7 +930,7 @@ func (r *Router) stream(ctx context.Context, rt *route, c *candidate, key *upstr
 		if chunk.FinishReason != "" {
 			res.FinishReason = chunk.FinishReason
 		}
-		if chunk.Content == "" {
+		if chunk.Empty() {
 			continue
 		}
 		watchdog.Stop()
@@ -941,7 +944,9 @@ func (r *Router) stream(ctx context.Context, rt *route, c *candidate, key *upstr
 			committed = true
 		}
 		content.WriteString(chunk.Content)
-		if err := sink(Delta{Content: chunk.Content, Model: c.u.model.Name, Level: c.level}); err != nil {
+		// Reassembled for verification, the idempotency record and the final message.
+		res.ToolCalls = provider.AssembleToolCalls(res.ToolCalls, chunk.ToolCalls)
+		if err := sink(Delta{Content: chunk.Content, Model: c.u.model.Name, Level: c.level, ToolCalls: chunk.ToolCalls, Logprobs: chunk.Logprobs}); err != nil {
 			return res, true, err
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -50,60 +49,6 @@ type frontDoor struct {
 func (f *frontDoor) register(mux *http.ServeMux) {
 	mux.Handle("POST /v1/chat/completions", f.traced("/v1/chat/completions", f.chatCompletions))
 	mux.Handle("GET /v1/models", f.traced("/v1/models", f.models))
-}
-
-// chatRequest is the subset of OpenAI's chat completion request mantle understands;
-// unknown fields are ignored, as OpenAI's own API does for forward compatibility.
-type chatRequest struct {
-	Model               string        `json:"model"`
-	Messages            []chatMessage `json:"messages"`
-	MaxTokens           *int32        `json:"max_tokens"`
-	MaxCompletionTokens *int32        `json:"max_completion_tokens"`
-	Temperature         *float64      `json:"temperature"`
-	Stream              bool          `json:"stream"`
-	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-	ResponseFormat *struct {
-		Type       string `json:"type"`
-		JSONSchema *struct {
-			Schema json.RawMessage `json:"schema"`
-		} `json:"json_schema"`
-	} `json:"response_format"`
-	User string `json:"user"`
-}
-
-type chatMessage struct {
-	Role    string      `json:"role"`
-	Content messageText `json:"content"`
-	Name    string      `json:"name,omitempty"`
-}
-
-// messageText accepts OpenAI's two content shapes: a string, or an array of parts of
-// which the text parts are joined.
-type messageText string
-
-func (t *messageText) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err == nil {
-		*t = messageText(s)
-		return nil
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(b, &parts); err != nil {
-		return errors.New("content must be a string or an array of text parts")
-	}
-	var sb strings.Builder
-	for _, p := range parts {
-		if p.Type == "text" {
-			sb.WriteString(p.Text)
-		}
-	}
-	*t = messageText(sb.String())
-	return nil
 }
 
 func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
@@ -178,23 +123,15 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	// Room for the prompt limit plus JSON overhead; beyond it the body is not read at all.
 	limit := int64(f.router.conf().MaxPromptBytes)*2 + 64<<10
-	body := http.MaxBytesReader(w, r.Body, limit)
-	var cr chatRequest
-	if err := json.NewDecoder(body).Decode(&cr); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeOpenAIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "messages",
-				fmt.Sprintf("request body exceeds %d bytes (router.max_prompt_bytes is %d)", limit, f.router.conf().MaxPromptBytes))
-			return
-		}
-		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body is not valid JSON: "+err.Error())
+	cr, ok := f.decodeChat(w, r, limit)
+	if !ok {
 		return
 	}
 	if priorityErr != nil {
 		writeError(w, toStatus(priorityErr))
 		return
 	}
-	req, err := cr.toProto(r.Header, priority)
+	req, err := chatToProto(cr.Request, r.Header, priority)
 	if err != nil {
 		writeError(w, toStatus(err))
 		return
@@ -210,7 +147,7 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 	}
 	if cr.Stream {
-		f.stream(ctx, w, req, cr.StreamOptions != nil && cr.StreamOptions.IncludeUsage)
+		f.stream(ctx, w, req, cr.IncludeUsage)
 		return
 	}
 	resp, err := f.router.Complete(ctx, req)
@@ -225,9 +162,9 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// toProto builds the request from the body, h's mantle headers and the priority its
-// x-mantle-priority gave (headerPriority, read once before the body).
-func (cr *chatRequest) toProto(h http.Header, priority mantlev1.Priority) (*routerv1.Request, error) {
+// chatToProto completes req, decoded from the body, with h's mantle headers and the
+// priority its x-mantle-priority gave (headerPriority, read once before the body).
+func chatToProto(req *routerv1.Request, h http.Header, priority mantlev1.Priority) (*routerv1.Request, error) {
 	// Header values may hold any bytes; gRPC's strings must be UTF-8 (the JSON body's
 	// already are), and over the network a request carrying them would fail at the first
 	// hop, in process only later.
@@ -236,38 +173,9 @@ func (cr *chatRequest) toProto(h http.Header, priority mantlev1.Priority) (*rout
 			return nil, rpc.Invalid(name, "must be UTF-8 text")
 		}
 	}
-	req := &routerv1.Request{
-		Model:          cr.Model,
-		Temperature:    cr.Temperature,
-		User:           cr.User,
-		Scenario:       h.Get(HeaderScenario),
-		IdempotencyKey: h.Get("Idempotency-Key"),
-	}
-	switch {
-	case cr.MaxCompletionTokens != nil:
-		req.MaxTokens = *cr.MaxCompletionTokens
-	case cr.MaxTokens != nil:
-		req.MaxTokens = *cr.MaxTokens
-	}
-	for _, m := range cr.Messages {
-		req.Messages = append(req.Messages, &mantlev1.ChatMessage{Role: m.Role, Content: string(m.Content), Name: m.Name})
-	}
+	req.Scenario = h.Get(HeaderScenario)
+	req.IdempotencyKey = h.Get("Idempotency-Key")
 	req.Priority = priority
-	if rf := cr.ResponseFormat; rf != nil {
-		switch rf.Type {
-		case "", "text":
-			req.ResponseFormat = &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_TEXT}
-		case "json_object":
-			req.ResponseFormat = &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_OBJECT}
-		case "json_schema":
-			req.ResponseFormat = &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_SCHEMA}
-			if rf.JSONSchema != nil {
-				req.ResponseFormat.JsonSchema = string(rf.JSONSchema.Schema)
-			}
-		default:
-			return nil, rpc.Invalid("response_format.type", "want text, json_object or json_schema, got %q", rf.Type)
-		}
-	}
 	return req, nil
 }
 
@@ -300,7 +208,7 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 			w.Header().Set(HeaderCache, cacheHeader(d.Cached, d.Stale))
 			w.WriteHeader(http.StatusOK)
 		}
-		return writeEvent(chunkJSON(id, created, d.Model, &openaiapi.Message{Content: &d.Content}, nil, nil))
+		return writeEvent(deltaChunk(id, created, d))
 	})
 	if err != nil {
 		if !started {
@@ -347,17 +255,23 @@ func chunkJSON(id string, created int64, model string, delta *openaiapi.Message,
 
 func completionJSON(resp *routerv1.CompleteResponse) openaiapi.ChatCompletion {
 	content := resp.GetMessage().GetContent()
+	msg := &openaiapi.Message{Role: "assistant", ToolCalls: toolCallsJSON(resp.GetMessage().GetToolCalls())}
+	if content != "" || len(msg.ToolCalls) == 0 {
+		// content is there, "" included, as OpenAI sends it; an answer that is only tool
+		// calls has none.
+		msg.Content = &content
+	}
+	choice := openaiapi.Choice{Message: msg, FinishReason: &resp.FinishReason}
+	if resp.Logprobs != "" {
+		choice.Logprobs = json.RawMessage(resp.Logprobs)
+	}
 	return openaiapi.ChatCompletion{
 		ID:      "chatcmpl-" + resp.Id,
 		Object:  "chat.completion",
 		Created: resp.GetQuality().GetAudit()[0].GetAt().GetSeconds(),
 		Model:   resp.Model,
-		Choices: []openaiapi.Choice{{
-			// content is always there, "" included, as OpenAI sends it.
-			Message:      &openaiapi.Message{Role: "assistant", Content: &content},
-			FinishReason: &resp.FinishReason,
-		}},
-		Usage: usageJSON(resp.Usage),
+		Choices: []openaiapi.Choice{choice},
+		Usage:   usageJSON(resp.Usage),
 	}
 }
 
@@ -475,6 +389,9 @@ func writeError(w http.ResponseWriter, err error) {
 	switch st.Code() {
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
 		httpStatus, typ = http.StatusBadRequest, "invalid_request_error"
+		if rpc.ErrorInfo(err).GetReason() == ReasonIdempotencyKeyReused {
+			httpStatus = http.StatusUnprocessableEntity
+		}
 	case codes.Unauthenticated:
 		httpStatus, typ = http.StatusUnauthorized, "authentication_error"
 	case codes.PermissionDenied:

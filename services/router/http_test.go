@@ -99,7 +99,7 @@ func TestWriteError(t *testing.T) {
 
 func TestChatRequestToProto(t *testing.T) {
 	t.Parallel()
-	temp := 0.5
+	temp, yes := 0.5, true
 	tests := []struct {
 		name      string
 		body      string
@@ -116,18 +116,20 @@ func TestChatRequestToProto(t *testing.T) {
 		{
 			name: "array content",
 			body: `{"model":"chat","messages":[{"role":"user","content":[{"type":"text","text":"look: "},{"type":"image_url","image_url":{"url":"https://x/y.png"}},{"type":"text","text":"what is it?"}]}]}`,
-			want: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "look: what is it?"}}},
+			want: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{{Role: "user", Parts: []*mantlev1.ContentPart{
+				{Part: &mantlev1.ContentPart_Text{Text: "look: "}},
+				{Part: &mantlev1.ContentPart_Image{Image: &mantlev1.ImagePart{Url: "https://x/y.png"}}},
+				{Part: &mantlev1.ContentPart_Text{Text: "what is it?"}},
+			}}}},
 		},
-		{
-			name: "max_completion_tokens wins over max_tokens",
-			body: `{"model":"chat","messages":[],"max_tokens":50,"max_completion_tokens":70}`,
-			want: &routerv1.Request{Model: "chat", MaxTokens: 70},
-		},
+		{name: "max_tokens and max_completion_tokens disagree", body: `{"model":"chat","messages":[],"max_tokens":50,"max_completion_tokens":70}`, wantField: "max_tokens"},
 		{
 			name: "max_completion_tokens alone",
 			body: `{"model":"chat","max_completion_tokens":70}`,
-			want: &routerv1.Request{Model: "chat", MaxTokens: 70},
+			want: &routerv1.Request{Model: "chat", MaxTokens: 70, MaxTokensIsCompletion: true},
 		},
+		{name: "unknown field", body: `{"model":"chat","frobnicate":1}`, wantField: "frobnicate"},
+		{name: "unknown message field", body: `{"model":"chat","messages":[{"role":"user","content":"x","colour":"red"}]}`, wantField: "messages[0].colour"},
 		{
 			name:    "headers",
 			body:    `{"model":"chat"}`,
@@ -158,22 +160,14 @@ func TestChatRequestToProto(t *testing.T) {
 			name: "response_format json_schema",
 			body: `{"model":"chat","response_format":{"type":"json_schema","json_schema":{"name":"answer","strict":true,"schema":{"type":"object","required":["a"]}}}}`,
 			want: &routerv1.Request{Model: "chat", ResponseFormat: &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_SCHEMA,
-				JsonSchema: `{"type":"object","required":["a"]}`}},
+				JsonSchema: `{"type":"object","required":["a"]}`, JsonSchemaName: "answer", JsonSchemaStrict: &yes}},
 		},
-		{
-			name: "response_format json_schema without schema",
-			body: `{"model":"chat","response_format":{"type":"json_schema"}}`,
-			want: &routerv1.Request{Model: "chat", ResponseFormat: &mantlev1.ResponseFormat{Type: mantlev1.ResponseFormat_TYPE_JSON_SCHEMA}},
-		},
+		{name: "response_format json_schema without json_schema", body: `{"model":"chat","response_format":{"type":"json_schema"}}`, wantField: "response_format.json_schema"},
 		{name: "response_format unknown", body: `{"model":"chat","response_format":{"type":"yaml"}}`, wantField: "response_format.type"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var cr chatRequest
-			if err := json.Unmarshal([]byte(tt.body), &cr); err != nil {
-				t.Fatalf("unmarshal: %v", err)
-			}
 			h := http.Header{}
 			for k, v := range tt.headers {
 				h.Set(k, v)
@@ -182,7 +176,10 @@ func TestChatRequestToProto(t *testing.T) {
 			var got *routerv1.Request
 			priority, err := headerPriority(h)
 			if err == nil {
-				got, err = cr.toProto(h, priority)
+				var cr *openaiapi.ChatRequest
+				if cr, err = openaiapi.DecodeChatRequest([]byte(tt.body)); err == nil {
+					got, err = chatToProto(cr.Request, h, priority)
+				}
 			}
 			if tt.wantField != "" {
 				if fields := rpc.BadRequestFields(toStatus(err)); len(fields) != 1 || fields[0] != tt.wantField {
@@ -195,38 +192,6 @@ func TestChatRequestToProto(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.want, got, protocmp.Transform()); diff != "" {
 				t.Errorf("toProto (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
-func TestMessageTextJSON(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		json    string
-		want    string
-		wantErr bool
-	}{
-		{`"plain"`, "plain", false},
-		{`""`, "", false},
-		{`null`, "", false},
-		{`[]`, "", false},
-		{`[{"type":"text","text":"a"},{"type":"text","text":"b"}]`, "ab", false},
-		{`[{"type":"input_audio","input_audio":{}},{"type":"text","text":"only text"}]`, "only text", false},
-		{`42`, "", true},
-		{`{"type":"text","text":"x"}`, "", true},
-		{`[1,2]`, "", true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.json, func(t *testing.T) {
-			t.Parallel()
-			var got messageText
-			err := json.Unmarshal([]byte(tt.json), &got)
-			if (err != nil) != tt.wantErr {
-				t.Fatalf("Unmarshal(%s) error = %v, want error %t", tt.json, err, tt.wantErr)
-			}
-			if err == nil && string(got) != tt.want {
-				t.Errorf("Unmarshal(%s) = %q, want %q", tt.json, got, tt.want)
 			}
 		})
 	}

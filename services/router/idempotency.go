@@ -1,7 +1,9 @@
 package router
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 
@@ -12,6 +14,7 @@ import (
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/router/internal/idempotency"
 )
 
@@ -45,6 +48,7 @@ func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc 
 		return r.serve(ctx, req, rt, qc, sink)
 	}
 	began := r.deps.Clock.Now()
+	fp := requestFingerprint(req)
 	rec, owner, err := store.Begin(ctx, key)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -60,6 +64,10 @@ func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc 
 	if !owner {
 		// A duplicate that arrived while the first request ran waited for its record.
 		addWait(qc, min(rec.At.Sub(began), r.deps.Clock.Since(began)))
+		if len(rec.Fingerprint) > 0 && !bytes.Equal(rec.Fingerprint, fp) {
+			return nil, rpc.Status(codes.FailedPrecondition, errorDomain, ReasonIdempotencyKeyReused,
+				"this idempotency key was used for a different request body; use a new key for a new request")
+		}
 		return r.replay(rec, qc, sink)
 	}
 	resp, err := r.serve(ctx, req, rt, qc, sink)
@@ -69,7 +77,7 @@ func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc 
 	case err == nil:
 		data, merr := proto.Marshal(resp)
 		if merr == nil {
-			merr = store.Complete(wctx, key, idempotency.Record{Response: data, At: r.deps.Clock.Now()})
+			merr = store.Complete(wctx, key, idempotency.Record{Response: data, Fingerprint: fp, At: r.deps.Clock.Now()})
 		}
 		if merr != nil {
 			r.deps.Log.WarnContext(ctx, "idempotency record not written", "err", merr)
@@ -78,7 +86,7 @@ func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc 
 		st := grpcstatus.Convert(toStatus(err)).Proto()
 		data, merr := proto.Marshal(st)
 		if merr == nil {
-			merr = store.Complete(wctx, key, idempotency.Record{Status: data, At: r.deps.Clock.Now()})
+			merr = store.Complete(wctx, key, idempotency.Record{Status: data, Fingerprint: fp, At: r.deps.Clock.Now()})
 		}
 		if merr != nil {
 			r.deps.Log.WarnContext(ctx, "idempotency record not written", "err", merr)
@@ -89,6 +97,24 @@ func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc 
 		}
 	}
 	return resp, err
+}
+
+// ReasonIdempotencyKeyReused is the ErrorInfo reason of a request whose idempotency key
+// already answered a request with another body (HTTP 422).
+const ReasonIdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED"
+
+// requestFingerprint identifies req's body for its idempotency record: a hash of the
+// request without the fields that travel in headers and do not change what is asked (the
+// key itself, the priority).
+func requestFingerprint(req *routerv1.Request) []byte {
+	c := proto.CloneOf(req)
+	c.IdempotencyKey, c.Priority = "", mantlev1.Priority_PRIORITY_UNSPECIFIED
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	if err != nil {
+		return nil // not reachable for a validated request; no fingerprint replays as before
+	}
+	sum := sha256.Sum256(b)
+	return sum[:]
 }
 
 // terminal errors would come out the same on a retry: record them.

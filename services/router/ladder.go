@@ -55,6 +55,10 @@ func (r *Router) approximate(ctx context.Context, req *routerv1.Request, rt *rou
 		r.audit(qc, "ladder", "L2 cache: off", 0)
 		return nil
 	}
+	if why := cacheBypass(req); why != "" {
+		r.audit(qc, "ladder", "L2 cache: skipped, the cache key does not cover "+why, 0)
+		return nil
+	}
 	start := r.deps.Clock.Now()
 	res, err := r.deps.Cache.Lookup(ctx, &cachev1.LookupRequest{Quality: hopQuality(qc), Prompt: cachePrompt(req, rt, qc),
 		Mode: cachev1.LookupMode_LOOKUP_MODE_APPROXIMATE})

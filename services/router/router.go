@@ -282,6 +282,10 @@ type Delta struct {
 	Cached  bool
 	// Stale: the cached answer is past its time to live (see QualityContext.cache_stale).
 	Stale bool
+	// ToolCalls are pieces of tool calls, as the provider streamed them.
+	ToolCalls []provider.ToolCallDelta
+	// Logprobs is the provider's logprobs object for this piece, when asked for.
+	Logprobs []byte
 }
 
 // Sink receives streamed content. A nil Sink asks for a unary answer.
@@ -390,8 +394,9 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	return &routerv1.CompleteResponse{
 		Id:           qc.RequestId,
 		Model:        ans.model,
-		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: ans.Content},
+		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: ans.Content, ToolCalls: toolCallsProto(ans.ToolCalls)},
 		FinishReason: ans.FinishReason,
+		Logprobs:     string(ans.Logprobs),
 		Usage:        usageProto(ans.Usage),
 		Quality:      qc,
 		RateLimit:    limits,
@@ -401,11 +406,19 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 // sendWhole streams an answer that did not come from a provider stream (cache, ladder,
 // idempotent replay) as one delta.
 func sendWhole(sink Sink, resp *routerv1.CompleteResponse) error {
-	if sink == nil || resp.GetMessage().GetContent() == "" {
+	msg := resp.GetMessage()
+	if sink == nil || (msg.GetContent() == "" && len(msg.GetToolCalls()) == 0) {
 		return nil
 	}
 	qc := resp.GetQuality()
-	return sink(Delta{Content: resp.Message.Content, Model: resp.Model, Level: qc.GetFallbackLevel(), Cached: qc.GetCacheHit(), Stale: qc.GetCacheStale()})
+	d := Delta{Content: msg.Content, Model: resp.Model, Level: qc.GetFallbackLevel(), Cached: qc.GetCacheHit(), Stale: qc.GetCacheStale()}
+	for i, tc := range msg.GetToolCalls() {
+		d.ToolCalls = append(d.ToolCalls, provider.ToolCallDelta{Index: i, ID: tc.Id, Type: tc.Type, Name: tc.Name, Arguments: tc.Arguments})
+	}
+	if resp.Logprobs != "" {
+		d.Logprobs = []byte(resp.Logprobs)
+	}
+	return sink(d)
 }
 
 // answer is a provider response that passed (or skipped) verification.
@@ -529,6 +542,10 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (hit *cachev1.LookupResponse, lease string, storeDeclined bool) {
 	if r.deps.Cache == nil {
 		return nil, "", true // the cache is off: there is nothing to ask and nowhere to store
+	}
+	if why := cacheBypass(req); why != "" {
+		r.audit(qc, "lookup", "skipped: the cache key does not cover "+why, 0)
+		return nil, "", true
 	}
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
@@ -799,8 +816,9 @@ func providerRequest(req *routerv1.Request, qc *mantlev1.QualityContext) provide
 		p.JSON = true
 	}
 	for _, m := range req.Messages {
-		p.Messages = append(p.Messages, provider.Message{Role: m.Role, Content: m.Content, Name: m.Name})
+		p.Messages = append(p.Messages, chatMessageOut(m))
 	}
+	chatFields(&p, req)
 	return p
 }
 

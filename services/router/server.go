@@ -34,7 +34,7 @@ func (s *server) StreamComplete(req *routerv1.StreamCompleteRequest, stream rout
 	defer release()
 	final, err := s.router.Stream(stream.Context(), req.GetRequest(), func(d Delta) error {
 		return stream.Send(&routerv1.StreamCompleteResponse{Event: &routerv1.StreamCompleteResponse_Delta{
-			Delta: &routerv1.Delta{Content: d.Content, Model: d.Model},
+			Delta: &routerv1.Delta{Content: d.Content, Model: d.Model, ToolCalls: toolCallDeltasProto(d.ToolCalls), Logprobs: string(d.Logprobs)},
 		}})
 	})
 	if err != nil {

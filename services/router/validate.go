@@ -31,12 +31,17 @@ func (r *Router) validate(req *routerv1.Request) (*route, error) {
 		}
 		if m.GetRole() == "user" {
 			hasUser = true
-			if m.GetContent() == "" {
+			if !hasContent(m) {
 				v.Add(fmt.Sprintf("request.messages[%d].content", i), "must not be empty")
 			}
 		}
-		size += len(m.GetContent()) + len(m.GetName())
+		size += messageBytes(m)
 	}
+	for _, t := range req.Tools {
+		size += len(t.GetName()) + len(t.GetDescription()) + len(t.GetParameters())
+	}
+	size += len(req.ExtraBody)
+	validateChat(v, req)
 	if len(req.Messages) > 0 && !hasUser {
 		v.Add("request.messages", "at least one user message is required")
 	}
@@ -68,6 +73,9 @@ func (r *Router) validate(req *routerv1.Request) (*route, error) {
 	rt, ok := r.table().routes[req.Model]
 	if !ok {
 		return nil, &unknownRouteError{name: req.Model}
+	}
+	if err := checkCarried(rt, req); err != nil {
+		return nil, err
 	}
 	return rt, nil
 }

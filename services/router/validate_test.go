@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
@@ -63,6 +64,26 @@ func TestValidate(t *testing.T) {
 		{name: "every violation is reported", req: &routerv1.Request{Messages: []*mantlev1.ChatMessage{{Role: "x"}}, MaxTokens: -1, Temperature: temp(-1)},
 			wantFields: []string{"request.model", "request.messages[0].role", "request.messages", "request.max_tokens", "request.temperature"}},
 		{name: "unknown route", req: &routerv1.Request{Model: "nope", Messages: []*mantlev1.ChatMessage{user("hi")}}},
+		{name: "user turn of parts", req: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{{Role: "user", Parts: []*mantlev1.ContentPart{
+			{Part: &mantlev1.ContentPart_Image{Image: &mantlev1.ImagePart{Data: []byte{1}, MediaType: "image/png"}}}}}}}, wantRoute: "chat"},
+		{name: "parts count against the prompt limit", req: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{{Role: "user", Parts: []*mantlev1.ContentPart{
+			{Part: &mantlev1.ContentPart_Image{Image: &mantlev1.ImagePart{Url: "https://x/" + strings.Repeat("y", 64)}}}}}}},
+			wantFields: []string{"request.messages"}},
+		{name: "n above 1", req: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{user("hi")}, N: proto.Int32(2)},
+			wantFields: []string{"request.n"}},
+		{name: "tools", req: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{user("hi")}, Tools: []*mantlev1.Tool{
+			{Type: "function", Name: "f", Parameters: `{"type":"object"}`}, {Type: "custom", Parameters: "[1]"}},
+			ToolChoice: "function"},
+			wantFields: []string{"request.tools[1].type", "request.tools[1].function.name", "request.tools[1].function.parameters", "request.tool_choice_function"}},
+		{name: "tool_choice_function without function", req: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{user("hi")}, ToolChoice: "auto", ToolChoiceFunction: "f"},
+			wantFields: []string{"request.tool_choice"}},
+		{name: "extra_body not an object", req: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{user("hi")}, ExtraBody: `[1]`},
+			wantFields: []string{"request.extra_body"}},
+		{name: "empty part", req: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{{Role: "user", Parts: []*mantlev1.ContentPart{{}}}}},
+			wantFields: []string{"request.messages[0].parts[0]"}},
+		{name: "content and parts", req: &routerv1.Request{Model: "chat", Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "x", Parts: []*mantlev1.ContentPart{
+			{Part: &mantlev1.ContentPart_Text{Text: "y"}}}}}},
+			wantFields: []string{"request.messages[0].content"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -355,6 +355,7 @@ func answerFromProto(req *verifierv1.VerifyRequest, tenant string) (Answer, erro
 	a := Answer{
 		Content:      req.GetContent(),
 		FinishReason: req.GetFinishReason(),
+		ToolCalls:    len(req.GetToolCalls()),
 		Format:       format,
 		Model:        req.GetModel(),
 		Quality:      req.GetQuality(),

@@ -77,7 +77,9 @@ type Message struct {
 type Answer struct {
 	Content      string
 	FinishReason string
-	Format       Format
+	// ToolCalls is how many tool calls the answer made.
+	ToolCalls int
+	Format    Format
 	// Model is the model that answered.
 	Model    string
 	Messages []Message
@@ -377,7 +379,7 @@ func (v *Verifier) Verify(ctx context.Context, a Answer) (Verdict, error) {
 	degraded := a.degraded()
 	set := v.rules.engine.Live()
 	l1 := v.l1.Check(formatcheck.Answer{
-		Content: a.Content, FinishReason: a.FinishReason, Format: a.Format, Degraded: degraded,
+		Content: a.Content, FinishReason: a.FinishReason, Format: a.Format, Degraded: degraded, ToolCalls: a.ToolCalls,
 		KeepValue: set.Applies(a.scenario()), // the scenario's rules read the decoded answer
 	})
 	findings, content := l1.Findings, l1.Content

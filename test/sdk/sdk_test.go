@@ -5,6 +5,7 @@
 package sdk
 
 import (
+	"net/http/httptest"
 	"os/exec"
 	"testing"
 	"time"
@@ -31,5 +32,31 @@ func TestOpenAINodeSDK(t *testing.T) {
 	t.Logf("%s", out)
 	if err != nil {
 		t.Fatalf("openai-node against mantle: %v", err)
+	}
+}
+
+// TestOpenAINodeSDKFields runs fields.mjs: tool calling (unary, streamed with parallel
+// index-based pieces, and the follow-up turn with tool results), a vision request,
+// stop/seed/top_p/logprobs and json_schema structured output through mantle to a recording
+// OpenAI-type upstream; the script checks what the upstream received and what the SDK got.
+func TestOpenAINodeSDKFields(t *testing.T) {
+	up := &meshtest.RecordingUpstream{}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	t.Setenv("MANTLE_SDK_UPSTREAM_KEY", "sk-upstream")
+	cfg := mesh.Default()
+	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "sdk", KeySHA256: rpc.HashKey(key)}}
+	cfg.Router.Providers = []router.ProviderConfig{{Name: "up", Type: router.ProviderOpenAI, BaseURL: srv.URL + "/v1", Timeout: 5 * time.Second,
+		Keys: []router.KeyConfig{{ID: "k1", Env: "MANTLE_SDK_UPSTREAM_KEY"}}}}
+	cfg.Router.Models = []router.ModelConfig{{Name: "gpt", Provider: "up"}}
+	cfg.Router.Routes = []router.RouteConfig{{Name: "chat", Candidates: []string{"gpt"}}}
+	m := meshtest.Start(t, cfg, meshtest.All)
+
+	cmd := exec.Command("node", "fields.mjs")
+	cmd.Env = append(cmd.Environ(), "MANTLE_BASE_URL=http://"+m.HTTPAddr+"/v1", "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("openai-node fields against mantle: %v", err)
 	}
 }

@@ -212,3 +212,57 @@ func messagesBody(req provider.Request, stream bool) messagesRequest {
 func (c *Client) ownHeaders() map[string]string {
 	return map[string]string{"X-Api-Key": c.apiKey, "Anthropic-Version": APIVersion}
 }
+
+var _ provider.FieldRefuser = (*Client)(nil)
+
+// Unsupported names the first field of req that messagesBody would drop. The Messages API
+// has counterparts for several of them (tools, images, stop sequences); until this adapter
+// maps them, a request that carries one is not sent here. A JSON response format is not
+// among them: the verifier checks the answer against it on every provider.
+func (c *Client) Unsupported(req provider.Request) string {
+	for _, m := range req.Messages {
+		switch {
+		case len(m.Parts) > 0:
+			return "messages[].content (content parts)"
+		case len(m.ToolCalls) > 0:
+			return "messages[].tool_calls"
+		case m.ToolCallID != "":
+			return "messages[].tool_call_id"
+		case m.Refusal != "":
+			return "messages[].refusal"
+		case m.Name != "":
+			return "messages[].name"
+		case m.Role == "tool":
+			return "messages[].role tool"
+		}
+	}
+	fields := []struct {
+		name string
+		set  bool
+	}{
+		{"tools", len(req.Tools) > 0},
+		{"tool_choice", req.ToolChoice != "" || req.ToolChoiceFunction != ""},
+		{"parallel_tool_calls", req.ParallelToolCalls != nil},
+		{"stop", len(req.Stop) > 0},
+		{"n", req.N != nil && *req.N != 1},
+		{"seed", req.Seed != nil},
+		{"top_p", req.TopP != nil},
+		{"presence_penalty", req.PresencePenalty != nil},
+		{"frequency_penalty", req.FrequencyPenalty != nil},
+		{"logit_bias", len(req.LogitBias) > 0},
+		{"logprobs", req.Logprobs != nil && *req.Logprobs},
+		{"top_logprobs", req.TopLogprobs != nil},
+		{"reasoning_effort", req.ReasoningEffort != ""},
+		{"service_tier", req.ServiceTier != ""},
+		{"metadata", len(req.Metadata) > 0},
+		{"modalities", len(req.Modalities) > 0},
+		{"store", req.Store != nil},
+		{"extra_body", len(req.ExtraBody) > 0},
+	}
+	for _, f := range fields {
+		if f.set {
+			return f.name
+		}
+	}
+	return ""
+}

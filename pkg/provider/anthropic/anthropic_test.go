@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"testing"
 	"time"
 
@@ -92,7 +93,7 @@ func TestCompleteSuccess(t *testing.T) {
 		RateLimit: provider.RateLimit{RemainingRequests: 49, RemainingTokens: 39000,
 			ResetRequests: time.Second, ResetTokens: time.Minute, Known: true},
 	}
-	if resp != want {
+	if !reflect.DeepEqual(resp, want) {
 		t.Errorf("response = %+v\nwant       %+v", resp, want)
 	}
 

@@ -45,10 +45,10 @@ type streamEvent struct {
 
 // Apply folds one event into the decoder's state; it returns the event's text and whether
 // the message is complete.
-func (d *decoder) Apply(ev provider.Event) (text string, done bool, err *provider.Error) {
+func (d *decoder) Apply(ev provider.Event) (provider.Chunk, bool, *provider.Error) {
 	var se streamEvent
 	if err := json.Unmarshal([]byte(ev.Data), &se); err != nil {
-		return "", false, httpcall.Undecodable(ev, fmt.Errorf("decode %s event: %w", ev.Name, err))
+		return provider.Chunk{}, false, httpcall.Undecodable(ev, fmt.Errorf("decode %s event: %w", ev.Name, err))
 	}
 	kind := se.Type
 	if kind == "" {
@@ -62,7 +62,7 @@ func (d *decoder) Apply(ev provider.Event) (text string, done bool, err *provide
 		}
 	case "content_block_delta":
 		if se.Delta.Type == "text_delta" {
-			return se.Delta.Text, false, nil
+			return provider.Chunk{Content: se.Delta.Text}, false, nil
 		}
 	case "message_delta":
 		// message_delta's usage is cumulative; input counts appear there only in newer
@@ -76,18 +76,18 @@ func (d *decoder) Apply(ev provider.Event) (text string, done bool, err *provide
 		if se.Delta.StopReason != "" {
 			finish, perr := finishReason(se.Delta.StopReason)
 			if perr != nil {
-				return "", false, perr
+				return provider.Chunk{}, false, perr
 			}
 			d.stopped, d.finishReason = true, finish
 		}
 	case "message_stop":
-		return "", true, nil
+		return provider.Chunk{}, true, nil
 	case "error":
-		return "", false, streamError(ev.Data)
+		return provider.Chunk{}, false, streamError(ev.Data)
 	}
 	// ping, content_block_start/stop, thinking and tool deltas, and event types added
 	// after this adapter was written carry no text for the caller.
-	return "", false, nil
+	return provider.Chunk{}, false, nil
 }
 
 // errorStatus is the HTTP status Anthropic documents for each error type. An error event is

@@ -56,30 +56,178 @@ func New(cfg Config) *Client {
 	return &Client{ep: httpcall.NewEndpoint(url, cfg.HTTPClient, cfg.Headers, cfg.Now), apiKey: cfg.APIKey}
 }
 
-// chatRequest is the request body. max_tokens rather than max_completion_tokens because
-// every compatible server accepts it.
+// chatRequest is the request body: every field of provider.Request, under the name
+// OpenAI gives it, omitted when the caller did not set it.
 type chatRequest struct {
-	Model          string          `json:"model"`
-	Messages       []chatMessage   `json:"messages"`
-	MaxTokens      int             `json:"max_tokens,omitempty"`
-	Temperature    *float64        `json:"temperature,omitempty"`
-	User           string          `json:"user,omitempty"`
-	ResponseFormat *responseFormat `json:"response_format,omitempty"`
-	Stream         bool            `json:"stream,omitempty"`
-	StreamOptions  *streamOptions  `json:"stream_options,omitempty"`
+	Model               string            `json:"model"`
+	Messages            []chatMessage     `json:"messages"`
+	MaxTokens           int               `json:"max_tokens,omitempty"`
+	MaxCompletionTokens int               `json:"max_completion_tokens,omitempty"`
+	Temperature         *float64          `json:"temperature,omitempty"`
+	TopP                *float64          `json:"top_p,omitempty"`
+	N                   *int              `json:"n,omitempty"`
+	Stop                []string          `json:"stop,omitempty"`
+	Seed                *int64            `json:"seed,omitempty"`
+	PresencePenalty     *float64          `json:"presence_penalty,omitempty"`
+	FrequencyPenalty    *float64          `json:"frequency_penalty,omitempty"`
+	LogitBias           map[string]int    `json:"logit_bias,omitempty"`
+	Logprobs            *bool             `json:"logprobs,omitempty"`
+	TopLogprobs         *int              `json:"top_logprobs,omitempty"`
+	Tools               []tool            `json:"tools,omitempty"`
+	ToolChoice          any               `json:"tool_choice,omitempty"`
+	ParallelToolCalls   *bool             `json:"parallel_tool_calls,omitempty"`
+	ReasoningEffort     string            `json:"reasoning_effort,omitempty"`
+	ServiceTier         string            `json:"service_tier,omitempty"`
+	Metadata            map[string]string `json:"metadata,omitempty"`
+	Modalities          []string          `json:"modalities,omitempty"`
+	Store               *bool             `json:"store,omitempty"`
+	User                string            `json:"user,omitempty"`
+	ResponseFormat      *responseFormat   `json:"response_format,omitempty"`
+	Stream              bool              `json:"stream,omitempty"`
+	StreamOptions       *streamOptions    `json:"stream_options,omitempty"`
+	extra               json.RawMessage   // provider.Request.ExtraBody
+}
+
+// MarshalJSON adds the members of the extra body to the modelled ones. One that names a
+// field mantle sets is an error: it would be sent twice, and which one the server reads is
+// not defined.
+func (b chatRequest) MarshalJSON() ([]byte, error) {
+	type plain chatRequest
+	out, err := json.Marshal(plain(b))
+	if err != nil || len(b.extra) == 0 {
+		return out, err
+	}
+	var extra map[string]json.RawMessage
+	if err := json.Unmarshal(b.extra, &extra); err != nil {
+		return nil, fmt.Errorf("extra_body is not a JSON object: %w", err)
+	}
+	var set map[string]json.RawMessage
+	if err := json.Unmarshal(out, &set); err != nil {
+		return nil, err
+	}
+	for k, v := range extra {
+		if _, dup := set[k]; dup {
+			return nil, fmt.Errorf("extra_body.%s: mantle sets this field itself", k)
+		}
+		set[k] = v
+	}
+	return json.Marshal(set)
 }
 
 type chatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-	Name    string `json:"name,omitempty"`
+	Role       string     `json:"role"`
+	Content    content    `json:"content"`
+	Name       string     `json:"name,omitempty"`
+	ToolCalls  []toolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+	Refusal    string     `json:"refusal,omitempty"`
 	// Prefix marks a trailing assistant message as a prefill to continue (DeepSeek's
 	// "prefix completion"; vLLM continues a final assistant message by itself).
 	Prefix bool `json:"prefix,omitempty"`
 }
 
+// content is a message's content: a string, null, or a list of typed parts.
+type content struct {
+	text  string
+	null  bool
+	parts []provider.Part
+}
+
+func (c content) MarshalJSON() ([]byte, error) {
+	switch {
+	case c.parts != nil:
+		out := make([]contentPart, len(c.parts))
+		for i, p := range c.parts {
+			out[i] = partJSON(p)
+		}
+		return json.Marshal(out)
+	case c.null:
+		return []byte("null"), nil
+	}
+	return json.Marshal(c.text)
+}
+
+type contentPart struct {
+	Type       string      `json:"type"`
+	Text       *string     `json:"text,omitempty"`
+	Refusal    *string     `json:"refusal,omitempty"`
+	ImageURL   *imageURL   `json:"image_url,omitempty"`
+	InputAudio *inputAudio `json:"input_audio,omitempty"`
+	File       *file       `json:"file,omitempty"`
+}
+
+type imageURL struct {
+	URL    string `json:"url"`
+	Detail string `json:"detail,omitempty"`
+}
+
+type inputAudio struct {
+	Data   string `json:"data"`
+	Format string `json:"format"`
+}
+
+type file struct {
+	FileID   string `json:"file_id,omitempty"`
+	Filename string `json:"filename,omitempty"`
+	FileData string `json:"file_data,omitempty"`
+}
+
+func partJSON(p provider.Part) contentPart {
+	out := contentPart{Type: p.Type}
+	switch p.Type {
+	case provider.PartText:
+		out.Text = &p.Text
+	case provider.PartRefusal:
+		out.Refusal = &p.Text
+	case provider.PartImage:
+		out.ImageURL = &imageURL{URL: p.ImageURL, Detail: p.Detail}
+	case provider.PartInputAudio:
+		out.InputAudio = &inputAudio{Data: p.AudioData, Format: p.AudioFormat}
+	case provider.PartFile:
+		out.File = &file{FileID: p.FileID, Filename: p.Filename, FileData: p.FileData}
+	}
+	return out
+}
+
+type toolCall struct {
+	Index    *int   `json:"index,omitempty"` // streamed pieces only
+	ID       string `json:"id,omitempty"`
+	Type     string `json:"type,omitempty"`
+	Function struct {
+		Name      string `json:"name,omitempty"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+type tool struct {
+	Type     string       `json:"type"`
+	Function toolFunction `json:"function"`
+}
+
+type toolFunction struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+}
+
+type namedToolChoice struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name string `json:"name"`
+	} `json:"function"`
+}
+
 type responseFormat struct {
-	Type string `json:"type"`
+	Type       string          `json:"type"`
+	JSONSchema *jsonSchemaSpec `json:"json_schema,omitempty"`
+}
+
+type jsonSchemaSpec struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Schema      json.RawMessage `json:"schema,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
 }
 
 type streamOptions struct {
@@ -105,9 +253,11 @@ type chatResponse struct {
 		Message struct {
 			Content string `json:"content"`
 			// Refusal is set instead of Content when the model declines (structured outputs).
-			Refusal string `json:"refusal"`
+			Refusal   string     `json:"refusal"`
+			ToolCalls []toolCall `json:"tool_calls"`
 		} `json:"message"`
-		FinishReason string `json:"finish_reason"`
+		FinishReason string          `json:"finish_reason"`
+		Logprobs     json.RawMessage `json:"logprobs"`
 	} `json:"choices"`
 	Usage *usage `json:"usage"`
 }
@@ -142,6 +292,10 @@ func parseCompletion(body []byte) (provider.Response, *provider.Error) {
 		Content:      choice.Message.Content,
 		FinishReason: choice.FinishReason,
 		Model:        cr.Model,
+		Logprobs:     nonNull(choice.Logprobs),
+	}
+	for _, tc := range choice.Message.ToolCalls {
+		out.ToolCalls = append(out.ToolCalls, provider.ToolCall{ID: tc.ID, Type: tc.Type, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
 	}
 	if u := cr.Usage.toProvider(); u != nil {
 		out.Usage = *u
@@ -165,23 +319,77 @@ func finishError(finishReason, refusal string) *provider.Error {
 	return nil
 }
 
+// nonNull is raw, or nil when it is absent or JSON null.
+func nonNull(raw json.RawMessage) json.RawMessage {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	return raw
+}
+
 // chatBody is the request body for req.
 func chatBody(req provider.Request, stream bool) chatRequest {
 	body := chatRequest{
-		Model:       req.Model,
-		Messages:    make([]chatMessage, len(req.Messages)),
-		MaxTokens:   req.MaxTokens,
-		Temperature: req.Temperature,
-		User:        req.User,
+		Model:             req.Model,
+		Messages:          make([]chatMessage, len(req.Messages)),
+		Temperature:       req.Temperature,
+		TopP:              req.TopP,
+		N:                 req.N,
+		Stop:              req.Stop,
+		Seed:              req.Seed,
+		PresencePenalty:   req.PresencePenalty,
+		FrequencyPenalty:  req.FrequencyPenalty,
+		LogitBias:         req.LogitBias,
+		Logprobs:          req.Logprobs,
+		TopLogprobs:       req.TopLogprobs,
+		ParallelToolCalls: req.ParallelToolCalls,
+		ReasoningEffort:   req.ReasoningEffort,
+		ServiceTier:       req.ServiceTier,
+		Metadata:          req.Metadata,
+		Modalities:        req.Modalities,
+		Store:             req.Store,
+		User:              req.User,
+		extra:             req.ExtraBody,
+	}
+	if req.MaxTokensIsCompletion {
+		body.MaxCompletionTokens = req.MaxTokens
+	} else {
+		body.MaxTokens = req.MaxTokens
 	}
 	for i, m := range req.Messages {
-		body.Messages[i] = chatMessage{Role: m.Role, Content: m.Content, Name: m.Name}
+		cm := chatMessage{
+			Role: m.Role, Name: m.Name, ToolCallID: m.ToolCallID, Refusal: m.Refusal,
+			Content: content{text: m.Content, null: m.ContentNull, parts: m.Parts},
+		}
+		for _, tc := range m.ToolCalls {
+			var c toolCall
+			c.ID, c.Type, c.Function.Name, c.Function.Arguments = tc.ID, tc.Type, tc.Name, tc.Arguments
+			cm.ToolCalls = append(cm.ToolCalls, c)
+		}
+		body.Messages[i] = cm
 	}
 	if req.Prefill != "" {
-		body.Messages = append(body.Messages, chatMessage{Role: "assistant", Content: req.Prefill, Prefix: true})
+		body.Messages = append(body.Messages, chatMessage{Role: "assistant", Content: content{text: req.Prefill}, Prefix: true})
 	}
-	if req.JSON {
+	for _, t := range req.Tools {
+		body.Tools = append(body.Tools, tool{Type: t.Type, Function: toolFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}})
+	}
+	switch {
+	case req.ToolChoiceFunction != "":
+		var c namedToolChoice
+		c.Type, c.Function.Name = "function", req.ToolChoiceFunction
+		body.ToolChoice = c
+	case req.ToolChoice != "":
+		body.ToolChoice = req.ToolChoice
+	}
+	switch {
+	case req.JSONSchema != nil:
+		js := req.JSONSchema
+		body.ResponseFormat = &responseFormat{Type: "json_schema", JSONSchema: &jsonSchemaSpec{Name: js.Name, Description: js.Description, Schema: js.Schema, Strict: js.Strict}}
+	case req.JSON:
 		body.ResponseFormat = &responseFormat{Type: "json_object"}
+	case req.TextFormat:
+		body.ResponseFormat = &responseFormat{Type: "text"}
 	}
 	if stream {
 		body.Stream = true

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"testing"
 	"time"
 
@@ -78,7 +79,7 @@ func TestCompleteSuccess(t *testing.T) {
 		RateLimit: provider.RateLimit{RemainingRequests: 59, RemainingTokens: 1000,
 			ResetRequests: time.Second, ResetTokens: 6 * time.Minute, Known: true},
 	}
-	if resp != want {
+	if !reflect.DeepEqual(resp, want) {
 		t.Errorf("response = %+v\nwant       %+v", resp, want)
 	}
 

@@ -33,30 +33,32 @@ type decoder struct {
 type streamChunk struct {
 	Choices []struct {
 		Delta struct {
-			Content string `json:"content"`
-			Refusal string `json:"refusal"`
+			Content   string     `json:"content"`
+			Refusal   string     `json:"refusal"`
+			ToolCalls []toolCall `json:"tool_calls"`
 		} `json:"delta"`
-		FinishReason string `json:"finish_reason"`
+		FinishReason string          `json:"finish_reason"`
+		Logprobs     json.RawMessage `json:"logprobs"`
 	} `json:"choices"`
 	Usage *usage          `json:"usage"`
 	Error json.RawMessage `json:"error"`
 }
 
-// Apply folds one event into the decoder's state and returns its content.
-func (d *decoder) Apply(ev provider.Event) (string, bool, *provider.Error) {
+// Apply folds one event into the decoder's state and returns what it adds to the answer.
+func (d *decoder) Apply(ev provider.Event) (provider.Chunk, bool, *provider.Error) {
 	if strings.TrimSpace(ev.Data) == "[DONE]" {
-		return "", true, nil
+		return provider.Chunk{}, true, nil
 	}
 	var chunk streamChunk
 	if err := json.Unmarshal([]byte(ev.Data), &chunk); err != nil {
-		return "", false, httpcall.Undecodable(ev, fmt.Errorf("decode stream event: %w", err))
+		return provider.Chunk{}, false, httpcall.Undecodable(ev, fmt.Errorf("decode stream event: %w", err))
 	}
 	if ev.Name == "error" || len(chunk.Error) > 0 {
 		if apiErr, ok := provider.ParseAPIError([]byte(ev.Data)); ok {
-			return "", false, provider.ClassifyEmbedded(apiErr)
+			return provider.Chunk{}, false, provider.ClassifyEmbedded(apiErr)
 		}
 		if ev.Name == "error" {
-			return "", false, &provider.Error{
+			return provider.Chunk{}, false, &provider.Error{
 				Class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR,
 				Message: ev.Data,
 			}
@@ -65,18 +67,30 @@ func (d *decoder) Apply(ev provider.Event) (string, bool, *provider.Error) {
 	if chunk.Usage != nil {
 		d.usage = chunk.Usage.toProvider()
 	}
+	var out provider.Chunk
 	var content strings.Builder
 	for _, choice := range chunk.Choices {
 		content.WriteString(choice.Delta.Content)
 		d.refusal.WriteString(choice.Delta.Refusal)
+		for i, tc := range choice.Delta.ToolCalls {
+			index := i
+			if tc.Index != nil {
+				index = *tc.Index
+			}
+			out.ToolCalls = append(out.ToolCalls, provider.ToolCallDelta{Index: index, ID: tc.ID, Type: tc.Type, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+		}
+		if lp := nonNull(choice.Logprobs); lp != nil {
+			out.Logprobs = lp
+		}
 		if choice.FinishReason != "" {
 			d.finishReason = choice.FinishReason
 		}
 	}
 	if d.finishReason == "content_filter" {
-		return "", false, finishError(d.finishReason, "")
+		return provider.Chunk{}, false, finishError(d.finishReason, "")
 	}
-	return content.String(), false, nil
+	out.Content = content.String()
+	return out, false, nil
 }
 
 // Stopped reports whether a finish reason has arrived: after one, the end of the body

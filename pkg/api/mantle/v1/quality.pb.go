@@ -417,17 +417,31 @@ func (x ResponseFormat_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ResponseFormat_Type.Descriptor instead.
 func (ResponseFormat_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{1, 0}
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{8, 0}
 }
 
 // ChatMessage is one turn of a conversation, in the OpenAI shape.
 type ChatMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// system, user, assistant or tool.
-	Role    string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// system, developer, user, assistant or tool.
+	Role string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// The text of the turn: the shortcut for a message that is one text. A message whose
+	// content is a list of typed parts carries them in parts instead, and content is empty.
 	Content string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
 	// Optional participant name.
-	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The content as typed parts (text, images, audio, files), in order. Set when the
+	// caller sent a list; a list of one text part stays a list.
+	Parts []*ContentPart `protobuf:"bytes,4,rep,name=parts,proto3" json:"parts,omitempty"`
+	// The tool calls an assistant turn made.
+	ToolCalls []*ToolCall `protobuf:"bytes,5,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// For role tool: the id of the call this message answers.
+	ToolCallId string `protobuf:"bytes,6,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
+	// For role assistant: the model's refusal, instead of content.
+	Refusal string `protobuf:"bytes,7,opt,name=refusal,proto3" json:"refusal,omitempty"`
+	// True when the caller sent "content": null (an assistant turn that only calls tools),
+	// as distinct from an empty string.
+	ContentNull   bool `protobuf:"varint,8,opt,name=content_null,json=contentNull,proto3" json:"content_null,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -483,6 +497,591 @@ func (x *ChatMessage) GetName() string {
 	return ""
 }
 
+func (x *ChatMessage) GetParts() []*ContentPart {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+func (x *ChatMessage) GetToolCalls() []*ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *ChatMessage) GetToolCallId() string {
+	if x != nil {
+		return x.ToolCallId
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetRefusal() string {
+	if x != nil {
+		return x.Refusal
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetContentNull() bool {
+	if x != nil {
+		return x.ContentNull
+	}
+	return false
+}
+
+// ContentPart is one typed part of a message's content.
+type ContentPart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*ContentPart_Text
+	//	*ContentPart_Image
+	//	*ContentPart_InputAudio
+	//	*ContentPart_File
+	//	*ContentPart_Refusal
+	Part          isContentPart_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContentPart) Reset() {
+	*x = ContentPart{}
+	mi := &file_mantle_v1_quality_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContentPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContentPart) ProtoMessage() {}
+
+func (x *ContentPart) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_v1_quality_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContentPart.ProtoReflect.Descriptor instead.
+func (*ContentPart) Descriptor() ([]byte, []int) {
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ContentPart) GetPart() isContentPart_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *ContentPart) GetText() string {
+	if x != nil {
+		if x, ok := x.Part.(*ContentPart_Text); ok {
+			return x.Text
+		}
+	}
+	return ""
+}
+
+func (x *ContentPart) GetImage() *ImagePart {
+	if x != nil {
+		if x, ok := x.Part.(*ContentPart_Image); ok {
+			return x.Image
+		}
+	}
+	return nil
+}
+
+func (x *ContentPart) GetInputAudio() *AudioPart {
+	if x != nil {
+		if x, ok := x.Part.(*ContentPart_InputAudio); ok {
+			return x.InputAudio
+		}
+	}
+	return nil
+}
+
+func (x *ContentPart) GetFile() *FilePart {
+	if x != nil {
+		if x, ok := x.Part.(*ContentPart_File); ok {
+			return x.File
+		}
+	}
+	return nil
+}
+
+func (x *ContentPart) GetRefusal() string {
+	if x != nil {
+		if x, ok := x.Part.(*ContentPart_Refusal); ok {
+			return x.Refusal
+		}
+	}
+	return ""
+}
+
+type isContentPart_Part interface {
+	isContentPart_Part()
+}
+
+type ContentPart_Text struct {
+	Text string `protobuf:"bytes,1,opt,name=text,proto3,oneof"`
+}
+
+type ContentPart_Image struct {
+	Image *ImagePart `protobuf:"bytes,2,opt,name=image,proto3,oneof"`
+}
+
+type ContentPart_InputAudio struct {
+	InputAudio *AudioPart `protobuf:"bytes,3,opt,name=input_audio,json=inputAudio,proto3,oneof"`
+}
+
+type ContentPart_File struct {
+	File *FilePart `protobuf:"bytes,4,opt,name=file,proto3,oneof"`
+}
+
+type ContentPart_Refusal struct {
+	// An assistant turn's refusal part.
+	Refusal string `protobuf:"bytes,5,opt,name=refusal,proto3,oneof"`
+}
+
+func (*ContentPart_Text) isContentPart_Part() {}
+
+func (*ContentPart_Image) isContentPart_Part() {}
+
+func (*ContentPart_InputAudio) isContentPart_Part() {}
+
+func (*ContentPart_File) isContentPart_Part() {}
+
+func (*ContentPart_Refusal) isContentPart_Part() {}
+
+// ImagePart is an image, by URL (https or a data: URL, as the caller sent it) or inline.
+type ImagePart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The image's URL; a data: URL carries the image inline.
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// auto, low or high; empty when the caller did not say.
+	Detail string `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	// Inline image bytes, for gRPC callers that do not build data: URLs; url is empty then.
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// The MIME type of data (image/png, image/jpeg, ...).
+	MediaType     string `protobuf:"bytes,4,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImagePart) Reset() {
+	*x = ImagePart{}
+	mi := &file_mantle_v1_quality_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImagePart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImagePart) ProtoMessage() {}
+
+func (x *ImagePart) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_v1_quality_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImagePart.ProtoReflect.Descriptor instead.
+func (*ImagePart) Descriptor() ([]byte, []int) {
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ImagePart) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *ImagePart) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *ImagePart) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ImagePart) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
+// AudioPart is input audio, base64 encoded as the caller sent it.
+type AudioPart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Data  string                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// wav or mp3.
+	Format        string `protobuf:"bytes,2,opt,name=format,proto3" json:"format,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AudioPart) Reset() {
+	*x = AudioPart{}
+	mi := &file_mantle_v1_quality_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AudioPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AudioPart) ProtoMessage() {}
+
+func (x *AudioPart) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_v1_quality_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AudioPart.ProtoReflect.Descriptor instead.
+func (*AudioPart) Descriptor() ([]byte, []int) {
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AudioPart) GetData() string {
+	if x != nil {
+		return x.Data
+	}
+	return ""
+}
+
+func (x *AudioPart) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+// FilePart is a file given by id or inline (base64 file_data).
+type FilePart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FileId        string                 `protobuf:"bytes,1,opt,name=file_id,json=fileId,proto3" json:"file_id,omitempty"`
+	Filename      string                 `protobuf:"bytes,2,opt,name=filename,proto3" json:"filename,omitempty"`
+	FileData      string                 `protobuf:"bytes,3,opt,name=file_data,json=fileData,proto3" json:"file_data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FilePart) Reset() {
+	*x = FilePart{}
+	mi := &file_mantle_v1_quality_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FilePart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FilePart) ProtoMessage() {}
+
+func (x *FilePart) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_v1_quality_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FilePart.ProtoReflect.Descriptor instead.
+func (*FilePart) Descriptor() ([]byte, []int) {
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *FilePart) GetFileId() string {
+	if x != nil {
+		return x.FileId
+	}
+	return ""
+}
+
+func (x *FilePart) GetFilename() string {
+	if x != nil {
+		return x.Filename
+	}
+	return ""
+}
+
+func (x *FilePart) GetFileData() string {
+	if x != nil {
+		return x.FileData
+	}
+	return ""
+}
+
+// ToolCall is one call of a tool by the model.
+type ToolCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// function (the only type today).
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// The function's name.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The arguments exactly as the model wrote them: a JSON object as text, which may be
+	// invalid (the verifier checks it).
+	Arguments     string `protobuf:"bytes,4,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCall) Reset() {
+	*x = ToolCall{}
+	mi := &file_mantle_v1_quality_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCall) ProtoMessage() {}
+
+func (x *ToolCall) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_v1_quality_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
+func (*ToolCall) Descriptor() ([]byte, []int) {
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ToolCall) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ToolCall) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ToolCall) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCall) GetArguments() string {
+	if x != nil {
+		return x.Arguments
+	}
+	return ""
+}
+
+// ToolCallDelta is a piece of a streamed tool call: the first piece of call index carries
+// its id, type and name, the following ones add to its arguments.
+type ToolCallDelta struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Type          string                 `protobuf:"bytes,3,opt,name=type,proto3" json:"type,omitempty"`
+	Name          string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Arguments     string                 `protobuf:"bytes,5,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCallDelta) Reset() {
+	*x = ToolCallDelta{}
+	mi := &file_mantle_v1_quality_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallDelta) ProtoMessage() {}
+
+func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_v1_quality_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
+func (*ToolCallDelta) Descriptor() ([]byte, []int) {
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ToolCallDelta) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ToolCallDelta) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetArguments() string {
+	if x != nil {
+		return x.Arguments
+	}
+	return ""
+}
+
+// Tool is a function the model may call.
+type Tool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// function (the only type today).
+	Type        string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Name        string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Description string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	// The JSON Schema of the arguments, as the caller wrote it; empty when not given.
+	Parameters    string `protobuf:"bytes,4,opt,name=parameters,proto3" json:"parameters,omitempty"`
+	Strict        *bool  `protobuf:"varint,5,opt,name=strict,proto3,oneof" json:"strict,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tool) Reset() {
+	*x = Tool{}
+	mi := &file_mantle_v1_quality_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tool) ProtoMessage() {}
+
+func (x *Tool) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_v1_quality_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tool.ProtoReflect.Descriptor instead.
+func (*Tool) Descriptor() ([]byte, []int) {
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Tool) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *Tool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Tool) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Tool) GetParameters() string {
+	if x != nil {
+		return x.Parameters
+	}
+	return ""
+}
+
+func (x *Tool) GetStrict() bool {
+	if x != nil && x.Strict != nil {
+		return *x.Strict
+	}
+	return false
+}
+
 // ResponseFormat asks for structured output, which the verifier checks at L1.
 type ResponseFormat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -491,13 +1090,18 @@ type ResponseFormat struct {
 	JsonSchema string `protobuf:"bytes,2,opt,name=json_schema,json=jsonSchema,proto3" json:"json_schema,omitempty"`
 	// Top-level fields that must be present and non-empty in a JSON answer.
 	RequiredFields []string `protobuf:"bytes,3,rep,name=required_fields,json=requiredFields,proto3" json:"required_fields,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// For TYPE_JSON_SCHEMA: the schema's name and description, and whether the provider is
+	// asked to follow it strictly.
+	JsonSchemaName        string `protobuf:"bytes,4,opt,name=json_schema_name,json=jsonSchemaName,proto3" json:"json_schema_name,omitempty"`
+	JsonSchemaDescription string `protobuf:"bytes,5,opt,name=json_schema_description,json=jsonSchemaDescription,proto3" json:"json_schema_description,omitempty"`
+	JsonSchemaStrict      *bool  `protobuf:"varint,6,opt,name=json_schema_strict,json=jsonSchemaStrict,proto3,oneof" json:"json_schema_strict,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ResponseFormat) Reset() {
 	*x = ResponseFormat{}
-	mi := &file_mantle_v1_quality_proto_msgTypes[1]
+	mi := &file_mantle_v1_quality_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +1113,7 @@ func (x *ResponseFormat) String() string {
 func (*ResponseFormat) ProtoMessage() {}
 
 func (x *ResponseFormat) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_v1_quality_proto_msgTypes[1]
+	mi := &file_mantle_v1_quality_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +1126,7 @@ func (x *ResponseFormat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResponseFormat.ProtoReflect.Descriptor instead.
 func (*ResponseFormat) Descriptor() ([]byte, []int) {
-	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{1}
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ResponseFormat) GetType() ResponseFormat_Type {
@@ -546,6 +1150,27 @@ func (x *ResponseFormat) GetRequiredFields() []string {
 	return nil
 }
 
+func (x *ResponseFormat) GetJsonSchemaName() string {
+	if x != nil {
+		return x.JsonSchemaName
+	}
+	return ""
+}
+
+func (x *ResponseFormat) GetJsonSchemaDescription() string {
+	if x != nil {
+		return x.JsonSchemaDescription
+	}
+	return ""
+}
+
+func (x *ResponseFormat) GetJsonSchemaStrict() bool {
+	if x != nil && x.JsonSchemaStrict != nil {
+		return *x.JsonSchemaStrict
+	}
+	return false
+}
+
 // Usage counts the tokens of one call or of a whole request.
 type Usage struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -558,7 +1183,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_mantle_v1_quality_proto_msgTypes[2]
+	mi := &file_mantle_v1_quality_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +1195,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_v1_quality_proto_msgTypes[2]
+	mi := &file_mantle_v1_quality_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +1208,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{2}
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Usage) GetInputTokens() int64 {
@@ -635,7 +1260,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_mantle_v1_quality_proto_msgTypes[3]
+	mi := &file_mantle_v1_quality_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +1272,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_v1_quality_proto_msgTypes[3]
+	mi := &file_mantle_v1_quality_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +1285,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{3}
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Attempt) GetNumber() int32 {
@@ -768,7 +1393,7 @@ type Verification struct {
 
 func (x *Verification) Reset() {
 	*x = Verification{}
-	mi := &file_mantle_v1_quality_proto_msgTypes[4]
+	mi := &file_mantle_v1_quality_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +1405,7 @@ func (x *Verification) String() string {
 func (*Verification) ProtoMessage() {}
 
 func (x *Verification) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_v1_quality_proto_msgTypes[4]
+	mi := &file_mantle_v1_quality_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +1418,7 @@ func (x *Verification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verification.ProtoReflect.Descriptor instead.
 func (*Verification) Descriptor() ([]byte, []int) {
-	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{4}
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Verification) GetL1Passed() bool {
@@ -855,7 +1480,7 @@ type AuditStep struct {
 
 func (x *AuditStep) Reset() {
 	*x = AuditStep{}
-	mi := &file_mantle_v1_quality_proto_msgTypes[5]
+	mi := &file_mantle_v1_quality_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +1492,7 @@ func (x *AuditStep) String() string {
 func (*AuditStep) ProtoMessage() {}
 
 func (x *AuditStep) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_v1_quality_proto_msgTypes[5]
+	mi := &file_mantle_v1_quality_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +1505,7 @@ func (x *AuditStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditStep.ProtoReflect.Descriptor instead.
 func (*AuditStep) Descriptor() ([]byte, []int) {
-	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{5}
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AuditStep) GetAt() *timestamppb.Timestamp {
@@ -989,7 +1614,7 @@ type QualityContext struct {
 
 func (x *QualityContext) Reset() {
 	*x = QualityContext{}
-	mi := &file_mantle_v1_quality_proto_msgTypes[6]
+	mi := &file_mantle_v1_quality_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1626,7 @@ func (x *QualityContext) String() string {
 func (*QualityContext) ProtoMessage() {}
 
 func (x *QualityContext) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_v1_quality_proto_msgTypes[6]
+	mi := &file_mantle_v1_quality_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1639,7 @@ func (x *QualityContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QualityContext.ProtoReflect.Descriptor instead.
 func (*QualityContext) Descriptor() ([]byte, []int) {
-	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{6}
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *QualityContext) GetRequestId() string {
@@ -1217,21 +1842,73 @@ var File_mantle_v1_quality_proto protoreflect.FileDescriptor
 
 const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\n" +
-	"\x17mantle/v1/quality.proto\x12\tmantle.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n" +
+	"\x17mantle/v1/quality.proto\x12\tmantle.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x02\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"\xe7\x01\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12,\n" +
+	"\x05parts\x18\x04 \x03(\v2\x16.mantle.v1.ContentPartR\x05parts\x122\n" +
+	"\n" +
+	"tool_calls\x18\x05 \x03(\v2\x13.mantle.v1.ToolCallR\ttoolCalls\x12 \n" +
+	"\ftool_call_id\x18\x06 \x01(\tR\n" +
+	"toolCallId\x12\x18\n" +
+	"\arefusal\x18\a \x01(\tR\arefusal\x12!\n" +
+	"\fcontent_null\x18\b \x01(\bR\vcontentNull\"\xd9\x01\n" +
+	"\vContentPart\x12\x14\n" +
+	"\x04text\x18\x01 \x01(\tH\x00R\x04text\x12,\n" +
+	"\x05image\x18\x02 \x01(\v2\x14.mantle.v1.ImagePartH\x00R\x05image\x127\n" +
+	"\vinput_audio\x18\x03 \x01(\v2\x14.mantle.v1.AudioPartH\x00R\n" +
+	"inputAudio\x12)\n" +
+	"\x04file\x18\x04 \x01(\v2\x13.mantle.v1.FilePartH\x00R\x04file\x12\x1a\n" +
+	"\arefusal\x18\x05 \x01(\tH\x00R\arefusalB\x06\n" +
+	"\x04part\"h\n" +
+	"\tImagePart\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x04 \x01(\tR\tmediaType\"7\n" +
+	"\tAudioPart\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\tR\x04data\x12\x16\n" +
+	"\x06format\x18\x02 \x01(\tR\x06format\"\\\n" +
+	"\bFilePart\x12\x17\n" +
+	"\afile_id\x18\x01 \x01(\tR\x06fileId\x12\x1a\n" +
+	"\bfilename\x18\x02 \x01(\tR\bfilename\x12\x1b\n" +
+	"\tfile_data\x18\x03 \x01(\tR\bfileData\"`\n" +
+	"\bToolCall\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1c\n" +
+	"\targuments\x18\x04 \x01(\tR\targuments\"{\n" +
+	"\rToolCallDelta\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
+	"\x04type\x18\x03 \x01(\tR\x04type\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x1c\n" +
+	"\targuments\x18\x05 \x01(\tR\targuments\"\x98\x01\n" +
+	"\x04Tool\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x1e\n" +
+	"\n" +
+	"parameters\x18\x04 \x01(\tR\n" +
+	"parameters\x12\x1b\n" +
+	"\x06strict\x18\x05 \x01(\bH\x00R\x06strict\x88\x01\x01B\t\n" +
+	"\a_strict\"\x93\x03\n" +
 	"\x0eResponseFormat\x122\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1e.mantle.v1.ResponseFormat.TypeR\x04type\x12\x1f\n" +
 	"\vjson_schema\x18\x02 \x01(\tR\n" +
 	"jsonSchema\x12'\n" +
-	"\x0frequired_fields\x18\x03 \x03(\tR\x0erequiredFields\"W\n" +
+	"\x0frequired_fields\x18\x03 \x03(\tR\x0erequiredFields\x12(\n" +
+	"\x10json_schema_name\x18\x04 \x01(\tR\x0ejsonSchemaName\x126\n" +
+	"\x17json_schema_description\x18\x05 \x01(\tR\x15jsonSchemaDescription\x121\n" +
+	"\x12json_schema_strict\x18\x06 \x01(\bH\x00R\x10jsonSchemaStrict\x88\x01\x01\"W\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tTYPE_TEXT\x10\x01\x12\x14\n" +
 	"\x10TYPE_JSON_OBJECT\x10\x02\x12\x14\n" +
-	"\x10TYPE_JSON_SCHEMA\x10\x03\"r\n" +
+	"\x10TYPE_JSON_SCHEMA\x10\x03B\x15\n" +
+	"\x13_json_schema_strict\"r\n" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12#\n" +
 	"\routput_tokens\x18\x02 \x01(\x03R\foutputTokens\x12!\n" +
@@ -1363,7 +2040,7 @@ func file_mantle_v1_quality_proto_rawDescGZIP() []byte {
 }
 
 var file_mantle_v1_quality_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_mantle_v1_quality_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_mantle_v1_quality_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_mantle_v1_quality_proto_goTypes = []any{
 	(FallbackLevel)(0),            // 0: mantle.v1.FallbackLevel
 	(ErrorClass)(0),               // 1: mantle.v1.ErrorClass
@@ -1372,41 +2049,53 @@ var file_mantle_v1_quality_proto_goTypes = []any{
 	(BreakerState)(0),             // 4: mantle.v1.BreakerState
 	(ResponseFormat_Type)(0),      // 5: mantle.v1.ResponseFormat.Type
 	(*ChatMessage)(nil),           // 6: mantle.v1.ChatMessage
-	(*ResponseFormat)(nil),        // 7: mantle.v1.ResponseFormat
-	(*Usage)(nil),                 // 8: mantle.v1.Usage
-	(*Attempt)(nil),               // 9: mantle.v1.Attempt
-	(*Verification)(nil),          // 10: mantle.v1.Verification
-	(*AuditStep)(nil),             // 11: mantle.v1.AuditStep
-	(*QualityContext)(nil),        // 12: mantle.v1.QualityContext
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*ContentPart)(nil),           // 7: mantle.v1.ContentPart
+	(*ImagePart)(nil),             // 8: mantle.v1.ImagePart
+	(*AudioPart)(nil),             // 9: mantle.v1.AudioPart
+	(*FilePart)(nil),              // 10: mantle.v1.FilePart
+	(*ToolCall)(nil),              // 11: mantle.v1.ToolCall
+	(*ToolCallDelta)(nil),         // 12: mantle.v1.ToolCallDelta
+	(*Tool)(nil),                  // 13: mantle.v1.Tool
+	(*ResponseFormat)(nil),        // 14: mantle.v1.ResponseFormat
+	(*Usage)(nil),                 // 15: mantle.v1.Usage
+	(*Attempt)(nil),               // 16: mantle.v1.Attempt
+	(*Verification)(nil),          // 17: mantle.v1.Verification
+	(*AuditStep)(nil),             // 18: mantle.v1.AuditStep
+	(*QualityContext)(nil),        // 19: mantle.v1.QualityContext
+	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_mantle_v1_quality_proto_depIdxs = []int32{
-	5,  // 0: mantle.v1.ResponseFormat.type:type_name -> mantle.v1.ResponseFormat.Type
-	1,  // 1: mantle.v1.Attempt.error_class:type_name -> mantle.v1.ErrorClass
-	13, // 2: mantle.v1.Attempt.latency:type_name -> google.protobuf.Duration
-	13, // 3: mantle.v1.Attempt.ttft:type_name -> google.protobuf.Duration
-	8,  // 4: mantle.v1.Attempt.usage:type_name -> mantle.v1.Usage
-	14, // 5: mantle.v1.Attempt.started_at:type_name -> google.protobuf.Timestamp
-	1,  // 6: mantle.v1.Verification.failure_class:type_name -> mantle.v1.ErrorClass
-	14, // 7: mantle.v1.AuditStep.at:type_name -> google.protobuf.Timestamp
-	13, // 8: mantle.v1.AuditStep.duration:type_name -> google.protobuf.Duration
-	3,  // 9: mantle.v1.QualityContext.priority:type_name -> mantle.v1.Priority
-	14, // 10: mantle.v1.QualityContext.deadline:type_name -> google.protobuf.Timestamp
-	9,  // 11: mantle.v1.QualityContext.attempts:type_name -> mantle.v1.Attempt
-	0,  // 12: mantle.v1.QualityContext.fallback_level:type_name -> mantle.v1.FallbackLevel
-	10, // 13: mantle.v1.QualityContext.verification:type_name -> mantle.v1.Verification
-	2,  // 14: mantle.v1.QualityContext.quality_grade:type_name -> mantle.v1.QualityGrade
-	8,  // 15: mantle.v1.QualityContext.usage:type_name -> mantle.v1.Usage
-	11, // 16: mantle.v1.QualityContext.audit:type_name -> mantle.v1.AuditStep
-	13, // 17: mantle.v1.QualityContext.overhead:type_name -> google.protobuf.Duration
-	13, // 18: mantle.v1.QualityContext.upstream_latency:type_name -> google.protobuf.Duration
-	13, // 19: mantle.v1.QualityContext.waited:type_name -> google.protobuf.Duration
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	7,  // 0: mantle.v1.ChatMessage.parts:type_name -> mantle.v1.ContentPart
+	11, // 1: mantle.v1.ChatMessage.tool_calls:type_name -> mantle.v1.ToolCall
+	8,  // 2: mantle.v1.ContentPart.image:type_name -> mantle.v1.ImagePart
+	9,  // 3: mantle.v1.ContentPart.input_audio:type_name -> mantle.v1.AudioPart
+	10, // 4: mantle.v1.ContentPart.file:type_name -> mantle.v1.FilePart
+	5,  // 5: mantle.v1.ResponseFormat.type:type_name -> mantle.v1.ResponseFormat.Type
+	1,  // 6: mantle.v1.Attempt.error_class:type_name -> mantle.v1.ErrorClass
+	20, // 7: mantle.v1.Attempt.latency:type_name -> google.protobuf.Duration
+	20, // 8: mantle.v1.Attempt.ttft:type_name -> google.protobuf.Duration
+	15, // 9: mantle.v1.Attempt.usage:type_name -> mantle.v1.Usage
+	21, // 10: mantle.v1.Attempt.started_at:type_name -> google.protobuf.Timestamp
+	1,  // 11: mantle.v1.Verification.failure_class:type_name -> mantle.v1.ErrorClass
+	21, // 12: mantle.v1.AuditStep.at:type_name -> google.protobuf.Timestamp
+	20, // 13: mantle.v1.AuditStep.duration:type_name -> google.protobuf.Duration
+	3,  // 14: mantle.v1.QualityContext.priority:type_name -> mantle.v1.Priority
+	21, // 15: mantle.v1.QualityContext.deadline:type_name -> google.protobuf.Timestamp
+	16, // 16: mantle.v1.QualityContext.attempts:type_name -> mantle.v1.Attempt
+	0,  // 17: mantle.v1.QualityContext.fallback_level:type_name -> mantle.v1.FallbackLevel
+	17, // 18: mantle.v1.QualityContext.verification:type_name -> mantle.v1.Verification
+	2,  // 19: mantle.v1.QualityContext.quality_grade:type_name -> mantle.v1.QualityGrade
+	15, // 20: mantle.v1.QualityContext.usage:type_name -> mantle.v1.Usage
+	18, // 21: mantle.v1.QualityContext.audit:type_name -> mantle.v1.AuditStep
+	20, // 22: mantle.v1.QualityContext.overhead:type_name -> google.protobuf.Duration
+	20, // 23: mantle.v1.QualityContext.upstream_latency:type_name -> google.protobuf.Duration
+	20, // 24: mantle.v1.QualityContext.waited:type_name -> google.protobuf.Duration
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_mantle_v1_quality_proto_init() }
@@ -1414,13 +2103,22 @@ func file_mantle_v1_quality_proto_init() {
 	if File_mantle_v1_quality_proto != nil {
 		return
 	}
+	file_mantle_v1_quality_proto_msgTypes[1].OneofWrappers = []any{
+		(*ContentPart_Text)(nil),
+		(*ContentPart_Image)(nil),
+		(*ContentPart_InputAudio)(nil),
+		(*ContentPart_File)(nil),
+		(*ContentPart_Refusal)(nil),
+	}
+	file_mantle_v1_quality_proto_msgTypes[7].OneofWrappers = []any{}
+	file_mantle_v1_quality_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_v1_quality_proto_rawDesc), len(file_mantle_v1_quality_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   7,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -17,9 +17,10 @@ import (
 // Decoder is an adapter's reading of its event stream: what each event means, and how the
 // answer ends. The stream calls it from Recv only, so it needs no locking.
 type Decoder interface {
-	// Apply folds one event into the decoder's state. It returns the event's text, whether
-	// the answer is complete, or the failure the server wrote into the stream.
-	Apply(provider.Event) (text string, done bool, err *provider.Error)
+	// Apply folds one event into the decoder's state. It returns what the event adds to
+	// the answer (text, tool call pieces, logprobs), whether the answer is complete, or the
+	// failure the server wrote into the stream.
+	Apply(provider.Event) (piece provider.Chunk, done bool, err *provider.Error)
 	// Stopped reports whether the model has finished, which makes the end of the body a
 	// clean end rather than a cut connection.
 	Stopped() bool
@@ -116,14 +117,14 @@ func (s *stream) Recv() (provider.Chunk, error) {
 		if err != nil {
 			return s.end(s.readFailure(err))
 		}
-		text, done, perr := s.dec.Apply(ev)
+		piece, done, perr := s.dec.Apply(ev)
 		switch {
 		case perr != nil:
 			return s.end(s.fromBody(perr))
 		case done:
 			return s.end(nil)
-		case text != "":
-			return provider.Chunk{Content: text}, nil
+		case !piece.Empty():
+			return piece, nil
 		}
 	}
 }
@@ -182,7 +183,7 @@ func (s *stream) end(cause error) (provider.Chunk, error) {
 		return provider.Chunk{}, cause
 	}
 	s.err = io.EOF
-	if last == (provider.Chunk{}) {
+	if last.Empty() && last.FinishReason == "" && last.Usage == nil {
 		return provider.Chunk{}, io.EOF
 	}
 	return last, nil

@@ -235,7 +235,7 @@ func (s *JetStream) Complete(ctx context.Context, key string, rec Record) error 
 	if rec.At.IsZero() {
 		rec.At = s.clock.Now()
 	}
-	value, err := json.Marshal(envelope{Kind: kindRecord, Response: rec.Response, Status: rec.Status, At: rec.At})
+	value, err := json.Marshal(envelope{Kind: kindRecord, Response: rec.Response, Status: rec.Status, Fingerprint: rec.Fingerprint, At: rec.At})
 	if err != nil {
 		return fmt.Errorf("idempotency complete: %w", err)
 	}
@@ -340,9 +340,10 @@ type envelope struct {
 	Owner    string    `json:"owner,omitempty"`
 	Deadline time.Time `json:"deadline,omitzero"`
 	// Record.
-	Response []byte    `json:"response,omitempty"`
-	Status   []byte    `json:"status,omitempty"`
-	At       time.Time `json:"at,omitzero"`
+	Response    []byte    `json:"response,omitempty"`
+	Status      []byte    `json:"status,omitempty"`
+	Fingerprint []byte    `json:"fingerprint,omitempty"`
+	At          time.Time `json:"at,omitzero"`
 }
 
 func (s *JetStream) claimValue() []byte {
@@ -372,7 +373,7 @@ func (s *JetStream) decode(e jetstream.KeyValueEntry) (value, error) {
 		if !now.Before(env.At.Add(s.ttl)) {
 			return value{expired: true}, nil
 		}
-		return value{record: &Record{Response: env.Response, Status: env.Status, At: env.At}}, nil
+		return value{record: &Record{Response: env.Response, Status: env.Status, Fingerprint: env.Fingerprint, At: env.At}}, nil
 	}
 	return value{}, fmt.Errorf("idempotency: revision %d has unknown kind %q", e.Revision(), env.Kind)
 }

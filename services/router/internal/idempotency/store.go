@@ -14,6 +14,10 @@ type Record struct {
 	// Status is a marshalled google.rpc.Status (status.Convert(err).Proto()) for a recorded
 	// error; nil on success.
 	Status []byte
+	// Fingerprint identifies the request the outcome answers (a hash of its body), so that
+	// a key reused for another request is refused rather than answered with this outcome.
+	// Empty in records written before fingerprints existed.
+	Fingerprint []byte
 	// At is when the outcome was recorded. Complete fills it in from the store's clock when
 	// it is zero. The record expires ttl after At.
 	At time.Time
@@ -48,5 +52,5 @@ type Store interface {
 // clone returns a deep copy of rec, so that neither the caller nor the store can change
 // what the other holds.
 func (r Record) clone() Record {
-	return Record{Response: bytes.Clone(r.Response), Status: bytes.Clone(r.Status), At: r.At}
+	return Record{Response: bytes.Clone(r.Response), Status: bytes.Clone(r.Status), Fingerprint: bytes.Clone(r.Fingerprint), At: r.At}
 }

@@ -146,6 +146,7 @@ func testStore(t *testing.T, newStore func(t *testing.T) fixture) {
 				want: Record{Status: statusBytes(t, codes.InvalidArgument, "context length exceeded")},
 			},
 			{name: "caller's time", rec: Record{Response: []byte("r"), At: explicit}, want: Record{Response: []byte("r"), At: explicit}},
+			{name: "fingerprint", rec: Record{Response: []byte("r"), Fingerprint: []byte{1, 2, 3}, At: explicit}, want: Record{Response: []byte("r"), Fingerprint: []byte{1, 2, 3}, At: explicit}},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {

@@ -41,7 +41,41 @@ type Request struct {
 	// Client idempotency key; defaults to the request id.
 	IdempotencyKey string `protobuf:"bytes,8,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// End-user identifier, forwarded to providers that accept one.
-	User          string `protobuf:"bytes,9,opt,name=user,proto3" json:"user,omitempty"`
+	User string `protobuf:"bytes,9,opt,name=user,proto3" json:"user,omitempty"`
+	// Tools the model may call.
+	Tools []*v1.Tool `protobuf:"bytes,10,rep,name=tools,proto3" json:"tools,omitempty"`
+	// auto, none, required, or the name of a function to call (tool_choice_function).
+	ToolChoice string `protobuf:"bytes,11,opt,name=tool_choice,json=toolChoice,proto3" json:"tool_choice,omitempty"`
+	// When set, the function the model must call; tool_choice is then "function".
+	ToolChoiceFunction string `protobuf:"bytes,12,opt,name=tool_choice_function,json=toolChoiceFunction,proto3" json:"tool_choice_function,omitempty"`
+	ParallelToolCalls  *bool  `protobuf:"varint,13,opt,name=parallel_tool_calls,json=parallelToolCalls,proto3,oneof" json:"parallel_tool_calls,omitempty"`
+	// Sequences where the model stops.
+	Stop []string `protobuf:"bytes,14,rep,name=stop,proto3" json:"stop,omitempty"`
+	// Number of choices; mantle answers with one choice and refuses more.
+	N                *int32   `protobuf:"varint,15,opt,name=n,proto3,oneof" json:"n,omitempty"`
+	Seed             *int64   `protobuf:"varint,16,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	TopP             *float64 `protobuf:"fixed64,17,opt,name=top_p,json=topP,proto3,oneof" json:"top_p,omitempty"`
+	PresencePenalty  *float64 `protobuf:"fixed64,18,opt,name=presence_penalty,json=presencePenalty,proto3,oneof" json:"presence_penalty,omitempty"`
+	FrequencyPenalty *float64 `protobuf:"fixed64,19,opt,name=frequency_penalty,json=frequencyPenalty,proto3,oneof" json:"frequency_penalty,omitempty"`
+	// Token id (as text) to bias in [-100, 100].
+	LogitBias map[string]int32 `protobuf:"bytes,20,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Return the log probabilities of the output tokens (and top_logprobs alternatives).
+	Logprobs    *bool  `protobuf:"varint,21,opt,name=logprobs,proto3,oneof" json:"logprobs,omitempty"`
+	TopLogprobs *int32 `protobuf:"varint,22,opt,name=top_logprobs,json=topLogprobs,proto3,oneof" json:"top_logprobs,omitempty"`
+	// Whether max_tokens was given as max_completion_tokens, which reasoning models require.
+	MaxTokensIsCompletion bool `protobuf:"varint,23,opt,name=max_tokens_is_completion,json=maxTokensIsCompletion,proto3" json:"max_tokens_is_completion,omitempty"`
+	// minimal, low, medium or high, for reasoning models.
+	ReasoningEffort string `protobuf:"bytes,24,opt,name=reasoning_effort,json=reasoningEffort,proto3" json:"reasoning_effort,omitempty"`
+	// auto, default, flex, priority.
+	ServiceTier string            `protobuf:"bytes,25,opt,name=service_tier,json=serviceTier,proto3" json:"service_tier,omitempty"`
+	Metadata    map[string]string `protobuf:"bytes,26,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Output modalities, for example ["text"].
+	Modalities []string `protobuf:"bytes,27,rep,name=modalities,proto3" json:"modalities,omitempty"`
+	Store      *bool    `protobuf:"varint,28,opt,name=store,proto3,oneof" json:"store,omitempty"`
+	// Provider-specific fields mantle does not model, as one JSON object: its members are
+	// added to the body sent to OpenAI-type providers as they are, and a candidate of
+	// another type is not used.
+	ExtraBody     string `protobuf:"bytes,29,opt,name=extra_body,json=extraBody,proto3" json:"extra_body,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -139,6 +173,146 @@ func (x *Request) GetUser() string {
 	return ""
 }
 
+func (x *Request) GetTools() []*v1.Tool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *Request) GetToolChoice() string {
+	if x != nil {
+		return x.ToolChoice
+	}
+	return ""
+}
+
+func (x *Request) GetToolChoiceFunction() string {
+	if x != nil {
+		return x.ToolChoiceFunction
+	}
+	return ""
+}
+
+func (x *Request) GetParallelToolCalls() bool {
+	if x != nil && x.ParallelToolCalls != nil {
+		return *x.ParallelToolCalls
+	}
+	return false
+}
+
+func (x *Request) GetStop() []string {
+	if x != nil {
+		return x.Stop
+	}
+	return nil
+}
+
+func (x *Request) GetN() int32 {
+	if x != nil && x.N != nil {
+		return *x.N
+	}
+	return 0
+}
+
+func (x *Request) GetSeed() int64 {
+	if x != nil && x.Seed != nil {
+		return *x.Seed
+	}
+	return 0
+}
+
+func (x *Request) GetTopP() float64 {
+	if x != nil && x.TopP != nil {
+		return *x.TopP
+	}
+	return 0
+}
+
+func (x *Request) GetPresencePenalty() float64 {
+	if x != nil && x.PresencePenalty != nil {
+		return *x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *Request) GetFrequencyPenalty() float64 {
+	if x != nil && x.FrequencyPenalty != nil {
+		return *x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *Request) GetLogitBias() map[string]int32 {
+	if x != nil {
+		return x.LogitBias
+	}
+	return nil
+}
+
+func (x *Request) GetLogprobs() bool {
+	if x != nil && x.Logprobs != nil {
+		return *x.Logprobs
+	}
+	return false
+}
+
+func (x *Request) GetTopLogprobs() int32 {
+	if x != nil && x.TopLogprobs != nil {
+		return *x.TopLogprobs
+	}
+	return 0
+}
+
+func (x *Request) GetMaxTokensIsCompletion() bool {
+	if x != nil {
+		return x.MaxTokensIsCompletion
+	}
+	return false
+}
+
+func (x *Request) GetReasoningEffort() string {
+	if x != nil {
+		return x.ReasoningEffort
+	}
+	return ""
+}
+
+func (x *Request) GetServiceTier() string {
+	if x != nil {
+		return x.ServiceTier
+	}
+	return ""
+}
+
+func (x *Request) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *Request) GetModalities() []string {
+	if x != nil {
+		return x.Modalities
+	}
+	return nil
+}
+
+func (x *Request) GetStore() bool {
+	if x != nil && x.Store != nil {
+		return *x.Store
+	}
+	return false
+}
+
+func (x *Request) GetExtraBody() string {
+	if x != nil {
+		return x.ExtraBody
+	}
+	return ""
+}
+
 // CompleteRequest asks for one answer.
 type CompleteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -198,7 +372,9 @@ type CompleteResponse struct {
 	Usage   *v1.Usage          `protobuf:"bytes,5,opt,name=usage,proto3" json:"usage,omitempty"`
 	Quality *v1.QualityContext `protobuf:"bytes,6,opt,name=quality,proto3" json:"quality,omitempty"`
 	// Rate-limit state of the caller after this request.
-	RateLimit     *RateLimit `protobuf:"bytes,7,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
+	RateLimit *RateLimit `protobuf:"bytes,7,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
+	// The choice's logprobs object as the provider sent it (JSON), when asked for.
+	Logprobs      string `protobuf:"bytes,8,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -280,6 +456,13 @@ func (x *CompleteResponse) GetRateLimit() *RateLimit {
 		return x.RateLimit
 	}
 	return nil
+}
+
+func (x *CompleteResponse) GetLogprobs() string {
+	if x != nil {
+		return x.Logprobs
+	}
+	return ""
 }
 
 // StreamCompleteRequest asks for a streamed answer.
@@ -417,7 +600,11 @@ type Delta struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Content string                 `protobuf:"bytes,1,opt,name=content,proto3" json:"content,omitempty"`
 	// Model producing the stream.
-	Model         string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// Pieces of tool calls, as they arrive.
+	ToolCalls []*v1.ToolCallDelta `protobuf:"bytes,3,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// The chunk's logprobs object as the provider sent it (JSON), when asked for.
+	Logprobs      string `protobuf:"bytes,4,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -462,6 +649,20 @@ func (x *Delta) GetContent() string {
 func (x *Delta) GetModel() string {
 	if x != nil {
 		return x.Model
+	}
+	return ""
+}
+
+func (x *Delta) GetToolCalls() []*v1.ToolCallDelta {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *Delta) GetLogprobs() string {
+	if x != nil {
+		return x.Logprobs
 	}
 	return ""
 }
@@ -924,7 +1125,7 @@ var File_mantle_router_v1_router_proto protoreflect.FileDescriptor
 
 const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x1dmantle/router/v1/router.proto\x12\x10mantle.router.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xf7\x02\n" +
+	"\x1dmantle/router/v1/router.proto\x12\x10mantle.router.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\x99\v\n" +
 	"\aRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12\x1d\n" +
@@ -935,10 +1136,51 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\bscenario\x18\x06 \x01(\tR\bscenario\x12/\n" +
 	"\bpriority\x18\a \x01(\x0e2\x13.mantle.v1.PriorityR\bpriority\x12'\n" +
 	"\x0fidempotency_key\x18\b \x01(\tR\x0eidempotencyKey\x12\x12\n" +
-	"\x04user\x18\t \x01(\tR\x04userB\x0e\n" +
-	"\f_temperature\"F\n" +
+	"\x04user\x18\t \x01(\tR\x04user\x12%\n" +
+	"\x05tools\x18\n" +
+	" \x03(\v2\x0f.mantle.v1.ToolR\x05tools\x12\x1f\n" +
+	"\vtool_choice\x18\v \x01(\tR\n" +
+	"toolChoice\x120\n" +
+	"\x14tool_choice_function\x18\f \x01(\tR\x12toolChoiceFunction\x123\n" +
+	"\x13parallel_tool_calls\x18\r \x01(\bH\x01R\x11parallelToolCalls\x88\x01\x01\x12\x12\n" +
+	"\x04stop\x18\x0e \x03(\tR\x04stop\x12\x11\n" +
+	"\x01n\x18\x0f \x01(\x05H\x02R\x01n\x88\x01\x01\x12\x17\n" +
+	"\x04seed\x18\x10 \x01(\x03H\x03R\x04seed\x88\x01\x01\x12\x18\n" +
+	"\x05top_p\x18\x11 \x01(\x01H\x04R\x04topP\x88\x01\x01\x12.\n" +
+	"\x10presence_penalty\x18\x12 \x01(\x01H\x05R\x0fpresencePenalty\x88\x01\x01\x120\n" +
+	"\x11frequency_penalty\x18\x13 \x01(\x01H\x06R\x10frequencyPenalty\x88\x01\x01\x12G\n" +
+	"\n" +
+	"logit_bias\x18\x14 \x03(\v2(.mantle.router.v1.Request.LogitBiasEntryR\tlogitBias\x12\x1f\n" +
+	"\blogprobs\x18\x15 \x01(\bH\aR\blogprobs\x88\x01\x01\x12&\n" +
+	"\ftop_logprobs\x18\x16 \x01(\x05H\bR\vtopLogprobs\x88\x01\x01\x127\n" +
+	"\x18max_tokens_is_completion\x18\x17 \x01(\bR\x15maxTokensIsCompletion\x12)\n" +
+	"\x10reasoning_effort\x18\x18 \x01(\tR\x0freasoningEffort\x12!\n" +
+	"\fservice_tier\x18\x19 \x01(\tR\vserviceTier\x12C\n" +
+	"\bmetadata\x18\x1a \x03(\v2'.mantle.router.v1.Request.MetadataEntryR\bmetadata\x12\x1e\n" +
+	"\n" +
+	"modalities\x18\x1b \x03(\tR\n" +
+	"modalities\x12\x19\n" +
+	"\x05store\x18\x1c \x01(\bH\tR\x05store\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"extra_body\x18\x1d \x01(\tR\textraBody\x1a<\n" +
+	"\x0eLogitBiasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x0e\n" +
+	"\f_temperatureB\x16\n" +
+	"\x14_parallel_tool_callsB\x04\n" +
+	"\x02_nB\a\n" +
+	"\x05_seedB\b\n" +
+	"\x06_top_pB\x13\n" +
+	"\x11_presence_penaltyB\x14\n" +
+	"\x12_frequency_penaltyB\v\n" +
+	"\t_logprobsB\x0f\n" +
+	"\r_top_logprobsB\b\n" +
+	"\x06_store\"F\n" +
 	"\x0fCompleteRequest\x123\n" +
-	"\arequest\x18\x01 \x01(\v2\x19.mantle.router.v1.RequestR\arequest\"\xa8\x02\n" +
+	"\arequest\x18\x01 \x01(\v2\x19.mantle.router.v1.RequestR\arequest\"\xc4\x02\n" +
 	"\x10CompleteResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x120\n" +
@@ -947,16 +1189,20 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\x05usage\x18\x05 \x01(\v2\x10.mantle.v1.UsageR\x05usage\x123\n" +
 	"\aquality\x18\x06 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12:\n" +
 	"\n" +
-	"rate_limit\x18\a \x01(\v2\x1b.mantle.router.v1.RateLimitR\trateLimit\"L\n" +
+	"rate_limit\x18\a \x01(\v2\x1b.mantle.router.v1.RateLimitR\trateLimit\x12\x1a\n" +
+	"\blogprobs\x18\b \x01(\tR\blogprobs\"L\n" +
 	"\x15StreamCompleteRequest\x123\n" +
 	"\arequest\x18\x01 \x01(\v2\x19.mantle.router.v1.RequestR\arequest\"\x8e\x01\n" +
 	"\x16StreamCompleteResponse\x12/\n" +
 	"\x05delta\x18\x01 \x01(\v2\x17.mantle.router.v1.DeltaH\x00R\x05delta\x12:\n" +
 	"\x05final\x18\x02 \x01(\v2\".mantle.router.v1.CompleteResponseH\x00R\x05finalB\a\n" +
-	"\x05event\"7\n" +
+	"\x05event\"\x8c\x01\n" +
 	"\x05Delta\x12\x18\n" +
 	"\acontent\x18\x01 \x01(\tR\acontent\x12\x14\n" +
-	"\x05model\x18\x02 \x01(\tR\x05model\"\xaf\x02\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x127\n" +
+	"\n" +
+	"tool_calls\x18\x03 \x03(\v2\x18.mantle.v1.ToolCallDeltaR\ttoolCalls\x12\x1a\n" +
+	"\blogprobs\x18\x04 \x01(\tR\blogprobs\"\xaf\x02\n" +
 	"\tRateLimit\x12%\n" +
 	"\x0elimit_requests\x18\x01 \x01(\x03R\rlimitRequests\x12-\n" +
 	"\x12remaining_requests\x18\x02 \x01(\x03R\x11remainingRequests\x12!\n" +
@@ -1015,7 +1261,7 @@ func file_mantle_router_v1_router_proto_rawDescGZIP() []byte {
 	return file_mantle_router_v1_router_proto_rawDescData
 }
 
-var file_mantle_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_mantle_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_mantle_router_v1_router_proto_goTypes = []any{
 	(*Request)(nil),                // 0: mantle.router.v1.Request
 	(*CompleteRequest)(nil),        // 1: mantle.router.v1.CompleteRequest
@@ -1029,53 +1275,61 @@ var file_mantle_router_v1_router_proto_goTypes = []any{
 	(*Route)(nil),                  // 9: mantle.router.v1.Route
 	(*Candidate)(nil),              // 10: mantle.router.v1.Candidate
 	(*KeyState)(nil),               // 11: mantle.router.v1.KeyState
-	(*v1.ChatMessage)(nil),         // 12: mantle.v1.ChatMessage
-	(*v1.ResponseFormat)(nil),      // 13: mantle.v1.ResponseFormat
-	(v1.Priority)(0),               // 14: mantle.v1.Priority
-	(*v1.Usage)(nil),               // 15: mantle.v1.Usage
-	(*v1.QualityContext)(nil),      // 16: mantle.v1.QualityContext
-	(*durationpb.Duration)(nil),    // 17: google.protobuf.Duration
-	(v1.FallbackLevel)(0),          // 18: mantle.v1.FallbackLevel
-	(v1.BreakerState)(0),           // 19: mantle.v1.BreakerState
-	(*timestamppb.Timestamp)(nil),  // 20: google.protobuf.Timestamp
+	nil,                            // 12: mantle.router.v1.Request.LogitBiasEntry
+	nil,                            // 13: mantle.router.v1.Request.MetadataEntry
+	(*v1.ChatMessage)(nil),         // 14: mantle.v1.ChatMessage
+	(*v1.ResponseFormat)(nil),      // 15: mantle.v1.ResponseFormat
+	(v1.Priority)(0),               // 16: mantle.v1.Priority
+	(*v1.Tool)(nil),                // 17: mantle.v1.Tool
+	(*v1.Usage)(nil),               // 18: mantle.v1.Usage
+	(*v1.QualityContext)(nil),      // 19: mantle.v1.QualityContext
+	(*v1.ToolCallDelta)(nil),       // 20: mantle.v1.ToolCallDelta
+	(*durationpb.Duration)(nil),    // 21: google.protobuf.Duration
+	(v1.FallbackLevel)(0),          // 22: mantle.v1.FallbackLevel
+	(v1.BreakerState)(0),           // 23: mantle.v1.BreakerState
+	(*timestamppb.Timestamp)(nil),  // 24: google.protobuf.Timestamp
 }
 var file_mantle_router_v1_router_proto_depIdxs = []int32{
-	12, // 0: mantle.router.v1.Request.messages:type_name -> mantle.v1.ChatMessage
-	13, // 1: mantle.router.v1.Request.response_format:type_name -> mantle.v1.ResponseFormat
-	14, // 2: mantle.router.v1.Request.priority:type_name -> mantle.v1.Priority
-	0,  // 3: mantle.router.v1.CompleteRequest.request:type_name -> mantle.router.v1.Request
-	12, // 4: mantle.router.v1.CompleteResponse.message:type_name -> mantle.v1.ChatMessage
-	15, // 5: mantle.router.v1.CompleteResponse.usage:type_name -> mantle.v1.Usage
-	16, // 6: mantle.router.v1.CompleteResponse.quality:type_name -> mantle.v1.QualityContext
-	6,  // 7: mantle.router.v1.CompleteResponse.rate_limit:type_name -> mantle.router.v1.RateLimit
-	0,  // 8: mantle.router.v1.StreamCompleteRequest.request:type_name -> mantle.router.v1.Request
-	5,  // 9: mantle.router.v1.StreamCompleteResponse.delta:type_name -> mantle.router.v1.Delta
-	2,  // 10: mantle.router.v1.StreamCompleteResponse.final:type_name -> mantle.router.v1.CompleteResponse
-	17, // 11: mantle.router.v1.RateLimit.reset_requests:type_name -> google.protobuf.Duration
-	17, // 12: mantle.router.v1.RateLimit.reset_tokens:type_name -> google.protobuf.Duration
-	9,  // 13: mantle.router.v1.DescribeRoutesResponse.routes:type_name -> mantle.router.v1.Route
-	10, // 14: mantle.router.v1.Route.candidates:type_name -> mantle.router.v1.Candidate
-	18, // 15: mantle.router.v1.Route.ladder_level:type_name -> mantle.v1.FallbackLevel
-	17, // 16: mantle.router.v1.Route.default_budget:type_name -> google.protobuf.Duration
-	11, // 17: mantle.router.v1.Candidate.keys:type_name -> mantle.router.v1.KeyState
-	18, // 18: mantle.router.v1.Candidate.level:type_name -> mantle.v1.FallbackLevel
-	19, // 19: mantle.router.v1.KeyState.breaker_state:type_name -> mantle.v1.BreakerState
-	17, // 20: mantle.router.v1.KeyState.latency_p50:type_name -> google.protobuf.Duration
-	17, // 21: mantle.router.v1.KeyState.latency_p95:type_name -> google.protobuf.Duration
-	17, // 22: mantle.router.v1.KeyState.latency_p99:type_name -> google.protobuf.Duration
-	20, // 23: mantle.router.v1.KeyState.cooldown_until:type_name -> google.protobuf.Timestamp
-	20, // 24: mantle.router.v1.KeyState.next_probe_at:type_name -> google.protobuf.Timestamp
-	1,  // 25: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
-	3,  // 26: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
-	7,  // 27: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
-	2,  // 28: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
-	4,  // 29: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
-	8,  // 30: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
-	28, // [28:31] is the sub-list for method output_type
-	25, // [25:28] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	14, // 0: mantle.router.v1.Request.messages:type_name -> mantle.v1.ChatMessage
+	15, // 1: mantle.router.v1.Request.response_format:type_name -> mantle.v1.ResponseFormat
+	16, // 2: mantle.router.v1.Request.priority:type_name -> mantle.v1.Priority
+	17, // 3: mantle.router.v1.Request.tools:type_name -> mantle.v1.Tool
+	12, // 4: mantle.router.v1.Request.logit_bias:type_name -> mantle.router.v1.Request.LogitBiasEntry
+	13, // 5: mantle.router.v1.Request.metadata:type_name -> mantle.router.v1.Request.MetadataEntry
+	0,  // 6: mantle.router.v1.CompleteRequest.request:type_name -> mantle.router.v1.Request
+	14, // 7: mantle.router.v1.CompleteResponse.message:type_name -> mantle.v1.ChatMessage
+	18, // 8: mantle.router.v1.CompleteResponse.usage:type_name -> mantle.v1.Usage
+	19, // 9: mantle.router.v1.CompleteResponse.quality:type_name -> mantle.v1.QualityContext
+	6,  // 10: mantle.router.v1.CompleteResponse.rate_limit:type_name -> mantle.router.v1.RateLimit
+	0,  // 11: mantle.router.v1.StreamCompleteRequest.request:type_name -> mantle.router.v1.Request
+	5,  // 12: mantle.router.v1.StreamCompleteResponse.delta:type_name -> mantle.router.v1.Delta
+	2,  // 13: mantle.router.v1.StreamCompleteResponse.final:type_name -> mantle.router.v1.CompleteResponse
+	20, // 14: mantle.router.v1.Delta.tool_calls:type_name -> mantle.v1.ToolCallDelta
+	21, // 15: mantle.router.v1.RateLimit.reset_requests:type_name -> google.protobuf.Duration
+	21, // 16: mantle.router.v1.RateLimit.reset_tokens:type_name -> google.protobuf.Duration
+	9,  // 17: mantle.router.v1.DescribeRoutesResponse.routes:type_name -> mantle.router.v1.Route
+	10, // 18: mantle.router.v1.Route.candidates:type_name -> mantle.router.v1.Candidate
+	22, // 19: mantle.router.v1.Route.ladder_level:type_name -> mantle.v1.FallbackLevel
+	21, // 20: mantle.router.v1.Route.default_budget:type_name -> google.protobuf.Duration
+	11, // 21: mantle.router.v1.Candidate.keys:type_name -> mantle.router.v1.KeyState
+	22, // 22: mantle.router.v1.Candidate.level:type_name -> mantle.v1.FallbackLevel
+	23, // 23: mantle.router.v1.KeyState.breaker_state:type_name -> mantle.v1.BreakerState
+	21, // 24: mantle.router.v1.KeyState.latency_p50:type_name -> google.protobuf.Duration
+	21, // 25: mantle.router.v1.KeyState.latency_p95:type_name -> google.protobuf.Duration
+	21, // 26: mantle.router.v1.KeyState.latency_p99:type_name -> google.protobuf.Duration
+	24, // 27: mantle.router.v1.KeyState.cooldown_until:type_name -> google.protobuf.Timestamp
+	24, // 28: mantle.router.v1.KeyState.next_probe_at:type_name -> google.protobuf.Timestamp
+	1,  // 29: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
+	3,  // 30: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
+	7,  // 31: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
+	2,  // 32: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
+	4,  // 33: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
+	8,  // 34: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
+	32, // [32:35] is the sub-list for method output_type
+	29, // [29:32] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_mantle_router_v1_router_proto_init() }
@@ -1094,7 +1348,7 @@ func file_mantle_router_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_router_v1_router_proto_rawDesc), len(file_mantle_router_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -407,7 +407,11 @@ type VerifyRequest struct {
 	// scenario's configured references.
 	References []string `protobuf:"bytes,7,rep,name=references,proto3" json:"references,omitempty"`
 	// Conversation or end-user session, for context risk (repeated degradation, feedback).
-	SessionId     string `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId string `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The tool calls of the answer; an answer may be only tool calls.
+	ToolCalls []*v1.ToolCall `protobuf:"bytes,9,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// The tools the request offered.
+	Tools         []*v1.Tool `protobuf:"bytes,10,rep,name=tools,proto3" json:"tools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -496,6 +500,20 @@ func (x *VerifyRequest) GetSessionId() string {
 		return x.SessionId
 	}
 	return ""
+}
+
+func (x *VerifyRequest) GetToolCalls() []*v1.ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *VerifyRequest) GetTools() []*v1.Tool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
 }
 
 // VerifyResponse is the verdict.
@@ -2777,7 +2795,7 @@ var File_mantle_verifier_v1_verifier_proto protoreflect.FileDescriptor
 
 const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\n" +
-	"!mantle/verifier/v1/verifier.proto\x12\x12mantle.verifier.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dmantle/events/v1/events.proto\x1a\x17mantle/v1/quality.proto\"\xd0\x02\n" +
+	"!mantle/verifier/v1/verifier.proto\x12\x12mantle.verifier.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dmantle/events/v1/events.proto\x1a\x17mantle/v1/quality.proto\"\xab\x03\n" +
 	"\rVerifyRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12\x18\n" +
@@ -2789,7 +2807,11 @@ const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"references\x18\a \x03(\tR\n" +
 	"references\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\b \x01(\tR\tsessionId\"\xc8\x04\n" +
+	"session_id\x18\b \x01(\tR\tsessionId\x122\n" +
+	"\n" +
+	"tool_calls\x18\t \x03(\v2\x13.mantle.v1.ToolCallR\ttoolCalls\x12%\n" +
+	"\x05tools\x18\n" +
+	" \x03(\v2\x0f.mantle.v1.ToolR\x05tools\"\xc8\x04\n" +
 	"\x0eVerifyResponse\x12\x16\n" +
 	"\x06passed\x18\x01 \x01(\bR\x06passed\x12!\n" +
 	"\ffailed_layer\x18\x02 \x01(\tR\vfailedLayer\x12:\n" +
@@ -3091,82 +3113,86 @@ var file_mantle_verifier_v1_verifier_proto_goTypes = []any{
 	(*v1.QualityContext)(nil),        // 38: mantle.v1.QualityContext
 	(*v1.ChatMessage)(nil),           // 39: mantle.v1.ChatMessage
 	(*v1.ResponseFormat)(nil),        // 40: mantle.v1.ResponseFormat
-	(v1.ErrorClass)(0),               // 41: mantle.v1.ErrorClass
-	(v1.QualityGrade)(0),             // 42: mantle.v1.QualityGrade
-	(*v11.QualityFollowUpEvent)(nil), // 43: mantle.events.v1.QualityFollowUpEvent
-	(*timestamppb.Timestamp)(nil),    // 44: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 45: google.protobuf.Duration
+	(*v1.ToolCall)(nil),              // 41: mantle.v1.ToolCall
+	(*v1.Tool)(nil),                  // 42: mantle.v1.Tool
+	(v1.ErrorClass)(0),               // 43: mantle.v1.ErrorClass
+	(v1.QualityGrade)(0),             // 44: mantle.v1.QualityGrade
+	(*v11.QualityFollowUpEvent)(nil), // 45: mantle.events.v1.QualityFollowUpEvent
+	(*timestamppb.Timestamp)(nil),    // 46: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 47: google.protobuf.Duration
 }
 var file_mantle_verifier_v1_verifier_proto_depIdxs = []int32{
 	38, // 0: mantle.verifier.v1.VerifyRequest.quality:type_name -> mantle.v1.QualityContext
 	39, // 1: mantle.verifier.v1.VerifyRequest.messages:type_name -> mantle.v1.ChatMessage
 	40, // 2: mantle.verifier.v1.VerifyRequest.response_format:type_name -> mantle.v1.ResponseFormat
-	41, // 3: mantle.verifier.v1.VerifyResponse.failure_class:type_name -> mantle.v1.ErrorClass
-	8,  // 4: mantle.verifier.v1.VerifyResponse.findings:type_name -> mantle.verifier.v1.Finding
-	42, // 5: mantle.verifier.v1.VerifyResponse.grade:type_name -> mantle.v1.QualityGrade
-	38, // 6: mantle.verifier.v1.VerifyResponse.quality:type_name -> mantle.v1.QualityContext
-	9,  // 7: mantle.verifier.v1.VerifyResponse.actions:type_name -> mantle.verifier.v1.AppliedAction
-	10, // 8: mantle.verifier.v1.VerifyResponse.risk:type_name -> mantle.verifier.v1.RiskBreakdown
-	43, // 9: mantle.verifier.v1.GetFollowUpResponse.follow_up:type_name -> mantle.events.v1.QualityFollowUpEvent
-	0,  // 10: mantle.verifier.v1.ReportFeedbackRequest.feedback:type_name -> mantle.verifier.v1.Feedback
-	1,  // 11: mantle.verifier.v1.Review.state:type_name -> mantle.verifier.v1.ReviewState
-	44, // 12: mantle.verifier.v1.Review.created_at:type_name -> google.protobuf.Timestamp
-	44, // 13: mantle.verifier.v1.Review.due_at:type_name -> google.protobuf.Timestamp
-	44, // 14: mantle.verifier.v1.Review.lease_expires_at:type_name -> google.protobuf.Timestamp
-	16, // 15: mantle.verifier.v1.Review.decision:type_name -> mantle.verifier.v1.ReviewDecision
-	38, // 16: mantle.verifier.v1.Review.quality:type_name -> mantle.v1.QualityContext
-	2,  // 17: mantle.verifier.v1.ReviewDecision.verdict:type_name -> mantle.verifier.v1.ReviewVerdict
-	3,  // 18: mantle.verifier.v1.ReviewDecision.root_cause:type_name -> mantle.verifier.v1.RootCause
-	4,  // 19: mantle.verifier.v1.ReviewDecision.corrective_action:type_name -> mantle.verifier.v1.CorrectiveAction
-	44, // 20: mantle.verifier.v1.ReviewDecision.decided_at:type_name -> google.protobuf.Timestamp
-	1,  // 21: mantle.verifier.v1.ListReviewsRequest.state:type_name -> mantle.verifier.v1.ReviewState
-	15, // 22: mantle.verifier.v1.ListReviewsResponse.reviews:type_name -> mantle.verifier.v1.Review
-	15, // 23: mantle.verifier.v1.GetReviewResponse.review:type_name -> mantle.verifier.v1.Review
-	45, // 24: mantle.verifier.v1.ClaimReviewRequest.lease:type_name -> google.protobuf.Duration
-	15, // 25: mantle.verifier.v1.ClaimReviewResponse.review:type_name -> mantle.verifier.v1.Review
-	2,  // 26: mantle.verifier.v1.DecideReviewRequest.verdict:type_name -> mantle.verifier.v1.ReviewVerdict
-	3,  // 27: mantle.verifier.v1.DecideReviewRequest.root_cause:type_name -> mantle.verifier.v1.RootCause
-	4,  // 28: mantle.verifier.v1.DecideReviewRequest.corrective_action:type_name -> mantle.verifier.v1.CorrectiveAction
-	23, // 29: mantle.verifier.v1.DecideReviewRequest.draft_rule:type_name -> mantle.verifier.v1.DraftRuleHint
-	15, // 30: mantle.verifier.v1.DecideReviewResponse.review:type_name -> mantle.verifier.v1.Review
-	31, // 31: mantle.verifier.v1.DecideReviewResponse.draft_rule:type_name -> mantle.verifier.v1.DraftRule
-	44, // 32: mantle.verifier.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	26, // 33: mantle.verifier.v1.ListReviewAuditResponse.entries:type_name -> mantle.verifier.v1.AuditEntry
-	30, // 34: mantle.verifier.v1.Rule.action:type_name -> mantle.verifier.v1.RuleAction
-	29, // 35: mantle.verifier.v1.DraftRule.rule:type_name -> mantle.verifier.v1.Rule
-	5,  // 36: mantle.verifier.v1.DraftRule.state:type_name -> mantle.verifier.v1.DraftRuleState
-	44, // 37: mantle.verifier.v1.DraftRule.created_at:type_name -> google.protobuf.Timestamp
-	44, // 38: mantle.verifier.v1.DraftRule.decided_at:type_name -> google.protobuf.Timestamp
-	5,  // 39: mantle.verifier.v1.ListDraftRulesRequest.state:type_name -> mantle.verifier.v1.DraftRuleState
-	31, // 40: mantle.verifier.v1.ListDraftRulesResponse.rules:type_name -> mantle.verifier.v1.DraftRule
-	31, // 41: mantle.verifier.v1.DecideDraftRuleResponse.rule:type_name -> mantle.verifier.v1.DraftRule
-	6,  // 42: mantle.verifier.v1.VerifierService.Verify:input_type -> mantle.verifier.v1.VerifyRequest
-	11, // 43: mantle.verifier.v1.VerifierService.GetFollowUp:input_type -> mantle.verifier.v1.GetFollowUpRequest
-	13, // 44: mantle.verifier.v1.VerifierService.ReportFeedback:input_type -> mantle.verifier.v1.ReportFeedbackRequest
-	17, // 45: mantle.verifier.v1.VerifierService.ListReviews:input_type -> mantle.verifier.v1.ListReviewsRequest
-	19, // 46: mantle.verifier.v1.VerifierService.GetReview:input_type -> mantle.verifier.v1.GetReviewRequest
-	21, // 47: mantle.verifier.v1.VerifierService.ClaimReview:input_type -> mantle.verifier.v1.ClaimReviewRequest
-	24, // 48: mantle.verifier.v1.VerifierService.DecideReview:input_type -> mantle.verifier.v1.DecideReviewRequest
-	27, // 49: mantle.verifier.v1.VerifierService.ListReviewAudit:input_type -> mantle.verifier.v1.ListReviewAuditRequest
-	32, // 50: mantle.verifier.v1.VerifierService.ListDraftRules:input_type -> mantle.verifier.v1.ListDraftRulesRequest
-	34, // 51: mantle.verifier.v1.VerifierService.DecideDraftRule:input_type -> mantle.verifier.v1.DecideDraftRuleRequest
-	36, // 52: mantle.verifier.v1.VerifierService.ReloadRules:input_type -> mantle.verifier.v1.ReloadRulesRequest
-	7,  // 53: mantle.verifier.v1.VerifierService.Verify:output_type -> mantle.verifier.v1.VerifyResponse
-	12, // 54: mantle.verifier.v1.VerifierService.GetFollowUp:output_type -> mantle.verifier.v1.GetFollowUpResponse
-	14, // 55: mantle.verifier.v1.VerifierService.ReportFeedback:output_type -> mantle.verifier.v1.ReportFeedbackResponse
-	18, // 56: mantle.verifier.v1.VerifierService.ListReviews:output_type -> mantle.verifier.v1.ListReviewsResponse
-	20, // 57: mantle.verifier.v1.VerifierService.GetReview:output_type -> mantle.verifier.v1.GetReviewResponse
-	22, // 58: mantle.verifier.v1.VerifierService.ClaimReview:output_type -> mantle.verifier.v1.ClaimReviewResponse
-	25, // 59: mantle.verifier.v1.VerifierService.DecideReview:output_type -> mantle.verifier.v1.DecideReviewResponse
-	28, // 60: mantle.verifier.v1.VerifierService.ListReviewAudit:output_type -> mantle.verifier.v1.ListReviewAuditResponse
-	33, // 61: mantle.verifier.v1.VerifierService.ListDraftRules:output_type -> mantle.verifier.v1.ListDraftRulesResponse
-	35, // 62: mantle.verifier.v1.VerifierService.DecideDraftRule:output_type -> mantle.verifier.v1.DecideDraftRuleResponse
-	37, // 63: mantle.verifier.v1.VerifierService.ReloadRules:output_type -> mantle.verifier.v1.ReloadRulesResponse
-	53, // [53:64] is the sub-list for method output_type
-	42, // [42:53] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	41, // 3: mantle.verifier.v1.VerifyRequest.tool_calls:type_name -> mantle.v1.ToolCall
+	42, // 4: mantle.verifier.v1.VerifyRequest.tools:type_name -> mantle.v1.Tool
+	43, // 5: mantle.verifier.v1.VerifyResponse.failure_class:type_name -> mantle.v1.ErrorClass
+	8,  // 6: mantle.verifier.v1.VerifyResponse.findings:type_name -> mantle.verifier.v1.Finding
+	44, // 7: mantle.verifier.v1.VerifyResponse.grade:type_name -> mantle.v1.QualityGrade
+	38, // 8: mantle.verifier.v1.VerifyResponse.quality:type_name -> mantle.v1.QualityContext
+	9,  // 9: mantle.verifier.v1.VerifyResponse.actions:type_name -> mantle.verifier.v1.AppliedAction
+	10, // 10: mantle.verifier.v1.VerifyResponse.risk:type_name -> mantle.verifier.v1.RiskBreakdown
+	45, // 11: mantle.verifier.v1.GetFollowUpResponse.follow_up:type_name -> mantle.events.v1.QualityFollowUpEvent
+	0,  // 12: mantle.verifier.v1.ReportFeedbackRequest.feedback:type_name -> mantle.verifier.v1.Feedback
+	1,  // 13: mantle.verifier.v1.Review.state:type_name -> mantle.verifier.v1.ReviewState
+	46, // 14: mantle.verifier.v1.Review.created_at:type_name -> google.protobuf.Timestamp
+	46, // 15: mantle.verifier.v1.Review.due_at:type_name -> google.protobuf.Timestamp
+	46, // 16: mantle.verifier.v1.Review.lease_expires_at:type_name -> google.protobuf.Timestamp
+	16, // 17: mantle.verifier.v1.Review.decision:type_name -> mantle.verifier.v1.ReviewDecision
+	38, // 18: mantle.verifier.v1.Review.quality:type_name -> mantle.v1.QualityContext
+	2,  // 19: mantle.verifier.v1.ReviewDecision.verdict:type_name -> mantle.verifier.v1.ReviewVerdict
+	3,  // 20: mantle.verifier.v1.ReviewDecision.root_cause:type_name -> mantle.verifier.v1.RootCause
+	4,  // 21: mantle.verifier.v1.ReviewDecision.corrective_action:type_name -> mantle.verifier.v1.CorrectiveAction
+	46, // 22: mantle.verifier.v1.ReviewDecision.decided_at:type_name -> google.protobuf.Timestamp
+	1,  // 23: mantle.verifier.v1.ListReviewsRequest.state:type_name -> mantle.verifier.v1.ReviewState
+	15, // 24: mantle.verifier.v1.ListReviewsResponse.reviews:type_name -> mantle.verifier.v1.Review
+	15, // 25: mantle.verifier.v1.GetReviewResponse.review:type_name -> mantle.verifier.v1.Review
+	47, // 26: mantle.verifier.v1.ClaimReviewRequest.lease:type_name -> google.protobuf.Duration
+	15, // 27: mantle.verifier.v1.ClaimReviewResponse.review:type_name -> mantle.verifier.v1.Review
+	2,  // 28: mantle.verifier.v1.DecideReviewRequest.verdict:type_name -> mantle.verifier.v1.ReviewVerdict
+	3,  // 29: mantle.verifier.v1.DecideReviewRequest.root_cause:type_name -> mantle.verifier.v1.RootCause
+	4,  // 30: mantle.verifier.v1.DecideReviewRequest.corrective_action:type_name -> mantle.verifier.v1.CorrectiveAction
+	23, // 31: mantle.verifier.v1.DecideReviewRequest.draft_rule:type_name -> mantle.verifier.v1.DraftRuleHint
+	15, // 32: mantle.verifier.v1.DecideReviewResponse.review:type_name -> mantle.verifier.v1.Review
+	31, // 33: mantle.verifier.v1.DecideReviewResponse.draft_rule:type_name -> mantle.verifier.v1.DraftRule
+	46, // 34: mantle.verifier.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	26, // 35: mantle.verifier.v1.ListReviewAuditResponse.entries:type_name -> mantle.verifier.v1.AuditEntry
+	30, // 36: mantle.verifier.v1.Rule.action:type_name -> mantle.verifier.v1.RuleAction
+	29, // 37: mantle.verifier.v1.DraftRule.rule:type_name -> mantle.verifier.v1.Rule
+	5,  // 38: mantle.verifier.v1.DraftRule.state:type_name -> mantle.verifier.v1.DraftRuleState
+	46, // 39: mantle.verifier.v1.DraftRule.created_at:type_name -> google.protobuf.Timestamp
+	46, // 40: mantle.verifier.v1.DraftRule.decided_at:type_name -> google.protobuf.Timestamp
+	5,  // 41: mantle.verifier.v1.ListDraftRulesRequest.state:type_name -> mantle.verifier.v1.DraftRuleState
+	31, // 42: mantle.verifier.v1.ListDraftRulesResponse.rules:type_name -> mantle.verifier.v1.DraftRule
+	31, // 43: mantle.verifier.v1.DecideDraftRuleResponse.rule:type_name -> mantle.verifier.v1.DraftRule
+	6,  // 44: mantle.verifier.v1.VerifierService.Verify:input_type -> mantle.verifier.v1.VerifyRequest
+	11, // 45: mantle.verifier.v1.VerifierService.GetFollowUp:input_type -> mantle.verifier.v1.GetFollowUpRequest
+	13, // 46: mantle.verifier.v1.VerifierService.ReportFeedback:input_type -> mantle.verifier.v1.ReportFeedbackRequest
+	17, // 47: mantle.verifier.v1.VerifierService.ListReviews:input_type -> mantle.verifier.v1.ListReviewsRequest
+	19, // 48: mantle.verifier.v1.VerifierService.GetReview:input_type -> mantle.verifier.v1.GetReviewRequest
+	21, // 49: mantle.verifier.v1.VerifierService.ClaimReview:input_type -> mantle.verifier.v1.ClaimReviewRequest
+	24, // 50: mantle.verifier.v1.VerifierService.DecideReview:input_type -> mantle.verifier.v1.DecideReviewRequest
+	27, // 51: mantle.verifier.v1.VerifierService.ListReviewAudit:input_type -> mantle.verifier.v1.ListReviewAuditRequest
+	32, // 52: mantle.verifier.v1.VerifierService.ListDraftRules:input_type -> mantle.verifier.v1.ListDraftRulesRequest
+	34, // 53: mantle.verifier.v1.VerifierService.DecideDraftRule:input_type -> mantle.verifier.v1.DecideDraftRuleRequest
+	36, // 54: mantle.verifier.v1.VerifierService.ReloadRules:input_type -> mantle.verifier.v1.ReloadRulesRequest
+	7,  // 55: mantle.verifier.v1.VerifierService.Verify:output_type -> mantle.verifier.v1.VerifyResponse
+	12, // 56: mantle.verifier.v1.VerifierService.GetFollowUp:output_type -> mantle.verifier.v1.GetFollowUpResponse
+	14, // 57: mantle.verifier.v1.VerifierService.ReportFeedback:output_type -> mantle.verifier.v1.ReportFeedbackResponse
+	18, // 58: mantle.verifier.v1.VerifierService.ListReviews:output_type -> mantle.verifier.v1.ListReviewsResponse
+	20, // 59: mantle.verifier.v1.VerifierService.GetReview:output_type -> mantle.verifier.v1.GetReviewResponse
+	22, // 60: mantle.verifier.v1.VerifierService.ClaimReview:output_type -> mantle.verifier.v1.ClaimReviewResponse
+	25, // 61: mantle.verifier.v1.VerifierService.DecideReview:output_type -> mantle.verifier.v1.DecideReviewResponse
+	28, // 62: mantle.verifier.v1.VerifierService.ListReviewAudit:output_type -> mantle.verifier.v1.ListReviewAuditResponse
+	33, // 63: mantle.verifier.v1.VerifierService.ListDraftRules:output_type -> mantle.verifier.v1.ListDraftRulesResponse
+	35, // 64: mantle.verifier.v1.VerifierService.DecideDraftRule:output_type -> mantle.verifier.v1.DecideDraftRuleResponse
+	37, // 65: mantle.verifier.v1.VerifierService.ReloadRules:output_type -> mantle.verifier.v1.ReloadRulesResponse
+	55, // [55:66] is the sub-list for method output_type
+	44, // [44:55] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_mantle_verifier_v1_verifier_proto_init() }

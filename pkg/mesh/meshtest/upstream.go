@@ -1,0 +1,104 @@
+package meshtest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// RecordingUpstream is an OpenAI-compatible server that keeps the bodies it was sent. It
+// answers a request that offers tools with two parallel tool calls (streamed as index-based
+// pieces when asked to stream), any other with text, and logprobs when they were asked for.
+type RecordingUpstream struct {
+	mu     sync.Mutex
+	bodies []map[string]json.RawMessage
+}
+
+// Last is the body of the latest request.
+func (u *RecordingUpstream) Last(t testing.TB) map[string]json.RawMessage {
+	t.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.bodies) == 0 {
+		t.Fatal("the upstream received nothing")
+	}
+	return u.bodies[len(u.bodies)-1]
+}
+
+// Count is how many requests arrived.
+func (u *RecordingUpstream) Count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.bodies)
+}
+
+// ServeHTTP answers POST .../chat/completions; GET .../recorded/last returns the latest
+// body (for tests in other languages).
+func (u *RecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/recorded/last") {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		if len(u.bodies) == 0 {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(u.bodies[len(u.bodies)-1])
+		return
+	}
+	raw, _ := io.ReadAll(r.Body)
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &body); err != nil {
+		http.Error(w, `{"error":{"message":"not JSON","type":"invalid_request_error"}}`, http.StatusBadRequest)
+		return
+	}
+	u.mu.Lock()
+	u.bodies = append(u.bodies, body)
+	u.mu.Unlock()
+	_, tools := body["tools"]
+	logprobs := string(body["logprobs"]) == "true"
+	const lp = `{"content":[{"token":"ok","logprob":-0.1,"bytes":[111,107],"top_logprobs":[]}]}`
+	if string(body["stream"]) == "true" {
+		w.Header().Set("Content-Type", "text/event-stream")
+		send := func(s string) { fmt.Fprintf(w, "data: %s\n\n", s) }
+		if tools {
+			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]}`)
+			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]},"finish_reason":null}]}`)
+			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":"}}]},"finish_reason":null}]}`)
+			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]},"finish_reason":null}]}`)
+			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\"CET\"}"}}]},"finish_reason":null}]}`)
+			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`)
+		} else {
+			logp := ""
+			if logprobs {
+				logp = `,"logprobs":` + lp
+			}
+			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"role":"assistant","content":"ok"}` + logp + `,"finish_reason":null}]}`)
+			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`)
+		}
+		send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
+		send(`[DONE]`)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if tools {
+		fmt.Fprint(w, `{"id":"u1","object":"chat.completion","model":"up","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[`+
+			`{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},`+
+			`{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]},"finish_reason":"tool_calls"}],`+
+			`"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
+		return
+	}
+	logp := ""
+	if logprobs {
+		logp = `,"logprobs":` + lp
+	}
+	content := `"ok"`
+	if _, ok := body["response_format"]; ok {
+		content = `"{\"a\":1}"`
+	}
+	fmt.Fprint(w, `{"id":"u1","object":"chat.completion","model":"up","choices":[{"index":0,"message":{"role":"assistant","content":`+content+`}`+logp+`,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
+}

@@ -1,0 +1,77 @@
+package router
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/openaiapi"
+)
+
+// decodeChat reads the body of a chat completions request, at most limit bytes, and
+// decodes it; on failure it has written the error and returns false.
+func (f *frontDoor) decodeChat(w http.ResponseWriter, r *http.Request, limit int64) (*openaiapi.ChatRequest, bool) {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeOpenAIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "messages",
+				fmt.Sprintf("request body exceeds %d bytes (router.max_prompt_bytes is %d)", limit, f.router.conf().MaxPromptBytes))
+			return nil, false
+		}
+		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body could not be read: "+err.Error())
+		return nil, false
+	}
+	if !json.Valid(raw) {
+		var v any
+		err := json.Unmarshal(raw, &v) // for the position of the error
+		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body is not valid JSON: "+errOrNil(err))
+		return nil, false
+	}
+	cr, err := openaiapi.DecodeChatRequest(raw)
+	if err != nil {
+		writeError(w, toStatus(err))
+		return nil, false
+	}
+	return cr, true
+}
+
+func errOrNil(err error) string {
+	if err == nil {
+		return "invalid"
+	}
+	return err.Error()
+}
+
+// deltaChunk is the chunk that streams d.
+func deltaChunk(id string, created int64, d Delta) openaiapi.ChatCompletion {
+	msg := &openaiapi.Message{}
+	if d.Content != "" || len(d.ToolCalls) == 0 {
+		msg.Content = &d.Content
+	}
+	for _, tc := range d.ToolCalls {
+		index := tc.Index
+		msg.ToolCalls = append(msg.ToolCalls, openaiapi.ToolCall{Index: &index, ID: tc.ID, Type: tc.Type,
+			Function: openaiapi.FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
+	}
+	c := chunkJSON(id, created, d.Model, msg, nil, nil)
+	if len(d.Logprobs) > 0 {
+		c.Choices[0].Logprobs = json.RawMessage(d.Logprobs)
+	}
+	return c
+}
+
+// toolCallsJSON is an answer's tool calls in OpenAI's shape.
+func toolCallsJSON(calls []*mantlev1.ToolCall) []openaiapi.ToolCall {
+	if len(calls) == 0 {
+		return nil
+	}
+	out := make([]openaiapi.ToolCall, len(calls))
+	for i, c := range calls {
+		out[i] = openaiapi.ToolCall{ID: c.Id, Type: c.Type, Function: openaiapi.FunctionCall{Name: c.Name, Arguments: c.Arguments}}
+	}
+	return out
+}
