@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -89,24 +92,39 @@ func (f *FailoverStore) Degraded() bool {
 	return f.down
 }
 
-// unreachable reports whether err means Redis could not answer, as opposed to an answer
-// that was an error (a script bug) or the caller giving up.
+// unreachable reports whether err means Redis could not answer: the connection failed
+// (dial, reset, EOF, an I/O timeout), no connection was free in time, the Redis call's
+// own deadline passed, or Redis replied "not now" (LOADING, READONLY, CLUSTERDOWN,
+// MASTERDOWN, TRYAGAIN, BUSY, max clients). Only these send the replica to its local
+// limiter. Everything else is an answer and is returned as it is: a refusal
+// (*ExhaustedError) or any other domain error, a script's error, a malformed reply, the
+// store or client being closed; and so is the caller giving up (its context is done).
 func unreachable(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil || errors.Is(err, redis.Nil) || errors.Is(err, errMalformedReply) {
-		return false // a malformed reply is a wrong answer, not a missing one
+	if err == nil || ctx.Err() != nil {
+		return false
 	}
 	if rerr, ok := errors.AsType[redis.Error](err); ok {
-		// Replies that mean "not now" rather than "wrong".
 		msg := rerr.Error()
-		for _, p := range []string{"LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY"} {
+		for _, p := range []string{"LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "ERR max number of clients"} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}
 		}
 		return false
 	}
-	// Dial errors, timeouts, closed connections, an exhausted pool.
-	return true
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return true
+	case errors.Is(err, context.DeadlineExceeded):
+		// The caller's context is live (checked above), so the deadline was the Redis
+		// call's own: a dial or command timeout.
+		return true
+	}
+	// Dial errors, I/O timeouts and closed connections not matched above.
+	_, isNet := errors.AsType[net.Error](err)
+	return isNet
 }
 
 // fail records that Redis is unreachable, once per outage.
