@@ -364,6 +364,7 @@ func (f *FailoverStore) Settle(ctx context.Context, tenant, id string, actual Ac
 	}
 	return st, err
 }
+
 // Observe implements Store.
 func (f *FailoverStore) Observe(ctx context.Context, obs []Observation) ([]BucketLevel, error) {
 	if !f.Degraded() {
