@@ -39,8 +39,10 @@ import (
 // bucket (docs/quota.md, "Redis outage and recovery"):
 //   - to the local limiter: each bucket this replica used in the last window starts at
 //     its share of the level Redis last reported (plus the refill since), not full;
-//   - back to Redis that kept its data: what the local limiter admitted meanwhile is
-//     taken from Redis's buckets, at the full limit's refill rate;
+//   - back to Redis that kept its data: each bucket the local limiter charged is lowered
+//     to the local level times the replica count (what the replicas hold together when
+//     the load balancer spreads evenly; Observe never raises, so the emptiest replica's
+//     view wins, which errs towards refusing);
 //   - back to Redis that lost its data (its epoch marker changed or went missing, seen
 //     on the way back and by a check every ProbeInterval while healthy): each bucket this
 //     replica used in the last window is recreated holding only what it refilled since
@@ -243,7 +245,7 @@ func (f *FailoverStore) reconnect(ctx context.Context) error {
 	} else if err := f.handBack(ctx, local); err != nil {
 		return err
 	}
-	f.recent.clearSpent()
+	f.recent.handedOver()
 	f.local.forgetBuckets()
 	f.epoch = marker
 	if f.down {
@@ -272,23 +274,22 @@ func (f *FailoverStore) restore(ctx context.Context, now, restoredAt time.Time) 
 	return err
 }
 
-// handBack takes from Redis's buckets what the local limiter admitted while Redis was
-// away, less the refill since, one call per group. Callers hold f.mu.
+// handBack lowers each bucket the local limiter charged to the local level times the
+// replica count. The local buckets started from Redis's level (seedLocal) and refilled
+// at their share of the rate, so together they are the bucket as it would be had Redis
+// answered all along. Callers hold f.mu.
 func (f *FailoverStore) handBack(ctx context.Context, now time.Time) error {
-	byGroup := map[string][]adjustOp{}
+	var obs []Observation
 	for _, e := range f.recent.snapshot(now) {
-		if d := e.spent.debt(now); d > 0 {
-			byGroup[e.spec.Group] = append(byGroup[e.spec.Group], adjustOp{field: e.spec.Field, take: tokensIn(d, e.spec.Limit), limit: e.spec.Limit})
+		if !e.local {
+			continue
 		}
+		level := f.local.level(e.spec.Name(), f.share(e.spec.Limit))
+		obs = append(obs, Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, level*f.replicas)})
 	}
-	for group, ops := range byGroup {
-		if _, err := f.redis.adjustGroup(ctx, group, ops); err != nil {
-			return err
-		}
-		// Handed over: a failure in a later group must not hand this one over twice.
-		f.recent.clearSpentOf(group)
-	}
-	return nil
+	slices.SortFunc(obs, func(a, b Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
+	_, err := f.redis.Observe(ctx, obs)
+	return err
 }
 
 // newEpoch is a fresh epoch marker: when it was written (the decision clock, ns) and a
@@ -334,7 +335,7 @@ func (f *FailoverStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 	}
 	g, err := f.local.Reserve(ctx, local)
 	if err == nil {
-		f.recent.spentLocally(f.clock.Now(), c, g)
+		f.recent.spentLocally(f.clock.Now(), c)
 	}
 	return g, err
 }
@@ -348,9 +349,6 @@ func (f *FailoverStore) share(limit int64) int64 {
 // Settle implements Store.
 func (f *FailoverStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
 	st, err := f.local.Settle(ctx, tenant, id, actual, release)
-	if err == nil {
-		f.recent.settledLocally(f.clock.Now(), st)
-	}
 	if !errors.Is(err, ErrReservationNotFound) {
 		return st, err
 	}

@@ -337,3 +337,14 @@ func (s *MemoryStore) forgetBuckets() {
 	defer s.mu.Unlock()
 	clear(s.buckets)
 }
+
+// level is what the named bucket holds now at the given limit.
+func (s *MemoryStore) level(name string, limit int64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.buckets[name]
+	if !ok {
+		return limit
+	}
+	return b.remaining(s.clock.Now(), limit)
+}

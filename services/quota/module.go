@@ -16,6 +16,12 @@ import (
 // the sweeper, the queue's dispatcher and, with backend redis, the Redis client's
 // background work, and closes the client on the way out.
 func Module(cfg Config) app.Module {
+	return module(cfg, redisServerTime)
+}
+
+// module is Module with the Redis backend's decision clock chosen: tests run the
+// module's own path at their fake clock.
+func module(cfg Config, at decisionClock) app.Module {
 	return app.Module{
 		Name: "quota",
 		New: func(_ context.Context, env app.Env) (app.Runnable, error) {
@@ -29,7 +35,7 @@ func Module(cfg Config) app.Module {
 				benv := env
 				benv.Log = log
 				var err error
-				backend, err = newRedisBackend(cfg, benv, redisServerTime)
+				backend, err = newRedisBackend(cfg, benv, at)
 				if err != nil {
 					return nil, err
 				}

@@ -12,8 +12,8 @@ import (
 const maxRecentBuckets = 100_000
 
 // recentBuckets are the buckets a FailoverStore used in the last window: their spec
-// with the full limit, the level Redis last reported, and what the local limiter
-// admitted while Redis was away. It is what the store hands over when it switches.
+// with the full limit, the level Redis last reported, and whether the local limiter
+// charged them while Redis was away. It is what the store hands over when it switches.
 type recentBuckets struct {
 	mu sync.Mutex
 	m  map[string]*recentBucket
@@ -26,9 +26,8 @@ type recentBucket struct {
 	seen      time.Time
 	// used is the last charge, on Redis or locally.
 	used time.Time
-	// spent is what the local limiter admitted, as debt of a bucket of the full limit:
-	// it refills at the limit's rate, as the admissions would have in Redis.
-	spent bucket
+	// local: the local limiter charged it during the current outage.
+	local bool
 }
 
 // entry returns name's entry, creating it (unless the map is full). Callers hold r.mu.
@@ -89,66 +88,39 @@ func (r *recentBuckets) sawRedis(now time.Time, c Charge, g Grant, err error) {
 	}
 }
 
-// spentLocally records a grant of the local limiter at the full costs.
-func (r *recentBuckets) spentLocally(now time.Time, c Charge, g Grant) {
+// spentLocally records a grant of the local limiter.
+func (r *recentBuckets) spentLocally(now time.Time, c Charge) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for i, b := range c.Buckets {
-		if b.Shadow || (i < len(g.Levels) && g.Levels[i].ShadowRefused) {
+	for _, b := range c.Buckets {
+		if b.Shadow {
 			continue
 		}
 		if e := r.entry(now, b); e != nil {
-			e.spent.take(now, b.Cost, b.Limit)
-			e.used = now
+			e.local, e.used = true, now
 		}
 	}
 }
 
-// settledLocally gives back to the token buckets what a local settlement refunded (or
-// takes an overrun).
-func (r *recentBuckets) settledLocally(now time.Time, st Settlement) {
-	if st.Refunded == 0 {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, l := range st.Levels {
-		if e, ok := r.m[l.Name]; ok && e.spec.Kind == KindTokens {
-			e.spent.take(now, -st.Refunded, e.spec.Limit)
-		}
-	}
-}
-
-// snapshot copies the entries used or seen in the last window, or still holding local
-// spending.
+// snapshot copies the entries used or seen in the last window, or charged locally.
 func (r *recentBuckets) snapshot(now time.Time) []recentBucket {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]recentBucket, 0, len(r.m))
 	for _, e := range r.m {
-		if now.Sub(e.used) < window || now.Sub(e.seen) < window || e.spent.debt(now) > 0 {
+		if now.Sub(e.used) < window || now.Sub(e.seen) < window || e.local {
 			out = append(out, *e)
 		}
 	}
 	return out
 }
 
-// clearSpent forgets what the local limiter spent, once handed over.
-func (r *recentBuckets) clearSpent() {
+// handedOver clears the local marks, once the local levels are in Redis.
+func (r *recentBuckets) handedOver() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, e := range r.m {
-		e.spent = bucket{}
-	}
-}
-
-func (r *recentBuckets) clearSpentOf(group string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, e := range r.m {
-		if e.spec.Group == group {
-			e.spent = bucket{}
-		}
+		e.local = false
 	}
 }
 
@@ -161,7 +133,7 @@ func (r *recentBuckets) prune(now time.Time) {
 
 func (r *recentBuckets) pruneLocked(now time.Time) {
 	for name, e := range r.m {
-		if now.Sub(e.used) >= window && now.Sub(e.seen) >= window && e.spent.debt(now) == 0 {
+		if now.Sub(e.used) >= window && now.Sub(e.seen) >= window && !e.local {
 			delete(r.m, name)
 		}
 	}

@@ -286,12 +286,12 @@ func TestRedisFailover(t *testing.T) {
 	if store.Degraded() || f.counter(t, "mantle_quota_backend_fallback") != 0 {
 		t.Error("still degraded after recovery")
 	}
-	// Shared state again: the Redis bucket still holds the first reservation (1000, of
-	// which the probe's second has refilled 100) and, handed back, what the local
-	// limiter admitted (400 settled, less the same second's refill: 300).
+	// Shared state again, lowered to what the local limiter held times three: it
+	// started at 1666, took 1000, got 600 back and refilled a second of its share
+	// (33): 1299, so 3897 in Redis (which alone would hold 5100), 3797 after this 100.
 	r, err := reserve("acme", 100)
-	if err != nil || r.Levels.Tokens.Limit != 6000 || r.Levels.Tokens.Remaining != 4700 {
-		t.Errorf("after recovery: levels %+v, err %v; want Redis's 4700 of 6000", r.Levels.Tokens, err)
+	if err != nil || r.Levels.Tokens.Limit != 6000 || r.Levels.Tokens.Remaining != 3797 {
+		t.Errorf("after recovery: levels %+v, err %v; want Redis's 3797 of 6000", r.Levels.Tokens, err)
 	}
 	if _, err := svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &Usage{}}); err != nil {
 		t.Errorf("settling the Redis reservation after recovery: %v", err)
@@ -523,4 +523,11 @@ func TestRedisRefillTimeMatchesGo(t *testing.T) {
 			}
 		}
 	}
+}
+
+// retarget sends new connections to addr (a Redis that replaced the old one).
+func (p *flakyProxy) retarget(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = addr
 }
