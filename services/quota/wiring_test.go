@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,12 +43,20 @@ const (
 )
 
 // degradations forwards DegradationEvents to a channel and drops every other event (a
-// refusal publishes one each, far more than a channel should hold).
-type degradations chan *eventsv1.DegradationEvent
+// refusal publishes one each, far more than a channel should hold). It never blocks, as
+// a Publisher must not: events beyond the channel's room are counted in overflow.
+type degradations struct {
+	ch       chan *eventsv1.DegradationEvent
+	overflow atomic.Int64
+}
 
-func (d degradations) Publish(_ context.Context, _ string, msg proto.Message) {
+func (d *degradations) Publish(_ context.Context, _ string, msg proto.Message) {
 	if ev, ok := msg.(*eventsv1.DegradationEvent); ok {
-		d <- ev
+		select {
+		case d.ch <- ev:
+		default:
+			d.overflow.Add(1)
+		}
 	}
 }
 
@@ -61,7 +70,7 @@ type wiringReplica struct {
 type wiring struct {
 	clock    *clockwork.FakeClock
 	replicas []*wiringReplica
-	events   degradations
+	events   *degradations
 	// admitted counts grants per window since t0, from the routers' own answers.
 	mu       sync.Mutex
 	admitted map[int]int64
@@ -76,7 +85,7 @@ func newWiring(t *testing.T, addr, prefix string) *wiring {
 	t.Helper()
 	w := &wiring{
 		clock:    clockwork.NewFakeClockAt(t0),
-		events:   make(degradations, 64),
+		events:   &degradations{ch: make(chan *eventsv1.DegradationEvent, 64)},
 		admitted: map[int]int64{},
 		tokens:   map[int]int64{},
 	}
@@ -234,7 +243,7 @@ func (w *wiring) awaitDegradations(t *testing.T, n int) []*eventsv1.DegradationE
 	var out []*eventsv1.DegradationEvent
 	for len(out) < n {
 		select {
-		case ev := <-w.events:
+		case ev := <-w.events.ch:
 			out = append(out, ev)
 		case <-time.After(10 * time.Second): // a failure timeout, not a wait
 			t.Fatalf("%d of %d degradation events", len(out), n)
@@ -257,8 +266,8 @@ func TestProductionWiringHoldsTheLimit(t *testing.T) {
 		t.Errorf("%v switches to the local limiter while Redis answered every call", n)
 	}
 	select {
-	case ev := <-w.events:
-		t.Errorf("degradation event while Redis answered: %v", ev)
+	case ev := <-w.events.ch:
+		t.Errorf("degradation event while Redis answered: %v (and %d more)", ev, len(w.events.ch)+int(w.events.overflow.Load()))
 	default:
 	}
 	for i, r := range w.replicas {
