@@ -241,7 +241,12 @@ func (f *FailoverStore) reconnect(ctx context.Context) error {
 		if err := f.restore(ctx, now, epochTime(marker, now)); err != nil {
 			return err
 		}
-		f.log.Warn("redis lost the quota state; buckets used in the last window restart empty and refill at their rate", "epoch", marker)
+		if f.epoch != "" || f.down {
+			f.log.Warn("redis lost the quota state; buckets used in the last window restart empty and refill at their rate", "epoch", marker)
+		} else {
+			// The first contact with a Redis that never held quota state: a new deployment.
+			f.log.Info("quota epoch marker written", "epoch", marker)
+		}
 	} else if err := f.handBack(ctx, local); err != nil {
 		return err
 	}
