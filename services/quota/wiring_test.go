@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os/exec"
 	"strings"
 	"sync"
@@ -17,7 +16,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
@@ -123,14 +121,7 @@ func newWiring(t *testing.T, addr, prefix string) *wiring {
 				t.Errorf("replica %d: Run = %v", i, err)
 			}
 		})
-		conn, err := grpc.NewClient("passthrough:///bufconn",
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-			grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = conn.Close() })
-		r.client = quotav1.NewQuotaServiceClient(conn)
+		r.client = dialBufconn(t, lis)
 		w.replicas = append(w.replicas, r)
 	}
 	// Every replica's probe, flush and sweep tickers: each has made its first contact
