@@ -38,7 +38,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Off unless asked: most dev sessions have no collector, and the exporter would log
 	// every failed flush. A collector on this machine speaks plaintext.
 	cfg.Tracing.Enabled, cfg.Tracing.OTLPEndpoint, cfg.Tracing.Insecure = *tracing, *otlp, true
-	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true})
+	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true, RouteLibraryLogs: true})
 	if err != nil {
 		return err
 	}

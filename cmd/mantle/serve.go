@@ -32,7 +32,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		_, err = stdout.Write(out)
 		return err
 	}
-	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true})
+	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true, RouteLibraryLogs: true})
 	if err != nil {
 		return err
 	}

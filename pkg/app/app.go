@@ -83,6 +83,9 @@ type App struct {
 	run      []Runnable
 	reload   map[string]func(context.Context, any) error
 	ready    atomic.Bool
+	// dependencies are those modules named with Env.Dependency.
+	depMu        sync.Mutex
+	dependencies []dependency
 
 	// local carries calls between modules of this process (local.go).
 	local *localConn
@@ -195,7 +198,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	a.mux.HandleFunc("GET /readyz", a.serveReady)
 	a.http = &http.Server{Handler: a.mux, ReadHeaderTimeout: 10 * time.Second}
 
-	env := Env{GRPC: registrar, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider}
+	env := Env{GRPC: registrar, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider, Dependency: a.addDependency}
 	for _, m := range modules {
 		if !slices.Contains(selected, m.Name) {
 			continue
@@ -338,7 +341,38 @@ func (a *App) serveReady(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "not ready", http.StatusServiceUnavailable)
 		return
 	}
+	// Ready either way: a degraded dependency is served around, and said.
 	fmt.Fprintln(w, "ready")
+	for _, d := range a.degraded() {
+		fmt.Fprintf(w, "degraded %s: %s\n", d.name, d.reason)
+	}
+}
+
+type dependency struct {
+	name  string
+	check func() string
+}
+
+// addDependency is Env.Dependency.
+func (a *App) addDependency(name string, check func() string) {
+	a.depMu.Lock()
+	defer a.depMu.Unlock()
+	a.dependencies = append(a.dependencies, dependency{name: name, check: check})
+}
+
+// degraded lists the dependencies that are degraded now, by name, with their reasons.
+func (a *App) degraded() []struct{ name, reason string } {
+	a.depMu.Lock()
+	deps := slices.Clone(a.dependencies)
+	a.depMu.Unlock()
+	var out []struct{ name, reason string }
+	for _, d := range deps {
+		if reason := d.check(); reason != "" {
+			out = append(out, struct{ name, reason string }{d.name, strings.ReplaceAll(reason, "\n", " ")})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
 }
 
 // dial returns the in-process channel for a module of this process, and a shared

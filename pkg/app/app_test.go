@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -543,5 +544,35 @@ func TestAppShutdownDelay(t *testing.T) {
 		}
 	case <-time.After(waitLimit):
 		t.Fatal("Run did not return after the delay")
+	}
+}
+
+// A dependency a module serves without is visible in /readyz while degraded, and the
+// process stays ready: traffic keeps coming to a replica that still serves.
+func TestReadyzListsDegradedDependencies(t *testing.T) {
+	t.Parallel()
+	var reason atomic.Value
+	reason.Store("")
+	b := newBlocker()
+	m := b.module("blocker", nil, nil)
+	inner := m.New
+	m.New = func(ctx context.Context, env app.Env) (app.Runnable, error) {
+		env.Dependency("blocker.store", func() string { return reason.Load().(string) })
+		env.Dependency("blocker.other", func() string { return "" })
+		return inner(ctx, env)
+	}
+	r := start(t, testConfig("blocker"), []app.Module{m})
+	url := "http://" + r.app.HTTPAddr() + "/readyz"
+	for _, tt := range []struct {
+		reason, want string
+	}{
+		{"", "ready\n"},
+		{"store unreachable since 12:00\nlocal limits", "ready\ndegraded blocker.store: store unreachable since 12:00 local limits\n"},
+		{"", "ready\n"},
+	} {
+		reason.Store(tt.reason)
+		if code, body := httpGet(t, url); code != http.StatusOK || body != tt.want {
+			t.Errorf("reason %q: GET /readyz = %d %q, want 200 %q", tt.reason, code, body, tt.want)
+		}
 	}
 }

@@ -77,6 +77,10 @@ type Env struct {
 	// TracerProvider is the process's tracer provider; nil when tracing is off. Modules
 	// get their tracer through Tracer, which copes with nil.
 	TracerProvider trace.TracerProvider
+	// Dependency names an outside dependency the module keeps serving without, degraded
+	// (quota without its Redis, say): /readyz stays 200 and lists, one line each, those
+	// whose check says why they are degraded; "" is healthy. Nil in an Env built by hand.
+	Dependency func(name string, degraded func() string)
 }
 
 // Tracer returns the module's tracer, named after its package; a tracer that records

@@ -49,6 +49,10 @@ type Options struct {
 	// memory limit are the whole process's): for a process that exists to serve mantle,
 	// not for tests or tools that start a mesh inside another program.
 	TuneRuntime bool
+	// RouteLibraryLogs sends the lines libraries log on their own (go-redis) through the
+	// process logger, in log.format. Their loggers are the whole process's: for a
+	// process that exists to serve mantle, not for programs that start several meshes.
+	RouteLibraryLogs bool
 }
 
 // Process is a configured mantle process with its listeners bound.
@@ -85,6 +89,9 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	}
 	log := NewLogger(cfg.Log, opts.LogOutput, cfg.secretValues(opts.Getenv)...)
 	p := &Process{Log: log, clock: opts.Clock, current: cfg}
+	if opts.RouteLibraryLogs {
+		quota.RouteRedisLogs(log.With("service", "quota"))
+	}
 	if opts.TuneRuntime {
 		p.heapFloor = tuneRuntime(cfg.Runtime, opts.Getenv, nil, log)
 	}

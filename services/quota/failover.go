@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -22,9 +28,25 @@ import (
 // replica then enforces limit/replicas with a local MemoryStore, so that the replicas
 // together stay near the limit (assuming the load balancer spreads requests evenly),
 // and refuses requests of tenants with an enforced money budget (ErrBudgetUnavailable):
-// money fails closed. It says so in mantle_quota_backend_fallback, in the log, and with
-// a DegradationEvent (route "quota") on each switch; Run probes Redis every
-// ProbeInterval and switches back when it answers.
+// money fails closed. It says so in mantle_quota_backend_fallback, in the log, in
+// Degradation (which /readyz shows) and with a DegradationEvent (route "quota") on each
+// switch; Run probes Redis every ProbeInterval and switches back when it answers.
+//
+// Only an outage switches (unreachable): a refusal, or any other answer Redis gives, is
+// returned as it is.
+//
+// Switches hand over what the replica knows, so that neither side starts from a full
+// bucket (docs/quota.md, "Redis outage and recovery"):
+//   - to the local limiter: each bucket this replica used in the last window starts at
+//     its share of the level Redis last reported (plus the refill since), not full;
+//   - back to Redis that kept its data: each bucket the local limiter charged is lowered
+//     to the local level times the replica count (what the replicas hold together when
+//     the load balancer spreads evenly; Observe never raises, so the emptiest replica's
+//     view wins, which errs towards refusing);
+//   - back to Redis that lost its data (its epoch marker changed or went missing, seen
+//     on the way back and by a check every ProbeInterval while healthy): each bucket this
+//     replica used in the last window is recreated holding only what it refilled since
+//     the marker was rewritten, as if it had been emptied then.
 //
 // Reservations follow the store that made them: one granted locally is settled locally,
 // one held in Redis cannot be settled while Redis is away (ErrStoreUnavailable), and its
@@ -37,10 +59,16 @@ type FailoverStore struct {
 	probe    time.Duration
 	log      *slog.Logger
 	events   app.Publisher
-	metrics  *metrics
+	recent   recentBuckets
 
-	mu   sync.Mutex
-	down bool
+	// mu guards the state below; a switch back to Redis holds it while it hands over,
+	// so that no request is decided halfway.
+	mu      sync.Mutex
+	metrics *metrics
+	down    bool
+	reason  string // why, while down
+	// epoch is Redis's epoch marker as last seen; "" before the first contact.
+	epoch string
 }
 
 // FailoverOptions configure a FailoverStore.
@@ -59,14 +87,19 @@ func NewFailoverStore(primary *RedisStore, clock clockwork.Clock, opts FailoverO
 	if publisher == nil {
 		publisher = discardEvents{}
 	}
+	probe := opts.ProbeInterval
+	if probe <= 0 {
+		probe = time.Second
+	}
 	return &FailoverStore{
 		redis:    primary,
 		local:    NewMemoryStore(clock),
 		replicas: int64(max(opts.Replicas, 1)),
 		clock:    clock,
-		probe:    opts.ProbeInterval,
+		probe:    probe,
 		log:      opts.Log,
 		events:   publisher,
+		recent:   recentBuckets{m: make(map[string]*recentBucket)},
 	}
 }
 
@@ -89,59 +122,195 @@ func (f *FailoverStore) Degraded() bool {
 	return f.down
 }
 
-// unreachable reports whether err means Redis could not answer, as opposed to an answer
-// that was an error (a script bug) or the caller giving up.
+// Degradation says why the store runs on its local limiter; "" while it uses Redis.
+func (f *FailoverStore) Degradation() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.down {
+		return ""
+	}
+	return f.reason
+}
+
+// unreachable reports whether err means Redis could not answer: the connection failed
+// (dial, reset, EOF, an I/O timeout), no connection was free in time, the Redis call's
+// own deadline passed, or Redis replied "not now" (LOADING, READONLY, CLUSTERDOWN,
+// MASTERDOWN, TRYAGAIN, BUSY, max clients). Only these send the replica to its local
+// limiter. Everything else is an answer and is returned as it is: a refusal
+// (*ExhaustedError) or any other domain error, a script's error, a malformed reply, the
+// store or client being closed; and so is the caller giving up (its context is done).
 func unreachable(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil || errors.Is(err, redis.Nil) || errors.Is(err, errMalformedReply) {
-		return false // a malformed reply is a wrong answer, not a missing one
+	if err == nil || ctx.Err() != nil {
+		return false
 	}
 	if rerr, ok := errors.AsType[redis.Error](err); ok {
-		// Replies that mean "not now" rather than "wrong".
 		msg := rerr.Error()
-		for _, p := range []string{"LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY"} {
+		for _, p := range []string{"LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "ERR max number of clients"} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}
 		}
 		return false
 	}
-	// Dial errors, timeouts, closed connections, an exhausted pool.
-	return true
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return true
+	case errors.Is(err, context.DeadlineExceeded):
+		// The caller's context is live (checked above), so the deadline was the Redis
+		// call's own: a dial or command timeout.
+		return true
+	}
+	// Dial errors, I/O timeouts and closed connections not matched above.
+	_, isNet := errors.AsType[net.Error](err)
+	return isNet
 }
 
-// fail records that Redis is unreachable, once per outage.
+// fail records that Redis is unreachable, once per outage, and seeds the local limiter
+// from what Redis last said.
 func (f *FailoverStore) fail(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
 		return
 	}
+	f.goLocal(err, "redis unreachable; quota falls back to the local limiter")
+}
+
+// goLocal switches to the local limiter. Callers hold f.mu.
+func (f *FailoverStore) goLocal(err error, msg string) {
+	now := f.clock.Now()
+	f.seedLocal(now)
 	f.down = true
+	f.reason = fmt.Sprintf("redis unreachable since %s: %v; enforcing limit/%d locally, money budgets fail closed", now.UTC().Format(time.RFC3339), err, f.replicas)
 	if f.metrics != nil {
 		f.metrics.backendFallback.Set(1)
 		f.metrics.backendFallbacks.Inc()
 	}
-	reason := fmt.Sprintf("quota backend unreachable: %v; enforcing limit/%d locally, money budgets fail closed", err, f.replicas)
-	f.log.Warn("redis unreachable; quota falls back to the local limiter", "err", err, "replicas", f.replicas)
+	f.log.Warn(msg, "err", err, "replicas", f.replicas)
 	f.events.Publish(context.Background(), events.SubjectDegradation, &eventsv1.DegradationEvent{
-		At: timestamppb.New(f.clock.Now()), Route: "quota", Reason: reason,
+		At: timestamppb.New(now), Route: "quota", Reason: "quota backend unreachable: " + err.Error() + fmt.Sprintf("; enforcing limit/%d locally, money budgets fail closed", f.replicas),
 	})
 }
 
-func (f *FailoverStore) recover() {
+// seedLocal lowers each recently used local bucket to this replica's share of the level
+// Redis last reported for it, plus the refill since: a tenant that had spent its bucket
+// does not get a full one from every replica when Redis goes away. Callers hold f.mu.
+func (f *FailoverStore) seedLocal(now time.Time) {
+	var obs []Observation
+	for _, e := range f.recent.snapshot(now) {
+		if e.remaining < 0 || now.Sub(e.seen) >= window {
+			continue
+		}
+		level := min(e.spec.Limit, addSaturating(e.remaining, tokensIn(now.Sub(e.seen), e.spec.Limit)))
+		b := e.spec
+		b.Limit = f.share(b.Limit)
+		obs = append(obs, Observation{Bucket: b, Remaining: min(level/f.replicas, b.Limit)})
+	}
+	if len(obs) > 0 {
+		// A MemoryStore's Observe fails only on a done context.
+		_, _ = f.local.Observe(context.Background(), obs)
+	}
+}
+
+// reconnect reads Redis's epoch marker and, when Redis lost its data or the store comes
+// back from the local limiter, hands over (see FailoverStore) and uses Redis again. An
+// error leaves the store as it was.
+func (f *FailoverStore) reconnect(ctx context.Context) error {
+	now, err := f.redis.now(ctx)
+	if err != nil {
+		return err
+	}
+	marker, created, err := f.redis.epoch(ctx, newEpoch(now))
+	if err != nil {
+		return err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.down {
-		return
+	// A marker this replica never saw: Redis lost its data. At the first contact a
+	// marker that exists is trusted, and one this replica had to write is not (Redis
+	// may have lost it while the replica was starting).
+	lost := marker != f.epoch && (f.epoch != "" || created)
+	if !lost && !f.down {
+		f.epoch = marker
+		return nil
 	}
-	f.down = false
-	if f.metrics != nil {
-		f.metrics.backendFallback.Set(0)
+	local := f.clock.Now()
+	if lost {
+		if err := f.restore(ctx, now, epochTime(marker, now)); err != nil {
+			return err
+		}
+		if f.epoch != "" || f.down {
+			f.log.Warn("redis lost the quota state; buckets used in the last window restart empty and refill at their rate", "epoch", marker)
+		} else {
+			// The first contact with a Redis that never held quota state: a new deployment.
+			f.log.Info("quota epoch marker written", "epoch", marker)
+		}
+	} else if err := f.handBack(ctx, local); err != nil {
+		return err
 	}
-	f.log.Info("redis reachable again; quota uses the shared state")
-	f.events.Publish(context.Background(), events.SubjectDegradation, &eventsv1.DegradationEvent{
-		At: timestamppb.New(f.clock.Now()), Route: "quota", Reason: "quota backend recovered: shared limits enforced again",
-	})
+	f.recent.handedOver()
+	f.local.forgetBuckets()
+	f.epoch = marker
+	if f.down {
+		f.down, f.reason = false, ""
+		if f.metrics != nil {
+			f.metrics.backendFallback.Set(0)
+		}
+		f.log.Info("redis reachable again; quota uses the shared state", "restored", lost)
+		f.events.Publish(context.Background(), events.SubjectDegradation, &eventsv1.DegradationEvent{
+			At: timestamppb.New(local), Route: "quota", Reason: "quota backend recovered: shared limits enforced again",
+		})
+	}
+	return nil
+}
+
+// restore lowers every bucket this replica used in the last window to what it refilled
+// since restoredAt, on Redis's clock (now). Observe never raises a bucket, so replicas
+// restoring one bucket in any order agree. Callers hold f.mu.
+func (f *FailoverStore) restore(ctx context.Context, now, restoredAt time.Time) error {
+	var obs []Observation
+	for _, e := range f.recent.snapshot(f.clock.Now()) {
+		obs = append(obs, Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, tokensIn(now.Sub(restoredAt), e.spec.Limit))})
+	}
+	slices.SortFunc(obs, func(a, b Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
+	_, err := f.redis.Observe(ctx, obs)
+	return err
+}
+
+// handBack lowers each bucket the local limiter charged to the local level times the
+// replica count. The local buckets started from Redis's level (seedLocal) and refilled
+// at their share of the rate, so together they are the bucket as it would be had Redis
+// answered all along. Callers hold f.mu.
+func (f *FailoverStore) handBack(ctx context.Context, now time.Time) error {
+	var obs []Observation
+	for _, e := range f.recent.snapshot(now) {
+		if !e.local {
+			continue
+		}
+		level := f.local.level(e.spec.Name(), f.share(e.spec.Limit))
+		obs = append(obs, Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, level*f.replicas)})
+	}
+	slices.SortFunc(obs, func(a, b Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
+	_, err := f.redis.Observe(ctx, obs)
+	return err
+}
+
+// newEpoch is a fresh epoch marker: when it was written (the decision clock, ns) and a
+// random part, so that two replicas writing at one instant still differ.
+func newEpoch(now time.Time) string {
+	return fmt.Sprintf("%d:%s", now.UnixNano(), uuid.NewString()[:8])
+}
+
+// epochTime is when marker was written; fallback when it cannot be read.
+func epochTime(marker string, fallback time.Time) time.Time {
+	ns, _, _ := strings.Cut(marker, ":")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if err != nil {
+		return fallback
+	}
+	return time.Unix(0, n)
 }
 
 // Reserve implements Store.
@@ -149,6 +318,7 @@ func (f *FailoverStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 	if !f.Degraded() {
 		g, err := f.redis.Reserve(ctx, c)
 		if !unreachable(ctx, err) {
+			f.recent.sawRedis(f.clock.Now(), c, g, err)
 			return g, err
 		}
 		f.fail(err)
@@ -168,7 +338,11 @@ func (f *FailoverStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		b.Cost = min(b.Cost, b.Limit)
 		local.Buckets[i] = b
 	}
-	return f.local.Reserve(ctx, local)
+	g, err := f.local.Reserve(ctx, local)
+	if err == nil {
+		f.recent.spentLocally(f.clock.Now(), c)
+	}
+	return g, err
 }
 
 // share is this replica's part of a limit: limit/replicas, rounded up so that no limit
@@ -247,11 +421,14 @@ func (f *FailoverStore) Sweep(ctx context.Context) (int, error) {
 // Close stops the Redis store's batcher.
 func (f *FailoverStore) Close() error { return f.redis.Close() }
 
-// Run flushes request counts to Redis and, while Redis is unreachable, probes it every
-// ProbeInterval on the injected clock. It returns nil when ctx is done.
+// Run flushes request counts to Redis and contacts Redis: once at the start (a Redis
+// unreachable then is logged and the store starts on its local limiter), then every
+// ProbeInterval on the injected clock: to switch back while Redis is away, and to check
+// its epoch marker while it answers. It returns nil when ctx is done.
 func (f *FailoverStore) Run(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- f.redis.Run(ctx) }()
+	f.start(ctx)
 	ticker := f.clock.NewTicker(f.probe)
 	defer ticker.Stop()
 	for {
@@ -259,15 +436,45 @@ func (f *FailoverStore) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return <-done
 		case <-ticker.Chan():
-			if !f.Degraded() {
-				continue
-			}
-			pctx, cancel := context.WithTimeout(ctx, f.probe)
-			err := f.redis.Ping(pctx)
-			cancel()
-			if err == nil {
-				f.recover()
+			f.recent.prune(f.clock.Now())
+			f.check(ctx)
+		}
+	}
+}
+
+// start is the first contact with Redis.
+func (f *FailoverStore) start(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, f.probe)
+	defer cancel()
+	err := f.redis.Ping(pctx)
+	if err == nil {
+		err = f.reconnect(pctx)
+	}
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.down {
+		f.goLocal(err, "redis unreachable at start; quota starts on the local limiter and switches when redis answers")
+	}
+}
+
+// check probes Redis while it is away, and reads its epoch marker while it answers.
+func (f *FailoverStore) check(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, f.probe)
+	defer cancel()
+	if f.Degraded() {
+		if err := f.redis.Ping(pctx); err == nil {
+			if err := f.reconnect(pctx); err != nil {
+				f.log.Debug("redis answers but the switch back failed; trying again", "err", err)
 			}
 		}
+		return
+	}
+	if err := f.reconnect(pctx); unreachable(pctx, err) {
+		f.fail(err)
+	} else if err != nil {
+		f.log.Warn("reading the quota epoch marker", "err", err)
 	}
 }

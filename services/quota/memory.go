@@ -328,3 +328,23 @@ func budgetLevelOf(bc *BudgetCharge, spent int64, now time.Time) *BudgetLevel {
 	_, reset := budgetDay(now, bc.DayOffset)
 	return &BudgetLevel{Limit: bc.Limit, Spent: spent, Reset: reset, Shadow: bc.Shadow}
 }
+
+// forgetBuckets makes every bucket full again, keeping reservations and budgets. A
+// FailoverStore calls it when Redis is back: what its local limiter spent has been
+// handed to Redis, and a later outage starts from what Redis said then.
+func (s *MemoryStore) forgetBuckets() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.buckets)
+}
+
+// level is what the named bucket holds now at the given limit.
+func (s *MemoryStore) level(name string, limit int64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.buckets[name]
+	if !ok {
+		return limit
+	}
+	return b.remaining(s.clock.Now(), limit)
+}

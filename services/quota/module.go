@@ -16,43 +16,33 @@ import (
 // the sweeper, the queue's dispatcher and, with backend redis, the Redis client's
 // background work, and closes the client on the way out.
 func Module(cfg Config) app.Module {
+	return module(cfg, redisServerTime)
+}
+
+// module is Module with the Redis backend's decision clock chosen: tests run the
+// module's own path at their fake clock.
+func module(cfg Config, at decisionClock) app.Module {
 	return app.Module{
 		Name: "quota",
 		New: func(_ context.Context, env app.Env) (app.Runnable, error) {
 			log := env.Log.With("service", "quota")
 			var (
-				store  Store
-				client *redis.Client
+				store   Store
+				backend *redisState
 			)
 			switch cfg.Backend {
 			case BackendRedis:
+				benv := env
+				benv.Log = log
 				var err error
-				client, err = newRedisClient(cfg.Redis)
+				backend, err = newRedisBackend(cfg, benv, at)
 				if err != nil {
 					return nil, err
 				}
-				opts := RedisOptions{
-					Prefix:         cfg.Redis.KeyPrefix,
-					Clock:          env.Clock,
-					ServerTime:     true,
-					OverLimitCache: cfg.Redis.OverLimitCache,
-					FlushInterval:  cfg.RetryBudget.FlushInterval,
+				store = backend.store
+				if env.Dependency != nil {
+					env.Dependency("quota.redis", backend.store.Degradation)
 				}
-				if cfg.Redis.AutoPipeline {
-					// Closed with the client.
-					ap, err := client.AutoPipeline()
-					if err != nil {
-						_ = client.Close()
-						return nil, fmt.Errorf("redis.auto_pipeline: %w", err)
-					}
-					opts.Scripter = ap
-				}
-				primary := NewRedisStore(client, opts)
-				// Redis being away at start is not fatal: the store starts on its local
-				// limiter and switches when Redis answers.
-				store = NewFailoverStore(primary, env.Clock, FailoverOptions{
-					Replicas: cfg.Redis.Replicas, ProbeInterval: cfg.Redis.ProbeInterval, Log: log, Events: env.Events,
-				})
 			default:
 				store = NewMemoryStore(env.Clock)
 			}
@@ -64,26 +54,75 @@ func Module(cfg Config) app.Module {
 				Events:  env.Events,
 			})
 			if err != nil {
-				if client != nil {
-					_ = client.Close()
+				if backend != nil {
+					_ = backend.Close()
 				}
 				return nil, err
 			}
 			quotav1.RegisterQuotaServiceServer(env.GRPC, newServer(svc))
 			return app.RunFunc(func(ctx context.Context) error {
 				err := svc.Run(ctx)
-				if client != nil {
-					// The store's batcher first: it fails the calls it still holds
-					// rather than leave them to a closed client.
-					if c, ok := store.(interface{ Close() error }); ok {
-						err = errors.Join(err, c.Close())
-					}
-					err = errors.Join(err, client.Close())
+				if backend != nil {
+					err = errors.Join(err, backend.Close())
 				}
 				return err
 			}), nil
 		},
 	}
+}
+
+// redisState is the Redis backend as production wires it: a FailoverStore over a
+// RedisStore over one client.
+type redisState struct {
+	client *redis.Client
+	store  *FailoverStore
+}
+
+// Where a redisState's decisions are timed.
+type decisionClock bool
+
+const (
+	// redisServerTime decides at Redis's TIME, one clock for every replica: production.
+	redisServerTime decisionClock = true
+	// replicaClock decides at env.Clock: tests, whose fake clock then times every
+	// decision, on Redis too.
+	replicaClock decisionClock = false
+)
+
+// newRedisBackend builds the backend of cfg.Redis. It does not contact Redis: the
+// store's Run does, and starts on its local limiter when Redis does not answer.
+func newRedisBackend(cfg Config, env app.Env, at decisionClock) (*redisState, error) {
+	client, err := newRedisClient(cfg.Redis)
+	if err != nil {
+		return nil, err
+	}
+	opts := RedisOptions{
+		Prefix:         cfg.Redis.KeyPrefix,
+		Clock:          env.Clock,
+		ServerTime:     bool(at),
+		OverLimitCache: cfg.Redis.OverLimitCache,
+		FlushInterval:  cfg.RetryBudget.FlushInterval,
+	}
+	if cfg.Redis.AutoPipeline {
+		// Closed with the client.
+		ap, err := client.AutoPipeline()
+		if err != nil {
+			_ = client.Close()
+			return nil, fmt.Errorf("redis.auto_pipeline: %w", err)
+		}
+		opts.Scripter = ap
+	}
+	primary := NewRedisStore(client, opts)
+	store := NewFailoverStore(primary, env.Clock, FailoverOptions{
+		Replicas: cfg.Redis.Replicas, ProbeInterval: cfg.Redis.ProbeInterval, Log: env.Log, Events: env.Events,
+	})
+	return &redisState{client: client, store: store}, nil
+}
+
+// Close stops the store's batcher, then closes the client: the batcher fails the calls
+// it still holds rather than leave them to a closed client.
+func (b *redisState) Close() error {
+	return errors.Join(b.store.Close(), b.client.Close())
 }
 
 // newRedisClient builds the client from the redis block; the password comes from the

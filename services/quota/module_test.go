@@ -1,9 +1,12 @@
 package quota
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jonboulle/clockwork"
@@ -77,6 +80,60 @@ func TestModule(t *testing.T) {
 			t.Errorf("Run = %v, want nil after cancel (the client closes cleanly)", err)
 		}
 	})
+	t.Run("redis unreachable at start", func(t *testing.T) {
+		t.Parallel()
+		env := testEnv()
+		var logs lockedBuffer
+		env.Log = slog.New(slog.NewJSONHandler(&logs, nil))
+		var degraded func() string
+		env.Dependency = func(name string, check func() string) {
+			if name == "quota.redis" {
+				degraded = check
+			}
+		}
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := lis.Addr().String()
+		_ = lis.Close() // nothing listens there now: connections are refused
+		cfg := DefaultConfig()
+		cfg.Backend, cfg.Redis.Address = BackendRedis, addr
+		run, err := Module(cfg).New(context.Background(), env)
+		if err != nil {
+			t.Fatalf("New = %v, want the module to start without Redis", err)
+		}
+		if degraded == nil {
+			t.Fatal("the module named no quota.redis dependency")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		// The tickers start after the first contact.
+		if err := env.Clock.(*clockwork.FakeClock).BlockUntilContext(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		if reason := degraded(); !strings.Contains(reason, "redis unreachable") || !strings.Contains(reason, "limit/1") {
+			t.Errorf("Degradation = %q, want Redis unreachable and the local limit", reason)
+		}
+		if !strings.Contains(logs.String(), `"level":"WARN","msg":"redis unreachable at start`) {
+			t.Errorf("log = %s, want a warning that Redis is unreachable at start", logs.String())
+		}
+		families, err := env.Metrics.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gauge float64 = -1
+		for _, f := range families {
+			if f.GetName() == "mantle_quota_backend_fallback" {
+				gauge = f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		if gauge != 1 {
+			t.Errorf("mantle_quota_backend_fallback = %v, want 1", gauge)
+		}
+	})
 	t.Run("redis password comes from the environment", func(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.Backend, cfg.Redis.Address, cfg.Redis.PasswordEnv = BackendRedis, "127.0.0.1:1", "MANTLE_TEST_NO_SUCH_VARIABLE"
@@ -94,4 +151,22 @@ func TestModule(t *testing.T) {
 			t.Errorf("err = %v, want it to name reservation_ttl", err)
 		}
 	})
+}
+
+// lockedBuffer is a bytes.Buffer that a logger may write while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -741,6 +741,48 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 	return s.client.Ping(ctx).Err()
 }
 
+// now is the decision clock: Redis's TIME, or the replica's clock when the store
+// decides at it (ServerTime false).
+func (s *RedisStore) now(ctx context.Context) (time.Time, error) {
+	if !s.serverTime {
+		return s.clock.Now(), nil
+	}
+	t, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("redis: %w", err)
+	}
+	return t, nil
+}
+
+// epochKey holds the epoch marker: written once by the first replica that finds it
+// missing, never expiring. A marker that changed, or went missing, means Redis lost
+// its data (a restart without persistence, a flush, a failover to an empty replica).
+func (s *RedisStore) epochKey() string { return s.prefix + "epoch" }
+
+// epoch returns Redis's epoch marker; when there is none it writes value and reports
+// created.
+func (s *RedisStore) epoch(ctx context.Context, value string) (marker string, created bool, err error) {
+	key := s.epochKey()
+	for range 2 {
+		v, err := s.client.Get(ctx, key).Result()
+		if err == nil {
+			return v, false, nil
+		}
+		if !errors.Is(err, redis.Nil) {
+			return "", false, fmt.Errorf("redis: %w", err)
+		}
+		ok, err := s.client.SetNX(ctx, key, value, 0).Result()
+		if err != nil {
+			return "", false, fmt.Errorf("redis: %w", err)
+		}
+		if ok {
+			return value, true, nil
+		}
+		// Another replica wrote it between the two calls: read theirs.
+	}
+	return "", false, errors.New("redis: the epoch marker changes faster than it can be read")
+}
+
 // levelAt is the level of a bucket with the given debt.
 func levelAt(b BucketSpec, debt time.Duration) BucketLevel {
 	return BucketLevel{Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(debt, b.Limit), Reset: debt, Shadow: b.Shadow}

@@ -229,6 +229,14 @@ func TestRedisFailover(t *testing.T) {
 	reserve := func(tenant string, tokens int64) (Reserved, error) {
 		return svc.Reserve(ctx, ReserveRequest{Tenant: tenant, Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
 	}
+	// Run first, as the module does: its first contact reads Redis's epoch marker.
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- store.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	if err := clock.BlockUntilContext(ctx, 2); err != nil { // the probe and flush tickers
+		t.Fatal(err)
+	}
 
 	held, err := reserve("acme", 1000)
 	if err != nil {
@@ -249,9 +257,10 @@ func TestRedisFailover(t *testing.T) {
 	if ev := nextDegradation(t, events); ev.GetRoute() != "quota" || !strings.Contains(ev.GetReason(), "limit/3") {
 		t.Errorf("event = %v, want a quota degradation naming limit/3", ev)
 	}
-	// This replica's share of 6000 is 2000: 1000 more fit, then no more.
-	if local.Levels.Tokens.Limit != 2000 || local.Levels.Tokens.Remaining != 1000 {
-		t.Errorf("local level = %+v, want 1000 of 2000 left", local.Levels.Tokens)
+	// This replica's share of 6000 is 2000, and it starts at its share of what Redis
+	// last said (5000 / 3 = 1666): 666 more fit, then no more.
+	if local.Levels.Tokens.Limit != 2000 || local.Levels.Tokens.Remaining != 666 {
+		t.Errorf("local level = %+v, want 666 of 2000 left", local.Levels.Tokens)
 	}
 	if _, err := reserve("acme", 1001); !errors.Is(err, ErrExhausted) {
 		t.Errorf("beyond the local share: err = %v, want exhausted", err)
@@ -269,14 +278,7 @@ func TestRedisFailover(t *testing.T) {
 	}
 
 	// Redis comes back; the next probe notices.
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- store.Run(runCtx) }()
-	defer func() { cancel(); <-done }()
 	proxy.setCut(false)
-	if err := clock.BlockUntilContext(ctx, 2); err != nil { // the probe and flush tickers
-		t.Fatal(err)
-	}
 	clock.Advance(time.Second)
 	if ev := nextDegradation(t, events); !strings.Contains(ev.GetReason(), "recovered") {
 		t.Errorf("event = %v, want recovered", ev)
@@ -284,11 +286,12 @@ func TestRedisFailover(t *testing.T) {
 	if store.Degraded() || f.counter(t, "mantle_quota_backend_fallback") != 0 {
 		t.Error("still degraded after recovery")
 	}
-	// Shared state again: the Redis bucket still holds the first reservation (1000,
-	// of which the probe's second has refilled 100).
+	// Shared state again, lowered to what the local limiter held times three: it
+	// started at 1666, took 1000, got 600 back and refilled a second of its share
+	// (33): 1299, so 3897 in Redis (which alone would hold 5100), 3797 after this 100.
 	r, err := reserve("acme", 100)
-	if err != nil || r.Levels.Tokens.Limit != 6000 || r.Levels.Tokens.Remaining != 5000 {
-		t.Errorf("after recovery: levels %+v, err %v; want Redis's 5000 of 6000", r.Levels.Tokens, err)
+	if err != nil || r.Levels.Tokens.Limit != 6000 || r.Levels.Tokens.Remaining != 3797 {
+		t.Errorf("after recovery: levels %+v, err %v; want Redis's 3797 of 6000", r.Levels.Tokens, err)
 	}
 	if _, err := svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &Usage{}}); err != nil {
 		t.Errorf("settling the Redis reservation after recovery: %v", err)
@@ -520,4 +523,11 @@ func TestRedisRefillTimeMatchesGo(t *testing.T) {
 			}
 		}
 	}
+}
+
+// retarget sends new connections to addr (a Redis that replaced the old one).
+func (p *flakyProxy) retarget(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = addr
 }

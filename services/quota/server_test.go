@@ -46,7 +46,13 @@ func startServer(t *testing.T, f *fixture) quotav1.QuotaServiceClient {
 	quotav1.RegisterQuotaServiceServer(srv, newServer(f.svc))
 	go func() { _ = srv.Serve(lis) }() // returns when Stop closes the listener
 	t.Cleanup(srv.Stop)
+	return dialBufconn(t, lis)
+}
 
+// dialBufconn returns a client of the quota service listening on lis, closed when the
+// test ends.
+func dialBufconn(t *testing.T, lis *bufconn.Listener) quotav1.QuotaServiceClient {
+	t.Helper()
 	conn, err := grpc.NewClient("passthrough:///bufconn",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
