@@ -16,8 +16,14 @@ import (
 	"github.com/mantle-mesh/mantle/services/router"
 )
 
-// devKey is the API key of the development tenant. It only exists in `mantle dev`.
-const devKey = "sk-mantle-dev"
+// devKey is the API key of the development tenant, devOperatorKey the development
+// operator's (`mantle review`, draft rule approval, DescribeRoutes). They only exist in
+// `mantle dev`, which listens on loopback; its modules call each other with a mesh secret
+// the process makes up at start.
+const (
+	devKey         = "sk-mantle-dev"
+	devOperatorKey = "sk-mantle-dev-operator"
+)
 
 func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
@@ -53,6 +59,7 @@ func devConfig(primaryProfile string, getenv func(string) string) mesh.Config {
 	cfg := mesh.Default()
 	cfg.Events.Embedded = true
 	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "dev", KeySHA256: rpc.HashKey(devKey)}}
+	cfg.Auth.Operators = []rpc.TenantKey{{ID: "dev-operator", KeySHA256: rpc.HashKey(devOperatorKey)}}
 	r := &cfg.Router
 	// The simulated primary answers like a typical model (P99 8.5 s): a 4 s per-try timeout
 	// inside a 15 s budget, with hedging after the primary's p95, leaves room to fail over,
@@ -115,7 +122,7 @@ func printDevBanner(w io.Writer, grpcAddr, httpAddr string, cfg mesh.Config) {
   gRPC     %[1]s   (reflection on: grpcurl needs no proto files)
   HTTP     http://%[2]s   (OpenAI-compatible /v1, /metrics, /healthz, /readyz)
   models   %[3]s; route "chat" tries them in order
-  API key  %[4]s  (tenant "dev")
+  API key  %[4]s  (tenant "dev"); operator key %[6]s (mantle review)
 
 Try it:
 
@@ -128,5 +135,5 @@ python3 -c 'from openai import OpenAI; c = OpenAI(base_url="http://%[2]s/v1", ap
 or: go run ./cmd/mantle chat%[5]s "What does mantle do?"
 
 Press Ctrl-C to stop.
-`, grpcAddr, httpAddr, strings.Join(models, ", "), devKey, chatFlag)
+`, grpcAddr, httpAddr, strings.Join(models, ", "), devKey, chatFlag, devOperatorKey)
 }

@@ -30,7 +30,9 @@ const reviewUsage = `usage: mantle review <command> [flags] [review id]
   decide   record your decision on a review you claimed
   audit    list the audit trail (of one review, or of everything; --actor)
 
-Common flags: --addr (verifier gRPC address, $MANTLE_ADDR), --key ($MANTLE_API_KEY),
+Common flags: --addr (verifier gRPC address, $MANTLE_ADDR), --key (an operator key, which
+sees every tenant's reviews, from $MANTLE_OPERATOR_KEY; or a tenant key, which sees that
+tenant's, from $MANTLE_API_KEY),
 --timeout, --json (print the response as JSON). Run mantle review <command> -h for more.`
 
 // review is `mantle review`: the human review workbench on the command line.
@@ -52,7 +54,7 @@ func review(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	c := &reviewCLI{stdout: stdout}
 	fs.StringVar(&c.addr, "addr", envOr("MANTLE_ADDR", "127.0.0.1:9090"), "verifier gRPC address ($MANTLE_ADDR)")
-	fs.StringVar(&c.key, "key", envOr("MANTLE_API_KEY", devKey), "tenant API key ($MANTLE_API_KEY)")
+	fs.StringVar(&c.key, "key", envOr("MANTLE_OPERATOR_KEY", envOr("MANTLE_API_KEY", devOperatorKey)), "operator key ($MANTLE_OPERATOR_KEY), or a tenant key ($MANTLE_API_KEY)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "deadline for the call")
 	fs.BoolVar(&c.json, "json", false, "print the response as JSON")
 	run := sub(fs, c)

@@ -80,6 +80,7 @@ type App struct {
 	grpcLis  net.Listener
 	httpLis  net.Listener
 	selected []string
+	all      bool // every module runs here
 	run      []Runnable
 	reload   map[string]func(context.Context, any) error
 	ready    atomic.Bool
@@ -159,7 +160,17 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	if err != nil {
 		return nil, err
 	}
-	chain, err := rpc.ServerInterceptors(deps.Log, deps.Metrics, deps.Authenticator)
+	audiences, err := moduleAudiences(modules)
+	if err != nil {
+		return nil, err
+	}
+	if deps.Authenticator, err = serviceIdentity(deps.Authenticator, selected, modules); err != nil {
+		return nil, err
+	}
+	if err := deps.Authenticator.Instrument(deps.Log, deps.Metrics); err != nil {
+		return nil, err
+	}
+	chain, err := rpc.ServerInterceptors(deps.Log, deps.Metrics, deps.Authenticator, audiences)
 	if err != nil {
 		return nil, err
 	}
@@ -177,6 +188,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 		health:   health.NewServer(),
 		mux:      http.NewServeMux(),
 		selected: selected,
+		all:      len(selected) == len(modules),
 		conns:    map[string]*grpc.ClientConn{},
 		reload:   map[string]func(context.Context, any) error{},
 	}
@@ -220,6 +232,30 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 
 func (e Env) with(log *slog.Logger) Env { e.Log = log; return e }
 
+// moduleAudiences merges the modules' audience tables: every module's, not only the
+// selected ones', so that a method is never unknown for want of its module here.
+func moduleAudiences(modules []Module) (rpc.Audiences, error) {
+	tables := make([]rpc.Audiences, 0, len(modules))
+	for _, m := range modules {
+		tables = append(tables, m.Audiences)
+	}
+	return rpc.Merge(tables...)
+}
+
+// serviceIdentity returns the authenticator the process uses. With authentication on,
+// modules call each other as services: a process that runs every module and has no
+// service credential configured makes up a mesh secret of its own (only its in-process
+// calls need it); a process that runs some modules must share one with the others.
+func serviceIdentity(authn *rpc.Authenticator, selected []string, modules []Module) (*rpc.Authenticator, error) {
+	if !authn.Enabled() || authn.HasServiceIdentity() {
+		return authn, nil
+	}
+	if len(selected) < len(modules) {
+		return nil, errors.New("auth: modules run in separate processes, so they need a service identity to call each other: set auth.mesh_secret_env or auth.mesh_secret_file (the same secret in every process)")
+	}
+	return authn.WithProcessSecret(), nil
+}
+
 // localChannel builds a.local and returns the registrar modules register on: the gRPC
 // server and the in-process channel both.
 func (a *App) localChannel(chain rpc.Interceptors) grpc.ServiceRegistrar {
@@ -227,7 +263,7 @@ func (a *App) localChannel(chain rpc.Interceptors) grpc.ServiceRegistrar {
 	if tp := a.deps.TracerProvider; tp != nil {
 		clientStats, serverStats = rpc.TracingClientHandler(tp), rpc.TracingServerHandler(tp)
 	}
-	local := newLocalConn(chain, clientStats, serverStats)
+	local := newLocalConn(chain, a.deps.Authenticator.ClientIdentity(a.serviceName()), clientStats, serverStats)
 	a.local = local
 	return registrars{a.grpc, local}
 }
@@ -239,6 +275,16 @@ func (r registrars) RegisterService(desc *grpc.ServiceDesc, impl any) {
 	for _, reg := range r {
 		reg.RegisterService(desc, impl)
 	}
+}
+
+// serviceName is the name this process's calls to other services carry: like a
+// certificate, a service identity belongs to the process, so it names the modules that
+// run here ("router"; "cache_quota"), or "mantle" when all of them do.
+func (a *App) serviceName() string {
+	if a.all {
+		return "mantle"
+	}
+	return strings.Join(a.selected, "_")
 }
 
 // GRPCAddr is the bound gRPC address.
@@ -390,7 +436,7 @@ func (a *App) dial(module string) (grpc.ClientConnInterface, error) {
 	if cc, ok := a.conns[addr]; ok {
 		return cc, nil
 	}
-	opts := append(rpc.ClientOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := append(a.deps.Authenticator.ClientIdentity(a.serviceName()).DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if a.deps.TracerProvider != nil {
 		opts = append(opts, rpc.TracingDialOption(a.deps.TracerProvider))
 	}

@@ -105,6 +105,8 @@ type blocker struct {
 
 const blockerService = "mantle.test.v1.Blocker"
 
+var blockerAudiences = rpc.Audiences{"/" + blockerService + "/Wait": rpc.AudienceTenant}
+
 func newBlocker() *blocker {
 	return &blocker{entered: make(chan struct{}, 8), ids: make(chan string, 8), release: make(chan struct{}), canceled: make(chan error, 8)}
 }
@@ -139,7 +141,7 @@ func (b *blocker) desc() *grpc.ServiceDesc {
 
 // module registers the blocker; dial, when set, receives the module's Dial function.
 func (b *blocker) module(name string, deps []string, dial *func(string) (grpc.ClientConnInterface, error)) app.Module {
-	return app.Module{Name: name, Deps: deps, New: func(_ context.Context, env app.Env) (app.Runnable, error) {
+	return app.Module{Name: name, Deps: deps, Audiences: blockerAudiences, New: func(_ context.Context, env app.Env) (app.Runnable, error) {
 		env.GRPC.RegisterService(b.desc(), b)
 		if dial != nil {
 			*dial = env.Dial

@@ -18,7 +18,8 @@ import (
 )
 
 // localConn carries calls between the modules of one process. Every call runs the
-// server's interceptor chain (request id, metrics, call log, recovery, authentication)
+// client's interceptor (the service credential, the tenant acted for) and the server's
+// chain (request id, metrics, call log, recovery, authentication and planes)
 // and, with tracing on, the client's and server's stats handlers, and the messages are
 // copied both ways, as over the network; what it saves is HTTP/2 framing, sockets and
 // serialisation.
@@ -34,6 +35,7 @@ import (
 type localConn struct {
 	methods map[string]localMethod // by full method name, "/package.Service/Method"
 	chain   grpc.UnaryServerInterceptor
+	client  rpc.ClientIdentity
 	streams grpc.ClientConnInterface
 	// register registers a service's streams on the grpchan channel.
 	register grpc.ServiceRegistrar
@@ -46,7 +48,7 @@ type localMethod struct {
 	handler grpc.MethodHandler
 }
 
-func newLocalConn(chain rpc.Interceptors, clientStats, serverStats stats.Handler) *localConn {
+func newLocalConn(chain rpc.Interceptors, client rpc.ClientIdentity, clientStats, serverStats stats.Handler) *localConn {
 	ch := new(inprocgrpc.Channel)
 	if serverStats != nil {
 		ch.WithServerStatsHandler(serverStats)
@@ -55,7 +57,8 @@ func newLocalConn(chain rpc.Interceptors, clientStats, serverStats stats.Handler
 	return &localConn{
 		methods:     map[string]localMethod{},
 		chain:       chainUnary(chain.Unary),
-		streams:     grpchan.InterceptClientConnStream(ch, rpc.StreamClient),
+		client:      client,
+		streams:     grpchan.InterceptClientConnStream(ch, client.StreamClient),
 		register:    grpchan.WithStreamInterceptors(ch, chain.Stream...),
 		clientStats: clientStats,
 		serverStats: serverStats,
@@ -75,7 +78,7 @@ func (c *localConn) RegisterService(desc *grpc.ServiceDesc, impl any) {
 
 // Invoke implements grpc.ClientConnInterface.
 func (c *localConn) Invoke(ctx context.Context, method string, req, reply any, opts ...grpc.CallOption) error {
-	return rpc.UnaryClient(ctx, method, req, reply, nil, c.invoke, opts...)
+	return c.client.UnaryClient(ctx, method, req, reply, nil, c.invoke, opts...)
 }
 
 // NewStream implements grpc.ClientConnInterface.

@@ -72,6 +72,9 @@ func (e *echo) desc() *grpc.ServiceDesc {
 	}
 }
 
+// echoAudiences puts the echo service on the tenant plane.
+var echoAudiences = rpc.Audiences{"/mantle.test.v1.Echo/Echo": rpc.AudienceTenant, "/mantle.test.v1.Echo/Count": rpc.AudienceTenant}
+
 type ctxKey struct{}
 
 // TestServerContextDerivesWithoutGoroutines: contexts a handler derives from its context
@@ -281,11 +284,11 @@ func TestLocalConnStats(t *testing.T) {
 
 func testLocalConn(t *testing.T, e *echo, client, server stats.Handler) *localConn {
 	t.Helper()
-	chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
+	chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil, echoAudiences)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newLocalConn(chain, client, server)
+	c := newLocalConn(chain, rpc.ClientIdentity{}, client, server)
 	c.RegisterService(e.desc(), e)
 	return c
 }
@@ -333,12 +336,12 @@ func (r *recordingStats) record(e string) {
 //
 //	go test -run '^$' -bench BenchmarkLocalCall -benchmem ./pkg/app/
 func BenchmarkLocalCall(b *testing.B) {
-	chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
+	chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil, echoAudiences)
 	if err != nil {
 		b.Fatal(err)
 	}
 	e := &echo{seen: func(context.Context, *wrapperspb.StringValue) error { return nil }}
-	local := newLocalConn(chain, nil, nil)
+	local := newLocalConn(chain, rpc.ClientIdentity{}, nil, nil)
 	local.RegisterService(e.desc(), e)
 
 	srv := grpc.NewServer(chain.ServerOptions()...)
@@ -349,7 +352,7 @@ func BenchmarkLocalCall(b *testing.B) {
 	}
 	go func() { _ = srv.Serve(lis) }()
 	b.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), append(rpc.ClientOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	conn, err := grpc.NewClient(lis.Addr().String(), append(rpc.ClientIdentity{}.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -24,6 +24,9 @@ type Module struct {
 	Name string
 	// Deps names the modules this one calls through gRPC clients.
 	Deps []string
+	// Audiences declares the plane of every method the module serves (rpc.Audience); a
+	// method without one is refused.
+	Audiences rpc.Audiences
 	// New builds the service and registers it on env.GRPC (and env.HTTP when it serves
 	// HTTP). It must not block; long-running work goes in the returned Runnable.
 	New func(ctx context.Context, env Env) (Runnable, error)
@@ -72,7 +75,7 @@ type Env struct {
 	// (idempotency records, review queues); nil when events are disabled.
 	NATS *nats.Conn
 	// Auth checks tenant API keys for front doors that are not gRPC (the router's HTTP
-	// API); nil when authentication is disabled.
+	// API, with LoginHTTP); nil when authentication is disabled.
 	Auth *rpc.Authenticator
 	// TracerProvider is the process's tracer provider; nil when tracing is off. Modules
 	// get their tracer through Tracer, which copes with nil.

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -79,12 +80,23 @@ type ServerConfig struct {
 	MaxMessageBytes int `yaml:"max_message_bytes"`
 }
 
-// AuthConfig lists tenants and their hashed API keys. With no tenants, authentication is
-// off and every caller is the tenant "default".
+// AuthConfig says who may call: tenants and operators by hashed API keys, mesh services
+// by a shared secret. With neither tenants nor operators authentication is off, which is
+// allowed only on loopback listeners or with Disabled set.
 type AuthConfig struct {
 	// Tenants are the tenants and their keys. With none, authentication is off and every
 	// caller is the tenant default.
 	Tenants []rpc.TenantKey `yaml:"tenants"`
+	// Operators call the operator plane (draft rule approval, rule reloads, DescribeRoutes)
+	// and see every tenant's reviews.
+	Operators []rpc.TenantKey `yaml:"operators"`
+	// MeshSecretEnv or MeshSecretFile hold the secret mesh services present to each other
+	// (at least 32 bytes; the same in every process of a deployment). Required when
+	// authentication is on and modules run in separate processes.
+	MeshSecretEnv  string `yaml:"mesh_secret_env"`
+	MeshSecretFile string `yaml:"mesh_secret_file"`
+	// Disabled turns authentication off on purpose, also on non-loopback listeners.
+	Disabled bool `yaml:"disabled"`
 }
 
 // EventsConfig says where events go.
@@ -114,8 +126,8 @@ func Default() Config {
 	return Config{
 		Target: "all",
 		Server: ServerConfig{
-			GRPCListenAddress:       "0.0.0.0:9090",
-			HTTPListenAddress:       "0.0.0.0:8080",
+			GRPCListenAddress:       "127.0.0.1:9090",
+			HTTPListenAddress:       "127.0.0.1:8080",
 			GracefulShutdownTimeout: 15 * time.Second,
 			MaxMessageBytes:         16 << 20,
 		},
@@ -273,14 +285,8 @@ func (c Config) Validate() error {
 	if c.Events.Embedded && c.Events.NATSURL != "" {
 		errs = append(errs, errors.New("events: set nats_url or embedded, not both"))
 	}
-	for i, t := range c.Auth.Tenants {
-		if t.ID == "" {
-			errs = append(errs, fmt.Errorf("auth.tenants[%d].id: required", i))
-		}
-		if (t.KeySHA256 == "") == (t.KeyEnv == "") {
-			errs = append(errs, fmt.Errorf("auth.tenants[%d]: set exactly one of key_sha256 or key_env", i))
-		}
-	}
+	errs = append(errs, c.Auth.validate()...)
+	errs = append(errs, c.exposure()...)
 	runs := func(name string) bool { return c.runs(name) }
 	if runs("router") {
 		wrap("router", c.Router.Validate())
@@ -324,4 +330,96 @@ func (c Config) YAML() ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+func (a AuthConfig) validate() []error {
+	var errs []error
+	ids := map[string]string{}  // id -> where it was first configured
+	keys := map[string]string{} // key_sha256 or key_env -> where
+	check := func(list string, entries []rpc.TenantKey) {
+		for i, t := range entries {
+			at := fmt.Sprintf("auth.%s[%d]", list, i)
+			switch {
+			case t.ID == "":
+				errs = append(errs, fmt.Errorf("%s.id: required", at))
+			case !rpc.ValidTenantID(t.ID):
+				errs = append(errs, fmt.Errorf("%s.id: want 1 to %d characters of [a-z0-9_-], got %q", at, rpc.MaxTenantIDLength, t.ID))
+			case ids[list+"/"+t.ID] != "":
+				errs = append(errs, fmt.Errorf("%s.id: %q is already %s", at, t.ID, ids[list+"/"+t.ID]))
+			default:
+				ids[list+"/"+t.ID] = at
+			}
+			if (t.KeySHA256 == "") == (t.KeyEnv == "") {
+				errs = append(errs, fmt.Errorf("%s: set exactly one of key_sha256 or key_env", at))
+			}
+			for _, k := range []string{"sha256:" + strings.ToLower(t.KeySHA256), "env:" + t.KeyEnv} {
+				if k == "sha256:" || k == "env:" {
+					continue
+				}
+				if prev := keys[k]; prev != "" {
+					errs = append(errs, fmt.Errorf("%s: the same key as %s (one key, one caller)", at, prev))
+				}
+				keys[k] = at
+			}
+		}
+	}
+	check("tenants", a.Tenants)
+	check("operators", a.Operators)
+	if a.MeshSecretEnv != "" && a.MeshSecretFile != "" {
+		errs = append(errs, errors.New("auth: set mesh_secret_env or mesh_secret_file, not both"))
+	}
+	if a.Disabled && (len(a.Tenants) > 0 || len(a.Operators) > 0) {
+		errs = append(errs, errors.New("auth.disabled: true, but tenants or operators are configured: remove one or the other"))
+	}
+	return errs
+}
+
+// exposure refuses to serve without authentication on a listener other hosts can reach,
+// unless auth.disabled says so explicitly.
+func (c Config) exposure() []error {
+	if c.Auth.Disabled || len(c.Auth.Tenants) > 0 || len(c.Auth.Operators) > 0 {
+		return nil
+	}
+	var errs []error
+	for _, l := range []struct{ key, addr string }{
+		{"server.grpc_listen_address", c.Server.GRPCListenAddress},
+		{"server.http_listen_address", c.Server.HTTPListenAddress},
+	} {
+		if l.addr != "" && !loopback(l.addr) {
+			errs = append(errs, fmt.Errorf("%s: %s is reachable from other hosts and no auth.tenants are configured: configure tenants, listen on 127.0.0.1, or set auth.disabled: true", l.key, l.addr))
+		}
+	}
+	return errs
+}
+
+// loopback reports whether a listen address accepts connections from this host only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// meshSecret reads the configured mesh secret ("" when none is configured).
+func (a AuthConfig) meshSecret(getenv func(string) string) (string, error) {
+	switch {
+	case a.MeshSecretEnv != "":
+		v := getenv(a.MeshSecretEnv)
+		if v == "" {
+			return "", fmt.Errorf("auth.mesh_secret_env: environment variable %s is empty", a.MeshSecretEnv)
+		}
+		return v, nil
+	case a.MeshSecretFile != "":
+		b, err := os.ReadFile(a.MeshSecretFile)
+		if err != nil {
+			return "", fmt.Errorf("auth.mesh_secret_file: %w", err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	return "", nil
 }

@@ -9,7 +9,7 @@ func (c Config) secretValues(getenv func(string) string) []string {
 			envs = append(envs, k.Env)
 		}
 	}
-	envs = append(envs, c.Cache.Qdrant.APIKeyEnv, c.Cache.Embedder.APIKeyEnv, c.Verifier.L3.Judge.APIKeyEnv)
+	envs = append(envs, c.Cache.Qdrant.APIKeyEnv, c.Cache.Embedder.APIKeyEnv, c.Verifier.L3.Judge.APIKeyEnv, c.Auth.MeshSecretEnv)
 	var out []string
 	for _, name := range envs {
 		if name == "" {

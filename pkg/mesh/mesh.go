@@ -97,9 +97,9 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	}
 	reg := prometheus.NewRegistry()
 
-	authn, err := rpc.NewAuthenticator(cfg.Auth.Tenants, opts.Getenv)
+	authn, err := newAuthenticator(cfg.Auth, opts.Getenv, log)
 	if err != nil {
-		return nil, fmt.Errorf("auth.%w", err)
+		return nil, err
 	}
 	var tp trace.TracerProvider // nil: tracing off
 	if cfg.Tracing.Enabled {
@@ -254,4 +254,28 @@ func NewLogger(c LogConfig, w io.Writer, secrets ...string) *slog.Logger {
 	}
 	h = logredact.New(logredact.Options{DebugBodies: c.DebugBodies, Secrets: secrets}).Handler(h)
 	return slog.New(rpc.LogHandler(h))
+}
+
+// newAuthenticator builds the process's authenticator; nil when authentication is off,
+// which is said at warn (Validate allowed it: loopback listeners only, or auth.disabled).
+func newAuthenticator(cfg AuthConfig, getenv func(string) string, log *slog.Logger) (*rpc.Authenticator, error) {
+	opts := []rpc.AuthOption{rpc.WithOperators(cfg.Operators, getenv)}
+	secret, err := cfg.meshSecret(getenv)
+	if err != nil {
+		return nil, err
+	}
+	if secret != "" {
+		opts = append(opts, rpc.WithMeshSecret(secret))
+	}
+	authn, err := rpc.NewAuthenticator(cfg.Tenants, getenv, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("auth.%w", err)
+	}
+	switch {
+	case cfg.Disabled:
+		log.Warn("authentication is disabled (auth.disabled): every caller may call every RPC as any tenant")
+	case !authn.Enabled():
+		log.Warn("authentication is off: no auth.tenants configured; listening on loopback only")
+	}
+	return authn, nil
 }

@@ -2,24 +2,52 @@ package rpc
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 )
 
-// Tenant API keys are never kept in memory or config in the clear: config holds their
-// SHA-256 and incoming keys are hashed before the lookup.
+// API keys and the mesh secret are never kept in memory or config in the clear: config
+// holds their SHA-256 (or names where to read them, and they are hashed at load), and
+// incoming credentials are hashed before the lookup.
 
-// TenantKey configures one tenant's API key.
+// Metadata keys of the service plane. A mesh service calling another sends the mesh secret
+// and its own name, and the tenant it acts for, if any. The tenant is believed only when
+// the caller authenticated as a service: a tenant that sends it is still itself.
+const (
+	MetadataMeshSecret = "x-mantle-mesh-secret"
+	MetadataService    = "x-mantle-service"
+	MetadataOnBehalfOf = "x-mantle-on-behalf-of"
+)
+
+// Refusal reasons, as logged and counted (mantle_auth_refusals_total{reason}).
+const (
+	RefusalMissingCredential    = "missing_credential"
+	RefusalMalformedCredential  = "malformed_credential"
+	RefusalUnknownKey           = "unknown_key"
+	RefusalBadServiceCredential = "bad_service_credential"
+	RefusalUnknownTenant        = "unknown_on_behalf_tenant"
+	RefusalUnknownMethod        = "unknown_method"
+	RefusalWrongPlane           = "wrong_plane"
+	RefusalTenantMismatch       = "tenant_mismatch"
+)
+
+// TenantKey configures one tenant's (or operator's) API key.
 type TenantKey struct {
-	// ID is the tenant id, recorded in every QualityContext, quota bucket and cache key.
+	// ID is the tenant id, recorded in every QualityContext, quota bucket and cache key:
+	// 1 to 64 characters of [a-z0-9_-], unique.
 	ID string `yaml:"id"`
 	// KeySHA256 is the hex SHA-256 of the key (printf %s "$KEY" | sha256sum); set exactly
-	// one of key_sha256 and key_env.
+	// one of key_sha256 and key_env. A key configured twice is an error.
 	KeySHA256 string `yaml:"key_sha256,omitempty"`
 	// KeyEnv names the environment variable that holds the key. It is hashed at start and
 	// the variable's value never enters the configuration; the process refuses to start if
@@ -27,39 +55,151 @@ type TenantKey struct {
 	KeyEnv string `yaml:"key_env,omitempty"`
 }
 
-// Authenticator maps API keys to tenants.
+// ServiceSource identifies the mesh service that made a call, from what the call
+// carries. It reports ok=false when the call carries no credential of its kind, and an
+// error when it carries one that is not valid (the call is then refused, not tried as a
+// tenant).
+//
+// Sources are tried in order. The mesh secret (MetadataMeshSecret) is always one; a
+// source that reads the service from the verified mTLS peer certificate (a SPIFFE URI SAN
+// of the mesh CA, e.g. spiffe://mantle/router) plugs in through WithServiceSource, ahead
+// of the secret. The audience check does not care which source identified the service.
+type ServiceSource func(ctx context.Context) (service string, ok bool, err error)
+
+// Authenticator establishes who calls: a tenant (API key), an operator (operator key) or
+// a mesh service (mesh secret or mTLS peer certificate).
 type Authenticator struct {
-	byHash map[[sha256.Size]byte]string
+	tenants   map[[sha256.Size]byte]string
+	tenantIDs map[string]bool
+	operators map[[sha256.Size]byte]string
+	// meshSecret is the SHA-256 of the mesh secret; secret is the secret itself, which
+	// this process sends when its modules call other services. Empty: none configured.
+	meshSecret [sha256.Size]byte
+	secret     string
+	// sources identify services; peer-certificate sources come before the mesh secret.
+	sources  []ServiceSource
+	refusals *refusalReporter
 }
 
-// NewAuthenticator builds an Authenticator from tenant keys; getenv resolves KeyEnv.
-// It returns nil (authentication disabled) when there are no keys.
-func NewAuthenticator(keys []TenantKey, getenv func(string) string) (*Authenticator, error) {
-	if len(keys) == 0 {
+// AuthOption configures an Authenticator beyond its tenants.
+type AuthOption func(*Authenticator) error
+
+// WithOperators adds operator keys: operators call the operator plane (rules, draft
+// approval) and see every tenant's reviews.
+func WithOperators(keys []TenantKey, getenv func(string) string) AuthOption {
+	return func(a *Authenticator) error {
+		for i, k := range keys {
+			sum, err := keyHash(k, getenv)
+			if err != nil {
+				return fmt.Errorf("operators[%d]%w", i, err)
+			}
+			if !ValidTenantID(k.ID) {
+				return fmt.Errorf("operators[%d].id: want 1 to %d characters of [a-z0-9_-], got %q", i, MaxTenantIDLength, k.ID)
+			}
+			if err := a.addKey(sum); err != nil {
+				return fmt.Errorf("operators[%d]: %w", i, err)
+			}
+			a.operators[sum] = k.ID
+		}
+		return nil
+	}
+}
+
+// WithMeshSecret sets the secret mesh services present to each other when their calls
+// carry no mTLS identity. It must be at least 32 bytes.
+func WithMeshSecret(secret string) AuthOption {
+	return func(a *Authenticator) error {
+		if len(secret) < minMeshSecret {
+			return fmt.Errorf("mesh_secret: want at least %d bytes, got %d", minMeshSecret, len(secret))
+		}
+		a.secret = secret
+		a.meshSecret = sha256.Sum256([]byte(secret))
+		return nil
+	}
+}
+
+// WithServiceSource adds a way to identify mesh services, tried before the mesh secret.
+// This is where a source that reads the service from the mTLS peer certificate plugs in.
+func WithServiceSource(src ServiceSource) AuthOption {
+	return func(a *Authenticator) error {
+		a.sources = append([]ServiceSource{src}, a.sources...)
+		return nil
+	}
+}
+
+// minMeshSecret is the shortest mesh secret accepted: 256 bits.
+const minMeshSecret = 32
+
+// NewAuthenticator builds an Authenticator from tenant keys and options; getenv resolves
+// KeyEnv. It returns nil (authentication disabled) when there are neither tenant nor
+// operator keys. Tenant ids must be valid (ValidTenantID) and unique, and no key may be
+// configured twice, for tenants and operators alike.
+func NewAuthenticator(keys []TenantKey, getenv func(string) string, opts ...AuthOption) (*Authenticator, error) {
+	a := &Authenticator{
+		tenants:   make(map[[sha256.Size]byte]string, len(keys)),
+		tenantIDs: make(map[string]bool, len(keys)),
+		operators: map[[sha256.Size]byte]string{},
+	}
+	for i, k := range keys {
+		if !ValidTenantID(k.ID) {
+			return nil, fmt.Errorf("tenants[%d].id: want 1 to %d characters of [a-z0-9_-], got %q", i, MaxTenantIDLength, k.ID)
+		}
+		if a.tenantIDs[k.ID] {
+			return nil, fmt.Errorf("tenants[%d].id: tenant %q is configured twice", i, k.ID)
+		}
+		sum, err := keyHash(k, getenv)
+		if err != nil {
+			return nil, fmt.Errorf("tenants[%d]%w", i, err)
+		}
+		if err := a.addKey(sum); err != nil {
+			return nil, fmt.Errorf("tenants[%d]: %w", i, err)
+		}
+		a.tenants[sum] = k.ID
+		a.tenantIDs[k.ID] = true
+	}
+	a.sources = []ServiceSource{a.meshSecretSource}
+	for _, o := range opts {
+		if err := o(a); err != nil {
+			return nil, err
+		}
+	}
+	if len(a.tenants) == 0 && len(a.operators) == 0 {
 		return nil, nil
 	}
-	a := &Authenticator{byHash: make(map[[sha256.Size]byte]string, len(keys))}
-	for i, k := range keys {
-		var sum [sha256.Size]byte
-		switch {
-		case k.KeySHA256 != "":
-			raw, err := hex.DecodeString(k.KeySHA256)
-			if err != nil || len(raw) != sha256.Size {
-				return nil, fmt.Errorf("tenants[%d].key_sha256: want 64 hex characters", i)
-			}
-			copy(sum[:], raw)
-		case k.KeyEnv != "":
-			v := getenv(k.KeyEnv)
-			if v == "" {
-				return nil, fmt.Errorf("tenants[%d].key_env: environment variable %s is empty", i, k.KeyEnv)
-			}
-			sum = sha256.Sum256([]byte(v))
-		default:
-			return nil, fmt.Errorf("tenants[%d]: one of key_sha256 or key_env is required", i)
-		}
-		a.byHash[sum] = k.ID
-	}
 	return a, nil
+}
+
+// addKey refuses a key that is already some tenant's or operator's: one key, one caller.
+func (a *Authenticator) addKey(sum [sha256.Size]byte) error {
+	_, t := a.tenants[sum]
+	_, o := a.operators[sum]
+	if t || o {
+		return errors.New("the same key is configured for another tenant or operator")
+	}
+	return nil
+}
+
+func keyHash(k TenantKey, getenv func(string) string) ([sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	switch {
+	case k.KeySHA256 != "" && k.KeyEnv != "":
+		return sum, errors.New(": set one of key_sha256 or key_env, not both")
+	case k.KeySHA256 != "":
+		raw, err := hex.DecodeString(k.KeySHA256)
+		if err != nil || len(raw) != sha256.Size {
+			return sum, errors.New(".key_sha256: want 64 hex characters")
+		}
+		copy(sum[:], raw)
+	case k.KeyEnv != "":
+		v := getenv(k.KeyEnv)
+		if v == "" {
+			return sum, fmt.Errorf(".key_env: environment variable %s is empty", k.KeyEnv)
+		}
+		sum = sha256.Sum256([]byte(v))
+	default:
+		return sum, errors.New(": one of key_sha256 or key_env is required")
+	}
+	return sum, nil
 }
 
 // HashKey returns the hex SHA-256 of a key, the form config stores.
@@ -68,14 +208,41 @@ func HashKey(key string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Authenticate returns the tenant of key.
+// NewMeshSecret returns a random mesh secret (64 hex digits), for `mantle dev` and for a
+// process whose modules all run in it and that has none configured.
+func NewMeshSecret() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b)
+}
+
+// Authenticate returns the tenant of a tenant key.
 func (a *Authenticator) Authenticate(key string) (string, bool) {
-	t, ok := a.byHash[sha256.Sum256([]byte(key))]
+	t, ok := a.tenants[sha256.Sum256([]byte(key))]
 	return t, ok
 }
 
-// Enabled reports whether keys are checked at all.
+// Enabled reports whether credentials are checked at all.
 func (a *Authenticator) Enabled() bool { return a != nil }
+
+// HasServiceIdentity reports whether this process can prove to other processes that it
+// is a mesh service: a mesh secret, or another ServiceSource (mTLS), is configured.
+func (a *Authenticator) HasServiceIdentity() bool {
+	return a != nil && (a.secret != "" || len(a.sources) > 1)
+}
+
+// WithProcessSecret returns a copy of a with a fresh random mesh secret, for a process
+// whose modules all run in it: their calls to each other still present a service
+// credential, and no other process knows it.
+func (a *Authenticator) WithProcessSecret() *Authenticator {
+	if a == nil {
+		return nil
+	}
+	c := *a
+	c.secret = NewMeshSecret()
+	c.meshSecret = sha256.Sum256([]byte(c.secret))
+	return &c
+}
 
 // BearerToken extracts the token of an "Authorization: Bearer <token>" value.
 func BearerToken(header string) (string, bool) {
@@ -87,43 +254,211 @@ func BearerToken(header string) (string, bool) {
 	return token, token != ""
 }
 
-// AuthenticateContext authenticates the bearer token in the incoming gRPC metadata and
-// returns a context carrying the tenant and the credential (so calls to other services
-// are made on the tenant's behalf).
-func (a *Authenticator) AuthenticateContext(ctx context.Context) (context.Context, error) {
-	if !a.Enabled() {
-		return ctx, nil
+// authError is a refusal: the status the caller gets and the reason it is counted under.
+type authError struct {
+	code    codes.Code
+	reason  string
+	message string
+}
+
+func (e *authError) Error() string { return e.message }
+
+func (e *authError) status() error {
+	r := ReasonUnauthenticated
+	if e.code == codes.PermissionDenied {
+		r = ReasonPermissionDenied
+	}
+	return Status(e.code, "auth.mantle", r, e.message)
+}
+
+func unauthenticated(reason, msg string) *authError {
+	return &authError{code: codes.Unauthenticated, reason: reason, message: msg}
+}
+
+func denied(reason, msg string) *authError {
+	return &authError{code: codes.PermissionDenied, reason: reason, message: msg}
+}
+
+// identify establishes the caller of a gRPC call from its metadata (and, through the
+// service sources, its transport).
+func (a *Authenticator) identify(ctx context.Context) (Caller, *authError) {
+	for _, src := range a.sources {
+		service, ok, err := src(ctx)
+		if err != nil {
+			return Caller{}, unauthenticated(RefusalBadServiceCredential, "invalid service credential")
+		}
+		if !ok {
+			continue
+		}
+		c := Caller{Kind: CallerService, Service: service}
+		if t := firstValue(ctx, MetadataOnBehalfOf); t != "" {
+			if !a.tenantIDs[t] {
+				return Caller{}, denied(RefusalUnknownTenant, "the call names a tenant that is not configured")
+			}
+			c.Tenant = t
+		}
+		return c, nil
 	}
 	values := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(values) == 0 {
-		return nil, Status(codes.Unauthenticated, "auth.mantle", ReasonUnauthenticated, "missing API key: send authorization: Bearer <key>")
+		return Caller{}, unauthenticated(RefusalMissingCredential, "missing API key: send authorization: Bearer <key>")
 	}
 	token, ok := BearerToken(values[0])
 	if !ok {
-		return nil, Status(codes.Unauthenticated, "auth.mantle", ReasonUnauthenticated, "malformed authorization header: want Bearer <key>")
+		return Caller{}, unauthenticated(RefusalMalformedCredential, "malformed authorization header: want Bearer <key>")
 	}
-	return a.Login(ctx, token)
+	return a.keyCaller(token)
 }
 
-// Login checks a bearer token and returns a context carrying the tenant and credential.
+func (a *Authenticator) keyCaller(token string) (Caller, *authError) {
+	sum := sha256.Sum256([]byte(token))
+	if t, ok := a.tenants[sum]; ok {
+		return Caller{Kind: CallerTenant, Tenant: t}, nil
+	}
+	if o, ok := a.operators[sum]; ok {
+		return Caller{Kind: CallerOperator, Name: o}, nil
+	}
+	return Caller{}, unauthenticated(RefusalUnknownKey, "invalid API key")
+}
+
+// meshSecretSource is the ServiceSource of the mesh secret: a call that carries
+// MetadataMeshSecret is a service's, refused when the secret is wrong.
+func (a *Authenticator) meshSecretSource(ctx context.Context) (string, bool, error) {
+	got := firstValue(ctx, MetadataMeshSecret)
+	if got == "" {
+		return "", false, nil
+	}
+	sum := sha256.Sum256([]byte(got))
+	// Both sides are hashes of equal length, so the comparison's time says nothing about
+	// the secret; a process without a secret accepts none.
+	if a.secret == "" || subtle.ConstantTimeCompare(sum[:], a.meshSecret[:]) != 1 {
+		return "", false, errors.New("wrong mesh secret")
+	}
+	service := firstValue(ctx, MetadataService)
+	if !ValidTenantID(service) {
+		service = "unnamed"
+	}
+	return service, true, nil
+}
+
+func firstValue(ctx context.Context, key string) string {
+	if v := metadata.ValueFromIncomingContext(ctx, key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// authorize establishes the caller of a call to method and checks that its audience
+// admits it. A method without an audience is refused, whoever calls.
+func (a *Authenticator) authorize(ctx context.Context, method string, audiences Audiences) (context.Context, error) {
+	aud, known := audiences[method]
+	if !known {
+		err := denied(RefusalUnknownMethod, "the method has no declared audience")
+		a.refused(ctx, method, Caller{}, err)
+		return nil, err.status()
+	}
+	if !a.Enabled() {
+		return ctx, nil
+	}
+	c, aerr := a.identify(ctx)
+	if aerr == nil && !aud.Admits(c.Kind) {
+		aerr = denied(RefusalWrongPlane, fmt.Sprintf("%s credentials cannot call a %s RPC", c.Kind, aud))
+	}
+	if aerr != nil {
+		a.refused(ctx, method, c, aerr)
+		return nil, aerr.status()
+	}
+	return WithCaller(ctx, c), nil
+}
+
+// Login checks a tenant API key (the HTTP front door's) and returns a context carrying
+// the tenant. Operator keys are not tenant keys and are refused here.
 func (a *Authenticator) Login(ctx context.Context, token string) (context.Context, error) {
 	if !a.Enabled() {
 		return ctx, nil
 	}
 	tenant, ok := a.Authenticate(token)
 	if !ok {
-		return nil, Status(codes.Unauthenticated, "auth.mantle", ReasonUnauthenticated, "invalid API key")
+		return nil, unauthenticated(RefusalUnknownKey, "invalid API key").status()
 	}
-	return withCredential(WithTenant(ctx, tenant), token), nil
+	return WithTenant(ctx, tenant), nil
 }
 
-type credentialKey struct{}
-
-func withCredential(ctx context.Context, token string) context.Context {
-	return context.WithValue(ctx, credentialKey{}, token)
+// LoginHTTP checks an HTTP request's Authorization header as Login does, and logs and
+// counts a refusal under route (e.g. "POST /v1/chat/completions").
+func (a *Authenticator) LoginHTTP(ctx context.Context, header, route string) (context.Context, error) {
+	if !a.Enabled() {
+		return ctx, nil
+	}
+	token, ok := BearerToken(header)
+	if !ok {
+		reason, msg := RefusalMissingCredential, "missing API key: send Authorization: Bearer <key>"
+		if header != "" {
+			reason, msg = RefusalMalformedCredential, "malformed Authorization header: want Bearer <key>"
+		}
+		err := unauthenticated(reason, msg)
+		a.refused(ctx, route, Caller{}, err)
+		return nil, err.status()
+	}
+	tenant, ok := a.Authenticate(token)
+	if !ok {
+		err := unauthenticated(RefusalUnknownKey, "invalid API key")
+		a.refused(ctx, route, Caller{}, err)
+		return nil, err.status()
+	}
+	return WithTenant(ctx, tenant), nil
 }
 
-func credential(ctx context.Context) string {
-	c, _ := ctx.Value(credentialKey{}).(string)
-	return c
+// RefuseTenant logs and counts a handler's refusal of a call whose claimed tenant is not
+// the caller's (PERMISSION_DENIED), like the interceptor's own refusals.
+func (a *Authenticator) RefuseTenant(ctx context.Context, method string) {
+	a.refused(ctx, method, CallerOf(ctx), denied(RefusalTenantMismatch, "tenant mismatch"))
+}
+
+// refusalReporter logs and counts refusals; one per process.
+type refusalReporter struct {
+	log     *slog.Logger
+	counter *prometheus.CounterVec
+}
+
+// Instrument makes a log and count every refusal on log and reg: one warn line with the
+// reason, the method and the caller as far as it is known (never the key), and
+// mantle_auth_refusals_total{reason,code}. Call it once per process.
+func (a *Authenticator) Instrument(log *slog.Logger, reg prometheus.Registerer) error {
+	if a == nil {
+		return nil
+	}
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mantle_auth_refusals_total",
+		Help: "Calls refused by authentication (Unauthenticated) or by their plane (PermissionDenied), by reason.",
+	}, []string{"reason", "code"})
+	if err := reg.Register(c); err != nil {
+		return fmt.Errorf("register auth refusals: %w", err)
+	}
+	a.refusals = &refusalReporter{log: log, counter: c}
+	return nil
+}
+
+func (a *Authenticator) refused(ctx context.Context, method string, c Caller, err *authError) {
+	if a == nil || a.refusals == nil {
+		return
+	}
+	a.refusals.counter.WithLabelValues(err.reason, err.code.String()).Inc()
+	attrs := []any{"reason", err.reason, "code", err.code.String(), "method", method}
+	if c.Kind != CallerNone {
+		attrs = append(attrs, "caller", c.Kind.String())
+	}
+	if c.Tenant != "" {
+		attrs = append(attrs, "tenant", c.Tenant)
+	}
+	if c.Service != "" {
+		attrs = append(attrs, "service", c.Service)
+	}
+	if c.Name != "" {
+		attrs = append(attrs, "operator", c.Name)
+	}
+	if id := RequestID(ctx); id != "" {
+		attrs = append(attrs, "request_id", id)
+	}
+	a.refusals.log.WarnContext(ctx, "call refused", attrs...)
 }

@@ -8,10 +8,7 @@ import (
 	"runtime/debug"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -41,10 +38,13 @@ type Interceptors struct {
 //  4. logging: one structured line per call with duration, the code the caller sees and
 //     the handler's own error; inside the backstop, so the cause is not lost;
 //  5. panic recovery: a panic becomes INTERNAL and its stack is logged;
-//  6. tenant authentication, skipped for health and reflection.
+//  6. authentication and planes: the caller is established (tenant key, operator key or
+//     mesh service) and refused unless the method's audience admits it; a method that is
+//     not in audiences is refused, even with authentication off. Health and reflection
+//     are open.
 //
 // It registers the metrics on reg, so it is called once per process.
-func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Authenticator) (Interceptors, error) {
+func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Authenticator, audiences Audiences) (Interceptors, error) {
 	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	if err := reg.Register(metrics); err != nil {
 		return Interceptors{}, fmt.Errorf("register grpc server metrics: %w", err)
@@ -55,8 +55,7 @@ func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Auth
 			"request_id", RequestID(ctx))
 		return status.Error(codes.Internal, "internal error")
 	})
-	authFunc := func(ctx context.Context) (context.Context, error) { return authn.AuthenticateContext(ctx) }
-	needsAuth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool { return !isInfrastructure(c.Service) })
+	gate := authGate{authn: authn, audiences: audiences}
 
 	return Interceptors{
 		Unary: []grpc.UnaryServerInterceptor{
@@ -65,7 +64,7 @@ func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Auth
 			backstopUnary,
 			calls.unary,
 			recovery.UnaryServerInterceptor(recoverOpt),
-			selector.UnaryServerInterceptor(auth.UnaryServerInterceptor(authFunc), needsAuth),
+			gate.unary,
 		},
 		Stream: []grpc.StreamServerInterceptor{
 			requestMetaStream,
@@ -73,7 +72,7 @@ func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Auth
 			backstopStream,
 			calls.stream,
 			recovery.StreamServerInterceptor(recoverOpt),
-			selector.StreamServerInterceptor(auth.StreamServerInterceptor(authFunc), needsAuth),
+			gate.stream,
 		},
 	}, nil
 }
@@ -95,25 +94,73 @@ func isInfrastructure(service string) bool {
 	return false
 }
 
-// ClientOptions returns the dial options for calls between mantle services: they carry
-// the caller's request id, trace and tenant credential to the next hop.
-func ClientOptions() []grpc.DialOption {
-	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(UnaryClient), grpc.WithChainStreamInterceptor(StreamClient)}
+// authGate is step 6 of the chain.
+type authGate struct {
+	authn     *Authenticator
+	audiences Audiences
 }
 
-// UnaryClient is ClientOptions' interceptor for unary calls, for channels that are not
+func (g authGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if isInfrastructure(serviceOf(info.FullMethod)) {
+		return handler(ctx, req)
+	}
+	ctx, err := g.authn.authorize(ctx, info.FullMethod, g.audiences)
+	if err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (g authGate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if isInfrastructure(serviceOf(info.FullMethod)) {
+		return handler(srv, ss)
+	}
+	ctx, err := g.authn.authorize(ss.Context(), info.FullMethod, g.audiences)
+	if err != nil {
+		return err
+	}
+	return handler(srv, &contextStream{ServerStream: ss, ctx: ctx})
+}
+
+func serviceOf(fullMethod string) string {
+	service, _ := splitMethod(fullMethod)
+	return service
+}
+
+// ClientIdentity is what this process's modules present when they call other mesh
+// services: the mesh secret (when one is configured; an mTLS client certificate is the
+// transport's business), the process's service name and the tenant the call acts for.
+// The zero ClientIdentity presents no credential (authentication off).
+type ClientIdentity struct{ secret, service string }
+
+// ClientIdentity returns the identity this process's service calls carry, under the
+// service name service.
+func (a *Authenticator) ClientIdentity(service string) ClientIdentity {
+	if a == nil {
+		return ClientIdentity{}
+	}
+	return ClientIdentity{secret: a.secret, service: service}
+}
+
+// DialOptions returns the dial options for calls between mantle services: they carry
+// the caller's request id, trace, service credential and tenant to the next hop.
+func (c ClientIdentity) DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(c.UnaryClient), grpc.WithChainStreamInterceptor(c.StreamClient)}
+}
+
+// UnaryClient is DialOptions' interceptor for unary calls, for channels that are not
 // grpc.ClientConns (pkg/app's in-process channel).
-func UnaryClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	return invoker(outgoing(ctx), method, req, reply, cc, opts...)
+func (c ClientIdentity) UnaryClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoker(c.outgoing(ctx), method, req, reply, cc, opts...)
 }
 
-// StreamClient is ClientOptions' interceptor for streams.
-func StreamClient(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	return streamer(outgoing(ctx), desc, cc, method, opts...)
+// StreamClient is DialOptions' interceptor for streams.
+func (c ClientIdentity) StreamClient(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return streamer(c.outgoing(ctx), desc, cc, method, opts...)
 }
 
-func outgoing(ctx context.Context) context.Context {
-	var kv []string
+func (c ClientIdentity) outgoing(ctx context.Context) context.Context {
+	kv := make([]string, 0, 10)
 	if id := RequestID(ctx); id != "" {
 		kv = append(kv, MetadataRequestID, id)
 	}
@@ -125,8 +172,16 @@ func outgoing(ctx context.Context) context.Context {
 	} else if id := TraceID(ctx); id != "" {
 		kv = append(kv, MetadataTraceParent, traceParent(id))
 	}
-	if c := credential(ctx); c != "" {
-		kv = append(kv, "authorization", "Bearer "+c)
+	// The tenant's own key never leaves the front door: the next hop learns the tenant
+	// from the service that vouches for it.
+	if c.secret != "" {
+		kv = append(kv, MetadataMeshSecret, c.secret)
+		if c.service != "" {
+			kv = append(kv, MetadataService, c.service)
+		}
+		if t := Tenant(ctx); t != "" {
+			kv = append(kv, MetadataOnBehalfOf, t)
+		}
 	}
 	if len(kv) == 0 {
 		return ctx

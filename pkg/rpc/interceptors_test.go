@@ -125,7 +125,7 @@ func startServer(t *testing.T, authn *rpc.Authenticator, backend *grpc.ClientCon
 	t.Helper()
 	s := &testServer{lis: bufconn.Listen(1 << 20), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	chain, err := rpc.ServerInterceptors(log, s.reg, authn)
+	chain, err := rpc.ServerInterceptors(log, s.reg, authn, probeAudiences)
 	if err != nil {
 		t.Fatalf("ServerOptions: %v", err)
 	}
@@ -166,9 +166,15 @@ func withMD(kv ...string) context.Context {
 	return metadata.AppendToOutgoingContext(context.Background(), kv...)
 }
 
+// probeAudiences puts the probe on the tenant plane.
+var probeAudiences = rpc.Audiences{probeCall: rpc.AudienceTenant, probeWatch: rpc.AudienceTenant}
+
+// meshSecret is the test mesh's secret.
+const meshSecret = "0123456789abcdef0123456789abcdef-test"
+
 func newAuth(t *testing.T) *rpc.Authenticator {
 	t.Helper()
-	a, err := rpc.NewAuthenticator([]rpc.TenantKey{{ID: "acme", KeySHA256: rpc.HashKey("sk-acme")}}, nil)
+	a, err := rpc.NewAuthenticator([]rpc.TenantKey{{ID: "acme", KeySHA256: rpc.HashKey("sk-acme")}}, nil, rpc.WithMeshSecret(meshSecret))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +372,7 @@ func TestRequestMetadataReachesHandler(t *testing.T) {
 	}
 }
 
-func TestClientOptionsPropagateToNextHop(t *testing.T) {
+func TestClientIdentityPropagatesToNextHop(t *testing.T) {
 	t.Parallel()
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	authn := newAuth(t)
@@ -376,7 +382,7 @@ func TestClientOptionsPropagateToNextHop(t *testing.T) {
 
 	t.Run("with ClientOptions", func(t *testing.T) {
 		t.Parallel()
-		front := startServer(t, authn, back.dial(t, rpc.ClientOptions()...))
+		front := startServer(t, authn, back.dial(t, authn.ClientIdentity("front").DialOptions()...))
 		got, err := call(ctx, front.dial(t), "forward")
 		if err != nil {
 			t.Fatalf("forward: %v", err)
@@ -385,12 +391,12 @@ func TestClientOptionsPropagateToNextHop(t *testing.T) {
 			t.Errorf("back-end saw %q, want %q", got, want)
 		}
 	})
-	t.Run("without ClientOptions the back-end refuses", func(t *testing.T) {
+	t.Run("without the service identity the back-end refuses", func(t *testing.T) {
 		t.Parallel()
 		front := startServer(t, authn, back.dial(t))
 		_, err := call(ctx, front.dial(t), "forward")
 		if status.Code(err) != codes.Unauthenticated {
-			t.Errorf("forward without credential propagation = %v, want Unauthenticated", err)
+			t.Errorf("forward without a service credential = %v, want Unauthenticated: the tenant's key is not forwarded", err)
 		}
 	})
 }

@@ -1,16 +1,84 @@
 package rpc
 
-import "context"
+import (
+	"context"
+	"regexp"
+)
 
-type tenantKey struct{}
+// CallerKind says what kind of credential authenticated a call.
+type CallerKind int
 
-// WithTenant returns a context that carries the authenticated tenant.
-func WithTenant(ctx context.Context, tenant string) context.Context {
-	return context.WithValue(ctx, tenantKey{}, tenant)
+const (
+	// CallerNone: the call was not authenticated (authentication is off, or the method is
+	// infrastructure such as health).
+	CallerNone CallerKind = iota
+	// CallerTenant: a tenant's API key.
+	CallerTenant
+	// CallerService: a mesh service (mesh secret, or a client certificate of the mesh CA).
+	CallerService
+	// CallerOperator: an operator key.
+	CallerOperator
+)
+
+func (k CallerKind) String() string {
+	switch k {
+	case CallerTenant:
+		return "tenant"
+	case CallerService:
+		return "service"
+	case CallerOperator:
+		return "operator"
+	}
+	return "none"
 }
 
-// Tenant returns the tenant authenticated for this call, or "" when none was.
-func Tenant(ctx context.Context) string {
-	t, _ := ctx.Value(tenantKey{}).(string)
-	return t
+// Caller is who made a call, as the authentication interceptor established it.
+type Caller struct {
+	Kind CallerKind
+	// Tenant is the tenant the call acts for: the tenant of a tenant key, or the tenant a
+	// service names as acting on behalf of (trusted only from an authenticated service);
+	// "" for operators, services acting for no tenant, and unauthenticated calls.
+	Tenant string
+	// Service names the calling mesh service (CallerService only).
+	Service string
+	// Name is the operator's id (CallerOperator only).
+	Name string
+}
+
+type callerKey struct{}
+
+// WithCaller returns a context that carries the caller.
+func WithCaller(ctx context.Context, c Caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, c)
+}
+
+// CallerOf returns the caller of this call; the zero Caller (CallerNone) when none was
+// authenticated.
+func CallerOf(ctx context.Context) Caller {
+	c, _ := ctx.Value(callerKey{}).(Caller)
+	return c
+}
+
+// WithTenant returns a context that carries an authenticated tenant caller.
+func WithTenant(ctx context.Context, tenant string) context.Context {
+	return WithCaller(ctx, Caller{Kind: CallerTenant, Tenant: tenant})
+}
+
+// Tenant returns the tenant this call acts for, or "" when it acts for none (see Caller.Tenant).
+func Tenant(ctx context.Context) string { return CallerOf(ctx).Tenant }
+
+// IsOperator reports whether the call was made with an operator key.
+func IsOperator(ctx context.Context) bool { return CallerOf(ctx).Kind == CallerOperator }
+
+// MaxTenantIDLength bounds tenant ids: they become parts of metric labels, Redis keys,
+// NATS subjects and idempotency keys.
+const MaxTenantIDLength = 64
+
+var tenantIDPattern = regexp.MustCompile(`^[a-z0-9_-]+$`)
+
+// ValidTenantID reports whether id is a valid tenant (or operator, or service) id: 1 to
+// MaxTenantIDLength characters of [a-z0-9_-]. No separator that mantle uses in keys
+// ("/", ":", ".") can occur in one, so "<tenant>/<key>" never collides across tenants.
+func ValidTenantID(id string) bool {
+	return len(id) <= MaxTenantIDLength && tenantIDPattern.MatchString(id)
 }

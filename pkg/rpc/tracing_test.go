@@ -25,7 +25,7 @@ func startTracedServer(t *testing.T, exp sdktrace.SpanExporter, backend *grpc.Cl
 	t.Helper()
 	s := &testServer{lis: bufconn.Listen(1 << 20), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	chain, err := rpc.ServerInterceptors(log, s.reg, nil)
+	chain, err := rpc.ServerInterceptors(log, s.reg, nil, probeAudiences)
 	if err != nil {
 		t.Fatalf("ServerOptions: %v", err)
 	}
@@ -60,7 +60,7 @@ func TestTracingContinuesTheCallersTrace(t *testing.T) {
 	)
 	exp := telemetrytest.NewExporter()
 	back := startTracedServer(t, exp, nil)
-	backConn := back.dial(t, append(rpc.ClientOptions(), rpc.TracingDialOption(newProvider(t, exp)))...)
+	backConn := back.dial(t, append(rpc.ClientIdentity{}.DialOptions(), rpc.TracingDialOption(newProvider(t, exp)))...)
 	front := startTracedServer(t, exp, backConn)
 
 	got, err := call(withMD("x-request-id", "req_traced", "traceparent", "00-"+traceID+"-"+spanID+"-01"), front.dial(t), "forward")

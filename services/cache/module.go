@@ -23,7 +23,8 @@ import (
 // embedded index's snapshots, Qdrant's expiry sweep) runs in the returned Runnable.
 func Module(cfg Config) app.Module {
 	return app.Module{
-		Name: serviceName,
+		Name:      serviceName,
+		Audiences: Audiences,
 		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
 			r, err := build(ctx, cfg, env, os.Getenv)
 			if err != nil {

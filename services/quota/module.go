@@ -23,7 +23,8 @@ func Module(cfg Config) app.Module {
 // module's own path at their fake clock.
 func module(cfg Config, at decisionClock) app.Module {
 	return app.Module{
-		Name: "quota",
+		Name:      "quota",
+		Audiences: Audiences,
 		New: func(_ context.Context, env app.Env) (app.Runnable, error) {
 			log := env.Log.With("service", "quota")
 			var (

@@ -71,12 +71,7 @@ func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (contex
 	if !f.auth.Enabled() {
 		return ctx, true
 	}
-	token, ok := rpc.BearerToken(r.Header.Get("Authorization"))
-	if !ok {
-		writeError(w, rpc.Status(codes.Unauthenticated, "auth.mantle", rpc.ReasonUnauthenticated, "missing API key: send Authorization: Bearer <key>"))
-		return nil, false
-	}
-	ctx, err := f.auth.Login(ctx, token)
+	ctx, err := f.auth.LoginHTTP(ctx, r.Header.Get("Authorization"), r.Pattern)
 	if err != nil {
 		writeError(w, err)
 		return nil, false

@@ -30,8 +30,9 @@ import (
 func Module(cfg Config) app.Module {
 	var r *Router // set by New, used by Reload
 	return app.Module{
-		Name: "router",
-		Deps: []string{"quota", "cache", "verifier"},
+		Name:      "router",
+		Audiences: Audiences,
+		Deps:      []string{"quota", "cache", "verifier"},
 		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
 			var run app.Runnable
 			var err error

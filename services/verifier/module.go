@@ -29,7 +29,8 @@ import (
 // through a disk spool and a JetStream work-queue stream; without it, both are in memory.
 func Module(cfg Config) app.Module {
 	return app.Module{
-		Name: ServiceName,
+		Name:      ServiceName,
+		Audiences: Audiences,
 		New: func(_ context.Context, env app.Env) (app.Runnable, error) {
 			m, err := build(cfg, env, os.Getenv)
 			if err != nil {
