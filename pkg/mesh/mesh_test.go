@@ -44,6 +44,7 @@ func testConfig() mesh.Config {
 		{ID: "acme", KeySHA256: rpc.HashKey(acmeKey)},
 		{ID: "tight", KeySHA256: rpc.HashKey(tightKey)},
 	}
+	cfg.Auth.Operators = []rpc.TenantKey{{ID: "ops", KeySHA256: rpc.HashKey(meshtest.OperatorKey)}}
 	cfg.Quota.Tenants = map[string]quota.RateLimits{"tight": {RPM: 2, TPM: 100000}}
 	// Short enough that a request over tight's RPM is refused at once rather than queued
 	// until the bucket refills (which takes longer than the budget).
@@ -196,7 +197,7 @@ func testGRPC(t *testing.T, m *meshtest.Mesh, client routerv1.RouterServiceClien
 	})
 
 	t.Run("describe routes", func(t *testing.T) {
-		resp, err := client.DescribeRoutes(ctx, &routerv1.DescribeRoutesRequest{Route: "chat"})
+		resp, err := client.DescribeRoutes(authed(meshtest.OperatorKey), &routerv1.DescribeRoutesRequest{Route: "chat"})
 		if err != nil {
 			t.Fatalf("DescribeRoutes: %v", err)
 		}

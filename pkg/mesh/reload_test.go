@@ -102,7 +102,7 @@ func TestWatchConfigReloadsOnChange(t *testing.T) {
 	cancel()
 	<-done
 	client := routerv1.NewRouterServiceClient(meshtest.Dial(t, p.App.GRPCAddr()))
-	resp, err := client.DescribeRoutes(authed(acmeKey), &routerv1.DescribeRoutesRequest{Route: "chat"}, grpc.WaitForReady(true))
+	resp, err := client.DescribeRoutes(authed(meshtest.OperatorKey), &routerv1.DescribeRoutesRequest{Route: "chat"}, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestRunKeepsTheHeapFloor(t *testing.T) {
 	t.Cleanup(func() { _ = stop() })
 	// Run sets the floor before it serves: once a call is answered, GOGC is raised.
 	client := routerv1.NewRouterServiceClient(meshtest.Dial(t, p.App.GRPCAddr()))
-	ctx, cancel := context.WithTimeout(authed(acmeKey), 30*time.Second)
+	ctx, cancel := context.WithTimeout(authed(meshtest.OperatorKey), 30*time.Second)
 	defer cancel()
 	if _, err := client.DescribeRoutes(ctx, &routerv1.DescribeRoutesRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)

@@ -425,7 +425,7 @@ func wantCutStream(t *testing.T, r chatResult) {
 func wantCalls(t *testing.T, m *meshtest.Mesh, route string, want map[string]int64) {
 	t.Helper()
 	client := routerv1.NewRouterServiceClient(meshtest.Dial(t, m.GRPCAddr))
-	ctx := authed(resilienceKey)
+	ctx := authed(meshtest.OperatorKey)
 	resp, err := client.DescribeRoutes(ctx, &routerv1.DescribeRoutesRequest{Route: route})
 	if err != nil {
 		t.Fatal(err)
@@ -486,7 +486,7 @@ func TestPrimaryDownThenRecovers(t *testing.T) {
 		if res.status != http.StatusOK || res.model != st.model || strings.Join(res.attempts(), " ") != st.attempts {
 			t.Errorf("%s: status %d answered by %q after %v, want 200 from %s after %s", st.name, res.status, res.model, res.attempts(), st.model, st.attempts)
 		}
-		resp, err := client.DescribeRoutes(authed(resilienceKey), &routerv1.DescribeRoutesRequest{Route: "chat"})
+		resp, err := client.DescribeRoutes(authed(meshtest.OperatorKey), &routerv1.DescribeRoutesRequest{Route: "chat"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -76,7 +76,7 @@ type Authenticator struct {
 	// this process sends when its modules call other services. Empty: none configured.
 	meshSecret [sha256.Size]byte
 	secret     string
-	// sources identify services; peer-certificate sources come before the mesh secret.
+	// sources identify services before the mesh secret is looked at (mTLS).
 	sources  []ServiceSource
 	refusals *refusalReporter
 }
@@ -122,7 +122,7 @@ func WithMeshSecret(secret string) AuthOption {
 // This is where a source that reads the service from the mTLS peer certificate plugs in.
 func WithServiceSource(src ServiceSource) AuthOption {
 	return func(a *Authenticator) error {
-		a.sources = append([]ServiceSource{src}, a.sources...)
+		a.sources = append(a.sources, src)
 		return nil
 	}
 }
@@ -157,7 +157,6 @@ func NewAuthenticator(keys []TenantKey, getenv func(string) string, opts ...Auth
 		a.tenants[sum] = k.ID
 		a.tenantIDs[k.ID] = true
 	}
-	a.sources = []ServiceSource{a.meshSecretSource}
 	for _, o := range opts {
 		if err := o(a); err != nil {
 			return nil, err
@@ -228,7 +227,7 @@ func (a *Authenticator) Enabled() bool { return a != nil }
 // HasServiceIdentity reports whether this process can prove to other processes that it
 // is a mesh service: a mesh secret, or another ServiceSource (mTLS), is configured.
 func (a *Authenticator) HasServiceIdentity() bool {
-	return a != nil && (a.secret != "" || len(a.sources) > 1)
+	return a != nil && (a.secret != "" || len(a.sources) > 0)
 }
 
 // WithProcessSecret returns a copy of a with a fresh random mesh secret, for a process
@@ -282,14 +281,11 @@ func denied(reason, msg string) *authError {
 // identify establishes the caller of a gRPC call from its metadata (and, through the
 // service sources, its transport).
 func (a *Authenticator) identify(ctx context.Context) (Caller, *authError) {
-	for _, src := range a.sources {
-		service, ok, err := src(ctx)
-		if err != nil {
-			return Caller{}, unauthenticated(RefusalBadServiceCredential, "invalid service credential")
-		}
-		if !ok {
-			continue
-		}
+	service, ok, err := a.service(ctx)
+	if err != nil {
+		return Caller{}, unauthenticated(RefusalBadServiceCredential, "invalid service credential")
+	}
+	if ok {
 		c := Caller{Kind: CallerService, Service: service}
 		if t := firstValue(ctx, MetadataOnBehalfOf); t != "" {
 			if !a.tenantIDs[t] {
@@ -308,6 +304,16 @@ func (a *Authenticator) identify(ctx context.Context) (Caller, *authError) {
 		return Caller{}, unauthenticated(RefusalMalformedCredential, "malformed authorization header: want Bearer <key>")
 	}
 	return a.keyCaller(token)
+}
+
+// service asks the configured sources, then the mesh secret, which service made the call.
+func (a *Authenticator) service(ctx context.Context) (string, bool, error) {
+	for _, src := range a.sources {
+		if service, ok, err := src(ctx); err != nil || ok {
+			return service, ok, err
+		}
+	}
+	return a.meshSecretSource(ctx)
 }
 
 func (a *Authenticator) keyCaller(token string) (Caller, *authError) {

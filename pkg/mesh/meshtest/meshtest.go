@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"testing"
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
 // Mode is the deployment shape of a test mesh.
@@ -101,10 +103,46 @@ func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mes
 	return m
 }
 
+// OperatorKey is the operator key of every test mesh with authentication on.
+const OperatorKey = "sk-operator-test"
+
+// meshSecretEnv names the variable the test processes read the shared mesh secret from.
+const meshSecretEnv = "MANTLE_TEST_MESH_SECRET"
+
+// secure gives a configuration with authentication on what a deployment has: an
+// operator key (OperatorKey) and a mesh secret shared by every process of the test,
+// read from the environment as production reads it, unless cfg configures its own or
+// runs every module.
+func secure(cfg *mesh.Config, opts *mesh.Options) {
+	if len(cfg.Auth.Tenants) == 0 && len(cfg.Auth.Operators) == 0 {
+		return
+	}
+	if len(cfg.Auth.Operators) == 0 {
+		cfg.Auth.Operators = []rpc.TenantKey{{ID: "test-operator", KeySHA256: rpc.HashKey(OperatorKey)}}
+	}
+	// A process that runs every module makes up its own secret.
+	if cfg.Target == "all" || cfg.Auth.MeshSecretEnv != "" || cfg.Auth.MeshSecretFile != "" {
+		return
+	}
+	cfg.Auth.MeshSecretEnv = meshSecretEnv
+	getenv := opts.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	opts.Getenv = func(name string) string {
+		if name == meshSecretEnv {
+			return "test-mesh-secret-0123456789abcdef0123456789abcdef"
+		}
+		return getenv(name)
+	}
+}
+
 // Run starts one process, waits until its health check answers SERVING, and stops it
-// (waiting for a clean exit) when the test ends.
+// (waiting for a clean exit) when the test ends. With authentication on, it adds an
+// operator key and the test mesh's shared secret (see OperatorKey).
 func Run(t testing.TB, cfg mesh.Config, opts mesh.Options) *mesh.Process {
 	t.Helper()
+	secure(&cfg, &opts)
 	p, err := mesh.Start(context.Background(), cfg, opts)
 	if err != nil {
 		t.Fatalf("start %s: %v", cfg.Target, err)
