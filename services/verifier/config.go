@@ -175,10 +175,10 @@ type ReviewConfig struct {
 	Bucket string `yaml:"bucket"`
 	// Retention is how long reviews and their audit trail are kept in the bucket.
 	Retention time.Duration `yaml:"retention"`
-	// OperatorTenants may see and decide every tenant's reviews and call ReloadRules;
-	// other authenticated tenants see only their own. Without authentication everything
-	// is visible.
-	OperatorTenants []string `yaml:"operator_tenants"`
+	// OperatorTenants is no longer read: operators authenticate with their own keys
+	// (auth.operators) and see every tenant's reviews; a tenant key sees its tenant's.
+	// Setting it is an error, so that no deployment loses its operators in silence.
+	OperatorTenants []string `yaml:"operator_tenants,omitempty"`
 }
 
 // L3Config is the asynchronous semantic layer.
@@ -412,6 +412,9 @@ func (c Config) Validate() error {
 	}
 	positive("review.sweep_interval", r.SweepInterval)
 	positive("review.retention", r.Retention)
+	if len(r.OperatorTenants) > 0 {
+		add("review.operator_tenants: replaced by auth.operators (operator keys, which see every tenant's reviews); move the operators' keys there and remove it")
+	}
 	for key, v := range map[string]string{"review.stream": r.Stream, "review.consumer": r.Consumer, "review.bucket": r.Bucket} {
 		if !natsName(v) {
 			add("%s: want letters, digits, '-' or '_', got %q", key, v)

@@ -164,7 +164,6 @@ review:
   consumer: intake
   bucket: reviews
   retention: 240h
-  operator_tenants: [ops]
 l3:
   enabled: false
   workers: 1
@@ -199,7 +198,7 @@ l3:
 						Timeout: 20 * time.Minute, DefaultAction: review.DefaultAction{Type: review.DefaultRetract},
 						Lease: 2 * time.Minute, MaxLease: 10 * time.Minute, SweepInterval: 5 * time.Second,
 						SpoolDir: "/var/lib/mantle/spool", Stream: "REVIEWS", Consumer: "intake", Bucket: "reviews",
-						Retention: 240 * time.Hour, OperatorTenants: []string{"ops"},
+						Retention: 240 * time.Hour,
 					},
 					L3: L3Config{
 						Workers: 1, QueueSize: 10, EmbeddingDim: 64, RelevanceFull: 0.5, ConsistencyFull: 0.6,

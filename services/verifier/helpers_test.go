@@ -32,13 +32,23 @@ var testNow = time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
 // failure deadline, never a pause.
 const waitFor = 20 * time.Second
 
+// testOperatorHeader stands in for an operator key.
+const testOperatorHeader = "x-test-operator"
+
 func authForTest(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get(testTenantHeader); len(v) > 0 {
 			ctx = rpc.WithTenant(ctx, v[0])
 		}
+		if v := md.Get(testOperatorHeader); len(v) > 0 {
+			ctx = rpc.WithCaller(ctx, rpc.Caller{Kind: rpc.CallerOperator, Name: v[0]})
+		}
 	}
 	return handler(ctx, req)
+}
+
+func asOperator(name string) context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), testOperatorHeader, name)
 }
 
 func asTenant(tenant string) context.Context {

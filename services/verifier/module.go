@@ -96,7 +96,7 @@ func build(cfg Config, env app.Env, getenv func(string) string) (*module, error)
 	if err := m.buildReviews(cfg, env.NATS, pub, reg); err != nil {
 		return nil, err
 	}
-	m.server = NewServer(v, m.reviews, cfg.Review.OperatorTenants, log)
+	m.server = NewServer(v, m.reviews, log)
 	return m, nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -42,16 +41,14 @@ var errNoReviews = errors.New("human review is not configured on this server")
 // Server adapts a Verifier and its review service to mantle.verifier.v1.VerifierService.
 type Server struct {
 	verifierv1.UnimplementedVerifierServiceServer
-	verifier  *Verifier
-	reviews   *review.Service // nil: review RPCs are unavailable
-	operators []string
-	log       *slog.Logger
+	verifier *Verifier
+	reviews  *review.Service // nil: review RPCs are unavailable
+	log      *slog.Logger
 }
 
 // NewServer returns the gRPC adapter for v and its review service (which may be nil).
-// operators are the tenants that may see every tenant's reviews.
-func NewServer(v *Verifier, reviews *review.Service, operators []string, log *slog.Logger) *Server {
-	return &Server{verifier: v, reviews: reviews, operators: operators, log: log}
+func NewServer(v *Verifier, reviews *review.Service, log *slog.Logger) *Server {
+	return &Server{verifier: v, reviews: reviews, log: log}
 }
 
 // Verify checks one answer and returns the verdict with the updated QualityContext.
@@ -141,15 +138,9 @@ func (s *Server) ReportFeedback(ctx context.Context, req *verifierv1.ReportFeedb
 	return resp, nil
 }
 
-// scope is the tenant a review call is limited to: "" (everything) for operators and when
-// authentication is off.
-func (s *Server) scope(ctx context.Context) string {
-	t := rpc.Tenant(ctx)
-	if t == "" || slices.Contains(s.operators, t) {
-		return ""
-	}
-	return t
-}
+// scope is the tenant a review call is limited to: the caller's tenant, or "" (every
+// tenant) for operators, services acting for no tenant, and when authentication is off.
+func (s *Server) scope(ctx context.Context) string { return rpc.Tenant(ctx) }
 
 // ListReviews lists reviews.
 func (s *Server) ListReviews(ctx context.Context, req *verifierv1.ListReviewsRequest) (*verifierv1.ListReviewsResponse, error) {
@@ -273,14 +264,20 @@ func (s *Server) DecideDraftRule(ctx context.Context, req *verifierv1.DecideDraf
 	if req.GetDraftRuleId() == "" {
 		return nil, s.toStatus(ctx, rpc.Invalid("draft_rule_id", "is required"))
 	}
-	d, err := s.reviews.DecideDraft(ctx, s.scope(ctx), req.GetDraftRuleId(), req.GetReviewer(), req.GetApprove())
+	// Approval changes answers for every tenant the rule covers: the method is on the
+	// operator plane, and a call that acts for a tenant is refused here too.
+	if s.scope(ctx) != "" {
+		return nil, s.toStatus(ctx, errTenantMismatch)
+	}
+	d, err := s.reviews.DecideDraft(ctx, "", req.GetDraftRuleId(), req.GetReviewer(), req.GetApprove())
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
 	return &verifierv1.DecideDraftRuleResponse{Rule: draftToProto(d)}, nil
 }
 
-// ReloadRules re-reads the rules file. Only operators may (rules are process-wide).
+// ReloadRules re-reads the rules file. Only operators may (rules are process-wide): the
+// method is on the operator plane, and a call that acts for a tenant is refused here too.
 func (s *Server) ReloadRules(ctx context.Context, _ *verifierv1.ReloadRulesRequest) (*verifierv1.ReloadRulesResponse, error) {
 	if s.scope(ctx) != "" {
 		return nil, s.toStatus(ctx, errTenantMismatch)

@@ -134,7 +134,10 @@ func TestServerReviewWorkflow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ts.client.DecideDraftRule(ctx, &verifierv1.DecideDraftRuleRequest{DraftRuleId: draft.GetId(), Reviewer: "lead", Approve: true}); err != nil {
+	// Approval is the operator's: the tenant whose review drafted the rule cannot.
+	_, err = ts.client.DecideDraftRule(asTenant("acme"), &verifierv1.DecideDraftRuleRequest{DraftRuleId: draft.GetId(), Reviewer: "alice", Approve: true})
+	wantCode(t, err, codes.PermissionDenied, rpc.ReasonPermissionDenied)
+	if _, err := ts.client.DecideDraftRule(asOperator("lead"), &verifierv1.DecideDraftRuleRequest{DraftRuleId: draft.GetId(), Reviewer: "lead", Approve: true}); err != nil {
 		t.Fatal(err)
 	}
 	after, err := ts.client.Verify(ctx, riskyRequest("req-3"))
@@ -146,6 +149,17 @@ func TestServerReviewWorkflow(t *testing.T) {
 	}
 	if !contains(after.GetQuality().GetVerification().GetL2RulesApplied(), draft.GetId()) {
 		t.Errorf("rules applied = %v, want %s", after.GetQuality().GetVerification().GetL2RulesApplied(), draft.GetId())
+	}
+	// Drafted from this tenant's review, the rule is this tenant's: another tenant's
+	// answers are left alone.
+	globex := riskyRequest("req-4")
+	globex.Quality.Tenant = "globex"
+	other, err := ts.client.Verify(asTenant("globex"), globex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(other.GetContent(), "第二十一条") || contains(other.GetQuality().GetVerification().GetL2RulesApplied(), draft.GetId()) {
+		t.Errorf("another tenant's answer got the drafted rule: %q, rules %v", other.GetContent(), other.GetQuality().GetVerification().GetL2RulesApplied())
 	}
 
 	audit, err := ts.client.ListReviewAudit(ctx, &verifierv1.ListReviewAuditRequest{ReviewId: id})
@@ -221,17 +235,19 @@ func TestServerReviewTimesOut(t *testing.T) {
 
 func TestServerReviewScopes(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultConfig()
-	cfg.Review.OperatorTenants = []string{"ops"}
-	ts := startServer(t, cfg, serverOptions{})
+	ts := startServer(t, DefaultConfig(), serverOptions{})
 	resp, err := ts.client.Verify(asTenant("acme"), riskyRequest("req-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for tenant, want := range map[string]int{"acme": 1, "globex": 0, "ops": 1} {
-		list, err := ts.client.ListReviews(asTenant(tenant), &verifierv1.ListReviewsRequest{})
+	for caller, want := range map[string]int{"acme": 1, "globex": 0, "operator": 1} {
+		ctx := asTenant(caller)
+		if caller == "operator" {
+			ctx = asOperator("ops")
+		}
+		list, err := ts.client.ListReviews(ctx, &verifierv1.ListReviewsRequest{})
 		if err != nil || len(list.GetReviews()) != want {
-			t.Errorf("%s sees %d reviews (%v), want %d", tenant, len(list.GetReviews()), err, want)
+			t.Errorf("%s sees %d reviews (%v), want %d", caller, len(list.GetReviews()), err, want)
 		}
 	}
 	_, err = ts.client.GetReview(asTenant("globex"), &verifierv1.GetReviewRequest{ReviewId: resp.GetReviewId()})

@@ -244,7 +244,7 @@ func TestToStatus(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var logs bytes.Buffer
-			s := NewServer(nil, nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+			s := NewServer(nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
 			got := s.toStatus(context.Background(), tt.err)
 			if code := status.Code(got); code != tt.wantCode {
 				t.Errorf("code = %v, want %v", code, tt.wantCode)

@@ -310,7 +310,7 @@ func TestDecide(t *testing.T) {
 			t.Errorf("decided review = %+v", got)
 		}
 		if draft.State != DraftProposed || draft.Rule.Action.Type != rules.ActionNotice ||
-			draft.Rule.Condition != `question.contains("工伤认定") && text.contains("无需鉴定")` || draft.Rule.Scenarios[0] != "legal" {
+			draft.Rule.Condition != `tenant == "acme" && question.contains("工伤认定") && text.contains("无需鉴定")` || draft.Rule.Scenarios[0] != "legal" {
 			t.Errorf("draft = %+v", draft)
 		}
 		ev, ok := f.pub.on(SubjectDecision)[0].(*eventsv1.ReviewDecisionEvent)

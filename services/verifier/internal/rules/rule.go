@@ -130,6 +130,9 @@ type Hint struct {
 	// ReviewID names the rule and goes into its description.
 	ReviewID string
 	Scenario string
+	// Tenant, when set, limits the rule to that tenant's answers: a rule drafted from one
+	// tenant's review is that tenant's until an operator writes a wider one.
+	Tenant string
 	// QuestionTerms must all occur in the question.
 	QuestionTerms []string
 	// AnswerTerms: at least one must occur in the answer.
@@ -166,6 +169,9 @@ func Draft(id string, h Hint) (Rule, error) {
 		conds = append(conds, any[0])
 	default:
 		conds = append(conds, "("+strings.Join(any, " || ")+")")
+	}
+	if h.Tenant != "" {
+		conds = append([]string{"tenant == " + strconv.Quote(h.Tenant)}, conds...)
 	}
 	r := Rule{
 		ID:          id,
