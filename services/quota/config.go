@@ -60,6 +60,10 @@ type Config struct {
 	// provider's rate-limit headers correct them (ObserveUpstream). The router names the
 	// first key of the route's first candidate.
 	UpstreamKeys map[string]RateLimits `yaml:"upstream_keys"`
+	// UpstreamMaxReset is the longest reset an upstream observation may report: providers'
+	// request and token windows reset within the hour, so a longer one is implausible and
+	// the observation is ignored (and counted), never applied.
+	UpstreamMaxReset time.Duration `yaml:"upstream_max_reset"`
 	// Queue is where requests wait for quota. They wait in strict priority classes
 	// (critical, high, normal, batch, from x-mantle-priority), with weighted fair sharing
 	// between tenants within a class. A waiting request's buckets are held for it against
@@ -163,6 +167,10 @@ type RetryBudgetConfig struct {
 	// FlushInterval is how often a replica adds the requests it counted to the shared
 	// (Redis) counters; retries themselves are counted at once.
 	FlushInterval time.Duration `yaml:"flush_interval"`
+	// TenantShare is the largest share of the budget's allowance (max of floor and ratio
+	// times the requests) one tenant's retries may take over the window, counted per
+	// quota replica, so that one tenant cannot use up every tenant's retries.
+	TenantShare float64 `yaml:"tenant_share"`
 }
 
 // TokensConfig configures token counting.
@@ -244,8 +252,9 @@ func DefaultConfig() Config {
 		},
 		NearLimitRatio: 0.8,
 		RetryBudget: RetryBudgetConfig{
-			Ratio: 0.2, Floor: 10, Window: time.Minute, FormatOnlyAbove: 0.15, FlushInterval: time.Second,
+			Ratio: 0.2, Floor: 10, Window: time.Minute, FormatOnlyAbove: 0.15, FlushInterval: time.Second, TenantShare: 0.5,
 		},
+		UpstreamMaxReset: time.Hour,
 		Tokens: TokensConfig{
 			ExactMaxBytes:        16 << 10,
 			LearnCorrection:      true,
@@ -332,6 +341,9 @@ func (c Config) Validate() error {
 		if l.RPM == 0 && l.TPM == 0 {
 			add("upstream_keys.%s: set rpm, tpm or both", key)
 		}
+	}
+	if c.UpstreamMaxReset <= 0 {
+		add("upstream_max_reset: must be positive, got %s", c.UpstreamMaxReset)
 	}
 	errs = append(errs, c.Queue.validate()...)
 	if c.NearLimitRatio <= 0 || c.NearLimitRatio > 1 {
@@ -428,6 +440,9 @@ func (r RetryBudgetConfig) validate() []error {
 	}
 	if r.FlushInterval <= 0 {
 		add("retry_budget.flush_interval: must be positive, got %s", r.FlushInterval)
+	}
+	if !(r.TenantShare > 0 && r.TenantShare <= 1) {
+		add("retry_budget.tenant_share: must be in (0, 1], got %v", r.TenantShare)
 	}
 	return errs
 }

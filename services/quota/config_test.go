@@ -59,7 +59,8 @@ budgets:
 upstream_keys: {openai-1: {rpm: 5000, tpm: 800000}}
 queue: {size: 500, max_wait: 5s, deadline_margin: 20ms, weights: {acme: 3}}
 near_limit_ratio: 0.9
-retry_budget: {ratio: 0.1, floor: 5, window: 30s, format_only_above: 0.2, flush_interval: 2s}
+retry_budget: {ratio: 0.1, floor: 5, window: 30s, format_only_above: 0.2, flush_interval: 2s, tenant_share: 0.25}
+upstream_max_reset: 10m
 tokens: {exact_max_bytes: 1000, learn_correction: false, correction_min_samples: 9}
 backend: redis
 redis: {address: "redis:6379", password_env: REDIS_PASSWORD, db: 2, key_prefix: "q:", pool_size: 20, dial_timeout: 2s, timeout: 50ms, replicas: 3, probe_interval: 5s, over_limit_cache: 500ms, auto_pipeline: true}
@@ -76,7 +77,8 @@ redis: {address: "redis:6379", password_env: REDIS_PASSWORD, db: 2, key_prefix: 
 				c.UpstreamKeys = map[string]RateLimits{"openai-1": {RPM: 5000, TPM: 800000}}
 				c.Queue = QueueConfig{Size: 500, MaxWait: 5 * time.Second, DeadlineMargin: 20 * time.Millisecond, Weights: map[string]float64{"acme": 3}}
 				c.NearLimitRatio = 0.9
-				c.RetryBudget = RetryBudgetConfig{Ratio: 0.1, Floor: 5, Window: 30 * time.Second, FormatOnlyAbove: 0.2, FlushInterval: 2 * time.Second}
+				c.RetryBudget = RetryBudgetConfig{Ratio: 0.1, Floor: 5, Window: 30 * time.Second, FormatOnlyAbove: 0.2, FlushInterval: 2 * time.Second, TenantShare: 0.25}
+				c.UpstreamMaxReset = 10 * time.Minute
 				c.Tokens = TokensConfig{ExactMaxBytes: 1000, LearnCorrection: false, CorrectionMinSamples: 9}
 				c.Backend = "redis"
 				c.Redis = RedisConfig{Address: "redis:6379", PasswordEnv: "REDIS_PASSWORD", DB: 2, KeyPrefix: "q:", PoolSize: 20,

@@ -115,11 +115,11 @@ func newMetrics(reg prometheus.Registerer, configuredTenants []string) (*metrics
 		}, []string{"kind"}),
 		observations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_quota_upstream_observations_total",
-			Help: "ObserveUpstream calls, by whether the key has buckets (applied).",
+			Help: "ObserveUpstream calls, by whether the key has buckets (applied: true, false) or a reset was implausible and ignored (implausible).",
 		}, []string{"applied"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_quota_retry_decisions_total",
-			Help: "AcquireRetry answers, by result (granted, denied).",
+			Help: "AcquireRetry answers, by result (granted, denied, denied_tenant_share).",
 		}, []string{"result"}),
 		correction: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "mantle_quota_token_correction",

@@ -55,6 +55,8 @@ type Service struct {
 	signals *signals
 	// seen are the tenants this replica admitted, for DescribeUsage.
 	seen seenTenants
+	// tenantRetries are the tenants' shares of the retry budget.
+	tenantRetries tenantRetries
 }
 
 // NewService validates cfg and builds a Service.
@@ -496,11 +498,29 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 	}
 	group := keyGroup(o.Key)
 	var obs []Observation
-	if kl.RPM > 0 {
+	implausible := false
+	// A reset longer than any provider's window is a broken header or a lie; applied,
+	// it would hold the key (and every tenant behind it) for that long.
+	plausible := func(reset time.Duration) bool {
+		if reset > s.cfg.UpstreamMaxReset {
+			implausible = true
+			return false
+		}
+		return true
+	}
+	if kl.RPM > 0 && plausible(o.ResetRequests) {
 		obs = append(obs, Observation{Bucket: BucketSpec{Group: group, Field: fieldRPM, Kind: KindRequests, Limit: kl.RPM, Shadow: kl.Shadow}, Remaining: o.RemainingRequests, Reset: o.ResetRequests})
 	}
-	if kl.TPM > 0 {
+	if kl.TPM > 0 && plausible(o.ResetTokens) {
 		obs = append(obs, Observation{Bucket: BucketSpec{Group: group, Field: fieldTPM, Kind: KindTokens, Limit: kl.TPM, Shadow: kl.Shadow}, Remaining: o.RemainingTokens, Reset: o.ResetTokens})
+	}
+	if implausible {
+		s.metrics.observations.WithLabelValues("implausible").Inc()
+		s.log.WarnContext(ctx, "upstream observation ignored: reset longer than quota.upstream_max_reset",
+			"upstream_key", o.Key, "reset_requests", o.ResetRequests, "reset_tokens", o.ResetTokens, "max", s.cfg.UpstreamMaxReset)
+	}
+	if len(obs) == 0 {
+		return false, Levels{}, nil
 	}
 	levels, err := s.store.Observe(ctx, obs)
 	if err != nil {
@@ -513,10 +533,26 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 
 // AcquireRetry asks the mesh-wide retry budget for one retry of a request admitted under
 // key ("" for the overall budget only). A refusal is an answer, not an error.
+//
+// A retry made for a tenant (rpc.Tenant) also needs room in that tenant's share
+// (retry_budget.tenant_share), which this replica counts.
 func (s *Service) AcquireRetry(ctx context.Context, key string, format bool) (RetryDecision, error) {
+	tenant := rpc.Tenant(ctx)
+	if tenant != "" {
+		if ok, tries := s.tenantRetries.allow(s.cfg.RetryBudget, tenant, s.clock.Now()); !ok {
+			s.metrics.retries.WithLabelValues("denied_tenant_share").Inc()
+			return RetryDecision{Budget: retryTenantBudget(tenant), Retries: tries}, nil
+		}
+	}
 	d, err := s.store.AcquireRetry(ctx, RetryAsk{Key: key, Format: format, Budget: s.cfg.RetryBudget})
 	if err != nil {
 		return RetryDecision{}, fmt.Errorf("acquire retry: %w", err)
+	}
+	switch {
+	case d.Granted && tenant != "":
+		s.tenantRetries.took(s.cfg.RetryBudget, tenant, s.clock.Now(), d.Requests)
+	default:
+		s.tenantRetries.seen(d.Requests)
 	}
 	result := "granted"
 	if !d.Granted {

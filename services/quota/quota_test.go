@@ -891,12 +891,79 @@ func TestObserveUpstream(t *testing.T) {
 	})
 }
 
+// TestObserveUpstreamIgnoresImplausibleResets: one observation with a reset of a day
+// locked every tenant behind the key out for that day. Resets beyond
+// upstream_max_reset are ignored and counted; the key's buckets stay as they were.
+func TestObserveUpstreamIgnoresImplausibleResets(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, b backend) {
+		cfg := testConfig()
+		cfg.UpstreamKeys = map[string]RateLimits{"openai-1": {RPM: 60, TPM: 6000}}
+		f := newFixtureOn(t, b, cfg)
+		ctx := context.Background()
+		for _, reset := range []time.Duration{24 * time.Hour, 10 * 365 * 24 * time.Hour, time.Hour + time.Second} {
+			applied, _, err := f.svc.ObserveUpstream(ctx, UpstreamObservation{Key: "openai-1", RemainingRequests: 0, RemainingTokens: 0, ResetRequests: reset, ResetTokens: reset})
+			if err != nil || applied {
+				t.Fatalf("reset %s: applied %v, %v; want ignored", reset, applied, err)
+			}
+		}
+		if _, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 10, MaxOutputTokens: 1, UpstreamKey: "openai-1"}); err != nil {
+			t.Errorf("Reserve after ignored observations: %v, want admitted", err)
+		}
+		if got := f.counter(t, "mantle_quota_upstream_observations_total", "applied", "implausible"); got != 3 {
+			t.Errorf(`mantle_quota_upstream_observations_total{applied="implausible"} = %v, want 3`, got)
+		}
+		// Within the bound, the provider's view applies as before.
+		if applied, _, err := f.svc.ObserveUpstream(ctx, UpstreamObservation{Key: "openai-1", RemainingRequests: 0, RemainingTokens: -1, ResetRequests: time.Hour}); err != nil || !applied {
+			t.Errorf("reset 1h: applied %v, %v; want applied", applied, err)
+		}
+	})
+}
+
+// TestRetryBudgetTenantShare: a loop of retries from one tenant drained the mesh-wide
+// budget, and every other tenant's failing requests went straight to the template. A
+// tenant gets at most tenant_share of the allowance; the others keep theirs.
+func TestRetryBudgetTenantShare(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, b backend) {
+		cfg := testConfig()
+		cfg.RetryBudget = RetryBudgetConfig{Ratio: 0.1, Floor: 10, Window: time.Minute, FormatOnlyAbove: 1, FlushInterval: time.Second, TenantShare: 0.5}
+		f := newFixtureOn(t, b, cfg)
+		greedy, other := rpc.WithTenant(context.Background(), "greedy"), rpc.WithTenant(context.Background(), "other")
+		granted := 0
+		for range 50 {
+			d, err := f.svc.AcquireRetry(greedy, "", false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Granted {
+				granted++
+			} else if d.Budget != "retry:tenant:greedy" {
+				t.Fatalf("greedy refused by %s, want its own share", d.Budget)
+			}
+		}
+		if granted != 5 {
+			t.Errorf("greedy got %d retries, want 5 (half the floor of 10)", granted)
+		}
+		for i := range 5 {
+			if d, err := f.svc.AcquireRetry(other, "", false); err != nil || !d.Granted {
+				t.Fatalf("other tenant's retry %d: %+v, %v; want granted", i, d, err)
+			}
+		}
+		// The share is of a window: the next one starts afresh.
+		f.clock.Advance(2 * time.Minute)
+		if d, _ := f.svc.AcquireRetry(greedy, "", false); !d.Granted {
+			t.Errorf("greedy in the next window: %+v, want granted", d)
+		}
+	})
+}
+
 func TestRetryBudget(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, b backend) {
 		cfg := testConfig()
 		cfg.DefaultLimits = RateLimits{RPM: 100_000, TPM: 100_000_000}
-		cfg.RetryBudget = RetryBudgetConfig{Ratio: 0.1, Floor: 3, Window: time.Minute, FormatOnlyAbove: 0.05, FlushInterval: time.Second}
+		cfg.RetryBudget = RetryBudgetConfig{Ratio: 0.1, Floor: 3, Window: time.Minute, FormatOnlyAbove: 0.05, FlushInterval: time.Second, TenantShare: 1}
 		f := newFixtureOn(t, b, cfg)
 		ctx := context.Background()
 		acquire := func(key string, format bool) RetryDecision {

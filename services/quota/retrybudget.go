@@ -1,6 +1,9 @@
 package quota
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // The retry budget counts requests and retries per window and estimates the last
 // window's worth as a sliding window: the current fixed window plus the previous one
@@ -66,3 +69,68 @@ func allowRetry(cfg RetryBudgetConfig, requests, retries float64, format bool) b
 	}
 	return retries+1 <= cfg.Ratio*requests
 }
+
+// tenantRetries is each tenant's share of the retry budget on this replica: a tenant's
+// retries over the window may not pass TenantShare of what the whole budget allows at
+// the request rate last seen, so that one tenant's failures (or a loop of them) cannot
+// use up the retries every other tenant's requests need.
+type tenantRetries struct {
+	mu       sync.Mutex
+	byTenant map[string]*retryWindow
+	// requests is the mesh-wide request estimate of the last decision.
+	requests float64
+}
+
+// maxTenantWindows bounds the map; tenants are configured ids, so it is reached only
+// with more tenants than that, and then windows of past windows go first.
+const maxTenantWindows = 4096
+
+// allow reports whether tenant may take one more retry now.
+func (t *tenantRetries) allow(cfg RetryBudgetConfig, tenant string, now time.Time) (bool, float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	win, elapsed := retryWindowAt(now, cfg.Window)
+	w := t.window(tenant, win)
+	_, tries := w.estimate(elapsed)
+	allowance := cfg.TenantShare * max(float64(cfg.Floor), cfg.Ratio*t.requests)
+	return tries+1 <= allowance, tries
+}
+
+// took records a granted retry of tenant and the mesh-wide request estimate.
+func (t *tenantRetries) took(cfg RetryBudgetConfig, tenant string, now time.Time, requests float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	win, _ := retryWindowAt(now, cfg.Window)
+	t.window(tenant, win).tries++
+	t.requests = requests
+}
+
+// seen records the mesh-wide request estimate of a decision.
+func (t *tenantRetries) seen(requests float64) {
+	t.mu.Lock()
+	t.requests = requests
+	t.mu.Unlock()
+}
+
+// window returns tenant's counters rolled to win. Callers hold t.mu.
+func (t *tenantRetries) window(tenant string, win int64) *retryWindow {
+	if t.byTenant == nil {
+		t.byTenant = map[string]*retryWindow{}
+	}
+	w, ok := t.byTenant[tenant]
+	if !ok {
+		if len(t.byTenant) >= maxTenantWindows {
+			for k, old := range t.byTenant {
+				if old.win < win-1 {
+					delete(t.byTenant, k)
+				}
+			}
+		}
+		w = &retryWindow{win: win}
+		t.byTenant[tenant] = w
+	}
+	w.roll(win)
+	return w
+}
+
+func retryTenantBudget(tenant string) string { return "retry:tenant:" + tenant }
