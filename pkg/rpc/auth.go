@@ -347,6 +347,9 @@ func (a *Authenticator) meshSecretSource(ctx context.Context) (string, bool, err
 	return service, true, nil
 }
 
+// FirstIncoming returns the first value of an incoming metadata key, or "".
+func FirstIncoming(ctx context.Context, key string) string { return firstValue(ctx, key) }
+
 func firstValue(ctx context.Context, key string) string {
 	if v := metadata.ValueFromIncomingContext(ctx, key); len(v) > 0 {
 		return v[0]
@@ -427,22 +430,23 @@ type refusalReporter struct {
 	counter *prometheus.CounterVec
 }
 
-// Instrument makes a log and count every refusal on log and reg: one warn line with the
-// reason, the method and the caller as far as it is known (never the key), and
-// mantle_auth_refusals_total{reason,code}. Call it once per process.
-func (a *Authenticator) Instrument(log *slog.Logger, reg prometheus.Registerer) error {
+// Instrumented returns a copy of a that logs and counts every refusal on log and reg:
+// one warn line with the reason, the method and the caller as far as it is known (never
+// the key), and mantle_auth_refusals_total{reason,code}. Call it once per registry.
+func (a *Authenticator) Instrumented(log *slog.Logger, reg prometheus.Registerer) (*Authenticator, error) {
 	if a == nil {
-		return nil
+		return nil, nil
 	}
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mantle_auth_refusals_total",
 		Help: "Calls refused by authentication (Unauthenticated) or by their plane (PermissionDenied), by reason.",
 	}, []string{"reason", "code"})
 	if err := reg.Register(c); err != nil {
-		return fmt.Errorf("register auth refusals: %w", err)
+		return nil, fmt.Errorf("register auth refusals: %w", err)
 	}
-	a.refusals = &refusalReporter{log: log, counter: c}
-	return nil
+	cp := *a
+	cp.refusals = &refusalReporter{log: log, counter: c}
+	return &cp, nil
 }
 
 func (a *Authenticator) refused(ctx context.Context, method string, c Caller, err *authError) {

@@ -123,9 +123,15 @@ type testServer struct {
 // startServer serves probe and health with rpc.ServerInterceptors' chain on an in-memory listener.
 func startServer(t *testing.T, authn *rpc.Authenticator, backend *grpc.ClientConn) *testServer {
 	t.Helper()
+	return startServerWith(t, authn, backend, probeAudiences)
+}
+
+// startServerWith is startServer with the probe on the given planes.
+func startServerWith(t *testing.T, authn *rpc.Authenticator, backend *grpc.ClientConn, audiences rpc.Audiences) *testServer {
+	t.Helper()
 	s := &testServer{lis: bufconn.Listen(1 << 20), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	log := slog.New(slog.NewTextHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	chain, err := rpc.ServerInterceptors(log, s.reg, authn, probeAudiences)
+	chain, err := rpc.ServerInterceptors(log, s.reg, authn, audiences)
 	if err != nil {
 		t.Fatalf("ServerOptions: %v", err)
 	}
