@@ -209,6 +209,31 @@ func TestValidate(t *testing.T) {
 		{"tenant key", func(c *mesh.Config) {
 			c.Auth.Tenants = []rpc.TenantKey{{ID: "a", KeyEnv: "K"}, {ID: "b", KeyEnv: "K", KeySHA256: rpc.HashKey("x")}, {ID: "c"}}
 		}, []string{"auth.tenants[1]: set exactly one of key_sha256 or key_env", "auth.tenants[2]: set exactly one"}},
+		// A tenant id with a separator made idempotency keys ("<tenant>/<key>") of two
+		// tenants collide: "acme" + "x/1" and "acme/x" + "1".
+		{"tenant id with a slash", func(c *mesh.Config) { c.Auth.Tenants = []rpc.TenantKey{{ID: "acme/x", KeyEnv: "K"}} },
+			[]string{`auth.tenants[0].id: want 1 to 64 characters of [a-z0-9_-], got "acme/x"`}},
+		{"duplicate tenant id", func(c *mesh.Config) {
+			c.Auth.Tenants = []rpc.TenantKey{{ID: "acme", KeyEnv: "K1"}, {ID: "acme", KeyEnv: "K2"}}
+		}, []string{`auth.tenants[1].id: "acme" is already auth.tenants[0]`}},
+		{"duplicate key", func(c *mesh.Config) {
+			c.Auth.Tenants = []rpc.TenantKey{{ID: "a", KeySHA256: rpc.HashKey("k")}}
+			c.Auth.Operators = []rpc.TenantKey{{ID: "ops", KeySHA256: strings.ToUpper(rpc.HashKey("k"))}}
+		}, []string{"auth.operators[0]: the same key as auth.tenants[0]"}},
+		{"mesh secret twice", func(c *mesh.Config) { c.Auth.MeshSecretEnv, c.Auth.MeshSecretFile = "S", "/s" }, []string{"auth: set mesh_secret_env or mesh_secret_file, not both"}},
+		{"disabled with tenants", func(c *mesh.Config) {
+			c.Auth.Disabled, c.Auth.Tenants = true, []rpc.TenantKey{{ID: "a", KeyEnv: "K"}}
+		}, []string{"auth.disabled: true, but tenants or operators are configured"}},
+		{"no tenants on every interface", func(c *mesh.Config) { c.Auth.Tenants, c.Server.GRPCListenAddress = nil, "0.0.0.0:9090" },
+			[]string{"server.grpc_listen_address: 0.0.0.0:9090 is reachable from other hosts and no auth.tenants are configured"}},
+		{"no tenants on a host name", func(c *mesh.Config) { c.Auth.Tenants, c.Server.HTTPListenAddress = nil, "mantle:8080" },
+			[]string{"server.http_listen_address: mantle:8080 is reachable from other hosts"}},
+		{"no tenants on loopback", func(c *mesh.Config) {
+			c.Auth.Tenants, c.Server.GRPCListenAddress, c.Server.HTTPListenAddress = nil, "[::1]:9090", "localhost:8080"
+		}, nil},
+		{"no tenants, disabled on purpose", func(c *mesh.Config) {
+			c.Auth.Tenants, c.Auth.Disabled, c.Server.GRPCListenAddress = nil, true, ":9090"
+		}, nil},
 		{"router block", func(c *mesh.Config) {
 			c.Router.Routes = []router.RouteConfig{{Name: "r", Candidates: []string{"nope"}}}
 		},
