@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -357,6 +358,7 @@ func TestConfigServes(t *testing.T) {
 	}
 	const key = "sk-deploy-test"
 	t.Setenv(keyEnv, key) // mesh.Start reads tenant keys from the environment
+	setOperatorAndMeshEnv(t, cfg)
 	cfg.Log.Level = "error"
 
 	// A route whose candidates answer in milliseconds, so the test does not wait on the
@@ -553,5 +555,19 @@ func TestDockerignoreKeepsBuildInputs(t *testing.T) {
 		if !slices.Contains(patterns, want) {
 			t.Errorf("%s does not exclude %s", dockerignore, want)
 		}
+	}
+}
+
+// setOperatorAndMeshEnv sets the operator keys and the mesh secret a configuration reads
+// from the environment, as the deployment's Secret does.
+func setOperatorAndMeshEnv(t *testing.T, cfg mesh.Config) {
+	t.Helper()
+	for i, o := range cfg.Auth.Operators {
+		if o.KeyEnv != "" {
+			t.Setenv(o.KeyEnv, "sk-operator-test-"+strconv.Itoa(i))
+		}
+	}
+	if cfg.Auth.MeshSecretEnv != "" {
+		t.Setenv(cfg.Auth.MeshSecretEnv, "deploy-test-mesh-secret-0123456789abcdef")
 	}
 }

@@ -994,6 +994,7 @@ func TestK8sProbesAnswer(t *testing.T) {
 			t.Setenv(tenant.KeyEnv, "sk-k8s-test")
 		}
 	}
+	setOperatorAndMeshEnv(t, cfg)
 	// The shutdown delay would hold every test cleanup for that long on the real clock.
 	cfg.Server.ShutdownDelay = 0
 	m := meshtest.Start(t, cfg, meshtest.All)
