@@ -84,18 +84,23 @@ type ServerConfig struct {
 // by a shared secret. With neither tenants nor operators authentication is off, which is
 // allowed only on loopback listeners or with Disabled set.
 type AuthConfig struct {
-	// Tenants are the tenants and their keys. With none, authentication is off and every
-	// caller is the tenant default.
+	// Tenants are the tenants and their keys (docs/security.md). With neither tenants nor
+	// operators, authentication is off, which a listener other hosts can reach refuses
+	// unless disabled is set.
 	Tenants []rpc.TenantKey `yaml:"tenants"`
-	// Operators call the operator plane (draft rule approval, rule reloads, DescribeRoutes)
-	// and see every tenant's reviews.
+	// Operators are operator keys, {id, key_env | key_sha256}: they call the operator plane
+	// (DecideDraftRule, ReloadRules, DescribeRoutes) and see every tenant's reviews.
 	Operators []rpc.TenantKey `yaml:"operators"`
-	// MeshSecretEnv or MeshSecretFile hold the secret mesh services present to each other
-	// (at least 32 bytes; the same in every process of a deployment). Required when
-	// authentication is on and modules run in separate processes.
-	MeshSecretEnv  string `yaml:"mesh_secret_env"`
+	// MeshSecretEnv names the environment variable holding the secret mesh services
+	// present to each other (at least 32 bytes, the same in every process). Required, or
+	// mesh_secret_file, when authentication is on and modules run in separate processes; a
+	// process that runs every module makes one up.
+	MeshSecretEnv string `yaml:"mesh_secret_env"`
+	// MeshSecretFile is a file holding the mesh secret instead (surrounding whitespace is
+	// dropped); not together with mesh_secret_env.
 	MeshSecretFile string `yaml:"mesh_secret_file"`
-	// Disabled turns authentication off on purpose, also on non-loopback listeners.
+	// Disabled turns authentication off on purpose, also on listeners other hosts can
+	// reach; logged at warn. An error together with tenants or operators.
 	Disabled bool `yaml:"disabled"`
 }
 

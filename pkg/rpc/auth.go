@@ -43,8 +43,8 @@ const (
 
 // TenantKey configures one tenant's (or operator's) API key.
 type TenantKey struct {
-	// ID is the tenant id, recorded in every QualityContext, quota bucket and cache key:
-	// 1 to 64 characters of [a-z0-9_-], unique.
+	// ID is the tenant's (or operator's) id, recorded in every QualityContext, quota
+	// bucket and cache key: 1 to 64 characters of [a-z0-9_-], unique.
 	ID string `yaml:"id"`
 	// KeySHA256 is the hex SHA-256 of the key (printf %s "$KEY" | sha256sum); set exactly
 	// one of key_sha256 and key_env. A key configured twice is an error.
