@@ -393,7 +393,7 @@ func (s *Service) draft(r Review, req DecideRequest) (*DraftRule, error) {
 		return nil, rpc.Invalid("draft_rule", "corrective action %q has no rule to draft", req.CorrectiveAction)
 	}
 	hint := *req.Draft
-	hint.ReviewID, hint.Action = r.ID, action
+	hint.ReviewID, hint.Action, hint.Tenant = r.ID, action, r.Tenant
 	if hint.Scenario == "" {
 		hint.Scenario = r.Scenario
 	}
