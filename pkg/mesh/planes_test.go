@@ -1,10 +1,8 @@
 package mesh_test
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -83,14 +81,16 @@ func TestEveryMethodHasAnAudience(t *testing.T) {
 // its own: service and operator methods are refused before any handler runs, tenant
 // methods are not refused by their plane.
 func TestTenantKeyCannotLeaveTheTenantPlane(t *testing.T) {
-	logs := &syncWriter{}
+	logs := &syncBuffer{}
 	cfg := testConfig()
 	cfg.Log.Level = "warn"
 	m := meshtest.StartWith(t, cfg, meshtest.Split, mesh.Options{LogOutput: logs})
 	audiences := meshAudiences(t)
 	t.Run("methods", func(t *testing.T) { tenantOnEveryMethod(t, m, audiences) })
 	t.Run("refusals are logged and counted, without the key", func(t *testing.T) {
-		out := logs.String()
+		logs.mu.Lock()
+		out := logs.buf.String()
+		logs.mu.Unlock()
 		if !strings.Contains(out, `"msg":"call refused"`) || !strings.Contains(out, `"reason":"wrong_plane"`) ||
 			!strings.Contains(out, `"method":"/mantle.quota.v1.QuotaService/ObserveUpstream"`) || !strings.Contains(out, `"tenant":"acme"`) {
 			t.Errorf("no refusal line with reason, method and tenant in the quota log:\n%.2000s", out)
@@ -207,24 +207,6 @@ func TestTenantCannotTouchSharedBudgets(t *testing.T) {
 	if _, err := router.Complete(authed(tightKey), &routerv1.CompleteRequest{Request: ask("primary", "still served?")}); err != nil {
 		t.Errorf("another tenant's Complete after the attempts: %v", err)
 	}
-}
-
-// syncWriter is a log sink several processes' goroutines share.
-type syncWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
 }
 
 // counterValue reads one counter of a process's registry.
