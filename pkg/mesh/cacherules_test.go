@@ -63,9 +63,8 @@ func cacheRulesConfig(rulesFile string) mesh.Config {
 	cfg := mesh.Default()
 	cfg.Auth.Tenants = []rpc.TenantKey{
 		{ID: "acme", KeySHA256: rpc.HashKey(rulesKey)},
-		{ID: "ops", KeySHA256: rpc.HashKey(rulesOpsKey)},
 	}
-	cfg.Verifier.Review.OperatorTenants = []string{"ops"}
+	cfg.Auth.Operators = []rpc.TenantKey{{ID: "ops", KeySHA256: rpc.HashKey(rulesOpsKey)}}
 	cfg.Verifier.Rules = nil // only the file's rules
 	cfg.Verifier.RulesFile = rulesFile
 	notCacheable := false
