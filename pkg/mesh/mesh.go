@@ -20,6 +20,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/logredact"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/telemetry"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 	"github.com/mantle-mesh/mantle/services/cache"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -94,6 +95,10 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auth.%w", err)
 	}
+	transport, err := transportSecurity(cfg.TLS, reg, opts.Clock, log)
+	if err != nil {
+		return nil, err
+	}
 	var tp trace.TracerProvider // nil: tracing off
 	if cfg.Tracing.Enabled {
 		provider, err := telemetry.NewTracerProvider(ctx, cfg.Tracing, telemetry.ServiceName(cfg.Tracing.ServiceName, cfg.Targets()), opts.TraceExporter)
@@ -148,7 +153,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),
 		MaxMessageBytes:         cfg.Server.MaxMessageBytes,
-	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp})
+	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp, TLS: transport})
 	if err != nil {
 		p.Close()
 		return nil, err
@@ -247,4 +252,20 @@ func NewLogger(c LogConfig, w io.Writer, secrets ...string) *slog.Logger {
 	}
 	h = logredact.New(logredact.Options{DebugBodies: c.DebugBodies, Secrets: secrets}).Handler(h)
 	return slog.New(rpc.LogHandler(h))
+}
+
+// transportSecurity loads the tls block; its zero value (plaintext) when TLS is off.
+func transportSecurity(c tlsconfig.Config, reg prometheus.Registerer, clock clockwork.Clock, log *slog.Logger) (app.TLS, error) {
+	if !c.Enabled() {
+		return app.TLS{}, nil
+	}
+	metrics, err := tlsconfig.NewMetrics(reg)
+	if err != nil {
+		return app.TLS{}, err
+	}
+	src, err := tlsconfig.FromConfig(c, tlsconfig.Options{Clock: clock, Log: log, Metrics: metrics})
+	if err != nil {
+		return app.TLS{}, err
+	}
+	return app.TLS{Source: src, GRPCClientAuth: c.GRPCClientAuth, HTTPClientAuth: c.HTTPClientAuth, ServerName: c.ServerName}, nil
 }
