@@ -100,6 +100,8 @@ type EventsConfig struct {
 	// Embedded starts an in-process NATS server with JetStream instead (development, single
 	// node; not together with nats_url).
 	Embedded bool `yaml:"embedded"`
+	// TLS secures the connection to nats_url; every reconnection reads the current files.
+	TLS tlsconfig.ClientConfig `yaml:"tls"`
 }
 
 // LogConfig configures the process logger.
@@ -296,6 +298,10 @@ func (c Config) Validate() error {
 	wrap("runtime", c.Runtime.Validate())
 	if c.Events.Embedded && c.Events.NATSURL != "" {
 		errs = append(errs, errors.New("events: set nats_url or embedded, not both"))
+	}
+	wrap("events.tls", c.Events.TLS.Validate())
+	if c.Events.TLS.Enabled && c.Events.NATSURL == "" {
+		errs = append(errs, errors.New("events.tls: needs nats_url (the embedded server is in-process and plaintext)"))
 	}
 	for i, t := range c.Auth.Tenants {
 		if t.ID == "" {

@@ -95,7 +95,14 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auth.%w", err)
 	}
-	transport, err := transportSecurity(cfg.TLS, reg, opts.Clock, log)
+	var tlsMetrics *tlsconfig.Metrics
+	if cfg.TLS.Enabled() || cfg.Events.TLS.Enabled {
+		if tlsMetrics, err = tlsconfig.NewMetrics(reg); err != nil {
+			return nil, err
+		}
+	}
+	tlsOpts := tlsconfig.Options{Clock: opts.Clock, Log: log, Metrics: tlsMetrics}
+	transport, err := transportSecurity(cfg.TLS, tlsOpts)
 	if err != nil {
 		return nil, err
 	}
@@ -131,6 +138,14 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		var evOpts []events.Option
 		if tp != nil {
 			evOpts = append(evOpts, events.WithTracerProvider(tp))
+		}
+		natsTLS, err := tlsconfig.FromClientConfig("nats", cfg.Events.TLS, tlsOpts)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("events.%w", err)
+		}
+		if natsTLS != nil {
+			evOpts = append(evOpts, events.WithTLS(natsTLS, cfg.Events.TLS.ServerName))
 		}
 		pub, err := events.Connect(ctx, natsURL, log, reg, evOpts...)
 		if err != nil {
@@ -255,15 +270,11 @@ func NewLogger(c LogConfig, w io.Writer, secrets ...string) *slog.Logger {
 }
 
 // transportSecurity loads the tls block; its zero value (plaintext) when TLS is off.
-func transportSecurity(c tlsconfig.Config, reg prometheus.Registerer, clock clockwork.Clock, log *slog.Logger) (app.TLS, error) {
+func transportSecurity(c tlsconfig.Config, opts tlsconfig.Options) (app.TLS, error) {
 	if !c.Enabled() {
 		return app.TLS{}, nil
 	}
-	metrics, err := tlsconfig.NewMetrics(reg)
-	if err != nil {
-		return app.TLS{}, err
-	}
-	src, err := tlsconfig.FromConfig(c, tlsconfig.Options{Clock: clock, Log: log, Metrics: metrics})
+	src, err := tlsconfig.FromConfig(c, opts)
 	if err != nil {
 		return app.TLS{}, err
 	}
