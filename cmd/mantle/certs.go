@@ -26,6 +26,7 @@ func certs(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	out := fs.String("out", "certs", "directory to write ca.crt, <service>.crt and <service>.key into")
 	services := fs.String("services", strings.Join(tlsconfig.DevServices, ","), "comma list of services to issue certificates for")
 	ttl := fs.Duration("ttl", 30*24*time.Hour, "validity of the CA and the certificates")
+	prefixes := fs.String("dns-prefix", "", "comma list of prefixes: each adds the DNS name <prefix><service> (mantle- for the Kubernetes Services)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -41,7 +42,13 @@ func certs(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(names) == 0 {
 		return errors.New("--services: at least one service")
 	}
-	if err := tlsconfig.WriteDevPKI(*out, names, time.Now(), *ttl); err != nil {
+	var dnsPrefixes []string
+	for _, p := range strings.Split(*prefixes, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			dnsPrefixes = append(dnsPrefixes, p)
+		}
+	}
+	if err := tlsconfig.WriteDevPKI(*out, names, time.Now(), *ttl, dnsPrefixes...); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s and a certificate per service (%s), valid for %s; the CA's key was not kept\n",

@@ -17,7 +17,7 @@ func TestCerts(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	var stdout, stderr bytes.Buffer
-	if code := run(context.Background(), []string{"certs", "--out", dir, "--services", "router, quota"}, &stdout, &stderr); code != 0 {
+	if code := run(context.Background(), []string{"certs", "--out", dir, "--services", "router, quota", "--dns-prefix", "mantle-"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("certs: %d, %s", code, stderr.String())
 	}
 	for _, svc := range []string{"router", "quota"} {
@@ -27,6 +27,11 @@ func TestCerts(t *testing.T) {
 		}
 		if got, err := tlsconfig.ServiceFromCertificate(cert.Leaf); err != nil || got != svc {
 			t.Errorf("%s.crt names %q, %v", svc, got, err)
+		}
+		for _, name := range []string{svc, "mantle-" + svc, "localhost", "127.0.0.1"} {
+			if err := cert.Leaf.VerifyHostname(name); err != nil {
+				t.Errorf("%s.crt: %v", svc, err)
+			}
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "cache.crt")); !os.IsNotExist(err) {

@@ -117,9 +117,10 @@ var DevServices = []string{"router", "cache", "quota", "verifier"}
 // WriteDevPKI creates a CA and one certificate per service in dir: ca.crt, and
 // <service>.crt and <service>.key, each valid for ttl. Every certificate names its service
 // (DNS and spiffe://mantle/<service>), localhost, 127.0.0.1 and ::1, so the same files
-// serve compose (services dialled by name) and a mesh on one machine. The CA's key is
-// not kept: new certificates need a new CA.
-func WriteDevPKI(dir string, services []string, now time.Time, ttl time.Duration) error {
+// serve compose (services dialled by name) and a mesh on one machine; each of dnsPrefixes
+// adds the DNS name <prefix><service> (Kubernetes Services named mantle-<service>). The
+// CA's key is not kept: new certificates need a new CA.
+func WriteDevPKI(dir string, services []string, now time.Time, ttl time.Duration, dnsPrefixes ...string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("certs dir: %w", err)
 	}
@@ -131,8 +132,12 @@ func WriteDevPKI(dir string, services []string, now time.Time, ttl time.Duration
 		return err
 	}
 	for _, svc := range services {
+		dns := []string{svc, "localhost"}
+		for _, p := range dnsPrefixes {
+			dns = append(dns, p+svc)
+		}
 		certPEM, keyPEM, err := ca.Issue(Leaf{
-			Service: svc, DNSNames: []string{svc, "localhost"},
+			Service: svc, DNSNames: dns,
 			IPs:       []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 			NotBefore: now, TTL: ttl,
 		})
