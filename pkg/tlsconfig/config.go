@@ -21,24 +21,27 @@ const DefaultReloadInterval = 10 * time.Second
 // calls this process makes to other mesh services. Empty (no cert_file), everything is
 // plaintext.
 type Config struct {
-	// CertFile and KeyFile are this process's certificate chain and private key (PEM).
+	// CertFile is this process's certificate chain (PEM); setting it turns TLS on. The
+	// certificate names the service in a URI SAN, spiffe://mantle/<service>.
 	CertFile string `yaml:"cert_file,omitempty"`
-	KeyFile  string `yaml:"key_file,omitempty"`
+	// KeyFile is the certificate's private key (PEM).
+	KeyFile string `yaml:"key_file,omitempty"`
 	// CAFile is the mesh CA bundle (PEM): it verifies the servers this process dials and
 	// the client certificates presented to its listeners. Several CAs may be listed while
 	// the mesh moves from one to the next.
 	CAFile string `yaml:"ca_file,omitempty"`
-	// GRPCClientAuth and HTTPClientAuth say what each listener asks of its clients:
-	// require (a certificate of the mesh CA, or no connection), verify_if_given (the
-	// default: a certificate is optional, and verified when present; tenants call with a
-	// key and no certificate, services with their certificate) or none.
+	// GRPCClientAuth is what the gRPC listener asks of its clients: require (a
+	// certificate of the mesh CA, or no connection), verify_if_given (the default: a
+	// certificate is optional, and verified when present; tenants call with a key and no
+	// certificate, services with their certificate) or none.
 	GRPCClientAuth ClientAuth `yaml:"grpc_client_auth,omitempty"`
+	// HTTPClientAuth is the same for the HTTP listener (the OpenAI front door, /metrics).
 	HTTPClientAuth ClientAuth `yaml:"http_client_auth,omitempty"`
 	// ServerName is the name expected in the certificates of the services this process
 	// dials; empty, it is the host of the address dialled (router.quota_address...).
 	ServerName string `yaml:"server_name,omitempty"`
 	// ReloadInterval is how often, at most, the files are checked for a new certificate
-	// or CA; 0 means DefaultReloadInterval.
+	// or CA; 0 means 10s.
 	ReloadInterval time.Duration `yaml:"reload_interval,omitempty"`
 }
 
@@ -88,14 +91,15 @@ type ClientConfig struct {
 	Enabled bool `yaml:"enabled"`
 	// CAFile verifies the server; empty, the system's roots do.
 	CAFile string `yaml:"ca_file,omitempty"`
-	// CertFile and KeyFile are the client certificate, for servers that require one.
+	// CertFile is the client certificate (PEM), for servers that require one.
 	CertFile string `yaml:"cert_file,omitempty"`
-	KeyFile  string `yaml:"key_file,omitempty"`
+	// KeyFile is its private key (PEM).
+	KeyFile string `yaml:"key_file,omitempty"`
 	// ServerName is the name expected in the server's certificate; empty, the host of
 	// the address dialled.
 	ServerName string `yaml:"server_name,omitempty"`
 	// ReloadInterval is how often, at most, the files are checked for a change; 0 means
-	// DefaultReloadInterval.
+	// 10s.
 	ReloadInterval time.Duration `yaml:"reload_interval,omitempty"`
 }
 
