@@ -21,21 +21,37 @@ var ErrNoServiceIdentity = errors.New("no service identity")
 // client certificates, or one that was given none, yields ErrNoServiceIdentity, as do
 // plaintext and in-process calls. Errors wrap ErrNoServiceIdentity and say why.
 func PeerService(ctx context.Context) (string, error) {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return "", fmt.Errorf("%w: no peer in the context", ErrNoServiceIdentity)
-	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok {
-		return "", fmt.Errorf("%w: the call did not come over TLS", ErrNoServiceIdentity)
-	}
-	chains := info.State.VerifiedChains
-	if len(chains) == 0 || len(chains[0]) == 0 {
-		return "", fmt.Errorf("%w: no client certificate verified by the mesh CA", ErrNoServiceIdentity)
-	}
-	svc, err := tlsconfig.ServiceFromCertificate(chains[0][0])
+	svc, ok, err := PeerCertificateService(ctx)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrNoServiceIdentity, err)
 	}
+	if !ok {
+		return "", fmt.Errorf("%w: no client certificate verified by the mesh CA", ErrNoServiceIdentity)
+	}
 	return svc, nil
+}
+
+// PeerCertificateService is PeerService for a caller that tells the two failures apart:
+// ok is false when the call carries no verified client certificate (plaintext,
+// in-process, no certificate given, a listener that asks for none), and err is set when it
+// carries a certificate of the mesh CA that does not name exactly one service, which a
+// caller should refuse rather than treat as anonymous.
+func PeerCertificateService(ctx context.Context) (service string, ok bool, err error) {
+	p, found := peer.FromContext(ctx)
+	if !found {
+		return "", false, nil
+	}
+	info, isTLS := p.AuthInfo.(credentials.TLSInfo)
+	if !isTLS {
+		return "", false, nil
+	}
+	chains := info.State.VerifiedChains
+	if len(chains) == 0 || len(chains[0]) == 0 {
+		return "", false, nil
+	}
+	svc, err := tlsconfig.ServiceFromCertificate(chains[0][0])
+	if err != nil {
+		return "", false, fmt.Errorf("client certificate: %w", err)
+	}
+	return svc, true, nil
 }

@@ -40,30 +40,38 @@ func TestPeerServiceFromContext(t *testing.T) {
 		return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: state}})
 	}
 	tests := []struct {
-		name string
-		ctx  context.Context
-		want string // "" wants ErrNoServiceIdentity
+		name    string
+		ctx     context.Context
+		want    string // "" wants ErrNoServiceIdentity from PeerService
+		invalid bool   // PeerCertificateService reports an error rather than ok=false
 	}{
-		{"verified router", tlsPeer(tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{leaf("spiffe://mantle/router")}}}), "router"},
-		{"no peer", context.Background(), ""},
-		{"plaintext", peer.NewContext(context.Background(), &peer.Peer{}), ""},
-		{"tls without client certificate", tlsPeer(tls.ConnectionState{}), ""},
+		{name: "verified router", ctx: tlsPeer(tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{leaf("spiffe://mantle/router")}}}), want: "router"},
+		{name: "no peer", ctx: context.Background()},
+		{name: "plaintext", ctx: peer.NewContext(context.Background(), &peer.Peer{})},
+		{name: "tls without client certificate", ctx: tlsPeer(tls.ConnectionState{})},
 		// Presented but not verified (a listener that asks for none): never trusted.
-		{"unverified certificate", tlsPeer(tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf("spiffe://mantle/router")}}), ""},
-		{"verified without spiffe URI", tlsPeer(tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{leaf("https://mantle/router")}}}), ""},
-		{"verified, other trust domain", tlsPeer(tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{leaf("spiffe://other/router")}}}), ""},
+		{name: "unverified certificate", ctx: tlsPeer(tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf("spiffe://mantle/router")}})},
+		{name: "verified without spiffe URI", ctx: tlsPeer(tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{leaf("https://mantle/router")}}}), invalid: true},
+		{name: "verified, other trust domain", ctx: tlsPeer(tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{leaf("spiffe://other/router")}}}), invalid: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := PeerService(tt.ctx)
+			svc, ok, serr := PeerCertificateService(tt.ctx)
 			if tt.want == "" {
 				if !errors.Is(err, ErrNoServiceIdentity) {
 					t.Fatalf("got %q, %v; want ErrNoServiceIdentity", got, err)
+				}
+				if ok || (serr != nil) != tt.invalid {
+					t.Fatalf("PeerCertificateService = %q, %v, %v; want ok=false and an error only for an invalid certificate (%v)", svc, ok, serr, tt.invalid)
 				}
 				return
 			}
 			if err != nil || got != tt.want {
 				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+			if svc != tt.want || !ok || serr != nil {
+				t.Fatalf("PeerCertificateService = %q, %v, %v; want %q", svc, ok, serr, tt.want)
 			}
 		})
 	}
