@@ -20,6 +20,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/logredact"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/telemetry"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 	"github.com/mantle-mesh/mantle/services/cache"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -101,6 +102,17 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auth.%w", err)
 	}
+	var tlsMetrics *tlsconfig.Metrics
+	if cfg.TLS.Enabled() || cfg.Events.TLS.Enabled {
+		if tlsMetrics, err = tlsconfig.NewMetrics(reg); err != nil {
+			return nil, err
+		}
+	}
+	tlsOpts := tlsconfig.Options{Clock: opts.Clock, Log: log, Metrics: tlsMetrics}
+	transport, err := transportSecurity(cfg.TLS, tlsOpts)
+	if err != nil {
+		return nil, err
+	}
 	var tp trace.TracerProvider // nil: tracing off
 	if cfg.Tracing.Enabled {
 		provider, err := telemetry.NewTracerProvider(ctx, cfg.Tracing, telemetry.ServiceName(cfg.Tracing.ServiceName, cfg.Targets()), opts.TraceExporter)
@@ -134,6 +146,14 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		if tp != nil {
 			evOpts = append(evOpts, events.WithTracerProvider(tp))
 		}
+		natsTLS, err := tlsconfig.FromClientConfig("nats", cfg.Events.TLS, tlsOpts)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("events.%w", err)
+		}
+		if natsTLS != nil {
+			evOpts = append(evOpts, events.WithTLS(natsTLS, cfg.Events.TLS.ServerName))
+		}
 		pub, err := events.Connect(ctx, natsURL, log, reg, evOpts...)
 		if err != nil {
 			p.Close()
@@ -155,7 +175,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),
 		MaxMessageBytes:         cfg.Server.MaxMessageBytes,
-	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp})
+	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp, TLS: transport})
 	if err != nil {
 		p.Close()
 		return nil, err
@@ -254,4 +274,16 @@ func NewLogger(c LogConfig, w io.Writer, secrets ...string) *slog.Logger {
 	}
 	h = logredact.New(logredact.Options{DebugBodies: c.DebugBodies, Secrets: secrets}).Handler(h)
 	return slog.New(rpc.LogHandler(h))
+}
+
+// transportSecurity loads the tls block; its zero value (plaintext) when TLS is off.
+func transportSecurity(c tlsconfig.Config, opts tlsconfig.Options) (app.TLS, error) {
+	if !c.Enabled() {
+		return app.TLS{}, nil
+	}
+	src, err := tlsconfig.FromConfig(c, opts)
+	if err != nil {
+		return app.TLS{}, err
+	}
+	return app.TLS{Source: src, GRPCClientAuth: c.GRPCClientAuth, HTTPClientAuth: c.HTTPClientAuth, ServerName: c.ServerName}, nil
 }
