@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -31,6 +30,8 @@ func chat(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	stream := fs.Bool("stream", false, "stream the answer")
 	jsonOut := fs.Bool("json", false, "ask for a JSON object answer")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline for the whole request")
+	var tlsFlags clientTLS
+	tlsFlags.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -38,7 +39,11 @@ func chat(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if question == "" {
 		return errors.New(`usage: mantle chat [flags] "question"`)
 	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := tlsFlags.credentials()
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("--addr: %w", err)
 	}

@@ -7,12 +7,14 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/sim"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 	"github.com/mantle-mesh/mantle/services/router"
 )
 
@@ -34,6 +36,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	logLevel := fs.String("log.level", "warn", "log level")
 	tracing := fs.Bool("tracing.enabled", false, "export spans over OTLP/gRPC (docker compose up jaeger, then http://127.0.0.1:16686)")
 	otlp := fs.String("tracing.otlp-endpoint", "127.0.0.1:4317", "host:port of the OTLP/gRPC collector")
+	withTLS := fs.Bool("tls", false, "serve gRPC and HTTP over TLS with a throwaway CA written to a temporary directory (removed on exit)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -44,6 +47,16 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Off unless asked: most dev sessions have no collector, and the exporter would log
 	// every failed flush. A collector on this machine speaks plaintext.
 	cfg.Tracing.Enabled, cfg.Tracing.OTLPEndpoint, cfg.Tracing.Insecure = *tracing, *otlp, true
+	if *withTLS {
+		dir, err := os.MkdirTemp("", "mantle-dev-tls-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if cfg.TLS, err = devTLS(dir); err != nil {
+			return err
+		}
+	}
 	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true, RouteLibraryLogs: true})
 	if err != nil {
 		return err
@@ -97,6 +110,22 @@ func devConfig(primaryProfile string, getenv func(string) string) mesh.Config {
 	return cfg
 }
 
+// devTLS writes a throwaway CA and certificates into dir and returns the tls block of a
+// dev process: it runs every module, so it presents the router's certificate, and its
+// listeners take callers with or without a certificate (tenants have none).
+func devTLS(dir string) (tlsconfig.Config, error) {
+	if err := tlsconfig.WriteDevPKI(dir, tlsconfig.DevServices, time.Now(), 7*24*time.Hour); err != nil {
+		return tlsconfig.Config{}, err
+	}
+	return tlsconfig.Config{
+		CertFile:       filepath.Join(dir, "router.crt"),
+		KeyFile:        filepath.Join(dir, "router.key"),
+		CAFile:         filepath.Join(dir, "ca.crt"),
+		GRPCClientAuth: tlsconfig.ClientAuthVerifyIfGiven,
+		HTTPClientAuth: tlsconfig.ClientAuthVerifyIfGiven,
+	}, nil
+}
+
 // freeOr returns addr when it can be bound now, and a free loopback port otherwise, so
 // `mantle dev` starts even where 9090 or 8080 are taken.
 func freeOr(addr string) string {
@@ -117,23 +146,31 @@ func printDevBanner(w io.Writer, grpcAddr, httpAddr string, cfg mesh.Config) {
 	if grpcAddr != "127.0.0.1:9090" {
 		chatFlag = " --addr " + grpcAddr
 	}
+	// Plaintext, or TLS with the throwaway CA: each client is told how to trust it.
+	scheme, grpcurlTLS, curlTLS, pythonEnv, security := "http", "-plaintext", "", "", "plaintext"
+	if ca := cfg.TLS.CAFile; ca != "" {
+		scheme, grpcurlTLS, curlTLS, pythonEnv = "https", "-cacert "+ca, " --cacert "+ca, "SSL_CERT_FILE="+ca+" "
+		chatFlag += " --tls.ca-file " + ca
+		security = "TLS; CA " + ca + ", service certificates beside it (removed on exit)"
+	}
 	fmt.Fprintf(w, `mantle dev is running: router, cache, quota and verifier in one process.
 
   gRPC     %[1]s   (reflection on: grpcurl needs no proto files)
-  HTTP     http://%[2]s   (OpenAI-compatible /v1, /metrics, /healthz, /readyz)
+  HTTP     %[6]s://%[2]s   (OpenAI-compatible /v1, /metrics, /healthz, /readyz)
   models   %[3]s; route "chat" tries them in order
-  API key  %[4]s  (tenant "dev"); operator key %[6]s (mantle review)
+  API key  %[4]s  (tenant "dev"); operator key %[11]s (mantle review)
+  security %[10]s
 
 Try it:
 
-grpcurl -plaintext -H 'authorization: Bearer %[4]s' -d '{"request":{"model":"chat","messages":[{"role":"user","content":"What does mantle do?"}]}}' %[1]s mantle.router.v1.RouterService/Complete
+grpcurl %[7]s -H 'authorization: Bearer %[4]s' -d '{"request":{"model":"chat","messages":[{"role":"user","content":"What does mantle do?"}]}}' %[1]s mantle.router.v1.RouterService/Complete
 
-curl -s http://%[2]s/v1/chat/completions -H 'Authorization: Bearer %[4]s' -H 'Content-Type: application/json' -d '{"model":"chat","messages":[{"role":"user","content":"What does mantle do?"}]}'
+curl -s%[8]s %[6]s://%[2]s/v1/chat/completions -H 'Authorization: Bearer %[4]s' -H 'Content-Type: application/json' -d '{"model":"chat","messages":[{"role":"user","content":"What does mantle do?"}]}'
 
-python3 -c 'from openai import OpenAI; c = OpenAI(base_url="http://%[2]s/v1", api_key="%[4]s"); print(c.chat.completions.create(model="chat", messages=[{"role": "user", "content": "What does mantle do?"}]).choices[0].message.content)'
+%[9]spython3 -c 'from openai import OpenAI; c = OpenAI(base_url="%[6]s://%[2]s/v1", api_key="%[4]s"); print(c.chat.completions.create(model="chat", messages=[{"role": "user", "content": "What does mantle do?"}]).choices[0].message.content)'
 
 or: go run ./cmd/mantle chat%[5]s "What does mantle do?"
 
 Press Ctrl-C to stop.
-`, grpcAddr, httpAddr, strings.Join(models, ", "), devKey, chatFlag, devOperatorKey)
+`, grpcAddr, httpAddr, strings.Join(models, ", "), devKey, chatFlag, scheme, grpcurlTLS, curlTLS, pythonEnv, security, devOperatorKey)
 }

@@ -8,6 +8,7 @@
 //	mantle drill --scenario seed-incident   fault drill, mantle vs a naive client
 //	mantle bench-load           added latency at fixed request rates
 //	mantle version              the build's module version, commit and Go version
+//	mantle certs --out certs    a throwaway CA and a certificate per service (TLS)
 package main
 
 import (
@@ -41,6 +42,7 @@ var commands = map[string]command{
 	"drill":      {"run a fault drill through mantle and a naive client, side by side", drill},
 	"bench-load": {"measure the latency mantle adds at fixed request rates", benchLoad},
 	"version":    {"print the module version, commit and Go version of this build", version},
+	"certs":      {"write a throwaway CA and a certificate per service (TLS in development)", certs},
 }
 
 // errUsage reports a command line that is wrong (exit 2), unlike flag.ErrHelp, which
@@ -78,7 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: mantle <command> [flags]")
 	fmt.Fprintln(w)
-	for _, name := range []string{"serve", "dev", "sim", "chat", "review", "drill", "bench-load", "version"} {
+	for _, name := range []string{"serve", "dev", "sim", "chat", "review", "drill", "bench-load", "certs", "version"} {
 		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintln(w, "\nRun mantle <command> -h for its flags.")

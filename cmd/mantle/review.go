@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -56,13 +55,19 @@ func review(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&c.addr, "addr", envOr("MANTLE_ADDR", "127.0.0.1:9090"), "verifier gRPC address ($MANTLE_ADDR)")
 	fs.StringVar(&c.key, "key", envOr("MANTLE_OPERATOR_KEY", envOr("MANTLE_API_KEY", devOperatorKey)), "operator key ($MANTLE_OPERATOR_KEY), or a tenant key ($MANTLE_API_KEY)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "deadline for the call")
+	var tlsFlags clientTLS
+	tlsFlags.register(fs)
 	fs.BoolVar(&c.json, "json", false, "print the response as JSON")
 	run := sub(fs, c)
 	positional, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := tlsFlags.credentials()
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("--addr: %w", err)
 	}

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/stats"
 
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 )
 
 // TargetAll selects every module.
@@ -67,6 +68,21 @@ type Deps struct {
 	// TracerProvider is the process's own provider (never the global one); nil turns
 	// tracing off: no spans, and gRPC carries only the trace id.
 	TracerProvider trace.TracerProvider
+	// TLS secures both listeners and every connection to a remote module; its zero value
+	// leaves them in plaintext.
+	TLS TLS
+}
+
+// TLS is a process's transport security: one certificate source for its listeners and
+// for the connections it makes to the modules that run elsewhere.
+type TLS struct {
+	// Source holds the certificate and the mesh CA; nil means plaintext everywhere.
+	Source *tlsconfig.Source
+	// GRPCClientAuth and HTTPClientAuth say what each listener asks of its clients.
+	GRPCClientAuth, HTTPClientAuth tlsconfig.ClientAuth
+	// ServerName, when set, is the name expected in the certificates of the modules
+	// dialled; otherwise the host of their address is.
+	ServerName string
 }
 
 // App is a running process: listeners are bound by New, served by Run.
@@ -181,6 +197,9 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	if deps.TracerProvider != nil {
 		opts = append(opts, rpc.TracingServerOption(deps.TracerProvider))
 	}
+	if src := deps.TLS.Source; src != nil {
+		opts = append(opts, grpc.Creds(src.GRPCServerCredentials(deps.TLS.GRPCClientAuth)))
+	}
 	a := &App{
 		cfg:      cfg,
 		deps:     deps,
@@ -209,6 +228,9 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	a.mux.HandleFunc("GET /readyz", a.serveReady)
 	a.http = &http.Server{Handler: a.mux, ReadHeaderTimeout: 10 * time.Second}
+	if src := deps.TLS.Source; src != nil {
+		a.http.TLSConfig = src.ServerConfig(deps.TLS.HTTPClientAuth, "h2", "http/1.1")
+	}
 
 	env := Env{GRPC: registrar, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider, Dependency: a.addDependency}
 	for _, m := range modules {
@@ -243,17 +265,22 @@ func moduleAudiences(modules []Module) (rpc.Audiences, error) {
 }
 
 // serviceIdentity returns the authenticator the process uses. With authentication on,
-// modules call each other as services: a process that runs every module and has no
-// service credential configured makes up a mesh secret of its own (only its in-process
-// calls need it); a process that runs some modules must share one with the others.
+// modules call each other as services. A process that runs some modules must prove that
+// to the others: a shared mesh secret, or mTLS client certificates. Calls between modules
+// of one process have no peer certificate, so a process that runs more than one module
+// and has no mesh secret makes up one of its own for them (no other process knows it;
+// with mTLS, other processes identify its calls by the certificate first).
 func serviceIdentity(authn *rpc.Authenticator, selected []string, modules []Module) (*rpc.Authenticator, error) {
-	if !authn.Enabled() || authn.HasServiceIdentity() {
+	if !authn.Enabled() || authn.HasMeshSecret() {
 		return authn, nil
 	}
-	if len(selected) < len(modules) {
-		return nil, errors.New("auth: modules run in separate processes, so they need a service identity to call each other: set auth.mesh_secret_env or auth.mesh_secret_file (the same secret in every process)")
+	if len(selected) < len(modules) && !authn.HasServiceIdentity() {
+		return nil, errors.New("auth: modules run in separate processes, so they need a service identity to call each other: set auth.mesh_secret_env or auth.mesh_secret_file (the same secret in every process), or mTLS client certificates (tls)")
 	}
-	return authn.WithProcessSecret(), nil
+	if len(selected) > 1 {
+		return authn.WithProcessSecret(), nil
+	}
+	return authn, nil
 }
 
 // localChannel builds a.local and returns the registrar modules register on: the gRPC
@@ -324,13 +351,18 @@ func (a *App) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error {
-		if err := a.http.Serve(a.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serve := a.http.Serve
+		if a.http.TLSConfig != nil {
+			// The certificate comes from TLSConfig, which reads the current files.
+			serve = func(l net.Listener) error { return a.http.ServeTLS(l, "", "") }
+		}
+		if err := serve(a.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http server: %w", err)
 		}
 		return nil
 	})
 	a.setServing(true)
-	a.deps.Log.Info("mantle serving", "targets", strings.Join(a.selected, ","), "grpc", a.GRPCAddr(), "http", a.HTTPAddr())
+	a.deps.Log.Info("mantle serving", "targets", strings.Join(a.selected, ","), "grpc", a.GRPCAddr(), "http", a.HTTPAddr(), "tls", a.deps.TLS.Source != nil)
 
 	<-gctx.Done()
 	a.setServing(false)
@@ -436,7 +468,11 @@ func (a *App) dial(module string) (grpc.ClientConnInterface, error) {
 	if cc, ok := a.conns[addr]; ok {
 		return cc, nil
 	}
-	opts := append(a.deps.Authenticator.ClientIdentity(a.serviceName()).DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if src := a.deps.TLS.Source; src != nil {
+		creds = src.GRPCClientCredentials(a.deps.TLS.ServerName)
+	}
+	opts := append(a.deps.Authenticator.ClientIdentity(a.serviceName()).DialOptions(), grpc.WithTransportCredentials(creds))
 	if a.deps.TracerProvider != nil {
 		opts = append(opts, rpc.TracingDialOption(a.deps.TracerProvider))
 	}

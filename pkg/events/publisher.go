@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 )
 
 // StreamName is the JetStream stream that keeps every event.
@@ -33,6 +35,8 @@ type Publisher struct {
 	tracer    trace.Tracer
 	published *prometheus.CounterVec
 	dropped   *prometheus.CounterVec
+	// connect holds options for the NATS connection, set by Options before it is made.
+	connect []nats.Option
 }
 
 // Option configures a Publisher.
@@ -44,6 +48,30 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(p *Publisher) { p.tracer = tp.Tracer("github.com/mantle-mesh/mantle/pkg/events") }
 }
 
+// WithTLS secures the connection with the certificate and CA of src; every (re)connection
+// reads the current files.
+func WithTLS(src *tlsconfig.Source, serverName string) Option {
+	return func(p *Publisher) {
+		p.connect = append(p.connect, TLSOptions(src, serverName)...)
+	}
+}
+
+// TLSOptions are the NATS client options of a connection secured by src: the CA, the
+// client certificate when src has one, and the name the server's certificate must carry
+// (empty: the host of the URL).
+func TLSOptions(src *tlsconfig.Source, serverName string) []nats.Option {
+	var cert nats.TLSCertHandler
+	if src.HasCertificate() {
+		cert = src.Certificate
+	}
+	// Secure first: ClientTLSConfig keeps the tls.Config it finds and adds the callbacks,
+	// which NATS calls on every connection.
+	return []nats.Option{
+		nats.Secure(&tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}),
+		nats.ClientTLSConfig(cert, src.RootCAs),
+	}
+}
+
 // Connect dials NATS at url, makes sure the events stream exists, and returns a Publisher.
 func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.Registerer, opts ...Option) (*Publisher, error) {
 	// The stream is (re)declared on every connect, so a NATS server that was down at start,
@@ -53,7 +81,17 @@ func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.R
 			log.Warn("events stream not declared; events are published but may not be kept", "err", err)
 		}
 	}
-	nc, err := nats.Connect(url,
+	p := &Publisher{
+		log:    log,
+		tracer: noop.NewTracerProvider().Tracer(""),
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_events_published_total", Help: "Events handed to NATS, by subject.",
+		}, []string{"subject"}),
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	nc, err := nats.Connect(url, append([]nats.Option{
 		nats.Name("mantle"),
 		nats.MaxReconnects(-1),
 		nats.RetryOnFailedConnect(true),
@@ -67,7 +105,7 @@ func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.R
 			declare(c)
 		}),
 		nats.ConnectHandler(declare),
-	)
+	}, p.connect...)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats at %s: %w", url, err)
 	}
@@ -76,17 +114,7 @@ func Connect(ctx context.Context, url string, log *slog.Logger, reg prometheus.R
 	} else {
 		log.Warn("nats not reachable yet; starting anyway and buffering events", "url", url)
 	}
-	p := &Publisher{
-		nc:     nc,
-		log:    log,
-		tracer: noop.NewTracerProvider().Tracer(""),
-		published: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mantle_events_published_total", Help: "Events handed to NATS, by subject.",
-		}, []string{"subject"}),
-	}
-	for _, o := range opts {
-		o(p)
-	}
+	p.nc = nc
 	if err := reg.Register(p.published); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("register event metrics: %w", err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/telemetry"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 	"github.com/mantle-mesh/mantle/services/cache"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -32,6 +33,9 @@ type Config struct {
 	Target string `yaml:"target"`
 	// Server is the process's listeners, shared by every module it runs.
 	Server ServerConfig `yaml:"server"`
+	// TLS secures both listeners and the calls to modules in other processes; see
+	// docs/security.md.
+	TLS tlsconfig.Config `yaml:"tls"`
 	// Auth lists tenants and their API keys.
 	Auth AuthConfig `yaml:"auth"`
 	// Events says where events go: subjects mantle.events.<kind> on NATS, kept in the
@@ -113,6 +117,8 @@ type EventsConfig struct {
 	// Embedded starts an in-process NATS server with JetStream instead (development, single
 	// node; not together with nats_url).
 	Embedded bool `yaml:"embedded"`
+	// TLS secures the connection to nats_url; every reconnection reads the current files.
+	TLS tlsconfig.ClientConfig `yaml:"tls"`
 }
 
 // LogConfig configures the process logger.
@@ -167,6 +173,9 @@ type Flags struct {
 	quotaAddr, cacheAddr, verAddr string
 	tracingEnabled                bool
 	otlpEndpoint                  string
+	tlsCert, tlsKey, tlsCA        string
+	tlsGRPCAuth, tlsHTTPAuth      string
+	tlsServerName                 string
 }
 
 // RegisterFlags adds mantle's configuration flags to fs.
@@ -186,6 +195,12 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	fs.StringVar(&f.verAddr, "router.verifier-address", "", "verifier service address when not in this process")
 	fs.BoolVar(&f.tracingEnabled, "tracing.enabled", false, "export OpenTelemetry spans over OTLP/gRPC (tracing.enabled)")
 	fs.StringVar(&f.otlpEndpoint, "tracing.otlp-endpoint", "", "host:port of the OTLP/gRPC collector (tracing.otlp_endpoint)")
+	fs.StringVar(&f.tlsCert, "tls.cert-file", "", "this process's certificate, PEM (tls.cert_file); turns TLS on")
+	fs.StringVar(&f.tlsKey, "tls.key-file", "", "its private key, PEM (tls.key_file)")
+	fs.StringVar(&f.tlsCA, "tls.ca-file", "", "the mesh CA bundle, PEM (tls.ca_file)")
+	fs.StringVar(&f.tlsGRPCAuth, "tls.grpc-client-auth", "", "client certificates on the gRPC listener: require, verify_if_given or none (tls.grpc_client_auth)")
+	fs.StringVar(&f.tlsHTTPAuth, "tls.http-client-auth", "", "client certificates on the HTTP listener: require, verify_if_given or none (tls.http_client_auth)")
+	fs.StringVar(&f.tlsServerName, "tls.server-name", "", "name expected in the certificates of the services dialled (tls.server_name)")
 	return f
 }
 
@@ -213,6 +228,16 @@ func (f *Flags) Apply(c *Config) {
 	apply("tracing.otlp-endpoint", &c.Tracing.OTLPEndpoint, f.otlpEndpoint)
 	if set["tracing.enabled"] {
 		c.Tracing.Enabled = f.tracingEnabled
+	}
+	apply("tls.cert-file", &c.TLS.CertFile, f.tlsCert)
+	apply("tls.key-file", &c.TLS.KeyFile, f.tlsKey)
+	apply("tls.ca-file", &c.TLS.CAFile, f.tlsCA)
+	apply("tls.server-name", &c.TLS.ServerName, f.tlsServerName)
+	if set["tls.grpc-client-auth"] {
+		c.TLS.GRPCClientAuth = tlsconfig.ClientAuth(f.tlsGRPCAuth)
+	}
+	if set["tls.http-client-auth"] {
+		c.TLS.HTTPClientAuth = tlsconfig.ClientAuth(f.tlsHTTPAuth)
 	}
 }
 
@@ -286,9 +311,14 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log.format: want json or text, got %q", c.Log.Format))
 	}
 	wrap("tracing", c.Tracing.Validate())
+	wrap("tls", c.TLS.Validate())
 	wrap("runtime", c.Runtime.Validate())
 	if c.Events.Embedded && c.Events.NATSURL != "" {
 		errs = append(errs, errors.New("events: set nats_url or embedded, not both"))
+	}
+	wrap("events.tls", c.Events.TLS.Validate())
+	if c.Events.TLS.Enabled && c.Events.NATSURL == "" {
+		errs = append(errs, errors.New("events.tls: needs nats_url (the embedded server is in-process and plaintext)"))
 	}
 	errs = append(errs, c.Auth.validate()...)
 	errs = append(errs, c.exposure()...)

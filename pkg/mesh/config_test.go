@@ -14,6 +14,7 @@ import (
 
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 	"github.com/mantle-mesh/mantle/services/cache"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -205,6 +206,20 @@ func TestValidate(t *testing.T) {
 		{"tracing ratio", func(c *mesh.Config) { c.Tracing.SampleRatio = 2 }, []string{"tracing.sample_ratio: want a number from 0 to 1, got 2"}},
 		{"tracing service name", func(c *mesh.Config) { c.Tracing.ServiceName = "" }, []string{"tracing.service_name: required"}},
 		{"tracing off needs no endpoint", func(c *mesh.Config) { c.Tracing.OTLPEndpoint = "" }, nil},
+		{"tls half set", func(c *mesh.Config) { c.TLS = tlsconfig.Config{CAFile: "ca.crt"} }, []string{"tls.ca_file: set without cert_file"}},
+		{"tls without key and CA", func(c *mesh.Config) { c.TLS = tlsconfig.Config{CertFile: "x.crt"} }, []string{"tls.key_file: required", "tls.ca_file: required"}},
+		{"tls client auth", func(c *mesh.Config) {
+			c.TLS = tlsconfig.Config{CertFile: "x.crt", KeyFile: "x.key", CAFile: "ca.crt", GRPCClientAuth: "always"}
+		}, []string{`tls.grpc_client_auth: want require, verify_if_given or none, got "always"`}},
+		{"tls", func(c *mesh.Config) {
+			c.TLS = tlsconfig.Config{CertFile: "x.crt", KeyFile: "x.key", CAFile: "ca.crt", GRPCClientAuth: tlsconfig.ClientAuthRequire}
+		}, nil},
+		{"events tls without a server", func(c *mesh.Config) {
+			c.Events = mesh.EventsConfig{Embedded: true, TLS: tlsconfig.ClientConfig{Enabled: true}}
+		}, []string{"events.tls: needs nats_url"}},
+		{"events tls half set", func(c *mesh.Config) {
+			c.Events = mesh.EventsConfig{NATSURL: "nats://x", TLS: tlsconfig.ClientConfig{Enabled: true, CertFile: "x.crt"}}
+		}, []string{"events.tls.cert_file and key_file: set both or neither"}},
 		{"tenant id", func(c *mesh.Config) { c.Auth.Tenants = []rpc.TenantKey{{KeyEnv: "K"}} }, []string{"auth.tenants[0].id: required"}},
 		{"tenant key", func(c *mesh.Config) {
 			c.Auth.Tenants = []rpc.TenantKey{{ID: "a", KeyEnv: "K"}, {ID: "b", KeyEnv: "K", KeySHA256: rpc.HashKey("x")}, {ID: "c"}}

@@ -20,6 +20,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/logredact"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/telemetry"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 	"github.com/mantle-mesh/mantle/services/cache"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -97,7 +98,18 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	}
 	reg := prometheus.NewRegistry()
 
-	authn, err := newAuthenticator(cfg.Auth, opts.Getenv, log)
+	authn, err := newAuthenticator(cfg.Auth, cfg.TLS.Enabled(), opts.Getenv, log)
+	if err != nil {
+		return nil, err
+	}
+	var tlsMetrics *tlsconfig.Metrics
+	if cfg.TLS.Enabled() || cfg.Events.TLS.Enabled {
+		if tlsMetrics, err = tlsconfig.NewMetrics(reg); err != nil {
+			return nil, err
+		}
+	}
+	tlsOpts := tlsconfig.Options{Clock: opts.Clock, Log: log, Metrics: tlsMetrics}
+	transport, err := transportSecurity(cfg.TLS, tlsOpts)
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +146,14 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		if tp != nil {
 			evOpts = append(evOpts, events.WithTracerProvider(tp))
 		}
+		natsTLS, err := tlsconfig.FromClientConfig("nats", cfg.Events.TLS, tlsOpts)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("events.%w", err)
+		}
+		if natsTLS != nil {
+			evOpts = append(evOpts, events.WithTLS(natsTLS, cfg.Events.TLS.ServerName))
+		}
 		pub, err := events.Connect(ctx, natsURL, log, reg, evOpts...)
 		if err != nil {
 			p.Close()
@@ -155,7 +175,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),
 		MaxMessageBytes:         cfg.Server.MaxMessageBytes,
-	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp})
+	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp, TLS: transport})
 	if err != nil {
 		p.Close()
 		return nil, err
@@ -258,8 +278,15 @@ func NewLogger(c LogConfig, w io.Writer, secrets ...string) *slog.Logger {
 
 // newAuthenticator builds the process's authenticator; nil when authentication is off,
 // which is said at warn (Validate allowed it: loopback listeners only, or auth.disabled).
-func newAuthenticator(cfg AuthConfig, getenv func(string) string, log *slog.Logger) (*rpc.Authenticator, error) {
+//
+// With TLS on, a caller's service identity comes first from its verified client
+// certificate (spiffe://mantle/<service>), and the mesh secret stays the fallback for
+// callers without one.
+func newAuthenticator(cfg AuthConfig, tlsOn bool, getenv func(string) string, log *slog.Logger) (*rpc.Authenticator, error) {
 	opts := []rpc.AuthOption{rpc.WithOperators(cfg.Operators, getenv)}
+	if tlsOn {
+		opts = append(opts, rpc.WithServiceSource(rpc.PeerCertificateService))
+	}
 	secret, err := cfg.meshSecret(getenv)
 	if err != nil {
 		return nil, err
@@ -278,4 +305,16 @@ func newAuthenticator(cfg AuthConfig, getenv func(string) string, log *slog.Logg
 		log.Warn("authentication is off: no auth.tenants configured; listening on loopback only")
 	}
 	return authn, nil
+}
+
+// transportSecurity loads the tls block; its zero value (plaintext) when TLS is off.
+func transportSecurity(c tlsconfig.Config, opts tlsconfig.Options) (app.TLS, error) {
+	if !c.Enabled() {
+		return app.TLS{}, nil
+	}
+	src, err := tlsconfig.FromConfig(c, opts)
+	if err != nil {
+		return app.TLS{}, err
+	}
+	return app.TLS{Source: src, GRPCClientAuth: c.GRPCClientAuth, HTTPClientAuth: c.HTTPClientAuth, ServerName: c.ServerName}, nil
 }

@@ -16,9 +16,10 @@ const maxLoggedChanges = 50
 
 // restartPrefixes are the configuration a reload does not apply (README, "Reloading
 // configuration"): the blocks of modules without Reload, and the router settings its
-// running budgets, breakers, limiter, store and connections were built from.
+// running budgets, breakers, limiter, store and connections were built from. (The tls
+// block's files are read again as they change; the block itself applies at a restart.)
 var restartPrefixes = []string{
-	"target", "server", "auth", "events", "tracing", "log", "runtime", "cache", "quota", "verifier",
+	"target", "server", "tls", "auth", "events", "tracing", "log", "runtime", "cache", "quota", "verifier",
 	"router.retry_budget", "router.hedge_budget", "router.breaker", "router.quota_fallback_rpm",
 	"router.idempotency", "router.overload", "router.quota_address", "router.cache_address", "router.verifier_address",
 }

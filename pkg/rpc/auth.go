@@ -230,6 +230,9 @@ func (a *Authenticator) HasServiceIdentity() bool {
 	return a != nil && (a.secret != "" || len(a.sources) > 0)
 }
 
+// HasMeshSecret reports whether a mesh secret is configured.
+func (a *Authenticator) HasMeshSecret() bool { return a != nil && a.secret != "" }
+
 // WithProcessSecret returns a copy of a with a fresh random mesh secret, for a process
 // whose modules all run in it: their calls to each other still present a service
 // credential, and no other process knows it.

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 )
 
 // Config is the quota block of mantle's YAML file. Durations are strings such as "2m"
@@ -222,6 +224,9 @@ type RedisConfig struct {
 	// already sends the operations of concurrent requests together. It measured no better;
 	// it stays for comparison and may go.
 	AutoPipeline bool `yaml:"auto_pipeline"`
+	// TLS secures the connections to Redis; each new connection reads the current
+	// certificate and CA files, so they can be rotated without a restart.
+	TLS tlsconfig.ClientConfig `yaml:"tls"`
 }
 
 // Backends.
@@ -476,6 +481,11 @@ func (r RedisConfig) validate() []error {
 	}
 	if r.OverLimitCache < 0 {
 		add("redis.over_limit_cache: must not be negative, got %s", r.OverLimitCache)
+	}
+	if err := r.TLS.Validate(); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			add("redis.tls.%s", line)
+		}
 	}
 	return errs
 }

@@ -2,14 +2,17 @@ package quota
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 
 	"github.com/redis/go-redis/v9"
 
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 )
 
 // Module returns the quota module. It depends on no other service; its Runnable runs
@@ -93,7 +96,7 @@ const (
 // newRedisBackend builds the backend of cfg.Redis. It does not contact Redis: the
 // store's Run does, and starts on its local limiter when Redis does not answer.
 func newRedisBackend(cfg Config, env app.Env, at decisionClock) (*redisState, error) {
-	client, err := newRedisClient(cfg.Redis)
+	client, err := newRedisClient(cfg.Redis, tlsconfig.Options{Clock: env.Clock, Log: env.Log})
 	if err != nil {
 		return nil, err
 	}
@@ -127,8 +130,9 @@ func (b *redisState) Close() error {
 }
 
 // newRedisClient builds the client from the redis block; the password comes from the
-// environment variable it names.
-func newRedisClient(cfg RedisConfig) (*redis.Client, error) {
+// environment variable it names. With redis.tls on, every new connection is a TLS one
+// configured from the current files (tlsOpts pace their reloads).
+func newRedisClient(cfg RedisConfig, tlsOpts tlsconfig.Options) (*redis.Client, error) {
 	opts := &redis.Options{
 		Addr:         cfg.Address,
 		Username:     cfg.Username,
@@ -147,6 +151,18 @@ func newRedisClient(cfg RedisConfig) (*redis.Client, error) {
 			return nil, fmt.Errorf("redis.password_env: environment variable %s is not set", cfg.PasswordEnv)
 		}
 		opts.Password = pw
+	}
+	src, err := tlsconfig.FromClientConfig("redis", cfg.TLS, tlsOpts)
+	if err != nil {
+		return nil, fmt.Errorf("redis.%w", err)
+	}
+	if src != nil {
+		// A dialer rather than Options.TLSConfig: that one is fixed when the client is
+		// built, so a rotated certificate or CA would wait for a restart.
+		opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: cfg.DialTimeout}, Config: src.ClientConfig(cfg.TLS.ServerName)}
+			return d.DialContext(ctx, network, addr)
+		}
 	}
 	return redis.NewClient(opts), nil
 }

@@ -8,17 +8,20 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"testing"
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 )
 
 // Mode is the deployment shape of a test mesh.
@@ -55,6 +58,17 @@ func Start(t testing.TB, cfg mesh.Config, mode Mode) *Mesh {
 // discarded unless opts.LogOutput says otherwise.
 func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mesh {
 	t.Helper()
+	return StartEach(t, cfg, mode, opts, nil)
+}
+
+// StartEach is StartWith with a hook that adjusts each process's configuration just
+// before it starts (its certificate, its listeners' client authentication): target is
+// "all", or router, cache, quota or verifier. each may be nil.
+func StartEach(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options, each func(target string, c *mesh.Config)) *Mesh {
+	t.Helper()
+	if each == nil {
+		each = func(string, *mesh.Config) {}
+	}
 	if opts.LogOutput == nil {
 		opts.LogOutput = io.Discard
 	}
@@ -77,12 +91,14 @@ func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mes
 	m := &Mesh{NATSURL: nats.URL(), Processes: map[string]*mesh.Process{}}
 	if mode == All {
 		cfg.Target = "all"
+		each(cfg.Target, &cfg)
 		m.Router = Run(t, cfg, opts)
 		m.Processes["all"] = m.Router
 	} else {
 		for _, svc := range []string{"quota", "cache", "verifier"} {
 			c := cfg
 			c.Target = svc
+			each(svc, &c)
 			p := Run(t, c, opts)
 			m.Processes[svc] = p
 			switch svc {
@@ -95,6 +111,7 @@ func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mes
 			}
 		}
 		cfg.Target = "router"
+		each(cfg.Target, &cfg)
 		m.Router = Run(t, cfg, opts)
 		m.Processes["router"] = m.Router
 	}
@@ -156,13 +173,22 @@ func Run(t testing.TB, cfg mesh.Config, opts mesh.Options) *mesh.Process {
 			t.Errorf("%s stopped with: %v", cfg.Target, err)
 		}
 	})
-	waitServing(t, p.App.GRPCAddr())
+	waitServing(t, p.App.GRPCAddr(), cfg.TLS)
 	return p
 }
 
-func waitServing(t testing.TB, addr string) {
+// waitServing asks the process's health as the process itself would call it: with its
+// own certificate when it runs TLS.
+func waitServing(t testing.TB, addr string, tlsCfg tlsconfig.Config) {
 	t.Helper()
 	conn := Dial(t, addr)
+	if tlsCfg.Enabled() {
+		src, err := tlsconfig.FromConfig(tlsCfg, tlsconfig.Options{Log: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatalf("tls of %s: %v", addr, err)
+		}
+		conn = DialWith(t, addr, src.GRPCClientCredentials(tlsCfg.ServerName))
+	}
 	// WaitForReady queues the check until the server accepts it: no polling, no sleeping.
 	res, err := grpc_health_v1.NewHealthClient(conn).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{}, grpc.WaitForReady(true))
 	if err != nil || res.Status != grpc_health_v1.HealthCheckResponse_SERVING {
@@ -170,10 +196,16 @@ func waitServing(t testing.TB, addr string) {
 	}
 }
 
-// Dial connects to addr for the duration of the test.
+// Dial connects to addr in plaintext for the duration of the test.
 func Dial(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return DialWith(t, addr, insecure.NewCredentials())
+}
+
+// DialWith connects to addr with creds for the duration of the test.
+func DialWith(t testing.TB, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatalf("dial %s: %v", addr, err)
 	}

@@ -1,0 +1,50 @@
+package tlsconfig
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"google.golang.org/grpc/credentials"
+)
+
+// GRPCServerCredentials are the transport credentials of a gRPC listener.
+func (s *Source) GRPCServerCredentials(auth ClientAuth) credentials.TransportCredentials {
+	return credentials.NewTLS(s.ServerConfig(auth, "h2"))
+}
+
+// GRPCClientCredentials are the transport credentials of connections to other mesh
+// services. Each handshake (a new connection, a reconnection) builds its configuration
+// from the current files, so a rotated certificate or CA reaches the next one; a
+// tls.Config handed to credentials.NewTLS once could not follow a CA rotation.
+func (s *Source) GRPCClientCredentials(serverName string) credentials.TransportCredentials {
+	return &clientCredentials{source: s, serverName: serverName}
+}
+
+type clientCredentials struct {
+	source     *Source
+	serverName string
+}
+
+func (c *clientCredentials) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return credentials.NewTLS(c.source.ClientConfig(c.serverName)).ClientHandshake(ctx, authority, raw)
+}
+
+func (c *clientCredentials) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, errors.New("tlsconfig: client credentials cannot accept connections")
+}
+
+func (c *clientCredentials) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.2", ServerName: c.serverName}
+}
+
+func (c *clientCredentials) Clone() credentials.TransportCredentials {
+	clone := *c
+	return &clone
+}
+
+// OverrideServerName implements the deprecated method of credentials.TransportCredentials.
+func (c *clientCredentials) OverrideServerName(name string) error {
+	c.serverName = name
+	return nil
+}
