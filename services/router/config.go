@@ -462,6 +462,9 @@ func (c Config) Validate() error {
 			add("%s.name: duplicate route %q", key, r.Name)
 		}
 		routes[r.Name] = true
+		if r.Scenario != "" && !validLabel(r.Scenario) {
+			add("%s.scenario: must be 1 to %d characters of a-z, A-Z, 0-9, '_', '-', '.' or ':', got %q", key, maxLabelBytes, r.Scenario)
+		}
 		if len(r.Candidates) == 0 {
 			add("%s.candidates: at least one model is required", key)
 		}

@@ -47,6 +47,11 @@ type Config struct {
 	SchemaCacheSize int `yaml:"schema_cache_size"`
 	// MaxSchemaFindings bounds the schema findings reported for one answer.
 	MaxSchemaFindings int `yaml:"max_schema_findings"`
+	// MaxSchemaBytes, MaxSchemaDepth and MaxSchemaNodes bound a request's JSON Schema
+	// (formatcheck.Config says how); a schema over a limit is INVALID_ARGUMENT.
+	MaxSchemaBytes int `yaml:"max_schema_bytes"`
+	MaxSchemaDepth int `yaml:"max_schema_depth"`
+	MaxSchemaNodes int `yaml:"max_schema_nodes"`
 
 	// Degraded adapts the checks to answers that did not come from the primary model.
 	Degraded DegradedConfig `yaml:"degraded"`
@@ -269,6 +274,9 @@ func DefaultConfig() Config {
 		MaxContentBytes:     1 << 20,
 		SchemaCacheSize:     l1.SchemaCacheSize,
 		MaxSchemaFindings:   l1.MaxSchemaFindings,
+		MaxSchemaBytes:      l1.MaxSchemaBytes,
+		MaxSchemaDepth:      l1.MaxSchemaDepth,
+		MaxSchemaNodes:      l1.MaxSchemaNodes,
 		Degraded: DegradedConfig{
 			ConfidenceThreshold:   l1.DegradedConfidenceThreshold,
 			ReviewThresholdFactor: 1.3,
@@ -331,6 +339,9 @@ func (c Config) l1() formatcheck.Config {
 		RepetitionThreshold:         c.RepetitionThreshold,
 		SchemaCacheSize:             c.SchemaCacheSize,
 		MaxSchemaFindings:           c.MaxSchemaFindings,
+		MaxSchemaBytes:              c.MaxSchemaBytes,
+		MaxSchemaDepth:              c.MaxSchemaDepth,
+		MaxSchemaNodes:              c.MaxSchemaNodes,
 	}
 }
 
@@ -352,7 +363,8 @@ func (c Config) Validate() error {
 		}
 	}
 	// confidence_threshold, refusal_phrases, repetition_threshold, schema_cache_size,
-	// max_schema_findings and degraded.confidence_threshold: formatcheck names them so.
+	// max_schema_findings, max_schema_bytes, max_schema_depth, max_schema_nodes and
+	// degraded.confidence_threshold: formatcheck names them so.
 	if err := c.l1().Validate(); err != nil {
 		errs = append(errs, err)
 	}
