@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
