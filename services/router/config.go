@@ -269,9 +269,11 @@ type Capabilities struct {
 type RouteConfig struct {
 	// Name is what callers use as model; it must not be a model name.
 	Name string `yaml:"name"`
-	// Scenario is the route's scenario (default when empty): recorded in QualityContexts,
-	// it selects cache.scenarios.<scenario> and keys the breakers (unless the caller names
-	// another scenario).
+	// Scenario is the route's scenario (default when empty; 1 to 64 characters of a-z, A-Z,
+	// 0-9, _ - . :): recorded in QualityContexts, it selects cache.scenarios.<scenario> and
+	// keys the breakers. A caller may name another scenario (x-mantle-scenario, same
+	// charset); its breakers are that scenario's when a route is configured with it, the
+	// route's otherwise.
 	Scenario string `yaml:"scenario,omitempty"`
 	// Candidates are model names, first choice first.
 	Candidates []string `yaml:"candidates"`
