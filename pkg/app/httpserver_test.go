@@ -49,14 +49,7 @@ func TestSlowBodyIsCutAtTheReadTimeout(t *testing.T) {
 	cfg.HTTP = app.HTTPLimits{BodyReadTimeout: 50 * time.Millisecond}
 	r := start(t, cfg, []app.Module{bodyReader(newBlocker(), results)})
 
-	conn, err := net.Dial("tcp", r.app.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(waitLimit)); err != nil {
-		t.Fatal(err)
-	}
+	conn := dialHTTP(t, r.app.HTTPAddr())
 	fmt.Fprintf(conn, "POST /read HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n%s", strings.Repeat("x", 10))
 	select {
 	case err := <-results:
@@ -90,14 +83,7 @@ func TestIdleConnectionIsClosed(t *testing.T) {
 	cfg := testConfig("blocker")
 	cfg.HTTP = app.HTTPLimits{IdleTimeout: 50 * time.Millisecond}
 	r := start(t, cfg, []app.Module{bodyReader(newBlocker(), make(chan error, 1))})
-	conn, err := net.Dial("tcp", r.app.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(waitLimit)); err != nil {
-		t.Fatal(err)
-	}
+	conn := dialHTTP(t, r.app.HTTPAddr())
 	fmt.Fprintf(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
 	br := bufio.NewReader(conn)
 	res, err := http.ReadResponse(br, nil)
@@ -151,12 +137,7 @@ func TestEveryPathAnswersOpenAIErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
 			t.Parallel()
-			conn, err := net.Dial("tcp", r.app.HTTPAddr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			_ = conn.SetDeadline(time.Now().Add(waitLimit))
+			conn := dialHTTP(t, r.app.HTTPAddr())
 			// Written by hand: net/http's client would clean the path itself.
 			fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}", tt.method, tt.path)
 			res, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -182,4 +163,19 @@ func TestEveryPathAnswersOpenAIErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dialHTTP opens a raw connection to addr for the test, every read and write bounded by
+// waitLimit so that a server that never answers fails the test instead of hanging it.
+func dialHTTP(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.SetDeadline(time.Now().Add(waitLimit)); err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }

@@ -264,8 +264,9 @@ func TestSpoolFlushHonoursCancellation(t *testing.T) {
 	}
 }
 
-func TestPublishToJetStreamDeduplicates(t *testing.T) {
-	t.Parallel()
+// embeddedJetStream starts an embedded NATS server for the test and connects to it.
+func embeddedJetStream(t *testing.T) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
 	srv, err := StartEmbedded()
 	if err != nil {
 		t.Fatal(err)
@@ -280,6 +281,12 @@ func TestPublishToJetStreamDeduplicates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nc, js
+}
+
+func TestPublishToJetStreamDeduplicates(t *testing.T) {
+	t.Parallel()
+	_, js := embeddedJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SPOOLTEST", Subjects: []string{"mantle.review.requests"}})
@@ -307,20 +314,7 @@ func TestPublishToJetStreamDeduplicates(t *testing.T) {
 // to dead/ and counted, and the records behind it are published.
 func TestSpoolMovesARefusedRecordAsideAndGoesOn(t *testing.T) {
 	t.Parallel()
-	srv, err := StartEmbedded()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := embeddedJetStream(t)
 	ctx := t.Context()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DEAD_T", Subjects: []string{"mantle.review.requests"}}); err != nil {
 		t.Fatal(err)
