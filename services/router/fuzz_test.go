@@ -1,7 +1,6 @@
 package router
 
 import (
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -38,13 +37,15 @@ func FuzzFrontDoorRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	fd := &frontDoor{router: r}
 	f.Fuzz(func(t *testing.T, body []byte, scenario, budget, priority string) {
 		h := http.Header{}
 		h.Set(HeaderScenario, scenario)
 		h.Set(HeaderBudget, budget)
 		h.Set(HeaderPriority, priority)
-		var cr chatRequest
-		if err := decodeBody(httptest.NewRecorder(), io.NopCloser(strings.NewReader(string(body))), 1<<20, &cr); err != nil {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(body)))
+		cr, ok := fd.decodeChat(httptest.NewRecorder(), req, 1<<20)
+		if !ok {
 			return
 		}
 		if _, err := headerBudget(h); err != nil && rpc.BadRequestFields(toStatus(err)) == nil {
@@ -54,15 +55,15 @@ func FuzzFrontDoorRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		req, err := cr.toProto(h, p)
+		rreq, err := chatToProto(cr.Request, h, p)
 		if err != nil {
 			return
 		}
-		if _, err := r.validate(t.Context(), req); err != nil {
+		if _, err := r.validate(t.Context(), rreq); err != nil {
 			return
 		}
-		if len(req.Scenario) > maxLabelBytes {
-			t.Fatalf("accepted a scenario of %d bytes", len(req.Scenario))
+		if len(rreq.Scenario) > maxLabelBytes {
+			t.Fatalf("accepted a scenario of %d bytes", len(rreq.Scenario))
 		}
 	})
 }
