@@ -70,7 +70,7 @@ func TestHostileInputIsRefusedBeforeAnyProviderCall(t *testing.T) {
 		{"schema that is not a schema", withSchema(`"notaschema"`), nil, 400, "must be a JSON object or boolean", "response_format.json_schema"},
 		{"schema with an invalid keyword", withSchema(`{"type":"notatype"}`), nil, 400, "is not a valid JSON Schema", "response_format.json_schema"},
 		{"invalid UTF-8", `{"model":"chat","messages":[{"role":"user","content":"hi ` + "\xff\xfe" + `"}]}`, nil, 400, "not valid UTF-8 (byte offset 57)", ""},
-		{"trailing bytes after the JSON", `{"model":"chat",` + msgs + `}{"model":"chat"}`, nil, 400, "data after the JSON value", ""},
+		{"trailing bytes after the JSON", `{"model":"chat",` + msgs + `}{"model":"chat"}`, nil, 400, "after top-level value", ""},
 		{"budget that overflows", `{"model":"chat",` + msgs + `}`, http.Header{"X-Mantle-Budget-Ms": {"9223372036854775807"}}, 400, "from 1 to 86400000", "x-mantle-budget-ms"},
 		{"scenario of 10 000 characters", `{"model":"chat",` + msgs + `}`, http.Header{"X-Mantle-Scenario": {strings.Repeat("s", 10000)}}, 400, "1 to 64 characters", "scenario"},
 		{"scenario with spaces", `{"model":"chat",` + msgs + `}`, http.Header{"X-Mantle-Scenario": {"a b"}}, 400, "1 to 64 characters", "scenario"},
