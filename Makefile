@@ -6,7 +6,7 @@ BUF     := $(BIN)/buf
 TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run build test docs check-docs deps-chromium status-screenshot vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
+.PHONY: fuzz run build test docs check-docs deps-chromium status-screenshot vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
 
 ## run: start `mantle dev` (all services, embedded NATS, simulated models)
 run:
@@ -51,6 +51,16 @@ vet:
 
 test-race:
 	$(GO) test -race -count=1 ./...
+
+# The plain test run already replays every fuzz target's seeds and committed corpus
+# (testdata/fuzz); fuzz explores beyond them.
+FUZZTIME    ?= 10s
+FUZZWORKERS ?= 1
+
+## fuzz: run every fuzz target for FUZZTIME each (CI runs FUZZTIME=2s; for a real search
+## FUZZTIME=10m); a crash's input lands in the package's testdata/fuzz/ to be committed
+fuzz:
+	GO=$(GO) tools/fuzz.sh $(FUZZTIME) $(FUZZWORKERS)
 
 ## test-sdk: run the official OpenAI Node SDK against an in-process mesh (needs Node.js and npm)
 test-sdk:

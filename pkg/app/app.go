@@ -54,6 +54,8 @@ type Config struct {
 	Addresses map[string]string
 	// MaxMessageBytes bounds received gRPC messages.
 	MaxMessageBytes int
+	// HTTP bounds the HTTP listener's connections.
+	HTTP HTTPLimits
 }
 
 // Deps are the process-wide collaborators shared by every module.
@@ -227,7 +229,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	a.mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Metrics, promhttp.HandlerOpts{Registry: deps.Metrics}))
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	a.mux.HandleFunc("GET /readyz", a.serveReady)
-	a.http = &http.Server{Handler: a.mux, ReadHeaderTimeout: 10 * time.Second}
+	a.http = newHTTPServer(a.mux, cfg.HTTP)
 	if src := deps.TLS.Source; src != nil {
 		a.http.TLSConfig = src.ServerConfig(deps.TLS.HTTPClientAuth, "h2", "http/1.1")
 	}

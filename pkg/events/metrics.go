@@ -14,6 +14,7 @@ const (
 	dropClosed     = "closed"      // the connection was closed (shutting down)
 	dropError      = "error"       // anything else: the message did not encode, a bad subject
 	dropSpoolFull  = "spool_full"  // a spool at its limits refused the record
+	dropTooLarge   = "too_large"   // a record over the spool's MaxRecordBytes
 )
 
 // newDroppedCounter declares mantle_events_dropped_total. The Publisher and a Spool of the
@@ -21,7 +22,7 @@ const (
 func newDroppedCounter() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mantle_events_dropped_total",
-		Help: "Events lost, by subject and reason: buffer_full, closed, error (Publisher) or spool_full (a durable spool at its limits).",
+		Help: "Events lost, by subject and reason: buffer_full, closed, error, too_large (Publisher) or spool_full, too_large (a durable spool).",
 	}, []string{"subject", "reason"})
 }
 
@@ -32,6 +33,8 @@ func dropReason(err error) string {
 		return dropBufferFull
 	case errors.Is(err, nats.ErrConnectionClosed):
 		return dropClosed
+	case errors.Is(err, nats.ErrMaxPayload):
+		return dropTooLarge
 	}
 	return dropError
 }
@@ -56,9 +59,10 @@ func registerShared[T prometheus.Collector](reg prometheus.Registerer, c T) (T, 
 // spoolMetrics are a Spool's series. Subjects are the constants of subjects.go and the
 // review queue's subject, so the label is bounded.
 type spoolMetrics struct {
-	spooled  *prometheus.CounterVec
-	replayed *prometheus.CounterVec
-	dropped  *prometheus.CounterVec
+	spooled      *prometheus.CounterVec
+	replayed     *prometheus.CounterVec
+	deadLettered *prometheus.CounterVec
+	dropped      *prometheus.CounterVec
 }
 
 // Instrument exports the spool's metrics on reg: records appended (spooled), published by
@@ -75,12 +79,16 @@ func (s *Spool) Instrument(reg prometheus.Registerer) error {
 			Name: "mantle_events_replayed_total",
 			Help: "Spooled messages published to NATS and removed from the spool, by subject.",
 		}, []string{"subject"}),
+		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_events_dead_lettered_total",
+			Help: "Spooled messages the server refused for good (too large), moved to the spool's dead/ directory so the others go on, by subject.",
+		}, []string{"subject"}),
 	}
 	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "mantle_events_spool_records",
 		Help: "Messages waiting in the durable disk spool.",
 	}, func() float64 { return float64(s.Len()) })
-	for _, c := range []prometheus.Collector{m.spooled, m.replayed, waiting} {
+	for _, c := range []prometheus.Collector{m.spooled, m.replayed, m.deadLettered, waiting} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("register spool metrics: %w", err)
 		}

@@ -98,6 +98,7 @@ func TestDropReason(t *testing.T) {
 		{nats.ErrReconnectBufExceeded, dropBufferFull},
 		{fmt.Errorf("publish: %w", nats.ErrConnectionClosed), dropClosed},
 		{nats.ErrBadSubject, dropError},
+		{nats.ErrMaxPayload, dropTooLarge},
 		{errors.New("proto: cannot marshal"), dropError},
 	}
 	for _, tt := range tests {

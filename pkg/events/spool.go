@@ -24,6 +24,20 @@ import (
 // bytes: the caller decides whether to drop the message or fail.
 var ErrSpoolFull = errors.New("spool is full")
 
+// ErrRecordTooLarge is returned by Spool.Append for a record over SpoolLimits.MaxRecordBytes:
+// it could never be published, and would only wait in the queue. Callers bound their
+// payloads (truncating with a marker) before they spool them.
+var ErrRecordTooLarge = errors.New("spool record too large")
+
+// errRejected marks a publish error as the record's own fault (over the server's payload
+// limit, refused by the stream), which no retry will cure.
+var errRejected = errors.New("rejected by the server")
+
+// Rejected marks err, returned by a Flush publish function, as permanent for this record:
+// Flush moves the record to the dead-letter directory and goes on with the next one,
+// instead of stopping there and retrying it forever in front of every other record.
+func Rejected(err error) error { return fmt.Errorf("%w: %w", errRejected, err) }
+
 // SpoolRecord is one message waiting in a spool.
 type SpoolRecord struct {
 	// Seq orders records; Append assigns it.
@@ -41,6 +55,9 @@ type SpoolLimits struct {
 	MaxRecords int
 	// MaxBytes is the most payload bytes kept; 0 means 256 MiB.
 	MaxBytes int64
+	// MaxRecordBytes is the largest record Append accepts; 0 means 1 MiB, NATS's default
+	// max_payload.
+	MaxRecordBytes int
 }
 
 // Spool is a durable first-in first-out queue of messages on local disk, for messages that
@@ -64,12 +81,16 @@ type Spool struct {
 	flushMu sync.Mutex // one Flush at a time, so records are published in order
 
 	metrics atomic.Pointer[spoolMetrics] // nil until Instrument
+	// onDeadLetter, when set, hears of every record Flush moved aside.
+	onDeadLetter atomic.Pointer[func(rec SpoolRecord, err error)]
 }
 
 const (
 	spoolSuffix  = ".rec"
 	spoolTmp     = ".tmp-"
 	spoolCorrupt = "corrupt"
+	// spoolDead holds records the server refused for good (Rejected), for an operator.
+	spoolDead = "dead"
 )
 
 // spoolMagic starts every record file; the last byte is the format version.
@@ -83,6 +104,9 @@ func OpenSpool(dir string, limits SpoolLimits) (*Spool, error) {
 	}
 	if limits.MaxBytes <= 0 {
 		limits.MaxBytes = 256 << 20
+	}
+	if limits.MaxRecordBytes <= 0 {
+		limits.MaxRecordBytes = 1 << 20
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("spool: %w", err)
@@ -130,6 +154,12 @@ func (s *Spool) Len() int {
 // Append stores rec durably and returns its sequence number. It returns ErrSpoolFull when
 // the spool is at its limits.
 func (s *Spool) Append(rec SpoolRecord) (uint64, error) {
+	if len(rec.Data) > s.limits.MaxRecordBytes {
+		if m := s.metrics.Load(); m != nil {
+			m.dropped.WithLabelValues(rec.Subject, dropTooLarge).Inc()
+		}
+		return 0, fmt.Errorf("%w: %d bytes, the limit is %d", ErrRecordTooLarge, len(rec.Data), s.limits.MaxRecordBytes)
+	}
 	data := encodeSpoolRecord(rec)
 	s.mu.Lock()
 	if s.count >= s.limits.MaxRecords || s.bytes+int64(len(data)) > s.limits.MaxBytes {
@@ -187,9 +217,10 @@ func (s *Spool) write(seq uint64, data []byte) error {
 
 // Flush publishes the waiting records in order, deleting each one after publish returns
 // nil, and stops at the first error (returned wrapped), so that order is kept and nothing is
-// skipped. It returns how many records it published. A record that cannot be read back
-// (damaged on disk) is moved to the corrupt/ subdirectory for an operator and counted as an
-// error-free skip: it must not block the records behind it.
+// skipped. It returns how many records it published. Two kinds of record must not block the
+// records behind them, and are moved aside for an operator instead: one that cannot be read
+// back (damaged on disk) goes to corrupt/, one the server refused for good (publish
+// returned a Rejected error) to dead/, counted in mantle_events_dead_lettered_total.
 func (s *Spool) Flush(ctx context.Context, publish func(ctx context.Context, rec SpoolRecord) error) (int, error) {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
@@ -212,13 +243,24 @@ func (s *Spool) Flush(ctx context.Context, publish func(ctx context.Context, rec
 		}
 		rec, err := decodeSpoolRecord(raw)
 		if err != nil {
-			if err := s.quarantine(path, int64(len(raw))); err != nil {
+			if err := s.moveAside(spoolCorrupt, path, int64(len(raw))); err != nil {
 				return published, err
 			}
 			continue
 		}
 		rec.Seq = seq
-		if err := publish(ctx, rec); err != nil {
+		if err := publish(ctx, rec); errors.Is(err, errRejected) {
+			if err := s.moveAside(spoolDead, path, int64(len(raw))); err != nil {
+				return published, err
+			}
+			if m := s.metrics.Load(); m != nil {
+				m.deadLettered.WithLabelValues(rec.Subject).Inc()
+			}
+			if f := s.onDeadLetter.Load(); f != nil {
+				(*f)(rec, err)
+			}
+			continue
+		} else if err != nil {
 			return published, fmt.Errorf("spool: publish record %d: %w", seq, err)
 		}
 		if err := os.Remove(path); err != nil {
@@ -233,11 +275,22 @@ func (s *Spool) Flush(ctx context.Context, publish func(ctx context.Context, rec
 	return published, nil
 }
 
+// OnDeadLetter installs a callback that hears of every record Flush moves to dead/ (to log
+// it); it runs on the flushing goroutine.
+func (s *Spool) OnDeadLetter(f func(rec SpoolRecord, err error)) { s.onDeadLetter.Store(&f) }
+
 // PublishToJetStream returns a Flush publish function that publishes each record to
 // JetStream and waits for the stream's acknowledgement, with the record's MsgID as
-// Nats-Msg-Id so that a record replayed after a crash is de-duplicated by the server.
+// Nats-Msg-Id so that a record replayed after a crash is de-duplicated by the server. A
+// record over the connection's max payload, or one the stream refuses as too large, is
+// Rejected.
 func PublishToJetStream(js jetstream.JetStream) func(ctx context.Context, rec SpoolRecord) error {
 	return func(ctx context.Context, rec SpoolRecord) error {
+		// The server announces its limit on connect; over it, the client refuses the message
+		// before sending, every time.
+		if nc := js.Conn(); nc != nil && nc.MaxPayload() > 0 && int64(len(rec.Data)) > nc.MaxPayload() {
+			return Rejected(fmt.Errorf("%d bytes is over the server's max payload of %d", len(rec.Data), nc.MaxPayload()))
+		}
 		msg := nats.NewMsg(rec.Subject)
 		msg.Data = rec.Data
 		var opts []jetstream.PublishOpt
@@ -245,6 +298,9 @@ func PublishToJetStream(js jetstream.JetStream) func(ctx context.Context, rec Sp
 			opts = append(opts, jetstream.WithMsgID(rec.MsgID))
 		}
 		_, err := js.PublishMsg(ctx, msg, opts...)
+		if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) {
+			return Rejected(err)
+		}
 		return err
 	}
 }
@@ -265,13 +321,14 @@ func (s *Spool) pending() ([]uint64, error) {
 	return seqs, nil
 }
 
-func (s *Spool) quarantine(path string, size int64) error {
-	dir := filepath.Join(s.dir, spoolCorrupt)
+// moveAside moves a record that must not block the others into the subdirectory sub.
+func (s *Spool) moveAside(sub, path string, size int64) error {
+	dir := filepath.Join(s.dir, sub)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("spool: %w", err)
 	}
 	if err := os.Rename(path, filepath.Join(dir, filepath.Base(path))); err != nil {
-		return fmt.Errorf("spool: quarantine damaged record: %w", err)
+		return fmt.Errorf("spool: move record to %s/: %w", sub, err)
 	}
 	s.forget(size)
 	return nil

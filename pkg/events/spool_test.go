@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func rec(i int) SpoolRecord {
@@ -263,8 +264,9 @@ func TestSpoolFlushHonoursCancellation(t *testing.T) {
 	}
 }
 
-func TestPublishToJetStreamDeduplicates(t *testing.T) {
-	t.Parallel()
+// embeddedJetStream starts an embedded NATS server for the test and connects to it.
+func embeddedJetStream(t *testing.T) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
 	srv, err := StartEmbedded()
 	if err != nil {
 		t.Fatal(err)
@@ -279,6 +281,12 @@ func TestPublishToJetStreamDeduplicates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nc, js
+}
+
+func TestPublishToJetStreamDeduplicates(t *testing.T) {
+	t.Parallel()
+	_, js := embeddedJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SPOOLTEST", Subjects: []string{"mantle.review.requests"}})
@@ -298,5 +306,64 @@ func TestPublishToJetStreamDeduplicates(t *testing.T) {
 	}
 	if info.State.Msgs != 1 {
 		t.Errorf("stream holds %d messages, want 1 (the replay is de-duplicated)", info.State.Msgs)
+	}
+}
+
+// TestSpoolMovesARefusedRecordAsideAndGoesOn: a record over the server's max payload was
+// retried forever, every other record waiting behind it. Against a real server, it is moved
+// to dead/ and counted, and the records behind it are published.
+func TestSpoolMovesARefusedRecordAsideAndGoesOn(t *testing.T) {
+	t.Parallel()
+	nc, js := embeddedJetStream(t)
+	ctx := t.Context()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DEAD_T", Subjects: []string{"mantle.review.requests"}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	s := openSpool(t, dir, SpoolLimits{MaxRecordBytes: 4 << 20})
+	reg := prometheus.NewRegistry()
+	if err := s.Instrument(reg); err != nil {
+		t.Fatal(err)
+	}
+	var dead []string
+	s.OnDeadLetter(func(r SpoolRecord, err error) { dead = append(dead, r.MsgID) })
+	tooBig := SpoolRecord{Subject: "mantle.review.requests", MsgID: "rv_big", Data: make([]byte, nc.MaxPayload()+1)}
+	appendAll(t, s, rec(1), tooBig, rec(2), rec(3))
+
+	n, err := s.Flush(ctx, PublishToJetStream(js))
+	if err != nil || n != 3 {
+		t.Fatalf("Flush = %d, %v; want the 3 other records published", n, err)
+	}
+	if s.Len() != 0 {
+		t.Errorf("%d records left in the spool", s.Len())
+	}
+	if diff := cmp.Diff([]string{"rv_big"}, dead); diff != "" {
+		t.Errorf("dead-lettered (-want +got):\n%s", diff)
+	}
+	moved, err := os.ReadDir(filepath.Join(dir, spoolDead))
+	if err != nil || len(moved) != 1 {
+		t.Errorf("dead/ holds %v (%v), want the refused record", moved, err)
+	}
+	if got := counterValue(t, s.metrics.Load().deadLettered.WithLabelValues("mantle.review.requests")); got != 1 {
+		t.Errorf("mantle_events_dead_lettered_total = %v, want 1", got)
+	}
+	stream, err := js.Stream(ctx, "DEAD_T")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil || info.State.Msgs != 3 {
+		t.Errorf("stream holds %d messages (%v), want 3", info.State.Msgs, err)
+	}
+}
+
+func TestSpoolRefusesRecordsOverItsLimit(t *testing.T) {
+	t.Parallel()
+	s := openSpool(t, t.TempDir(), SpoolLimits{MaxRecordBytes: 10})
+	if _, err := s.Append(SpoolRecord{Subject: "s", Data: make([]byte, 11)}); !errors.Is(err, ErrRecordTooLarge) {
+		t.Fatalf("Append(11 bytes) = %v, want ErrRecordTooLarge", err)
+	}
+	if _, err := s.Append(SpoolRecord{Subject: "s", Data: make([]byte, 10)}); err != nil {
+		t.Fatalf("Append(10 bytes) = %v", err)
 	}
 }

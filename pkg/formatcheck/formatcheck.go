@@ -1,6 +1,7 @@
 package formatcheck
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -55,6 +56,13 @@ type Config struct {
 	SchemaCacheSize int
 	// MaxSchemaFindings (max_schema_findings) bounds the schema findings of one answer.
 	MaxSchemaFindings int
+	// MaxSchemaBytes (max_schema_bytes), MaxSchemaDepth (max_schema_depth, JSON nesting
+	// levels) and MaxSchemaNodes (max_schema_nodes, subschemas with references expanded)
+	// bound a request's schema: compiling and validating grow much faster than the
+	// document, so a schema over a limit is refused before it is compiled.
+	MaxSchemaBytes int
+	MaxSchemaDepth int
+	MaxSchemaNodes int
 }
 
 // DefaultConfig returns the defaults the verifier ships and the router falls back to.
@@ -66,6 +74,9 @@ func DefaultConfig() Config {
 		RepetitionThreshold:         4,
 		SchemaCacheSize:             256,
 		MaxSchemaFindings:           10,
+		MaxSchemaBytes:              64 << 10,
+		MaxSchemaDepth:              32,
+		MaxSchemaNodes:              2000,
 	}
 }
 
@@ -92,8 +103,15 @@ func (c Config) Validate() error {
 	if c.SchemaCacheSize <= 0 {
 		add("schema_cache_size: must be positive, got %d", c.SchemaCacheSize)
 	}
-	if c.MaxSchemaFindings <= 0 {
-		add("max_schema_findings: must be positive, got %d", c.MaxSchemaFindings)
+	for key, v := range map[string]int{
+		"max_schema_findings": c.MaxSchemaFindings,
+		"max_schema_bytes":    c.MaxSchemaBytes,
+		"max_schema_depth":    c.MaxSchemaDepth,
+		"max_schema_nodes":    c.MaxSchemaNodes,
+	} {
+		if v <= 0 {
+			add("%s: must be positive, got %d", key, v)
+		}
 	}
 	// Map order must not decide the order of the messages.
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
@@ -243,14 +261,15 @@ func New(cfg Config) (*Checker, error) {
 	if phrases == nil {
 		phrases = DefaultRefusalPhrases()
 	}
-	return &Checker{cfg: cfg, refusals: newRefusalMatcher(phrases), schemas: newSchemaCache(cfg.SchemaCacheSize)}, nil
+	return &Checker{cfg: cfg, refusals: newRefusalMatcher(phrases), schemas: newSchemaCache(cfg.SchemaCacheSize, schemaLimits{bytes: cfg.MaxSchemaBytes, depth: cfg.MaxSchemaDepth, nodes: cfg.MaxSchemaNodes})}, nil
 }
 
 // CompileSchema compiles a request's JSON Schema (and caches it for Check), so that an
-// invalid schema can be rejected as a bad request before any answer is checked against
-// it. Check does not apply a schema that does not compile.
-func (c *Checker) CompileSchema(doc string) error {
-	_, err := c.schemas.get(doc)
+// invalid schema can be rejected as a bad request before any model is asked. The error is
+// a *SchemaError naming the problem, or ctx's error. Check does not apply a schema that
+// does not compile.
+func (c *Checker) CompileSchema(ctx context.Context, doc string) error {
+	_, err := c.schemas.get(ctx, doc)
 	return err
 }
 

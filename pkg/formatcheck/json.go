@@ -2,6 +2,7 @@ package formatcheck
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -74,7 +75,7 @@ func (c *Checker) checkJSON(content string, format Format, confidence float64, n
 	if format.Type == FormatJSONSchema {
 		// Usually a cache hit: callers compile the schema when they validate the request
 		// (CompileSchema). One that does not compile is a bad request, not a bad answer.
-		if schema, err := c.schemas.get(format.JSONSchema); err == nil {
+		if schema, err := c.schemas.get(context.Background(), format.JSONSchema); err == nil {
 			res.findings = append(res.findings, schemaFindings(schema, res.value, c.cfg.MaxSchemaFindings)...)
 		}
 	}

@@ -2,6 +2,7 @@ package formatcheck
 
 import (
 	"container/list"
+	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -18,8 +19,9 @@ import (
 // carry their schema, usually one of a few per application, and compiling costs far more
 // than validating. Safe for concurrent use.
 type schemaCache struct {
-	seed maphash.Seed
-	max  int
+	seed   maphash.Seed
+	max    int
+	limits schemaLimits
 
 	mu      sync.Mutex
 	order   *list.List // of *schemaEntry, most recent first
@@ -32,13 +34,14 @@ type schemaEntry struct {
 	schema *jsonschema.Schema
 }
 
-func newSchemaCache(size int) *schemaCache {
-	return &schemaCache{seed: maphash.MakeSeed(), max: size, order: list.New(), entries: map[uint64]*list.Element{}}
+func newSchemaCache(size int, limits schemaLimits) *schemaCache {
+	return &schemaCache{seed: maphash.MakeSeed(), max: size, limits: limits, order: list.New(), entries: map[uint64]*list.Element{}}
 }
 
 // get returns the compiled schema for doc, compiling it on a miss. Compile errors are the
-// caller's (an invalid schema in the request) and are not cached.
-func (c *schemaCache) get(doc string) (*jsonschema.Schema, error) {
+// caller's (an invalid schema in the request) and are not cached: the limits checked
+// before compiling keep a rejected schema cheap to reject again.
+func (c *schemaCache) get(ctx context.Context, doc string) (*jsonschema.Schema, error) {
 	h := maphash.String(c.seed, doc)
 	c.mu.Lock()
 	if el, ok := c.entries[h]; ok && el.Value.(*schemaEntry).text == doc {
@@ -49,9 +52,14 @@ func (c *schemaCache) get(doc string) (*jsonschema.Schema, error) {
 	}
 	c.mu.Unlock()
 
-	// Compiled outside the lock: a slow schema must not stall every other request. Two
-	// requests racing on the same new schema both compile it; the second insert wins.
-	s, err := compileSchema(doc)
+	// Compiled outside the lock: a schema must not stall every other request. Two requests
+	// racing on the same new schema both compile it; the second insert wins. The library
+	// takes no context, so the request's is checked before the work starts; the limits
+	// bound what follows.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s, err := compileSchema(doc, c.limits)
 	if err != nil {
 		return nil, err
 	}
@@ -79,19 +87,27 @@ func (noLoader) Load(url string) (any, error) {
 
 const schemaURL = "mantle://request/schema.json"
 
-func compileSchema(doc string) (*jsonschema.Schema, error) {
+// compileSchema checks doc against the limits, cheapest check first, and compiles it. Every
+// error is a *SchemaError.
+func compileSchema(doc string, limits schemaLimits) (*jsonschema.Schema, error) {
+	if err := limits.checkSchemaSize(doc); err != nil {
+		return nil, err
+	}
 	parsed, err := jsonschema.UnmarshalJSON(strings.NewReader(doc))
 	if err != nil {
-		return nil, fmt.Errorf("is not valid JSON: %w", err)
+		return nil, schemaErrorf("is not valid JSON: %v", err)
+	}
+	if err := checkSchemaExpansion(parsed, limits.nodes); err != nil {
+		return nil, err
 	}
 	c := jsonschema.NewCompiler()
 	c.UseLoader(noLoader{})
 	if err := c.AddResource(schemaURL, parsed); err != nil {
-		return nil, err
+		return nil, schemaErrorf("is not a valid JSON Schema: %v", err)
 	}
 	s, err := c.Compile(schemaURL)
 	if err != nil {
-		return nil, fmt.Errorf("is not a valid JSON Schema: %w", err)
+		return nil, schemaErrorf("is not a valid JSON Schema: %v", err)
 	}
 	return s, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/telemetry"
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
@@ -82,6 +83,16 @@ type ServerConfig struct {
 	// bounded separately by router.max_prompt_bytes, so that oversized ones get a clear
 	// INVALID_ARGUMENT.
 	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// ReadHeaderTimeout is how long an HTTP client may take to send a request's headers.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// BodyReadTimeout is how long an HTTP client may then take to send the request's body;
+	// a slower one is cut off. The deadline is lifted once the body is read, so streamed
+	// answers are not cut.
+	BodyReadTimeout time.Duration `yaml:"body_read_timeout"`
+	// IdleTimeout closes a keep-alive HTTP connection with no request for this long.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxHeaderBytes is the largest HTTP request header block accepted (at least 4096).
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
 }
 
 // AuthConfig says who may call: tenants and operators by hashed API keys, mesh services
@@ -141,6 +152,10 @@ func Default() Config {
 			HTTPListenAddress:       "127.0.0.1:8080",
 			GracefulShutdownTimeout: 15 * time.Second,
 			MaxMessageBytes:         16 << 20,
+			ReadHeaderTimeout:       app.DefaultHTTPLimits().ReadHeaderTimeout,
+			BodyReadTimeout:         app.DefaultHTTPLimits().BodyReadTimeout,
+			IdleTimeout:             app.DefaultHTTPLimits().IdleTimeout,
+			MaxHeaderBytes:          app.DefaultHTTPLimits().MaxHeaderBytes,
 		},
 		Log:      LogConfig{Level: "info", Format: "json"},
 		Runtime:  DefaultRuntimeConfig(),
@@ -300,6 +315,18 @@ func (c Config) Validate() error {
 	}
 	if c.Server.ShutdownDelay < 0 {
 		errs = append(errs, fmt.Errorf("server.shutdown_delay: must not be negative, got %s", c.Server.ShutdownDelay))
+	}
+	for key, d := range map[string]time.Duration{
+		"server.read_header_timeout": c.Server.ReadHeaderTimeout,
+		"server.body_read_timeout":   c.Server.BodyReadTimeout,
+		"server.idle_timeout":        c.Server.IdleTimeout,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", key, d))
+		}
+	}
+	if c.Server.MaxHeaderBytes < 4<<10 {
+		errs = append(errs, fmt.Errorf("server.max_header_bytes: must be at least 4096, got %d", c.Server.MaxHeaderBytes))
 	}
 	if c.Server.MaxMessageBytes < 1<<20 {
 		errs = append(errs, fmt.Errorf("server.max_message_bytes: must be at least 1 MiB, got %d", c.Server.MaxMessageBytes))

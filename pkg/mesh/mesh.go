@@ -175,6 +175,10 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),
 		MaxMessageBytes:         cfg.Server.MaxMessageBytes,
+		HTTP: app.HTTPLimits{
+			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout, BodyReadTimeout: cfg.Server.BodyReadTimeout,
+			IdleTimeout: cfg.Server.IdleTimeout, MaxHeaderBytes: cfg.Server.MaxHeaderBytes,
+		},
 	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp, TLS: transport})
 	if err != nil {
 		p.Close()

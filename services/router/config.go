@@ -269,9 +269,11 @@ type Capabilities struct {
 type RouteConfig struct {
 	// Name is what callers use as model; it must not be a model name.
 	Name string `yaml:"name"`
-	// Scenario is the route's scenario (default when empty): recorded in QualityContexts,
-	// it selects cache.scenarios.<scenario> and keys the breakers (unless the caller names
-	// another scenario).
+	// Scenario is the route's scenario (default when empty; 1 to 64 characters of a-z, A-Z,
+	// 0-9, _ - . :): recorded in QualityContexts, it selects cache.scenarios.<scenario> and
+	// keys the breakers. A caller may name another scenario (x-mantle-scenario, same
+	// charset); its breakers are that scenario's when a route is configured with it, the
+	// route's otherwise.
 	Scenario string `yaml:"scenario,omitempty"`
 	// Candidates are model names, first choice first.
 	Candidates []string `yaml:"candidates"`
@@ -462,6 +464,9 @@ func (c Config) Validate() error {
 			add("%s.name: duplicate route %q", key, r.Name)
 		}
 		routes[r.Name] = true
+		if r.Scenario != "" && !validLabel(r.Scenario) {
+			add("%s.scenario: must be 1 to %d characters of a-z, A-Z, 0-9, '_', '-', '.' or ':', got %q", key, maxLabelBytes, r.Scenario)
+		}
 		if len(r.Candidates) == 0 {
 			add("%s.candidates: at least one model is required", key)
 		}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -74,10 +75,12 @@ type plan struct {
 	sharedKey string
 	// last is the candidate of the latest attempt.
 	last *candidate
+	// breakerScenario keys the breakers this request consults (breakerScenario).
+	breakerScenario string
 }
 
-func (r *Router) newPlan(rt *route) *plan {
-	p := &plan{avoid: map[*upstreamKey]bool{}, sharedKey: rt.admissionKeyID()}
+func (r *Router) newPlan(rt *route, scenario string) *plan {
+	p := &plan{avoid: map[*upstreamKey]bool{}, sharedKey: rt.admissionKeyID(), breakerScenario: r.breakerScenario(rt, scenario)}
 	for i, u := range rt.candidates {
 		p.cands = append(p.cands, &candidate{u: u, level: levelOf(i), order: len(p.cands)})
 	}
@@ -177,7 +180,7 @@ type outcome struct {
 
 // attempt runs the loop and returns the first acceptable answer.
 func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink) (*answer, error) {
-	p := r.newPlan(rt)
+	p := r.newPlan(rt, qc.Scenario)
 	r.budget.Request()
 	if sink == nil && rt.hedge.Enabled {
 		// Only requests that may be hedged count, so the ratio is the share of those.
@@ -215,7 +218,7 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			}
 			remaining = qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) - r.conf().HopReserve
 		}
-		key, permit, skip := r.acquire(c.u, qc.Scenario, p.avoid)
+		key, permit, skip := r.acquire(c.u, p.breakerScenario, p.avoid)
 		if key == nil {
 			r.skipCandidate(qc, p, c, skip)
 			continue
@@ -619,7 +622,7 @@ func allCanceled(os []outcome) bool {
 // (allow, which spends when it consents). When c cannot take one, ok is false; when the
 // budget refused, denied is true and no other candidate will do.
 func (r *Router) extraAttempt(qc *mantlev1.QualityContext, p *plan, c *candidate, allow func(key *upstreamKey) bool) (key *upstreamKey, permit resilience.Permit, release func(), ok, denied bool) {
-	key, permit, _ = r.acquire(c.u, qc.Scenario, p.avoid)
+	key, permit, _ = r.acquire(c.u, p.breakerScenario, p.avoid)
 	if key == nil {
 		return nil, permit, nil, false, false
 	}
@@ -853,6 +856,13 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		Model:          who.model,
 		SessionId:      req.User,
 	})
+	if status.Code(err) == codes.InvalidArgument {
+		// The verifier refuses to judge this answer (an oversized answer, or a schema the
+		// router's own compile accepted under other limits): that is no outage, and the
+		// answer must not go out unverified with rules and review skipped.
+		audit = append(audit, r.step("verify", "refused by the verifier: "+status.Convert(err).Message(), r.deps.Clock.Since(start)))
+		return nil, audit, &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_VERIFICATION_FAILED, Message: "the verifier refused the answer: " + status.Convert(err).Message()}
+	}
 	if err != nil {
 		r.deps.Log.WarnContext(ctx, "verifier unavailable; checking L1 in the router", "err", err)
 		audit, err := r.checkLocally(ctx, req, who.level, res, audit, "verifier unavailable ("+status.Code(err).String()+")", start)

@@ -131,14 +131,14 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, toStatus(err))
 		return
 	}
-	if budget := r.Header.Get(HeaderBudget); budget != "" {
-		ms, err := strconv.Atoi(budget)
-		if err != nil || ms <= 0 {
-			writeError(w, toStatus(rpc.Invalid(HeaderBudget, "want a positive number of milliseconds, got %q", budget)))
-			return
-		}
+	budget, err := headerBudget(r.Header)
+	if err != nil {
+		writeError(w, toStatus(err))
+		return
+	}
+	if budget > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
+		ctx, cancel = context.WithTimeout(ctx, budget)
 		defer cancel()
 	}
 	if cr.Stream {

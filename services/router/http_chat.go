@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"unicode/utf8"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/openaiapi"
@@ -25,6 +26,14 @@ func (f *frontDoor) decodeChat(w http.ResponseWriter, r *http.Request, limit int
 		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body could not be read: "+err.Error())
 		return nil, false
 	}
+	// Before decoding: encoding/json would turn bad bytes into U+FFFD and the prompt
+	// would reach a provider changed.
+	if !utf8.Valid(raw) {
+		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "",
+			fmt.Sprintf("request body is not valid UTF-8 (byte offset %d)", invalidUTF8At(raw)))
+		return nil, false
+	}
+	// Valid also refuses anything but whitespace after the JSON value.
 	if !json.Valid(raw) {
 		var v any
 		err := json.Unmarshal(raw, &v) // for the position of the error

@@ -45,6 +45,16 @@ func (r *Router) hasUsableKey(u *upstream, avoid map[*upstreamKey]bool) bool {
 	return false
 }
 
+// breakerScenario is the scenario whose breakers a request on rt consults: its own when it
+// is a configured route's scenario, else the route's. The scenario is caller-chosen, and a
+// breaker per distinct value would grow without bound.
+func (r *Router) breakerScenario(rt *route, scenario string) string {
+	if r.table().scenarios[scenario] {
+		return scenario
+	}
+	return rt.scenario
+}
+
 // breaker returns the breaker of (provider, model, key, scenario), creating it on first use.
 func (r *Router) breaker(u *upstream, key *upstreamKey, scenario string) *resilience.Breaker {
 	key.mu.Lock()

@@ -140,6 +140,9 @@ type Router struct {
 	// shedder refuses a share of new requests while the process is short of CPU; its
 	// configuration is fixed for the process's life.
 	shedder *overload.Shedder
+	// schemas compiles requests' JSON Schemas to refuse an unusable one up front:
+	// deps.Checker when there is one, so the local L1 check finds them cached.
+	schemas *formatcheck.Checker
 }
 
 // routeTable is the routes callers can name, in config order: models first, then aliases.
@@ -165,6 +168,13 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		budget:          resilience.NewBudget(cfg.RetryBudget, deps.Clock),
 		hedgeBudget:     resilience.NewBudget(cfg.HedgeBudget.budget(), deps.Clock),
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
+	}
+	r.schemas = deps.Checker
+	if r.schemas == nil {
+		var err error
+		if r.schemas, err = formatcheck.New(formatcheck.DefaultConfig()); err != nil {
+			return nil, err
+		}
 	}
 	delay := deps.SchedulingDelay
 	if delay == nil {
@@ -303,7 +313,7 @@ func (r *Router) Stream(ctx context.Context, req *routerv1.Request, sink Sink) (
 
 func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) (*routerv1.CompleteResponse, error) {
 	start := arrivalOf(ctx, r.deps.Clock.Now())
-	rt, err := r.validate(req)
+	rt, err := r.validate(ctx, req)
 	if err != nil {
 		return nil, err
 	}

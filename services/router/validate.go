@@ -1,11 +1,15 @@
 package router
 
 import (
-	"encoding/json"
+	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -13,7 +17,7 @@ var validRoles = map[string]bool{"system": true, "developer": true, "user": true
 
 // validate checks a request and returns its route. Field names are the gRPC field paths so
 // BadRequest details point at what to fix.
-func (r *Router) validate(req *routerv1.Request) (*route, error) {
+func (r *Router) validate(ctx context.Context, req *routerv1.Request) (*route, error) {
 	if req == nil {
 		return nil, rpc.Invalid("request", "required")
 	}
@@ -58,12 +62,11 @@ func (r *Router) validate(req *routerv1.Request) (*route, error) {
 		v.Add("request.temperature", "must be between 0 and 2, got %g", *t)
 	}
 	if rf := req.ResponseFormat; rf.GetType() == mantlev1.ResponseFormat_TYPE_JSON_SCHEMA {
-		if rf.JsonSchema == "" {
-			v.Add("request.response_format.json_schema", "required for TYPE_JSON_SCHEMA")
-		} else if !json.Valid([]byte(rf.JsonSchema)) {
-			v.Add("request.response_format.json_schema", "is not valid JSON")
+		if err := r.validateSchema(ctx, rf.JsonSchema, v); err != nil {
+			return nil, err
 		}
 	}
+	validateLabels(req, v)
 	if len(req.IdempotencyKey) > 256 {
 		v.Add("request.idempotency_key", "must be at most 256 bytes")
 	}
@@ -78,4 +81,66 @@ func (r *Router) validate(req *routerv1.Request) (*route, error) {
 		return nil, err
 	}
 	return rt, nil
+}
+
+// validateSchema refuses a json_schema the verifier could not use, before any model is
+// asked: compiled here (within formatcheck's size, depth and expansion limits, and cached
+// for the local L1 check), so that neither a schema bomb nor "notaschema" costs a paid call.
+func (r *Router) validateSchema(ctx context.Context, schema string, v *rpc.ValidationError) error {
+	const field = "request.response_format.json_schema"
+	switch trimmed := strings.TrimSpace(schema); {
+	case trimmed == "":
+		v.Add(field, "required for TYPE_JSON_SCHEMA")
+		return nil
+	case trimmed[0] != '{' && trimmed != "true" && trimmed != "false":
+		v.Add(field, "must be a JSON object or boolean")
+		return nil
+	}
+	var serr *formatcheck.SchemaError
+	if err := r.schemas.CompileSchema(ctx, schema); errors.As(err, &serr) {
+		v.Add(field, "%s", serr.Problem)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// Caller-chosen labels become metric labels, breaker keys and log fields: bounded in
+// length and to a plain charset.
+const maxLabelBytes = 64
+
+// validateLabels checks the caller-chosen strings that are not prose: the scenario, and
+// that every text field is UTF-8 (gRPC over the network refuses it at the first hop; in
+// process it would reach a provider).
+func validateLabels(req *routerv1.Request, v *rpc.ValidationError) {
+	if s := req.Scenario; s != "" && !validLabel(s) {
+		v.Add("request.scenario", "must be 1 to %d characters of a-z, A-Z, 0-9, '_', '-', '.' or ':'", maxLabelBytes)
+	}
+	for i, m := range req.Messages {
+		if !utf8.ValidString(m.GetContent()) {
+			v.Add(fmt.Sprintf("request.messages[%d].content", i), "must be UTF-8 text")
+		}
+		if !utf8.ValidString(m.GetName()) {
+			v.Add(fmt.Sprintf("request.messages[%d].name", i), "must be UTF-8 text")
+		}
+	}
+	for field, s := range map[string]string{"request.model": req.Model, "request.user": req.User, "request.idempotency_key": req.IdempotencyKey} {
+		if !utf8.ValidString(s) {
+			v.Add(field, "must be UTF-8 text")
+		}
+	}
+}
+
+// validLabel reports whether s is a label a caller may choose.
+func validLabel(s string) bool {
+	if len(s) == 0 || len(s) > maxLabelBytes {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.' || c == ':') {
+			return false
+		}
+	}
+	return true
 }

@@ -88,7 +88,7 @@ func TestValidate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			rt, err := r.validate(tt.req)
+			rt, err := r.validate(t.Context(), tt.req)
 			switch {
 			case tt.wantRoute != "":
 				if err != nil || rt.name != tt.wantRoute {

@@ -40,13 +40,26 @@ type Config struct {
 	RepetitionThreshold int `yaml:"repetition_threshold"`
 	// MaxContentBytes bounds the answer a caller may send; larger answers are refused
 	// (INVALID_ARGUMENT) rather than checked, so that one request cannot pin a CPU. The
-	// router then sends the answer out unverified.
+	// router counts such an answer as failed verification and asks the next candidate; it
+	// never sends it out unverified.
 	MaxContentBytes int `yaml:"max_content_bytes"`
 	// SchemaCacheSize is how many compiled JSON Schemas are kept (schemas arrive with each
 	// request; compiling one costs far more than validating against it).
 	SchemaCacheSize int `yaml:"schema_cache_size"`
 	// MaxSchemaFindings bounds the schema findings reported for one answer.
 	MaxSchemaFindings int `yaml:"max_schema_findings"`
+	// MaxSchemaBytes is the largest JSON Schema a request may carry. Compiling and
+	// validating grow far faster than the document, so a schema over any of the
+	// max_schema_* limits is refused (INVALID_ARGUMENT, 400 at the front door) before it is
+	// compiled and before any model is asked. The router applies the defaults.
+	MaxSchemaBytes int `yaml:"max_schema_bytes"`
+	// MaxSchemaDepth bounds a request's JSON Schema's nesting, in JSON levels.
+	MaxSchemaDepth int `yaml:"max_schema_depth"`
+	// MaxSchemaNodes bounds a request's JSON Schema's subschemas, counted as written and
+	// again from the root with every "#/..." reference expanded (a chain of anyOf branches
+	// referring to the next level doubles per level). $anchor, $dynamicRef, a nested $id
+	// and references outside the schema are refused.
+	MaxSchemaNodes int `yaml:"max_schema_nodes"`
 
 	// Degraded adapts the checks to answers that did not come from the primary model.
 	Degraded DegradedConfig `yaml:"degraded"`
@@ -269,6 +282,9 @@ func DefaultConfig() Config {
 		MaxContentBytes:     1 << 20,
 		SchemaCacheSize:     l1.SchemaCacheSize,
 		MaxSchemaFindings:   l1.MaxSchemaFindings,
+		MaxSchemaBytes:      l1.MaxSchemaBytes,
+		MaxSchemaDepth:      l1.MaxSchemaDepth,
+		MaxSchemaNodes:      l1.MaxSchemaNodes,
 		Degraded: DegradedConfig{
 			ConfidenceThreshold:   l1.DegradedConfidenceThreshold,
 			ReviewThresholdFactor: 1.3,
@@ -331,6 +347,9 @@ func (c Config) l1() formatcheck.Config {
 		RepetitionThreshold:         c.RepetitionThreshold,
 		SchemaCacheSize:             c.SchemaCacheSize,
 		MaxSchemaFindings:           c.MaxSchemaFindings,
+		MaxSchemaBytes:              c.MaxSchemaBytes,
+		MaxSchemaDepth:              c.MaxSchemaDepth,
+		MaxSchemaNodes:              c.MaxSchemaNodes,
 	}
 }
 
@@ -352,7 +371,8 @@ func (c Config) Validate() error {
 		}
 	}
 	// confidence_threshold, refusal_phrases, repetition_threshold, schema_cache_size,
-	// max_schema_findings and degraded.confidence_threshold: formatcheck names them so.
+	// max_schema_findings, max_schema_bytes, max_schema_depth, max_schema_nodes and
+	// degraded.confidence_threshold: formatcheck names them so.
 	if err := c.l1().Validate(); err != nil {
 		errs = append(errs, err)
 	}

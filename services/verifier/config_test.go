@@ -124,6 +124,9 @@ repetition_threshold: 6
 max_content_bytes: 4096
 schema_cache_size: 8
 max_schema_findings: 3
+max_schema_bytes: 32768
+max_schema_depth: 16
+max_schema_nodes: 500
 degraded: {confidence_threshold: 0.1, review_threshold_factor: 1.5, skip_l3_levels: [template]}
 rules:
   - id: no-guarantees
@@ -179,7 +182,7 @@ l3:
 			want: func() Config {
 				return Config{
 					ConfidenceThreshold: 0.5, RefusalPhrases: []string{"no can do"}, RepetitionThreshold: 6, MaxContentBytes: 4096,
-					SchemaCacheSize: 8, MaxSchemaFindings: 3,
+					SchemaCacheSize: 8, MaxSchemaFindings: 3, MaxSchemaBytes: 32768, MaxSchemaDepth: 16, MaxSchemaNodes: 500,
 					Degraded: DegradedConfig{ConfidenceThreshold: 0.1, ReviewThresholdFactor: 1.5, SkipL3Levels: []string{"template"}},
 					Rules: []rules.Rule{{ID: "no-guarantees", Description: "never promise", Scenarios: []string{"support"},
 						Condition: `text.contains("保证")`, Action: rules.Action{Type: rules.ActionMask, Pattern: "保证", Value: "[已屏蔽]", Notice: "仅供参考"}}},
@@ -273,8 +276,9 @@ func TestDefaultL1Config(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ConfidenceThreshold, cfg.Degraded.ConfidenceThreshold = 0.5, 0.4
 	cfg.RefusalPhrases, cfg.RepetitionThreshold, cfg.SchemaCacheSize, cfg.MaxSchemaFindings = []string{"no"}, 3, 7, 2
+	cfg.MaxSchemaBytes, cfg.MaxSchemaDepth, cfg.MaxSchemaNodes = 100, 4, 9
 	want := formatcheck.Config{ConfidenceThreshold: 0.5, DegradedConfidenceThreshold: 0.4, RefusalPhrases: []string{"no"},
-		RepetitionThreshold: 3, SchemaCacheSize: 7, MaxSchemaFindings: 2}
+		RepetitionThreshold: 3, SchemaCacheSize: 7, MaxSchemaFindings: 2, MaxSchemaBytes: 100, MaxSchemaDepth: 4, MaxSchemaNodes: 9}
 	if diff := cmp.Diff(want, cfg.l1()); diff != "" {
 		t.Errorf("l1() (-want +got):\n%s", diff)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -372,7 +373,7 @@ func (v *Verifier) Verify(ctx context.Context, a Answer) (Verdict, error) {
 	if err := ctx.Err(); err != nil {
 		return Verdict{}, fmt.Errorf("verify: %w", err)
 	}
-	if err := v.validate(a); err != nil {
+	if err := v.validate(ctx, a); err != nil {
 		return Verdict{}, err
 	}
 	start := v.clock.Now()
@@ -420,7 +421,7 @@ func (v *Verifier) Verify(ctx context.Context, a Answer) (Verdict, error) {
 
 // validate rejects requests that cannot be verified at all. Field names are the request's
 // wire names because they travel to the caller in a BadRequest.
-func (v *Verifier) validate(a Answer) error {
+func (v *Verifier) validate(ctx context.Context, a Answer) error {
 	verr := &rpc.ValidationError{}
 	if len(a.Content) > v.cfg.MaxContentBytes {
 		verr.Add("content", "is %d bytes; the limit is %d", len(a.Content), v.cfg.MaxContentBytes)
@@ -433,8 +434,11 @@ func (v *Verifier) validate(a Answer) error {
 			verr.Add("response_format.json_schema", "must be a JSON object or boolean")
 		default:
 			// Compiled once per distinct schema; the answer is validated against it in L1.
-			if err := v.l1.CompileSchema(a.Format.JSONSchema); err != nil {
-				verr.Add("response_format.json_schema", "%v", err)
+			var serr *formatcheck.SchemaError
+			if err := v.l1.CompileSchema(ctx, a.Format.JSONSchema); errors.As(err, &serr) {
+				verr.Add("response_format.json_schema", "%s", serr.Problem)
+			} else if err != nil {
+				return fmt.Errorf("verify: %w", err)
 			}
 		}
 	}

@@ -30,6 +30,10 @@ type QueueConfig struct {
 	PublishTimeout time.Duration
 	// RetryMin and RetryMax bound the flusher's backoff while NATS is unreachable.
 	RetryMin, RetryMax time.Duration
+	// MaxEventBytes bounds an encoded review request (default 256 KiB): a prompt may be
+	// a megabyte, more than NATS carries in one message. Longer texts are truncated with a
+	// marker (boundEvent).
+	MaxEventBytes int
 }
 
 func (c QueueConfig) withDefaults() QueueConfig {
@@ -44,6 +48,9 @@ func (c QueueConfig) withDefaults() QueueConfig {
 	}
 	if c.PublishTimeout <= 0 {
 		c.PublishTimeout = 5 * time.Second
+	}
+	if c.MaxEventBytes <= 0 {
+		c.MaxEventBytes = 256 << 10
 	}
 	if c.RetryMin <= 0 {
 		c.RetryMin = time.Second
@@ -80,6 +87,9 @@ func NewQueue(cfg QueueConfig, js jetstream.JetStream, spool *events.Spool, svc 
 		kick: make(chan struct{}, 1), held: map[string]jetstream.Msg{},
 	}
 	svc.SetAcker(q)
+	spool.OnDeadLetter(func(rec events.SpoolRecord, err error) {
+		log.Error("review request refused by NATS for good; moved to the spool's dead/ directory", "review_id", rec.MsgID, "seq", rec.Seq, "bytes", len(rec.Data), "err", err)
+	})
 	return q
 }
 
@@ -93,6 +103,7 @@ func (q *Queue) Spooled() int { return q.spool.Len() }
 // Enqueue stores a review request durably (it survives a crash and a NATS outage once
 // Enqueue returns nil) and wakes the flusher. It does not wait for NATS.
 func (q *Queue) Enqueue(_ context.Context, ev *eventsv1.ReviewRequestEvent) error {
+	ev = boundEvent(ev, q.cfg.MaxEventBytes)
 	data, err := proto.Marshal(ev)
 	if err != nil {
 		return fmt.Errorf("encode review request: %w", err)
@@ -153,7 +164,7 @@ func (q *Queue) flushLoop(ctx context.Context) {
 				(*f)(n, err)
 			}
 			if err != nil && ctx.Err() == nil {
-				q.log.WarnContext(ctx, "review requests stay spooled: NATS unreachable", "published", n, "spooled", q.spool.Len(), "retry_in", backoff, "err", err)
+				q.log.WarnContext(ctx, "review requests stay spooled: publishing failed", "published", n, "spooled", q.spool.Len(), "retry_in", backoff, "err", err)
 				next, backoff = backoff, min(2*backoff, q.cfg.RetryMax)
 			} else {
 				backoff = q.cfg.RetryMin

@@ -3,8 +3,10 @@ package review
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
@@ -156,5 +158,47 @@ func TestQueueDeduplicatesAndAcknowledgesFinishedReviews(t *testing.T) {
 	}
 	if n := q.streamMsgs(t); n != 0 {
 		t.Errorf("stream holds %d messages after the timeout, want 0", n)
+	}
+}
+
+// TestQueueCarriesAOneMebibytePrompt: a review of a 1 MiB prompt and a 1 MiB answer once
+// made a spool record over NATS's max payload, retried forever in front of every other
+// review. It is delivered (its texts cut with a marker), and the review behind it too.
+func TestQueueCarriesAOneMebibytePrompt(t *testing.T) {
+	t.Parallel()
+	q := startQueue(t)
+	ctx := context.Background()
+	big := request("req-big", t0.Add(15*time.Minute))
+	big.Question = strings.Repeat("工伤认定要鉴定吗？", (1<<20)/27+1) // 1 MiB of three-byte runes
+	big.Content = strings.Repeat("x", 1<<20)
+	small := request("req-small", t0.Add(15*time.Minute))
+	for _, ev := range []*eventsv1.ReviewRequestEvent{big, small} {
+		if err := q.queue.Enqueue(ctx, ev); err != nil {
+			t.Fatalf("Enqueue %s: %v", ev.GetRequestId(), err)
+		}
+	}
+	q.pub.wait(t, SubjectOpened, 2)
+	for _, ev := range []*eventsv1.ReviewRequestEvent{big, small} {
+		r, err := q.svc.Get(ctx, "", ev.GetReviewId())
+		if err != nil {
+			t.Fatalf("review %s was not delivered: %v", ev.GetRequestId(), err)
+		}
+		if ev == small {
+			if r.Question != small.Question || r.Content != small.Content {
+				t.Errorf("small review changed: %q %q", r.Question, r.Content)
+			}
+			continue
+		}
+		for name, text := range map[string]string{"question": r.Question, "content": r.Content} {
+			if len(text) > 64<<10 || !strings.Contains(text, "truncated by mantle") || !utf8.ValidString(text) {
+				t.Errorf("%s: %d bytes, marked %v, UTF-8 %v; want it cut to 64 KiB with a marker", name, len(text), strings.Contains(text, "truncated by mantle"), utf8.ValidString(text))
+			}
+		}
+		if !strings.HasPrefix(r.Question, "工伤认定要鉴定吗？") {
+			t.Errorf("question starts %q, want the prompt's start", r.Question[:30])
+		}
+	}
+	if q.queue.Spooled() != 0 {
+		t.Errorf("%d requests still spooled", q.queue.Spooled())
 	}
 }

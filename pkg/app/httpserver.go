@@ -1,0 +1,179 @@
+package app
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// HTTPLimits bound what one HTTP connection may hold. The zero value of a field takes its
+// default (DefaultHTTPLimits).
+type HTTPLimits struct {
+	// ReadHeaderTimeout bounds reading a request's headers.
+	ReadHeaderTimeout time.Duration
+	// BodyReadTimeout bounds reading a request's body, from the end of its headers. It is
+	// not http.Server.ReadTimeout: that deadline stays on the connection while the handler
+	// runs, and when it passes the server cancels the request, which would cut every
+	// streamed answer longer than it. This one is lifted once the body is read.
+	BodyReadTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection with no request for this long.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's header block.
+	MaxHeaderBytes int
+}
+
+// DefaultHTTPLimits are the limits a Config that sets none gets.
+func DefaultHTTPLimits() HTTPLimits {
+	return HTTPLimits{ReadHeaderTimeout: 10 * time.Second, BodyReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+}
+
+func (l HTTPLimits) withDefaults() HTTPLimits {
+	d := DefaultHTTPLimits()
+	if l.ReadHeaderTimeout <= 0 {
+		l.ReadHeaderTimeout = d.ReadHeaderTimeout
+	}
+	if l.BodyReadTimeout <= 0 {
+		l.BodyReadTimeout = d.BodyReadTimeout
+	}
+	if l.IdleTimeout <= 0 {
+		l.IdleTimeout = d.IdleTimeout
+	}
+	if l.MaxHeaderBytes <= 0 {
+		l.MaxHeaderBytes = d.MaxHeaderBytes
+	}
+	return l
+}
+
+// newHTTPServer serves h within limits, every error it or the mux writes as OpenAI error
+// JSON.
+func newHTTPServer(h http.Handler, limits HTTPLimits) *http.Server {
+	limits = limits.withDefaults()
+	return &http.Server{
+		Handler:           bodyDeadline(jsonErrors(h), limits.BodyReadTimeout),
+		ReadHeaderTimeout: limits.ReadHeaderTimeout,
+		IdleTimeout:       limits.IdleTimeout,
+		MaxHeaderBytes:    limits.MaxHeaderBytes,
+	}
+}
+
+// bodyDeadline gives reading a request's body timeout, and lifts the deadline once the body
+// is read or closed: a client that sends its body slowly is cut off, and the answer that
+// follows (a stream, a long poll) is not.
+func bodyDeadline(next http.Handler, timeout time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody {
+			next.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		if err := rc.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+			next.ServeHTTP(w, r) // not a net/http connection (a test recorder)
+			return
+		}
+		r.Body = &deadlineBody{ReadCloser: r.Body, lift: func() { _ = rc.SetReadDeadline(time.Time{}) }}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// deadlineBody lifts the read deadline when the body ends.
+type deadlineBody struct {
+	io.ReadCloser
+	lift   func()
+	lifted bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) && !b.lifted {
+		b.lifted = true
+		b.lift()
+	}
+	return n, err
+}
+
+// jsonErrors answers every error status that was not written as JSON (the mux's 404 and
+// 405, http.Error) in OpenAI's error shape, so that SDKs raise their usual exceptions.
+// The mux's redirects to a cleaned path ("//v1/models", "/v1/../v1/models") become 404:
+// a client following them would resend its body to a path it did not name.
+func jsonErrors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&jsonErrorWriter{ResponseWriter: w, method: r.Method, path: r.URL.Path}, r)
+	})
+}
+
+type jsonErrorWriter struct {
+	http.ResponseWriter
+	method, path string
+	replaced     bool // the handler's own body is dropped
+	wrote        bool
+}
+
+func (w *jsonErrorWriter) WriteHeader(code int) {
+	if w.wrote {
+		w.ResponseWriter.WriteHeader(code)
+		return
+	}
+	w.wrote = true
+	h := w.Header()
+	if code < 300 || code == http.StatusNotModified || strings.Contains(h.Get("Content-Type"), "json") {
+		w.ResponseWriter.WriteHeader(code)
+		return
+	}
+	w.replaced = true
+	typ, errCode, msg := "invalid_request_error", "", http.StatusText(code)
+	switch {
+	case code >= 300 && code < 400:
+		h.Del("Location")
+		code, errCode, msg = http.StatusNotFound, "not_found", "unknown path "+quote(w.path)+"; paths are case-sensitive and not cleaned"
+	case code == http.StatusNotFound:
+		errCode, msg = "not_found", "unknown path "+quote(w.path)
+	case code == http.StatusMethodNotAllowed:
+		errCode, msg = "method_not_allowed", w.method+" is not allowed on "+quote(w.path)
+		if allow := h.Get("Allow"); allow != "" {
+			msg += "; use " + allow
+		}
+	case code >= 500:
+		typ, errCode = "api_error", strings.ReplaceAll(strings.ToLower(http.StatusText(code)), " ", "_")
+	default:
+		errCode = strings.ReplaceAll(strings.ToLower(http.StatusText(code)), " ", "_")
+	}
+	h.Del("Content-Length")
+	h.Del("X-Content-Type-Options")
+	h.Set("Content-Type", "application/json")
+	w.ResponseWriter.WriteHeader(code)
+	body := struct {
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Param   *string `json:"param"`
+			Code    string  `json:"code"`
+		} `json:"error"`
+	}{}
+	body.Error.Message, body.Error.Type, body.Error.Code = msg, typ, errCode
+	_ = json.NewEncoder(w.ResponseWriter).Encode(body)
+}
+
+func (w *jsonErrorWriter) Write(p []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.replaced {
+		return len(p), nil
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the connection (Flush, deadlines).
+func (w *jsonErrorWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func quote(path string) string {
+	const max = 128
+	if len(path) > max {
+		path = path[:max] + "..."
+	}
+	b, _ := json.Marshal(path)
+	return string(b)
+}

@@ -1,0 +1,78 @@
+package formatcheck
+
+import (
+	"strings"
+	"testing"
+)
+
+// FuzzCompileSchema: any schema document is compiled or refused with a SchemaError, within
+// the limits, and an answer checked under one that compiled never panics.
+func FuzzCompileSchema(f *testing.F) {
+	for _, seed := range []string{
+		`{"type":"object","properties":{"id":{"type":"string"}},"required":["id"]}`,
+		`{"$defs":{"n":{"type":"object","properties":{"next":{"$ref":"#/$defs/n"}}}},"$ref":"#/$defs/n"}`,
+		`{"anyOf":[{"type":"string","pattern":"^a+$"},{"type":"number","minimum":0}]}`,
+		`{"type":"array","items":{"$ref":"#"},"maxItems":3}`,
+		`{"$ref":"#/$defs/a~1b","$defs":{"a/b":{"enum":[1,"x",null]}}}`,
+		`true`, `false`, `"notaschema"`, `{`, `{"$anchor":"x"}`,
+		strings.Repeat(`{"items":`, 40) + `{}` + strings.Repeat(`}`, 40),
+		refChain(12),
+	} {
+		f.Add(seed, `{"id":"x","next":{"id":"y"}}`)
+	}
+	cfg := DefaultConfig()
+	cfg.MaxSchemaNodes = 300 // small limits keep each input cheap, as the defaults keep requests
+	c, err := New(cfg)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, schema, answer string) {
+		if err := c.CompileSchema(t.Context(), schema); err != nil {
+			if _, ok := err.(*SchemaError); !ok {
+				t.Fatalf("CompileSchema error %T %v, want a *SchemaError", err, err)
+			}
+			return
+		}
+		res := c.Check(Answer{Content: answer, Format: Format{Type: FormatJSONSchema, JSONSchema: schema}})
+		if res.Passed == anyBlockingFinding(res.Findings) {
+			t.Fatalf("Passed %v with findings %v", res.Passed, res.Findings)
+		}
+	})
+}
+
+// FuzzCheck: any answer, in any of the formats, is checked without a panic, and the
+// verdict agrees with the findings.
+func FuzzCheck(f *testing.F) {
+	for _, seed := range []string{
+		"A breaker stops calls to a failing service.",
+		"```json\n{\"answer\": \"yes\", \"confidence\": 0.9}\n```",
+		`{"answer": "yes", "confidence": 0.1}`,
+		"I'm sorry, but I can't help with that.",
+		"抱歉，我不能回答。抱歉，我不能回答。抱歉，我不能回答。抱歉，我不能回答。",
+		"<div>hi</div> ```unclosed",
+		"\xff\xfe bad bytes", "", "[1,2,3]",
+	} {
+		f.Add(seed, "stop", uint8(1), true)
+	}
+	c, err := New(DefaultConfig())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, content, finish string, format uint8, degraded bool) {
+		a := Answer{Content: content, FinishReason: finish, Degraded: degraded, KeepValue: format%2 == 0,
+			Format: Format{Type: FormatType(format % 2), RequiredFields: []string{"answer"}}}
+		res := c.Check(a)
+		if res.Passed == anyBlockingFinding(res.Findings) {
+			t.Fatalf("Passed %v with findings %v", res.Passed, res.Findings)
+		}
+	})
+}
+
+func anyBlockingFinding(findings []Finding) bool {
+	for _, f := range findings {
+		if f.Blocking {
+			return true
+		}
+	}
+	return false
+}

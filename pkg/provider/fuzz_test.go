@@ -1,0 +1,76 @@
+package provider
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// FuzzEventReader: any byte stream yields events and then io.EOF, io.ErrUnexpectedEOF or a
+// MALFORMED_OUTPUT *Error; it never loops or panics.
+func FuzzEventReader(f *testing.F) {
+	for _, seed := range []string{
+		"data: {\"a\":1}\n\ndata: [DONE]\n\n",
+		"event: message_start\r\ndata: {}\r\n\r\n: keep-alive\n\nid: 3\nretry: 10\ndata: x\ndata: y\n",
+		"data: cut in the midd",
+		"\n\n\n", ":only a comment\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		er := NewEventReader(bytes.NewReader(stream))
+		for i := 0; ; i++ {
+			ev, err := er.Next()
+			if err != nil {
+				var perr *Error
+				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.As(err, &perr) {
+					t.Fatalf("Next: %v", err)
+				}
+				return
+			}
+			if ev.Data == "" && !strings.Contains(string(stream), "data") {
+				t.Fatalf("event %+v from a stream without data", ev)
+			}
+			if i > len(stream) {
+				t.Fatalf("more events (%d) than bytes (%d)", i, len(stream))
+			}
+		}
+	})
+}
+
+// FuzzClassifyHTTP: any provider error answer (status, headers, body) is classified, and
+// the retry hints it reads are never negative.
+func FuzzClassifyHTTP(f *testing.F) {
+	f.Add(429, "20", "1.5s", "100", `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`)
+	f.Add(400, "", "", "", `{"error":{"message":"This model's maximum context length is 8192 tokens","code":"context_length_exceeded"}}`)
+	f.Add(529, "Wed, 21 Oct 2015 07:28:00 GMT", "6m0s", "-1", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)
+	f.Add(500, "abc", "1h2m3.5s", "9999999999999999999999", `<html>bad gateway</html>`)
+	f.Add(200, "1e9", "2026-12-01T00:00:00Z", "0", `{"error":{"code":123}}`)
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	f.Fuzz(func(t *testing.T, status int, retryAfter, reset, remaining, body string) {
+		h := http.Header{}
+		h.Set("Retry-After", retryAfter)
+		h.Set("retry-after-ms", retryAfter)
+		h.Set("x-ratelimit-reset-requests", reset)
+		h.Set("x-ratelimit-reset-tokens", reset)
+		h.Set("x-ratelimit-remaining-requests", remaining)
+		h.Set("x-ratelimit-remaining-tokens", remaining)
+		h.Set("anthropic-ratelimit-requests-reset", reset)
+		h.Set("anthropic-ratelimit-requests-remaining", remaining)
+		if e := ClassifyHTTP(status, h, []byte(body), clock); e != nil && e.RetryAfter < 0 {
+			t.Fatalf("RetryAfter %v < 0", e.RetryAfter)
+		}
+		if d := RetryAfter(h, clock); d < 0 {
+			t.Fatalf("RetryAfter(h) = %v", d)
+		}
+		if rl := ParseRateLimit(h, clock); rl.ResetRequests < 0 || rl.ResetTokens < 0 || rl.RemainingRequests < -1 || rl.RemainingTokens < -1 {
+			t.Fatalf("ParseRateLimit = %+v", rl)
+		}
+		_, _ = ParseAPIError([]byte(body))
+	})
+}
