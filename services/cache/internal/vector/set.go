@@ -49,7 +49,22 @@ type Set struct {
 	// Dense storage: slot i is dense[i*dim : (i+1)*dim].
 	dense []float32
 
+	limits Limits
+
 	scratch sync.Pool // *searchScratch
+}
+
+// Limits bound the work of one sparse search, so that its cost stops growing with the
+// number of vectors held. The zero Limits search exactly.
+type Limits struct {
+	// Postings is the most posting-list entries one search reads. Lists are read rarest
+	// first, and a list longer than what is left of the budget is read from its newest end,
+	// so what goes unread is older vectors that share only the query's commonest
+	// coordinates.
+	Postings int
+	// Scored is the most candidates scored in full: those with the highest partial dot
+	// products, which are read first.
+	Scored int
 }
 
 // posting is one slot listed under a coordinate, with the slot's weight there.
@@ -64,9 +79,10 @@ type Hit struct {
 	Score float32
 }
 
-// NewSet returns an empty set for sparse or dense vectors.
-func NewSet(sparse bool) *Set {
-	s := &Set{sparse: sparse}
+// NewSet returns an empty set for sparse or dense vectors. Limits apply to sparse searches;
+// dense sets are always scanned in full.
+func NewSet(sparse bool, limits Limits) *Set {
+	s := &Set{sparse: sparse, limits: limits}
 	if sparse {
 		s.postings = make(map[uint32][]posting)
 	}
@@ -172,43 +188,64 @@ func (s *Set) Vector(slot uint32) Vector {
 // first; equal scores are ordered by slot. (A vector that shares nothing with q is never a
 // result, even for a minScore of 0.) accept, when not nil, is asked about each qualifying
 // slot before it takes a place in the result (the index uses it to skip expired entries).
+//
+// Every hit's score is its exact similarity. Within the set's Limits (all of them with the
+// zero Limits) the result is the exact one; past them, a vector may be missed, never
+// reported with a wrong score.
 func (s *Set) Search(q Vector, k int, minScore float32, accept func(slot uint32) bool) []Hit {
 	if k <= 0 || s.count == 0 || q.Sparse() != s.sparse || q.Len() == 0 {
 		return nil
 	}
-	top := make([]Hit, 0, k)
-	consider := func(slot uint32, score float32) {
-		if score <= 0 || score < minScore || (len(top) == k && !better(Hit{slot, score}, top[k-1])) {
-			return
-		}
-		if accept != nil && !accept(slot) {
-			return
-		}
-		i, _ := slices.BinarySearchFunc(top, Hit{slot, score}, func(a, b Hit) int {
-			if better(a, b) {
-				return -1
-			}
-			return 1
-		})
-		if len(top) < k {
-			top = append(top, Hit{})
-		}
-		copy(top[i+1:], top[i:len(top)-1])
-		top[i] = Hit{slot, score}
-	}
+	t := &topK{hits: make([]Hit, 0, k), k: k, min: minScore, accept: accept}
 	if s.sparse {
-		s.searchSparse(q, minScore, consider)
+		s.searchSparse(q, minScore, t)
 	} else {
 		if len(q.Dense) != s.dim {
 			return nil
 		}
 		for slot, live := range s.live {
 			if live {
-				consider(uint32(slot), denseDot(q.Dense, s.dense[slot*s.dim:(slot+1)*s.dim]))
+				t.consider(uint32(slot), denseDot(q.Dense, s.dense[slot*s.dim:(slot+1)*s.dim]))
 			}
 		}
 	}
-	return top
+	return t.hits
+}
+
+// topK keeps the best k accepted hits seen so far, best first.
+type topK struct {
+	hits   []Hit
+	k      int
+	min    float32
+	accept func(uint32) bool
+}
+
+func (t *topK) consider(slot uint32, score float32) {
+	if score <= 0 || score < t.min || (len(t.hits) == t.k && !better(Hit{slot, score}, t.hits[t.k-1])) {
+		return
+	}
+	if t.accept != nil && !t.accept(slot) {
+		return
+	}
+	i, _ := slices.BinarySearchFunc(t.hits, Hit{slot, score}, func(a, b Hit) int {
+		if better(a, b) {
+			return -1
+		}
+		return 1
+	})
+	if len(t.hits) < t.k {
+		t.hits = append(t.hits, Hit{})
+	}
+	copy(t.hits[i+1:], t.hits[i:len(t.hits)-1])
+	t.hits[i] = Hit{slot, score}
+}
+
+// full reports whether k hits are held, and the worst of them.
+func (t *topK) full() (Hit, bool) {
+	if len(t.hits) < t.k {
+		return Hit{}, false
+	}
+	return t.hits[t.k-1], true
 }
 
 func better(a, b Hit) bool {
@@ -234,7 +271,7 @@ type searchScratch struct {
 // nanoseconds and scoring a candidate in full a few hundred.
 const walkFactor = 16
 
-func (s *Set) searchSparse(q Vector, minScore float32, consider func(uint32, float32)) {
+func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 	sc, _ := s.scratch.Get().(*searchScratch)
 	if sc == nil {
 		sc = &searchScratch{}
@@ -259,22 +296,34 @@ func (s *Set) searchSparse(q Vector, minScore float32, consider func(uint32, flo
 	slices.SortFunc(sc.order, func(a, b int) int {
 		return cmp.Compare(len(s.postings[q.Indices[a]]), len(s.postings[q.Indices[b]]))
 	})
+	// rest is the squared norm of the query's coordinates that not every candidate's
+	// partial product has taken into account yet.
 	var rest float32
 	for _, w := range q.Values {
 		rest += w * w
 	}
 	bound := minScore - pruneMargin
+	limited := s.limits.Postings > 0
+	budget := s.limits.Postings
 
-	// Candidates: the lists of P.
+	// Candidates: the lists of P. Past the budget, a list is read from its newest end only,
+	// and its weight stays in rest: the slots it added have that coordinate counted twice
+	// in their upper bound, which is loose but still an upper bound.
 	next := 0
 	for ; next < len(sc.order); next++ {
-		if bound > 0 && rest < bound*bound {
+		if (bound > 0 && rest < bound*bound) || (limited && budget == 0) {
 			break
 		}
 		i := sc.order[next]
 		qw := q.Values[i]
-		rest -= qw * qw
-		for _, p := range s.postings[q.Indices[i]] {
+		list := s.postings[q.Indices[i]]
+		if limited && len(list) > budget {
+			list = list[len(list)-budget:]
+		} else {
+			rest -= qw * qw
+		}
+		budget -= len(list)
+		for _, p := range list {
 			if !s.live[p.slot] {
 				continue
 			}
@@ -289,9 +338,10 @@ func (s *Set) searchSparse(q Vector, minScore float32, consider func(uint32, flo
 	for ; bound > 0 && next < len(sc.order); next++ {
 		i := sc.order[next]
 		list := s.postings[q.Indices[i]]
-		if len(list) > walkFactor*len(sc.cands)+64 {
+		if len(list) > walkFactor*len(sc.cands)+64 || (limited && len(list) > budget) {
 			break
 		}
+		budget -= len(list)
 		qw := q.Values[i]
 		rest -= qw * qw
 		for _, p := range list {
@@ -301,10 +351,72 @@ func (s *Set) searchSparse(q Vector, minScore float32, consider func(uint32, flo
 		}
 	}
 	restNorm := float32(math.Sqrt(float64(max(rest, 0))))
-	for _, slot := range sc.cands {
-		if bound > 0 && sc.acc[slot]+restNorm < bound {
-			continue // cannot reach minScore
+	if !limited {
+		for _, slot := range sc.cands {
+			if bound > 0 && sc.acc[slot]+restNorm < bound {
+				continue // cannot reach minScore
+			}
+			t.consider(slot, sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot]))
 		}
-		consider(slot, sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot]))
+		return
+	}
+	// Limited: the candidates with the highest partial products first (acc+restNorm is
+	// each one's upper bound), at most Scored of them, stopping as soon as the next cannot
+	// beat the k-th hit held.
+	cands := sc.cands[:0]
+	for _, slot := range sc.cands {
+		if bound <= 0 || sc.acc[slot]+restNorm >= bound {
+			cands = append(cands, slot)
+		}
+	}
+	if n := s.limits.Scored; n > 0 && len(cands) > n {
+		selectTop(cands, sc.acc, n)
+		cands = cands[:n]
+	}
+	slices.SortFunc(cands, func(a, b uint32) int {
+		if c := cmp.Compare(sc.acc[b], sc.acc[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	for _, slot := range cands {
+		if worst, full := t.full(); full && sc.acc[slot]+restNorm < worst.Score-pruneMargin {
+			break
+		}
+		t.consider(slot, sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot]))
+	}
+}
+
+// selectTop reorders slots so that its first n hold n of the slots with the highest key
+// (quickselect; the order within either part is unspecified).
+func selectTop(slots []uint32, key []float32, n int) {
+	lo, hi := 0, len(slots)-1
+	for lo < hi {
+		// Median of three as the pivot, so that sorted input stays linear.
+		mid := lo + (hi-lo)/2
+		a, b, c := key[slots[lo]], key[slots[mid]], key[slots[hi]]
+		pivot := max(min(a, b), min(max(a, b), c))
+		i, j := lo, hi
+		for i <= j {
+			for key[slots[i]] > pivot {
+				i++
+			}
+			for key[slots[j]] < pivot {
+				j--
+			}
+			if i <= j {
+				slots[i], slots[j] = slots[j], slots[i]
+				i++
+				j--
+			}
+		}
+		switch {
+		case n-1 <= j:
+			hi = j
+		case n-1 >= i:
+			lo = i
+		default:
+			return
+		}
 	}
 }
