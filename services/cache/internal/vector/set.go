@@ -258,6 +258,7 @@ const pruneMargin = 1e-4
 
 type searchScratch struct {
 	order []int
+	lists [][]posting // lists[i] is the postings of the query's coordinate i
 	// seen[slot] == epoch marks a candidate of this search; acc[slot] is its partial dot
 	// product so far.
 	seen  []uint32
@@ -276,7 +277,10 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 	if sc == nil {
 		sc = &searchScratch{}
 	}
-	defer s.scratch.Put(sc)
+	defer func() {
+		clear(sc.lists) // the set's lists may be replaced by a rebuild; the pool must not hold them
+		s.scratch.Put(sc)
+	}()
 	if len(sc.seen) < len(s.live) {
 		n := len(s.live) + len(s.live)/4
 		sc.seen, sc.acc = make([]uint32, n), make([]float32, n)
@@ -289,13 +293,14 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 	}
 	sc.cands = sc.cands[:0]
 
+	// The query's lists, shortest first; each is looked up once.
 	sc.order = sc.order[:0]
-	for i := range q.Indices {
+	sc.lists = sc.lists[:0]
+	for i, f := range q.Indices {
 		sc.order = append(sc.order, i)
+		sc.lists = append(sc.lists, s.postings[f])
 	}
-	slices.SortFunc(sc.order, func(a, b int) int {
-		return cmp.Compare(len(s.postings[q.Indices[a]]), len(s.postings[q.Indices[b]]))
-	})
+	slices.SortFunc(sc.order, func(a, b int) int { return cmp.Compare(len(sc.lists[a]), len(sc.lists[b])) })
 	// rest is the squared norm of the query's coordinates that not every candidate's
 	// partial product has taken into account yet.
 	var rest float32
@@ -316,7 +321,7 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 		}
 		i := sc.order[next]
 		qw := q.Values[i]
-		list := s.postings[q.Indices[i]]
+		list := sc.lists[i]
 		if limited && len(list) > budget {
 			list = list[len(list)-budget:]
 		} else {
@@ -337,7 +342,7 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 	// Pruning: more of the query's lists, for the candidates only.
 	for ; bound > 0 && next < len(sc.order); next++ {
 		i := sc.order[next]
-		list := s.postings[q.Indices[i]]
+		list := sc.lists[i]
 		if len(list) > walkFactor*len(sc.cands)+64 || (limited && len(list) > budget) {
 			break
 		}
