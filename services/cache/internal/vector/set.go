@@ -8,9 +8,9 @@ import (
 	"sync"
 )
 
-// Set holds the vectors of one partition and finds those most similar to a query. The
-// search is exact: every stored vector at or above the minimum score is considered, so a
-// result is never missed because of an approximation. It is not safe for concurrent
+// Set holds the vectors of one partition and finds those most similar to a query. Without
+// Limits the search is exact: every stored vector at or above the minimum score is
+// considered. With Limits it reads a bounded part of the index (see Limits). It is not safe for concurrent
 // writes; concurrent Searches are safe when no write runs at the same time (the caller
 // holds a read lock).
 //
@@ -27,6 +27,9 @@ import (
 //     the query is below the minimum score cannot reach it and is never scored in full.
 //
 // Both bounds are exact: only vectors that provably cannot reach the minimum are skipped.
+// Under Limits, candidates are then scored in the order of their partial products, and
+// scoring stops once the next one's bound (partial product plus the norm of the rest of
+// the query) cannot beat the k-th hit held (the MaxScore rule of top-k retrieval).
 type Set struct {
 	sparse bool
 	dim    int // dense only; fixed by the first vector
