@@ -252,6 +252,33 @@ func checkSound(t *rapid.T, held map[uint32]Vector, q Vector, k int, min float32
 	}
 }
 
+// TestLimitedSearchCountsUnreadLists: when a common list is too long to walk for pruning,
+// a candidate's partial product misses that coordinate, and stopping the scoring must
+// allow for it. The query itself is stored, behind a vector whose partial product is
+// higher but whose similarity is lower.
+func TestLimitedSearchCountsUnreadLists(t *testing.T) {
+	t.Parallel()
+	set := NewSet(true, Limits{Postings: 1 << 20, Scored: 1 << 20})
+	for i := range 2000 { // the common coordinate 0, with coordinates nobody asks for
+		if _, err := set.Add(mustSparse(t, 0, 1, float32(100+i), 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decoy, err := set.Add(mustSparse(t, 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := mustSparse(t, 0, 0.4, 1, 0.9165)
+	twin, err := set.Add(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := set.Search(q, 1, 0.5, nil)
+	if len(got) != 1 || got[0].Slot != twin {
+		t.Fatalf("Search = %v, want the stored query (slot %d) before the decoy (slot %d)", got, twin, decoy)
+	}
+}
+
 func TestSelectTop(t *testing.T) {
 	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
