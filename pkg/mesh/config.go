@@ -75,7 +75,8 @@ type ServerConfig struct {
 	// (/debug/vars: memory statistics, command line) on a listener of its own, for
 	// operators only; empty (the default) turns it off. An address without a host (":6060")
 	// is bound to 127.0.0.1; give a host to expose it further, behind your own access
-	// control, as it has none. See docs/operations.md.
+	// control, as it has none and speaks plain HTTP even with TLS on. See
+	// docs/operations.md.
 	DebugListenAddress string `yaml:"debug_listen_address"`
 	// GracefulShutdownTimeout is how long in-flight calls may drain after SIGTERM.
 	GracefulShutdownTimeout time.Duration `yaml:"graceful_shutdown_timeout"`
