@@ -43,9 +43,12 @@ const TargetAll = "all"
 // Config is the process-level configuration the app needs.
 type Config struct {
 	// Targets are module names or "all".
-	Targets                 []string
-	GRPCListenAddress       string
-	HTTPListenAddress       string
+	Targets           []string
+	GRPCListenAddress string
+	HTTPListenAddress string
+	// DebugListenAddress serves pprof and expvar on a listener of its own (debug.go); empty:
+	// off. An address without a host is bound to loopback.
+	DebugListenAddress      string
 	GracefulShutdownTimeout time.Duration
 	// ShutdownDelay keeps serving after health turns NOT_SERVING and /readyz 503, so load
 	// balancers and Kubernetes stop sending traffic before the listeners close.
@@ -97,6 +100,8 @@ type App struct {
 	http     *http.Server
 	grpcLis  net.Listener
 	httpLis  net.Listener
+	debug    *http.Server // nil when the debug listener is off
+	debugLis net.Listener
 	selected []string
 	all      bool // every module runs here
 	run      []Runnable
@@ -222,6 +227,13 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	if a.httpLis, err = net.Listen("tcp", cfg.HTTPListenAddress); err != nil {
 		a.grpcLis.Close()
 		return nil, fmt.Errorf("server.http_listen_address: %w", err)
+	}
+	if cfg.DebugListenAddress != "" {
+		if a.debugLis, err = net.Listen("tcp", debugListenAddress(cfg.DebugListenAddress)); err != nil {
+			a.closeListeners()
+			return nil, fmt.Errorf("server.debug_listen_address: %w", err)
+		}
+		a.debug = newDebugServer()
 	}
 	registrar := a.localChannel(chain)
 	grpc_health_v1.RegisterHealthServer(a.grpc, a.health)
@@ -363,6 +375,15 @@ func (a *App) Run(ctx context.Context) error {
 		}
 		return nil
 	})
+	if a.debug != nil {
+		g.Go(func() error {
+			if err := a.debug.Serve(a.debugLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("debug server: %w", err)
+			}
+			return nil
+		})
+		a.deps.Log.Info("debug listener serving pprof and expvar", "debug", a.DebugAddr())
+	}
 	a.setServing(true)
 	a.deps.Log.Info("mantle serving", "targets", strings.Join(a.selected, ","), "grpc", a.GRPCAddr(), "http", a.HTTPAddr(), "tls", a.deps.TLS.Source != nil)
 
@@ -391,6 +412,9 @@ func (a *App) shutdown() {
 		a.grpc.GracefulStop()
 		close(done)
 	}()
+	if a.debug != nil {
+		a.debug.Close() // a profile in progress is cut: it is no request of the service's
+	}
 	if err := a.http.Shutdown(ctx); err != nil {
 		a.deps.Log.Warn("http shutdown did not drain in time", "err", err)
 		a.http.Close()
@@ -498,6 +522,9 @@ func (a *App) closeConns() {
 func (a *App) closeListeners() {
 	a.grpcLis.Close()
 	a.httpLis.Close()
+	if a.debugLis != nil {
+		a.debugLis.Close()
+	}
 }
 
 // Reload hands each module that runs here and can reload its new configuration block.

@@ -73,6 +73,13 @@ type ServerConfig struct {
 	// HTTPListenAddress is the HTTP listener: /metrics, /healthz, /readyz, and the router's
 	// OpenAI API under /v1.
 	HTTPListenAddress string `yaml:"http_listen_address"`
+	// DebugListenAddress serves Go's profiler (/debug/pprof/) and runtime variables
+	// (/debug/vars: memory statistics, command line) on a listener of its own, for
+	// operators only; empty (the default) turns it off. An address without a host (":6060")
+	// is bound to 127.0.0.1; give a host to expose it further, behind your own access
+	// control, as it has none and speaks plain HTTP even with TLS on. See
+	// docs/operations.md.
+	DebugListenAddress string `yaml:"debug_listen_address"`
 	// GracefulShutdownTimeout is how long in-flight calls may drain after SIGTERM.
 	GracefulShutdownTimeout time.Duration `yaml:"graceful_shutdown_timeout"`
 	// ShutdownDelay is how long to keep serving after readiness turns off, so that load

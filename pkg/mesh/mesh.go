@@ -171,6 +171,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		Targets:                 cfg.Targets(),
 		GRPCListenAddress:       cfg.Server.GRPCListenAddress,
 		HTTPListenAddress:       cfg.Server.HTTPListenAddress,
+		DebugListenAddress:      cfg.Server.DebugListenAddress,
 		GracefulShutdownTimeout: cfg.Server.GracefulShutdownTimeout,
 		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),

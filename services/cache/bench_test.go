@@ -138,6 +138,15 @@ func runLookups(b *testing.B, f fixture, next func(i int) Prompt, wantHit bool) 
 		i++
 	}
 	b.StopTimer()
+	reportPercentiles(b, wall, cpu)
+	b.ReportMetric(float64(hits)/float64(len(wall)), "hit-ratio")
+	if wantHit && hits == 0 {
+		b.Errorf("no lookup hit; the benchmark is not measuring hits")
+	}
+}
+
+// reportPercentiles reports the median and 99th percentile of wall and CPU times.
+func reportPercentiles(b *testing.B, wall, cpu []time.Duration) {
 	for _, m := range []struct {
 		name string
 		d    []time.Duration
@@ -148,10 +157,6 @@ func runLookups(b *testing.B, f fixture, next func(i int) Prompt, wantHit bool) 
 		slices.Sort(m.d)
 		b.ReportMetric(float64(m.d[len(m.d)/2].Nanoseconds()), m.name+"p50-ns")
 		b.ReportMetric(float64(m.d[len(m.d)*99/100].Nanoseconds()), m.name+"p99-ns")
-	}
-	b.ReportMetric(float64(hits)/float64(len(wall)), "hit-ratio")
-	if wantHit && hits == 0 {
-		b.Errorf("no lookup hit; the benchmark is not measuring hits")
 	}
 }
 

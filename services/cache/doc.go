@@ -19,8 +19,8 @@
 // cache-only mode, at a stricter threshold. Lookups with coalesce set share one model call
 // for identical prompts through leases (lease.go).
 //
-// Backends implement Index: EmbeddedIndex (in process, exact search per partition,
-// bounded with LRU eviction, optional snapshot file) and QdrantIndex (github.com/qdrant/
+// Backends implement Index: EmbeddedIndex (in process, a search of bounded cost per
+// partition, a bounded size with LRU eviction, optional snapshot file) and QdrantIndex (github.com/qdrant/
 // go-client v1.17.1, for Qdrant server v1.17.x: one collection per embedder namespace,
 // cosine distance, the tenant as an is_tenant payload index, expiry swept periodically, a
 // short deadline on every call and a miss on failure). Embedders implement Embedder: the

@@ -14,13 +14,15 @@ import (
 
 // EmbeddedIndex is an Index in process memory, for mantle dev and single nodes. Entries
 // are grouped by partition (the scope every lookup filters on), and each partition keeps
-// its vectors in a vector.Set, searched exactly. The index holds at most maxEntries
+// its vectors in a vector.Set. Sparse searches run within searchLimits, so that a lookup
+// costs about the same in a partition of a million entries as in one of ten thousand. The index holds at most maxEntries
 // entries: when a new one would exceed that, the least recently used is evicted. Entries
 // past their StaleUntil are removed when a read finds them or evicted as they age to the
 // back of the list, so no background sweep is needed. Save and Load write it to and read
 // it from a snapshot.
 type EmbeddedIndex struct {
 	maxEntries int
+	limits     vector.Limits
 
 	// mu guards the maps and the partitions' sets: searches share it, writes hold it alone.
 	mu    sync.RWMutex
@@ -53,10 +55,24 @@ type partition struct {
 
 var _ Index = (*EmbeddedIndex)(nil)
 
+// searchLimits bound a sparse search to the lexical vectors of about 16k postings read and
+// 256 candidates scored in full (a few hundred microseconds at most). Lists are read
+// rarest first, and a true paraphrase shares a question's rarest words, so it is found
+// among the first candidates; what the bound gives up is older entries that share only
+// common words with the question. The recall this costs is measured against the exact
+// search in TestBoundedSearchRecall.
+var searchLimits = vector.Limits{Postings: 1 << 14, Scored: 256}
+
 // NewEmbeddedIndex returns an empty index that holds at most maxEntries entries.
 func NewEmbeddedIndex(maxEntries int) *EmbeddedIndex {
+	return newEmbeddedIndex(maxEntries, searchLimits)
+}
+
+// newEmbeddedIndex is NewEmbeddedIndex with other search limits (the zero Limits: exact).
+func newEmbeddedIndex(maxEntries int, limits vector.Limits) *EmbeddedIndex {
 	return &EmbeddedIndex{
 		maxEntries: maxEntries,
+		limits:     limits,
 		byKey:      make(map[Key]*node),
 		parts:      make(map[Key]*partition),
 		recency:    list.New(),
@@ -167,7 +183,7 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, front bool) error {
 	n := &node{entry: e, vec: v, part: p}
 	if v.Len() > 0 {
 		if p.set == nil {
-			p.set = vector.NewSet(v.Sparse())
+			p.set = vector.NewSet(v.Sparse(), x.limits)
 		}
 		slot, err := p.set.Add(v)
 		if err != nil {

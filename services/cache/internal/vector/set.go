@@ -8,9 +8,9 @@ import (
 	"sync"
 )
 
-// Set holds the vectors of one partition and finds those most similar to a query. The
-// search is exact: every stored vector at or above the minimum score is considered, so a
-// result is never missed because of an approximation. It is not safe for concurrent
+// Set holds the vectors of one partition and finds those most similar to a query. Without
+// Limits the search is exact: every stored vector at or above the minimum score is
+// considered. With Limits it reads a bounded part of the index (see Limits). It is not safe for concurrent
 // writes; concurrent Searches are safe when no write runs at the same time (the caller
 // holds a read lock).
 //
@@ -27,6 +27,9 @@ import (
 //     the query is below the minimum score cannot reach it and is never scored in full.
 //
 // Both bounds are exact: only vectors that provably cannot reach the minimum are skipped.
+// Under Limits, candidates are then scored in the order of their partial products, and
+// scoring stops once the next one's bound (partial product plus the norm of the rest of
+// the query) cannot beat the k-th hit held (the MaxScore rule of top-k retrieval).
 type Set struct {
 	sparse bool
 	dim    int // dense only; fixed by the first vector
@@ -49,7 +52,30 @@ type Set struct {
 	// Dense storage: slot i is dense[i*dim : (i+1)*dim].
 	dense []float32
 
-	scratch sync.Pool // *searchScratch
+	limits Limits
+
+	// spare holds up to maxSpare scratches for searches. Not a sync.Pool: a pool is emptied
+	// by garbage collections, and the search after one would allocate and zero two arrays
+	// as long as the set (8 MB at a million vectors), which is what its P99 would measure.
+	spareMu sync.Mutex
+	spare   []*searchScratch
+}
+
+// maxSpare is how many searches' scratch a set keeps between searches: as many as run at
+// once on a small machine; more concurrent searches allocate their own.
+const maxSpare = 4
+
+// Limits bound the work of one sparse search, so that its cost stops growing with the
+// number of vectors held. The zero Limits search exactly.
+type Limits struct {
+	// Postings is the most posting-list entries one search reads. Lists are read rarest
+	// first, and a list longer than what is left of the budget is read from its newest end,
+	// so what goes unread is older vectors that share only the query's commonest
+	// coordinates.
+	Postings int
+	// Scored is the most candidates scored in full: those with the highest partial dot
+	// products, which are read first.
+	Scored int
 }
 
 // posting is one slot listed under a coordinate, with the slot's weight there.
@@ -64,9 +90,10 @@ type Hit struct {
 	Score float32
 }
 
-// NewSet returns an empty set for sparse or dense vectors.
-func NewSet(sparse bool) *Set {
-	s := &Set{sparse: sparse}
+// NewSet returns an empty set for sparse or dense vectors. Limits apply to sparse searches;
+// dense sets are always scanned in full.
+func NewSet(sparse bool, limits Limits) *Set {
+	s := &Set{sparse: sparse, limits: limits}
 	if sparse {
 		s.postings = make(map[uint32][]posting)
 	}
@@ -172,43 +199,64 @@ func (s *Set) Vector(slot uint32) Vector {
 // first; equal scores are ordered by slot. (A vector that shares nothing with q is never a
 // result, even for a minScore of 0.) accept, when not nil, is asked about each qualifying
 // slot before it takes a place in the result (the index uses it to skip expired entries).
+//
+// Every hit's score is its exact similarity. Within the set's Limits (all of them with the
+// zero Limits) the result is the exact one; past them, a vector may be missed, never
+// reported with a wrong score.
 func (s *Set) Search(q Vector, k int, minScore float32, accept func(slot uint32) bool) []Hit {
 	if k <= 0 || s.count == 0 || q.Sparse() != s.sparse || q.Len() == 0 {
 		return nil
 	}
-	top := make([]Hit, 0, k)
-	consider := func(slot uint32, score float32) {
-		if score <= 0 || score < minScore || (len(top) == k && !better(Hit{slot, score}, top[k-1])) {
-			return
-		}
-		if accept != nil && !accept(slot) {
-			return
-		}
-		i, _ := slices.BinarySearchFunc(top, Hit{slot, score}, func(a, b Hit) int {
-			if better(a, b) {
-				return -1
-			}
-			return 1
-		})
-		if len(top) < k {
-			top = append(top, Hit{})
-		}
-		copy(top[i+1:], top[i:len(top)-1])
-		top[i] = Hit{slot, score}
-	}
+	t := &topK{hits: make([]Hit, 0, k), k: k, min: minScore, accept: accept}
 	if s.sparse {
-		s.searchSparse(q, minScore, consider)
+		s.searchSparse(q, minScore, t)
 	} else {
 		if len(q.Dense) != s.dim {
 			return nil
 		}
 		for slot, live := range s.live {
 			if live {
-				consider(uint32(slot), denseDot(q.Dense, s.dense[slot*s.dim:(slot+1)*s.dim]))
+				t.consider(uint32(slot), denseDot(q.Dense, s.dense[slot*s.dim:(slot+1)*s.dim]))
 			}
 		}
 	}
-	return top
+	return t.hits
+}
+
+// topK keeps the best k accepted hits seen so far, best first.
+type topK struct {
+	hits   []Hit
+	k      int
+	min    float32
+	accept func(uint32) bool
+}
+
+func (t *topK) consider(slot uint32, score float32) {
+	if score <= 0 || score < t.min || (len(t.hits) == t.k && !better(Hit{slot, score}, t.hits[t.k-1])) {
+		return
+	}
+	if t.accept != nil && !t.accept(slot) {
+		return
+	}
+	i, _ := slices.BinarySearchFunc(t.hits, Hit{slot, score}, func(a, b Hit) int {
+		if better(a, b) {
+			return -1
+		}
+		return 1
+	})
+	if len(t.hits) < t.k {
+		t.hits = append(t.hits, Hit{})
+	}
+	copy(t.hits[i+1:], t.hits[i:len(t.hits)-1])
+	t.hits[i] = Hit{slot, score}
+}
+
+// full reports whether k hits are held, and the worst of them.
+func (t *topK) full() (Hit, bool) {
+	if len(t.hits) < t.k {
+		return Hit{}, false
+	}
+	return t.hits[t.k-1], true
 }
 
 func better(a, b Hit) bool {
@@ -221,6 +269,7 @@ const pruneMargin = 1e-4
 
 type searchScratch struct {
 	order []int
+	lists [][]posting // lists[i] is the postings of the query's coordinate i
 	// seen[slot] == epoch marks a candidate of this search; acc[slot] is its partial dot
 	// product so far.
 	seen  []uint32
@@ -234,12 +283,9 @@ type searchScratch struct {
 // nanoseconds and scoring a candidate in full a few hundred.
 const walkFactor = 16
 
-func (s *Set) searchSparse(q Vector, minScore float32, consider func(uint32, float32)) {
-	sc, _ := s.scratch.Get().(*searchScratch)
-	if sc == nil {
-		sc = &searchScratch{}
-	}
-	defer s.scratch.Put(sc)
+func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
+	sc := s.takeScratch()
+	defer s.returnScratch(sc)
 	if len(sc.seen) < len(s.live) {
 		n := len(s.live) + len(s.live)/4
 		sc.seen, sc.acc = make([]uint32, n), make([]float32, n)
@@ -252,29 +298,42 @@ func (s *Set) searchSparse(q Vector, minScore float32, consider func(uint32, flo
 	}
 	sc.cands = sc.cands[:0]
 
+	// The query's lists, shortest first; each is looked up once.
 	sc.order = sc.order[:0]
-	for i := range q.Indices {
+	sc.lists = sc.lists[:0]
+	for i, f := range q.Indices {
 		sc.order = append(sc.order, i)
+		sc.lists = append(sc.lists, s.postings[f])
 	}
-	slices.SortFunc(sc.order, func(a, b int) int {
-		return cmp.Compare(len(s.postings[q.Indices[a]]), len(s.postings[q.Indices[b]]))
-	})
+	slices.SortFunc(sc.order, func(a, b int) int { return cmp.Compare(len(sc.lists[a]), len(sc.lists[b])) })
+	// rest is the squared norm of the query's coordinates that not every candidate's
+	// partial product has taken into account yet.
 	var rest float32
 	for _, w := range q.Values {
 		rest += w * w
 	}
 	bound := minScore - pruneMargin
+	limited := s.limits.Postings > 0
+	budget := s.limits.Postings
 
-	// Candidates: the lists of P.
+	// Candidates: the lists of P. Past the budget, a list is read from its newest end only,
+	// and its weight stays in rest: the slots it added have that coordinate counted twice
+	// in their upper bound, which is loose but still an upper bound.
 	next := 0
 	for ; next < len(sc.order); next++ {
-		if bound > 0 && rest < bound*bound {
+		if (bound > 0 && rest < bound*bound) || (limited && budget == 0) {
 			break
 		}
 		i := sc.order[next]
 		qw := q.Values[i]
-		rest -= qw * qw
-		for _, p := range s.postings[q.Indices[i]] {
+		list := sc.lists[i]
+		if limited && len(list) > budget {
+			list = list[len(list)-budget:]
+		} else {
+			rest -= qw * qw
+		}
+		budget -= len(list)
+		for _, p := range list {
 			if !s.live[p.slot] {
 				continue
 			}
@@ -288,10 +347,11 @@ func (s *Set) searchSparse(q Vector, minScore float32, consider func(uint32, flo
 	// Pruning: more of the query's lists, for the candidates only.
 	for ; bound > 0 && next < len(sc.order); next++ {
 		i := sc.order[next]
-		list := s.postings[q.Indices[i]]
-		if len(list) > walkFactor*len(sc.cands)+64 {
+		list := sc.lists[i]
+		if len(list) > walkFactor*len(sc.cands)+64 || (limited && len(list) > budget) {
 			break
 		}
+		budget -= len(list)
 		qw := q.Values[i]
 		rest -= qw * qw
 		for _, p := range list {
@@ -301,10 +361,92 @@ func (s *Set) searchSparse(q Vector, minScore float32, consider func(uint32, flo
 		}
 	}
 	restNorm := float32(math.Sqrt(float64(max(rest, 0))))
-	for _, slot := range sc.cands {
-		if bound > 0 && sc.acc[slot]+restNorm < bound {
-			continue // cannot reach minScore
+	if !limited {
+		for _, slot := range sc.cands {
+			if bound > 0 && sc.acc[slot]+restNorm < bound {
+				continue // cannot reach minScore
+			}
+			t.consider(slot, sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot]))
 		}
-		consider(slot, sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot]))
+		return
+	}
+	// Limited: the candidates with the highest partial products first (acc+restNorm is
+	// each one's upper bound), at most Scored of them, stopping as soon as the next cannot
+	// beat the k-th hit held.
+	cands := sc.cands[:0]
+	for _, slot := range sc.cands {
+		if bound <= 0 || sc.acc[slot]+restNorm >= bound {
+			cands = append(cands, slot)
+		}
+	}
+	if n := s.limits.Scored; n > 0 && len(cands) > n {
+		selectTop(cands, sc.acc, n)
+		cands = cands[:n]
+	}
+	slices.SortFunc(cands, func(a, b uint32) int {
+		if c := cmp.Compare(sc.acc[b], sc.acc[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	for _, slot := range cands {
+		if worst, full := t.full(); full && sc.acc[slot]+restNorm < worst.Score-pruneMargin {
+			break
+		}
+		t.consider(slot, sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot]))
+	}
+}
+
+func (s *Set) takeScratch() *searchScratch {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	if n := len(s.spare); n > 0 {
+		sc := s.spare[n-1]
+		s.spare = s.spare[:n-1]
+		return sc
+	}
+	return &searchScratch{}
+}
+
+func (s *Set) returnScratch(sc *searchScratch) {
+	clear(sc.lists) // a rebuild replaces the set's lists; a spare scratch must not keep old ones
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	if len(s.spare) < maxSpare {
+		s.spare = append(s.spare, sc)
+	}
+}
+
+// selectTop reorders slots so that its first n hold n of the slots with the highest key
+// (quickselect; the order within either part is unspecified).
+func selectTop(slots []uint32, key []float32, n int) {
+	lo, hi := 0, len(slots)-1
+	for lo < hi {
+		// Median of three as the pivot, so that sorted input stays linear.
+		mid := lo + (hi-lo)/2
+		a, b, c := key[slots[lo]], key[slots[mid]], key[slots[hi]]
+		pivot := max(min(a, b), min(max(a, b), c))
+		i, j := lo, hi
+		for i <= j {
+			for key[slots[i]] > pivot {
+				i++
+			}
+			for key[slots[j]] < pivot {
+				j--
+			}
+			if i <= j {
+				slots[i], slots[j] = slots[j], slots[i]
+				i++
+				j--
+			}
+		}
+		switch {
+		case n-1 <= j:
+			hi = j
+		case n-1 >= i:
+			lo = i
+		default:
+			return
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package vector
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -80,7 +81,7 @@ func TestDot(t *testing.T) {
 
 func TestSetRejectsMismatchedVectors(t *testing.T) {
 	t.Parallel()
-	dense := NewSet(false)
+	dense := NewSet(false, Limits{})
 	v, _ := NewDense([]float32{1, 2, 3})
 	if _, err := dense.Add(v); err != nil {
 		t.Fatalf("Add: %v", err)
@@ -118,9 +119,29 @@ func bruteForce(vs map[uint32]Vector, q Vector, k int, min float32, accept func(
 }
 
 // TestSetSearchMatchesBruteForce adds, removes and searches at random and checks every
-// result against scoring all vectors: the pruning must never lose a qualifying vector.
+// result against scoring all vectors: the pruning must never lose a qualifying vector, and
+// limits that the set never reaches change nothing. Limits that bind may lose vectors but
+// never report one with a wrong score, below the minimum, unaccepted or out of order.
 func TestSetSearchMatchesBruteForce(t *testing.T) {
 	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		limits Limits
+		exact  bool
+	}{
+		{"unlimited", Limits{}, true},
+		{"limits not reached", Limits{Postings: 1 << 20, Scored: 1 << 20}, true},
+		{"tight limits", Limits{Postings: 6, Scored: 2}, false},
+		{"postings only", Limits{Postings: 3}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkSearch(t, tt.limits, tt.exact)
+		})
+	}
+}
+
+func checkSearch(t *testing.T, limits Limits, exact bool) {
 	rapid.Check(t, func(t *rapid.T) {
 		sparse := rapid.Bool().Draw(t, "sparse")
 		genVec := func(label string) Vector {
@@ -154,7 +175,7 @@ func TestSetSearchMatchesBruteForce(t *testing.T) {
 			}
 			return v
 		}
-		set := NewSet(sparse)
+		set := NewSet(sparse, limits)
 		held := map[uint32]Vector{}
 		steps := rapid.IntRange(1, 120).Draw(t, "steps")
 		for range steps {
@@ -188,6 +209,10 @@ func TestSetSearchMatchesBruteForce(t *testing.T) {
 					accept = func(s uint32) bool { return s%2 == 0 }
 				}
 				got := set.Search(q, k, min, accept)
+				if !exact && sparse {
+					checkSound(t, held, q, k, min, accept, got)
+					break
+				}
 				want := bruteForce(held, q, k, min, accept)
 				if len(got) != len(want) {
 					t.Fatalf("Search(k=%d, min=%v) = %v, want %v", k, min, got, want)
@@ -205,11 +230,91 @@ func TestSetSearchMatchesBruteForce(t *testing.T) {
 	})
 }
 
+// checkSound checks a search that may have missed vectors: what it returns must be true.
+func checkSound(t *rapid.T, held map[uint32]Vector, q Vector, k int, min float32, accept func(uint32) bool, got []Hit) {
+	if len(got) > k {
+		t.Fatalf("Search(k=%d) returned %d hits", k, len(got))
+	}
+	for i, h := range got {
+		v, ok := held[h.Slot]
+		if !ok {
+			t.Fatalf("hit %v is not a held slot", h)
+		}
+		if want := Dot(q, v); h.Score != want || h.Score <= 0 || h.Score < min {
+			t.Fatalf("hit %v: similarity %v, minimum %v", h, want, min)
+		}
+		if accept != nil && !accept(h.Slot) {
+			t.Fatalf("hit %v was not accepted", h)
+		}
+		if i > 0 && !better(got[i-1], h) {
+			t.Fatalf("hits out of order: %v", got)
+		}
+	}
+}
+
+// TestLimitedSearchCountsUnreadLists: when a common list is too long to walk for pruning,
+// a candidate's partial product misses that coordinate, and stopping the scoring must
+// allow for it. The query itself is stored, behind a vector whose partial product is
+// higher but whose similarity is lower.
+func TestLimitedSearchCountsUnreadLists(t *testing.T) {
+	t.Parallel()
+	set := NewSet(true, Limits{Postings: 1 << 20, Scored: 1 << 20})
+	for i := range 2000 { // the common coordinate 0, with coordinates nobody asks for
+		if _, err := set.Add(mustSparse(t, 0, 1, float32(100+i), 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decoy, err := set.Add(mustSparse(t, 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := mustSparse(t, 0, 0.4, 1, 0.9165)
+	twin, err := set.Add(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := set.Search(q, 1, 0.5, nil)
+	if len(got) != 1 || got[0].Slot != twin {
+		t.Fatalf("Search = %v, want the stored query (slot %d) before the decoy (slot %d)", got, twin, decoy)
+	}
+}
+
+func TestSelectTop(t *testing.T) {
+	t.Parallel()
+	rapid.Check(t, func(t *rapid.T) {
+		key := rapid.SliceOfN(rapid.SampledFrom([]float32{0, 0.1, 0.5, 0.5, 0.7, 1, 2}), 1, 60).Draw(t, "key")
+		slots := make([]uint32, len(key))
+		for i := range slots {
+			slots[i] = uint32(i)
+		}
+		rand.New(rand.NewPCG(uint64(len(key)), 1)).Shuffle(len(slots), func(i, j int) { slots[i], slots[j] = slots[j], slots[i] })
+		n := rapid.IntRange(1, len(key)).Draw(t, "n")
+		selectTop(slots, key, n)
+		want := slices.Clone(key)
+		slices.SortFunc(want, func(a, b float32) int { return cmp.Compare(b, a) })
+		var got []float32
+		for _, s := range slots[:n] {
+			got = append(got, key[s])
+		}
+		slices.SortFunc(got, func(a, b float32) int { return cmp.Compare(b, a) })
+		if !slices.Equal(got, want[:n]) {
+			t.Fatalf("top %d of %v = %v, want %v", n, key, got, want[:n])
+		}
+		seen := map[uint32]bool{}
+		for _, s := range slots {
+			if seen[s] {
+				t.Fatalf("slot %d twice in %v", s, slots)
+			}
+			seen[s] = true
+		}
+	})
+}
+
 // TestSparseRebuildKeepsResults removes enough vectors to force a postings rebuild and
 // checks that the survivors are still found.
 func TestSparseRebuildKeepsResults(t *testing.T) {
 	t.Parallel()
-	set := NewSet(true)
+	set := NewSet(true, Limits{})
 	var keep []uint32
 	for i := range 3000 {
 		slot, err := set.Add(mustSparse(t, float32(i), 1, float32(i+1), 1))
@@ -260,7 +365,7 @@ func BenchmarkSetSearchDense(b *testing.B) {
 				v, _ := NewDense(x)
 				return v
 			}
-			set := NewSet(false)
+			set := NewSet(false, Limits{})
 			for range n {
 				if _, err := set.Add(random()); err != nil {
 					b.Fatal(err)

@@ -1,0 +1,48 @@
+package app
+
+import (
+	"expvar"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+)
+
+// debugProfileLimit bounds a CPU profile or trace request (?seconds=): net/http/pprof
+// refuses durations at or past the server's write timeout.
+const debugProfileLimit = 2 * time.Minute
+
+// debugListenAddress makes an address without a host ("6060" or ":6060") a loopback one:
+// profiles show prompts in memory and cost CPU, so exposing them beyond the machine must be
+// asked for with an explicit host.
+func debugListenAddress(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil { // a bare port
+		return net.JoinHostPort("127.0.0.1", addr)
+	}
+	if host == "" {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
+}
+
+// newDebugServer serves net/http/pprof under /debug/pprof/ and expvar (memstats, cmdline)
+// under /debug/vars, and nothing else.
+func newDebugServer() *http.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("GET /debug/vars", expvar.Handler())
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: debugProfileLimit + 10*time.Second}
+}
+
+// DebugAddr is the bound debug address, or "" when the debug listener is off.
+func (a *App) DebugAddr() string {
+	if a.debugLis == nil {
+		return ""
+	}
+	return a.debugLis.Addr().String()
+}
