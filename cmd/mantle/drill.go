@@ -115,7 +115,7 @@ Built-in scenarios: %s (or all).
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stdout, "# mantle drill --scenario %s: the mesh configuration at time scale %g\n# (the simulator's address is chosen when the drill runs)\n", s.Name, scale)
+			fmt.Fprintf(stdout, "# mantle drill --scenario %s: the mesh configuration at time scale %g\n# (the simulator's address is chosen when the drill runs; the simulator ignores API keys,\n# but mantle serve wants %s set to any value)\n", s.Name, scale, mdrill.SimKeyEnv)
 			if _, err := stdout.Write(y); err != nil {
 				return err
 			}

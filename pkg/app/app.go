@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -76,6 +77,9 @@ type Deps struct {
 	// TLS secures both listeners and every connection to a remote module; its zero value
 	// leaves them in plaintext.
 	TLS TLS
+	// Getenv reads the process environment for modules (secrets named in the config); nil
+	// means os.Getenv. Tests and tools that start a mesh in-process inject their own.
+	Getenv func(string) string
 }
 
 // TLS is a process's transport security: one certificate source for its listeners and
@@ -246,7 +250,10 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 		a.http.TLSConfig = src.ServerConfig(deps.TLS.HTTPClientAuth, "h2", "http/1.1")
 	}
 
-	env := Env{GRPC: registrar, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider, Dependency: a.addDependency}
+	env := Env{GRPC: registrar, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider, Dependency: a.addDependency, Getenv: deps.Getenv}
+	if env.Getenv == nil {
+		env.Getenv = os.Getenv
+	}
 	for _, m := range modules {
 		if !slices.Contains(selected, m.Name) {
 			continue

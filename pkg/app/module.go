@@ -77,6 +77,8 @@ type Env struct {
 	// Auth checks tenant API keys for front doors that are not gRPC (the router's HTTP
 	// API, with LoginHTTP); nil when authentication is disabled.
 	Auth *rpc.Authenticator
+	// Getenv reads the process environment (the secrets the config names by variable).
+	Getenv func(string) string
 	// TracerProvider is the process's tracer provider; nil when tracing is off. Modules
 	// get their tracer through Tracer, which copes with nil.
 	TracerProvider trace.TracerProvider

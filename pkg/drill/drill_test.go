@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
 )
 
@@ -280,7 +281,7 @@ func TestRunAgainstRunningMesh(t *testing.T) {
 	// hiccups were as long as the outage's first calls, and the trip could be missed.
 	const scale = 0.05
 	simAddr := freeAddr(t)
-	m := meshtest.Start(t, s.MeshConfig("http://"+simAddr+"/v1", scale), meshtest.All)
+	m := meshtest.StartWith(t, s.MeshConfig("http://"+simAddr+"/v1", scale), meshtest.All, mesh.Options{Getenv: simKeyEnv})
 	rep, err := Run(context.Background(), Options{
 		Scenario: s, TimeScale: scale, Rate: 2, Duration: 2 * time.Minute, Sides: []string{SideMantle},
 		MeshURL: "http://" + m.HTTPAddr, NATSURL: m.NATSURL, SimAddr: simAddr,

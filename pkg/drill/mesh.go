@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"sync"
 	"time"
 
@@ -137,7 +138,7 @@ type inProcessMesh struct {
 
 // startMesh starts cfg in this process and returns once it serves.
 func startMesh(ctx context.Context, cfg mesh.Config, logOutput io.Writer) (*inProcessMesh, error) {
-	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: logOutput})
+	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: logOutput, Getenv: simKeyEnv})
 	if err != nil {
 		return nil, fmt.Errorf("drill: start mesh: %w", err)
 	}
@@ -274,4 +275,13 @@ func levelOf(l mantlev1.FallbackLevel) int {
 		return 3
 	}
 	return -1
+}
+
+// simKeyEnv is the process environment with SimKeyEnv set: the simulator ignores keys, and
+// the router refuses to start with a provider key whose variable is empty.
+func simKeyEnv(name string) string {
+	if name == SimKeyEnv {
+		return "sk-drill-sim"
+	}
+	return os.Getenv(name)
 }

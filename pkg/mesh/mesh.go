@@ -180,7 +180,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout, BodyReadTimeout: cfg.Server.BodyReadTimeout,
 			IdleTimeout: cfg.Server.IdleTimeout, MaxHeaderBytes: cfg.Server.MaxHeaderBytes,
 		},
-	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp, TLS: transport})
+	}, Modules(cfg), app.Deps{Log: log, Metrics: reg, Events: publisher, Clock: opts.Clock, Authenticator: authn, NATS: natsConn, TracerProvider: tp, TLS: transport, Getenv: opts.Getenv})
 	if err != nil {
 		p.Close()
 		return nil, err

@@ -57,6 +57,11 @@ type Config struct {
 	// StallTimeout cancels a stream that makes no progress for this long; for routes that
 	// set none.
 	StallTimeout time.Duration `yaml:"stall_timeout"`
+	// AllowMissingKeys starts the router when a provider key's environment variable is
+	// unset or empty, with a warning naming it; every call on that key then fails at once
+	// with an auth error (nothing is sent), so its breaker opens and requests go to the
+	// other keys and candidates. False (the default) refuses to start, naming the key.
+	AllowMissingKeys bool `yaml:"allow_missing_keys,omitempty"`
 	// QuotaFailOpen admits requests when the quota service cannot be reached; false
 	// refuses them instead. Availability wins by default; set false where overspending is
 	// worse than refusing.

@@ -1,11 +1,14 @@
 package router
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/sim"
 	"github.com/mantle-mesh/mantle/services/router/internal/overload"
 )
@@ -145,5 +148,34 @@ func TestProviderHTTPClientUsesTheDialTimeout(t *testing.T) {
 	}
 	if tr.TLSHandshakeTimeout != 1500*time.Millisecond || tr.DialContext == nil {
 		t.Errorf("TLS handshake timeout %s, dialer set %t; want 1.5s and a dialer with the dial timeout", tr.TLSHandshakeTimeout, tr.DialContext != nil)
+	}
+}
+
+// TestMissingProviderKeys: a provider key whose variable is unset or empty refuses the start
+// by name, unless allow_missing_keys, which starts with a warning and a key whose calls fail
+// at once with an auth error.
+func TestMissingProviderKeys(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Providers = append(cfg.Providers, ProviderConfig{Name: "openai", Type: ProviderOpenAI, Timeout: 5 * time.Second,
+		Keys: []KeyConfig{{ID: "main", Env: "OPENAI_KEY_SET"}, {ID: "spare", Env: "OPENAI_KEY_UNSET"}}})
+	getenv := func(k string) string {
+		if k == "OPENAI_KEY_SET" {
+			return "sk-set"
+		}
+		return ""
+	}
+	_, err := missingKeys(cfg, getenv)
+	if err == nil || !strings.Contains(err.Error(), "providers[1].keys[1].env: environment variable OPENAI_KEY_UNSET (key spare of provider openai) is unset or empty") {
+		t.Errorf("missingKeys = %v, want the unset key named", err)
+	}
+	cfg.AllowMissingKeys = true
+	missing, err := missingKeys(cfg, getenv)
+	if err != nil || len(missing) != 1 || missing[0] != (missingKey{provider: "openai", id: "spare", env: "OPENAI_KEY_UNSET"}) {
+		t.Errorf("with allow_missing_keys: %v, %v; want the spare key listed and no error", missing, err)
+	}
+	_, err = missingKeyProvider{env: "OPENAI_KEY_UNSET"}.Complete(context.Background(), provider.Request{})
+	if provider.ClassOf(err) != mantlev1.ErrorClass_ERROR_CLASS_AUTH || !strings.Contains(err.Error(), "OPENAI_KEY_UNSET") {
+		t.Errorf("a call on the missing key: %v, want an auth error naming the variable", err)
 	}
 }

@@ -2,10 +2,11 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -36,7 +37,7 @@ func Module(cfg Config) app.Module {
 		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
 			var run app.Runnable
 			var err error
-			r, run, err = newModule(ctx, cfg, env, os.Getenv)
+			r, run, err = newModule(ctx, cfg, env, env.Getenv)
 			return run, err
 		},
 		Reload: func(_ context.Context, block any) error {
@@ -53,6 +54,14 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	m, err := newMetrics(env.Metrics)
 	if err != nil {
 		return nil, nil, err
+	}
+	missing, err := missingKeys(cfg, getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, k := range missing {
+		env.Log.Warn("provider API key variable is unset or empty: every call on this key fails until a restart with it set (router.allow_missing_keys)",
+			"provider", k.provider, "key", k.id, "env", k.env)
 	}
 	// The local L1 fallback uses formatcheck's defaults, which are the verifier's too.
 	checker, err := formatcheck.New(formatcheck.DefaultConfig())
@@ -111,6 +120,12 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 				return nil, err
 			}
 			return openai.New(openai.Config{BaseURL: base, HTTPClient: httpClient, Now: env.Clock.Now}), nil
+		case ProviderOpenAI, ProviderAnthropic:
+			if keyValue(p, keyID, getenv) == "" {
+				return missingKeyProvider{env: keyEnv(p, keyID)}, nil
+			}
+		}
+		switch p.Type {
 		case ProviderOpenAI:
 			return openai.New(openai.Config{BaseURL: p.BaseURL, APIKey: keyValue(p, keyID, getenv), HTTPClient: httpClient, Now: env.Clock.Now}), nil
 		case ProviderAnthropic:
@@ -189,6 +204,60 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 		<-shedderDone
 		return sims.stop()
 	}), nil
+}
+
+// missingKey is a provider key whose environment variable is unset or empty.
+type missingKey struct{ provider, id, env string }
+
+// missingKeys lists the provider keys whose variables are unset or empty, or refuses them
+// all by name unless allow_missing_keys is set: a key that is missing would otherwise
+// start silently and fail every call with 401.
+func missingKeys(cfg Config, getenv func(string) string) ([]missingKey, error) {
+	var missing []missingKey
+	var errs []error
+	for i, p := range cfg.Providers {
+		if p.Type == ProviderSim {
+			continue
+		}
+		for j, k := range p.Keys {
+			if getenv(k.Env) != "" {
+				continue
+			}
+			missing = append(missing, missingKey{provider: p.Name, id: k.ID, env: k.Env})
+			errs = append(errs, fmt.Errorf("providers[%d].keys[%d].env: environment variable %s (key %s of provider %s) is unset or empty; set it, or set router.allow_missing_keys to start without it",
+				i, j, k.Env, k.ID, p.Name))
+		}
+	}
+	if len(errs) > 0 && !cfg.AllowMissingKeys {
+		return nil, errors.Join(errs...)
+	}
+	return missing, nil
+}
+
+// missingKeyProvider stands for a key whose variable was missing at start: every call
+// fails at once with an auth error and nothing is sent.
+type missingKeyProvider struct{ env string }
+
+func (m missingKeyProvider) err() error {
+	return &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_AUTH, Message: "API key variable " + m.env + " was unset or empty at start"}
+}
+
+func (m missingKeyProvider) Complete(context.Context, provider.Request) (provider.Response, error) {
+	return provider.Response{}, m.err()
+}
+
+func (m missingKeyProvider) Stream(context.Context, provider.Request) (provider.Stream, error) {
+	return nil, m.err()
+}
+
+// keyEnv is the environment variable of key keyID of p.
+func keyEnv(p ProviderConfig, keyID string) string {
+	for _, k := range p.Keys {
+		if k.ID == keyID {
+			return k.Env
+		}
+	}
+	return ""
 }
 
 func keyValue(p ProviderConfig, keyID string, getenv func(string) string) string {

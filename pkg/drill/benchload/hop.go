@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"os/exec"
 	"time"
 
@@ -40,7 +41,14 @@ func startHop(ctx context.Context, mode Mode, upstreamAddr string, ownProcess bo
 	if err != nil {
 		return nil, err
 	}
-	p, err := mesh.Start(ctx, mc, mesh.Options{LogOutput: logOut, TuneRuntime: ownProcess})
+	// The instant upstream ignores keys; the router wants the variable its provider names set.
+	getenv := func(name string) string {
+		if name == benchKeyEnv {
+			return "sk-bench"
+		}
+		return os.Getenv(name)
+	}
+	p, err := mesh.Start(ctx, mc, mesh.Options{LogOutput: logOut, TuneRuntime: ownProcess, Getenv: getenv})
 	if err != nil {
 		return nil, fmt.Errorf("benchload: start mesh: %w", err)
 	}
