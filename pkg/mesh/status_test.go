@@ -83,8 +83,11 @@ func TestStatusPageInBrowser(t *testing.T) {
 		}
 		primary := domFindAll(doc, func(n *html.Node) bool { return domHasClass(n, "key") && domAttr(n, "data-model") == "primary" })[0]
 		row := domText(primary)
-		probe := clock.Now().Add(30 * time.Second).UTC().Format("15:04:05")
-		for _, want := range []string{"2 consecutive failures (scenario chat)", probe, "(in 30s)"} {
+		// The next call that may reach the open key is its next scout (scout_interval after
+		// the trip, no jitter here), well before the 30 s open period ends.
+		scout := statusConfig().Router.Breaker.ScoutInterval
+		probe := clock.Now().Add(scout).UTC().Format("15:04:05")
+		for _, want := range []string{"2 consecutive failures (scenario chat)", probe, fmt.Sprintf("(in %s)", scout)} {
 			if !strings.Contains(row, want) {
 				t.Errorf("primary's row %q lacks %q", row, want)
 			}
