@@ -37,8 +37,11 @@ const (
 // with RetryInfo and QuotaFailure), CONTENT_FILTERED (FAILED_PRECONDITION, with the
 // provider's reason), UPSTREAM_REJECTED (INVALID_ARGUMENT: the provider refused the request
 // itself, so no other candidate was tried), ALL_CANDIDATES_FAILED (UNAVAILABLE),
-// DEADLINE_EXCEEDED (the budget ran out), OVERLOADED (UNAVAILABLE with RetryInfo: the
-// router's process is short of CPU and sheds a share of new requests).
+// UPSTREAM_RATE_LIMITED (RESOURCE_EXHAUSTED: every candidate's provider keys are rate
+// limited; RetryInfo, when a provider gave a hint, is the soonest a key is free again),
+// IDEMPOTENCY_KEY_REUSED (FAILED_PRECONDITION: the idempotency key was used for another
+// request body), DEADLINE_EXCEEDED (the budget ran out), OVERLOADED (UNAVAILABLE with
+// RetryInfo: the router's process is short of CPU and sheds a share of new requests).
 type RouterServiceClient interface {
 	// Complete answers one chat request.
 	Complete(ctx context.Context, in *CompleteRequest, opts ...grpc.CallOption) (*CompleteResponse, error)
@@ -109,8 +112,11 @@ func (c *routerServiceClient) DescribeRoutes(ctx context.Context, in *DescribeRo
 // with RetryInfo and QuotaFailure), CONTENT_FILTERED (FAILED_PRECONDITION, with the
 // provider's reason), UPSTREAM_REJECTED (INVALID_ARGUMENT: the provider refused the request
 // itself, so no other candidate was tried), ALL_CANDIDATES_FAILED (UNAVAILABLE),
-// DEADLINE_EXCEEDED (the budget ran out), OVERLOADED (UNAVAILABLE with RetryInfo: the
-// router's process is short of CPU and sheds a share of new requests).
+// UPSTREAM_RATE_LIMITED (RESOURCE_EXHAUSTED: every candidate's provider keys are rate
+// limited; RetryInfo, when a provider gave a hint, is the soonest a key is free again),
+// IDEMPOTENCY_KEY_REUSED (FAILED_PRECONDITION: the idempotency key was used for another
+// request body), DEADLINE_EXCEEDED (the budget ran out), OVERLOADED (UNAVAILABLE with
+// RetryInfo: the router's process is short of CPU and sheds a share of new requests).
 type RouterServiceServer interface {
 	// Complete answers one chat request.
 	Complete(context.Context, *CompleteRequest) (*CompleteResponse, error)
