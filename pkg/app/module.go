@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"os"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
@@ -77,7 +78,8 @@ type Env struct {
 	// Auth checks tenant API keys for front doors that are not gRPC (the router's HTTP
 	// API, with LoginHTTP); nil when authentication is disabled.
 	Auth *rpc.Authenticator
-	// Getenv reads the process environment (the secrets the config names by variable).
+	// Getenv reads the process environment (the secrets the config names by variable);
+	// modules call Var, which copes with a hand-built Env that leaves it nil.
 	Getenv func(string) string
 	// TracerProvider is the process's tracer provider; nil when tracing is off. Modules
 	// get their tracer through Tracer, which copes with nil.
@@ -95,4 +97,13 @@ func (e Env) Tracer(name string) trace.Tracer {
 		return noop.NewTracerProvider().Tracer(name)
 	}
 	return e.TracerProvider.Tracer(name)
+}
+
+// Var reads the environment variable name through Getenv, or the process environment when
+// Getenv is nil.
+func (e Env) Var(name string) string {
+	if e.Getenv == nil {
+		return os.Getenv(name)
+	}
+	return e.Getenv(name)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -26,7 +25,7 @@ func Module(cfg Config) app.Module {
 		Name:      serviceName,
 		Audiences: Audiences,
 		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
-			r, err := build(ctx, cfg, env, os.Getenv)
+			r, err := build(ctx, cfg, env, env.Var)
 			if err != nil {
 				return nil, fmt.Errorf("cache: %w", err)
 			}

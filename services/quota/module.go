@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 
 	"github.com/redis/go-redis/v9"
 
@@ -96,7 +95,7 @@ const (
 // newRedisBackend builds the backend of cfg.Redis. It does not contact Redis: the
 // store's Run does, and starts on its local limiter when Redis does not answer.
 func newRedisBackend(cfg Config, env app.Env, at decisionClock) (*redisState, error) {
-	client, err := newRedisClient(cfg.Redis, tlsconfig.Options{Clock: env.Clock, Log: env.Log})
+	client, err := newRedisClient(cfg.Redis, env.Var, tlsconfig.Options{Clock: env.Clock, Log: env.Log})
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +131,7 @@ func (b *redisState) Close() error {
 // newRedisClient builds the client from the redis block; the password comes from the
 // environment variable it names. With redis.tls on, every new connection is a TLS one
 // configured from the current files (tlsOpts pace their reloads).
-func newRedisClient(cfg RedisConfig, tlsOpts tlsconfig.Options) (*redis.Client, error) {
+func newRedisClient(cfg RedisConfig, getenv func(string) string, tlsOpts tlsconfig.Options) (*redis.Client, error) {
 	opts := &redis.Options{
 		Addr:         cfg.Address,
 		Username:     cfg.Username,
@@ -146,9 +145,9 @@ func newRedisClient(cfg RedisConfig, tlsOpts tlsconfig.Options) (*redis.Client, 
 		MaxRetries: -1,
 	}
 	if cfg.PasswordEnv != "" {
-		pw, ok := os.LookupEnv(cfg.PasswordEnv)
-		if !ok {
-			return nil, fmt.Errorf("redis.password_env: environment variable %s is not set", cfg.PasswordEnv)
+		pw := getenv(cfg.PasswordEnv)
+		if pw == "" {
+			return nil, fmt.Errorf("redis.password_env: environment variable %s is unset or empty", cfg.PasswordEnv)
 		}
 		opts.Password = pw
 	}

@@ -138,7 +138,7 @@ func TestModule(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.Backend, cfg.Redis.Address, cfg.Redis.PasswordEnv = BackendRedis, "127.0.0.1:1", "MANTLE_TEST_NO_SUCH_VARIABLE"
 		_, err := Module(cfg).New(context.Background(), testEnv())
-		if err == nil || !strings.Contains(err.Error(), "MANTLE_TEST_NO_SUCH_VARIABLE is not set") {
+		if err == nil || !strings.Contains(err.Error(), "MANTLE_TEST_NO_SUCH_VARIABLE is unset or empty") {
 			t.Errorf("err = %v, want the missing variable named", err)
 		}
 	})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -75,7 +76,7 @@ func TestRedisClientTLS(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig().Redis
 			cfg.Address, cfg.TLS = lis.Addr().String(), tt.tls
-			client, err := newRedisClient(cfg, quiet)
+			client, err := newRedisClient(cfg, os.Getenv, quiet)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +103,7 @@ func TestRedisClientTLS(t *testing.T) {
 	cfg := DefaultConfig().Redis
 	cfg.Address = lis.Addr().String()
 	cfg.TLS = tlsconfig.ClientConfig{Enabled: true, CAFile: filepath.Join(dir, "missing.crt")}
-	if _, err := newRedisClient(cfg, quiet); err == nil || !strings.Contains(err.Error(), "redis.tls: ") || !errors.Is(err, fs.ErrNotExist) {
+	if _, err := newRedisClient(cfg, os.Getenv, quiet); err == nil || !strings.Contains(err.Error(), "redis.tls: ") || !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing CA file: %v, want an error naming redis.tls", err)
 	}
 }

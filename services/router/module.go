@@ -37,7 +37,7 @@ func Module(cfg Config) app.Module {
 		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
 			var run app.Runnable
 			var err error
-			r, run, err = newModule(ctx, cfg, env, env.Getenv)
+			r, run, err = newModule(ctx, cfg, env, env.Var)
 			return run, err
 		},
 		Reload: func(_ context.Context, block any) error {

@@ -32,7 +32,7 @@ func Module(cfg Config) app.Module {
 		Name:      ServiceName,
 		Audiences: Audiences,
 		New: func(_ context.Context, env app.Env) (app.Runnable, error) {
-			m, err := build(cfg, env, os.Getenv)
+			m, err := build(cfg, env, env.Var)
 			if err != nil {
 				return nil, fmt.Errorf("verifier: %w", err)
 			}
