@@ -141,6 +141,11 @@ type IdempotencyConfig struct {
 	// InflightTTL is how long a claim of a request in progress holds before a duplicate may
 	// take it over (the owner is presumed dead); below ttl for jetstream.
 	InflightTTL time.Duration `yaml:"inflight_ttl"`
+	// MaxRecordsPerTenant bounds the claims and records one tenant may hold in the memory
+	// backend, so that a tenant sending endless distinct keys fills only its own share;
+	// past it, that tenant's new keys are served without replay protection (audited as a
+	// skipped idempotency step) until some expire. 0 means no bound.
+	MaxRecordsPerTenant int `yaml:"max_records_per_tenant,omitempty"`
 }
 
 // StatusConfig configures the status page.
@@ -368,7 +373,7 @@ func DefaultConfig() Config {
 		// room for a tail that grew, and no more.
 		HedgeBudget: HedgeBudgetConfig{Ratio: 0.1, Floor: 10, Window: time.Minute},
 		Breaker:     defaultBreaker(),
-		Idempotency: IdempotencyConfig{Backend: "memory", TTL: 24 * time.Hour, InflightTTL: time.Minute},
+		Idempotency: IdempotencyConfig{Backend: "memory", TTL: 24 * time.Hour, InflightTTL: time.Minute, MaxRecordsPerTenant: 100000},
 		Status:      StatusConfig{Refresh: 5 * time.Second, RecentDegradations: 50},
 		// At 100 ms P90 for a CPU, each request (dozens of goroutine wake-ups) is already
 		// late by much more; 64 in flight keeps a process with little to do from shedding.
@@ -520,6 +525,9 @@ func (c Config) Validate() error {
 	}
 	if !slices.Contains([]string{"memory", "jetstream"}, c.Idempotency.Backend) {
 		add("idempotency.backend: want memory or jetstream, got %q", c.Idempotency.Backend)
+	}
+	if c.Idempotency.MaxRecordsPerTenant < 0 {
+		add("idempotency.max_records_per_tenant: must not be negative (0: no bound), got %d", c.Idempotency.MaxRecordsPerTenant)
 	}
 	if c.Idempotency.TTL <= 0 || c.Idempotency.InflightTTL <= 0 {
 		add("idempotency: ttl and inflight_ttl must be positive, got %s and %s", c.Idempotency.TTL, c.Idempotency.InflightTTL)

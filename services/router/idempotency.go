@@ -54,9 +54,14 @@ func (r *Router) once(ctx context.Context, req *routerv1.Request, rt *route, qc 
 		if ctx.Err() != nil {
 			return nil, ctx.Err() // a duplicate gave up waiting for the first
 		}
-		// The store (NATS) is unreachable: answering without replay protection beats not
-		// answering; the metric and the audit trail say so.
-		r.deps.Log.WarnContext(ctx, "idempotency store unavailable; serving without replay protection", "err", err)
+		// The store (NATS) is unreachable, or this tenant's records fill its share of the
+		// memory store: answering without replay protection beats not answering; the
+		// metric and the audit trail say so.
+		if errors.Is(err, idempotency.ErrTenantFull) {
+			r.deps.Log.DebugContext(ctx, "idempotency records of this tenant at their limit; serving without replay protection")
+		} else {
+			r.deps.Log.WarnContext(ctx, "idempotency store unavailable; serving without replay protection", "err", err)
+		}
 		r.deps.Metrics.idempotencyUnavailable.Inc()
 		qc.SkippedSteps = append(qc.SkippedSteps, "idempotency")
 		return r.serve(ctx, req, rt, qc, sink)

@@ -152,7 +152,7 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 		}
 		deps.Idempotency = store
 	default:
-		store := idempotency.NewMemory(cfg.Idempotency.TTL, cfg.Idempotency.InflightTTL, env.Clock)
+		store := idempotency.NewMemory(cfg.Idempotency.TTL, cfg.Idempotency.InflightTTL, env.Clock).LimitPerTenant(cfg.Idempotency.MaxRecordsPerTenant)
 		deps.Idempotency = store
 		sweep = func(ctx context.Context) error {
 			t := env.Clock.NewTicker(time.Minute)

@@ -2,7 +2,9 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,9 +18,19 @@ type Memory struct {
 	ttl, inflightTTL time.Duration
 	clock            clockwork.Clock
 
+	// perTenant bounds the entries one tenant may hold (0: no bound), so that a tenant
+	// sending endless distinct keys fills only its own share of memory.
+	perTenant int
+
 	mu      sync.Mutex
 	entries map[string]*memEntry
+	counts  map[string]int // entries per tenant, when perTenant > 0
+	swept   time.Time      // the last sweep a full tenant caused
 }
+
+// ErrTenantFull is Begin's answer when the key's tenant holds its limit of entries (after
+// expired ones are dropped): that tenant's new keys go unprotected until some expire.
+var ErrTenantFull = errors.New("idempotency: the tenant's records fill its share of the store")
 
 // memEntry is either a claim (rec == nil) or a record.
 type memEntry struct {
@@ -44,7 +56,42 @@ func NewMemory(ttl, inflightTTL time.Duration, clock clockwork.Clock) *Memory {
 	if clock == nil {
 		clock = clockwork.NewRealClock()
 	}
-	return &Memory{ttl: ttl, inflightTTL: inflightTTL, clock: clock, entries: make(map[string]*memEntry)}
+	return &Memory{ttl: ttl, inflightTTL: inflightTTL, clock: clock, entries: make(map[string]*memEntry), counts: map[string]int{}}
+}
+
+// LimitPerTenant bounds the entries (claims and records) each tenant may hold to n; keys
+// are "<tenant>/<key>". Call it before the store is used. 0 means no bound.
+func (m *Memory) LimitPerTenant(n int) *Memory {
+	m.perTenant = n
+	return m
+}
+
+// tenantOf is the tenant part of a key ("<tenant>/<key>").
+func tenantOf(key string) string {
+	t, _, _ := strings.Cut(key, "/")
+	return t
+}
+
+// add stores e under key, counting it for its tenant. m.mu must be held.
+func (m *Memory) add(key string, e *memEntry) {
+	if _, ok := m.entries[key]; !ok && m.perTenant > 0 {
+		m.counts[tenantOf(key)]++
+	}
+	m.entries[key] = e
+}
+
+// full reports whether key's tenant holds its limit, after dropping expired entries once
+// it seems to. m.mu must be held.
+func (m *Memory) full(key string, now time.Time) bool {
+	if m.perTenant <= 0 || m.counts[tenantOf(key)] < m.perTenant {
+		return false
+	}
+	// A sweep reads every entry: a tenant at its limit causes at most one a second.
+	if now.Sub(m.swept) >= time.Second {
+		m.swept = now
+		m.sweepLocked(now)
+	}
+	return m.counts[tenantOf(key)] >= m.perTenant
 }
 
 // Begin implements Store.
@@ -57,7 +104,11 @@ func (m *Memory) Begin(ctx context.Context, key string) (*Record, bool, error) {
 		now := m.clock.Now()
 		e := m.live(key, now)
 		if e == nil {
-			m.entries[key] = &memEntry{expires: now.Add(m.inflightTTL), wake: make(chan struct{})}
+			if m.full(key, now) {
+				m.mu.Unlock()
+				return nil, false, ErrTenantFull
+			}
+			m.add(key, &memEntry{expires: now.Add(m.inflightTTL), wake: make(chan struct{})})
 			m.mu.Unlock()
 			return nil, true, nil
 		}
@@ -100,6 +151,12 @@ func (m *Memory) live(key string, now time.Time) *memEntry {
 // drop removes e and wakes its waiters. m.mu must be held.
 func (m *Memory) drop(key string, e *memEntry) {
 	delete(m.entries, key)
+	if m.perTenant > 0 {
+		t := tenantOf(key)
+		if m.counts[t]--; m.counts[t] <= 0 {
+			delete(m.counts, t)
+		}
+	}
 	if e.wake != nil {
 		close(e.wake)
 	}
@@ -121,7 +178,7 @@ func (m *Memory) Complete(_ context.Context, key string, rec Record) error {
 	if e != nil {
 		close(e.wake) // the claim ends: its waiters return the record
 	}
-	m.entries[key] = &memEntry{rec: &stored, expires: stored.At.Add(m.ttl)}
+	m.add(key, &memEntry{rec: &stored, expires: stored.At.Add(m.ttl)})
 	return nil
 }
 
@@ -141,7 +198,11 @@ func (m *Memory) Abandon(_ context.Context, key string) error {
 func (m *Memory) Sweep() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.clock.Now()
+	return m.sweepLocked(m.clock.Now())
+}
+
+// sweepLocked is Sweep with m.mu held.
+func (m *Memory) sweepLocked(now time.Time) int {
 	n := 0
 	for key, e := range m.entries {
 		if !now.Before(e.expires) {

@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -110,5 +112,42 @@ func TestNewMemoryRejectsNonPositiveDurations(t *testing.T) {
 			}()
 			NewMemory(tt.ttl, tt.inflightTTL, nil)
 		})
+	}
+}
+
+// TestMemoryBoundsEachTenant: a tenant that sends endless distinct keys fills only its own
+// share; another tenant's keys are still protected, and the full tenant's keys are again
+// once its entries expire.
+func TestMemoryBoundsEachTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	m := NewMemory(time.Minute, 10*time.Second, clock).LimitPerTenant(3)
+	for i := range 3 {
+		key := fmt.Sprintf("hostile/k%d", i)
+		if _, owner, err := m.Begin(ctx, key); err != nil || !owner {
+			t.Fatalf("Begin(%s) = %t, %v; want the claim", key, owner, err)
+		}
+		if err := m.Complete(ctx, key, Record{Response: []byte("r")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := m.Begin(ctx, "hostile/k3"); !errors.Is(err, ErrTenantFull) {
+		t.Errorf("a fourth key of the full tenant: %v, want ErrTenantFull", err)
+	}
+	// Its recorded keys still replay.
+	if rec, owner, err := m.Begin(ctx, "hostile/k0"); err != nil || owner || string(rec.Response) != "r" {
+		t.Errorf("replay of a recorded key: %v %t %v", rec, owner, err)
+	}
+	if _, owner, err := m.Begin(ctx, "acme/k0"); err != nil || !owner {
+		t.Errorf("another tenant's key: %t, %v; want the claim", owner, err)
+	}
+	clock.Advance(time.Minute + time.Second)
+	if _, owner, err := m.Begin(ctx, "hostile/k3"); err != nil || !owner {
+		t.Errorf("after its records expired: %t, %v; want the claim", owner, err)
+	}
+	// The sweep the full tenant caused dropped every expired entry (acme's claim too).
+	if n := m.len(); n != 1 {
+		t.Errorf("%d entries after the sweep, want 1 (hostile/k3's claim)", n)
 	}
 }
