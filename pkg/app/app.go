@@ -49,7 +49,9 @@ type Config struct {
 	HTTPListenAddress string
 	// DebugListenAddress serves pprof and expvar on a listener of its own (debug.go); empty:
 	// off. An address without a host is bound to loopback.
-	DebugListenAddress      string
+	DebugListenAddress string
+	// MetricsOnDebug serves /metrics on the debug listener instead of the public one.
+	MetricsOnDebug          bool
 	GracefulShutdownTimeout time.Duration
 	// ShutdownDelay keeps serving after health turns NOT_SERVING and /readyz 503, so load
 	// balancers and Kubernetes stop sending traffic before the listeners close.
@@ -237,12 +239,25 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 			a.closeListeners()
 			return nil, fmt.Errorf("server.debug_listen_address: %w", err)
 		}
-		a.debug = newDebugServer()
+	}
+	// /metrics names tenants, models and keys: a deployment may keep it off the public
+	// listener and serve it beside the profiler, for operators and the scraper only.
+	metrics := promhttp.HandlerFor(deps.Metrics, promhttp.HandlerOpts{Registry: deps.Metrics})
+	switch {
+	case cfg.MetricsOnDebug && a.debugLis == nil:
+		a.closeListeners()
+		return nil, errors.New("server.metrics_on_debug_listener: needs server.debug_listen_address")
+	case cfg.MetricsOnDebug:
+		a.debug = newDebugServer(metrics)
+	default:
+		a.mux.Handle("GET /metrics", metrics)
+		if a.debugLis != nil {
+			a.debug = newDebugServer(nil)
+		}
 	}
 	registrar := a.localChannel(chain)
 	grpc_health_v1.RegisterHealthServer(a.grpc, a.health)
 	reflection.Register(a.grpc)
-	a.mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Metrics, promhttp.HandlerOpts{Registry: deps.Metrics}))
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	a.mux.HandleFunc("GET /readyz", a.serveReady)
 	a.http = newHTTPServer(a.mux, cfg.HTTP)

@@ -27,9 +27,12 @@ func debugListenAddress(addr string) string {
 }
 
 // newDebugServer serves net/http/pprof under /debug/pprof/ and expvar (memstats, cmdline)
-// under /debug/vars, and nothing else.
-func newDebugServer() *http.Server {
+// under /debug/vars, and the process's metrics under /metrics when metrics is not nil.
+func newDebugServer(metrics http.Handler) *http.Server {
 	mux := http.NewServeMux()
+	if metrics != nil {
+		mux.Handle("GET /metrics", metrics)
+	}
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

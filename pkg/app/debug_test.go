@@ -37,6 +37,30 @@ func TestDebugListener(t *testing.T) {
 			}
 		}
 	})
+	t.Run("metrics moved to the debug listener", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig("blocker")
+		cfg.DebugListenAddress, cfg.MetricsOnDebug = ":0", true
+		r := start(t, cfg, []app.Module{newBlocker().module("blocker", nil, nil)})
+		if code, body := httpGet(t, "http://"+r.app.DebugAddr()+"/metrics"); code != http.StatusOK || !strings.Contains(body, "# TYPE") {
+			t.Errorf("GET /metrics on the debug listener = %d, want the metrics", code)
+		}
+		if code, _ := httpGet(t, "http://"+r.app.HTTPAddr()+"/metrics"); code != http.StatusNotFound {
+			t.Errorf("GET /metrics on the public listener = %d, want 404", code)
+		}
+	})
+	t.Run("metrics stay public by default", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig("blocker")
+		cfg.DebugListenAddress = ":0"
+		r := start(t, cfg, []app.Module{newBlocker().module("blocker", nil, nil)})
+		if code, _ := httpGet(t, "http://"+r.app.HTTPAddr()+"/metrics"); code != http.StatusOK {
+			t.Errorf("GET /metrics on the public listener = %d, want 200", code)
+		}
+		if code, _ := httpGet(t, "http://"+r.app.DebugAddr()+"/metrics"); code != http.StatusNotFound {
+			t.Errorf("GET /metrics on the debug listener = %d, want 404", code)
+		}
+	})
 	t.Run("off", func(t *testing.T) {
 		t.Parallel()
 		r := start(t, testConfig("blocker"), []app.Module{newBlocker().module("blocker", nil, nil)})

@@ -80,6 +80,11 @@ type ServerConfig struct {
 	// control, as it has none and speaks plain HTTP even with TLS on. See
 	// docs/operations.md.
 	DebugListenAddress string `yaml:"debug_listen_address"`
+	// MetricsOnDebugListener serves /metrics on the debug listener instead of the public
+	// HTTP one: the metrics name tenants, models and keys, so a deployment whose HTTP
+	// listener faces tenants keeps them for operators and the scraper. Needs
+	// debug_listen_address.
+	MetricsOnDebugListener bool `yaml:"metrics_on_debug_listener,omitempty"`
 	// GracefulShutdownTimeout is how long in-flight calls may drain after SIGTERM.
 	GracefulShutdownTimeout time.Duration `yaml:"graceful_shutdown_timeout"`
 	// ShutdownDelay is how long to keep serving after readiness turns off, so that load
@@ -353,6 +358,9 @@ func (c Config) Validate() error {
 	wrap("events.tls", c.Events.TLS.Validate())
 	if c.Events.TLS.Enabled && c.Events.NATSURL == "" {
 		errs = append(errs, errors.New("events.tls: needs nats_url (the embedded server is in-process and plaintext)"))
+	}
+	if c.Server.MetricsOnDebugListener && c.Server.DebugListenAddress == "" {
+		errs = append(errs, errors.New("server.metrics_on_debug_listener: needs server.debug_listen_address"))
 	}
 	errs = append(errs, c.Auth.validate()...)
 	errs = append(errs, c.exposure()...)

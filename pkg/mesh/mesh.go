@@ -172,6 +172,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		GRPCListenAddress:       cfg.Server.GRPCListenAddress,
 		HTTPListenAddress:       cfg.Server.HTTPListenAddress,
 		DebugListenAddress:      cfg.Server.DebugListenAddress,
+		MetricsOnDebug:          cfg.Server.MetricsOnDebugListener,
 		GracefulShutdownTimeout: cfg.Server.GracefulShutdownTimeout,
 		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),
