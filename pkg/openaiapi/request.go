@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
@@ -62,6 +63,12 @@ const (
 // shape: no member is decoded deeper than the API defines, and free-form members (tool
 // parameters, json_schema schemas, extra_body) are kept as raw JSON.
 func DecodeChatRequest(body []byte) (*ChatRequest, error) {
+	// encoding/json would turn invalid bytes into U+FFFD in strings and keep them in raw
+	// values (a JSON schema, extra_body), so a request could reach a provider changed, or
+	// not marshal at all.
+	if !utf8.Valid(body) {
+		return nil, rpc.Invalid("body", "the body is not valid UTF-8")
+	}
 	top, err := object(body, "")
 	if err != nil {
 		return nil, err
