@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -63,9 +62,9 @@ type clientTLS struct {
 }
 
 func (c *clientTLS) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.caFile, "tls.ca-file", os.Getenv("MANTLE_TLS_CA_FILE"), "CA that signed the server's certificate; turns TLS on ($MANTLE_TLS_CA_FILE)")
-	fs.StringVar(&c.certFile, "tls.cert-file", os.Getenv("MANTLE_TLS_CERT_FILE"), "client certificate, for listeners that require one ($MANTLE_TLS_CERT_FILE)")
-	fs.StringVar(&c.keyFile, "tls.key-file", os.Getenv("MANTLE_TLS_KEY_FILE"), "its private key ($MANTLE_TLS_KEY_FILE)")
+	fs.StringVar(&c.caFile, "tls.ca-file", envOr("MANTLE_TLS_CA_FILE", ""), "CA that signed the server's certificate; turns TLS on ($MANTLE_TLS_CA_FILE)")
+	fs.StringVar(&c.certFile, "tls.cert-file", envOr("MANTLE_TLS_CERT_FILE", ""), "client certificate, for listeners that require one ($MANTLE_TLS_CERT_FILE)")
+	fs.StringVar(&c.keyFile, "tls.key-file", envOr("MANTLE_TLS_KEY_FILE", ""), "its private key ($MANTLE_TLS_KEY_FILE)")
 	fs.StringVar(&c.serverName, "tls.server-name", "", "name expected in the server's certificate (default: the host of --addr)")
 }
 

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -80,7 +79,7 @@ type Deps struct {
 	// leaves them in plaintext.
 	TLS TLS
 	// Getenv reads the process environment for modules (secrets named in the config); nil
-	// means os.Getenv. Tests and tools that start a mesh in-process inject their own.
+	// means os.Getenv (Env.Var). Tests and tools that start a mesh in-process inject their own.
 	Getenv func(string) string
 }
 
@@ -266,9 +265,6 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	}
 
 	env := Env{GRPC: registrar, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider, Dependency: a.addDependency, Getenv: deps.Getenv}
-	if env.Getenv == nil {
-		env.Getenv = os.Getenv
-	}
 	for _, m := range modules {
 		if !slices.Contains(selected, m.Name) {
 			continue
