@@ -107,6 +107,9 @@ type exhaustedError struct {
 	retryDenied bool
 	// partial: part of a streamed answer reached the caller, so no ladder answer may follow.
 	partial bool
+	// diverged: a fallback restarted the answer and said something else than the caller
+	// already had.
+	diverged bool
 	// throttled: every candidate ended on its keys' rate limits; throttledFor is the soonest
 	// a key is free again (0 when no provider said).
 	throttled    bool
@@ -125,6 +128,8 @@ func (e *exhaustedError) Error() string {
 		msg = "every candidate's provider keys are rate limited"
 	case e.retryDenied:
 		msg = "retry budget exhausted"
+	case e.diverged:
+		msg = "the stream broke mid-answer and a restart on a fallback diverged from the text already sent"
 	}
 	if len(e.tried) > 0 {
 		msg += " (tried " + strings.Join(e.tried, ", ") + ")"

@@ -973,47 +973,86 @@ func streamCause(ctx context.Context, err error) error {
 	return err
 }
 
-// continueStream finishes a stream that broke after part of the answer reached the caller:
-// a candidate that accepts a prefill gets the partial answer and continues it, and only the
-// rest is streamed, so the caller receives one complete answer. Without such a candidate
-// (or budget) the caller gets a clear error: a cut answer is never reported as complete.
+// continueStream finishes a stream that broke after part of the answer reached the caller.
+// A candidate that accepts a prefill gets the partial answer and continues it; failing
+// that, a candidate restarts the answer from the beginning and a splicer passes on only
+// what extends the caller's text. Either way only the rest is streamed, so the caller
+// receives one complete answer. Without such a candidate (or budget), or when every
+// restart diverged, the caller gets a clear error: a cut answer is never reported as
+// complete, and text is never repeated.
 func (r *Router) continueStream(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, p *plan, o outcome, sink Sink) (*answer, error) {
 	partial := o.res.Content
 	r.afterFailure(p, o)
 	o.c.exhausted = true
-	for _, c := range p.cands {
-		if c.exhausted || !c.u.model.AcceptsPrefill || ctx.Err() != nil {
-			continue
+	diverged := false
+	// Restarting cannot reproduce streamed tool calls piece by piece; only text is spliced.
+	restartable := len(o.res.ToolCalls) == 0
+	for _, prefill := range []bool{true, false} {
+		for _, c := range p.cands {
+			if c.exhausted || c.u.model.AcceptsPrefill != prefill || ctx.Err() != nil {
+				continue
+			}
+			if !prefill && !restartable {
+				break
+			}
+			if qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.conf().HopReserve {
+				break
+			}
+			key, permit, release, ok, denied := r.extraAttempt(qc, p, c, func(key *upstreamKey) bool {
+				return r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKey, false)
+			})
+			if denied {
+				r.deps.Metrics.budgetDenied.Inc()
+				return nil, r.cutStream(qc, o, p, diverged)
+			}
+			if !ok {
+				continue
+			}
+			preq := providerRequest(req, qc)
+			p.attempts++
+			r.deps.Metrics.retries.WithLabelValues(c.u.model.Name, shortClass(provider.ClassOf(o.err))).Inc()
+			var next outcome
+			if prefill {
+				preq.Prefill = partial
+				r.audit(qc, "stream", fmt.Sprintf("continuing the answer on %s after %d bytes", c.u.model.Name, len(partial)), 0)
+				next = r.try(ctx, req, rt, qc, c, key, permit, preq, sink, false)
+			} else {
+				r.audit(qc, "stream", fmt.Sprintf("restarting the answer on %s, to splice after %d bytes", c.u.model.Name, len(partial)), 0)
+				sp := newSplicer(partial, sink)
+				next = r.try(ctx, req, rt, qc, c, key, permit, preq, sp.sink, false)
+				if next.err == nil && !sp.spliced {
+					// It ended before repeating everything the caller has: not an answer.
+					next.err = errRestartDiverged
+					next.att.ErrorClass, next.att.ErrorMessage = errRestartDiverged.Class, errRestartDiverged.Error()
+				}
+				next.res.Content = string(sp.rest)
+				diverged = diverged || errors.Is(next.err, errRestartDiverged)
+			}
+			release()
+			if next.err == nil {
+				how := "finished it"
+				if !prefill {
+					how = "restarted and finished it"
+				}
+				qc.DegradationReason = fmt.Sprintf("%s broke mid-answer (%s); %s %s", o.c.u.model.Name, shortClass(provider.ClassOf(o.err)), c.u.model.Name, how)
+				return r.accept(ctx, req, rt, qc, next, sink, partial), nil
+			}
+			partial += next.res.Content // it may have added some before breaking too
+			c.exhausted = true
 		}
-		if qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.conf().HopReserve {
-			break
-		}
-		key, permit, release, ok, denied := r.extraAttempt(qc, p, c, func(key *upstreamKey) bool {
-			return r.allowRetry(ctx, qc, p.budgetKey(c, key), p.sharedKey, false)
-		})
-		if denied {
-			r.deps.Metrics.budgetDenied.Inc()
-			break
-		}
-		if !ok {
-			continue
-		}
-		preq := providerRequest(req, qc)
-		preq.Prefill = partial
-		p.attempts++
-		r.deps.Metrics.retries.WithLabelValues(c.u.model.Name, shortClass(provider.ClassOf(o.err))).Inc()
-		r.audit(qc, "stream", fmt.Sprintf("continuing the answer on %s after %d bytes", c.u.model.Name, len(partial)), 0)
-		next := r.try(ctx, req, rt, qc, c, key, permit, preq, sink, false)
-		release()
-		if next.err == nil {
-			qc.DegradationReason = fmt.Sprintf("%s broke mid-answer (%s); %s finished it", o.c.u.model.Name, shortClass(provider.ClassOf(o.err)), c.u.model.Name)
-			return r.accept(ctx, req, rt, qc, next, sink, partial), nil
-		}
-		partial += next.res.Content // it may have added some before breaking too
-		c.exhausted = true
 	}
-	r.audit(qc, "stream", "stream failed after the first token and no fallback could continue it: "+shortClass(provider.ClassOf(o.err)), 0)
-	return nil, &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, cause: o.err, tried: p.failed, partial: true}
+	return nil, r.cutStream(qc, o, p, diverged)
+}
+
+// cutStream is the error of a stream that broke after its first token and could not be
+// finished.
+func (r *Router) cutStream(qc *mantlev1.QualityContext, o outcome, p *plan, diverged bool) error {
+	why := "no fallback could continue it"
+	if diverged {
+		why = "a restart on a fallback diverged from the text already sent"
+	}
+	r.audit(qc, "stream", "stream failed after the first token and "+why+": "+shortClass(provider.ClassOf(o.err)), 0)
+	return &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, cause: o.err, tried: p.failed, partial: true, diverged: diverged}
 }
 
 func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {

@@ -236,6 +236,7 @@ type chunk struct {
 	usage   *provider.Usage
 	err     error // Recv fails with it
 	hang    bool  // Recv blocks until ctx is done
+	tools   []provider.ToolCallDelta
 }
 
 func reply(content string, in, out int64) result {
@@ -373,7 +374,7 @@ func (s *fakeStream) Recv() (provider.Chunk, error) {
 	if st.err != nil {
 		return provider.Chunk{}, st.err
 	}
-	return provider.Chunk{Content: st.content, FinishReason: st.finish, Usage: st.usage}, nil
+	return provider.Chunk{Content: st.content, FinishReason: st.finish, Usage: st.usage, ToolCalls: st.tools}, nil
 }
 
 func (s *fakeStream) Close() error      { return nil }

@@ -110,21 +110,19 @@ func TestStreamWatchdog(t *testing.T) {
 			attempts: []string{"a:timeout", "b:none"}, callsB: 1,
 		},
 		{
-			name:       "stall after the first token: an error, never a stop, and no ladder answer",
+			name:       "stall after the first token: cancelled, and b's restart finishes it (never a stop after a cut)",
 			a:          result{stream: []chunk{{content: "Hel"}, {hang: true}}},
 			afterFirst: true,
 			advance:    3 * time.Second,
-			wantCode:   codes.Unavailable,
-			wantText:   "Hel", wantModels: []string{"a"},
-			attempts: []string{"a:timeout"},
+			wantText:   "Hello from b", wantModels: []string{"a", "b", "b", "b"},
+			attempts: []string{"a:timeout", "b:none"}, callsB: 1,
 		},
 		{
-			name:       "cut after the first token: an error",
+			name:       "cut after the first token: b's restart finishes it",
 			a:          result{stream: []chunk{{content: "Hel"}, {err: &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, Message: "stream ended before [DONE]"}}}},
 			afterFirst: true,
-			wantCode:   codes.Unavailable,
-			wantText:   "Hel", wantModels: []string{"a"},
-			attempts: []string{"a:truncated"},
+			wantText:   "Hello from b", wantModels: []string{"a", "b", "b", "b"},
+			attempts: []string{"a:truncated", "b:none"}, callsB: 1,
 		},
 		{
 			name:     "failure before the first token fails over",
@@ -199,12 +197,15 @@ func TestStreamWatchdog(t *testing.T) {
 }
 
 // TestStreamContinuation: a stream that breaks after part of the answer reached the caller is
-// finished by a fallback that accepts a prefill: it gets the partial answer and only the rest
-// is streamed, so the caller receives one complete answer. Without such a fallback, or when
-// the continuation breaks too, the caller gets an error, never a stop.
+// finished by a fallback that accepts a prefill (it gets the partial answer and only the rest
+// is streamed) or, failing that, by one that restarts the answer: what repeats the caller's
+// text is held back and only what extends it is streamed. Either way the caller receives one
+// complete answer, never repeated text. When nothing can finish it, or every restart says
+// something else, the caller gets an error, never a stop.
 func TestStreamContinuation(t *testing.T) {
 	t.Parallel()
 	truncated := &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, Message: "stream ended before [DONE]"}
+	cutAfterHello := result{stream: []chunk{{content: "Hello "}, {err: truncated}}}
 	tests := []struct {
 		name     string
 		prefill  []int // indexes of the models that accept a prefill
@@ -212,44 +213,91 @@ func TestStreamContinuation(t *testing.T) {
 		stall    bool // a stalls after its first chunk: the test drives the watchdog
 		wantCode codes.Code
 		wantText string
+		wantErr  string // in the error's message
 		model    string
+		reason   string // in the degradation reason
 		attempts []string
 		prefills map[string]string // the Prefill each model was sent
 	}{
 		{
 			name:     "cut mid-answer: the prefill-capable fallback finishes it",
 			prefill:  []int{1},
-			a:        result{stream: []chunk{{content: "Hello "}, {err: truncated}}},
+			a:        cutAfterHello,
 			b:        streamOf("from ", "b"),
-			wantText: "Hello from b", model: "b",
+			wantText: "Hello from b", model: "b", reason: "b finished it",
 			attempts: []string{"a:truncated", "b:none"},
 			prefills: map[string]string{"a": "", "b": "Hello "},
 		},
 		{
-			name:     "stalled mid-answer: cancelled, and a fallback that accepts a prefill is chosen",
+			name:     "stalled mid-answer: cancelled, and a fallback that accepts a prefill goes before one that restarts",
 			prefill:  []int{2},
 			a:        result{stream: []chunk{{content: "Hello "}, {hang: true}}},
 			c:        streamOf("from ", "c"),
 			stall:    true,
-			wantText: "Hello from c", model: "c",
+			wantText: "Hello from c", model: "c", reason: "c finished it",
 			attempts: []string{"a:timeout", "c:none"},
 			prefills: map[string]string{"a": "", "c": "Hello "},
 		},
 		{
-			name:     "the continuation breaks too: an error",
-			prefill:  []int{1},
-			a:        result{stream: []chunk{{content: "Hello "}, {err: truncated}}},
-			b:        result{stream: []chunk{{content: "from "}, {err: truncated}}},
-			wantCode: codes.Unavailable, wantText: "Hello from ",
-			attempts: []string{"a:truncated", "b:truncated"},
-			prefills: map[string]string{"a": "", "b": "Hello "},
+			name:     "no fallback accepts a prefill: b restarts, and only what extends the caller's text is streamed",
+			a:        cutAfterHello,
+			b:        streamOf("Hel", "lo", " from", " b"),
+			wantText: "Hello from b", model: "b", reason: "b restarted and finished it",
+			attempts: []string{"a:truncated", "b:none"},
+			prefills: map[string]string{"a": "", "b": ""},
 		},
 		{
-			name:     "no fallback accepts a prefill: an error",
-			a:        result{stream: []chunk{{content: "Hello "}, {err: truncated}}},
+			name:     "a restart spaced differently still splices, without doubling the space",
+			a:        result{stream: []chunk{{content: "Hello,\n"}, {content: "world "}, {err: truncated}}},
+			b:        streamOf("Hello, ", " world   and", " more"),
+			wantText: "Hello,\nworld and more", model: "b", reason: "restarted",
+			attempts: []string{"a:truncated", "b:none"},
+			prefills: map[string]string{"a": "", "b": ""},
+		},
+		{
+			name:     "a restart that diverges is cut off, and the next one splices",
+			a:        cutAfterHello,
+			b:        streamOf("Hi", " there"),
+			c:        streamOf("Hello", " from c"),
+			wantText: "Hello from c", model: "c", reason: "c restarted",
+			attempts: []string{"a:truncated", "b:truncated", "c:none"},
+			prefills: map[string]string{"a": "", "b": "", "c": ""},
+		},
+		{
+			name:     "every restart diverges or ends early: a clear error, nothing repeated",
+			a:        cutAfterHello,
+			b:        streamOf("Goodbye"),
+			c:        streamOf("Hel"),
+			wantCode: codes.Unavailable, wantText: "Hello ", wantErr: "diverged",
+			attempts: []string{"a:truncated", "b:truncated", "c:truncated"},
+			prefills: map[string]string{"a": "", "b": "", "c": ""},
+		},
+		{
+			name:     "a restart answering with a tool call instead of the text diverges",
+			a:        cutAfterHello,
+			b:        result{stream: []chunk{{tools: []provider.ToolCallDelta{{Index: 0, ID: "call_1", Name: "f"}}}, {finish: "tool_calls"}}},
+			c:        streamOf("Goodbye"),
+			wantCode: codes.Unavailable, wantText: "Hello ", wantErr: "diverged",
+			attempts: []string{"a:truncated", "b:truncated", "c:truncated"},
+			prefills: map[string]string{"a": "", "b": "", "c": ""},
+		},
+		{
+			name:     "a cut answer with tool calls is not restarted",
+			a:        result{stream: []chunk{{content: "Hello "}, {tools: []provider.ToolCallDelta{{Index: 0, ID: "call_1", Name: "f"}}}, {err: truncated}}},
+			b:        streamOf("Hello ", "from b"),
 			wantCode: codes.Unavailable, wantText: "Hello ",
 			attempts: []string{"a:truncated"},
 			prefills: map[string]string{"a": ""},
+		},
+		{
+			name:     "the continuation breaks too, and the restart diverges: an error",
+			prefill:  []int{1},
+			a:        cutAfterHello,
+			b:        result{stream: []chunk{{content: "from "}, {err: truncated}}},
+			c:        streamOf("Goodbye"),
+			wantCode: codes.Unavailable, wantText: "Hello from ", wantErr: "diverged",
+			attempts: []string{"a:truncated", "b:truncated", "c:truncated"},
+			prefills: map[string]string{"a": "", "b": "Hello ", "c": ""},
 		},
 	}
 	for _, tt := range tests {
@@ -288,11 +336,13 @@ func TestStreamContinuation(t *testing.T) {
 				if d.resp.Model != tt.model || d.resp.Message.Content != tt.wantText || d.resp.FinishReason != "stop" {
 					t.Errorf("final: %s %q %q, want %s, the whole answer and stop", d.resp.Model, d.resp.Message.Content, d.resp.FinishReason, tt.model)
 				}
-				if !strings.Contains(qc.DegradationReason, "broke mid-answer") {
-					t.Errorf("degradation reason = %q, want the continuation explained", qc.DegradationReason)
+				if !strings.Contains(qc.DegradationReason, "broke mid-answer") || !strings.Contains(qc.DegradationReason, tt.reason) {
+					t.Errorf("degradation reason = %q, want the continuation explained (%q)", qc.DegradationReason, tt.reason)
 				}
 			} else if d.resp != nil {
 				t.Errorf("a broken stream returned a final message %v", d.resp)
+			} else if !strings.Contains(d.err.Error(), tt.wantErr) {
+				t.Errorf("error %q does not say %q", d.err, tt.wantErr)
 			}
 			if diff := cmp.Diff(tt.attempts, attemptsOf(qc)); diff != "" {
 				t.Errorf("attempts (-want +got):\n%s", diff)

@@ -1,0 +1,109 @@
+package router
+
+import (
+	"unicode"
+	"unicode/utf8"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/provider"
+)
+
+// errRestartDiverged ends a restarted stream whose answer does not begin with the text the
+// caller already has: splicing it would give the caller two different answers in one.
+var errRestartDiverged = &provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TRUNCATED, Message: "the restarted answer diverged from the text already sent"}
+
+// splicer lets a stream restarted from the beginning on a model that cannot continue a
+// prefill finish an answer that broke mid-way: it holds the new answer back while it
+// repeats the text the caller already has, and passes on only what extends it. Texts are
+// compared after whitespace is collapsed, since models differ in spacing more than in
+// words. A restart that says anything else is refused (errRestartDiverged), never spliced.
+type splicer struct {
+	want    []rune // the caller's text, normalised
+	matched int    // how many runes of want the restart has repeated
+	space   bool   // the last normalised rune was a space (or nothing yet)
+	spliced bool   // the restart has caught up: everything from here on is new
+	// trimSpace: the caller's text ended in whitespace, so whitespace right after the
+	// splice point would double it.
+	trimSpace bool
+	rest      []byte // what was passed on: the final answer is the caller's text plus this
+	next      Sink
+}
+
+func newSplicer(sent string, next Sink) *splicer {
+	s := &splicer{space: true, next: next}
+	for _, r := range sent {
+		if unicode.IsSpace(r) {
+			if !s.space {
+				s.want = append(s.want, ' ')
+			}
+			s.space = true
+			continue
+		}
+		s.want = append(s.want, r)
+		s.space = false
+	}
+	s.trimSpace = len(s.want) > 0 && s.want[len(s.want)-1] == ' '
+	s.space = true
+	if len(s.want) == 0 {
+		s.spliced = true
+	}
+	return s
+}
+
+// sink is the Sink the restarted attempt streams into.
+func (s *splicer) sink(d Delta) error {
+	if s.spliced {
+		return s.pass(d, d.Content)
+	}
+	if len(d.ToolCalls) > 0 {
+		return errRestartDiverged // the caller has text; a tool call here is another answer
+	}
+	for i, r := range d.Content {
+		if unicode.IsSpace(r) {
+			if s.space {
+				continue
+			}
+			r = ' '
+			s.space = true
+		} else {
+			s.space = false
+		}
+		if s.want[s.matched] != r {
+			return errRestartDiverged
+		}
+		s.matched++
+		if s.matched == len(s.want) {
+			s.spliced = true
+			// Logprobs belong to the whole piece, most of which the caller already has.
+			d.Logprobs = nil
+			return s.pass(d, d.Content[i+utf8.RuneLen(r):])
+		}
+	}
+	return nil
+}
+
+// pass sends the new part of a piece on.
+func (s *splicer) pass(d Delta, content string) error {
+	if s.trimSpace {
+		trimmed := trimLeftSpace(content)
+		if trimmed != "" {
+			s.trimSpace = false
+		}
+		content = trimmed
+	}
+	if content == "" && len(d.ToolCalls) == 0 && d.Logprobs == nil {
+		return nil
+	}
+	d.Content = content
+	s.rest = append(s.rest, content...)
+	return s.next(d)
+}
+
+func trimLeftSpace(s string) string {
+	for i, r := range s {
+		if !unicode.IsSpace(r) {
+			return s[i:]
+		}
+	}
+	return ""
+}
