@@ -99,6 +99,10 @@ func resilienceConfig() mesh.Config {
 		router.ModelConfig{Name: "cut-mid-answer", Provider: "sim", SimProfile: "stream-cut"},
 		router.ModelConfig{Name: "continuer", Provider: "sim", AcceptsPrefill: true})
 	r.Routes = append(r.Routes, router.RouteConfig{Name: "r-continued", Scenario: "continued", Candidates: []string{"cut-mid-answer", "backup", "continuer"}})
+	// A stream cut mid-answer whose only fallback says something else: no splice.
+	r.SimProfiles["other-voice"] = sim.Profile{Opening: "another answer to: "}
+	r.Models = append(r.Models, router.ModelConfig{Name: "other-voice", Provider: "sim", SimProfile: "other-voice"})
+	r.Routes = append(r.Routes, router.RouteConfig{Name: "r-diverged", Scenario: "diverged", Candidates: []string{"cut-mid-answer", "other-voice"}})
 	return cfg
 }
 
@@ -244,7 +248,7 @@ func readStream(t *testing.T, body io.Reader, out *chatResult) {
 func TestResilienceOverHTTP(t *testing.T) {
 	t.Parallel()
 	m := meshtest.Start(t, resilienceConfig(), meshtest.All)
-	const question = "Explain circuit breakers in one line please"
+	const question = resilienceQuestion
 
 	tests := []struct {
 		name     string
@@ -313,9 +317,9 @@ func TestResilienceOverHTTP(t *testing.T) {
 			},
 		},
 		{
-			name: "stream cut after the first token: an error, never a stop", route: "r-stream-cut", stream: true,
-			status: 200, errCode: "all_candidates_failed",
-			check: wantCutStream,
+			name: "stream cut after the first token: no fallback accepts a prefill, backup restarts and is spliced", route: "r-stream-cut", stream: true,
+			status: 200, model: "backup", attempts: []string{"stream-cut:truncated", "backup:none"},
+			check: wantSplicedStream,
 		},
 		{
 			name: "stream cut after the first token: a prefill-capable fallback finishes the answer", route: "r-continued", stream: true,
@@ -327,14 +331,24 @@ func TestResilienceOverHTTP(t *testing.T) {
 			},
 		},
 		{
-			name: "stream stall after the first token: cancelled, an error", route: "r-stream-stall", stream: true,
-			status: 200, errCode: "all_candidates_failed",
-			check: wantCutStream,
+			name: "stream stall after the first token: cancelled, backup restarts and is spliced", route: "r-stream-stall", stream: true,
+			status: 200, model: "backup", attempts: []string{"stream-stall:timeout", "backup:none"},
+			check: wantSplicedStream,
 		},
 		{
-			name: "malformed chunk mid-stream: an error", route: "r-malformed-chunk", stream: true,
+			name: "malformed chunk mid-stream: backup restarts and is spliced", route: "r-malformed-chunk", stream: true,
+			status: 200, model: "backup", attempts: []string{"malformed-chunk:malformed_output", "backup:none"},
+			check: wantSplicedStream,
+		},
+		{
+			name: "stream cut after the first token, and the only fallback says something else: an error, never a stop", route: "r-diverged", stream: true,
 			status: 200, errCode: "all_candidates_failed",
-			check: wantCutStream,
+			check: func(t *testing.T, r chatResult) {
+				wantCutStream(t, r)
+				if !strings.Contains(r.errMsg, "diverged") || strings.Contains(r.content, "another answer") {
+					t.Errorf("content %q error %q, want the divergence named and none of the other answer", r.content, r.errMsg)
+				}
+			},
 		},
 		{
 			name: "stream without [DONE] after its finish reason: a complete answer", route: "r-no-done", stream: true,
@@ -406,6 +420,20 @@ func TestResilienceOverHTTP(t *testing.T) {
 				tt.check(t, r)
 			}
 		})
+	}
+}
+
+const resilienceQuestion = "Explain circuit breakers in one line please"
+
+// wantSplicedStream: the answer broke mid-way and a fallback's restart finished it; the
+// caller has the answer once, whole, ended properly.
+func wantSplicedStream(t *testing.T, r chatResult) {
+	t.Helper()
+	if r.content != "sim answer to: "+resilienceQuestion || strings.Join(r.finish, ",") != "stop" || !r.done {
+		t.Errorf("content %q finish %v done %t, want one complete answer, nothing repeated", r.content, r.finish, r.done)
+	}
+	if !strings.Contains(r.quality.GetDegradationReason(), "restarted and finished it") {
+		t.Errorf("degradation reason %q, want the restart named", r.quality.GetDegradationReason())
 	}
 }
 

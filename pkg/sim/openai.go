@@ -18,6 +18,9 @@ type chatRequest struct {
 	// MaxTokens is the legacy name; MaxCompletionTokens replaced it. Either caps the answer.
 	MaxTokens           int `json:"max_tokens"`
 	MaxCompletionTokens int `json:"max_completion_tokens"`
+
+	// opening starts every answer instead of "sim answer to: " (the profile's Opening).
+	opening string
 }
 
 type streamOptions struct {
@@ -103,7 +106,11 @@ func (r *chatRequest) answer() string {
 	if utf8.RuneCountInString(last) > promptEcho {
 		last = string([]rune(last)[:promptEcho]) + "..."
 	}
-	text := "sim answer to: " + last
+	opening := "sim answer to: "
+	if r.opening != "" {
+		opening = r.opening
+	}
+	text := opening + last
 	if n := len(r.Messages); n > 0 && r.Messages[n-1].Role == "assistant" {
 		// A prefill: continue the answer it starts, as prefill-capable models do.
 		if rest, ok := strings.CutPrefix(text, r.Messages[n-1].text()); ok {

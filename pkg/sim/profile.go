@@ -39,6 +39,9 @@ type Profile struct {
 	RetryAfter time.Duration `yaml:"retry_after,omitempty"`
 	// RateLimit is the simulated per-minute capacity of the key behind the model.
 	RateLimit RateLimit `yaml:"rate_limit"`
+	// Opening starts every answer instead of "sim answer to: ", so that two models say
+	// different things for the same prompt (a restarted stream that must not be spliced).
+	Opening string `yaml:"opening,omitempty"`
 
 	// Phases change latency and errors over time, measured from the server's start.
 	// They are sorted by Start and do not overlap; outside every phase the profile's own

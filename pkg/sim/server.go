@@ -277,6 +277,7 @@ func (m *model) plan(now time.Time, elapsed time.Duration, req *chatRequest, ide
 		retryAfter: p.retryAfter(),
 		created:    now.Unix(),
 	}
+	req.opening = p.Opening
 	cost := int64(req.promptTokens() + estimateTokens(req.answer()))
 	admitted, limits := m.window.admit(now, p.RateLimit, p.scaled(time.Minute), cost, c.outcome)
 	c.limits = limits
