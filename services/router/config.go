@@ -57,6 +57,13 @@ type Config struct {
 	// StallTimeout cancels a stream that makes no progress for this long; for routes that
 	// set none.
 	StallTimeout time.Duration `yaml:"stall_timeout"`
+	// StreamRescueShare is the share of the time left that a stream's first-token and stall
+	// limits keep for a fallback to continue or restart a stream that broke: an attempt's
+	// limits never exceed (1 - share) of the time left when it starts, so a stream that
+	// never starts or stalls early still leaves that share to finish the answer elsewhere.
+	// Route limits above (1 - share) of the route's budget are clamped with a warning at
+	// start and reload. 0 turns the clamp off; below 1.
+	StreamRescueShare float64 `yaml:"stream_rescue_share"`
 	// AllowMissingKeys starts the router when a provider key's environment variable is
 	// unset or empty, with a warning naming it; every call on that key then fails at once
 	// with an auth error (nothing is sent), so its breaker opens and requests go to the
@@ -362,6 +369,7 @@ func DefaultConfig() Config {
 		QuotaFailOpen:     true,
 		FirstTokenTimeout: 10 * time.Second,
 		StallTimeout:      10 * time.Second,
+		StreamRescueShare: 0.3,
 		Retry: RetryConfig{
 			MaxRetries:    2,
 			BackoffBase:   300 * time.Millisecond,
@@ -506,6 +514,9 @@ func (c Config) Validate() error {
 	}
 	if c.FirstTokenTimeout <= 0 || c.StallTimeout <= 0 {
 		add("first_token_timeout and stall_timeout: must be positive, got %s and %s", c.FirstTokenTimeout, c.StallTimeout)
+	}
+	if !(c.StreamRescueShare >= 0 && c.StreamRescueShare < 1) {
+		add("stream_rescue_share: must be at least 0 and below 1, got %v", c.StreamRescueShare)
 	}
 	if err := c.RetryBudget.Validate(); err != nil {
 		add("retry_budget.%v", err)

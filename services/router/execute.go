@@ -911,7 +911,11 @@ func (r *Router) checkLocally(ctx context.Context, req *routerv1.Request, level 
 func (r *Router) stream(ctx context.Context, rt *route, c *candidate, key *upstreamKey, preq provider.Request, sink Sink, att *mantlev1.Attempt, start time.Time) (provider.Response, bool, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	firstToken, stall := min(rt.firstTokenTimeout, c.u.timeout), rt.stallTimeout
+	// Whatever the route says (the caller may have shortened the budget), an attempt that
+	// never starts or stalls leaves a share of the time left for a fallback to continue or
+	// restart it.
+	ceiling := rescueCeiling(time.Until(deadlineOf(ctx)), r.conf().StreamRescueShare)
+	firstToken, stall := min(rt.firstTokenTimeout, c.u.timeout, ceiling), min(rt.stallTimeout, ceiling)
 	watchdog := r.deps.Clock.AfterFunc(firstToken, func() {
 		cancel(&provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Message: fmt.Sprintf("no first token within %s", firstToken)})
 	})

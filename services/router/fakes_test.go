@@ -410,6 +410,8 @@ type harness struct {
 	tracer trace.Tracer
 	// schedulingDelay is the overload shedder's signal; nil reads the Go runtime's.
 	schedulingDelay func() time.Duration
+	// log receives the router's log; nil discards it.
+	log slog.Handler
 }
 
 // newHarness builds a Router over fakes. Its clock is fake and starts at the real now,
@@ -453,8 +455,11 @@ func newHarness(t *testing.T, cfg Config, h *harness) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if h.log == nil {
+		h.log = slog.DiscardHandler
+	}
 	deps := Deps{Quota: h.quota, Cache: h.cache, Verifier: h.verifier, Events: h.events,
-		Clock: h.clock, Log: slog.New(slog.DiscardHandler), Metrics: m, Rand: h.rand, Tracer: h.tracer, SchedulingDelay: h.schedulingDelay}
+		Clock: h.clock, Log: slog.New(h.log), Metrics: m, Rand: h.rand, Tracer: h.tracer, SchedulingDelay: h.schedulingDelay}
 	if h.idempotency {
 		deps.Idempotency = idempotency.NewMemory(time.Hour, time.Minute, h.clock)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -235,6 +236,7 @@ func (r *Router) buildTable(cfg *Config) *routeTable {
 		if rt.stallTimeout == 0 {
 			rt.stallTimeout = cfg.StallTimeout
 		}
+		r.clampStreamLimits(cfg, rt)
 		t.routes[rt.name] = rt
 		t.names = append(t.names, rt.name)
 		t.scenarios[rt.scenario] = true
@@ -254,6 +256,32 @@ func (r *Router) buildTable(cfg *Config) *routeTable {
 		add(rt)
 	}
 	return t
+}
+
+// clampStreamLimits lowers a route's first-token and stall limits that would leave less
+// than stream_rescue_share of its budget to finish a broken stream on a fallback (a stall
+// limit equal to the budget ends every stall in an error), and says so.
+func (r *Router) clampStreamLimits(cfg *Config, rt *route) {
+	ceiling := rescueCeiling(rt.budget-cfg.HopReserve, cfg.StreamRescueShare)
+	for _, l := range []struct {
+		name  string
+		limit *time.Duration
+	}{{"first_token_timeout", &rt.firstTokenTimeout}, {"stall_timeout", &rt.stallTimeout}} {
+		if *l.limit > ceiling {
+			r.deps.Log.Warn("a stream limit leaves no time to rescue a broken stream inside the route's budget; clamped",
+				"route", rt.name, "limit", l.name, "configured", *l.limit, "clamped_to", ceiling, "budget", rt.budget, "stream_rescue_share", cfg.StreamRescueShare)
+			*l.limit = ceiling
+		}
+	}
+}
+
+// rescueCeiling is the most a stream limit may take of the time left, keeping share of it
+// for a fallback; no ceiling when share is 0.
+func rescueCeiling(left time.Duration, share float64) time.Duration {
+	if share <= 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(float64(max(left, 0)) * (1 - share))
 }
 
 // Reload applies a new router block without a restart: routes, ladders (including forced

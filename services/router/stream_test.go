@@ -1,7 +1,9 @@
 package router
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -355,6 +357,101 @@ func TestStreamContinuation(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.prefills, got); diff != "" {
 				t.Errorf("prefill sent per model (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestStreamLimitsLeaveRoomToRescue: first-token and stall limits that would take the whole
+// budget are clamped (with a warning naming the route) to leave stream_rescue_share of it
+// for a fallback, so a stall just under the budget ends in a rescue, not an error.
+func TestStreamLimitsLeaveRoomToRescue(t *testing.T) {
+	t.Parallel()
+	// 100 s budgets keep the clamp (about 70 s) far from the checks at 60 s and 71 s: the
+	// ceiling also counts the few real milliseconds the test takes.
+	const budget = 100 * time.Second
+	tests := []struct {
+		name        string
+		share       float64
+		firstToken  bool // a never sends a first token (else it stalls after one)
+		quietUntil  time.Duration
+		cutBy       time.Duration
+		wantWarning string
+		wantError   bool // nothing is left for b: the caller gets an error
+		// callerBudget is a shorter deadline of the caller's; the route's budget and limits
+		// are then ten times longer, so only the attempt's own ceiling can cut in time.
+		callerBudget time.Duration
+	}{
+		{name: "a stall limit equal to the budget is clamped: the stall is cut in time for b to restart", share: 0.3,
+			quietUntil: 60 * time.Second, cutBy: 71 * time.Second, wantWarning: "stall_timeout"},
+		{name: "a first-token limit equal to the budget is clamped: b streams the whole answer in time", share: 0.3, firstToken: true,
+			quietUntil: 60 * time.Second, cutBy: 71 * time.Second, wantWarning: "first_token_timeout"},
+		{name: "share 0 keeps the configured stall limit, which leaves nothing for b: an error", share: 0,
+			quietUntil: 99 * time.Second, cutBy: 100 * time.Second, wantError: true},
+		{name: "a caller's shorter budget: the attempt's limits leave the share of it", share: 0.3, callerBudget: budget,
+			quietUntil: 60 * time.Second, cutBy: 71 * time.Second, wantWarning: "stall_timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig()
+			cfg.Providers[0].Timeout = 2 * budget // the per-try timeout must not be what cuts it
+			cfg.StreamRescueShare = tt.share
+			routeBudget := budget
+			if tt.callerBudget > 0 {
+				routeBudget = 10 * budget
+				cfg.Providers[0].Timeout = 2 * routeBudget
+			}
+			cfg.Routes[0].Budget = routeBudget
+			cfg.Routes[0].FirstTokenTimeout, cfg.Routes[0].StallTimeout = routeBudget, routeBudget
+			a := result{stream: []chunk{{content: "Hel"}, {hang: true}}}
+			if tt.firstToken {
+				a = result{stream: []chunk{{hang: true}}}
+			}
+			var logged bytes.Buffer
+			h := newHarness(t, cfg, &harness{log: slog.NewTextHandler(&logged, nil), providers: map[string]*fakeProvider{
+				"a": newFakeProvider(a),
+				"b": newFakeProvider(streamOf("Hello ", "from ", "b")),
+			}})
+			if tt.wantWarning != "" && (!strings.Contains(logged.String(), "clamped") || !strings.Contains(logged.String(), "limit="+tt.wantWarning) || !strings.Contains(logged.String(), "route=chat")) {
+				t.Errorf("no warning naming route chat and %s:\n%s", tt.wantWarning, logged.String())
+			}
+			if tt.wantWarning == "" && strings.Contains(logged.String(), "clamped") {
+				t.Errorf("share 0 clamped a limit:\n%s", logged.String())
+			}
+			rec := newRecorder()
+			ctx := context.Background()
+			if tt.callerBudget > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tt.callerBudget)
+				defer cancel()
+			}
+			ch := make(chan done, 1)
+			go func() {
+				resp, err := h.router.Stream(ctx, ask("chat"), rec.sink)
+				ch <- done{resp, err}
+			}()
+			if tt.firstToken {
+				h.blockUntil(t, 1)
+			} else {
+				<-rec.got
+			}
+			h.clock.Advance(tt.quietUntil)
+			select {
+			case d := <-ch:
+				t.Fatalf("the stream was cut before %s: %v %v", tt.quietUntil, d.resp, d.err)
+			default:
+			}
+			h.clock.Advance(tt.cutBy - tt.quietUntil)
+			d := await(t, ch)
+			if tt.wantError {
+				if d.err == nil || rec.text() != "Hel" || h.calls("b") != 0 {
+					t.Fatalf("the caller received %q (%v), b called %d times; want an error after a's part", rec.text(), d.err, h.calls("b"))
+				}
+				return
+			}
+			if d.err != nil || rec.text() != "Hello from b" {
+				t.Fatalf("the caller received %q (%v), want b's rescue", rec.text(), d.err)
 			}
 		})
 	}
