@@ -7,6 +7,7 @@
 package anthropic
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -63,25 +64,6 @@ func New(cfg Config) *Client {
 	return &Client{ep: httpcall.NewEndpoint(base+"/messages", cfg.HTTPClient, cfg.Headers, cfg.Now), apiKey: cfg.APIKey}
 }
 
-type messagesRequest struct {
-	Model       string    `json:"model"`
-	System      string    `json:"system,omitempty"`
-	Messages    []message `json:"messages"`
-	MaxTokens   int       `json:"max_tokens"`
-	Temperature *float64  `json:"temperature,omitempty"`
-	Metadata    *metadata `json:"metadata,omitempty"`
-	Stream      bool      `json:"stream,omitempty"`
-}
-
-type message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-}
-
-type metadata struct {
-	UserID string `json:"user_id"`
-}
-
 type usage struct {
 	InputTokens              int64 `json:"input_tokens"`
 	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
@@ -99,8 +81,11 @@ type messageResponse struct {
 	Type    string `json:"type"`
 	Model   string `json:"model"`
 	Content []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+		Type  string          `json:"type"`
+		Text  string          `json:"text"`
+		ID    string          `json:"id"`
+		Name  string          `json:"name"`
+		Input json.RawMessage `json:"input"`
 	} `json:"content"`
 	StopReason string `json:"stop_reason"`
 	Usage      usage  `json:"usage"`
@@ -108,7 +93,11 @@ type messageResponse struct {
 
 // Complete sends req and waits for the whole answer.
 func (c *Client) Complete(ctx context.Context, req provider.Request) (provider.Response, error) {
-	return c.ep.Complete(ctx, messagesBody(req, false), c.ownHeaders(), parseMessage)
+	body, f := messagesBody(req, false)
+	if f != "" {
+		return provider.Response{}, refusedError(f)
+	}
+	return c.ep.Complete(ctx, body, c.ownHeaders(), parseMessage)
 }
 
 // parseMessage reads a 2xx body that is neither too large nor an error object, returning a
@@ -133,14 +122,22 @@ func parseMessage(body []byte) (provider.Response, *provider.Error) {
 	if perr != nil {
 		return provider.Response{}, perr
 	}
+	// Text blocks are the answer and tool_use blocks its tool calls. Thinking and
+	// redacted_thinking blocks are the model's reasoning, which OpenAI's answer shape has no
+	// place for: they are not passed on.
 	var text strings.Builder
+	var calls []provider.ToolCall
 	for _, block := range msg.Content {
-		if block.Type == "text" {
+		switch block.Type {
+		case "text":
 			text.WriteString(block.Text)
+		case "tool_use":
+			calls = append(calls, provider.ToolCall{ID: block.ID, Type: "function", Name: block.Name, Arguments: toolArguments(block.Input)})
 		}
 	}
 	return provider.Response{
 		Content:      text.String(),
+		ToolCalls:    calls,
 		FinishReason: finish,
 		Model:        msg.Model,
 		Usage: provider.Usage{
@@ -148,6 +145,16 @@ func parseMessage(body []byte) (provider.Response, *provider.Error) {
 			OutputTokens: msg.Usage.OutputTokens,
 		},
 	}, nil
+}
+
+// toolArguments is a tool_use block's input as the arguments string of an OpenAI tool
+// call: compact JSON, "{}" when absent.
+func toolArguments(input json.RawMessage) string {
+	var b bytes.Buffer
+	if len(input) == 0 || json.Compact(&b, input) != nil || b.String() == "null" {
+		return "{}"
+	}
+	return b.String()
 }
 
 // finishReason translates Anthropic's stop_reason into the OpenAI vocabulary the rest of
@@ -172,42 +179,6 @@ func finishReason(stopReason string) (string, *provider.Error) {
 	return stopReason, nil
 }
 
-// messagesBody is the request body for req.
-//
-// Request.JSON is not forwarded because the Messages API has no JSON mode, and
-// Request.IdempotencyKey is not because Anthropic does not accept one; the router's own
-// idempotency still applies.
-func messagesBody(req provider.Request, stream bool) messagesRequest {
-	body := messagesRequest{
-		Model:       req.Model,
-		Messages:    make([]message, 0, len(req.Messages)),
-		MaxTokens:   req.MaxTokens,
-		Temperature: req.Temperature,
-		Stream:      stream,
-	}
-	if body.MaxTokens <= 0 {
-		body.MaxTokens = DefaultMaxTokens
-	}
-	var system []string
-	for _, m := range req.Messages {
-		switch m.Role {
-		case "system", "developer":
-			system = append(system, m.Content)
-		default:
-			body.Messages = append(body.Messages, message{Role: m.Role, Content: m.Content})
-		}
-	}
-	body.System = strings.Join(system, "\n\n")
-	if req.Prefill != "" {
-		// A final assistant turn is Anthropic's native prefill; it must not end in white space.
-		body.Messages = append(body.Messages, message{Role: "assistant", Content: strings.TrimRight(req.Prefill, " \t\n")})
-	}
-	if req.User != "" {
-		body.Metadata = &metadata{UserID: req.User}
-	}
-	return body
-}
-
 // ownHeaders are the headers the Client sends; Config.Headers override them.
 func (c *Client) ownHeaders() map[string]string {
 	return map[string]string{"X-Api-Key": c.apiKey, "Anthropic-Version": APIVersion}
@@ -215,54 +186,9 @@ func (c *Client) ownHeaders() map[string]string {
 
 var _ provider.FieldRefuser = (*Client)(nil)
 
-// Unsupported names the first field of req that messagesBody would drop. The Messages API
-// has counterparts for several of them (tools, images, stop sequences); until this adapter
-// maps them, a request that carries one is not sent here. A JSON response format is not
-// among them: the verifier checks the answer against it on every provider.
+// Unsupported names the first field of req that has no counterpart in the Messages API (see
+// messagesBody), or "" when the adapter carries the whole request.
 func (c *Client) Unsupported(req provider.Request) string {
-	for _, m := range req.Messages {
-		switch {
-		case len(m.Parts) > 0:
-			return "messages[].content (content parts)"
-		case len(m.ToolCalls) > 0:
-			return "messages[].tool_calls"
-		case m.ToolCallID != "":
-			return "messages[].tool_call_id"
-		case m.Refusal != "":
-			return "messages[].refusal"
-		case m.Name != "":
-			return "messages[].name"
-		case m.Role == "tool":
-			return "messages[].role tool"
-		}
-	}
-	fields := []struct {
-		name string
-		set  bool
-	}{
-		{"tools", len(req.Tools) > 0},
-		{"tool_choice", req.ToolChoice != "" || req.ToolChoiceFunction != ""},
-		{"parallel_tool_calls", req.ParallelToolCalls != nil},
-		{"stop", len(req.Stop) > 0},
-		{"n", req.N != nil && *req.N != 1},
-		{"seed", req.Seed != nil},
-		{"top_p", req.TopP != nil},
-		{"presence_penalty", req.PresencePenalty != nil},
-		{"frequency_penalty", req.FrequencyPenalty != nil},
-		{"logit_bias", len(req.LogitBias) > 0},
-		{"logprobs", req.Logprobs != nil && *req.Logprobs},
-		{"top_logprobs", req.TopLogprobs != nil},
-		{"reasoning_effort", req.ReasoningEffort != ""},
-		{"service_tier", req.ServiceTier != ""},
-		{"metadata", len(req.Metadata) > 0},
-		{"modalities", len(req.Modalities) > 0},
-		{"store", req.Store != nil},
-		{"extra_body", len(req.ExtraBody) > 0},
-	}
-	for _, f := range fields {
-		if f.set {
-			return f.name
-		}
-	}
-	return ""
+	_, f := messagesBody(req, false)
+	return string(f)
 }

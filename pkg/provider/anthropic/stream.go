@@ -17,7 +17,11 @@ import (
 // The finish reason and usage arrive together in a last chunk at message_stop, then Recv
 // returns io.EOF.
 func (c *Client) Stream(ctx context.Context, req provider.Request) (provider.Stream, error) {
-	return c.ep.Stream(ctx, messagesBody(req, true), c.ownHeaders(), &decoder{},
+	body, f := messagesBody(req, true)
+	if f != "" {
+		return nil, refusedError(f)
+	}
+	return c.ep.Stream(ctx, body, c.ownHeaders(), &decoder{},
 		"stream ended before message_stop and without a stop reason")
 }
 
@@ -26,7 +30,23 @@ type decoder struct {
 	stopped      bool // a message_delta carried a stop_reason
 	finishReason string
 	usage        provider.Usage
+	// tools maps the content-block index of each tool_use block to its tool call: Anthropic
+	// numbers all blocks (text, thinking, tool_use), OpenAI's tool calls count only calls.
+	tools map[int]*streamedCall
 }
+
+// streamedCall is a tool_use block being streamed.
+type streamedCall struct {
+	index int // the tool call's index among the answer's calls
+	// input is the block's input at content_block_start, sent when no input_json_delta
+	// follows; argued says whether any arguments were sent.
+	input  json.RawMessage
+	argued bool
+}
+
+// maxStreamedToolCalls bounds the tool calls of one streamed answer, and so the decoder's
+// state; no real answer comes near it.
+const maxStreamedToolCalls = 1024
 
 // streamEvent is the union of the event payloads the adapter reads. Every payload names
 // its own type, so the SSE event name is only a fallback.
@@ -35,10 +55,18 @@ type streamEvent struct {
 	Message struct {
 		Usage usage `json:"usage"`
 	} `json:"message"`
+	Index        int `json:"index"`
+	ContentBlock struct {
+		Type  string          `json:"type"`
+		ID    string          `json:"id"`
+		Name  string          `json:"name"`
+		Input json.RawMessage `json:"input"`
+	} `json:"content_block"`
 	Delta struct {
-		Type       string `json:"type"`
-		Text       string `json:"text"`
-		StopReason string `json:"stop_reason"`
+		Type        string `json:"type"`
+		Text        string `json:"text"`
+		PartialJSON string `json:"partial_json"`
+		StopReason  string `json:"stop_reason"`
 	} `json:"delta"`
 	Usage *usage `json:"usage"`
 }
@@ -60,9 +88,34 @@ func (d *decoder) Apply(ev provider.Event) (provider.Chunk, bool, *provider.Erro
 			InputTokens:  se.Message.Usage.inputTokens(),
 			OutputTokens: se.Message.Usage.OutputTokens,
 		}
+	case "content_block_start":
+		if se.ContentBlock.Type == "tool_use" {
+			return d.startTool(se)
+		}
 	case "content_block_delta":
-		if se.Delta.Type == "text_delta" {
+		switch se.Delta.Type {
+		case "text_delta":
 			return provider.Chunk{Content: se.Delta.Text}, false, nil
+		case "input_json_delta":
+			call, ok := d.tools[se.Index]
+			if !ok {
+				return provider.Chunk{}, false, &provider.Error{
+					Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+					Message: fmt.Sprintf("input_json_delta for content block %d, which is not a tool_use block", se.Index),
+				}
+			}
+			if se.Delta.PartialJSON == "" {
+				break
+			}
+			call.argued = true
+			return provider.Chunk{ToolCalls: []provider.ToolCallDelta{{Index: call.index, Arguments: se.Delta.PartialJSON}}}, false, nil
+		}
+	case "content_block_stop":
+		if call, ok := d.tools[se.Index]; ok && !call.argued {
+			// A call that got no input_json_delta has the input it started with: "{}" for a
+			// function without arguments, as OpenAI would send.
+			call.argued = true
+			return provider.Chunk{ToolCalls: []provider.ToolCallDelta{{Index: call.index, Arguments: toolArguments(call.input)}}}, false, nil
 		}
 	case "message_delta":
 		// message_delta's usage is cumulative; input counts appear there only in newer
@@ -85,9 +138,33 @@ func (d *decoder) Apply(ev provider.Event) (provider.Chunk, bool, *provider.Erro
 	case "error":
 		return provider.Chunk{}, false, streamError(ev.Data)
 	}
-	// ping, content_block_start/stop, thinking and tool deltas, and event types added
-	// after this adapter was written carry no text for the caller.
+	// ping, text and thinking block starts and stops, thinking and signature deltas (the
+	// model's reasoning, which OpenAI's answer shape has no place for), and event types
+	// added after this adapter was written carry nothing for the caller.
 	return provider.Chunk{}, false, nil
+}
+
+// startTool records a tool_use block's start and returns the call's first piece: its id
+// and name, with no arguments yet.
+func (d *decoder) startTool(se streamEvent) (provider.Chunk, bool, *provider.Error) {
+	if d.tools == nil {
+		d.tools = make(map[int]*streamedCall)
+	}
+	if _, dup := d.tools[se.Index]; dup {
+		return provider.Chunk{}, false, &provider.Error{
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+			Message: fmt.Sprintf("content block %d started twice", se.Index),
+		}
+	}
+	if len(d.tools) >= maxStreamedToolCalls {
+		return provider.Chunk{}, false, &provider.Error{
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+			Message: fmt.Sprintf("more than %d tool calls in one answer", maxStreamedToolCalls),
+		}
+	}
+	call := &streamedCall{index: len(d.tools), input: se.ContentBlock.Input}
+	d.tools[se.Index] = call
+	return provider.Chunk{ToolCalls: []provider.ToolCallDelta{{Index: call.index, ID: se.ContentBlock.ID, Type: "function", Name: se.ContentBlock.Name}}}, false, nil
 }
 
 // errorStatus is the HTTP status Anthropic documents for each error type. An error event is
