@@ -51,6 +51,10 @@ func text(s string) sse {
 	return sse{"content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, s)}
 }
 
+func toolStart(index int) sse {
+	return sse{"content_block_start", fmt.Sprintf(`{"type":"content_block_start","index":%d,"content_block":{"type":"tool_use","id":"toolu_%d","name":"f","input":{}}}`, index, index)}
+}
+
 func messageDelta(stopReason string, outputTokens int) sse {
 	return sse{"message_delta", fmt.Sprintf(`{"type":"message_delta","delta":{"stop_reason":%q,"stop_sequence":null},"usage":{"output_tokens":%d}}`, stopReason, outputTokens)}
 }
@@ -62,7 +66,6 @@ func errorEvent(typ, message string) sse {
 func TestStreamSuccess(t *testing.T) {
 	bodies := make(chan map[string]any, 1)
 	send := events(messageStart, blockStart, ping, text("Hello"), text(" there"),
-		sse{"content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{"}}`},
 		blockStop, messageDelta("end_turn", 15), messageStop)
 	c := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
@@ -136,6 +139,12 @@ func TestStreamOutcomes(t *testing.T) {
 		{Name: "unparseable data line",
 			Handler: events(messageStart, text("a"), sse{"content_block_delta", `{"type":"content_block_delta","delta":`}),
 			Content: "a", Class: mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT},
+		{Name: "input_json_delta without its tool_use block",
+			Handler: events(messageStart, text("a"), sse{"content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{"}}`}),
+			Content: "a", Class: mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT, Message: "not a tool_use block"},
+		{Name: "a tool_use block started twice",
+			Handler: events(messageStart, toolStart(1), toolStart(1)),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT, Message: "started twice"},
 		{Name: "refusal",
 			Handler: events(messageStart, text("I"), messageDelta("refusal", 1), messageStop),
 			Content: "I", Class: mantlev1.ErrorClass_ERROR_CLASS_CONTENT_FILTERED, Message: "refusal"},
