@@ -3,6 +3,7 @@ package mesh_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,7 +14,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,31 +26,17 @@ import (
 
 const compatKey = "sk-compat-test"
 
-// startCompat runs the whole mesh with one OpenAI-type provider, the recording upstream,
-// and an Anthropic-type one that answers nothing (it must never be called for fields it
-// cannot carry). Route "chat" is the OpenAI model; route "anthropic-first" tries the
-// Anthropic model first; route "anthropic-only" has no other.
-func startCompat(t *testing.T) (*meshtest.RecordingUpstream, string) {
+// startCompat runs the whole mesh with an OpenAI-type provider and an Anthropic-type one,
+// each a recording upstream. Route "chat" is the OpenAI model; route "anthropic-first" tries
+// the Anthropic model first; route "anthropic-only" has no other.
+func startCompat(t *testing.T) (*meshtest.RecordingUpstream, *meshtest.AnthropicRecordingUpstream, string) {
 	t.Helper()
 	up := &meshtest.RecordingUpstream{}
 	srv := httptest.NewServer(up)
 	t.Cleanup(srv.Close)
-	var anthropicCalls sync.Mutex
-	anthropicHit := false
-	ant := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		anthropicCalls.Lock()
-		anthropicHit = true
-		anthropicCalls.Unlock()
-		http.Error(w, `{"type":"error","error":{"type":"api_error","message":"not here"}}`, http.StatusInternalServerError)
-	}))
+	antUp := &meshtest.AnthropicRecordingUpstream{}
+	ant := httptest.NewServer(antUp)
 	t.Cleanup(ant.Close)
-	t.Cleanup(func() {
-		anthropicCalls.Lock()
-		defer anthropicCalls.Unlock()
-		if anthropicHit {
-			t.Error("the Anthropic-type upstream was called for a request its adapter cannot carry")
-		}
-	})
 	t.Setenv("MANTLE_COMPAT_UPSTREAM_KEY", "sk-upstream")
 	keys := []router.KeyConfig{{ID: "k1", Env: "MANTLE_COMPAT_UPSTREAM_KEY"}}
 	cfg := mesh.Default()
@@ -67,7 +53,7 @@ func startCompat(t *testing.T) (*meshtest.RecordingUpstream, string) {
 		{Name: "anthropic-only", Candidates: []string{"claude"}},
 	}
 	m := meshtest.Start(t, cfg, meshtest.All)
-	return up, "http://" + m.HTTPAddr
+	return up, antUp, "http://" + m.HTTPAddr
 }
 
 type compatResult struct {
@@ -117,63 +103,110 @@ func jsonEqual(a, b []byte) bool {
 const userMsg = `{"role":"user","content":"weather in Paris?"}`
 
 // compatCase is one field sent through the front door. Exactly one of forwarded (the JSON
-// the upstream must receive under field) and refused (the error's param) is set.
+// the upstream must receive under field) and refused (the error's param) is set. A
+// forwarded field is sent again on a route whose only candidate is Anthropic-type, and
+// exactly one of ant (carried by the Anthropic adapter) and skipped (the field its
+// Unsupported names, which the 400 then names) is set.
 type compatCase struct {
 	field string // the documented field, as docs/compatibility.md names it
 	body  string // members added to {"model":"chat"}; messages default to one user turn
 	// forwarded: upstream member name -> the JSON it must hold.
 	forwarded map[string]string
 	refused   string
+	// ant: Anthropic upstream member name -> the JSON it must hold ("" for absent).
+	ant map[string]string
+	// antBody replaces body for the Anthropic route, where the row's own body holds a
+	// variant the adapter does not carry (a tool turn without tools, a file_id).
+	antBody string
+	skipped string
 }
 
 var compatCases = []compatCase{
-	{field: "model", body: `"messages":[` + userMsg + `]`, forwarded: map[string]string{"messages": `[` + userMsg + `]`}},
+	{field: "model", body: `"messages":[` + userMsg + `]`, forwarded: map[string]string{"messages": `[` + userMsg + `]`},
+		ant: map[string]string{"model": `"claude"`, "messages": `[` + userMsg + `]`, "max_tokens": `1024`}},
 	{field: "messages", body: `"messages":[{"role":"system","content":"be brief"},{"role":"developer","content":"d"},` + userMsg + `]`,
-		forwarded: map[string]string{"messages": `[{"role":"system","content":"be brief"},{"role":"developer","content":"d"},` + userMsg + `]`}},
+		forwarded: map[string]string{"messages": `[{"role":"system","content":"be brief"},{"role":"developer","content":"d"},` + userMsg + `]`},
+		ant:       map[string]string{"system": `"be brief\n\nd"`, "messages": `[` + userMsg + `]`}},
 	{field: "messages[].name", body: `"messages":[{"role":"user","content":"hi","name":"ann"}]`,
-		forwarded: map[string]string{"messages": `[{"role":"user","content":"hi","name":"ann"}]`}},
+		forwarded: map[string]string{"messages": `[{"role":"user","content":"hi","name":"ann"}]`},
+		skipped:   "messages[].name"},
 	{field: "messages[].content (image_url part)", body: `"messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo=","detail":"high"}}]}]`,
-		forwarded: map[string]string{"messages": `[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo=","detail":"high"}}]}]`}},
+		forwarded: map[string]string{"messages": `[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo=","detail":"high"}}]}]`},
+		ant:       map[string]string{"messages": `[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]}]`}},
 	{field: "messages[].content (input_audio part)", body: `"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}}]}]`,
-		forwarded: map[string]string{"messages": `[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}}]}]`}},
+		forwarded: map[string]string{"messages": `[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}}]}]`},
+		skipped:   "messages[].content (input_audio part)"},
 	{field: "messages[].content (file part)", body: `"messages":[{"role":"user","content":[{"type":"file","file":{"file_id":"file-1"}},{"type":"file","file":{"filename":"a.pdf","file_data":"JVBERg=="}}]}]`,
-		forwarded: map[string]string{"messages": `[{"role":"user","content":[{"type":"file","file":{"file_id":"file-1"}},{"type":"file","file":{"filename":"a.pdf","file_data":"JVBERg=="}}]}]`}},
+		forwarded: map[string]string{"messages": `[{"role":"user","content":[{"type":"file","file":{"file_id":"file-1"}},{"type":"file","file":{"filename":"a.pdf","file_data":"JVBERg=="}}]}]`},
+		antBody:   `"messages":[{"role":"user","content":[{"type":"file","file":{"filename":"a.pdf","file_data":"JVBERg=="}}]}]`,
+		ant:       map[string]string{"messages": `[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERg=="},"title":"a.pdf"}]}]`}},
 	{field: "messages[].tool_calls", body: `"messages":[` + userMsg + `,{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"sunny"}]`,
-		forwarded: map[string]string{"messages": `[` + userMsg + `,{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"sunny"}]`}},
+		forwarded: map[string]string{"messages": `[` + userMsg + `,{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"sunny"}]`},
+		antBody:   `"tools":[{"type":"function","function":{"name":"get_weather"}}],"messages":[` + userMsg + `,{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"sunny"}]`,
+		ant:       map[string]string{"messages": `[` + userMsg + `,{"role":"assistant","content":[{"type":"tool_use","id":"call_1","name":"get_weather","input":{"city":"Paris"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"call_1","content":"sunny"}]}]`}},
 	{field: "messages[].refusal", body: `"messages":[` + userMsg + `,{"role":"assistant","content":null,"refusal":"no"},{"role":"user","content":"please"}]`,
-		forwarded: map[string]string{"messages": `[` + userMsg + `,{"role":"assistant","content":null,"refusal":"no"},{"role":"user","content":"please"}]`}},
-	{field: "max_tokens", body: `"max_tokens":50`, forwarded: map[string]string{"max_tokens": `50`}},
-	{field: "max_completion_tokens", body: `"max_completion_tokens":60`, forwarded: map[string]string{"max_completion_tokens": `60`}},
-	{field: "temperature", body: `"temperature":0.3`, forwarded: map[string]string{"temperature": `0.3`}},
-	{field: "top_p", body: `"top_p":0.9`, forwarded: map[string]string{"top_p": `0.9`}},
-	{field: "n", body: `"n":1`, forwarded: map[string]string{"n": `1`}},
+		forwarded: map[string]string{"messages": `[` + userMsg + `,{"role":"assistant","content":null,"refusal":"no"},{"role":"user","content":"please"}]`},
+		ant:       map[string]string{"messages": `[` + userMsg + `,{"role":"assistant","content":[{"type":"text","text":"no"}]},{"role":"user","content":"please"}]`}},
+	{field: "max_tokens", body: `"max_tokens":50`, forwarded: map[string]string{"max_tokens": `50`},
+		ant: map[string]string{"max_tokens": `50`}},
+	{field: "max_completion_tokens", body: `"max_completion_tokens":60`, forwarded: map[string]string{"max_completion_tokens": `60`},
+		ant: map[string]string{"max_tokens": `60`, "max_completion_tokens": ``}},
+	{field: "temperature", body: `"temperature":0.3`, forwarded: map[string]string{"temperature": `0.3`},
+		ant: map[string]string{"temperature": `0.3`}},
+	{field: "top_p", body: `"top_p":0.9`, forwarded: map[string]string{"top_p": `0.9`},
+		ant: map[string]string{"top_p": `0.9`}},
+	{field: "n", body: `"n":1`, forwarded: map[string]string{"n": `1`},
+		ant: map[string]string{"n": ``}},
 	{field: "n > 1", body: `"n":2`, refused: "n"},
-	{field: "stop", body: `"stop":["END","STOP"]`, forwarded: map[string]string{"stop": `["END","STOP"]`}},
-	{field: "stop (string)", body: `"stop":"END"`, forwarded: map[string]string{"stop": `["END"]`}},
-	{field: "seed", body: `"seed":42`, forwarded: map[string]string{"seed": `42`}},
-	{field: "presence_penalty", body: `"presence_penalty":0.5`, forwarded: map[string]string{"presence_penalty": `0.5`}},
-	{field: "frequency_penalty", body: `"frequency_penalty":-0.5`, forwarded: map[string]string{"frequency_penalty": `-0.5`}},
-	{field: "logit_bias", body: `"logit_bias":{"50256":-100,"15":5}`, forwarded: map[string]string{"logit_bias": `{"50256":-100,"15":5}`}},
-	{field: "logprobs", body: `"logprobs":true`, forwarded: map[string]string{"logprobs": `true`}},
-	{field: "top_logprobs", body: `"logprobs":true,"top_logprobs":3`, forwarded: map[string]string{"top_logprobs": `3`}},
+	{field: "stop", body: `"stop":["END","STOP"]`, forwarded: map[string]string{"stop": `["END","STOP"]`},
+		ant: map[string]string{"stop_sequences": `["END","STOP"]`, "stop": ``}},
+	{field: "stop (string)", body: `"stop":"END"`, forwarded: map[string]string{"stop": `["END"]`},
+		ant: map[string]string{"stop_sequences": `["END"]`}},
+	{field: "seed", body: `"seed":42`, forwarded: map[string]string{"seed": `42`},
+		skipped: "seed"},
+	{field: "presence_penalty", body: `"presence_penalty":0.5`, forwarded: map[string]string{"presence_penalty": `0.5`},
+		skipped: "presence_penalty"},
+	{field: "frequency_penalty", body: `"frequency_penalty":-0.5`, forwarded: map[string]string{"frequency_penalty": `-0.5`},
+		skipped: "frequency_penalty"},
+	{field: "logit_bias", body: `"logit_bias":{"50256":-100,"15":5}`, forwarded: map[string]string{"logit_bias": `{"50256":-100,"15":5}`},
+		skipped: "logit_bias"},
+	{field: "logprobs", body: `"logprobs":true`, forwarded: map[string]string{"logprobs": `true`},
+		skipped: "logprobs"},
+	{field: "top_logprobs", body: `"logprobs":true,"top_logprobs":3`, forwarded: map[string]string{"top_logprobs": `3`},
+		skipped: "logprobs"},
 	{field: "tools", body: `"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}}]`,
-		forwarded: map[string]string{"tools": `[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}}]`}},
-	{field: "tool_choice", body: `"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"`, forwarded: map[string]string{"tool_choice": `"required"`}},
+		forwarded: map[string]string{"tools": `[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}}]`},
+		ant:       map[string]string{"tools": `[{"name":"get_weather","description":"Weather of a city","input_schema":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}]`}},
+	{field: "tool_choice", body: `"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"`, forwarded: map[string]string{"tool_choice": `"required"`},
+		ant: map[string]string{"tools": `[{"name":"f","input_schema":{"type":"object","properties":{}}}]`, "tool_choice": `{"type":"any"}`}},
 	{field: "tool_choice (function)", body: `"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}`,
-		forwarded: map[string]string{"tool_choice": `{"type":"function","function":{"name":"f"}}`}},
-	{field: "parallel_tool_calls", body: `"tools":[{"type":"function","function":{"name":"f"}}],"parallel_tool_calls":false`, forwarded: map[string]string{"parallel_tool_calls": `false`}},
+		forwarded: map[string]string{"tool_choice": `{"type":"function","function":{"name":"f"}}`},
+		ant:       map[string]string{"tool_choice": `{"type":"tool","name":"f"}`}},
+	{field: "parallel_tool_calls", body: `"tools":[{"type":"function","function":{"name":"f"}}],"parallel_tool_calls":false`, forwarded: map[string]string{"parallel_tool_calls": `false`},
+		ant: map[string]string{"tool_choice": `{"type":"auto","disable_parallel_tool_use":true}`, "parallel_tool_calls": ``}},
 	{field: "response_format", body: `"response_format":{"type":"json_schema","json_schema":{"name":"answer","description":"d","strict":true,"schema":{"type":"object"}}}`,
-		forwarded: map[string]string{"response_format": `{"type":"json_schema","json_schema":{"name":"answer","description":"d","strict":true,"schema":{"type":"object"}}}`}},
-	{field: "response_format (json_object)", body: `"response_format":{"type":"json_object"}`, forwarded: map[string]string{"response_format": `{"type":"json_object"}`}},
-	{field: "reasoning_effort", body: `"reasoning_effort":"low"`, forwarded: map[string]string{"reasoning_effort": `"low"`}},
-	{field: "service_tier", body: `"service_tier":"flex"`, forwarded: map[string]string{"service_tier": `"flex"`}},
-	{field: "metadata", body: `"metadata":{"app":"compat"}`, forwarded: map[string]string{"metadata": `{"app":"compat"}`}},
-	{field: "user", body: `"user":"u-1"`, forwarded: map[string]string{"user": `"u-1"`}},
-	{field: "modalities", body: `"modalities":["text"]`, forwarded: map[string]string{"modalities": `["text"]`}},
-	{field: "store", body: `"store":false`, forwarded: map[string]string{"store": `false`}},
-	{field: "stream", body: `"stream":false`, forwarded: map[string]string{"model": `"gpt"`}},
-	{field: "stream_options", body: `"stream":true,"stream_options":{"include_usage":true}`, forwarded: map[string]string{"stream": `true`}},
-	{field: "extra_body", body: `"extra_body":{"top_k":40,"chat_template_kwargs":{"thinking":true}}`, forwarded: map[string]string{"top_k": `40`, "chat_template_kwargs": `{"thinking":true}`}},
+		forwarded: map[string]string{"response_format": `{"type":"json_schema","json_schema":{"name":"answer","description":"d","strict":true,"schema":{"type":"object"}}}`},
+		ant:       map[string]string{"response_format": ``}},
+	{field: "response_format (json_object)", body: `"response_format":{"type":"json_object"}`, forwarded: map[string]string{"response_format": `{"type":"json_object"}`},
+		ant: map[string]string{"response_format": ``}},
+	{field: "reasoning_effort", body: `"reasoning_effort":"low"`, forwarded: map[string]string{"reasoning_effort": `"low"`},
+		ant: map[string]string{"thinking": `{"type":"enabled","budget_tokens":4096}`, "max_tokens": `5120`, "reasoning_effort": ``}},
+	{field: "service_tier", body: `"service_tier":"flex"`, forwarded: map[string]string{"service_tier": `"flex"`},
+		antBody: `"service_tier":"default"`, ant: map[string]string{"service_tier": `"standard_only"`}},
+	{field: "metadata", body: `"metadata":{"app":"compat"}`, forwarded: map[string]string{"metadata": `{"app":"compat"}`},
+		skipped: "metadata"},
+	{field: "user", body: `"user":"u-1"`, forwarded: map[string]string{"user": `"u-1"`},
+		ant: map[string]string{"metadata": `{"user_id":"u-1"}`, "user": ``}},
+	{field: "modalities", body: `"modalities":["text"]`, forwarded: map[string]string{"modalities": `["text"]`},
+		ant: map[string]string{"modalities": ``}},
+	{field: "store", body: `"store":false`, forwarded: map[string]string{"store": `false`},
+		ant: map[string]string{"store": ``}},
+	{field: "stream", body: `"stream":false`, forwarded: map[string]string{"model": `"gpt"`},
+		ant: map[string]string{"model": `"claude"`, "stream": ``}},
+	{field: "stream_options", body: `"stream":true,"stream_options":{"include_usage":true}`, forwarded: map[string]string{"stream": `true`},
+		ant: map[string]string{"stream": `true`, "stream_options": ``}},
+	{field: "extra_body", body: `"extra_body":{"top_k":40,"chat_template_kwargs":{"thinking":true}}`, forwarded: map[string]string{"top_k": `40`, "chat_template_kwargs": `{"thinking":true}`},
+		skipped: "extra_body"},
 	// Documented fields mantle refuses, and fields nobody documented.
 	{field: "functions", body: `"functions":[{"name":"f"}]`, refused: "functions"},
 	{field: "function_call", body: `"function_call":"auto"`, refused: "function_call"},
@@ -198,18 +231,24 @@ var compatCases = []compatCase{
 // TestCompatibilityTable sends every documented chat completions field, and unknown ones,
 // through the front door of a whole mesh to a recording OpenAI-type upstream: each is
 // either received by the upstream as sent, or refused with a 400 naming it. There is no
-// third outcome. The outcomes are checked against docs/compatibility.md.
+// third outcome. Each forwarded field is then sent to a recording Anthropic-type upstream:
+// it is received there in Anthropic's shape, or the Anthropic candidate is skipped and,
+// with no other candidate, the request refused with a 400 naming it. The outcomes are
+// checked against docs/compatibility.md.
 func TestCompatibilityTable(t *testing.T) {
-	up, base := startCompat(t)
+	up, antUp, base := startCompat(t)
 	outcomes := map[string]string{}
-	for i, tc := range compatCases {
-		body := `{"model":"chat",` + tc.body + `}`
-		if !strings.Contains(tc.body, `"messages"`) {
+	antOutcomes := map[string]string{}
+	withBody := func(model string, i int, members string) string {
+		if !strings.Contains(members, `"messages"`) {
 			// A question of its own, so that no row is answered from the cache.
-			body = fmt.Sprintf(`{"model":"chat","messages":[{"role":"user","content":"weather in Paris? (row %d)"}],%s}`, i, tc.body)
+			return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"weather in Paris? (row %d)"}],%s}`, model, i, members)
 		}
+		return fmt.Sprintf(`{"model":%q,%s}`, model, members)
+	}
+	for i, tc := range compatCases {
 		before := up.Count()
-		res := postChat(t, base, body, nil)
+		res := postChat(t, base, withBody("chat", i, tc.body), nil)
 		switch {
 		case tc.refused != "":
 			outcomes[tc.field] = "refused"
@@ -219,17 +258,56 @@ func TestCompatibilityTable(t *testing.T) {
 			if up.Count() != before {
 				t.Errorf("%s: refused, yet the upstream was called", tc.field)
 			}
+			continue
 		default:
 			outcomes[tc.field] = "forwarded"
 			if res.status != http.StatusOK || up.Count() != before+1 {
 				t.Errorf("%s: got HTTP %d (%s) after %d upstream calls, want it forwarded in one", tc.field, res.status, res.body, up.Count()-before)
-				continue
+				break
 			}
 			got := up.Last(t)
 			for member, want := range tc.forwarded {
 				if !jsonEqual(got[member], []byte(want)) {
 					t.Errorf("%s: the upstream received %s = %s, want %s", tc.field, member, got[member], want)
 				}
+			}
+		}
+
+		if (tc.ant == nil) == (tc.skipped == "") {
+			t.Errorf("%s: set exactly one of ant and skipped", tc.field)
+			continue
+		}
+		members := tc.body
+		if tc.antBody != "" {
+			members = tc.antBody
+		}
+		before, antBefore := up.Count(), antUp.Count()
+		res = postChat(t, base, withBody("anthropic-only", i, members), nil)
+		if up.Count() != before {
+			t.Errorf("%s: the OpenAI upstream was called on a route without it", tc.field)
+		}
+		if tc.skipped != "" {
+			antOutcomes[tc.field] = "skipped"
+			if res.status != http.StatusBadRequest || res.param != tc.skipped {
+				t.Errorf("%s (Anthropic): got HTTP %d param %q (%s), want 400 naming %q", tc.field, res.status, res.param, res.body, tc.skipped)
+			}
+			if antUp.Count() != antBefore {
+				t.Errorf("%s (Anthropic): skipped, yet the Anthropic upstream was called", tc.field)
+			}
+			continue
+		}
+		antOutcomes[tc.field] = "carried"
+		if res.status != http.StatusOK || antUp.Count() != antBefore+1 {
+			t.Errorf("%s (Anthropic): got HTTP %d (%s) after %d upstream calls, want it carried in one", tc.field, res.status, res.body, antUp.Count()-antBefore)
+			continue
+		}
+		got := antUp.Last(t)
+		for member, want := range tc.ant {
+			switch {
+			case want == "" && got[member] != nil:
+				t.Errorf("%s (Anthropic): the upstream received %s = %s, want it absent", tc.field, member, got[member])
+			case want != "" && !jsonEqual(got[member], []byte(want)):
+				t.Errorf("%s (Anthropic): the upstream received %s = %s, want %s", tc.field, member, got[member], want)
 			}
 		}
 	}
@@ -240,7 +318,7 @@ func TestCompatibilityTable(t *testing.T) {
 			t.Errorf("field %s has no row in compatCases", f)
 		}
 	}
-	checkCompatibilityDoc(t, outcomes)
+	checkCompatibilityDoc(t, outcomes, antOutcomes)
 }
 
 func keys[V any](m map[string]V) []string {
@@ -253,15 +331,17 @@ func keys[V any](m map[string]V) []string {
 }
 
 // checkCompatibilityDoc reads the field table of docs/compatibility.md: every row's
-// OpenAI-upstream column must say what the table test saw (forwarded or refused), and every
+// OpenAI-upstream column must say what the table test saw (forwarded or refused), its
+// Anthropic-upstream column must start with "candidate skipped" exactly when the Anthropic
+// candidate was skipped, and be "—" exactly for fields refused at the front door; every
 // field the test covers must have a row.
-func checkCompatibilityDoc(t *testing.T, outcomes map[string]string) {
+func checkCompatibilityDoc(t *testing.T, outcomes, antOutcomes map[string]string) {
 	t.Helper()
 	doc, err := os.ReadFile("../../docs/compatibility.md")
 	if err != nil {
 		t.Fatalf("read docs/compatibility.md: %v", err)
 	}
-	row := regexp.MustCompile("^\\| `([^`]+)` \\| ([a-z]+)")
+	row := regexp.MustCompile("^\\| `([^`]+)` \\| ([a-z]+) \\|[^|]*\\| ([^|]*) \\|$")
 	seen := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(doc))
 	inTable := false
@@ -270,14 +350,15 @@ func checkCompatibilityDoc(t *testing.T, outcomes map[string]string) {
 		if strings.HasPrefix(line, "## ") {
 			inTable = strings.Contains(line, "field by field")
 		}
-		if !inTable {
+		if !inTable || !strings.HasPrefix(line, "| `") {
 			continue
 		}
 		m := row.FindStringSubmatch(line)
 		if m == nil {
+			t.Errorf("docs/compatibility.md: row %q is not | `field` | outcome | notes | Anthropic |", line)
 			continue
 		}
-		field, said := m[1], m[2]
+		field, said, antSaid := m[1], m[2], m[3]
 		seen[field] = true
 		got, ok := outcomes[field]
 		if !ok {
@@ -286,6 +367,17 @@ func checkCompatibilityDoc(t *testing.T, outcomes map[string]string) {
 		}
 		if said != got {
 			t.Errorf("docs/compatibility.md says %s is %s; the table test saw it %s", field, said, got)
+		}
+		antGot := antOutcomes[field] // "" when refused at the front door
+		antDoc := "carried"
+		switch {
+		case antSaid == "—":
+			antDoc = ""
+		case strings.HasPrefix(antSaid, "candidate skipped"):
+			antDoc = "skipped"
+		}
+		if antDoc != antGot {
+			t.Errorf("docs/compatibility.md says of %s at an Anthropic upstream %q; the table test saw it %s", field, antSaid, cmp.Or(antGot, "refused at the front door"))
 		}
 	}
 	for f := range outcomes {
@@ -299,7 +391,7 @@ func checkCompatibilityDoc(t *testing.T, outcomes map[string]string) {
 // unary and streamed; the stream carries the upstream's index-based pieces as they came,
 // and the router's reassembly of them is what an idempotent replay answers with.
 func TestToolCallsRoundTrip(t *testing.T) {
-	up, base := startCompat(t)
+	up, _, base := startCompat(t)
 	const body = `{"model":"chat","messages":[` + userMsg + `],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},{"type":"function","function":{"name":"get_time"}}]`
 	wantCalls := `[{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]`
 
@@ -388,7 +480,7 @@ func TestToolCallsRoundTrip(t *testing.T) {
 
 // TestLogprobsReachTheCaller: logprobs asked for come back as the upstream sent them.
 func TestLogprobsReachTheCaller(t *testing.T) {
-	_, base := startCompat(t)
+	_, _, base := startCompat(t)
 	res := postChat(t, base, `{"model":"chat","messages":[`+userMsg+`],"logprobs":true}`, nil)
 	var out struct {
 		Choices []struct {
@@ -404,22 +496,115 @@ func TestLogprobsReachTheCaller(t *testing.T) {
 	}
 }
 
-// TestFieldsSkipCandidatesThatCannotCarryThem: a request with tools skips the Anthropic
-// candidate (whose adapter does not map tools) and reaches the OpenAI one; with no other
-// candidate it is refused naming the field. startCompat fails the test if the Anthropic
-// upstream is ever called.
+// TestFieldsSkipCandidatesThatCannotCarryThem: a request with seed skips the Anthropic
+// candidate (Anthropic has no seed) and reaches the OpenAI one; with no other candidate it
+// is refused naming the field, and the Anthropic upstream is never called.
 func TestFieldsSkipCandidatesThatCannotCarryThem(t *testing.T) {
-	up, base := startCompat(t)
-	tools := `"tools":[{"type":"function","function":{"name":"f"}}]`
-	res := postChat(t, base, `{"model":"anthropic-first","messages":[`+userMsg+`],`+tools+`}`, nil)
+	up, antUp, base := startCompat(t)
+	res := postChat(t, base, `{"model":"anthropic-first","messages":[`+userMsg+`],"seed":7}`, nil)
 	if res.status != http.StatusOK {
-		t.Fatalf("anthropic-first with tools: HTTP %d: %s", res.status, res.body)
+		t.Fatalf("anthropic-first with seed: HTTP %d: %s", res.status, res.body)
 	}
-	if _, ok := up.Last(t)["tools"]; !ok {
-		t.Error("the OpenAI upstream did not receive the tools")
+	if got := up.Last(t)["seed"]; string(got) != "7" {
+		t.Errorf("the OpenAI upstream received seed %s, want 7", got)
 	}
-	res = postChat(t, base, `{"model":"anthropic-only","messages":[`+userMsg+`],`+tools+`}`, nil)
-	if res.status != http.StatusBadRequest || res.param != "tools" {
-		t.Errorf("anthropic-only with tools: HTTP %d param %q (%s), want 400 naming tools", res.status, res.param, res.body)
+	res = postChat(t, base, `{"model":"anthropic-only","messages":[`+userMsg+`],"seed":7}`, nil)
+	if res.status != http.StatusBadRequest || res.param != "seed" {
+		t.Errorf("anthropic-only with seed: HTTP %d param %q (%s), want 400 naming seed", res.status, res.param, res.body)
+	}
+	if antUp.Count() != 0 {
+		t.Errorf("the Anthropic upstream was called %d times for requests it cannot carry", antUp.Count())
+	}
+}
+
+// TestAnthropicToolCallsRoundTrip: through an Anthropic-type candidate, a request with tools
+// reaches Anthropic (it is no longer skipped), and its tool_use answer reaches the OpenAI
+// caller as tool calls, unary and streamed: the stream's input_json_delta pieces arrive as
+// index-based tool_calls pieces, and thinking is not passed on.
+func TestAnthropicToolCallsRoundTrip(t *testing.T) {
+	up, antUp, base := startCompat(t)
+	const body = `{"model":"anthropic-first","messages":[` + userMsg + `],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},{"type":"function","function":{"name":"get_time"}}]`
+	wantCalls := `[{"id":"toolu_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},{"id":"toolu_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]`
+
+	res := postChat(t, base, body+`}`, nil)
+	if res.status != http.StatusOK {
+		t.Fatalf("unary: HTTP %d: %s", res.status, res.body)
+	}
+	if up.Count() != 0 || antUp.Count() != 1 {
+		t.Fatalf("calls: OpenAI %d, Anthropic %d; want the Anthropic candidate only", up.Count(), antUp.Count())
+	}
+	if got := antUp.Last(t)["tools"]; !jsonEqual(got, []byte(`[{"name":"get_weather","input_schema":{"type":"object"}},{"name":"get_time","input_schema":{"type":"object","properties":{}}}]`)) {
+		t.Errorf("Anthropic received tools %s", got)
+	}
+	var unary struct {
+		Choices []struct {
+			Message struct {
+				Content   *string         `json:"content"`
+				ToolCalls json.RawMessage `json:"tool_calls"`
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(res.body, &unary); err != nil || len(unary.Choices) != 1 {
+		t.Fatalf("unary answer %s: %v", res.body, err)
+	}
+	if c := unary.Choices[0]; c.FinishReason != "tool_calls" || !jsonEqual(c.Message.ToolCalls, []byte(wantCalls)) || c.Message.Content != nil {
+		t.Errorf("unary answer: finish %q, tool_calls %s, content %v; want tool_calls, %s, no content", c.FinishReason, c.Message.ToolCalls, c.Message.Content, wantCalls)
+	}
+
+	res = postChat(t, base, body+`,"stream":true}`, nil)
+	if res.status != http.StatusOK {
+		t.Fatalf("stream: HTTP %d: %s", res.status, res.body)
+	}
+	var pieces []string
+	finish, content := "", ""
+	for _, line := range strings.Split(string(res.body), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct {
+					Content   string            `json:"content"`
+					ToolCalls []json.RawMessage `json:"tool_calls"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			t.Fatalf("chunk %s: %v", data, err)
+		}
+		for _, c := range chunk.Choices {
+			content += c.Delta.Content
+			for _, tc := range c.Delta.ToolCalls {
+				pieces = append(pieces, string(tc))
+			}
+			if c.FinishReason != nil {
+				finish = *c.FinishReason
+			}
+		}
+	}
+	wantPieces := []string{
+		`{"index":0,"id":"toolu_a","type":"function","function":{"name":"get_weather","arguments":""}}`,
+		`{"index":0,"function":{"arguments":"{\"city\":"}}`,
+		`{"index":1,"id":"toolu_b","type":"function","function":{"name":"get_time","arguments":""}}`,
+		`{"index":1,"function":{"arguments":"{\"tz\":"}}`,
+		`{"index":0,"function":{"arguments":"\"Paris\"}"}}`,
+		`{"index":1,"function":{"arguments":"\"CET\"}"}}`,
+	}
+	if len(pieces) != len(wantPieces) {
+		t.Fatalf("stream carried %d tool call pieces %v, want %d", len(pieces), pieces, len(wantPieces))
+	}
+	for i := range pieces {
+		if !jsonEqual([]byte(pieces[i]), []byte(wantPieces[i])) {
+			t.Errorf("piece %d = %s, want %s", i, pieces[i], wantPieces[i])
+		}
+	}
+	if finish != "tool_calls" || content != "" {
+		t.Errorf("stream finish_reason %q, content %q; want tool_calls and no content (thinking is not passed on)", finish, content)
+	}
+	if got := antUp.Last(t)["stream"]; string(got) != "true" {
+		t.Errorf("Anthropic received stream %s", got)
 	}
 }

@@ -1,0 +1,90 @@
+package meshtest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+)
+
+// AnthropicRecordingUpstream is a Messages API server that keeps the bodies it was sent. It
+// answers a request that offers tools with two parallel tool_use blocks (streamed as
+// input_json_delta pieces when asked to stream), any other with the text {"a":1}, which
+// also satisfies a JSON response format the verifier checks.
+type AnthropicRecordingUpstream struct {
+	mu     sync.Mutex
+	bodies []map[string]json.RawMessage
+}
+
+// Last is the body of the latest request.
+func (u *AnthropicRecordingUpstream) Last(t testing.TB) map[string]json.RawMessage {
+	t.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.bodies) == 0 {
+		t.Fatal("the Anthropic upstream received nothing")
+	}
+	return u.bodies[len(u.bodies)-1]
+}
+
+// Count is how many requests arrived.
+func (u *AnthropicRecordingUpstream) Count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.bodies)
+}
+
+// ServeHTTP answers POST .../messages.
+func (u *AnthropicRecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	raw, _ := io.ReadAll(r.Body)
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &body); err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"type":"error","error":{"type":"invalid_request_error","message":"not JSON"}}`)
+		return
+	}
+	u.mu.Lock()
+	u.bodies = append(u.bodies, body)
+	u.mu.Unlock()
+	_, tools := body["tools"]
+	w.Header().Set("Request-Id", "req_ant")
+	if string(body["stream"]) == "true" {
+		w.Header().Set("Content-Type", "text/event-stream")
+		send := func(name, data string) { fmt.Fprintf(w, "event: %s\ndata: %s\n\n", name, data) }
+		send("message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-up","stop_reason":null,"usage":{"input_tokens":5,"output_tokens":1}}}`)
+		stop := "end_turn"
+		if tools {
+			stop = "tool_use"
+			send("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}`)
+			send("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"two calls"}}`)
+			send("content_block_stop", `{"type":"content_block_stop","index":0}`)
+			send("content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_a","name":"get_weather","input":{}}}`)
+			send("content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"city\":"}}`)
+			send("content_block_start", `{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_b","name":"get_time","input":{}}}`)
+			send("content_block_delta", `{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"tz\":"}}`)
+			send("content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"\"Paris\"}"}}`)
+			send("content_block_delta", `{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"\"CET\"}"}}`)
+			send("content_block_stop", `{"type":"content_block_stop","index":1}`)
+			send("content_block_stop", `{"type":"content_block_stop","index":2}`)
+		} else {
+			send("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)
+			send("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"{\"a\":1}"}}`)
+			send("content_block_stop", `{"type":"content_block_stop","index":0}`)
+		}
+		send("message_delta", `{"type":"message_delta","delta":{"stop_reason":"`+stop+`","stop_sequence":null},"usage":{"output_tokens":3}}`)
+		send("message_stop", `{"type":"message_stop"}`)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if tools {
+		fmt.Fprint(w, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-up","content":[`+
+			`{"type":"thinking","thinking":"two calls","signature":"sig"},`+
+			`{"type":"tool_use","id":"toolu_a","name":"get_weather","input":{"city":"Paris"}},`+
+			`{"type":"tool_use","id":"toolu_b","name":"get_time","input":{"tz":"CET"}}],`+
+			`"stop_reason":"tool_use","usage":{"input_tokens":5,"output_tokens":3}}`)
+		return
+	}
+	fmt.Fprint(w, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-up","content":[{"type":"text","text":"{\"a\":1}"}],"stop_reason":"end_turn","usage":{"input_tokens":5,"output_tokens":3}}`)
+}
