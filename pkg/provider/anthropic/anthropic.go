@@ -3,7 +3,10 @@
 // Anthropic differs from OpenAI-compatible servers in shape, not in kind: the system prompt
 // is a top-level field, max_tokens is mandatory, overload has a status of its own (529), and
 // a stream reports failures as typed "error" events after a 200. This package absorbs those
-// differences so the router sees the same provider.Error classes from both.
+// differences so the router sees the same provider.Error classes from both. It also maps
+// OpenAI's chat vocabulary (content parts, tools, tool calls and results, sampling fields,
+// reasoning effort) onto Anthropic's content blocks and parameters, and names what has no
+// counterpart so that the router sends such a request elsewhere (request.go).
 package anthropic
 
 import (
