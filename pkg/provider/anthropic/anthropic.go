@@ -71,6 +71,13 @@ type messagesRequest struct {
 	Temperature *float64  `json:"temperature,omitempty"`
 	Metadata    *metadata `json:"metadata,omitempty"`
 	Stream      bool      `json:"stream,omitempty"`
+	TopK        *int      `json:"top_k,omitempty"`
+	Thinking    *thinking `json:"thinking,omitempty"`
+}
+
+type thinking struct {
+	Type         string `json:"type"`
+	BudgetTokens int    `json:"budget_tokens,omitempty"`
 }
 
 type message struct {
@@ -184,6 +191,10 @@ func messagesBody(req provider.Request, stream bool) messagesRequest {
 		MaxTokens:   req.MaxTokens,
 		Temperature: req.Temperature,
 		Stream:      stream,
+		TopK:        req.TopK,
+	}
+	if t := req.Thinking; t != nil {
+		body.Thinking = &thinking{Type: t.Type, BudgetTokens: t.BudgetTokens}
 	}
 	if body.MaxTokens <= 0 {
 		body.MaxTokens = DefaultMaxTokens
