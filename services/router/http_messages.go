@@ -72,7 +72,14 @@ func (f *frontDoor) messages(w http.ResponseWriter, r *http.Request) {
 		writeAnthropicError(w, err)
 		return
 	}
-	ctx, ok := f.login(w, r, credential, writeAnthropicError)
+	writeAuthErr := writeAnthropicError
+	if credential == "" {
+		// The shared refusal names Authorization only; this door's callers send x-api-key.
+		writeAuthErr = func(w http.ResponseWriter, _ error) {
+			writeAnthropicError(w, status.Error(codes.Unauthenticated, "missing API key: send x-api-key: <key> or Authorization: Bearer <key>"))
+		}
+	}
+	ctx, ok := f.login(w, r, credential, writeAuthErr)
 	if !ok {
 		return
 	}

@@ -179,7 +179,7 @@ func TestMessagesDoorRefuses(t *testing.T) {
 		{"missing version", ok, map[string]string{HeaderAnthropicVersion: ""}, 400, "invalid_request_error", "anthropic-version"},
 		{"version not a date", ok, map[string]string{HeaderAnthropicVersion: "latest"}, 400, "invalid_request_error", "anthropic-version"},
 		{"beta header", ok, map[string]string{HeaderAnthropicBeta: "prompt-caching-2024-07-31"}, 400, "invalid_request_error", "anthropic-beta"},
-		{"no key", ok, map[string]string{HeaderAPIKey: ""}, 401, "authentication_error", "missing API key"},
+		{"no key", ok, map[string]string{HeaderAPIKey: ""}, 401, "authentication_error", "send x-api-key"},
 		{"wrong key", ok, map[string]string{HeaderAPIKey: "sk-other"}, 401, "authentication_error", "invalid API key"},
 		{"two different keys", ok, map[string]string{"Authorization": "Bearer sk-other"}, 401, "authentication_error", "send one"},
 		{"unknown field", `{"model":"chat","max_tokens":5,"mood":"sad","messages":[{"role":"user","content":"hi"}]}`, nil, 400, "invalid_request_error", "mood"},
