@@ -62,7 +62,8 @@ FUZZWORKERS ?= 1
 fuzz:
 	GO=$(GO) tools/fuzz.sh $(FUZZTIME) $(FUZZWORKERS)
 
-## test-sdk: run the official OpenAI Node SDK against an in-process mesh (needs Node.js and npm)
+## test-sdk: run the official OpenAI Node SDK and Anthropic TypeScript SDK against an in-process mesh
+## (needs Node.js and npm; CI runs it after make test)
 test-sdk:
 	cd test/sdk && npm ci --no-audit --no-fund
 	$(GO) test -tags sdk -count=1 -v ./test/sdk/

@@ -28,6 +28,8 @@ type Message struct {
 	ToolCallID string
 	// Refusal is an assistant turn's refusal.
 	Refusal string
+	// ToolError is, for role tool, that the tool failed (Anthropic's tool_result is_error).
+	ToolError bool
 }
 
 // Part kinds.
@@ -139,6 +141,15 @@ type Request struct {
 	// ExtraBody is a JSON object whose members are added to the request body as they are;
 	// only adapters whose API it is meant for accept it.
 	ExtraBody json.RawMessage
+	// TopK and Thinking are Anthropic's top_k and thinking; nil when not sent.
+	TopK     *int
+	Thinking *Thinking
+}
+
+// Thinking is extended thinking: Type enabled (with BudgetTokens) or disabled.
+type Thinking struct {
+	Type         string
+	BudgetTokens int
 }
 
 // FieldRefuser is implemented by adapters that cannot carry every field of a Request. The
@@ -170,6 +181,8 @@ type Response struct {
 	RequestID string
 	// RateLimit is what the provider's rate-limit headers said, when present.
 	RateLimit RateLimit
+	// StopSequence is the stop sequence that ended the answer, when the provider says.
+	StopSequence string
 }
 
 // RateLimit is a provider's view of the key's remaining capacity.

@@ -58,6 +58,19 @@ func validateChat(v *rpc.ValidationError, req *routerv1.Request) {
 	if len(req.Metadata) > openaiapi.MaxMetadata {
 		v.Add("request.metadata", "at most %d entries, got %d", openaiapi.MaxMetadata, len(req.Metadata))
 	}
+	if k := req.TopK; k != nil && *k < 0 {
+		v.Add("request.top_k", "must not be negative, got %d", *k)
+	}
+	if t := req.GetThinking(); t != nil {
+		switch {
+		case t.Type != "enabled" && t.Type != "disabled":
+			v.Add("request.thinking.type", "want enabled or disabled, got %q", t.Type)
+		case t.Type == "enabled" && t.BudgetTokens <= 0:
+			v.Add("request.thinking.budget_tokens", "required with type enabled")
+		case t.Type == "disabled" && t.BudgetTokens != 0:
+			v.Add("request.thinking.budget_tokens", "only with type enabled")
+		}
+	}
 	if req.ExtraBody != "" && !isJSONObject(req.ExtraBody) {
 		v.Add("request.extra_body", "must be a JSON object")
 	}
@@ -137,6 +150,13 @@ func chatFields(p *provider.Request, req *routerv1.Request) {
 	if req.ExtraBody != "" {
 		p.ExtraBody = json.RawMessage(req.ExtraBody)
 	}
+	if req.TopK != nil {
+		k := int(*req.TopK)
+		p.TopK = &k
+	}
+	if t := req.GetThinking(); t != nil {
+		p.Thinking = &provider.Thinking{Type: t.Type, BudgetTokens: int(t.BudgetTokens)}
+	}
 	for _, t := range req.Tools {
 		pt := provider.Tool{Type: t.Type, Name: t.Name, Description: t.Description, Strict: t.Strict}
 		if t.Parameters != "" {
@@ -154,7 +174,7 @@ func chatFields(p *provider.Request, req *routerv1.Request) {
 
 // chatMessageOut is m for a provider.
 func chatMessageOut(m *mantlev1.ChatMessage) provider.Message {
-	pm := provider.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallId, Refusal: m.Refusal, ContentNull: m.ContentNull}
+	pm := provider.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallId, Refusal: m.Refusal, ContentNull: m.ContentNull, ToolError: m.ToolError}
 	for _, p := range m.Parts {
 		pm.Parts = append(pm.Parts, providerPart(p))
 	}
@@ -218,7 +238,8 @@ func cacheBypass(req *routerv1.Request) string {
 		return "tools"
 	case len(req.Stop) > 0 || req.Seed != nil || req.TopP != nil || req.PresencePenalty != nil ||
 		req.FrequencyPenalty != nil || len(req.LogitBias) > 0 || req.ReasoningEffort != "" ||
-		req.Logprobs != nil || req.TopLogprobs != nil || len(req.Modalities) > 0:
+		req.Logprobs != nil || req.TopLogprobs != nil || len(req.Modalities) > 0 ||
+		req.TopK != nil || req.Thinking != nil:
 		return "sampling fields"
 	case req.ExtraBody != "":
 		return "extra_body"
@@ -226,7 +247,7 @@ func cacheBypass(req *routerv1.Request) string {
 		return "json_schema options"
 	}
 	for _, m := range req.Messages {
-		if len(m.Parts) > 0 || len(m.ToolCalls) > 0 || m.ToolCallId != "" || m.Refusal != "" {
+		if len(m.Parts) > 0 || len(m.ToolCalls) > 0 || m.ToolCallId != "" || m.Refusal != "" || m.ToolError {
 			return "content parts or tool turns"
 		}
 	}

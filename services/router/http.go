@@ -48,10 +48,17 @@ type frontDoor struct {
 
 func (f *frontDoor) register(mux *http.ServeMux) {
 	mux.Handle("POST /v1/chat/completions", f.traced("/v1/chat/completions", f.chatCompletions))
+	mux.Handle("POST /v1/messages", f.traced("/v1/messages", f.messages))
 	mux.Handle("GET /v1/models", f.traced("/v1/models", f.models))
 }
 
 func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
+	return f.login(w, r, r.Header.Get("Authorization"), writeError)
+}
+
+// login gives the request its ids and checks credential, an Authorization header value;
+// a refusal is written with writeErr, in the door's shape.
+func (f *frontDoor) login(w http.ResponseWriter, r *http.Request, credential string, writeErr func(http.ResponseWriter, error)) (context.Context, bool) {
 	ctx := r.Context()
 	id := r.Header.Get("x-request-id")
 	if rpc.ValidRequestID(id) {
@@ -71,9 +78,9 @@ func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (contex
 	if !f.auth.Enabled() {
 		return ctx, true
 	}
-	ctx, err := f.auth.LoginHTTP(ctx, r.Header.Get("Authorization"), r.Pattern)
+	ctx, err := f.auth.LoginHTTP(ctx, credential, r.Pattern)
 	if err != nil {
-		writeError(w, err)
+		writeErr(w, err)
 		return nil, false
 	}
 	return ctx, true
@@ -376,36 +383,78 @@ type openAIError struct {
 	Code    string  `json:"code"`
 }
 
+// errorShape is how the front doors answer one kind of error: the HTTP status, and the
+// error type in OpenAI's and in Anthropic's error JSON. errorShapeOf is the one mapping
+// from mantle's errors to both, so the doors cannot drift apart.
+type errorShape struct {
+	status    int
+	openAI    string
+	anthropic string
+	// anthropicStatus, when not 0, is the status on the Anthropic door: Anthropic answers
+	// overload with 529, which its SDKs retry.
+	anthropicStatus int
+}
+
+// The shapes of errors found before a request reaches the router.
+var (
+	shapeInvalid  = errorShape{status: http.StatusBadRequest, openAI: "invalid_request_error", anthropic: "invalid_request_error"}
+	shapeTooLarge = errorShape{status: http.StatusRequestEntityTooLarge, openAI: "invalid_request_error", anthropic: "request_too_large"}
+	shapeAuth     = errorShape{status: http.StatusUnauthorized, openAI: "authentication_error", anthropic: "authentication_error"}
+)
+
+// errorShapeOf is the shape of a gRPC status err.
+func errorShapeOf(err error) errorShape {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		if rpc.ErrorInfo(err).GetReason() == ReasonIdempotencyKeyReused {
+			return errorShape{status: http.StatusUnprocessableEntity, openAI: "invalid_request_error", anthropic: "invalid_request_error"}
+		}
+		return shapeInvalid
+	case codes.Unauthenticated:
+		return shapeAuth
+	case codes.PermissionDenied:
+		return errorShape{status: http.StatusForbidden, openAI: "permission_error", anthropic: "permission_error"}
+	case codes.NotFound:
+		return errorShape{status: http.StatusNotFound, openAI: "invalid_request_error", anthropic: "not_found_error"}
+	case codes.ResourceExhausted:
+		return errorShape{status: http.StatusTooManyRequests, openAI: "rate_limit_error", anthropic: "rate_limit_error"}
+	case codes.Unavailable:
+		if rpc.ErrorInfo(err).GetReason() == ReasonOverloaded {
+			return errorShape{status: http.StatusServiceUnavailable, openAI: "api_error", anthropic: "overloaded_error", anthropicStatus: 529}
+		}
+		return errorShape{status: http.StatusServiceUnavailable, openAI: "api_error", anthropic: "api_error"}
+	case codes.DeadlineExceeded:
+		return errorShape{status: http.StatusGatewayTimeout, openAI: "timeout_error", anthropic: "api_error"}
+	case codes.Canceled:
+		// client closed request; nobody reads it, but logs do
+		return errorShape{status: 499, openAI: "api_error", anthropic: "api_error"}
+	}
+	return errorShape{status: http.StatusInternalServerError, openAI: "api_error", anthropic: "api_error"}
+}
+
+// statusOnAnthropic is the HTTP status of the shape on the Anthropic door.
+func (s errorShape) statusOnAnthropic() int {
+	if s.anthropicStatus != 0 {
+		return s.anthropicStatus
+	}
+	return s.status
+}
+
+// setRetryAfter sets Retry-After from err's RetryInfo (a quota bucket's refill, an
+// overloaded router) in whole seconds, rounded up.
+func setRetryAfter(w http.ResponseWriter, err error) {
+	if d, ok := rpc.RetryDelay(err); ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
+	}
+}
+
 // writeError renders a gRPC status as OpenAI's error JSON with the matching HTTP status,
 // so SDKs raise their usual exception types (BadRequestError, RateLimitError, ...).
 func writeError(w http.ResponseWriter, err error) {
 	st := status.Convert(err)
-	httpStatus, typ := http.StatusInternalServerError, "api_error"
-	switch st.Code() {
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		httpStatus, typ = http.StatusBadRequest, "invalid_request_error"
-		if rpc.ErrorInfo(err).GetReason() == ReasonIdempotencyKeyReused {
-			httpStatus = http.StatusUnprocessableEntity
-		}
-	case codes.Unauthenticated:
-		httpStatus, typ = http.StatusUnauthorized, "authentication_error"
-	case codes.PermissionDenied:
-		httpStatus, typ = http.StatusForbidden, "permission_error"
-	case codes.NotFound:
-		httpStatus, typ = http.StatusNotFound, "invalid_request_error"
-	case codes.ResourceExhausted:
-		httpStatus, typ = http.StatusTooManyRequests, "rate_limit_error"
-	case codes.Unavailable:
-		httpStatus = http.StatusServiceUnavailable
-	case codes.DeadlineExceeded:
-		httpStatus, typ = http.StatusGatewayTimeout, "timeout_error"
-	case codes.Canceled:
-		httpStatus = 499 // client closed request; nobody reads it, but logs do
-	}
-	// RetryInfo (a quota bucket's refill, an overloaded router) in whole seconds, rounded up.
-	if d, ok := rpc.RetryDelay(err); ok {
-		w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
-	}
+	shape := errorShapeOf(err)
+	httpStatus, typ := shape.status, shape.openAI
+	setRetryAfter(w, err)
 	param := ""
 	if fields := rpc.BadRequestFields(err); len(fields) > 0 {
 		param = strings.TrimPrefix(fields[0], "request.")
@@ -448,13 +497,18 @@ var overloadedResponse = func() *httptest.ResponseRecorder {
 
 // writeOverloaded answers a request the shedder refused.
 func writeOverloaded(w http.ResponseWriter) {
-	for k, vs := range overloadedResponse.Header() {
+	writeCanned(w, overloadedResponse)
+}
+
+// writeCanned writes a response rendered once.
+func writeCanned(w http.ResponseWriter, canned *httptest.ResponseRecorder) {
+	for k, vs := range canned.Header() {
 		for _, v := range vs {
 			w.Header().Add(k, v) // not the shared slice: a middleware may add to it
 		}
 	}
-	w.WriteHeader(overloadedResponse.Code)
-	_, _ = w.Write(overloadedResponse.Body.Bytes())
+	w.WriteHeader(canned.Code)
+	_, _ = w.Write(canned.Body.Bytes())
 }
 
 // cacheHeader is x-mantle-cache: hit, stale (a hit past its time to live, served because

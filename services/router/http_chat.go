@@ -15,29 +15,9 @@ import (
 // decodeChat reads the body of a chat completions request, at most limit bytes, and
 // decodes it; on failure it has written the error and returns false.
 func (f *frontDoor) decodeChat(w http.ResponseWriter, r *http.Request, limit int64) (*openaiapi.ChatRequest, bool) {
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeOpenAIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "messages",
-				fmt.Sprintf("request body exceeds %d bytes (router.max_prompt_bytes is %d)", limit, f.router.conf().MaxPromptBytes))
-			return nil, false
-		}
-		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body could not be read: "+err.Error())
-		return nil, false
-	}
-	// Before decoding: encoding/json would turn bad bytes into U+FFFD and the prompt
-	// would reach a provider changed.
-	if !utf8.Valid(raw) {
-		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "",
-			fmt.Sprintf("request body is not valid UTF-8 (byte offset %d)", invalidUTF8At(raw)))
-		return nil, false
-	}
-	// Valid also refuses anything but whitespace after the JSON value.
-	if !json.Valid(raw) {
-		var v any
-		err := json.Unmarshal(raw, &v) // for the position of the error
-		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body is not valid JSON: "+errOrNil(err))
+	raw, berr := f.readBody(w, r, limit)
+	if berr != nil {
+		writeOpenAIError(w, berr.shape.status, berr.shape.openAI, berr.code, berr.param, berr.msg)
 		return nil, false
 	}
 	cr, err := openaiapi.DecodeChatRequest(raw)
@@ -46,6 +26,39 @@ func (f *frontDoor) decodeChat(w http.ResponseWriter, r *http.Request, limit int
 		return nil, false
 	}
 	return cr, true
+}
+
+// bodyError is why a request body could not be read as JSON, for each door to answer in
+// its own shape.
+type bodyError struct {
+	shape            errorShape
+	code, param, msg string
+}
+
+// readBody reads a JSON request body of at most limit bytes: UTF-8, one JSON value and
+// nothing after it.
+func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *bodyError) {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &bodyError{shapeTooLarge, "request_too_large", "messages",
+				fmt.Sprintf("request body exceeds %d bytes (router.max_prompt_bytes is %d)", limit, f.router.conf().MaxPromptBytes)}
+		}
+		return nil, &bodyError{shapeInvalid, "invalid_json", "", "request body could not be read: " + err.Error()}
+	}
+	// Before decoding: encoding/json would turn bad bytes into U+FFFD and the prompt
+	// would reach a provider changed.
+	if !utf8.Valid(raw) {
+		return nil, &bodyError{shapeInvalid, "invalid_json", "", fmt.Sprintf("request body is not valid UTF-8 (byte offset %d)", invalidUTF8At(raw))}
+	}
+	// Valid also refuses anything but whitespace after the JSON value.
+	if !json.Valid(raw) {
+		var v any
+		err := json.Unmarshal(raw, &v) // for the position of the error
+		return nil, &bodyError{shapeInvalid, "invalid_json", "", "request body is not valid JSON: " + errOrNil(err)}
+	}
+	return raw, nil
 }
 
 func errOrNil(err error) string {

@@ -435,6 +435,7 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: ans.Content, ToolCalls: toolCallsProto(ans.ToolCalls)},
 		FinishReason: ans.FinishReason,
 		Logprobs:     string(ans.Logprobs),
+		StopSequence: ans.StopSequence,
 		Usage:        usageProto(ans.Usage),
 		Quality:      qc,
 		RateLimit:    limits,

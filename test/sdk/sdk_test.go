@@ -1,6 +1,6 @@
 //go:build sdk
 
-// Package sdk checks mantle against the official OpenAI SDKs. It needs Node.js and
+// Package sdk checks mantle against the official OpenAI and Anthropic SDKs. It needs Node.js and
 // `npm ci` in this directory (make test-sdk does both), so it is not part of make test.
 package sdk
 
@@ -58,5 +58,31 @@ func TestOpenAINodeSDKFields(t *testing.T) {
 	t.Logf("%s", out)
 	if err != nil {
 		t.Fatalf("openai-node fields against mantle: %v", err)
+	}
+}
+
+// TestAnthropicSDKMessages runs messages.mjs: the official Anthropic TypeScript SDK against
+// /v1/messages (text, tools unary and streamed with input_json_delta, the tool_result turn,
+// an image, stop_sequences, refused fields, a wrong key) through mantle to a recording
+// OpenAI-type upstream; the script checks what the upstream received and what the SDK got.
+func TestAnthropicSDKMessages(t *testing.T) {
+	up := &meshtest.RecordingUpstream{}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	t.Setenv("MANTLE_SDK_UPSTREAM_KEY", "sk-upstream")
+	cfg := mesh.Default()
+	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "sdk", KeySHA256: rpc.HashKey(key)}}
+	cfg.Router.Providers = []router.ProviderConfig{{Name: "up", Type: router.ProviderOpenAI, BaseURL: srv.URL + "/v1", Timeout: 5 * time.Second,
+		Keys: []router.KeyConfig{{ID: "k1", Env: "MANTLE_SDK_UPSTREAM_KEY"}}}}
+	cfg.Router.Models = []router.ModelConfig{{Name: "gpt", Provider: "up"}}
+	cfg.Router.Routes = []router.RouteConfig{{Name: "chat", Candidates: []string{"gpt"}}}
+	m := meshtest.Start(t, cfg, meshtest.All)
+
+	cmd := exec.Command("node", "messages.mjs")
+	cmd.Env = append(cmd.Environ(), "MANTLE_URL=http://"+m.HTTPAddr, "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("anthropic-sdk messages against mantle: %v", err)
 	}
 }

@@ -90,8 +90,9 @@ type messageResponse struct {
 		Name  string          `json:"name"`
 		Input json.RawMessage `json:"input"`
 	} `json:"content"`
-	StopReason string `json:"stop_reason"`
-	Usage      usage  `json:"usage"`
+	StopReason   string `json:"stop_reason"`
+	StopSequence string `json:"stop_sequence"`
+	Usage        usage  `json:"usage"`
 }
 
 // Complete sends req and waits for the whole answer.
@@ -142,6 +143,7 @@ func parseMessage(body []byte) (provider.Response, *provider.Error) {
 		Content:      text.String(),
 		ToolCalls:    calls,
 		FinishReason: finish,
+		StopSequence: msg.StopSequence,
 		Model:        msg.Model,
 		Usage: provider.Usage{
 			InputTokens:  msg.Usage.inputTokens(),

@@ -22,6 +22,7 @@ type messagesRequest struct {
 	MaxTokens     int         `json:"max_tokens"`
 	Temperature   *float64    `json:"temperature,omitempty"`
 	TopP          *float64    `json:"top_p,omitempty"`
+	TopK          *int        `json:"top_k,omitempty"`
 	StopSequences []string    `json:"stop_sequences,omitempty"`
 	Tools         []tool      `json:"tools,omitempty"`
 	ToolChoice    *toolChoice `json:"tool_choice,omitempty"`
@@ -65,6 +66,7 @@ type block struct {
 	// ToolUseID and Content are a tool_result block; Content is absent for an empty result.
 	ToolUseID string   `json:"tool_use_id,omitempty"`
 	Content   *content `json:"content,omitempty"`
+	IsError   bool     `json:"is_error,omitempty"`
 }
 
 type source struct {
@@ -89,7 +91,7 @@ type toolChoice struct {
 
 type thinking struct {
 	Type         string `json:"type"`
-	BudgetTokens int    `json:"budget_tokens"`
+	BudgetTokens int    `json:"budget_tokens,omitempty"`
 }
 
 type metadata struct {
@@ -139,6 +141,7 @@ func messagesBody(req provider.Request, stream bool) (messagesRequest, unsupport
 		MaxTokens:   req.MaxTokens,
 		Temperature: req.Temperature,
 		TopP:        req.TopP,
+		TopK:        req.TopK,
 		Stream:      stream,
 	}
 	if f := unmappable(req); f != "" {
@@ -488,7 +491,7 @@ func toolResult(m provider.Message) (block, unsupported) {
 	if len(m.ToolCalls) > 0 || m.Refusal != "" {
 		return block{}, "messages[].role tool with tool_calls or refusal"
 	}
-	b := block{Type: "tool_result", ToolUseID: m.ToolCallID}
+	b := block{Type: "tool_result", ToolUseID: m.ToolCallID, IsError: m.ToolError}
 	switch {
 	case len(m.Parts) > 0:
 		blocks, f := partBlocks(m.Parts, false)
@@ -560,42 +563,67 @@ func hasToolTurns(req provider.Request) bool {
 	return false
 }
 
-// thinkingConfig maps reasoning_effort onto extended thinking (thinking.budget_tokens from
-// thinkingBudget). The budget counts against max_tokens, as OpenAI's reasoning tokens count
-// against max_completion_tokens: without max_tokens the request gets DefaultMaxTokens on top
-// of the budget; with it the budget is at most half of max_tokens, so that the answer keeps
-// room. The combinations Anthropic refuses with thinking are unsupported: temperature other
-// than 1, top_p below 0.95, a forced tool choice, a prefill, and continuing a tool call
-// (Anthropic wants the turn's thinking blocks back, which a chat completions conversation
-// does not carry).
+// thinkingConfig sets extended thinking from the caller's explicit thinking block (the
+// Messages front door's, sent as it is) or from reasoning_effort (thinking.budget_tokens
+// from thinkingBudget), never both. An effort's budget counts against max_tokens, as
+// OpenAI's reasoning tokens count against max_completion_tokens: without max_tokens the
+// request gets DefaultMaxTokens on top of the budget; with it the budget is at most half of
+// max_tokens, so that the answer keeps room. The combinations Anthropic refuses with
+// thinking are unsupported: temperature other than 1, top_p below 0.95, a forced tool
+// choice, a prefill, and continuing a tool call (Anthropic wants the turn's thinking blocks
+// back, which a chat completions conversation does not carry).
 func thinkingConfig(req provider.Request, body *messagesRequest) unsupported {
-	if req.ReasoningEffort == "" {
+	field := unsupported("reasoning_effort")
+	var budget int
+	switch t := req.Thinking; {
+	case t != nil && req.ReasoningEffort != "":
+		return "thinking (with reasoning_effort)"
+	case t != nil && t.Type == "disabled":
+		body.Thinking = &thinking{Type: "disabled"}
 		return ""
-	}
-	budget, known := thinkingBudget[req.ReasoningEffort]
-	switch {
-	case !known:
-		return "reasoning_effort"
-	case budget == 0:
-		return ""
-	case req.Temperature != nil && *req.Temperature != 1:
-		return "reasoning_effort (with temperature)"
-	case req.TopP != nil && *req.TopP < 0.95:
-		return "reasoning_effort (with top_p below 0.95)"
-	case body.ToolChoice != nil && (body.ToolChoice.Type == "any" || body.ToolChoice.Type == "tool"):
-		return "reasoning_effort (with a forced tool_choice)"
-	case req.Prefill != "":
-		return "reasoning_effort (with a prefill)"
-	case continuesToolCall(req.Messages):
-		return "reasoning_effort (continuing a tool call)"
-	}
-	if body.MaxTokens <= 0 {
-		body.MaxTokens = DefaultMaxTokens + budget
-	} else {
-		budget = min(budget, body.MaxTokens/2)
-		if budget < minThinkingBudget {
-			return "reasoning_effort (max_tokens below 2048)"
+	case t != nil && t.Type == "enabled":
+		field, budget = "thinking", t.BudgetTokens
+		if budget < minThinkingBudget || (body.MaxTokens > 0 && budget >= body.MaxTokens) {
+			return "thinking.budget_tokens"
 		}
+	case t != nil:
+		return "thinking.type"
+	case req.ReasoningEffort == "":
+		return ""
+	default:
+		var known bool
+		if budget, known = thinkingBudget[req.ReasoningEffort]; !known {
+			return "reasoning_effort"
+		}
+		if budget == 0 {
+			return ""
+		}
+	}
+	switch {
+	case req.Temperature != nil && *req.Temperature != 1:
+		return field + " (with temperature)"
+	case req.TopP != nil && *req.TopP < 0.95:
+		return field + " (with top_p below 0.95)"
+	case req.TopK != nil:
+		return field + " (with top_k)"
+	case body.ToolChoice != nil && (body.ToolChoice.Type == "any" || body.ToolChoice.Type == "tool"):
+		return field + " (with a forced tool_choice)"
+	case req.Prefill != "":
+		return field + " (with a prefill)"
+	case continuesToolCall(req.Messages):
+		return field + " (continuing a tool call)"
+	}
+	if field == "reasoning_effort" {
+		if body.MaxTokens <= 0 {
+			body.MaxTokens = DefaultMaxTokens + budget
+		} else {
+			budget = min(budget, body.MaxTokens/2)
+			if budget < minThinkingBudget {
+				return "reasoning_effort (max_tokens below 2048)"
+			}
+		}
+	} else if body.MaxTokens <= 0 {
+		body.MaxTokens = DefaultMaxTokens + budget
 	}
 	body.Thinking = &thinking{Type: "enabled", BudgetTokens: budget}
 	return ""

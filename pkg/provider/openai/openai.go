@@ -410,3 +410,23 @@ func (c *Client) ownHeaders(req provider.Request) map[string]string {
 	}
 	return h
 }
+
+var _ provider.FieldRefuser = (*Client)(nil)
+
+// Unsupported names the first field of req that chat completions have no place for: the
+// Anthropic Messages API's top_k, thinking and a tool result's is_error reach mantle
+// through /v1/messages, and an OpenAI-type provider would have to drop them.
+func (c *Client) Unsupported(req provider.Request) string {
+	switch {
+	case req.TopK != nil:
+		return "top_k"
+	case req.Thinking != nil:
+		return "thinking"
+	}
+	for _, m := range req.Messages {
+		if m.ToolError {
+			return "messages[].content[].is_error"
+		}
+	}
+	return ""
+}

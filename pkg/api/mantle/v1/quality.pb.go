@@ -441,7 +441,10 @@ type ChatMessage struct {
 	Refusal string `protobuf:"bytes,7,opt,name=refusal,proto3" json:"refusal,omitempty"`
 	// True when the caller sent "content": null (an assistant turn that only calls tools),
 	// as distinct from an empty string.
-	ContentNull   bool `protobuf:"varint,8,opt,name=content_null,json=contentNull,proto3" json:"content_null,omitempty"`
+	ContentNull bool `protobuf:"varint,8,opt,name=content_null,json=contentNull,proto3" json:"content_null,omitempty"`
+	// For role tool: the tool failed and content says how (Anthropic's tool_result
+	// is_error). Providers without the notion refuse a message that sets it.
+	ToolError     bool `protobuf:"varint,9,opt,name=tool_error,json=toolError,proto3" json:"tool_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -528,6 +531,13 @@ func (x *ChatMessage) GetRefusal() string {
 func (x *ChatMessage) GetContentNull() bool {
 	if x != nil {
 		return x.ContentNull
+	}
+	return false
+}
+
+func (x *ChatMessage) GetToolError() bool {
+	if x != nil {
+		return x.ToolError
 	}
 	return false
 }
@@ -1842,7 +1852,7 @@ var File_mantle_v1_quality_proto protoreflect.FileDescriptor
 
 const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\n" +
-	"\x17mantle/v1/quality.proto\x12\tmantle.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x02\n" +
+	"\x17mantle/v1/quality.proto\x12\tmantle.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\x02\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12\x12\n" +
@@ -1853,7 +1863,9 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\ftool_call_id\x18\x06 \x01(\tR\n" +
 	"toolCallId\x12\x18\n" +
 	"\arefusal\x18\a \x01(\tR\arefusal\x12!\n" +
-	"\fcontent_null\x18\b \x01(\bR\vcontentNull\"\xd9\x01\n" +
+	"\fcontent_null\x18\b \x01(\bR\vcontentNull\x12\x1d\n" +
+	"\n" +
+	"tool_error\x18\t \x01(\bR\ttoolError\"\xd9\x01\n" +
 	"\vContentPart\x12\x14\n" +
 	"\x04text\x18\x01 \x01(\tH\x00R\x04text\x12,\n" +
 	"\x05image\x18\x02 \x01(\v2\x14.mantle.v1.ImagePartH\x00R\x05image\x127\n" +

@@ -75,7 +75,13 @@ type Request struct {
 	// Provider-specific fields mantle does not model, as one JSON object: its members are
 	// added to the body sent to OpenAI-type providers as they are, and a candidate of
 	// another type is not used.
-	ExtraBody     string `protobuf:"bytes,29,opt,name=extra_body,json=extraBody,proto3" json:"extra_body,omitempty"`
+	ExtraBody string `protobuf:"bytes,29,opt,name=extra_body,json=extraBody,proto3" json:"extra_body,omitempty"`
+	// Sample only from the top_k most likely tokens (Anthropic's top_k); providers that
+	// cannot take it refuse the request.
+	TopK *int32 `protobuf:"varint,30,opt,name=top_k,json=topK,proto3,oneof" json:"top_k,omitempty"`
+	// Extended thinking (Anthropic's thinking); providers that cannot take it refuse the
+	// request.
+	Thinking      *Thinking `protobuf:"bytes,31,opt,name=thinking,proto3" json:"thinking,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -313,6 +319,75 @@ func (x *Request) GetExtraBody() string {
 	return ""
 }
 
+func (x *Request) GetTopK() int32 {
+	if x != nil && x.TopK != nil {
+		return *x.TopK
+	}
+	return 0
+}
+
+func (x *Request) GetThinking() *Thinking {
+	if x != nil {
+		return x.Thinking
+	}
+	return nil
+}
+
+// Thinking asks a model to reason before it answers.
+type Thinking struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// enabled or disabled.
+	Type string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	// With type enabled: how many tokens the model may think with.
+	BudgetTokens  int32 `protobuf:"varint,2,opt,name=budget_tokens,json=budgetTokens,proto3" json:"budget_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Thinking) Reset() {
+	*x = Thinking{}
+	mi := &file_mantle_router_v1_router_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Thinking) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Thinking) ProtoMessage() {}
+
+func (x *Thinking) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_router_v1_router_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Thinking.ProtoReflect.Descriptor instead.
+func (*Thinking) Descriptor() ([]byte, []int) {
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Thinking) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *Thinking) GetBudgetTokens() int32 {
+	if x != nil {
+		return x.BudgetTokens
+	}
+	return 0
+}
+
 // CompleteRequest asks for one answer.
 type CompleteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -323,7 +398,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[1]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +410,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[1]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +423,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{1}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CompleteRequest) GetRequest() *Request {
@@ -374,14 +449,17 @@ type CompleteResponse struct {
 	// Rate-limit state of the caller after this request.
 	RateLimit *RateLimit `protobuf:"bytes,7,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
 	// The choice's logprobs object as the provider sent it (JSON), when asked for.
-	Logprobs      string `protobuf:"bytes,8,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	Logprobs string `protobuf:"bytes,8,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// With finish_reason stop: the stop sequence that ended the answer, when the provider
+	// says which (Anthropic does; OpenAI-type providers do not).
+	StopSequence  string `protobuf:"bytes,9,opt,name=stop_sequence,json=stopSequence,proto3" json:"stop_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[2]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -393,7 +471,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[2]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -406,7 +484,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{2}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CompleteResponse) GetId() string {
@@ -465,6 +543,13 @@ func (x *CompleteResponse) GetLogprobs() string {
 	return ""
 }
 
+func (x *CompleteResponse) GetStopSequence() string {
+	if x != nil {
+		return x.StopSequence
+	}
+	return ""
+}
+
 // StreamCompleteRequest asks for a streamed answer.
 type StreamCompleteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -475,7 +560,7 @@ type StreamCompleteRequest struct {
 
 func (x *StreamCompleteRequest) Reset() {
 	*x = StreamCompleteRequest{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[3]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +572,7 @@ func (x *StreamCompleteRequest) String() string {
 func (*StreamCompleteRequest) ProtoMessage() {}
 
 func (x *StreamCompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[3]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +585,7 @@ func (x *StreamCompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamCompleteRequest.ProtoReflect.Descriptor instead.
 func (*StreamCompleteRequest) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{3}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StreamCompleteRequest) GetRequest() *Request {
@@ -524,7 +609,7 @@ type StreamCompleteResponse struct {
 
 func (x *StreamCompleteResponse) Reset() {
 	*x = StreamCompleteResponse{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[4]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +621,7 @@ func (x *StreamCompleteResponse) String() string {
 func (*StreamCompleteResponse) ProtoMessage() {}
 
 func (x *StreamCompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[4]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +634,7 @@ func (x *StreamCompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamCompleteResponse.ProtoReflect.Descriptor instead.
 func (*StreamCompleteResponse) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{4}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StreamCompleteResponse) GetEvent() isStreamCompleteResponse_Event {
@@ -611,7 +696,7 @@ type Delta struct {
 
 func (x *Delta) Reset() {
 	*x = Delta{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[5]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +708,7 @@ func (x *Delta) String() string {
 func (*Delta) ProtoMessage() {}
 
 func (x *Delta) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[5]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +721,7 @@ func (x *Delta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delta.ProtoReflect.Descriptor instead.
 func (*Delta) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{5}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Delta) GetContent() string {
@@ -682,7 +767,7 @@ type RateLimit struct {
 
 func (x *RateLimit) Reset() {
 	*x = RateLimit{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[6]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +779,7 @@ func (x *RateLimit) String() string {
 func (*RateLimit) ProtoMessage() {}
 
 func (x *RateLimit) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[6]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +792,7 @@ func (x *RateLimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RateLimit.ProtoReflect.Descriptor instead.
 func (*RateLimit) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{6}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RateLimit) GetLimitRequests() int64 {
@@ -763,7 +848,7 @@ type DescribeRoutesRequest struct {
 
 func (x *DescribeRoutesRequest) Reset() {
 	*x = DescribeRoutesRequest{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[7]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +860,7 @@ func (x *DescribeRoutesRequest) String() string {
 func (*DescribeRoutesRequest) ProtoMessage() {}
 
 func (x *DescribeRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[7]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +873,7 @@ func (x *DescribeRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRoutesRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{7}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DescribeRoutesRequest) GetRoute() string {
@@ -808,7 +893,7 @@ type DescribeRoutesResponse struct {
 
 func (x *DescribeRoutesResponse) Reset() {
 	*x = DescribeRoutesResponse{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[8]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +905,7 @@ func (x *DescribeRoutesResponse) String() string {
 func (*DescribeRoutesResponse) ProtoMessage() {}
 
 func (x *DescribeRoutesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[8]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +918,7 @@ func (x *DescribeRoutesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRoutesResponse.ProtoReflect.Descriptor instead.
 func (*DescribeRoutesResponse) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{8}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DescribeRoutesResponse) GetRoutes() []*Route {
@@ -859,7 +944,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[9]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +956,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[9]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +969,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{9}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Route) GetName() string {
@@ -936,7 +1021,7 @@ type Candidate struct {
 
 func (x *Candidate) Reset() {
 	*x = Candidate{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[10]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +1033,7 @@ func (x *Candidate) String() string {
 func (*Candidate) ProtoMessage() {}
 
 func (x *Candidate) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[10]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +1046,7 @@ func (x *Candidate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Candidate.ProtoReflect.Descriptor instead.
 func (*Candidate) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{10}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Candidate) GetModel() string {
@@ -1016,7 +1101,7 @@ type KeyState struct {
 
 func (x *KeyState) Reset() {
 	*x = KeyState{}
-	mi := &file_mantle_router_v1_router_proto_msgTypes[11]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1113,7 @@ func (x *KeyState) String() string {
 func (*KeyState) ProtoMessage() {}
 
 func (x *KeyState) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_router_v1_router_proto_msgTypes[11]
+	mi := &file_mantle_router_v1_router_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1126,7 @@ func (x *KeyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
 func (*KeyState) Descriptor() ([]byte, []int) {
-	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{11}
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *KeyState) GetKeyId() string {
@@ -1125,7 +1210,7 @@ var File_mantle_router_v1_router_proto protoreflect.FileDescriptor
 
 const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x1dmantle/router/v1/router.proto\x12\x10mantle.router.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\x99\v\n" +
+	"\x1dmantle/router/v1/router.proto\x12\x10mantle.router.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xf5\v\n" +
 	"\aRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12\x1d\n" +
@@ -1162,7 +1247,10 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"modalities\x12\x19\n" +
 	"\x05store\x18\x1c \x01(\bH\tR\x05store\x88\x01\x01\x12\x1d\n" +
 	"\n" +
-	"extra_body\x18\x1d \x01(\tR\textraBody\x1a<\n" +
+	"extra_body\x18\x1d \x01(\tR\textraBody\x12\x18\n" +
+	"\x05top_k\x18\x1e \x01(\x05H\n" +
+	"R\x04topK\x88\x01\x01\x126\n" +
+	"\bthinking\x18\x1f \x01(\v2\x1a.mantle.router.v1.ThinkingR\bthinking\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a;\n" +
@@ -1178,9 +1266,13 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\x12_frequency_penaltyB\v\n" +
 	"\t_logprobsB\x0f\n" +
 	"\r_top_logprobsB\b\n" +
-	"\x06_store\"F\n" +
+	"\x06_storeB\b\n" +
+	"\x06_top_k\"C\n" +
+	"\bThinking\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12#\n" +
+	"\rbudget_tokens\x18\x02 \x01(\x05R\fbudgetTokens\"F\n" +
 	"\x0fCompleteRequest\x123\n" +
-	"\arequest\x18\x01 \x01(\v2\x19.mantle.router.v1.RequestR\arequest\"\xc4\x02\n" +
+	"\arequest\x18\x01 \x01(\v2\x19.mantle.router.v1.RequestR\arequest\"\xe9\x02\n" +
 	"\x10CompleteResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x120\n" +
@@ -1190,7 +1282,8 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\aquality\x18\x06 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12:\n" +
 	"\n" +
 	"rate_limit\x18\a \x01(\v2\x1b.mantle.router.v1.RateLimitR\trateLimit\x12\x1a\n" +
-	"\blogprobs\x18\b \x01(\tR\blogprobs\"L\n" +
+	"\blogprobs\x18\b \x01(\tR\blogprobs\x12#\n" +
+	"\rstop_sequence\x18\t \x01(\tR\fstopSequence\"L\n" +
 	"\x15StreamCompleteRequest\x123\n" +
 	"\arequest\x18\x01 \x01(\v2\x19.mantle.router.v1.RequestR\arequest\"\x8e\x01\n" +
 	"\x16StreamCompleteResponse\x12/\n" +
@@ -1261,75 +1354,77 @@ func file_mantle_router_v1_router_proto_rawDescGZIP() []byte {
 	return file_mantle_router_v1_router_proto_rawDescData
 }
 
-var file_mantle_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_mantle_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_mantle_router_v1_router_proto_goTypes = []any{
 	(*Request)(nil),                // 0: mantle.router.v1.Request
-	(*CompleteRequest)(nil),        // 1: mantle.router.v1.CompleteRequest
-	(*CompleteResponse)(nil),       // 2: mantle.router.v1.CompleteResponse
-	(*StreamCompleteRequest)(nil),  // 3: mantle.router.v1.StreamCompleteRequest
-	(*StreamCompleteResponse)(nil), // 4: mantle.router.v1.StreamCompleteResponse
-	(*Delta)(nil),                  // 5: mantle.router.v1.Delta
-	(*RateLimit)(nil),              // 6: mantle.router.v1.RateLimit
-	(*DescribeRoutesRequest)(nil),  // 7: mantle.router.v1.DescribeRoutesRequest
-	(*DescribeRoutesResponse)(nil), // 8: mantle.router.v1.DescribeRoutesResponse
-	(*Route)(nil),                  // 9: mantle.router.v1.Route
-	(*Candidate)(nil),              // 10: mantle.router.v1.Candidate
-	(*KeyState)(nil),               // 11: mantle.router.v1.KeyState
-	nil,                            // 12: mantle.router.v1.Request.LogitBiasEntry
-	nil,                            // 13: mantle.router.v1.Request.MetadataEntry
-	(*v1.ChatMessage)(nil),         // 14: mantle.v1.ChatMessage
-	(*v1.ResponseFormat)(nil),      // 15: mantle.v1.ResponseFormat
-	(v1.Priority)(0),               // 16: mantle.v1.Priority
-	(*v1.Tool)(nil),                // 17: mantle.v1.Tool
-	(*v1.Usage)(nil),               // 18: mantle.v1.Usage
-	(*v1.QualityContext)(nil),      // 19: mantle.v1.QualityContext
-	(*v1.ToolCallDelta)(nil),       // 20: mantle.v1.ToolCallDelta
-	(*durationpb.Duration)(nil),    // 21: google.protobuf.Duration
-	(v1.FallbackLevel)(0),          // 22: mantle.v1.FallbackLevel
-	(v1.BreakerState)(0),           // 23: mantle.v1.BreakerState
-	(*timestamppb.Timestamp)(nil),  // 24: google.protobuf.Timestamp
+	(*Thinking)(nil),               // 1: mantle.router.v1.Thinking
+	(*CompleteRequest)(nil),        // 2: mantle.router.v1.CompleteRequest
+	(*CompleteResponse)(nil),       // 3: mantle.router.v1.CompleteResponse
+	(*StreamCompleteRequest)(nil),  // 4: mantle.router.v1.StreamCompleteRequest
+	(*StreamCompleteResponse)(nil), // 5: mantle.router.v1.StreamCompleteResponse
+	(*Delta)(nil),                  // 6: mantle.router.v1.Delta
+	(*RateLimit)(nil),              // 7: mantle.router.v1.RateLimit
+	(*DescribeRoutesRequest)(nil),  // 8: mantle.router.v1.DescribeRoutesRequest
+	(*DescribeRoutesResponse)(nil), // 9: mantle.router.v1.DescribeRoutesResponse
+	(*Route)(nil),                  // 10: mantle.router.v1.Route
+	(*Candidate)(nil),              // 11: mantle.router.v1.Candidate
+	(*KeyState)(nil),               // 12: mantle.router.v1.KeyState
+	nil,                            // 13: mantle.router.v1.Request.LogitBiasEntry
+	nil,                            // 14: mantle.router.v1.Request.MetadataEntry
+	(*v1.ChatMessage)(nil),         // 15: mantle.v1.ChatMessage
+	(*v1.ResponseFormat)(nil),      // 16: mantle.v1.ResponseFormat
+	(v1.Priority)(0),               // 17: mantle.v1.Priority
+	(*v1.Tool)(nil),                // 18: mantle.v1.Tool
+	(*v1.Usage)(nil),               // 19: mantle.v1.Usage
+	(*v1.QualityContext)(nil),      // 20: mantle.v1.QualityContext
+	(*v1.ToolCallDelta)(nil),       // 21: mantle.v1.ToolCallDelta
+	(*durationpb.Duration)(nil),    // 22: google.protobuf.Duration
+	(v1.FallbackLevel)(0),          // 23: mantle.v1.FallbackLevel
+	(v1.BreakerState)(0),           // 24: mantle.v1.BreakerState
+	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
 }
 var file_mantle_router_v1_router_proto_depIdxs = []int32{
-	14, // 0: mantle.router.v1.Request.messages:type_name -> mantle.v1.ChatMessage
-	15, // 1: mantle.router.v1.Request.response_format:type_name -> mantle.v1.ResponseFormat
-	16, // 2: mantle.router.v1.Request.priority:type_name -> mantle.v1.Priority
-	17, // 3: mantle.router.v1.Request.tools:type_name -> mantle.v1.Tool
-	12, // 4: mantle.router.v1.Request.logit_bias:type_name -> mantle.router.v1.Request.LogitBiasEntry
-	13, // 5: mantle.router.v1.Request.metadata:type_name -> mantle.router.v1.Request.MetadataEntry
-	0,  // 6: mantle.router.v1.CompleteRequest.request:type_name -> mantle.router.v1.Request
-	14, // 7: mantle.router.v1.CompleteResponse.message:type_name -> mantle.v1.ChatMessage
-	18, // 8: mantle.router.v1.CompleteResponse.usage:type_name -> mantle.v1.Usage
-	19, // 9: mantle.router.v1.CompleteResponse.quality:type_name -> mantle.v1.QualityContext
-	6,  // 10: mantle.router.v1.CompleteResponse.rate_limit:type_name -> mantle.router.v1.RateLimit
-	0,  // 11: mantle.router.v1.StreamCompleteRequest.request:type_name -> mantle.router.v1.Request
-	5,  // 12: mantle.router.v1.StreamCompleteResponse.delta:type_name -> mantle.router.v1.Delta
-	2,  // 13: mantle.router.v1.StreamCompleteResponse.final:type_name -> mantle.router.v1.CompleteResponse
-	20, // 14: mantle.router.v1.Delta.tool_calls:type_name -> mantle.v1.ToolCallDelta
-	21, // 15: mantle.router.v1.RateLimit.reset_requests:type_name -> google.protobuf.Duration
-	21, // 16: mantle.router.v1.RateLimit.reset_tokens:type_name -> google.protobuf.Duration
-	9,  // 17: mantle.router.v1.DescribeRoutesResponse.routes:type_name -> mantle.router.v1.Route
-	10, // 18: mantle.router.v1.Route.candidates:type_name -> mantle.router.v1.Candidate
-	22, // 19: mantle.router.v1.Route.ladder_level:type_name -> mantle.v1.FallbackLevel
-	21, // 20: mantle.router.v1.Route.default_budget:type_name -> google.protobuf.Duration
-	11, // 21: mantle.router.v1.Candidate.keys:type_name -> mantle.router.v1.KeyState
-	22, // 22: mantle.router.v1.Candidate.level:type_name -> mantle.v1.FallbackLevel
-	23, // 23: mantle.router.v1.KeyState.breaker_state:type_name -> mantle.v1.BreakerState
-	21, // 24: mantle.router.v1.KeyState.latency_p50:type_name -> google.protobuf.Duration
-	21, // 25: mantle.router.v1.KeyState.latency_p95:type_name -> google.protobuf.Duration
-	21, // 26: mantle.router.v1.KeyState.latency_p99:type_name -> google.protobuf.Duration
-	24, // 27: mantle.router.v1.KeyState.cooldown_until:type_name -> google.protobuf.Timestamp
-	24, // 28: mantle.router.v1.KeyState.next_probe_at:type_name -> google.protobuf.Timestamp
-	1,  // 29: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
-	3,  // 30: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
-	7,  // 31: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
-	2,  // 32: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
-	4,  // 33: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
-	8,  // 34: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
-	32, // [32:35] is the sub-list for method output_type
-	29, // [29:32] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	15, // 0: mantle.router.v1.Request.messages:type_name -> mantle.v1.ChatMessage
+	16, // 1: mantle.router.v1.Request.response_format:type_name -> mantle.v1.ResponseFormat
+	17, // 2: mantle.router.v1.Request.priority:type_name -> mantle.v1.Priority
+	18, // 3: mantle.router.v1.Request.tools:type_name -> mantle.v1.Tool
+	13, // 4: mantle.router.v1.Request.logit_bias:type_name -> mantle.router.v1.Request.LogitBiasEntry
+	14, // 5: mantle.router.v1.Request.metadata:type_name -> mantle.router.v1.Request.MetadataEntry
+	1,  // 6: mantle.router.v1.Request.thinking:type_name -> mantle.router.v1.Thinking
+	0,  // 7: mantle.router.v1.CompleteRequest.request:type_name -> mantle.router.v1.Request
+	15, // 8: mantle.router.v1.CompleteResponse.message:type_name -> mantle.v1.ChatMessage
+	19, // 9: mantle.router.v1.CompleteResponse.usage:type_name -> mantle.v1.Usage
+	20, // 10: mantle.router.v1.CompleteResponse.quality:type_name -> mantle.v1.QualityContext
+	7,  // 11: mantle.router.v1.CompleteResponse.rate_limit:type_name -> mantle.router.v1.RateLimit
+	0,  // 12: mantle.router.v1.StreamCompleteRequest.request:type_name -> mantle.router.v1.Request
+	6,  // 13: mantle.router.v1.StreamCompleteResponse.delta:type_name -> mantle.router.v1.Delta
+	3,  // 14: mantle.router.v1.StreamCompleteResponse.final:type_name -> mantle.router.v1.CompleteResponse
+	21, // 15: mantle.router.v1.Delta.tool_calls:type_name -> mantle.v1.ToolCallDelta
+	22, // 16: mantle.router.v1.RateLimit.reset_requests:type_name -> google.protobuf.Duration
+	22, // 17: mantle.router.v1.RateLimit.reset_tokens:type_name -> google.protobuf.Duration
+	10, // 18: mantle.router.v1.DescribeRoutesResponse.routes:type_name -> mantle.router.v1.Route
+	11, // 19: mantle.router.v1.Route.candidates:type_name -> mantle.router.v1.Candidate
+	23, // 20: mantle.router.v1.Route.ladder_level:type_name -> mantle.v1.FallbackLevel
+	22, // 21: mantle.router.v1.Route.default_budget:type_name -> google.protobuf.Duration
+	12, // 22: mantle.router.v1.Candidate.keys:type_name -> mantle.router.v1.KeyState
+	23, // 23: mantle.router.v1.Candidate.level:type_name -> mantle.v1.FallbackLevel
+	24, // 24: mantle.router.v1.KeyState.breaker_state:type_name -> mantle.v1.BreakerState
+	22, // 25: mantle.router.v1.KeyState.latency_p50:type_name -> google.protobuf.Duration
+	22, // 26: mantle.router.v1.KeyState.latency_p95:type_name -> google.protobuf.Duration
+	22, // 27: mantle.router.v1.KeyState.latency_p99:type_name -> google.protobuf.Duration
+	25, // 28: mantle.router.v1.KeyState.cooldown_until:type_name -> google.protobuf.Timestamp
+	25, // 29: mantle.router.v1.KeyState.next_probe_at:type_name -> google.protobuf.Timestamp
+	2,  // 30: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
+	4,  // 31: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
+	8,  // 32: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
+	3,  // 33: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
+	5,  // 34: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
+	9,  // 35: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
+	33, // [33:36] is the sub-list for method output_type
+	30, // [30:33] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_mantle_router_v1_router_proto_init() }
@@ -1338,7 +1433,7 @@ func file_mantle_router_v1_router_proto_init() {
 		return
 	}
 	file_mantle_router_v1_router_proto_msgTypes[0].OneofWrappers = []any{}
-	file_mantle_router_v1_router_proto_msgTypes[4].OneofWrappers = []any{
+	file_mantle_router_v1_router_proto_msgTypes[5].OneofWrappers = []any{
 		(*StreamCompleteResponse_Delta)(nil),
 		(*StreamCompleteResponse_Final)(nil),
 	}
@@ -1348,7 +1443,7 @@ func file_mantle_router_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_router_v1_router_proto_rawDesc), len(file_mantle_router_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
