@@ -307,6 +307,18 @@ type RouteConfig struct {
 	Hedge HedgeConfig `yaml:"hedge,omitempty"`
 	// Ladder is what the route degrades to when its candidates cannot answer.
 	Ladder LadderConfig `yaml:"ladder,omitempty"`
+	// Cache is how the route uses the answer cache.
+	Cache RouteCacheConfig `yaml:"cache,omitempty"`
+}
+
+// RouteCacheConfig is a route's use of the answer cache. Which requests may share an
+// answer is not configurable: every field that changes the answer is part of the scope.
+type RouteCacheConfig struct {
+	// ToolCalls stores answers that call tools (finish_reason tool_calls), so an identical
+	// request gets the same calls without asking a model. Off by default: a tool call
+	// usually acts on the world (book, send, pay), and replaying one is only right when
+	// the application treats the tools as pure functions of their arguments.
+	ToolCalls bool `yaml:"tool_calls,omitempty"`
 }
 
 // HedgeConfig: after Delay (the key's live p95, bounded by MinDelay and MaxDelay) a second

@@ -1121,6 +1121,293 @@ func (x *KeyState) GetNextProbeAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// EmbedRequest asks for one vector per input.
+type EmbedRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A route or model name; every candidate must have the embeddings capability.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// The inputs as text. Exactly one of input and input_tokens is set.
+	Input []string `protobuf:"bytes,2,rep,name=input,proto3" json:"input,omitempty"`
+	// The inputs as token ids of the model's tokenizer.
+	InputTokens []*TokenInput `protobuf:"bytes,3,rep,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	// The size of each vector, for models that can shorten them; unset: the model's own.
+	Dimensions *int32 `protobuf:"varint,4,opt,name=dimensions,proto3,oneof" json:"dimensions,omitempty"`
+	// How the HTTP answer encodes vectors: float (default) or base64 (little-endian float32).
+	// The vectors in EmbedResponse are floats either way.
+	EncodingFormat string `protobuf:"bytes,5,opt,name=encoding_format,json=encodingFormat,proto3" json:"encoding_format,omitempty"`
+	// End user the request is made for (the OpenAI user field), forwarded to the provider.
+	User string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	// Overrides the route's scenario, as in Request.
+	Scenario      string      `protobuf:"bytes,7,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	Priority      v1.Priority `protobuf:"varint,8,opt,name=priority,proto3,enum=mantle.v1.Priority" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmbedRequest) Reset() {
+	*x = EmbedRequest{}
+	mi := &file_mantle_router_v1_router_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmbedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmbedRequest) ProtoMessage() {}
+
+func (x *EmbedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_router_v1_router_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmbedRequest.ProtoReflect.Descriptor instead.
+func (*EmbedRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *EmbedRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetInput() []string {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *EmbedRequest) GetInputTokens() []*TokenInput {
+	if x != nil {
+		return x.InputTokens
+	}
+	return nil
+}
+
+func (x *EmbedRequest) GetDimensions() int32 {
+	if x != nil && x.Dimensions != nil {
+		return *x.Dimensions
+	}
+	return 0
+}
+
+func (x *EmbedRequest) GetEncodingFormat() string {
+	if x != nil {
+		return x.EncodingFormat
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetPriority() v1.Priority {
+	if x != nil {
+		return x.Priority
+	}
+	return v1.Priority(0)
+}
+
+// TokenInput is one input given as token ids.
+type TokenInput struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []int64                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenInput) Reset() {
+	*x = TokenInput{}
+	mi := &file_mantle_router_v1_router_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenInput) ProtoMessage() {}
+
+func (x *TokenInput) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_router_v1_router_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenInput.ProtoReflect.Descriptor instead.
+func (*TokenInput) Descriptor() ([]byte, []int) {
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *TokenInput) GetTokens() []int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+// EmbedResponse carries one vector per input, in input order.
+type EmbedResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model that answered.
+	Model string       `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Data  []*Embedding `protobuf:"bytes,2,rep,name=data,proto3" json:"data,omitempty"`
+	// input_tokens and total_tokens; embeddings have no output tokens.
+	Usage         *v1.Usage          `protobuf:"bytes,3,opt,name=usage,proto3" json:"usage,omitempty"`
+	Quality       *v1.QualityContext `protobuf:"bytes,4,opt,name=quality,proto3" json:"quality,omitempty"`
+	RateLimit     *RateLimit         `protobuf:"bytes,5,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmbedResponse) Reset() {
+	*x = EmbedResponse{}
+	mi := &file_mantle_router_v1_router_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmbedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmbedResponse) ProtoMessage() {}
+
+func (x *EmbedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_router_v1_router_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmbedResponse.ProtoReflect.Descriptor instead.
+func (*EmbedResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *EmbedResponse) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EmbedResponse) GetData() []*Embedding {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *EmbedResponse) GetUsage() *v1.Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *EmbedResponse) GetQuality() *v1.QualityContext {
+	if x != nil {
+		return x.Quality
+	}
+	return nil
+}
+
+func (x *EmbedResponse) GetRateLimit() *RateLimit {
+	if x != nil {
+		return x.RateLimit
+	}
+	return nil
+}
+
+// Embedding is the vector of one input.
+type Embedding struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The input's position in the request.
+	Index         int32     `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Vector        []float32 `protobuf:"fixed32,2,rep,packed,name=vector,proto3" json:"vector,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Embedding) Reset() {
+	*x = Embedding{}
+	mi := &file_mantle_router_v1_router_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Embedding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Embedding) ProtoMessage() {}
+
+func (x *Embedding) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_router_v1_router_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
+func (*Embedding) Descriptor() ([]byte, []int) {
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Embedding) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *Embedding) GetVector() []float32 {
+	if x != nil {
+		return x.Vector
+	}
+	return nil
+}
+
 var File_mantle_router_v1_router_proto protoreflect.FileDescriptor
 
 const file_mantle_router_v1_router_proto_rawDesc = "" +
@@ -1242,11 +1529,37 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\tin_flight\x18\t \x01(\x03R\binFlight\x12A\n" +
 	"\x0ecooldown_until\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x12>\n" +
-	"\rnext_probe_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextProbeAt2\xae\x02\n" +
+	"\rnext_probe_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextProbeAt\"\xb9\x02\n" +
+	"\fEmbedRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
+	"\x05input\x18\x02 \x03(\tR\x05input\x12?\n" +
+	"\finput_tokens\x18\x03 \x03(\v2\x1c.mantle.router.v1.TokenInputR\vinputTokens\x12#\n" +
+	"\n" +
+	"dimensions\x18\x04 \x01(\x05H\x00R\n" +
+	"dimensions\x88\x01\x01\x12'\n" +
+	"\x0fencoding_format\x18\x05 \x01(\tR\x0eencodingFormat\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\x12\x1a\n" +
+	"\bscenario\x18\a \x01(\tR\bscenario\x12/\n" +
+	"\bpriority\x18\b \x01(\x0e2\x13.mantle.v1.PriorityR\bpriorityB\r\n" +
+	"\v_dimensions\"$\n" +
+	"\n" +
+	"TokenInput\x12\x16\n" +
+	"\x06tokens\x18\x01 \x03(\x03R\x06tokens\"\xef\x01\n" +
+	"\rEmbedResponse\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12/\n" +
+	"\x04data\x18\x02 \x03(\v2\x1b.mantle.router.v1.EmbeddingR\x04data\x12&\n" +
+	"\x05usage\x18\x03 \x01(\v2\x10.mantle.v1.UsageR\x05usage\x123\n" +
+	"\aquality\x18\x04 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12:\n" +
+	"\n" +
+	"rate_limit\x18\x05 \x01(\v2\x1b.mantle.router.v1.RateLimitR\trateLimit\"9\n" +
+	"\tEmbedding\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x16\n" +
+	"\x06vector\x18\x02 \x03(\x02R\x06vector2\xf8\x02\n" +
 	"\rRouterService\x12Q\n" +
 	"\bComplete\x12!.mantle.router.v1.CompleteRequest\x1a\".mantle.router.v1.CompleteResponse\x12e\n" +
 	"\x0eStreamComplete\x12'.mantle.router.v1.StreamCompleteRequest\x1a(.mantle.router.v1.StreamCompleteResponse0\x01\x12c\n" +
-	"\x0eDescribeRoutes\x12'.mantle.router.v1.DescribeRoutesRequest\x1a(.mantle.router.v1.DescribeRoutesResponseB\xc6\x01\n" +
+	"\x0eDescribeRoutes\x12'.mantle.router.v1.DescribeRoutesRequest\x1a(.mantle.router.v1.DescribeRoutesResponse\x12H\n" +
+	"\x05Embed\x12\x1e.mantle.router.v1.EmbedRequest\x1a\x1f.mantle.router.v1.EmbedResponseB\xc6\x01\n" +
 	"\x14com.mantle.router.v1B\vRouterProtoP\x01Z?github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1;routerv1\xa2\x02\x03MRX\xaa\x02\x10Mantle.Router.V1\xca\x02\x10Mantle\\Router\\V1\xe2\x02\x1cMantle\\Router\\V1\\GPBMetadata\xea\x02\x12Mantle::Router::V1b\x06proto3"
 
 var (
@@ -1261,7 +1574,7 @@ func file_mantle_router_v1_router_proto_rawDescGZIP() []byte {
 	return file_mantle_router_v1_router_proto_rawDescData
 }
 
-var file_mantle_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_mantle_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_mantle_router_v1_router_proto_goTypes = []any{
 	(*Request)(nil),                // 0: mantle.router.v1.Request
 	(*CompleteRequest)(nil),        // 1: mantle.router.v1.CompleteRequest
@@ -1275,61 +1588,73 @@ var file_mantle_router_v1_router_proto_goTypes = []any{
 	(*Route)(nil),                  // 9: mantle.router.v1.Route
 	(*Candidate)(nil),              // 10: mantle.router.v1.Candidate
 	(*KeyState)(nil),               // 11: mantle.router.v1.KeyState
-	nil,                            // 12: mantle.router.v1.Request.LogitBiasEntry
-	nil,                            // 13: mantle.router.v1.Request.MetadataEntry
-	(*v1.ChatMessage)(nil),         // 14: mantle.v1.ChatMessage
-	(*v1.ResponseFormat)(nil),      // 15: mantle.v1.ResponseFormat
-	(v1.Priority)(0),               // 16: mantle.v1.Priority
-	(*v1.Tool)(nil),                // 17: mantle.v1.Tool
-	(*v1.Usage)(nil),               // 18: mantle.v1.Usage
-	(*v1.QualityContext)(nil),      // 19: mantle.v1.QualityContext
-	(*v1.ToolCallDelta)(nil),       // 20: mantle.v1.ToolCallDelta
-	(*durationpb.Duration)(nil),    // 21: google.protobuf.Duration
-	(v1.FallbackLevel)(0),          // 22: mantle.v1.FallbackLevel
-	(v1.BreakerState)(0),           // 23: mantle.v1.BreakerState
-	(*timestamppb.Timestamp)(nil),  // 24: google.protobuf.Timestamp
+	(*EmbedRequest)(nil),           // 12: mantle.router.v1.EmbedRequest
+	(*TokenInput)(nil),             // 13: mantle.router.v1.TokenInput
+	(*EmbedResponse)(nil),          // 14: mantle.router.v1.EmbedResponse
+	(*Embedding)(nil),              // 15: mantle.router.v1.Embedding
+	nil,                            // 16: mantle.router.v1.Request.LogitBiasEntry
+	nil,                            // 17: mantle.router.v1.Request.MetadataEntry
+	(*v1.ChatMessage)(nil),         // 18: mantle.v1.ChatMessage
+	(*v1.ResponseFormat)(nil),      // 19: mantle.v1.ResponseFormat
+	(v1.Priority)(0),               // 20: mantle.v1.Priority
+	(*v1.Tool)(nil),                // 21: mantle.v1.Tool
+	(*v1.Usage)(nil),               // 22: mantle.v1.Usage
+	(*v1.QualityContext)(nil),      // 23: mantle.v1.QualityContext
+	(*v1.ToolCallDelta)(nil),       // 24: mantle.v1.ToolCallDelta
+	(*durationpb.Duration)(nil),    // 25: google.protobuf.Duration
+	(v1.FallbackLevel)(0),          // 26: mantle.v1.FallbackLevel
+	(v1.BreakerState)(0),           // 27: mantle.v1.BreakerState
+	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
 }
 var file_mantle_router_v1_router_proto_depIdxs = []int32{
-	14, // 0: mantle.router.v1.Request.messages:type_name -> mantle.v1.ChatMessage
-	15, // 1: mantle.router.v1.Request.response_format:type_name -> mantle.v1.ResponseFormat
-	16, // 2: mantle.router.v1.Request.priority:type_name -> mantle.v1.Priority
-	17, // 3: mantle.router.v1.Request.tools:type_name -> mantle.v1.Tool
-	12, // 4: mantle.router.v1.Request.logit_bias:type_name -> mantle.router.v1.Request.LogitBiasEntry
-	13, // 5: mantle.router.v1.Request.metadata:type_name -> mantle.router.v1.Request.MetadataEntry
+	18, // 0: mantle.router.v1.Request.messages:type_name -> mantle.v1.ChatMessage
+	19, // 1: mantle.router.v1.Request.response_format:type_name -> mantle.v1.ResponseFormat
+	20, // 2: mantle.router.v1.Request.priority:type_name -> mantle.v1.Priority
+	21, // 3: mantle.router.v1.Request.tools:type_name -> mantle.v1.Tool
+	16, // 4: mantle.router.v1.Request.logit_bias:type_name -> mantle.router.v1.Request.LogitBiasEntry
+	17, // 5: mantle.router.v1.Request.metadata:type_name -> mantle.router.v1.Request.MetadataEntry
 	0,  // 6: mantle.router.v1.CompleteRequest.request:type_name -> mantle.router.v1.Request
-	14, // 7: mantle.router.v1.CompleteResponse.message:type_name -> mantle.v1.ChatMessage
-	18, // 8: mantle.router.v1.CompleteResponse.usage:type_name -> mantle.v1.Usage
-	19, // 9: mantle.router.v1.CompleteResponse.quality:type_name -> mantle.v1.QualityContext
+	18, // 7: mantle.router.v1.CompleteResponse.message:type_name -> mantle.v1.ChatMessage
+	22, // 8: mantle.router.v1.CompleteResponse.usage:type_name -> mantle.v1.Usage
+	23, // 9: mantle.router.v1.CompleteResponse.quality:type_name -> mantle.v1.QualityContext
 	6,  // 10: mantle.router.v1.CompleteResponse.rate_limit:type_name -> mantle.router.v1.RateLimit
 	0,  // 11: mantle.router.v1.StreamCompleteRequest.request:type_name -> mantle.router.v1.Request
 	5,  // 12: mantle.router.v1.StreamCompleteResponse.delta:type_name -> mantle.router.v1.Delta
 	2,  // 13: mantle.router.v1.StreamCompleteResponse.final:type_name -> mantle.router.v1.CompleteResponse
-	20, // 14: mantle.router.v1.Delta.tool_calls:type_name -> mantle.v1.ToolCallDelta
-	21, // 15: mantle.router.v1.RateLimit.reset_requests:type_name -> google.protobuf.Duration
-	21, // 16: mantle.router.v1.RateLimit.reset_tokens:type_name -> google.protobuf.Duration
+	24, // 14: mantle.router.v1.Delta.tool_calls:type_name -> mantle.v1.ToolCallDelta
+	25, // 15: mantle.router.v1.RateLimit.reset_requests:type_name -> google.protobuf.Duration
+	25, // 16: mantle.router.v1.RateLimit.reset_tokens:type_name -> google.protobuf.Duration
 	9,  // 17: mantle.router.v1.DescribeRoutesResponse.routes:type_name -> mantle.router.v1.Route
 	10, // 18: mantle.router.v1.Route.candidates:type_name -> mantle.router.v1.Candidate
-	22, // 19: mantle.router.v1.Route.ladder_level:type_name -> mantle.v1.FallbackLevel
-	21, // 20: mantle.router.v1.Route.default_budget:type_name -> google.protobuf.Duration
+	26, // 19: mantle.router.v1.Route.ladder_level:type_name -> mantle.v1.FallbackLevel
+	25, // 20: mantle.router.v1.Route.default_budget:type_name -> google.protobuf.Duration
 	11, // 21: mantle.router.v1.Candidate.keys:type_name -> mantle.router.v1.KeyState
-	22, // 22: mantle.router.v1.Candidate.level:type_name -> mantle.v1.FallbackLevel
-	23, // 23: mantle.router.v1.KeyState.breaker_state:type_name -> mantle.v1.BreakerState
-	21, // 24: mantle.router.v1.KeyState.latency_p50:type_name -> google.protobuf.Duration
-	21, // 25: mantle.router.v1.KeyState.latency_p95:type_name -> google.protobuf.Duration
-	21, // 26: mantle.router.v1.KeyState.latency_p99:type_name -> google.protobuf.Duration
-	24, // 27: mantle.router.v1.KeyState.cooldown_until:type_name -> google.protobuf.Timestamp
-	24, // 28: mantle.router.v1.KeyState.next_probe_at:type_name -> google.protobuf.Timestamp
-	1,  // 29: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
-	3,  // 30: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
-	7,  // 31: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
-	2,  // 32: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
-	4,  // 33: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
-	8,  // 34: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
-	32, // [32:35] is the sub-list for method output_type
-	29, // [29:32] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	26, // 22: mantle.router.v1.Candidate.level:type_name -> mantle.v1.FallbackLevel
+	27, // 23: mantle.router.v1.KeyState.breaker_state:type_name -> mantle.v1.BreakerState
+	25, // 24: mantle.router.v1.KeyState.latency_p50:type_name -> google.protobuf.Duration
+	25, // 25: mantle.router.v1.KeyState.latency_p95:type_name -> google.protobuf.Duration
+	25, // 26: mantle.router.v1.KeyState.latency_p99:type_name -> google.protobuf.Duration
+	28, // 27: mantle.router.v1.KeyState.cooldown_until:type_name -> google.protobuf.Timestamp
+	28, // 28: mantle.router.v1.KeyState.next_probe_at:type_name -> google.protobuf.Timestamp
+	13, // 29: mantle.router.v1.EmbedRequest.input_tokens:type_name -> mantle.router.v1.TokenInput
+	20, // 30: mantle.router.v1.EmbedRequest.priority:type_name -> mantle.v1.Priority
+	15, // 31: mantle.router.v1.EmbedResponse.data:type_name -> mantle.router.v1.Embedding
+	22, // 32: mantle.router.v1.EmbedResponse.usage:type_name -> mantle.v1.Usage
+	23, // 33: mantle.router.v1.EmbedResponse.quality:type_name -> mantle.v1.QualityContext
+	6,  // 34: mantle.router.v1.EmbedResponse.rate_limit:type_name -> mantle.router.v1.RateLimit
+	1,  // 35: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
+	3,  // 36: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
+	7,  // 37: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
+	12, // 38: mantle.router.v1.RouterService.Embed:input_type -> mantle.router.v1.EmbedRequest
+	2,  // 39: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
+	4,  // 40: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
+	8,  // 41: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
+	14, // 42: mantle.router.v1.RouterService.Embed:output_type -> mantle.router.v1.EmbedResponse
+	39, // [39:43] is the sub-list for method output_type
+	35, // [35:39] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_mantle_router_v1_router_proto_init() }
@@ -1342,13 +1667,14 @@ func file_mantle_router_v1_router_proto_init() {
 		(*StreamCompleteResponse_Delta)(nil),
 		(*StreamCompleteResponse_Final)(nil),
 	}
+	file_mantle_router_v1_router_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_router_v1_router_proto_rawDesc), len(file_mantle_router_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
