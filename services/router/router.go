@@ -138,6 +138,8 @@ type Router struct {
 	hedgeBudget *resilience.Budget
 	// fallbackLimiter admits requests while the quota service is unreachable.
 	fallbackLimiter *localLimiter
+	// embedCache holds embeddings answers (Config.EmbeddingsCache; sized at start).
+	embedCache *embedCache
 	// degradations are the last degradation events, for the status page.
 	degradations degradationRing
 	// shedder refuses a share of new requests while the process is short of CPU; its
@@ -171,6 +173,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		budget:          resilience.NewBudget(cfg.RetryBudget, deps.Clock),
 		hedgeBudget:     resilience.NewBudget(cfg.HedgeBudget.budget(), deps.Clock),
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
+		embedCache:      newEmbedCache(cfg.EmbeddingsCache),
 	}
 	r.schemas = deps.Checker
 	if r.schemas == nil {
@@ -304,8 +307,9 @@ func (r *Router) Reload(cfg Config) error {
 	}
 	if !reflect.DeepEqual(old.RetryBudget, cfg.RetryBudget) || old.HedgeBudget != cfg.HedgeBudget || !reflect.DeepEqual(old.Breaker, cfg.Breaker) ||
 		old.QuotaFallbackRPM != cfg.QuotaFallbackRPM || old.Idempotency != cfg.Idempotency ||
-		old.QuotaAddress != cfg.QuotaAddress || old.CacheAddress != cfg.CacheAddress || old.VerifierAddress != cfg.VerifierAddress {
-		r.deps.Log.Warn("retry_budget, hedge_budget, breaker, quota_fallback_rpm, idempotency and the service addresses keep their running values until a restart")
+		old.QuotaAddress != cfg.QuotaAddress || old.CacheAddress != cfg.CacheAddress || old.VerifierAddress != cfg.VerifierAddress ||
+		old.EmbeddingsCache != cfg.EmbeddingsCache {
+		r.deps.Log.Warn("retry_budget, hedge_budget, breaker, quota_fallback_rpm, idempotency, embeddings_cache and the service addresses keep their running values until a restart")
 	}
 	r.tab.Store(r.buildTable(&cfg))
 	r.cfg.Store(&cfg)
@@ -509,6 +513,12 @@ func unstorable(v *verifierv1.VerifyResponse) string {
 const maxWaitMs = 24 * 60 * 60 * 1000
 
 func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (string, *routerv1.RateLimit, error) {
+	return r.reserveTokens(ctx, rt, qc, int64(req.MaxTokens), req.Messages, 0)
+}
+
+// reserveTokens reserves quota for a request on rt: maxOutput tokens of answer (0: quota's
+// default) and the input, counted by quota from messages unless inputTokens says it.
+func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.QualityContext, maxOutput int64, messages []*mantlev1.ChatMessage, inputTokens int64) (string, *routerv1.RateLimit, error) {
 	if r.deps.Quota == nil {
 		return "", nil, nil // quota is off: nothing to reserve, so nothing to settle
 	}
@@ -523,8 +533,9 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 		Model:   rt.candidates[0].model.Name,
 		// Naming the key lets quota count requests per key for the shared retry budget.
 		UpstreamKeyId:   rt.admissionKeyID(),
-		MaxOutputTokens: int64(req.MaxTokens),
-		Messages:        req.Messages,
+		MaxOutputTokens: maxOutput,
+		Messages:        messages,
+		InputTokens:     inputTokens,
 	})
 	if err != nil {
 		code := status.Code(err)
