@@ -7,9 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +24,7 @@ import (
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
+	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/router"
 )
@@ -170,6 +175,39 @@ func TestEmbeddingsThroughTheMesh(t *testing.T) {
 			if d.Object != "embedding" || d.Index != i || fmt.Sprint(floats(t, d.Embedding)) != fmt.Sprint([]float64{float64(i), 11, 0.25}) {
 				t.Errorf("data[%d] = %+v %s", i, d, d.Embedding)
 			}
+		}
+	})
+	t.Run("docs/compatibility.md says the same", func(t *testing.T) {
+		// The first subtest saw these five fields reach the upstream, and refusals below
+		// see an unknown field refused; the table must say exactly that.
+		want := map[string]string{"model": "forwarded", "input": "forwarded", "dimensions": "forwarded",
+			"encoding_format": "forwarded", "user": "forwarded"}
+		doc, err := os.ReadFile("../../docs/compatibility.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := regexp.MustCompile("^\\| `([^`]+)` \\| ([a-z]+)")
+		in, seen := false, map[string]bool{}
+		for _, line := range strings.Split(string(doc), "\n") {
+			if strings.HasPrefix(line, "| Embeddings field") {
+				in = true
+			} else if in && !strings.HasPrefix(line, "|") {
+				break
+			}
+			if m := row.FindStringSubmatch(line); in && m != nil {
+				seen[m[1]] = true
+				if want[m[1]] != m[2] {
+					t.Errorf("docs/compatibility.md says %s is %s; the test saw %q", m[1], m[2], want[m[1]])
+				}
+			}
+		}
+		for f := range want {
+			if !seen[f] {
+				t.Errorf("docs/compatibility.md has no embeddings row for %s", f)
+			}
+		}
+		if !slices.Equal(slices.Sorted(maps.Keys(want)), slices.Sorted(slices.Values(openaiapi.EmbeddingsFields))) {
+			t.Errorf("the decoder's fields %v are not the ones tested", openaiapi.EmbeddingsFields)
 		}
 	})
 	t.Run("identical request is an exact cache hit", func(t *testing.T) {

@@ -76,3 +76,30 @@ func TestParseEmbeddingsRefusesMalformed(t *testing.T) {
 		t.Error("a vector above MaxEmbeddingDimensions was accepted")
 	}
 }
+
+// FuzzParseEmbeddings: any upstream body is want vectors of one finite size within
+// MaxEmbeddingDimensions, or a classified error; never a panic.
+func FuzzParseEmbeddings(f *testing.F) {
+	f.Add([]byte(`{"data":[{"index":0,"embedding":[1,2]},{"index":1,"embedding":"AACAPwAAAEA="}]}`), 2)
+	f.Add([]byte(`{"data":[]}`), 0)
+	f.Fuzz(func(t *testing.T, body []byte, want int) {
+		if want < 0 || want > 4096 {
+			return
+		}
+		res, err := parseEmbeddings(body, want)
+		if err != nil {
+			if err.Class == mantlev1.ErrorClass_ERROR_CLASS_NONE {
+				t.Fatalf("unclassified error %v", err)
+			}
+			return
+		}
+		if len(res.Vectors) != want {
+			t.Fatalf("%d vectors, want %d", len(res.Vectors), want)
+		}
+		for _, v := range res.Vectors {
+			if len(v) == 0 || len(v) > MaxEmbeddingDimensions || len(v) != len(res.Vectors[0]) {
+				t.Fatalf("vector of %d", len(v))
+			}
+		}
+	})
+}
