@@ -35,7 +35,7 @@ var outsideFingerprint = map[protoreflect.Name]string{
 // placeholderQuestion stands for a last turn whose text the cache cannot compare (an image
 // alone, a tool result): the turn itself is in the fingerprint, so only a request with the
 // identical turn shares the scope, and the placeholder matches only itself.
-const placeholderQuestion = "\x00mantle:turn-in-fingerprint"
+const placeholderQuestion = "[mantle: the last turn is in the context fingerprint]"
 
 // cachePrompt is the request as the cache scopes it. The scenario is the request's own
 // (the x-mantle-scenario header or the gRPC field, else the route's): it decides the
