@@ -1,12 +1,14 @@
 package router
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -296,5 +298,38 @@ func TestCacheScopeText(t *testing.T) {
 	}
 	if fp := contextFingerprint(&routerv1.Request{Model: "m", Messages: []*mantlev1.ChatMessage{user("hi")}}); fp != "" {
 		t.Errorf("a plain request has fingerprint %q; its entries would change keys", fp)
+	}
+}
+
+// TestToolCallHitsOnlyExact: a cached answer with tool calls answers the identical prompt
+// (an exact or coalesced hit), tool calls and finish reason included, and never a similar
+// one, whose arguments would be another question's.
+func TestToolCallHitsOnlyExact(t *testing.T) {
+	calls := []*mantlev1.ToolCall{{Id: "call_a", Type: "function", Name: "convert", Arguments: `{"c":20}`}}
+	for _, tt := range []struct {
+		name      string
+		coalesced bool
+		served    bool
+	}{{"similar prompt", false, false}, {"identical prompt", true, true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, testConfig(), &harness{})
+			h.cache.hit = &cachev1.Entry{Id: "e1", SourceModel: "b", FinishReason: "tool_calls", ToolCalls: calls}
+			if tt.coalesced {
+				h.cache.coalesced, h.cache.clock = time.Millisecond, h.clock
+			}
+			resp, err := h.router.Complete(context.Background(), ask("chat"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if served := resp.GetQuality().GetCacheHit(); served != tt.served {
+				t.Fatalf("served from the cache = %t, want %t", served, tt.served)
+			}
+			if tt.served && (resp.GetFinishReason() != "tool_calls" || len(resp.GetMessage().GetToolCalls()) != 1 || !proto.Equal(resp.GetMessage().GetToolCalls()[0], calls[0])) {
+				t.Errorf("answer %v, want the cached tool calls", resp)
+			}
+			if !tt.served && h.calls("a") != 1 {
+				t.Errorf("a called %d times, want the model asked", h.calls("a"))
+			}
+		})
 	}
 }
