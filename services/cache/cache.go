@@ -172,7 +172,10 @@ type StoreRequest struct {
 	Content      string
 	SourceModel  string
 	FinishReason string
-	Usage        Usage
+	// ToolCalls are the answer's tool calls (FinishReason tool_calls); Content may then be
+	// empty.
+	ToolCalls []ToolCall
+	Usage     Usage
 	// TTL shortens the policy's TTL; zero uses it. It cannot lengthen it.
 	TTL time.Duration
 	// Verified: the answer passed verification. Degraded and FromCache describe where the
@@ -610,8 +613,8 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 		return StoreResult{}, ErrNoTenant
 	}
 	invalid := validatePrompt(req.Prompt)
-	if req.Content == "" {
-		invalid.Add("content", "required")
+	if req.Content == "" && len(req.ToolCalls) == 0 {
+		invalid.Add("content", "required (or tool_calls)")
 	}
 	if req.TTL < 0 {
 		invalid.Add("ttl", "must not be negative, got %s", req.TTL)
@@ -662,6 +665,7 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 		Content:      req.Content,
 		SourceModel:  req.SourceModel,
 		FinishReason: req.FinishReason,
+		ToolCalls:    req.ToolCalls,
 		Usage:        req.Usage,
 		CreatedAt:    now,
 		ExpiresAt:    now.Add(ttl),

@@ -90,12 +90,21 @@ type Entry struct {
 	Content      string
 	SourceModel  string
 	FinishReason string
-	Usage        Usage
-	CreatedAt    time.Time
-	ExpiresAt    time.Time
+	// ToolCalls are the answer's tool calls, when it has some.
+	ToolCalls []ToolCall
+	Usage     Usage
+	CreatedAt time.Time
+	ExpiresAt time.Time
 	// StaleUntil is when the entry is deleted: ExpiresAt plus the scenario's max_staleness
 	// for verified answers, which cache-only lookups may serve stale until then.
 	StaleUntil time.Time
+}
+
+// ToolCall is one tool call of a cached answer, as the model made it.
+type ToolCall struct {
+	ID, Type, Name string
+	// Arguments is the raw JSON string the model wrote.
+	Arguments string
 }
 
 // freshAt reports whether e may be served at now in every mode.

@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"crypto/sha256"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -89,7 +90,7 @@ func entriesEqual(a, b Entry) bool {
 	for _, e := range []*Entry{&a, &b} {
 		e.CreatedAt, e.ExpiresAt, e.StaleUntil = e.CreatedAt.Truncate(time.Millisecond).UTC(), e.ExpiresAt.Truncate(time.Millisecond).UTC(), e.StaleUntil.Truncate(time.Millisecond).UTC()
 	}
-	return a == b
+	return reflect.DeepEqual(a, b)
 }
 
 func TestIndexHoldsEntriesUntilStaleUntil(t *testing.T) {

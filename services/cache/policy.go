@@ -54,8 +54,12 @@ var skipReasons = []SkipReason{
 	SkipNoVector,
 }
 
-// finishReasonStop is the only finish reason of a complete answer.
-const finishReasonStop = "stop"
+// finishReasonStop and finishReasonToolCalls (with the tool calls stored) are the finish
+// reasons of a complete answer.
+const (
+	finishReasonStop      = "stop"
+	finishReasonToolCalls = "tool_calls"
+)
 
 // policy is a Policy prepared for the request path.
 type policy struct {
@@ -148,9 +152,9 @@ func (p policy) storeSkip(req StoreRequest, lastUser string) SkipReason {
 	switch {
 	case !p.cacheable:
 		return SkipNotCacheable
-	case req.FinishReason != finishReasonStop:
+	case req.FinishReason != finishReasonStop && (req.FinishReason != finishReasonToolCalls || len(req.ToolCalls) == 0):
 		return SkipFinishReason
-	case strings.TrimSpace(req.Content) == "":
+	case strings.TrimSpace(req.Content) == "" && len(req.ToolCalls) == 0:
 		return SkipEmpty
 	case !req.Verified:
 		return SkipNotVerified

@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -33,6 +34,7 @@ const (
 	fieldContent    = "content"
 	fieldModel      = "source_model"
 	fieldFinish     = "finish_reason"
+	fieldToolCalls  = "tool_calls"
 	fieldInput      = "input_tokens"
 	fieldOutput     = "output_tokens"
 	fieldTotal      = "total_tokens"
@@ -388,6 +390,7 @@ func payloadOf(e Entry) map[string]*qdrant.Value {
 		fieldContent:    qdrant.NewValueString(e.Content),
 		fieldModel:      qdrant.NewValueString(e.SourceModel),
 		fieldFinish:     qdrant.NewValueString(e.FinishReason),
+		fieldToolCalls:  qdrant.NewValueString(toolCallsJSON(e.ToolCalls)),
 		fieldInput:      qdrant.NewValueInt(e.Usage.InputTokens),
 		fieldOutput:     qdrant.NewValueInt(e.Usage.OutputTokens),
 		fieldTotal:      qdrant.NewValueInt(e.Usage.TotalTokens),
@@ -408,7 +411,14 @@ func entryFromPayload(p map[string]*qdrant.Value) (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("qdrant: point payload %s: %w", fieldPartition, err)
 	}
+	var toolCalls []ToolCall
+	if s := str(fieldToolCalls); s != "" {
+		if err := json.Unmarshal([]byte(s), &toolCalls); err != nil {
+			return Entry{}, fmt.Errorf("qdrant: point payload %s: %w", fieldToolCalls, err)
+		}
+	}
 	return Entry{
+		ToolCalls:    toolCalls,
 		ID:           str(fieldEntryID),
 		Key:          key,
 		Partition:    partition,
@@ -434,4 +444,16 @@ func parseKey(s string) (Key, error) {
 	}
 	copy(k[:], b)
 	return k, nil
+}
+
+// toolCallsJSON is how an entry's tool calls travel in a point's payload; "" for none.
+func toolCallsJSON(tcs []ToolCall) string {
+	if len(tcs) == 0 {
+		return ""
+	}
+	b, err := json.Marshal(tcs)
+	if err != nil {
+		return "" // a slice of strings always marshals
+	}
+	return string(b)
 }

@@ -141,6 +141,7 @@ func (s *server) Store(ctx context.Context, req *cachev1.StoreRequest) (*cachev1
 		Content:      req.GetContent(),
 		SourceModel:  req.GetSourceModel(),
 		FinishReason: req.GetFinishReason(),
+		ToolCalls:    toolCallsFromProto(req.GetToolCalls()),
 		Usage:        usageFromProto(req.GetUsage()),
 		TTL:          req.GetTtl().AsDuration(),
 		// Only an answer the verifier passed is cached; one that was never checked is not
@@ -244,8 +245,25 @@ func promptFromProto(p *cachev1.Prompt, quality *mantlev1.QualityContext) (Promp
 		scenario = quality.GetScenario()
 	}
 	messages := make([]Message, len(p.GetMessages()))
+	invalid := &rpc.ValidationError{}
 	for i, m := range p.GetMessages() {
+		// The keys hash text turns only; anything else would be dropped from the scope in
+		// silence, so it is refused: callers hash it into context_fingerprint.
+		field := fmt.Sprintf("prompt.messages[%d]", i)
+		switch {
+		case len(m.GetParts()) > 0:
+			invalid.Add(field+".parts", "the cache keys text only: put content parts in context_fingerprint")
+		case len(m.GetToolCalls()) > 0:
+			invalid.Add(field+".tool_calls", "the cache keys text only: put tool calls in context_fingerprint")
+		case m.GetToolCallId() != "":
+			invalid.Add(field+".tool_call_id", "the cache keys text only: put tool turns in context_fingerprint")
+		case m.GetRefusal() != "":
+			invalid.Add(field+".refusal", "the cache keys text only: put refusals in context_fingerprint")
+		}
 		messages[i] = Message{Role: m.GetRole(), Name: m.GetName(), Content: m.GetContent()}
+	}
+	if err := invalid.OrNil(); err != nil {
+		return Prompt{}, err
 	}
 	rf := p.GetResponseFormat()
 	return Prompt{
@@ -321,7 +339,30 @@ func entryToProto(e Entry) *cachev1.Entry {
 		CreatedAt:    timestamppb.New(e.CreatedAt),
 		ExpiresAt:    timestamppb.New(e.ExpiresAt),
 		FinishReason: e.FinishReason,
+		ToolCalls:    toolCallsToProto(e.ToolCalls),
 		Namespace:    e.Namespace,
 		StaleUntil:   timestamppb.New(e.StaleUntil),
 	}
+}
+
+func toolCallsFromProto(tcs []*mantlev1.ToolCall) []ToolCall {
+	if len(tcs) == 0 {
+		return nil
+	}
+	out := make([]ToolCall, len(tcs))
+	for i, tc := range tcs {
+		out[i] = ToolCall{ID: tc.GetId(), Type: tc.GetType(), Name: tc.GetName(), Arguments: tc.GetArguments()}
+	}
+	return out
+}
+
+func toolCallsToProto(tcs []ToolCall) []*mantlev1.ToolCall {
+	if len(tcs) == 0 {
+		return nil
+	}
+	out := make([]*mantlev1.ToolCall, len(tcs))
+	for i, tc := range tcs {
+		out[i] = &mantlev1.ToolCall{Id: tc.ID, Type: tc.Type, Name: tc.Name, Arguments: tc.Arguments}
+	}
+	return out
 }

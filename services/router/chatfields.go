@@ -228,32 +228,6 @@ func toolCallDeltasProto(ds []provider.ToolCallDelta) []*mantlev1.ToolCallDelta 
 	return out
 }
 
-// cacheBypass says why req must not be answered from, or stored in, the cache: the cache's
-// key covers the messages' text, temperature, max_tokens and response format only, so a
-// request whose answer depends on anything else (tools, images, sampling fields) would
-// share an entry with requests that differ. "" when the cache may serve it.
-func cacheBypass(req *routerv1.Request) string {
-	switch {
-	case len(req.Tools) > 0 || req.ToolChoice != "" || req.ToolChoiceFunction != "":
-		return "tools"
-	case len(req.Stop) > 0 || req.Seed != nil || req.TopP != nil || req.PresencePenalty != nil ||
-		req.FrequencyPenalty != nil || len(req.LogitBias) > 0 || req.ReasoningEffort != "" ||
-		req.Logprobs != nil || req.TopLogprobs != nil || len(req.Modalities) > 0 ||
-		req.TopK != nil || req.Thinking != nil:
-		return "sampling fields"
-	case req.ExtraBody != "":
-		return "extra_body"
-	case req.GetResponseFormat() != nil && req.ResponseFormat.JsonSchemaStrict != nil || req.GetResponseFormat().GetJsonSchemaName() != "":
-		return "json_schema options"
-	}
-	for _, m := range req.Messages {
-		if len(m.Parts) > 0 || len(m.ToolCalls) > 0 || m.ToolCallId != "" || m.Refusal != "" || m.ToolError {
-			return "content parts or tool turns"
-		}
-	}
-	return ""
-}
-
 // need is a capability a request needs, and the field that needs it.
 type need struct {
 	capability string

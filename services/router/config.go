@@ -51,6 +51,10 @@ type Config struct {
 	MaxPromptBytes int `yaml:"max_prompt_bytes"`
 	// MaxOutputTokens is the upper bound on a request's max_tokens; 0 means no bound.
 	MaxOutputTokens int `yaml:"max_output_tokens"`
+	// EmbeddingsCache is the exact cache of embeddings answers, kept in each router
+	// process: identical inputs, route, dimensions and encoding of one tenant get the stored
+	// vectors without an upstream call (never a similar input's).
+	EmbeddingsCache EmbeddingsCacheConfig `yaml:"embeddings_cache"`
 	// FirstTokenTimeout cancels a stream without a first token after this long (class
 	// timeout), and it fails over; for routes that set none.
 	FirstTokenTimeout time.Duration `yaml:"first_token_timeout"`
@@ -262,6 +266,15 @@ type ModelConfig struct {
 	Capabilities *Capabilities `yaml:"capabilities,omitempty"`
 }
 
+// EmbeddingsCacheConfig bounds the router's exact cache of embeddings answers.
+type EmbeddingsCacheConfig struct {
+	// MaxBytes bounds the vectors kept (4 bytes a dimension); the least recently used go
+	// first. 0 turns the cache off.
+	MaxBytes int64 `yaml:"max_bytes"`
+	// TTL is how long an answer is served from the cache.
+	TTL time.Duration `yaml:"ttl"`
+}
+
 // Capabilities are what a model can act on. The context window is ModelConfig.ContextWindow.
 type Capabilities struct {
 	// Tools says the model calls functions (tools offered, tool turns in the conversation).
@@ -280,6 +293,10 @@ type Capabilities struct {
 	Logprobs bool `yaml:"logprobs"`
 	// MaxOutput is the most output tokens the model produces; 0 is unknown (no limit).
 	MaxOutput int `yaml:"max_output,omitempty"`
+	// Embeddings says the model is an embeddings model: it answers POST /v1/embeddings
+	// (the router's Embed) and never chat, and a chat model never answers embeddings. Its
+	// provider must be of type openai (the Anthropic API has no embeddings).
+	Embeddings bool `yaml:"embeddings,omitempty"`
 }
 
 // RouteConfig is a name callers use for an ordered list of candidate models.
@@ -307,6 +324,18 @@ type RouteConfig struct {
 	Hedge HedgeConfig `yaml:"hedge,omitempty"`
 	// Ladder is what the route degrades to when its candidates cannot answer.
 	Ladder LadderConfig `yaml:"ladder,omitempty"`
+	// Cache is how the route uses the answer cache.
+	Cache RouteCacheConfig `yaml:"cache,omitempty"`
+}
+
+// RouteCacheConfig is a route's use of the answer cache. Which requests may share an
+// answer is not configurable: every field that changes the answer is part of the scope.
+type RouteCacheConfig struct {
+	// ToolCalls stores answers that call tools (finish_reason tool_calls), so an identical
+	// request gets the same calls without asking a model. Off by default: a tool call
+	// usually acts on the world (book, send, pay), and replaying one is only right when
+	// the application treats the tools as pure functions of their arguments.
+	ToolCalls bool `yaml:"tool_calls,omitempty"`
 }
 
 // HedgeConfig: after Delay (the key's live p95, bounded by MinDelay and MaxDelay) a second
@@ -366,6 +395,7 @@ func DefaultConfig() Config {
 		DefaultBudget:     30 * time.Second,
 		HopReserve:        200 * time.Millisecond,
 		MaxPromptBytes:    1 << 20,
+		EmbeddingsCache:   EmbeddingsCacheConfig{MaxBytes: 64 << 20, TTL: 24 * time.Hour},
 		QuotaFailOpen:     true,
 		FirstTokenTimeout: 10 * time.Second,
 		StallTimeout:      10 * time.Second,
@@ -422,8 +452,13 @@ func (c Config) Validate() error {
 	if c.Status.RecentDegradations < 0 || c.Status.RecentDegradations > 10000 {
 		add("status.recent_degradations: want 0 to 10000, got %d", c.Status.RecentDegradations)
 	}
+	if c.EmbeddingsCache.MaxBytes < 0 || c.EmbeddingsCache.TTL < 0 {
+		add("embeddings_cache: max_bytes and ttl must not be negative, got %d and %s", c.EmbeddingsCache.MaxBytes, c.EmbeddingsCache.TTL)
+	}
 	providers := map[string]bool{}
+	providerType := map[string]string{}
 	for i, p := range c.Providers {
+		providerType[p.Name] = p.Type
 		key := fmt.Sprintf("providers[%d]", i)
 		switch {
 		case p.Name == "":
@@ -466,6 +501,9 @@ func (c Config) Validate() error {
 		if !providers[m.Provider] {
 			add("%s.provider: unknown provider %q", key, m.Provider)
 		}
+		if m.embeddings() && providerType[m.Provider] == ProviderAnthropic {
+			add("%s.capabilities.embeddings: provider %q is of type anthropic, whose API has no embeddings", key, m.Provider)
+		}
 		if m.InputPricePerMillion < 0 || m.OutputPricePerMillion < 0 {
 			add("%s: prices must not be negative", key)
 		}
@@ -492,6 +530,19 @@ func (c Config) Validate() error {
 			if !models[m] {
 				add("%s.candidates[%d]: unknown model %q", key, j, m)
 			}
+		}
+		// A route answers chat or embeddings, not both: a chat model cannot embed, and
+		// vectors of two kinds of model would not compare.
+		kinds := map[bool]string{}
+		for _, name := range append(slices.Clone(r.Candidates), r.Ladder.Smaller...) {
+			for _, m := range c.Models {
+				if m.Name == name {
+					kinds[m.embeddings()] = name
+				}
+			}
+		}
+		if len(kinds) > 1 {
+			add("%s.candidates: %q is an embeddings model and %q a chat model; a route has one kind", key, kinds[true], kinds[false])
 		}
 		if r.Budget < 0 {
 			add("%s.budget: must not be negative", key)
@@ -620,3 +671,6 @@ func defaultBreaker() BreakerConfig {
 	b.ScoutInterval = 5 * time.Second
 	return b
 }
+
+// embeddings reports whether m is an embeddings model.
+func (m ModelConfig) embeddings() bool { return m.Capabilities != nil && m.Capabilities.Embeddings }

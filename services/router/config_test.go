@@ -55,6 +55,16 @@ func TestConfigValidate(t *testing.T) {
 		{"duplicate model", func(c *Config) { c.Models[2].Name = "a" }, []string{`models[2].name: duplicate model "a"`}},
 		{"unknown provider", func(c *Config) { c.Models[0].Provider = "q" }, []string{`models[0].provider: unknown provider "q"`}},
 		{"negative price", func(c *Config) { c.Models[0].OutputPricePerMillion = -1 }, []string{"models[0]: prices must not be negative"}},
+		{"embeddings model on anthropic", func(c *Config) {
+			c.Providers[0].Type = ProviderAnthropic
+			c.Providers[0].Keys = []KeyConfig{{ID: "k1", Env: "K1"}}
+			c.Models[0].Capabilities = &Capabilities{Embeddings: true}
+		}, []string{`models[0].capabilities.embeddings: provider "p" is of type anthropic, whose API has no embeddings`}},
+		{"route of embeddings and chat models", func(c *Config) {
+			c.Models[0].Capabilities = &Capabilities{Embeddings: true}
+			c.Routes[0].Candidates = []string{"a", "b"}
+		}, []string{`routes[0].candidates: "a" is an embeddings model and "b" a chat model; a route has one kind`}},
+		{"negative embeddings cache", func(c *Config) { c.EmbeddingsCache.MaxBytes = -1 }, []string{"embeddings_cache: max_bytes and ttl must not be negative"}},
 		{"route name", func(c *Config) { c.Routes[0].Name = "" }, []string{"routes[0].name: required"}},
 		{"route named like a model", func(c *Config) { c.Routes[0].Name = "b" }, []string{`routes[0].name: "b" is already a model name`}},
 		{"duplicate route", func(c *Config) { c.Routes = append(c.Routes, RouteConfig{Name: "chat", Candidates: []string{"c"}}) },

@@ -708,6 +708,14 @@ func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstrea
 	} else {
 		o.res, o.committed, o.err = r.stream(ctx, rt, c, key, preq, sink, o.att, start)
 	}
+	r.finishCall(ctx, &o, permit, start, hedged, tenant)
+	return o
+}
+
+// finishCall books a provider call that ended: the key's statistics, cooldown and
+// breaker, the attempt's record, metrics and audit step.
+func (r *Router) finishCall(ctx context.Context, o *outcome, permit resilience.Permit, start time.Time, hedged bool, tenant string) {
+	u, key := o.c.u, o.key
 	latency := r.deps.Clock.Since(start)
 	class := provider.ClassOf(o.err)
 	key.stats.finish(latency, o.err != nil)
@@ -744,7 +752,6 @@ func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstrea
 	}
 	r.deps.Metrics.providerLatency.WithLabelValues(u.model.Name, shortClass(class)).Observe(latency.Seconds())
 	o.audit = append(o.audit, r.step("attempt", fmt.Sprintf("%s/%s key=%s class=%s%s", u.provider, u.model.Name, key.id, shortClass(class), hedgeNote(hedged)), latency))
-	return o
 }
 
 func hedgeNote(hedged bool) string {

@@ -50,6 +50,7 @@ func (f *frontDoor) register(mux *http.ServeMux) {
 	mux.Handle("POST /v1/chat/completions", f.traced("/v1/chat/completions", f.chatCompletions))
 	mux.Handle("POST /v1/messages", f.traced("/v1/messages", f.messages))
 	mux.Handle("GET /v1/models", f.traced("/v1/models", f.models))
+	mux.Handle("POST /v1/embeddings", f.traced("/v1/embeddings", f.embeddings))
 }
 
 func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (context.Context, bool) {

@@ -55,15 +55,16 @@ func (r *Router) approximate(ctx context.Context, req *routerv1.Request, rt *rou
 		r.audit(qc, "ladder", "L2 cache: off", 0)
 		return nil
 	}
-	if why := cacheBypass(req); why != "" {
-		r.audit(qc, "ladder", "L2 cache: skipped, the cache key does not cover "+why, 0)
-		return nil
-	}
 	start := r.deps.Clock.Now()
 	res, err := r.deps.Cache.Lookup(ctx, &cachev1.LookupRequest{Quality: hopQuality(qc), Prompt: cachePrompt(req, rt, qc),
 		Mode: cachev1.LookupMode_LOOKUP_MODE_APPROXIMATE})
 	if err != nil || !res.Hit || res.Entry == nil {
 		r.audit(qc, "ladder", "L2 cache: no related answer", r.deps.Clock.Since(start))
+		return nil
+	}
+	if len(res.Entry.ToolCalls) > 0 && !exactMatch(res.Match) {
+		// Tool calls made for a related question would act with its arguments.
+		r.audit(qc, "ladder", "L2 cache: the related answer calls tools; not served", r.deps.Clock.Since(start))
 		return nil
 	}
 	// The request's rules judge the related answer too; one they refuse leaves the template.

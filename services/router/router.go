@@ -89,6 +89,8 @@ type route struct {
 	ladder            LadderConfig
 	firstTokenTimeout time.Duration
 	stallTimeout      time.Duration
+	// cacheToolCalls: answers with tool calls may be stored (cache.tool_calls).
+	cacheToolCalls bool
 }
 
 // admissionKeyID is the key a request on rt is admitted and counted under in quota: the
@@ -136,6 +138,8 @@ type Router struct {
 	hedgeBudget *resilience.Budget
 	// fallbackLimiter admits requests while the quota service is unreachable.
 	fallbackLimiter *localLimiter
+	// embedCache holds embeddings answers (Config.EmbeddingsCache; sized at start).
+	embedCache *embedCache
 	// degradations are the last degradation events, for the status page.
 	degradations degradationRing
 	// shedder refuses a share of new requests while the process is short of CPU; its
@@ -169,6 +173,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		budget:          resilience.NewBudget(cfg.RetryBudget, deps.Clock),
 		hedgeBudget:     resilience.NewBudget(cfg.HedgeBudget.budget(), deps.Clock),
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
+		embedCache:      newEmbedCache(cfg.EmbeddingsCache),
 	}
 	r.schemas = deps.Checker
 	if r.schemas == nil {
@@ -246,7 +251,7 @@ func (r *Router) buildTable(cfg *Config) *routeTable {
 	}
 	for _, rc := range cfg.Routes {
 		rt := &route{name: rc.Name, scenario: rc.Scenario, budget: rc.Budget, hedge: rc.Hedge, ladder: rc.Ladder,
-			firstTokenTimeout: rc.FirstTokenTimeout, stallTimeout: rc.StallTimeout}
+			firstTokenTimeout: rc.FirstTokenTimeout, stallTimeout: rc.StallTimeout, cacheToolCalls: rc.Cache.ToolCalls}
 		for _, name := range rc.Candidates {
 			rt.candidates = append(rt.candidates, r.upstreams[name])
 		}
@@ -302,8 +307,9 @@ func (r *Router) Reload(cfg Config) error {
 	}
 	if !reflect.DeepEqual(old.RetryBudget, cfg.RetryBudget) || old.HedgeBudget != cfg.HedgeBudget || !reflect.DeepEqual(old.Breaker, cfg.Breaker) ||
 		old.QuotaFallbackRPM != cfg.QuotaFallbackRPM || old.Idempotency != cfg.Idempotency ||
-		old.QuotaAddress != cfg.QuotaAddress || old.CacheAddress != cfg.CacheAddress || old.VerifierAddress != cfg.VerifierAddress {
-		r.deps.Log.Warn("retry_budget, hedge_budget, breaker, quota_fallback_rpm, idempotency and the service addresses keep their running values until a restart")
+		old.QuotaAddress != cfg.QuotaAddress || old.CacheAddress != cfg.CacheAddress || old.VerifierAddress != cfg.VerifierAddress ||
+		old.EmbeddingsCache != cfg.EmbeddingsCache {
+		r.deps.Log.Warn("retry_budget, hedge_budget, breaker, quota_fallback_rpm, idempotency, embeddings_cache and the service addresses keep their running values until a restart")
 	}
 	r.tab.Store(r.buildTable(&cfg))
 	r.cfg.Store(&cfg)
@@ -421,9 +427,13 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	if ans.degraded {
 		r.publishDegradation(ctx, rt, qc, qc.DegradationReason, degradationCause(qc, nil))
 	}
-	if qc.GetVerification().GetL1Passed() && ans.FinishReason == "stop" && !storeDeclined {
+	complete := ans.FinishReason == "stop" || ans.FinishReason == "tool_calls" && len(ans.ToolCalls) > 0
+	if qc.GetVerification().GetL1Passed() && complete && !storeDeclined {
 		if why := unstorable(ans.verdict); why != "" {
 			r.audit(qc, "store", "not cached: "+why, 0)
+		} else if len(ans.ToolCalls) > 0 && !rt.cacheToolCalls {
+			// Replaying a tool call repeats an action; the route must say that is fine.
+			r.audit(qc, "store", "not cached: the answer calls tools and the route's cache.tool_calls is off", 0)
 		} else {
 			r.store(ctx, req, rt, qc, ans, lease)
 			stored = true
@@ -504,6 +514,12 @@ func unstorable(v *verifierv1.VerifyResponse) string {
 const maxWaitMs = 24 * 60 * 60 * 1000
 
 func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (string, *routerv1.RateLimit, error) {
+	return r.reserveTokens(ctx, rt, qc, int64(req.MaxTokens), req.Messages, 0)
+}
+
+// reserveTokens reserves quota for a request on rt: maxOutput tokens of answer (0: quota's
+// default) and the input, counted by quota from messages unless inputTokens says it.
+func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.QualityContext, maxOutput int64, messages []*mantlev1.ChatMessage, inputTokens int64) (string, *routerv1.RateLimit, error) {
 	if r.deps.Quota == nil {
 		return "", nil, nil // quota is off: nothing to reserve, so nothing to settle
 	}
@@ -518,8 +534,9 @@ func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, 
 		Model:   rt.candidates[0].model.Name,
 		// Naming the key lets quota count requests per key for the shared retry budget.
 		UpstreamKeyId:   rt.admissionKeyID(),
-		MaxOutputTokens: int64(req.MaxTokens),
-		Messages:        req.Messages,
+		MaxOutputTokens: maxOutput,
+		Messages:        messages,
+		InputTokens:     inputTokens,
 	})
 	if err != nil {
 		code := status.Code(err)
@@ -582,10 +599,6 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 	if r.deps.Cache == nil {
 		return nil, "", true // the cache is off: there is nothing to ask and nowhere to store
 	}
-	if why := cacheBypass(req); why != "" {
-		r.audit(qc, "lookup", "skipped: the cache key does not cover "+why, 0)
-		return nil, "", true
-	}
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
 	start := r.deps.Clock.Now()
@@ -606,6 +619,12 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 	// Waiting for an identical request's answer is that request's provider call, not
 	// mantle's work.
 	addWait(qc, res.GetWaited().AsDuration())
+	if res.Hit && res.Entry != nil && len(res.Entry.ToolCalls) > 0 && !exactMatch(res.Match) {
+		// A similar question's tool calls would act with another question's arguments
+		// (book Lyon for Paris): tool calls are served for the identical prompt only.
+		r.audit(qc, "lookup", fmt.Sprintf("miss (%s is a tool-call answer to a similar prompt, not this one)", res.Entry.Id), r.deps.Clock.Since(start))
+		return nil, res.GetLease().GetId(), res.GetStoreDeclined()
+	}
 	if !res.Hit || res.Entry == nil {
 		detail := "miss"
 		if res.MissReason != "" {
@@ -629,7 +648,7 @@ func (r *Router) ruleCached(ctx context.Context, req *routerv1.Request, qc *mant
 	if finish == "" {
 		finish = "stop"
 	}
-	ans := provider.Response{Content: e.Content, FinishReason: finish}
+	ans := provider.Response{Content: e.Content, FinishReason: finish, ToolCalls: toolCallsFromProto(e.ToolCalls)}
 	v, audit, err := r.verify(ctx, req, qc, answerer{model: e.SourceModel, level: level, cached: true, stale: res.Stale}, &ans, nil)
 	qc.Audit = append(qc.Audit, audit...)
 	if err != nil {
@@ -640,17 +659,35 @@ func (r *Router) ruleCached(ctx context.Context, req *routerv1.Request, qc *mant
 	return v, ans.Content, true
 }
 
+// exactMatch reports whether a hit answers this very prompt (found by its key, or the
+// answer of an identical request it waited for), not a similar one.
+func exactMatch(m cachev1.MatchKind) bool {
+	return m == cachev1.MatchKind_MATCH_KIND_EXACT || m == cachev1.MatchKind_MATCH_KIND_COALESCED
+}
+
+func toolCallsFromProto(tcs []*mantlev1.ToolCall) []provider.ToolCall {
+	var out []provider.ToolCall
+	for _, tc := range tcs {
+		out = append(out, provider.ToolCall{ID: tc.GetId(), Type: tc.GetType(), Name: tc.GetName(), Arguments: tc.GetArguments()})
+	}
+	return out
+}
+
 // serveCached makes a cached answer that passed ruleCached the request's answer.
 func (r *Router) serveCached(qc *mantlev1.QualityContext, res *cachev1.LookupResponse, v *verifierv1.VerifyResponse, content string) *routerv1.CompleteResponse {
 	e := res.Entry
 	qc.CacheHit, qc.CacheSimilarity, qc.CacheStale = true, res.Similarity, res.Stale
 	qc.CurrentModel = e.SourceModel
 	applyVerdict(qc, v)
+	finish := "stop"
+	if len(e.ToolCalls) > 0 {
+		finish = "tool_calls"
+	}
 	return &routerv1.CompleteResponse{
 		Id:           qc.RequestId,
 		Model:        e.SourceModel,
-		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: content},
-		FinishReason: "stop",
+		Message:      &mantlev1.ChatMessage{Role: "assistant", Content: content, ToolCalls: e.ToolCalls},
+		FinishReason: finish,
 		Usage:        &mantlev1.Usage{},
 		Quality:      qc,
 	}
@@ -666,6 +703,7 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 		Content:      ans.Content,
 		SourceModel:  ans.model,
 		FinishReason: ans.FinishReason,
+		ToolCalls:    toolCallsProto(ans.ToolCalls),
 		Usage:        usageProto(ans.Usage),
 		LeaseId:      lease,
 	})
@@ -859,23 +897,6 @@ func providerRequest(req *routerv1.Request, qc *mantlev1.QualityContext) provide
 	}
 	chatFields(&p, req)
 	return p
-}
-
-// cachePrompt is the request as the cache scopes it. The scenario is the request's own
-// (the x-mantle-scenario header or the gRPC field, else the route's): it decides the
-// cache's policy (cacheable, TTL, thresholds) and which verifier rules the answer met, so
-// answers of two scenarios never share an entry.
-func cachePrompt(req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) *cachev1.Prompt {
-	return &cachev1.Prompt{
-		Scenario:       qc.Scenario,
-		Model:          rt.name,
-		Messages:       req.Messages,
-		Temperature:    req.Temperature,
-		MaxTokens:      req.MaxTokens,
-		ResponseFormat: req.ResponseFormat,
-		// The cache keeps answers about one person's records for that person only.
-		EndUser: req.User,
-	}
 }
 
 func usageProto(u provider.Usage) *mantlev1.Usage {

@@ -77,6 +77,9 @@ func (r *Router) validate(ctx context.Context, req *routerv1.Request) (*route, e
 	if !ok {
 		return nil, &unknownRouteError{name: req.Model}
 	}
+	if isEmbeddingsRoute(rt) {
+		return nil, rpc.Invalid("request.model", "%q is an embeddings model or route: use POST /v1/embeddings (the Embed RPC)", req.Model)
+	}
 	if err := checkCarried(rt, req); err != nil {
 		return nil, err
 	}

@@ -42,6 +42,7 @@ type Config struct {
 // Client calls one OpenAI-compatible server with one key. It is safe for concurrent use.
 type Client struct {
 	ep     httpcall.Endpoint
+	embed  httpcall.Endpoint
 	apiKey string
 }
 
@@ -49,11 +50,15 @@ var _ provider.Provider = (*Client)(nil)
 
 // New returns a Client for cfg.
 func New(cfg Config) *Client {
-	url := strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions"
+	root := strings.TrimRight(cfg.BaseURL, "/")
 	if cfg.BaseURL == "" {
-		url = DefaultBaseURL + "/chat/completions"
+		root = DefaultBaseURL
 	}
-	return &Client{ep: httpcall.NewEndpoint(url, cfg.HTTPClient, cfg.Headers, cfg.Now), apiKey: cfg.APIKey}
+	return &Client{
+		ep:     httpcall.NewEndpoint(root+"/chat/completions", cfg.HTTPClient, cfg.Headers, cfg.Now),
+		embed:  httpcall.NewEndpoint(root+"/embeddings", cfg.HTTPClient, cfg.Headers, cfg.Now),
+		apiKey: cfg.APIKey,
+	}
 }
 
 // chatRequest is the request body: every field of provider.Request, under the name

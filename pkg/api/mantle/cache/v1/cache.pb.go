@@ -149,9 +149,11 @@ type Prompt struct {
 	// Model family that may share answers (for example the route name, or gpt-4o for every
 	// gpt-4o snapshot). Empty: the model alone.
 	ModelFamily string `protobuf:"bytes,7,opt,name=model_family,json=modelFamily,proto3" json:"model_family,omitempty"`
-	// Anything besides the messages that changes the answer: tools, tool choice, stop
-	// sequences, a seed. Opaque to the cache; it is hashed into the scope, so requests with
-	// different values never share an entry.
+	// Anything besides the messages' text that changes the answer: tools, tool choice, stop
+	// sequences, a seed, images and other content parts, tool turns. Opaque to the cache; it
+	// is hashed into the scope, so requests with different values never share an entry. The
+	// messages themselves must carry text only (role, name, content): the cache refuses
+	// parts, tool calls, tool_call_id and refusal rather than ignore them.
 	ContextFingerprint string `protobuf:"bytes,8,opt,name=context_fingerprint,json=contextFingerprint,proto3" json:"context_fingerprint,omitempty"`
 	// End user the prompt is asked for (the OpenAI user field). A personal prompt (about the
 	// asker's own records) is cached and found only for the same end user, and not at all
@@ -642,7 +644,9 @@ type Entry struct {
 	Namespace string `protobuf:"bytes,8,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Until when a cache-only lookup may still serve the entry, stale; equal to expires_at
 	// for entries that may not be served stale.
-	StaleUntil    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=stale_until,json=staleUntil,proto3" json:"stale_until,omitempty"`
+	StaleUntil *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=stale_until,json=staleUntil,proto3" json:"stale_until,omitempty"`
+	// The tool calls of the answer (finish_reason tool_calls), when the caller stored one.
+	ToolCalls     []*v1.ToolCall `protobuf:"bytes,10,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -740,6 +744,13 @@ func (x *Entry) GetStaleUntil() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Entry) GetToolCalls() []*v1.ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
 // StoreRequest records an answer.
 type StoreRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -754,7 +765,10 @@ type StoreRequest struct {
 	Ttl *durationpb.Duration `protobuf:"bytes,7,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// The lease from the Lookup that preceded this answer; the waiting lookups get the
 	// answer when it is stored, and look again when it is not.
-	LeaseId       string `protobuf:"bytes,8,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,8,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The answer's tool calls. An answer with tool calls finishes with tool_calls and may
+	// have empty content; whether such answers are worth caching is the caller's decision.
+	ToolCalls     []*v1.ToolCall `protobuf:"bytes,9,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -843,6 +857,13 @@ func (x *StoreRequest) GetLeaseId() string {
 		return x.LeaseId
 	}
 	return ""
+}
+
+func (x *StoreRequest) GetToolCalls() []*v1.ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
 }
 
 // StoreResponse says whether the answer was stored.
@@ -1347,7 +1368,7 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\x05Lease\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\n" +
-	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xf2\x02\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xa6\x03\n" +
 	"\x05Entry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12!\n" +
@@ -1360,7 +1381,10 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\rfinish_reason\x18\a \x01(\tR\ffinishReason\x12\x1c\n" +
 	"\tnamespace\x18\b \x01(\tR\tnamespace\x12;\n" +
 	"\vstale_until\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"staleUntil\"\xc6\x02\n" +
+	"staleUntil\x122\n" +
+	"\n" +
+	"tool_calls\x18\n" +
+	" \x03(\v2\x13.mantle.v1.ToolCallR\ttoolCalls\"\xfa\x02\n" +
 	"\fStoreRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12/\n" +
 	"\x06prompt\x18\x02 \x01(\v2\x17.mantle.cache.v1.PromptR\x06prompt\x12\x18\n" +
@@ -1369,7 +1393,9 @@ const file_mantle_cache_v1_cache_proto_rawDesc = "" +
 	"\rfinish_reason\x18\x05 \x01(\tR\ffinishReason\x12&\n" +
 	"\x05usage\x18\x06 \x01(\v2\x10.mantle.v1.UsageR\x05usage\x12+\n" +
 	"\x03ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x19\n" +
-	"\blease_id\x18\b \x01(\tR\aleaseId\"i\n" +
+	"\blease_id\x18\b \x01(\tR\aleaseId\x122\n" +
+	"\n" +
+	"tool_calls\x18\t \x03(\v2\x13.mantle.v1.ToolCallR\ttoolCalls\"i\n" +
 	"\rStoreResponse\x12\x16\n" +
 	"\x06stored\x18\x01 \x01(\bR\x06stored\x12\x19\n" +
 	"\bentry_id\x18\x02 \x01(\tR\aentryId\x12%\n" +
@@ -1454,6 +1480,7 @@ var file_mantle_cache_v1_cache_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 	(*v1.Usage)(nil),              // 22: mantle.v1.Usage
+	(*v1.ToolCall)(nil),           // 23: mantle.v1.ToolCall
 }
 var file_mantle_cache_v1_cache_proto_depIdxs = []int32{
 	17, // 0: mantle.cache.v1.Prompt.messages:type_name -> mantle.v1.ChatMessage
@@ -1474,28 +1501,30 @@ var file_mantle_cache_v1_cache_proto_depIdxs = []int32{
 	21, // 15: mantle.cache.v1.Entry.created_at:type_name -> google.protobuf.Timestamp
 	21, // 16: mantle.cache.v1.Entry.expires_at:type_name -> google.protobuf.Timestamp
 	21, // 17: mantle.cache.v1.Entry.stale_until:type_name -> google.protobuf.Timestamp
-	19, // 18: mantle.cache.v1.StoreRequest.quality:type_name -> mantle.v1.QualityContext
-	2,  // 19: mantle.cache.v1.StoreRequest.prompt:type_name -> mantle.cache.v1.Prompt
-	22, // 20: mantle.cache.v1.StoreRequest.usage:type_name -> mantle.v1.Usage
-	20, // 21: mantle.cache.v1.StoreRequest.ttl:type_name -> google.protobuf.Duration
-	19, // 22: mantle.cache.v1.ReleaseRequest.quality:type_name -> mantle.v1.QualityContext
-	21, // 23: mantle.cache.v1.DescribeStatsResponse.since:type_name -> google.protobuf.Timestamp
-	16, // 24: mantle.cache.v1.DescribeStatsResponse.scenarios:type_name -> mantle.cache.v1.ScenarioStats
-	3,  // 25: mantle.cache.v1.CacheService.Lookup:input_type -> mantle.cache.v1.LookupRequest
-	8,  // 26: mantle.cache.v1.CacheService.Store:input_type -> mantle.cache.v1.StoreRequest
-	10, // 27: mantle.cache.v1.CacheService.Invalidate:input_type -> mantle.cache.v1.InvalidateRequest
-	12, // 28: mantle.cache.v1.CacheService.Release:input_type -> mantle.cache.v1.ReleaseRequest
-	14, // 29: mantle.cache.v1.CacheService.DescribeStats:input_type -> mantle.cache.v1.DescribeStatsRequest
-	4,  // 30: mantle.cache.v1.CacheService.Lookup:output_type -> mantle.cache.v1.LookupResponse
-	9,  // 31: mantle.cache.v1.CacheService.Store:output_type -> mantle.cache.v1.StoreResponse
-	11, // 32: mantle.cache.v1.CacheService.Invalidate:output_type -> mantle.cache.v1.InvalidateResponse
-	13, // 33: mantle.cache.v1.CacheService.Release:output_type -> mantle.cache.v1.ReleaseResponse
-	15, // 34: mantle.cache.v1.CacheService.DescribeStats:output_type -> mantle.cache.v1.DescribeStatsResponse
-	30, // [30:35] is the sub-list for method output_type
-	25, // [25:30] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	23, // 18: mantle.cache.v1.Entry.tool_calls:type_name -> mantle.v1.ToolCall
+	19, // 19: mantle.cache.v1.StoreRequest.quality:type_name -> mantle.v1.QualityContext
+	2,  // 20: mantle.cache.v1.StoreRequest.prompt:type_name -> mantle.cache.v1.Prompt
+	22, // 21: mantle.cache.v1.StoreRequest.usage:type_name -> mantle.v1.Usage
+	20, // 22: mantle.cache.v1.StoreRequest.ttl:type_name -> google.protobuf.Duration
+	23, // 23: mantle.cache.v1.StoreRequest.tool_calls:type_name -> mantle.v1.ToolCall
+	19, // 24: mantle.cache.v1.ReleaseRequest.quality:type_name -> mantle.v1.QualityContext
+	21, // 25: mantle.cache.v1.DescribeStatsResponse.since:type_name -> google.protobuf.Timestamp
+	16, // 26: mantle.cache.v1.DescribeStatsResponse.scenarios:type_name -> mantle.cache.v1.ScenarioStats
+	3,  // 27: mantle.cache.v1.CacheService.Lookup:input_type -> mantle.cache.v1.LookupRequest
+	8,  // 28: mantle.cache.v1.CacheService.Store:input_type -> mantle.cache.v1.StoreRequest
+	10, // 29: mantle.cache.v1.CacheService.Invalidate:input_type -> mantle.cache.v1.InvalidateRequest
+	12, // 30: mantle.cache.v1.CacheService.Release:input_type -> mantle.cache.v1.ReleaseRequest
+	14, // 31: mantle.cache.v1.CacheService.DescribeStats:input_type -> mantle.cache.v1.DescribeStatsRequest
+	4,  // 32: mantle.cache.v1.CacheService.Lookup:output_type -> mantle.cache.v1.LookupResponse
+	9,  // 33: mantle.cache.v1.CacheService.Store:output_type -> mantle.cache.v1.StoreResponse
+	11, // 34: mantle.cache.v1.CacheService.Invalidate:output_type -> mantle.cache.v1.InvalidateResponse
+	13, // 35: mantle.cache.v1.CacheService.Release:output_type -> mantle.cache.v1.ReleaseResponse
+	15, // 36: mantle.cache.v1.CacheService.DescribeStats:output_type -> mantle.cache.v1.DescribeStatsResponse
+	32, // [32:37] is the sub-list for method output_type
+	27, // [27:32] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_mantle_cache_v1_cache_proto_init() }

@@ -1206,6 +1206,293 @@ func (x *KeyState) GetNextProbeAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// EmbedRequest asks for one vector per input.
+type EmbedRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A route or model name; every candidate must have the embeddings capability.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// The inputs as text. Exactly one of input and input_tokens is set.
+	Input []string `protobuf:"bytes,2,rep,name=input,proto3" json:"input,omitempty"`
+	// The inputs as token ids of the model's tokenizer.
+	InputTokens []*TokenInput `protobuf:"bytes,3,rep,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	// The size of each vector, for models that can shorten them; unset: the model's own.
+	Dimensions *int32 `protobuf:"varint,4,opt,name=dimensions,proto3,oneof" json:"dimensions,omitempty"`
+	// How the HTTP answer encodes vectors: float (default) or base64 (little-endian float32).
+	// The vectors in EmbedResponse are floats either way.
+	EncodingFormat string `protobuf:"bytes,5,opt,name=encoding_format,json=encodingFormat,proto3" json:"encoding_format,omitempty"`
+	// End user the request is made for (the OpenAI user field), forwarded to the provider.
+	User string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	// Overrides the route's scenario, as in Request.
+	Scenario      string      `protobuf:"bytes,7,opt,name=scenario,proto3" json:"scenario,omitempty"`
+	Priority      v1.Priority `protobuf:"varint,8,opt,name=priority,proto3,enum=mantle.v1.Priority" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmbedRequest) Reset() {
+	*x = EmbedRequest{}
+	mi := &file_mantle_router_v1_router_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmbedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmbedRequest) ProtoMessage() {}
+
+func (x *EmbedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_router_v1_router_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmbedRequest.ProtoReflect.Descriptor instead.
+func (*EmbedRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *EmbedRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetInput() []string {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *EmbedRequest) GetInputTokens() []*TokenInput {
+	if x != nil {
+		return x.InputTokens
+	}
+	return nil
+}
+
+func (x *EmbedRequest) GetDimensions() int32 {
+	if x != nil && x.Dimensions != nil {
+		return *x.Dimensions
+	}
+	return 0
+}
+
+func (x *EmbedRequest) GetEncodingFormat() string {
+	if x != nil {
+		return x.EncodingFormat
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetScenario() string {
+	if x != nil {
+		return x.Scenario
+	}
+	return ""
+}
+
+func (x *EmbedRequest) GetPriority() v1.Priority {
+	if x != nil {
+		return x.Priority
+	}
+	return v1.Priority(0)
+}
+
+// TokenInput is one input given as token ids.
+type TokenInput struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []int64                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenInput) Reset() {
+	*x = TokenInput{}
+	mi := &file_mantle_router_v1_router_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenInput) ProtoMessage() {}
+
+func (x *TokenInput) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_router_v1_router_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenInput.ProtoReflect.Descriptor instead.
+func (*TokenInput) Descriptor() ([]byte, []int) {
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TokenInput) GetTokens() []int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+// EmbedResponse carries one vector per input, in input order.
+type EmbedResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model that answered.
+	Model string       `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Data  []*Embedding `protobuf:"bytes,2,rep,name=data,proto3" json:"data,omitempty"`
+	// input_tokens and total_tokens; embeddings have no output tokens.
+	Usage         *v1.Usage          `protobuf:"bytes,3,opt,name=usage,proto3" json:"usage,omitempty"`
+	Quality       *v1.QualityContext `protobuf:"bytes,4,opt,name=quality,proto3" json:"quality,omitempty"`
+	RateLimit     *RateLimit         `protobuf:"bytes,5,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmbedResponse) Reset() {
+	*x = EmbedResponse{}
+	mi := &file_mantle_router_v1_router_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmbedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmbedResponse) ProtoMessage() {}
+
+func (x *EmbedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_router_v1_router_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmbedResponse.ProtoReflect.Descriptor instead.
+func (*EmbedResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *EmbedResponse) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EmbedResponse) GetData() []*Embedding {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *EmbedResponse) GetUsage() *v1.Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *EmbedResponse) GetQuality() *v1.QualityContext {
+	if x != nil {
+		return x.Quality
+	}
+	return nil
+}
+
+func (x *EmbedResponse) GetRateLimit() *RateLimit {
+	if x != nil {
+		return x.RateLimit
+	}
+	return nil
+}
+
+// Embedding is the vector of one input.
+type Embedding struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The input's position in the request.
+	Index         int32     `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Vector        []float32 `protobuf:"fixed32,2,rep,packed,name=vector,proto3" json:"vector,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Embedding) Reset() {
+	*x = Embedding{}
+	mi := &file_mantle_router_v1_router_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Embedding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Embedding) ProtoMessage() {}
+
+func (x *Embedding) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_router_v1_router_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
+func (*Embedding) Descriptor() ([]byte, []int) {
+	return file_mantle_router_v1_router_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Embedding) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *Embedding) GetVector() []float32 {
+	if x != nil {
+		return x.Vector
+	}
+	return nil
+}
+
 var File_mantle_router_v1_router_proto protoreflect.FileDescriptor
 
 const file_mantle_router_v1_router_proto_rawDesc = "" +
@@ -1335,11 +1622,37 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\tin_flight\x18\t \x01(\x03R\binFlight\x12A\n" +
 	"\x0ecooldown_until\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\rcooldownUntil\x12>\n" +
-	"\rnext_probe_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextProbeAt2\xae\x02\n" +
+	"\rnext_probe_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextProbeAt\"\xb9\x02\n" +
+	"\fEmbedRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
+	"\x05input\x18\x02 \x03(\tR\x05input\x12?\n" +
+	"\finput_tokens\x18\x03 \x03(\v2\x1c.mantle.router.v1.TokenInputR\vinputTokens\x12#\n" +
+	"\n" +
+	"dimensions\x18\x04 \x01(\x05H\x00R\n" +
+	"dimensions\x88\x01\x01\x12'\n" +
+	"\x0fencoding_format\x18\x05 \x01(\tR\x0eencodingFormat\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\x12\x1a\n" +
+	"\bscenario\x18\a \x01(\tR\bscenario\x12/\n" +
+	"\bpriority\x18\b \x01(\x0e2\x13.mantle.v1.PriorityR\bpriorityB\r\n" +
+	"\v_dimensions\"$\n" +
+	"\n" +
+	"TokenInput\x12\x16\n" +
+	"\x06tokens\x18\x01 \x03(\x03R\x06tokens\"\xef\x01\n" +
+	"\rEmbedResponse\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12/\n" +
+	"\x04data\x18\x02 \x03(\v2\x1b.mantle.router.v1.EmbeddingR\x04data\x12&\n" +
+	"\x05usage\x18\x03 \x01(\v2\x10.mantle.v1.UsageR\x05usage\x123\n" +
+	"\aquality\x18\x04 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12:\n" +
+	"\n" +
+	"rate_limit\x18\x05 \x01(\v2\x1b.mantle.router.v1.RateLimitR\trateLimit\"9\n" +
+	"\tEmbedding\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x16\n" +
+	"\x06vector\x18\x02 \x03(\x02R\x06vector2\xf8\x02\n" +
 	"\rRouterService\x12Q\n" +
 	"\bComplete\x12!.mantle.router.v1.CompleteRequest\x1a\".mantle.router.v1.CompleteResponse\x12e\n" +
 	"\x0eStreamComplete\x12'.mantle.router.v1.StreamCompleteRequest\x1a(.mantle.router.v1.StreamCompleteResponse0\x01\x12c\n" +
-	"\x0eDescribeRoutes\x12'.mantle.router.v1.DescribeRoutesRequest\x1a(.mantle.router.v1.DescribeRoutesResponseB\xc6\x01\n" +
+	"\x0eDescribeRoutes\x12'.mantle.router.v1.DescribeRoutesRequest\x1a(.mantle.router.v1.DescribeRoutesResponse\x12H\n" +
+	"\x05Embed\x12\x1e.mantle.router.v1.EmbedRequest\x1a\x1f.mantle.router.v1.EmbedResponseB\xc6\x01\n" +
 	"\x14com.mantle.router.v1B\vRouterProtoP\x01Z?github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1;routerv1\xa2\x02\x03MRX\xaa\x02\x10Mantle.Router.V1\xca\x02\x10Mantle\\Router\\V1\xe2\x02\x1cMantle\\Router\\V1\\GPBMetadata\xea\x02\x12Mantle::Router::V1b\x06proto3"
 
 var (
@@ -1354,7 +1667,7 @@ func file_mantle_router_v1_router_proto_rawDescGZIP() []byte {
 	return file_mantle_router_v1_router_proto_rawDescData
 }
 
-var file_mantle_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_mantle_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_mantle_router_v1_router_proto_goTypes = []any{
 	(*Request)(nil),                // 0: mantle.router.v1.Request
 	(*Thinking)(nil),               // 1: mantle.router.v1.Thinking
@@ -1369,62 +1682,74 @@ var file_mantle_router_v1_router_proto_goTypes = []any{
 	(*Route)(nil),                  // 10: mantle.router.v1.Route
 	(*Candidate)(nil),              // 11: mantle.router.v1.Candidate
 	(*KeyState)(nil),               // 12: mantle.router.v1.KeyState
-	nil,                            // 13: mantle.router.v1.Request.LogitBiasEntry
-	nil,                            // 14: mantle.router.v1.Request.MetadataEntry
-	(*v1.ChatMessage)(nil),         // 15: mantle.v1.ChatMessage
-	(*v1.ResponseFormat)(nil),      // 16: mantle.v1.ResponseFormat
-	(v1.Priority)(0),               // 17: mantle.v1.Priority
-	(*v1.Tool)(nil),                // 18: mantle.v1.Tool
-	(*v1.Usage)(nil),               // 19: mantle.v1.Usage
-	(*v1.QualityContext)(nil),      // 20: mantle.v1.QualityContext
-	(*v1.ToolCallDelta)(nil),       // 21: mantle.v1.ToolCallDelta
-	(*durationpb.Duration)(nil),    // 22: google.protobuf.Duration
-	(v1.FallbackLevel)(0),          // 23: mantle.v1.FallbackLevel
-	(v1.BreakerState)(0),           // 24: mantle.v1.BreakerState
-	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
+	(*EmbedRequest)(nil),           // 13: mantle.router.v1.EmbedRequest
+	(*TokenInput)(nil),             // 14: mantle.router.v1.TokenInput
+	(*EmbedResponse)(nil),          // 15: mantle.router.v1.EmbedResponse
+	(*Embedding)(nil),              // 16: mantle.router.v1.Embedding
+	nil,                            // 17: mantle.router.v1.Request.LogitBiasEntry
+	nil,                            // 18: mantle.router.v1.Request.MetadataEntry
+	(*v1.ChatMessage)(nil),         // 19: mantle.v1.ChatMessage
+	(*v1.ResponseFormat)(nil),      // 20: mantle.v1.ResponseFormat
+	(v1.Priority)(0),               // 21: mantle.v1.Priority
+	(*v1.Tool)(nil),                // 22: mantle.v1.Tool
+	(*v1.Usage)(nil),               // 23: mantle.v1.Usage
+	(*v1.QualityContext)(nil),      // 24: mantle.v1.QualityContext
+	(*v1.ToolCallDelta)(nil),       // 25: mantle.v1.ToolCallDelta
+	(*durationpb.Duration)(nil),    // 26: google.protobuf.Duration
+	(v1.FallbackLevel)(0),          // 27: mantle.v1.FallbackLevel
+	(v1.BreakerState)(0),           // 28: mantle.v1.BreakerState
+	(*timestamppb.Timestamp)(nil),  // 29: google.protobuf.Timestamp
 }
 var file_mantle_router_v1_router_proto_depIdxs = []int32{
-	15, // 0: mantle.router.v1.Request.messages:type_name -> mantle.v1.ChatMessage
-	16, // 1: mantle.router.v1.Request.response_format:type_name -> mantle.v1.ResponseFormat
-	17, // 2: mantle.router.v1.Request.priority:type_name -> mantle.v1.Priority
-	18, // 3: mantle.router.v1.Request.tools:type_name -> mantle.v1.Tool
-	13, // 4: mantle.router.v1.Request.logit_bias:type_name -> mantle.router.v1.Request.LogitBiasEntry
-	14, // 5: mantle.router.v1.Request.metadata:type_name -> mantle.router.v1.Request.MetadataEntry
+	19, // 0: mantle.router.v1.Request.messages:type_name -> mantle.v1.ChatMessage
+	20, // 1: mantle.router.v1.Request.response_format:type_name -> mantle.v1.ResponseFormat
+	21, // 2: mantle.router.v1.Request.priority:type_name -> mantle.v1.Priority
+	22, // 3: mantle.router.v1.Request.tools:type_name -> mantle.v1.Tool
+	17, // 4: mantle.router.v1.Request.logit_bias:type_name -> mantle.router.v1.Request.LogitBiasEntry
+	18, // 5: mantle.router.v1.Request.metadata:type_name -> mantle.router.v1.Request.MetadataEntry
 	1,  // 6: mantle.router.v1.Request.thinking:type_name -> mantle.router.v1.Thinking
 	0,  // 7: mantle.router.v1.CompleteRequest.request:type_name -> mantle.router.v1.Request
-	15, // 8: mantle.router.v1.CompleteResponse.message:type_name -> mantle.v1.ChatMessage
-	19, // 9: mantle.router.v1.CompleteResponse.usage:type_name -> mantle.v1.Usage
-	20, // 10: mantle.router.v1.CompleteResponse.quality:type_name -> mantle.v1.QualityContext
+	19, // 8: mantle.router.v1.CompleteResponse.message:type_name -> mantle.v1.ChatMessage
+	23, // 9: mantle.router.v1.CompleteResponse.usage:type_name -> mantle.v1.Usage
+	24, // 10: mantle.router.v1.CompleteResponse.quality:type_name -> mantle.v1.QualityContext
 	7,  // 11: mantle.router.v1.CompleteResponse.rate_limit:type_name -> mantle.router.v1.RateLimit
 	0,  // 12: mantle.router.v1.StreamCompleteRequest.request:type_name -> mantle.router.v1.Request
 	6,  // 13: mantle.router.v1.StreamCompleteResponse.delta:type_name -> mantle.router.v1.Delta
 	3,  // 14: mantle.router.v1.StreamCompleteResponse.final:type_name -> mantle.router.v1.CompleteResponse
-	21, // 15: mantle.router.v1.Delta.tool_calls:type_name -> mantle.v1.ToolCallDelta
-	22, // 16: mantle.router.v1.RateLimit.reset_requests:type_name -> google.protobuf.Duration
-	22, // 17: mantle.router.v1.RateLimit.reset_tokens:type_name -> google.protobuf.Duration
+	25, // 15: mantle.router.v1.Delta.tool_calls:type_name -> mantle.v1.ToolCallDelta
+	26, // 16: mantle.router.v1.RateLimit.reset_requests:type_name -> google.protobuf.Duration
+	26, // 17: mantle.router.v1.RateLimit.reset_tokens:type_name -> google.protobuf.Duration
 	10, // 18: mantle.router.v1.DescribeRoutesResponse.routes:type_name -> mantle.router.v1.Route
 	11, // 19: mantle.router.v1.Route.candidates:type_name -> mantle.router.v1.Candidate
-	23, // 20: mantle.router.v1.Route.ladder_level:type_name -> mantle.v1.FallbackLevel
-	22, // 21: mantle.router.v1.Route.default_budget:type_name -> google.protobuf.Duration
+	27, // 20: mantle.router.v1.Route.ladder_level:type_name -> mantle.v1.FallbackLevel
+	26, // 21: mantle.router.v1.Route.default_budget:type_name -> google.protobuf.Duration
 	12, // 22: mantle.router.v1.Candidate.keys:type_name -> mantle.router.v1.KeyState
-	23, // 23: mantle.router.v1.Candidate.level:type_name -> mantle.v1.FallbackLevel
-	24, // 24: mantle.router.v1.KeyState.breaker_state:type_name -> mantle.v1.BreakerState
-	22, // 25: mantle.router.v1.KeyState.latency_p50:type_name -> google.protobuf.Duration
-	22, // 26: mantle.router.v1.KeyState.latency_p95:type_name -> google.protobuf.Duration
-	22, // 27: mantle.router.v1.KeyState.latency_p99:type_name -> google.protobuf.Duration
-	25, // 28: mantle.router.v1.KeyState.cooldown_until:type_name -> google.protobuf.Timestamp
-	25, // 29: mantle.router.v1.KeyState.next_probe_at:type_name -> google.protobuf.Timestamp
-	2,  // 30: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
-	4,  // 31: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
-	8,  // 32: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
-	3,  // 33: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
-	5,  // 34: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
-	9,  // 35: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
-	33, // [33:36] is the sub-list for method output_type
-	30, // [30:33] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	27, // 23: mantle.router.v1.Candidate.level:type_name -> mantle.v1.FallbackLevel
+	28, // 24: mantle.router.v1.KeyState.breaker_state:type_name -> mantle.v1.BreakerState
+	26, // 25: mantle.router.v1.KeyState.latency_p50:type_name -> google.protobuf.Duration
+	26, // 26: mantle.router.v1.KeyState.latency_p95:type_name -> google.protobuf.Duration
+	26, // 27: mantle.router.v1.KeyState.latency_p99:type_name -> google.protobuf.Duration
+	29, // 28: mantle.router.v1.KeyState.cooldown_until:type_name -> google.protobuf.Timestamp
+	29, // 29: mantle.router.v1.KeyState.next_probe_at:type_name -> google.protobuf.Timestamp
+	14, // 30: mantle.router.v1.EmbedRequest.input_tokens:type_name -> mantle.router.v1.TokenInput
+	21, // 31: mantle.router.v1.EmbedRequest.priority:type_name -> mantle.v1.Priority
+	16, // 32: mantle.router.v1.EmbedResponse.data:type_name -> mantle.router.v1.Embedding
+	23, // 33: mantle.router.v1.EmbedResponse.usage:type_name -> mantle.v1.Usage
+	24, // 34: mantle.router.v1.EmbedResponse.quality:type_name -> mantle.v1.QualityContext
+	7,  // 35: mantle.router.v1.EmbedResponse.rate_limit:type_name -> mantle.router.v1.RateLimit
+	2,  // 36: mantle.router.v1.RouterService.Complete:input_type -> mantle.router.v1.CompleteRequest
+	4,  // 37: mantle.router.v1.RouterService.StreamComplete:input_type -> mantle.router.v1.StreamCompleteRequest
+	8,  // 38: mantle.router.v1.RouterService.DescribeRoutes:input_type -> mantle.router.v1.DescribeRoutesRequest
+	13, // 39: mantle.router.v1.RouterService.Embed:input_type -> mantle.router.v1.EmbedRequest
+	3,  // 40: mantle.router.v1.RouterService.Complete:output_type -> mantle.router.v1.CompleteResponse
+	5,  // 41: mantle.router.v1.RouterService.StreamComplete:output_type -> mantle.router.v1.StreamCompleteResponse
+	9,  // 42: mantle.router.v1.RouterService.DescribeRoutes:output_type -> mantle.router.v1.DescribeRoutesResponse
+	15, // 43: mantle.router.v1.RouterService.Embed:output_type -> mantle.router.v1.EmbedResponse
+	40, // [40:44] is the sub-list for method output_type
+	36, // [36:40] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_mantle_router_v1_router_proto_init() }
@@ -1437,13 +1762,14 @@ func file_mantle_router_v1_router_proto_init() {
 		(*StreamCompleteResponse_Delta)(nil),
 		(*StreamCompleteResponse_Final)(nil),
 	}
+	file_mantle_router_v1_router_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_router_v1_router_proto_rawDesc), len(file_mantle_router_v1_router_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	RouterService_Complete_FullMethodName       = "/mantle.router.v1.RouterService/Complete"
 	RouterService_StreamComplete_FullMethodName = "/mantle.router.v1.RouterService/StreamComplete"
 	RouterService_DescribeRoutes_FullMethodName = "/mantle.router.v1.RouterService/DescribeRoutes"
+	RouterService_Embed_FullMethodName          = "/mantle.router.v1.RouterService/Embed"
 )
 
 // RouterServiceClient is the client API for RouterService service.
@@ -50,6 +51,10 @@ type RouterServiceClient interface {
 	StreamComplete(ctx context.Context, in *StreamCompleteRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StreamCompleteResponse], error)
 	// DescribeRoutes reports the routing table with live breaker and latency state.
 	DescribeRoutes(ctx context.Context, in *DescribeRoutesRequest, opts ...grpc.CallOption) (*DescribeRoutesResponse, error)
+	// Embed turns inputs into vectors with a model that has the embeddings capability,
+	// through the same budgets, retries, breakers and quota as Complete, and an exact cache
+	// (identical inputs, model, dimensions and encoding; never a similar input's vectors).
+	Embed(ctx context.Context, in *EmbedRequest, opts ...grpc.CallOption) (*EmbedResponse, error)
 }
 
 type routerServiceClient struct {
@@ -99,6 +104,16 @@ func (c *routerServiceClient) DescribeRoutes(ctx context.Context, in *DescribeRo
 	return out, nil
 }
 
+func (c *routerServiceClient) Embed(ctx context.Context, in *EmbedRequest, opts ...grpc.CallOption) (*EmbedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EmbedResponse)
+	err := c.cc.Invoke(ctx, RouterService_Embed_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RouterServiceServer is the server API for RouterService service.
 // All implementations must embed UnimplementedRouterServiceServer
 // for forward compatibility.
@@ -125,6 +140,10 @@ type RouterServiceServer interface {
 	StreamComplete(*StreamCompleteRequest, grpc.ServerStreamingServer[StreamCompleteResponse]) error
 	// DescribeRoutes reports the routing table with live breaker and latency state.
 	DescribeRoutes(context.Context, *DescribeRoutesRequest) (*DescribeRoutesResponse, error)
+	// Embed turns inputs into vectors with a model that has the embeddings capability,
+	// through the same budgets, retries, breakers and quota as Complete, and an exact cache
+	// (identical inputs, model, dimensions and encoding; never a similar input's vectors).
+	Embed(context.Context, *EmbedRequest) (*EmbedResponse, error)
 	mustEmbedUnimplementedRouterServiceServer()
 }
 
@@ -143,6 +162,9 @@ func (UnimplementedRouterServiceServer) StreamComplete(*StreamCompleteRequest, g
 }
 func (UnimplementedRouterServiceServer) DescribeRoutes(context.Context, *DescribeRoutesRequest) (*DescribeRoutesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DescribeRoutes not implemented")
+}
+func (UnimplementedRouterServiceServer) Embed(context.Context, *EmbedRequest) (*EmbedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Embed not implemented")
 }
 func (UnimplementedRouterServiceServer) mustEmbedUnimplementedRouterServiceServer() {}
 func (UnimplementedRouterServiceServer) testEmbeddedByValue()                       {}
@@ -212,6 +234,24 @@ func _RouterService_DescribeRoutes_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RouterService_Embed_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EmbedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RouterServiceServer).Embed(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RouterService_Embed_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RouterServiceServer).Embed(ctx, req.(*EmbedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RouterService_ServiceDesc is the grpc.ServiceDesc for RouterService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -226,6 +266,10 @@ var RouterService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DescribeRoutes",
 			Handler:    _RouterService_DescribeRoutes_Handler,
+		},
+		{
+			MethodName: "Embed",
+			Handler:    _RouterService_Embed_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
