@@ -86,3 +86,28 @@ func TestAnthropicSDKMessages(t *testing.T) {
 		t.Fatalf("anthropic-sdk messages against mantle: %v", err)
 	}
 }
+
+// TestAnthropicSDKToAnthropicUpstream runs messages-anthropic.mjs: the official Anthropic
+// TypeScript SDK against /v1/messages (text and sampling fields, tools unary and streamed,
+// tool results with is_error, an image, extended thinking) through mantle to a recording
+// Anthropic-type upstream; the script checks the Anthropic request the upstream received.
+func TestAnthropicSDKToAnthropicUpstream(t *testing.T) {
+	up := &meshtest.AnthropicRecordingUpstream{}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	t.Setenv("MANTLE_SDK_UPSTREAM_KEY", "sk-upstream")
+	cfg := mesh.Default()
+	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "sdk", KeySHA256: rpc.HashKey(key)}}
+	cfg.Router.Providers = []router.ProviderConfig{{Name: "ant", Type: router.ProviderAnthropic, BaseURL: srv.URL, Timeout: 5 * time.Second,
+		Keys: []router.KeyConfig{{ID: "k1", Env: "MANTLE_SDK_UPSTREAM_KEY"}}}}
+	cfg.Router.Models = []router.ModelConfig{{Name: "claude", Provider: "ant", Upstream: "claude-up"}}
+	m := meshtest.Start(t, cfg, meshtest.All)
+
+	cmd := exec.Command("node", "messages-anthropic.mjs")
+	cmd.Env = append(cmd.Environ(), "MANTLE_URL=http://"+m.HTTPAddr, "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("anthropic-sdk messages to an Anthropic upstream: %v", err)
+	}
+}

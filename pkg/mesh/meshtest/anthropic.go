@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -36,8 +37,20 @@ func (u *AnthropicRecordingUpstream) Count() int {
 	return len(u.bodies)
 }
 
-// ServeHTTP answers POST .../messages.
+// ServeHTTP answers POST .../messages; GET .../recorded/last returns the latest body (for
+// tests in other languages).
 func (u *AnthropicRecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/recorded/last") {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		if len(u.bodies) == 0 {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(u.bodies[len(u.bodies)-1])
+		return
+	}
 	raw, _ := io.ReadAll(r.Body)
 	var body map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &body); err != nil {
