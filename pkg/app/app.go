@@ -202,7 +202,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	if deps.Authenticator, err = serviceIdentity(deps.Authenticator, selected, modules); err != nil {
 		return nil, err
 	}
-	if deps.Authenticator, err = deps.Authenticator.Instrumented(deps.Log, deps.Metrics); err != nil {
+	if deps.Authenticator, err = deps.Authenticator.Instrumented(deps.Log, deps.Metrics, deps.Clock); err != nil {
 		return nil, err
 	}
 	chain, err := rpc.ServerInterceptors(deps.Log, deps.Metrics, deps.Authenticator, audiences)
