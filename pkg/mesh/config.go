@@ -108,7 +108,9 @@ type ServerConfig struct {
 	BodyReadTimeout time.Duration `yaml:"body_read_timeout"`
 	// IdleTimeout closes a keep-alive HTTP connection with no request for this long.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// MaxHeaderBytes is the largest HTTP request header block accepted (at least 4096).
+	// MaxHeaderBytes is the largest HTTP request header block accepted (at least 4096),
+	// request line included. A larger one gets 431 in OpenAI's error shape; past four
+	// times this, net/http answers a plain-text 431 itself, before any handler.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 }
 
