@@ -43,6 +43,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := devConfig(*profile, os.Getenv)
 	cfg.Server.GRPCListenAddress = freeOr(*grpcAddr)
 	cfg.Server.HTTPListenAddress = freeOr(*httpAddr)
+	cfg.Server.GRPCReflection = true // for grpcurl, with the operator key below
 	cfg.Log = mesh.LogConfig{Level: *logLevel, Format: "text"}
 	// Off unless asked: most dev sessions have no collector, and the exporter would log
 	// every failed flush. A collector on this machine speaks plaintext.
@@ -155,7 +156,7 @@ func printDevBanner(w io.Writer, grpcAddr, httpAddr string, cfg mesh.Config) {
 	}
 	fmt.Fprintf(w, `mantle dev is running: router, cache, quota and verifier in one process.
 
-  gRPC     %[1]s   (reflection on: grpcurl needs no proto files)
+  gRPC     %[1]s   (reflection on, for the operator key: grpcurl needs no proto files)
   HTTP     %[6]s://%[2]s   (OpenAI-compatible /v1, /metrics, /healthz, /readyz)
   models   %[3]s; route "chat" tries them in order
   API key  %[4]s  (tenant "dev"); operator key %[11]s (mantle review)
@@ -163,7 +164,7 @@ func printDevBanner(w io.Writer, grpcAddr, httpAddr string, cfg mesh.Config) {
 
 Try it:
 
-grpcurl %[7]s -H 'authorization: Bearer %[4]s' -d '{"request":{"model":"chat","messages":[{"role":"user","content":"What does mantle do?"}]}}' %[1]s mantle.router.v1.RouterService/Complete
+grpcurl %[7]s -reflect-header 'authorization: Bearer %[11]s' -rpc-header 'authorization: Bearer %[4]s' -d '{"request":{"model":"chat","messages":[{"role":"user","content":"What does mantle do?"}]}}' %[1]s mantle.router.v1.RouterService/Complete
 
 curl -s%[8]s %[6]s://%[2]s/v1/chat/completions -H 'Authorization: Bearer %[4]s' -H 'Content-Type: application/json' -d '{"model":"chat","messages":[{"role":"user","content":"What does mantle do?"}]}'
 

@@ -59,6 +59,8 @@ type Config struct {
 	Addresses map[string]string
 	// MaxMessageBytes bounds received gRPC messages.
 	MaxMessageBytes int
+	// GRPCReflection serves gRPC reflection, to operators only (rpc.ReflectionAudiences).
+	GRPCReflection bool
 	// HTTP bounds the HTTP listener's connections.
 	HTTP HTTPLimits
 }
@@ -192,10 +194,15 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	if err != nil {
 		return nil, err
 	}
+	if cfg.GRPCReflection {
+		if audiences, err = rpc.Merge(audiences, rpc.ReflectionAudiences); err != nil {
+			return nil, err
+		}
+	}
 	if deps.Authenticator, err = serviceIdentity(deps.Authenticator, selected, modules); err != nil {
 		return nil, err
 	}
-	if deps.Authenticator, err = deps.Authenticator.Instrumented(deps.Log, deps.Metrics); err != nil {
+	if deps.Authenticator, err = deps.Authenticator.Instrumented(deps.Log, deps.Metrics, deps.Clock); err != nil {
 		return nil, err
 	}
 	chain, err := rpc.ServerInterceptors(deps.Log, deps.Metrics, deps.Authenticator, audiences)
@@ -256,7 +263,9 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	}
 	registrar := a.localChannel(chain)
 	grpc_health_v1.RegisterHealthServer(a.grpc, a.health)
-	reflection.Register(a.grpc)
+	if cfg.GRPCReflection {
+		reflection.Register(a.grpc)
+	}
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	a.mux.HandleFunc("GET /readyz", a.serveReady)
 	a.http = newHTTPServer(a.mux, cfg.HTTP)

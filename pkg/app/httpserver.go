@@ -3,6 +3,7 @@ package app
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -49,14 +50,54 @@ func (l HTTPLimits) withDefaults() HTTPLimits {
 
 // newHTTPServer serves h within limits, every error it or the mux writes as OpenAI error
 // JSON.
+//
+// net/http answers some requests before any handler runs, in plain text: headers past
+// its own limit (431), a malformed request line or header (400), a transfer encoding it
+// does not know (501), an unknown Expect (417), an unsupported HTTP version (505). Header
+// size is the one a client reaches with a well-formed request, so the server's own limit
+// is serverHeaderBytes and the configured one is checked by headerLimit, which answers in
+// JSON; only headers past the larger limit get net/http's plain 431.
 func newHTTPServer(h http.Handler, limits HTTPLimits) *http.Server {
 	limits = limits.withDefaults()
 	return &http.Server{
-		Handler:           bodyDeadline(jsonErrors(h), limits.BodyReadTimeout),
+		Handler:           bodyDeadline(headerLimit(jsonErrors(h), limits.MaxHeaderBytes), limits.BodyReadTimeout),
 		ReadHeaderTimeout: limits.ReadHeaderTimeout,
 		IdleTimeout:       limits.IdleTimeout,
-		MaxHeaderBytes:    limits.MaxHeaderBytes,
+		MaxHeaderBytes:    serverHeaderBytes(limits.MaxHeaderBytes),
 	}
+}
+
+// serverHeaderBytes is net/http's limit for a configured limit of max: four times it, so
+// that headers somewhat over max still reach headerLimit and get a JSON answer, while what
+// a connection may make the server read stays bounded.
+func serverHeaderBytes(max int) int { return 4 * max }
+
+// headerLimit answers 431 in OpenAI's error shape to a request whose header block (request
+// line and fields, counted as net/http counts them on the wire) is over max bytes.
+func headerLimit(next http.Handler, max int) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n := headerBytes(r); n > max {
+			writeJSONError(w, http.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_fields_too_large",
+				fmt.Sprintf("request headers are %d bytes, over the limit of %d (server.max_header_bytes)", n, max))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// headerBytes is the size of r's request line and header fields as sent: "Name: value\r\n"
+// per value, Host included, and the blank line.
+func headerBytes(r *http.Request) int {
+	n := len(r.Method) + 1 + len(r.RequestURI) + 1 + len(r.Proto) + 2
+	if r.Host != "" {
+		n += len("Host: ") + len(r.Host) + 2
+	}
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + 2 + len(v) + 2
+		}
+	}
+	return n + 2
 }
 
 // bodyDeadline gives reading a request's body timeout, and lifts the deadline once the body
@@ -140,10 +181,16 @@ func (w *jsonErrorWriter) WriteHeader(code int) {
 	default:
 		errCode = strings.ReplaceAll(strings.ToLower(http.StatusText(code)), " ", "_")
 	}
+	writeJSONError(w.ResponseWriter, code, typ, errCode, msg)
+}
+
+// writeJSONError writes an error in OpenAI's shape.
+func writeJSONError(w http.ResponseWriter, code int, typ, errCode, msg string) {
+	h := w.Header()
 	h.Del("Content-Length")
 	h.Del("X-Content-Type-Options")
 	h.Set("Content-Type", "application/json")
-	w.ResponseWriter.WriteHeader(code)
+	w.WriteHeader(code)
 	body := struct {
 		Error struct {
 			Message string  `json:"message"`
@@ -153,7 +200,7 @@ func (w *jsonErrorWriter) WriteHeader(code int) {
 		} `json:"error"`
 	}{}
 	body.Error.Message, body.Error.Type, body.Error.Code = msg, typ, errCode
-	_ = json.NewEncoder(w.ResponseWriter).Encode(body)
+	_ = json.NewEncoder(w).Encode(body)
 }
 
 func (w *jsonErrorWriter) Write(p []byte) (int, error) {

@@ -98,20 +98,63 @@ func TestIdleConnectionIsClosed(t *testing.T) {
 	}
 }
 
+// TestOversizedHeadersAreRefused: headers over server.max_header_bytes, counted as they
+// are on the wire, get 431 in OpenAI's error shape naming the limit; at the limit they
+// pass. Only headers past four times the limit meet net/http's own plain 431, before any
+// handler runs.
 func TestOversizedHeadersAreRefused(t *testing.T) {
 	t.Parallel()
+	const limit = 4 << 10
 	cfg := testConfig("blocker")
-	cfg.HTTP = app.HTTPLimits{MaxHeaderBytes: 4 << 10}
+	cfg.HTTP = app.HTTPLimits{MaxHeaderBytes: limit}
 	r := start(t, cfg, []app.Module{bodyReader(newBlocker(), make(chan error, 1))})
-	req, _ := http.NewRequest(http.MethodGet, "http://"+r.app.HTTPAddr()+"/healthz", nil)
-	req.Header.Set("X-Big", strings.Repeat("x", 16<<10))
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	// request returns a GET whose request line and headers are exactly size bytes.
+	request := func(size int) string {
+		head := "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: "
+		tail := "\r\n\r\n"
+		return head + strings.Repeat("p", size-len(head)-len(tail)) + tail
 	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
-		t.Fatalf("status %d, want 431", res.StatusCode)
+	tests := []struct {
+		name       string
+		size       int
+		wantStatus int
+		wantJSON   bool
+	}{
+		{"at the limit", limit, http.StatusOK, false},
+		{"one byte over", limit + 1, http.StatusRequestHeaderFieldsTooLarge, true},
+		{"four times over", 4 * limit, http.StatusRequestHeaderFieldsTooLarge, true},
+		{"past net/http's own limit", 6 * limit, http.StatusRequestHeaderFieldsTooLarge, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			conn := dialHTTP(t, r.app.HTTPAddr())
+			if _, err := io.WriteString(conn, request(tt.size)); err != nil {
+				t.Fatal(err)
+			}
+			res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			body, _ := io.ReadAll(res.Body)
+			if res.StatusCode != tt.wantStatus {
+				t.Fatalf("status %d, want %d; body %s", res.StatusCode, tt.wantStatus, body)
+			}
+			isJSON := strings.Contains(res.Header.Get("Content-Type"), "json")
+			if isJSON != tt.wantJSON {
+				t.Fatalf("Content-Type %q, want JSON %v; body %s", res.Header.Get("Content-Type"), tt.wantJSON, body)
+			}
+			if tt.wantJSON {
+				var e struct {
+					Error struct{ Message, Type, Code string } `json:"error"`
+				}
+				want := fmt.Sprintf("request headers are %d bytes, over the limit of %d (server.max_header_bytes)", tt.size, limit)
+				if err := json.Unmarshal(body, &e); err != nil || e.Error.Code != "request_header_fields_too_large" || e.Error.Message != want || e.Error.Type != "invalid_request_error" {
+					t.Errorf("body %s, want code request_header_fields_too_large and message %q", body, want)
+				}
+			}
+		})
 	}
 }
 
@@ -178,4 +221,41 @@ func dialHTTP(t *testing.T, addr string) net.Conn {
 		t.Fatal(err)
 	}
 	return conn
+}
+
+// TestWhatNetHTTPAnswersItself pins the answers net/http writes before any handler runs,
+// in plain text, which docs/security.md lists: they cannot be given OpenAI's shape without
+// parsing HTTP ourselves. A change here (a Go release that hands them to handlers) is a
+// chance to answer them in JSON.
+func TestWhatNetHTTPAnswersItself(t *testing.T) {
+	t.Parallel()
+	r := start(t, testConfig("blocker"), []app.Module{bodyReader(newBlocker(), make(chan error, 4))})
+	tests := []struct {
+		name, request string
+		wantStatus    int
+	}{
+		{"malformed request line", "GET\r\n\r\n", http.StatusBadRequest},
+		{"malformed header", "GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n", http.StatusBadRequest},
+		{"no Host", "GET /healthz HTTP/1.1\r\n\r\n", http.StatusBadRequest},
+		{"unknown transfer encoding", "POST /read HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", http.StatusNotImplemented},
+		{"unknown expectation", "GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: teapot\r\n\r\n", http.StatusExpectationFailed},
+		{"unsupported version", "GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", http.StatusHTTPVersionNotSupported},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			conn := dialHTTP(t, r.app.HTTPAddr())
+			if _, err := io.WriteString(conn, tt.request); err != nil {
+				t.Fatal(err)
+			}
+			res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != tt.wantStatus || strings.Contains(res.Header.Get("Content-Type"), "json") {
+				t.Errorf("status %d, Content-Type %q; want net/http's own plain %d", res.StatusCode, res.Header.Get("Content-Type"), tt.wantStatus)
+			}
+		})
+	}
 }

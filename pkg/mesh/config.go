@@ -67,8 +67,8 @@ type Config struct {
 
 // ServerConfig is the process's listeners.
 type ServerConfig struct {
-	// GRPCListenAddress is the gRPC listener shared by every module, with health and
-	// reflection.
+	// GRPCListenAddress is the gRPC listener shared by every module, with health (and
+	// reflection with grpc_reflection).
 	GRPCListenAddress string `yaml:"grpc_listen_address"`
 	// HTTPListenAddress is the HTTP listener: /metrics, /healthz, /readyz, and the router's
 	// OpenAI API under /v1.
@@ -85,6 +85,11 @@ type ServerConfig struct {
 	// listener faces tenants keeps them for operators and the scraper. Needs
 	// debug_listen_address.
 	MetricsOnDebugListener bool `yaml:"metrics_on_debug_listener,omitempty"`
+	// GRPCReflection serves gRPC reflection on the gRPC listener, so that grpcurl can list
+	// services and call methods without proto files. Only operator keys may use it (a
+	// tenant key is refused): it maps every method of every service. Off by default;
+	// mantle dev turns it on.
+	GRPCReflection bool `yaml:"grpc_reflection,omitempty"`
 	// GracefulShutdownTimeout is how long in-flight calls may drain after SIGTERM.
 	GracefulShutdownTimeout time.Duration `yaml:"graceful_shutdown_timeout"`
 	// ShutdownDelay is how long to keep serving after readiness turns off, so that load
@@ -103,7 +108,9 @@ type ServerConfig struct {
 	BodyReadTimeout time.Duration `yaml:"body_read_timeout"`
 	// IdleTimeout closes a keep-alive HTTP connection with no request for this long.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// MaxHeaderBytes is the largest HTTP request header block accepted (at least 4096).
+	// MaxHeaderBytes is the largest HTTP request header block accepted (at least 4096),
+	// request line included. A larger one gets 431 in OpenAI's error shape; past four
+	// times this, net/http answers a plain-text 431 itself, before any handler.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 }
 

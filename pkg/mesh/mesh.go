@@ -177,6 +177,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		ShutdownDelay:           cfg.Server.ShutdownDelay,
 		Addresses:               cfg.Addresses(),
 		MaxMessageBytes:         cfg.Server.MaxMessageBytes,
+		GRPCReflection:          cfg.Server.GRPCReflection,
 		HTTP: app.HTTPLimits{
 			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout, BodyReadTimeout: cfg.Server.BodyReadTimeout,
 			IdleTimeout: cfg.Server.IdleTimeout, MaxHeaderBytes: cfg.Server.MaxHeaderBytes,

@@ -10,8 +10,12 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 )
@@ -431,12 +435,54 @@ func (a *Authenticator) RefuseTenant(ctx context.Context, method string) {
 type refusalReporter struct {
 	log     *slog.Logger
 	counter *prometheus.CounterVec
+	clock   clockwork.Clock
+
+	mu sync.Mutex
+	// lines limits the log lines per reason (a fixed set, so the map is bounded): a caller
+	// hammering the port with bad keys must not flood the log. The counter counts every
+	// refusal.
+	lines map[string]*refusalLines
+}
+
+// refusalLines is one reason's log limiter and the lines it held back since the last one
+// it let through.
+type refusalLines struct {
+	limiter    *rate.Limiter
+	suppressed int
+}
+
+// Refusal lines per reason: a burst of refusalLogBurst, then one every refusalLogEvery.
+const (
+	refusalLogBurst = 10
+	refusalLogEvery = time.Second
+)
+
+// allow reports whether a line for reason may be written now, and how many were held back
+// since the last one written.
+func (r *refusalReporter) allow(reason string) (bool, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.lines[reason]
+	if l == nil {
+		l = &refusalLines{limiter: rate.NewLimiter(rate.Every(refusalLogEvery), refusalLogBurst)}
+		r.lines[reason] = l
+	}
+	if !l.limiter.AllowN(r.clock.Now(), 1) {
+		l.suppressed++
+		return false, 0
+	}
+	n := l.suppressed
+	l.suppressed = 0
+	return true, n
 }
 
 // Instrumented returns a copy of a that logs and counts every refusal on log and reg:
 // one warn line with the reason, the method and the caller as far as it is known (never
-// the key), and mantle_auth_refusals_total{reason,code}. Call it once per registry.
-func (a *Authenticator) Instrumented(log *slog.Logger, reg prometheus.Registerer) (*Authenticator, error) {
+// the key), and mantle_auth_refusals_total{reason,code}. Lines are limited per reason (a
+// burst of 10, then one a second, on clock; nil means the real clock); the line that
+// resumes after a pause says how many were suppressed. The counter counts every refusal.
+// Call it once per registry.
+func (a *Authenticator) Instrumented(log *slog.Logger, reg prometheus.Registerer, clock clockwork.Clock) (*Authenticator, error) {
 	if a == nil {
 		return nil, nil
 	}
@@ -447,8 +493,11 @@ func (a *Authenticator) Instrumented(log *slog.Logger, reg prometheus.Registerer
 	if err := reg.Register(c); err != nil {
 		return nil, fmt.Errorf("register auth refusals: %w", err)
 	}
+	if clock == nil {
+		clock = clockwork.NewRealClock()
+	}
 	cp := *a
-	cp.refusals = &refusalReporter{log: log, counter: c}
+	cp.refusals = &refusalReporter{log: log, counter: c, clock: clock, lines: map[string]*refusalLines{}}
 	return &cp, nil
 }
 
@@ -457,7 +506,14 @@ func (a *Authenticator) refused(ctx context.Context, method string, c Caller, er
 		return
 	}
 	a.refusals.counter.WithLabelValues(err.reason, err.code.String()).Inc()
+	ok, suppressed := a.refusals.allow(err.reason)
+	if !ok {
+		return
+	}
 	attrs := []any{"reason", err.reason, "code", err.code.String(), "method", method}
+	if suppressed > 0 {
+		attrs = append(attrs, "suppressed", suppressed)
+	}
 	if c.Kind != CallerNone {
 		attrs = append(attrs, "caller", c.Kind.String())
 	}

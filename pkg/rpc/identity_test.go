@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"google.golang.org/grpc/codes"
@@ -197,7 +199,7 @@ func TestRefusalsAreLoggedAndCounted(t *testing.T) {
 	t.Parallel()
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
-	authn, err := newAuth(t).Instrumented(slog.New(slog.NewTextHandler(logs, nil)), reg)
+	authn, err := newAuth(t).Instrumented(slog.New(slog.NewTextHandler(logs, nil)), reg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,6 +230,57 @@ func TestRefusalsAreLoggedAndCounted(t *testing.T) {
 		if got := refusals(t, reg, reason); got != want {
 			t.Errorf("mantle_auth_refusals_total{reason=%q} = %v, want %v", reason, got, want)
 		}
+	}
+}
+
+// TestRefusalLinesAreRateLimited: a caller hammering the port with bad keys must not flood
+// the log. Lines are limited per reason (a burst of 10, then one a second); the line that
+// resumes says how many were suppressed; another reason has its own allowance; the
+// counter counts every refusal.
+func TestRefusalLinesAreRateLimited(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	clock := clockwork.NewFakeClock()
+	authn, err := newAuth(t).Instrumented(slog.New(slog.NewTextHandler(logs, nil)), reg, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServerWith(t, authn, nil, rpc.Audiences{probeCall: rpc.AudienceService, probeWatch: rpc.AudienceService})
+	conn := s.dial(t)
+	refuse := func(n int, md ...string) {
+		t.Helper()
+		for range n {
+			if _, err := call(withMD(md...), conn, "whoami"); status.Code(err) != codes.Unauthenticated {
+				t.Fatalf("call with %q: %v, want Unauthenticated", md, err)
+			}
+		}
+	}
+	lines := func(reason string) []string {
+		var out []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "reason="+reason+" ") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	refuse(25, "authorization", "Bearer sk-wrong-key")
+	if got := len(lines("unknown_key")); got != 10 {
+		t.Errorf("%d lines for 25 refusals at once, want the burst of 10", got)
+	}
+	refuse(1) // another reason is not held back by the first
+	if got := len(lines("missing_credential")); got != 1 {
+		t.Errorf("%d lines for a refusal of another reason, want 1", got)
+	}
+	clock.Advance(time.Second)
+	refuse(1, "authorization", "Bearer sk-wrong-key")
+	got := lines("unknown_key")
+	if len(got) != 11 || !strings.Contains(got[10], "suppressed=15") {
+		t.Errorf("after a second: lines %q, want an 11th saying suppressed=15", got[min(10, len(got)-1):])
+	}
+	if n := refusals(t, reg, "unknown_key"); n != 26 {
+		t.Errorf("mantle_auth_refusals_total{reason=unknown_key} = %v, want every one of 26", n)
 	}
 }
 

@@ -40,8 +40,8 @@ type Interceptors struct {
 //  5. panic recovery: a panic becomes INTERNAL and its stack is logged;
 //  6. authentication and planes: the caller is established (tenant key, operator key or
 //     mesh service) and refused unless the method's audience admits it; a method that is
-//     not in audiences is refused, even with authentication off. Health and reflection
-//     are open.
+//     not in audiences is refused, even with authentication off. Health is open;
+//     reflection, when served, is operator-only (ReflectionAudiences).
 //
 // It registers the metrics on reg, so it is called once per process.
 func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Authenticator, audiences Audiences) (Interceptors, error) {
@@ -82,8 +82,8 @@ func (i Interceptors) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(i.Unary...), grpc.ChainStreamInterceptor(i.Stream...)}
 }
 
-// isInfrastructure reports whether a service is gRPC plumbing that must answer without
-// credentials (load balancers probe health; grpcurl lists services).
+// isInfrastructure reports whether a service is gRPC plumbing (health probes, reflection)
+// rather than requests, which tracing leaves out.
 func isInfrastructure(service string) bool {
 	switch service {
 	case grpc_health_v1.Health_ServiceDesc.ServiceName,
@@ -94,6 +94,20 @@ func isInfrastructure(service string) bool {
 	return false
 }
 
+// isOpen reports whether a service answers without credentials: health, which load
+// balancers probe. Reflection is not: it lists every method of every service, a map a
+// tenant has no use for, so it goes through the gate with ReflectionAudiences.
+func isOpen(service string) bool {
+	return service == grpc_health_v1.Health_ServiceDesc.ServiceName
+}
+
+// ReflectionAudiences makes gRPC reflection (v1 and v1alpha, which grpcurl still uses)
+// operator-only; a process that serves reflection merges it into its table.
+var ReflectionAudiences = Audiences{
+	"/" + grpc_reflection_v1.ServerReflection_ServiceDesc.ServiceName + "/ServerReflectionInfo":      AudienceOperator,
+	"/" + grpc_reflection_v1alpha.ServerReflection_ServiceDesc.ServiceName + "/ServerReflectionInfo": AudienceOperator,
+}
+
 // authGate is step 6 of the chain.
 type authGate struct {
 	authn     *Authenticator
@@ -101,7 +115,7 @@ type authGate struct {
 }
 
 func (g authGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if isInfrastructure(serviceOf(info.FullMethod)) {
+	if isOpen(serviceOf(info.FullMethod)) {
 		return handler(ctx, req)
 	}
 	ctx, err := g.authn.authorize(ctx, info.FullMethod, g.audiences)
@@ -112,7 +126,7 @@ func (g authGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 }
 
 func (g authGate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if isInfrastructure(serviceOf(info.FullMethod)) {
+	if isOpen(serviceOf(info.FullMethod)) {
 		return handler(srv, ss)
 	}
 	ctx, err := g.authn.authorize(ss.Context(), info.FullMethod, g.audiences)

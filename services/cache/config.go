@@ -69,6 +69,11 @@ type EmbeddedConfig struct {
 	SnapshotPath string `yaml:"snapshot_path"`
 	// SnapshotInterval is how often the snapshot is written while running.
 	SnapshotInterval time.Duration `yaml:"snapshot_interval"`
+	// SnapshotMaxBytes bounds the snapshot file. A larger file, or one whose records are
+	// damaged or claim more than they hold, is not read: the cache starts empty with a
+	// warning and mantle_cache_snapshot_loads_total{result="refused"}. When writing, the
+	// least recently used entries that would go past it are left out.
+	SnapshotMaxBytes int64 `yaml:"snapshot_max_bytes"`
 }
 
 // QdrantConfig configures the Qdrant backend (server v1.17.x, gRPC API).
@@ -267,7 +272,7 @@ func DefaultConfig() Config {
 	return Config{
 		Backend:    BackendEmbedded,
 		MaxEntries: 100_000,
-		Embedded:   EmbeddedConfig{SnapshotInterval: 5 * time.Minute},
+		Embedded:   EmbeddedConfig{SnapshotInterval: 5 * time.Minute, SnapshotMaxBytes: DefaultSnapshotMaxBytes},
 		Qdrant: QdrantConfig{
 			CollectionPrefix: "mantle_cache_",
 			Timeout:          250 * time.Millisecond,
@@ -300,6 +305,9 @@ func (c Config) Validate() error {
 		}
 		if c.Embedded.SnapshotPath != "" && c.Embedded.SnapshotInterval <= 0 {
 			errs = append(errs, fmt.Errorf("embedded.snapshot_interval: must be positive with a snapshot_path, got %s", c.Embedded.SnapshotInterval))
+		}
+		if c.Embedded.SnapshotPath != "" && c.Embedded.SnapshotMaxBytes < 1<<20 {
+			errs = append(errs, fmt.Errorf("embedded.snapshot_max_bytes: must be at least 1 MiB with a snapshot_path, got %d", c.Embedded.SnapshotMaxBytes))
 		}
 	case BackendQdrant:
 		if _, port, err := net.SplitHostPort(c.Qdrant.Address); err != nil {

@@ -238,6 +238,9 @@ func TestConfigValidate(t *testing.T) {
 		{"snapshot without an interval", func(c *Config) { c.Embedded.SnapshotPath, c.Embedded.SnapshotInterval = "/tmp/x", 0 }, []string{
 			"embedded.snapshot_interval: must be positive with a snapshot_path, got 0s",
 		}},
+		{"snapshot limit too small", func(c *Config) { c.Embedded.SnapshotPath, c.Embedded.SnapshotMaxBytes = "/tmp/x", 1000 }, []string{
+			"embedded.snapshot_max_bytes: must be at least 1 MiB with a snapshot_path, got 1000",
+		}},
 		{"lease ttl zero", func(c *Config) { c.Coalesce.LeaseTTL = 0 }, []string{"coalesce.lease_ttl: must be positive, got 0s"}},
 		{"every problem is reported", func(c *Config) { c.MaxEntries, c.DefaultPolicy.TTL = -1, 0 }, []string{
 			"max_entries: must be positive, got -1", "default_policy.ttl: must be positive, got 0s",

@@ -151,11 +151,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	present(t, idx, epoch, a) // a is now the most recently used
 
 	var buf bytes.Buffer
-	if err := idx.Save(&buf); err != nil {
+	if _, err := idx.Save(&buf, DefaultSnapshotMaxBytes); err != nil {
 		t.Fatalf("Save: %v", err)
 	}
 	restored := NewEmbeddedIndex(10)
-	stats, err := restored.Load(&buf, epoch.Add(2*time.Minute), "lexical-v1")
+	stats, err := restored.Load(&buf, DefaultSnapshotMaxBytes, epoch.Add(2*time.Minute), "lexical-v1")
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
@@ -164,7 +164,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 	// Saved before any read below changes the recency.
 	var again bytes.Buffer
-	if err := restored.Save(&again); err != nil {
+	if _, err := restored.Save(&again, DefaultSnapshotMaxBytes); err != nil {
 		t.Fatalf("Save: %v", err)
 	}
 	if got := present(t, restored, epoch, a, b, expired, other); !slices.Equal(got, []string{"a", "b"}) {
@@ -176,7 +176,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 	// Recency survives too: with room for one more, the least recently used (b) goes.
 	small := NewEmbeddedIndex(2)
-	if _, err := small.Load(&again, epoch, "lexical-v1"); err != nil {
+	if _, err := small.Load(&again, DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err != nil {
 		t.Fatalf("Load: %v", err)
 	}
 	put(t, small, testEntry("c", "t", "s", "p", "gamma question"))
@@ -191,7 +191,7 @@ func TestSnapshotFile(t *testing.T) {
 	idx := NewEmbeddedIndex(10)
 	e := testEntry("a", "t", "s", "p", "alpha question")
 	put(t, idx, e)
-	if err := idx.SaveFile(path); err != nil {
+	if _, err := idx.SaveFile(path, DefaultSnapshotMaxBytes); err != nil {
 		t.Fatalf("SaveFile: %v", err)
 	}
 	info, err := os.Stat(path)
@@ -205,17 +205,17 @@ func TestSnapshotFile(t *testing.T) {
 		t.Errorf("temporary files left behind: %v", matches)
 	}
 	restored := NewEmbeddedIndex(10)
-	if stats, err := restored.LoadFile(path, epoch, "lexical-v1"); err != nil || stats.Loaded != 1 {
+	if stats, err := restored.LoadFile(path, DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err != nil || stats.Loaded != 1 {
 		t.Fatalf("LoadFile = (%+v, %v), want 1 loaded", stats, err)
 	}
 	missing := NewEmbeddedIndex(10)
-	if stats, err := missing.LoadFile(filepath.Join(t.TempDir(), "none"), epoch, "lexical-v1"); err != nil || stats.Loaded != 0 {
+	if stats, err := missing.LoadFile(filepath.Join(t.TempDir(), "none"), DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err != nil || stats.Loaded != 0 {
 		t.Errorf("LoadFile of a missing file = (%+v, %v), want an empty cache and no error", stats, err)
 	}
 	if err := os.WriteFile(path, []byte("not a snapshot"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewEmbeddedIndex(10).LoadFile(path, epoch, "lexical-v1"); err == nil {
+	if _, err := NewEmbeddedIndex(10).LoadFile(path, DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err == nil {
 		t.Errorf("LoadFile of garbage succeeded; want an error")
 	}
 }

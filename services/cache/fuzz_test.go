@@ -6,27 +6,64 @@ import (
 	"time"
 )
 
+// fuzzSnapshotMaxBytes is the size limit the fuzzer loads under: small, so that a record
+// claiming more than the limit is refused as it would be in production, and so that each
+// execution stays cheap.
+const fuzzSnapshotMaxBytes = 64 << 10
+
 // FuzzSnapshotLoad: a damaged or hostile snapshot file is loaded in part or refused with an
-// error, never a panic, and never past the index's max_entries.
+// error, never a panic, never past the index's max_entries, and never with more memory than
+// the bytes it read; whatever loads is a consistent index that answers lookups and saves
+// and loads again to the same entries.
 func FuzzSnapshotLoad(f *testing.F) {
 	now := epoch.Add(time.Minute)
-	var good bytes.Buffer
-	x := NewEmbeddedIndex(10)
-	for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
-		put(f, x, testEntry(id, "t", "s", "p", id+" question about breakers"))
+	for _, seed := range snapshotSeeds(f) {
+		f.Add(seed)
 	}
-	if err := x.Save(&good); err != nil {
-		f.Fatal(err)
-	}
-	f.Add(good.Bytes())
-	f.Add(good.Bytes()[:len(good.Bytes())/2])
-	f.Add([]byte("not a snapshot"))
-	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		x := NewEmbeddedIndex(4)
-		stats, err := x.Load(bytes.NewReader(data), now, "lexical-v1")
-		if err == nil && stats.Loaded > 4 {
-			t.Fatalf("loaded %d entries into an index of 4", stats.Loaded)
+		stats, err := x.Load(bytes.NewReader(data), fuzzSnapshotMaxBytes, now, "lexical-v1")
+		if err != nil {
+			return
+		}
+		if stats.Loaded > 4 || x.Len() != stats.Loaded {
+			t.Fatalf("loaded %d entries (Len %d) into an index of 4", stats.Loaded, x.Len())
+		}
+		var again bytes.Buffer
+		saved, err := x.Save(&again, fuzzSnapshotMaxBytes)
+		if err != nil || saved.Written != stats.Loaded {
+			t.Fatalf("Save after Load = (%+v, %v), want %d written", saved, err, stats.Loaded)
+		}
+		y := NewEmbeddedIndex(4)
+		if st, err := y.Load(&again, fuzzSnapshotMaxBytes, now, "lexical-v1"); err != nil || st.Loaded != stats.Loaded {
+			t.Fatalf("reload = (%+v, %v), want %d loaded", st, err, stats.Loaded)
+		}
+		for _, n := range x.byKey {
+			if _, ok, err := y.Get(t.Context(), n.entry.Namespace, n.entry.Key, now); !ok || err != nil {
+				t.Fatalf("entry %q lost by a save and load", n.entry.ID)
+			}
+			if n.vec.Len() > 0 {
+				if _, err := y.Search(t.Context(), Query{Tenant: n.entry.Tenant, Partition: n.entry.Partition, Vector: n.vec, Limit: 2, Now: now}); err != nil {
+					t.Fatalf("search: %v", err)
+				}
+			}
 		}
 	})
+}
+
+// snapshotSeeds are the committed starting points: a good snapshot, its halves and single
+// damaged bytes, and the other inputs the decoder must refuse.
+func snapshotSeeds(t testing.TB) [][]byte {
+	x := NewEmbeddedIndex(10)
+	for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
+		put(t, x, testEntry(id, "t", "s", "p", id+" question about breakers"))
+	}
+	var good bytes.Buffer
+	if _, err := x.Save(&good, fuzzSnapshotMaxBytes); err != nil {
+		t.Fatal(err)
+	}
+	g := good.Bytes()
+	flipped := bytes.Clone(g)
+	flipped[len(flipped)/3] ^= 0x40
+	return [][]byte{g, g[:len(g)/2], flipped, []byte("not a snapshot"), {}, oldFormatSnapshot(t)}
 }

@@ -151,3 +151,18 @@ func registerQdrantMetrics(reg prometheus.Registerer, m *metrics) error {
 	}
 	return nil
 }
+
+// snapshotLoadsCounter registers the count of snapshot loads at start by result: loaded, or
+// refused (too large, damaged, or of an old format: the cache started empty).
+func snapshotLoadsCounter(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mantle_cache_snapshot_loads_total",
+		Help: "Embedded index snapshots read at start by result: loaded, or refused (too large, damaged or of an old format; the cache started empty).",
+	}, []string{"result"})
+	if err := reg.Register(c); err != nil {
+		return nil, fmt.Errorf("register cache snapshot metrics: %w", err)
+	}
+	c.WithLabelValues("loaded")
+	c.WithLabelValues("refused")
+	return c, nil
+}

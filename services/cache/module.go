@@ -60,13 +60,19 @@ func build(ctx context.Context, cfg Config, env app.Env, getenv func(string) str
 			if embedder != nil {
 				namespace = embedder.Namespace()
 			}
-			stats, err := r.embedded.LoadFile(path, env.Clock.Now(), namespace)
+			loads, err := snapshotLoadsCounter(env.Metrics)
+			if err != nil {
+				return nil, err
+			}
+			stats, err := r.embedded.LoadFile(path, cfg.Embedded.SnapshotMaxBytes, env.Clock.Now(), namespace)
 			if err != nil {
 				// A cache that cannot read its snapshot starts empty; refusing to start
 				// would turn a lost cache into an outage.
+				loads.WithLabelValues("refused").Inc()
 				env.Log.WarnContext(ctx, "cache: snapshot not loaded; starting empty", "path", path, "err", err)
 				r.embedded = NewEmbeddedIndex(cfg.MaxEntries)
 			} else {
+				loads.WithLabelValues("loaded").Inc()
 				env.Log.InfoContext(ctx, "cache: snapshot loaded", "path", path, "entries", stats.Loaded,
 					"expired", stats.Expired, "other_namespace", stats.OtherNamespace, "overflow", stats.Overflow)
 			}
@@ -184,11 +190,18 @@ func (r *runner) Run(ctx context.Context) error {
 
 func (r *runner) saveSnapshot(ctx context.Context) {
 	start := time.Now() // wall time: this measures the write, not the cache's clock
-	if err := r.embedded.SaveFile(r.cfg.Embedded.SnapshotPath); err != nil {
-		r.log.ErrorContext(ctx, "cache: snapshot failed", "path", r.cfg.Embedded.SnapshotPath, "err", err)
+	path := r.cfg.Embedded.SnapshotPath
+	stats, err := r.embedded.SaveFile(path, r.cfg.Embedded.SnapshotMaxBytes)
+	if err != nil {
+		r.log.ErrorContext(ctx, "cache: snapshot failed", "path", path, "err", err)
 		return
 	}
-	r.log.DebugContext(ctx, "cache: snapshot written", "path", r.cfg.Embedded.SnapshotPath, "entries", r.embedded.Len(), "took", time.Since(start))
+	if stats.Dropped > 0 {
+		r.log.WarnContext(ctx, "cache: snapshot reached embedded.snapshot_max_bytes; least recently used entries left out",
+			"path", path, "written", stats.Written, "left_out", stats.Dropped, "bytes", stats.Bytes)
+		return
+	}
+	r.log.DebugContext(ctx, "cache: snapshot written", "path", path, "entries", stats.Written, "bytes", stats.Bytes, "took", time.Since(start))
 }
 
 func (r *runner) sweepQdrant(ctx context.Context) {

@@ -74,6 +74,9 @@ func TestSnapshotAcrossRestarts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build after restart: %v", err)
 	}
+	if got := metricValue(t, reg2, "mantle_cache_snapshot_loads_total", map[string]string{"result": "loaded"}); got != 1 {
+		t.Errorf("loaded snapshots = %v, want 1", got)
+	}
 	g := fixture{svc: r2.svc, clock: clock2, reg: reg2, index: r2.embedded}
 	for _, q := range []string{question, "what is your refund policy", "How can I reset my password"} {
 		if _, hit := g.lookup(t, "acme", basePrompt(q)); !hit {
@@ -82,20 +85,35 @@ func TestSnapshotAcrossRestarts(t *testing.T) {
 	}
 }
 
+// TestSnapshotThatCannotBeReadStartsEmpty: garbage, a format 1 snapshot and one over
+// snapshot_max_bytes each leave an empty cache, counted as refused, not a failed start.
 func TestSnapshotThatCannotBeReadStartsEmpty(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultConfig()
-	cfg.Embedded.SnapshotPath = filepath.Join(t.TempDir(), "cache.snap")
-	if err := os.WriteFile(cfg.Embedded.SnapshotPath, []byte("garbage"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	env, _, _ := moduleEnv(t)
-	r, err := build(context.Background(), cfg, env, os.Getenv)
-	if err != nil {
-		t.Fatalf("build with a corrupt snapshot: %v; want an empty cache", err)
-	}
-	if r.embedded.Len() != 0 {
-		t.Errorf("Len() = %d, want 0", r.embedded.Len())
+	for name, data := range map[string][]byte{
+		"garbage":    []byte("garbage"),
+		"format 1":   oldFormatSnapshot(t),
+		"over limit": append([]byte(snapshotMagic), make([]byte, 1<<20)...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := DefaultConfig()
+			cfg.Embedded.SnapshotPath = filepath.Join(t.TempDir(), "cache.snap")
+			cfg.Embedded.SnapshotMaxBytes = 1 << 20
+			if err := os.WriteFile(cfg.Embedded.SnapshotPath, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			env, reg, _ := moduleEnv(t)
+			r, err := build(context.Background(), cfg, env, os.Getenv)
+			if err != nil {
+				t.Fatalf("build with an unreadable snapshot: %v; want an empty cache", err)
+			}
+			if r.embedded.Len() != 0 {
+				t.Errorf("Len() = %d, want 0", r.embedded.Len())
+			}
+			if got := metricValue(t, reg, "mantle_cache_snapshot_loads_total", map[string]string{"result": "refused"}); got != 1 {
+				t.Errorf("refused loads = %v, want 1", got)
+			}
+		})
 	}
 }
 

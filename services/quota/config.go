@@ -170,8 +170,9 @@ type RetryBudgetConfig struct {
 	// (Redis) counters; retries themselves are counted at once.
 	FlushInterval time.Duration `yaml:"flush_interval"`
 	// TenantShare is the largest share of the budget's allowance (max of floor and ratio
-	// times the requests) one tenant's retries may take over the window, counted per
-	// quota replica, so that one tenant cannot use up every tenant's retries.
+	// times the requests) one tenant's retries may take over the window, so that one
+	// tenant cannot use up every tenant's retries. It is counted where the budget is: in
+	// Redis, shared by the quota replicas, with backend redis.
 	TenantShare float64 `yaml:"tenant_share"`
 }
 

@@ -239,6 +239,14 @@ func (s *MemoryStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDeci
 			overall = d
 		}
 	}
+	if ask.Tenant != "" {
+		name := retryTenantBudget(ask.Tenant)
+		_, retries := s.retryWindow(name, now, ask.Budget.Window).estimate(elapsed)
+		if !allowTenantRetry(ask.Budget, overall.Requests, retries) {
+			return RetryDecision{Budget: name, Requests: overall.Requests, Retries: retries}, nil
+		}
+		names = append(names, name)
+	}
 	for _, name := range names {
 		s.retries[name].tries++
 	}

@@ -55,8 +55,6 @@ type Service struct {
 	signals *signals
 	// seen are the tenants this replica admitted, for DescribeUsage.
 	seen seenTenants
-	// tenantRetries are the tenants' shares of the retry budget.
-	tenantRetries tenantRetries
 }
 
 // NewService validates cfg and builds a Service.
@@ -535,27 +533,20 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 // key ("" for the overall budget only). A refusal is an answer, not an error.
 //
 // A retry made for a tenant (rpc.Tenant) also needs room in that tenant's share
-// (retry_budget.tenant_share), which this replica counts.
+// (retry_budget.tenant_share), which the store counts beside the budget: in Redis, shared
+// by every quota replica, with the redis backend.
 func (s *Service) AcquireRetry(ctx context.Context, key string, format bool) (RetryDecision, error) {
 	tenant := rpc.Tenant(ctx)
-	if tenant != "" {
-		if ok, tries := s.tenantRetries.allow(s.cfg.RetryBudget, tenant, s.clock.Now()); !ok {
-			s.metrics.retries.WithLabelValues("denied_tenant_share").Inc()
-			return RetryDecision{Budget: retryTenantBudget(tenant), Retries: tries}, nil
-		}
-	}
-	d, err := s.store.AcquireRetry(ctx, RetryAsk{Key: key, Format: format, Budget: s.cfg.RetryBudget})
+	d, err := s.store.AcquireRetry(ctx, RetryAsk{Key: key, Tenant: tenant, Format: format, Budget: s.cfg.RetryBudget})
 	if err != nil {
 		return RetryDecision{}, fmt.Errorf("acquire retry: %w", err)
 	}
-	switch {
-	case d.Granted && tenant != "":
-		s.tenantRetries.took(s.cfg.RetryBudget, tenant, s.clock.Now(), d.Requests)
-	default:
-		s.tenantRetries.seen(d.Requests)
-	}
 	result := "granted"
-	if !d.Granted {
+	switch {
+	case d.Granted:
+	case tenant != "" && d.Budget == retryTenantBudget(tenant):
+		result = "denied_tenant_share"
+	default:
 		result = "denied"
 	}
 	s.metrics.retries.WithLabelValues(result).Inc()

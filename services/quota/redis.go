@@ -675,19 +675,20 @@ func (s *RedisStore) CountRequest(_ context.Context, key string, overall bool, w
 // AcquireRetry implements Store.
 func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecision, error) {
 	overall, forKey := s.pending.take(ask.Key)
-	d, err := s.retryCall(ctx, ask.Budget, ask.Key, ask.Format, true, overall, forKey)
+	d, err := s.retryCall(ctx, ask.Budget, ask.Key, ask.Tenant, ask.Format, true, overall, forKey)
 	if err != nil {
 		s.pending.giveBack(ask.Key, overall, forKey, ask.Budget.Window)
 	}
 	return d, err
 }
 
-func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key string, format, acquire bool, overall, forKey float64) (RetryDecision, error) {
-	args := s.newArgs(11)
+func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key, tenant string, format, acquire bool, overall, forKey float64) (RetryDecision, error) {
+	args := s.newArgs(13)
 	args = mpInt(args, int64(cfg.Window/time.Second))
 	args = mpFloat(mpInt(mpFloat(args, cfg.Ratio), int64(cfg.Floor)), cfg.FormatOnlyAbove)
 	args = mpInt(mpInt(args, flagArg(format)), flagArg(acquire))
 	args = mpFloat(mpFloat(mpString(args, key), overall), forKey)
+	args = mpFloat(mpString(args, tenant), cfg.TenantShare)
 	r, err := s.run(ctx, opRetry, []string{s.retryKey()}, args)
 	if err != nil {
 		return RetryDecision{}, err
@@ -696,8 +697,11 @@ func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key s
 	requests, _ := strconv.ParseFloat(r.str(), 64)
 	retries, _ := strconv.ParseFloat(r.str(), 64)
 	d := RetryDecision{Granted: granted, Budget: retryOverall, Requests: requests, Retries: retries}
-	if refusing == 2 {
+	switch refusing {
+	case 2:
 		d.Budget = retryKeyBudget(key)
+	case 3:
+		d.Budget = retryTenantBudget(tenant)
 	}
 	return d, r.err
 }
@@ -706,7 +710,7 @@ func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key s
 func (s *RedisStore) flush(ctx context.Context) error {
 	var errs []error
 	for _, p := range s.pending.drain() {
-		if _, err := s.retryCall(ctx, RetryBudgetConfig{Window: p.window}, p.key, false, false, p.overall, p.forKey); err != nil {
+		if _, err := s.retryCall(ctx, RetryBudgetConfig{Window: p.window}, p.key, "", false, false, p.overall, p.forKey); err != nil {
 			errs = append(errs, err)
 		}
 	}

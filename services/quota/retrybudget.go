@@ -1,7 +1,6 @@
 package quota
 
 import (
-	"sync"
 	"time"
 )
 
@@ -17,7 +16,9 @@ import (
 //  1. retries < Floor: allowed, whatever the kind;
 //  2. otherwise, if retries/requests > FormatOnlyAbove and it is not a format retry:
 //     refused;
-//  3. otherwise allowed when retries+1 <= Ratio*requests.
+//  3. otherwise allowed when retries+1 <= Ratio*requests;
+//  4. and, for a retry made for a tenant, when that tenant's retries+1 <= TenantShare *
+//     max(Floor, Ratio*requests) (allowTenantRetry).
 //
 // The Redis script implements the same arithmetic; the shared test suite holds them to it.
 
@@ -70,67 +71,13 @@ func allowRetry(cfg RetryBudgetConfig, requests, retries float64, format bool) b
 	return retries+1 <= cfg.Ratio*requests
 }
 
-// tenantRetries is each tenant's share of the retry budget on this replica: a tenant's
-// retries over the window may not pass TenantShare of what the whole budget allows at
-// the request rate last seen, so that one tenant's failures (or a loop of them) cannot
-// use up the retries every other tenant's requests need.
-type tenantRetries struct {
-	mu       sync.Mutex
-	byTenant map[string]*retryWindow
-	// requests is the mesh-wide request estimate of the last decision.
-	requests float64
-}
-
-// maxTenantWindows bounds the map; tenants are configured ids, so it is reached only
-// with more tenants than that, and then windows of past windows go first.
-const maxTenantWindows = 4096
-
-// allow reports whether tenant may take one more retry now.
-func (t *tenantRetries) allow(cfg RetryBudgetConfig, tenant string, now time.Time) (bool, float64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	win, elapsed := retryWindowAt(now, cfg.Window)
-	w := t.window(tenant, win)
-	_, tries := w.estimate(elapsed)
-	allowance := cfg.TenantShare * max(float64(cfg.Floor), cfg.Ratio*t.requests)
-	return tries+1 <= allowance, tries
-}
-
-// took records a granted retry of tenant and the mesh-wide request estimate.
-func (t *tenantRetries) took(cfg RetryBudgetConfig, tenant string, now time.Time, requests float64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	win, _ := retryWindowAt(now, cfg.Window)
-	t.window(tenant, win).tries++
-	t.requests = requests
-}
-
-// seen records the mesh-wide request estimate of a decision.
-func (t *tenantRetries) seen(requests float64) {
-	t.mu.Lock()
-	t.requests = requests
-	t.mu.Unlock()
-}
-
-// window returns tenant's counters rolled to win. Callers hold t.mu.
-func (t *tenantRetries) window(tenant string, win int64) *retryWindow {
-	if t.byTenant == nil {
-		t.byTenant = map[string]*retryWindow{}
-	}
-	w, ok := t.byTenant[tenant]
-	if !ok {
-		if len(t.byTenant) >= maxTenantWindows {
-			for k, old := range t.byTenant {
-				if old.win < win-1 {
-					delete(t.byTenant, k)
-				}
-			}
-		}
-		w = &retryWindow{win: win}
-		t.byTenant[tenant] = w
-	}
-	w.roll(win)
-	return w
+// allowTenantRetry applies a tenant's share: its retries over the window may not pass
+// TenantShare of what the whole budget allows at the overall request estimate, so that
+// one tenant's failures (or a loop of them) cannot use up the retries every other
+// tenant's requests need. The share is counted where the budget is (in Redis with the
+// redis backend, so it holds across quota replicas); only retries are counted per tenant.
+func allowTenantRetry(cfg RetryBudgetConfig, requests, retries float64) bool {
+	return retries+1 <= cfg.TenantShare*max(float64(cfg.Floor), cfg.Ratio*requests)
 }
 
 func retryTenantBudget(tenant string) string { return "retry:tenant:" + tenant }

@@ -32,8 +32,9 @@ type Store interface {
 	// size): overall when overall is set, and key's when key is not empty. It may
 	// buffer; counts are best effort.
 	CountRequest(ctx context.Context, key string, overall bool, window time.Duration)
-	// AcquireRetry decides one retry against the overall budget and, when ask.Key is set,
-	// the key's, and counts it when both allow it.
+	// AcquireRetry decides one retry against the overall budget, the key's when ask.Key
+	// is set and the tenant's share when ask.Tenant is set, and counts it when all allow
+	// it.
 	AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecision, error)
 	// Sweep deletes the reservations that expired and returns how many it deleted.
 	Sweep(ctx context.Context) (int, error)
@@ -189,7 +190,10 @@ type Observation struct {
 // RetryAsk asks for one retry.
 type RetryAsk struct {
 	// Key is the upstream key; empty checks the overall budget only.
-	Key    string
+	Key string
+	// Tenant is the tenant the retry is for; when set, the retry also needs room in that
+	// tenant's share of the budget (Budget.TenantShare), counted where the budget is.
+	Tenant string
 	Format bool
 	Budget RetryBudgetConfig
 }
@@ -197,8 +201,8 @@ type RetryAsk struct {
 // RetryDecision answers a RetryAsk.
 type RetryDecision struct {
 	Granted bool
-	// Budget is the refusing budget ("retry:overall" or "retry:key:<id>"), or
-	// "retry:overall" when granted.
+	// Budget is the refusing budget ("retry:overall", "retry:key:<id>" or
+	// "retry:tenant:<id>"), or "retry:overall" when granted.
 	Budget            string
 	Requests, Retries float64
 }

@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
@@ -24,6 +25,7 @@ import (
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
 // The tenant's limits in the wiring test: 100 tokens a request makes both buckets bind
@@ -81,6 +83,14 @@ type wiring struct {
 // exact.
 func newWiring(t *testing.T, addr, prefix string) *wiring {
 	t.Helper()
+	return newWiringAuth(t, addr, prefix, nil)
+}
+
+// newWiringAuth is newWiring with the production interceptor chain in front of each
+// replica when authn is set, so that calls carry their caller (the service and the tenant
+// it acts for) as in production.
+func newWiringAuth(t *testing.T, addr, prefix string, authn *rpc.Authenticator) *wiring {
+	t.Helper()
 	w := &wiring{
 		clock:    clockwork.NewFakeClockAt(t0),
 		events:   &degradations{ch: make(chan *eventsv1.DegradationEvent, 64)},
@@ -98,7 +108,15 @@ func newWiring(t *testing.T, addr, prefix string) *wiring {
 	for i := range wiringReplicas {
 		r := &wiringReplica{reg: prometheus.NewRegistry()}
 		lis := bufconn.Listen(1 << 20)
-		srv := grpc.NewServer()
+		var opts []grpc.ServerOption
+		if authn != nil {
+			chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), r.reg, authn, Audiences)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts = chain.ServerOptions()
+		}
+		srv := grpc.NewServer(opts...)
 		env := app.Env{
 			GRPC: srv, Log: slog.New(slog.DiscardHandler), Metrics: r.reg, Events: w.events, Clock: w.clock,
 			Dependency: func(name string, degraded func() string) {
@@ -352,4 +370,48 @@ func TestProductionWiringThroughRedisOutages(t *testing.T) {
 	w.drive(t, 2*time.Minute-time.Second)
 	healthy[9] = true
 	w.check(t, healthy)
+}
+
+// TestProductionWiringSharesTheTenantRetryShare: a tenant's share of the retry budget is
+// counted in Redis beside the budget, so a loop of retries spread over the quota replicas
+// gets the share once, not once per replica; another tenant's retries still pass.
+func TestProductionWiringSharesTheTenantRetryShare(t *testing.T) {
+	t.Parallel()
+	c := newTestRedisClient(t)
+	secret := rpc.NewMeshSecret()
+	authn, err := rpc.NewAuthenticator([]rpc.TenantKey{
+		{ID: "greedy", KeySHA256: rpc.HashKey("sk-greedy")}, {ID: "other", KeySHA256: rpc.HashKey("sk-other")},
+	}, nil, rpc.WithMeshSecret(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWiringAuth(t, redisAddrForTest(t), testPrefix(t, c), authn)
+	// The router's call, on behalf of a tenant.
+	asRouter := func(tenant string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(),
+			rpc.MetadataMeshSecret, secret, rpc.MetadataService, "router", rpc.MetadataOnBehalfOf, tenant)
+	}
+	// The default budget: floor 10, tenant_share 0.5, so 5 retries for one tenant while
+	// no requests are counted, across every replica.
+	granted := 0
+	for i := range 30 {
+		resp, err := w.replicas[i%wiringReplicas].client.AcquireRetry(asRouter("greedy"), &quotav1.AcquireRetryRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetGranted() {
+			granted++
+		} else if resp.GetBudget() != "retry:tenant:greedy" {
+			t.Fatalf("retry %d refused by %q, want the tenant's share", i, resp.GetBudget())
+		}
+	}
+	if granted != 5 {
+		t.Errorf("greedy got %d retries over %d replicas, want 5: the share is the mesh's, not each replica's", granted, wiringReplicas)
+	}
+	for i := range wiringReplicas {
+		resp, err := w.replicas[i].client.AcquireRetry(asRouter("other"), &quotav1.AcquireRetryRequest{})
+		if err != nil || !resp.GetGranted() {
+			t.Errorf("other tenant's retry on replica %d: %v, %v; want granted", i, resp, err)
+		}
+	}
 }

@@ -152,10 +152,12 @@ type IdempotencyConfig struct {
 	// InflightTTL is how long a claim of a request in progress holds before a duplicate may
 	// take it over (the owner is presumed dead); below ttl for jetstream.
 	InflightTTL time.Duration `yaml:"inflight_ttl"`
-	// MaxRecordsPerTenant bounds the claims and records one tenant may hold in the memory
+	// MaxRecordsPerTenant bounds the claims and records one tenant may hold, in either
 	// backend, so that a tenant sending endless distinct keys fills only its own share;
 	// past it, that tenant's new keys are served without replay protection (audited as a
-	// skipped idempotency step) until some expire. 0 means no bound.
+	// skipped idempotency step) until some expire. With jetstream the count is the
+	// bucket's, shared by the replicas, each of which reads it at most once a second per
+	// tenant once its own count reaches half the bound. 0 means no bound.
 	MaxRecordsPerTenant int `yaml:"max_records_per_tenant,omitempty"`
 }
 

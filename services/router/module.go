@@ -150,7 +150,7 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 			sims.stop()
 			return nil, nil, fmt.Errorf("idempotency: %w", err)
 		}
-		deps.Idempotency = store
+		deps.Idempotency = store.LimitPerTenant(cfg.Idempotency.MaxRecordsPerTenant)
 	default:
 		store := idempotency.NewMemory(cfg.Idempotency.TTL, cfg.Idempotency.InflightTTL, env.Clock).LimitPerTenant(cfg.Idempotency.MaxRecordsPerTenant)
 		deps.Idempotency = store

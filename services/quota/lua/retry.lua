@@ -1,13 +1,15 @@
 -- retry: the mesh-wide retry budget (retrybudget.go has the rule and the sliding window
--- estimate). Scopes are "o" (overall) and "k:<key id>"; each keeps the current fixed
--- window's index and counts and the previous window's counts in one hash.
+-- estimate). Scopes are "o" (overall), "k:<key id>" and "t:<tenant>" (the tenant's share,
+-- whose requests stay 0: only its retries count); each keeps the current fixed window's
+-- index and counts and the previous window's counts in one hash.
 --
 -- K1 the retry budget's hash.
 -- ARGV: now s, now ns, window (whole s), ratio, floor, format_only_above, format 0|1,
--- acquire 0|1, key ('' for none), requests to add overall, requests to add for the key.
+-- acquire 0|1, key ('' for none), requests to add overall, requests to add for the key,
+-- tenant ('' for none), tenant share.
 --
--- Returns {granted 0|1, refusing scope (0 none, 1 overall, 2 key), requests, retries}
--- with the estimates as strings, rounded to six decimals.
+-- Returns {granted 0|1, refusing scope (0 none, 1 overall, 2 key, 3 tenant), requests,
+-- retries} with the estimates as strings, rounded to six decimals.
 local K = K1
 local s, ns = clock(ARGV[1], ARGV[2])
 local ws = ARGV[3]
@@ -18,8 +20,14 @@ local elapsed = (off * E9 + ns) / (ws * E9)
 
 local scopes = {{'o', ARGV[10]}}
 if ARGV[9] ~= '' then
-  scopes[2] = {'k:' .. ARGV[9], ARGV[11]}
+  scopes[#scopes + 1] = {'k:' .. ARGV[9], ARGV[11]}
 end
+local tenant = 0
+if ARGV[12] ~= '' then
+  scopes[#scopes + 1] = {'t:' .. ARGV[12], 0}
+  tenant = #scopes
+end
+local share = ARGV[13]
 local counts = {}
 for i, sc in ipairs(scopes) do
   local p = sc[1]
@@ -51,7 +59,12 @@ for i, c in ipairs(counts) do
   if i == 1 then
     eq, er = q, r
   end
-  if acquire and granted == 1 and not allow(q, r) then
+  if i == tenant then
+    -- The share is of what the whole budget allows at the overall estimate.
+    if acquire and granted == 1 and not (r + 1 <= share * math.max(floor, ratio * eq)) then
+      granted, refusing, er = 0, 3, r
+    end
+  elseif acquire and granted == 1 and not allow(q, r) then
     granted, refusing, eq, er = 0, i, q, r
   end
 end

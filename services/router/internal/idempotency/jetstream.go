@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -31,6 +32,20 @@ type JetStream struct {
 	// claims maps a bucket key to the revision of the claim this store holds on it: the
 	// compare-and-set token for Complete and Abandon.
 	claims map[string]uint64
+
+	// perTenant bounds the keys one tenant may hold in the bucket (0: no bound); tenants
+	// holds this replica's view of each tenant's count (see full).
+	perTenant int
+	stream    jetstream.Stream
+	bucket    string
+	tenants   map[string]*tenantCount
+}
+
+// tenantCount is one replica's view of a tenant's keys in the bucket: the count read from
+// the server at countedAt plus the keys this replica created since.
+type tenantCount struct {
+	n                  int
+	countedAt, sweptAt time.Time
 }
 
 var _ Store = (*JetStream)(nil)
@@ -58,6 +73,10 @@ func newJetStream(ctx context.Context, js jetstream.JetStream, bucket string, tt
 	if err != nil {
 		return nil, fmt.Errorf("idempotency bucket %q: %w", bucket, err)
 	}
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency bucket %q: %w", bucket, err)
+	}
 	return &JetStream{
 		kv:          kv,
 		ttl:         ttl,
@@ -65,28 +84,181 @@ func newJetStream(ctx context.Context, js jetstream.JetStream, bucket string, tt
 		clock:       clock,
 		id:          uuid.NewString(),
 		claims:      make(map[string]uint64),
+		stream:      stream,
+		bucket:      bucket,
+		tenants:     make(map[string]*tenantCount),
 	}, nil
 }
+
+// LimitPerTenant bounds the keys (claims and records) each tenant may hold in the bucket to
+// n, as Memory.LimitPerTenant does: past it, Begin answers a new key of that tenant with
+// ErrTenantFull, while its existing keys still replay. Keys are "<tenant>/<key>". Call it
+// before the store is used. 0 means no bound.
+//
+// The count is the server's, shared by every replica, but each replica reads it only when
+// its own running count (the last read plus the keys it created since) reaches half the
+// limit, then at most once a second per tenant. So the bound holds across replicas within
+// what the other replicas create between two reads: a tenant can go past n by at most
+// n/2 plus one second of its creations elsewhere. Keys leave the count when the bucket's
+// TTL removes them, or, for a tenant at its limit, when a sweep (at most once a second per
+// tenant) finds them expired by this store's clock or abandoned.
+func (s *JetStream) LimitPerTenant(n int) *JetStream {
+	s.perTenant = n
+	return s
+}
+
+// tenantSubjects is the stream subject filter of a tenant's keys.
+func (s *JetStream) tenantSubjects(tenant string) string {
+	return "$KV." + s.bucket + "." + tenantHash(tenant) + ".*"
+}
+
+// recountEvery bounds how often a replica reads a tenant's count, and sweeps a full tenant.
+const recountEvery = time.Second
+
+// maxSweep bounds the keys one sweep reads; they come oldest first, which is where the
+// expired ones are.
+const maxSweep = 256
+
+// full reports whether tenant holds its limit of keys. It reads the count from the server
+// when this replica's view is missing, or at least half the limit and a second old; a
+// tenant at its limit is swept first.
+func (s *JetStream) full(ctx context.Context, tenant string) (bool, error) {
+	if s.perTenant <= 0 {
+		return false, nil
+	}
+	now := s.clock.Now()
+	s.mu.Lock()
+	tc := s.tenants[tenant]
+	stale := tc == nil || (2*tc.n >= s.perTenant && now.Sub(tc.countedAt) >= recountEvery)
+	if !stale {
+		full := tc.n >= s.perTenant
+		s.mu.Unlock()
+		return full, nil
+	}
+	s.mu.Unlock()
+	n, err := s.count(ctx, tenant, false)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	if tc = s.tenants[tenant]; tc == nil {
+		tc = &tenantCount{}
+		s.tenants[tenant] = tc
+	}
+	sweep := n >= s.perTenant && now.Sub(tc.sweptAt) >= recountEvery
+	if sweep {
+		tc.sweptAt = now
+	}
+	s.mu.Unlock()
+	if sweep {
+		if n, err = s.count(ctx, tenant, true); err != nil {
+			return false, err
+		}
+	}
+	s.mu.Lock()
+	tc.n, tc.countedAt = n, now
+	s.mu.Unlock()
+	return n >= s.perTenant, nil
+}
+
+// added counts a key this replica created for tenant.
+func (s *JetStream) added(tenant string) {
+	if s.perTenant <= 0 {
+		return
+	}
+	s.mu.Lock()
+	if tc := s.tenants[tenant]; tc != nil {
+		tc.n++
+	}
+	s.mu.Unlock()
+}
+
+// count returns how many keys tenant holds in the bucket: the pending count of a consumer
+// of the last value of each of its keys, which the server computes without sending them.
+// With sweep, it first reads the oldest maxSweep of those values and removes the ones that
+// are abandoned (delete markers) or expired by this store's clock, and counts again.
+func (s *JetStream) count(ctx context.Context, tenant string, sweep bool) (int, error) {
+	cons, err := s.stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject:     s.tenantSubjects(tenant),
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: time.Minute, // the server removes it if the delete below is lost
+	})
+	if err != nil {
+		return 0, fmt.Errorf("idempotency tenant count: %w", err)
+	}
+	defer func() {
+		// Best effort: InactiveThreshold removes it anyway.
+		_ = s.stream.DeleteConsumer(context.WithoutCancel(ctx), cons.CachedInfo().Name)
+	}()
+	n := int(cons.CachedInfo().NumPending)
+	if !sweep || n == 0 {
+		return n, nil
+	}
+	batch, err := cons.FetchNoWait(min(n, maxSweep))
+	if err != nil {
+		return 0, fmt.Errorf("idempotency tenant sweep: %w", err)
+	}
+	removed := 0
+	for msg := range batch.Messages() {
+		meta, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		gone := msg.Headers().Get(kvOperationHeader) != ""
+		if !gone {
+			v, err := s.decodeValue(msg.Data(), meta.Sequence.Stream)
+			gone = err == nil && v.expired
+		}
+		if !gone {
+			continue
+		}
+		// Up to and including this value only: a claim written since stays.
+		if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(msg.Subject()), jetstream.WithPurgeSequence(meta.Sequence.Stream+1)); err != nil {
+			return 0, fmt.Errorf("idempotency tenant sweep: %w", err)
+		}
+		removed++
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+		return 0, fmt.Errorf("idempotency tenant sweep: %w", err)
+	}
+	return n - removed, nil
+}
+
+// kvOperationHeader marks a delete or purge marker in a KV stream.
+const kvOperationHeader = "KV-Operation"
 
 // Begin implements Store.
 func (s *JetStream) Begin(ctx context.Context, key string) (*Record, bool, error) {
 	k := bucketKey(key)
-	// The common case is a new request: one round trip. Update with revision 0 succeeds
-	// only if the key has never been written (or the bucket's TTL removed it); unlike
-	// Create it does not read the key again when it exists, which keeps a replay at two
-	// round trips.
-	rev, err := s.kv.Update(ctx, k, s.claimValue(), 0)
-	switch {
-	case err == nil:
-		s.hold(k, rev)
-		return nil, true, nil
-	case !isConflict(err):
-		return nil, false, fmt.Errorf("idempotency claim: %w", err)
+	tenant := tenantOf(key)
+	full, err := s.full(ctx, tenant)
+	if err != nil {
+		return nil, false, err
 	}
-	// The key exists. A replay of a finished request needs only a read.
+	if !full {
+		// The common case is a new request: one round trip. Update with revision 0
+		// succeeds only if the key has never been written (or the bucket's TTL removed
+		// it); unlike Create it does not read the key again when it exists, which keeps
+		// a replay at two round trips.
+		rev, err := s.kv.Update(ctx, k, s.claimValue(), 0)
+		switch {
+		case err == nil:
+			s.hold(k, rev)
+			s.added(tenant)
+			return nil, true, nil
+		case !isConflict(err):
+			return nil, false, fmt.Errorf("idempotency claim: %w", err)
+		}
+	}
+	// The key exists (or the tenant is full, and only a key that exists may go on). A
+	// replay of a finished request needs only a read.
 	e, err := s.kv.Get(ctx, k)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
+		if full {
+			return nil, false, ErrTenantFull
+		}
 		// Abandoned (a delete marker) or expired since: claim it, or wait for whoever did.
 		owned, err := s.create(ctx, k)
 		if err != nil || owned {
@@ -303,11 +475,18 @@ func (s *JetStream) release(k string) (uint64, bool) {
 	return rev, ok
 }
 
-// bucketKey maps a router key, which may hold any characters, to a valid KV key. SHA-256
-// keeps distinct keys distinct and bounds the length.
+// bucketKey maps a router key, "<tenant>/<key>" with any characters, to a valid KV key:
+// the tenant's hash, a dot, the key's hash. SHA-256 keeps distinct keys distinct and bounds
+// the length; the tenant token lets a tenant's keys be counted by subject.
 func bucketKey(key string) string {
 	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:])
+	return tenantHash(tenantOf(key)) + "." + hex.EncodeToString(sum[:])
+}
+
+// tenantHash is the bucket key token of a tenant: 128 bits of its SHA-256.
+func tenantHash(tenant string) string {
+	sum := sha256.Sum256([]byte(tenant))
+	return hex.EncodeToString(sum[:16])
 }
 
 // isConflict reports whether err is a failed compare-and-set: the key exists, or its
@@ -361,9 +540,13 @@ type value struct {
 }
 
 func (s *JetStream) decode(e jetstream.KeyValueEntry) (value, error) {
+	return s.decodeValue(e.Value(), e.Revision())
+}
+
+func (s *JetStream) decodeValue(data []byte, rev uint64) (value, error) {
 	var env envelope
-	if err := json.Unmarshal(e.Value(), &env); err != nil {
-		return value{}, fmt.Errorf("idempotency: decode revision %d: %w", e.Revision(), err)
+	if err := json.Unmarshal(data, &env); err != nil {
+		return value{}, fmt.Errorf("idempotency: decode revision %d: %w", rev, err)
 	}
 	now := s.clock.Now()
 	switch env.Kind {
@@ -375,5 +558,5 @@ func (s *JetStream) decode(e jetstream.KeyValueEntry) (value, error) {
 		}
 		return value{record: &Record{Response: env.Response, Status: env.Status, Fingerprint: env.Fingerprint, At: env.At}}, nil
 	}
-	return value{}, fmt.Errorf("idempotency: revision %d has unknown kind %q", e.Revision(), env.Kind)
+	return value{}, fmt.Errorf("idempotency: revision %d has unknown kind %q", rev, env.Kind)
 }
