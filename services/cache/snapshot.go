@@ -135,6 +135,12 @@ func appendRecord(b []byte, e Entry, v vector.Vector) []byte {
 		tb, _ := t.MarshalBinary()
 		b = appendString(b, string(tb))
 	}
+	b = binary.AppendUvarint(b, uint64(len(e.ToolCalls)))
+	for _, c := range e.ToolCalls {
+		for _, s := range []string{c.ID, c.Type, c.Name, c.Arguments} {
+			b = appendString(b, s)
+		}
+	}
 	switch {
 	case v.Len() == 0:
 		b = append(b, 0)
@@ -310,6 +316,14 @@ func decodeRecord(b []byte) (Entry, vector.Vector, error) {
 			if err := f.dst.UnmarshalBinary(raw); err != nil {
 				d.fail("%s: %v", f.name, err)
 			}
+		}
+	}
+	// Each tool call is at least its four string lengths.
+	if n := d.count("tool calls", 4); n > 0 && d.err == nil {
+		e.ToolCalls = make([]ToolCall, n)
+		for i := range e.ToolCalls {
+			c := &e.ToolCalls[i]
+			c.ID, c.Type, c.Name, c.Arguments = d.string("tool call id"), d.string("tool call type"), d.string("tool call name"), d.string("tool call arguments")
 		}
 	}
 	var v vector.Vector

@@ -42,6 +42,7 @@ func TestSnapshotKeepsEveryField(t *testing.T) {
 	e.SourceModel, e.FinishReason = "model", "length"
 	e.Usage = Usage{InputTokens: 3, OutputTokens: -4, TotalTokens: 1 << 40}
 	e.CreatedAt = epoch.Add(-time.Minute)
+	e.ToolCalls = []ToolCall{{ID: "call_1", Type: "function", Name: "get_weather", Arguments: `{"city":"Paris"}`}, {ID: "call_2", Name: "f"}}
 	rv := reflect.ValueOf(e)
 	for i := range rv.NumField() {
 		if rv.Field(i).IsZero() {
