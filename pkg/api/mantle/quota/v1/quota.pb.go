@@ -90,6 +90,9 @@ type ReserveRequest struct {
 	// its RPM/TPM buckets are charged when it is configured. Empty: no key buckets.
 	UpstreamKeyId string       `protobuf:"bytes,6,opt,name=upstream_key_id,json=upstreamKeyId,proto3" json:"upstream_key_id,omitempty"`
 	Scope         ReserveScope `protobuf:"varint,7,opt,name=scope,proto3,enum=mantle.quota.v1.ReserveScope" json:"scope,omitempty"`
+	// The tools the request offers the model: their definitions are prompt tokens too, and
+	// are counted with messages when input_tokens is 0.
+	Tools         []*v1.Tool `protobuf:"bytes,8,rep,name=tools,proto3" json:"tools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -171,6 +174,13 @@ func (x *ReserveRequest) GetScope() ReserveScope {
 		return x.Scope
 	}
 	return ReserveScope_RESERVE_SCOPE_UNSPECIFIED
+}
+
+func (x *ReserveRequest) GetTools() []*v1.Tool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
 }
 
 // ReserveResponse grants admission.
@@ -681,7 +691,9 @@ type CountTokensRequest struct {
 	Model    string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
 	Messages []*v1.ChatMessage      `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
 	// Plain text to count instead of messages.
-	Text          string `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	Text string `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	// Tools offered with messages, counted with them.
+	Tools         []*v1.Tool `protobuf:"bytes,4,rep,name=tools,proto3" json:"tools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -735,6 +747,13 @@ func (x *CountTokensRequest) GetText() string {
 		return x.Text
 	}
 	return ""
+}
+
+func (x *CountTokensRequest) GetTools() []*v1.Tool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
 }
 
 // CountTokensResponse is a token count.
@@ -1250,7 +1269,7 @@ var File_mantle_quota_v1_quota_proto protoreflect.FileDescriptor
 
 const file_mantle_quota_v1_quota_proto_rawDesc = "" +
 	"\n" +
-	"\x1bmantle/quota/v1/quota.proto\x12\x0fmantle.quota.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xbb\x02\n" +
+	"\x1bmantle/quota/v1/quota.proto\x12\x0fmantle.quota.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xe2\x02\n" +
 	"\x0eReserveRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12!\n" +
@@ -1258,7 +1277,8 @@ const file_mantle_quota_v1_quota_proto_rawDesc = "" +
 	"\x11max_output_tokens\x18\x04 \x01(\x03R\x0fmaxOutputTokens\x122\n" +
 	"\bmessages\x18\x05 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12&\n" +
 	"\x0fupstream_key_id\x18\x06 \x01(\tR\rupstreamKeyId\x123\n" +
-	"\x05scope\x18\a \x01(\x0e2\x1d.mantle.quota.v1.ReserveScopeR\x05scope\"\xc1\x03\n" +
+	"\x05scope\x18\a \x01(\x0e2\x1d.mantle.quota.v1.ReserveScopeR\x05scope\x12%\n" +
+	"\x05tools\x18\b \x03(\v2\x0f.mantle.v1.ToolR\x05tools\"\xc1\x03\n" +
 	"\x0fReserveResponse\x12%\n" +
 	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12'\n" +
 	"\x0freserved_tokens\x18\x02 \x01(\x03R\x0ereservedTokens\x12/\n" +
@@ -1300,11 +1320,12 @@ const file_mantle_quota_v1_quota_proto_rawDesc = "" +
 	"\x06limits\x18\x02 \x01(\v2\x17.mantle.quota.v1.LimitsR\x06limits\x12'\n" +
 	"\x0freserved_tokens\x18\x03 \x01(\x03R\x0ereservedTokens\x126\n" +
 	"\abuckets\x18\x04 \x03(\v2\x1c.mantle.quota.v1.BucketLevelR\abuckets\x12\x19\n" +
-	"\bcost_usd\x18\x05 \x01(\x01R\acostUsd\"r\n" +
+	"\bcost_usd\x18\x05 \x01(\x01R\acostUsd\"\x99\x01\n" +
 	"\x12CountTokensRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12\x12\n" +
-	"\x04text\x18\x03 \x01(\tR\x04text\"\x81\x01\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\x12%\n" +
+	"\x05tools\x18\x04 \x03(\v2\x0f.mantle.v1.ToolR\x05tools\"\x81\x01\n" +
 	"\x13CountTokensResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x03R\x06tokens\x12\x1c\n" +
 	"\ttokenizer\x18\x02 \x01(\tR\ttokenizer\x12\x14\n" +
@@ -1386,54 +1407,57 @@ var file_mantle_quota_v1_quota_proto_goTypes = []any{
 	(*TenantUsage)(nil),             // 16: mantle.quota.v1.TenantUsage
 	(*v1.QualityContext)(nil),       // 17: mantle.v1.QualityContext
 	(*v1.ChatMessage)(nil),          // 18: mantle.v1.ChatMessage
-	(*timestamppb.Timestamp)(nil),   // 19: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 20: google.protobuf.Duration
-	(*v1.Usage)(nil),                // 21: mantle.v1.Usage
+	(*v1.Tool)(nil),                 // 19: mantle.v1.Tool
+	(*timestamppb.Timestamp)(nil),   // 20: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 21: google.protobuf.Duration
+	(*v1.Usage)(nil),                // 22: mantle.v1.Usage
 }
 var file_mantle_quota_v1_quota_proto_depIdxs = []int32{
 	17, // 0: mantle.quota.v1.ReserveRequest.quality:type_name -> mantle.v1.QualityContext
 	18, // 1: mantle.quota.v1.ReserveRequest.messages:type_name -> mantle.v1.ChatMessage
 	0,  // 2: mantle.quota.v1.ReserveRequest.scope:type_name -> mantle.quota.v1.ReserveScope
-	3,  // 3: mantle.quota.v1.ReserveResponse.limits:type_name -> mantle.quota.v1.Limits
-	19, // 4: mantle.quota.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	17, // 5: mantle.quota.v1.ReserveResponse.quality:type_name -> mantle.v1.QualityContext
-	4,  // 6: mantle.quota.v1.ReserveResponse.buckets:type_name -> mantle.quota.v1.BucketLevel
-	20, // 7: mantle.quota.v1.ReserveResponse.waited:type_name -> google.protobuf.Duration
-	5,  // 8: mantle.quota.v1.ReserveResponse.budget:type_name -> mantle.quota.v1.Budget
-	20, // 9: mantle.quota.v1.Limits.reset_requests:type_name -> google.protobuf.Duration
-	20, // 10: mantle.quota.v1.Limits.reset_tokens:type_name -> google.protobuf.Duration
-	20, // 11: mantle.quota.v1.BucketLevel.reset_after:type_name -> google.protobuf.Duration
-	20, // 12: mantle.quota.v1.Budget.reset_after:type_name -> google.protobuf.Duration
-	17, // 13: mantle.quota.v1.SettleRequest.quality:type_name -> mantle.v1.QualityContext
-	21, // 14: mantle.quota.v1.SettleRequest.usage:type_name -> mantle.v1.Usage
-	3,  // 15: mantle.quota.v1.SettleResponse.limits:type_name -> mantle.quota.v1.Limits
-	4,  // 16: mantle.quota.v1.SettleResponse.buckets:type_name -> mantle.quota.v1.BucketLevel
-	18, // 17: mantle.quota.v1.CountTokensRequest.messages:type_name -> mantle.v1.ChatMessage
-	17, // 18: mantle.quota.v1.ObserveUpstreamRequest.quality:type_name -> mantle.v1.QualityContext
-	20, // 19: mantle.quota.v1.ObserveUpstreamRequest.reset_requests:type_name -> google.protobuf.Duration
-	20, // 20: mantle.quota.v1.ObserveUpstreamRequest.reset_tokens:type_name -> google.protobuf.Duration
-	3,  // 21: mantle.quota.v1.ObserveUpstreamResponse.limits:type_name -> mantle.quota.v1.Limits
-	17, // 22: mantle.quota.v1.AcquireRetryRequest.quality:type_name -> mantle.v1.QualityContext
-	16, // 23: mantle.quota.v1.DescribeUsageResponse.tenants:type_name -> mantle.quota.v1.TenantUsage
-	4,  // 24: mantle.quota.v1.TenantUsage.requests:type_name -> mantle.quota.v1.BucketLevel
-	4,  // 25: mantle.quota.v1.TenantUsage.tokens:type_name -> mantle.quota.v1.BucketLevel
-	1,  // 26: mantle.quota.v1.QuotaService.Reserve:input_type -> mantle.quota.v1.ReserveRequest
-	6,  // 27: mantle.quota.v1.QuotaService.Settle:input_type -> mantle.quota.v1.SettleRequest
-	8,  // 28: mantle.quota.v1.QuotaService.CountTokens:input_type -> mantle.quota.v1.CountTokensRequest
-	10, // 29: mantle.quota.v1.QuotaService.ObserveUpstream:input_type -> mantle.quota.v1.ObserveUpstreamRequest
-	12, // 30: mantle.quota.v1.QuotaService.AcquireRetry:input_type -> mantle.quota.v1.AcquireRetryRequest
-	14, // 31: mantle.quota.v1.QuotaService.DescribeUsage:input_type -> mantle.quota.v1.DescribeUsageRequest
-	2,  // 32: mantle.quota.v1.QuotaService.Reserve:output_type -> mantle.quota.v1.ReserveResponse
-	7,  // 33: mantle.quota.v1.QuotaService.Settle:output_type -> mantle.quota.v1.SettleResponse
-	9,  // 34: mantle.quota.v1.QuotaService.CountTokens:output_type -> mantle.quota.v1.CountTokensResponse
-	11, // 35: mantle.quota.v1.QuotaService.ObserveUpstream:output_type -> mantle.quota.v1.ObserveUpstreamResponse
-	13, // 36: mantle.quota.v1.QuotaService.AcquireRetry:output_type -> mantle.quota.v1.AcquireRetryResponse
-	15, // 37: mantle.quota.v1.QuotaService.DescribeUsage:output_type -> mantle.quota.v1.DescribeUsageResponse
-	32, // [32:38] is the sub-list for method output_type
-	26, // [26:32] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	19, // 3: mantle.quota.v1.ReserveRequest.tools:type_name -> mantle.v1.Tool
+	3,  // 4: mantle.quota.v1.ReserveResponse.limits:type_name -> mantle.quota.v1.Limits
+	20, // 5: mantle.quota.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	17, // 6: mantle.quota.v1.ReserveResponse.quality:type_name -> mantle.v1.QualityContext
+	4,  // 7: mantle.quota.v1.ReserveResponse.buckets:type_name -> mantle.quota.v1.BucketLevel
+	21, // 8: mantle.quota.v1.ReserveResponse.waited:type_name -> google.protobuf.Duration
+	5,  // 9: mantle.quota.v1.ReserveResponse.budget:type_name -> mantle.quota.v1.Budget
+	21, // 10: mantle.quota.v1.Limits.reset_requests:type_name -> google.protobuf.Duration
+	21, // 11: mantle.quota.v1.Limits.reset_tokens:type_name -> google.protobuf.Duration
+	21, // 12: mantle.quota.v1.BucketLevel.reset_after:type_name -> google.protobuf.Duration
+	21, // 13: mantle.quota.v1.Budget.reset_after:type_name -> google.protobuf.Duration
+	17, // 14: mantle.quota.v1.SettleRequest.quality:type_name -> mantle.v1.QualityContext
+	22, // 15: mantle.quota.v1.SettleRequest.usage:type_name -> mantle.v1.Usage
+	3,  // 16: mantle.quota.v1.SettleResponse.limits:type_name -> mantle.quota.v1.Limits
+	4,  // 17: mantle.quota.v1.SettleResponse.buckets:type_name -> mantle.quota.v1.BucketLevel
+	18, // 18: mantle.quota.v1.CountTokensRequest.messages:type_name -> mantle.v1.ChatMessage
+	19, // 19: mantle.quota.v1.CountTokensRequest.tools:type_name -> mantle.v1.Tool
+	17, // 20: mantle.quota.v1.ObserveUpstreamRequest.quality:type_name -> mantle.v1.QualityContext
+	21, // 21: mantle.quota.v1.ObserveUpstreamRequest.reset_requests:type_name -> google.protobuf.Duration
+	21, // 22: mantle.quota.v1.ObserveUpstreamRequest.reset_tokens:type_name -> google.protobuf.Duration
+	3,  // 23: mantle.quota.v1.ObserveUpstreamResponse.limits:type_name -> mantle.quota.v1.Limits
+	17, // 24: mantle.quota.v1.AcquireRetryRequest.quality:type_name -> mantle.v1.QualityContext
+	16, // 25: mantle.quota.v1.DescribeUsageResponse.tenants:type_name -> mantle.quota.v1.TenantUsage
+	4,  // 26: mantle.quota.v1.TenantUsage.requests:type_name -> mantle.quota.v1.BucketLevel
+	4,  // 27: mantle.quota.v1.TenantUsage.tokens:type_name -> mantle.quota.v1.BucketLevel
+	1,  // 28: mantle.quota.v1.QuotaService.Reserve:input_type -> mantle.quota.v1.ReserveRequest
+	6,  // 29: mantle.quota.v1.QuotaService.Settle:input_type -> mantle.quota.v1.SettleRequest
+	8,  // 30: mantle.quota.v1.QuotaService.CountTokens:input_type -> mantle.quota.v1.CountTokensRequest
+	10, // 31: mantle.quota.v1.QuotaService.ObserveUpstream:input_type -> mantle.quota.v1.ObserveUpstreamRequest
+	12, // 32: mantle.quota.v1.QuotaService.AcquireRetry:input_type -> mantle.quota.v1.AcquireRetryRequest
+	14, // 33: mantle.quota.v1.QuotaService.DescribeUsage:input_type -> mantle.quota.v1.DescribeUsageRequest
+	2,  // 34: mantle.quota.v1.QuotaService.Reserve:output_type -> mantle.quota.v1.ReserveResponse
+	7,  // 35: mantle.quota.v1.QuotaService.Settle:output_type -> mantle.quota.v1.SettleResponse
+	9,  // 36: mantle.quota.v1.QuotaService.CountTokens:output_type -> mantle.quota.v1.CountTokensResponse
+	11, // 37: mantle.quota.v1.QuotaService.ObserveUpstream:output_type -> mantle.quota.v1.ObserveUpstreamResponse
+	13, // 38: mantle.quota.v1.QuotaService.AcquireRetry:output_type -> mantle.quota.v1.AcquireRetryResponse
+	15, // 39: mantle.quota.v1.QuotaService.DescribeUsage:output_type -> mantle.quota.v1.DescribeUsageResponse
+	34, // [34:40] is the sub-list for method output_type
+	28, // [28:34] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_mantle_quota_v1_quota_proto_init() }

@@ -410,10 +410,16 @@ type VerifyRequest struct {
 	SessionId string `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The tool calls of the answer; an answer may be only tool calls.
 	ToolCalls []*v1.ToolCall `protobuf:"bytes,9,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
-	// The tools the request offered.
-	Tools         []*v1.Tool `protobuf:"bytes,10,rep,name=tools,proto3" json:"tools,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The tools the request offered. A tool call naming another tool, or whose arguments do
+	// not validate against the tool's parameters schema, fails L1 (code tool_call_*).
+	Tools []*v1.Tool `protobuf:"bytes,10,rep,name=tools,proto3" json:"tools,omitempty"`
+	// The request's tool_choice: auto (or empty), none, required or function. With none, any
+	// tool call fails L1; with required or function, an answer without one does.
+	ToolChoice string `protobuf:"bytes,11,opt,name=tool_choice,json=toolChoice,proto3" json:"tool_choice,omitempty"`
+	// With tool_choice function: the only function the answer may call.
+	ToolChoiceFunction string `protobuf:"bytes,12,opt,name=tool_choice_function,json=toolChoiceFunction,proto3" json:"tool_choice_function,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *VerifyRequest) Reset() {
@@ -514,6 +520,20 @@ func (x *VerifyRequest) GetTools() []*v1.Tool {
 		return x.Tools
 	}
 	return nil
+}
+
+func (x *VerifyRequest) GetToolChoice() string {
+	if x != nil {
+		return x.ToolChoice
+	}
+	return ""
+}
+
+func (x *VerifyRequest) GetToolChoiceFunction() string {
+	if x != nil {
+		return x.ToolChoiceFunction
+	}
+	return ""
 }
 
 // VerifyResponse is the verdict.
@@ -2795,7 +2815,7 @@ var File_mantle_verifier_v1_verifier_proto protoreflect.FileDescriptor
 
 const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\n" +
-	"!mantle/verifier/v1/verifier.proto\x12\x12mantle.verifier.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dmantle/events/v1/events.proto\x1a\x17mantle/v1/quality.proto\"\xab\x03\n" +
+	"!mantle/verifier/v1/verifier.proto\x12\x12mantle.verifier.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dmantle/events/v1/events.proto\x1a\x17mantle/v1/quality.proto\"\xfe\x03\n" +
 	"\rVerifyRequest\x123\n" +
 	"\aquality\x18\x01 \x01(\v2\x19.mantle.v1.QualityContextR\aquality\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12\x18\n" +
@@ -2811,7 +2831,10 @@ const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\n" +
 	"tool_calls\x18\t \x03(\v2\x13.mantle.v1.ToolCallR\ttoolCalls\x12%\n" +
 	"\x05tools\x18\n" +
-	" \x03(\v2\x0f.mantle.v1.ToolR\x05tools\"\xc8\x04\n" +
+	" \x03(\v2\x0f.mantle.v1.ToolR\x05tools\x12\x1f\n" +
+	"\vtool_choice\x18\v \x01(\tR\n" +
+	"toolChoice\x120\n" +
+	"\x14tool_choice_function\x18\f \x01(\tR\x12toolChoiceFunction\"\xc8\x04\n" +
 	"\x0eVerifyResponse\x12\x16\n" +
 	"\x06passed\x18\x01 \x01(\bR\x06passed\x12!\n" +
 	"\ffailed_layer\x18\x02 \x01(\tR\vfailedLayer\x12:\n" +
