@@ -29,6 +29,13 @@ const (
 	CodeSchema        = "schema"
 	CodeRequiredField = "required_field"
 	CodeLowConfidence = "low_confidence"
+	// Tool calls: arguments that are not a JSON object, arguments that do not validate
+	// against the tool's parameters schema, a call of a tool the request did not offer, a
+	// call tool_choice forbids (or no call where it demands one).
+	CodeToolCallArguments = "tool_call_arguments"
+	CodeToolCallSchema    = "tool_call_schema"
+	CodeToolCallUnknown   = "tool_call_unknown"
+	CodeToolChoice        = "tool_choice"
 )
 
 // Config tunes the checks. The zero value is not usable; start from DefaultConfig.
@@ -179,9 +186,12 @@ type Answer struct {
 	// Degraded: the answer comes from a fallback, not the route's first choice; it is held
 	// to Config.DegradedConfidenceThreshold.
 	Degraded bool
-	// ToolCalls is how many tool calls the answer made: an answer that is only tool calls
-	// has no content, and is not empty.
-	ToolCalls int
+	// ToolCalls are the answer's tool calls: an answer that is only tool calls has no
+	// content, and is not empty. Each is checked against Tools and ToolChoice.
+	ToolCalls []ToolCall
+	// Tools are the tools the request offered; ToolChoice is its tool_choice.
+	Tools      []Tool
+	ToolChoice ToolChoice
 	// KeepValue asks for the whole JSON document decoded into Result.Value even without a
 	// schema (the verifier's L2 rules read it). Otherwise only the top level is decoded,
 	// which is several times cheaper on large answers.
@@ -281,13 +291,16 @@ func (c *Checker) Check(a Answer) Result {
 		findings = append(findings, f)
 	}
 	findings = appendEncodingFindings(findings, a.Content)
-	if strings.TrimSpace(a.Content) == "" && a.ToolCalls > 0 {
-		// The answer is the tool calls; the format asked for applies to text answers.
-		return newResult(Result{Content: a.Content}, findings)
+	toolFindings := c.checkToolCalls(a)
+	if len(a.ToolCalls) > 0 {
+		// The answer is the tool calls, with at most a preamble: the format asked for
+		// applies to the final text answer, and a model that calls a tool did not refuse.
+		return newResult(Result{Content: a.Content}, append(findings, toolFindings...))
 	}
 	if strings.TrimSpace(a.Content) == "" {
 		// Nothing else can be said about an empty answer; json_parse would only repeat it.
-		return newResult(Result{Content: a.Content}, append(findings, blocking(CodeEmpty, "", malformed, "the answer is empty")))
+		findings = append(findings, blocking(CodeEmpty, "", malformed, "the answer is empty"))
+		return newResult(Result{Content: a.Content}, append(findings, toolFindings...))
 	}
 
 	res := Result{Content: a.Content}
@@ -319,7 +332,10 @@ func (c *Checker) Check(a Answer) Result {
 	if !a.Format.Type.WantsJSON() && unclosedFence(a.Content) {
 		findings = append(findings, warning(CodeMarkdown, "", "the answer opens a markdown code fence it never closes"))
 	}
-	return newResult(res, append(findings, jsonResult.findings...))
+	findings = append(findings, jsonResult.findings...)
+	// Last: a text answer where tool_choice demanded a call is wrong, but a refusal or a
+	// truncation explains it better.
+	return newResult(res, append(findings, toolFindings...))
 }
 
 // newResult completes res with findings and the verdict they imply.

@@ -860,8 +860,11 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		ResponseFormat: req.ResponseFormat,
 		ToolCalls:      toolCallsProto(res.ToolCalls),
 		Tools:          req.Tools,
-		Model:          who.model,
-		SessionId:      req.User,
+		// tool_choice none forbids calls, required and function demand one: L1 checks it.
+		ToolChoice:         req.ToolChoice,
+		ToolChoiceFunction: req.ToolChoiceFunction,
+		Model:              who.model,
+		SessionId:          req.User,
 	})
 	if status.Code(err) == codes.InvalidArgument {
 		// The verifier refuses to judge this answer (an oversized answer, or a schema the
@@ -898,7 +901,9 @@ func (r *Router) checkLocally(ctx context.Context, req *routerv1.Request, level 
 	}
 	format, _ := formatcheck.FormatFromProto(req.ResponseFormat) // an unknown type is checked as text
 	l1 := r.deps.Checker.Check(formatcheck.Answer{
-		Content: res.Content, FinishReason: res.FinishReason, Format: format, ToolCalls: len(res.ToolCalls),
+		Content: res.Content, FinishReason: res.FinishReason, Format: format,
+		ToolCalls: formatcheck.ToolCallsFromProto(toolCallsProto(res.ToolCalls)), Tools: formatcheck.ToolsFromProto(req.Tools),
+		ToolChoice: formatcheck.ToolChoiceOf(req.ToolChoice, req.ToolChoiceFunction),
 		// As the verifier would judge it from the same QualityContext.
 		Degraded: level != mantlev1.FallbackLevel_FALLBACK_LEVEL_UNSPECIFIED && level != mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY,
 	})

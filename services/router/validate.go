@@ -62,8 +62,17 @@ func (r *Router) validate(ctx context.Context, req *routerv1.Request) (*route, e
 		v.Add("request.temperature", "must be between 0 and 2, got %g", *t)
 	}
 	if rf := req.ResponseFormat; rf.GetType() == mantlev1.ResponseFormat_TYPE_JSON_SCHEMA {
-		if err := r.validateSchema(ctx, rf.JsonSchema, v); err != nil {
+		if err := r.validateSchema(ctx, "request.response_format.json_schema", rf.JsonSchema, v); err != nil {
 			return nil, err
+		}
+	}
+	// A tool's parameters schema is what L1 validates the tool call's arguments against:
+	// bounded and compiled here like a response_format schema.
+	for i, t := range req.Tools {
+		if p := t.GetParameters(); p != "" && isJSONObject(p) {
+			if err := r.validateSchema(ctx, fmt.Sprintf("request.tools[%d].function.parameters", i), p, v); err != nil {
+				return nil, err
+			}
 		}
 	}
 	validateLabels(req, v)
@@ -86,11 +95,11 @@ func (r *Router) validate(ctx context.Context, req *routerv1.Request) (*route, e
 	return rt, nil
 }
 
-// validateSchema refuses a json_schema the verifier could not use, before any model is
-// asked: compiled here (within formatcheck's size, depth and expansion limits, and cached
-// for the local L1 check), so that neither a schema bomb nor "notaschema" costs a paid call.
-func (r *Router) validateSchema(ctx context.Context, schema string, v *rpc.ValidationError) error {
-	const field = "request.response_format.json_schema"
+// validateSchema refuses a JSON Schema (a json_schema response format, a tool's
+// parameters) the verifier could not use, before any model is asked: compiled here (within
+// formatcheck's size, depth and expansion limits, and cached for the local L1 check), so
+// that neither a schema bomb nor "notaschema" costs a paid call.
+func (r *Router) validateSchema(ctx context.Context, field, schema string, v *rpc.ValidationError) error {
 	switch trimmed := strings.TrimSpace(schema); {
 	case trimmed == "":
 		v.Add(field, "required for TYPE_JSON_SCHEMA")

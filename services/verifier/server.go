@@ -352,7 +352,9 @@ func answerFromProto(req *verifierv1.VerifyRequest, tenant string) (Answer, erro
 	a := Answer{
 		Content:      req.GetContent(),
 		FinishReason: req.GetFinishReason(),
-		ToolCalls:    len(req.GetToolCalls()),
+		ToolCalls:    formatcheck.ToolCallsFromProto(req.GetToolCalls()),
+		Tools:        formatcheck.ToolsFromProto(req.GetTools()),
+		ToolChoice:   formatcheck.ToolChoiceOf(req.GetToolChoice(), req.GetToolChoiceFunction()),
 		Format:       format,
 		Model:        req.GetModel(),
 		Quality:      req.GetQuality(),

@@ -19,6 +19,7 @@ import (
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/formatcheck"
+	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
@@ -78,9 +79,12 @@ type Message struct {
 type Answer struct {
 	Content      string
 	FinishReason string
-	// ToolCalls is how many tool calls the answer made.
-	ToolCalls int
-	Format    Format
+	// ToolCalls are the answer's tool calls; L1 checks each against Tools and ToolChoice.
+	ToolCalls []formatcheck.ToolCall
+	// Tools are the tools the request offered; ToolChoice is its tool_choice.
+	Tools      []formatcheck.Tool
+	ToolChoice formatcheck.ToolChoice
+	Format     Format
 	// Model is the model that answered.
 	Model    string
 	Messages []Message
@@ -380,7 +384,8 @@ func (v *Verifier) Verify(ctx context.Context, a Answer) (Verdict, error) {
 	degraded := a.degraded()
 	set := v.rules.engine.Live()
 	l1 := v.l1.Check(formatcheck.Answer{
-		Content: a.Content, FinishReason: a.FinishReason, Format: a.Format, Degraded: degraded, ToolCalls: a.ToolCalls,
+		Content: a.Content, FinishReason: a.FinishReason, Format: a.Format, Degraded: degraded,
+		ToolCalls: a.ToolCalls, Tools: a.Tools, ToolChoice: a.ToolChoice,
 		KeepValue: set.Applies(a.scenario()), // the scenario's rules read the decoded answer
 	})
 	findings, content := l1.Findings, l1.Content
@@ -426,6 +431,9 @@ func (v *Verifier) validate(ctx context.Context, a Answer) error {
 	if len(a.Content) > v.cfg.MaxContentBytes {
 		verr.Add("content", "is %d bytes; the limit is %d", len(a.Content), v.cfg.MaxContentBytes)
 	}
+	if err := v.validateTools(ctx, verr, a); err != nil {
+		return err
+	}
 	if a.Format.Type == FormatJSONSchema {
 		switch schema := strings.TrimSpace(a.Format.JSONSchema); {
 		case schema == "":
@@ -450,6 +458,47 @@ func (v *Verifier) validate(ctx context.Context, a Answer) error {
 		}
 	}
 	return verr.OrNil()
+}
+
+// validateTools bounds the tool calls and tools of a request and compiles the tools'
+// parameter schemas with the limits of response_format schemas: a schema that does not
+// compile is the request's fault, as it is for the router, which refuses it first.
+func (v *Verifier) validateTools(ctx context.Context, verr *rpc.ValidationError, a Answer) error {
+	if n := len(a.ToolCalls); n > openaiapi.MaxToolCalls {
+		verr.Add("tool_calls", "at most %d tool calls, got %d", openaiapi.MaxToolCalls, n)
+	}
+	args := 0
+	for _, c := range a.ToolCalls {
+		args += len(c.Arguments) + len(c.Name)
+	}
+	if args > v.cfg.MaxContentBytes {
+		verr.Add("tool_calls", "are %d bytes; the limit is %d", args, v.cfg.MaxContentBytes)
+	}
+	if n := len(a.Tools); n > openaiapi.MaxTools {
+		verr.Add("tools", "at most %d tools, got %d", openaiapi.MaxTools, n)
+		return nil
+	}
+	for i, t := range a.Tools {
+		if strings.TrimSpace(t.Parameters) == "" {
+			continue
+		}
+		var serr *formatcheck.SchemaError
+		if err := v.l1.CompileSchema(ctx, t.Parameters); errors.As(err, &serr) {
+			verr.Add(fmt.Sprintf("tools[%d].parameters", i), "%s", serr.Problem)
+		} else if err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+	}
+	switch a.ToolChoice.Mode {
+	case "", "auto", "none", "required":
+	case "function":
+		if a.ToolChoice.Function == "" {
+			verr.Add("tool_choice_function", "is required when tool_choice is function")
+		}
+	default:
+		verr.Add("tool_choice", "want auto, none, required or function, got %q", a.ToolChoice.Mode)
+	}
+	return nil
 }
 
 func anyBlocking(findings []Finding) bool {
