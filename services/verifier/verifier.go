@@ -53,6 +53,11 @@ const (
 	CodeSchema        = formatcheck.CodeSchema
 	CodeRequiredField = formatcheck.CodeRequiredField
 	CodeLowConfidence = formatcheck.CodeLowConfidence
+
+	CodeToolCallArguments = formatcheck.CodeToolCallArguments
+	CodeToolCallSchema    = formatcheck.CodeToolCallSchema
+	CodeToolCallUnknown   = formatcheck.CodeToolCallUnknown
+	CodeToolChoice        = formatcheck.CodeToolChoice
 )
 
 // FormatType is the output shape the request asked for.
