@@ -909,6 +909,12 @@ func (r *Router) checkLocally(ctx context.Context, req *routerv1.Request, level 
 	})
 	if !l1.Passed {
 		codes := strings.Join(l1.FailedCodes(), ",")
+		for _, f := range l1.Findings {
+			if f.Blocking && f.Path != "" {
+				codes += " (at " + f.Path + ")" // as findingCodes says it for the verifier's verdict
+				break
+			}
+		}
 		r.deps.Log.DebugContext(ctx, "local L1 check failed", "codes", codes)
 		audit = append(audit, r.step("verify", fmt.Sprintf("%s; local L1 failed: %s (%s)", why, codes, shortClass(l1.Class)), r.deps.Clock.Since(start)))
 		return audit, &provider.Error{Class: l1.Class, Message: "verification failed: " + codes}

@@ -903,14 +903,21 @@ func usageProto(u provider.Usage) *mantlev1.Usage {
 	return &mantlev1.Usage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, TotalTokens: u.InputTokens + u.OutputTokens}
 }
 
+// findingCodes names the blocking findings for an attempt's error, with where the first
+// one that has a place failed (a tool call's "tool_calls[0]:get_weather#/city"), so that
+// the caller's error says which call was wrong.
 func findingCodes(fs []*verifierv1.Finding) string {
 	var codes []string
+	at := ""
 	for _, f := range fs {
 		if f.Blocking {
 			codes = append(codes, f.Code)
+			if at == "" && f.Path != "" {
+				at = " (at " + f.Path + ")"
+			}
 		}
 	}
-	return strings.Join(codes, ",")
+	return strings.Join(codes, ",") + at
 }
 
 // shortClass turns ERROR_CLASS_RATE_LIMITED into rate_limited for logs and labels.

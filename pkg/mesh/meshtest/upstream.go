@@ -11,8 +11,10 @@ import (
 )
 
 // RecordingUpstream is an OpenAI-compatible server that keeps the bodies it was sent. It
-// answers a request that offers tools with two parallel tool calls (streamed as index-based
-// pieces when asked to stream), any other with text, and logprobs when they were asked for.
+// answers a request that offers tools with parallel tool calls of the first two tools
+// offered (streamed as index-based pieces when asked to stream): the first with arguments
+// {"city":"Paris"}, the second with {"tz":"CET"}. Any other request gets text, and
+// logprobs when they were asked for.
 type RecordingUpstream struct {
 	mu     sync.Mutex
 	bodies []map[string]json.RawMessage
@@ -59,18 +61,23 @@ func (u *RecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.bodies = append(u.bodies, body)
 	u.mu.Unlock()
-	_, tools := body["tools"]
+	first, second := offeredTools(body["tools"])
+	tools := first != ""
 	logprobs := string(body["logprobs"]) == "true"
 	const lp = `{"content":[{"token":"ok","logprob":-0.1,"bytes":[111,107],"top_logprobs":[]}]}`
 	if string(body["stream"]) == "true" {
 		w.Header().Set("Content-Type", "text/event-stream")
 		send := func(s string) { fmt.Fprintf(w, "data: %s\n\n", s) }
 		if tools {
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]}`)
+			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":` + first + `,"arguments":""}}]},"finish_reason":null}]}`)
 			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]},"finish_reason":null}]}`)
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":"}}]},"finish_reason":null}]}`)
+			if second != "" {
+				send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":` + second + `,"arguments":"{\"tz\":"}}]},"finish_reason":null}]}`)
+			}
 			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]},"finish_reason":null}]}`)
-			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\"CET\"}"}}]},"finish_reason":null}]}`)
+			if second != "" {
+				send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\"CET\"}"}}]},"finish_reason":null}]}`)
+			}
 			send(`{"id":"u1","object":"chat.completion.chunk","model":"up","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`)
 		} else {
 			logp := ""
@@ -86,9 +93,12 @@ func (u *RecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if tools {
+		calls := `{"id":"call_a","type":"function","function":{"name":` + first + `,"arguments":"{\"city\":\"Paris\"}"}}`
+		if second != "" {
+			calls += `,{"id":"call_b","type":"function","function":{"name":` + second + `,"arguments":"{\"tz\":\"CET\"}"}}`
+		}
 		fmt.Fprint(w, `{"id":"u1","object":"chat.completion","model":"up","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[`+
-			`{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},`+
-			`{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]},"finish_reason":"tool_calls"}],`+
+			calls+`]},"finish_reason":"tool_calls"}],`+
 			`"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
 		return
 	}
@@ -101,4 +111,25 @@ func (u *RecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		content = `"{\"a\":1}"`
 	}
 	fmt.Fprint(w, `{"id":"u1","object":"chat.completion","model":"up","choices":[{"index":0,"message":{"role":"assistant","content":`+content+`}`+logp+`,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
+}
+
+// offeredTools returns the names of the first two tools of a request, as JSON strings
+// ("" when absent): the upstream calls only tools it was offered, as a model does (mantle's
+// L1 check fails a call of any other).
+func offeredTools(raw json.RawMessage) (first, second string) {
+	var tools []struct {
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(raw, &tools) != nil {
+		return "", ""
+	}
+	names := make([]string, 0, 2)
+	for _, t := range tools[:min(len(tools), 2)] {
+		b, _ := json.Marshal(t.Function.Name)
+		names = append(names, string(b))
+	}
+	names = append(names, "", "")
+	return names[0], names[1]
 }
