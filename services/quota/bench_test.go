@@ -179,7 +179,7 @@ func BenchmarkCountTokens(b *testing.B) {
 		b.Run(model, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				tc.count(model, msgs, "", true)
+				tc.count(model, msgs, nil, "", true)
 			}
 		})
 	}

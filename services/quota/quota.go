@@ -103,6 +103,8 @@ type ReserveRequest struct {
 	// MaxOutputTokens caps the answer; 0 means Config.DefaultMaxOutputTokens.
 	MaxOutputTokens int64
 	Messages        []Message
+	// Tools are the tools the request offers: counted with Messages.
+	Tools []*mantlev1.Tool
 	// UpstreamKey is the provider key the call will use; its buckets are charged when
 	// it is configured.
 	UpstreamKey string
@@ -145,9 +147,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 	}
 	input, meta := req.InputTokens, ReservationMeta{Model: req.Model, UpstreamKey: req.UpstreamKey}
 	if input == 0 {
-		count := s.tokens.count(req.Model, req.Messages, "", true)
+		count := s.tokens.count(req.Model, req.Messages, req.Tools, "", true)
 		input = count.Tokens
-		if !count.Exact {
+		if count.estimated() {
 			meta.EstimatedInput = count.Raw
 		}
 	}
@@ -446,17 +448,20 @@ func validateSettle(req SettleRequest) error {
 	return v.OrNil()
 }
 
-// CountTokens counts the tokens of either a chat prompt or plain text for model's
-// family: exactly for OpenAI encodings, estimated (and corrected by what providers
-// reported) for others. An empty model uses the generic estimator.
-func (s *Service) CountTokens(_ context.Context, model string, messages []Message, text string) (TokenCount, error) {
+// CountTokens counts the tokens of either a chat prompt (messages and the tools offered
+// with them) or plain text for model's family: exactly for OpenAI encodings, estimated
+// (and corrected by what providers reported) for others; images by the provider's rule.
+// An empty model uses the generic estimator. Reserve counts a prompt the same way.
+func (s *Service) CountTokens(_ context.Context, model string, messages []Message, tools []*mantlev1.Tool, text string) (TokenCount, error) {
 	switch {
 	case len(messages) == 0 && text == "":
 		return TokenCount{}, rpc.Invalid("messages", "messages or text is required")
 	case len(messages) > 0 && text != "":
 		return TokenCount{}, rpc.Invalid("text", "set messages or text, not both")
+	case len(tools) > 0 && text != "":
+		return TokenCount{}, rpc.Invalid("tools", "tools are counted with messages, not with text")
 	}
-	return s.tokens.count(model, messages, text, len(messages) > 0), nil
+	return s.tokens.count(model, messages, tools, text, len(messages) > 0), nil
 }
 
 // UpstreamObservation is what a provider's rate-limit headers said about a key.

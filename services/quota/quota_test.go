@@ -1108,7 +1108,7 @@ func TestServiceCountTokens(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := f.svc.CountTokens(context.Background(), tt.model, tt.messages, tt.text)
+			got, err := f.svc.CountTokens(context.Background(), tt.model, tt.messages, nil, tt.text)
 			if fields := violationFields(err); tt.wantField != "" && !slices.Equal(fields, []string{tt.wantField}) {
 				t.Fatalf("err = %v, want a violation of %s", err, tt.wantField)
 			}
@@ -1152,7 +1152,7 @@ func TestReserveLearnsTokenCorrection(t *testing.T) {
 	if got := last.InputTokens; got < want*95/100 || got > want*105/100 {
 		t.Errorf("estimate after 20 reports = %d, want within 5%% of the reported %d (first estimate %d)", got, want, first.InputTokens)
 	}
-	count, _ := f.svc.CountTokens(ctx, "glm-4", msgs, "")
+	count, _ := f.svc.CountTokens(ctx, "glm-4", msgs, nil, "")
 	if count.Correction < 1.15 || count.Correction > 1.25 || count.Exact {
 		t.Errorf("CountTokens correction = %v (exact %v), want about 156/128", count.Correction, count.Exact)
 	}
@@ -1166,7 +1166,7 @@ func TestReserveLearnsTokenCorrection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if c, _ := f.svc.CountTokens(ctx, "gpt-4o", msgs, ""); !c.Exact || c.Correction != 1 {
+	if c, _ := f.svc.CountTokens(ctx, "gpt-4o", msgs, nil, ""); !c.Exact || c.Correction != 1 {
 		t.Errorf("gpt-4o count = %+v, want exact and uncorrected", c)
 	}
 }

@@ -50,6 +50,7 @@ func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 		InputTokens:     req.GetInputTokens(),
 		MaxOutputTokens: req.GetMaxOutputTokens(),
 		Messages:        messagesFromProto(req.GetMessages()),
+		Tools:           req.GetTools(),
 		UpstreamKey:     req.GetUpstreamKeyId(),
 		KeyOnly:         req.GetScope() == quotav1.ReserveScope_RESERVE_SCOPE_UPSTREAM_KEY,
 	})
@@ -123,7 +124,7 @@ func (s *server) Settle(ctx context.Context, req *quotav1.SettleRequest) (*quota
 }
 
 func (s *server) CountTokens(ctx context.Context, req *quotav1.CountTokensRequest) (*quotav1.CountTokensResponse, error) {
-	count, err := s.svc.CountTokens(ctx, req.GetModel(), messagesFromProto(req.GetMessages()), req.GetText())
+	count, err := s.svc.CountTokens(ctx, req.GetModel(), messagesFromProto(req.GetMessages()), req.GetTools(), req.GetText())
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
@@ -274,7 +275,10 @@ func mustAny(msgs ...proto.Message) []*anypb.Any {
 func messagesFromProto(msgs []*mantlev1.ChatMessage) []Message {
 	out := make([]Message, 0, len(msgs))
 	for _, m := range msgs {
-		out = append(out, Message{Role: m.GetRole(), Content: m.GetContent(), Name: m.GetName()})
+		out = append(out, Message{
+			Role: m.GetRole(), Content: m.GetContent(), Name: m.GetName(), Parts: m.GetParts(),
+			ToolCalls: m.GetToolCalls(), ToolCallID: m.GetToolCallId(), Refusal: m.GetRefusal(),
+		})
 	}
 	return out
 }

@@ -8,13 +8,22 @@ import (
 	"unicode/utf8"
 
 	"github.com/tiktoken-go/tokenizer"
+
+	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 )
 
-// Message is one chat turn, as far as token counting is concerned.
+// Message is one chat turn, as far as token counting is concerned: everything in it that
+// the model reads (collectPrompt says how each part is counted).
 type Message struct {
 	Role    string
 	Content string
 	Name    string
+	// Parts is the content as typed parts: text, images, audio, files.
+	Parts []*mantlev1.ContentPart
+	// ToolCalls are an assistant turn's calls; ToolCallID is the call a tool turn answers.
+	ToolCalls  []*mantlev1.ToolCall
+	ToolCallID string
+	Refusal    string
 }
 
 // family describes how one model family turns text into tokens: exactly, with an
@@ -35,6 +44,8 @@ type family struct {
 	// priming. OpenAI documents 3 + role + content per message, 1 per name, 3 per reply;
 	// ChatML-style templates (<|im_start|>role\n…<|im_end|>\n) cost about 5 per message.
 	perMessage, perName, reply int64
+	// anthropicImages: images cost by Anthropic's rule rather than OpenAI's.
+	anthropicImages bool
 }
 
 // Families. The CJK rates of estimated families come from vendors' documentation
@@ -47,7 +58,7 @@ type family struct {
 var (
 	familyO200k    = family{name: "o200k_base", encoding: tokenizer.O200kBase, perMessage: 3, perName: 1, reply: 3}
 	familyCL100k   = family{name: "cl100k_base", encoding: tokenizer.Cl100kBase, perMessage: 3, perName: 1, reply: 3}
-	familyClaude   = family{name: "estimate/claude", latin: 1.15, cjk: 1.3, perMessage: 5, perName: 1, reply: 3}
+	familyClaude   = family{name: "estimate/claude", latin: 1.15, cjk: 1.3, perMessage: 5, perName: 1, reply: 3, anthropicImages: true}
 	familyDeepSeek = family{name: "estimate/deepseek", latin: 1, cjk: 0.6, perMessage: 5, perName: 1, reply: 3}
 	familyZH       = family{name: "estimate/zh-optimized", latin: 1, cjk: 0.7, perMessage: 5, perName: 1, reply: 3}
 	familyLlama    = family{name: "estimate/llama", latin: 1, cjk: 1.0, perMessage: 5, perName: 1, reply: 4}
@@ -130,24 +141,31 @@ type TokenCount struct {
 	// Tokens is the count, with any learned correction applied.
 	Tokens    int64
 	Tokenizer string
-	Exact     bool
+	// Exact is true when the text was counted with the model's vocabulary and every other
+	// part (images) by the provider's rule, with nothing estimated.
+	Exact bool
 	// Correction is the factor applied; 1 when none.
 	Correction float64
 	// Raw is the count before correction.
 	Raw int64
 }
 
-// count counts a chat prompt (when msgs is not nil) or plain text for model.
-func (t *tokenCounter) count(model string, msgs []Message, text string, chat bool) TokenCount {
+// estimated reports whether the text was estimated, not tokenized: the correction learned
+// from reported usage is for such counts.
+func (c TokenCount) estimated() bool { return strings.HasPrefix(c.Tokenizer, "estimate/") }
+
+// count counts a chat prompt, its messages and the tools it offers (when chat), or plain
+// text, for model.
+func (t *tokenCounter) count(model string, msgs []Message, tools []*mantlev1.Tool, text string, chat bool) TokenCount {
 	fam := familyFor(model)
-	size := len(text)
-	for _, m := range msgs {
-		size += len(m.Role) + len(m.Content) + len(m.Name)
+	p := prompt{texts: []string{text}, exact: true}
+	if chat {
+		p = collectPrompt(fam, msgs, tools)
 	}
-	if fam.encoding != "" && size <= t.maxExactBytes {
+	if fam.encoding != "" && p.bytes() <= t.maxExactBytes {
 		if codec, err := t.codecs[fam.encoding].get(); err == nil {
-			if n, ok := exactCount(codec, fam, msgs, text, chat); ok {
-				return TokenCount{Tokens: n, Raw: n, Tokenizer: fam.name, Exact: true, Correction: 1}
+			if n, ok := p.count(exactText(codec), true); ok {
+				return TokenCount{Tokens: n, Raw: n, Tokenizer: fam.name, Exact: p.exact, Correction: 1}
 			}
 		}
 		// Unreachable with the embedded vocabularies; an estimate is still an answer.
@@ -160,18 +178,7 @@ func (t *tokenCounter) count(model string, msgs []Message, text string, chat boo
 			est.cjk = 0.7
 		}
 	}
-	var raw int64
-	if chat {
-		raw = est.reply
-		for _, m := range msgs {
-			raw += est.perMessage + estimateText(est, m.Content)
-			if m.Name != "" {
-				raw += est.perName + estimateText(est, m.Name)
-			}
-		}
-	} else {
-		raw = estimateText(est, text)
-	}
+	raw, _ := p.count(func(s string) (int64, bool) { return estimateText(est, s), true }, false)
 	factor := t.corrections.factor(model)
 	name := est.name
 	if fam.encoding != "" {
@@ -180,39 +187,13 @@ func (t *tokenCounter) count(model string, msgs []Message, text string, chat boo
 	return TokenCount{Tokens: int64(math.Ceil(float64(raw) * factor)), Raw: raw, Tokenizer: name, Correction: factor}
 }
 
-// exactCount counts with a BPE vocabulary, framing included (OpenAI's documented
-// formula for its chat models).
-func exactCount(codec tokenizer.Codec, fam family, msgs []Message, text string, chat bool) (int64, bool) {
-	n := func(s string) int64 {
-		if s == "" {
-			return 0
-		}
+// exactText counts a text with a BPE vocabulary. With the chat framing collectPrompt
+// adds, a chat prompt's count is OpenAI's documented formula for its chat models.
+func exactText(codec tokenizer.Codec) func(string) (int64, bool) {
+	return func(s string) (int64, bool) {
 		c, err := codec.Count(s)
-		if err != nil {
-			return -1
-		}
-		return int64(c)
+		return int64(c), err == nil
 	}
-	if !chat {
-		c := n(text)
-		return c, c >= 0
-	}
-	total := fam.reply
-	for _, m := range msgs {
-		role, content := n(m.Role), n(m.Content)
-		if role < 0 || content < 0 {
-			return 0, false
-		}
-		total += fam.perMessage + role + content
-		if m.Name != "" {
-			name := n(m.Name)
-			if name < 0 {
-				return 0, false
-			}
-			total += fam.perName + name
-		}
-	}
-	return total, true
 }
 
 // estimateText approximates a BPE tokenizer without its vocabulary. Reservations are

@@ -61,7 +61,7 @@ func TestExactCounts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := tc.count(tt.model, nil, tt.text, false)
+			got := tc.count(tt.model, nil, nil, tt.text, false)
 			if !got.Exact || got.Tokens != tt.want {
 				t.Errorf("count(%q, %q) = %+v, want exactly %d", tt.model, tt.text, got, tt.want)
 			}
@@ -85,7 +85,7 @@ func TestExactChatCount(t *testing.T) {
 		{Role: "user", Content: "This late pivot means we don't have time to boil the ocean for the client deliverable."},
 	}
 	for model, want := range map[string]int64{"gpt-4": 129, "gpt-4o": 124} {
-		if got := tc.count(model, msgs, "", true); !got.Exact || got.Tokens != want {
+		if got := tc.count(model, msgs, nil, "", true); !got.Exact || got.Tokens != want {
 			t.Errorf("%s: %+v, want exactly %d", model, got, want)
 		}
 	}
@@ -95,12 +95,12 @@ func TestExactCountIsSafeForConcurrentUse(t *testing.T) {
 	t.Parallel()
 	tc := newTokenCounter(DefaultConfig().Tokens)
 	text := strings.Repeat("Concurrency is not parallelism. 并发不是并行。", 20)
-	want := tc.count("gpt-4o", nil, text, false).Tokens
+	want := tc.count("gpt-4o", nil, nil, text, false).Tokens
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
 			for range 20 {
-				if got := tc.count("gpt-4o", nil, text, false).Tokens; got != want {
+				if got := tc.count("gpt-4o", nil, nil, text, false).Tokens; got != want {
 					t.Errorf("concurrent count = %d, want %d", got, want)
 					return
 				}
@@ -115,7 +115,7 @@ func TestExactMaxBytesFallsBackToEstimate(t *testing.T) {
 	cfg := DefaultConfig().Tokens
 	cfg.ExactMaxBytes = 10
 	tc := newTokenCounter(cfg)
-	got := tc.count("gpt-4o", nil, "a text longer than ten bytes", false)
+	got := tc.count("gpt-4o", nil, nil, "a text longer than ten bytes", false)
 	if got.Exact || got.Tokenizer != "estimate/o200k_base" || got.Tokens == 0 {
 		t.Errorf("count = %+v, want an o200k-like estimate", got)
 	}
@@ -219,7 +219,7 @@ func TestEstimatedChatFraming(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if got := tc.count(tt.model, tt.msgs, "", true); got.Tokens != tt.want || got.Exact {
+			if got := tc.count(tt.model, tt.msgs, nil, "", true); got.Tokens != tt.want || got.Exact {
 				t.Errorf("count = %+v, want an estimate of %d", got, tt.want)
 			}
 		})

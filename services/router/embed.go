@@ -131,7 +131,7 @@ func (r *Router) embed(ctx context.Context, req *routerv1.EmbedRequest, rt *rout
 		tokens += int64(len(t.GetTokens()))
 	}
 	// An embedding has no output: one token is the least quota accepts.
-	reservation, limits, err := r.reserveTokens(ctx, rt, qc, 1, messages, tokens)
+	reservation, limits, err := r.reserveTokens(ctx, rt, qc, 1, messages, nil, tokens)
 	if err != nil {
 		return nil, err
 	}

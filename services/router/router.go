@@ -514,12 +514,13 @@ func unstorable(v *verifierv1.VerifyResponse) string {
 const maxWaitMs = 24 * 60 * 60 * 1000
 
 func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (string, *routerv1.RateLimit, error) {
-	return r.reserveTokens(ctx, rt, qc, int64(req.MaxTokens), req.Messages, 0)
+	return r.reserveTokens(ctx, rt, qc, int64(req.MaxTokens), req.Messages, req.Tools, 0)
 }
 
 // reserveTokens reserves quota for a request on rt: maxOutput tokens of answer (0: quota's
-// default) and the input, counted by quota from messages unless inputTokens says it.
-func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.QualityContext, maxOutput int64, messages []*mantlev1.ChatMessage, inputTokens int64) (string, *routerv1.RateLimit, error) {
+// default) and the input, counted by quota from messages and the tools offered unless
+// inputTokens says it.
+func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.QualityContext, maxOutput int64, messages []*mantlev1.ChatMessage, tools []*mantlev1.Tool, inputTokens int64) (string, *routerv1.RateLimit, error) {
 	if r.deps.Quota == nil {
 		return "", nil, nil // quota is off: nothing to reserve, so nothing to settle
 	}
@@ -537,6 +538,8 @@ func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.Qual
 		MaxOutputTokens: maxOutput,
 		Messages:        messages,
 		InputTokens:     inputTokens,
+		// Tool definitions are prompt tokens too: quota counts them with the messages.
+		Tools: tools,
 	})
 	if err != nil {
 		code := status.Code(err)
