@@ -76,3 +76,42 @@ func anyBlockingFinding(findings []Finding) bool {
 	}
 	return false
 }
+
+// FuzzToolCalls: any tool call (name, arguments) against any tool schema and tool_choice
+// is checked without a panic; the verdict agrees with the findings, and every tool finding
+// names the call it is about.
+func FuzzToolCalls(f *testing.F) {
+	const params = `{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}`
+	for _, seed := range [][4]string{
+		{"get_weather", `{"city":"Paris"}`, params, ""},
+		{"get_weather", `{"city":42}`, params, "required"},
+		{"get_weather", `{"city":`, params, "auto"},
+		{"other", `{}`, "", "none"},
+		{"get_weather", `[]`, `{"$ref":"#/$defs/x","$defs":{"x":{"type":"object"}}}`, "function"},
+		{"", "\xff", `{`, "sometimes"},
+	} {
+		f.Add(seed[0], seed[1], seed[2], seed[3])
+	}
+	cfg := DefaultConfig()
+	cfg.MaxSchemaNodes = 300
+	c, err := New(cfg)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, name, args, schema, choice string) {
+		res := c.Check(Answer{
+			FinishReason: "tool_calls",
+			ToolCalls:    []ToolCall{{Name: name, Arguments: args}, {Name: "get_weather", Arguments: args}},
+			Tools:        []Tool{{Name: "get_weather", Parameters: schema}},
+			ToolChoice:   ToolChoiceOf(choice, "get_weather"),
+		})
+		if res.Passed == anyBlockingFinding(res.Findings) {
+			t.Fatalf("Passed %v with findings %v", res.Passed, res.Findings)
+		}
+		for _, fd := range res.Findings {
+			if strings.HasPrefix(fd.Code, "tool_") && !strings.HasPrefix(fd.Path, "tool_calls[") {
+				t.Fatalf("finding %+v does not name its call", fd)
+			}
+		}
+	})
+}
