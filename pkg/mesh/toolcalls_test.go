@@ -23,6 +23,16 @@ func toolUpstream(t *testing.T, args string, calls *atomic.Int64) string {
 	quoted, _ := json.Marshal(args)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
+		var req struct {
+			Stream bool `json:"stream"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if req.Stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, `data: {"id":"u1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":`+string(quoted)+`}}]},"finish_reason":null}]}`+"\n\n")
+			fmt.Fprint(w, `data: {"id":"u1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`+"\n\ndata: [DONE]\n\n")
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"id":"u1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[`+
 			`{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":`+string(quoted)+`}}]},"finish_reason":"tool_calls"}],`+
@@ -121,6 +131,24 @@ func TestToolCallArgumentsFailOver(t *testing.T) {
 		}
 		if worseCalls.Load() == 0 {
 			t.Error("the second candidate was never asked")
+		}
+	})
+
+	// A stream is verified after the caller has it (docs/verification.md): the call went
+	// out, and the last chunk says it failed L1 and where.
+	t.Run("streamed bad call: the last chunk says it failed", func(t *testing.T) {
+		res := postChat(t, base, strings.TrimSuffix(body("tools-all-bad"), "}")+`,"stream":true}`, nil)
+		if res.status != http.StatusOK {
+			t.Fatalf("HTTP %d: %s", res.status, res.body)
+		}
+		var last string
+		for _, line := range strings.Split(string(res.body), "\n") {
+			if strings.HasPrefix(line, "data: {") && strings.Contains(line, `"mantle"`) {
+				last = line
+			}
+		}
+		if !strings.Contains(last, `"l1_failures":["tool_call_schema"]`) || strings.Contains(last, `"l1_passed":true`) {
+			t.Errorf("last chunk %s, want verification with l1_failures tool_call_schema", last)
 		}
 	})
 
