@@ -17,7 +17,13 @@
 //   - truncated: finish_reason "length" (or Anthropic's "max_tokens").
 //   - encoding: invalid UTF-8, U+FFFD replacement characters, and common mojibake markers
 //     ("Ã©", "â€™", "锟斤拷", ...) that betray text decoded with the wrong charset.
-//   - empty: nothing but whitespace (nothing else is checked then).
+//   - tool calls (toolcalls.go), when the answer has any or tool_choice demands one:
+//     tool_call_arguments (not a JSON object), tool_call_schema (against the offered
+//     tool's parameters, compiled and bounded like a response schema), tool_call_unknown
+//     (a tool the request did not offer) and tool_choice (none forbids calls; required or
+//     a named function demands one, of that function). An answer with tool calls is
+//     checked no further: its text is a preamble, not the answer the format describes.
+//   - empty: nothing but whitespace and no tool call (nothing else is checked then).
 //   - refusal: a configured refusal phrase (English and Chinese defaults). See refusal.go for
 //     where in the answer a phrase counts. Only looked for when the answer is not JSON that
 //     parsed: an apology inside a well-formed value is a business matter, not a format one.
