@@ -23,6 +23,7 @@
 //     (a tool the request did not offer) and tool_choice (none forbids calls; required or
 //     a named function demands one, of that function). An answer with tool calls is
 //     checked no further: its text is a preamble, not the answer the format describes.
+//     A text answer where tool_choice demands a call gets its tool_choice finding last.
 //   - empty: nothing but whitespace and no tool call (nothing else is checked then).
 //   - refusal: a configured refusal phrase (English and Chinese defaults). See refusal.go for
 //     where in the answer a phrase counts. Only looked for when the answer is not JSON that
