@@ -11,9 +11,10 @@ import (
 )
 
 // AnthropicRecordingUpstream is a Messages API server that keeps the bodies it was sent. It
-// answers a request that offers tools with two parallel tool_use blocks (streamed as
-// input_json_delta pieces when asked to stream), any other with the text {"a":1}, which
-// also satisfies a JSON response format the verifier checks.
+// answers a request that offers tools with parallel tool_use blocks of the first two tools
+// offered (streamed as input_json_delta pieces when asked to stream): the first with input
+// {"city":"Paris"}, the second with {"tz":"CET"}. Any other request gets the text
+// {"a":1}, which also satisfies a JSON response format the verifier checks.
 type AnthropicRecordingUpstream struct {
 	mu     sync.Mutex
 	bodies []map[string]json.RawMessage
@@ -61,7 +62,8 @@ func (u *AnthropicRecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Re
 	u.mu.Lock()
 	u.bodies = append(u.bodies, body)
 	u.mu.Unlock()
-	_, tools := body["tools"]
+	first, second := offeredTools(body["tools"])
+	tools := first != ""
 	w.Header().Set("Request-Id", "req_ant")
 	if string(body["stream"]) == "true" {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -73,14 +75,20 @@ func (u *AnthropicRecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Re
 			send("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}`)
 			send("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"two calls"}}`)
 			send("content_block_stop", `{"type":"content_block_stop","index":0}`)
-			send("content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_a","name":"get_weather","input":{}}}`)
+			send("content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_a","name":`+first+`,"input":{}}}`)
 			send("content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"city\":"}}`)
-			send("content_block_start", `{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_b","name":"get_time","input":{}}}`)
-			send("content_block_delta", `{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"tz\":"}}`)
+			if second != "" {
+				send("content_block_start", `{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_b","name":`+second+`,"input":{}}}`)
+				send("content_block_delta", `{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"tz\":"}}`)
+			}
 			send("content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"\"Paris\"}"}}`)
-			send("content_block_delta", `{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"\"CET\"}"}}`)
+			if second != "" {
+				send("content_block_delta", `{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"\"CET\"}"}}`)
+			}
 			send("content_block_stop", `{"type":"content_block_stop","index":1}`)
-			send("content_block_stop", `{"type":"content_block_stop","index":2}`)
+			if second != "" {
+				send("content_block_stop", `{"type":"content_block_stop","index":2}`)
+			}
 		} else {
 			send("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)
 			send("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"{\"a\":1}"}}`)
@@ -94,10 +102,16 @@ func (u *AnthropicRecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Re
 	if tools {
 		fmt.Fprint(w, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-up","content":[`+
 			`{"type":"thinking","thinking":"two calls","signature":"sig"},`+
-			`{"type":"tool_use","id":"toolu_a","name":"get_weather","input":{"city":"Paris"}},`+
-			`{"type":"tool_use","id":"toolu_b","name":"get_time","input":{"tz":"CET"}}],`+
+			`{"type":"tool_use","id":"toolu_a","name":`+first+`,"input":{"city":"Paris"}}`+secondBlock(second)+`],`+
 			`"stop_reason":"tool_use","usage":{"input_tokens":5,"output_tokens":3}}`)
 		return
 	}
 	fmt.Fprint(w, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-up","content":[{"type":"text","text":"{\"a\":1}"}],"stop_reason":"end_turn","usage":{"input_tokens":5,"output_tokens":3}}`)
+}
+
+func secondBlock(name string) string {
+	if name == "" {
+		return ""
+	}
+	return `,{"type":"tool_use","id":"toolu_b","name":` + name + `,"input":{"tz":"CET"}}`
 }

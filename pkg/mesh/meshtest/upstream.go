@@ -113,11 +113,13 @@ func (u *RecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprint(w, `{"id":"u1","object":"chat.completion","model":"up","choices":[{"index":0,"message":{"role":"assistant","content":`+content+`}`+logp+`,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`)
 }
 
-// offeredTools returns the names of the first two tools of a request, as JSON strings
-// ("" when absent): the upstream calls only tools it was offered, as a model does (mantle's
-// L1 check fails a call of any other).
+// offeredTools returns the names of the first two tools of a request (OpenAI's
+// tools[].function.name or Anthropic's tools[].name), as JSON strings ("" when absent):
+// the upstreams call only tools they were offered, as a model does (mantle's L1 check
+// fails a call of any other).
 func offeredTools(raw json.RawMessage) (first, second string) {
 	var tools []struct {
+		Name     string `json:"name"`
 		Function struct {
 			Name string `json:"name"`
 		} `json:"function"`
@@ -127,7 +129,11 @@ func offeredTools(raw json.RawMessage) (first, second string) {
 	}
 	names := make([]string, 0, 2)
 	for _, t := range tools[:min(len(tools), 2)] {
-		b, _ := json.Marshal(t.Function.Name)
+		name := t.Function.Name
+		if name == "" {
+			name = t.Name
+		}
+		b, _ := json.Marshal(name)
 		names = append(names, string(b))
 	}
 	names = append(names, "", "")
