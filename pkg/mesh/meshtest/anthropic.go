@@ -11,8 +11,8 @@ import (
 )
 
 // AnthropicRecordingUpstream is a Messages API server that keeps the bodies it was sent. It
-// answers a request that offers tools with parallel tool_use blocks of the first two tools
-// offered (streamed as input_json_delta pieces when asked to stream): the first with input
+// answers a request that offers tools (and does not say tool_choice none) with parallel
+// tool_use blocks of the first two tools offered (streamed as input_json_delta pieces when asked to stream): the first with input
 // {"city":"Paris"}, the second with {"tz":"CET"}. Any other request gets the text
 // {"a":1}, which also satisfies a JSON response format the verifier checks.
 type AnthropicRecordingUpstream struct {
@@ -62,7 +62,7 @@ func (u *AnthropicRecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Re
 	u.mu.Lock()
 	u.bodies = append(u.bodies, body)
 	u.mu.Unlock()
-	first, second := offeredTools(body["tools"])
+	first, second := offeredTools(body["tools"], body["tool_choice"])
 	tools := first != ""
 	w.Header().Set("Request-Id", "req_ant")
 	if string(body["stream"]) == "true" {

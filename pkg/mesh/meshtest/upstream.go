@@ -11,10 +11,10 @@ import (
 )
 
 // RecordingUpstream is an OpenAI-compatible server that keeps the bodies it was sent. It
-// answers a request that offers tools with parallel tool calls of the first two tools
-// offered (streamed as index-based pieces when asked to stream): the first with arguments
-// {"city":"Paris"}, the second with {"tz":"CET"}. Any other request gets text, and
-// logprobs when they were asked for.
+// answers a request that offers tools (and does not say tool_choice none) with parallel
+// tool calls of the first two tools offered (streamed as index-based pieces when asked to
+// stream): the first with arguments {"city":"Paris"}, the second with {"tz":"CET"}. Any
+// other request gets text, and logprobs when they were asked for.
 type RecordingUpstream struct {
 	mu     sync.Mutex
 	bodies []map[string]json.RawMessage
@@ -61,7 +61,7 @@ func (u *RecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.bodies = append(u.bodies, body)
 	u.mu.Unlock()
-	first, second := offeredTools(body["tools"])
+	first, second := offeredTools(body["tools"], body["tool_choice"])
 	tools := first != ""
 	logprobs := string(body["logprobs"]) == "true"
 	const lp = `{"content":[{"token":"ok","logprob":-0.1,"bytes":[111,107],"top_logprobs":[]}]}`
@@ -115,9 +115,16 @@ func (u *RecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // offeredTools returns the names of the first two tools of a request (OpenAI's
 // tools[].function.name or Anthropic's tools[].name), as JSON strings ("" when absent):
-// the upstreams call only tools they were offered, as a model does (mantle's L1 check
-// fails a call of any other).
-func offeredTools(raw json.RawMessage) (first, second string) {
+// the upstreams call only tools they were offered, and none when tool_choice is none
+// (OpenAI's "none", Anthropic's {"type":"none"}), as a model does: mantle's L1 check fails
+// any other call.
+func offeredTools(raw, choice json.RawMessage) (first, second string) {
+	var typed struct {
+		Type string `json:"type"`
+	}
+	if string(choice) == `"none"` || (json.Unmarshal(choice, &typed) == nil && typed.Type == "none") {
+		return "", ""
+	}
 	var tools []struct {
 		Name     string `json:"name"`
 		Function struct {
