@@ -12,9 +12,10 @@ import (
 
 // AnthropicRecordingUpstream is a Messages API server that keeps the bodies it was sent. It
 // answers a request that offers tools (and does not say tool_choice none) with parallel
-// tool_use blocks of the first two tools offered (streamed as input_json_delta pieces when asked to stream): the first with input
-// {"city":"Paris"}, the second with {"tz":"CET"}. Any other request gets the text
-// {"a":1}, which also satisfies a JSON response format the verifier checks.
+// tool_use blocks of the first two tools offered (streamed as input_json_delta pieces when
+// asked to stream): the first with input {"city":"Paris"}, the second with {"tz":"CET"}.
+// Any other request gets the text {"a":1}, which also satisfies a JSON response format
+// the verifier checks.
 type AnthropicRecordingUpstream struct {
 	mu     sync.Mutex
 	bodies []map[string]json.RawMessage
