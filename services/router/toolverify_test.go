@@ -5,11 +5,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
@@ -113,5 +115,33 @@ func TestToolSchemaRefusedUpFront(t *testing.T) {
 	}
 	if n := len(h.providers["a"].requests()); n != 0 {
 		t.Errorf("%d provider calls, want none", n)
+	}
+}
+
+// A cached tool-call answer is verified again for the request that would get it: a call
+// of a tool this request does not offer is not served, and a model answers instead.
+func TestCachedToolCallReverified(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, testConfig(), &harness{
+		providers: map[string]*fakeProvider{"a": newFakeProvider(toolReply(`{"city":"Paris"}`))},
+		cache: &fakeCache{coalesced: time.Millisecond, hit: &cachev1.Entry{Id: "e1", SourceModel: "a", FinishReason: "tool_calls",
+			ToolCalls: []*mantlev1.ToolCall{{Id: "call_old", Type: "function", Name: "rm_rf", Arguments: `{}`}}}},
+	})
+	h.cache.clock = h.clock
+	checker, err := formatcheck.New(formatcheck.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.router.deps.Checker, h.router.deps.Verifier = checker, nil
+	resp, err := h.router.Complete(context.Background(), toolRequest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := resp.GetMessage().GetToolCalls()
+	if resp.GetQuality().GetCacheHit() || len(calls) != 1 || calls[0].GetName() != "get_weather" {
+		t.Errorf("cache hit %t, calls %v; want the model's get_weather call, not the cached rm_rf", resp.GetQuality().GetCacheHit(), calls)
+	}
+	if n := len(h.providers["a"].requests()); n != 1 {
+		t.Errorf("%d provider calls, want 1", n)
 	}
 }
