@@ -486,12 +486,13 @@ func TestDockerfile(t *testing.T) {
 		{"builds cmd/mantle statically", func() bool {
 			for _, run := range find(all, "RUN") {
 				if strings.Contains(run, "go build") && strings.Contains(run, "./cmd/mantle") &&
-					strings.Contains(run, "CGO_ENABLED=0") && strings.Contains(run, "-trimpath") {
+					strings.Contains(run, "CGO_ENABLED=0") && strings.Contains(run, "-trimpath") &&
+					strings.Contains(run, "-tags nolab") {
 					return true
 				}
 			}
 			return false
-		}, "a RUN with CGO_ENABLED=0 go build -trimpath ... ./cmd/mantle"},
+		}, "a RUN with CGO_ENABLED=0 go build -tags nolab -trimpath ... ./cmd/mantle (the serving build)"},
 		{"runs as non-root", func() bool {
 			users := find(final, "USER")
 			if len(users) == 0 {

@@ -1,9 +1,12 @@
+//go:build !nolab
+
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"io"
 	"net"
 	"os"
@@ -22,11 +25,6 @@ import (
 // operator's (`mantle review`, draft rule approval, DescribeRoutes). They only exist in
 // `mantle dev`, which listens on loopback; its modules call each other with a mesh secret
 // the process makes up at start.
-const (
-	devKey         = "sk-mantle-dev"
-	devOperatorKey = "sk-mantle-dev-operator"
-)
-
 func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -58,7 +56,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true, RouteLibraryLogs: true})
+	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true, RouteLibraryLogs: true, EmbeddedNATS: natsembed.Launch})
 	if err != nil {
 		return err
 	}

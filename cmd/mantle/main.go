@@ -33,17 +33,21 @@ type command struct {
 	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
-var commands = map[string]command{
-	"serve":      {"run any subset of the services", serve},
-	"dev":        {"run the whole mesh locally with embedded NATS and simulated models", dev},
-	"sim":        {"run the simulated OpenAI-compatible provider", simCommand},
-	"chat":       {"send one question to the router and print the answer", chat},
-	"review":     {"work the human review queue: list, show, claim, decide, audit", review},
-	"drill":      {"run a fault drill through mantle and a naive client, side by side", drill},
-	"bench-load": {"measure the latency mantle adds at fixed request rates", benchLoad},
-	"version":    {"print the module version, commit and Go version of this build", version},
-	"certs":      {"write a throwaway CA and a certificate per service (TLS in development)", certs},
-}
+// commands are the serving and operating commands, and the lab commands (dev, sim, drill,
+// bench-load) unless the binary is built with -tags nolab (see lab.go).
+var commands = withLab(map[string]command{
+	"serve":   {"run any subset of the services", serve},
+	"chat":    {"send one question to the router and print the answer", chat},
+	"review":  {"work the human review queue: list, show, claim, decide, audit", review},
+	"version": {"print the module version, commit and Go version of this build", version},
+	"certs":   {"write a throwaway CA and a certificate per service (TLS in development)", certs},
+})
+
+// The keys mantle dev configures; chat and review use them when no key is given.
+const (
+	devKey         = "sk-mantle-dev"
+	devOperatorKey = "sk-mantle-dev-operator"
+)
 
 // errUsage reports a command line that is wrong (exit 2), unlike flag.ErrHelp, which
 // answers a request for help (exit 0). The command has already printed why.
@@ -81,7 +85,9 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: mantle <command> [flags]")
 	fmt.Fprintln(w)
 	for _, name := range []string{"serve", "dev", "sim", "chat", "review", "drill", "bench-load", "certs", "version"} {
-		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
+		if c, ok := commands[name]; ok {
+			fmt.Fprintf(w, "  %-10s %s\n", name, c.summary)
+		}
 	}
 	fmt.Fprintln(w, "\nRun mantle <command> -h for its flags.")
 }

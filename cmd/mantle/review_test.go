@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"io"
 	"log/slog"
 	"regexp"
@@ -34,7 +35,7 @@ import (
 // and a NATS connection for the test to watch events with.
 func startVerifierApp(t *testing.T) (string, *nats.Conn) {
 	t.Helper()
-	srv, err := events.StartEmbedded()
+	srv, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"io"
 	"math"
 	"os"
@@ -138,7 +139,7 @@ type inProcessMesh struct {
 
 // startMesh starts cfg in this process and returns once it serves.
 func startMesh(ctx context.Context, cfg mesh.Config, logOutput io.Writer) (*inProcessMesh, error) {
-	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: logOutput, Getenv: simKeyEnv})
+	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: logOutput, Getenv: simKeyEnv, EmbeddedNATS: natsembed.Launch})
 	if err != nil {
 		return nil, fmt.Errorf("drill: start mesh: %w", err)
 	}

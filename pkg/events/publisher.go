@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -212,48 +210,4 @@ type Discard struct{ Log *slog.Logger }
 // Publish logs the event subject.
 func (d Discard) Publish(ctx context.Context, subject string, _ proto.Message) {
 	d.Log.DebugContext(ctx, "event not published: no nats configured", "subject", subject)
-}
-
-// Embedded is an in-process NATS server with JetStream, for `mantle dev` and tests.
-type Embedded struct {
-	srv *server.Server
-	dir string
-}
-
-// StartEmbedded starts NATS with JetStream on 127.0.0.1 at a free port, storing
-// JetStream data in a fresh temporary directory.
-func StartEmbedded() (*Embedded, error) {
-	dir, err := os.MkdirTemp("", "mantle-nats-")
-	if err != nil {
-		return nil, fmt.Errorf("embedded nats store: %w", err)
-	}
-	srv, err := server.NewServer(&server.Options{
-		Host:      "127.0.0.1",
-		Port:      server.RANDOM_PORT,
-		JetStream: true,
-		StoreDir:  dir,
-		NoSigs:    true,
-		NoLog:     true,
-	})
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("embedded nats: %w", err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		os.RemoveAll(dir)
-		return nil, errors.New("embedded nats did not become ready within 10s")
-	}
-	return &Embedded{srv: srv, dir: dir}, nil
-}
-
-// URL is the client URL of the embedded server.
-func (e *Embedded) URL() string { return e.srv.ClientURL() }
-
-// Shutdown stops the server and removes its data.
-func (e *Embedded) Shutdown() {
-	e.srv.Shutdown()
-	e.srv.WaitForShutdown()
-	os.RemoveAll(e.dir)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"os"
 	"path/filepath"
 	"sync"
@@ -267,7 +268,7 @@ func TestSpoolFlushHonoursCancellation(t *testing.T) {
 // embeddedJetStream starts an embedded NATS server for the test and connects to it.
 func embeddedJetStream(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	srv, err := StartEmbedded()
+	srv, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}

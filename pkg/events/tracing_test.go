@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"context"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"log/slog"
 	"testing"
 
@@ -19,7 +20,7 @@ import (
 // traceparent so that a consumer continues the same trace from the publish.
 func TestPublishCarriesTheTrace(t *testing.T) {
 	t.Parallel()
-	srv, err := events.StartEmbedded()
+	srv, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestPublishCarriesTheTrace(t *testing.T) {
 // Without tracing, a publish outside any trace sends no trace headers.
 func TestPublishWithoutTracing(t *testing.T) {
 	t.Parallel()
-	srv, err := events.StartEmbedded()
+	srv, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -144,8 +145,9 @@ type EventsConfig struct {
 	// mantle.events.<kind> and the stream MANTLE_EVENTS (7 days). With neither nats_url
 	// nor embedded set, events are off.
 	NATSURL string `yaml:"nats_url"`
-	// Embedded starts an in-process NATS server with JetStream instead (development, single
-	// node; not together with nats_url).
+	// Embedded starts an in-process NATS server with JetStream instead, for mantle dev and
+	// the drills: target all only, not together with nats_url, and its JetStream data (review
+	// queue, idempotency records, rules) is deleted at shutdown. mantle serve refuses it.
 	Embedded bool `yaml:"embedded"`
 	// TLS secures the connection to nats_url; every reconnection reads the current files.
 	TLS tlsconfig.ClientConfig `yaml:"tls"`
@@ -361,6 +363,11 @@ func (c Config) Validate() error {
 	wrap("runtime", c.Runtime.Validate())
 	if c.Events.Embedded && c.Events.NATSURL != "" {
 		errs = append(errs, errors.New("events: set nats_url or embedded, not both"))
+	}
+	if c.Events.Embedded && !slices.Equal(c.Targets(), []string{"all"}) {
+		// An in-process server is this process's alone: other processes of a split mesh
+		// could not reach its review queue or idempotency records.
+		errs = append(errs, fmt.Errorf("events.embedded: only with target all (got %q); a split mesh needs events.nats_url", c.Target))
 	}
 	wrap("events.tls", c.Events.TLS.Validate())
 	if c.Events.TLS.Enabled && c.Events.NATSURL == "" {

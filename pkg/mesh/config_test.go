@@ -201,6 +201,7 @@ func TestValidate(t *testing.T) {
 		{"log level", func(c *mesh.Config) { c.Log.Level = "loud" }, []string{`log.level: want debug, info, warn or error, got "loud"`}},
 		{"log format", func(c *mesh.Config) { c.Log.Format = "xml" }, []string{`log.format: want json or text, got "xml"`}},
 		{"events", func(c *mesh.Config) { c.Events = mesh.EventsConfig{NATSURL: "nats://x", Embedded: true} }, []string{"events: set nats_url or embedded, not both"}},
+		{"embedded events in a split mesh", func(c *mesh.Config) { c.Target, c.Events = "router", mesh.EventsConfig{Embedded: true} }, []string{"events.embedded: only with target all"}},
 		{"tracing endpoint", func(c *mesh.Config) { c.Tracing.Enabled, c.Tracing.OTLPEndpoint = true, "" }, []string{"tracing.otlp_endpoint: required when tracing.enabled is true"}},
 		{"tracing endpoint URL", func(c *mesh.Config) { c.Tracing.Enabled, c.Tracing.OTLPEndpoint = true, "http://jaeger:4317" }, []string{"tracing.otlp_endpoint: want host:port without a scheme"}},
 		{"tracing ratio", func(c *mesh.Config) { c.Tracing.SampleRatio = 2 }, []string{"tracing.sample_ratio: want a number from 0 to 1, got 2"}},

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,6 +55,11 @@ type Options struct {
 	// process logger, in log.format. Their loggers are the whole process's: for a
 	// process that exists to serve mantle, not for programs that start several meshes.
 	RouteLibraryLogs bool
+	// EmbeddedNATS starts the in-process NATS server that events.embedded asks for (mantle
+	// dev, the drills and tests pass one). Without it events.embedded is refused: a serving
+	// process keeps its events, review queue and idempotency records in a real NATS.
+	// natsembed.Launch is the one there is.
+	EmbeddedNATS func() (url string, shutdown func(), err error)
 }
 
 // Process is a configured mantle process with its listeners bound.
@@ -133,13 +139,18 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 	var natsConn *nats.Conn
 	natsURL := cfg.Events.NATSURL
 	if cfg.Events.Embedded {
-		srv, err := events.StartEmbedded()
+		if opts.EmbeddedNATS == nil {
+			p.Close()
+			return nil, errors.New("events.embedded: this command has no embedded NATS server (its JetStream data would vanish at shutdown); set events.nats_url to a NATS server with JetStream, or use mantle dev")
+		}
+		url, shutdown, err := opts.EmbeddedNATS()
 		if err != nil {
 			p.Close()
 			return nil, err
 		}
-		p.cleanup = append(p.cleanup, srv.Shutdown)
-		natsURL = srv.URL()
+		p.cleanup = append(p.cleanup, shutdown)
+		natsURL = url
+		log.Warn("events.embedded: an in-process NATS server keeps the review queue, idempotency records and rules in a temporary directory deleted at shutdown")
 	}
 	if natsURL != "" {
 		var evOpts []events.Option

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"errors"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"log/slog"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ import (
 // tenant and reason.
 func TestEventsOnNATS(t *testing.T) {
 	t.Parallel()
-	srv, err := events.StartEmbedded()
+	srv, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 
 // startNATS starts a NATS server with JetStream on 127.0.0.1:port (0: a free port) storing
 // in dir, so that a test can stop it and start it again with the same address and data.
-// (pkg/events.StartEmbedded always picks a new port and a new directory.)
+// (pkg/natsembed.Start always picks a new port and a new directory.)
 func startNATS(t *testing.T, port int, dir string) *server.Server {
 	t.Helper()
 	if port == 0 {

@@ -7,6 +7,7 @@ package meshtest
 import (
 	"context"
 	"errors"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"io"
 	"log/slog"
 	"os"
@@ -18,7 +19,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
@@ -72,7 +72,7 @@ func StartEach(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options, each
 	if opts.LogOutput == nil {
 		opts.LogOutput = io.Discard
 	}
-	nats, err := events.StartEmbedded()
+	nats, err := natsembed.Start()
 	if err != nil {
 		t.Fatalf("embedded nats: %v", err)
 	}

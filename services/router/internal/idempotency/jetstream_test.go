@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,14 +12,12 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/mantle-mesh/mantle/pkg/events"
 )
 
 // startNATS starts an embedded NATS server with JetStream for the test.
-func startNATS(t testing.TB) *events.Embedded {
+func startNATS(t testing.TB) *natsembed.Server {
 	t.Helper()
-	srv, err := events.StartEmbedded()
+	srv, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +26,7 @@ func startNATS(t testing.TB) *events.Embedded {
 }
 
 // connect returns a JetStream context on a connection closed when the test ends.
-func connect(t testing.TB, srv *events.Embedded) (*nats.Conn, jetstream.JetStream) {
+func connect(t testing.TB, srv *natsembed.Server) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
@@ -46,7 +45,7 @@ var bucketSeq atomic.Int64
 // newBucketName returns a bucket name no other test uses.
 func newBucketName() string { return fmt.Sprintf("idem_%d", bucketSeq.Add(1)) }
 
-func newJetStreamFixture(srv *events.Embedded) func(t *testing.T) fixture {
+func newJetStreamFixture(srv *natsembed.Server) func(t *testing.T) fixture {
 	return func(t *testing.T) fixture {
 		_, js := connect(t, srv)
 		clock := clockwork.NewFakeClockAt(epoch)

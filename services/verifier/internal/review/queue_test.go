@@ -2,6 +2,7 @@ package review
 
 import (
 	"context"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"log/slog"
 	"strings"
 	"testing"
@@ -28,7 +29,7 @@ type queueFixture struct {
 
 func startQueue(t *testing.T) *queueFixture {
 	t.Helper()
-	srv, err := events.StartEmbedded()
+	srv, err := natsembed.Start()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"log/slog"
 	"strings"
 	"sync"
@@ -17,7 +18,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
-	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
 )
@@ -108,7 +108,7 @@ func stores(t *testing.T, test func(t *testing.T, kv KV)) {
 	})
 	t.Run("jetstream", func(t *testing.T) {
 		t.Parallel()
-		srv, err := events.StartEmbedded()
+		srv, err := natsembed.Start()
 		if err != nil {
 			t.Fatal(err)
 		}
