@@ -100,3 +100,56 @@ func TestNeeds(t *testing.T) {
 		}
 	}
 }
+
+// TestContextWindowSkipsCandidates: the prompt's size as quota counted it (with a tenth off
+// for other tokenizers) plus max_tokens is held against each model's context window: a
+// model that cannot hold it is not called, one of unknown window is, and when none can the
+// request is refused naming the capability, before any call.
+func TestContextWindowSkipsCandidates(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		windows   [3]int // a, b, c; 0 is unknown
+		prompt    int64  // quota's count; 0 when quota did not say
+		maxTokens int32
+		want      string // the model that answers; "" for the refusal
+		skipped   []string
+	}{
+		{name: "a prompt a's window cannot hold goes to b", windows: [3]int{1000, 8000, 0}, prompt: 2000, want: "b", skipped: []string{"a"}},
+		{name: "max_tokens counts too", windows: [3]int{4000, 8000, 0}, prompt: 2000, maxTokens: 3000, want: "b", skipped: []string{"a"}},
+		{name: "a tenth of margin for another tokenizer: near the edge is tried", windows: [3]int{1900, 8000, 0}, prompt: 2000, want: "a"},
+		{name: "too large for every known window: the unknown one is tried", windows: [3]int{1000, 8000, 0}, prompt: 20000, want: "c", skipped: []string{"a", "b"}},
+		{name: "too large for every window: refused", windows: [3]int{1000, 8000, 16000}, prompt: 20000, skipped: []string{"a", "b", "c"}},
+		{name: "quota did not count: nothing skipped", windows: [3]int{1000, 8000, 16000}, want: "a"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig()
+			for i, w := range tt.windows {
+				cfg.Models[i].ContextWindow = w
+			}
+			h := newHarness(t, cfg, &harness{quota: &fakeQuota{inputTokens: tt.prompt}, providers: map[string]*fakeProvider{
+				"a": newFakeProvider(reply("from a", 1, 1)), "b": newFakeProvider(reply("from b", 1, 1)), "c": newFakeProvider(reply("from c", 1, 1)),
+			}})
+			req := ask("chat")
+			req.MaxTokens = tt.maxTokens
+			resp, err := h.router.Complete(context.Background(), req)
+			for _, m := range tt.skipped {
+				if n := h.providers[m].calls(); n != 0 {
+					t.Errorf("%s was called %d times; its window cannot hold the request", m, n)
+				}
+			}
+			if tt.want == "" {
+				var invalid *rpc.ValidationError
+				if !errors.As(err, &invalid) || !strings.Contains(err.Error(), "context_window") {
+					t.Fatalf("err = %v, want a validation error naming context_window", err)
+				}
+				return
+			}
+			if err != nil || resp.Model != tt.want {
+				t.Fatalf("answered by %v (%v), want %s", resp.GetModel(), err, tt.want)
+			}
+		})
+	}
+}

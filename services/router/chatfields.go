@@ -339,3 +339,38 @@ func checkCarried(rt *route, req *routerv1.Request) error {
 func dataURL(mediaType string, data []byte) string {
 	return "data:" + mediaType + ";base64," + base64.StdEncoding.EncodeToString(data)
 }
+
+// windowMargin discounts the prompt's token count before it is held against a model's
+// context window: quota counts with the route's first model's tokenizer, and another
+// model's may count up to a tenth fewer. A prompt that still does not fit is skipped
+// for sure; one near the edge is left to the provider (a context overflow fails over to
+// a larger window).
+const windowMargin = 0.9
+
+// skipSmallWindows marks the candidates whose context window cannot hold the prompt and
+// max_tokens as exhausted. When that leaves none that could, the request is refused: no
+// model of the route can take it, and every one would be a paid context overflow.
+func (r *Router) skipSmallWindows(qc *mantlev1.QualityContext, p *plan, rt *route, promptTokens, maxTokens int64) error {
+	if promptTokens <= 0 {
+		return nil
+	}
+	need := int64(float64(promptTokens)*windowMargin) + maxTokens
+	skipped, largest, left := false, 0, false
+	for _, c := range p.cands {
+		w := c.u.model.ContextWindow
+		largest = max(largest, w)
+		if c.exhausted {
+			continue
+		}
+		if w > 0 && int64(w) < need {
+			c.exhausted, skipped = true, true
+			r.audit(qc, "route", fmt.Sprintf("%s skipped: capability context_window (%d tokens, the request needs about %d)", c.u.model.Name, w, need), 0)
+			continue
+		}
+		left = true
+	}
+	if skipped && !left {
+		return rpc.Invalid("request.messages", "no model of route %q can serve this request: capability context_window, the prompt's %d tokens and max_tokens %d exceed every candidate's window (the largest is %d)", rt.name, promptTokens, maxTokens, largest)
+	}
+	return nil
+}

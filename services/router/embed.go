@@ -131,10 +131,11 @@ func (r *Router) embed(ctx context.Context, req *routerv1.EmbedRequest, rt *rout
 		tokens += int64(len(t.GetTokens()))
 	}
 	// An embedding has no output: one token is the least quota accepts.
-	reservation, limits, err := r.reserveTokens(ctx, rt, qc, 1, messages, nil, tokens)
+	granted, err := r.reserveTokens(ctx, rt, qc, 1, messages, nil, tokens)
 	if err != nil {
 		return nil, err
 	}
+	reservation, limits := granted.id, granted.limits
 	preq := provider.EmbedRequest{Input: req.Input, User: req.User}
 	for _, t := range req.InputTokens {
 		preq.InputTokens = append(preq.InputTokens, t.GetTokens())

@@ -178,8 +178,10 @@ type outcome struct {
 	raced bool
 }
 
-// attempt runs the loop and returns the first acceptable answer.
-func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink) (*answer, error) {
+// attempt runs the loop and returns the first acceptable answer. promptTokens is the
+// prompt's size as quota counted it (0 when unknown): models whose context window cannot
+// hold it are not tried.
+func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink, promptTokens int64) (*answer, error) {
 	p := r.newPlan(rt, qc.Scenario)
 	r.budget.Request()
 	if sink == nil && rt.hedge.Enabled {
@@ -188,6 +190,9 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 	}
 	preq := providerRequest(req, qc)
 	r.skipUnable(qc, p, req, preq)
+	if err := r.skipSmallWindows(qc, p, rt, promptTokens, int64(req.MaxTokens)); err != nil {
+		return nil, err
+	}
 	for ctx.Err() == nil {
 		c := p.next()
 		if c == nil {

@@ -41,6 +41,8 @@ type fakeQuota struct {
 	// queued makes Reserve wait that long in the queue, on clock.
 	queued time.Duration
 	clock  *clockwork.FakeClock
+	// inputTokens is the prompt size Reserve reports.
+	inputTokens int64
 
 	mu       sync.Mutex
 	reserves []*quotav1.ReserveRequest
@@ -91,7 +93,7 @@ func (q *fakeQuota) Reserve(_ context.Context, in *quotav1.ReserveRequest, _ ...
 	if q.reserveErr != nil {
 		return nil, q.reserveErr
 	}
-	return &quotav1.ReserveResponse{ReservationId: "res-1", ReservedTokens: 100, Quality: in.Quality, Waited: durationpb.New(q.queued),
+	return &quotav1.ReserveResponse{ReservationId: "res-1", ReservedTokens: 100, InputTokens: q.inputTokens, Quality: in.Quality, Waited: durationpb.New(q.queued),
 		Limits: &quotav1.Limits{LimitRequests: 10, RemainingRequests: 9, ResetRequests: durationpb.New(time.Second)}}, nil
 }
 

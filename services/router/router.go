@@ -373,10 +373,11 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 }
 
 func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, sink Sink) (*routerv1.CompleteResponse, error) {
-	reservation, limits, err := r.reserve(ctx, req, rt, qc)
+	granted, err := r.reserve(ctx, req, rt, qc)
 	if err != nil {
 		return nil, err
 	}
+	reservation, limits := granted.id, granted.limits
 	found, lease, storeDeclined := r.lookup(ctx, req, rt, qc)
 	if found != nil {
 		// The rules of the request's scenario judge a cached answer as they judge a fresh
@@ -404,7 +405,7 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 		// An operator pinned the route below its models (cache-only mode during an outage).
 		err = &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_BREAKER_OPEN, forced: rt.ladder.ForceLevel}
 	default:
-		ans, err = r.attempt(ctx, req, rt, qc, sink)
+		ans, err = r.attempt(ctx, req, rt, qc, sink, granted.inputTokens)
 	}
 	r.settle(ctx, qc, reservation, qc.Usage)
 	if err != nil {
@@ -513,16 +514,25 @@ func unstorable(v *verifierv1.VerifyResponse) string {
 // then bounds it by the request's own time).
 const maxWaitMs = 24 * 60 * 60 * 1000
 
-func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (string, *routerv1.RateLimit, error) {
+func (r *Router) reserve(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext) (reservation, error) {
 	return r.reserveTokens(ctx, rt, qc, int64(req.MaxTokens), req.Messages, req.Tools, 0)
+}
+
+// reservation is what quota granted a request: the id to settle, the tenant's limits for
+// the caller's rate-limit headers, and the prompt's tokens as quota counted them (0 when
+// quota is off or unreachable).
+type reservation struct {
+	id          string
+	limits      *routerv1.RateLimit
+	inputTokens int64
 }
 
 // reserveTokens reserves quota for a request on rt: maxOutput tokens of answer (0: quota's
 // default) and the input, counted by quota from messages and the tools offered unless
 // inputTokens says it.
-func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.QualityContext, maxOutput int64, messages []*mantlev1.ChatMessage, tools []*mantlev1.Tool, inputTokens int64) (string, *routerv1.RateLimit, error) {
+func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.QualityContext, maxOutput int64, messages []*mantlev1.ChatMessage, tools []*mantlev1.Tool, inputTokens int64) (reservation, error) {
 	if r.deps.Quota == nil {
-		return "", nil, nil // quota is off: nothing to reserve, so nothing to settle
+		return reservation{}, nil // quota is off: nothing to reserve, so nothing to settle
 	}
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
@@ -556,25 +566,25 @@ func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.Qual
 			// keeps a quota outage from becoming unlimited spending.
 			if !r.fallbackLimiter.allow(qc.Tenant, r.deps.Clock.Now()) {
 				r.audit(qc, "reserve", "quota unavailable and local fallback limit reached", r.deps.Clock.Since(start))
-				return "", nil, rpc.ResourceExhausted(errorDomain, "tenant:"+qc.Tenant+":local-fallback",
+				return reservation{}, rpc.ResourceExhausted(errorDomain, "tenant:"+qc.Tenant+":local-fallback",
 					"quota service unavailable and this replica's fallback limit is reached", time.Second)
 			}
 			r.deps.Log.WarnContext(ctx, "quota unavailable; admitting under the local fallback limit", "err", err)
 			qc.SkippedSteps = append(qc.SkippedSteps, "quota")
 			r.audit(qc, "reserve", "fail open (local limit): "+code.String(), r.deps.Clock.Since(start))
-			return "", nil, nil
+			return reservation{}, nil
 		}
-		return "", nil, err
+		return reservation{}, err
 	}
 	adoptAudit(qc, sent, res.GetQuality())
 	addWait(qc, res.GetWaited().AsDuration()) // in quota's priority queue
 	r.audit(qc, "reserve", fmt.Sprintf("reserved %d tokens", res.ReservedTokens), r.deps.Clock.Since(start))
 	l := res.GetLimits()
-	return res.ReservationId, &routerv1.RateLimit{
+	return reservation{id: res.ReservationId, inputTokens: res.InputTokens, limits: &routerv1.RateLimit{
 		LimitRequests: l.GetLimitRequests(), RemainingRequests: l.GetRemainingRequests(),
 		LimitTokens: l.GetLimitTokens(), RemainingTokens: l.GetRemainingTokens(),
 		ResetRequests: l.GetResetRequests(), ResetTokens: l.GetResetTokens(),
-	}, nil
+	}}, nil
 }
 
 // settle reports real usage. It runs even when the caller has gone away, with its own
