@@ -134,21 +134,29 @@ func TestToolCallArgumentsFailOver(t *testing.T) {
 		}
 	})
 
-	// A stream is verified after the caller has it (docs/verification.md): the call went
-	// out, and the last chunk says it failed L1 and where.
-	t.Run("streamed bad call: the last chunk says it failed", func(t *testing.T) {
-		res := postChat(t, base, strings.TrimSuffix(body("tools-all-bad"), "}")+`,"stream":true}`, nil)
+	// A streamed answer that is only tool calls is held back until it is whole and checked
+	// (docs/verification.md): a bad call never reaches the caller, the fallback's good one
+	// streams, and when every call is bad the caller gets an error, not a bad call.
+	t.Run("streamed: the bad call is held back and the fallback's good call streams", func(t *testing.T) {
+		res := postChat(t, base, strings.TrimSuffix(body("tools"), "}")+`,"stream":true}`, nil)
 		if res.status != http.StatusOK {
 			t.Fatalf("HTTP %d: %s", res.status, res.body)
 		}
-		var last string
-		for _, line := range strings.Split(string(res.body), "\n") {
-			if strings.HasPrefix(line, "data: {") && strings.Contains(line, `"mantle"`) {
-				last = line
-			}
+		stream := string(res.body)
+		if strings.Contains(stream, `\"city\":42`) || !strings.Contains(stream, `Paris`) || !strings.Contains(stream, `"model":"good-model"`) || strings.Contains(stream, `"model":"bad-model","choices"`) {
+			t.Errorf("stream %s: want only good-model's call", stream)
 		}
-		if !strings.Contains(last, `"l1_failures":["tool_call_schema"]`) || strings.Contains(last, `"l1_passed":true`) {
-			t.Errorf("last chunk %s, want verification with l1_failures tool_call_schema", last)
+		if !strings.Contains(stream, `"finish_reason":"tool_calls"`) || !strings.Contains(stream, "data: [DONE]") {
+			t.Errorf("stream %s: want it ended with tool_calls and [DONE]", stream)
+		}
+	})
+	t.Run("streamed, every call bad: an error before anything is sent", func(t *testing.T) {
+		res := postChat(t, base, strings.TrimSuffix(body("tools-all-bad"), "}")+`,"stream":true}`, nil)
+		if res.status == http.StatusOK && !strings.Contains(string(res.body), "tool_call_schema") {
+			t.Fatalf("HTTP %d %s: want an error naming the failed check", res.status, res.body)
+		}
+		if strings.Contains(string(res.body), `"tool_calls":[`) {
+			t.Errorf("a bad call reached the caller: %s", res.body)
 		}
 	})
 

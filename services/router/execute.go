@@ -172,7 +172,11 @@ type outcome struct {
 	verdict   *verifierv1.VerifyResponse // nil when the answer was not verified
 	committed bool                       // part of a stream reached the caller
 	streamed  bool                       // verified after the caller has the answer
-	err       error                      // the provider's or the verifier's rejection
+	// held are the pieces of a streamed answer that is only tool calls, kept from the
+	// caller until it is checked; verified: it was, before the caller got it.
+	held     []Delta
+	verified bool
+	err      error // the provider's or the verifier's rejection
 	// raced: a hedge that answered while the route's first choice, which had not
 	// failed, was still working on it. Such an answer is not degraded.
 	raced bool
@@ -304,7 +308,7 @@ func failsOver(class mantlev1.ErrorClass) bool {
 func (r *Router) accept(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, o outcome, sink Sink, prefix string) *answer {
 	o.res.Content = prefix + o.res.Content
 	verdict := o.verdict
-	if sink != nil {
+	if sink != nil && !o.verified {
 		v, audit, _ := r.verify(ctx, req, qc, o.c.answerer(), &o.res, nil)
 		qc.Audit = append(qc.Audit, audit...)
 		applyVerdict(qc, v)
@@ -540,6 +544,25 @@ func (r *Router) run(ctx context.Context, req *routerv1.Request, rt *route, qc *
 	o := r.call(actx, rt, c, key, permit, preq, sink, hedged, qc.Tenant)
 	defer func() { r.endAttempt(span, o) }() // after verification: its verdict is the attempt's outcome
 	o.streamed = sink != nil
+	if o.err == nil && sink != nil && len(o.held) > 0 {
+		// An answer that is only tool calls was held back whole: it is checked like a unary
+		// answer before the caller gets any of it, so a bad call fails over instead.
+		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c.answerer(), &o.res, o.audit)
+		if o.err != nil {
+			o.att.ErrorClass = provider.ClassOf(o.err)
+			o.att.ErrorMessage = o.err.Error()
+			return o
+		}
+		o.verified = true
+		for _, d := range o.held {
+			if err := sink(d); err != nil {
+				o.err = err
+				o.att.ErrorClass, o.att.ErrorMessage = provider.ClassOf(err), err.Error()
+				break
+			}
+		}
+		o.committed = true
+	}
 	if o.err == nil && sink == nil {
 		o.verdict, o.audit, o.err = r.verify(ctx, req, qc, c.answerer(), &o.res, o.audit)
 		if o.err != nil {
@@ -711,7 +734,12 @@ func (r *Router) call(ctx context.Context, rt *route, c *candidate, key *upstrea
 	if sink == nil {
 		o.res, o.err = key.client.Complete(ctx, preq)
 	} else {
-		o.res, o.committed, o.err = r.stream(ctx, rt, c, key, preq, sink, o.att, start)
+		hold := &toolHold{next: sink}
+		o.res, o.committed, o.err = r.stream(ctx, rt, c, key, preq, hold.sink, o.att, start)
+		if !hold.passing {
+			// Only tool calls so far, and the caller has none of them: not committed.
+			o.committed, o.held = false, hold.held
+		}
 	}
 	r.finishCall(ctx, &o, permit, start, hedged, tenant)
 	return o

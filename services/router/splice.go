@@ -107,3 +107,30 @@ func trimLeftSpace(s string) string {
 	}
 	return ""
 }
+
+// toolHold keeps the pieces of a streamed answer from the caller while they are only tool
+// calls: a tool call is of no use to the caller until it is whole, and held back it can
+// still be checked and, when bad, replaced by another candidate's. The first text (or
+// anything else) sends what was held and everything after it straight through.
+type toolHold struct {
+	next    Sink
+	held    []Delta
+	passing bool
+}
+
+func (h *toolHold) sink(d Delta) error {
+	if !h.passing && d.Content == "" && len(d.ToolCalls) > 0 && d.Logprobs == nil {
+		h.held = append(h.held, d)
+		return nil
+	}
+	if !h.passing {
+		h.passing = true
+		for _, p := range h.held {
+			if err := h.next(p); err != nil {
+				return err
+			}
+		}
+		h.held = nil
+	}
+	return h.next(d)
+}
