@@ -3,6 +3,7 @@ package openaiapi
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"unicode/utf8"
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
@@ -29,38 +30,38 @@ func DecodeEmbeddingsRequest(body []byte) (*routerv1.EmbedRequest, error) {
 	if !utf8.Valid(body) {
 		return nil, invalid("body", "the body is not valid UTF-8")
 	}
-	top, err := object(body, "")
+	top, err := jsonfield.Object(body, "")
 	if err != nil {
 		return nil, err
 	}
 	req := &routerv1.EmbedRequest{}
 	d := decoder{}
 	seenInput := false
-	for _, k := range sortedKeys(top) {
+	for _, k := range jsonfield.SortedKeys(top) {
 		v := top[k]
 		switch k {
 		case "model":
-			d.str(v, k, &req.Model)
+			d.Str(v, k, &req.Model)
 		case "input":
 			seenInput = true
 			d.embedInput(v, req)
 		case "dimensions":
-			req.Dimensions = d.int32p(v, k)
+			req.Dimensions = d.Int32(v, k)
 			if req.Dimensions != nil && (*req.Dimensions < 1 || *req.Dimensions > MaxEmbeddingDimensions) {
-				d.fail(k, "must be between 1 and %d, got %d", MaxEmbeddingDimensions, *req.Dimensions)
+				d.Fail(k, "must be between 1 and %d, got %d", MaxEmbeddingDimensions, *req.Dimensions)
 			}
 		case "encoding_format":
-			d.str(v, k, &req.EncodingFormat)
+			d.Str(v, k, &req.EncodingFormat)
 			if req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64" {
-				d.fail(k, "want float or base64, got %q", req.EncodingFormat)
+				d.Fail(k, "want float or base64, got %q", req.EncodingFormat)
 			}
 		case "user":
-			d.str(v, k, &req.User)
+			d.Str(v, k, &req.User)
 		default:
-			d.fail(keyName(k), "unknown field: mantle forwards every documented embeddings field (%v) and refuses others", EmbeddingsFields)
+			d.Fail(jsonfield.Join("", k), "unknown field: mantle forwards every documented embeddings field (%v) and refuses others", EmbeddingsFields)
 		}
-		if d.err != nil {
-			return nil, d.err
+		if d.Err != nil {
+			return nil, d.Err
 		}
 	}
 	if !seenInput {
@@ -78,25 +79,25 @@ func (d *decoder) embedInput(v json.RawMessage, req *routerv1.EmbedRequest) {
 		return
 	}
 	var items []json.RawMessage
-	if !d.decode(v, "input", &items, want) {
+	if !d.Decode(v, "input", &items, want) {
 		return
 	}
 	if len(items) == 0 {
-		d.fail("input", "must not be empty")
+		d.Fail("input", "must not be empty")
 		return
 	}
 	// A flat list of integers is one input given as tokens.
 	var one []int64
 	if json.Unmarshal(v, &one) == nil {
 		if len(one) > MaxEmbeddingTokens {
-			d.fail("input", "at most %d tokens in one input, got %d", MaxEmbeddingTokens, len(one))
+			d.Fail("input", "at most %d tokens in one input, got %d", MaxEmbeddingTokens, len(one))
 			return
 		}
 		req.InputTokens = []*routerv1.TokenInput{{Tokens: one}}
 		return
 	}
 	if len(items) > MaxEmbeddingInputs {
-		d.fail("input", "at most %d inputs, got %d", MaxEmbeddingInputs, len(items))
+		d.Fail("input", "at most %d inputs, got %d", MaxEmbeddingInputs, len(items))
 		return
 	}
 	var first string
@@ -104,7 +105,7 @@ func (d *decoder) embedInput(v json.RawMessage, req *routerv1.EmbedRequest) {
 		req.Input = make([]string, 0, len(items))
 		for i, it := range items {
 			var s string
-			if !d.decode(it, fmt.Sprintf("input[%d]", i), &s, "want a string, like the other inputs") {
+			if !d.Decode(it, fmt.Sprintf("input[%d]", i), &s, "want a string, like the other inputs") {
 				return
 			}
 			req.Input = append(req.Input, s)
@@ -114,11 +115,11 @@ func (d *decoder) embedInput(v json.RawMessage, req *routerv1.EmbedRequest) {
 	req.InputTokens = make([]*routerv1.TokenInput, 0, len(items))
 	for i, it := range items {
 		var toks []int64
-		if !d.decode(it, fmt.Sprintf("input[%d]", i), &toks, "want a list of token ids, like the other inputs") {
+		if !d.Decode(it, fmt.Sprintf("input[%d]", i), &toks, "want a list of token ids, like the other inputs") {
 			return
 		}
 		if len(toks) > MaxEmbeddingTokens {
-			d.fail(fmt.Sprintf("input[%d]", i), "at most %d tokens in one input, got %d", MaxEmbeddingTokens, len(toks))
+			d.Fail(fmt.Sprintf("input[%d]", i), "at most %d tokens in one input, got %d", MaxEmbeddingTokens, len(toks))
 			return
 		}
 		req.InputTokens = append(req.InputTokens, &routerv1.TokenInput{Tokens: toks})

@@ -1,0 +1,195 @@
+// Package jsonfield decodes a JSON request body field by field and names the path of the
+// first field that is wrong, as an rpc.ValidationError that the front doors answer with a
+// 400 naming the field. The OpenAI and Anthropic request decoders (pkg/openaiapi,
+// pkg/anthropicapi) are built on it, so that both refuse unknown and malformed fields the
+// same way.
+package jsonfield
+
+import (
+	"bytes"
+	"encoding/json"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/mantle-mesh/mantle/pkg/rpc"
+)
+
+// Decoder holds the first error; every method is a no-op after it.
+type Decoder struct {
+	Err error
+	// Refused names keys that Obj refuses with a reason ("not supported: ...") instead of
+	// as unknown fields.
+	Refused map[string]string
+}
+
+// Fail records a field error unless one is recorded already.
+func (d *Decoder) Fail(field, format string, args ...any) {
+	if d.Err == nil {
+		d.Err = rpc.Invalid(field, format, args...)
+	}
+}
+
+// Decode unmarshals v into into, failing field with want when it does not fit.
+func (d *Decoder) Decode(v json.RawMessage, field string, into any, want string) bool {
+	if d.Err != nil {
+		return false
+	}
+	if err := json.Unmarshal(v, into); err != nil {
+		d.Fail(field, "%s, got %s", want, Shorten(v))
+		return false
+	}
+	return true
+}
+
+// Str decodes a string; null leaves into as it is.
+func (d *Decoder) Str(v json.RawMessage, field string, into *string) {
+	if !IsNull(v) {
+		d.Decode(v, field, into, "want a string")
+	}
+}
+
+// Float decodes a number; nil for null or an error.
+func (d *Decoder) Float(v json.RawMessage, field string) *float64 {
+	var f float64
+	if IsNull(v) || !d.Decode(v, field, &f, "want a number") {
+		return nil
+	}
+	return &f
+}
+
+// Int32 decodes an integer; nil for null or an error.
+func (d *Decoder) Int32(v json.RawMessage, field string) *int32 {
+	var n int32
+	if IsNull(v) || !d.Decode(v, field, &n, "want an integer") {
+		return nil
+	}
+	return &n
+}
+
+// Bool decodes true or false; nil for null or an error.
+func (d *Decoder) Bool(v json.RawMessage, field string) *bool {
+	var b bool
+	if IsNull(v) || !d.Decode(v, field, &b, "want true or false") {
+		return nil
+	}
+	return &b
+}
+
+// Strings decodes a list of at most limit strings.
+func (d *Decoder) Strings(v json.RawMessage, field string, into *[]string, limit int) {
+	if IsNull(v) || !d.Decode(v, field, into, "want a list of strings") {
+		return
+	}
+	if len(*into) > limit {
+		d.Fail(field, "at most %d entries, got %d", limit, len(*into))
+	}
+}
+
+// List decodes v as a JSON list of at most limit members.
+func (d *Decoder) List(v json.RawMessage, field, what string, limit int) []json.RawMessage {
+	var l []json.RawMessage
+	if IsNull(v) || !d.Decode(v, field, &l, "want a list of "+what) {
+		return nil
+	}
+	if len(l) > limit {
+		d.Fail(field, "at most %d %s, got %d", limit, what, len(l))
+		return nil
+	}
+	return l
+}
+
+// Obj decodes v as an object for field, checking that its keys are among allowed; a key of
+// Refused is refused with its reason, any other as unknown.
+func (d *Decoder) Obj(v json.RawMessage, field string, allowed ...string) map[string]json.RawMessage {
+	if d.Err != nil {
+		return nil
+	}
+	m, err := Object(v, field)
+	if err != nil {
+		d.Err = err
+		return nil
+	}
+	for _, k := range SortedKeys(m) {
+		if slices.Contains(allowed, k) {
+			continue
+		}
+		if why, ok := d.Refused[k]; ok {
+			d.Fail(Join(field, k), "not supported: %s", why)
+		} else {
+			d.Fail(Join(field, k), "unknown field (want one of %s)", strings.Join(allowed, ", "))
+		}
+		return nil
+	}
+	return m
+}
+
+// Object decodes v as a JSON object; field names it in the error ("" is the body).
+func Object(v json.RawMessage, field string) (map[string]json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(v, &m); err != nil || m == nil {
+		if field == "" {
+			msg := "null"
+			if err != nil {
+				msg = err.Error()
+			}
+			return nil, rpc.Invalid("body", "the body must be a JSON object: %s", msg)
+		}
+		return nil, rpc.Invalid(field, "want an object, got %s", Shorten(v))
+	}
+	return m, nil
+}
+
+// IsNull reports an absent member or JSON null.
+func IsNull(v json.RawMessage) bool {
+	return len(v) == 0 || string(bytes.TrimSpace(v)) == "null"
+}
+
+// OrNull is v, or JSON null for an absent member, which Obj reports as "want an object".
+func OrNull(v json.RawMessage) json.RawMessage {
+	if v == nil {
+		return json.RawMessage("null")
+	}
+	return v
+}
+
+// Compact is v without insignificant white space (v itself when it is not JSON).
+func Compact(v json.RawMessage) []byte {
+	var b bytes.Buffer
+	if json.Compact(&b, v) != nil {
+		return v
+	}
+	return b.Bytes()
+}
+
+// Shorten is v cut to 40 characters for an error message; invalid UTF-8 becomes U+FFFD,
+// because the message must be UTF-8.
+func Shorten(v json.RawMessage) string {
+	r := []rune(string(v))
+	if len(r) > 40 {
+		return string(r[:40]) + "..."
+	}
+	return string(r)
+}
+
+// Join is the path of key k of field.
+func Join(field, k string) string {
+	if field == "" {
+		return keyName(k)
+	}
+	return field + "." + keyName(k)
+}
+
+// keyName is k as a field name; an empty key is shown quoted, so that the error still
+// names it.
+func keyName(k string) string {
+	if k == "" {
+		return `""`
+	}
+	return k
+}
+
+// SortedKeys are m's keys in order, so that the first error is the same every time.
+func SortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
+}
