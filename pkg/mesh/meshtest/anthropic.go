@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
-	"sync"
-	"testing"
 )
 
 // AnthropicRecordingUpstream is a Messages API server that keeps the bodies it was sent. It
@@ -17,40 +14,13 @@ import (
 // Any other request gets the text {"a":1}, which also satisfies a JSON response format
 // the verifier checks.
 type AnthropicRecordingUpstream struct {
-	mu     sync.Mutex
-	bodies []map[string]json.RawMessage
-}
-
-// Last is the body of the latest request.
-func (u *AnthropicRecordingUpstream) Last(t testing.TB) map[string]json.RawMessage {
-	t.Helper()
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(u.bodies) == 0 {
-		t.Fatal("the Anthropic upstream received nothing")
-	}
-	return u.bodies[len(u.bodies)-1]
-}
-
-// Count is how many requests arrived.
-func (u *AnthropicRecordingUpstream) Count() int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return len(u.bodies)
+	recorded
 }
 
 // ServeHTTP answers POST .../messages; GET .../recorded/last returns the latest body (for
 // tests in other languages).
 func (u *AnthropicRecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/recorded/last") {
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		if len(u.bodies) == 0 {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(u.bodies[len(u.bodies)-1])
+	if u.serveLast(w, r) {
 		return
 	}
 	raw, _ := io.ReadAll(r.Body)
@@ -60,9 +30,7 @@ func (u *AnthropicRecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Re
 		fmt.Fprint(w, `{"type":"error","error":{"type":"invalid_request_error","message":"not JSON"}}`)
 		return
 	}
-	u.mu.Lock()
-	u.bodies = append(u.bodies, body)
-	u.mu.Unlock()
+	u.add(body)
 	first, second := offeredTools(body["tools"], body["tool_choice"])
 	tools := first != ""
 	w.Header().Set("Request-Id", "req_ant")

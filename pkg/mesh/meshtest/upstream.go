@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
-	"sync"
-	"testing"
 )
 
 // RecordingUpstream is an OpenAI-compatible server that keeps the bodies it was sent. It
@@ -16,40 +13,13 @@ import (
 // stream): the first with arguments {"city":"Paris"}, the second with {"tz":"CET"}. Any
 // other request gets text, and logprobs when they were asked for.
 type RecordingUpstream struct {
-	mu     sync.Mutex
-	bodies []map[string]json.RawMessage
-}
-
-// Last is the body of the latest request.
-func (u *RecordingUpstream) Last(t testing.TB) map[string]json.RawMessage {
-	t.Helper()
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(u.bodies) == 0 {
-		t.Fatal("the upstream received nothing")
-	}
-	return u.bodies[len(u.bodies)-1]
-}
-
-// Count is how many requests arrived.
-func (u *RecordingUpstream) Count() int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return len(u.bodies)
+	recorded
 }
 
 // ServeHTTP answers POST .../chat/completions; GET .../recorded/last returns the latest
 // body (for tests in other languages).
 func (u *RecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/recorded/last") {
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		if len(u.bodies) == 0 {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(u.bodies[len(u.bodies)-1])
+	if u.serveLast(w, r) {
 		return
 	}
 	raw, _ := io.ReadAll(r.Body)
@@ -58,9 +28,7 @@ func (u *RecordingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":{"message":"not JSON","type":"invalid_request_error"}}`, http.StatusBadRequest)
 		return
 	}
-	u.mu.Lock()
-	u.bodies = append(u.bodies, body)
-	u.mu.Unlock()
+	u.add(body)
 	first, second := offeredTools(body["tools"], body["tool_choice"])
 	tools := first != ""
 	logprobs := string(body["logprobs"]) == "true"
