@@ -3,7 +3,8 @@
 GO      ?= go
 BIN     := $(CURDIR)/bin
 BUF     := $(BIN)/buf
-TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
+GOLANGCI_LINT := $(BIN)/golangci-lint
+TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(GOLANGCI_LINT)
 export PATH := $(BIN):$(PATH)
 
 .PHONY: fuzz run build test docs check-docs deps-chromium status-screenshot vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
@@ -84,11 +85,12 @@ status-screenshot: deps-chromium
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-# The proto tool chain is pinned in tools/go.mod, a module of its own, so that buf and the
-# protoc plugins never enter the product's dependency graph.
+# The tool chain (buf, the protoc plugins, golangci-lint) is pinned in tools/go.mod, a module
+# of its own, so that none of it enters the product's dependency graph.
 tools: $(TOOLS)
 $(TOOLS): tools/go.mod tools/go.sum
-	cd tools && GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	cd tools && GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+		github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 ## generate: format the protos and regenerate pkg/api
 generate: tools
