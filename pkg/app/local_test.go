@@ -246,7 +246,7 @@ func TestLocalConnStream(t *testing.T) {
 	var got []int32
 	for {
 		v := new(wrapperspb.Int32Value)
-		if err := s.RecvMsg(v); err == io.EOF {
+		if err := s.RecvMsg(v); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			t.Fatal(err)
