@@ -90,7 +90,7 @@ func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
 	for i := range children {
 		var stop context.CancelFunc
 		children[i], stop = context.WithCancel(sctx)
-		defer stop()
+		t.Cleanup(stop)
 	}
 	if grew := runtime.NumGoroutine() - before; grew >= derived/2 {
 		t.Errorf("%d derived contexts started %d goroutines, want none", derived, grew)
