@@ -35,7 +35,7 @@ func (c *clientCredentials) ServerHandshake(net.Conn) (net.Conn, credentials.Aut
 }
 
 func (c *clientCredentials) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.2", ServerName: c.serverName}
+	return credentials.ProtocolInfo{SecurityProtocol: "tls", ServerName: c.serverName}
 }
 
 func (c *clientCredentials) Clone() credentials.TransportCredentials {
