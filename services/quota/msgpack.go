@@ -144,7 +144,7 @@ func mpHeader(b string, i int) (kind mpKind, v uint64, next int) {
 		i += n
 		return x, true
 	}
-	var ok = true
+	var ok bool
 	switch {
 	case c <= 0x7f:
 		return mpInteger, uint64(c), i
