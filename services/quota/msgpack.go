@@ -87,7 +87,7 @@ func mpArgs(args ...any) []byte {
 		case string:
 			b = mpString(b, v)
 		default:
-			panic(fmt.Sprintf("quota: mpArgs cannot encode a %T", a))
+			panic(fmt.Sprintf("quota: mpArgs cannot encode a %T", a)) //nolint:forbidigo // callers pass fixed types; a new one is a programming error
 		}
 	}
 	return b
