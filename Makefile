@@ -4,6 +4,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 BUF     := $(BIN)/buf
 TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
+GOLANGCI_LINT := $(BIN)/golangci-lint
 export PATH := $(BIN):$(PATH)
 
 .PHONY: fuzz run build test docs check-docs deps-chromium status-screenshot vet test-race generate check-generated lint breaking tools clean bench test-sdk up down drill bench-load
@@ -84,20 +85,23 @@ status-screenshot: deps-chromium
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-# The proto tool chain is pinned in tools/go.mod, a module of its own, so that buf and the
-# protoc plugins never enter the product's dependency graph.
-tools: $(TOOLS)
+# The tool chain (buf, the protoc plugins, golangci-lint) is pinned in tools/go.mod, a module
+# of its own, so that none of it enters the product's dependency graph.
+# golangci-lint has a rule of its own so that generating code never waits for its build.
+tools: $(TOOLS) $(GOLANGCI_LINT)
 $(TOOLS): tools/go.mod tools/go.sum
 	cd tools && GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+$(GOLANGCI_LINT): tools/go.mod tools/go.sum
+	cd tools && GOBIN=$(BIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 ## generate: format the protos and regenerate pkg/api
-generate: tools
+generate: $(TOOLS)
 	$(BUF) format -w
 	$(BUF) generate
 
 ## check-generated: fail when pkg/api is not what buf generates from proto/, or the protos are
 ## not buf-formatted (compares with the working tree, so it also works before a commit)
-check-generated: tools
+check-generated: $(TOOLS)
 	@$(BUF) format -d --exit-code || (echo "protos are not buf-formatted: run make generate"; exit 1)
 	@rm -rf .generated-before && cp -r pkg/api .generated-before
 	@$(BUF) generate
@@ -105,16 +109,17 @@ check-generated: tools
 	@rm -rf .generated-before
 	@echo "generated code is current"
 
-## lint: buf lint and format, breaking-change check against main, gofmt, vet
-lint: tools
+## lint: golangci-lint (.golangci.yml: depguard, forbidigo, staticcheck, errorlint, gocritic,
+## gofmt, ...), buf lint and format, breaking-change check against main, vet (CI runs this)
+lint: $(TOOLS) $(GOLANGCI_LINT)
+	$(GOLANGCI_LINT) run ./...
 	$(BUF) lint
 	$(BUF) format -d --exit-code
 	$(MAKE) breaking
-	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^pkg/api/'))" || (gofmt -l $$(git ls-files '*.go' | grep -v '^pkg/api/'); echo "gofmt needed"; exit 1)
 	$(GO) vet ./...
 
 ## breaking: buf breaking-change check against the main branch
-breaking: tools
+breaking: $(TOOLS)
 	@if git rev-parse --verify -q main >/dev/null; then $(BUF) breaking --against '.git#branch=main'; else echo "no main branch to compare against"; fi
 
 ## up: build the image and start the compose stack (mesh, NATS, Redis, Qdrant, Prometheus, Grafana, Jaeger)

@@ -24,7 +24,7 @@ type sample struct {
 	Server sampleServer `yaml:"server"`
 	// Ignored is not configuration.
 	Ignored string `yaml:"-"`
-	hidden  int
+	hidden  int    //nolint:unused // an unexported field, which docgen must skip
 }
 
 type sampleServer struct {

@@ -90,7 +90,7 @@ func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
 	for i := range children {
 		var stop context.CancelFunc
 		children[i], stop = context.WithCancel(sctx)
-		defer stop()
+		t.Cleanup(stop)
 	}
 	if grew := runtime.NumGoroutine() - before; grew >= derived/2 {
 		t.Errorf("%d derived contexts started %d goroutines, want none", derived, grew)
@@ -246,7 +246,7 @@ func TestLocalConnStream(t *testing.T) {
 	var got []int32
 	for {
 		v := new(wrapperspb.Int32Value)
-		if err := s.RecvMsg(v); err == io.EOF {
+		if err := s.RecvMsg(v); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			t.Fatal(err)

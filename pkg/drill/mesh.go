@@ -7,7 +7,6 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"io"
 	"math"
-	"os"
 	"sync"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/services/quota"
@@ -284,5 +284,5 @@ func simKeyEnv(name string) string {
 	if name == SimKeyEnv {
 		return "sk-drill-sim"
 	}
-	return os.Getenv(name)
+	return app.Env{}.Var(name)
 }

@@ -2,6 +2,7 @@ package events
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 )
 
@@ -16,7 +17,7 @@ func FuzzDecodeSpoolRecord(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		r, err := decodeSpoolRecord(raw)
 		if err != nil {
-			if err != errBadRecord {
+			if !errors.Is(err, errBadRecord) {
 				t.Fatalf("error %v, want errBadRecord", err)
 			}
 			return

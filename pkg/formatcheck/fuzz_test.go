@@ -1,6 +1,7 @@
 package formatcheck
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -28,7 +29,7 @@ func FuzzCompileSchema(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, schema, answer string) {
 		if err := c.CompileSchema(t.Context(), schema); err != nil {
-			if _, ok := err.(*SchemaError); !ok {
+			if _, ok := errors.AsType[*SchemaError](err); !ok {
 				t.Fatalf("CompileSchema error %T %v, want a *SchemaError", err, err)
 			}
 			return

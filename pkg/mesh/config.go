@@ -378,7 +378,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.Auth.validate()...)
 	errs = append(errs, c.exposure()...)
-	runs := func(name string) bool { return c.runs(name) }
+	runs := c.runs
 	if runs("router") {
 		wrap("router", c.Router.Validate())
 	}

@@ -160,7 +160,7 @@ func TestLoadErrorsNameTheFile(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
-	if err := os.WriteFile(bad, []byte("log:\n  levle: debug\n"), 0o600); err != nil {
+	if err := os.WriteFile(bad, []byte("log:\n  levle: debug\n"), 0o600); err != nil { //nolint:misspell // an unknown key on purpose
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -168,7 +168,7 @@ func TestLoadErrorsNameTheFile(t *testing.T) {
 		want []string
 	}{
 		{filepath.Join(dir, "missing.yaml"), []string{"config.file", "missing.yaml"}},
-		{bad, []string{bad, "levle"}},
+		{bad, []string{bad, "levle"}}, //nolint:misspell // the unknown key above
 	}
 	for _, tt := range tests {
 		fs := flag.NewFlagSet("serve", flag.ContinueOnError)

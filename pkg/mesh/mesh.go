@@ -92,7 +92,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		opts.Clock = clockwork.NewRealClock()
 	}
 	if opts.Getenv == nil {
-		opts.Getenv = os.Getenv
+		opts.Getenv = app.Env{}.Var // the process environment, read in that one place
 	}
 	log := NewLogger(cfg.Log, opts.LogOutput, cfg.secretValues(opts.Getenv)...)
 	p := &Process{Log: log, clock: opts.Clock, current: cfg}

@@ -117,7 +117,7 @@ func TestMessagesCompatibilityTable(t *testing.T) {
 			}
 			body = fmt.Sprintf(`{"model":"chat","max_tokens":2048,"messages":[{"role":"user","content":"weather in Paris? (messages row %d)"}]%s%s}`, i, sep, tc.body)
 		}
-		before, antBefore := up.Count(), antUp.Count()
+		antBefore := antUp.Count()
 		antRes := postMessages(t, base, strings.Replace(body, `"model":"chat"`, `"model":"anthropic-only"`, 1))
 		switch {
 		case antRes.status == http.StatusOK && antUp.Count() == antBefore+1:
@@ -129,7 +129,7 @@ func TestMessagesCompatibilityTable(t *testing.T) {
 		default:
 			t.Errorf("%s (Anthropic): HTTP %d after %d upstream calls (%s)", tc.field, antRes.status, antUp.Count()-antBefore, antRes.body)
 		}
-		before = up.Count()
+		before := up.Count()
 		res := postMessages(t, base, body)
 		switch {
 		case tc.refused != "":

@@ -107,7 +107,7 @@ func TestTenantKeyCannotLeaveTheTenantPlane(t *testing.T) {
 func tenantOnEveryMethod(t *testing.T, m *meshtest.Mesh, audiences rpc.Audiences) {
 	for name, md := range meshMethods(t) {
 		svc := strings.TrimPrefix(string(md.Parent().FullName()), "mantle.")
-		svc = svc[:strings.Index(svc, ".")]
+		svc, _, _ = strings.Cut(svc, ".")
 		conn := meshtest.Dial(t, m.Processes[svc].App.GRPCAddr())
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -26,7 +26,7 @@ func TestTuneRuntime(t *testing.T) {
 		}
 	}
 	const mib = 1 << 20
-	limitOf := func(bytes uint64) memlimit.Provider { return memlimit.Limit(bytes) }
+	limitOf := memlimit.Limit
 	failing := func() (uint64, error) { return 0, errors.New("no cgroup here") }
 	noLimit := func() (uint64, error) { return 0, memlimit.ErrNoLimit }
 

@@ -310,7 +310,7 @@ func abort(w http.ResponseWriter, rst bool) {
 	if err != nil {
 		// Connections that cannot be hijacked (HTTP/2) are aborted the way net/http
 		// provides for exactly this: the server resets the stream and logs nothing.
-		panic(http.ErrAbortHandler)
+		panic(http.ErrAbortHandler) //nolint:forbidigo // net/http's way to abort a response
 	}
 	if tcp, ok := conn.(*net.TCPConn); ok && rst {
 		_ = tcp.SetLinger(0)

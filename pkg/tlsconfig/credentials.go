@@ -35,7 +35,8 @@ func (c *clientCredentials) ServerHandshake(net.Conn) (net.Conn, credentials.Aut
 }
 
 func (c *clientCredentials) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.2", ServerName: c.serverName}
+	// grpc still takes a channel's default authority from the deprecated ServerName.
+	return credentials.ProtocolInfo{SecurityProtocol: "tls", ServerName: c.serverName} //nolint:staticcheck // SA1019, see above
 }
 
 func (c *clientCredentials) Clone() credentials.TransportCredentials {

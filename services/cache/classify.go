@@ -121,7 +121,7 @@ func compileRules(patterns ...string) byScript {
 		triggers, expr, gated := strings.Cut(p, "\t")
 		if !gated {
 			if regexp.QuoteMeta(p) != p {
-				panic("cache: classifier rule without triggers: " + p) // compiled-in; the tests build every rule
+				panic("cache: classifier rule without triggers: " + p) //nolint:forbidigo // compiled-in; the tests build every rule
 			}
 			r.literals = append(r.literals, p)
 			continue

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -175,7 +176,7 @@ func TestCoalescingWaiterCancelled(t *testing.T) {
 	w := f.coalesce(ctx, "acme", question, 0)
 	f.waiters(t, 1)
 	cancel()
-	if got := <-w; got.err != context.Canceled {
+	if got := <-w; !errors.Is(got.err, context.Canceled) {
 		t.Errorf("cancelled waiter = (%+v, %v), want context.Canceled", got.res, got.err)
 	}
 }

@@ -87,7 +87,7 @@ func mpArgs(args ...any) []byte {
 		case string:
 			b = mpString(b, v)
 		default:
-			panic(fmt.Sprintf("quota: mpArgs cannot encode a %T", a))
+			panic(fmt.Sprintf("quota: mpArgs cannot encode a %T", a)) //nolint:forbidigo // callers pass fixed types; a new one is a programming error
 		}
 	}
 	return b
@@ -144,7 +144,7 @@ func mpHeader(b string, i int) (kind mpKind, v uint64, next int) {
 		i += n
 		return x, true
 	}
-	var ok = true
+	var ok bool
 	switch {
 	case c <= 0x7f:
 		return mpInteger, uint64(c), i

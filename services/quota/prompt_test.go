@@ -9,6 +9,7 @@ import (
 	"image/gif"
 	"image/jpeg"
 	"image/png"
+	"slices"
 	"strings"
 	"testing"
 
@@ -245,7 +246,7 @@ func TestReserveChargesToolsThroughRedis(t *testing.T) {
 	}
 
 	// 40 KB of tool result: more than the tenant's 6000 tokens a minute.
-	results := append(msgs,
+	results := append(slices.Clip(msgs), // a new array: msgs stays as it was
 		&mantlev1.ChatMessage{Role: "assistant", ToolCalls: []*mantlev1.ToolCall{{Id: "call_1", Type: "function", Name: "get_weather", Arguments: `{"city":"Paris"}`}}},
 		&mantlev1.ChatMessage{Role: "tool", ToolCallId: "call_1", Content: strings.Repeat("sunny and warm ", 2700)},
 	)

@@ -56,7 +56,7 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 					if err == nil {
 						check(g.Levels[0])
 						open = append(open, id)
-					} else if _, ok := err.(*ExhaustedError); !ok {
+					} else if _, ok := errors.AsType[*ExhaustedError](err); !ok {
 						rt.Fatalf("reserve: %v", err)
 					}
 				},

@@ -94,7 +94,7 @@ func TestBatcherKeepsEachCallersReplyAndError(t *testing.T) {
 					if i%7 == 0 {
 						_, err := b.run(ctx, opAdjust, []string{wrong}, echoOp(i+1))
 						if !redis.HasErrorPrefix(err, "WRONGTYPE") {
-							errs <- fmt.Errorf("caller %d: error %v, want WRONGTYPE", i, err)
+							errs <- fmt.Errorf("caller %d: error %w, want WRONGTYPE", i, err)
 						}
 						return
 					}

@@ -110,7 +110,7 @@ func TestToStatusLeavesOtherErrorsToTheBackstop(t *testing.T) {
 		t.Error("toStatus(nil) != nil")
 	}
 	plain := errors.New("bug")
-	if got := toStatus(plain); got != plain {
+	if got := toStatus(plain); got != plain { //nolint:errorlint // the very same error, not one that wraps it
 		t.Errorf("toStatus(plain) = %v, want the error unchanged for the rpc backstop", got)
 	}
 }

@@ -104,12 +104,6 @@ func (q *fakeQuota) Settle(_ context.Context, in *quotav1.SettleRequest, _ ...gr
 	return &quotav1.SettleResponse{}, nil
 }
 
-func (q *fakeQuota) settled() []*quotav1.SettleRequest {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return append([]*quotav1.SettleRequest(nil), q.settles...)
-}
-
 // fakeCache misses unless hit is set. With approximateOnly, only the ladder's L2 lookups
 // (mode APPROXIMATE) hit: hit is a related answer, not a match for the prompt.
 type fakeCache struct {

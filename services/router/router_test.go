@@ -299,10 +299,8 @@ func TestRouterComplete(t *testing.T) {
 				if !strings.Contains(st.Message(), tt.want.message) {
 					t.Errorf("message = %q, want it to contain %q", st.Message(), tt.want.message)
 				}
-			} else {
-				if resp.GetModel() != tt.want.model || resp.GetQuality().GetFallbackLevel() != tt.want.level {
-					t.Errorf("answered by %s at %v, want %s at %v", resp.GetModel(), resp.GetQuality().GetFallbackLevel(), tt.want.model, tt.want.level)
-				}
+			} else if resp.GetModel() != tt.want.model || resp.GetQuality().GetFallbackLevel() != tt.want.level {
+				t.Errorf("answered by %s at %v, want %s at %v", resp.GetModel(), resp.GetQuality().GetFallbackLevel(), tt.want.model, tt.want.level)
 			}
 			for model, p := range h.providers {
 				if p.calls() != tt.want.calls[model] {

@@ -79,19 +79,6 @@ func (r *recorder) Publish(_ context.Context, subject string, msg proto.Message)
 	r.notify = make(chan struct{})
 }
 
-// count returns how many events were published on subject.
-func (r *recorder) count(subject string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, e := range r.events {
-		if e.subject == subject {
-			n++
-		}
-	}
-	return n
-}
-
 // wait returns the n-th (1-based) event on subject, waiting for it.
 func (r *recorder) wait(t *testing.T, subject string, n int) proto.Message {
 	t.Helper()

@@ -11,10 +11,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"os/exec"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 )
 
@@ -46,7 +46,7 @@ func startHop(ctx context.Context, mode Mode, upstreamAddr string, ownProcess bo
 		if name == benchKeyEnv {
 			return "sk-bench"
 		}
-		return os.Getenv(name)
+		return app.Env{}.Var(name)
 	}
 	p, err := mesh.Start(ctx, mc, mesh.Options{LogOutput: logOut, TuneRuntime: ownProcess, Getenv: getenv})
 	if err != nil {

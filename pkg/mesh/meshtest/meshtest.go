@@ -10,7 +10,6 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"io"
 	"log/slog"
-	"os"
 	"testing"
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
@@ -142,10 +142,7 @@ func secure(cfg *mesh.Config, opts *mesh.Options) {
 		return
 	}
 	cfg.Auth.MeshSecretEnv = meshSecretEnv
-	getenv := opts.Getenv
-	if getenv == nil {
-		getenv = os.Getenv
-	}
+	getenv := app.Env{Getenv: opts.Getenv}.Var // nil: the process environment
 	opts.Getenv = func(name string) string {
 		if name == meshSecretEnv {
 			return "test-mesh-secret-0123456789abcdef0123456789abcdef"

@@ -3,6 +3,7 @@ package anthropic
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -90,7 +91,7 @@ func TestStreamSuccess(t *testing.T) {
 		*final.Usage != (provider.Usage{InputTokens: 30, OutputTokens: 15}) {
 		t.Errorf("final chunk = %+v (usage %+v)", final, final.Usage)
 	}
-	if _, err := s.Recv(); err != io.EOF {
+	if _, err := s.Recv(); !errors.Is(err, io.EOF) {
 		t.Errorf("Recv after the end = %v, want io.EOF", err)
 	}
 	if body := <-bodies; body["stream"] != true || body["system"] != "be brief\n\nanswer in English" {

@@ -3,6 +3,7 @@ package openai
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -76,7 +77,7 @@ func TestStreamSuccess(t *testing.T) {
 	if fmt.Sprintf("%+v", deref(chunks)) != fmt.Sprintf("%+v", deref(want)) {
 		t.Errorf("chunks = %+v\nwant     %+v", deref(chunks), deref(want))
 	}
-	if _, err := s.Recv(); err != io.EOF {
+	if _, err := s.Recv(); !errors.Is(err, io.EOF) {
 		t.Errorf("Recv after the end = %v, want io.EOF", err)
 	}
 

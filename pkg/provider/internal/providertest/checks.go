@@ -220,7 +220,7 @@ func StreamOutcomes(t *testing.T, a Adapter, requestID string, cases []StreamOut
 				t.Errorf("content = %q, want %q", content, tt.Content)
 			}
 			if tt.Class == mantlev1.ErrorClass_ERROR_CLASS_UNSPECIFIED {
-				if err != io.EOF {
+				if !errors.Is(err, io.EOF) {
 					t.Fatalf("stream ended with %v, want io.EOF", err)
 				}
 				if last.FinishReason != tt.Finish {
@@ -229,7 +229,7 @@ func StreamOutcomes(t *testing.T, a Adapter, requestID string, cases []StreamOut
 				return
 			}
 			checkError(t, err, tt.Class, tt.Message, requestID)
-			if _, again := s.Recv(); again != err {
+			if _, again := s.Recv(); again != err { //nolint:errorlint // the very same error, not one that wraps it
 				t.Errorf("Recv after the error = %v, want the same error %v", again, err)
 			}
 		})

@@ -195,7 +195,7 @@ func Collect(t *testing.T, s provider.Stream) []provider.Chunk {
 	var chunks []provider.Chunk
 	for range 1000 {
 		c, err := s.Recv()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return chunks
 		}
 		if err != nil {

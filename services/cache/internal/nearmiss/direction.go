@@ -96,7 +96,6 @@ func newPair(a, b string) pair {
 // Chinese markers of a direction. 到, 至 and 往 are everywhere (收到, 到账, 以往), so they
 // count only after 从; the others say a direction on their own.
 var (
-	fromWords    = runesOf([]string{"从"})
 	notFrom      = runesOf([]string{"从来", "从不", "从没", "从事", "从而", "自从", "服从", "从前", "从容", "从小", "从头", "从未", "从此", "从中", "随从"})
 	afterFrom    = runesOf([]string{"转到", "转入", "转至", "转给", "转去", "转往", "转成", "转为", "换成", "换为", "改成", "改为", "变成", "变为", "调到", "搬到", "寄到", "发到", "飞往", "开往", "到", "至", "往", "去"})
 	directional  = runesOf([]string{"兑换成", "换算成", "兑换", "兑成", "换多少", "兑多少", "等于多少", "折合", "转到", "转入", "转至", "转给", "换成", "兑"})

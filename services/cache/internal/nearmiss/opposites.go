@@ -34,7 +34,7 @@ var opposites = mustParseOpposites(oppositesText)
 func mustParseOpposites(text string) lexicon {
 	lx, err := parseOpposites(text)
 	if err != nil {
-		panic("nearmiss: opposites.txt: " + err.Error()) // compiled-in data; the tests parse it
+		panic("nearmiss: opposites.txt: " + err.Error()) //nolint:forbidigo // compiled-in data; the tests parse it
 	}
 	return lx
 }

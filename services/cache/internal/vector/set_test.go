@@ -2,6 +2,7 @@ package vector
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -43,13 +44,13 @@ func TestNewSparseMergesAndNormalises(t *testing.T) {
 
 func TestZeroVectorsAreRefused(t *testing.T) {
 	t.Parallel()
-	if _, err := NewSparse(nil); err != ErrZero {
+	if _, err := NewSparse(nil); !errors.Is(err, ErrZero) {
 		t.Errorf("NewSparse(nil) error = %v, want ErrZero", err)
 	}
-	if _, err := NewSparse([]Feature{{1, 1}, {1, -1}}); err != ErrZero {
+	if _, err := NewSparse([]Feature{{1, 1}, {1, -1}}); !errors.Is(err, ErrZero) {
 		t.Errorf("NewSparse(cancelling) error = %v, want ErrZero", err)
 	}
-	if _, err := NewDense([]float32{0, 0}); err != ErrZero {
+	if _, err := NewDense([]float32{0, 0}); !errors.Is(err, ErrZero) {
 		t.Errorf("NewDense(zeros) error = %v, want ErrZero", err)
 	}
 }
@@ -156,7 +157,7 @@ func checkSearch(t *testing.T, limits Limits, exact bool) {
 					})
 				}
 				v, err := NewSparse(fs)
-				if err == ErrZero { // the weights cancelled out: any non-zero vector will do
+				if errors.Is(err, ErrZero) { // the weights cancelled out: any non-zero vector will do
 					v, err = NewSparse([]Feature{{Index: 21, Weight: 1}})
 				}
 				if err != nil {

@@ -51,7 +51,7 @@ var _ Store = (*Memory)(nil)
 // configuration, so anything else is a programming error and panics.
 func NewMemory(ttl, inflightTTL time.Duration, clock clockwork.Clock) *Memory {
 	if ttl <= 0 || inflightTTL <= 0 {
-		panic(fmt.Sprintf("idempotency.NewMemory: ttl (%s) and inflightTTL (%s) must be positive", ttl, inflightTTL))
+		panic(fmt.Sprintf("idempotency.NewMemory: ttl (%s) and inflightTTL (%s) must be positive", ttl, inflightTTL)) //nolint:forbidigo // validated configuration: a programming error
 	}
 	if clock == nil {
 		clock = clockwork.NewRealClock()

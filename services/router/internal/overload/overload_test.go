@@ -252,16 +252,16 @@ func TestAdmit(t *testing.T) {
 		{name: "high, draw 0", ups: 4, priority: high, random: fixed(0), want: false},
 		{name: "high, draw just under share/2", ups: 4, priority: high, random: func(s float64) float64 { return below(s / 2) }, want: false},
 		{name: "high, draw at share/2", ups: 4, priority: high, random: func(s float64) float64 { return s / 2 }, want: true},
-		{name: "high, draw under share but over share/2", ups: 4, priority: high, random: func(s float64) float64 { return below(s) }, want: true},
+		{name: "high, draw under share but over share/2", ups: 4, priority: high, random: below, want: true},
 
 		// Normal: shed iff draw < share.
 		{name: "normal, draw 0", ups: 4, priority: normal, random: fixed(0), want: false},
-		{name: "normal, draw just under share", ups: 4, priority: normal, random: func(s float64) float64 { return below(s) }, want: false},
+		{name: "normal, draw just under share", ups: 4, priority: normal, random: below, want: false},
 		{name: "normal, draw at share", ups: 4, priority: normal, random: func(s float64) float64 { return s }, want: true},
 		{name: "normal, highest draw at MaxShare", ups: 10, priority: normal, random: fixed(below(1)), want: true},
 
 		// Unspecified is normal.
-		{name: "unspecified, draw just under share", ups: 4, priority: unspecified, random: func(s float64) float64 { return below(s) }, want: false},
+		{name: "unspecified, draw just under share", ups: 4, priority: unspecified, random: below, want: false},
 		{name: "unspecified, draw at share", ups: 4, priority: unspecified, random: func(s float64) float64 { return s }, want: true},
 
 		// Batch: shed iff draw < min(1, 2*share).

@@ -240,7 +240,7 @@ func NewBreaker(cfg BreakerConfig, clock clockwork.Clock, rnd func() float64, on
 	}
 	cfg = cfg.filled()
 	if err := cfg.Validate(); err != nil {
-		panic(fmt.Sprintf("resilience.NewBreaker: %v", err))
+		panic(fmt.Sprintf("resilience.NewBreaker: %v", err)) //nolint:forbidigo // validated configuration: a programming error
 	}
 	if clock == nil {
 		clock = clockwork.NewRealClock()

@@ -91,7 +91,7 @@ func NewBudget(cfg BudgetConfig, clock clockwork.Clock) *Budget {
 	}
 	cfg = cfg.filled()
 	if err := cfg.Validate(); err != nil {
-		panic(fmt.Sprintf("resilience.NewBudget: %v", err))
+		panic(fmt.Sprintf("resilience.NewBudget: %v", err)) //nolint:forbidigo // validated configuration: a programming error
 	}
 	if clock == nil {
 		clock = clockwork.NewRealClock()

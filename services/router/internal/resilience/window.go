@@ -63,7 +63,7 @@ func NewWindow(length time.Duration, buckets, fields int, clock clockwork.Clock)
 func mustWindow(length time.Duration, buckets, fields int, clock clockwork.Clock) *Window {
 	w, err := NewWindow(length, buckets, fields, clock)
 	if err != nil {
-		panic(err) // unreachable after Validate
+		panic(err) //nolint:forbidigo // unreachable after Validate
 	}
 	return w
 }
