@@ -479,10 +479,3 @@ func (d *decoder) toolCalls(v json.RawMessage, field string) []*mantlev1.ToolCal
 	}
 	return out
 }
-
-func errOr(err error, s string) string {
-	if err != nil {
-		return err.Error()
-	}
-	return s
-}
