@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/nats-io/nats.go"
 	"io"
 	"maps"
 	"net/http"
@@ -470,9 +471,10 @@ func wantCalls(t *testing.T, m *meshtest.Mesh, route string, want map[string]int
 // TestPrimaryDownThenRecovers: a primary that answers 503 for its first minute. The
 // fallback serves meanwhile; the breaker opens and the primary is not called while open; a
 // probe after the open period fails while the outage lasts and re-opens it for twice as
-// long; a scout (one call per scout interval, here the 30 s open duration) finds the
-// primary back before that longer period ends and closes it, and the primary answers
-// again. The sim and the router share a fake clock, so the minute passes in no time.
+// long; a scout (one call per scout interval, here the 30 s open duration), sent beside the
+// request that drew it while the backup answers that request, finds the primary back
+// before that longer period ends and closes it, and the primary answers again. The sim
+// and the router share a fake clock, so the minute passes in no time.
 func TestPrimaryDownThenRecovers(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClockAt(time.Now())
@@ -498,21 +500,36 @@ func TestPrimaryDownThenRecovers(t *testing.T) {
 		model    string
 		attempts string
 		state    mantlev1.BreakerState // the primary's breaker after the request
+		// scout: a side scout went out; the test waits for its verdict (the breaker
+		// closing, on NATS) before it checks the state.
+		scout bool
 	}{
-		{"down: the fallback answers", 0, "backup", "primary:overloaded backup:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED},
-		{"down again: the breaker opens", 0, "backup", "primary:overloaded backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN},
-		{"open: the primary is not called", 0, "backup", "backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN},
-		{"after 31s a probe: still down, open again for 60s", 31 * time.Second, "backup", "primary:overloaded backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN},
-		{"30s into the 60s the outage is over: a scout finds the primary back", 31 * time.Second, "primary", "primary:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED},
-		{"back on the primary", 30 * time.Second, "primary", "primary:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED},
-		{"and it stays there", 0, "primary", "primary:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED},
+		{"down: the fallback answers", 0, "backup", "primary:overloaded backup:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED, false},
+		{"down again: the breaker opens", 0, "backup", "primary:overloaded backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN, false},
+		{"open: the primary is not called", 0, "backup", "backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN, false},
+		{"after 31s a probe: still down, open again for 60s", 31 * time.Second, "backup", "primary:overloaded backup:none", mantlev1.BreakerState_BREAKER_STATE_OPEN, false},
+		{"30s into the 60s the outage is over: a scout beside the request finds the primary back", 31 * time.Second, "backup", "backup:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED, true},
+		{"back on the primary", 30 * time.Second, "primary", "primary:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED, false},
+		{"and it stays there", 0, "primary", "primary:none", mantlev1.BreakerState_BREAKER_STATE_CLOSED, false},
 	}
+	want := []string{
+		"closed->open (2 consecutive failures)",
+		"open->half_open (open period elapsed)",
+		"half_open->open (probe failed)",
+		"open->half_open (scout succeeded)",
+		"half_open->closed (probes succeeded)",
+	}
+	var got []string // the transitions read so far
+	closed := func() bool { return len(got) > 0 && strings.HasPrefix(got[len(got)-1], "half_open->closed") }
 	for i, st := range steps {
 		clock.Advance(st.advance)
 		// A new question each time: a cached answer would not reach the providers.
 		res := chat(t, m.HTTPAddr, "chat", fmt.Sprintf("question %d about breakers", i), false, false)
 		if res.status != http.StatusOK || res.model != st.model || strings.Join(res.attempts(), " ") != st.attempts {
 			t.Errorf("%s: status %d answered by %q after %v, want 200 from %s after %s", st.name, res.status, res.model, res.attempts(), st.model, st.attempts)
+		}
+		for st.scout && !closed() {
+			got = append(got, nextTransition(t, transitions))
 		}
 		resp, err := client.DescribeRoutes(authed(meshtest.OperatorKey), &routerv1.DescribeRoutesRequest{Route: "chat"})
 		if err != nil {
@@ -523,31 +540,30 @@ func TestPrimaryDownThenRecovers(t *testing.T) {
 		}
 	}
 
-	var got []string
-	for range 5 {
-		msg, err := transitions.NextMsg(5 * time.Second)
-		if err != nil {
-			t.Fatalf("breaker events so far %v: %v", got, err)
-		}
-		var ev eventsv1.BreakerTransitionEvent
-		if err := proto.Unmarshal(msg.Data, &ev); err != nil {
-			t.Fatal(err)
-		}
-		if ev.Model != "primary" || ev.Scenario != "chat" {
-			t.Errorf("event for %s/%s, want primary/chat", ev.Model, ev.Scenario)
-		}
-		got = append(got, fmt.Sprintf("%s->%s (%s)", short(ev.From), short(ev.To), ev.Reason))
-	}
-	want := []string{
-		"closed->open (2 consecutive failures)",
-		"open->half_open (open period elapsed)",
-		"half_open->open (probe failed)",
-		"open->half_open (scout succeeded)",
-		"half_open->closed (probes succeeded)",
+	for len(got) < len(want) {
+		got = append(got, nextTransition(t, transitions))
 	}
 	if strings.Join(got, "; ") != strings.Join(want, "; ") {
 		t.Errorf("breaker events:\n got %s\nwant %s", strings.Join(got, "; "), strings.Join(want, "; "))
 	}
+}
+
+// nextTransition reads the next breaker transition of the primary on chat from sub, as
+// "from->to (reason)".
+func nextTransition(t *testing.T, sub *nats.Subscription) string {
+	t.Helper()
+	msg, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatalf("no breaker event: %v", err)
+	}
+	var ev eventsv1.BreakerTransitionEvent
+	if err := proto.Unmarshal(msg.Data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Model != "primary" || ev.Scenario != "chat" {
+		t.Errorf("event for %s/%s, want primary/chat", ev.Model, ev.Scenario)
+	}
+	return fmt.Sprintf("%s->%s (%s)", short(ev.From), short(ev.To), ev.Reason)
 }
 
 func short(s mantlev1.BreakerState) string {

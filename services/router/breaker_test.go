@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -33,11 +34,23 @@ func fastBreaker(c *Config) {
 
 // TestBreakerLifecycle walks one key's breaker through every state the router can put it
 // in, and checks at each step which model answered, whether the open model was called at
-// all, what DescribeRoutes says, and the transition events on NATS's subject.
+// all, what DescribeRoutes says, and the transition events on NATS's subject. With side
+// scouts (the default) a scout goes beside the request, which b answers at once; without,
+// the scout is the request itself.
 func TestBreakerLifecycle(t *testing.T) {
 	t.Parallel()
+	for _, side := range []bool{true, false} {
+		t.Run(fmt.Sprintf("side_scouts=%t", side), func(t *testing.T) {
+			t.Parallel()
+			breakerLifecycle(t, side)
+		})
+	}
+}
+
+func breakerLifecycle(t *testing.T, sideScouts bool) {
 	cfg := testConfig()
 	fastBreaker(&cfg)
+	cfg.SideScouts = sideScouts
 	h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
 		"a": newFakeProvider(
 			failure(classTransient, "502"), failure(classTransient, "502"), // trip
@@ -45,16 +58,18 @@ func TestBreakerLifecycle(t *testing.T) {
 			failure(classTransient, "502"), // so does the scout 30 s into the 60 s period
 			failure(classTransient, "502"), // and the probe when the 60 s are over
 			reply("a is back", 1, 1),       // the scout 30 s into the 120 s period succeeds
+			reply("a is back", 1, 1),       // (side scouts) the probe that follows it
 		),
 	}})
-	steps := []struct {
+	type step struct {
 		name    string
 		advance time.Duration // before the request
 		model   string        // who answers
 		callsA  int           // a's calls so far
 		state   mantlev1.BreakerState
 		reason  string // substring of a's breaker reason in DescribeRoutes
-	}{
+	}
+	steps := []step{
 		{"first failure: breaker still closed", 0, "b", 1, breakerClosed, "closed"},
 		{"second failure in a row trips it", 0, "b", 2, breakerOpen, "2 consecutive failures (scenario support)"},
 		{"open: a is skipped without a call", 0, "b", 2, breakerOpen, "2 consecutive failures"},
@@ -63,7 +78,14 @@ func TestBreakerLifecycle(t *testing.T) {
 		{"30 s into the 60 s period a scout is let through; it fails, the period stays", 30 * time.Second, "b", 4, breakerOpen, "probe failed"},
 		{"no second scout before the interval", 29 * time.Second, "b", 4, breakerOpen, "probe failed"},
 		{"after 60 s the probe fails and re-opens it for 120 s", time.Second, "b", 5, breakerOpen, "probe failed"},
-		{"30 s in, a scout finds a back: closed without waiting out the 120 s", 30 * time.Second, "a", 6, breakerClosed, "closed"},
+	}
+	if sideScouts {
+		steps = append(steps,
+			step{"30 s in, a scout beside the request (which b answers at once) finds a back: closed (the scout was the one probe)", 30 * time.Second, "b", 6, breakerClosed, "closed"},
+			step{"the next request goes to a", 0, "a", 7, breakerClosed, "closed"})
+	} else {
+		steps = append(steps,
+			step{"30 s in, a scout finds a back: closed without waiting out the 120 s", 30 * time.Second, "a", 6, breakerClosed, "closed"})
 	}
 	for _, st := range steps {
 		h.clock.Advance(st.advance)
@@ -71,6 +93,7 @@ func TestBreakerLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", st.name, err)
 		}
+		h.router.scouts.Wait() // a side scout's verdict is in before the checks
 		if resp.Model != st.model || h.calls("a") != st.callsA {
 			t.Errorf("%s: answered by %s with %d calls to a, want %s and %d", st.name, resp.Model, h.calls("a"), st.model, st.callsA)
 		}

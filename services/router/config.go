@@ -68,6 +68,12 @@ type Config struct {
 	// Route limits above (1 - share) of the route's budget are clamped with a warning at
 	// start and reload. 0 turns the clamp off; below 1.
 	StreamRescueShare float64 `yaml:"stream_rescue_share"`
+	// SideScouts sends an open breaker's scout (breaker.scout_interval) beside the request
+	// that drew it, a copy of that request whose answer only tells the breaker whether the
+	// model is back, while the request itself goes on to the next candidate at once: a
+	// scout then costs one call and no caller's time. A candidate with no other to go on to
+	// is scouted with the request itself, as it is with this off.
+	SideScouts bool `yaml:"side_scouts"`
 	// AllowMissingKeys starts the router when a provider key's environment variable is
 	// unset or empty, with a warning naming it; every call on that key then fails at once
 	// with an auth error (nothing is sent), so its breaker opens and requests go to the
@@ -402,6 +408,7 @@ func DefaultConfig() Config {
 		FirstTokenTimeout: 10 * time.Second,
 		StallTimeout:      10 * time.Second,
 		StreamRescueShare: 0.3,
+		SideScouts:        true,
 		Retry: RetryConfig{
 			MaxRetries:    2,
 			BackoffBase:   300 * time.Millisecond,

@@ -232,6 +232,10 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 			r.skipCandidate(qc, p, c, skip)
 			continue
 		}
+		if permit.Scout() && r.conf().SideScouts && p.hasOther(c) {
+			r.sideScout(rt, c, key, permit, preq, qc)
+			continue
+		}
 		release, ok := c.u.bulkhead.TryAcquire()
 		if !ok {
 			permit.Cancel()
@@ -1112,4 +1116,47 @@ func (r *Router) cutStream(qc *mantlev1.QualityContext, o outcome, p *plan, dive
 
 func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {
 	return &mantlev1.AuditStep{At: timestamppb.New(r.deps.Clock.Now()), Service: "router", Step: step, Detail: detail, Duration: durationpb.New(d)}
+}
+
+// hasOther reports whether a candidate other than c may still be tried.
+func (p *plan) hasOther(c *candidate) bool {
+	for _, o := range p.cands {
+		if o != c && !o.exhausted {
+			return true
+		}
+	}
+	return false
+}
+
+// sideScout sends the scout an open breaker let through as a call of its own, beside the
+// request: its outcome is the breaker's (a success ends the open period), and the request
+// goes on to its next candidate without waiting for a model that was failing a moment
+// ago. The scout holds a bulkhead place and is bounded by the provider's timeout and the
+// router's life.
+func (r *Router) sideScout(rt *route, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.Request, qc *mantlev1.QualityContext) {
+	c.exhausted = true // for this request
+	release, ok := c.u.bulkhead.TryAcquire()
+	if !ok {
+		permit.Cancel()
+		return
+	}
+	r.audit(qc, "route", fmt.Sprintf("%s: breaker open; a scout goes beside the request", c.u.model.Name), 0)
+	r.deps.Metrics.sideScouts.WithLabelValues(c.u.model.Name).Inc()
+	tenant := qc.Tenant
+	r.scouts.Add(1)
+	go func() {
+		defer r.scouts.Done()
+		defer release()
+		ctx, cancel := context.WithTimeout(r.scoutCtx, c.u.timeout)
+		defer cancel()
+		o := r.call(ctx, rt, c, key, permit, preq, nil, false, tenant)
+		r.deps.Log.Debug("side scout", "model", c.u.model.Name, "class", shortClass(provider.ClassOf(o.err)))
+	}()
+}
+
+// StopScouts ends the side scouts in flight and waits for them; the router's run loop
+// calls it at shutdown.
+func (r *Router) StopScouts() {
+	r.stopScouts()
+	r.scouts.Wait()
 }

@@ -24,6 +24,7 @@ type metrics struct {
 	degradations       *prometheus.CounterVec
 	budgetDenied       prometheus.Counter
 	hedgeBudgetDenied  prometheus.Counter
+	sideScouts         *prometheus.CounterVec
 	hedges             prometheus.Counter
 	replays            prometheus.Counter
 	// cachedRefused counts cache hits the request's rules (or checks) refused to serve.
@@ -71,6 +72,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		budgetDenied: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_retry_budget_rejections_total", Help: "Retries and failovers refused by the retry budget.",
 		}),
+		sideScouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_router_side_scouts_total", Help: "Scouts of an open breaker sent beside the request that drew them, by model (router.side_scouts).",
+		}, []string{"model"}),
 		hedgeBudgetDenied: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_hedge_budget_rejections_total", Help: "Hedges not sent because the hedge budget was spent.",
 		}),
@@ -115,7 +119,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			m.shed.WithLabelValues(priorityLabel(p))
 		}
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.hedges, m.replays, m.cachedRefused, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed, m.overhead} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.sideScouts, m.hedges, m.replays, m.cachedRefused, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed, m.overhead} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

@@ -202,6 +202,7 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 		}
 		<-ctx.Done()
 		<-shedderDone
+		r.StopScouts()
 		return sims.stop()
 	}), nil
 }

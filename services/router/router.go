@@ -148,6 +148,10 @@ type Router struct {
 	// schemas compiles requests' JSON Schemas to refuse an unusable one up front:
 	// deps.Checker when there is one, so the local L1 check finds them cached.
 	schemas *formatcheck.Checker
+	// scouts are the side scouts in flight (see sideScout); scoutCtx ends them at shutdown.
+	scouts     sync.WaitGroup
+	scoutCtx   context.Context
+	stopScouts context.CancelFunc
 }
 
 // routeTable is the routes callers can name, in config order: models first, then aliases.
@@ -175,6 +179,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
 		embedCache:      newEmbedCache(cfg.EmbeddingsCache),
 	}
+	r.scoutCtx, r.stopScouts = context.WithCancel(context.Background())
 	r.schemas = deps.Checker
 	if r.schemas == nil {
 		var err error

@@ -325,6 +325,11 @@ func (b *Breaker) Allow() (Permit, bool) {
 // (a failover to it needs no retry budget) asks this.
 func (p Permit) Trial() bool { return p.p != nil && (p.p.halfOpen || p.p.scout) }
 
+// Scout reports whether the permit is an open breaker's scout (see
+// BreakerConfig.ScoutInterval): a caller may send it beside the request instead of in its
+// way, since the request has a healthier choice.
+func (p Permit) Scout() bool { return p.p != nil && p.p.scout }
+
 // Done records the outcome of the admitted call: failure counts toward the error rate, and
 // latency toward the slow-call rate even when the call succeeded. Only the first Done,
 // Abandon or Cancel of a permit counts.
