@@ -26,7 +26,9 @@ type smallRun struct {
 
 var smallRuns = map[string]smallRun{
 	// Two minutes healthy, then four of the incident: enough for the naive client to fail.
-	"seed-incident":    {0.02, 2, 6 * time.Minute},
+	// At 0.05 the 3 s budget is 150 ms of wall time, which leaves the mesh's own time under
+	// the race detector on a loaded machine out of the verdict (at 0.02 it did not).
+	"seed-incident":    {0.05, 2, 6 * time.Minute},
 	"all-down":         {0.01, 1, 2 * time.Minute},
 	"garbage-200":      {0.01, 1, 3 * time.Minute},
 	"provider-outage":  {0.01, 1, 3 * time.Minute},
