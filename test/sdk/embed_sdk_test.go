@@ -8,15 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/mantle-mesh/mantle/pkg/mesh"
-	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
-	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/router"
 )
 
@@ -45,23 +40,10 @@ func TestOpenAINodeSDKEmbeddings(t *testing.T) {
 		fmt.Fprintf(w, `{"object":"list","data":[%s],"model":"embed-small","usage":{"prompt_tokens":4,"total_tokens":4}}`, strings.Join(data, ","))
 	}))
 	t.Cleanup(srv.Close)
-	t.Setenv("MANTLE_SDK_UPSTREAM_KEY", "sk-upstream")
-	cfg := mesh.Default()
-	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "sdk", KeySHA256: rpc.HashKey(key)}}
-	cfg.Router.Providers = []router.ProviderConfig{{Name: "up", Type: router.ProviderOpenAI, BaseURL: srv.URL + "/v1", Timeout: 5 * time.Second,
-		Keys: []router.KeyConfig{{ID: "k1", Env: "MANTLE_SDK_UPSTREAM_KEY"}}}}
-	cfg.Router.Models = []router.ModelConfig{
+	m := upstreamMesh(t, router.ProviderOpenAI, srv.URL+"/v1", []router.ModelConfig{
 		{Name: "embed", Provider: "up", Upstream: "embed-small", Capabilities: &router.Capabilities{Embeddings: true}},
 		{Name: "gpt", Provider: "up"},
-	}
-	cfg.Router.Routes = []router.RouteConfig{{Name: "chat", Candidates: []string{"gpt"}}}
-	m := meshtest.Start(t, cfg, meshtest.All)
+	}, router.RouteConfig{Name: "chat", Candidates: []string{"gpt"}})
 
-	cmd := exec.Command("node", "embeddings.mjs")
-	cmd.Env = append(cmd.Environ(), "MANTLE_BASE_URL=http://"+m.HTTPAddr+"/v1", "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
-	if err != nil {
-		t.Fatalf("openai-node embeddings against mantle: %v", err)
-	}
+	runNode(t, "embeddings.mjs", "MANTLE_BASE_URL=http://"+m.HTTPAddr+"/v1", "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
 }

@@ -26,13 +26,7 @@ func TestOpenAINodeSDK(t *testing.T) {
 	cfg.Router.Routes = []router.RouteConfig{{Name: "chat", Candidates: []string{"primary", "backup"}}}
 	m := meshtest.Start(t, cfg, meshtest.All)
 
-	cmd := exec.Command("node", "compat.mjs")
-	cmd.Env = append(cmd.Environ(), "MANTLE_BASE_URL=http://"+m.HTTPAddr+"/v1", "MANTLE_API_KEY="+key)
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
-	if err != nil {
-		t.Fatalf("openai-node against mantle: %v", err)
-	}
+	runNode(t, "compat.mjs", "MANTLE_BASE_URL=http://"+m.HTTPAddr+"/v1", "MANTLE_API_KEY="+key)
 }
 
 // TestOpenAINodeSDKFields runs fields.mjs: tool calling (unary, streamed with parallel
@@ -43,22 +37,9 @@ func TestOpenAINodeSDKFields(t *testing.T) {
 	up := &meshtest.RecordingUpstream{}
 	srv := httptest.NewServer(up)
 	t.Cleanup(srv.Close)
-	t.Setenv("MANTLE_SDK_UPSTREAM_KEY", "sk-upstream")
-	cfg := mesh.Default()
-	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "sdk", KeySHA256: rpc.HashKey(key)}}
-	cfg.Router.Providers = []router.ProviderConfig{{Name: "up", Type: router.ProviderOpenAI, BaseURL: srv.URL + "/v1", Timeout: 5 * time.Second,
-		Keys: []router.KeyConfig{{ID: "k1", Env: "MANTLE_SDK_UPSTREAM_KEY"}}}}
-	cfg.Router.Models = []router.ModelConfig{{Name: "gpt", Provider: "up"}}
-	cfg.Router.Routes = []router.RouteConfig{{Name: "chat", Candidates: []string{"gpt"}}}
-	m := meshtest.Start(t, cfg, meshtest.All)
-
-	cmd := exec.Command("node", "fields.mjs")
-	cmd.Env = append(cmd.Environ(), "MANTLE_BASE_URL=http://"+m.HTTPAddr+"/v1", "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
-	if err != nil {
-		t.Fatalf("openai-node fields against mantle: %v", err)
-	}
+	m := upstreamMesh(t, router.ProviderOpenAI, srv.URL+"/v1", []router.ModelConfig{{Name: "gpt", Provider: "up"}},
+		router.RouteConfig{Name: "chat", Candidates: []string{"gpt"}})
+	runNode(t, "fields.mjs", "MANTLE_BASE_URL=http://"+m.HTTPAddr+"/v1", "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
 }
 
 // TestAnthropicSDKMessages runs messages.mjs: the official Anthropic TypeScript SDK against
@@ -69,22 +50,9 @@ func TestAnthropicSDKMessages(t *testing.T) {
 	up := &meshtest.RecordingUpstream{}
 	srv := httptest.NewServer(up)
 	t.Cleanup(srv.Close)
-	t.Setenv("MANTLE_SDK_UPSTREAM_KEY", "sk-upstream")
-	cfg := mesh.Default()
-	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "sdk", KeySHA256: rpc.HashKey(key)}}
-	cfg.Router.Providers = []router.ProviderConfig{{Name: "up", Type: router.ProviderOpenAI, BaseURL: srv.URL + "/v1", Timeout: 5 * time.Second,
-		Keys: []router.KeyConfig{{ID: "k1", Env: "MANTLE_SDK_UPSTREAM_KEY"}}}}
-	cfg.Router.Models = []router.ModelConfig{{Name: "gpt", Provider: "up"}}
-	cfg.Router.Routes = []router.RouteConfig{{Name: "chat", Candidates: []string{"gpt"}}}
-	m := meshtest.Start(t, cfg, meshtest.All)
-
-	cmd := exec.Command("node", "messages.mjs")
-	cmd.Env = append(cmd.Environ(), "MANTLE_URL=http://"+m.HTTPAddr, "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
-	if err != nil {
-		t.Fatalf("anthropic-sdk messages against mantle: %v", err)
-	}
+	m := upstreamMesh(t, router.ProviderOpenAI, srv.URL+"/v1", []router.ModelConfig{{Name: "gpt", Provider: "up"}},
+		router.RouteConfig{Name: "chat", Candidates: []string{"gpt"}})
+	runNode(t, "messages.mjs", "MANTLE_URL=http://"+m.HTTPAddr, "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
 }
 
 // TestAnthropicSDKToAnthropicUpstream runs messages-anthropic.mjs: the official Anthropic
@@ -95,19 +63,32 @@ func TestAnthropicSDKToAnthropicUpstream(t *testing.T) {
 	up := &meshtest.AnthropicRecordingUpstream{}
 	srv := httptest.NewServer(up)
 	t.Cleanup(srv.Close)
+	m := upstreamMesh(t, router.ProviderAnthropic, srv.URL, []router.ModelConfig{{Name: "claude", Provider: "up", Upstream: "claude-up"}})
+	runNode(t, "messages-anthropic.mjs", "MANTLE_URL=http://"+m.HTTPAddr, "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
+}
+
+// upstreamMesh starts a whole mesh whose one provider (of type typ, named "up") is the
+// recording upstream at url, with models, and optionally routes over them.
+func upstreamMesh(t *testing.T, typ, url string, models []router.ModelConfig, routes ...router.RouteConfig) *meshtest.Mesh {
+	t.Helper()
 	t.Setenv("MANTLE_SDK_UPSTREAM_KEY", "sk-upstream")
 	cfg := mesh.Default()
 	cfg.Auth.Tenants = []rpc.TenantKey{{ID: "sdk", KeySHA256: rpc.HashKey(key)}}
-	cfg.Router.Providers = []router.ProviderConfig{{Name: "ant", Type: router.ProviderAnthropic, BaseURL: srv.URL, Timeout: 5 * time.Second,
+	cfg.Router.Providers = []router.ProviderConfig{{Name: "up", Type: typ, BaseURL: url, Timeout: 5 * time.Second,
 		Keys: []router.KeyConfig{{ID: "k1", Env: "MANTLE_SDK_UPSTREAM_KEY"}}}}
-	cfg.Router.Models = []router.ModelConfig{{Name: "claude", Provider: "ant", Upstream: "claude-up"}}
-	m := meshtest.Start(t, cfg, meshtest.All)
+	cfg.Router.Models, cfg.Router.Routes = models, routes
+	return meshtest.Start(t, cfg, meshtest.All)
+}
 
-	cmd := exec.Command("node", "messages-anthropic.mjs")
-	cmd.Env = append(cmd.Environ(), "MANTLE_URL=http://"+m.HTTPAddr, "MANTLE_API_KEY="+key, "UPSTREAM_URL="+srv.URL)
+// runNode runs a script of this directory with env added to the environment, and fails
+// the test with its output when it fails.
+func runNode(t *testing.T, script string, env ...string) {
+	t.Helper()
+	cmd := exec.Command("node", script)
+	cmd.Env = append(cmd.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
-		t.Fatalf("anthropic-sdk messages to an Anthropic upstream: %v", err)
+		t.Fatalf("%s against mantle: %v", script, err)
 	}
 }
