@@ -422,33 +422,7 @@ func TestToolCallsRoundTrip(t *testing.T) {
 	if res.status != http.StatusOK {
 		t.Fatalf("stream: HTTP %d: %s", res.status, res.body)
 	}
-	var pieces []string
-	finish := ""
-	for _, line := range strings.Split(string(res.body), "\n") {
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices []struct {
-				Delta struct {
-					ToolCalls []json.RawMessage `json:"tool_calls"`
-				} `json:"delta"`
-				FinishReason *string `json:"finish_reason"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
-			t.Fatalf("chunk %s: %v", data, err)
-		}
-		for _, c := range chunk.Choices {
-			for _, tc := range c.Delta.ToolCalls {
-				pieces = append(pieces, string(tc))
-			}
-			if c.FinishReason != nil {
-				finish = *c.FinishReason
-			}
-		}
-	}
+	_, pieces, finish := streamedToolCalls(t, res.body)
 	wantPieces := []string{
 		`{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}}`,
 		`{"index":0,"function":{"arguments":"{\"city\":"}}`,
@@ -456,14 +430,7 @@ func TestToolCallsRoundTrip(t *testing.T) {
 		`{"index":0,"function":{"arguments":"\"Paris\"}"}}`,
 		`{"index":1,"function":{"arguments":"\"CET\"}"}}`,
 	}
-	if len(pieces) != len(wantPieces) {
-		t.Fatalf("stream carried %d tool call pieces %v, want %d", len(pieces), pieces, len(wantPieces))
-	}
-	for i := range pieces {
-		if !jsonEqual([]byte(pieces[i]), []byte(wantPieces[i])) {
-			t.Errorf("piece %d = %s, want %s", i, pieces[i], wantPieces[i])
-		}
-	}
+	wantToolPieces(t, pieces, wantPieces)
 	if finish != "tool_calls" {
 		t.Errorf("stream finish_reason %q, want tool_calls", finish)
 	}
@@ -560,9 +527,29 @@ func TestAnthropicToolCallsRoundTrip(t *testing.T) {
 	if res.status != http.StatusOK {
 		t.Fatalf("stream: HTTP %d: %s", res.status, res.body)
 	}
-	var pieces []string
-	finish, content := "", ""
-	for _, line := range strings.Split(string(res.body), "\n") {
+	content, pieces, finish := streamedToolCalls(t, res.body)
+	wantPieces := []string{
+		`{"index":0,"id":"toolu_a","type":"function","function":{"name":"get_weather","arguments":""}}`,
+		`{"index":0,"function":{"arguments":"{\"city\":"}}`,
+		`{"index":1,"id":"toolu_b","type":"function","function":{"name":"get_time","arguments":""}}`,
+		`{"index":1,"function":{"arguments":"{\"tz\":"}}`,
+		`{"index":0,"function":{"arguments":"\"Paris\"}"}}`,
+		`{"index":1,"function":{"arguments":"\"CET\"}"}}`,
+	}
+	wantToolPieces(t, pieces, wantPieces)
+	if finish != "tool_calls" || content != "" {
+		t.Errorf("stream finish_reason %q, content %q; want tool_calls and no content (thinking is not passed on)", finish, content)
+	}
+	if got := antUp.Last(t)["stream"]; string(got) != "true" {
+		t.Errorf("Anthropic received stream %s", got)
+	}
+}
+
+// streamedToolCalls reads an OpenAI event stream: its text, its tool call pieces as sent,
+// and the last finish reason.
+func streamedToolCalls(t *testing.T, body []byte) (content string, pieces []string, finish string) {
+	t.Helper()
+	for _, line := range strings.Split(string(body), "\n") {
 		data, ok := strings.CutPrefix(line, "data: ")
 		if !ok || data == "[DONE]" {
 			continue
@@ -589,26 +576,18 @@ func TestAnthropicToolCallsRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	wantPieces := []string{
-		`{"index":0,"id":"toolu_a","type":"function","function":{"name":"get_weather","arguments":""}}`,
-		`{"index":0,"function":{"arguments":"{\"city\":"}}`,
-		`{"index":1,"id":"toolu_b","type":"function","function":{"name":"get_time","arguments":""}}`,
-		`{"index":1,"function":{"arguments":"{\"tz\":"}}`,
-		`{"index":0,"function":{"arguments":"\"Paris\"}"}}`,
-		`{"index":1,"function":{"arguments":"\"CET\"}"}}`,
-	}
-	if len(pieces) != len(wantPieces) {
-		t.Fatalf("stream carried %d tool call pieces %v, want %d", len(pieces), pieces, len(wantPieces))
+	return content, pieces, finish
+}
+
+// wantToolPieces compares streamed tool call pieces with want, piece by piece as JSON.
+func wantToolPieces(t *testing.T, pieces, want []string) {
+	t.Helper()
+	if len(pieces) != len(want) {
+		t.Fatalf("stream carried %d tool call pieces %v, want %d", len(pieces), pieces, len(want))
 	}
 	for i := range pieces {
-		if !jsonEqual([]byte(pieces[i]), []byte(wantPieces[i])) {
-			t.Errorf("piece %d = %s, want %s", i, pieces[i], wantPieces[i])
+		if !jsonEqual([]byte(pieces[i]), []byte(want[i])) {
+			t.Errorf("piece %d = %s, want %s", i, pieces[i], want[i])
 		}
-	}
-	if finish != "tool_calls" || content != "" {
-		t.Errorf("stream finish_reason %q, content %q; want tool_calls and no content (thinking is not passed on)", finish, content)
-	}
-	if got := antUp.Last(t)["stream"]; string(got) != "true" {
-		t.Errorf("Anthropic received stream %s", got)
 	}
 }
