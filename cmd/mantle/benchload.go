@@ -28,8 +28,32 @@ import (
 // with it to measure each mode in a process of its own.
 const benchLoadName = "bench-load"
 
+// benchLoadFlags are the flags of `mantle bench-load`.
+type benchLoadFlags struct {
+	modes                            []benchload.Mode
+	rates, temperature, format       string
+	duration, warmup                 time.Duration
+	maxInFlight                      int
+	samePrompt                       bool
+	cpuProfile, traceOut, memProfile string
+	inProcess, split                 bool
+	child, serveHop                  bool // internal: see the flags
+	upstream                         string
+	cfg                              benchload.Config // from the flags above
+}
+
 // benchLoad is `mantle bench-load`: the overhead and throughput benchmark.
-func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func benchLoad(ctx context.Context, args []string, env cmdEnv) error {
+	f, err := parseBenchLoadFlags(args, env.stderr)
+	if err != nil {
+		return err
+	}
+	return runBenchLoad(ctx, f, env)
+}
+
+// parseBenchLoadFlags parses and checks bench-load's command line.
+func parseBenchLoadFlags(args []string, stderr io.Writer) (benchLoadFlags, error) {
+	var f benchLoadFlags
 	fs := flag.NewFlagSet(benchLoadName, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -47,131 +71,72 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 		printFlags(fs)
 	}
 	modes := fs.String("modes", "direct,proxy,router,all", "modes to run: direct, proxy (a bare reverse proxy, the floor of any HTTP hop), router (the router alone) and all (the whole mesh)")
-	rates := fs.String("rates", "500,1000,2000,4000", "requests per second, each run in turn")
-	duration := fs.Duration("duration", 10*time.Second, "how long each rate runs")
-	warmup := fs.Duration("warmup", 2*time.Second, "unmeasured load at each rate before it is measured")
-	maxInFlight := fs.Int("max-in-flight", 5000, "most concurrent requests; more are shed and counted (each holds a few file descriptors)")
-	samePrompt := fs.Bool("same-prompt", false, "send the identical request every time (the cache then answers all but the first)")
-	temperature := fs.String("temperature", "", "temperature of every request; unset (the SDK default) the cache declines to cache, 0 makes every answer cacheable")
-	format := fs.String("format", "text", "output: text or json")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
-	traceOut := fs.String("trace", "", "write an execution trace of each mode to <this>.<mode>.trace (go tool trace; -pprof=sched shows waits for a CPU)")
-	memProfile := fs.String("memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
-	inProcess := fs.Bool("in-process", false, "run every mode in this process (CPU and RSS figures then mix; with --split the proxy or mesh still gets a process of its own)")
-	split := fs.Bool("split", true, "run the proxy or the mesh in a process of its own, apart from the load generator and the upstream; false puts all three in one")
-	child := fs.Bool("child", false, "internal: run one mode and print its results as JSON")
-	serveHop := fs.Bool("serve-hop", false, "internal: serve one mode's proxy or mesh for a benchmark in another process")
-	upstream := fs.String("upstream", "", "internal: with --serve-hop, the upstream's host:port")
+	fs.StringVar(&f.rates, "rates", "500,1000,2000,4000", "requests per second, each run in turn")
+	fs.DurationVar(&f.duration, "duration", 10*time.Second, "how long each rate runs")
+	fs.DurationVar(&f.warmup, "warmup", 2*time.Second, "unmeasured load at each rate before it is measured")
+	fs.IntVar(&f.maxInFlight, "max-in-flight", 5000, "most concurrent requests; more are shed and counted (each holds a few file descriptors)")
+	fs.BoolVar(&f.samePrompt, "same-prompt", false, "send the identical request every time (the cache then answers all but the first)")
+	fs.StringVar(&f.temperature, "temperature", "", "temperature of every request; unset (the SDK default) the cache declines to cache, 0 makes every answer cacheable")
+	fs.StringVar(&f.format, "format", "text", "output: text or json")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
+	fs.StringVar(&f.traceOut, "trace", "", "write an execution trace of each mode to <this>.<mode>.trace (go tool trace; -pprof=sched shows waits for a CPU)")
+	fs.StringVar(&f.memProfile, "memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
+	fs.BoolVar(&f.inProcess, "in-process", false, "run every mode in this process (CPU and RSS figures then mix; with --split the proxy or mesh still gets a process of its own)")
+	fs.BoolVar(&f.split, "split", true, "run the proxy or the mesh in a process of its own, apart from the load generator and the upstream; false puts all three in one")
+	fs.BoolVar(&f.child, "child", false, "internal: run one mode and print its results as JSON")
+	fs.BoolVar(&f.serveHop, "serve-hop", false, "internal: serve one mode's proxy or mesh for a benchmark in another process")
+	fs.StringVar(&f.upstream, "upstream", "", "internal: with --serve-hop, the upstream's host:port")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return f, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if *format != "text" && *format != "json" {
-		return fmt.Errorf("--format: want text or json, got %q", *format)
+	if f.format != "text" && f.format != "json" {
+		return f, fmt.Errorf("--format: want text or json, got %q", f.format)
 	}
-	cfg := benchload.Config{Duration: *duration, Warmup: *warmup, MaxInFlight: *maxInFlight, SamePrompt: *samePrompt}
-	if *temperature != "" {
-		v, err := strconv.ParseFloat(*temperature, 64)
+	f.cfg = benchload.Config{Duration: f.duration, Warmup: f.warmup, MaxInFlight: f.maxInFlight, SamePrompt: f.samePrompt}
+	if f.temperature != "" {
+		v, err := strconv.ParseFloat(f.temperature, 64)
 		if err != nil || v < 0 || v > 2 {
-			return fmt.Errorf("--temperature: want a number in [0, 2], got %q", *temperature)
+			return f, fmt.Errorf("--temperature: want a number in [0, 2], got %q", f.temperature)
 		}
-		cfg.Temperature = &v
+		f.cfg.Temperature = &v
 	}
-	for _, r := range strings.Split(*rates, ",") {
+	for _, r := range strings.Split(f.rates, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(r), 64)
 		if err != nil || v <= 0 {
-			return fmt.Errorf("--rates: %q is not a positive number", r)
+			return f, fmt.Errorf("--rates: %q is not a positive number", r)
 		}
-		cfg.Rates = append(cfg.Rates, v)
+		f.cfg.Rates = append(f.cfg.Rates, v)
 	}
-	var run []benchload.Mode
 	for _, m := range strings.Split(*modes, ",") {
 		mode := benchload.Mode(strings.TrimSpace(m))
 		if !slices.Contains(benchload.Modes(), mode) {
-			return fmt.Errorf("--modes: unknown mode %q (want direct, proxy, router or all)", m)
+			return f, fmt.Errorf("--modes: unknown mode %q (want direct, proxy, router or all)", m)
 		}
-		run = append(run, mode)
+		f.modes = append(f.modes, mode)
 	}
+	return f, nil
+}
 
-	// record starts one recording of this process (a CPU profile, an execution trace) into
-	// <prefix>.<mode>.<ext>; the func it returns ends it.
-	record := func(flag, prefix string, mode benchload.Mode, ext string, start func(io.Writer) error, stop func()) (func(), error) {
-		out, err := os.Create(fmt.Sprintf("%s.%s.%s", prefix, mode, ext))
-		if err != nil {
-			return nil, fmt.Errorf("--%s: %w", flag, err)
-		}
-		if err := start(out); err != nil {
-			_ = out.Close()
-			return nil, fmt.Errorf("--%s: %w", flag, err)
-		}
-		return func() { stop(); _ = out.Close() }, nil
-	}
-	// profiled runs f with the CPU and allocation profiles and the execution trace of this
-	// process that the flags ask for, named after mode.
-	profiled := func(mode benchload.Mode, f func() error) error {
-		if *cpuProfile != "" {
-			end, err := record("cpuprofile", *cpuProfile, mode, "pprof", pprof.StartCPUProfile, pprof.StopCPUProfile)
-			if err != nil {
-				return err
-			}
-			defer end()
-		}
-		if *traceOut != "" {
-			end, err := record("trace", *traceOut, mode, "trace", trace.Start, trace.Stop)
-			if err != nil {
-				return err
-			}
-			defer end()
-		}
-		if err := f(); err != nil {
-			return err
-		}
-		if *memProfile != "" {
-			return writeAllocProfile(fmt.Sprintf("%s.%s.pprof", *memProfile, mode))
-		}
-		return nil
-	}
-
-	if *serveHop {
-		if len(run) != 1 {
+// runBenchLoad does what f asks: serve one mode's hop (--serve-hop), run one mode and
+// print its results as JSON (--child), or run every mode and print the table.
+func runBenchLoad(ctx context.Context, f benchLoadFlags, env cmdEnv) error {
+	stdout, stderr := env.stdout, env.stderr
+	if f.serveHop {
+		if len(f.modes) != 1 {
 			return errors.New("--serve-hop serves exactly one mode")
 		}
-		return profiled(run[0], func() error {
-			return benchload.ServeHop(ctx, run[0], *upstream, os.Stdin, stdout, stderr)
+		return f.profiled(f.modes[0], func() error {
+			return benchload.ServeHop(ctx, f.modes[0], f.upstream, os.Stdin, stdout, stderr)
 		})
 	}
-
-	runMode := func(mode benchload.Mode) (res []benchload.Result, err error) {
-		c := cfg
-		c.Mode = mode
-		if *split && mode != benchload.Direct {
-			self, err := os.Executable()
-			if err != nil {
-				return nil, err
-			}
-			// The hop's process profiles itself: that is where mantle's work is.
-			c.HopCommand = func(ctx context.Context, mode benchload.Mode, upstreamAddr string) *exec.Cmd {
-				cmd := exec.CommandContext(ctx, self, benchLoadName, "--serve-hop", "--modes", string(mode), "--upstream", upstreamAddr,
-					"--cpuprofile", *cpuProfile, "--memprofile", *memProfile, "--trace", *traceOut)
-				cmd.Stderr = stderr
-				return cmd
-			}
-			return benchload.Run(ctx, c)
-		}
-		err = profiled(mode, func() error {
-			res, err = benchload.Run(ctx, c)
-			return err
-		})
-		return res, err
-	}
-
-	if *child {
-		if len(run) != 1 {
+	if f.child {
+		if len(f.modes) != 1 {
 			return errors.New("--child runs exactly one mode")
 		}
-		res, err := runMode(run[0])
+		res, err := f.runMode(ctx, f.modes[0], stderr)
 		if err != nil {
 			return err
 		}
@@ -179,31 +144,101 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	}
 
 	var all []benchload.Result
-	for _, mode := range run {
-		fmt.Fprintf(stderr, "bench-load: %s at %s/s, %s each...\n", mode, *rates, *duration)
+	for _, mode := range f.modes {
+		fmt.Fprintf(stderr, "bench-load: %s at %s/s, %s each...\n", mode, f.rates, f.duration)
 		var res []benchload.Result
 		var err error
-		if *inProcess {
-			res, err = runMode(mode)
+		if f.inProcess {
+			res, err = f.runMode(ctx, mode, stderr)
 		} else {
-			res, err = runChild(ctx, mode, []string{
-				"--rates", *rates, "--duration", duration.String(), "--warmup", warmup.String(),
-				"--max-in-flight", strconv.Itoa(*maxInFlight), "--same-prompt=" + strconv.FormatBool(*samePrompt),
-				"--cpuprofile", *cpuProfile, "--memprofile", *memProfile, "--trace", *traceOut, "--temperature", *temperature,
-				"--split=" + strconv.FormatBool(*split),
-			}, stderr)
+			res, err = runChild(ctx, mode, f.childFlags(), stderr)
 		}
 		if err != nil {
 			return fmt.Errorf("mode %s: %w", mode, err)
 		}
 		all = append(all, res...)
 	}
-	if *format == "json" {
+	if f.format == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(all)
 	}
 	return writeBenchTable(stdout, all)
+}
+
+// childFlags are the flags a child process that runs one mode gets from f.
+func (f benchLoadFlags) childFlags() []string {
+	return []string{
+		"--rates", f.rates, "--duration", f.duration.String(), "--warmup", f.warmup.String(),
+		"--max-in-flight", strconv.Itoa(f.maxInFlight), "--same-prompt=" + strconv.FormatBool(f.samePrompt),
+		"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut, "--temperature", f.temperature,
+		"--split=" + strconv.FormatBool(f.split),
+	}
+}
+
+// runMode runs one mode in this process; with --split the proxy or mesh runs in a
+// process of its own, which profiles itself (that is where mantle's work is).
+func (f benchLoadFlags) runMode(ctx context.Context, mode benchload.Mode, stderr io.Writer) (res []benchload.Result, err error) {
+	c := f.cfg
+	c.Mode = mode
+	if f.split && mode != benchload.Direct {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		c.HopCommand = func(ctx context.Context, mode benchload.Mode, upstreamAddr string) *exec.Cmd {
+			cmd := exec.CommandContext(ctx, self, benchLoadName, "--serve-hop", "--modes", string(mode), "--upstream", upstreamAddr,
+				"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut)
+			cmd.Stderr = stderr
+			return cmd
+		}
+		return benchload.Run(ctx, c)
+	}
+	err = f.profiled(mode, func() error {
+		res, err = benchload.Run(ctx, c)
+		return err
+	})
+	return res, err
+}
+
+// profiled runs run with the CPU and allocation profiles and the execution trace of this
+// process that f asks for, named after mode.
+func (f benchLoadFlags) profiled(mode benchload.Mode, run func() error) error {
+	if f.cpuProfile != "" {
+		end, err := record("cpuprofile", f.cpuProfile, mode, "pprof", pprof.StartCPUProfile, pprof.StopCPUProfile)
+		if err != nil {
+			return err
+		}
+		defer end()
+	}
+	if f.traceOut != "" {
+		end, err := record("trace", f.traceOut, mode, "trace", trace.Start, trace.Stop)
+		if err != nil {
+			return err
+		}
+		defer end()
+	}
+	if err := run(); err != nil {
+		return err
+	}
+	if f.memProfile != "" {
+		return writeAllocProfile(fmt.Sprintf("%s.%s.pprof", f.memProfile, mode))
+	}
+	return nil
+}
+
+// record starts one recording of this process (a CPU profile, an execution trace) into
+// <prefix>.<mode>.<ext>; the func it returns ends it.
+func record(flag, prefix string, mode benchload.Mode, ext string, start func(io.Writer) error, stop func()) (func(), error) {
+	out, err := os.Create(fmt.Sprintf("%s.%s.%s", prefix, mode, ext))
+	if err != nil {
+		return nil, fmt.Errorf("--%s: %w", flag, err)
+	}
+	if err := start(out); err != nil {
+		_ = out.Close()
+		return nil, fmt.Errorf("--%s: %w", flag, err)
+	}
+	return func() { stop(); _ = out.Close() }, nil
 }
 
 // writeAllocProfile writes the process's allocations since it started (the "allocs"

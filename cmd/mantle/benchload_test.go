@@ -19,7 +19,7 @@ func TestBenchLoadInProcess(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--in-process", "--modes", "direct,router", "--rates", "40", "--duration", "250ms", "--warmup", "0s"}
-	if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
+	if err := benchLoad(context.Background(), args, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
@@ -36,7 +36,7 @@ func TestBenchLoadChildPrintsJSON(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--child", "--modes", "direct", "--rates", "40", "--duration", "200ms", "--warmup", "0s"}
-	if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
+	if err := benchLoad(context.Background(), args, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("bench-load --child: %v", err)
 	}
 	var res []benchload.Result
@@ -63,7 +63,7 @@ func TestBenchLoadProfiles(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			args := []string{"--child", "--modes", string(mode), "--rates", "40", "--duration", "200ms", "--warmup", "0s",
 				"--cpuprofile", filepath.Join(dir, "cpu"), "--memprofile", filepath.Join(dir, "mem"), "--trace", filepath.Join(dir, "tr")}
-			if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
+			if err := benchLoad(context.Background(), args, testEnv(&stdout, &stderr)); err != nil {
 				t.Fatalf("bench-load: %v\n%s", err, stderr.String())
 			}
 			for _, name := range []string{"cpu." + string(mode) + ".pprof", "mem." + string(mode) + ".pprof"} {
@@ -108,7 +108,7 @@ func TestBenchLoadRejectsBadFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
-		err := benchLoad(context.Background(), tt.args, &stdout, &stderr)
+		err := benchLoad(context.Background(), tt.args, testEnv(&stdout, &stderr))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("bench-load %q: error %v, want one containing %q", tt.args, err, tt.want)
 		}
@@ -120,7 +120,7 @@ func TestBenchLoadRejectsBadFlags(t *testing.T) {
 // binary): its first argument is then a subcommand, not a test flag.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == benchLoadName {
-		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+		os.Exit(run(context.Background(), os.Args[1:], cmdEnv{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
 	}
 	os.Exit(m.Run())
 }
@@ -134,7 +134,7 @@ func TestBenchLoadSplit(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--modes", "direct,router", "--rates", "40", "--duration", "250ms", "--warmup", "0s", "--format", "json"}
-	if err := benchLoad(context.Background(), args, &stdout, &stderr); err != nil {
+	if err := benchLoad(context.Background(), args, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
 	}
 	var res []benchload.Result

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -19,7 +18,8 @@ import (
 
 // certs writes a throwaway CA and one certificate per service, for a TLS mesh in
 // development, compose or a test cluster. Real deployments use their own PKI.
-func certs(_ context.Context, args []string, stdout, stderr io.Writer) error {
+func certs(_ context.Context, args []string, env cmdEnv) error {
+	stdout, stderr := env.stdout, env.stderr
 	fs := flag.NewFlagSet("certs", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("out", "certs", "directory to write ca.crt, <service>.crt and <service>.key into")
@@ -61,10 +61,10 @@ type clientTLS struct {
 	caFile, certFile, keyFile, serverName string
 }
 
-func (c *clientTLS) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.caFile, "tls.ca-file", envOr("MANTLE_TLS_CA_FILE", ""), "CA that signed the server's certificate; turns TLS on ($MANTLE_TLS_CA_FILE)")
-	fs.StringVar(&c.certFile, "tls.cert-file", envOr("MANTLE_TLS_CERT_FILE", ""), "client certificate, for listeners that require one ($MANTLE_TLS_CERT_FILE)")
-	fs.StringVar(&c.keyFile, "tls.key-file", envOr("MANTLE_TLS_KEY_FILE", ""), "its private key ($MANTLE_TLS_KEY_FILE)")
+func (c *clientTLS) register(fs *flag.FlagSet, env cmdEnv) {
+	fs.StringVar(&c.caFile, "tls.ca-file", env.varOr("MANTLE_TLS_CA_FILE", ""), "CA that signed the server's certificate; turns TLS on ($MANTLE_TLS_CA_FILE)")
+	fs.StringVar(&c.certFile, "tls.cert-file", env.varOr("MANTLE_TLS_CERT_FILE", ""), "client certificate, for listeners that require one ($MANTLE_TLS_CERT_FILE)")
+	fs.StringVar(&c.keyFile, "tls.key-file", env.varOr("MANTLE_TLS_KEY_FILE", ""), "its private key ($MANTLE_TLS_KEY_FILE)")
 	fs.StringVar(&c.serverName, "tls.server-name", "", "name expected in the server's certificate (default: the host of --addr)")
 }
 

@@ -17,7 +17,7 @@ func TestCerts(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	var stdout, stderr bytes.Buffer
-	if code := run(context.Background(), []string{"certs", "--out", dir, "--services", "router, quota", "--dns-prefix", "mantle-"}, &stdout, &stderr); code != 0 {
+	if code := run(context.Background(), []string{"certs", "--out", dir, "--services", "router, quota", "--dns-prefix", "mantle-"}, testEnv(&stdout, &stderr)); code != 0 {
 		t.Fatalf("certs: %d, %s", code, stderr.String())
 	}
 	for _, svc := range []string{"router", "quota"} {
@@ -38,11 +38,11 @@ func TestCerts(t *testing.T) {
 		t.Errorf("cache.crt written though not asked for: %v", err)
 	}
 	stderr.Reset()
-	if code := run(context.Background(), []string{"certs", "--out", dir, "--services", " , "}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "--services: at least one service") {
+	if code := run(context.Background(), []string{"certs", "--out", dir, "--services", " , "}, testEnv(&stdout, &stderr)); code != 1 || !strings.Contains(stderr.String(), "--services: at least one service") {
 		t.Errorf("no services: %d, %q", code, stderr.String())
 	}
 	stderr.Reset()
-	if code := run(context.Background(), []string{"certs", "--out", dir, "--services", "Router"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), `service name "Router"`) {
+	if code := run(context.Background(), []string{"certs", "--out", dir, "--services", "Router"}, testEnv(&stdout, &stderr)); code != 1 || !strings.Contains(stderr.String(), `service name "Router"`) {
 		t.Errorf("bad service name: %d, %q", code, stderr.String())
 	}
 }
@@ -77,7 +77,7 @@ func TestDevTLS(t *testing.T) {
 			args := append([]string{"chat", "--addr", m.GRPCAddr, "--key", devKey, "--timeout", "20s"}, tt.args...)
 			args = append(args, "Is this encrypted?")
 			var stdout, stderr bytes.Buffer
-			if code := run(context.Background(), args, &stdout, &stderr); code != tt.wantCode {
+			if code := run(context.Background(), args, testEnv(&stdout, &stderr)); code != tt.wantCode {
 				t.Fatalf("chat %q: %d, want %d; stderr: %s", tt.args, code, tt.wantCode, stderr.String())
 			}
 			if !strings.Contains(stderr.String(), tt.wantStderr) {

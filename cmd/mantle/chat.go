@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -20,18 +19,19 @@ import (
 	"github.com/mantle-mesh/mantle/services/router"
 )
 
-func chat(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func chat(ctx context.Context, args []string, env cmdEnv) error {
+	stdout, stderr := env.stdout, env.stderr
 	fs := flag.NewFlagSet("chat", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", envOr("MANTLE_ADDR", "127.0.0.1:9090"), "router gRPC address ($MANTLE_ADDR)")
-	key := fs.String("key", envOr("MANTLE_API_KEY", devKey), "tenant API key ($MANTLE_API_KEY)")
+	addr := fs.String("addr", env.varOr("MANTLE_ADDR", "127.0.0.1:9090"), "router gRPC address ($MANTLE_ADDR)")
+	key := fs.String("key", env.varOr("MANTLE_API_KEY", devKey), "tenant API key ($MANTLE_API_KEY)")
 	model := fs.String("model", "chat", "model or route")
 	system := fs.String("system", "", "system prompt")
 	stream := fs.Bool("stream", false, "stream the answer")
 	jsonOut := fs.Bool("json", false, "ask for a JSON object answer")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline for the whole request")
 	var tlsFlags clientTLS
-	tlsFlags.register(fs)
+	tlsFlags.register(fs, env)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -128,11 +128,4 @@ func describe(err error) error {
 		msg += fmt.Sprintf(" (retry after %s)", d)
 	}
 	return errors.New(msg)
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -6,13 +6,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
@@ -25,7 +26,8 @@ import (
 // operator's (`mantle review`, draft rule approval, DescribeRoutes). They only exist in
 // `mantle dev`, which listens on loopback; its modules call each other with a mesh secret
 // the process makes up at start.
-func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func dev(ctx context.Context, args []string, env cmdEnv) error {
+	stdout, stderr := env.stdout, env.stderr
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	grpcAddr := fs.String("grpc", "127.0.0.1:9090", "gRPC address (a free port is used when it is taken)")
@@ -38,7 +40,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg := devConfig(*profile, os.Getenv)
+	cfg := devConfig(*profile, env.getenv)
 	cfg.Server.GRPCListenAddress = freeOr(*grpcAddr)
 	cfg.Server.HTTPListenAddress = freeOr(*httpAddr)
 	cfg.Server.GRPCReflection = true // for grpcurl, with the operator key below
@@ -56,7 +58,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true, RouteLibraryLogs: true, EmbeddedNATS: natsembed.Launch})
+	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true, RouteLibraryLogs: true, EmbeddedNATS: natsembed.Launch, Getenv: env.getenv})
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ import (
 func TestDrillList(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	if err := drill(context.Background(), []string{"--list"}, &stdout, &stderr); err != nil {
+	if err := drill(context.Background(), []string{"--list"}, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("drill --list: %v\n%s", err, stderr.String())
 	}
 	for _, name := range mdrill.Names() {
@@ -29,7 +29,7 @@ func TestDrillList(t *testing.T) {
 func TestDrillPrintScenario(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	if err := drill(context.Background(), []string{"--scenario", "provider-outage", "--print-scenario"}, &stdout, &stderr); err != nil {
+	if err := drill(context.Background(), []string{"--scenario", "provider-outage", "--print-scenario"}, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("drill --print-scenario: %v", err)
 	}
 	// What it prints is a scenario file a user can edit and run with --scenario-file.
@@ -55,7 +55,7 @@ func TestDrillPrintScenario(t *testing.T) {
 func TestDrillPrintConfig(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	if err := drill(context.Background(), []string{"--print-config", "--time-scale", "0.5"}, &stdout, &stderr); err != nil {
+	if err := drill(context.Background(), []string{"--print-config", "--time-scale", "0.5"}, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("drill --print-config: %v", err)
 	}
 	cfg := mesh.Default()
@@ -75,7 +75,7 @@ func TestDrillRunWritesReports(t *testing.T) {
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--scenario", "seed-incident", "--time-scale", "0.01", "--rate", "2", "--duration", "1m", "--out", out}
-	if err := drill(context.Background(), args, &stdout, &stderr); err != nil {
+	if err := drill(context.Background(), args, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("drill: %v\nstderr:\n%s", err, stderr.String())
 	}
 	for _, want := range []string{"seed-incident:", "mantle", "naive", "latency P99", "duplicate billed calls", "targets (mantle)"} {
@@ -113,7 +113,7 @@ func TestDrillJSONOnStdout(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--scenario", "all-down", "--sides", "mantle", "--time-scale", "0.01", "--rate", "1", "--duration", "30s", "--out", "", "--format", "json"}
-	if err := drill(context.Background(), args, &stdout, &stderr); err != nil {
+	if err := drill(context.Background(), args, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("drill: %v\n%s", err, stderr.String())
 	}
 	var rep mdrill.Report
@@ -145,7 +145,7 @@ func TestDrillRejectsBadFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			err := drill(context.Background(), tt.args, &stdout, &stderr)
+			err := drill(context.Background(), tt.args, testEnv(&stdout, &stderr))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("drill %q error = %v, want one containing %q", tt.args, err, tt.want)
 			}

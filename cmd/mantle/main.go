@@ -1,6 +1,6 @@
 // Command mantle is the one binary of the mantle mesh.
 //
-//	mantle serve --target=all|router|cache|quota|verifier[,...] [--config.file mantle.yaml]
+//	mantle serve --target=all|router|cache|quota|verifier|agent[,...] [--config.file mantle.yaml]
 //	mantle dev                  all services in one process with embedded NATS and sim models
 //	mantle sim --addr :8081     a standalone simulated OpenAI-compatible provider
 //	mantle chat "question"      ask the router over gRPC and print the QualityContext summary
@@ -24,14 +24,30 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], cmdEnv{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
 	stop() // os.Exit runs no deferred calls
 	os.Exit(code)
 }
 
 type command struct {
 	summary string
-	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+	run     func(ctx context.Context, args []string, env cmdEnv) error
+}
+
+// cmdEnv is what a command takes from its process: its output streams and its
+// environment. Commands read the environment through getenv only; main hands them
+// os.Getenv, tests an environment of their own.
+type cmdEnv struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// varOr is the environment variable name, or def when it is unset or empty.
+func (e cmdEnv) varOr(name, def string) string {
+	if v := e.getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 // commands are the serving and operating commands, and the lab commands (dev, sim, drill,
@@ -54,7 +70,8 @@ const (
 // answers a request for help (exit 0). The command has already printed why.
 var errUsage = errors.New("usage")
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, env cmdEnv) int {
+	stdout, stderr := env.stdout, env.stderr
 	if len(args) == 0 {
 		usage(stderr)
 		return 2
@@ -69,7 +86,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
+	if err := cmd.run(ctx, args[1:], env); err != nil {
 		switch {
 		case errors.Is(err, flag.ErrHelp):
 			return 0

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -44,7 +45,7 @@ func TestRunUsage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			if code := run(context.Background(), tt.args, &stdout, &stderr); code != tt.code {
+			if code := run(context.Background(), tt.args, testEnv(&stdout, &stderr)); code != tt.code {
 				t.Errorf("run(%q) = %d, want %d (stderr %q)", tt.args, code, tt.code, stderr.String())
 			}
 			for _, w := range []struct {
@@ -70,7 +71,7 @@ func TestRunUsage(t *testing.T) {
 func TestBenchLoadHidesInternalFlags(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	if code := run(context.Background(), []string{"bench-load", "-h"}, &stdout, &stderr); code != 0 {
+	if code := run(context.Background(), []string{"bench-load", "-h"}, testEnv(&stdout, &stderr)); code != 0 {
 		t.Fatalf("bench-load -h = %d, want 0", code)
 	}
 	help := stderr.String()
@@ -89,7 +90,7 @@ func TestBenchLoadHidesInternalFlags(t *testing.T) {
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	if code := run(context.Background(), []string{"version"}, &stdout, &stderr); code != 0 {
+	if code := run(context.Background(), []string{"version"}, testEnv(&stdout, &stderr)); code != 0 {
 		t.Fatalf("version = %d, want 0 (stderr %q)", code, stderr.String())
 	}
 	out := stdout.String()
@@ -100,7 +101,7 @@ func TestVersion(t *testing.T) {
 			t.Errorf("version output does not contain %q:\n%s", want, out)
 		}
 	}
-	if code := run(context.Background(), []string{"version", "extra"}, &stdout, &stderr); code != 2 {
+	if code := run(context.Background(), []string{"version", "extra"}, testEnv(&stdout, &stderr)); code != 2 {
 		t.Errorf("version extra = %d, want 2", code)
 	}
 }
@@ -108,7 +109,7 @@ func TestVersion(t *testing.T) {
 func TestServePrintConfig(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), []string{"serve", "--print-config", "-log.level=debug", "-target=cache"}, &stdout, &stderr)
+	code := run(context.Background(), []string{"serve", "--print-config", "-log.level=debug", "-target=cache"}, testEnv(&stdout, &stderr))
 	if code != 0 {
 		t.Fatalf("run = %d, stderr:\n%s", code, stderr.String())
 	}
@@ -150,7 +151,7 @@ func TestServeRejectsInvalidConfig(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			err := serve(context.Background(), tt.args, &stdout, &stderr)
+			err := serve(context.Background(), tt.args, testEnv(&stdout, &stderr))
 			if err == nil {
 				t.Fatal("serve = nil, want an error")
 			}
@@ -163,7 +164,7 @@ func TestServeRejectsInvalidConfig(t *testing.T) {
 	}
 
 	var stdout, stderr bytes.Buffer
-	if code := run(context.Background(), []string{"serve", "-log.level=loud"}, &stdout, &stderr); code != 1 {
+	if code := run(context.Background(), []string{"serve", "-log.level=loud"}, testEnv(&stdout, &stderr)); code != 1 {
 		t.Errorf("run(serve) with an invalid config = %d, want 1", code)
 	}
 	if !strings.HasPrefix(stderr.String(), "mantle serve: invalid configuration") {
@@ -292,7 +293,7 @@ func TestChat(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			args := append([]string{"chat", "--addr", m.GRPCAddr, "--key", devKey}, tt.args...)
 			var stdout, stderr bytes.Buffer
-			code := run(context.Background(), args, &stdout, &stderr)
+			code := run(context.Background(), args, testEnv(&stdout, &stderr))
 			if code != tt.wantCode {
 				t.Fatalf("run(%q) = %d, want %d; stderr:\n%s", args, code, tt.wantCode, stderr.String())
 			}
@@ -311,4 +312,10 @@ func TestChat(t *testing.T) {
 			}
 		})
 	}
+}
+
+// testEnv is a command's process in a test: the given streams and an empty environment,
+// so that no variable set on the machine changes what a test sees.
+func testEnv(stdout, stderr io.Writer) cmdEnv {
+	return cmdEnv{stdout: stdout, stderr: stderr, getenv: func(string) string { return "" }}
 }

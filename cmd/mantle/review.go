@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -23,11 +22,15 @@ import (
 
 const reviewUsage = `usage: mantle review <command> [flags] [review id]
 
-  list     list reviews (--state pending|claimed|decided|timed_out, --scenario)
+  list     list reviews (--state pending|claimed|decided|timed_out, --scenario); with
+           --confirmations, the actions whose outcome a person must confirm (pending
+           unless --state happened|not_happened|all; --tenant). mantle review
+           --confirmations is short for list --confirmations
   show     show one review
   claim    take a lease on a review; without an id, on the pending review due first
-  decide   record your decision on a review you claimed
-  audit    list the audit trail (of one review, or of everything; --actor)
+  decide   record your decision on a review you claimed; on a confirmation (cf_...),
+           --happened [--result TEXT] or --not-happened (operators only)
+  audit    list the audit trail (of one review or confirmation, or of everything; --actor)
 
 Common flags: --addr (verifier gRPC address, $MANTLE_ADDR), --key (an operator key, which
 sees every tenant's reviews, from $MANTLE_OPERATOR_KEY; or a tenant key, which sees that
@@ -35,7 +38,8 @@ tenant's, from $MANTLE_API_KEY),
 --timeout, --json (print the response as JSON). Run mantle review <command> -h for more.`
 
 // review is `mantle review`: the human review workbench on the command line.
-func review(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func review(ctx context.Context, args []string, env cmdEnv) error {
+	stdout, stderr := env.stdout, env.stderr
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, reviewUsage)
 		return errUsage
@@ -44,6 +48,9 @@ func review(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintln(stderr, reviewUsage)
 		return flag.ErrHelp
 	}
+	if args[0] == "--confirmations" || args[0] == "-confirmations" {
+		args = append([]string{"list", "--confirmations"}, args[1:]...)
+	}
 	sub, ok := reviewCommands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "mantle review: unknown command %q\n\n%s\n", args[0], reviewUsage)
@@ -51,12 +58,12 @@ func review(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	fs := flag.NewFlagSet("review "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	c := &reviewCLI{stdout: stdout}
-	fs.StringVar(&c.addr, "addr", envOr("MANTLE_ADDR", "127.0.0.1:9090"), "verifier gRPC address ($MANTLE_ADDR)")
-	fs.StringVar(&c.key, "key", envOr("MANTLE_OPERATOR_KEY", envOr("MANTLE_API_KEY", devOperatorKey)), "operator key ($MANTLE_OPERATOR_KEY), or a tenant key ($MANTLE_API_KEY)")
+	c := &reviewCLI{stdout: stdout, getenv: env.getenv}
+	fs.StringVar(&c.addr, "addr", env.varOr("MANTLE_ADDR", "127.0.0.1:9090"), "verifier gRPC address ($MANTLE_ADDR)")
+	fs.StringVar(&c.key, "key", env.varOr("MANTLE_OPERATOR_KEY", env.varOr("MANTLE_API_KEY", devOperatorKey)), "operator key ($MANTLE_OPERATOR_KEY), or a tenant key ($MANTLE_API_KEY)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "deadline for the call")
 	var tlsFlags clientTLS
-	tlsFlags.register(fs)
+	tlsFlags.register(fs, env)
 	fs.BoolVar(&c.json, "json", false, "print the response as JSON")
 	run := sub(fs, c)
 	positional, err := parseInterspersed(fs, args[1:])
@@ -84,6 +91,7 @@ func review(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // reviewCLI is what every review subcommand shares.
 type reviewCLI struct {
 	stdout  io.Writer
+	getenv  func(string) string
 	addr    string
 	key     string
 	timeout time.Duration
@@ -116,9 +124,9 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-func defaultReviewer() string {
+func defaultReviewer(getenv func(string) string) string {
 	for _, name := range []string{"MANTLE_REVIEWER", "USER", "USERNAME"} {
-		if v := os.Getenv(name); v != "" {
+		if v := getenv(name); v != "" {
 			return v
 		}
 	}
@@ -166,12 +174,23 @@ func oneID(args []string, required bool) (string, error) {
 }
 
 func reviewList(fs *flag.FlagSet, c *reviewCLI) func(context.Context, []string) error {
-	state := fs.String("state", "", "only reviews in this state: pending, claimed, decided, timed_out")
+	state := fs.String("state", "", "only reviews in this state: pending, claimed, decided, timed_out (confirmations: pending, happened, not_happened, all)")
 	scenario := fs.String("scenario", "", "only reviews of this scenario")
 	limit := fs.Int("limit", 50, "at most this many reviews")
+	confirmations := fs.Bool("confirmations", false, "list the actions whose outcome a person must confirm, not reviews (operators only)")
+	tenant := fs.String("tenant", "", "with --confirmations: only this tenant's")
 	return func(ctx context.Context, args []string) error {
 		if len(args) > 0 {
 			return fmt.Errorf("list takes no arguments, got %q", args)
+		}
+		if *confirmations {
+			if *scenario != "" {
+				return errors.New("--scenario: confirmations have no scenario")
+			}
+			return c.listConfirmations(ctx, *state, *tenant, *limit)
+		}
+		if *tenant != "" {
+			return errors.New("--tenant: only with --confirmations (a tenant key sees its own reviews)")
 		}
 		req := &verifierv1.ListReviewsRequest{Scenario: *scenario, PageSize: int32(*limit)}
 		if *state != "" {
@@ -248,7 +267,7 @@ func printReview(w io.Writer, r *verifierv1.Review) {
 }
 
 func reviewClaim(fs *flag.FlagSet, c *reviewCLI) func(context.Context, []string) error {
-	reviewer := fs.String("reviewer", defaultReviewer(), "your name in the audit trail ($MANTLE_REVIEWER, $USER)")
+	reviewer := fs.String("reviewer", defaultReviewer(c.getenv), "your name in the audit trail ($MANTLE_REVIEWER, $USER)")
 	lease := fs.Duration("lease", 0, "how long the claim lasts (0: the verifier's default)")
 	scenario := fs.String("scenario", "", "without an id: claim the next review of this scenario")
 	return func(ctx context.Context, args []string) error {
@@ -274,8 +293,93 @@ func reviewClaim(fs *flag.FlagSet, c *reviewCLI) func(context.Context, []string)
 	}
 }
 
+// listConfirmations lists "confirm outcome" reviews: pending ones unless state says
+// otherwise.
+func (c *reviewCLI) listConfirmations(ctx context.Context, state, tenant string, limit int) error {
+	req := &verifierv1.ListConfirmationsRequest{Tenant: tenant, PageSize: int32(limit)}
+	switch state {
+	case "":
+		req.State = verifierv1.ConfirmationState_CONFIRMATION_STATE_PENDING
+	case "all":
+	default:
+		v, err := enumValue("state", state, "CONFIRMATION_STATE_", verifierv1.ConfirmationState_value)
+		if err != nil {
+			return err
+		}
+		req.State = verifierv1.ConfirmationState(v)
+	}
+	resp, err := c.client.ListConfirmations(ctx, req)
+	if err != nil {
+		return describe(err)
+	}
+	if c.json {
+		return c.printJSON(resp)
+	}
+	if len(resp.GetConfirmations()) == 0 {
+		fmt.Fprintln(c.stdout, "no confirmations")
+		return nil
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tSTATE\tTENANT\tTOOL\tKEY\tOPENED\tSEEN\tARGUMENTS")
+	for _, cf := range resp.GetConfirmations() {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cf.GetId(), enumWord(cf.GetState().String(), "CONFIRMATION_STATE_"),
+			cf.GetTenant(), cf.GetTool(), cf.GetIdempotencyKey(), cf.GetCreatedAt().AsTime().UTC().Format(time.RFC3339),
+			oneLine(cf.GetReason(), 40), oneLine(cf.GetArguments(), 60))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if resp.GetNextPageToken() != "" {
+		fmt.Fprintf(c.stdout, "(more: raise --limit)\n")
+	}
+	return nil
+}
+
+// decideConfirmation records whether a confirmation's action happened.
+func (c *reviewCLI) decideConfirmation(ctx context.Context, fs *flag.FlagSet, id, reviewer string, happened, notHappened bool, result, note string) error {
+	var errs []error
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "verdict", "root-cause", "action", "corrected", "draft-question-terms", "draft-answer-terms", "draft-knowledge":
+			errs = append(errs, fmt.Errorf("--%s: a confirmation takes --happened or --not-happened, not a review verdict", f.Name))
+		}
+	})
+	switch {
+	case happened && notHappened:
+		errs = append(errs, errors.New("--happened and --not-happened: give one"))
+	case !happened && !notHappened:
+		errs = append(errs, errors.New("a confirmation needs --happened or --not-happened"))
+	case notHappened && result != "":
+		errs = append(errs, errors.New("--result: only with --happened"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	req := &verifierv1.DecideConfirmationRequest{ConfirmationId: id, Reviewer: reviewer, Result: result, Note: note,
+		Decision: verifierv1.ConfirmationState_CONFIRMATION_STATE_NOT_HAPPENED}
+	if happened {
+		req.Decision = verifierv1.ConfirmationState_CONFIRMATION_STATE_HAPPENED
+	}
+	resp, err := c.client.DecideConfirmation(ctx, req)
+	if err != nil {
+		return describe(err)
+	}
+	if c.json {
+		return c.printJSON(resp)
+	}
+	cf := resp.GetConfirmation()
+	fmt.Fprintf(c.stdout, "decided %s: %s (tenant %s, tool %s, key %s)\n", cf.GetId(), enumWord(cf.GetState().String(), "CONFIRMATION_STATE_"),
+		cf.GetTenant(), cf.GetTool(), cf.GetIdempotencyKey())
+	if happened {
+		fmt.Fprintln(c.stdout, "the agent answers the key with this result and never runs the action again")
+	} else {
+		fmt.Fprintln(c.stdout, "the next call with the key runs the action")
+	}
+	return nil
+}
+
 func reviewDecide(fs *flag.FlagSet, c *reviewCLI) func(context.Context, []string) error {
-	reviewer := fs.String("reviewer", defaultReviewer(), "your name; you must hold the claim ($MANTLE_REVIEWER, $USER)")
+	reviewer := fs.String("reviewer", defaultReviewer(c.getenv), "your name; you must hold the claim ($MANTLE_REVIEWER, $USER)")
 	verdict := fs.String("verdict", "", "approve, reject or correct")
 	rootCause := fs.String("root-cause", "", "none, knowledge_cutoff, context_truncation, term_misread, hallucination, rule_violation, format_error, prompt_defect or other")
 	action := fs.String("action", "", "corrective action: none, append_knowledge, adjust_prompt, block_tokens, add_rule or route_to_fresher_model")
@@ -284,10 +388,16 @@ func reviewDecide(fs *flag.FlagSet, c *reviewCLI) func(context.Context, []string
 	questionTerms := fs.String("draft-question-terms", "", "draft an L2 rule: comma-separated terms the question contains")
 	answerTerms := fs.String("draft-answer-terms", "", "draft an L2 rule: comma-separated terms of which the answer contains one")
 	knowledge := fs.String("draft-knowledge", "", "draft an L2 rule: the knowledge snippet to add (append_knowledge)")
+	happened := fs.Bool("happened", false, "a confirmation (cf_...): the action happened")
+	notHappened := fs.Bool("not-happened", false, "a confirmation (cf_...): the action did not happen; the next call with its key runs it")
+	result := fs.String("result", "", "with --happened: the action's result as you found it (JSON, or text)")
 	return func(ctx context.Context, args []string) error {
 		id, err := oneID(args, true)
 		if err != nil {
 			return err
+		}
+		if *happened || *notHappened || *result != "" || strings.HasPrefix(id, "cf_") {
+			return c.decideConfirmation(ctx, fs, id, *reviewer, *happened, *notHappened, *result, *note)
 		}
 		req := &verifierv1.DecideReviewRequest{ReviewId: id, Reviewer: *reviewer, CorrectedContent: *corrected, Note: *note}
 		var errs []error

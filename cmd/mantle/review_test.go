@@ -113,7 +113,7 @@ func runReview(t *testing.T, addr string, args ...string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	args = append(args, "--addr", addr, "--key", "")
-	if err := review(context.Background(), args, &stdout, &stderr); err != nil {
+	if err := review(context.Background(), args, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("mantle review %s: %v\nstderr: %s", strings.Join(args, " "), err, stderr.String())
 	}
 	return stdout.String()
@@ -188,6 +188,67 @@ func TestReviewCLIEndToEnd(t *testing.T) {
 	}
 }
 
+// TestReviewCLIConfirmations: an action's unknown outcome, opened as the agent opens it,
+// is listed by mantle review --confirmations and decided with --happened / --not-happened.
+func TestReviewCLIConfirmations(t *testing.T) {
+	t.Parallel()
+	addr, _ := startVerifierApp(t)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := verifierv1.NewVerifierServiceClient(conn)
+	var ids []string
+	for _, key := range []string{"pay-1", "pay-2"} {
+		resp, err := client.OpenConfirmation(context.Background(), &verifierv1.OpenConfirmationRequest{
+			Tenant: "acme", Tool: "pay", IdempotencyKey: key, Attempt: "1", Arguments: `{"invoice":"i-7"}`, Reason: "HTTP 504 Gateway Timeout",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, resp.GetConfirmation().GetId())
+	}
+
+	list := runReview(t, addr, "--confirmations")
+	for _, want := range []string{ids[0], ids[1], "pending", "acme", "pay-1", "HTTP 504 Gateway Timeout", `{"invoice":"i-7"}`} {
+		if !strings.Contains(list, want) {
+			t.Errorf("mantle review --confirmations does not show %q:\n%s", want, list)
+		}
+	}
+	out := runReview(t, addr, "decide", ids[0], "--happened", "--result", "paid, bank ref 7781", "--reviewer", "anna")
+	if !strings.Contains(out, "decided "+ids[0]+": happened (tenant acme, tool pay, key pay-1)") {
+		t.Errorf("decide --happened output:\n%s", out)
+	}
+	out = runReview(t, addr, "decide", ids[1], "--not-happened", "--reviewer", "anna")
+	if !strings.Contains(out, "decided "+ids[1]+": not_happened") || !strings.Contains(out, "the next call with the key runs the action") {
+		t.Errorf("decide --not-happened output:\n%s", out)
+	}
+	if list := runReview(t, addr, "list", "--confirmations"); !strings.Contains(list, "no confirmations") {
+		t.Errorf("pending confirmations after both decisions:\n%s", list)
+	}
+	all := runReview(t, addr, "list", "--confirmations", "--state", "all", "--json")
+	var listed struct {
+		Confirmations []struct {
+			ID     string `json:"id"`
+			State  string `json:"state"`
+			Result string `json:"result"`
+		} `json:"confirmations"`
+	}
+	if err := json.Unmarshal([]byte(all), &listed); err != nil || len(listed.Confirmations) != 2 ||
+		listed.Confirmations[0].State != "CONFIRMATION_STATE_HAPPENED" || listed.Confirmations[0].Result != "paid, bank ref 7781" {
+		t.Errorf("list --confirmations --state all --json (%v):\n%s", err, all)
+	}
+	if audit := runReview(t, addr, "audit", ids[0]); !strings.Contains(audit, "anna      decided") || !strings.Contains(audit, "confirm outcome: happened") {
+		t.Errorf("audit of the confirmation:\n%s", audit)
+	}
+	var stderr bytes.Buffer
+	err = review(context.Background(), []string{"decide", ids[0], "--not-happened", "--reviewer", "bob", "--addr", addr, "--key", ""}, testEnv(io.Discard, &stderr))
+	if err == nil || !strings.Contains(err.Error(), "already decided") {
+		t.Errorf("a second decision = %v, want refused as already decided", err)
+	}
+}
+
 func TestReviewCLIErrors(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -207,13 +268,20 @@ func TestReviewCLIErrors(t *testing.T) {
 		{name: "bad state", args: []string{"list", "--state", "open"}, wantErr: "--state: want one of claimed, decided, pending, timed_out"},
 		{name: "two ids", args: []string{"show", "rv_1", "rv_2"}, wantErr: "want one review id"},
 		{name: "unknown flag", args: []string{"list", "--colour"}, wantErr: "flag provided but not defined"},
+		{name: "confirmation without a decision", args: []string{"decide", "cf_1"}, wantErr: "a confirmation needs --happened or --not-happened"},
+		{name: "both decisions", args: []string{"decide", "cf_1", "--happened", "--not-happened"}, wantErr: "give one"},
+		{name: "result without happened", args: []string{"decide", "cf_1", "--not-happened", "--result", "x"}, wantErr: "--result: only with --happened"},
+		{name: "verdict on a confirmation", args: []string{"decide", "cf_1", "--happened", "--verdict", "approve"}, wantErr: "--verdict: a confirmation takes"},
+		{name: "bad confirmation state", args: []string{"--confirmations", "--state", "done"}, wantErr: "--state: want one of happened, not_happened, pending"},
+		{name: "scenario of confirmations", args: []string{"list", "--confirmations", "--scenario", "legal"}, wantErr: "--scenario: confirmations have no scenario"},
+		{name: "tenant of reviews", args: []string{"list", "--tenant", "acme"}, wantErr: "--tenant: only with --confirmations"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stderr bytes.Buffer
 			// An address nothing listens on: these must fail before any call is made.
-			err := review(context.Background(), append(tt.args, "--addr", "127.0.0.1:1", "--timeout", "1s"), io.Discard, &stderr)
+			err := review(context.Background(), append(tt.args, "--addr", "127.0.0.1:1", "--timeout", "1s"), testEnv(io.Discard, &stderr))
 			if tt.usage != nil {
 				if !errors.Is(err, tt.usage) || !strings.Contains(stderr.String(), "usage: mantle review") {
 					t.Errorf("err = %v, stderr %q; want %v and the usage", err, stderr.String(), tt.usage)

@@ -3,16 +3,17 @@ package main
 import (
 	"context"
 	"flag"
-	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 )
 
-func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func serve(ctx context.Context, args []string, env cmdEnv) error {
+	stdout, stderr := env.stdout, env.stderr
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	flags := mesh.RegisterFlags(fs)
@@ -32,7 +33,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		_, err = stdout.Write(out)
 		return err
 	}
-	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true, RouteLibraryLogs: true})
+	p, err := mesh.Start(ctx, cfg, mesh.Options{LogOutput: stderr, TuneRuntime: true, RouteLibraryLogs: true, Getenv: env.getenv})
 	if err != nil {
 		return err
 	}
@@ -43,8 +44,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
 		watchCtx, stopWatch := context.WithCancel(ctx)
+		var watching sync.WaitGroup
+		watching.Go(func() {
+			p.WatchConfig(watchCtx, func() (mesh.Config, error) { return mesh.Load(flags) }, *reloadEvery, hup)
+		})
+		// The watcher ends before serve returns: it reloads into the process being stopped.
+		defer watching.Wait()
 		defer stopWatch()
-		go p.WatchConfig(watchCtx, func() (mesh.Config, error) { return mesh.Load(flags) }, *reloadEvery, hup)
 	}
 	return p.Run(ctx)
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 
@@ -14,7 +13,8 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/sim"
 )
 
-func simCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func simCommand(ctx context.Context, args []string, env cmdEnv) error {
+	stdout, stderr := env.stdout, env.stderr
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:8081", "listen address")

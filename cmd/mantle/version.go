@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"runtime/debug"
 	"strings"
 )
@@ -12,7 +11,8 @@ import (
 // version is `mantle version`: what this binary was built from, read from the build info
 // the Go toolchain embeds (module version, VCS commit and time, Go version), so that it
 // needs no linker flags and cannot disagree with the binary.
-func version(_ context.Context, args []string, stdout, stderr io.Writer) error {
+func version(_ context.Context, args []string, env cmdEnv) error {
+	stdout, stderr := env.stdout, env.stderr
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	if err := parseFlags(fs, args); err != nil {

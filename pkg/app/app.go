@@ -109,6 +109,8 @@ type App struct {
 	httpLis  net.Listener
 	debug    *http.Server // nil when the debug listener is off
 	debugLis net.Listener
+	// shapes are the error shapes of the HTTP listener's paths (Env.HTTPErrorShape).
+	shapes   errorShapes
 	selected []string
 	all      bool // every module runs here
 	run      []Runnable
@@ -254,12 +256,17 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 		a.closeListeners()
 		return nil, errors.New("server.metrics_on_debug_listener: needs server.debug_listen_address")
 	case cfg.MetricsOnDebug:
-		a.debug = newDebugServer(metrics)
+		a.debug = newDebugServer(metrics, deps.Authenticator)
 	default:
 		a.mux.Handle("GET /metrics", metrics)
 		if a.debugLis != nil {
-			a.debug = newDebugServer(nil)
+			a.debug = newDebugServer(nil, deps.Authenticator)
 		}
+	}
+	if src := deps.TLS.Source; src != nil && a.debug != nil {
+		// Operator keys and profiles cross the network: the debug listener speaks TLS with
+		// the process certificate, and asks clients for one as the HTTP listener does.
+		a.debug.TLSConfig = src.ServerConfig(deps.TLS.HTTPClientAuth, "h2", "http/1.1")
 	}
 	registrar := a.localChannel(chain)
 	grpc_health_v1.RegisterHealthServer(a.grpc, a.health)
@@ -268,12 +275,12 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 	}
 	a.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	a.mux.HandleFunc("GET /readyz", a.serveReady)
-	a.http = newHTTPServer(a.mux, cfg.HTTP)
+	a.http = newHTTPServer(a.mux, cfg.HTTP, &a.shapes)
 	if src := deps.TLS.Source; src != nil {
 		a.http.TLSConfig = src.ServerConfig(deps.TLS.HTTPClientAuth, "h2", "http/1.1")
 	}
 
-	env := Env{GRPC: registrar, HTTP: a.mux, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider, Dependency: a.addDependency, Getenv: deps.Getenv}
+	env := Env{GRPC: registrar, HTTP: a.mux, HTTPErrorShape: a.shapes.add, TLS: deps.TLS.Source, Dial: a.dial, Log: deps.Log, Metrics: deps.Metrics, Events: deps.Events, Clock: deps.Clock, Auth: deps.Authenticator, NATS: deps.NATS, TracerProvider: deps.TracerProvider, Dependency: a.addDependency, Getenv: deps.Getenv}
 	for _, m := range modules {
 		if !slices.Contains(selected, m.Name) {
 			continue
@@ -403,13 +410,18 @@ func (a *App) Run(ctx context.Context) error {
 		return nil
 	})
 	if a.debug != nil {
+		debugTLS := a.debug.TLSConfig != nil // read before Serve, which sets up HTTP/2 in it
 		g.Go(func() error {
-			if err := a.debug.Serve(a.debugLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serve := a.debug.Serve
+			if debugTLS {
+				serve = func(l net.Listener) error { return a.debug.ServeTLS(l, "", "") }
+			}
+			if err := serve(a.debugLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("debug server: %w", err)
 			}
 			return nil
 		})
-		a.deps.Log.Info("debug listener serving pprof and expvar", "debug", a.DebugAddr())
+		a.deps.Log.Info("debug listener serving pprof and expvar", "debug", a.DebugAddr(), "tls", debugTLS, "operator_key", a.deps.Authenticator.Enabled())
 	}
 	a.setServing(true)
 	a.deps.Log.Info("mantle serving", "targets", strings.Join(a.selected, ","), "grpc", a.GRPCAddr(), "http", a.HTTPAddr(), "tls", a.deps.TLS.Source != nil)

@@ -48,8 +48,8 @@ func (l HTTPLimits) withDefaults() HTTPLimits {
 	return l
 }
 
-// newHTTPServer serves h within limits, every error it or the mux writes as OpenAI error
-// JSON.
+// newHTTPServer serves h within limits, every error it or the mux writes as error JSON in
+// the shape shapes gives the request's path (OpenAI's unless a module said otherwise).
 //
 // net/http answers some requests before any handler runs, in plain text: headers past
 // its own limit (431), a malformed request line or header (400), a transfer encoding it
@@ -57,10 +57,10 @@ func (l HTTPLimits) withDefaults() HTTPLimits {
 // size is the one a client reaches with a well-formed request, so the server's own limit
 // is serverHeaderBytes and the configured one is checked by headerLimit, which answers in
 // JSON; only headers past the larger limit get net/http's plain 431.
-func newHTTPServer(h http.Handler, limits HTTPLimits) *http.Server {
+func newHTTPServer(h http.Handler, limits HTTPLimits, shapes *errorShapes) *http.Server {
 	limits = limits.withDefaults()
 	return &http.Server{
-		Handler:           bodyDeadline(headerLimit(jsonErrors(h), limits.MaxHeaderBytes), limits.BodyReadTimeout),
+		Handler:           bodyDeadline(headerLimit(jsonErrors(h, shapes), limits.MaxHeaderBytes, shapes), limits.BodyReadTimeout),
 		ReadHeaderTimeout: limits.ReadHeaderTimeout,
 		IdleTimeout:       limits.IdleTimeout,
 		MaxHeaderBytes:    serverHeaderBytes(limits.MaxHeaderBytes),
@@ -72,12 +72,12 @@ func newHTTPServer(h http.Handler, limits HTTPLimits) *http.Server {
 // a connection may make the server read stays bounded.
 func serverHeaderBytes(max int) int { return 4 * max }
 
-// headerLimit answers 431 in OpenAI's error shape to a request whose header block (request
-// line and fields, counted as net/http counts them on the wire) is over max bytes.
-func headerLimit(next http.Handler, max int) http.Handler {
+// headerLimit answers 431 in the path's error shape to a request whose header block
+// (request line and fields, counted as net/http counts them on the wire) is over max bytes.
+func headerLimit(next http.Handler, max int, shapes *errorShapes) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if n := headerBytes(r); n > max {
-			writeJSONError(w, http.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_fields_too_large",
+			writeJSONError(w, shapes.of(r.URL.Path), http.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "request_header_fields_too_large",
 				fmt.Sprintf("request headers are %d bytes, over the limit of %d (server.max_header_bytes)", n, max))
 			return
 		}
@@ -136,18 +136,19 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 }
 
 // jsonErrors answers every error status that was not written as JSON (the mux's 404 and
-// 405, http.Error) in OpenAI's error shape, so that SDKs raise their usual exceptions.
+// 405, http.Error) in the path's error shape, so that SDKs raise their usual exceptions.
 // The mux's redirects to a cleaned path ("//v1/models", "/v1/../v1/models") become 404:
 // a client following them would resend its body to a path it did not name.
-func jsonErrors(next http.Handler) http.Handler {
+func jsonErrors(next http.Handler, shapes *errorShapes) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(&jsonErrorWriter{ResponseWriter: w, method: r.Method, path: r.URL.Path}, r)
+		next.ServeHTTP(&jsonErrorWriter{ResponseWriter: w, method: r.Method, path: r.URL.Path, shape: shapes.of(r.URL.Path)}, r)
 	})
 }
 
 type jsonErrorWriter struct {
 	http.ResponseWriter
 	method, path string
+	shape        ErrorShape
 	replaced     bool // the handler's own body is dropped
 	wrote        bool
 }
@@ -181,16 +182,29 @@ func (w *jsonErrorWriter) WriteHeader(code int) {
 	default:
 		errCode = strings.ReplaceAll(strings.ToLower(http.StatusText(code)), " ", "_")
 	}
-	writeJSONError(w.ResponseWriter, code, typ, errCode, msg)
+	writeJSONError(w.ResponseWriter, w.shape, code, typ, errCode, msg)
 }
 
-// writeJSONError writes an error in OpenAI's shape.
-func writeJSONError(w http.ResponseWriter, code int, typ, errCode, msg string) {
+// writeJSONError writes an error in shape: typ and errCode are OpenAI's error type and
+// code; Anthropic's error type follows from the status.
+func writeJSONError(w http.ResponseWriter, shape ErrorShape, code int, typ, errCode, msg string) {
 	h := w.Header()
 	h.Del("Content-Length")
 	h.Del("X-Content-Type-Options")
 	h.Set("Content-Type", "application/json")
 	w.WriteHeader(code)
+	if shape == ErrorShapeAnthropic {
+		var body struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type    string `json:"type"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		body.Type, body.Error.Type, body.Error.Message = "error", anthropicErrorType(code), msg
+		_ = json.NewEncoder(w).Encode(body)
+		return
+	}
 	body := struct {
 		Error struct {
 			Message string  `json:"message"`
@@ -223,4 +237,63 @@ func quote(path string) string {
 	}
 	b, _ := json.Marshal(path)
 	return string(b)
+}
+
+// ErrorShape is the JSON shape of the errors the HTTP listener answers itself (an unknown
+// path, a method not allowed, headers too large) under a path: the shape the clients of
+// that path's API parse.
+type ErrorShape int
+
+// Error shapes.
+const (
+	// ErrorShapeOpenAI is {"error": {"message", "type", "param", "code"}}, the default.
+	ErrorShapeOpenAI ErrorShape = iota
+	// ErrorShapeAnthropic is {"type": "error", "error": {"type", "message"}}, the Messages
+	// API's.
+	ErrorShapeAnthropic
+)
+
+// errorShapes maps path prefixes to shapes. Modules add to it while they are built (New),
+// before the listener serves, and it is only read afterwards.
+type errorShapes struct {
+	prefixes []string
+	shapes   []ErrorShape
+}
+
+// add gives the paths prefix and prefix/... shape.
+func (s *errorShapes) add(prefix string, shape ErrorShape) {
+	s.prefixes = append(s.prefixes, strings.TrimSuffix(prefix, "/"))
+	s.shapes = append(s.shapes, shape)
+}
+
+// of returns the shape of path: that of the longest prefix it is under, OpenAI's when none.
+func (s *errorShapes) of(path string) ErrorShape {
+	shape, best := ErrorShapeOpenAI, -1
+	for i, p := range s.prefixes {
+		if (path == p || strings.HasPrefix(path, p+"/")) && len(p) > best {
+			shape, best = s.shapes[i], len(p)
+		}
+	}
+	return shape
+}
+
+// anthropicErrorType is the Messages API's error type for an HTTP status.
+func anthropicErrorType(code int) string {
+	switch {
+	case code == http.StatusUnauthorized:
+		return "authentication_error"
+	case code == http.StatusForbidden:
+		return "permission_error"
+	case code == http.StatusNotFound:
+		return "not_found_error"
+	case code == http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case code == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case code == 529:
+		return "overloaded_error"
+	case code >= 500:
+		return "api_error"
+	}
+	return "invalid_request_error"
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 )
 
 // Module is one service the binary can run. The composition root (cmd/mantle) lists every
@@ -64,6 +65,15 @@ type Env struct {
 	GRPC grpc.ServiceRegistrar
 	// HTTP is the process's HTTP mux (already serving /metrics, /healthz and /readyz).
 	HTTP *http.ServeMux
+	// HTTPErrorShape gives the errors the HTTP listener answers itself under a path
+	// prefix (an unknown path, a method not allowed, headers too large) the shape that
+	// path's clients parse; OpenAI's elsewhere. Called from New only; nil in an Env built
+	// by hand.
+	HTTPErrorShape func(pathPrefix string, shape ErrorShape)
+	// TLS is the process's mesh certificate and CA (the tls block), for modules whose
+	// clients of outside servers present it (the cache's Qdrant client); nil when TLS is
+	// off.
+	TLS *tlsconfig.Source
 	// Dial returns a connection to the named module: an in-process channel when the
 	// module runs here, its configured address otherwise. Connections are owned by the app.
 	Dial func(module string) (grpc.ClientConnInterface, error)

@@ -113,6 +113,10 @@ func (c *mantleClient) do(ctx context.Context, r request) result {
 	if c.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.apiKey)
 	}
+	if r.session != "" {
+		req.Header.Set(router.HeaderSession, r.session)
+		req.Header.Set(router.HeaderStep, r.step)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		res.failure = transportFailure(ctx, err)

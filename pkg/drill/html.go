@@ -74,10 +74,10 @@ svg{display:block;margin:.6em 0 1.6em;background:#fff}
 <table><tr><th>target</th><th>wanted</th><th>measured</th><th></th></tr>
 {{range .R.Checks}}<tr><td>{{.Name}}</td><td>{{.Target}}</td><td class="v">{{.Got}}</td><td>{{if .Met}}<span class="met">met</span>{{else}}<span class="missed">missed</span>{{end}}</td></tr>
 {{end}}</table>{{end}}
-<h2>Over time</h2>
+{{if .Charts}}<h2>Over time</h2>
 <p class="meta">Each point is one bucket of {{printf "%.1f" .R.BucketS}} s of scenario time, by when requests were due.{{if .R.IncidentStartS}} The shaded band is the incident.{{end}}</p>
 {{range .Charts}}{{.}}
-{{end}}
+{{end}}{{end}}
 {{if .Breaks}}<h2>Breaker transitions</h2>
 {{range .Breaks}}<p><b>{{.Model}}</b> ({{.Side}}): {{.Trips}} trips, {{.HalfOpenPeriods}} half-open periods, at most {{.MaxProbeCalls}} calls in one (cap {{.ProbeCap}}).</p>
 <table><tr><th>at</th><th>from</th><th>to</th><th>reason</th></tr>
@@ -85,13 +85,18 @@ svg{display:block;margin:.6em 0 1.6em;background:#fff}
 {{end}}</table>
 {{end}}{{end}}
 <h2>How to read this</h2>
-<p><b>answered</b> counts every request its caller got an answer for, at any ladder level;
+{{if .R.Tools}}<p>Each side runs the same agent sessions of five steps (a model call, the query tool, the action tool, the query tool, a model call).
+A session <b>completed, fresh</b> ran every step with fresh results; <b>stale data</b>: at least one query was answered from its last good result (marked);
+<b>partial</b>: a step failed; <b>pending confirmation</b>: an action's outcome is unknown and waits for a person; <b>hung</b>: no answer within the drill's guard.
+<b>Actions executed twice</b> and <b>query calls per logical query</b> are counted at the tool backends, which perform every action they receive.
+The session events and tool breaker transitions are what mantle's agent published on NATS.</p>
+{{else}}<p><b>answered</b> counts every request its caller got an answer for, at any ladder level;
 <b>correct answer</b> is the answer a healthy model gives (the simulator answers deterministically, so the drill knows it);
 a <b>wrong answer, not marked</b> came from a model but is a refusal, a truncation or broken JSON passed on as if it were fine.
 Ladder answers (L2 cached related answer, L3 template) are not model answers; they are counted as answered when they say what they are.
 <b>Upstream calls per request</b> counts every call the simulated provider received, retries and hedges included;
 <b>duplicate billed calls</b> are billed calls that repeated a request already billed on the same model.
-Latency covers every request, answered or not: it is how long its user waited. The cost estimate prices every billed call at the model's prices.</p>
+Latency covers every request, answered or not: it is how long its user waited. The cost estimate prices every billed call at the model's prices.</p>{{end}}
 </body></html>
 `))
 
@@ -107,6 +112,10 @@ type chartSeries struct {
 var sideColors = map[string]string{SideMantle: "#1f6fb5", SideNaive: "#c62828"}
 
 func (r *Report) charts() []template.HTML {
+	if r.Tools != nil {
+		// A tool storm's figures are counts per side, in the table.
+		return nil
+	}
 	var lat, succ, calls []chartSeries
 	for _, s := range r.Sides {
 		color := sideColors[s.Name]

@@ -38,7 +38,9 @@ const minHopReserve = 5 * time.Millisecond
 // with every model reached over the OpenAI API at simBaseURL (a simulator the drill runs, so
 // it can count upstream calls and duplicate billing). Every module runs in one process on
 // 127.0.0.1 with embedded NATS; the quota service is configured not to limit the drill's
-// tenant, since the drill is about provider faults, not tenant quotas.
+// tenant, since the drill is about provider faults, not tenant quotas. A tool storm's mesh
+// also has the agent's tool registry, at a placeholder address that a run replaces with
+// its tool backends'.
 func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 	cfg := mesh.Default()
 	cfg.Target = "all"
@@ -62,8 +64,10 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 	r.HopReserve = max(sc.d(s.Router.HopReserve), minHopReserve)
 	// The drill's load generator and simulator share the mesh's process, and its slow
 	// scenarios keep many requests in flight: the CPU they use is not the router's
-	// overload, and a drill measures what providers' faults do, not shedding.
-	r.Overload.MaxSchedulingDelay = 0
+	// overload, and a drill measures what providers' faults do, not shedding. The shedder
+	// still measures the wait for a CPU (a limit no wait reaches), so that the breakers
+	// get no verdict from timeouts while the machine starves the process.
+	r.Overload.MaxSchedulingDelay = time.Hour
 	r.FirstTokenTimeout = sc.d(r.FirstTokenTimeout)
 	r.StallTimeout = sc.d(r.StallTimeout)
 	r.Retry = s.Router.Retry
@@ -119,6 +123,9 @@ func (s *Scenario) MeshConfig(simBaseURL string, scale float64) mesh.Config {
 	route.Hedge.MinDelay = sc.d(route.Hedge.MinDelay)
 	route.Hedge.MaxDelay = sc.d(route.Hedge.MaxDelay)
 	r.Routes = []router.RouteConfig{route}
+	if s.Tools != nil {
+		s.addTools(&cfg, toolsPlaceholderURL, scale, s.Load.Rate)
+	}
 	return cfg
 }
 
@@ -255,7 +262,7 @@ func (w *breakerWatch) collect() {
 // It may be called more than once; later calls return the same events.
 func (w *breakerWatch) stop(ctx context.Context) breakerEvents {
 	w.once.Do(func() {
-		_ = w.nc.FlushWithContext(ctx)
+		flushEvents(ctx, w.nc)
 		_ = w.sub.Unsubscribe()
 		close(w.done)
 		w.result = <-w.out
@@ -285,4 +292,13 @@ func simKeyEnv(name string) string {
 		return "sk-drill-sim"
 	}
 	return app.Env{}.Var(name)
+}
+
+// flushEvents waits until the server has relayed everything published on nc so far.
+// FlushWithContext refuses a context without a deadline (and flushes nothing), so the
+// wait gets one.
+func flushEvents(ctx context.Context, nc *nats.Conn) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = nc.FlushWithContext(ctx)
 }

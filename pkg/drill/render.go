@@ -29,6 +29,9 @@ type row struct {
 
 // rows lays out the side-by-side comparison shared by the terminal table and the HTML page.
 func (r *Report) rows() []row {
+	if r.Tools != nil {
+		return r.toolRows()
+	}
 	var rows []row
 	add := func(label string, f func(s *Side) string) {
 		rw := row{label: label}
@@ -166,7 +169,12 @@ func (r *Report) Header() string {
 	for _, s := range r.Sides {
 		lag = max(lag, s.MaxLagMs)
 	}
-	return fmt.Sprintf("%s: %s\n%d requests per side: %g/s for %s of scenario time, replayed at time scale %g (%s of wall time per side), seed %d; mantle is the %s.\nTimes are scenario time (measured wall time divided by the time scale). Machine: %d CPUs, load average %.1f to %.1f; the load generator fell behind by up to %.0f ms of wall time.",
+	if r.Tools != nil {
+		return fmt.Sprintf("%s: %s\n%d agent sessions of 5 steps per side: %g/s for %s of scenario time, replayed at time scale %g (%s of wall time per side), seed %d; mantle is the %s.\nCounts are taken at the tool backends (executions per action, calls per query) and by the agents (how each session ended). Machine: %d CPUs, load average %.1f to %.1f.",
+			r.Scenario, r.Description, r.Requests, r.Rate, clockTime(time.Duration(r.DurationS*float64(time.Second))),
+			r.TimeScale, clockTime(wall), r.Seed, r.Target, r.Machine.CPUs, r.Machine.LoadAverage[0], r.Machine.LoadAverage[1])
+	}
+	return fmt.Sprintf("%s: %s\n%d requests per side: %g/s for %s of scenario time, replayed at time scale %g (%s of wall time per side), seed %d; mantle is the %s.\nTimes are scenario time (measured wall time divided by the time scale, mantle's own time on each answer kept at its wall value). Machine: %d CPUs, load average %.1f to %.1f; the load generator fell behind by up to %.0f ms of wall time.",
 		r.Scenario, r.Description, r.Requests, r.Rate, clockTime(time.Duration(r.DurationS*float64(time.Second))),
 		r.TimeScale, clockTime(wall), r.Seed, r.Target, r.Machine.CPUs, r.Machine.LoadAverage[0], r.Machine.LoadAverage[1], lag)
 }

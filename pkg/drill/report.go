@@ -15,7 +15,9 @@ import (
 )
 
 // Report is the outcome of one scenario, both sides. Times are scenario time: measured
-// wall-clock time divided by the time scale. It is what the JSON file holds.
+// wall-clock time divided by the time scale, except mantle's own time on each answer,
+// which does not scale and is kept at its wall value (see scenarioLatency). It is what the
+// JSON file holds.
 type Report struct {
 	Scenario    string  `json:"scenario"`
 	Description string  `json:"description"`
@@ -41,6 +43,9 @@ type Report struct {
 	Sides   []Side  `json:"sides"`
 	// Checks are the scenario's targets evaluated on mantle's side.
 	Checks []Check `json:"checks,omitempty"`
+	// Tools holds a tool storm's figures (sessions, actions, query calls); its Sides then
+	// carry only session counts.
+	Tools *ToolReport `json:"tools,omitempty"`
 }
 
 // Build identifies the binary that ran the drill.
@@ -227,6 +232,19 @@ type sideData struct {
 	start    time.Time // when the simulator was armed
 	gen      load.Stats
 	wall     time.Duration
+}
+
+// scenarioLatency is what the report divides by the time scale for a request that took
+// wall of wall time: the wall time less the part of mantle's own time (its QualityContext
+// overhead, measured on the answer) that the division would inflate. mantle's own work
+// does not scale with the scenario, so at time scale 0.1 a 5 ms pause of its process
+// would read as 50 ms of scenario time; kept out, it reads as the 5 ms it was. The
+// providers' simulated time and the waits mantle scales are divided as before.
+func (p *plan) scenarioLatency(wall time.Duration, r result) time.Duration {
+	if !r.timed || r.overhead <= 0 || r.overhead > wall {
+		return wall
+	}
+	return wall - time.Duration(float64(r.overhead)*(1-p.scale))
 }
 
 // summarize turns what one side measured into its report.

@@ -13,6 +13,9 @@ type request struct {
 	prompt string
 	stream bool
 	json   bool
+	// session and step, when set, make the request a model step of an agent session
+	// (tool-storm).
+	session, step string
 }
 
 // requestFor returns request i of scenario s. It depends only on the seed and i, never on

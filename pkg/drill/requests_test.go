@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"errors"
 	"io"
+	"math"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -95,5 +96,36 @@ func TestRequestsCSV(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, records); diff != "" {
 		t.Errorf("records (-want +got):\n%s", diff)
+	}
+}
+
+// TestScenarioLatency: at a time scale, mantle's own time on an answer is kept at its wall
+// value instead of being divided with the scenario's time; nothing else changes.
+func TestScenarioLatency(t *testing.T) {
+	t.Parallel()
+	ms := func(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
+	tests := []struct {
+		name  string
+		scale float64
+		wall  time.Duration
+		r     result
+		// want is the latency the report shows, in scenario milliseconds
+		want float64
+	}{
+		{"own time 5 ms of 100 ms at 0.1 reads as 5 ms, not 50", 0.1, ms(100), result{timed: true, overhead: ms(5)}, 950 + 5},
+		{"no own time reported: all divided", 0.1, ms(100), result{}, 1000},
+		{"the naive side reports none", 0.1, ms(100), result{timed: true}, 1000},
+		{"real time: unchanged", 1, ms(100), result{timed: true, overhead: ms(5)}, 100},
+		{"own time over the wall time (clock skew): all divided", 0.1, ms(4), result{timed: true, overhead: ms(5)}, 40},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := &plan{scale: tt.scale}
+			got := float64(p.scenarioLatency(tt.wall, tt.r)) / float64(time.Millisecond) / tt.scale
+			if math.Abs(got-tt.want) > 1e-6 {
+				t.Errorf("scenario latency = %v ms, want %v", got, tt.want)
+			}
+		})
 	}
 }

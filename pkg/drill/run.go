@@ -123,6 +123,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		start, end := inc.Start.Seconds(), inc.End.Seconds()
 		rep.IncidentStartS, rep.IncidentEndS = &start, &end
 	}
+	if s.Tools != nil {
+		rep.Target = "in-process mesh (--target=all), sessions through its HTTP door"
+		return p.runToolStorm(ctx, opts, sides, rep)
+	}
 	if opts.Requests != nil {
 		if _, err := io.WriteString(opts.Requests, requestsCSVHeader); err != nil {
 			return nil, err
@@ -325,7 +329,7 @@ func (p *plan) runSide(ctx context.Context, side string, opts Options) (d sideDa
 	d.gen, err = load.Run(ctx, p.loadConfig(opts.MaxInFlight), func(ctx context.Context, i int, due time.Time) {
 		prog.inFlight.Add(1)
 		r := c.do(ctx, requestFor(p.s, i))
-		r.latency = time.Since(due)
+		r.latency = p.scenarioLatency(time.Since(due), r)
 		r.due = due.Sub(d.start)
 		d.results[i] = r
 		prog.inFlight.Add(-1)

@@ -48,6 +48,9 @@ type Scenario struct {
 	// Targets are what mantle's side should achieve; the report checks them. They are
 	// measured, never asserted by tests: a drill is evidence, not a unit test.
 	Targets Targets `yaml:"targets"`
+	// Tools, when set, makes the scenario a tool storm (toolstorm.go): the load is agent
+	// sessions of model and tool steps, against tool backends the drill runs.
+	Tools *ToolStorm `yaml:"tools,omitempty"`
 }
 
 // Targets are optional goals for mantle's side of a drill; unset ones are not checked.
@@ -71,6 +74,14 @@ type Targets struct {
 	// ProbesWithinCap: no breaker lets more than router.breaker.half_open_probes calls
 	// through in one half-open period.
 	ProbesWithinCap bool `yaml:"probes_within_cap,omitempty"`
+	// DuplicateActions (tool storms) is the most actions the action backend may perform
+	// more than once.
+	DuplicateActions *int64 `yaml:"duplicate_actions,omitempty"`
+	// QueryAmplification (tool storms) is the most query backend calls per query step.
+	QueryAmplification *float64 `yaml:"query_amplification,omitempty"`
+	// SessionsEnd (tool storms): every session ends, done, partial or pending
+	// confirmation; none hangs.
+	SessionsEnd bool `yaml:"sessions_end,omitempty"`
 }
 
 // Window is a period of scenario time.
@@ -331,6 +342,9 @@ func (s *Scenario) Validate() error {
 	}
 	if s.Naive.RetryDelay < 0 {
 		add("naive.retry_delay: must not be negative, got %s", s.Naive.RetryDelay)
+	}
+	if s.Tools != nil {
+		s.Tools.validate(s, add)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("drill: scenario %q:\n%w", s.Name, err)

@@ -11,7 +11,7 @@ import (
 
 func TestBuiltinScenarios(t *testing.T) {
 	t.Parallel()
-	want := []string{"seed-incident", "all-down", "garbage-200", "provider-outage", "rate-limit-storm", "recovery-herd", "slow-no-errors", "stream-faults"}
+	want := []string{"seed-incident", "all-down", "garbage-200", "provider-outage", "rate-limit-storm", "recovery-herd", "slow-no-errors", "stream-faults", "tool-storm"}
 	if got := Names(); !slices.Equal(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
@@ -28,7 +28,20 @@ func TestBuiltinScenarios(t *testing.T) {
 			if s.Description == "" || s.Incident == nil {
 				t.Errorf("description %q, incident %v: every built-in says what it does and when", s.Description, s.Incident)
 			}
-			if s.Targets.DuplicateBilled == nil || *s.Targets.DuplicateBilled != 0 {
+			if s.Tools != nil {
+				if s.Targets.DuplicateActions == nil || *s.Targets.DuplicateActions != 0 {
+					t.Error("a tool storm checks that mantle performs no action twice")
+				}
+				for _, scale := range []float64{s.TimeScale, 0.01} {
+					p, err := newPlan(Options{Scenario: s, TimeScale: scale})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := p.toolMeshConfig("http://127.0.0.1:1/v1", "http://127.0.0.1:2").Validate(); err != nil {
+						t.Errorf("tool mesh configuration at scale %g does not validate:\n%v", scale, err)
+					}
+				}
+			} else if s.Targets.DuplicateBilled == nil || *s.Targets.DuplicateBilled != 0 {
 				t.Error("every built-in checks that mantle bills no call twice")
 			}
 			// The mesh configuration the drill runs must be one mantle accepts, at the

@@ -17,4 +17,9 @@ const (
 	// SubjectConfigRejected carries ConfigReloadEvent: a reload was refused and the running
 	// configuration kept.
 	SubjectConfigRejected = "mantle.events.config.rejected"
+	// SubjectSession carries SessionEvent: an agent session degraded, has a step pending
+	// confirmation, or ended.
+	SubjectSession = "mantle.events.session"
+	// SubjectToolBreaker carries ToolBreakerEvent: a tool's breaker changed state.
+	SubjectToolBreaker = "mantle.events.tool.breaker"
 )

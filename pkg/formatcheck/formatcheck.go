@@ -283,6 +283,19 @@ func (c *Checker) CompileSchema(ctx context.Context, doc string) error {
 	return err
 }
 
+// ValidateValue validates a decoded JSON value (what encoding/json decodes into an any)
+// against the JSON Schema doc, compiled through the same bounded cache as CompileSchema.
+// It returns one finding (code schema) per failing leaf, at most max_schema_findings of
+// them, nil when value is valid; or the *SchemaError of a doc that does not compile, or
+// ctx's error. The agent checks tool arguments and results with it.
+func (c *Checker) ValidateValue(ctx context.Context, doc string, value any) ([]Finding, error) {
+	schema, err := c.schemas.get(ctx, doc)
+	if err != nil {
+		return nil, err
+	}
+	return schemaFindings(schema, value, c.cfg.MaxSchemaFindings), nil
+}
+
 // Check runs the checks on one answer and returns their findings in the order the package
 // doc explains.
 func (c *Checker) Check(a Answer) Result {

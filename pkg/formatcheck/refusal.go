@@ -6,6 +6,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 	"golang.org/x/text/width"
 )
 
@@ -129,11 +130,7 @@ func indexWord(key, phrase []byte) int {
 // isBoundary reports whether a word may end between a and b, two adjacent runes of a match
 // key. utf8.RuneError stands for the start or end of the key.
 func isBoundary(a, b rune) bool {
-	return a == utf8.RuneError || b == utf8.RuneError || a == ' ' || b == ' ' || isCJK(a) || isCJK(b)
-}
-
-func isCJK(r rune) bool {
-	return r >= 0x2E80 && (unicode.Is(unicode.Han, r) || unicode.Is(unicode.Hiragana, r) || unicode.Is(unicode.Katakana, r))
+	return a == utf8.RuneError || b == utf8.RuneError || a == ' ' || b == ' ' || textsim.IsCJK(a) || textsim.IsCJK(b)
 }
 
 // appendMatchKey appends the match key of s to dst: its letters and digits, lower-case, with
@@ -165,7 +162,7 @@ func appendMatchKey(dst []byte, s string, limit int) ([]byte, bool) {
 				continue
 			}
 		}
-		if gap && prev != utf8.RuneError && !isCJK(prev) && !isCJK(r) {
+		if gap && prev != utf8.RuneError && !textsim.IsCJK(prev) && !textsim.IsCJK(r) {
 			dst = append(dst, ' ')
 		}
 		gap = false

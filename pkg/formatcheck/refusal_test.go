@@ -27,6 +27,8 @@ func TestAppendMatchKey(t *testing.T) {
 		{"抱歉, 我 不能", "抱歉我不能"},
 		{"作为一个 ＡＩ，", "作为一个ai"},
 		{"Ｉ ｃａｎｎｏｔ", "i cannot"},
+		// Korean attaches particles to its words: Hangul is keyed like Han, without spaces.
+		{"도와드릴 수 없습니다.", "도와드릴수없습니다"},
 		{"caf\xe9!", "caf"},
 	}
 	for _, tt := range tests {
@@ -52,6 +54,7 @@ func TestIndexWord(t *testing.T) {
 		{"好的我无法确认", "我无法", 6},
 		{"ok我无法", "我无法", 2},
 		{"好的as an ai language model", "as an ai language model", 6},
+		{"죄송하지만도와드릴수없습니다", "도와드릴수없습니다", 15},
 	}
 	for _, tt := range tests {
 		t.Run(tt.key+"/"+tt.phrase, func(t *testing.T) {

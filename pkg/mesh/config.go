@@ -21,6 +21,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/telemetry"
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
+	"github.com/mantle-mesh/mantle/services/agent"
 	"github.com/mantle-mesh/mantle/services/cache"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -30,8 +31,8 @@ import (
 // Config is mantle.yaml. Precedence: defaults, then the file, then flags. Unknown keys
 // are errors. Secrets are never in it: keys come from environment variables it names.
 type Config struct {
-	// Target is the modules to run: all, or a comma list of router, cache, quota and
-	// verifier.
+	// Target is the modules to run: all, or a comma list of router, cache, quota,
+	// verifier and agent.
 	Target string `yaml:"target"`
 	// Server is the process's listeners, shared by every module it runs.
 	Server ServerConfig `yaml:"server"`
@@ -64,6 +65,9 @@ type Config struct {
 	// the L3 semantic checks, explained in docs/verification.md. Fractions are 0 to 1; a
 	// scenario's overrides go under scenarios.<name>.
 	Verifier verifier.Config `yaml:"verifier"`
+	// Agent is the agent module: the tool gateway (a registry of typed tools: query,
+	// action, external) and agent sessions, explained in docs/agents.md.
+	Agent agent.Config `yaml:"agent"`
 }
 
 // ServerConfig is the process's listeners.
@@ -76,10 +80,10 @@ type ServerConfig struct {
 	HTTPListenAddress string `yaml:"http_listen_address"`
 	// DebugListenAddress serves Go's profiler (/debug/pprof/) and runtime variables
 	// (/debug/vars: memory statistics, command line) on a listener of its own, for
-	// operators only; empty (the default) turns it off. An address without a host (":6060")
-	// is bound to 127.0.0.1; give a host to expose it further, behind your own access
-	// control, as it has none and speaks plain HTTP even with TLS on. See
-	// docs/operations.md.
+	// operators only; empty (the default) turns it off. With authentication on, every
+	// request needs an operator key (Authorization: Bearer); with the tls block, it speaks
+	// TLS with the process certificate. An address without a host (":6060") is bound to
+	// 127.0.0.1. See docs/operations.md.
 	DebugListenAddress string `yaml:"debug_listen_address"`
 	// MetricsOnDebugListener serves /metrics on the debug listener instead of the public
 	// HTTP one: the metrics name tenants, models and keys, so a deployment whose HTTP
@@ -110,8 +114,9 @@ type ServerConfig struct {
 	// IdleTimeout closes a keep-alive HTTP connection with no request for this long.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// MaxHeaderBytes is the largest HTTP request header block accepted (at least 4096),
-	// request line included. A larger one gets 431 in OpenAI's error shape; past four
-	// times this, net/http answers a plain-text 431 itself, before any handler.
+	// request line included. A larger one gets 431 in the door's error shape (Anthropic's
+	// under /v1/messages, OpenAI's elsewhere); past four times this, net/http answers a
+	// plain-text 431 itself, before any handler.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 }
 
@@ -185,6 +190,7 @@ func Default() Config {
 		Cache:    cache.DefaultConfig(),
 		Quota:    quota.DefaultConfig(),
 		Verifier: verifier.DefaultConfig(),
+		Agent:    agent.DefaultConfig(),
 	}
 }
 
@@ -207,6 +213,7 @@ type Flags struct {
 	natsURL, logLevel, logFormat  string
 	logDebugBodies                bool
 	quotaAddr, cacheAddr, verAddr string
+	agentAddr                     string
 	tracingEnabled                bool
 	otlpEndpoint                  string
 	tlsCert, tlsKey, tlsCA        string
@@ -219,7 +226,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	f := &Flags{fs: fs}
 	fs.StringVar(&f.File, "config.file", "", "YAML configuration file")
 	fs.BoolVar(&f.PrintConfig, "print-config", false, "print the effective configuration and exit")
-	fs.StringVar(&f.target, "target", "", "modules to run: all, or a comma list of router,cache,quota,verifier")
+	fs.StringVar(&f.target, "target", "", "modules to run: all, or a comma list of router,cache,quota,verifier,agent")
 	fs.StringVar(&f.grpcAddr, "server.grpc-listen-address", "", "gRPC listen address")
 	fs.StringVar(&f.httpAddr, "server.http-listen-address", "", "HTTP listen address (metrics, health, OpenAI API)")
 	fs.StringVar(&f.natsURL, "events.nats-url", "", "NATS URL for events")
@@ -229,6 +236,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	fs.StringVar(&f.quotaAddr, "router.quota-address", "", "quota service address when not in this process")
 	fs.StringVar(&f.cacheAddr, "router.cache-address", "", "cache service address when not in this process")
 	fs.StringVar(&f.verAddr, "router.verifier-address", "", "verifier service address when not in this process")
+	fs.StringVar(&f.agentAddr, "router.agent-address", "", "agent service address when not in this process")
 	fs.BoolVar(&f.tracingEnabled, "tracing.enabled", false, "export OpenTelemetry spans over OTLP/gRPC (tracing.enabled)")
 	fs.StringVar(&f.otlpEndpoint, "tracing.otlp-endpoint", "", "host:port of the OTLP/gRPC collector (tracing.otlp_endpoint)")
 	fs.StringVar(&f.tlsCert, "tls.cert-file", "", "this process's certificate, PEM (tls.cert_file); turns TLS on")
@@ -261,6 +269,7 @@ func (f *Flags) Apply(c *Config) {
 	apply("router.quota-address", &c.Router.QuotaAddress, f.quotaAddr)
 	apply("router.cache-address", &c.Router.CacheAddress, f.cacheAddr)
 	apply("router.verifier-address", &c.Router.VerifierAddress, f.verAddr)
+	apply("router.agent-address", &c.Router.AgentAddress, f.agentAddr)
 	apply("tracing.otlp-endpoint", &c.Tracing.OTLPEndpoint, f.otlpEndpoint)
 	if set["tracing.enabled"] {
 		c.Tracing.Enabled = f.tracingEnabled
@@ -310,6 +319,7 @@ func (c Config) Addresses() map[string]string {
 		"quota":    c.Router.QuotaAddress,
 		"cache":    c.Router.CacheAddress,
 		"verifier": c.Router.VerifierAddress,
+		"agent":    c.Router.AgentAddress,
 	}
 }
 
@@ -373,6 +383,9 @@ func (c Config) Validate() error {
 	if c.Events.TLS.Enabled && c.Events.NATSURL == "" {
 		errs = append(errs, errors.New("events.tls: needs nats_url (the embedded server is in-process and plaintext)"))
 	}
+	if c.runs("cache") && c.Cache.Backend == cache.BackendQdrant && c.Cache.Qdrant.ClientCertificate == cache.QdrantClientCertificateMesh && !c.TLS.Enabled() {
+		errs = append(errs, errors.New("cache.qdrant.client_certificate: mesh presents this process's certificate, so it needs the tls block (cert_file, key_file, ca_file)"))
+	}
 	if c.Server.MetricsOnDebugListener && c.Server.DebugListenAddress == "" {
 		errs = append(errs, errors.New("server.metrics_on_debug_listener: needs server.debug_listen_address"))
 	}
@@ -390,6 +403,9 @@ func (c Config) Validate() error {
 	}
 	if runs("verifier") {
 		wrap("verifier", c.Verifier.Validate())
+	}
+	if runs("agent") {
+		wrap("agent", c.Agent.Validate())
 	}
 	return errors.Join(errs...)
 }
@@ -479,6 +495,11 @@ func (c Config) exposure() []error {
 		if l.addr != "" && !loopback(l.addr) {
 			errs = append(errs, fmt.Errorf("%s: %s is reachable from other hosts and no auth.tenants are configured: configure tenants, listen on 127.0.0.1, or set auth.disabled: true", l.key, l.addr))
 		}
+	}
+	// The debug listener binds loopback when its address names no host; given one, it
+	// serves profiles to other hosts, which without authentication anyone may read.
+	if addr := c.Server.DebugListenAddress; addr != "" && strings.Contains(addr, ":") && !strings.HasPrefix(addr, ":") && !loopback(addr) {
+		errs = append(errs, fmt.Errorf("server.debug_listen_address: %s is reachable from other hosts and no auth.operators are configured: configure operators, give no host (loopback), or set auth.disabled: true", addr))
 	}
 	return errs
 }

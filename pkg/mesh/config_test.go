@@ -244,6 +244,9 @@ func TestValidate(t *testing.T) {
 			[]string{"server.grpc_listen_address: 0.0.0.0:9090 is reachable from other hosts and no auth.tenants are configured"}},
 		{"no tenants on a host name", func(c *mesh.Config) { c.Auth.Tenants, c.Server.HTTPListenAddress = nil, "mantle:8080" },
 			[]string{"server.http_listen_address: mantle:8080 is reachable from other hosts"}},
+		{"no tenants, debug listener on every interface", func(c *mesh.Config) { c.Auth.Tenants, c.Server.DebugListenAddress = nil, "0.0.0.0:6060" },
+			[]string{"server.debug_listen_address: 0.0.0.0:6060 is reachable from other hosts"}},
+		{"no tenants, debug listener without a host", func(c *mesh.Config) { c.Auth.Tenants, c.Server.DebugListenAddress = nil, ":6060" }, nil},
 		{"no tenants on loopback", func(c *mesh.Config) {
 			c.Auth.Tenants, c.Server.GRPCListenAddress, c.Server.HTTPListenAddress = nil, "[::1]:9090", "localhost:8080"
 		}, nil},
@@ -255,6 +258,22 @@ func TestValidate(t *testing.T) {
 		},
 			[]string{`router.routes[0].candidates[0]: unknown model "nope"`}},
 		{"quota block", func(c *mesh.Config) { c.Quota.DefaultLimits.RPM = 0 }, []string{"quota.default_limits.rpm: must be positive"}},
+		{"qdrant presenting the mesh certificate without the tls block", func(c *mesh.Config) {
+			c.Cache.Backend, c.Cache.Qdrant.Address = cache.BackendQdrant, "qdrant:6334"
+			c.Cache.Qdrant.TLS, c.Cache.Qdrant.ClientCertificate = true, cache.QdrantClientCertificateMesh
+		}, []string{"cache.qdrant.client_certificate: mesh presents this process's certificate, so it needs the tls block"}},
+		{"qdrant ca_file without tls", func(c *mesh.Config) {
+			c.Cache.Backend, c.Cache.Qdrant.Address, c.Cache.Qdrant.CAFile = cache.BackendQdrant, "qdrant:6334", "ca.crt"
+		}, []string{"cache.qdrant: ca_file and client_certificate need tls: true"}},
+		{"qdrant client certificate of an unknown kind", func(c *mesh.Config) {
+			c.Cache.Backend, c.Cache.Qdrant.Address = cache.BackendQdrant, "qdrant:6334"
+			c.Cache.Qdrant.TLS, c.Cache.Qdrant.ClientCertificate = true, "file"
+		}, []string{`cache.qdrant.client_certificate: must be none or mesh, got "file"`}},
+		{"qdrant with the mesh certificate", func(c *mesh.Config) {
+			c.Cache.Backend, c.Cache.Qdrant.Address = cache.BackendQdrant, "qdrant:6334"
+			c.Cache.Qdrant.TLS, c.Cache.Qdrant.ClientCertificate = true, cache.QdrantClientCertificateMesh
+			c.TLS = tlsconfig.Config{CertFile: "x.crt", KeyFile: "x.key", CAFile: "ca.crt"}
+		}, nil},
 		{"cache block", func(c *mesh.Config) { c.Cache.MaxEntries = 0 }, []string{"cache.max_entries: must be positive"}},
 		{"verifier block", func(c *mesh.Config) { c.Verifier.RepetitionThreshold = 1 }, []string{"verifier.repetition_threshold: must be at least 2"}},
 		{"every error at once", func(c *mesh.Config) {

@@ -37,9 +37,9 @@ func TestRouterSurvivesItsDependencies(t *testing.T) {
 		set     func(c *mesh.Config, dead string)
 		skipped string // "" when nothing the caller sees is skipped
 	}{
-		{"quota down: bounded fail-open", "router,cache,verifier", func(c *mesh.Config, dead string) { c.Router.QuotaAddress = dead }, "quota"},
-		{"cache down: a miss", "router,quota,verifier", func(c *mesh.Config, dead string) { c.Router.CacheAddress = dead }, "cache"},
-		{"verifier down: local L1, unverified", "router,quota,cache", func(c *mesh.Config, dead string) { c.Router.VerifierAddress = dead }, "verify"},
+		{"quota down: bounded fail-open", "router,cache,verifier,agent", func(c *mesh.Config, dead string) { c.Router.QuotaAddress = dead }, "quota"},
+		{"cache down: a miss", "router,quota,verifier,agent", func(c *mesh.Config, dead string) { c.Router.CacheAddress = dead }, "cache"},
+		{"verifier down: local L1, unverified", "router,quota,cache,agent", func(c *mesh.Config, dead string) { c.Router.VerifierAddress = dead }, "verify"},
 		{"NATS down: events buffered", "all", func(c *mesh.Config, dead string) { c.Events = mesh.EventsConfig{NATSURL: "nats://" + dead} }, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,7 +79,7 @@ func TestRouterWithServicesOff(t *testing.T) {
 			cfg.Target = target
 			cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
 			cfg.Log.Level = "error"
-			cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.VerifierAddress = router.Off, router.Off, router.Off
+			cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.VerifierAddress, cfg.Router.AgentAddress = router.Off, router.Off, router.Off, router.Off
 			p := meshtest.Run(t, cfg, mesh.Options{LogOutput: io.Discard})
 			client := routerv1.NewRouterServiceClient(meshtest.Dial(t, p.App.GRPCAddr()))
 			resp, err := client.Complete(authed(acmeKey), &routerv1.CompleteRequest{Request: ask("primary", "Are you still there?")}, grpc.WaitForReady(true))

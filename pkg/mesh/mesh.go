@@ -22,6 +22,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/telemetry"
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
+	"github.com/mantle-mesh/mantle/services/agent"
 	"github.com/mantle-mesh/mantle/services/cache"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -35,6 +36,7 @@ func Modules(c Config) []app.Module {
 		cache.Module(c.Cache),
 		quota.Module(c.Quota),
 		verifier.Module(c.Verifier),
+		agent.Module(c.Agent),
 	}
 }
 
@@ -227,7 +229,7 @@ func (p *Process) Reload(ctx context.Context, cfg Config) error {
 	if restart := restartPaths(changes); len(restart) > 0 {
 		p.Log.WarnContext(ctx, "server, auth, events, tracing, log and target settings change only with a restart", "paths", restart)
 	}
-	err := p.App.Reload(ctx, map[string]any{"router": cfg.Router, "cache": cfg.Cache, "quota": cfg.Quota, "verifier": cfg.Verifier})
+	err := p.App.Reload(ctx, map[string]any{"router": cfg.Router, "cache": cfg.Cache, "quota": cfg.Quota, "verifier": cfg.Verifier, "agent": cfg.Agent})
 	if err != nil {
 		p.reloadRejected(ctx, err)
 		return err

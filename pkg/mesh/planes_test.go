@@ -150,23 +150,26 @@ func invokeEmpty(ctx context.Context, conn *grpc.ClientConn, method string, stre
 }
 
 // TestTenantCannotApproveItsOwnDraftRule: a tenant that drafted a rule from its own
-// review approved it through DecideDraftRule and rewrote every tenant's answers. Approval
-// and rule reloads are the operator's; an operator key passes the gate.
+// review approved it through DecideDraftRule and rewrote every tenant's answers. Approval,
+// widening a draft beyond its tenant and rule reloads are the operator's; an operator key
+// passes the gate.
 func TestTenantCannotApproveItsOwnDraftRule(t *testing.T) {
 	t.Parallel()
 	m := meshtest.Start(t, testConfig(), meshtest.All)
 	client := verifierv1.NewVerifierServiceClient(meshtest.Dial(t, m.GRPCAddr))
 	for _, key := range []string{acmeKey, tightKey} {
-		_, err := client.DecideDraftRule(authed(key), &verifierv1.DecideDraftRuleRequest{DraftRuleId: "draft-1", Approve: true, Reviewer: "me"})
-		if status.Code(err) != codes.PermissionDenied || rpc.ErrorInfo(err).GetReason() != rpc.ReasonPermissionDenied {
-			t.Errorf("DecideDraftRule with a tenant key = %v, want PERMISSION_DENIED", err)
+		for _, widen := range []bool{false, true} {
+			_, err := client.DecideDraftRule(authed(key), &verifierv1.DecideDraftRuleRequest{DraftRuleId: "draft-1", Approve: true, Widen: widen, Reviewer: "me"})
+			if status.Code(err) != codes.PermissionDenied || rpc.ErrorInfo(err).GetReason() != rpc.ReasonPermissionDenied {
+				t.Errorf("DecideDraftRule (widen %v) with a tenant key = %v, want PERMISSION_DENIED", widen, err)
+			}
 		}
 		if _, err := client.ReloadRules(authed(key), &verifierv1.ReloadRulesRequest{}); status.Code(err) != codes.PermissionDenied {
 			t.Errorf("ReloadRules with a tenant key = %v, want PERMISSION_DENIED", err)
 		}
 	}
 	// The operator reaches the handler, which knows no such draft (or has no review store).
-	_, err := client.DecideDraftRule(authed(meshtest.OperatorKey), &verifierv1.DecideDraftRuleRequest{DraftRuleId: "draft-1", Approve: true, Reviewer: "ops"})
+	_, err := client.DecideDraftRule(authed(meshtest.OperatorKey), &verifierv1.DecideDraftRuleRequest{DraftRuleId: "draft-1", Approve: true, Widen: true, Reviewer: "ops"})
 	if rpc.ErrorInfo(err).GetDomain() != "verifier.mantle" {
 		t.Errorf("DecideDraftRule with the operator key = %v, want the verifier's own answer", err)
 	}

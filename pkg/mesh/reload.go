@@ -22,6 +22,7 @@ var restartPrefixes = []string{
 	"target", "server", "tls", "auth", "events", "tracing", "log", "runtime", "cache", "quota", "verifier",
 	"router.retry_budget", "router.hedge_budget", "router.breaker", "router.quota_fallback_rpm",
 	"router.idempotency", "router.overload", "router.quota_address", "router.cache_address", "router.verifier_address",
+	"router.agent_address", "agent.idempotency",
 }
 
 // restartPaths are the changed paths that apply only after a restart.

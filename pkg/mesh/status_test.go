@@ -55,7 +55,13 @@ func TestStatusPageInBrowser(t *testing.T) {
 	chromium := requireChromium(t)
 	// Near the real time: the router derives context deadlines from the clock.
 	clock := clockwork.NewFakeClockAt(time.Now().Truncate(time.Second))
-	m := meshtest.StartWith(t, statusConfig(), meshtest.All, mesh.Options{Clock: clock})
+	cfg := statusConfig()
+	tools := newToolBackend(t)
+	cfg.Agent.Tools = toolsConfig(tools).Agent.Tools
+	m := meshtest.StartWith(t, cfg, meshtest.All, mesh.Options{Clock: clock})
+	if code, body, _ := doHTTP(t, http.MethodPost, "http://"+m.HTTPAddr+"/v1/tools/lookup/call", resilienceKey, `{"arguments":{"city":"Oslo"}}`, nil); code != http.StatusOK {
+		t.Fatalf("call lookup = %d %s", code, body)
+	}
 
 	const requests = 3
 	for i := range requests {
@@ -131,6 +137,18 @@ func TestStatusPageInBrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("tools next to the models, with their recent outcomes", func(t *testing.T) {
+		rows := domFindAll(doc, func(n *html.Node) bool { return domHasClass(n, "tool") })
+		got := map[string]string{}
+		for _, r := range rows {
+			got[domAttr(r, "data-tool")] = domAttr(r, "data-kind") + " " + domAttr(r, "data-breaker") + " " + domAttr(r, "data-calls") + ": " + strings.Join(strings.Fields(domText(r)), " ")
+		}
+		if len(rows) != 2 || !strings.HasPrefix(got["lookup"], "query closed 1: ") || !strings.HasSuffix(got["lookup"], " ok") ||
+			!strings.HasPrefix(got["order"], "action closed 0: ") || !strings.HasSuffix(got["order"], "no calls yet") {
+			t.Errorf("tool rows %q, want lookup (query, closed, 1 call, ok) and order (action, closed, no calls)", got)
+		}
+	})
+
 	t.Run("the cache hit rate", func(t *testing.T) {
 		if got := domText(domByID(t, doc, "cache-hit-rate")); got != "0.0%" {
 			t.Errorf("cache hit rate %q, want 0.0%% (three new questions)", got)
@@ -162,6 +180,9 @@ func TestStatusPageShapes(t *testing.T) {
 				t.Errorf("quota tenants %+v, want acme's with an RPM limit of 600", snap.Quota.Tenants)
 			}
 			// Every model is a route of its own, then the chat alias.
+			if !snap.Tools.Available || snap.Tools.Error != "" {
+				t.Errorf("tools %+v, want available", snap.Tools)
+			}
 			if snap.Tenant != "acme" || len(snap.Routes) != 3 || snap.Routes[2].Name != "chat" || len(snap.Degradations) != 1 {
 				t.Errorf("tenant %q, routes %+v, %d degradations; want acme, primary, backup and chat, 1", snap.Tenant, snap.Routes, len(snap.Degradations))
 			}
@@ -171,7 +192,7 @@ func TestStatusPageShapes(t *testing.T) {
 	t.Run("quota and cache unreachable", func(t *testing.T) {
 		t.Parallel()
 		cfg := statusConfig()
-		cfg.Target = "router,verifier"
+		cfg.Target = "router,verifier,agent"
 		cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Log.Level = "error"
 		cfg.Router.QuotaAddress, cfg.Router.CacheAddress = closedAddr(t), closedAddr(t)

@@ -96,7 +96,7 @@ func writeTestFile(t *testing.T, path string, data []byte) {
 // certificates (require). A tenant's request crosses all four; callers without a valid
 // certificate are refused; a rotated certificate is served on the next handshake.
 func TestSplitMeshMutualTLS(t *testing.T) {
-	pki := newTestPKI(t, "router", "quota", "cache", "verifier")
+	pki := newTestPKI(t, "router", "quota", "cache", "verifier", "agent")
 	foreign := newTestPKI(t, "router")
 	clock := clockwork.NewFakeClockAt(time.Now())
 	const reload = time.Minute

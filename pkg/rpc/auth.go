@@ -425,6 +425,35 @@ func (a *Authenticator) LoginHTTP(ctx context.Context, header, route string) (co
 	return WithTenant(ctx, tenant), nil
 }
 
+// LoginOperatorHTTP checks that an HTTP request's Authorization header carries an operator
+// key, for the operator endpoints outside gRPC (the debug listener); route names the
+// refusal in the log and the counter. A tenant key is refused as PERMISSION_DENIED, no or
+// an unknown key as UNAUTHENTICATED. With authentication off it lets everyone through.
+func (a *Authenticator) LoginOperatorHTTP(ctx context.Context, header, route string) error {
+	if !a.Enabled() {
+		return nil
+	}
+	token, ok := BearerToken(header)
+	if !ok {
+		reason, msg := RefusalMissingCredential, "missing operator key: send Authorization: Bearer <key>"
+		if header != "" {
+			reason, msg = RefusalMalformedCredential, "malformed Authorization header: want Bearer <key>"
+		}
+		err := unauthenticated(reason, msg)
+		a.refused(ctx, route, Caller{}, err)
+		return err.status()
+	}
+	c, aerr := a.keyCaller(token)
+	if aerr == nil && c.Kind != CallerOperator {
+		aerr = denied(RefusalWrongPlane, fmt.Sprintf("%s credentials cannot call an operator endpoint", c.Kind))
+	}
+	if aerr != nil {
+		a.refused(ctx, route, c, aerr)
+		return aerr.status()
+	}
+	return nil
+}
+
 // RefuseTenant logs and counts a handler's refusal of a call whose claimed tenant is not
 // the caller's (PERMISSION_DENIED), like the interceptor's own refusals.
 func (a *Authenticator) RefuseTenant(ctx context.Context, method string) {

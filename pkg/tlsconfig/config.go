@@ -35,7 +35,8 @@ type Config struct {
 	// certificate is optional, and verified when present; tenants call with a key and no
 	// certificate, services with their certificate) or none.
 	GRPCClientAuth ClientAuth `yaml:"grpc_client_auth,omitempty"`
-	// HTTPClientAuth is the same for the HTTP listener (the OpenAI front door, /metrics).
+	// HTTPClientAuth is the same for the HTTP listener (the OpenAI front door, /metrics)
+	// and the debug listener.
 	HTTPClientAuth ClientAuth `yaml:"http_client_auth,omitempty"`
 	// ServerName is the name expected in the certificates of the services this process
 	// dials; empty, it is the host of the address dialled (router.quota_address...).

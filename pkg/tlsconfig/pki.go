@@ -112,7 +112,7 @@ func (ca *CA) Issue(l Leaf) (certPEM, keyPEM []byte, err error) {
 }
 
 // DevServices are the certificates `mantle certs` and `mantle dev --tls` issue by default.
-var DevServices = []string{"router", "cache", "quota", "verifier"}
+var DevServices = []string{"router", "cache", "quota", "verifier", "agent"}
 
 // WriteDevPKI creates a CA and one certificate per service in dir: ca.crt, and
 // <service>.crt and <service>.key, each valid for ttl. Every certificate names its service

@@ -231,6 +231,17 @@ func (s *Source) Certificate() (tls.Certificate, error) {
 	return *m.cert, nil
 }
 
+// GetClientCertificate is a tls.Config.GetClientCertificate that presents the current
+// certificate, read again from its files when the reload interval has passed: a client of
+// a server outside the mesh presents the process's mesh certificate with it, and a
+// rotation reaches its next handshake. A Source without a certificate presents none.
+func (s *Source) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	if m := s.current(); m.cert != nil {
+		return m.cert, nil
+	}
+	return &tls.Certificate{}, nil
+}
+
 // RootCAs returns the current CA pool (nil: the system's roots), for clients that take a
 // callback (NATS).
 func (s *Source) RootCAs() (*x509.CertPool, error) { return s.current().pool, nil }

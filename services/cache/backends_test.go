@@ -10,6 +10,7 @@ import (
 
 	"github.com/qdrant/go-client/qdrant"
 
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 	"github.com/mantle-mesh/mantle/services/cache/qdranttest"
 )
 
@@ -51,7 +52,7 @@ func startFakeQdrant(t testing.TB) fakeQdrant {
 		t.Fatalf("qdranttest.Start: %v", err)
 	}
 	t.Cleanup(srv.Close)
-	client, err := newQdrantClient(QdrantConfig{Address: srv.Addr}, os.Getenv)
+	client, err := newQdrantClient(QdrantConfig{Address: srv.Addr}, os.Getenv, nil, tlsconfig.Options{})
 	if err != nil {
 		t.Fatalf("newQdrantClient: %v", err)
 	}
@@ -63,7 +64,7 @@ func startFakeQdrant(t testing.TB) fakeQdrant {
 // its own; the test's collections are deleted when it ends.
 func openRealQdrant(t testing.TB, addr string) *QdrantIndex {
 	t.Helper()
-	client, err := newQdrantClient(QdrantConfig{Address: addr, APIKeyEnv: "QDRANT_API_KEY"}, os.Getenv)
+	client, err := newQdrantClient(QdrantConfig{Address: addr, APIKeyEnv: "QDRANT_API_KEY"}, os.Getenv, nil, tlsconfig.Options{})
 	if err != nil {
 		t.Fatalf("newQdrantClient: %v", err)
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,15 +15,19 @@ import (
 	"github.com/mantle-mesh/mantle/services/cache/internal/embed"
 )
 
-// The benchmarks fill the embedded index with a synthetic corpus of support questions in
-// English and Chinese, built from templates and slot fillers so that questions share
-// words the way real ones do (many mention "reset" or 手机; few mention one model number),
-// then time whole Service.Lookup calls: normalisation, keys, policy, exact get, lexical
-// embedding, similarity search and the near-miss check.
+// The benchmarks fill the embedded index with a synthetic corpus, then time whole
+// Service.Lookup calls: normalisation, keys, policy, exact get, lexical embedding,
+// similarity search and the near-miss check. Two corpora: support questions in English and
+// Chinese, built from templates and slot fillers so that questions share words the way
+// real ones do (many mention "reset" or 手机; few mention one model number), and numbered
+// prompts that differ only in a number, which is what `mantle bench-load` sends and the
+// worst case for the index (indexCorpus).
 //
 //	go test -run '^$' -bench 'Lookup|Memory' -benchtime 3000x ./services/cache/
+//	MANTLE_BENCH_CACHE_ENTRIES=1000000 go test -run '^$' -bench 'Lookup/' -benchtime 2000x -timeout 3h ./services/cache/
 //
-// Each benchmark reports p50-ns and p99-ns (per lookup) next to ns/op.
+// The partitions are built at run time, of the sizes MANTLE_BENCH_CACHE_ENTRIES lists
+// (benchSizes). Each benchmark reports p50-ns and p99-ns (per lookup) next to ns/op.
 
 var (
 	benchBrands     = strings.Fields("Acme Zenith Nova Orbit Pixel Quanta Helix Vertex Aurora Lumen Cobalt Ember Falcon Glacier Harbor Ion Juniper Krypton Lattice Meridian Nimbus Onyx Prism Quasar Raven Sierra Tundra Umbra Vector Willow Xenon Yonder Zephyr Atlas Boreal Cinder Delta Echo Fjord Garnet")
@@ -66,38 +72,56 @@ func benchQuestion(r *rand.Rand) string {
 // benchAnswer is an answer of a typical length (about 400 bytes).
 var benchAnswer = strings.Repeat("Open Settings, choose the device, select Reset and confirm; the device restarts. ", 5)
 
+// benchSizes returns the partition sizes the benchmarks build: MANTLE_BENCH_CACHE_ENTRIES,
+// a comma-separated list, or 10000 (a few seconds; a million entries take tens of minutes
+// and gigabytes of memory to build).
+func benchSizes(b *testing.B) []int {
+	list := os.Getenv("MANTLE_BENCH_CACHE_ENTRIES")
+	if list == "" {
+		return []int{10_000}
+	}
+	var sizes []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			b.Fatalf("MANTLE_BENCH_CACHE_ENTRIES=%q: want a comma-separated list of positive counts", list)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes
+}
+
 type benchCache struct {
 	f         fixture
 	questions []string
 	prompts   []Prompt
 }
 
-// newBenchCache stores n questions. partitions spreads them over that many scopes (by
-// system prompt); 1 puts all of them in one, the worst case for the search. keep keeps the
-// prompts for lookups (the memory benchmark leaves them out of its measurement).
+// newBenchCache stores n support questions; see newCorpusCache.
 func newBenchCache(b *testing.B, n, partitions int, keep bool) benchCache {
+	return newCorpusCache(b, "support", n, partitions, keep)
+}
+
+// newCorpusCache stores n questions of corpus (indexCorpus). partitions spreads them over
+// that many scopes (by system prompt); 1 puts all of them in one, the worst case for the
+// search. keep keeps the prompts for lookups (the memory benchmark leaves them out of its
+// measurement). The index links vectors into its graphs as Put stores them, as it does
+// without its linker.
+func newCorpusCache(b *testing.B, corpus string, n, partitions int, keep bool) benchCache {
 	cfg := DefaultConfig()
 	cfg.MaxEntries = n
 	cfg.DefaultPolicy.VolatileMarkers, cfg.DefaultPolicy.PersonalMarkers, cfg.DefaultPolicy.PersonalPatterns = []string{}, []string{}, []string{}
 	cfg.DefaultPolicy.TTL = 24 * time.Hour
 	f := newFixture(b, cfg)
-	r := rand.New(rand.NewPCG(1, 2))
-	seen := make(map[string]bool, n)
 	bc := benchCache{f: f}
-	for stored := 0; stored < n; {
-		q := benchQuestion(r)
-		if seen[q] {
-			continue
-		}
-		seen[q] = true
+	for stored, q := range indexCorpus(corpus, n) {
 		p := basePrompt(q)
-		p.Messages[0].Content = fmt.Sprintf("You are the support agent of shop %d.", len(seen)%partitions)
+		p.Messages[0].Content = fmt.Sprintf("You are the support agent of shop %d.", stored%partitions)
 		req := answer(p)
 		req.Content = fmt.Sprintf("%s(%d)", benchAnswer, stored) // an answer of its own, as in life
 		if res, err := f.svc.Store(context.Background(), "acme", req); err != nil || !res.Stored {
 			b.Fatalf("Store = (%+v, %v)", res, err)
 		}
-		stored++
 		if keep {
 			bc.questions = append(bc.questions, q)
 			bc.prompts = append(bc.prompts, p)
@@ -161,41 +185,52 @@ func reportPercentiles(b *testing.B, wall, cpu []time.Duration) {
 }
 
 func BenchmarkLookup(b *testing.B) {
-	for _, size := range []struct {
-		n          int
-		partitions []int
-	}{{10_000, []int{1, 100}}, {100_000, []int{1, 100}}} {
-		for _, parts := range size.partitions {
-			b.Run(fmt.Sprintf("entries=%d/partitions=%d", size.n, parts), func(b *testing.B) {
-				bc := newBenchCache(b, size.n, parts, true)
-				r := rand.New(rand.NewPCG(3, 4))
-				// Exact: a stored question in another spelling.
-				b.Run("exact", func(b *testing.B) {
-					runLookups(b, bc.f, func(int) Prompt {
-						p := bc.prompts[r.IntN(len(bc.prompts))]
-						p.Messages = []Message{p.Messages[0], {Role: roleUser, Content: strings.ToUpper(p.Messages[1].Content)}}
-						return p
-					}, true)
+	for _, n := range benchSizes(b) {
+		for _, corpus := range []string{"support", "numbered"} {
+			partitions := []int{1, 100}
+			if n > 100_000 {
+				partitions = []int{1} // the worst case only: building takes long enough
+			}
+			for _, parts := range partitions {
+				b.Run(fmt.Sprintf("entries=%d/corpus=%s/partitions=%d", n, corpus, parts), func(b *testing.B) {
+					benchLookups(b, newCorpusCache(b, corpus, n, parts, true), corpus)
 				})
-				// Semantic: a stored question reworded, found by similarity.
-				b.Run("semantic", func(b *testing.B) {
-					runLookups(b, bc.f, func(int) Prompt {
-						p := bc.prompts[r.IntN(len(bc.prompts))]
-						return reworded(p)
-					}, true)
-				})
-				// Miss: a new question; the whole partition is searched and nothing is close.
-				b.Run("miss", func(b *testing.B) {
-					qr := rand.New(rand.NewPCG(5, 6))
-					runLookups(b, bc.f, func(i int) Prompt {
-						p := bc.prompts[i%len(bc.prompts)]
-						p.Messages = []Message{p.Messages[0], {Role: roleUser, Content: benchQuestion(qr) + " today"}}
-						return p
-					}, false)
-				})
-			})
+			}
 		}
 	}
+}
+
+// benchLookups times the three kinds of lookup on a built cache.
+func benchLookups(b *testing.B, bc benchCache, corpus string) {
+	r := rand.New(rand.NewPCG(3, 4))
+	// Exact: a stored question in another spelling.
+	b.Run("exact", func(b *testing.B) {
+		runLookups(b, bc.f, func(int) Prompt {
+			p := bc.prompts[r.IntN(len(bc.prompts))]
+			p.Messages = []Message{p.Messages[0], {Role: roleUser, Content: strings.ToUpper(p.Messages[1].Content)}}
+			return p
+		}, true)
+	})
+	// Semantic: a stored question reworded, found by similarity.
+	b.Run("semantic", func(b *testing.B) {
+		runLookups(b, bc.f, func(int) Prompt {
+			p := bc.prompts[r.IntN(len(bc.prompts))]
+			return reworded(p)
+		}, true)
+	})
+	// Miss: a new question; nothing stored is close enough.
+	b.Run("miss", func(b *testing.B) {
+		qr := rand.New(rand.NewPCG(5, 6))
+		runLookups(b, bc.f, func(i int) Prompt {
+			p := bc.prompts[i%len(bc.prompts)]
+			q := benchQuestion(qr) + " today"
+			if corpus == "numbered" {
+				q = numberedQuestion(len(bc.prompts) + qr.IntN(len(bc.prompts)))
+			}
+			p.Messages = []Message{p.Messages[0], {Role: roleUser, Content: q}}
+			return p
+		}, false)
+	})
 }
 
 // reworded asks p's question in other words: 请问 before a Chinese question, "please" after

@@ -672,7 +672,10 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 		StaleUntil:   now.Add(ttl + pol.maxStaleness),
 	}
 	if held != nil {
-		s.leases.finish(held.id, tenant, &e)
+		// The waiters get the answer now; the lease stays until the entry is in the index,
+		// so that an identical lookup in between joins it instead of missing.
+		s.leases.answer(held.id, tenant, &e)
+		defer s.leases.finish(held.id, tenant, nil)
 	}
 	var v vector.Vector
 	if s.embedder != nil {

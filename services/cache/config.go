@@ -76,14 +76,29 @@ type EmbeddedConfig struct {
 	SnapshotMaxBytes int64 `yaml:"snapshot_max_bytes"`
 }
 
+// Client certificates the Qdrant client may present (QdrantConfig.ClientCertificate).
+const (
+	QdrantClientCertificateNone = "none"
+	QdrantClientCertificateMesh = "mesh"
+)
+
 // QdrantConfig configures the Qdrant backend (server v1.17.x, gRPC API).
 type QdrantConfig struct {
 	// Address is host:port of Qdrant's gRPC API (port 6334 by default), server v1.17.x.
 	Address string `yaml:"address"`
 	// APIKeyEnv names the environment variable holding the API key; empty for none.
 	APIKeyEnv string `yaml:"api_key_env"`
-	// TLS connects with TLS (required by Qdrant Cloud).
+	// TLS connects with TLS (required by Qdrant Cloud); Qdrant's certificate is verified
+	// against ca_file, or the system's roots.
 	TLS bool `yaml:"tls"`
+	// CAFile is the CA bundle (PEM) that verifies Qdrant's certificate, for a Qdrant with a
+	// CA of its own; read again when it changes. Empty: the system's roots. Needs tls.
+	CAFile string `yaml:"ca_file,omitempty"`
+	// ClientCertificate is what the client presents when Qdrant asks for a certificate:
+	// none (the default) or mesh, this process's certificate from the tls block, read at
+	// each handshake so that a rotated certificate is used without a restart. Needs tls
+	// (and, for mesh, the tls block).
+	ClientCertificate string `yaml:"client_certificate,omitempty"`
 	// CollectionPrefix starts the name of every collection; the embedder namespace ends it
 	// (mantle_cache_lexical-v1).
 	CollectionPrefix string `yaml:"collection_prefix"`
@@ -326,6 +341,14 @@ func (c Config) Validate() error {
 		}
 		if c.Embedder.Kind == EmbedderNone {
 			errs = append(errs, errors.New("embedder.kind: none needs backend embedded; Qdrant stores vectors"))
+		}
+		switch c.Qdrant.ClientCertificate {
+		case "", QdrantClientCertificateNone, QdrantClientCertificateMesh:
+		default:
+			errs = append(errs, fmt.Errorf("qdrant.client_certificate: must be none or mesh, got %q", c.Qdrant.ClientCertificate))
+		}
+		if !c.Qdrant.TLS && (c.Qdrant.CAFile != "" || c.Qdrant.ClientCertificate == QdrantClientCertificateMesh) {
+			errs = append(errs, errors.New("qdrant: ca_file and client_certificate need tls: true"))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("backend: must be embedded or qdrant, got %q", c.Backend))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,15 +15,25 @@ import (
 
 // EmbeddedIndex is an Index in process memory, for mantle dev and single nodes. Entries
 // are grouped by partition (the scope every lookup filters on), and each partition keeps
-// its vectors in a vector.Set. Sparse searches run within searchLimits, so that a lookup
-// costs about the same in a partition of a million entries as in one of ten thousand. The index holds at most maxEntries
-// entries: when a new one would exceed that, the least recently used is evicted. Entries
-// past their StaleUntil are removed when a read finds them or evicted as they age to the
-// back of the list, so no background sweep is needed. Save and Load write it to and read
-// it from a snapshot.
+// its vectors in a vector.Set. A partition of sparseGraph.MinLen vectors or more (the
+// lexical embedder's; denseGraph's for an embedding model's) is searched through a graph
+// of its vectors (package vector, graph.go), so that a lookup costs about the same in a
+// partition of a million entries as in one of ten thousand; smaller ones through their
+// postings, within searchLimits, or a scan. The index holds at most maxEntries entries:
+// when a new one would exceed that, the least recently used is evicted. Entries past their
+// StaleUntil are removed when a read finds them or evicted as they age to the back of the
+// list, so no background sweep is needed. Save and Load write it to and read it from a
+// snapshot.
+//
+// Linking a vector into its partition's graph costs a search of the graph, so Put leaves
+// it to RunLinker when that runs: the entry is found by its key at once, and by
+// similarity through the postings (sparse) or a scan of the vectors not yet linked
+// (dense, at most maxUnlinked of them: past that a Put links one itself).
 type EmbeddedIndex struct {
-	maxEntries int
-	limits     vector.Limits
+	maxEntries  int
+	limits      vector.Limits
+	sparseGraph vector.Graph
+	denseGraph  vector.Graph
 
 	// mu guards the maps and the partitions' sets: searches share it, writes hold it alone.
 	mu    sync.RWMutex
@@ -36,6 +47,16 @@ type EmbeddedIndex struct {
 	recency *list.List // values are *node
 
 	evictions atomic.Uint64
+
+	// linkMu keeps one link plan in flight: it is made under mu's read lock and applied
+	// under its write lock. Lock order: linkMu, then mu.
+	linkMu sync.Mutex
+	// toLink holds the partitions with vectors waiting to be linked, oldest first; mu
+	// guards it.
+	toLink []*partition
+	// wake tells RunLinker that a Put queued work; linker is set while RunLinker runs.
+	wake   chan struct{}
+	linker atomic.Bool
 }
 
 type node struct {
@@ -48,9 +69,12 @@ type node struct {
 }
 
 type partition struct {
+	key    Key
 	set    *vector.Set // nil until the first vector arrives; its form follows that vector
 	bySlot map[uint32]*node
 	nodes  int
+	// linkQueued: the partition is in the index's toLink.
+	linkQueued bool
 }
 
 var _ Index = (*EmbeddedIndex)(nil)
@@ -63,19 +87,40 @@ var _ Index = (*EmbeddedIndex)(nil)
 // search in TestBoundedSearchRecall.
 var searchLimits = vector.Limits{Postings: 1 << 14, Scored: 256}
 
+// sparseGraph is the graph a partition of the lexical embedder's vectors builds once it
+// holds MinLen of them. Below that size its postings answer in tens of microseconds. The
+// walk starts from what a small postings search finds (Seeds) and is skipped when that
+// search was exact, which it is for most questions that carry a rare word; the figures
+// and the recall behind these values are in docs/performance.md, "Cache lookup".
+var sparseGraph = vector.Graph{MinLen: 8192, M: 8, EfConstruction: 48, EfSearch: 16, Seed: 1,
+	Seeds: vector.Limits{Postings: 4096, Scored: 64}}
+
+// denseGraph is the graph of an embedding model's vectors: a scan costs a dot product of
+// hundreds of dimensions per entry (about 4 ms at 10k entries of 768), so the graph starts
+// early, and its links and candidate lists are those usual for such embeddings.
+var denseGraph = vector.Graph{MinLen: 2048, M: 16, EfConstruction: 100, EfSearch: 64, Seed: 1}
+
+// maxUnlinked is how many vectors of a dense partition's graph may wait for RunLinker
+// before Put links one itself: each search scans them.
+const maxUnlinked = 256
+
 // NewEmbeddedIndex returns an empty index that holds at most maxEntries entries.
 func NewEmbeddedIndex(maxEntries int) *EmbeddedIndex {
-	return newEmbeddedIndex(maxEntries, searchLimits)
+	return newEmbeddedIndex(maxEntries, searchLimits, sparseGraph, denseGraph)
 }
 
-// newEmbeddedIndex is NewEmbeddedIndex with other search limits (the zero Limits: exact).
-func newEmbeddedIndex(maxEntries int, limits vector.Limits) *EmbeddedIndex {
+// newEmbeddedIndex is NewEmbeddedIndex with other search limits and graphs (the zero
+// Limits and Graphs: exact).
+func newEmbeddedIndex(maxEntries int, limits vector.Limits, sparse, dense vector.Graph) *EmbeddedIndex {
 	return &EmbeddedIndex{
-		maxEntries: maxEntries,
-		limits:     limits,
-		byKey:      make(map[Key]*node),
-		parts:      make(map[Key]*partition),
-		recency:    list.New(),
+		maxEntries:  maxEntries,
+		limits:      limits,
+		sparseGraph: sparse,
+		denseGraph:  dense,
+		wake:        make(chan struct{}, 1),
+		byKey:       make(map[Key]*node),
+		parts:       make(map[Key]*partition),
+		recency:     list.New(),
 	}
 }
 
@@ -152,15 +197,38 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 	return out, nil
 }
 
-// Put implements Index.
+// Put implements Index. The vector is linked into its partition's graph by RunLinker when
+// it runs, here otherwise.
 func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector) error {
+	help, err := x.put(e, v)
+	if err != nil {
+		return err
+	}
+	if !x.linker.Load() {
+		for x.linkOne() {
+		}
+		return nil
+	}
+	if help {
+		x.linkOne()
+	}
+	select {
+	case x.wake <- struct{}{}:
+	default: // RunLinker has been told already
+	}
+	return nil
+}
+
+// put stores e and reports whether its partition has more vectors waiting to be linked
+// than searches should scan.
+func (x *EmbeddedIndex) put(e Entry, v vector.Vector) (help bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if old, ok := x.byKey[e.Key]; ok {
 		x.remove(old)
 	}
 	if err := x.insert(e, v, true); err != nil {
-		return err
+		return false, err
 	}
 	for len(x.byKey) > x.maxEntries {
 		x.lruMu.Lock()
@@ -169,7 +237,75 @@ func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector) error {
 		x.remove(back.Value.(*node))
 		x.evictions.Add(1)
 	}
-	return nil
+	if p := x.parts[e.Partition]; p != nil && p.set != nil && !v.Sparse() && p.set.GraphReady() {
+		help = p.set.Pending() > maxUnlinked
+	}
+	return help, nil
+}
+
+// RunLinker links the vectors Put stores into their partitions' graphs until ctx is done,
+// so that Put returns without doing it.
+func (x *EmbeddedIndex) RunLinker(ctx context.Context) {
+	x.linker.Store(true)
+	defer x.linker.Store(false)
+	for {
+		for x.linkOne() {
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-x.wake:
+		}
+	}
+}
+
+// linkOne links one waiting vector: the plan (a search of the graph) under the read lock,
+// so that lookups go on meanwhile, and its links under the write lock. It reports whether
+// vectors are still waiting.
+func (x *EmbeddedIndex) linkOne() bool {
+	x.linkMu.Lock()
+	defer x.linkMu.Unlock()
+	x.mu.RLock()
+	var p *partition
+	var plan *vector.LinkPlan
+	for _, q := range x.toLink {
+		if x.parts[q.key] == q && q.set.Pending() > 0 {
+			p, plan = q, q.set.PlanLink()
+			break
+		}
+	}
+	x.mu.RUnlock()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if p != nil && x.parts[p.key] == p {
+		// Refused only when the set changed under the plan; the next call plans again.
+		p.set.ApplyLink(plan)
+	}
+	x.toLink = slices.DeleteFunc(x.toLink, func(q *partition) bool {
+		done := x.parts[q.key] != q || q.set.Pending() == 0
+		if done {
+			q.linkQueued = false
+		}
+		return done
+	})
+	return len(x.toLink) > 0
+}
+
+// LinkBacklog returns the number of vectors waiting to be linked into their partitions'
+// graphs.
+func (x *EmbeddedIndex) LinkBacklog() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	n := 0
+	for _, p := range x.toLink {
+		if x.parts[p.key] == p {
+			n += p.set.Pending()
+		}
+	}
+	return n
 }
 
 // insert adds e at the front (or the back, when loading a snapshot in recency order) of the
@@ -177,13 +313,17 @@ func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector) error {
 func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, front bool) error {
 	p := x.parts[e.Partition]
 	if p == nil {
-		p = &partition{bySlot: make(map[uint32]*node)}
+		p = &partition{key: e.Partition, bySlot: make(map[uint32]*node)}
 		x.parts[e.Partition] = p
 	}
 	n := &node{entry: e, vec: v, part: p}
 	if v.Len() > 0 {
 		if p.set == nil {
-			p.set = vector.NewSet(v.Sparse(), x.limits)
+			g := x.denseGraph
+			if v.Sparse() {
+				g = x.sparseGraph
+			}
+			p.set = vector.NewSet(v.Sparse(), x.limits, g)
 		}
 		slot, err := p.set.Add(v)
 		if err != nil {
@@ -194,6 +334,10 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, front bool) error {
 		}
 		n.slot, n.inSet = slot, true
 		p.bySlot[slot] = n
+		if p.set.Pending() > 0 && !p.linkQueued {
+			p.linkQueued = true
+			x.toLink = append(x.toLink, p)
+		}
 	}
 	p.nodes++
 	x.byKey[e.Key] = n

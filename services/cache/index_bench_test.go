@@ -14,15 +14,18 @@ import (
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
-// The index benchmarks time EmbeddedIndex.Search alone in one partition of 10k, 100k and 1M
-// entries, built directly (no service, no RPC), with the bounded search the index uses and
-// the exact search (index=exact: every qualifying vector scored) side by side:
+// The index benchmarks time EmbeddedIndex.Search alone in one partition, built directly
+// (no service, no RPC) at run time, of the sizes MANTLE_BENCH_CACHE_ENTRIES lists
+// (benchSizes), with the search the index uses (index=graph: the graph past
+// sparseGraph.MinLen entries) and, up to 100k entries, the exact search (index=exact:
+// every qualifying vector scored) side by side:
 //
-//	go test -run '^$' -bench 'IndexLookup' -benchtime 2000x ./services/cache/
+//	MANTLE_BENCH_CACHE_ENTRIES=10000,100000,1000000 go test -run '^$' -bench 'IndexLookup' -benchtime 2000x -timeout 3h ./services/cache/
 //
 // Two corpora: support questions (bench_test.go's, sharing words as real ones do) and
 // numbered prompts that differ only in a number, which is what `mantle bench-load` sends
-// and the worst case for an inverted index (every entry shares every common word).
+// and the worst case for an inverted index (every entry shares every common word) and for
+// a graph (every entry is about as close to every other).
 
 // indexCorpus draws n distinct questions of one corpus.
 func indexCorpus(kind string, n int) []string {
@@ -59,25 +62,33 @@ func benchEntry(i int) Entry {
 		ExpiresAt: epoch.Add(time.Hour), StaleUntil: epoch.Add(time.Hour)}
 }
 
-// buildIndexes stores the questions in an index with the default limits and in an exact
-// one; both share the vectors.
-func buildIndexes(tb testing.TB, questions []string) (bounded, exact *EmbeddedIndex) {
+// buildIndexes stores the questions in an index as NewEmbeddedIndex makes it and, when
+// exact is set, in one that searches exactly; both share the vectors, which are returned.
+// Vectors are linked into the graph as they are stored, as Put does without a linker.
+func buildIndexes(tb testing.TB, questions []string, withExact bool) (approx, exact *EmbeddedIndex, vecs []vector.Vector) {
 	tb.Helper()
-	bounded = NewEmbeddedIndex(len(questions))
-	exact = newEmbeddedIndex(len(questions), vector.Limits{})
+	approx = NewEmbeddedIndex(len(questions))
+	if withExact {
+		exact = newEmbeddedIndex(len(questions), vector.Limits{}, vector.Graph{}, vector.Graph{})
+	}
 	e := embed.NewLexical()
+	vecs = make([]vector.Vector, 0, len(questions))
 	for i, q := range questions {
 		v, err := e.Embed(context.Background(), q)
 		if err != nil {
 			tb.Fatalf("Embed(%q): %v", q, err)
 		}
-		for _, x := range []*EmbeddedIndex{bounded, exact} {
+		vecs = append(vecs, v)
+		for _, x := range []*EmbeddedIndex{approx, exact} {
+			if x == nil {
+				continue
+			}
 			if err := x.Put(context.Background(), benchEntry(i), v); err != nil {
 				tb.Fatalf("Put: %v", err)
 			}
 		}
 	}
-	return bounded, exact
+	return approx, exact, vecs
 }
 
 // lexicalQuery is the query the service sends for question in normal mode.
@@ -99,11 +110,11 @@ func rewordedQuestion(q string) string {
 }
 
 func BenchmarkIndexLookup(b *testing.B) {
-	for _, n := range []int{10_000, 100_000, 1_000_000} {
+	for _, n := range benchSizes(b) {
 		for _, corpus := range []string{"support", "numbered"} {
 			b.Run(fmt.Sprintf("entries=%d/corpus=%s", n, corpus), func(b *testing.B) {
 				questions := indexCorpus(corpus, n)
-				bounded, exact := buildIndexes(b, questions)
+				approx, exact, vecs := buildIndexes(b, questions, n <= 100_000)
 				// Queries are embedded beforehand: only the search is timed.
 				r := rand.New(rand.NewPCG(3, 4))
 				var semantic, miss []Query
@@ -115,16 +126,23 @@ func BenchmarkIndexLookup(b *testing.B) {
 					}
 					miss = append(miss, lexicalQuery(b, fresh))
 				}
-				for _, idx := range []struct {
+				indexes := []struct {
 					name string
 					x    *EmbeddedIndex
-				}{{"bounded", bounded}, {"exact", exact}} {
+				}{{"graph", approx}, {"exact", exact}}
+				for _, idx := range indexes {
+					if idx.x == nil {
+						continue
+					}
 					for _, qs := range []struct {
 						name    string
 						queries []Query
 					}{{"semantic", semantic}, {"miss", miss}} {
 						b.Run(fmt.Sprintf("index=%s/query=%s", idx.name, qs.name), func(b *testing.B) {
 							runIndexLookups(b, idx.x, qs.queries)
+							if idx.name == "graph" {
+								b.ReportMetric(recallAt1(b, idx.x, qs.queries[:100], vecs), "recall@1")
+							}
 						})
 					}
 				}
@@ -132,6 +150,34 @@ func BenchmarkIndexLookup(b *testing.B) {
 			})
 		}
 	}
+}
+
+// recallAt1 is the share of queries whose best candidate has the best score any stored
+// vector reaches (at or above the query's minimum), by scoring every vector.
+func recallAt1(tb testing.TB, x *EmbeddedIndex, queries []Query, vecs []vector.Vector) float64 {
+	tb.Helper()
+	found, asked := 0, 0
+	for _, q := range queries {
+		best := float32(0)
+		for _, v := range vecs {
+			best = max(best, vector.Dot(q.Vector, v))
+		}
+		if best < q.MinScore || best <= 0 {
+			continue // nothing to find
+		}
+		asked++
+		got, err := x.Search(context.Background(), q)
+		if err != nil {
+			tb.Fatalf("Search: %v", err)
+		}
+		if len(got) > 0 && got[0].Score == best {
+			found++
+		}
+	}
+	if asked == 0 {
+		return 1
+	}
+	return float64(found) / float64(asked)
 }
 
 // runIndexLookups times searches and reports the percentiles of their wall and CPU time

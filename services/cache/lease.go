@@ -10,7 +10,10 @@ import (
 // misses for a prompt gets the lease and answers it; identical lookups that arrive while
 // it does wait for that answer instead of calling the model too. The lease ends when the
 // holder stores the answer (the waiters get it), releases it, or it expires (the waiters
-// look again, and one of them gets a new lease).
+// look again, and one of them gets a new lease). A stored answer is handed to the waiters
+// before it is written to the index (answer), and the lease stays until the write is done:
+// an identical lookup in between joins it too, rather than missing an answer that is on
+// its way in.
 //
 // Leases live in the memory of one cache replica. With several replicas, identical prompts
 // coalesce when they reach the same replica; the others each answer once.
@@ -19,10 +22,11 @@ type lease struct {
 	key     Key
 	tenant  string
 	expires time.Time
-	// done is closed when the lease ends; entry is set before that when it ended with an
-	// answer.
-	done  chan struct{}
-	entry *Entry
+	// done is closed when the lease is answered or ends; entry is set before that when it
+	// has an answer, and never changes after.
+	done   chan struct{}
+	entry  *Entry
+	closed bool
 }
 
 type leases struct {
@@ -75,6 +79,19 @@ func (l *leases) finish(id, tenant string, e *Entry) bool {
 	return true
 }
 
+// answer hands e to tenant's lease id's waiters, and to identical lookups until finish
+// ends the lease; it reports whether the lease was live.
+func (l *leases) answer(id, tenant string, e *Entry) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	le, ok := l.byID[id]
+	if !ok || le.tenant != tenant {
+		return false
+	}
+	l.wake(le, e)
+	return true
+}
+
 // expire ends le if it is still the live lease and has expired at now.
 func (l *leases) expire(le *lease, now time.Time) {
 	l.mu.Lock()
@@ -106,12 +123,21 @@ func (l *leases) len() int {
 	return len(l.byID)
 }
 
-// end removes le and wakes its waiters; l.mu must be held.
+// end removes le and wakes its waiters (with e, unless answered before); l.mu must be
+// held.
 func (l *leases) end(le *lease, e *Entry) {
 	delete(l.byID, le.id)
 	if l.byKey[le.key] == le {
 		delete(l.byKey, le.key)
 	}
-	le.entry = e
+	l.wake(le, e)
+}
+
+// wake closes le.done once, with e as its answer; l.mu must be held.
+func (l *leases) wake(le *lease, e *Entry) {
+	if le.closed {
+		return
+	}
+	le.entry, le.closed = e, true
 	close(le.done)
 }

@@ -3,8 +3,12 @@ package cache
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/cache/internal/embed"
+	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
 type lookupOutcome struct {
@@ -213,5 +217,59 @@ func TestSweepLeases(t *testing.T) {
 	f.clock.Advance(30 * time.Second)
 	if n := f.svc.SweepLeases(); n != 2 || f.svc.leases.len() != 0 {
 		t.Errorf("SweepLeases after expiry ended %d (left %d), want 2 (0)", n, f.svc.leases.len())
+	}
+}
+
+// slowPutIndex holds each Put until release is closed, as a remote backend's write takes
+// its time; it tells entered when a Put starts.
+type slowPutIndex struct {
+	*EmbeddedIndex
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (x slowPutIndex) Put(ctx context.Context, e Entry, v vector.Vector) error {
+	x.entered <- struct{}{}
+	<-x.release
+	return x.EmbeddedIndex.Put(ctx, e, v)
+}
+
+// TestCoalescingLookupDuringTheWriteJoins: once the holder stores its answer, an identical
+// lookup that arrives while the entry is being written joins the lease (the answer is on
+// its way in) instead of missing and calling the model again; after the write, the lease
+// is gone and the entry answers by its key.
+func TestCoalescingLookupDuringTheWriteJoins(t *testing.T) {
+	t.Parallel()
+	idx := slowPutIndex{EmbeddedIndex: NewEmbeddedIndex(100), entered: make(chan struct{}), release: make(chan struct{})}
+	release := sync.OnceFunc(func() { close(idx.release) })
+	t.Cleanup(release) // a failing test must not leave the Store blocked
+	f := newFixtureWith(t, DefaultConfig(), idx, embed.NewLexical())
+	lease := f.lease(t, "acme", question)
+	req := answer(basePrompt(question))
+	req.LeaseID = lease.ID
+	stored := make(chan StoreResult, 1)
+	go func() {
+		res, err := f.svc.Store(context.Background(), "acme", req)
+		if err != nil {
+			t.Errorf("Store: %v", err)
+		}
+		stored <- res
+	}()
+	<-idx.entered // the answer is out to waiters; the entry is not in the index yet
+	got := <-f.coalesce(context.Background(), "acme", question, time.Second)
+	if got.err != nil || !got.res.Hit || got.res.Match != MatchCoalesced {
+		t.Fatalf("lookup during the write = (%+v, %v), want the answer, coalesced", got.res, got.err)
+	}
+	release()
+	res := <-stored
+	if got.res.Entry.ID != res.EntryID {
+		t.Errorf("joined entry %s, stored %s", got.res.Entry.ID, res.EntryID)
+	}
+	if n := f.svc.leases.len(); n != 0 {
+		t.Errorf("%d live leases after the write, want 0", n)
+	}
+	after, err := f.svc.Lookup(context.Background(), "acme", LookupRequest{Prompt: basePrompt(question), Coalesce: true})
+	if err != nil || !after.Hit || after.Match != MatchExact {
+		t.Errorf("lookup after the write = (%+v, %v), want an exact hit", after, err)
 	}
 }

@@ -125,8 +125,9 @@ func (m *metrics) scenario(name string) string {
 	return "_other"
 }
 
-// registerEmbeddedIndexMetrics exports the size and evictions of an EmbeddedIndex. They
-// belong to the backend: a shared Qdrant collection has its own size, not one per replica.
+// registerEmbeddedIndexMetrics exports the size, evictions and link backlog of an
+// EmbeddedIndex. They belong to the backend: a shared Qdrant collection has its own size,
+// not one per replica.
 func registerEmbeddedIndexMetrics(reg prometheus.Registerer, idx *EmbeddedIndex) error {
 	entries := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "mantle_cache_entries",
@@ -136,7 +137,11 @@ func registerEmbeddedIndexMetrics(reg prometheus.Registerer, idx *EmbeddedIndex)
 		Name: "mantle_cache_evictions_total",
 		Help: "Entries evicted from the embedded cache index because it was full (max_entries).",
 	}, func() float64 { return float64(idx.Evictions()) })
-	for _, c := range []prometheus.Collector{entries, evictions} {
+	backlog := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "mantle_cache_link_backlog",
+		Help: "Vectors stored in the embedded cache index but not yet linked into their partition's search graph.",
+	}, func() float64 { return float64(idx.LinkBacklog()) })
+	for _, c := range []prometheus.Collector{entries, evictions, backlog} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("register cache index metrics: %w", err)
 		}

@@ -12,14 +12,18 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/qdrant/go-client/qdrant"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
+	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 )
 
 // Module returns the cache module: it serves mantle.cache.v1.CacheService from the
 // configured backend. It calls no other service. Its background work (lease expiry, the
-// embedded index's snapshots, Qdrant's expiry sweep) runs in the returned Runnable.
+// embedded index's linking and snapshots, Qdrant's expiry sweep) runs in the returned
+// Runnable.
 func Module(cfg Config) app.Module {
 	return app.Module{
 		Name:      serviceName,
@@ -47,7 +51,7 @@ func build(ctx context.Context, cfg Config, env app.Env, getenv func(string) str
 	var index Index
 	switch cfg.Backend {
 	case BackendQdrant:
-		client, err := newQdrantClient(cfg.Qdrant, getenv)
+		client, err := newQdrantClient(cfg.Qdrant, getenv, env.TLS, tlsconfig.Options{Clock: env.Clock, Log: env.Log})
 		if err != nil {
 			return nil, err
 		}
@@ -101,8 +105,9 @@ func build(ctx context.Context, cfg Config, env app.Env, getenv func(string) str
 // newQdrantClient returns a client for cfg. It does not connect: gRPC connects on the
 // first call, so a Qdrant that is down at start makes lookups miss instead of failing the
 // process. The client's own version check is off because it logs through the global
-// logger; runner.Run checks the version and logs it here.
-func newQdrantClient(cfg QdrantConfig, getenv func(string) string) (*qdrant.Client, error) {
+// logger; runner.Run checks the version and logs it here. mesh is the process's
+// certificate, presented with client_certificate: mesh.
+func newQdrantClient(cfg QdrantConfig, getenv func(string) string, mesh *tlsconfig.Source, tlsOpts tlsconfig.Options) (*qdrant.Client, error) {
 	host, portText, err := net.SplitHostPort(cfg.Address)
 	if err != nil {
 		return nil, fmt.Errorf("qdrant.address: %w", err)
@@ -115,8 +120,18 @@ func newQdrantClient(cfg QdrantConfig, getenv func(string) string) (*qdrant.Clie
 	if cfg.APIKeyEnv != "" {
 		key = getenv(cfg.APIKeyEnv)
 	}
+	var dialOpts []grpc.DialOption
+	if cfg.TLS {
+		creds, err := qdrantCredentials(cfg, mesh, tlsOpts)
+		if err != nil {
+			return nil, err
+		}
+		// After the client's own options, so these credentials are the ones used.
+		dialOpts = append(dialOpts, grpc.WithTransportCredentials(creds))
+	}
 	client, err := qdrant.NewClient(&qdrant.Config{
 		Host: host, Port: port, APIKey: key, UseTLS: cfg.TLS,
+		GrpcOptions:            dialOpts,
 		SkipCompatibilityCheck: true,
 		PoolSize:               1,
 	})
@@ -124,6 +139,27 @@ func newQdrantClient(cfg QdrantConfig, getenv func(string) string) (*qdrant.Clie
 		return nil, fmt.Errorf("qdrant: %w", err)
 	}
 	return client, nil
+}
+
+// qdrantCredentials are the TLS credentials of the Qdrant connection: Qdrant verified
+// against ca_file (or the system's roots), and the mesh certificate presented when
+// client_certificate is mesh. Both are read again at handshakes once their reload interval
+// has passed, so a rotation needs no restart.
+func qdrantCredentials(cfg QdrantConfig, mesh *tlsconfig.Source, opts tlsconfig.Options) (credentials.TransportCredentials, error) {
+	var roots, cert *tlsconfig.Source
+	if cfg.CAFile != "" {
+		var err error
+		if roots, err = tlsconfig.Load("qdrant", tlsconfig.Files{CAFile: cfg.CAFile}, opts); err != nil {
+			return nil, fmt.Errorf("qdrant.ca_file: %w", err)
+		}
+	}
+	if cfg.ClientCertificate == QdrantClientCertificateMesh {
+		if mesh == nil || !mesh.HasCertificate() {
+			return nil, errors.New("qdrant.client_certificate: mesh needs the tls block (cert_file, key_file, ca_file)")
+		}
+		cert = mesh
+	}
+	return tlsconfig.GRPCOutsideCredentials(roots, cert, ""), nil
 }
 
 // runner owns the module's background work and the resources New acquired.
@@ -148,13 +184,27 @@ func (r *runner) ran(task string) {
 	}
 }
 
-// Run expires abandoned leases, and per backend writes snapshots (embedded) or deletes
-// expired points (Qdrant), until ctx is done; then it writes a last snapshot and closes the
-// Qdrant connection.
+// Run expires abandoned leases, and per backend links stored vectors into the partitions'
+// graphs and writes snapshots (embedded) or deletes expired points (Qdrant), until ctx is
+// done; then it writes a last snapshot and closes the Qdrant connection.
 func (r *runner) Run(ctx context.Context) error {
 	defer r.close()
 	if ctx.Err() != nil { // a later module failed to start: just release what New took
 		return nil
+	}
+	if r.embedded != nil {
+		// Stores return before their vectors are linked into the partitions' graphs; this
+		// goroutine links them, and Run returns only after it has stopped.
+		linked := make(chan struct{})
+		linkCtx, stopLinking := context.WithCancel(ctx)
+		go func() {
+			defer close(linked)
+			r.embedded.RunLinker(linkCtx)
+		}()
+		defer func() {
+			stopLinking()
+			<-linked
+		}()
 	}
 	leaseTicker := r.clock.NewTicker(r.cfg.Coalesce.LeaseTTL)
 	defer leaseTicker.Stop()

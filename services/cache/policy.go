@@ -7,6 +7,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 )
 
 // SkipReason says why Store left an answer out of the cache, or why Lookup did not search.
@@ -192,7 +194,8 @@ func isErrorObject(content string) bool {
 // containsMarker reports whether normalised text contains a marker. A marker edge that is a
 // letter or digit of a script written with spaces must sit on a word boundary, so "now"
 // matches "now?" and "right now" but not "know" or "nowhere". Chinese and Japanese are
-// written without spaces, so their markers match anywhere ("今天" in "今天天气").
+// written without spaces, and Korean attaches particles to its words, so their markers
+// match anywhere ("今天" in "今天天气").
 func containsMarker(text string, markers []string) bool {
 	for _, marker := range markers {
 		for from := 0; from < len(text); {
@@ -232,7 +235,10 @@ func boundaryAfter(text string, end int, marker string) bool {
 
 func isWordRune(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }
 
-// needsWordBoundary reports whether r belongs to words delimited by spaces.
+// needsWordBoundary reports whether r belongs to words delimited by spaces. Chinese,
+// Japanese, Thai, Lao, Khmer and Burmese do not space their words, and Korean attaches
+// its particles to them (오늘은 is 오늘, today, and 은): a marker in those scripts matches
+// anywhere.
 func needsWordBoundary(r rune) bool {
-	return isWordRune(r) && !unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Thai, unicode.Lao, unicode.Khmer, unicode.Myanmar)
+	return isWordRune(r) && !textsim.IsCJK(r) && !unicode.In(r, unicode.Thai, unicode.Lao, unicode.Khmer, unicode.Myanmar)
 }

@@ -6,7 +6,7 @@ import (
 
 func TestContainsMarker(t *testing.T) {
 	t.Parallel()
-	markers := normalizeAll([]string{"Now", "today", "in stock", "今天", "库存"})
+	markers := normalizeAll([]string{"Now", "today", "in stock", "今天", "库存", "오늘"})
 	tests := []struct {
 		text string
 		want bool
@@ -21,6 +21,7 @@ func TestContainsMarker(t *testing.T) {
 		{"stock in shops", false},
 		{"今天天气怎么样", true},
 		{"查询库存", true},
+		{"오늘은 날씨가 어때", true}, // 오늘 (today) with its particle
 		{"how do i reset my password", false},
 	}
 	for _, tt := range tests {

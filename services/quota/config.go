@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
+	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
 // Config is the quota block of mantle's YAML file. Durations are strings such as "2m"
@@ -261,12 +262,8 @@ func DefaultConfig() Config {
 			Ratio: 0.2, Floor: 10, Window: time.Minute, FormatOnlyAbove: 0.15, FlushInterval: time.Second, TenantShare: 0.5,
 		},
 		UpstreamMaxReset: time.Hour,
-		Tokens: TokensConfig{
-			ExactMaxBytes:        16 << 10,
-			LearnCorrection:      true,
-			CorrectionMinSamples: 5,
-		},
-		Backend: BackendMemory,
+		Tokens:           TokensConfig(tokencount.DefaultConfig()),
+		Backend:          BackendMemory,
 		Redis: RedisConfig{
 			KeyPrefix:     "mantle:quota:",
 			DialTimeout:   time.Second,

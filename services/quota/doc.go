@@ -75,7 +75,7 @@
 // vocabularies for OpenAI models (cl100k_base, o200k_base, embedded in the binary by
 // github.com/tiktoken-go/tokenizer) and estimates other families with calibrated
 // per-script rates, chat framing included. Every part of a prompt is counted, in one place
-// (collectPrompt): text, names, tool definitions, earlier tool calls and results, images by
+// (tokencount.collectPrompt): text, names, tool definitions, earlier tool calls and results, images by
 // the provider's rule, audio and files by a conservative estimate (docs/quota.md lists
 // the rules). Estimates are corrected by the ratio of the input tokens providers report
 // in Settle to the estimate, learned per model.

@@ -18,6 +18,7 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
 // Stable ErrorInfo reasons of this service, beyond the shared ones in rpc; quota.proto
@@ -51,7 +52,7 @@ type Service struct {
 	events  app.Publisher
 	metrics *metrics
 	queue   *queue
-	tokens  *tokenCounter
+	tokens  *tokencount.Counter
 	signals *signals
 	// seen are the tenants this replica admitted, for DescribeUsage.
 	seen seenTenants
@@ -82,7 +83,7 @@ func NewService(cfg Config, deps Deps) (*Service, error) {
 	cfg.Queue.Weights = maps.Clone(cfg.Queue.Weights)
 	s := &Service{
 		cfg: cfg, store: deps.Store, clock: deps.Clock, log: deps.Log, events: publisher, metrics: m,
-		tokens:  newTokenCounter(cfg.Tokens),
+		tokens:  tokencount.NewCounter(tokencount.Config(cfg.Tokens)),
 		signals: newSignals(cfg.NearLimitRatio),
 	}
 	s.queue = newQueue(cfg.Queue, deps.Store, deps.Clock, m, s.release)
@@ -102,7 +103,7 @@ type ReserveRequest struct {
 	InputTokens int64
 	// MaxOutputTokens caps the answer; 0 means Config.DefaultMaxOutputTokens.
 	MaxOutputTokens int64
-	Messages        []Message
+	Messages        []tokencount.Message
 	// Tools are the tools the request offers: counted with Messages.
 	Tools []*mantlev1.Tool
 	// UpstreamKey is the provider key the call will use; its buckets are charged when
@@ -147,9 +148,9 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 	}
 	input, meta := req.InputTokens, ReservationMeta{Model: req.Model, UpstreamKey: req.UpstreamKey}
 	if input == 0 {
-		count := s.tokens.count(req.Model, req.Messages, req.Tools, "", true)
+		count := s.tokens.Count(req.Model, req.Messages, req.Tools, "", true)
 		input = count.Tokens
-		if count.estimated() {
+		if count.Estimated() {
 			meta.EstimatedInput = count.Raw
 		}
 	}
@@ -260,7 +261,7 @@ func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) 
 			newSpec(group, fieldTPM, KindTokens, tokens, tpm.limit, tpm.shadow),
 		)
 		if ml, ok := s.cfg.modelLimits(req.Tenant, req.Model); ok {
-			m := "model:" + normalizeModel(req.Model) + ":"
+			m := "model:" + tokencount.NormalizeModel(req.Model) + ":"
 			if ml.RPM > 0 {
 				c.Buckets = append(c.Buckets, newSpec(group, m+fieldRPM, KindRequests, 1, ml.RPM, ml.Shadow))
 			}
@@ -413,8 +414,8 @@ func (s *Service) Settle(ctx context.Context, req SettleRequest) (Settled, error
 		s.metrics.extraTokens.Add(float64(-st.Refunded))
 	}
 	if st.Meta.EstimatedInput > 0 && req.Usage.InputTokens > 0 {
-		if f, ok := s.tokens.corrections.learn(st.Meta.Model, st.Meta.EstimatedInput, req.Usage.InputTokens); ok {
-			s.metrics.correction.WithLabelValues(familyFor(st.Meta.Model).name).Set(f)
+		if f, ok := s.tokens.Learn(st.Meta.Model, st.Meta.EstimatedInput, req.Usage.InputTokens); ok {
+			s.metrics.correction.WithLabelValues(tokencount.FamilyName(st.Meta.Model)).Set(f)
 		}
 	}
 	s.signalLevels(ctx, st.At, req.RequestID, req.Tenant, st.Meta.Model, st.Meta.UpstreamKey, mantlev1.Priority_PRIORITY_UNSPECIFIED, st.Levels, nil, nil)
@@ -452,16 +453,16 @@ func validateSettle(req SettleRequest) error {
 // with them) or plain text for model's family: exactly for OpenAI encodings, estimated
 // (and corrected by what providers reported) for others; images by the provider's rule.
 // An empty model uses the generic estimator. Reserve counts a prompt the same way.
-func (s *Service) CountTokens(_ context.Context, model string, messages []Message, tools []*mantlev1.Tool, text string) (TokenCount, error) {
+func (s *Service) CountTokens(_ context.Context, model string, messages []tokencount.Message, tools []*mantlev1.Tool, text string) (tokencount.Count, error) {
 	switch {
 	case len(messages) == 0 && text == "":
-		return TokenCount{}, rpc.Invalid("messages", "messages or text is required")
+		return tokencount.Count{}, rpc.Invalid("messages", "messages or text is required")
 	case len(messages) > 0 && text != "":
-		return TokenCount{}, rpc.Invalid("text", "set messages or text, not both")
+		return tokencount.Count{}, rpc.Invalid("text", "set messages or text, not both")
 	case len(tools) > 0 && text != "":
-		return TokenCount{}, rpc.Invalid("tools", "tools are counted with messages, not with text")
+		return tokencount.Count{}, rpc.Invalid("tools", "tools are counted with messages, not with text")
 	}
-	return s.tokens.count(model, messages, tools, text, len(messages) > 0), nil
+	return s.tokens.Count(model, messages, tools, text, len(messages) > 0), nil
 }
 
 // UpstreamObservation is what a provider's rate-limit headers said about a key.

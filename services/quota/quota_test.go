@@ -18,6 +18,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
 // The tests in this file run against every backend (eachBackend): MemoryStore and
@@ -61,7 +62,7 @@ func TestReserveCountsMessagesWhenInputIsZero(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, b backend) {
 		f := newFixtureOn(t, b, testConfig())
-		msgs := []Message{{Role: "user", Content: "the cat sat on the mat"}}
+		msgs := []tokencount.Message{{Role: "user", Content: "the cat sat on the mat"}}
 		got, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "gpt-4o", Messages: msgs})
 		if err != nil {
 			t.Fatal(err)
@@ -221,7 +222,7 @@ func TestReserveRequestTooLarge(t *testing.T) {
 		{"input alone is over", ReserveRequest{InputTokens: 6001, MaxOutputTokens: 1}, "input_tokens", 6002},
 		// 35 KB is beyond tokens.exact_max_bytes: estimated at a token per 4 bytes,
 		// plus framing and the default max output.
-		{"counted messages are over", ReserveRequest{Messages: []Message{{Role: "user", Content: strings.Repeat("word ", 7000)}}}, "messages", 3 + 3 + 35000/4 + 100},
+		{"counted messages are over", ReserveRequest{Messages: []tokencount.Message{{Role: "user", Content: strings.Repeat("word ", 7000)}}}, "messages", 3 + 3 + 35000/4 + 100},
 		{"huge numbers do not wrap around", ReserveRequest{InputTokens: 1 << 62, MaxOutputTokens: 1 << 62}, "input_tokens", 1<<63 - 1},
 	}
 	for _, tt := range tests {
@@ -1094,16 +1095,16 @@ func TestServiceCountTokens(t *testing.T) {
 	tests := []struct {
 		name      string
 		model     string
-		messages  []Message
+		messages  []tokencount.Message
 		text      string
-		want      TokenCount
+		want      tokencount.Count
 		wantField string
 	}{
-		{"exact text", "gpt-4", nil, "the cat sat on the mat", TokenCount{Tokens: 6, Raw: 6, Tokenizer: "cl100k_base", Exact: true, Correction: 1}, ""},
-		{"estimated messages", "qwen-plus", []Message{{Role: "user", Content: "你好世界"}}, "", TokenCount{Tokens: 3 + 5 + 3, Raw: 11, Tokenizer: "estimate/zh-optimized", Correction: 1}, ""},
-		{"no model uses the generic estimate", "", nil, "hi", TokenCount{Tokens: 1, Raw: 1, Tokenizer: "estimate/generic", Correction: 1}, ""},
-		{"nothing to count", "gpt-4", nil, "", TokenCount{}, "messages"},
-		{"both", "gpt-4", []Message{{Role: "user", Content: "hi"}}, "hi", TokenCount{}, "text"},
+		{"exact text", "gpt-4", nil, "the cat sat on the mat", tokencount.Count{Tokens: 6, Raw: 6, Tokenizer: "cl100k_base", Exact: true, Correction: 1}, ""},
+		{"estimated messages", "qwen-plus", []tokencount.Message{{Role: "user", Content: "你好世界"}}, "", tokencount.Count{Tokens: 3 + 5 + 3, Raw: 11, Tokenizer: "estimate/zh-optimized", Correction: 1}, ""},
+		{"no model uses the generic estimate", "", nil, "hi", tokencount.Count{Tokens: 1, Raw: 1, Tokenizer: "estimate/generic", Correction: 1}, ""},
+		{"nothing to count", "gpt-4", nil, "", tokencount.Count{}, "messages"},
+		{"both", "gpt-4", []tokencount.Message{{Role: "user", Content: "hi"}}, "hi", tokencount.Count{}, "text"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1128,7 +1129,7 @@ func TestReserveLearnsTokenCorrection(t *testing.T) {
 	ctx := context.Background()
 	// A Chinese legal text counted 128 tokens by one tokenizer and 156 by
 	// another. Here the estimate is what it is, and the provider keeps reporting 22% more.
-	msgs := []Message{{Role: "user", Content: strings.Repeat("根据劳动合同法第三十九条规定，劳动者严重违反用人单位的规章制度的。", 3)}}
+	msgs := []tokencount.Message{{Role: "user", Content: strings.Repeat("根据劳动合同法第三十九条规定，劳动者严重违反用人单位的规章制度的。", 3)}}
 	var first, last Reserved
 	for i := range 20 {
 		r, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "glm-4", Messages: msgs, MaxOutputTokens: 1})

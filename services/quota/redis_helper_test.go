@@ -17,6 +17,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 // The Redis tests use a real server:
@@ -36,11 +37,17 @@ var testRedis struct {
 	server *exec.Cmd
 }
 
+// TestMain stops the Redis it may have started and then fails the package's tests when a
+// goroutine they started still runs: every goroutine has an owner that ends it.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if cmd := testRedis.server; cmd != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
+	}
+	if err := goleak.Find(); code == 0 && err != nil {
+		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+		code = 1
 	}
 	os.Exit(code)
 }

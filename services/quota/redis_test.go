@@ -55,6 +55,7 @@ func TestRedisKeysShareTheirGroupsSlot(t *testing.T) {
 	prefix := testPrefix(t, c)
 	clock := clockwork.NewFakeClockAt(t0)
 	store := NewRedisStore(c, RedisOptions{Prefix: prefix, Clock: clock})
+	t.Cleanup(func() { _ = store.Close() })
 	cfg := testConfig()
 	cfg.ModelLimits = map[string]map[string]RateLimits{"*": {"gpt-4o": {TPM: 3000}}}
 	cfg.Budgets = BudgetsConfig{Tenants: map[string]Budget{"a{c}me": {DailyUSD: 10}}, Prices: map[string]Price{"gpt-4o": {InputPerMillion: 1}}}
@@ -216,6 +217,7 @@ func TestRedisFailover(t *testing.T) {
 	events := make(eventChan, 100)
 	store := NewFailoverStore(NewRedisStore(client, RedisOptions{Prefix: testPrefix(t, clean), Clock: clock}), clock,
 		FailoverOptions{Replicas: 3, ProbeInterval: time.Second, Log: slog.New(slog.DiscardHandler), Events: events})
+	t.Cleanup(func() { _ = store.Close() })
 	cfg := testConfig()
 	cfg.DefaultLimits = RateLimits{RPM: 600, TPM: 6000}
 	cfg.Budgets = BudgetsConfig{Tenants: map[string]Budget{"payg": {DailyUSD: 10}}, Prices: map[string]Price{"m": {InputPerMillion: 1}}}
@@ -370,7 +372,9 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 		got := run(t, func(clock clockwork.Clock) []Store {
 			var out []Store
 			for range replicas {
-				out = append(out, NewRedisStore(c, RedisOptions{Prefix: prefix, Clock: clock}))
+				s := NewRedisStore(c, RedisOptions{Prefix: prefix, Clock: clock})
+				t.Cleanup(func() { _ = s.Close() })
+				out = append(out, s)
 			}
 			return out
 		})

@@ -380,6 +380,7 @@ func TestRedisStoreThroughScripter(t *testing.T) {
 			}
 			clock := clockwork.NewFakeClockAt(t0)
 			store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock, Scripter: scripter})
+			t.Cleanup(func() { _ = store.Close() })
 			store.lib = freshLib(t, c)
 			if tt.scripts {
 				store.scripts.Store(true)

@@ -10,7 +10,7 @@ import (
 // rate limiter). Two counters per budget are cheap to keep in one Redis hash, and the
 // estimate is within a few percent of an exact sliding log.
 //
-// The rule is the router's (services/router/internal/resilience.Budget), so the two can
+// The rule is the router's (pkg/resilience.Budget), so the two can
 // be swapped: with requests and retries estimated over the window,
 //
 //  1. retries < Floor: allowed, whatever the kind;

@@ -19,6 +19,7 @@ import (
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
 // errorDomain is the ErrorInfo domain of every error this service returns.
@@ -272,10 +273,10 @@ func mustAny(msgs ...proto.Message) []*anypb.Any {
 	return out
 }
 
-func messagesFromProto(msgs []*mantlev1.ChatMessage) []Message {
-	out := make([]Message, 0, len(msgs))
+func messagesFromProto(msgs []*mantlev1.ChatMessage) []tokencount.Message {
+	out := make([]tokencount.Message, 0, len(msgs))
 	for _, m := range msgs {
-		out = append(out, Message{
+		out = append(out, tokencount.Message{
 			Role: m.GetRole(), Content: m.GetContent(), Name: m.GetName(), Parts: m.GetParts(),
 			ToolCalls: m.GetToolCalls(), ToolCallID: m.GetToolCallId(), Refusal: m.GetRefusal(),
 		})

@@ -12,6 +12,7 @@ import (
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/pkg/provider"
 )
 
 const (
@@ -127,6 +128,91 @@ func breakerLifecycle(t *testing.T, sideScouts bool) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("breaker transition events (-want +got):\n%s", diff)
+	}
+}
+
+// TestBreakerLateTimeouts: a timeout this process noticed over a tenth of the limit late
+// (short of CPU: the answer may have been there, unread) gives the breaker no verdict, so
+// a busy machine does not open a healthy model's breaker; nor does a timeout at the
+// request's remaining budget, shorter than the provider's own. A timeout noticed on time,
+// at the provider's timeout, counts.
+func TestBreakerLateTimeouts(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		budget  time.Duration // the route's; 0 keeps the default 30 s
+		latency time.Duration // of each timed-out call, against a's 1 s timeout
+		state   mantlev1.BreakerState
+		late    float64 // mantle_router_late_timeouts_total{model="a"}
+	}{
+		{"noticed 100 ms late: counts", 0, 1100 * time.Millisecond, breakerOpen, 0},
+		{"noticed 101 ms late: no verdict", 0, 1101 * time.Millisecond, breakerClosed, 2},
+		{"cut short by the request's budget: no verdict", 500 * time.Millisecond, 0, breakerClosed, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig()
+			fastBreaker(&cfg) // two failures in a row trip it
+			cfg.Providers[0].Timeout = time.Second
+			cfg.Routes[0].Budget = tc.budget
+			h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+				"a": newFakeProvider(result{err: &provider.Error{Class: classTimeout, Message: "deadline exceeded"}, advance: tc.latency}),
+			}})
+			for i := range 2 {
+				resp, err := h.router.Complete(context.Background(), ask("chat"))
+				if err != nil || resp.Model != "b" {
+					t.Fatalf("request %d: %v %v, want b's answer after a's timeout", i, resp.GetModel(), err)
+				}
+			}
+			if k := describeKey(t, h, "chat", "a", "sim"); k.BreakerState != tc.state {
+				t.Errorf("a's breaker is %v (%q) after two timeouts, want %v", k.BreakerState, k.BreakerReason, tc.state)
+			}
+			if got := counterValue(t, h.router.deps.Metrics.lateTimeouts.WithLabelValues("a")); got != tc.late {
+				t.Errorf("late timeouts = %v, want %v", got, tc.late)
+			}
+		})
+	}
+}
+
+// TestBreakerTimeoutsWhileStarved: a timeout noticed on time still gives the breaker no
+// verdict while the process's goroutines wait for a CPU (the overload shedder's P90) over a
+// tenth of the call's limit: the answer may have come in time and waited to be read.
+func TestBreakerTimeoutsWhileStarved(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		wait  time.Duration // the P90 wait for a CPU of the shedder's last interval
+		state mantlev1.BreakerState
+		late  float64
+	}{
+		{"P90 wait 100 ms for a 1 s limit: counts", 100 * time.Millisecond, breakerOpen, 0},
+		{"P90 wait 101 ms for a 1 s limit: no verdict", 101 * time.Millisecond, breakerClosed, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig()
+			fastBreaker(&cfg)
+			cfg.Providers[0].Timeout = time.Second
+			cfg.Overload.MaxSchedulingDelay = time.Hour // measured, never shed
+			d := newShedderDriver(t)
+			h := newHarness(t, cfg, &harness{schedulingDelay: d.delay, providers: map[string]*fakeProvider{
+				"a": newFakeProvider(result{err: &provider.Error{Class: classTimeout, Message: "deadline exceeded"}, advance: time.Second}),
+			}})
+			d.start(h)
+			d.interval(tc.wait)
+			for i := range 2 {
+				resp, err := h.router.Complete(context.Background(), ask("chat"))
+				if err != nil || resp.Model != "b" {
+					t.Fatalf("request %d: %v %v, want b's answer after a's timeout", i, resp.GetModel(), err)
+				}
+			}
+			if k := describeKey(t, h, "chat", "a", "sim"); k.BreakerState != tc.state {
+				t.Errorf("a's breaker is %v (%q) after two timeouts, want %v", k.BreakerState, k.BreakerReason, tc.state)
+			}
+			if got := counterValue(t, h.router.deps.Metrics.lateTimeouts.WithLabelValues("a")); got != tc.late {
+				t.Errorf("late timeouts = %v, want %v", got, tc.late)
+			}
+		})
 	}
 }
 

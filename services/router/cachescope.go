@@ -30,6 +30,9 @@ var outsideFingerprint = map[protoreflect.Name]string{
 	"service_tier":    "latency and price class; the answer is the same",
 	"metadata":        "tags for the provider's stored completions; the answer is the same",
 	"store":           "whether the provider keeps the completion; the answer is the same",
+	"session_id":      "the agent session the request is a step of; the answer is the same",
+	"step_id":         "the step's id in its session; the answer is the same",
+	"step_required":   "whether the step's failure ends its session; the answer is the same",
 }
 
 // placeholderQuestion stands for a last turn whose text the cache cannot compare (an image

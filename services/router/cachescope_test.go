@@ -206,7 +206,7 @@ func TestCacheScopeCoversEveryField(t *testing.T) {
 	}
 	// The fields that do not change the answer keep the scope; the others outside the
 	// fingerprint change it through the prompt.
-	for _, name := range []string{"priority", "idempotency_key", "service_tier", "metadata", "store", "user"} {
+	for _, name := range []string{"priority", "idempotency_key", "service_tier", "metadata", "store", "user", "session_id", "step_id", "step_required"} {
 		unchanged["mantle.router.v1.Request."+name] = true
 	}
 

@@ -363,7 +363,7 @@ func (r *Router) skipSmallWindows(qc *mantlev1.QualityContext, p *plan, rt *rout
 			continue
 		}
 		if w > 0 && int64(w) < need {
-			c.exhausted, skipped = true, true
+			c.exhausted, c.overflow, skipped = true, true, true
 			r.audit(qc, "route", fmt.Sprintf("%s skipped: capability context_window (%d tokens, the request needs about %d)", c.u.model.Name, w, need), 0)
 			continue
 		}

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/resilience"
 	"github.com/mantle-mesh/mantle/pkg/sim"
 	"github.com/mantle-mesh/mantle/services/router/internal/overload"
-	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
 
 // Provider types.
@@ -39,6 +39,10 @@ type Config struct {
 	// VerifierAddress is where to dial the verifier when it does not run in this process;
 	// off leaves only the router's own L1 format check, and answers are marked unverified.
 	VerifierAddress string `yaml:"verifier_address"`
+	// AgentAddress is where to dial the agent (the tool gateway) when it does not run in
+	// this process; off runs the router without tools: /v1/tools and /mcp answer that tools
+	// are not served here.
+	AgentAddress string `yaml:"agent_address"`
 
 	// DefaultBudget is the whole-request deadline when neither the caller nor the route
 	// sets one.
@@ -74,6 +78,14 @@ type Config struct {
 	// scout then costs one call and no caller's time. A candidate with no other to go on to
 	// is scouted with the request itself, as it is with this off.
 	SideScouts bool `yaml:"side_scouts"`
+	// AsyncCacheStore offers a verified answer to the cache after it has gone to the
+	// caller, rather than before, when the request holds the cache's coalescing lease for
+	// its prompt: an identical request that arrives before the store waits on that lease
+	// and gets the answer, so the caller's next identical request still finds it. The
+	// lease lives in one cache replica: with several, an identical request that reaches
+	// another one may miss until the store lands. A request without a lease stores before
+	// it answers, as with this off.
+	AsyncCacheStore bool `yaml:"async_cache_store"`
 	// AllowMissingKeys starts the router when a provider key's environment variable is
 	// unset or empty, with a warning naming it; every call on that key then fails at once
 	// with an auth error (nothing is sent), so its breaker opens and requests go to the
@@ -334,6 +346,28 @@ type RouteConfig struct {
 	Ladder LadderConfig `yaml:"ladder,omitempty"`
 	// Cache is how the route uses the answer cache.
 	Cache RouteCacheConfig `yaml:"cache,omitempty"`
+	// ContextCompression shortens a conversation too long for the route's models: its
+	// oldest turns are summarised by a small model instead of the request failing.
+	ContextCompression ContextCompressionConfig `yaml:"context_compression,omitempty"`
+}
+
+// ContextCompressionConfig: when a conversation does not fit any candidate's context
+// window (by the prompt's counted size, or after a provider's context-length error), the
+// messages between the system messages and the most recent KeepRecent are summarised by
+// Model and replace them as one system message; the request goes on with the shorter
+// prompt, and its QualityContext says so (context_compression). The summary's tokens are
+// billed with the request. Off while Model is empty.
+type ContextCompressionConfig struct {
+	// Model writes the summary: a small, fast chat model with a large context window.
+	Model string `yaml:"model,omitempty"`
+	// KeepRecent is how many of the latest messages stay as they are; 0 takes 6. The
+	// boundary moves back so that tool results stay with the call that asked for them.
+	KeepRecent int `yaml:"keep_recent,omitempty"`
+	// MaxSummaryTokens bounds each summarising call's answer; 0 takes 512.
+	MaxSummaryTokens int `yaml:"max_summary_tokens,omitempty"`
+	// Prompt is the summariser's instruction; empty takes a built-in one that keeps facts,
+	// names, numbers, decisions and open questions.
+	Prompt string `yaml:"prompt,omitempty"`
 }
 
 // RouteCacheConfig is a route's use of the answer cache. Which requests may share an
@@ -346,13 +380,16 @@ type RouteCacheConfig struct {
 	ToolCalls bool `yaml:"tool_calls,omitempty"`
 }
 
-// HedgeConfig: after Delay (the key's live p95, bounded by MinDelay and MaxDelay) a second
-// request goes to the best other healthy candidate, if the hedge budget (Config.HedgeBudget)
-// allows; the first valid answer wins.
+// HedgeConfig: after a delay a second request goes to the best other healthy candidate, if
+// the hedge budget (Config.HedgeBudget) allows; the first valid answer wins. The delay is the
+// time by which all but one in twenty of the key's recent calls had answered, timeouts
+// counted as never answering (its p95 while none time out; MinDelay once one in twenty
+// times out), bounded by MinDelay and MaxDelay.
 type HedgeConfig struct {
 	// Enabled hedges a unary request's first attempt.
 	Enabled bool `yaml:"enabled"`
-	// MinDelay is the lower bound of the hedge delay (the key's live p95); 0 takes 200ms.
+	// MinDelay is the lower bound of the hedge delay, and the delay itself while the key's
+	// recent calls time out; 0 takes 200ms.
 	MinDelay time.Duration `yaml:"min_delay,omitempty"`
 	// MaxDelay is the upper bound of the hedge delay; 0 takes 3s.
 	MaxDelay time.Duration `yaml:"max_delay,omitempty"`
@@ -390,10 +427,30 @@ type LadderConfig struct {
 	Template string `yaml:"template,omitempty"`
 	// Notice is the user_notice of L2 and L3 answers; empty takes a built-in one per level.
 	Notice string `yaml:"notice,omitempty"`
+	// FastAnswer sits between L1 and L2: after every candidate and smaller model failed,
+	// one call to a small model with a short prompt, answering briefly instead of not at
+	// all.
+	FastAnswer FastAnswerConfig `yaml:"fast_answer,omitempty"`
 	// ForceLevel pins the route to a level: "" (automatic), cache (answer from L2, then L3,
 	// without calling models, for an outage; needs cache: true) or template (answer from
 	// L3).
 	ForceLevel string `yaml:"force_level,omitempty"`
+}
+
+// FastAnswerConfig is a route's fast-answer rung: the agent drops from its thorough mode
+// to a quick one rather than leaving the user waiting. The answer is at the BACKUP_MODEL
+// level with simplified_prompt set in its QualityContext. The request's other messages,
+// tools, response format and sampling fields go to the model as given. Off while Model is
+// empty.
+type FastAnswerConfig struct {
+	// Model is the small, fast model asked.
+	Model string `yaml:"model,omitempty"`
+	// Prompt replaces the request's system messages (a route's long instructions are what
+	// makes a small model slow and unreliable); required with model.
+	Prompt string `yaml:"prompt,omitempty"`
+	// MaxTokens caps the answer's length (a request asking for fewer keeps its own); 0
+	// takes 256.
+	MaxTokens int `yaml:"max_tokens,omitempty"`
 }
 
 // DefaultConfig returns the router defaults: no providers (the composition root adds the
@@ -428,212 +485,292 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate checks the block; messages name the key.
+// Validate checks the block; messages name the key. Each part of the block has a
+// validator of its own; the errors come in the order of the keys they name.
 func (c Config) Validate() error {
-	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	var p problems
+	c.validateLimits(&p)
+	c.Status.validate(&p)
+	if c.EmbeddingsCache.MaxBytes < 0 || c.EmbeddingsCache.TTL < 0 {
+		p.add("embeddings_cache: max_bytes and ttl must not be negative, got %d and %s", c.EmbeddingsCache.MaxBytes, c.EmbeddingsCache.TTL)
+	}
+	providerType := c.validateProviders(&p)
+	models := c.validateModels(&p, providerType)
+	c.validateRoutes(&p, models)
+	if len(c.Models) == 0 {
+		p.add("models: at least one model is required")
+	}
+	c.validateResilience(&p)
+	c.Idempotency.validate(&p)
+	c.validateRouteFallbacks(&p, models)
+	for _, name := range slices.Sorted(maps.Keys(c.SimProfiles)) {
+		if err := c.SimProfiles[name].Validate(); err != nil {
+			p.add("sim_profiles.%s: %v", name, err)
+		}
+	}
+	return errors.Join(p...)
+}
+
+// problems collects a configuration's errors, each naming its key.
+type problems []error
+
+func (p *problems) add(format string, args ...any) { *p = append(*p, fmt.Errorf(format, args...)) }
+
+// validateLimits checks the block's own keys: the budget, the request bounds and the
+// addresses of the other services.
+func (c Config) validateLimits(p *problems) {
 	if c.DefaultBudget <= 0 {
-		add("default_budget: must be positive, got %s", c.DefaultBudget)
+		p.add("default_budget: must be positive, got %s", c.DefaultBudget)
 	}
 	if c.HopReserve < 0 || c.HopReserve >= c.DefaultBudget {
-		add("hop_reserve: must be between 0 and default_budget, got %s", c.HopReserve)
+		p.add("hop_reserve: must be between 0 and default_budget, got %s", c.HopReserve)
 	}
 	if c.MaxPromptBytes <= 0 {
-		add("max_prompt_bytes: must be positive, got %d", c.MaxPromptBytes)
+		p.add("max_prompt_bytes: must be positive, got %d", c.MaxPromptBytes)
 	}
 	if c.QuotaFallbackRPM < 0 {
-		add("quota_fallback_rpm: must not be negative, got %d", c.QuotaFallbackRPM)
+		p.add("quota_fallback_rpm: must not be negative, got %d", c.QuotaFallbackRPM)
 	}
 	if c.MaxOutputTokens < 0 {
-		add("max_output_tokens: must not be negative, got %d", c.MaxOutputTokens)
+		p.add("max_output_tokens: must not be negative, got %d", c.MaxOutputTokens)
 	}
 	for _, a := range []struct{ key, value string }{
 		{"quota_address", c.QuotaAddress}, {"cache_address", c.CacheAddress}, {"verifier_address", c.VerifierAddress},
+		{"agent_address", c.AgentAddress},
 	} {
 		// "OFF" would be dialled as a host name and fail on every request, later.
 		if a.value != Off && strings.EqualFold(a.value, Off) {
-			add("%s: write %q to run without the service, got %q", a.key, Off, a.value)
+			p.add("%s: write %q to run without the service, got %q", a.key, Off, a.value)
 		}
 	}
-	if c.Status.Refresh != 0 && c.Status.Refresh < time.Second {
-		add("status.refresh: want 0 (off) or at least 1s, got %s", c.Status.Refresh)
+}
+
+func (s StatusConfig) validate(p *problems) {
+	if s.Refresh != 0 && s.Refresh < time.Second {
+		p.add("status.refresh: want 0 (off) or at least 1s, got %s", s.Refresh)
 	}
-	if c.Status.RecentDegradations < 0 || c.Status.RecentDegradations > 10000 {
-		add("status.recent_degradations: want 0 to 10000, got %d", c.Status.RecentDegradations)
+	if s.RecentDegradations < 0 || s.RecentDegradations > 10000 {
+		p.add("status.recent_degradations: want 0 to 10000, got %d", s.RecentDegradations)
 	}
-	if c.EmbeddingsCache.MaxBytes < 0 || c.EmbeddingsCache.TTL < 0 {
-		add("embeddings_cache: max_bytes and ttl must not be negative, got %d and %s", c.EmbeddingsCache.MaxBytes, c.EmbeddingsCache.TTL)
-	}
-	providers := map[string]bool{}
+}
+
+// validateProviders checks the providers and returns each name's type.
+func (c Config) validateProviders(p *problems) map[string]string {
 	providerType := map[string]string{}
-	for i, p := range c.Providers {
-		providerType[p.Name] = p.Type
+	for i, pc := range c.Providers {
 		key := fmt.Sprintf("providers[%d]", i)
-		switch {
-		case p.Name == "":
-			add("%s.name: required", key)
-		case providers[p.Name]:
-			add("%s.name: duplicate provider %q", key, p.Name)
+		switch _, dup := providerType[pc.Name]; {
+		case pc.Name == "":
+			p.add("%s.name: required", key)
+		case dup:
+			p.add("%s.name: duplicate provider %q", key, pc.Name)
 		}
-		providers[p.Name] = true
-		if !slices.Contains([]string{ProviderOpenAI, ProviderAnthropic, ProviderSim}, p.Type) {
-			add("%s.type: want openai, anthropic or sim, got %q", key, p.Type)
+		providerType[pc.Name] = pc.Type
+		pc.validate(p, key)
+	}
+	return providerType
+}
+
+func (pc ProviderConfig) validate(p *problems, key string) {
+	if !slices.Contains([]string{ProviderOpenAI, ProviderAnthropic, ProviderSim}, pc.Type) {
+		p.add("%s.type: want openai, anthropic or sim, got %q", key, pc.Type)
+	}
+	if pc.Type != ProviderSim && len(pc.Keys) == 0 {
+		p.add("%s.keys: at least one key is required for type %s", key, pc.Type)
+	}
+	for j, k := range pc.Keys {
+		if k.ID == "" {
+			p.add("%s.keys[%d].id: required", key, j)
 		}
-		if p.Type != ProviderSim && len(p.Keys) == 0 {
-			add("%s.keys: at least one key is required for type %s", key, p.Type)
-		}
-		for j, k := range p.Keys {
-			if k.ID == "" {
-				add("%s.keys[%d].id: required", key, j)
-			}
-			if k.Env == "" {
-				add("%s.keys[%d].env: required (keys come from environment variables only)", key, j)
-			}
-		}
-		if p.Timeout <= 0 {
-			add("%s.timeout: must be positive, got %s", key, p.Timeout)
-		}
-		if p.DialTimeout < 0 || (p.Timeout > 0 && p.dialTimeout() >= p.Timeout) {
-			add("%s.dial_timeout: must be positive and below timeout (%s), got %s", key, p.Timeout, p.dialTimeout())
+		if k.Env == "" {
+			p.add("%s.keys[%d].env: required (keys come from environment variables only)", key, j)
 		}
 	}
+	if pc.Timeout <= 0 {
+		p.add("%s.timeout: must be positive, got %s", key, pc.Timeout)
+	}
+	if pc.DialTimeout < 0 || (pc.Timeout > 0 && pc.dialTimeout() >= pc.Timeout) {
+		p.add("%s.dial_timeout: must be positive and below timeout (%s), got %s", key, pc.Timeout, pc.dialTimeout())
+	}
+}
+
+// validateModels checks the models against the providers and returns the set of their
+// names.
+func (c Config) validateModels(p *problems, providerType map[string]string) map[string]bool {
 	models := map[string]bool{}
 	for i, m := range c.Models {
 		key := fmt.Sprintf("models[%d]", i)
 		switch {
 		case m.Name == "":
-			add("%s.name: required", key)
+			p.add("%s.name: required", key)
 		case models[m.Name]:
-			add("%s.name: duplicate model %q", key, m.Name)
+			p.add("%s.name: duplicate model %q", key, m.Name)
 		}
 		models[m.Name] = true
-		if !providers[m.Provider] {
-			add("%s.provider: unknown provider %q", key, m.Provider)
+		if _, known := providerType[m.Provider]; !known {
+			p.add("%s.provider: unknown provider %q", key, m.Provider)
 		}
 		if m.embeddings() && providerType[m.Provider] == ProviderAnthropic {
-			add("%s.capabilities.embeddings: provider %q is of type anthropic, whose API has no embeddings", key, m.Provider)
+			p.add("%s.capabilities.embeddings: provider %q is of type anthropic, whose API has no embeddings", key, m.Provider)
 		}
 		if m.InputPricePerMillion < 0 || m.OutputPricePerMillion < 0 {
-			add("%s: prices must not be negative", key)
+			p.add("%s: prices must not be negative", key)
 		}
 	}
+	return models
+}
+
+// validateRoutes checks the routes' names, candidates and budgets.
+func (c Config) validateRoutes(p *problems, models map[string]bool) {
 	routes := map[string]bool{}
 	for i, r := range c.Routes {
 		key := fmt.Sprintf("routes[%d]", i)
 		switch {
 		case r.Name == "":
-			add("%s.name: required", key)
+			p.add("%s.name: required", key)
 		case models[r.Name]:
-			add("%s.name: %q is already a model name", key, r.Name)
+			p.add("%s.name: %q is already a model name", key, r.Name)
 		case routes[r.Name]:
-			add("%s.name: duplicate route %q", key, r.Name)
+			p.add("%s.name: duplicate route %q", key, r.Name)
 		}
 		routes[r.Name] = true
 		if r.Scenario != "" && !validLabel(r.Scenario) {
-			add("%s.scenario: must be 1 to %d characters of a-z, A-Z, 0-9, '_', '-', '.' or ':', got %q", key, maxLabelBytes, r.Scenario)
+			p.add("%s.scenario: must be 1 to %d characters of a-z, A-Z, 0-9, '_', '-', '.' or ':', got %q", key, maxLabelBytes, r.Scenario)
 		}
-		if len(r.Candidates) == 0 {
-			add("%s.candidates: at least one model is required", key)
-		}
-		for j, m := range r.Candidates {
-			if !models[m] {
-				add("%s.candidates[%d]: unknown model %q", key, j, m)
-			}
-		}
-		// A route answers chat or embeddings, not both: a chat model cannot embed, and
-		// vectors of two kinds of model would not compare.
-		kinds := map[bool]string{}
-		for _, name := range append(slices.Clone(r.Candidates), r.Ladder.Smaller...) {
-			for _, m := range c.Models {
-				if m.Name == name {
-					kinds[m.embeddings()] = name
-				}
-			}
-		}
-		if len(kinds) > 1 {
-			add("%s.candidates: %q is an embeddings model and %q a chat model; a route has one kind", key, kinds[true], kinds[false])
-		}
+		c.validateCandidates(p, key, r, models)
 		if r.Budget < 0 {
-			add("%s.budget: must not be negative", key)
+			p.add("%s.budget: must not be negative", key)
 		}
 		if r.Budget > 0 && r.Budget <= c.HopReserve {
-			add("%s.budget: must be more than hop_reserve (%s), got %s", key, c.HopReserve, r.Budget)
+			p.add("%s.budget: must be more than hop_reserve (%s), got %s", key, c.HopReserve, r.Budget)
 		}
 	}
-	if len(c.Models) == 0 {
-		add("models: at least one model is required")
+}
+
+// validateCandidates checks that the route r (at key) has candidates, all of them known
+// models of one kind.
+func (c Config) validateCandidates(p *problems, key string, r RouteConfig, models map[string]bool) {
+	if len(r.Candidates) == 0 {
+		p.add("%s.candidates: at least one model is required", key)
 	}
+	for j, m := range r.Candidates {
+		if !models[m] {
+			p.add("%s.candidates[%d]: unknown model %q", key, j, m)
+		}
+	}
+	// A route answers chat or embeddings, not both: a chat model cannot embed, and
+	// vectors of two kinds of model would not compare.
+	kinds := map[bool]string{}
+	names := append(slices.Clone(r.Candidates), r.Ladder.Smaller...)
+	for _, name := range []string{r.Ladder.FastAnswer.Model, r.ContextCompression.Model} {
+		if name != "" {
+			names = append(names, name)
+		}
+	}
+	for _, name := range names {
+		for _, m := range c.Models {
+			if m.Name == name {
+				kinds[m.embeddings()] = name
+			}
+		}
+	}
+	if len(kinds) > 1 {
+		p.add("%s.candidates: %q is an embeddings model and %q a chat model; a route has one kind", key, kinds[true], kinds[false])
+	}
+}
+
+// validateResilience checks retries, stream limits, budgets, breakers and overload.
+func (c Config) validateResilience(p *problems) {
 	if c.Retry.MaxRetries < 0 {
-		add("retry.max_retries: must not be negative, got %d", c.Retry.MaxRetries)
+		p.add("retry.max_retries: must not be negative, got %d", c.Retry.MaxRetries)
 	}
 	if c.Retry.BackoffBase <= 0 || c.Retry.BackoffCap < c.Retry.BackoffBase {
-		add("retry: backoff_base must be positive and backoff_cap at least backoff_base, got %s and %s", c.Retry.BackoffBase, c.Retry.BackoffCap)
+		p.add("retry: backoff_base must be positive and backoff_cap at least backoff_base, got %s and %s", c.Retry.BackoffBase, c.Retry.BackoffCap)
 	}
 	if c.Retry.MaxRetryAfter < 0 {
-		add("retry.max_retry_after: must not be negative, got %s", c.Retry.MaxRetryAfter)
+		p.add("retry.max_retry_after: must not be negative, got %s", c.Retry.MaxRetryAfter)
 	}
 	if c.FirstTokenTimeout <= 0 || c.StallTimeout <= 0 {
-		add("first_token_timeout and stall_timeout: must be positive, got %s and %s", c.FirstTokenTimeout, c.StallTimeout)
+		p.add("first_token_timeout and stall_timeout: must be positive, got %s and %s", c.FirstTokenTimeout, c.StallTimeout)
 	}
 	if !(c.StreamRescueShare >= 0 && c.StreamRescueShare < 1) {
-		add("stream_rescue_share: must be at least 0 and below 1, got %v", c.StreamRescueShare)
+		p.add("stream_rescue_share: must be at least 0 and below 1, got %v", c.StreamRescueShare)
 	}
 	if err := c.RetryBudget.Validate(); err != nil {
-		add("retry_budget.%v", err)
+		p.add("retry_budget.%v", err)
 	}
 	if c.HedgeBudget.Ratio < 0 || c.HedgeBudget.Ratio > 1 {
-		add("hedge_budget.ratio: want 0 to 1, got %v", c.HedgeBudget.Ratio)
+		p.add("hedge_budget.ratio: want 0 to 1, got %v", c.HedgeBudget.Ratio)
 	} else if err := c.HedgeBudget.budget().Validate(); err != nil {
-		add("hedge_budget.%v", err)
+		p.add("hedge_budget.%v", err)
 	}
 	if err := c.Breaker.Validate(); err != nil {
-		add("breaker.%v", err)
+		p.add("breaker.%v", err)
 	}
 	if err := c.Overload.Validate(); err != nil {
 		for _, line := range strings.Split(err.Error(), "\n") {
-			add("overload.%s", line)
+			p.add("overload.%s", line)
 		}
 	}
-	if !slices.Contains([]string{"memory", "jetstream"}, c.Idempotency.Backend) {
-		add("idempotency.backend: want memory or jetstream, got %q", c.Idempotency.Backend)
+}
+
+func (c IdempotencyConfig) validate(p *problems) {
+	if !slices.Contains([]string{"memory", "jetstream"}, c.Backend) {
+		p.add("idempotency.backend: want memory or jetstream, got %q", c.Backend)
 	}
-	if c.Idempotency.MaxRecordsPerTenant < 0 {
-		add("idempotency.max_records_per_tenant: must not be negative (0: no bound), got %d", c.Idempotency.MaxRecordsPerTenant)
+	if c.MaxRecordsPerTenant < 0 {
+		p.add("idempotency.max_records_per_tenant: must not be negative (0: no bound), got %d", c.MaxRecordsPerTenant)
 	}
-	if c.Idempotency.TTL <= 0 || c.Idempotency.InflightTTL <= 0 {
-		add("idempotency: ttl and inflight_ttl must be positive, got %s and %s", c.Idempotency.TTL, c.Idempotency.InflightTTL)
+	if c.TTL <= 0 || c.InflightTTL <= 0 {
+		p.add("idempotency: ttl and inflight_ttl must be positive, got %s and %s", c.TTL, c.InflightTTL)
 	}
+}
+
+// validateRouteFallbacks checks each route's ladder, hedge and stream limits.
+func (c Config) validateRouteFallbacks(p *problems, models map[string]bool) {
 	for i, r := range c.Routes {
 		key := fmt.Sprintf("routes[%d]", i)
 		for j, m := range r.Ladder.Smaller {
 			if !models[m] {
-				add("%s.ladder.smaller[%d]: unknown model %q", key, j, m)
+				p.add("%s.ladder.smaller[%d]: unknown model %q", key, j, m)
+			}
+		}
+		if fa := r.Ladder.FastAnswer; fa.Model != "" || fa.Prompt != "" || fa.MaxTokens != 0 {
+			switch {
+			case !models[fa.Model]:
+				p.add("%s.ladder.fast_answer.model: unknown model %q", key, fa.Model)
+			case strings.TrimSpace(fa.Prompt) == "":
+				p.add("%s.ladder.fast_answer.prompt: required with a model (it replaces the request's system messages)", key)
+			case fa.MaxTokens < 0:
+				p.add("%s.ladder.fast_answer.max_tokens: must not be negative, got %d", key, fa.MaxTokens)
+			}
+		}
+		if cc := r.ContextCompression; cc.Model != "" || cc.KeepRecent != 0 || cc.MaxSummaryTokens != 0 || cc.Prompt != "" {
+			switch {
+			case !models[cc.Model]:
+				p.add("%s.context_compression.model: unknown model %q", key, cc.Model)
+			case cc.KeepRecent < 0 || cc.MaxSummaryTokens < 0:
+				p.add("%s.context_compression: keep_recent and max_summary_tokens must not be negative", key)
 			}
 		}
 		switch r.Ladder.ForceLevel {
 		case "", ForceCache, ForceTemplate:
 		default:
-			add("%s.ladder.force_level: want empty, cache or template, got %q", key, r.Ladder.ForceLevel)
+			p.add("%s.ladder.force_level: want empty, cache or template, got %q", key, r.Ladder.ForceLevel)
 		}
 		if r.Ladder.ForceLevel == ForceCache && !r.Ladder.Cache {
-			add("%s.ladder.force_level: cache needs ladder.cache: true", key)
+			p.add("%s.ladder.force_level: cache needs ladder.cache: true", key)
 		}
 		if r.Ladder.ForceLevel == ForceCache && c.CacheAddress == Off {
-			add("%s.ladder.force_level: cache needs the cache service, and cache_address is off", key)
+			p.add("%s.ladder.force_level: cache needs the cache service, and cache_address is off", key)
 		}
 		if r.Hedge.MinDelay < 0 || (r.Hedge.MaxDelay > 0 && r.Hedge.MaxDelay < r.Hedge.MinDelay) {
-			add("%s.hedge: min_delay must not be negative nor above max_delay", key)
+			p.add("%s.hedge: min_delay must not be negative nor above max_delay", key)
 		}
 		if r.FirstTokenTimeout < 0 || r.StallTimeout < 0 {
-			add("%s: first_token_timeout and stall_timeout must not be negative", key)
+			p.add("%s: first_token_timeout and stall_timeout must not be negative", key)
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(c.SimProfiles)) {
-		if err := c.SimProfiles[name].Validate(); err != nil {
-			add("sim_profiles.%s: %v", name, err)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // simProfile resolves a sim_profile name: the configuration's own profiles first, then the

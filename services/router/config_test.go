@@ -71,6 +71,16 @@ func TestConfigValidate(t *testing.T) {
 			[]string{`routes[1].name: duplicate route "chat"`}},
 		{"route without candidates", func(c *Config) { c.Routes[0].Candidates = nil }, []string{"routes[0].candidates: at least one model is required"}},
 		{"unknown candidate", func(c *Config) { c.Routes[0].Candidates = []string{"a", "gpt-9"} }, []string{`routes[0].candidates[1]: unknown model "gpt-9"`}},
+		{"fast answer of an unknown model", func(c *Config) {
+			c.Routes[0].Ladder.FastAnswer = FastAnswerConfig{Model: "gpt-9", Prompt: "Be brief."}
+		}, []string{`routes[0].ladder.fast_answer.model: unknown model "gpt-9"`}},
+		{"fast answer without a prompt", func(c *Config) { c.Routes[0].Ladder.FastAnswer = FastAnswerConfig{Model: "b"} },
+			[]string{`routes[0].ladder.fast_answer.prompt: required with a model`}},
+		{"context compression settings without a model", func(c *Config) { c.Routes[0].ContextCompression.KeepRecent = 4 },
+			[]string{`routes[0].context_compression.model: unknown model ""`}},
+		{"context compression with a negative bound", func(c *Config) {
+			c.Routes[0].ContextCompression = ContextCompressionConfig{Model: "b", MaxSummaryTokens: -1}
+		}, []string{`routes[0].context_compression: keep_recent and max_summary_tokens must not be negative`}},
 		{"route candidates cannot be routes", func(c *Config) {
 			c.Routes = append(c.Routes, RouteConfig{Name: "alias", Candidates: []string{"chat"}})
 		}, []string{`routes[1].candidates[0]: unknown model "chat"`}},

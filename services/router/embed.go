@@ -16,7 +16,6 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
-	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
 
 // Embed answers an embeddings request: the route's embeddings models in order, through
@@ -257,8 +256,9 @@ func (r *Router) embedAttempts(ctx context.Context, preq provider.EmbedRequest, 
 		}
 		p.attempts++
 		p.last = c
-		actx, span := r.startAttempt(ctx, qc, c, key, false)
-		o, res := r.callEmbed(actx, c, key, permit, preq, qc.Tenant)
+		s := slot{c: c, key: key, permit: permit}
+		actx, span := r.startAttempt(ctx, qc, s)
+		o, res := r.callEmbed(actx, s, preq, qc.Tenant)
 		r.endAttempt(span, o)
 		release()
 		r.record(qc, o)
@@ -286,14 +286,15 @@ func (r *Router) embedAttempts(ctx context.Context, preq provider.EmbedRequest, 
 }
 
 // callEmbed makes one embeddings call on key and books it like a chat call.
-func (r *Router) callEmbed(ctx context.Context, c *candidate, key *upstreamKey, permit resilience.Permit, preq provider.EmbedRequest, tenant string) (outcome, provider.EmbedResponse) {
-	u := c.u
+func (r *Router) callEmbed(ctx context.Context, s slot, preq provider.EmbedRequest, tenant string) (outcome, provider.EmbedResponse) {
+	u, key := s.c.u, s.key
 	preq.Model = u.upstreamModel()
 	remaining := max(time.Until(deadlineOf(ctx))-r.conf().HopReserve, time.Millisecond)
-	ctx, cancel := context.WithTimeout(ctx, min(u.timeout, remaining))
+	limit := min(u.timeout, remaining)
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	start := r.deps.Clock.Now()
-	o := outcome{c: c, key: key, att: &mantlev1.Attempt{Model: u.model.Name, Provider: u.provider, KeyId: key.id, StartedAt: timestamppb.New(start)}}
+	o := outcome{slot: s, att: &mantlev1.Attempt{Model: u.model.Name, Provider: u.provider, KeyId: key.id, StartedAt: timestamppb.New(start)}}
 	key.stats.start()
 	var res provider.EmbedResponse
 	if e, ok := key.client.(provider.Embedder); ok {
@@ -312,7 +313,7 @@ func (r *Router) callEmbed(ctx context.Context, c *candidate, key *upstreamKey, 
 			Message: fmt.Sprintf("%d dimensions, %d were asked for", len(res.Vectors[0]), *preq.Dimensions)}
 	}
 	o.res = provider.Response{Usage: res.Usage, RateLimit: res.RateLimit, RequestID: res.RequestID, Model: res.Model}
-	r.finishCall(ctx, &o, permit, start, false, tenant)
+	r.finishCall(ctx, &o, start, callLimit{limit: limit, cut: limit < u.timeout}, tenant)
 	return o, res
 }
 

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
@@ -118,6 +119,10 @@ type fakeCache struct {
 	// takes makes a lookup take that long on clock (the cache's own work).
 	coalesced, takes time.Duration
 	clock            *clockwork.FakeClock
+	// lease is the coalescing lease a miss hands out (none when empty); a Store waits for
+	// storeGate when it is set.
+	lease     string
+	storeGate chan struct{}
 
 	mu     sync.Mutex
 	stores []*cachev1.StoreRequest
@@ -133,6 +138,9 @@ func (c *fakeCache) Lookup(_ context.Context, in *cachev1.LookupRequest, _ ...gr
 		if c.declineStore {
 			return &cachev1.LookupResponse{Quality: q, MissReason: "high_temperature", StoreDeclined: true}, nil
 		}
+		if c.lease != "" {
+			return &cachev1.LookupResponse{Quality: q, Lease: &cachev1.Lease{Id: c.lease}}, nil
+		}
 		return &cachev1.LookupResponse{Quality: q}, nil
 	}
 	if c.takes > 0 {
@@ -147,6 +155,9 @@ func (c *fakeCache) Lookup(_ context.Context, in *cachev1.LookupRequest, _ ...gr
 }
 
 func (c *fakeCache) Store(_ context.Context, in *cachev1.StoreRequest, _ ...grpc.CallOption) (*cachev1.StoreResponse, error) {
+	if c.storeGate != nil {
+		<-c.storeGate
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stores = append(c.stores, proto.Clone(in).(*cachev1.StoreRequest))
@@ -408,6 +419,8 @@ type harness struct {
 	schedulingDelay func() time.Duration
 	// log receives the router's log; nil discards it.
 	log slog.Handler
+	// sessions keeps agent sessions; nil refuses requests that name one.
+	sessions agentv1.SessionServiceClient
 }
 
 // newHarness builds a Router over fakes. Its clock is fake and starts at the real now,
@@ -456,6 +469,7 @@ func newHarness(t *testing.T, cfg Config, h *harness) *harness {
 	}
 	deps := Deps{Quota: h.quota, Cache: h.cache, Verifier: h.verifier, Events: h.events,
 		Clock: h.clock, Log: slog.New(h.log), Metrics: m, Rand: h.rand, Tracer: h.tracer, SchedulingDelay: h.schedulingDelay}
+	deps.Sessions = h.sessions
 	if h.idempotency {
 		deps.Idempotency = idempotency.NewMemory(time.Hour, time.Minute, h.clock)
 	}

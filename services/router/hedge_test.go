@@ -77,6 +77,52 @@ func TestHedging(t *testing.T) {
 		}
 	})
 
+	// A call that timed out never answered: once one in twenty of a key's recent calls did,
+	// the request's own call may well be one of them, and waiting for the p95 of the calls
+	// that answered only delays the hedge that will answer it.
+	t.Run("a key whose recent calls time out is hedged at min_delay, not at its p95", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name     string
+			timedOut bool // a's second call timed out (else it failed at once)
+			delay    time.Duration
+		}{
+			{"one call in two timed out: min_delay", true, 100 * time.Millisecond},
+			{"one call in two failed at once: the p95 of the answered", false, 300 * time.Millisecond},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				cfg := testConfig()
+				hedging(&cfg)
+				cfg.Retry.MaxRetries = 0
+				second := result{err: &provider.Error{Class: classTimeout, Message: "deadline exceeded"}, advance: 5 * time.Second} // the provider's 5 s timeout, on time
+				if !tc.timedOut {
+					second = failure(classTransient, "502")
+				}
+				h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+					"a": newFakeProvider(result{res: reply("a", 1, 1).res, advance: 300 * time.Millisecond}, second, hang()),
+					"b": newFakeProvider(reply("from the hedge", 1, 1)),
+				}})
+				if _, err := h.router.Complete(context.Background(), ask("a")); err != nil { // a's p95: 300ms
+					t.Fatal(err)
+				}
+				if _, err := h.router.Complete(context.Background(), ask("a")); err == nil {
+					t.Fatal("a's second call answered; the script makes it fail")
+				}
+				ch := h.start(context.Background(), ask("chat"))
+				h.blockUntil(t, 1)
+				h.clock.Advance(tc.delay - time.Millisecond)
+				if n := h.calls("b"); n != 0 {
+					t.Fatalf("hedged before %s (b called %d times)", tc.delay, n)
+				}
+				h.clock.Advance(time.Millisecond)
+				if d := await(t, ch); d.err != nil || d.resp.Model != "b" {
+					t.Errorf("got %v %v, want the hedge's answer after %s", d.resp.GetModel(), d.err, tc.delay)
+				}
+			})
+		}
+	})
+
 	t.Run("no hedge when the hedge budget is spent", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig()

@@ -37,7 +37,18 @@ const (
 	HeaderPriority = "x-mantle-priority"
 	// HeaderBudget is the whole-request deadline budget in milliseconds.
 	HeaderBudget = "x-mantle-budget-ms"
+	// HeaderSession and HeaderStep make the request a model step of an agent session
+	// (session_id, step_id); HeaderStepRequired (true or false) is step_required.
+	HeaderSession      = "x-mantle-session"
+	HeaderStep         = "x-mantle-step"
+	HeaderStepRequired = "x-mantle-step-required"
+	// HeaderReplayed is true on an answer that is a session step's recorded result: no
+	// model was called.
+	HeaderReplayed = "x-mantle-replayed"
 )
+
+// messagesPath is the Anthropic Messages door; every other path of the API is OpenAI's.
+const messagesPath = "/v1/messages"
 
 // frontDoor serves the OpenAI-compatible HTTP API on top of the Router.
 type frontDoor struct {
@@ -48,9 +59,11 @@ type frontDoor struct {
 
 func (f *frontDoor) register(mux *http.ServeMux) {
 	mux.Handle("POST /v1/chat/completions", f.traced("/v1/chat/completions", f.chatCompletions))
-	mux.Handle("POST /v1/messages", f.traced("/v1/messages", f.messages))
+	mux.Handle("POST "+messagesPath, f.traced(messagesPath, f.messages))
 	mux.Handle("GET /v1/models", f.traced("/v1/models", f.models))
 	mux.Handle("POST /v1/embeddings", f.traced("/v1/embeddings", f.embeddings))
+	f.registerTools(mux)
+	f.registerSessions(mux)
 }
 
 func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (context.Context, bool) {
@@ -171,7 +184,7 @@ func chatToProto(req *routerv1.Request, h http.Header, priority mantlev1.Priorit
 	// Header values may hold any bytes; gRPC's strings must be UTF-8 (the JSON body's
 	// already are), and over the network a request carrying them would fail at the first
 	// hop, in process only later.
-	for _, name := range []string{HeaderScenario, "Idempotency-Key"} {
+	for _, name := range []string{HeaderScenario, "Idempotency-Key", HeaderSession, HeaderStep} {
 		if v := h.Get(name); !utf8.ValidString(v) {
 			return nil, rpc.Invalid(name, "must be UTF-8 text")
 		}
@@ -179,6 +192,14 @@ func chatToProto(req *routerv1.Request, h http.Header, priority mantlev1.Priorit
 	req.Scenario = h.Get(HeaderScenario)
 	req.IdempotencyKey = h.Get("Idempotency-Key")
 	req.Priority = priority
+	req.SessionId, req.StepId = h.Get(HeaderSession), h.Get(HeaderStep)
+	switch v := h.Get(HeaderStepRequired); v {
+	case "", "false":
+	case "true":
+		req.StepRequired = true
+	default:
+		return nil, rpc.Invalid(HeaderStepRequired, "want true or false, got %q", v)
+	}
 	return req, nil
 }
 
@@ -209,6 +230,9 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 			w.Header().Set("Cache-Control", "no-cache")
 			w.Header().Set(HeaderFallbackLevel, ShortLevel(d.Level))
 			w.Header().Set(HeaderCache, cacheHeader(d.Cached, d.Stale))
+			if d.Replayed {
+				w.Header().Set(HeaderReplayed, "true")
+			}
 			w.WriteHeader(http.StatusOK)
 		}
 		return writeEvent(deltaChunk(id, created, d))
@@ -338,7 +362,7 @@ func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) 
 	// costs: the names are canonical already (Set canonicalises a lowercase name into a
 	// new string each time) and the values share one backing array.
 	h := w.Header()
-	values := make([]string, 0, 3+len(canonicalRateLimit))
+	values := make([]string, 0, 4+len(canonicalRateLimit))
 	set := func(canonical, v string) {
 		values = append(values, v)
 		n := len(values)
@@ -351,6 +375,9 @@ func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) 
 		set(canonicalQuality, shortGrade(g))
 	} else {
 		set(canonicalQuality, "unverified")
+	}
+	if qc.GetSessionReplayed() {
+		set(canonicalReplayed, "true")
 	}
 	if rl := resp.GetRateLimit(); rl != nil {
 		set(canonicalRateLimit[0], strconv.FormatInt(rl.LimitRequests, 10))
@@ -367,6 +394,7 @@ var (
 	canonicalFallbackLevel = http.CanonicalHeaderKey(HeaderFallbackLevel)
 	canonicalCache         = http.CanonicalHeaderKey(HeaderCache)
 	canonicalQuality       = http.CanonicalHeaderKey(HeaderQuality)
+	canonicalReplayed      = http.CanonicalHeaderKey(HeaderReplayed)
 	canonicalRateLimit     = [...]string{
 		http.CanonicalHeaderKey("x-ratelimit-limit-requests"),
 		http.CanonicalHeaderKey("x-ratelimit-remaining-requests"),

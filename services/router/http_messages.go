@@ -408,6 +408,9 @@ func (f *frontDoor) streamMessages(ctx context.Context, w http.ResponseWriter, r
 			// context, known only at the end, travels in message_delta's mantle member.
 			w.Header().Set(HeaderFallbackLevel, ShortLevel(d.Level))
 			w.Header().Set(HeaderCache, cacheHeader(d.Cached, d.Stale))
+			if d.Replayed {
+				w.Header().Set(HeaderReplayed, "true")
+			}
 			w.WriteHeader(http.StatusOK)
 			if err := begin(d.Model); err != nil {
 				return err

@@ -10,7 +10,7 @@ import (
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/events"
-	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
+	"github.com/mantle-mesh/mantle/pkg/resilience"
 )
 
 // acquire picks a key of u that may be called now: not cooling down after a 429, not
@@ -75,29 +75,19 @@ func (r *Router) breakerTransition(u *upstream, key *upstreamKey, scenario strin
 	r.deps.Log.Warn("circuit breaker transition", "provider", u.provider, "model", u.model.Name, "key", key.id,
 		"scenario", scenario, "from", t.From.String(), "to", t.To.String(), "reason", t.Reason)
 	r.deps.Metrics.breakerTransitions.WithLabelValues(u.model.Name, key.id, t.To.String()).Inc()
-	r.deps.Metrics.breakerState.WithLabelValues(u.provider, u.model.Name, key.id, scenario).Set(float64(breakerState(t.To)))
+	r.deps.Metrics.breakerState.WithLabelValues(u.provider, u.model.Name, key.id, scenario).Set(float64(events.BreakerState(t.To)))
 	r.deps.Events.Publish(context.Background(), events.SubjectBreaker, &eventsv1.BreakerTransitionEvent{
 		At:           timestamppb.New(t.At),
 		Provider:     u.provider,
 		Model:        u.model.Name,
 		KeyId:        key.id,
 		Scenario:     scenario,
-		From:         breakerState(t.From),
-		To:           breakerState(t.To),
+		From:         events.BreakerState(t.From),
+		To:           events.BreakerState(t.To),
 		Reason:       t.Reason,
 		ErrorRate:    t.FailureRate,
 		SlowCallRate: t.SlowRate,
 	})
-}
-
-func breakerState(s resilience.State) mantlev1.BreakerState {
-	switch s {
-	case resilience.StateOpen:
-		return mantlev1.BreakerState_BREAKER_STATE_OPEN
-	case resilience.StateHalfOpen:
-		return mantlev1.BreakerState_BREAKER_STATE_HALF_OPEN
-	}
-	return mantlev1.BreakerState_BREAKER_STATE_CLOSED
 }
 
 // keyHealth summarises a key's breakers for DescribeRoutes: the worst state over its
@@ -110,7 +100,7 @@ func (r *Router) keyHealth(key *upstreamKey) (mantlev1.BreakerState, string, tim
 	rank := map[mantlev1.BreakerState]int{mantlev1.BreakerState_BREAKER_STATE_CLOSED: 0, mantlev1.BreakerState_BREAKER_STATE_HALF_OPEN: 1, mantlev1.BreakerState_BREAKER_STATE_OPEN: 2}
 	for scenario, b := range key.breakers {
 		snap := b.Snapshot()
-		if s := breakerState(snap.State); rank[s] > rank[state] {
+		if s := events.BreakerState(snap.State); rank[s] > rank[state] {
 			state, reason, until = s, fmt.Sprintf("%s (scenario %s)", snap.Reason, scenario), snap.OpenUntil
 			if !snap.NextScout.IsZero() {
 				until = snap.NextScout

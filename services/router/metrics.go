@@ -25,8 +25,10 @@ type metrics struct {
 	budgetDenied       prometheus.Counter
 	hedgeBudgetDenied  prometheus.Counter
 	sideScouts         *prometheus.CounterVec
+	lateTimeouts       *prometheus.CounterVec
 	hedges             prometheus.Counter
 	replays            prometheus.Counter
+	sessionReplays     prometheus.Counter
 	// cachedRefused counts cache hits the request's rules (or checks) refused to serve.
 	cachedRefused prometheus.Counter
 	// ttft is the time to the first token of streamed attempts that produced one.
@@ -75,11 +77,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		sideScouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_router_side_scouts_total", Help: "Scouts of an open breaker sent beside the request that drew them, by model (router.side_scouts).",
 		}, []string{"model"}),
+		lateTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mantle_router_late_timeouts_total", Help: "Provider calls that timed out while this process was short of CPU (the deadline noticed, or the P90 wait for a CPU, over a tenth of the limit), by model; the breaker gets no verdict from them.",
+		}, []string{"model"}),
 		hedgeBudgetDenied: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_hedge_budget_rejections_total", Help: "Hedges not sent because the hedge budget was spent.",
 		}),
 		hedges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_hedges_total", Help: "Hedged requests sent.",
+		}),
+		sessionReplays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_router_session_replays_total", Help: "Model steps of agent sessions answered from the session's record: no model was called.",
 		}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_idempotent_replays_total", Help: "Requests answered from an idempotency record.",
@@ -119,7 +127,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			m.shed.WithLabelValues(priorityLabel(p))
 		}
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.sideScouts, m.hedges, m.replays, m.cachedRefused, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed, m.overhead} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.sideScouts, m.lateTimeouts, m.hedges, m.replays, m.sessionReplays, m.cachedRefused, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed, m.overhead} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

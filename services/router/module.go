@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
@@ -27,13 +28,13 @@ import (
 	"github.com/mantle-mesh/mantle/services/router/statuspage"
 )
 
-// Module returns the router module: it calls quota, cache and verifier.
+// Module returns the router module: it calls quota, cache, verifier and agent.
 func Module(cfg Config) app.Module {
 	var r *Router // set by New, used by Reload
 	return app.Module{
 		Name:      "router",
 		Audiences: Audiences,
-		Deps:      []string{"quota", "cache", "verifier"},
+		Deps:      []string{"quota", "cache", "verifier", "agent"},
 		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
 			var run app.Runnable
 			var err error
@@ -87,6 +88,14 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	verifierConn, err := dial("verifier", cfg.VerifierAddress)
 	if err != nil {
 		return nil, nil, err
+	}
+	agentConn, err := dial("agent", cfg.AgentAddress)
+	if err != nil {
+		return nil, nil, err
+	}
+	if agentConn != nil {
+		deps.Tools = agentv1.NewToolServiceClient(agentConn)
+		deps.Sessions = agentv1.NewSessionServiceClient(agentConn)
 	}
 	if quotaConn != nil {
 		deps.Quota = quotav1.NewQuotaServiceClient(quotaConn)
@@ -174,8 +183,13 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 	}
 	routerv1.RegisterRouterServiceServer(env.GRPC, &server{router: r})
 	(&frontDoor{router: r, auth: env.Auth, log: env.Log}).register(env.HTTP)
+	if env.HTTPErrorShape != nil {
+		// Anthropic's SDKs parse the listener's own answers under the Messages door too
+		// (a path under it that does not exist, GET, headers too large).
+		env.HTTPErrorShape(messagesPath, app.ErrorShapeAnthropic)
+	}
 	statuspage.New(statuspage.Deps{
-		Routes: r, Quota: deps.Quota, Cache: deps.Cache, Auth: env.Auth, Clock: env.Clock, Log: env.Log,
+		Routes: r, Quota: deps.Quota, Cache: deps.Cache, Tools: deps.Tools, Auth: env.Auth, Clock: env.Clock, Log: env.Log,
 		Refresh: func() time.Duration { return r.conf().Status.Refresh },
 	}).Register(env.HTTP)
 	for _, g := range []prometheus.Collector{
@@ -203,6 +217,7 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 		<-ctx.Done()
 		<-shedderDone
 		r.StopScouts()
+		r.WaitStores()
 		return sims.stop()
 	}), nil
 }

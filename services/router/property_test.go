@@ -9,7 +9,7 @@ import (
 	"pgregory.net/rapid"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
-	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
+	"github.com/mantle-mesh/mantle/pkg/resilience"
 )
 
 // outcomes a scripted provider can give in the property test.

@@ -82,6 +82,15 @@ func appendQualityJSON(b []byte, qc *mantlev1.QualityContext) (_ []byte, ok bool
 	o.duration("upstream_latency", qc.GetUpstreamLatency())
 	o.duration("waited", qc.GetWaited())
 	o.bool("cache_stale", qc.GetCacheStale())
+	o.str("session_id", qc.GetSessionId())
+	o.str("step_id", qc.GetStepId())
+	o.bool("session_replayed", qc.GetSessionReplayed())
+	o.bool("session_degraded", qc.GetSessionDegraded())
+	o.bool("simplified_prompt", qc.GetSimplifiedPrompt())
+	if c := qc.GetContextCompression(); c != nil {
+		o.name("context_compression")
+		o.compression(c)
+	}
 	o.close()
 	return o.b, o.ok
 }
@@ -114,6 +123,20 @@ func (o *jsonObject) verification(v *mantlev1.Verification) {
 	o.bool("l3_pending", v.GetL3Pending())
 	o.float("l3_confidence", v.GetL3Confidence())
 	o.enum("failure_class", v.GetFailureClass())
+	o.close()
+}
+
+func (o *jsonObject) compression(c *mantlev1.ContextCompression) {
+	o.open()
+	o.str("model", c.GetModel())
+	o.int("messages_summarized", int64(c.GetMessagesSummarized()))
+	o.int64("prompt_tokens_before", c.GetPromptTokensBefore())
+	o.int64("prompt_tokens_after", c.GetPromptTokensAfter())
+	if u := c.GetUsage(); u != nil {
+		o.name("usage")
+		o.usage(u)
+	}
+	o.int("calls", int64(c.GetCalls()))
 	o.close()
 }
 

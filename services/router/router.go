@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
@@ -34,9 +35,9 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/resilience"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/router/internal/overload"
-	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
 )
 
 // defaultTenant names callers when authentication is disabled.
@@ -85,12 +86,15 @@ type route struct {
 	budget            time.Duration
 	candidates        []*upstream
 	smaller           []*upstream // ladder L1
+	fast              *upstream   // the fast-answer rung's model, nil when off
+	compressor        *upstream   // context_compression's model, nil when off
 	hedge             HedgeConfig
 	ladder            LadderConfig
 	firstTokenTimeout time.Duration
 	stallTimeout      time.Duration
 	// cacheToolCalls: answers with tool calls may be stored (cache.tool_calls).
 	cacheToolCalls bool
+	compression    ContextCompressionConfig
 }
 
 // admissionKeyID is the key a request on rt is admitted and counted under in quota: the
@@ -104,10 +108,12 @@ type Deps struct {
 	Quota    quotav1.QuotaServiceClient
 	Cache    cachev1.CacheServiceClient
 	Verifier verifierv1.VerifierServiceClient
-	Events   app.Publisher
-	Clock    clockwork.Clock
-	Log      *slog.Logger
-	Metrics  *metrics
+	// Tools reaches the agent's tool gateway; nil serves no tools.
+	Tools   agentv1.ToolServiceClient
+	Events  app.Publisher
+	Clock   clockwork.Clock
+	Log     *slog.Logger
+	Metrics *metrics
 	// Rand returns uniform numbers in [0,1) for jitter; injected so tests are repeatable.
 	Rand func() float64
 	// Tracer starts the spans of provider attempts and of the HTTP front door; nil records
@@ -118,6 +124,10 @@ type Deps struct {
 	// Checker runs the L1 format checks in the router when the verifier cannot be reached
 	// (the library the verifier serves them from); nil lets such answers through unchecked.
 	Checker *formatcheck.Checker
+	// Sessions keeps agent sessions (the agent's SessionService): the router opens and
+	// ends their model steps and serves /v1/sessions; nil refuses requests that name a
+	// session.
+	Sessions agentv1.SessionServiceClient
 	// SchedulingDelay returns the P90 wait for a CPU since its previous call, the overload
 	// shedder's signal; nil reads the Go runtime's (overload.SchedulingDelay).
 	SchedulingDelay func() time.Duration
@@ -152,6 +162,10 @@ type Router struct {
 	scouts     sync.WaitGroup
 	scoutCtx   context.Context
 	stopScouts context.CancelFunc
+	// stores are the cache stores in flight after their answers (see store); storeSlots
+	// bounds them.
+	stores     sync.WaitGroup
+	storeSlots chan struct{}
 }
 
 // routeTable is the routes callers can name, in config order: models first, then aliases.
@@ -178,6 +192,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		hedgeBudget:     resilience.NewBudget(cfg.HedgeBudget.budget(), deps.Clock),
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
 		embedCache:      newEmbedCache(cfg.EmbeddingsCache),
+		storeSlots:      make(chan struct{}, maxAsyncStores),
 	}
 	r.scoutCtx, r.stopScouts = context.WithCancel(context.Background())
 	r.schemas = deps.Checker
@@ -263,6 +278,13 @@ func (r *Router) buildTable(cfg *Config) *routeTable {
 		for _, name := range rc.Ladder.Smaller {
 			rt.smaller = append(rt.smaller, r.upstreams[name])
 		}
+		if name := rc.Ladder.FastAnswer.Model; name != "" {
+			rt.fast = r.upstreams[name]
+		}
+		if name := rc.ContextCompression.Model; name != "" {
+			rt.compressor = r.upstreams[name]
+		}
+		rt.compression = rc.ContextCompression
 		add(rt)
 	}
 	return t
@@ -312,7 +334,7 @@ func (r *Router) Reload(cfg Config) error {
 	}
 	if !reflect.DeepEqual(old.RetryBudget, cfg.RetryBudget) || old.HedgeBudget != cfg.HedgeBudget || !reflect.DeepEqual(old.Breaker, cfg.Breaker) ||
 		old.QuotaFallbackRPM != cfg.QuotaFallbackRPM || old.Idempotency != cfg.Idempotency ||
-		old.QuotaAddress != cfg.QuotaAddress || old.CacheAddress != cfg.CacheAddress || old.VerifierAddress != cfg.VerifierAddress ||
+		old.QuotaAddress != cfg.QuotaAddress || old.CacheAddress != cfg.CacheAddress || old.VerifierAddress != cfg.VerifierAddress || old.AgentAddress != cfg.AgentAddress ||
 		old.EmbeddingsCache != cfg.EmbeddingsCache {
 		r.deps.Log.Warn("retry_budget, hedge_budget, breaker, quota_fallback_rpm, idempotency, embeddings_cache and the service addresses keep their running values until a restart")
 	}
@@ -335,6 +357,8 @@ type Delta struct {
 	ToolCalls []provider.ToolCallDelta
 	// Logprobs is the provider's logprobs object for this piece, when asked for.
 	Logprobs []byte
+	// Replayed: the answer is an agent session step's recorded result.
+	Replayed bool
 }
 
 // Sink receives streamed content. A nil Sink asks for a unary answer.
@@ -362,7 +386,9 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	ctx, cancel := context.WithDeadline(ctx, qc.Deadline.AsTime())
 	defer cancel()
 
-	resp, err := r.once(ctx, req, rt, qc, sink, idempotencyKey(qc.Tenant, req.IdempotencyKey, clientID))
+	resp, err := r.inSession(ctx, req, rt, qc, sink, func(ctx context.Context) (*routerv1.CompleteResponse, error) {
+		return r.once(ctx, req, rt, qc, sink, idempotencyKey(qc.Tenant, req.IdempotencyKey, clientID))
+	})
 	end := r.deps.Clock.Now()
 	r.timeRequest(rt.name, qc, resp, start, end)
 	traceRequest(ctx, qc)
@@ -437,6 +463,10 @@ func (r *Router) serve(ctx context.Context, req *routerv1.Request, rt *route, qc
 	if qc.GetVerification().GetL1Passed() && complete && !storeDeclined {
 		if why := unstorable(ans.verdict); why != "" {
 			r.audit(qc, "store", "not cached: "+why, 0)
+		} else if why := reshaped(qc); why != "" {
+			// The answer is to another prompt than the caller's: a later identical request
+			// deserves the route's full answer, not this one.
+			r.audit(qc, "store", "not cached: "+why, 0)
 		} else if len(ans.ToolCalls) > 0 && !rt.cacheToolCalls {
 			// Replaying a tool call repeats an action; the route must say that is fine.
 			r.audit(qc, "store", "not cached: the answer calls tools and the route's cache.tool_calls is off", 0)
@@ -466,7 +496,7 @@ func sendWhole(sink Sink, resp *routerv1.CompleteResponse) error {
 		return nil
 	}
 	qc := resp.GetQuality()
-	d := Delta{Content: msg.Content, Model: resp.Model, Level: qc.GetFallbackLevel(), Cached: qc.GetCacheHit(), Stale: qc.GetCacheStale()}
+	d := Delta{Content: msg.Content, Model: resp.Model, Level: qc.GetFallbackLevel(), Cached: qc.GetCacheHit(), Stale: qc.GetCacheStale(), Replayed: qc.GetSessionReplayed()}
 	for i, tc := range msg.GetToolCalls() {
 		d.ToolCalls = append(d.ToolCalls, provider.ToolCallDelta{Index: i, ID: tc.Id, Type: tc.Type, Name: tc.Name, Arguments: tc.Arguments})
 	}
@@ -711,11 +741,14 @@ func (r *Router) serveCached(qc *mantlev1.QualityContext, res *cachev1.LookupRes
 	}
 }
 
-// store offers a verified answer to the cache, answering the lease's waiters too.
+// store offers a verified answer to the cache, answering the lease's waiters too. With
+// router.async_cache_store and a lease, it does so after the answer has gone to the
+// caller: the lease makes an identical lookup wait for this store (in the cache replica
+// that gave it), so the caller's next identical request still finds the answer. Without a
+// lease nothing would make that request wait, so the store is made before the answer.
 func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc *mantlev1.QualityContext, ans *answer, lease string) {
-	hop, cancel := r.hopContext(ctx)
-	defer cancel()
-	_, err := r.deps.Cache.Store(hop, &cachev1.StoreRequest{
+	// Built now: qc goes out with the answer, and the copies must not race with that.
+	sreq := &cachev1.StoreRequest{
 		Quality:      hopQuality(qc),
 		Prompt:       cachePrompt(req, rt, qc),
 		Content:      ans.Content,
@@ -724,11 +757,48 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 		ToolCalls:    toolCallsProto(ans.ToolCalls),
 		Usage:        usageProto(ans.Usage),
 		LeaseId:      lease,
-	})
-	if err != nil {
+	}
+	if lease == "" || !r.conf().AsyncCacheStore {
+		hop, cancel := r.hopContext(ctx)
+		defer cancel()
+		r.sendStore(hop, sreq)
+		return
+	}
+	select {
+	case r.storeSlots <- struct{}{}:
+	default: // as many stores in flight as allowed: this one is made before the answer
+		hop, cancel := r.hopContext(ctx)
+		defer cancel()
+		r.sendStore(hop, sreq)
+		return
+	}
+	r.stores.Add(1)
+	go func() {
+		defer r.stores.Done()
+		defer func() { <-r.storeSlots }()
+		// The request is answered and its context ends with it; the store has its own time.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), asyncStoreTimeout)
+		defer cancel()
+		r.sendStore(ctx, sreq)
+	}()
+}
+
+// maxAsyncStores bounds the stores in flight after their answers (router.async_cache_store);
+// asyncStoreTimeout bounds each, as a release is bounded.
+const (
+	maxAsyncStores    = 256
+	asyncStoreTimeout = time.Second
+)
+
+func (r *Router) sendStore(ctx context.Context, sreq *cachev1.StoreRequest) {
+	if _, err := r.deps.Cache.Store(ctx, sreq); err != nil {
 		r.deps.Log.WarnContext(ctx, "cache store failed", "err", err)
 	}
 }
+
+// WaitStores waits for the stores made after their answers; the router's run loop calls
+// it at shutdown.
+func (r *Router) WaitStores() { r.stores.Wait() }
 
 // release gives a coalescing lease back when this request will not store an answer, so
 // the requests waiting on it stop waiting. Like settle, it runs even when the caller left.

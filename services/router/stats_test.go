@@ -17,8 +17,11 @@ func TestKeyStatsSnapshot(t *testing.T) {
 		// latencies of successful calls, in the order they finish
 		ok       []time.Duration
 		failures int
-		inFlight int
-		want     statsSnapshot
+		// timeouts are failures that timed out, booked after the failures; earlyTimeouts
+		// are booked before everything else
+		timeouts, earlyTimeouts int
+		inFlight                int
+		want                    statsSnapshot
 	}{
 		{name: "no calls", want: statsSnapshot{}},
 		{name: "one call", ok: []time.Duration{ms(7)}, want: statsSnapshot{p50: ms(7), p95: ms(7), p99: ms(7), calls: 1}},
@@ -39,6 +42,17 @@ func TestKeyStatsSnapshot(t *testing.T) {
 			ok:   append(repeat(300, ms(900)), shuffled(256, ms)...),
 			want: statsSnapshot{p50: ms(128), p95: ms(244), p99: ms(254), calls: 556},
 		},
+		{
+			name: "the timeout share is of the calls so far while they are fewer than the window",
+			ok:   repeat(6, ms(10)), failures: 1, timeouts: 3,
+			want: statsSnapshot{p50: ms(10), p95: ms(10), p99: ms(10), calls: 10, failures: 4, timeoutShare: 0.3},
+		},
+		{
+			name: "the timeout share is of the latest 64 calls",
+			// 10 timeouts, then 60 answers: four of the timeouts are among the latest 64.
+			earlyTimeouts: 10, ok: repeat(60, ms(10)),
+			want: statsSnapshot{p50: ms(10), p95: ms(10), p99: ms(10), calls: 70, failures: 10, timeoutShare: 4.0 / 64},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,13 +61,21 @@ func TestKeyStatsSnapshot(t *testing.T) {
 			for range tt.inFlight {
 				s.start()
 			}
+			for range tt.earlyTimeouts {
+				s.start()
+				s.finish(time.Hour, true, true)
+			}
 			for _, d := range tt.ok {
 				s.start()
-				s.finish(d, false)
+				s.finish(d, false, false)
 			}
 			for range tt.failures {
 				s.start()
-				s.finish(time.Hour, true) // failures never count as latency
+				s.finish(time.Hour, true, false) // failures never count as latency
+			}
+			for range tt.timeouts {
+				s.start()
+				s.finish(time.Hour, true, true)
 			}
 			got := s.snapshot()
 			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(statsSnapshot{})); diff != "" {
@@ -85,7 +107,7 @@ func repeat(n int, d time.Duration) []time.Duration {
 func BenchmarkKeyStatsSnapshot(b *testing.B) {
 	s := newKeyStats(clockwork.NewRealClock())
 	for i := range latencyWindow {
-		s.finish(time.Duration(i)*time.Millisecond, false)
+		s.finish(time.Duration(i)*time.Millisecond, false, false)
 	}
 	b.ReportAllocs()
 	for b.Loop() {

@@ -50,15 +50,16 @@ const (
 // startAttempt opens the span of one provider attempt. Only the provider call runs under
 // it: verification is the verifier's own hop, a child of the request's span like quota's
 // and cache's, and the attempt span reports its verdict through its error class.
-func (r *Router) startAttempt(ctx context.Context, qc *mantlev1.QualityContext, c *candidate, key *upstreamKey, hedged bool) (context.Context, trace.Span) {
+func (r *Router) startAttempt(ctx context.Context, qc *mantlev1.QualityContext, s slot) (context.Context, trace.Span) {
+	c := s.c
 	return r.deps.Tracer.Start(ctx, SpanAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
 		AttrModel.String(c.u.model.Name),
 		AttrUpstreamModel.String(c.u.upstreamModel()),
 		AttrProvider.String(c.u.provider),
-		AttrKeyID.String(key.id),
+		AttrKeyID.String(s.key.id),
 		AttrScenario.String(qc.GetScenario()),
 		AttrRetry.Int(c.retries),
-		AttrHedged.Bool(hedged),
+		AttrHedged.Bool(s.hedged),
 		AttrLevel.String(ShortLevel(c.level)),
 	))
 }

@@ -76,6 +76,7 @@ func (r *Router) validate(ctx context.Context, req *routerv1.Request) (*route, e
 		}
 	}
 	validateLabels(req, v)
+	validateSession(req, v)
 	if len(req.IdempotencyKey) > 256 {
 		v.Add("request.idempotency_key", "must be at most 256 bytes")
 	}

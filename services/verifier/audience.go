@@ -21,4 +21,10 @@ var Audiences = rpc.Audiences{
 	verifierv1.VerifierService_ListDraftRules_FullMethodName:  rpc.AudienceTenant,
 	verifierv1.VerifierService_DecideDraftRule_FullMethodName: rpc.AudienceOperator,
 	verifierv1.VerifierService_ReloadRules_FullMethodName:     rpc.AudienceOperator,
+	// An action's outcome is confirmed by a person, never by the tenant whose agent ran
+	// it: the agent opens and reads confirmations (service plane), operators decide.
+	verifierv1.VerifierService_OpenConfirmation_FullMethodName:   rpc.AudienceService,
+	verifierv1.VerifierService_GetConfirmation_FullMethodName:    rpc.AudienceService,
+	verifierv1.VerifierService_ListConfirmations_FullMethodName:  rpc.AudienceOperator,
+	verifierv1.VerifierService_DecideConfirmation_FullMethodName: rpc.AudienceOperator,
 }

@@ -357,120 +357,143 @@ var fallbackLevels = []string{"primary", "backup_model", "cached_approximate", "
 
 // Validate reports every invalid key, each message naming the key relative to this block.
 // It compiles the inline rules, so a rule that would be rejected at start is reported here.
+// Each part of the block has a validator of its own.
 func (c Config) Validate() error {
-	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	unit := func(key string, v float64) {
-		if math.IsNaN(v) || v < 0 || v > 1 {
-			add("%s: must be between 0 and 1, got %v", key, v)
-		}
-	}
-	positive := func(key string, d time.Duration) {
-		if d <= 0 {
-			add("%s: must be positive, got %s", key, d)
-		}
-	}
+	var p problems
 	// confidence_threshold, refusal_phrases, repetition_threshold, schema_cache_size,
 	// max_schema_findings, max_schema_bytes, max_schema_depth, max_schema_nodes and
 	// degraded.confidence_threshold: formatcheck names them so.
 	if err := c.l1().Validate(); err != nil {
-		errs = append(errs, err)
+		p = append(p, err)
 	}
 	if c.MaxContentBytes <= 0 {
-		add("max_content_bytes: must be positive, got %d", c.MaxContentBytes)
+		p.add("max_content_bytes: must be positive, got %d", c.MaxContentBytes)
 	}
+	c.Degraded.validate(&p)
+	c.validateRules(&p)
+	p = append(p, c.Risk.validate()...)
+	for name, sc := range c.Scenarios {
+		sc.validate(&p, "scenarios."+name)
+	}
+	c.Review.validate(&p)
+	c.L3.validate(&p)
+	return errors.Join(p...)
+}
 
-	if f := c.Degraded.ReviewThresholdFactor; math.IsNaN(f) || f <= 0 || f > 2 {
-		add("degraded.review_threshold_factor: must be in (0, 2], got %v", f)
+// problems collects a configuration's errors, each naming its key.
+type problems []error
+
+func (p *problems) add(format string, args ...any) { *p = append(*p, fmt.Errorf(format, args...)) }
+
+// unit adds a problem when v (at key) is not between 0 and 1.
+func (p *problems) unit(key string, v float64) {
+	if math.IsNaN(v) || v < 0 || v > 1 {
+		p.add("%s: must be between 0 and 1, got %v", key, v)
 	}
-	for i, l := range c.Degraded.SkipL3Levels {
+}
+
+// positive adds a problem when d (at key) is not positive.
+func (p *problems) positive(key string, d time.Duration) {
+	if d <= 0 {
+		p.add("%s: must be positive, got %s", key, d)
+	}
+}
+
+func (d DegradedConfig) validate(p *problems) {
+	if f := d.ReviewThresholdFactor; math.IsNaN(f) || f <= 0 || f > 2 {
+		p.add("degraded.review_threshold_factor: must be in (0, 2], got %v", f)
+	}
+	for i, l := range d.SkipL3Levels {
 		if !slices.Contains(fallbackLevels, l) {
-			add("degraded.skip_l3_levels[%d]: want one of %s, got %q", i, strings.Join(fallbackLevels, ", "), l)
+			p.add("degraded.skip_l3_levels[%d]: want one of %s, got %q", i, strings.Join(fallbackLevels, ", "), l)
 		}
 	}
+}
 
+// validateRules compiles the inline rules.
+func (c Config) validateRules(p *problems) {
 	if c.RulesFile != "" {
-		positive("rules_reload_interval", c.RulesReloadInterval)
+		p.positive("rules_reload_interval", c.RulesReloadInterval)
 	}
 	if c.RuleCostLimit == 0 {
-		add("rule_cost_limit: must be positive")
+		p.add("rule_cost_limit: must be positive")
 	} else if engine, err := rules.NewEngine(c.RuleCostLimit); err != nil {
-		add("rules: %v", err)
+		p.add("rules: %v", err)
 	} else if _, err := engine.Compile(c.Rules); err != nil {
 		for _, line := range strings.Split(err.Error(), "\n") {
-			add("%s", line)
+			p.add("%s", line)
 		}
 	}
+}
 
-	errs = append(errs, c.Risk.validate()...)
-	for name, sc := range c.Scenarios {
-		key := "scenarios." + name
-		if sc.Weights != nil {
-			if err := sc.Weights.validate(); err != nil {
-				add("%s.weights: %v", key, err)
-			}
-		}
-		unit(key+".review_threshold", sc.ReviewThreshold)
-		if sc.ReviewTimeout < 0 {
-			add("%s.review_timeout: must not be negative, got %s", key, sc.ReviewTimeout)
-		}
-		if sc.DefaultAction != (review.DefaultAction{}) {
-			if err := sc.DefaultAction.Validate(); err != nil {
-				add("%s.default_action.%v", key, err)
-			}
+func (sc ScenarioConfig) validate(p *problems, key string) {
+	if sc.Weights != nil {
+		if err := sc.Weights.validate(); err != nil {
+			p.add("%s.weights: %v", key, err)
 		}
 	}
+	p.unit(key+".review_threshold", sc.ReviewThreshold)
+	if sc.ReviewTimeout < 0 {
+		p.add("%s.review_timeout: must not be negative, got %s", key, sc.ReviewTimeout)
+	}
+	if sc.DefaultAction != (review.DefaultAction{}) {
+		if err := sc.DefaultAction.Validate(); err != nil {
+			p.add("%s.default_action.%v", key, err)
+		}
+	}
+}
 
-	r := c.Review
-	positive("review.timeout", r.Timeout)
+func (r ReviewConfig) validate(p *problems) {
+	p.positive("review.timeout", r.Timeout)
 	if err := r.DefaultAction.Validate(); err != nil {
-		add("review.default_action.%v", err)
+		p.add("review.default_action.%v", err)
 	}
-	positive("review.lease", r.Lease)
+	p.positive("review.lease", r.Lease)
 	if r.MaxLease < r.Lease {
-		add("review.max_lease: must be at least review.lease (%s), got %s", r.Lease, r.MaxLease)
+		p.add("review.max_lease: must be at least review.lease (%s), got %s", r.Lease, r.MaxLease)
 	}
-	positive("review.sweep_interval", r.SweepInterval)
-	positive("review.retention", r.Retention)
+	p.positive("review.sweep_interval", r.SweepInterval)
+	p.positive("review.retention", r.Retention)
 	if len(r.OperatorTenants) > 0 {
-		add("review.operator_tenants: replaced by auth.operators (operator keys, which see every tenant's reviews); move the operators' keys there and remove it")
+		p.add("review.operator_tenants: replaced by auth.operators (operator keys, which see every tenant's reviews); move the operators' keys there and remove it")
 	}
 	for key, v := range map[string]string{"review.stream": r.Stream, "review.consumer": r.Consumer, "review.bucket": r.Bucket} {
 		if !natsName(v) {
-			add("%s: want letters, digits, '-' or '_', got %q", key, v)
+			p.add("%s: want letters, digits, '-' or '_', got %q", key, v)
 		}
 	}
+}
 
-	l := c.L3
-	if l.Enabled {
-		if l.Workers <= 0 {
-			add("l3.workers: must be positive, got %d", l.Workers)
-		}
-		if l.QueueSize <= 0 {
-			add("l3.queue_size: must be positive, got %d", l.QueueSize)
-		}
-		if l.EmbeddingDim <= 0 {
-			add("l3.embedding_dim: must be positive, got %d", l.EmbeddingDim)
-		}
-		for key, v := range map[string]float64{"l3.relevance_full": l.RelevanceFull, "l3.consistency_full": l.ConsistencyFull} {
-			if math.IsNaN(v) || v <= 0 || v > 1 {
-				add("%s: must be in (0, 1], got %v", key, v)
-			}
-		}
-		if l.HistoryQuestions <= 0 || l.HistoryAnswers <= 0 || l.FollowUps <= 0 {
-			add("l3.history_questions, l3.history_answers, l3.follow_ups: must be positive")
-		}
-		if j := l.Judge; j.Enabled {
-			if j.Route == "" || j.Scenario == "" {
-				add("l3.judge: route and scenario are required when enabled")
-			}
-			positive("l3.judge.timeout", j.Timeout)
-			if j.MaxTokens <= 0 || j.PerMinute <= 0 {
-				add("l3.judge.max_tokens, l3.judge.per_minute: must be positive")
-			}
+func (l L3Config) validate(p *problems) {
+	if !l.Enabled {
+		return
+	}
+	if l.Workers <= 0 {
+		p.add("l3.workers: must be positive, got %d", l.Workers)
+	}
+	if l.QueueSize <= 0 {
+		p.add("l3.queue_size: must be positive, got %d", l.QueueSize)
+	}
+	if l.EmbeddingDim <= 0 {
+		p.add("l3.embedding_dim: must be positive, got %d", l.EmbeddingDim)
+	}
+	for key, v := range map[string]float64{"l3.relevance_full": l.RelevanceFull, "l3.consistency_full": l.ConsistencyFull} {
+		if math.IsNaN(v) || v <= 0 || v > 1 {
+			p.add("%s: must be in (0, 1], got %v", key, v)
 		}
 	}
-	return errors.Join(errs...)
+	if l.HistoryQuestions <= 0 || l.HistoryAnswers <= 0 || l.FollowUps <= 0 {
+		p.add("l3.history_questions, l3.history_answers, l3.follow_ups: must be positive")
+	}
+	if j := l.Judge; j.Enabled {
+		if j.Route == "" || j.Scenario == "" {
+			p.add("l3.judge: route and scenario are required when enabled")
+		}
+		p.positive("l3.judge.timeout", j.Timeout)
+		if j.MaxTokens <= 0 || j.PerMinute <= 0 {
+			p.add("l3.judge.max_tokens, l3.judge.per_minute: must be positive")
+		}
+	}
 }
 
 func (w RiskWeights) validate() error {

@@ -117,6 +117,8 @@ type serverOptions struct {
 	clock *clockwork.FakeClock
 	// dial reaches other modules (the router, for the L3 judge).
 	dial func(module string) (grpc.ClientConnInterface, error)
+	// log receives the module's log; discarded when nil.
+	log *slog.Logger
 }
 
 // startServer builds the verifier module like the app does, serves it over bufconn, runs
@@ -129,9 +131,13 @@ func startServer(t *testing.T, cfg Config, opts serverOptions) *testServer {
 	}
 	events := newRecorder()
 	srv := grpc.NewServer(grpc.UnaryInterceptor(authForTest))
+	log := opts.log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	runnable, err := Module(cfg).New(context.Background(), app.Env{
 		GRPC:    srv,
-		Log:     slog.New(slog.DiscardHandler),
+		Log:     log,
 		Metrics: prometheus.NewRegistry(),
 		Clock:   clock,
 		Events:  events,

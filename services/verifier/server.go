@@ -269,7 +269,10 @@ func (s *Server) DecideDraftRule(ctx context.Context, req *verifierv1.DecideDraf
 	if s.scope(ctx) != "" {
 		return nil, s.toStatus(ctx, errTenantMismatch)
 	}
-	d, err := s.reviews.DecideDraft(ctx, "", req.GetDraftRuleId(), req.GetReviewer(), req.GetApprove())
+	d, err := s.reviews.DecideDraft(ctx, "", review.DraftDecision{
+		ID: req.GetDraftRuleId(), Reviewer: req.GetReviewer(), Approve: req.GetApprove(),
+		Widen: req.GetWiden(), Operator: rpc.CallerOf(ctx).Name,
+	})
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
@@ -533,6 +536,7 @@ func draftToProto(d review.DraftRule) *verifierv1.DraftRule {
 	out := &verifierv1.DraftRule{
 		Id: d.ID, ReviewId: d.ReviewID, State: verifierv1.DraftRuleState(toEnum(verifierv1.DraftRuleState_value, "DRAFT_RULE_STATE_", string(d.State))),
 		CreatedBy: d.CreatedBy, CreatedAt: timestamppb.New(d.CreatedAt), DecidedBy: d.DecidedBy,
+		Tenant: d.Tenant, Widened: d.Widened,
 		Rule: &verifierv1.Rule{
 			Id: d.Rule.ID, Description: d.Rule.Description, Scenarios: d.Rule.Scenarios, Condition: d.Rule.Condition,
 			Action: &verifierv1.RuleAction{Type: string(d.Rule.Action.Type), Field: d.Rule.Action.Field,

@@ -3,6 +3,7 @@ package verifier
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -469,3 +470,89 @@ func TestCachedAnswerGetsRulesButNoL3(t *testing.T) {
 		}
 	}
 }
+
+// TestServerWidenDraftRule: a rule drafted from one tenant's review is that tenant's; an
+// operator may widen it to every tenant when approving it, which is audited, logged and
+// announced. A tenant cannot, nor can a widening come without an approval.
+func TestServerWidenDraftRule(t *testing.T) {
+	t.Parallel()
+	var logs strings.Builder
+	var logMu sync.Mutex
+	ts := startServer(t, DefaultConfig(), serverOptions{log: slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(p)
+	}), nil))})
+	ctx := context.Background()
+	resp, err := ts.client.Verify(ctx, riskyRequest("req-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.client.ClaimReview(ctx, &verifierv1.ClaimReviewRequest{ReviewId: resp.GetReviewId(), Reviewer: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	decided, err := ts.client.DecideReview(ctx, &verifierv1.DecideReviewRequest{
+		ReviewId: resp.GetReviewId(), Reviewer: "alice", Verdict: verifierv1.ReviewVerdict_REVIEW_VERDICT_CORRECT,
+		RootCause: verifierv1.RootCause_ROOT_CAUSE_KNOWLEDGE_CUTOFF, CorrectiveAction: verifierv1.CorrectiveAction_CORRECTIVE_ACTION_APPEND_KNOWLEDGE,
+		CorrectedContent: "需要鉴定。",
+		DraftRule:        &verifierv1.DraftRuleHint{QuestionTerms: []string{"工伤认定"}, AnswerTerms: []string{"无需鉴定"}, Knowledge: "第二十一条：应当进行劳动能力鉴定。"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	draft := decided.GetDraftRule()
+	if draft.GetTenant() != "acme" || !strings.HasPrefix(draft.GetRule().GetCondition(), `tenant == "acme" && `) {
+		t.Fatalf("draft = %v, want acme's rule", draft)
+	}
+	widen := &verifierv1.DecideDraftRuleRequest{DraftRuleId: draft.GetId(), Reviewer: "lead", Approve: true, Widen: true}
+	_, err = ts.client.DecideDraftRule(asTenant("acme"), widen)
+	wantCode(t, err, codes.PermissionDenied, rpc.ReasonPermissionDenied)
+	_, err = ts.client.DecideDraftRule(asOperator("ops"), &verifierv1.DecideDraftRuleRequest{DraftRuleId: draft.GetId(), Reviewer: "lead", Widen: true})
+	wantCode(t, err, codes.InvalidArgument, rpc.ReasonInvalidRequest)
+
+	got, err := ts.client.DecideDraftRule(asOperator("ops"), widen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.GetRule(); !r.GetWidened() || r.GetTenant() != "acme" || r.GetState() != verifierv1.DraftRuleState_DRAFT_RULE_STATE_APPROVED ||
+		r.GetRule().GetCondition() != `question.contains("工伤认定") && text.contains("无需鉴定")` {
+		t.Fatalf("widened draft = %v", r)
+	}
+	// Another tenant's answers now get the rule too.
+	globex := riskyRequest("req-2")
+	globex.Quality.Tenant = "globex"
+	other, err := ts.client.Verify(asTenant("globex"), globex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(other.GetContent(), "第二十一条") || !contains(other.GetQuality().GetVerification().GetL2RulesApplied(), draft.GetId()) {
+		t.Errorf("another tenant's answer after the widening: %q, rules %v; want the rule applied", other.GetContent(), other.GetQuality().GetVerification().GetL2RulesApplied())
+	}
+
+	ev := ts.events.wait(t, review.SubjectDraftRule, 1).(*eventsv1.DraftRuleDecisionEvent)
+	if !ev.GetApproved() || !ev.GetWidened() || ev.GetOperator() != "ops" || ev.GetReviewer() != "lead" || ev.GetTenant() != "acme" || ev.GetDraftRuleId() != draft.GetId() {
+		t.Errorf("draft rule event = %v", ev)
+	}
+	audit, err := ts.client.ListReviewAudit(ctx, &verifierv1.ListReviewAuditRequest{ReviewId: resp.GetReviewId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := audit.GetEntries()[len(audit.GetEntries())-1]
+	if last.GetAction() != "draft_approved" || last.GetDetail() != "widened to every tenant (drafted for tenant acme); operator ops" {
+		t.Errorf("last audit entry = %v", last)
+	}
+	logMu.Lock()
+	out := logs.String()
+	logMu.Unlock()
+	if !strings.Contains(out, `"msg":"draft rule widened beyond its tenant: it now applies to every tenant's answers"`) || !strings.Contains(out, `"operator":"ops"`) {
+		t.Errorf("no widening line naming the operator in the log:\n%.2000s", out)
+	}
+	// Decided once, the draft cannot be decided (or widened) again.
+	_, err = ts.client.DecideDraftRule(asOperator("ops"), widen)
+	wantCode(t, err, codes.FailedPrecondition, ReasonReviewConflict)
+}
+
+// writerFunc adapts a function to io.Writer.
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

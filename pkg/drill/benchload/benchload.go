@@ -226,7 +226,7 @@ func MeshConfig(mode Mode, base string) (mesh.Config, error) {
 		cfg.Target = "all"
 	case RouterOnly:
 		cfg.Target = "router"
-		cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.VerifierAddress = router.Off, router.Off, router.Off
+		cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.VerifierAddress, cfg.Router.AgentAddress = router.Off, router.Off, router.Off, router.Off
 	default:
 		return cfg, fmt.Errorf("benchload: mode %q runs no mesh", mode)
 	}

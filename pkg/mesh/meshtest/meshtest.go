@@ -1,5 +1,5 @@
 // Package meshtest runs a whole mantle mesh inside a test process: either as one process
-// with --target=all, or as four processes (one per service) wired by address, both on
+// with --target=all, or as five processes (one per service) wired by address, both on
 // 127.0.0.1:0 with an embedded NATS server. Tests send the same requests through both
 // shapes to prove the deployment mode changes nothing a caller can see.
 package meshtest
@@ -10,6 +10,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -42,7 +43,8 @@ type Mesh struct {
 	NATSURL string
 	// Router is the process that runs the router.
 	Router *mesh.Process
-	// Processes are the processes by target: "all", or router, cache, quota and verifier.
+	// Processes are the processes by target: "all", or router, cache, quota, verifier and
+	// agent.
 	Processes map[string]*mesh.Process
 }
 
@@ -63,7 +65,7 @@ func StartWith(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options) *Mes
 
 // StartEach is StartWith with a hook that adjusts each process's configuration just
 // before it starts (its certificate, its listeners' client authentication): target is
-// "all", or router, cache, quota or verifier. each may be nil.
+// "all", or router, cache, quota, verifier or agent. each may be nil.
 func StartEach(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options, each func(target string, c *mesh.Config)) *Mesh {
 	t.Helper()
 	if each == nil {
@@ -95,7 +97,7 @@ func StartEach(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options, each
 		m.Router = Run(t, cfg, opts)
 		m.Processes["all"] = m.Router
 	} else {
-		for _, svc := range []string{"quota", "cache", "verifier"} {
+		for _, svc := range []string{"quota", "cache", "verifier", "agent"} {
 			c := cfg
 			c.Target = svc
 			each(svc, &c)
@@ -107,7 +109,10 @@ func StartEach(t testing.TB, cfg mesh.Config, mode Mode, opts mesh.Options, each
 			case "cache":
 				cfg.Router.CacheAddress = p.App.GRPCAddr()
 			case "verifier":
+				// The agent, started next, dials it too (confirmation reviews).
 				cfg.Router.VerifierAddress = p.App.GRPCAddr()
+			case "agent":
+				cfg.Router.AgentAddress = p.App.GRPCAddr()
 			}
 		}
 		cfg.Target = "router"
@@ -156,6 +161,15 @@ func secure(cfg *mesh.Config, opts *mesh.Options) {
 // operator key and the test mesh's shared secret (see OperatorKey).
 func Run(t testing.TB, cfg mesh.Config, opts mesh.Options) *mesh.Process {
 	t.Helper()
+	p, _ := RunStoppable(t, cfg, opts)
+	return p
+}
+
+// RunStoppable is Run that also returns stop, which stops the process (as a crash or a
+// rolling restart would) and waits for it to exit; the test's end calls it too, and a
+// second call does nothing.
+func RunStoppable(t testing.TB, cfg mesh.Config, opts mesh.Options) (*mesh.Process, func()) {
+	t.Helper()
 	secure(&cfg, &opts)
 	p, err := mesh.Start(context.Background(), cfg, opts)
 	if err != nil {
@@ -164,14 +178,15 @@ func Run(t testing.TB, cfg mesh.Config, opts mesh.Options) *mesh.Process {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
-	t.Cleanup(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 			t.Errorf("%s stopped with: %v", cfg.Target, err)
 		}
 	})
+	t.Cleanup(stop)
 	waitServing(t, p.App.GRPCAddr(), cfg.TLS)
-	return p
+	return p, stop
 }
 
 // waitServing asks the process's health as the process itself would call it: with its

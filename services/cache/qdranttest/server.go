@@ -3,16 +3,20 @@ package qdranttest
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
-	"math"
 	"net"
 	"slices"
 	"sync"
 
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 	"github.com/qdrant/go-client/qdrant"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -37,6 +41,8 @@ type Server struct {
 	fault       func(ctx context.Context, method string) error
 	calls       map[string]int
 	apiKey      string
+	clientCert  *x509.Certificate // presented on the last call's connection (TLS)
+	conns       map[net.Conn]bool // open connections, for DropConnections
 }
 
 type collection struct {
@@ -55,13 +61,26 @@ type point struct {
 }
 
 // Start serves a new, empty Qdrant on 127.0.0.1:0 until Close.
-func Start() (*Server, error) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+func Start() (*Server, error) { return serve(nil) }
+
+// StartTLS is Start over TLS with cfg: with cfg.ClientAuth set to
+// tls.RequireAndVerifyClientCert, a client without a certificate of cfg.ClientCAs is
+// refused in the handshake, as a Qdrant behind a proxy that requires client certificates
+// refuses it.
+func StartTLS(cfg *tls.Config) (*Server, error) { return serve(cfg) }
+
+func serve(tlsCfg *tls.Config) (*Server, error) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Addr: lis.Addr().String(), done: make(chan struct{}), collections: map[string]*collection{}, calls: map[string]int{}}
-	s.srv = grpc.NewServer(grpc.UnaryInterceptor(s.intercept))
+	s := &Server{Addr: raw.Addr().String(), done: make(chan struct{}), collections: map[string]*collection{}, calls: map[string]int{}, conns: map[net.Conn]bool{}}
+	lis := &trackingListener{Listener: raw, s: s}
+	opts := []grpc.ServerOption{grpc.UnaryInterceptor(s.intercept)}
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	s.srv = grpc.NewServer(opts...)
 	qdrant.RegisterCollectionsServer(s.srv, collectionsServer{s: s})
 	qdrant.RegisterPointsServer(s.srv, pointsServer{s: s})
 	qdrant.RegisterQdrantServer(s.srv, healthServer{})
@@ -76,6 +95,55 @@ func Start() (*Server, error) {
 func (s *Server) Close() {
 	s.srv.Stop()
 	<-s.done
+}
+
+// DropConnections closes every open client connection, as a restarting Qdrant or a load
+// balancer does; clients connect again, with a new handshake, on their next call.
+func (s *Server) DropConnections() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.Close()
+		delete(s.conns, c)
+	}
+}
+
+// ClientCertificate returns the certificate the client presented on the connection of the
+// last call; nil without TLS or without one.
+func (s *Server) ClientCertificate() *x509.Certificate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clientCert
+}
+
+// trackingListener remembers the connections it accepts, for DropConnections.
+type trackingListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l *trackingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.s.mu.Lock()
+	l.s.conns[c] = true
+	l.s.mu.Unlock()
+	return &trackedConn{Conn: c, s: l.s}, nil
+}
+
+// trackedConn forgets itself when closed.
+type trackedConn struct {
+	net.Conn
+	s *Server
+}
+
+func (c *trackedConn) Close() error {
+	c.s.mu.Lock()
+	delete(c.s.conns, c.Conn)
+	c.s.mu.Unlock()
+	return c.Conn.Close()
 }
 
 // SetFault installs f, called before every RPC with its full method name; a non-nil error
@@ -148,6 +216,12 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if keys := md.Get("api-key"); len(keys) > 0 {
 			s.apiKey = keys[0]
+		}
+	}
+	s.clientCert = nil
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.PeerCertificates) > 0 {
+			s.clientCert = info.State.PeerCertificates[0]
 		}
 	}
 	f := s.fault
@@ -363,7 +437,7 @@ func (ps pointsServer) Query(_ context.Context, req *qdrant.QueryPoints) (*qdran
 		if uint64(len(q)) != c.size {
 			return nil, status.Errorf(codes.InvalidArgument, "Wrong input: Vector dimension error: expected dim: %d, got %d", c.size, len(q))
 		}
-		score = func(p *point) (float32, bool) { return cosine(q, p.dense), true }
+		score = func(p *point) (float32, bool) { return float32(textsim.Cosine(q, p.dense)), true }
 	case nearest.GetSparse() != nil:
 		name := req.GetUsing()
 		if !c.sparse[name] {
@@ -409,19 +483,6 @@ func (ps pointsServer) Query(_ context.Context, req *qdrant.QueryPoints) (*qdran
 		hits = hits[:limit]
 	}
 	return &qdrant.QueryResponse{Result: hits}, nil
-}
-
-func cosine(a, b []float32) float32 {
-	var dot, na, nb float64
-	for i := range a {
-		dot += float64(a[i]) * float64(b[i])
-		na += float64(a[i]) * float64(a[i])
-		nb += float64(b[i]) * float64(b[i])
-	}
-	if na == 0 || nb == 0 {
-		return 0
-	}
-	return float32(dot / math.Sqrt(na*nb))
 }
 
 func sparseDot(a, b *qdrant.SparseVector) float32 {

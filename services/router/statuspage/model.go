@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
@@ -26,6 +27,9 @@ type Snapshot struct {
 	Degradations []Degradation `json:"degradations"`
 	Cache        CacheSection  `json:"cache"`
 	Quota        QuotaSection  `json:"quota"`
+	// Tools are the agent's tools with their health, as the agent replica that answered
+	// sees them.
+	Tools ToolsSection `json:"tools"`
 }
 
 // Summary is the page's headline: what an operator checks first.
@@ -38,6 +42,8 @@ type Summary struct {
 	OpenBreakers int `json:"open_breakers"`
 	HalfOpen     int `json:"half_open_breakers"`
 	CoolingDown  int `json:"cooling_down"`
+	// OpenToolBreakers counts the tools whose breaker is open.
+	OpenToolBreakers int `json:"open_tool_breakers"`
 }
 
 func summarize(routes []Route) Summary {
@@ -126,6 +132,54 @@ type Degradation struct {
 	RequestID    string    `json:"request_id"`
 	AnsweredBy   string    `json:"answered_by"`
 	FailedModels []string  `json:"failed_models"`
+}
+
+// ToolsSection is every tool of the agent with its health, or why it could not be read.
+type ToolsSection struct {
+	Available bool `json:"available"`
+	// Off is set when the router serves no tools; Error says so.
+	Off   bool   `json:"off,omitempty"`
+	Error string `json:"error,omitempty"`
+	Tools []Tool `json:"tools,omitempty"`
+}
+
+// Tool is one tool's kind and health.
+type Tool struct {
+	Name string `json:"name"`
+	// Kind is query, action or external.
+	Kind string `json:"kind"`
+	// Breaker is closed, open or half_open.
+	Breaker string `json:"breaker_state"`
+	// NextProbeAt is when an open breaker lets a probe through.
+	NextProbeAt  *time.Time `json:"next_probe_at,omitempty"`
+	Calls        int64      `json:"calls"`
+	Failures     int64      `json:"failures"`
+	StaleAnswers int64      `json:"stale_answers"`
+	// Recent are the outcomes of the tool's last calls, oldest first.
+	Recent []string `json:"recent_outcomes"`
+
+	NextProbeIn string `json:"-"`
+}
+
+func toolsOf(resp *agentv1.ListToolsResponse, now time.Time) []Tool {
+	out := make([]Tool, 0, len(resp.GetTools()))
+	for _, t := range resp.GetTools() {
+		h := t.GetHealth()
+		tool := Tool{
+			Name: t.GetName(), Kind: strings.ToLower(strings.TrimPrefix(t.GetKind().String(), "TOOL_KIND_")),
+			Breaker: breakerOf(h.GetBreaker()), Calls: h.GetCalls(), Failures: h.GetFailures(), StaleAnswers: h.GetStaleAnswers(),
+			Recent: h.GetRecentOutcomes(),
+		}
+		if tool.Recent == nil {
+			tool.Recent = []string{}
+		}
+		if h.GetBreakerUntil() != nil {
+			at := h.GetBreakerUntil().AsTime()
+			tool.NextProbeAt, tool.NextProbeIn = &at, until(at, now)
+		}
+		out = append(out, tool)
+	}
+	return out
 }
 
 // CacheSection is the cache's hit rate, or why it could not be read.

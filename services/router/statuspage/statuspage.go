@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
@@ -75,11 +76,18 @@ type Cache interface {
 	DescribeStats(ctx context.Context, in *cachev1.DescribeStatsRequest, opts ...grpc.CallOption) (*cachev1.DescribeStatsResponse, error)
 }
 
+// Tools is the part of the agent's tool client the page reads.
+type Tools interface {
+	ListTools(ctx context.Context, in *agentv1.ListToolsRequest, opts ...grpc.CallOption) (*agentv1.ListToolsResponse, error)
+}
+
 // Deps are where the page's data comes from.
 type Deps struct {
 	Routes Routes
 	Quota  Quota
 	Cache  Cache
+	// Tools is nil when the router serves no tools (router.agent_address off).
+	Tools Tools
 	// Auth checks tenant keys; nil when authentication is disabled (the page is open).
 	Auth  *rpc.Authenticator
 	Clock clockwork.Clock
@@ -206,16 +214,37 @@ func (h *Handler) collect(ctx context.Context, tenant string) Snapshot {
 		defer cancel()
 		snap.Cache = cacheSection(cctx, h.deps.Cache)
 	})
+	wg.Go(func() {
+		cctx, cancel := context.WithTimeout(ctx, h.deps.CallTimeout)
+		defer cancel()
+		snap.Tools = toolsSection(cctx, h.deps.Tools, now)
+	})
 
 	if resp, err := h.deps.Routes.Describe(""); err != nil {
 		snap.RoutesError = err.Error()
 	} else {
 		snap.Routes = routesOf(resp, now)
 	}
-	snap.Summary = summarize(snap.Routes)
 	snap.Degradations = degradationsOf(h.deps.Routes.RecentDegradations(), tenant, now)
 	wg.Wait()
+	snap.Summary = summarize(snap.Routes)
+	for _, t := range snap.Tools.Tools {
+		if t.Breaker == "open" {
+			snap.Summary.OpenToolBreakers++
+		}
+	}
 	return snap
+}
+
+func toolsSection(ctx context.Context, t Tools, now time.Time) ToolsSection {
+	if t == nil {
+		return ToolsSection{Off: true, Error: "tools are off here: router.agent_address is off"}
+	}
+	resp, err := t.ListTools(ctx, &agentv1.ListToolsRequest{IncludeHealth: true})
+	if err != nil {
+		return ToolsSection{Error: callError(err)}
+	}
+	return ToolsSection{Available: true, Tools: toolsOf(resp, now)}
 }
 
 func quotaSection(ctx context.Context, q Quota) QuotaSection {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
@@ -82,6 +83,27 @@ func (f fakeCache) DescribeStats(context.Context, *cachev1.DescribeStatsRequest,
 		Scenarios: []*cachev1.ScenarioStats{{Scenario: "support", Lookups: 8, Hits: 2}}}, nil
 }
 
+// fakeTools answers ListTools with one healthy query and one action whose breaker is open.
+type fakeTools struct {
+	err error
+}
+
+func (f *fakeTools) ListTools(_ context.Context, req *agentv1.ListToolsRequest, _ ...grpc.CallOption) (*agentv1.ListToolsResponse, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	if !req.GetIncludeHealth() {
+		return nil, status.Error(codes.InvalidArgument, "the page must ask for health")
+	}
+	return &agentv1.ListToolsResponse{Tools: []*agentv1.ToolInfo{
+		{Name: "lookup", Kind: agentv1.ToolKind_TOOL_KIND_QUERY, Health: &agentv1.ToolHealth{
+			Breaker: mantlev1.BreakerState_BREAKER_STATE_CLOSED, Calls: 9, StaleAnswers: 1, RecentOutcomes: []string{"ok", "stale", "cached"}}},
+		{Name: "order", Kind: agentv1.ToolKind_TOOL_KIND_ACTION, Health: &agentv1.ToolHealth{
+			Breaker: mantlev1.BreakerState_BREAKER_STATE_OPEN, BreakerUntil: timestamppb.New(now.Add(29 * time.Second)), Calls: 4, Failures: 3,
+			RecentOutcomes: []string{"ok", "unavailable", "pending_confirmation"}}},
+	}}, nil
+}
+
 func degradation(tenant, reason string) *eventsv1.DegradationEvent {
 	return &eventsv1.DegradationEvent{At: timestamppb.New(now.Add(-90 * time.Second)), RequestId: "req-" + tenant, Tenant: tenant,
 		Scenario: "support", Route: "chat", Level: mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL, Reason: reason, AnsweredBy: "claude"}
@@ -103,6 +125,7 @@ func TestPage(t *testing.T) {
 		routes   fakeRoutes
 		quota    fakeQuota
 		cache    fakeCache
+		tools    *fakeTools
 		auth     *rpc.Authenticator
 		url      string
 		setup    func(r *http.Request)
@@ -111,7 +134,7 @@ func TestPage(t *testing.T) {
 		notWant  []string
 	}{
 		{
-			name: "open breaker, degradations, cache and quota", routes: open, url: "/status",
+			name: "open breaker, degradations, cache and quota", routes: open, url: "/status", tools: &fakeTools{},
 			wantCode: http.StatusOK,
 			want: []string{
 				`<meta http-equiv="refresh" content="5">`,
@@ -123,8 +146,18 @@ func TestPage(t *testing.T) {
 				`id="cache-hit-rate">25.0%`,
 				`data-tenant="acme" data-rpm-used="12" data-rpm-limit="600" data-tpm-used="50000" data-tpm-limit="200000"`,
 				`all tenants`,
+				`data-tool="lookup" data-kind="query" data-breaker="closed" data-calls="9"`,
+				`<span class="badge outcome outcome-stale">stale</span>`,
+				`data-tool="order" data-kind="action" data-breaker="open" data-calls="4"`,
+				`<span class="badge outcome outcome-pending_confirmation">pending_confirmation</span>`,
+				`id="open-tool-breakers">1<`,
 			},
-			notWant: []string{"unavailable:"},
+			notWant: []string{"unavailable:", "tools are off"},
+		},
+		{
+			name: "tools off: said plainly, not as a failure", routes: open, url: "/status", wantCode: http.StatusOK,
+			want:    []string{`id="tools-off">tools are off here: router.agent_address is off`, `id="open-tool-breakers">0<`},
+			notWant: []string{"unavailable:", `class="tool `},
 		},
 		{
 			name: "closed and half-open breakers have no probe time", routes: fakeRoutes{state: mantlev1.BreakerState_BREAKER_STATE_HALF_OPEN, reason: "open period elapsed"},
@@ -142,11 +175,13 @@ func TestPage(t *testing.T) {
 		{
 			name: "dependencies unreachable: their sections say so, the page still renders", routes: open,
 			quota: fakeQuota{err: unavailable}, cache: fakeCache{err: status.Error(codes.DeadlineExceeded, "context deadline exceeded")},
-			url: "/status", wantCode: http.StatusOK,
+			tools: &fakeTools{err: status.Error(codes.PermissionDenied, "no")},
+			url:   "/status", wantCode: http.StatusOK,
 			want: []string{
 				`id="quota-unavailable">quota unavailable: Unavailable: connection error: desc = &#34;transport: dial tcp 127.0.0.1:1: connect: connection refused&#34;</div>`,
 				`id="cache-unavailable">cache unavailable: DeadlineExceeded: context deadline exceeded</div>`,
 				`cache hit rate <b>n/a</b>`,
+				`id="tools-unavailable">tools unavailable: PermissionDenied: no</div>`,
 				`data-breaker="open"`,
 			},
 			notWant: []string{"more detail"},
@@ -178,8 +213,12 @@ func TestPage(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := New(Deps{Routes: tt.routes, Quota: tt.quota, Cache: tt.cache, Auth: tt.auth, Clock: clockwork.NewFakeClockAt(now),
-				Log: slog.New(slog.DiscardHandler), Refresh: func() time.Duration { return 5 * time.Second }})
+			deps := Deps{Routes: tt.routes, Quota: tt.quota, Cache: tt.cache, Auth: tt.auth, Clock: clockwork.NewFakeClockAt(now),
+				Log: slog.New(slog.DiscardHandler), Refresh: func() time.Duration { return 5 * time.Second }}
+			if tt.tools != nil {
+				deps.Tools = tt.tools
+			}
+			h := New(deps)
 			mux := http.NewServeMux()
 			h.Register(mux)
 			req := httptest.NewRequest(http.MethodGet, tt.url, nil)

@@ -1617,9 +1617,26 @@ type QualityContext struct {
 	// True when the cached answer (cache_hit) is past its time to live: served only because
 	// no model could answer (cache-only mode, the ladder's cache rung). Also the
 	// x-mantle-cache: stale header.
-	CacheStale    bool `protobuf:"varint,28,opt,name=cache_stale,json=cacheStale,proto3" json:"cache_stale,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CacheStale bool `protobuf:"varint,28,opt,name=cache_stale,json=cacheStale,proto3" json:"cache_stale,omitempty"`
+	// The agent session and step the request ran as, when it named one
+	// (x-mantle-session, x-mantle-step).
+	SessionId string `protobuf:"bytes,29,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	StepId    string `protobuf:"bytes,30,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// True when the answer is the step's recorded result: the session was resumed and no
+	// model was called. Also the x-mantle-replayed: true header.
+	SessionReplayed bool `protobuf:"varint,31,opt,name=session_replayed,json=sessionReplayed,proto3" json:"session_replayed,omitempty"`
+	// True when the step ran in its session's degraded form: the session degraded earlier
+	// and stays degraded for a while (sticky), so the route's first choice was skipped.
+	SessionDegraded bool `protobuf:"varint,32,opt,name=session_degraded,json=sessionDegraded,proto3" json:"session_degraded,omitempty"`
+	// True when the answer came from the route's fast-answer rung: a small model asked with
+	// the route's short prompt in place of the request's system messages and with a small
+	// max_tokens, after the route's models and its smaller ones failed.
+	SimplifiedPrompt bool `protobuf:"varint,33,opt,name=simplified_prompt,json=simplifiedPrompt,proto3" json:"simplified_prompt,omitempty"`
+	// Set when older turns of the conversation were replaced by a summary so that the
+	// prompt fits a model's context window.
+	ContextCompression *ContextCompression `protobuf:"bytes,34,opt,name=context_compression,json=contextCompression,proto3" json:"context_compression,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *QualityContext) Reset() {
@@ -1848,6 +1865,140 @@ func (x *QualityContext) GetCacheStale() bool {
 	return false
 }
 
+func (x *QualityContext) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *QualityContext) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *QualityContext) GetSessionReplayed() bool {
+	if x != nil {
+		return x.SessionReplayed
+	}
+	return false
+}
+
+func (x *QualityContext) GetSessionDegraded() bool {
+	if x != nil {
+		return x.SessionDegraded
+	}
+	return false
+}
+
+func (x *QualityContext) GetSimplifiedPrompt() bool {
+	if x != nil {
+		return x.SimplifiedPrompt
+	}
+	return false
+}
+
+func (x *QualityContext) GetContextCompression() *ContextCompression {
+	if x != nil {
+		return x.ContextCompression
+	}
+	return nil
+}
+
+// ContextCompression says how a conversation was shortened to fit a context window: the
+// oldest turns (after the system messages, before the most recent ones) were summarised
+// by a small model, and the summary replaced them as one system message.
+type ContextCompression struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model that wrote the summary.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// How many messages the summary replaced.
+	MessagesSummarized int32 `protobuf:"varint,2,opt,name=messages_summarized,json=messagesSummarized,proto3" json:"messages_summarized,omitempty"`
+	// The prompt's estimated size in tokens before and after.
+	PromptTokensBefore int64 `protobuf:"varint,3,opt,name=prompt_tokens_before,json=promptTokensBefore,proto3" json:"prompt_tokens_before,omitempty"`
+	PromptTokensAfter  int64 `protobuf:"varint,4,opt,name=prompt_tokens_after,json=promptTokensAfter,proto3" json:"prompt_tokens_after,omitempty"`
+	// The summarising calls' tokens (also counted in the request's usage and cost).
+	Usage *Usage `protobuf:"bytes,5,opt,name=usage,proto3" json:"usage,omitempty"`
+	// How many calls wrote the summary (a long history is summarised in parts).
+	Calls         int32 `protobuf:"varint,6,opt,name=calls,proto3" json:"calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContextCompression) Reset() {
+	*x = ContextCompression{}
+	mi := &file_mantle_v1_quality_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContextCompression) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContextCompression) ProtoMessage() {}
+
+func (x *ContextCompression) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_v1_quality_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContextCompression.ProtoReflect.Descriptor instead.
+func (*ContextCompression) Descriptor() ([]byte, []int) {
+	return file_mantle_v1_quality_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ContextCompression) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ContextCompression) GetMessagesSummarized() int32 {
+	if x != nil {
+		return x.MessagesSummarized
+	}
+	return 0
+}
+
+func (x *ContextCompression) GetPromptTokensBefore() int64 {
+	if x != nil {
+		return x.PromptTokensBefore
+	}
+	return 0
+}
+
+func (x *ContextCompression) GetPromptTokensAfter() int64 {
+	if x != nil {
+		return x.PromptTokensAfter
+	}
+	return 0
+}
+
+func (x *ContextCompression) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *ContextCompression) GetCalls() int32 {
+	if x != nil {
+		return x.Calls
+	}
+	return 0
+}
+
 var File_mantle_v1_quality_proto protoreflect.FileDescriptor
 
 const file_mantle_v1_quality_proto_rawDesc = "" +
@@ -1955,7 +2106,7 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\tR\x04step\x12\x16\n" +
 	"\x06detail\x18\x04 \x01(\tR\x06detail\x125\n" +
-	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\x9f\t\n" +
+	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xaa\v\n" +
 	"\x0eQualityContext\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12'\n" +
@@ -1990,7 +2141,21 @@ const file_mantle_v1_quality_proto_rawDesc = "" +
 	"\x10upstream_latency\x18\x1a \x01(\v2\x19.google.protobuf.DurationR\x0fupstreamLatency\x121\n" +
 	"\x06waited\x18\x1b \x01(\v2\x19.google.protobuf.DurationR\x06waited\x12\x1f\n" +
 	"\vcache_stale\x18\x1c \x01(\bR\n" +
-	"cacheStale*\xb0\x01\n" +
+	"cacheStale\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x1d \x01(\tR\tsessionId\x12\x17\n" +
+	"\astep_id\x18\x1e \x01(\tR\x06stepId\x12)\n" +
+	"\x10session_replayed\x18\x1f \x01(\bR\x0fsessionReplayed\x12)\n" +
+	"\x10session_degraded\x18  \x01(\bR\x0fsessionDegraded\x12+\n" +
+	"\x11simplified_prompt\x18! \x01(\bR\x10simplifiedPrompt\x12N\n" +
+	"\x13context_compression\x18\" \x01(\v2\x1d.mantle.v1.ContextCompressionR\x12contextCompression\"\xfb\x01\n" +
+	"\x12ContextCompression\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12/\n" +
+	"\x13messages_summarized\x18\x02 \x01(\x05R\x12messagesSummarized\x120\n" +
+	"\x14prompt_tokens_before\x18\x03 \x01(\x03R\x12promptTokensBefore\x12.\n" +
+	"\x13prompt_tokens_after\x18\x04 \x01(\x03R\x11promptTokensAfter\x12&\n" +
+	"\x05usage\x18\x05 \x01(\v2\x10.mantle.v1.UsageR\x05usage\x12\x14\n" +
+	"\x05calls\x18\x06 \x01(\x05R\x05calls*\xb0\x01\n" +
 	"\rFallbackLevel\x12\x1e\n" +
 	"\x1aFALLBACK_LEVEL_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FALLBACK_LEVEL_PRIMARY\x10\x01\x12\x1f\n" +
@@ -2052,7 +2217,7 @@ func file_mantle_v1_quality_proto_rawDescGZIP() []byte {
 }
 
 var file_mantle_v1_quality_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_mantle_v1_quality_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_mantle_v1_quality_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_mantle_v1_quality_proto_goTypes = []any{
 	(FallbackLevel)(0),            // 0: mantle.v1.FallbackLevel
 	(ErrorClass)(0),               // 1: mantle.v1.ErrorClass
@@ -2074,8 +2239,9 @@ var file_mantle_v1_quality_proto_goTypes = []any{
 	(*Verification)(nil),          // 17: mantle.v1.Verification
 	(*AuditStep)(nil),             // 18: mantle.v1.AuditStep
 	(*QualityContext)(nil),        // 19: mantle.v1.QualityContext
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*ContextCompression)(nil),    // 20: mantle.v1.ContextCompression
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 }
 var file_mantle_v1_quality_proto_depIdxs = []int32{
 	7,  // 0: mantle.v1.ChatMessage.parts:type_name -> mantle.v1.ContentPart
@@ -2085,29 +2251,31 @@ var file_mantle_v1_quality_proto_depIdxs = []int32{
 	10, // 4: mantle.v1.ContentPart.file:type_name -> mantle.v1.FilePart
 	5,  // 5: mantle.v1.ResponseFormat.type:type_name -> mantle.v1.ResponseFormat.Type
 	1,  // 6: mantle.v1.Attempt.error_class:type_name -> mantle.v1.ErrorClass
-	20, // 7: mantle.v1.Attempt.latency:type_name -> google.protobuf.Duration
-	20, // 8: mantle.v1.Attempt.ttft:type_name -> google.protobuf.Duration
+	21, // 7: mantle.v1.Attempt.latency:type_name -> google.protobuf.Duration
+	21, // 8: mantle.v1.Attempt.ttft:type_name -> google.protobuf.Duration
 	15, // 9: mantle.v1.Attempt.usage:type_name -> mantle.v1.Usage
-	21, // 10: mantle.v1.Attempt.started_at:type_name -> google.protobuf.Timestamp
+	22, // 10: mantle.v1.Attempt.started_at:type_name -> google.protobuf.Timestamp
 	1,  // 11: mantle.v1.Verification.failure_class:type_name -> mantle.v1.ErrorClass
-	21, // 12: mantle.v1.AuditStep.at:type_name -> google.protobuf.Timestamp
-	20, // 13: mantle.v1.AuditStep.duration:type_name -> google.protobuf.Duration
+	22, // 12: mantle.v1.AuditStep.at:type_name -> google.protobuf.Timestamp
+	21, // 13: mantle.v1.AuditStep.duration:type_name -> google.protobuf.Duration
 	3,  // 14: mantle.v1.QualityContext.priority:type_name -> mantle.v1.Priority
-	21, // 15: mantle.v1.QualityContext.deadline:type_name -> google.protobuf.Timestamp
+	22, // 15: mantle.v1.QualityContext.deadline:type_name -> google.protobuf.Timestamp
 	16, // 16: mantle.v1.QualityContext.attempts:type_name -> mantle.v1.Attempt
 	0,  // 17: mantle.v1.QualityContext.fallback_level:type_name -> mantle.v1.FallbackLevel
 	17, // 18: mantle.v1.QualityContext.verification:type_name -> mantle.v1.Verification
 	2,  // 19: mantle.v1.QualityContext.quality_grade:type_name -> mantle.v1.QualityGrade
 	15, // 20: mantle.v1.QualityContext.usage:type_name -> mantle.v1.Usage
 	18, // 21: mantle.v1.QualityContext.audit:type_name -> mantle.v1.AuditStep
-	20, // 22: mantle.v1.QualityContext.overhead:type_name -> google.protobuf.Duration
-	20, // 23: mantle.v1.QualityContext.upstream_latency:type_name -> google.protobuf.Duration
-	20, // 24: mantle.v1.QualityContext.waited:type_name -> google.protobuf.Duration
-	25, // [25:25] is the sub-list for method output_type
-	25, // [25:25] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	21, // 22: mantle.v1.QualityContext.overhead:type_name -> google.protobuf.Duration
+	21, // 23: mantle.v1.QualityContext.upstream_latency:type_name -> google.protobuf.Duration
+	21, // 24: mantle.v1.QualityContext.waited:type_name -> google.protobuf.Duration
+	20, // 25: mantle.v1.QualityContext.context_compression:type_name -> mantle.v1.ContextCompression
+	15, // 26: mantle.v1.ContextCompression.usage:type_name -> mantle.v1.Usage
+	27, // [27:27] is the sub-list for method output_type
+	27, // [27:27] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_mantle_v1_quality_proto_init() }
@@ -2130,7 +2298,7 @@ func file_mantle_v1_quality_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_v1_quality_proto_rawDesc), len(file_mantle_v1_quality_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/text/unicode/norm"
 
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
@@ -161,7 +162,7 @@ func lexicalFeatures(text string) []vector.Feature {
 	for i := 0; i < len(text); {
 		r, size := utf8.DecodeRuneInString(text[i:])
 		switch {
-		case isHan(r):
+		case textsim.IsCJK(r):
 			prevWord = ""
 			addHan(r)
 			i += size
@@ -170,13 +171,13 @@ func lexicalFeatures(text string) []vector.Feature {
 			j := i + size
 			for j < len(text) {
 				c, n := utf8.DecodeRuneInString(text[j:])
-				if (unicode.IsLetter(c) || unicode.IsDigit(c) || unicode.IsMark(c)) && !isHan(c) {
+				if (unicode.IsLetter(c) || unicode.IsDigit(c) || unicode.IsMark(c)) && !textsim.IsCJK(c) {
 					j += n
 					continue
 				}
 				// An inner apostrophe belongs to the word: don't, it's.
 				if c == '\'' && j+n < len(text) {
-					if d, _ := utf8.DecodeRuneInString(text[j+n:]); unicode.IsLetter(d) && !isHan(d) {
+					if d, _ := utf8.DecodeRuneInString(text[j+n:]); unicode.IsLetter(d) && !textsim.IsCJK(d) {
 						j += n
 						continue
 					}
@@ -215,12 +216,6 @@ func addTrigrams(features *featureList, word string) {
 	for j := 0; j+3 <= len(rs); j++ {
 		features.add(newHash('c').rune(rs[j]).rune(rs[j+1]).rune(rs[j+2]), per)
 	}
-}
-
-// isHan reports whether r belongs to a script written without spaces, where characters
-// and their pairs stand in for words.
-func isHan(r rune) bool {
-	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul)
 }
 
 // stopHan are function characters (and 请问, please-may-I-ask). Characters that also start

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"unicode"
+
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 )
 
 // Directions and roles: "from my savings to my checking" and "from my checking to my
@@ -192,7 +194,7 @@ func forward(rs []rune, i int, stops string) string {
 	for i < len(rs) && unicode.IsSpace(rs[i]) {
 		i++
 	}
-	if i < len(rs) && !isCJK(rs[i]) {
+	if i < len(rs) && !textsim.IsCJK(rs[i]) {
 		return latinRun(rs, i, 1)
 	}
 	for _, w := range leadingOwner {
@@ -202,7 +204,7 @@ func forward(rs []rune, i int, stops string) string {
 		}
 	}
 	j := i
-	for j < len(rs) && j < i+4 && isCJK(rs[j]) && !strings.ContainsRune(stops, rs[j]) {
+	for j < len(rs) && j < i+4 && textsim.IsCJK(rs[j]) && !strings.ContainsRune(stops, rs[j]) {
 		j++
 	}
 	return string(rs[i:j])
@@ -215,11 +217,11 @@ func backward(rs []rune, i int) string {
 	for j > 0 && unicode.IsSpace(rs[j-1]) {
 		j--
 	}
-	if j > 0 && !isCJK(rs[j-1]) {
+	if j > 0 && !textsim.IsCJK(rs[j-1]) {
 		return latinRun(rs, j-1, -1)
 	}
 	k := j
-	for k > 0 && k > j-4 && isCJK(rs[k-1]) && !strings.ContainsRune(stopRunes, rs[k-1]) {
+	for k > 0 && k > j-4 && textsim.IsCJK(rs[k-1]) && !strings.ContainsRune(stopRunes, rs[k-1]) {
 		k--
 	}
 	return trimSegment(rs[k:j])
@@ -227,7 +229,7 @@ func backward(rs []rune, i int) string {
 
 // latinRun returns the run of letters and digits at i, read forward (dir 1) or backward.
 func latinRun(rs []rune, i, dir int) string {
-	isWord := func(r rune) bool { return (unicode.IsLetter(r) || unicode.IsDigit(r)) && !isCJK(r) }
+	isWord := func(r rune) bool { return (unicode.IsLetter(r) || unicode.IsDigit(r)) && !textsim.IsCJK(r) }
 	if !isWord(rs[i]) {
 		return ""
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -141,7 +142,7 @@ func Extract(text string) Signature {
 	latin := 0
 	for _, r := range runes {
 		switch {
-		case isCJK(r):
+		case textsim.IsCJK(r):
 			cjk++
 		case unicode.IsLetter(r):
 			latin++
@@ -261,10 +262,6 @@ type token struct {
 	start, end int
 }
 
-func isCJK(r rune) bool {
-	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul)
-}
-
 // tokenize splits text into words, numbers and CJK runs; everything else separates them.
 func tokenize(rs []rune) []token {
 	var toks []token
@@ -293,9 +290,9 @@ func tokenize(rs []rune) []token {
 			toks = append(toks, token{kind: tokDigits, text: text, start: i, end: j})
 			i = j
 			sentenceStart = false
-		case isCJK(r):
+		case textsim.IsCJK(r):
 			j := i + 1
-			for j < len(rs) && isCJK(rs[j]) {
+			for j < len(rs) && textsim.IsCJK(rs[j]) {
 				j++
 			}
 			toks = append(toks, token{kind: tokCJK, text: string(rs[i:j]), start: i, end: j})
@@ -305,12 +302,12 @@ func tokenize(rs []rune) []token {
 			j := i + 1
 			for j < len(rs) {
 				c := rs[j]
-				if (unicode.IsLetter(c) && !isCJK(c)) || unicode.IsDigit(c) || unicode.IsMark(c) {
+				if (unicode.IsLetter(c) && !textsim.IsCJK(c)) || unicode.IsDigit(c) || unicode.IsMark(c) {
 					j++
 					continue
 				}
 				// Inner apostrophes and hyphens: don't, e-mail, wi-fi.
-				if (c == '\'' || c == '’' || c == '-') && j+1 < len(rs) && unicode.IsLetter(rs[j+1]) && !isCJK(rs[j+1]) {
+				if (c == '\'' || c == '’' || c == '-') && j+1 < len(rs) && unicode.IsLetter(rs[j+1]) && !textsim.IsCJK(rs[j+1]) {
 					j += 2
 					continue
 				}

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 )
 
 // opposites.txt is the lexicon of opposites (see its header for the format).
@@ -63,7 +65,7 @@ func parseOpposites(text string) (lexicon, error) {
 				}
 				forms := []string{w}
 				target := en
-				if isCJK(firstRune(w)) {
+				if textsim.IsCJK(firstRune(w)) {
 					if len([]rune(w)) < 2 {
 						return lexicon{}, fmt.Errorf("line %d: %q: Chinese words need two characters", n+1, w)
 					}

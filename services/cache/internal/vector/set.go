@@ -54,6 +54,11 @@ type Set struct {
 
 	limits Limits
 
+	// graph, once the set has held graphCfg.MinLen vectors, is the approximate search
+	// path (graph.go).
+	graphCfg Graph
+	graph    *graph
+
 	// spare holds up to maxSpare scratches for searches. Not a sync.Pool: a pool is emptied
 	// by garbage collections, and the search after one would allocate and zero two arrays
 	// as long as the set (8 MB at a million vectors), which is what its P99 would measure.
@@ -90,10 +95,14 @@ type Hit struct {
 	Score float32
 }
 
-// NewSet returns an empty set for sparse or dense vectors. Limits apply to sparse searches;
-// dense sets are always scanned in full.
-func NewSet(sparse bool, limits Limits) *Set {
-	s := &Set{sparse: sparse, limits: limits}
+// NewSet returns an empty set for sparse or dense vectors. Limits apply to sparse searches
+// without a graph; dense sets without one are scanned in full. With a graph configured,
+// a set that grows to its MinLen builds one (graph.go).
+func NewSet(sparse bool, limits Limits, g Graph) *Set {
+	if g.M < 2 || g.EfConstruction < 1 {
+		g.MinLen = 0
+	}
+	s := &Set{sparse: sparse, limits: limits, graphCfg: g}
 	if sparse {
 		s.postings = make(map[uint32][]posting)
 	}
@@ -137,12 +146,21 @@ func (s *Set) Add(v Vector) (uint32, error) {
 	s.count++
 	if s.sparse {
 		s.indices[slot], s.values[slot] = v.Indices, v.Values
-		for i, f := range v.Indices {
-			s.postings[f] = append(s.postings[f], posting{slot, v.Values[i]})
+		if s.postings != nil {
+			for i, f := range v.Indices {
+				s.postings[f] = append(s.postings[f], posting{slot, v.Values[i]})
+			}
+			s.total += len(v.Indices)
 		}
-		s.total += len(v.Indices)
 	} else {
 		copy(s.dense[int(slot)*s.dim:], v.Dense)
+	}
+	switch {
+	case s.graph != nil:
+		s.graph.grow(len(s.live))
+		s.graph.enqueue(slot)
+	case s.graphCfg.MinLen > 0 && s.count >= s.graphCfg.MinLen:
+		s.buildGraph()
 	}
 	return slot, nil
 }
@@ -154,13 +172,22 @@ func (s *Set) Remove(slot uint32) {
 	}
 	s.live[slot] = false
 	s.count--
-	if !s.sparse {
+	defer func() {
+		if s.graph != nil && s.count < s.graphCfg.MinLen/4 {
+			s.dropGraph()
+		}
+	}()
+	if !s.sparse || s.postings == nil {
+		// Without postings to keep consistent the slot is free at once. In a graph its
+		// vector stays, a step for walks, until Add replaces it.
 		s.free = append(s.free, slot)
 		return
 	}
 	s.dead = append(s.dead, slot)
 	s.stale += len(s.indices[slot])
-	s.indices[slot], s.values[slot] = nil, nil
+	if s.graph == nil {
+		s.indices[slot], s.values[slot] = nil, nil
+	}
 	// Rebuilding costs one pass over the live postings, so doing it once stale postings
 	// outnumber live ones keeps removal amortised O(coordinates).
 	if s.stale > 1024 && 2*s.stale > s.total {
@@ -208,12 +235,24 @@ func (s *Set) Search(q Vector, k int, minScore float32, accept func(slot uint32)
 		return nil
 	}
 	t := &topK{hits: make([]Hit, 0, k), k: k, min: minScore, accept: accept}
-	if s.sparse {
-		s.searchSparse(q, minScore, t)
-	} else {
-		if len(q.Dense) != s.dim {
-			return nil
+	if !s.sparse && len(q.Dense) != s.dim {
+		return nil
+	}
+	if s.graph != nil && s.graph.ready {
+		sc := s.takeScratch()
+		defer s.returnScratch(sc)
+		sc.seeds = sc.seeds[:0]
+		if s.sparse && s.searchSparse(sc, q, minScore, t, s.graphCfg.Seeds) {
+			return t.hits // the rarest lists sufficed: the walk could add nothing
 		}
+		s.searchGraph(sc, q, k, t)
+		return t.hits
+	}
+	if s.sparse {
+		sc := s.takeScratch()
+		defer s.returnScratch(sc)
+		s.searchSparse(sc, q, minScore, t, s.limits)
+	} else {
 		for slot, live := range s.live {
 			if live {
 				t.consider(uint32(slot), denseDot(q.Dense, s.dense[slot*s.dim:(slot+1)*s.dim]))
@@ -234,6 +273,11 @@ type topK struct {
 func (t *topK) consider(slot uint32, score float32) {
 	if score <= 0 || score < t.min || (len(t.hits) == t.k && !better(Hit{slot, score}, t.hits[t.k-1])) {
 		return
+	}
+	for _, h := range t.hits {
+		if h.Slot == slot { // found twice (by the postings and the graph)
+			return
+		}
 	}
 	if t.accept != nil && !t.accept(slot) {
 		return
@@ -276,18 +320,15 @@ type searchScratch struct {
 	acc   []float32
 	cands []uint32
 	epoch uint32
+	// cand and res are a graph walk's heaps; seeds are where it starts.
+	cand, res, seeds []Hit
 }
 
-// walkFactor bounds the pruning walk: a list is walked only while it is at most this many
-// times longer than the number of candidates, since adding a posting costs a few
-// nanoseconds and scoring a candidate in full a few hundred.
-const walkFactor = 16
-
-func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
-	sc := s.takeScratch()
-	defer s.returnScratch(sc)
-	if len(sc.seen) < len(s.live) {
-		n := len(s.live) + len(s.live)/4
+// mark starts a search over n slots: a slot is marked seen by setting seen[slot] to the
+// new epoch.
+func (sc *searchScratch) mark(n int) {
+	if len(sc.seen) < n {
+		n += n / 4
 		sc.seen, sc.acc = make([]uint32, n), make([]float32, n)
 		sc.epoch = 0
 	}
@@ -296,6 +337,20 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 		clear(sc.seen)
 		sc.epoch = 1
 	}
+}
+
+// walkFactor bounds the pruning walk: a list is walked only while it is at most this many
+// times longer than the number of candidates, since adding a posting costs a few
+// nanoseconds and scoring a candidate in full a few hundred.
+const walkFactor = 16
+
+// searchSparse offers t the candidates the postings give within limits and reports
+// whether the result is the exact one all the same: the lists it read cover enough of the
+// query that no vector outside them reaches minScore, and it scored every candidate that
+// could still beat the k-th hit. With a graph it also keeps every vector it scored in
+// sc.seeds, where the graph's walk starts.
+func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *topK, limits Limits) (exact bool) {
+	sc.mark(len(s.live))
 	sc.cands = sc.cands[:0]
 
 	// The query's lists, shortest first; each is looked up once.
@@ -313,8 +368,8 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 		rest += w * w
 	}
 	bound := minScore - pruneMargin
-	limited := s.limits.Postings > 0
-	budget := s.limits.Postings
+	limited := limits.Postings > 0
+	budget := limits.Postings
 
 	// Candidates: the lists of P. Past the budget, a list is read from its newest end only,
 	// and its weight stays in rest: the slots it added have that coordinate counted twice
@@ -344,6 +399,7 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 			sc.acc[p.slot] += qw * p.weight
 		}
 	}
+	complete := bound > 0 && rest < bound*bound
 	// Pruning: more of the query's lists, for the candidates only.
 	for ; bound > 0 && next < len(sc.order); next++ {
 		i := sc.order[next]
@@ -368,7 +424,7 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 			}
 			t.consider(slot, sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot]))
 		}
-		return
+		return true
 	}
 	// Limited: the candidates with the highest partial products first (acc+restNorm is
 	// each one's upper bound), at most Scored of them, stopping as soon as the next cannot
@@ -379,9 +435,11 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 			cands = append(cands, slot)
 		}
 	}
-	if n := s.limits.Scored; n > 0 && len(cands) > n {
+	cut := false
+	if n := limits.Scored; n > 0 && len(cands) > n {
 		selectTop(cands, sc.acc, n)
 		cands = cands[:n]
+		cut = true
 	}
 	slices.SortFunc(cands, func(a, b uint32) int {
 		if c := cmp.Compare(sc.acc[b], sc.acc[a]); c != 0 {
@@ -391,10 +449,16 @@ func (s *Set) searchSparse(q Vector, minScore float32, t *topK) {
 	})
 	for _, slot := range cands {
 		if worst, full := t.full(); full && sc.acc[slot]+restNorm < worst.Score-pruneMargin {
-			break
+			// The candidates left out by Scored have lower partial products still.
+			return complete
 		}
-		t.consider(slot, sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot]))
+		score := sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot])
+		t.consider(slot, score)
+		if s.graph != nil {
+			sc.seeds = append(sc.seeds, Hit{slot, score})
+		}
 	}
+	return complete && !cut
 }
 
 func (s *Set) takeScratch() *searchScratch {

@@ -82,7 +82,7 @@ func TestDot(t *testing.T) {
 
 func TestSetRejectsMismatchedVectors(t *testing.T) {
 	t.Parallel()
-	dense := NewSet(false, Limits{})
+	dense := NewSet(false, Limits{}, Graph{})
 	v, _ := NewDense([]float32{1, 2, 3})
 	if _, err := dense.Add(v); err != nil {
 		t.Fatalf("Add: %v", err)
@@ -125,24 +125,32 @@ func bruteForce(vs map[uint32]Vector, q Vector, k int, min float32, accept func(
 // never report one with a wrong score, below the minimum, unaccepted or out of order.
 func TestSetSearchMatchesBruteForce(t *testing.T) {
 	t.Parallel()
+	small := Graph{MinLen: 6, M: 2, EfConstruction: 4, EfSearch: 3, Seed: 1}
 	for _, tt := range []struct {
 		name   string
 		limits Limits
+		graph  Graph
 		exact  bool
 	}{
-		{"unlimited", Limits{}, true},
-		{"limits not reached", Limits{Postings: 1 << 20, Scored: 1 << 20}, true},
-		{"tight limits", Limits{Postings: 6, Scored: 2}, false},
-		{"postings only", Limits{Postings: 3}, false},
+		{"unlimited", Limits{}, Graph{}, true},
+		{"limits not reached", Limits{Postings: 1 << 20, Scored: 1 << 20}, Graph{}, true},
+		{"tight limits", Limits{Postings: 6, Scored: 2}, Graph{}, false},
+		{"postings only", Limits{Postings: 3}, Graph{}, false},
+		{"graph", Limits{}, small, false},
+		{"graph and limits", Limits{Postings: 6, Scored: 2}, small, false},
+		{"graph never reached", Limits{}, Graph{MinLen: 1 << 20, M: 2, EfConstruction: 4}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			checkSearch(t, tt.limits, tt.exact)
+			checkSearch(t, tt.limits, tt.graph, tt.exact)
 		})
 	}
 }
 
-func checkSearch(t *testing.T, limits Limits, exact bool) {
+// checkSearch runs random operations on a set. With a graph, linking is one more: some
+// queued vectors linked at once, or a plan made, the set changed, and the plan applied
+// (it must be refused when the change made it stale, and do no harm when it is not).
+func checkSearch(t *testing.T, limits Limits, graph Graph, exact bool) {
 	rapid.Check(t, func(t *rapid.T) {
 		sparse := rapid.Bool().Draw(t, "sparse")
 		genVec := func(label string) Vector {
@@ -176,11 +184,21 @@ func checkSearch(t *testing.T, limits Limits, exact bool) {
 			}
 			return v
 		}
-		set := NewSet(sparse, limits)
+		set := NewSet(sparse, limits, graph)
 		held := map[uint32]Vector{}
 		steps := rapid.IntRange(1, 120).Draw(t, "steps")
+		var plan *LinkPlan
 		for range steps {
-			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			switch op := rapid.IntRange(0, 11).Draw(t, "op"); {
+			case op == 10:
+				set.LinkPending(rapid.IntRange(1, 8).Draw(t, "link"))
+			case op == 11:
+				if plan == nil {
+					plan = set.PlanLink()
+				} else {
+					set.ApplyLink(plan)
+					plan = nil
+				}
 			case op < 5 || len(held) == 0:
 				v := genVec("add")
 				slot, err := set.Add(v)
@@ -210,7 +228,7 @@ func checkSearch(t *testing.T, limits Limits, exact bool) {
 					accept = func(s uint32) bool { return s%2 == 0 }
 				}
 				got := set.Search(q, k, min, accept)
-				if !exact && sparse {
+				if !exact && (sparse || graph.MinLen > 0) {
 					checkSound(t, held, q, k, min, accept, got)
 					break
 				}
@@ -226,6 +244,13 @@ func checkSearch(t *testing.T, limits Limits, exact bool) {
 			}
 			if set.Len() != len(held) {
 				t.Fatalf("Len() = %d, want %d", set.Len(), len(held))
+			}
+		}
+		// Linking ends: every queued vector can be linked, whatever happened since it was queued.
+		if graph.MinLen > 0 {
+			set.LinkPending(1 << 20)
+			if set.Pending() != 0 {
+				t.Fatalf("%d vectors still queued after linking all", set.Pending())
 			}
 		}
 	})
@@ -259,7 +284,7 @@ func checkSound(t *rapid.T, held map[uint32]Vector, q Vector, k int, min float32
 // higher but whose similarity is lower.
 func TestLimitedSearchCountsUnreadLists(t *testing.T) {
 	t.Parallel()
-	set := NewSet(true, Limits{Postings: 1 << 20, Scored: 1 << 20})
+	set := NewSet(true, Limits{Postings: 1 << 20, Scored: 1 << 20}, Graph{})
 	for i := range 2000 { // the common coordinate 0, with coordinates nobody asks for
 		if _, err := set.Add(mustSparse(t, 0, 1, float32(100+i), 1)); err != nil {
 			t.Fatal(err)
@@ -315,7 +340,7 @@ func TestSelectTop(t *testing.T) {
 // checks that the survivors are still found.
 func TestSparseRebuildKeepsResults(t *testing.T) {
 	t.Parallel()
-	set := NewSet(true, Limits{})
+	set := NewSet(true, Limits{}, Graph{})
 	var keep []uint32
 	for i := range 3000 {
 		slot, err := set.Add(mustSparse(t, float32(i), 1, float32(i+1), 1))
@@ -366,7 +391,7 @@ func BenchmarkSetSearchDense(b *testing.B) {
 				v, _ := NewDense(x)
 				return v
 			}
-			set := NewSet(false, Limits{})
+			set := NewSet(false, Limits{}, Graph{})
 			for range n {
 				if _, err := set.Add(random()); err != nil {
 					b.Fatal(err)
@@ -378,5 +403,56 @@ func BenchmarkSetSearchDense(b *testing.B) {
 				set.Search(q, 5, 0.9, nil)
 			}
 		})
+	}
+}
+
+// TestSparseSearchKnowsWhenItIsExact: a bounded postings search that reports its result
+// exact (the graph is then not walked) must return what scoring every vector returns.
+func TestSparseSearchKnowsWhenItIsExact(t *testing.T) {
+	t.Parallel()
+	exactSeen := 0
+	rapid.Check(t, func(t *rapid.T) {
+		set := NewSet(true, Limits{}, Graph{})
+		held := map[uint32]Vector{}
+		gen := func(label string) Vector {
+			var fs []Feature
+			for range rapid.IntRange(1, 8).Draw(t, label+"-n") {
+				fs = append(fs, Feature{
+					Index:  uint32(rapid.IntRange(0, 30).Draw(t, label+"-i")),
+					Weight: float32(rapid.IntRange(1, 5).Draw(t, label+"-w")),
+				})
+			}
+			v, err := NewSparse(fs)
+			if err != nil {
+				t.Fatalf("NewSparse: %v", err)
+			}
+			return v
+		}
+		for range rapid.IntRange(1, 80).Draw(t, "vectors") {
+			v := gen("v")
+			slot, err := set.Add(v)
+			if err != nil {
+				t.Fatalf("Add: %v", err)
+			}
+			held[slot] = v
+		}
+		limits := Limits{Postings: rapid.IntRange(1, 40).Draw(t, "postings"), Scored: rapid.IntRange(1, 10).Draw(t, "scored")}
+		q := gen("q")
+		k := rapid.IntRange(1, 4).Draw(t, "k")
+		min := float32(rapid.IntRange(1, 100).Draw(t, "min")) / 100
+		tk := &topK{hits: make([]Hit, 0, k), k: k, min: min}
+		sc := set.takeScratch()
+		exact := set.searchSparse(sc, q, min, tk, limits)
+		set.returnScratch(sc)
+		if !exact {
+			return
+		}
+		exactSeen++
+		if want := bruteForce(held, q, k, min, nil); !slices.Equal(tk.hits, want) {
+			t.Fatalf("search with %+v reported exact: got %v, want %v", limits, tk.hits, want)
+		}
+	})
+	if exactSeen == 0 {
+		t.Fatal("no search reported an exact result: the test checks nothing")
 	}
 }

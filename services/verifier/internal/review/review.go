@@ -205,6 +205,9 @@ type DraftRule struct {
 	CreatedAt time.Time  `json:"created_at"`
 	DecidedBy string     `json:"decided_by,omitempty"`
 	DecidedAt time.Time  `json:"decided_at,omitzero"`
+	// Widened: an operator approved the rule for every tenant, without its tenant
+	// condition.
+	Widened bool `json:"widened,omitempty"`
 }
 
 // ID returns the review id for a request: one review per request, so a second trigger (the

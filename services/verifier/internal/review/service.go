@@ -35,6 +35,8 @@ const (
 	SubjectDecision = events.SubjectReview + ".decision"
 	// SubjectTimeout carries ReviewTimeoutEvent.
 	SubjectTimeout = events.SubjectReview + ".timeout"
+	// SubjectDraftRule carries DraftRuleDecisionEvent.
+	SubjectDraftRule = events.SubjectReview + ".draft_rule"
 )
 
 // Publisher sends an event without blocking (app.Publisher satisfies it).
@@ -464,7 +466,17 @@ type AuditFilter struct {
 
 // Audit lists the audit trail, oldest first.
 func (s *Service) Audit(ctx context.Context, f AuditFilter, p Page) ([]AuditEntry, string, error) {
-	if f.ReviewID != "" {
+	switch {
+	case strings.HasPrefix(f.ReviewID, ConfirmationPrefix):
+		// Confirmations are the operators' alone (the RPCs say so); a tenant never sees
+		// their trail.
+		if f.Scope != "" {
+			return nil, "", ErrNotFound
+		}
+		if _, err := s.GetConfirmation(ctx, "", f.ReviewID); err != nil {
+			return nil, "", err
+		}
+	case f.ReviewID != "":
 		if _, err := s.Get(ctx, f.Scope, f.ReviewID); err != nil {
 			return nil, "", err
 		}
@@ -525,12 +537,28 @@ func (s *Service) ApprovedRules(ctx context.Context) ([]rules.Rule, error) {
 	return out, nil
 }
 
-// DecideDraft approves (making the rule live) or rejects a proposed draft rule.
-func (s *Service) DecideDraft(ctx context.Context, scope, id, reviewer string, approve bool) (DraftRule, error) {
-	if strings.TrimSpace(reviewer) == "" {
+// DraftDecision is a decision on a proposed draft rule.
+type DraftDecision struct {
+	ID       string
+	Reviewer string
+	Approve  bool
+	// Widen, with Approve, drops the rule's tenant condition, so that it applies to every
+	// tenant's answers, not only those of the tenant whose review drafted it.
+	Widen bool
+	// Operator is the operator key that made the call, for the audit trail and the event.
+	Operator string
+}
+
+// DecideDraft approves (making the rule live) or rejects a proposed draft rule. Every
+// decision is audited and announced (SubjectDraftRule); a widening is logged as well.
+func (s *Service) DecideDraft(ctx context.Context, scope string, dec DraftDecision) (DraftRule, error) {
+	if strings.TrimSpace(dec.Reviewer) == "" {
 		return DraftRule{}, rpc.Invalid("reviewer", "is required")
 	}
-	d, rev, err := s.store.getDraft(ctx, id)
+	if dec.Widen && !dec.Approve {
+		return DraftRule{}, rpc.Invalid("widen", "only an approval can widen a rule")
+	}
+	d, rev, err := s.store.getDraft(ctx, dec.ID)
 	if err != nil {
 		return DraftRule{}, err
 	}
@@ -538,24 +566,45 @@ func (s *Service) DecideDraft(ctx context.Context, scope, id, reviewer string, a
 		return DraftRule{}, ErrNotFound
 	}
 	if d.State != DraftProposed {
-		return DraftRule{}, &ConflictError{Reason: fmt.Sprintf("draft rule %s is already %s", id, d.State)}
+		return DraftRule{}, &ConflictError{Reason: fmt.Sprintf("draft rule %s is already %s", dec.ID, d.State)}
+	}
+	if dec.Widen {
+		wide, err := rules.Widen(d.Rule, d.Tenant)
+		if err != nil {
+			return DraftRule{}, rpc.Invalid("widen", "%v", err)
+		}
+		d.Rule, d.Widened = wide, true
 	}
 	action := AuditDraftRejected
 	d.State = DraftRejected
-	if approve {
+	if dec.Approve {
 		if err := s.rules.Approve(ctx, d.Rule); err != nil {
 			return DraftRule{}, &RulesRejectedError{Err: err}
 		}
 		action, d.State = AuditDraftApproved, DraftApproved
 	}
-	d.DecidedBy, d.DecidedAt = reviewer, s.clock.Now()
+	d.DecidedBy, d.DecidedAt = dec.Reviewer, s.clock.Now()
 	if err := s.store.updateDraft(ctx, d, rev); err != nil {
 		if errors.Is(err, errRevision) {
-			return DraftRule{}, &ConflictError{Reason: fmt.Sprintf("draft rule %s was decided concurrently", id)}
+			return DraftRule{}, &ConflictError{Reason: fmt.Sprintf("draft rule %s was decided concurrently", dec.ID)}
 		}
 		return DraftRule{}, err
 	}
-	s.audit(ctx, AuditEntry{At: d.DecidedAt, ReviewID: d.ReviewID, Actor: reviewer, Action: action, DraftRuleID: id})
+	detail := "for tenant " + d.Tenant
+	if d.Widened {
+		detail = "widened to every tenant (drafted for tenant " + d.Tenant + ")"
+		s.log.WarnContext(ctx, "draft rule widened beyond its tenant: it now applies to every tenant's answers",
+			"draft_rule_id", d.ID, "tenant", d.Tenant, "operator", dec.Operator, "reviewer", dec.Reviewer, "condition", d.Rule.Condition)
+	}
+	if dec.Operator != "" {
+		detail += "; operator " + dec.Operator
+	}
+	s.audit(ctx, AuditEntry{At: d.DecidedAt, ReviewID: d.ReviewID, Actor: dec.Reviewer, Action: action, DraftRuleID: dec.ID, Detail: detail})
+	s.events.Publish(ctx, SubjectDraftRule, &eventsv1.DraftRuleDecisionEvent{
+		At: timestamppb.New(d.DecidedAt), DraftRuleId: d.ID, ReviewId: d.ReviewID, Tenant: d.Tenant,
+		Reviewer: dec.Reviewer, Operator: dec.Operator, Approved: d.State == DraftApproved, Widened: d.Widened,
+		Condition: d.Rule.Condition, Action: string(d.Rule.Action.Type),
+	})
 	return d, nil
 }
 

@@ -326,14 +326,14 @@ func TestDecide(t *testing.T) {
 		}
 
 		// Approving the draft makes it live; approving again is a conflict.
-		approved, err := f.svc.DecideDraft(ctx, "", draft.ID, "lead", true)
+		approved, err := f.svc.DecideDraft(ctx, "", DraftDecision{ID: draft.ID, Reviewer: "lead", Approve: true})
 		if err != nil || approved.State != DraftApproved || approved.DecidedBy != "lead" {
 			t.Fatalf("DecideDraft = %+v, %v", approved, err)
 		}
 		if len(f.sink.live) != 1 || f.sink.engine.Live().Len() != 1 {
 			t.Errorf("live rules = %d, want the approved draft", f.sink.engine.Live().Len())
 		}
-		if _, err := f.svc.DecideDraft(ctx, "", draft.ID, "lead", false); !conflict(err) {
+		if _, err := f.svc.DecideDraft(ctx, "", DraftDecision{ID: draft.ID, Reviewer: "lead"}); !conflict(err) {
 			t.Errorf("second DecideDraft = %v, want a conflict", err)
 		}
 		live, err := f.svc.ApprovedRules(ctx)

@@ -359,3 +359,31 @@ func (s *Store) listDrafts(ctx context.Context) ([]DraftRule, error) {
 	})
 	return out, nil
 }
+
+// createJSON stores v under key unless the key exists, in which case it returns the stored
+// value and false.
+func createJSON[T any](ctx context.Context, kv KV, key string, v T) (T, bool, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return v, false, err
+	}
+	_, err = kv.Create(ctx, key, raw)
+	if errors.Is(err, errExists) {
+		existing, _, err := getJSON[T](ctx, kv, key)
+		return existing, false, err
+	}
+	if err != nil {
+		return v, false, err
+	}
+	return v, true, nil
+}
+
+// updateJSON replaces the value at key if it is still at revision (errRevision otherwise).
+func updateJSON[T any](ctx context.Context, kv KV, key string, v T, revision uint64) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = kv.Update(ctx, key, raw, revision)
+	return err
+}

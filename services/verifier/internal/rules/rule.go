@@ -144,6 +144,19 @@ type Hint struct {
 	Action ActionType
 }
 
+// Widen returns a rule Draft made for tenant without its tenant condition, so that it
+// applies to every tenant's answers: an operator's decision, never a tenant's. A rule whose
+// condition does not start with the condition Draft writes for tenant is refused rather
+// than edited: it was not drafted for that tenant, or was changed since.
+func Widen(r Rule, tenant string) (Rule, error) {
+	prefix := "tenant == " + strconv.Quote(tenant) + " && "
+	if tenant == "" || !strings.HasPrefix(r.Condition, prefix) || len(r.Condition) == len(prefix) {
+		return Rule{}, fmt.Errorf("rule %s is not limited to tenant %q by its first condition, so it cannot be widened", r.ID, tenant)
+	}
+	r.Condition = strings.TrimPrefix(r.Condition, prefix)
+	return r, nil
+}
+
 // Draft builds a rule from a reviewer's hint ("when the question contains
 // 工伤认定 and the answer says 无需鉴定, insert the regulation's text"). The result still
 // has to compile and be approved before it goes live.

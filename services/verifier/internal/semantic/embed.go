@@ -2,11 +2,11 @@ package semantic
 
 import (
 	"context"
-	"math"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -39,7 +39,7 @@ func (l *Lexical) Embed(_ context.Context, text string) ([]float32, error) {
 	forEachFeature(norm.NFKC.String(text), func(hash uint64, weight float32) {
 		v[hash%uint64(l.dim)] += weight
 	})
-	normalise(v)
+	textsim.Normalize(v) // text without letters or digits stays the zero vector
 	return v, nil
 }
 
@@ -73,7 +73,7 @@ func forEachFeature(s string, f func(hash uint64, weight float32)) {
 	var prev rune = -1 // previous CJK character, -1 when the previous rune was not CJK
 	for _, r := range s {
 		switch {
-		case isCJK(r):
+		case textsim.IsCJK(r):
 			flush()
 			f(fnvRune(fnvOffset, r), 0.5)
 			if prev >= 0 {
@@ -91,40 +91,10 @@ func forEachFeature(s string, f func(hash uint64, weight float32)) {
 	flush()
 }
 
-func isCJK(r rune) bool {
-	return r >= 0x2E80 && (unicode.Is(unicode.Han, r) || unicode.Is(unicode.Hiragana, r) || unicode.Is(unicode.Katakana, r))
-}
-
-func normalise(v []float32) {
-	var sum float64
-	for _, x := range v {
-		sum += float64(x) * float64(x)
-	}
-	if sum == 0 {
-		return
-	}
-	inv := float32(1 / math.Sqrt(sum))
-	for i := range v {
-		v[i] *= inv
-	}
-}
-
 // Cosine returns the cosine similarity of a and b, 0 when either is zero or their lengths
 // differ, clamped to [0, 1] (negative similarity means unrelated for our purposes).
 func Cosine(a, b []float32) float64 {
-	if len(a) != len(b) {
-		return 0
-	}
-	var dot, na, nb float64
-	for i := range a {
-		dot += float64(a[i]) * float64(b[i])
-		na += float64(a[i]) * float64(a[i])
-		nb += float64(b[i]) * float64(b[i])
-	}
-	if na == 0 || nb == 0 {
-		return 0
-	}
-	return min(1, max(0, dot/math.Sqrt(na*nb)))
+	return min(1, max(0, textsim.Cosine(a, b)))
 }
 
 // NormalizeQuestion is the key under which answers to "the same question" are compared:

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"unicode"
 
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 	"golang.org/x/text/unicode/norm"
 	"pgregory.net/rapid"
 )
@@ -32,7 +33,7 @@ func referenceEmbed(dim int, text string) []float32 {
 	var prev rune = -1
 	for _, r := range norm.NFKC.String(text) {
 		switch {
-		case isCJK(r):
+		case textsim.IsCJK(r):
 			flush()
 			add(string(r), 0.5)
 			if prev >= 0 {
@@ -48,7 +49,7 @@ func referenceEmbed(dim int, text string) []float32 {
 		prev = -1
 	}
 	flush()
-	normalise(v)
+	textsim.Normalize(v)
 	return v
 }
 
@@ -66,7 +67,7 @@ func TestLexicalMatchesReference(t *testing.T) {
 	}
 	for _, text := range []string{
 		"", "Hello, World! 42 times", "ÄRGER über Öl", "退货流程需要几天？请在七天内申请",
-		"mixed 中文 and English 混合", "カタカナとひらがな", "ﬁne ligature", "bad \xff\xfe utf8 中\xff文",
+		"mixed 中文 and English 混合", "カタカナとひらがな", "한국어 문장입니다", "ﬁne ligature", "bad \xff\xfe utf8 中\xff文",
 	} {
 		check(t, text)
 	}

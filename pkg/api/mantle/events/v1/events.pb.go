@@ -7,6 +7,7 @@
 package eventsv1
 
 import (
+	v11 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	v1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -23,6 +24,62 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// SessionEventKind says what happened to a session.
+type SessionEventKind int32
+
+const (
+	SessionEventKind_SESSION_EVENT_KIND_UNSPECIFIED SessionEventKind = 0
+	// A step answered degraded or stale and the session became degraded (sticky).
+	SessionEventKind_SESSION_EVENT_KIND_DEGRADED SessionEventKind = 1
+	// A step waits for a person to confirm whether its action happened.
+	SessionEventKind_SESSION_EVENT_KIND_PENDING_CONFIRMATION SessionEventKind = 2
+	// The session ended: completed, cancelled or ended_partial (state and reason say which).
+	SessionEventKind_SESSION_EVENT_KIND_ENDED SessionEventKind = 3
+)
+
+// Enum value maps for SessionEventKind.
+var (
+	SessionEventKind_name = map[int32]string{
+		0: "SESSION_EVENT_KIND_UNSPECIFIED",
+		1: "SESSION_EVENT_KIND_DEGRADED",
+		2: "SESSION_EVENT_KIND_PENDING_CONFIRMATION",
+		3: "SESSION_EVENT_KIND_ENDED",
+	}
+	SessionEventKind_value = map[string]int32{
+		"SESSION_EVENT_KIND_UNSPECIFIED":          0,
+		"SESSION_EVENT_KIND_DEGRADED":             1,
+		"SESSION_EVENT_KIND_PENDING_CONFIRMATION": 2,
+		"SESSION_EVENT_KIND_ENDED":                3,
+	}
+)
+
+func (x SessionEventKind) Enum() *SessionEventKind {
+	p := new(SessionEventKind)
+	*p = x
+	return p
+}
+
+func (x SessionEventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SessionEventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_events_v1_events_proto_enumTypes[0].Descriptor()
+}
+
+func (SessionEventKind) Type() protoreflect.EnumType {
+	return &file_mantle_events_v1_events_proto_enumTypes[0]
+}
+
+func (x SessionEventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SessionEventKind.Descriptor instead.
+func (SessionEventKind) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{0}
+}
 
 // DegradationEvent: an answer came from anything but the route's first choice.
 type DegradationEvent struct {
@@ -824,6 +881,128 @@ func (x *ReviewDecisionEvent) GetDecidedAfter() *durationpb.Duration {
 	return nil
 }
 
+// DraftRuleDecisionEvent: an operator approved or rejected a draft L2 rule (subject
+// mantle.events.review.draft_rule). An approved rule is live at once.
+type DraftRuleDecisionEvent struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	At          *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	DraftRuleId string                 `protobuf:"bytes,2,opt,name=draft_rule_id,json=draftRuleId,proto3" json:"draft_rule_id,omitempty"`
+	ReviewId    string                 `protobuf:"bytes,3,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	// The tenant whose review drafted the rule.
+	Tenant string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The reviewer the request named, and the operator key that made the call.
+	Reviewer string `protobuf:"bytes,5,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
+	Operator string `protobuf:"bytes,6,opt,name=operator,proto3" json:"operator,omitempty"`
+	Approved bool   `protobuf:"varint,7,opt,name=approved,proto3" json:"approved,omitempty"`
+	// The operator widened the rule to every tenant's answers.
+	Widened bool `protobuf:"varint,8,opt,name=widened,proto3" json:"widened,omitempty"`
+	// The rule's condition and action as approved.
+	Condition     string `protobuf:"bytes,9,opt,name=condition,proto3" json:"condition,omitempty"`
+	Action        string `protobuf:"bytes,10,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DraftRuleDecisionEvent) Reset() {
+	*x = DraftRuleDecisionEvent{}
+	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DraftRuleDecisionEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DraftRuleDecisionEvent) ProtoMessage() {}
+
+func (x *DraftRuleDecisionEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DraftRuleDecisionEvent.ProtoReflect.Descriptor instead.
+func (*DraftRuleDecisionEvent) Descriptor() ([]byte, []int) {
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DraftRuleDecisionEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *DraftRuleDecisionEvent) GetDraftRuleId() string {
+	if x != nil {
+		return x.DraftRuleId
+	}
+	return ""
+}
+
+func (x *DraftRuleDecisionEvent) GetReviewId() string {
+	if x != nil {
+		return x.ReviewId
+	}
+	return ""
+}
+
+func (x *DraftRuleDecisionEvent) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DraftRuleDecisionEvent) GetReviewer() string {
+	if x != nil {
+		return x.Reviewer
+	}
+	return ""
+}
+
+func (x *DraftRuleDecisionEvent) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *DraftRuleDecisionEvent) GetApproved() bool {
+	if x != nil {
+		return x.Approved
+	}
+	return false
+}
+
+func (x *DraftRuleDecisionEvent) GetWidened() bool {
+	if x != nil {
+		return x.Widened
+	}
+	return false
+}
+
+func (x *DraftRuleDecisionEvent) GetCondition() string {
+	if x != nil {
+		return x.Condition
+	}
+	return ""
+}
+
+func (x *DraftRuleDecisionEvent) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
 // ReviewTimeoutEvent: nobody decided a review before its deadline, so the scenario's default
 // action applies (subject mantle.events.review.timeout).
 type ReviewTimeoutEvent struct {
@@ -845,7 +1024,7 @@ type ReviewTimeoutEvent struct {
 
 func (x *ReviewTimeoutEvent) Reset() {
 	*x = ReviewTimeoutEvent{}
-	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +1036,7 @@ func (x *ReviewTimeoutEvent) String() string {
 func (*ReviewTimeoutEvent) ProtoMessage() {}
 
 func (x *ReviewTimeoutEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_events_v1_events_proto_msgTypes[6]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +1049,7 @@ func (x *ReviewTimeoutEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReviewTimeoutEvent.ProtoReflect.Descriptor instead.
 func (*ReviewTimeoutEvent) Descriptor() ([]byte, []int) {
-	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{6}
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReviewTimeoutEvent) GetAt() *timestamppb.Timestamp {
@@ -968,7 +1147,7 @@ type QualityFollowUpEvent struct {
 
 func (x *QualityFollowUpEvent) Reset() {
 	*x = QualityFollowUpEvent{}
-	mi := &file_mantle_events_v1_events_proto_msgTypes[7]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1159,7 @@ func (x *QualityFollowUpEvent) String() string {
 func (*QualityFollowUpEvent) ProtoMessage() {}
 
 func (x *QualityFollowUpEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_events_v1_events_proto_msgTypes[7]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1172,7 @@ func (x *QualityFollowUpEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QualityFollowUpEvent.ProtoReflect.Descriptor instead.
 func (*QualityFollowUpEvent) Descriptor() ([]byte, []int) {
-	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{7}
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *QualityFollowUpEvent) GetAt() *timestamppb.Timestamp {
@@ -1138,7 +1317,7 @@ type ConfigReloadEvent struct {
 
 func (x *ConfigReloadEvent) Reset() {
 	*x = ConfigReloadEvent{}
-	mi := &file_mantle_events_v1_events_proto_msgTypes[8]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1329,7 @@ func (x *ConfigReloadEvent) String() string {
 func (*ConfigReloadEvent) ProtoMessage() {}
 
 func (x *ConfigReloadEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_mantle_events_v1_events_proto_msgTypes[8]
+	mi := &file_mantle_events_v1_events_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1342,7 @@ func (x *ConfigReloadEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigReloadEvent.ProtoReflect.Descriptor instead.
 func (*ConfigReloadEvent) Descriptor() ([]byte, []int) {
-	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{8}
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConfigReloadEvent) GetAt() *timestamppb.Timestamp {
@@ -1201,11 +1380,230 @@ func (x *ConfigReloadEvent) GetRestartRequired() []string {
 	return nil
 }
 
+// SessionEvent: an agent session changed in a way operators watch. Published by the agent
+// on mantle.events.session.
+type SessionEvent struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	At        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	Tenant    string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	SessionId string                 `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Kind      SessionEventKind       `protobuf:"varint,4,opt,name=kind,proto3,enum=mantle.events.v1.SessionEventKind" json:"kind,omitempty"`
+	// The step the event is about: the one that degraded the session, or the action that
+	// waits for a person's confirmation. Empty for ENDED.
+	StepId string `protobuf:"bytes,5,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The step's model route or tool.
+	Target string `protobuf:"bytes,6,opt,name=target,proto3" json:"target,omitempty"`
+	// The session's state after the change: active, or how it ended.
+	State v11.SessionState `protobuf:"varint,7,opt,name=state,proto3,enum=mantle.agent.v1.SessionState" json:"state,omitempty"`
+	// Why: the step's reason, or the session's end reason (completed, cancelled, deadline,
+	// tokens, cost, steps, required_step_failed).
+	Reason string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	// How many times the session has degraded.
+	Degradations  int32 `protobuf:"varint,9,opt,name=degradations,proto3" json:"degradations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionEvent) Reset() {
+	*x = SessionEvent{}
+	mi := &file_mantle_events_v1_events_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionEvent) ProtoMessage() {}
+
+func (x *SessionEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_events_v1_events_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionEvent.ProtoReflect.Descriptor instead.
+func (*SessionEvent) Descriptor() ([]byte, []int) {
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SessionEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *SessionEvent) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *SessionEvent) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *SessionEvent) GetKind() SessionEventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return SessionEventKind_SESSION_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *SessionEvent) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *SessionEvent) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *SessionEvent) GetState() v11.SessionState {
+	if x != nil {
+		return x.State
+	}
+	return v11.SessionState(0)
+}
+
+func (x *SessionEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SessionEvent) GetDegradations() int32 {
+	if x != nil {
+		return x.Degradations
+	}
+	return 0
+}
+
+// ToolBreakerEvent: a tool's circuit breaker changed state. Published by the agent on
+// mantle.events.tool.breaker.
+type ToolBreakerEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	Tool          string                 `protobuf:"bytes,2,opt,name=tool,proto3" json:"tool,omitempty"`
+	Kind          v11.ToolKind           `protobuf:"varint,3,opt,name=kind,proto3,enum=mantle.agent.v1.ToolKind" json:"kind,omitempty"`
+	From          v1.BreakerState        `protobuf:"varint,4,opt,name=from,proto3,enum=mantle.v1.BreakerState" json:"from,omitempty"`
+	To            v1.BreakerState        `protobuf:"varint,5,opt,name=to,proto3,enum=mantle.v1.BreakerState" json:"to,omitempty"`
+	Reason        string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	ErrorRate     float64                `protobuf:"fixed64,7,opt,name=error_rate,json=errorRate,proto3" json:"error_rate,omitempty"`
+	SlowCallRate  float64                `protobuf:"fixed64,8,opt,name=slow_call_rate,json=slowCallRate,proto3" json:"slow_call_rate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolBreakerEvent) Reset() {
+	*x = ToolBreakerEvent{}
+	mi := &file_mantle_events_v1_events_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolBreakerEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolBreakerEvent) ProtoMessage() {}
+
+func (x *ToolBreakerEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_events_v1_events_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolBreakerEvent.ProtoReflect.Descriptor instead.
+func (*ToolBreakerEvent) Descriptor() ([]byte, []int) {
+	return file_mantle_events_v1_events_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ToolBreakerEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *ToolBreakerEvent) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *ToolBreakerEvent) GetKind() v11.ToolKind {
+	if x != nil {
+		return x.Kind
+	}
+	return v11.ToolKind(0)
+}
+
+func (x *ToolBreakerEvent) GetFrom() v1.BreakerState {
+	if x != nil {
+		return x.From
+	}
+	return v1.BreakerState(0)
+}
+
+func (x *ToolBreakerEvent) GetTo() v1.BreakerState {
+	if x != nil {
+		return x.To
+	}
+	return v1.BreakerState(0)
+}
+
+func (x *ToolBreakerEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ToolBreakerEvent) GetErrorRate() float64 {
+	if x != nil {
+		return x.ErrorRate
+	}
+	return 0
+}
+
+func (x *ToolBreakerEvent) GetSlowCallRate() float64 {
+	if x != nil {
+		return x.SlowCallRate
+	}
+	return 0
+}
+
 var File_mantle_events_v1_events_proto protoreflect.FileDescriptor
 
 const file_mantle_events_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x1dmantle/events/v1/events.proto\x12\x10mantle.events.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xb5\x02\n" +
+	"\x1dmantle/events/v1/events.proto\x12\x10mantle.events.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dmantle/agent/v1/session.proto\x1a\x1amantle/agent/v1/tool.proto\x1a\x17mantle/v1/quality.proto\"\xb5\x02\n" +
 	"\x10DegradationEvent\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1d\n" +
 	"\n" +
@@ -1297,7 +1695,19 @@ const file_mantle_events_v1_events_proto_rawDesc = "" +
 	" \x01(\tR\x10correctedContent\x12\x12\n" +
 	"\x04note\x18\v \x01(\tR\x04note\x12\"\n" +
 	"\rdraft_rule_id\x18\f \x01(\tR\vdraftRuleId\x12>\n" +
-	"\rdecided_after\x18\r \x01(\v2\x19.google.protobuf.DurationR\fdecidedAfter\"\xd9\x02\n" +
+	"\rdecided_after\x18\r \x01(\v2\x19.google.protobuf.DurationR\fdecidedAfter\"\xc1\x02\n" +
+	"\x16DraftRuleDecisionEvent\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\"\n" +
+	"\rdraft_rule_id\x18\x02 \x01(\tR\vdraftRuleId\x12\x1b\n" +
+	"\treview_id\x18\x03 \x01(\tR\breviewId\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\breviewer\x18\x05 \x01(\tR\breviewer\x12\x1a\n" +
+	"\boperator\x18\x06 \x01(\tR\boperator\x12\x1a\n" +
+	"\bapproved\x18\a \x01(\bR\bapproved\x12\x18\n" +
+	"\awidened\x18\b \x01(\bR\awidened\x12\x1c\n" +
+	"\tcondition\x18\t \x01(\tR\tcondition\x12\x16\n" +
+	"\x06action\x18\n" +
+	" \x01(\tR\x06action\"\xd9\x02\n" +
 	"\x12ReviewTimeoutEvent\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1b\n" +
 	"\treview_id\x18\x02 \x01(\tR\breviewId\x12\x1d\n" +
@@ -1339,7 +1749,33 @@ const file_mantle_events_v1_events_proto_rawDesc = "" +
 	"\atargets\x18\x02 \x03(\tR\atargets\x12#\n" +
 	"\rchanged_paths\x18\x03 \x03(\tR\fchangedPaths\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12)\n" +
-	"\x10restart_required\x18\x05 \x03(\tR\x0frestartRequiredB\xc6\x01\n" +
+	"\x10restart_required\x18\x05 \x03(\tR\x0frestartRequired\"\xcb\x02\n" +
+	"\fSessionEvent\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x03 \x01(\tR\tsessionId\x126\n" +
+	"\x04kind\x18\x04 \x01(\x0e2\".mantle.events.v1.SessionEventKindR\x04kind\x12\x17\n" +
+	"\astep_id\x18\x05 \x01(\tR\x06stepId\x12\x16\n" +
+	"\x06target\x18\x06 \x01(\tR\x06target\x123\n" +
+	"\x05state\x18\a \x01(\x0e2\x1d.mantle.agent.v1.SessionStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\"\n" +
+	"\fdegradations\x18\t \x01(\x05R\fdegradations\"\xb4\x02\n" +
+	"\x10ToolBreakerEvent\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
+	"\x04tool\x18\x02 \x01(\tR\x04tool\x12-\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x19.mantle.agent.v1.ToolKindR\x04kind\x12+\n" +
+	"\x04from\x18\x04 \x01(\x0e2\x17.mantle.v1.BreakerStateR\x04from\x12'\n" +
+	"\x02to\x18\x05 \x01(\x0e2\x17.mantle.v1.BreakerStateR\x02to\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"error_rate\x18\a \x01(\x01R\terrorRate\x12$\n" +
+	"\x0eslow_call_rate\x18\b \x01(\x01R\fslowCallRate*\xa2\x01\n" +
+	"\x10SessionEventKind\x12\"\n" +
+	"\x1eSESSION_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bSESSION_EVENT_KIND_DEGRADED\x10\x01\x12+\n" +
+	"'SESSION_EVENT_KIND_PENDING_CONFIRMATION\x10\x02\x12\x1c\n" +
+	"\x18SESSION_EVENT_KIND_ENDED\x10\x03B\xc6\x01\n" +
 	"\x14com.mantle.events.v1B\vEventsProtoP\x01Z?github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1;eventsv1\xa2\x02\x03MEX\xaa\x02\x10Mantle.Events.V1\xca\x02\x10Mantle\\Events\\V1\xe2\x02\x1cMantle\\Events\\V1\\GPBMetadata\xea\x02\x12Mantle::Events::V1b\x06proto3"
 
 var (
@@ -1354,50 +1790,65 @@ func file_mantle_events_v1_events_proto_rawDescGZIP() []byte {
 	return file_mantle_events_v1_events_proto_rawDescData
 }
 
-var file_mantle_events_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_mantle_events_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_mantle_events_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_mantle_events_v1_events_proto_goTypes = []any{
-	(*DegradationEvent)(nil),       // 0: mantle.events.v1.DegradationEvent
-	(*BreakerTransitionEvent)(nil), // 1: mantle.events.v1.BreakerTransitionEvent
-	(*QuotaRejectionEvent)(nil),    // 2: mantle.events.v1.QuotaRejectionEvent
-	(*QuotaNearLimitEvent)(nil),    // 3: mantle.events.v1.QuotaNearLimitEvent
-	(*ReviewRequestEvent)(nil),     // 4: mantle.events.v1.ReviewRequestEvent
-	(*ReviewDecisionEvent)(nil),    // 5: mantle.events.v1.ReviewDecisionEvent
-	(*ReviewTimeoutEvent)(nil),     // 6: mantle.events.v1.ReviewTimeoutEvent
-	(*QualityFollowUpEvent)(nil),   // 7: mantle.events.v1.QualityFollowUpEvent
-	(*ConfigReloadEvent)(nil),      // 8: mantle.events.v1.ConfigReloadEvent
-	(*timestamppb.Timestamp)(nil),  // 9: google.protobuf.Timestamp
-	(v1.FallbackLevel)(0),          // 10: mantle.v1.FallbackLevel
-	(v1.BreakerState)(0),           // 11: mantle.v1.BreakerState
-	(v1.Priority)(0),               // 12: mantle.v1.Priority
-	(*durationpb.Duration)(nil),    // 13: google.protobuf.Duration
-	(*v1.QualityContext)(nil),      // 14: mantle.v1.QualityContext
-	(v1.QualityGrade)(0),           // 15: mantle.v1.QualityGrade
+	(SessionEventKind)(0),          // 0: mantle.events.v1.SessionEventKind
+	(*DegradationEvent)(nil),       // 1: mantle.events.v1.DegradationEvent
+	(*BreakerTransitionEvent)(nil), // 2: mantle.events.v1.BreakerTransitionEvent
+	(*QuotaRejectionEvent)(nil),    // 3: mantle.events.v1.QuotaRejectionEvent
+	(*QuotaNearLimitEvent)(nil),    // 4: mantle.events.v1.QuotaNearLimitEvent
+	(*ReviewRequestEvent)(nil),     // 5: mantle.events.v1.ReviewRequestEvent
+	(*ReviewDecisionEvent)(nil),    // 6: mantle.events.v1.ReviewDecisionEvent
+	(*DraftRuleDecisionEvent)(nil), // 7: mantle.events.v1.DraftRuleDecisionEvent
+	(*ReviewTimeoutEvent)(nil),     // 8: mantle.events.v1.ReviewTimeoutEvent
+	(*QualityFollowUpEvent)(nil),   // 9: mantle.events.v1.QualityFollowUpEvent
+	(*ConfigReloadEvent)(nil),      // 10: mantle.events.v1.ConfigReloadEvent
+	(*SessionEvent)(nil),           // 11: mantle.events.v1.SessionEvent
+	(*ToolBreakerEvent)(nil),       // 12: mantle.events.v1.ToolBreakerEvent
+	(*timestamppb.Timestamp)(nil),  // 13: google.protobuf.Timestamp
+	(v1.FallbackLevel)(0),          // 14: mantle.v1.FallbackLevel
+	(v1.BreakerState)(0),           // 15: mantle.v1.BreakerState
+	(v1.Priority)(0),               // 16: mantle.v1.Priority
+	(*durationpb.Duration)(nil),    // 17: google.protobuf.Duration
+	(*v1.QualityContext)(nil),      // 18: mantle.v1.QualityContext
+	(v1.QualityGrade)(0),           // 19: mantle.v1.QualityGrade
+	(v11.SessionState)(0),          // 20: mantle.agent.v1.SessionState
+	(v11.ToolKind)(0),              // 21: mantle.agent.v1.ToolKind
 }
 var file_mantle_events_v1_events_proto_depIdxs = []int32{
-	9,  // 0: mantle.events.v1.DegradationEvent.at:type_name -> google.protobuf.Timestamp
-	10, // 1: mantle.events.v1.DegradationEvent.level:type_name -> mantle.v1.FallbackLevel
-	9,  // 2: mantle.events.v1.BreakerTransitionEvent.at:type_name -> google.protobuf.Timestamp
-	11, // 3: mantle.events.v1.BreakerTransitionEvent.from:type_name -> mantle.v1.BreakerState
-	11, // 4: mantle.events.v1.BreakerTransitionEvent.to:type_name -> mantle.v1.BreakerState
-	9,  // 5: mantle.events.v1.QuotaRejectionEvent.at:type_name -> google.protobuf.Timestamp
-	12, // 6: mantle.events.v1.QuotaRejectionEvent.priority:type_name -> mantle.v1.Priority
-	13, // 7: mantle.events.v1.QuotaRejectionEvent.retry_after:type_name -> google.protobuf.Duration
-	9,  // 8: mantle.events.v1.QuotaNearLimitEvent.at:type_name -> google.protobuf.Timestamp
-	9,  // 9: mantle.events.v1.ReviewRequestEvent.at:type_name -> google.protobuf.Timestamp
-	9,  // 10: mantle.events.v1.ReviewRequestEvent.due_at:type_name -> google.protobuf.Timestamp
-	14, // 11: mantle.events.v1.ReviewRequestEvent.quality:type_name -> mantle.v1.QualityContext
-	9,  // 12: mantle.events.v1.ReviewDecisionEvent.at:type_name -> google.protobuf.Timestamp
-	13, // 13: mantle.events.v1.ReviewDecisionEvent.decided_after:type_name -> google.protobuf.Duration
-	9,  // 14: mantle.events.v1.ReviewTimeoutEvent.at:type_name -> google.protobuf.Timestamp
-	9,  // 15: mantle.events.v1.ReviewTimeoutEvent.due_at:type_name -> google.protobuf.Timestamp
-	9,  // 16: mantle.events.v1.QualityFollowUpEvent.at:type_name -> google.protobuf.Timestamp
-	15, // 17: mantle.events.v1.QualityFollowUpEvent.grade:type_name -> mantle.v1.QualityGrade
-	9,  // 18: mantle.events.v1.ConfigReloadEvent.at:type_name -> google.protobuf.Timestamp
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	13, // 0: mantle.events.v1.DegradationEvent.at:type_name -> google.protobuf.Timestamp
+	14, // 1: mantle.events.v1.DegradationEvent.level:type_name -> mantle.v1.FallbackLevel
+	13, // 2: mantle.events.v1.BreakerTransitionEvent.at:type_name -> google.protobuf.Timestamp
+	15, // 3: mantle.events.v1.BreakerTransitionEvent.from:type_name -> mantle.v1.BreakerState
+	15, // 4: mantle.events.v1.BreakerTransitionEvent.to:type_name -> mantle.v1.BreakerState
+	13, // 5: mantle.events.v1.QuotaRejectionEvent.at:type_name -> google.protobuf.Timestamp
+	16, // 6: mantle.events.v1.QuotaRejectionEvent.priority:type_name -> mantle.v1.Priority
+	17, // 7: mantle.events.v1.QuotaRejectionEvent.retry_after:type_name -> google.protobuf.Duration
+	13, // 8: mantle.events.v1.QuotaNearLimitEvent.at:type_name -> google.protobuf.Timestamp
+	13, // 9: mantle.events.v1.ReviewRequestEvent.at:type_name -> google.protobuf.Timestamp
+	13, // 10: mantle.events.v1.ReviewRequestEvent.due_at:type_name -> google.protobuf.Timestamp
+	18, // 11: mantle.events.v1.ReviewRequestEvent.quality:type_name -> mantle.v1.QualityContext
+	13, // 12: mantle.events.v1.ReviewDecisionEvent.at:type_name -> google.protobuf.Timestamp
+	17, // 13: mantle.events.v1.ReviewDecisionEvent.decided_after:type_name -> google.protobuf.Duration
+	13, // 14: mantle.events.v1.DraftRuleDecisionEvent.at:type_name -> google.protobuf.Timestamp
+	13, // 15: mantle.events.v1.ReviewTimeoutEvent.at:type_name -> google.protobuf.Timestamp
+	13, // 16: mantle.events.v1.ReviewTimeoutEvent.due_at:type_name -> google.protobuf.Timestamp
+	13, // 17: mantle.events.v1.QualityFollowUpEvent.at:type_name -> google.protobuf.Timestamp
+	19, // 18: mantle.events.v1.QualityFollowUpEvent.grade:type_name -> mantle.v1.QualityGrade
+	13, // 19: mantle.events.v1.ConfigReloadEvent.at:type_name -> google.protobuf.Timestamp
+	13, // 20: mantle.events.v1.SessionEvent.at:type_name -> google.protobuf.Timestamp
+	0,  // 21: mantle.events.v1.SessionEvent.kind:type_name -> mantle.events.v1.SessionEventKind
+	20, // 22: mantle.events.v1.SessionEvent.state:type_name -> mantle.agent.v1.SessionState
+	13, // 23: mantle.events.v1.ToolBreakerEvent.at:type_name -> google.protobuf.Timestamp
+	21, // 24: mantle.events.v1.ToolBreakerEvent.kind:type_name -> mantle.agent.v1.ToolKind
+	15, // 25: mantle.events.v1.ToolBreakerEvent.from:type_name -> mantle.v1.BreakerState
+	15, // 26: mantle.events.v1.ToolBreakerEvent.to:type_name -> mantle.v1.BreakerState
+	27, // [27:27] is the sub-list for method output_type
+	27, // [27:27] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_mantle_events_v1_events_proto_init() }
@@ -1410,13 +1861,14 @@ func file_mantle_events_v1_events_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_events_v1_events_proto_rawDesc), len(file_mantle_events_v1_events_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   9,
+			NumEnums:      1,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_mantle_events_v1_events_proto_goTypes,
 		DependencyIndexes: file_mantle_events_v1_events_proto_depIdxs,
+		EnumInfos:         file_mantle_events_v1_events_proto_enumTypes,
 		MessageInfos:      file_mantle_events_v1_events_proto_msgTypes,
 	}.Build()
 	File_mantle_events_v1_events_proto = out.File

@@ -81,7 +81,18 @@ type Request struct {
 	TopK *int32 `protobuf:"varint,30,opt,name=top_k,json=topK,proto3,oneof" json:"top_k,omitempty"`
 	// Extended thinking (Anthropic's thinking); providers that cannot take it refuse the
 	// request.
-	Thinking      *Thinking `protobuf:"bytes,31,opt,name=thinking,proto3" json:"thinking,omitempty"`
+	Thinking *Thinking `protobuf:"bytes,31,opt,name=thinking,proto3" json:"thinking,omitempty"`
+	// The agent session this request is a step of (HTTP: x-mantle-session). The router
+	// records the step in the agent's SessionService: a step recorded before is answered
+	// from the record without a model call, a new one runs under what is left of the
+	// session's budget, and an ended session refuses it (FAILED_PRECONDITION,
+	// SESSION_ENDED). 1 to 128 printable ASCII characters.
+	SessionId string `protobuf:"bytes,32,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The step's id within the session (HTTP: x-mantle-step); required with session_id.
+	StepId string `protobuf:"bytes,33,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The step's failure ends the session with a partial result (HTTP:
+	// x-mantle-step-required: true); otherwise it is reported and the session goes on.
+	StepRequired  bool `protobuf:"varint,34,opt,name=step_required,json=stepRequired,proto3" json:"step_required,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -331,6 +342,27 @@ func (x *Request) GetThinking() *Thinking {
 		return x.Thinking
 	}
 	return nil
+}
+
+func (x *Request) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *Request) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *Request) GetStepRequired() bool {
+	if x != nil {
+		return x.StepRequired
+	}
+	return false
 }
 
 // Thinking asks a model to reason before it answers.
@@ -1497,7 +1529,7 @@ var File_mantle_router_v1_router_proto protoreflect.FileDescriptor
 
 const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"\n" +
-	"\x1dmantle/router/v1/router.proto\x12\x10mantle.router.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xf5\v\n" +
+	"\x1dmantle/router/v1/router.proto\x12\x10mantle.router.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17mantle/v1/quality.proto\"\xd2\f\n" +
 	"\aRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.mantle.v1.ChatMessageR\bmessages\x12\x1d\n" +
@@ -1537,7 +1569,11 @@ const file_mantle_router_v1_router_proto_rawDesc = "" +
 	"extra_body\x18\x1d \x01(\tR\textraBody\x12\x18\n" +
 	"\x05top_k\x18\x1e \x01(\x05H\n" +
 	"R\x04topK\x88\x01\x01\x126\n" +
-	"\bthinking\x18\x1f \x01(\v2\x1a.mantle.router.v1.ThinkingR\bthinking\x1a<\n" +
+	"\bthinking\x18\x1f \x01(\v2\x1a.mantle.router.v1.ThinkingR\bthinking\x12\x1d\n" +
+	"\n" +
+	"session_id\x18  \x01(\tR\tsessionId\x12\x17\n" +
+	"\astep_id\x18! \x01(\tR\x06stepId\x12#\n" +
+	"\rstep_required\x18\" \x01(\bR\fstepRequired\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a;\n" +

@@ -191,8 +191,8 @@ func (ReviewVerdict) EnumDescriptor() ([]byte, []int) {
 	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{2}
 }
 
-// RootCause is why an answer went wrong (seed 001 4.2: a fixed list, so that causes can be
-// counted and fed back into routing and rules).
+// RootCause is why an answer went wrong: a fixed list rather than free text, so that causes
+// can be counted and fed back into routing and rules.
 type RootCause int32
 
 const (
@@ -389,6 +389,63 @@ func (x DraftRuleState) Number() protoreflect.EnumNumber {
 // Deprecated: Use DraftRuleState.Descriptor instead.
 func (DraftRuleState) EnumDescriptor() ([]byte, []int) {
 	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{5}
+}
+
+// ConfirmationState is where a "confirm outcome" review is.
+type ConfirmationState int32
+
+const (
+	ConfirmationState_CONFIRMATION_STATE_UNSPECIFIED ConfirmationState = 0
+	// Nobody decided yet: the agent answers pending_confirmation.
+	ConfirmationState_CONFIRMATION_STATE_PENDING ConfirmationState = 1
+	// A person confirmed that the action happened: the agent answers with the recorded
+	// result and never calls the backend for the key again.
+	ConfirmationState_CONFIRMATION_STATE_HAPPENED ConfirmationState = 2
+	// A person confirmed that the action did not happen: the next call with the key runs it.
+	ConfirmationState_CONFIRMATION_STATE_NOT_HAPPENED ConfirmationState = 3
+)
+
+// Enum value maps for ConfirmationState.
+var (
+	ConfirmationState_name = map[int32]string{
+		0: "CONFIRMATION_STATE_UNSPECIFIED",
+		1: "CONFIRMATION_STATE_PENDING",
+		2: "CONFIRMATION_STATE_HAPPENED",
+		3: "CONFIRMATION_STATE_NOT_HAPPENED",
+	}
+	ConfirmationState_value = map[string]int32{
+		"CONFIRMATION_STATE_UNSPECIFIED":  0,
+		"CONFIRMATION_STATE_PENDING":      1,
+		"CONFIRMATION_STATE_HAPPENED":     2,
+		"CONFIRMATION_STATE_NOT_HAPPENED": 3,
+	}
+)
+
+func (x ConfirmationState) Enum() *ConfirmationState {
+	p := new(ConfirmationState)
+	*p = x
+	return p
+}
+
+func (x ConfirmationState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ConfirmationState) Descriptor() protoreflect.EnumDescriptor {
+	return file_mantle_verifier_v1_verifier_proto_enumTypes[6].Descriptor()
+}
+
+func (ConfirmationState) Type() protoreflect.EnumType {
+	return &file_mantle_verifier_v1_verifier_proto_enumTypes[6]
+}
+
+func (x ConfirmationState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ConfirmationState.Descriptor instead.
+func (ConfirmationState) EnumDescriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{6}
 }
 
 // VerifyRequest is an answer and the request it answers.
@@ -2415,15 +2472,20 @@ func (x *RuleAction) GetNotice() string {
 
 // DraftRule is an L2 rule drafted from a review decision.
 type DraftRule struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	ReviewId      string                 `protobuf:"bytes,2,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
-	Rule          *Rule                  `protobuf:"bytes,3,opt,name=rule,proto3" json:"rule,omitempty"`
-	State         DraftRuleState         `protobuf:"varint,4,opt,name=state,proto3,enum=mantle.verifier.v1.DraftRuleState" json:"state,omitempty"`
-	CreatedBy     string                 `protobuf:"bytes,5,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	DecidedBy     string                 `protobuf:"bytes,7,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
-	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ReviewId  string                 `protobuf:"bytes,2,opt,name=review_id,json=reviewId,proto3" json:"review_id,omitempty"`
+	Rule      *Rule                  `protobuf:"bytes,3,opt,name=rule,proto3" json:"rule,omitempty"`
+	State     DraftRuleState         `protobuf:"varint,4,opt,name=state,proto3,enum=mantle.verifier.v1.DraftRuleState" json:"state,omitempty"`
+	CreatedBy string                 `protobuf:"bytes,5,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	DecidedBy string                 `protobuf:"bytes,7,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// The tenant whose review drafted the rule; the rule applies to its answers only
+	// unless widened.
+	Tenant string `protobuf:"bytes,9,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// An operator approved the rule for every tenant's answers (DecideDraftRuleRequest.widen).
+	Widened       bool `protobuf:"varint,10,opt,name=widened,proto3" json:"widened,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2512,6 +2574,20 @@ func (x *DraftRule) GetDecidedAt() *timestamppb.Timestamp {
 		return x.DecidedAt
 	}
 	return nil
+}
+
+func (x *DraftRule) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DraftRule) GetWidened() bool {
+	if x != nil {
+		return x.Widened
+	}
+	return false
 }
 
 // ListDraftRulesRequest filters draft rules.
@@ -2607,10 +2683,15 @@ func (x *ListDraftRulesResponse) GetRules() []*DraftRule {
 
 // DecideDraftRuleRequest approves or rejects a proposed draft rule.
 type DecideDraftRuleRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DraftRuleId   string                 `protobuf:"bytes,1,opt,name=draft_rule_id,json=draftRuleId,proto3" json:"draft_rule_id,omitempty"`
-	Reviewer      string                 `protobuf:"bytes,2,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
-	Approve       bool                   `protobuf:"varint,3,opt,name=approve,proto3" json:"approve,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	DraftRuleId string                 `protobuf:"bytes,1,opt,name=draft_rule_id,json=draftRuleId,proto3" json:"draft_rule_id,omitempty"`
+	Reviewer    string                 `protobuf:"bytes,2,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
+	Approve     bool                   `protobuf:"varint,3,opt,name=approve,proto3" json:"approve,omitempty"`
+	// With approve, widens the rule beyond the tenant whose review drafted it: its tenant
+	// condition is dropped, so it applies to every tenant's answers. The method is operator
+	// only; a widening is logged, kept in the audit trail and announced on
+	// mantle.events.review.draft_rule. Without approve it is INVALID_ARGUMENT.
+	Widen         bool `protobuf:"varint,4,opt,name=widen,proto3" json:"widen,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2662,6 +2743,13 @@ func (x *DecideDraftRuleRequest) GetReviewer() string {
 func (x *DecideDraftRuleRequest) GetApprove() bool {
 	if x != nil {
 		return x.Approve
+	}
+	return false
+}
+
+func (x *DecideDraftRuleRequest) GetWiden() bool {
+	if x != nil {
+		return x.Widen
 	}
 	return false
 }
@@ -2807,6 +2895,696 @@ func (x *ReloadRulesResponse) GetRuleCount() int32 {
 func (x *ReloadRulesResponse) GetRuleIds() []string {
 	if x != nil {
 		return x.RuleIds
+	}
+	return nil
+}
+
+// Confirmation is an action tool call whose outcome is unknown, and a person's decision.
+type Confirmation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cf_ and 24 hex digits.
+	Id     string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The action tool.
+	Tool string `protobuf:"bytes,3,opt,name=tool,proto3" json:"tool,omitempty"`
+	// The key the call ran under (the caller's, or session/<id>/<step>).
+	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	SessionId      string `protobuf:"bytes,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	StepId         string `protobuf:"bytes,6,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	RequestId      string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The call's arguments, cut to 16 KiB with a marker.
+	Arguments string `protobuf:"bytes,8,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	// What the agent saw (the error), cut to 2 KiB.
+	Reason string            `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
+	State  ConfirmationState `protobuf:"varint,10,opt,name=state,proto3,enum=mantle.verifier.v1.ConfirmationState" json:"state,omitempty"`
+	// The result a person recorded with HAPPENED (JSON, or text the agent returns as a JSON
+	// string); empty: the agent answers null.
+	Result    string                 `protobuf:"bytes,11,opt,name=result,proto3" json:"result,omitempty"`
+	DecidedBy string                 `protobuf:"bytes,12,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	Note      string                 `protobuf:"bytes,13,opt,name=note,proto3" json:"note,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// Which run of the key this is: after NOT_HAPPENED the action runs again, and an
+	// unknown outcome then opens another confirmation.
+	Attempt       string `protobuf:"bytes,16,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Confirmation) Reset() {
+	*x = Confirmation{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Confirmation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Confirmation) ProtoMessage() {}
+
+func (x *Confirmation) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Confirmation.ProtoReflect.Descriptor instead.
+func (*Confirmation) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *Confirmation) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Confirmation) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Confirmation) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *Confirmation) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *Confirmation) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *Confirmation) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *Confirmation) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *Confirmation) GetArguments() string {
+	if x != nil {
+		return x.Arguments
+	}
+	return ""
+}
+
+func (x *Confirmation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Confirmation) GetState() ConfirmationState {
+	if x != nil {
+		return x.State
+	}
+	return ConfirmationState_CONFIRMATION_STATE_UNSPECIFIED
+}
+
+func (x *Confirmation) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *Confirmation) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
+func (x *Confirmation) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *Confirmation) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Confirmation) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+func (x *Confirmation) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
+}
+
+// OpenConfirmationRequest describes the call whose outcome is unknown.
+type OpenConfirmationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required, as every field up to attempt: at most 128 bytes each (tool, tenant), 512
+	// (idempotency_key, session_id, step_id, request_id, attempt).
+	Tenant         string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tool           string `protobuf:"bytes,2,opt,name=tool,proto3" json:"tool,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	SessionId      string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	StepId         string `protobuf:"bytes,5,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	RequestId      string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Longer arguments are cut to 16 KiB with a marker.
+	Arguments string `protobuf:"bytes,7,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	// Longer reasons are cut to 2 KiB with a marker.
+	Reason string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Required: distinguishes runs of one key (the agent sends when the run started).
+	Attempt       string `protobuf:"bytes,9,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenConfirmationRequest) Reset() {
+	*x = OpenConfirmationRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenConfirmationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenConfirmationRequest) ProtoMessage() {}
+
+func (x *OpenConfirmationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenConfirmationRequest.ProtoReflect.Descriptor instead.
+func (*OpenConfirmationRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *OpenConfirmationRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *OpenConfirmationRequest) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *OpenConfirmationRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *OpenConfirmationRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *OpenConfirmationRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *OpenConfirmationRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *OpenConfirmationRequest) GetArguments() string {
+	if x != nil {
+		return x.Arguments
+	}
+	return ""
+}
+
+func (x *OpenConfirmationRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *OpenConfirmationRequest) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
+}
+
+// OpenConfirmationResponse is the confirmation; created is false when it was open already.
+type OpenConfirmationResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Confirmation  *Confirmation          `protobuf:"bytes,1,opt,name=confirmation,proto3" json:"confirmation,omitempty"`
+	Created       bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenConfirmationResponse) Reset() {
+	*x = OpenConfirmationResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenConfirmationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenConfirmationResponse) ProtoMessage() {}
+
+func (x *OpenConfirmationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenConfirmationResponse.ProtoReflect.Descriptor instead.
+func (*OpenConfirmationResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *OpenConfirmationResponse) GetConfirmation() *Confirmation {
+	if x != nil {
+		return x.Confirmation
+	}
+	return nil
+}
+
+func (x *OpenConfirmationResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+// GetConfirmationRequest names a confirmation of a tenant.
+type GetConfirmationRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	ConfirmationId string                 `protobuf:"bytes,1,opt,name=confirmation_id,json=confirmationId,proto3" json:"confirmation_id,omitempty"`
+	// Required: a confirmation of another tenant is not found.
+	Tenant        string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetConfirmationRequest) Reset() {
+	*x = GetConfirmationRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConfirmationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConfirmationRequest) ProtoMessage() {}
+
+func (x *GetConfirmationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConfirmationRequest.ProtoReflect.Descriptor instead.
+func (*GetConfirmationRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *GetConfirmationRequest) GetConfirmationId() string {
+	if x != nil {
+		return x.ConfirmationId
+	}
+	return ""
+}
+
+func (x *GetConfirmationRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// GetConfirmationResponse is the confirmation.
+type GetConfirmationResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Confirmation  *Confirmation          `protobuf:"bytes,1,opt,name=confirmation,proto3" json:"confirmation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetConfirmationResponse) Reset() {
+	*x = GetConfirmationResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConfirmationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConfirmationResponse) ProtoMessage() {}
+
+func (x *GetConfirmationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConfirmationResponse.ProtoReflect.Descriptor instead.
+func (*GetConfirmationResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *GetConfirmationResponse) GetConfirmation() *Confirmation {
+	if x != nil {
+		return x.Confirmation
+	}
+	return nil
+}
+
+// ListConfirmationsRequest filters confirmations.
+type ListConfirmationsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only confirmations in this state; unspecified means all.
+	State ConfirmationState `protobuf:"varint,1,opt,name=state,proto3,enum=mantle.verifier.v1.ConfirmationState" json:"state,omitempty"`
+	// Only this tenant's.
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Up to this many (default 50, at most 500).
+	PageSize      int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListConfirmationsRequest) Reset() {
+	*x = ListConfirmationsRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListConfirmationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListConfirmationsRequest) ProtoMessage() {}
+
+func (x *ListConfirmationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListConfirmationsRequest.ProtoReflect.Descriptor instead.
+func (*ListConfirmationsRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListConfirmationsRequest) GetState() ConfirmationState {
+	if x != nil {
+		return x.State
+	}
+	return ConfirmationState_CONFIRMATION_STATE_UNSPECIFIED
+}
+
+func (x *ListConfirmationsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListConfirmationsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListConfirmationsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListConfirmationsResponse is one page of confirmations, oldest first.
+type ListConfirmationsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Confirmations []*Confirmation        `protobuf:"bytes,1,rep,name=confirmations,proto3" json:"confirmations,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListConfirmationsResponse) Reset() {
+	*x = ListConfirmationsResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListConfirmationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListConfirmationsResponse) ProtoMessage() {}
+
+func (x *ListConfirmationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListConfirmationsResponse.ProtoReflect.Descriptor instead.
+func (*ListConfirmationsResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ListConfirmationsResponse) GetConfirmations() []*Confirmation {
+	if x != nil {
+		return x.Confirmations
+	}
+	return nil
+}
+
+func (x *ListConfirmationsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// DecideConfirmationRequest records whether the action happened.
+type DecideConfirmationRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	ConfirmationId string                 `protobuf:"bytes,1,opt,name=confirmation_id,json=confirmationId,proto3" json:"confirmation_id,omitempty"`
+	// Required: who decided, for the audit trail.
+	Reviewer string `protobuf:"bytes,2,opt,name=reviewer,proto3" json:"reviewer,omitempty"`
+	// CONFIRMATION_STATE_HAPPENED or CONFIRMATION_STATE_NOT_HAPPENED.
+	Decision ConfirmationState `protobuf:"varint,3,opt,name=decision,proto3,enum=mantle.verifier.v1.ConfirmationState" json:"decision,omitempty"`
+	// With HAPPENED only: the action's result as the person found it (at most 64 KiB).
+	Result        string `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	Note          string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideConfirmationRequest) Reset() {
+	*x = DecideConfirmationRequest{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideConfirmationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideConfirmationRequest) ProtoMessage() {}
+
+func (x *DecideConfirmationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideConfirmationRequest.ProtoReflect.Descriptor instead.
+func (*DecideConfirmationRequest) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DecideConfirmationRequest) GetConfirmationId() string {
+	if x != nil {
+		return x.ConfirmationId
+	}
+	return ""
+}
+
+func (x *DecideConfirmationRequest) GetReviewer() string {
+	if x != nil {
+		return x.Reviewer
+	}
+	return ""
+}
+
+func (x *DecideConfirmationRequest) GetDecision() ConfirmationState {
+	if x != nil {
+		return x.Decision
+	}
+	return ConfirmationState_CONFIRMATION_STATE_UNSPECIFIED
+}
+
+func (x *DecideConfirmationRequest) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *DecideConfirmationRequest) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+// DecideConfirmationResponse is the decided confirmation.
+type DecideConfirmationResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Confirmation  *Confirmation          `protobuf:"bytes,1,opt,name=confirmation,proto3" json:"confirmation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideConfirmationResponse) Reset() {
+	*x = DecideConfirmationResponse{}
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideConfirmationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideConfirmationResponse) ProtoMessage() {}
+
+func (x *DecideConfirmationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_mantle_verifier_v1_verifier_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideConfirmationResponse.ProtoReflect.Descriptor instead.
+func (*DecideConfirmationResponse) Descriptor() ([]byte, []int) {
+	return file_mantle_verifier_v1_verifier_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *DecideConfirmationResponse) GetConfirmation() *Confirmation {
+	if x != nil {
+		return x.Confirmation
 	}
 	return nil
 }
@@ -2997,7 +3775,7 @@ const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\x05field\x18\x02 \x01(\tR\x05field\x12\x18\n" +
 	"\apattern\x18\x03 \x01(\tR\apattern\x12\x14\n" +
 	"\x05value\x18\x04 \x01(\tR\x05value\x12\x16\n" +
-	"\x06notice\x18\x05 \x01(\tR\x06notice\"\xd4\x02\n" +
+	"\x06notice\x18\x05 \x01(\tR\x06notice\"\x86\x03\n" +
 	"\tDraftRule\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\treview_id\x18\x02 \x01(\tR\breviewId\x12,\n" +
@@ -3010,15 +3788,19 @@ const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\n" +
 	"decided_by\x18\a \x01(\tR\tdecidedBy\x129\n" +
 	"\n" +
-	"decided_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"Q\n" +
+	"decided_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x16\n" +
+	"\x06tenant\x18\t \x01(\tR\x06tenant\x12\x18\n" +
+	"\awidened\x18\n" +
+	" \x01(\bR\awidened\"Q\n" +
 	"\x15ListDraftRulesRequest\x128\n" +
 	"\x05state\x18\x01 \x01(\x0e2\".mantle.verifier.v1.DraftRuleStateR\x05state\"M\n" +
 	"\x16ListDraftRulesResponse\x123\n" +
-	"\x05rules\x18\x01 \x03(\v2\x1d.mantle.verifier.v1.DraftRuleR\x05rules\"r\n" +
+	"\x05rules\x18\x01 \x03(\v2\x1d.mantle.verifier.v1.DraftRuleR\x05rules\"\x88\x01\n" +
 	"\x16DecideDraftRuleRequest\x12\"\n" +
 	"\rdraft_rule_id\x18\x01 \x01(\tR\vdraftRuleId\x12\x1a\n" +
 	"\breviewer\x18\x02 \x01(\tR\breviewer\x12\x18\n" +
-	"\aapprove\x18\x03 \x01(\bR\aapprove\"L\n" +
+	"\aapprove\x18\x03 \x01(\bR\aapprove\x12\x14\n" +
+	"\x05widen\x18\x04 \x01(\bR\x05widen\"L\n" +
 	"\x17DecideDraftRuleResponse\x121\n" +
 	"\x04rule\x18\x01 \x01(\v2\x1d.mantle.verifier.v1.DraftRuleR\x04rule\"\x14\n" +
 	"\x12ReloadRulesRequest\"i\n" +
@@ -3026,7 +3808,67 @@ const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x1d\n" +
 	"\n" +
 	"rule_count\x18\x02 \x01(\x05R\truleCount\x12\x19\n" +
-	"\brule_ids\x18\x03 \x03(\tR\aruleIds*W\n" +
+	"\brule_ids\x18\x03 \x03(\tR\aruleIds\"\x98\x04\n" +
+	"\fConfirmation\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04tool\x18\x03 \x01(\tR\x04tool\x12'\n" +
+	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x05 \x01(\tR\tsessionId\x12\x17\n" +
+	"\astep_id\x18\x06 \x01(\tR\x06stepId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tR\trequestId\x12\x1c\n" +
+	"\targuments\x18\b \x01(\tR\targuments\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x12;\n" +
+	"\x05state\x18\n" +
+	" \x01(\x0e2%.mantle.verifier.v1.ConfirmationStateR\x05state\x12\x16\n" +
+	"\x06result\x18\v \x01(\tR\x06result\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18\f \x01(\tR\tdecidedBy\x12\x12\n" +
+	"\x04note\x18\r \x01(\tR\x04note\x129\n" +
+	"\n" +
+	"created_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"decided_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x18\n" +
+	"\aattempt\x18\x10 \x01(\tR\aattempt\"\x95\x02\n" +
+	"\x17OpenConfirmationRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04tool\x18\x02 \x01(\tR\x04tool\x12'\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\x12\x17\n" +
+	"\astep_id\x18\x05 \x01(\tR\x06stepId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x12\x1c\n" +
+	"\targuments\x18\a \x01(\tR\targuments\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\x18\n" +
+	"\aattempt\x18\t \x01(\tR\aattempt\"z\n" +
+	"\x18OpenConfirmationResponse\x12D\n" +
+	"\fconfirmation\x18\x01 \x01(\v2 .mantle.verifier.v1.ConfirmationR\fconfirmation\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"Y\n" +
+	"\x16GetConfirmationRequest\x12'\n" +
+	"\x0fconfirmation_id\x18\x01 \x01(\tR\x0econfirmationId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"_\n" +
+	"\x17GetConfirmationResponse\x12D\n" +
+	"\fconfirmation\x18\x01 \x01(\v2 .mantle.verifier.v1.ConfirmationR\fconfirmation\"\xab\x01\n" +
+	"\x18ListConfirmationsRequest\x12;\n" +
+	"\x05state\x18\x01 \x01(\x0e2%.mantle.verifier.v1.ConfirmationStateR\x05state\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x8b\x01\n" +
+	"\x19ListConfirmationsResponse\x12F\n" +
+	"\rconfirmations\x18\x01 \x03(\v2 .mantle.verifier.v1.ConfirmationR\rconfirmations\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xcf\x01\n" +
+	"\x19DecideConfirmationRequest\x12'\n" +
+	"\x0fconfirmation_id\x18\x01 \x01(\tR\x0econfirmationId\x12\x1a\n" +
+	"\breviewer\x18\x02 \x01(\tR\breviewer\x12A\n" +
+	"\bdecision\x18\x03 \x01(\x0e2%.mantle.verifier.v1.ConfirmationStateR\bdecision\x12\x16\n" +
+	"\x06result\x18\x04 \x01(\tR\x06result\x12\x12\n" +
+	"\x04note\x18\x05 \x01(\tR\x04note\"b\n" +
+	"\x1aDecideConfirmationResponse\x12D\n" +
+	"\fconfirmation\x18\x01 \x01(\v2 .mantle.verifier.v1.ConfirmationR\fconfirmation*W\n" +
 	"\bFeedback\x12\x18\n" +
 	"\x14FEEDBACK_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FEEDBACK_SATISFIED\x10\x01\x12\x19\n" +
@@ -3065,7 +3907,12 @@ const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\x1cDRAFT_RULE_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19DRAFT_RULE_STATE_PROPOSED\x10\x01\x12\x1d\n" +
 	"\x19DRAFT_RULE_STATE_APPROVED\x10\x02\x12\x1d\n" +
-	"\x19DRAFT_RULE_STATE_REJECTED\x10\x032\xc9\b\n" +
+	"\x19DRAFT_RULE_STATE_REJECTED\x10\x03*\x9d\x01\n" +
+	"\x11ConfirmationState\x12\"\n" +
+	"\x1eCONFIRMATION_STATE_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aCONFIRMATION_STATE_PENDING\x10\x01\x12\x1f\n" +
+	"\x1bCONFIRMATION_STATE_HAPPENED\x10\x02\x12#\n" +
+	"\x1fCONFIRMATION_STATE_NOT_HAPPENED\x10\x032\x8b\f\n" +
 	"\x0fVerifierService\x12O\n" +
 	"\x06Verify\x12!.mantle.verifier.v1.VerifyRequest\x1a\".mantle.verifier.v1.VerifyResponse\x12^\n" +
 	"\vGetFollowUp\x12&.mantle.verifier.v1.GetFollowUpRequest\x1a'.mantle.verifier.v1.GetFollowUpResponse\x12g\n" +
@@ -3077,7 +3924,11 @@ const file_mantle_verifier_v1_verifier_proto_rawDesc = "" +
 	"\x0fListReviewAudit\x12*.mantle.verifier.v1.ListReviewAuditRequest\x1a+.mantle.verifier.v1.ListReviewAuditResponse\x12g\n" +
 	"\x0eListDraftRules\x12).mantle.verifier.v1.ListDraftRulesRequest\x1a*.mantle.verifier.v1.ListDraftRulesResponse\x12j\n" +
 	"\x0fDecideDraftRule\x12*.mantle.verifier.v1.DecideDraftRuleRequest\x1a+.mantle.verifier.v1.DecideDraftRuleResponse\x12^\n" +
-	"\vReloadRules\x12&.mantle.verifier.v1.ReloadRulesRequest\x1a'.mantle.verifier.v1.ReloadRulesResponseB\xd6\x01\n" +
+	"\vReloadRules\x12&.mantle.verifier.v1.ReloadRulesRequest\x1a'.mantle.verifier.v1.ReloadRulesResponse\x12m\n" +
+	"\x10OpenConfirmation\x12+.mantle.verifier.v1.OpenConfirmationRequest\x1a,.mantle.verifier.v1.OpenConfirmationResponse\x12j\n" +
+	"\x0fGetConfirmation\x12*.mantle.verifier.v1.GetConfirmationRequest\x1a+.mantle.verifier.v1.GetConfirmationResponse\x12p\n" +
+	"\x11ListConfirmations\x12,.mantle.verifier.v1.ListConfirmationsRequest\x1a-.mantle.verifier.v1.ListConfirmationsResponse\x12s\n" +
+	"\x12DecideConfirmation\x12-.mantle.verifier.v1.DecideConfirmationRequest\x1a..mantle.verifier.v1.DecideConfirmationResponseB\xd6\x01\n" +
 	"\x16com.mantle.verifier.v1B\rVerifierProtoP\x01ZCgithub.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1;verifierv1\xa2\x02\x03MVX\xaa\x02\x12Mantle.Verifier.V1\xca\x02\x12Mantle\\Verifier\\V1\xe2\x02\x1eMantle\\Verifier\\V1\\GPBMetadata\xea\x02\x14Mantle::Verifier::V1b\x06proto3"
 
 var (
@@ -3092,130 +3943,157 @@ func file_mantle_verifier_v1_verifier_proto_rawDescGZIP() []byte {
 	return file_mantle_verifier_v1_verifier_proto_rawDescData
 }
 
-var file_mantle_verifier_v1_verifier_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_mantle_verifier_v1_verifier_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_mantle_verifier_v1_verifier_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_mantle_verifier_v1_verifier_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_mantle_verifier_v1_verifier_proto_goTypes = []any{
-	(Feedback)(0),                    // 0: mantle.verifier.v1.Feedback
-	(ReviewState)(0),                 // 1: mantle.verifier.v1.ReviewState
-	(ReviewVerdict)(0),               // 2: mantle.verifier.v1.ReviewVerdict
-	(RootCause)(0),                   // 3: mantle.verifier.v1.RootCause
-	(CorrectiveAction)(0),            // 4: mantle.verifier.v1.CorrectiveAction
-	(DraftRuleState)(0),              // 5: mantle.verifier.v1.DraftRuleState
-	(*VerifyRequest)(nil),            // 6: mantle.verifier.v1.VerifyRequest
-	(*VerifyResponse)(nil),           // 7: mantle.verifier.v1.VerifyResponse
-	(*Finding)(nil),                  // 8: mantle.verifier.v1.Finding
-	(*AppliedAction)(nil),            // 9: mantle.verifier.v1.AppliedAction
-	(*RiskBreakdown)(nil),            // 10: mantle.verifier.v1.RiskBreakdown
-	(*GetFollowUpRequest)(nil),       // 11: mantle.verifier.v1.GetFollowUpRequest
-	(*GetFollowUpResponse)(nil),      // 12: mantle.verifier.v1.GetFollowUpResponse
-	(*ReportFeedbackRequest)(nil),    // 13: mantle.verifier.v1.ReportFeedbackRequest
-	(*ReportFeedbackResponse)(nil),   // 14: mantle.verifier.v1.ReportFeedbackResponse
-	(*Review)(nil),                   // 15: mantle.verifier.v1.Review
-	(*ReviewDecision)(nil),           // 16: mantle.verifier.v1.ReviewDecision
-	(*ListReviewsRequest)(nil),       // 17: mantle.verifier.v1.ListReviewsRequest
-	(*ListReviewsResponse)(nil),      // 18: mantle.verifier.v1.ListReviewsResponse
-	(*GetReviewRequest)(nil),         // 19: mantle.verifier.v1.GetReviewRequest
-	(*GetReviewResponse)(nil),        // 20: mantle.verifier.v1.GetReviewResponse
-	(*ClaimReviewRequest)(nil),       // 21: mantle.verifier.v1.ClaimReviewRequest
-	(*ClaimReviewResponse)(nil),      // 22: mantle.verifier.v1.ClaimReviewResponse
-	(*DraftRuleHint)(nil),            // 23: mantle.verifier.v1.DraftRuleHint
-	(*DecideReviewRequest)(nil),      // 24: mantle.verifier.v1.DecideReviewRequest
-	(*DecideReviewResponse)(nil),     // 25: mantle.verifier.v1.DecideReviewResponse
-	(*AuditEntry)(nil),               // 26: mantle.verifier.v1.AuditEntry
-	(*ListReviewAuditRequest)(nil),   // 27: mantle.verifier.v1.ListReviewAuditRequest
-	(*ListReviewAuditResponse)(nil),  // 28: mantle.verifier.v1.ListReviewAuditResponse
-	(*Rule)(nil),                     // 29: mantle.verifier.v1.Rule
-	(*RuleAction)(nil),               // 30: mantle.verifier.v1.RuleAction
-	(*DraftRule)(nil),                // 31: mantle.verifier.v1.DraftRule
-	(*ListDraftRulesRequest)(nil),    // 32: mantle.verifier.v1.ListDraftRulesRequest
-	(*ListDraftRulesResponse)(nil),   // 33: mantle.verifier.v1.ListDraftRulesResponse
-	(*DecideDraftRuleRequest)(nil),   // 34: mantle.verifier.v1.DecideDraftRuleRequest
-	(*DecideDraftRuleResponse)(nil),  // 35: mantle.verifier.v1.DecideDraftRuleResponse
-	(*ReloadRulesRequest)(nil),       // 36: mantle.verifier.v1.ReloadRulesRequest
-	(*ReloadRulesResponse)(nil),      // 37: mantle.verifier.v1.ReloadRulesResponse
-	(*v1.QualityContext)(nil),        // 38: mantle.v1.QualityContext
-	(*v1.ChatMessage)(nil),           // 39: mantle.v1.ChatMessage
-	(*v1.ResponseFormat)(nil),        // 40: mantle.v1.ResponseFormat
-	(*v1.ToolCall)(nil),              // 41: mantle.v1.ToolCall
-	(*v1.Tool)(nil),                  // 42: mantle.v1.Tool
-	(v1.ErrorClass)(0),               // 43: mantle.v1.ErrorClass
-	(v1.QualityGrade)(0),             // 44: mantle.v1.QualityGrade
-	(*v11.QualityFollowUpEvent)(nil), // 45: mantle.events.v1.QualityFollowUpEvent
-	(*timestamppb.Timestamp)(nil),    // 46: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 47: google.protobuf.Duration
+	(Feedback)(0),                      // 0: mantle.verifier.v1.Feedback
+	(ReviewState)(0),                   // 1: mantle.verifier.v1.ReviewState
+	(ReviewVerdict)(0),                 // 2: mantle.verifier.v1.ReviewVerdict
+	(RootCause)(0),                     // 3: mantle.verifier.v1.RootCause
+	(CorrectiveAction)(0),              // 4: mantle.verifier.v1.CorrectiveAction
+	(DraftRuleState)(0),                // 5: mantle.verifier.v1.DraftRuleState
+	(ConfirmationState)(0),             // 6: mantle.verifier.v1.ConfirmationState
+	(*VerifyRequest)(nil),              // 7: mantle.verifier.v1.VerifyRequest
+	(*VerifyResponse)(nil),             // 8: mantle.verifier.v1.VerifyResponse
+	(*Finding)(nil),                    // 9: mantle.verifier.v1.Finding
+	(*AppliedAction)(nil),              // 10: mantle.verifier.v1.AppliedAction
+	(*RiskBreakdown)(nil),              // 11: mantle.verifier.v1.RiskBreakdown
+	(*GetFollowUpRequest)(nil),         // 12: mantle.verifier.v1.GetFollowUpRequest
+	(*GetFollowUpResponse)(nil),        // 13: mantle.verifier.v1.GetFollowUpResponse
+	(*ReportFeedbackRequest)(nil),      // 14: mantle.verifier.v1.ReportFeedbackRequest
+	(*ReportFeedbackResponse)(nil),     // 15: mantle.verifier.v1.ReportFeedbackResponse
+	(*Review)(nil),                     // 16: mantle.verifier.v1.Review
+	(*ReviewDecision)(nil),             // 17: mantle.verifier.v1.ReviewDecision
+	(*ListReviewsRequest)(nil),         // 18: mantle.verifier.v1.ListReviewsRequest
+	(*ListReviewsResponse)(nil),        // 19: mantle.verifier.v1.ListReviewsResponse
+	(*GetReviewRequest)(nil),           // 20: mantle.verifier.v1.GetReviewRequest
+	(*GetReviewResponse)(nil),          // 21: mantle.verifier.v1.GetReviewResponse
+	(*ClaimReviewRequest)(nil),         // 22: mantle.verifier.v1.ClaimReviewRequest
+	(*ClaimReviewResponse)(nil),        // 23: mantle.verifier.v1.ClaimReviewResponse
+	(*DraftRuleHint)(nil),              // 24: mantle.verifier.v1.DraftRuleHint
+	(*DecideReviewRequest)(nil),        // 25: mantle.verifier.v1.DecideReviewRequest
+	(*DecideReviewResponse)(nil),       // 26: mantle.verifier.v1.DecideReviewResponse
+	(*AuditEntry)(nil),                 // 27: mantle.verifier.v1.AuditEntry
+	(*ListReviewAuditRequest)(nil),     // 28: mantle.verifier.v1.ListReviewAuditRequest
+	(*ListReviewAuditResponse)(nil),    // 29: mantle.verifier.v1.ListReviewAuditResponse
+	(*Rule)(nil),                       // 30: mantle.verifier.v1.Rule
+	(*RuleAction)(nil),                 // 31: mantle.verifier.v1.RuleAction
+	(*DraftRule)(nil),                  // 32: mantle.verifier.v1.DraftRule
+	(*ListDraftRulesRequest)(nil),      // 33: mantle.verifier.v1.ListDraftRulesRequest
+	(*ListDraftRulesResponse)(nil),     // 34: mantle.verifier.v1.ListDraftRulesResponse
+	(*DecideDraftRuleRequest)(nil),     // 35: mantle.verifier.v1.DecideDraftRuleRequest
+	(*DecideDraftRuleResponse)(nil),    // 36: mantle.verifier.v1.DecideDraftRuleResponse
+	(*ReloadRulesRequest)(nil),         // 37: mantle.verifier.v1.ReloadRulesRequest
+	(*ReloadRulesResponse)(nil),        // 38: mantle.verifier.v1.ReloadRulesResponse
+	(*Confirmation)(nil),               // 39: mantle.verifier.v1.Confirmation
+	(*OpenConfirmationRequest)(nil),    // 40: mantle.verifier.v1.OpenConfirmationRequest
+	(*OpenConfirmationResponse)(nil),   // 41: mantle.verifier.v1.OpenConfirmationResponse
+	(*GetConfirmationRequest)(nil),     // 42: mantle.verifier.v1.GetConfirmationRequest
+	(*GetConfirmationResponse)(nil),    // 43: mantle.verifier.v1.GetConfirmationResponse
+	(*ListConfirmationsRequest)(nil),   // 44: mantle.verifier.v1.ListConfirmationsRequest
+	(*ListConfirmationsResponse)(nil),  // 45: mantle.verifier.v1.ListConfirmationsResponse
+	(*DecideConfirmationRequest)(nil),  // 46: mantle.verifier.v1.DecideConfirmationRequest
+	(*DecideConfirmationResponse)(nil), // 47: mantle.verifier.v1.DecideConfirmationResponse
+	(*v1.QualityContext)(nil),          // 48: mantle.v1.QualityContext
+	(*v1.ChatMessage)(nil),             // 49: mantle.v1.ChatMessage
+	(*v1.ResponseFormat)(nil),          // 50: mantle.v1.ResponseFormat
+	(*v1.ToolCall)(nil),                // 51: mantle.v1.ToolCall
+	(*v1.Tool)(nil),                    // 52: mantle.v1.Tool
+	(v1.ErrorClass)(0),                 // 53: mantle.v1.ErrorClass
+	(v1.QualityGrade)(0),               // 54: mantle.v1.QualityGrade
+	(*v11.QualityFollowUpEvent)(nil),   // 55: mantle.events.v1.QualityFollowUpEvent
+	(*timestamppb.Timestamp)(nil),      // 56: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 57: google.protobuf.Duration
 }
 var file_mantle_verifier_v1_verifier_proto_depIdxs = []int32{
-	38, // 0: mantle.verifier.v1.VerifyRequest.quality:type_name -> mantle.v1.QualityContext
-	39, // 1: mantle.verifier.v1.VerifyRequest.messages:type_name -> mantle.v1.ChatMessage
-	40, // 2: mantle.verifier.v1.VerifyRequest.response_format:type_name -> mantle.v1.ResponseFormat
-	41, // 3: mantle.verifier.v1.VerifyRequest.tool_calls:type_name -> mantle.v1.ToolCall
-	42, // 4: mantle.verifier.v1.VerifyRequest.tools:type_name -> mantle.v1.Tool
-	43, // 5: mantle.verifier.v1.VerifyResponse.failure_class:type_name -> mantle.v1.ErrorClass
-	8,  // 6: mantle.verifier.v1.VerifyResponse.findings:type_name -> mantle.verifier.v1.Finding
-	44, // 7: mantle.verifier.v1.VerifyResponse.grade:type_name -> mantle.v1.QualityGrade
-	38, // 8: mantle.verifier.v1.VerifyResponse.quality:type_name -> mantle.v1.QualityContext
-	9,  // 9: mantle.verifier.v1.VerifyResponse.actions:type_name -> mantle.verifier.v1.AppliedAction
-	10, // 10: mantle.verifier.v1.VerifyResponse.risk:type_name -> mantle.verifier.v1.RiskBreakdown
-	45, // 11: mantle.verifier.v1.GetFollowUpResponse.follow_up:type_name -> mantle.events.v1.QualityFollowUpEvent
+	48, // 0: mantle.verifier.v1.VerifyRequest.quality:type_name -> mantle.v1.QualityContext
+	49, // 1: mantle.verifier.v1.VerifyRequest.messages:type_name -> mantle.v1.ChatMessage
+	50, // 2: mantle.verifier.v1.VerifyRequest.response_format:type_name -> mantle.v1.ResponseFormat
+	51, // 3: mantle.verifier.v1.VerifyRequest.tool_calls:type_name -> mantle.v1.ToolCall
+	52, // 4: mantle.verifier.v1.VerifyRequest.tools:type_name -> mantle.v1.Tool
+	53, // 5: mantle.verifier.v1.VerifyResponse.failure_class:type_name -> mantle.v1.ErrorClass
+	9,  // 6: mantle.verifier.v1.VerifyResponse.findings:type_name -> mantle.verifier.v1.Finding
+	54, // 7: mantle.verifier.v1.VerifyResponse.grade:type_name -> mantle.v1.QualityGrade
+	48, // 8: mantle.verifier.v1.VerifyResponse.quality:type_name -> mantle.v1.QualityContext
+	10, // 9: mantle.verifier.v1.VerifyResponse.actions:type_name -> mantle.verifier.v1.AppliedAction
+	11, // 10: mantle.verifier.v1.VerifyResponse.risk:type_name -> mantle.verifier.v1.RiskBreakdown
+	55, // 11: mantle.verifier.v1.GetFollowUpResponse.follow_up:type_name -> mantle.events.v1.QualityFollowUpEvent
 	0,  // 12: mantle.verifier.v1.ReportFeedbackRequest.feedback:type_name -> mantle.verifier.v1.Feedback
 	1,  // 13: mantle.verifier.v1.Review.state:type_name -> mantle.verifier.v1.ReviewState
-	46, // 14: mantle.verifier.v1.Review.created_at:type_name -> google.protobuf.Timestamp
-	46, // 15: mantle.verifier.v1.Review.due_at:type_name -> google.protobuf.Timestamp
-	46, // 16: mantle.verifier.v1.Review.lease_expires_at:type_name -> google.protobuf.Timestamp
-	16, // 17: mantle.verifier.v1.Review.decision:type_name -> mantle.verifier.v1.ReviewDecision
-	38, // 18: mantle.verifier.v1.Review.quality:type_name -> mantle.v1.QualityContext
+	56, // 14: mantle.verifier.v1.Review.created_at:type_name -> google.protobuf.Timestamp
+	56, // 15: mantle.verifier.v1.Review.due_at:type_name -> google.protobuf.Timestamp
+	56, // 16: mantle.verifier.v1.Review.lease_expires_at:type_name -> google.protobuf.Timestamp
+	17, // 17: mantle.verifier.v1.Review.decision:type_name -> mantle.verifier.v1.ReviewDecision
+	48, // 18: mantle.verifier.v1.Review.quality:type_name -> mantle.v1.QualityContext
 	2,  // 19: mantle.verifier.v1.ReviewDecision.verdict:type_name -> mantle.verifier.v1.ReviewVerdict
 	3,  // 20: mantle.verifier.v1.ReviewDecision.root_cause:type_name -> mantle.verifier.v1.RootCause
 	4,  // 21: mantle.verifier.v1.ReviewDecision.corrective_action:type_name -> mantle.verifier.v1.CorrectiveAction
-	46, // 22: mantle.verifier.v1.ReviewDecision.decided_at:type_name -> google.protobuf.Timestamp
+	56, // 22: mantle.verifier.v1.ReviewDecision.decided_at:type_name -> google.protobuf.Timestamp
 	1,  // 23: mantle.verifier.v1.ListReviewsRequest.state:type_name -> mantle.verifier.v1.ReviewState
-	15, // 24: mantle.verifier.v1.ListReviewsResponse.reviews:type_name -> mantle.verifier.v1.Review
-	15, // 25: mantle.verifier.v1.GetReviewResponse.review:type_name -> mantle.verifier.v1.Review
-	47, // 26: mantle.verifier.v1.ClaimReviewRequest.lease:type_name -> google.protobuf.Duration
-	15, // 27: mantle.verifier.v1.ClaimReviewResponse.review:type_name -> mantle.verifier.v1.Review
+	16, // 24: mantle.verifier.v1.ListReviewsResponse.reviews:type_name -> mantle.verifier.v1.Review
+	16, // 25: mantle.verifier.v1.GetReviewResponse.review:type_name -> mantle.verifier.v1.Review
+	57, // 26: mantle.verifier.v1.ClaimReviewRequest.lease:type_name -> google.protobuf.Duration
+	16, // 27: mantle.verifier.v1.ClaimReviewResponse.review:type_name -> mantle.verifier.v1.Review
 	2,  // 28: mantle.verifier.v1.DecideReviewRequest.verdict:type_name -> mantle.verifier.v1.ReviewVerdict
 	3,  // 29: mantle.verifier.v1.DecideReviewRequest.root_cause:type_name -> mantle.verifier.v1.RootCause
 	4,  // 30: mantle.verifier.v1.DecideReviewRequest.corrective_action:type_name -> mantle.verifier.v1.CorrectiveAction
-	23, // 31: mantle.verifier.v1.DecideReviewRequest.draft_rule:type_name -> mantle.verifier.v1.DraftRuleHint
-	15, // 32: mantle.verifier.v1.DecideReviewResponse.review:type_name -> mantle.verifier.v1.Review
-	31, // 33: mantle.verifier.v1.DecideReviewResponse.draft_rule:type_name -> mantle.verifier.v1.DraftRule
-	46, // 34: mantle.verifier.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	26, // 35: mantle.verifier.v1.ListReviewAuditResponse.entries:type_name -> mantle.verifier.v1.AuditEntry
-	30, // 36: mantle.verifier.v1.Rule.action:type_name -> mantle.verifier.v1.RuleAction
-	29, // 37: mantle.verifier.v1.DraftRule.rule:type_name -> mantle.verifier.v1.Rule
+	24, // 31: mantle.verifier.v1.DecideReviewRequest.draft_rule:type_name -> mantle.verifier.v1.DraftRuleHint
+	16, // 32: mantle.verifier.v1.DecideReviewResponse.review:type_name -> mantle.verifier.v1.Review
+	32, // 33: mantle.verifier.v1.DecideReviewResponse.draft_rule:type_name -> mantle.verifier.v1.DraftRule
+	56, // 34: mantle.verifier.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	27, // 35: mantle.verifier.v1.ListReviewAuditResponse.entries:type_name -> mantle.verifier.v1.AuditEntry
+	31, // 36: mantle.verifier.v1.Rule.action:type_name -> mantle.verifier.v1.RuleAction
+	30, // 37: mantle.verifier.v1.DraftRule.rule:type_name -> mantle.verifier.v1.Rule
 	5,  // 38: mantle.verifier.v1.DraftRule.state:type_name -> mantle.verifier.v1.DraftRuleState
-	46, // 39: mantle.verifier.v1.DraftRule.created_at:type_name -> google.protobuf.Timestamp
-	46, // 40: mantle.verifier.v1.DraftRule.decided_at:type_name -> google.protobuf.Timestamp
+	56, // 39: mantle.verifier.v1.DraftRule.created_at:type_name -> google.protobuf.Timestamp
+	56, // 40: mantle.verifier.v1.DraftRule.decided_at:type_name -> google.protobuf.Timestamp
 	5,  // 41: mantle.verifier.v1.ListDraftRulesRequest.state:type_name -> mantle.verifier.v1.DraftRuleState
-	31, // 42: mantle.verifier.v1.ListDraftRulesResponse.rules:type_name -> mantle.verifier.v1.DraftRule
-	31, // 43: mantle.verifier.v1.DecideDraftRuleResponse.rule:type_name -> mantle.verifier.v1.DraftRule
-	6,  // 44: mantle.verifier.v1.VerifierService.Verify:input_type -> mantle.verifier.v1.VerifyRequest
-	11, // 45: mantle.verifier.v1.VerifierService.GetFollowUp:input_type -> mantle.verifier.v1.GetFollowUpRequest
-	13, // 46: mantle.verifier.v1.VerifierService.ReportFeedback:input_type -> mantle.verifier.v1.ReportFeedbackRequest
-	17, // 47: mantle.verifier.v1.VerifierService.ListReviews:input_type -> mantle.verifier.v1.ListReviewsRequest
-	19, // 48: mantle.verifier.v1.VerifierService.GetReview:input_type -> mantle.verifier.v1.GetReviewRequest
-	21, // 49: mantle.verifier.v1.VerifierService.ClaimReview:input_type -> mantle.verifier.v1.ClaimReviewRequest
-	24, // 50: mantle.verifier.v1.VerifierService.DecideReview:input_type -> mantle.verifier.v1.DecideReviewRequest
-	27, // 51: mantle.verifier.v1.VerifierService.ListReviewAudit:input_type -> mantle.verifier.v1.ListReviewAuditRequest
-	32, // 52: mantle.verifier.v1.VerifierService.ListDraftRules:input_type -> mantle.verifier.v1.ListDraftRulesRequest
-	34, // 53: mantle.verifier.v1.VerifierService.DecideDraftRule:input_type -> mantle.verifier.v1.DecideDraftRuleRequest
-	36, // 54: mantle.verifier.v1.VerifierService.ReloadRules:input_type -> mantle.verifier.v1.ReloadRulesRequest
-	7,  // 55: mantle.verifier.v1.VerifierService.Verify:output_type -> mantle.verifier.v1.VerifyResponse
-	12, // 56: mantle.verifier.v1.VerifierService.GetFollowUp:output_type -> mantle.verifier.v1.GetFollowUpResponse
-	14, // 57: mantle.verifier.v1.VerifierService.ReportFeedback:output_type -> mantle.verifier.v1.ReportFeedbackResponse
-	18, // 58: mantle.verifier.v1.VerifierService.ListReviews:output_type -> mantle.verifier.v1.ListReviewsResponse
-	20, // 59: mantle.verifier.v1.VerifierService.GetReview:output_type -> mantle.verifier.v1.GetReviewResponse
-	22, // 60: mantle.verifier.v1.VerifierService.ClaimReview:output_type -> mantle.verifier.v1.ClaimReviewResponse
-	25, // 61: mantle.verifier.v1.VerifierService.DecideReview:output_type -> mantle.verifier.v1.DecideReviewResponse
-	28, // 62: mantle.verifier.v1.VerifierService.ListReviewAudit:output_type -> mantle.verifier.v1.ListReviewAuditResponse
-	33, // 63: mantle.verifier.v1.VerifierService.ListDraftRules:output_type -> mantle.verifier.v1.ListDraftRulesResponse
-	35, // 64: mantle.verifier.v1.VerifierService.DecideDraftRule:output_type -> mantle.verifier.v1.DecideDraftRuleResponse
-	37, // 65: mantle.verifier.v1.VerifierService.ReloadRules:output_type -> mantle.verifier.v1.ReloadRulesResponse
-	55, // [55:66] is the sub-list for method output_type
-	44, // [44:55] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	32, // 42: mantle.verifier.v1.ListDraftRulesResponse.rules:type_name -> mantle.verifier.v1.DraftRule
+	32, // 43: mantle.verifier.v1.DecideDraftRuleResponse.rule:type_name -> mantle.verifier.v1.DraftRule
+	6,  // 44: mantle.verifier.v1.Confirmation.state:type_name -> mantle.verifier.v1.ConfirmationState
+	56, // 45: mantle.verifier.v1.Confirmation.created_at:type_name -> google.protobuf.Timestamp
+	56, // 46: mantle.verifier.v1.Confirmation.decided_at:type_name -> google.protobuf.Timestamp
+	39, // 47: mantle.verifier.v1.OpenConfirmationResponse.confirmation:type_name -> mantle.verifier.v1.Confirmation
+	39, // 48: mantle.verifier.v1.GetConfirmationResponse.confirmation:type_name -> mantle.verifier.v1.Confirmation
+	6,  // 49: mantle.verifier.v1.ListConfirmationsRequest.state:type_name -> mantle.verifier.v1.ConfirmationState
+	39, // 50: mantle.verifier.v1.ListConfirmationsResponse.confirmations:type_name -> mantle.verifier.v1.Confirmation
+	6,  // 51: mantle.verifier.v1.DecideConfirmationRequest.decision:type_name -> mantle.verifier.v1.ConfirmationState
+	39, // 52: mantle.verifier.v1.DecideConfirmationResponse.confirmation:type_name -> mantle.verifier.v1.Confirmation
+	7,  // 53: mantle.verifier.v1.VerifierService.Verify:input_type -> mantle.verifier.v1.VerifyRequest
+	12, // 54: mantle.verifier.v1.VerifierService.GetFollowUp:input_type -> mantle.verifier.v1.GetFollowUpRequest
+	14, // 55: mantle.verifier.v1.VerifierService.ReportFeedback:input_type -> mantle.verifier.v1.ReportFeedbackRequest
+	18, // 56: mantle.verifier.v1.VerifierService.ListReviews:input_type -> mantle.verifier.v1.ListReviewsRequest
+	20, // 57: mantle.verifier.v1.VerifierService.GetReview:input_type -> mantle.verifier.v1.GetReviewRequest
+	22, // 58: mantle.verifier.v1.VerifierService.ClaimReview:input_type -> mantle.verifier.v1.ClaimReviewRequest
+	25, // 59: mantle.verifier.v1.VerifierService.DecideReview:input_type -> mantle.verifier.v1.DecideReviewRequest
+	28, // 60: mantle.verifier.v1.VerifierService.ListReviewAudit:input_type -> mantle.verifier.v1.ListReviewAuditRequest
+	33, // 61: mantle.verifier.v1.VerifierService.ListDraftRules:input_type -> mantle.verifier.v1.ListDraftRulesRequest
+	35, // 62: mantle.verifier.v1.VerifierService.DecideDraftRule:input_type -> mantle.verifier.v1.DecideDraftRuleRequest
+	37, // 63: mantle.verifier.v1.VerifierService.ReloadRules:input_type -> mantle.verifier.v1.ReloadRulesRequest
+	40, // 64: mantle.verifier.v1.VerifierService.OpenConfirmation:input_type -> mantle.verifier.v1.OpenConfirmationRequest
+	42, // 65: mantle.verifier.v1.VerifierService.GetConfirmation:input_type -> mantle.verifier.v1.GetConfirmationRequest
+	44, // 66: mantle.verifier.v1.VerifierService.ListConfirmations:input_type -> mantle.verifier.v1.ListConfirmationsRequest
+	46, // 67: mantle.verifier.v1.VerifierService.DecideConfirmation:input_type -> mantle.verifier.v1.DecideConfirmationRequest
+	8,  // 68: mantle.verifier.v1.VerifierService.Verify:output_type -> mantle.verifier.v1.VerifyResponse
+	13, // 69: mantle.verifier.v1.VerifierService.GetFollowUp:output_type -> mantle.verifier.v1.GetFollowUpResponse
+	15, // 70: mantle.verifier.v1.VerifierService.ReportFeedback:output_type -> mantle.verifier.v1.ReportFeedbackResponse
+	19, // 71: mantle.verifier.v1.VerifierService.ListReviews:output_type -> mantle.verifier.v1.ListReviewsResponse
+	21, // 72: mantle.verifier.v1.VerifierService.GetReview:output_type -> mantle.verifier.v1.GetReviewResponse
+	23, // 73: mantle.verifier.v1.VerifierService.ClaimReview:output_type -> mantle.verifier.v1.ClaimReviewResponse
+	26, // 74: mantle.verifier.v1.VerifierService.DecideReview:output_type -> mantle.verifier.v1.DecideReviewResponse
+	29, // 75: mantle.verifier.v1.VerifierService.ListReviewAudit:output_type -> mantle.verifier.v1.ListReviewAuditResponse
+	34, // 76: mantle.verifier.v1.VerifierService.ListDraftRules:output_type -> mantle.verifier.v1.ListDraftRulesResponse
+	36, // 77: mantle.verifier.v1.VerifierService.DecideDraftRule:output_type -> mantle.verifier.v1.DecideDraftRuleResponse
+	38, // 78: mantle.verifier.v1.VerifierService.ReloadRules:output_type -> mantle.verifier.v1.ReloadRulesResponse
+	41, // 79: mantle.verifier.v1.VerifierService.OpenConfirmation:output_type -> mantle.verifier.v1.OpenConfirmationResponse
+	43, // 80: mantle.verifier.v1.VerifierService.GetConfirmation:output_type -> mantle.verifier.v1.GetConfirmationResponse
+	45, // 81: mantle.verifier.v1.VerifierService.ListConfirmations:output_type -> mantle.verifier.v1.ListConfirmationsResponse
+	47, // 82: mantle.verifier.v1.VerifierService.DecideConfirmation:output_type -> mantle.verifier.v1.DecideConfirmationResponse
+	68, // [68:83] is the sub-list for method output_type
+	53, // [53:68] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_mantle_verifier_v1_verifier_proto_init() }
@@ -3228,8 +4106,8 @@ func file_mantle_verifier_v1_verifier_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mantle_verifier_v1_verifier_proto_rawDesc), len(file_mantle_verifier_v1_verifier_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   32,
+			NumEnums:      7,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,17 +19,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	VerifierService_Verify_FullMethodName          = "/mantle.verifier.v1.VerifierService/Verify"
-	VerifierService_GetFollowUp_FullMethodName     = "/mantle.verifier.v1.VerifierService/GetFollowUp"
-	VerifierService_ReportFeedback_FullMethodName  = "/mantle.verifier.v1.VerifierService/ReportFeedback"
-	VerifierService_ListReviews_FullMethodName     = "/mantle.verifier.v1.VerifierService/ListReviews"
-	VerifierService_GetReview_FullMethodName       = "/mantle.verifier.v1.VerifierService/GetReview"
-	VerifierService_ClaimReview_FullMethodName     = "/mantle.verifier.v1.VerifierService/ClaimReview"
-	VerifierService_DecideReview_FullMethodName    = "/mantle.verifier.v1.VerifierService/DecideReview"
-	VerifierService_ListReviewAudit_FullMethodName = "/mantle.verifier.v1.VerifierService/ListReviewAudit"
-	VerifierService_ListDraftRules_FullMethodName  = "/mantle.verifier.v1.VerifierService/ListDraftRules"
-	VerifierService_DecideDraftRule_FullMethodName = "/mantle.verifier.v1.VerifierService/DecideDraftRule"
-	VerifierService_ReloadRules_FullMethodName     = "/mantle.verifier.v1.VerifierService/ReloadRules"
+	VerifierService_Verify_FullMethodName             = "/mantle.verifier.v1.VerifierService/Verify"
+	VerifierService_GetFollowUp_FullMethodName        = "/mantle.verifier.v1.VerifierService/GetFollowUp"
+	VerifierService_ReportFeedback_FullMethodName     = "/mantle.verifier.v1.VerifierService/ReportFeedback"
+	VerifierService_ListReviews_FullMethodName        = "/mantle.verifier.v1.VerifierService/ListReviews"
+	VerifierService_GetReview_FullMethodName          = "/mantle.verifier.v1.VerifierService/GetReview"
+	VerifierService_ClaimReview_FullMethodName        = "/mantle.verifier.v1.VerifierService/ClaimReview"
+	VerifierService_DecideReview_FullMethodName       = "/mantle.verifier.v1.VerifierService/DecideReview"
+	VerifierService_ListReviewAudit_FullMethodName    = "/mantle.verifier.v1.VerifierService/ListReviewAudit"
+	VerifierService_ListDraftRules_FullMethodName     = "/mantle.verifier.v1.VerifierService/ListDraftRules"
+	VerifierService_DecideDraftRule_FullMethodName    = "/mantle.verifier.v1.VerifierService/DecideDraftRule"
+	VerifierService_ReloadRules_FullMethodName        = "/mantle.verifier.v1.VerifierService/ReloadRules"
+	VerifierService_OpenConfirmation_FullMethodName   = "/mantle.verifier.v1.VerifierService/OpenConfirmation"
+	VerifierService_GetConfirmation_FullMethodName    = "/mantle.verifier.v1.VerifierService/GetConfirmation"
+	VerifierService_ListConfirmations_FullMethodName  = "/mantle.verifier.v1.VerifierService/ListConfirmations"
+	VerifierService_DecideConfirmation_FullMethodName = "/mantle.verifier.v1.VerifierService/DecideConfirmation"
 )
 
 // VerifierServiceClient is the client API for VerifierService service.
@@ -42,7 +46,7 @@ const (
 //
 // Errors carry google.rpc.ErrorInfo with domain "verifier.mantle" and one of these reasons:
 // INVALID_REQUEST (INVALID_ARGUMENT, with BadRequest), PERMISSION_DENIED, NOT_FOUND (no such
-// review or draft rule), REVIEW_CONFLICT (FAILED_PRECONDITION: the review is claimed by
+// review, draft rule or confirmation), REVIEW_CONFLICT (FAILED_PRECONDITION: the review is claimed by
 // someone else, already decided or timed out, or the caller holds no claim),
 // RULES_REJECTED (FAILED_PRECONDITION: a rule set or draft rule does not compile; the last
 // good set stays), UNAVAILABLE (the review store cannot be reached; retry). A failed
@@ -73,6 +77,18 @@ type VerifierServiceClient interface {
 	// ReloadRules re-reads the rules file now. A set that fails to compile is rejected and
 	// the last good set stays.
 	ReloadRules(ctx context.Context, in *ReloadRulesRequest, opts ...grpc.CallOption) (*ReloadRulesResponse, error)
+	// OpenConfirmation opens a "confirm outcome" review: an action tool call whose outcome
+	// is unknown (a timeout, a reset), which a person confirms. Service plane (the agent):
+	// a tenant key is refused. Idempotent: the same tenant, key and attempt find the
+	// confirmation already open.
+	OpenConfirmation(ctx context.Context, in *OpenConfirmationRequest, opts ...grpc.CallOption) (*OpenConfirmationResponse, error)
+	// GetConfirmation reads a confirmation and its decision. Service plane.
+	GetConfirmation(ctx context.Context, in *GetConfirmationRequest, opts ...grpc.CallOption) (*GetConfirmationResponse, error)
+	// ListConfirmations lists confirmations, oldest first. Operator plane.
+	ListConfirmations(ctx context.Context, in *ListConfirmationsRequest, opts ...grpc.CallOption) (*ListConfirmationsResponse, error)
+	// DecideConfirmation records whether the action happened. Operator plane; a decision
+	// is final.
+	DecideConfirmation(ctx context.Context, in *DecideConfirmationRequest, opts ...grpc.CallOption) (*DecideConfirmationResponse, error)
 }
 
 type verifierServiceClient struct {
@@ -193,6 +209,46 @@ func (c *verifierServiceClient) ReloadRules(ctx context.Context, in *ReloadRules
 	return out, nil
 }
 
+func (c *verifierServiceClient) OpenConfirmation(ctx context.Context, in *OpenConfirmationRequest, opts ...grpc.CallOption) (*OpenConfirmationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenConfirmationResponse)
+	err := c.cc.Invoke(ctx, VerifierService_OpenConfirmation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) GetConfirmation(ctx context.Context, in *GetConfirmationRequest, opts ...grpc.CallOption) (*GetConfirmationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetConfirmationResponse)
+	err := c.cc.Invoke(ctx, VerifierService_GetConfirmation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) ListConfirmations(ctx context.Context, in *ListConfirmationsRequest, opts ...grpc.CallOption) (*ListConfirmationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListConfirmationsResponse)
+	err := c.cc.Invoke(ctx, VerifierService_ListConfirmations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *verifierServiceClient) DecideConfirmation(ctx context.Context, in *DecideConfirmationRequest, opts ...grpc.CallOption) (*DecideConfirmationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DecideConfirmationResponse)
+	err := c.cc.Invoke(ctx, VerifierService_DecideConfirmation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VerifierServiceServer is the server API for VerifierService service.
 // All implementations must embed UnimplementedVerifierServiceServer
 // for forward compatibility.
@@ -203,7 +259,7 @@ func (c *verifierServiceClient) ReloadRules(ctx context.Context, in *ReloadRules
 //
 // Errors carry google.rpc.ErrorInfo with domain "verifier.mantle" and one of these reasons:
 // INVALID_REQUEST (INVALID_ARGUMENT, with BadRequest), PERMISSION_DENIED, NOT_FOUND (no such
-// review or draft rule), REVIEW_CONFLICT (FAILED_PRECONDITION: the review is claimed by
+// review, draft rule or confirmation), REVIEW_CONFLICT (FAILED_PRECONDITION: the review is claimed by
 // someone else, already decided or timed out, or the caller holds no claim),
 // RULES_REJECTED (FAILED_PRECONDITION: a rule set or draft rule does not compile; the last
 // good set stays), UNAVAILABLE (the review store cannot be reached; retry). A failed
@@ -234,6 +290,18 @@ type VerifierServiceServer interface {
 	// ReloadRules re-reads the rules file now. A set that fails to compile is rejected and
 	// the last good set stays.
 	ReloadRules(context.Context, *ReloadRulesRequest) (*ReloadRulesResponse, error)
+	// OpenConfirmation opens a "confirm outcome" review: an action tool call whose outcome
+	// is unknown (a timeout, a reset), which a person confirms. Service plane (the agent):
+	// a tenant key is refused. Idempotent: the same tenant, key and attempt find the
+	// confirmation already open.
+	OpenConfirmation(context.Context, *OpenConfirmationRequest) (*OpenConfirmationResponse, error)
+	// GetConfirmation reads a confirmation and its decision. Service plane.
+	GetConfirmation(context.Context, *GetConfirmationRequest) (*GetConfirmationResponse, error)
+	// ListConfirmations lists confirmations, oldest first. Operator plane.
+	ListConfirmations(context.Context, *ListConfirmationsRequest) (*ListConfirmationsResponse, error)
+	// DecideConfirmation records whether the action happened. Operator plane; a decision
+	// is final.
+	DecideConfirmation(context.Context, *DecideConfirmationRequest) (*DecideConfirmationResponse, error)
 	mustEmbedUnimplementedVerifierServiceServer()
 }
 
@@ -276,6 +344,18 @@ func (UnimplementedVerifierServiceServer) DecideDraftRule(context.Context, *Deci
 }
 func (UnimplementedVerifierServiceServer) ReloadRules(context.Context, *ReloadRulesRequest) (*ReloadRulesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReloadRules not implemented")
+}
+func (UnimplementedVerifierServiceServer) OpenConfirmation(context.Context, *OpenConfirmationRequest) (*OpenConfirmationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenConfirmation not implemented")
+}
+func (UnimplementedVerifierServiceServer) GetConfirmation(context.Context, *GetConfirmationRequest) (*GetConfirmationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetConfirmation not implemented")
+}
+func (UnimplementedVerifierServiceServer) ListConfirmations(context.Context, *ListConfirmationsRequest) (*ListConfirmationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListConfirmations not implemented")
+}
+func (UnimplementedVerifierServiceServer) DecideConfirmation(context.Context, *DecideConfirmationRequest) (*DecideConfirmationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DecideConfirmation not implemented")
 }
 func (UnimplementedVerifierServiceServer) mustEmbedUnimplementedVerifierServiceServer() {}
 func (UnimplementedVerifierServiceServer) testEmbeddedByValue()                         {}
@@ -496,6 +576,78 @@ func _VerifierService_ReloadRules_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VerifierService_OpenConfirmation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenConfirmationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).OpenConfirmation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_OpenConfirmation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).OpenConfirmation(ctx, req.(*OpenConfirmationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_GetConfirmation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetConfirmationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).GetConfirmation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_GetConfirmation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).GetConfirmation(ctx, req.(*GetConfirmationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_ListConfirmations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListConfirmationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).ListConfirmations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_ListConfirmations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).ListConfirmations(ctx, req.(*ListConfirmationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VerifierService_DecideConfirmation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DecideConfirmationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VerifierServiceServer).DecideConfirmation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VerifierService_DecideConfirmation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VerifierServiceServer).DecideConfirmation(ctx, req.(*DecideConfirmationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VerifierService_ServiceDesc is the grpc.ServiceDesc for VerifierService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -546,6 +698,22 @@ var VerifierService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReloadRules",
 			Handler:    _VerifierService_ReloadRules_Handler,
+		},
+		{
+			MethodName: "OpenConfirmation",
+			Handler:    _VerifierService_OpenConfirmation_Handler,
+		},
+		{
+			MethodName: "GetConfirmation",
+			Handler:    _VerifierService_GetConfirmation_Handler,
+		},
+		{
+			MethodName: "ListConfirmations",
+			Handler:    _VerifierService_ListConfirmations_Handler,
+		},
+		{
+			MethodName: "DecideConfirmation",
+			Handler:    _VerifierService_DecideConfirmation_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

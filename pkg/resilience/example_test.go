@@ -7,7 +7,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
-	"github.com/mantle-mesh/mantle/services/router/internal/resilience"
+	"github.com/mantle-mesh/mantle/pkg/resilience"
 )
 
 var errRateLimited = errors.New("429")

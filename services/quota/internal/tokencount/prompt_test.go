@@ -1,22 +1,15 @@
-package quota
+package tokencount
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"image"
 	"image/color"
 	"image/gif"
 	"image/jpeg"
 	"image/png"
-	"slices"
-	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
-	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 )
 
@@ -132,7 +125,7 @@ func TestOpenAIImageTiles(t *testing.T) {
 // exact). Each line of the expected sum is one part, with its text's tokens in o200k_base.
 func TestChatCountsEveryPart(t *testing.T) {
 	t.Parallel()
-	tc := newTokenCounter(DefaultConfig().Tokens)
+	tc := NewCounter(DefaultConfig())
 	msgs := []Message{
 		// 3 framing + "system" 1 + "You are terse." 4
 		{Role: "system", Content: "You are terse."},
@@ -152,12 +145,12 @@ func TestChatCountsEveryPart(t *testing.T) {
 	// parameters, compacted, 19.
 	tools := []*mantlev1.Tool{weatherTool}
 	const want = 8 + 97 + 17 + 13 + 8 + (12 + 7 + 2 + 4 + 19) + 3 // + 3 to prime the reply
-	got := tc.count("gpt-4o", msgs, tools, "", true)
+	got := tc.Count("gpt-4o", msgs, tools, "", true)
 	if got.Tokens != want || !got.Exact || got.Tokenizer != "o200k_base" {
 		t.Errorf("count = %+v, want exactly %d", got, want)
 	}
 	// The same prompt without the tools costs exactly what the tools add less.
-	if without := tc.count("gpt-4o", msgs, nil, "", true); without.Tokens != want-44 {
+	if without := tc.Count("gpt-4o", msgs, nil, "", true); without.Tokens != want-44 {
 		t.Errorf("without tools: %d, want %d", without.Tokens, want-44)
 	}
 }
@@ -166,9 +159,9 @@ func TestChatCountsEveryPart(t *testing.T) {
 // documented conservative rules; a pretty-printed schema costs what the compact one does.
 func TestChatCountsNonTextParts(t *testing.T) {
 	t.Parallel()
-	tc := newTokenCounter(DefaultConfig().Tokens)
+	tc := NewCounter(DefaultConfig())
 	user := func(parts ...*mantlev1.ContentPart) []Message { return []Message{{Role: "user", Parts: parts}} }
-	base := tc.count("gpt-4o", user(), nil, "", true).Tokens // 3 + "user" 1 + reply 3
+	base := tc.Count("gpt-4o", user(), nil, "", true).Tokens // 3 + "user" 1 + reply 3
 	audio := base64.StdEncoding.EncodeToString(make([]byte, 8000))
 	tests := []struct {
 		name  string
@@ -188,7 +181,7 @@ func TestChatCountsNonTextParts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := tc.count("gpt-4o", tt.msgs, tt.tools, "", true)
+			got := tc.Count("gpt-4o", tt.msgs, tt.tools, "", true)
 			if got.Tokens != base+tt.add || got.Exact != tt.exact {
 				t.Errorf("count = %+v, want %d + %d (exact %t)", got, base, tt.add, tt.exact)
 			}
@@ -200,58 +193,14 @@ func TestChatCountsNonTextParts(t *testing.T) {
 // text like any other and adds the same framing.
 func TestEstimatedFamiliesCountTools(t *testing.T) {
 	t.Parallel()
-	tc := newTokenCounter(DefaultConfig().Tokens)
+	tc := NewCounter(DefaultConfig())
 	msgs := []Message{{Role: "user", Content: "hi"}}
-	without := tc.count("llama-3", msgs, nil, "", true)
-	with := tc.count("llama-3", msgs, []*mantlev1.Tool{weatherTool}, "", true)
+	without := tc.Count("llama-3", msgs, nil, "", true)
+	with := tc.Count("llama-3", msgs, []*mantlev1.Tool{weatherTool}, "", true)
 	fam := familyLlama
 	want := 12 + 7 + estimateText(fam, "get_weather") + estimateText(fam, "Weather of a city") +
 		estimateText(fam, `{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}`)
 	if with.Tokens-without.Tokens != want || with.Exact {
 		t.Errorf("tools add %d (count %+v), want %d, estimated", with.Tokens-without.Tokens, with, want)
-	}
-}
-
-// A tenant whose prompt is mostly tool definitions or tool results is charged for them,
-// through the quota module as production builds it, on Redis: the definitions are in
-// the reservation, and tool results beyond the tenant's TPM are refused as too large.
-func TestReserveChargesToolsThroughRedis(t *testing.T) {
-	t.Parallel()
-	c := newTestRedisClient(t)
-	w := newWiring(t, redisAddrForTest(t), testPrefix(t, c))
-	client := w.replicas[0].client
-	msgs := []*mantlev1.ChatMessage{{Role: "user", Content: "weather in Paris?"}}
-	reserve := func(msgs []*mantlev1.ChatMessage, tools []*mantlev1.Tool) (*quotav1.ReserveResponse, error) {
-		return client.Reserve(context.Background(), &quotav1.ReserveRequest{
-			Quality: &mantlev1.QualityContext{RequestId: "tools", Tenant: "acme"},
-			Model:   "gpt-4o", MaxOutputTokens: 1, Messages: msgs, Tools: tools,
-		})
-	}
-	plain, err := reserve(msgs, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// 1500 words of description: 1500 tokens in o200k_base, whatever the messages say.
-	bulky := &mantlev1.Tool{Type: "function", Name: "get_weather", Description: strings.Repeat(" weather", 1500), Parameters: weatherParamsPretty}
-	withTools, err := reserve(msgs, []*mantlev1.Tool{bulky})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := newTokenCounter(DefaultConfig().Tokens).count("gpt-4o", messagesFromProto(msgs), []*mantlev1.Tool{bulky}, "", true).Tokens
-	if got := withTools.GetInputTokens(); got != want || got < plain.GetInputTokens()+1500 {
-		t.Errorf("input tokens with a 12 KB tool: %d, want %d (and at least %d + 1500)", got, want, plain.GetInputTokens())
-	}
-	if spent := plain.GetLimits().GetRemainingTokens() - withTools.GetLimits().GetRemainingTokens(); spent != withTools.GetReservedTokens() {
-		t.Errorf("the tenant's TPM went down by %d, want the %d reserved", spent, withTools.GetReservedTokens())
-	}
-
-	// 40 KB of tool result: more than the tenant's 6000 tokens a minute.
-	results := append(slices.Clip(msgs), // a new array: msgs stays as it was
-		&mantlev1.ChatMessage{Role: "assistant", ToolCalls: []*mantlev1.ToolCall{{Id: "call_1", Type: "function", Name: "get_weather", Arguments: `{"city":"Paris"}`}}},
-		&mantlev1.ChatMessage{Role: "tool", ToolCallId: "call_1", Content: strings.Repeat("sunny and warm ", 2700)},
-	)
-	_, err = reserve(results, []*mantlev1.Tool{weatherTool})
-	if status.Code(err) != codes.FailedPrecondition {
-		t.Errorf("40 KB of tool results: %v, want FAILED_PRECONDITION (larger than the tenant's TPM)", err)
 	}
 }

@@ -1,4 +1,4 @@
-package quota
+package tokencount
 
 import (
 	"strings"
@@ -46,7 +46,7 @@ func TestFamilyFor(t *testing.T) {
 // cookbook).
 func TestExactCounts(t *testing.T) {
 	t.Parallel()
-	tc := newTokenCounter(DefaultConfig().Tokens)
+	tc := NewCounter(DefaultConfig())
 	tests := []struct {
 		name  string
 		model string
@@ -61,7 +61,7 @@ func TestExactCounts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := tc.count(tt.model, nil, nil, tt.text, false)
+			got := tc.Count(tt.model, nil, nil, tt.text, false)
 			if !got.Exact || got.Tokens != tt.want {
 				t.Errorf("count(%q, %q) = %+v, want exactly %d", tt.model, tt.text, got, tt.want)
 			}
@@ -75,7 +75,7 @@ func TestExactCounts(t *testing.T) {
 // as the OpenAI API reported them.
 func TestExactChatCount(t *testing.T) {
 	t.Parallel()
-	tc := newTokenCounter(DefaultConfig().Tokens)
+	tc := NewCounter(DefaultConfig())
 	msgs := []Message{
 		{Role: "system", Content: "You are a helpful, pattern-following assistant that translates corporate jargon into plain English."},
 		{Role: "system", Name: "example_user", Content: "New synergies will help drive top-line growth."},
@@ -85,7 +85,7 @@ func TestExactChatCount(t *testing.T) {
 		{Role: "user", Content: "This late pivot means we don't have time to boil the ocean for the client deliverable."},
 	}
 	for model, want := range map[string]int64{"gpt-4": 129, "gpt-4o": 124} {
-		if got := tc.count(model, msgs, nil, "", true); !got.Exact || got.Tokens != want {
+		if got := tc.Count(model, msgs, nil, "", true); !got.Exact || got.Tokens != want {
 			t.Errorf("%s: %+v, want exactly %d", model, got, want)
 		}
 	}
@@ -93,14 +93,14 @@ func TestExactChatCount(t *testing.T) {
 
 func TestExactCountIsSafeForConcurrentUse(t *testing.T) {
 	t.Parallel()
-	tc := newTokenCounter(DefaultConfig().Tokens)
+	tc := NewCounter(DefaultConfig())
 	text := strings.Repeat("Concurrency is not parallelism. 并发不是并行。", 20)
-	want := tc.count("gpt-4o", nil, nil, text, false).Tokens
+	want := tc.Count("gpt-4o", nil, nil, text, false).Tokens
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
 			for range 20 {
-				if got := tc.count("gpt-4o", nil, nil, text, false).Tokens; got != want {
+				if got := tc.Count("gpt-4o", nil, nil, text, false).Tokens; got != want {
 					t.Errorf("concurrent count = %d, want %d", got, want)
 					return
 				}
@@ -112,10 +112,10 @@ func TestExactCountIsSafeForConcurrentUse(t *testing.T) {
 
 func TestExactMaxBytesFallsBackToEstimate(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultConfig().Tokens
+	cfg := DefaultConfig()
 	cfg.ExactMaxBytes = 10
-	tc := newTokenCounter(cfg)
-	got := tc.count("gpt-4o", nil, nil, "a text longer than ten bytes", false)
+	tc := NewCounter(cfg)
+	got := tc.Count("gpt-4o", nil, nil, "a text longer than ten bytes", false)
 	if got.Exact || got.Tokenizer != "estimate/o200k_base" || got.Tokens == 0 {
 		t.Errorf("count = %+v, want an o200k-like estimate", got)
 	}
@@ -204,7 +204,7 @@ func TestEstimateText(t *testing.T) {
 
 func TestEstimatedChatFraming(t *testing.T) {
 	t.Parallel()
-	tc := newTokenCounter(DefaultConfig().Tokens)
+	tc := NewCounter(DefaultConfig())
 	tests := []struct {
 		name  string
 		model string
@@ -219,7 +219,7 @@ func TestEstimatedChatFraming(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if got := tc.count(tt.model, tt.msgs, nil, "", true); got.Tokens != tt.want || got.Exact {
+			if got := tc.Count(tt.model, tt.msgs, nil, "", true); got.Tokens != tt.want || got.Exact {
 				t.Errorf("count = %+v, want an estimate of %d", got, tt.want)
 			}
 		})
@@ -228,7 +228,7 @@ func TestEstimatedChatFraming(t *testing.T) {
 
 func TestCorrections(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultConfig().Tokens
+	cfg := DefaultConfig()
 	cfg.CorrectionMinSamples = 3
 	c := newCorrections(cfg)
 	steps := []struct {
@@ -253,7 +253,7 @@ func TestCorrections(t *testing.T) {
 	if got := c.factor("qwen-max"); got != maxCorrection {
 		t.Errorf("after absurd reports: factor = %v, want the bound %v", got, maxCorrection)
 	}
-	off := newCorrections(TokensConfig{LearnCorrection: false, CorrectionMinSamples: 1})
+	off := newCorrections(Config{LearnCorrection: false, CorrectionMinSamples: 1})
 	off.learn("m", 100, 200)
 	if got := off.factor("m"); got != 1 {
 		t.Errorf("disabled: factor = %v, want 1", got)

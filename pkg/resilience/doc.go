@@ -1,8 +1,8 @@
-// Package resilience holds the router's protection primitives: a circuit breaker per
-// upstream key, a retry budget, full-jitter backoff, a bulkhead, a 429 cooldown, and the
-// sliding window and latency tracker they are built from. The router's attempt loop decides
-// what to do with a failure; these types only answer "may I call now?" and remember what
-// happened.
+// Package resilience holds the protection primitives of the router and the agent: a circuit
+// breaker per upstream key (or tool), a retry budget, full-jitter backoff, a bulkhead, a 429
+// cooldown, and the sliding window and latency tracker they are built from. The router's
+// attempt loop and the agent's tool gears decide what to do with a failure; these types only
+// answer "may I call now?" and remember what happened.
 //
 // They exist because of the incident in the seeds: a provider's long tail (30% of calls over
 // 8 s), static timeouts and fixed retries without a budget turned into P99 12 s, 47% errors

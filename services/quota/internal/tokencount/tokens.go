@@ -1,4 +1,4 @@
-package quota
+package tokencount
 
 import (
 	"math"
@@ -10,6 +10,7 @@ import (
 	"github.com/tiktoken-go/tokenizer"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/textsim"
 )
 
 // Message is one chat turn, as far as token counting is concerned: everything in it that
@@ -89,7 +90,7 @@ var familyPrefixes = []struct {
 
 // familyFor picks model's family. A provider prefix such as "openai/" is ignored.
 func familyFor(model string) family {
-	name := normalizeModel(model)
+	name := NormalizeModel(model)
 	if i := strings.LastIndexByte(name, '/'); i >= 0 {
 		name = name[i+1:]
 	}
@@ -101,11 +102,12 @@ func familyFor(model string) family {
 	return familyGeneric
 }
 
-func normalizeModel(model string) string { return strings.ToLower(strings.TrimSpace(model)) }
+// NormalizeModel is model as counting and corrections key it.
+func NormalizeModel(model string) string { return strings.ToLower(strings.TrimSpace(model)) }
 
-// tokenCounter counts tokens per family and learns corrections from reported usage.
+// Counter counts tokens per family and learns corrections from reported usage.
 // It is safe for concurrent use.
-type tokenCounter struct {
+type Counter struct {
 	maxExactBytes int
 	codecs        map[tokenizer.Encoding]*lazyCodec
 	corrections   *corrections
@@ -125,8 +127,9 @@ func (l *lazyCodec) get() (tokenizer.Codec, error) {
 	return l.codec, l.err
 }
 
-func newTokenCounter(cfg TokensConfig) *tokenCounter {
-	return &tokenCounter{
+// NewCounter returns a Counter configured by cfg.
+func NewCounter(cfg Config) *Counter {
+	return &Counter{
 		maxExactBytes: cfg.ExactMaxBytes,
 		codecs: map[tokenizer.Encoding]*lazyCodec{
 			tokenizer.O200kBase:  {enc: tokenizer.O200kBase},
@@ -136,8 +139,30 @@ func newTokenCounter(cfg TokensConfig) *tokenCounter {
 	}
 }
 
-// TokenCount is the result of counting.
-type TokenCount struct {
+// Config configures token counting (quota's TokensConfig says what each field does).
+type Config struct {
+	ExactMaxBytes        int
+	LearnCorrection      bool
+	CorrectionMinSamples int
+}
+
+// DefaultConfig counts prompts up to 16 KiB exactly and learns corrections after five
+// reports.
+func DefaultConfig() Config {
+	return Config{ExactMaxBytes: 16 << 10, LearnCorrection: true, CorrectionMinSamples: 5}
+}
+
+// Learn records that model's prompt, estimated at estimated input tokens, was actual, and
+// returns the model's correction factor when it changed (see corrections).
+func (t *Counter) Learn(model string, estimated, actual int64) (float64, bool) {
+	return t.corrections.learn(model, estimated, actual)
+}
+
+// FamilyName names model's tokenizer family (o200k_base, estimate/claude, ...).
+func FamilyName(model string) string { return familyFor(model).name }
+
+// Count is the result of counting.
+type Count struct {
 	// Tokens is the count, with any learned correction applied.
 	Tokens    int64
 	Tokenizer string
@@ -150,13 +175,13 @@ type TokenCount struct {
 	Raw int64
 }
 
-// estimated reports whether the text was estimated, not tokenized: the correction learned
+// Estimated reports whether the text was estimated, not tokenized: the correction learned
 // from reported usage is for such counts.
-func (c TokenCount) estimated() bool { return strings.HasPrefix(c.Tokenizer, "estimate/") }
+func (c Count) Estimated() bool { return strings.HasPrefix(c.Tokenizer, "estimate/") }
 
-// count counts a chat prompt, its messages and the tools it offers (when chat), or plain
+// Count counts a chat prompt, its messages and the tools it offers (when chat), or plain
 // text, for model.
-func (t *tokenCounter) count(model string, msgs []Message, tools []*mantlev1.Tool, text string, chat bool) TokenCount {
+func (t *Counter) Count(model string, msgs []Message, tools []*mantlev1.Tool, text string, chat bool) Count {
 	fam := familyFor(model)
 	p := prompt{texts: []string{text}, exact: true}
 	if chat {
@@ -165,7 +190,7 @@ func (t *tokenCounter) count(model string, msgs []Message, tools []*mantlev1.Too
 	if fam.encoding != "" && p.bytes() <= t.maxExactBytes {
 		if codec, err := t.codecs[fam.encoding].get(); err == nil {
 			if n, ok := p.count(exactText(codec), true); ok {
-				return TokenCount{Tokens: n, Raw: n, Tokenizer: fam.name, Exact: p.exact, Correction: 1}
+				return Count{Tokens: n, Raw: n, Tokenizer: fam.name, Exact: p.exact, Correction: 1}
 			}
 		}
 		// Unreachable with the embedded vocabularies; an estimate is still an answer.
@@ -184,7 +209,7 @@ func (t *tokenCounter) count(model string, msgs []Message, tools []*mantlev1.Too
 	if fam.encoding != "" {
 		name = "estimate/" + fam.name
 	}
-	return TokenCount{Tokens: int64(math.Ceil(float64(raw) * factor)), Raw: raw, Tokenizer: name, Correction: factor}
+	return Count{Tokens: int64(math.Ceil(float64(raw) * factor)), Raw: raw, Tokenizer: name, Correction: factor}
 }
 
 // exactText counts a text with a BPE vocabulary. With the chat framing collectPrompt
@@ -216,7 +241,7 @@ func estimateText(f family, s string) int64 {
 	)
 	for _, r := range s {
 		switch {
-		case isCJK(r):
+		case textsim.IsCJK(r):
 			cjk++
 			inWord = false
 			continue
@@ -235,10 +260,6 @@ func estimateText(f family, s string) int64 {
 	}
 	latin := float64(max((bytes+3)/4, pieces)) * f.latin
 	return int64(math.Ceil(latin)) + int64(math.Ceil(float64(cjk)*f.cjk))
-}
-
-func isCJK(r rune) bool {
-	return unicode.In(r, unicode.Han, unicode.Hiragana, unicode.Katakana, unicode.Hangul)
 }
 
 // corrections learns, per model, how far estimates are from the input tokens providers
@@ -271,7 +292,7 @@ const (
 	minCorrectionSample = 16
 )
 
-func newCorrections(cfg TokensConfig) *corrections {
+func newCorrections(cfg Config) *corrections {
 	return &corrections{enabled: cfg.LearnCorrection, minSamples: cfg.CorrectionMinSamples, models: make(map[string]*correction)}
 }
 
@@ -282,7 +303,7 @@ func (c *corrections) factor(model string) float64 {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if k, ok := c.models[normalizeModel(model)]; ok && k.samples >= c.minSamples {
+	if k, ok := c.models[NormalizeModel(model)]; ok && k.samples >= c.minSamples {
 		return k.factor
 	}
 	return 1
@@ -294,7 +315,7 @@ func (c *corrections) learn(model string, estimated, actual int64) (float64, boo
 		return 0, false
 	}
 	ratio := min(max(float64(actual)/float64(estimated), minCorrection/2), maxCorrection*2)
-	key := normalizeModel(model)
+	key := NormalizeModel(model)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k, ok := c.models[key]

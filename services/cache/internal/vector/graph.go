@@ -1,0 +1,491 @@
+package vector
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// Graph configures the approximate search of large sets: a hierarchical navigable small
+// world graph (Malkov and Yashunin, 2018) over the set's slots. A search walks the graph
+// from a fixed entry point towards the query, comparing the query with a few hundred
+// vectors whatever the size of the set, instead of reading posting lists or scanning
+// vectors whose length grows with it. Every score it returns is the exact similarity,
+// computed from the stored vector; what the graph trades is recall: a vector the walk does
+// not reach is not returned, which for the cache costs a model call, never a wrong answer.
+//
+// The zero Graph never builds one.
+type Graph struct {
+	// MinLen is the number of vectors at which a set builds its graph; once every vector
+	// present then is linked, searches go through the graph. A set that shrinks below a
+	// quarter of MinLen drops its graph and searches as before.
+	MinLen int
+	// M is how many links a node keeps on each upper layer; layer 0 keeps 2M.
+	M int
+	// EfConstruction is how many candidates the search that links a new vector keeps.
+	EfConstruction int
+	// EfSearch is how many candidates a search keeps (at least the k asked for).
+	EfSearch int
+	// Seed seeds the draw of each node's layer.
+	Seed uint64
+	// Seeds bound the postings search that a sparse set runs beside the walk: the vectors
+	// it finds through the query's rarest coordinates are candidates, and the walk starts
+	// from them too. A close vector that shares a rare word with the query is found this
+	// way even where the graph's neighbourhoods are flat (prompts from one template that
+	// differ in a number), and one that shares only common words through the graph.
+	Seeds Limits
+}
+
+// maxLevel caps a node's layer: with M of 8 or more, layer 16 is reached once in 8^16
+// nodes, so the cap only guards the uint8 that stores it.
+const maxLevel = 16
+
+// graph is the state of a set's graph. Only the linking (PlanLink, then ApplyLink) changes
+// the links; Add and Remove change vectors and the queue of slots to link, never a link,
+// so that a plan made under a read lock stays consistent until it is applied.
+type graph struct {
+	cfg Graph
+	ml  float64 // 1/ln(M): layer l is reached with probability M^-l
+	rng *rand.Rand
+
+	// Per slot: the node's layer, and its links: layer 0 as a count and 2M slots in
+	// links0[slot*(2M+1):], upper layers as a count and M slots per layer in upper[slot].
+	level  []uint8
+	links0 []uint32
+	upper  [][]uint32
+
+	entry    uint32
+	top      int
+	hasEntry bool
+
+	// pending holds the slots to link, oldest first; queued marks them. A removed slot's
+	// vector stays in place, unreachable by Search's results but still a step for walks,
+	// until Add reuses the slot: the new vector is then linked, and the links that led to
+	// the old one lead to the new one until pruning drops them (a far neighbour goes
+	// first). gen counts the vectors each slot has held, so that a plan for a vector that
+	// was replaced in the meantime is not applied.
+	pending []uint32
+	queued  []bool
+	gen     []uint32
+	// version counts applied plans: a plan made before another was applied is stale.
+	version uint64
+	// ready is set once every vector present when the graph was built is linked; until
+	// then searches use the set's other path.
+	ready bool
+}
+
+func newGraph(cfg Graph) *graph {
+	return &graph{cfg: cfg, ml: 1 / math.Log(float64(cfg.M)), rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15))}
+}
+
+func (g *graph) stride0() int { return 2*g.cfg.M + 1 }
+
+// grow makes room for the slots below n, drawing the layer of each new one.
+func (g *graph) grow(n int) {
+	for len(g.level) < n {
+		l := int(-math.Log(1-g.rng.Float64()) * g.ml)
+		l = min(l, maxLevel)
+		g.level = append(g.level, uint8(l))
+		g.links0 = append(g.links0, make([]uint32, g.stride0())...)
+		var up []uint32
+		if l > 0 {
+			up = make([]uint32, l*(g.cfg.M+1))
+		}
+		g.upper = append(g.upper, up)
+		g.queued = append(g.queued, false)
+		g.gen = append(g.gen, 0)
+	}
+}
+
+// enqueue asks for slot's (new) vector to be linked.
+func (g *graph) enqueue(slot uint32) {
+	g.gen[slot]++
+	if !g.queued[slot] {
+		g.queued[slot] = true
+		g.pending = append(g.pending, slot)
+	}
+}
+
+// links returns slot's links on level, sharing the graph's storage.
+func (g *graph) links(slot uint32, level int) []uint32 {
+	if level == 0 {
+		base := int(slot) * g.stride0()
+		return g.links0[base+1 : base+1+int(g.links0[base])]
+	}
+	m := g.cfg.M
+	up := g.upper[slot]
+	base := (level - 1) * (m + 1)
+	return up[base+1 : base+1+int(up[base])]
+}
+
+func (g *graph) setLinks(slot uint32, level int, links []uint32) {
+	if level == 0 {
+		base := int(slot) * g.stride0()
+		g.links0[base] = uint32(len(links))
+		copy(g.links0[base+1:], links)
+		return
+	}
+	up := g.upper[slot]
+	base := (level - 1) * (g.cfg.M + 1)
+	up[base] = uint32(len(links))
+	copy(up[base+1:], links)
+}
+
+// maxLinks is how many links a node keeps on level.
+func (g *graph) maxLinks(level int) int {
+	if level == 0 {
+		return 2 * g.cfg.M
+	}
+	return g.cfg.M
+}
+
+// Pending returns the number of vectors waiting to be linked into the graph (0 without one).
+func (s *Set) Pending() int {
+	if s.graph == nil {
+		return 0
+	}
+	return len(s.graph.pending)
+}
+
+// GraphReady reports whether searches go through the graph.
+func (s *Set) GraphReady() bool { return s.graph != nil && s.graph.ready }
+
+// score is the similarity of q to the vector in slot, live or not: exactly what Dot
+// returns for them.
+func (s *Set) score(q Vector, slot uint32) float32 {
+	if s.sparse {
+		return sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot])
+	}
+	return denseDot(q.Dense, s.dense[int(slot)*s.dim:(int(slot)+1)*s.dim])
+}
+
+// vec is the vector in slot, live or not.
+func (s *Set) vec(slot uint32) Vector {
+	if s.sparse {
+		return Vector{Indices: s.indices[slot], Values: s.values[slot]}
+	}
+	return Vector{Dense: s.dense[int(slot)*s.dim : (int(slot)+1)*s.dim]}
+}
+
+// buildGraph starts a graph over the set: every live vector is queued for linking.
+func (s *Set) buildGraph() {
+	g := newGraph(s.graphCfg)
+	g.grow(len(s.live))
+	for slot, live := range s.live {
+		if live {
+			g.enqueue(uint32(slot))
+		}
+	}
+	s.graph = g
+}
+
+// dropGraph returns a set that has shrunk to searching without the graph. A sparse set's
+// removed slots, whose vectors the graph kept, let their vectors go.
+func (s *Set) dropGraph() {
+	s.graph = nil
+	if !s.sparse {
+		return
+	}
+	for slot, live := range s.live {
+		if !live {
+			s.indices[slot], s.values[slot] = nil, nil
+		}
+	}
+}
+
+// LinkPlan is the linking of one queued vector, computed by PlanLink without changing the
+// set and applied by ApplyLink.
+type LinkPlan struct {
+	slot    uint32
+	gen     uint32
+	version uint64
+	level   int
+	lists   []planList
+}
+
+type planList struct {
+	slot  uint32
+	level int
+	links []uint32
+}
+
+// PlanLink computes the links of the oldest queued vector: the search for its neighbours
+// and the pruned lists of those neighbours. It only reads the set, so it may run
+// concurrently with Searches (under the same read lock); nil when nothing is queued.
+// Only one plan may be in flight at a time: ApplyLink refuses a plan made before another
+// was applied.
+func (s *Set) PlanLink() *LinkPlan {
+	g := s.graph
+	if g == nil || len(g.pending) == 0 {
+		return nil
+	}
+	slot := g.pending[0]
+	p := &LinkPlan{slot: slot, gen: g.gen[slot], version: g.version, level: int(g.level[slot])}
+	if !s.live[slot] || !g.hasEntry || (g.entry == slot && g.top >= p.level) {
+		// Removed before it was linked, the first node, or the entry point itself
+		// replaced (its links are rebuilt as neighbours link to it).
+		return p
+	}
+	sc := s.takeScratch()
+	defer s.returnScratch(sc)
+	q := s.vec(slot)
+	ep := Hit{g.entry, s.score(q, g.entry)}
+	for l := g.top; l > p.level; l-- {
+		ep = s.greedy(q, ep, l)
+	}
+	eps := []Hit{ep}
+	var seeds []Hit
+	if s.sparse {
+		// As in Search, the vectors that share the rarest coordinates are where the walk on
+		// layer 0 starts too.
+		sc.seeds = sc.seeds[:0]
+		n := max(s.graphCfg.Seeds.Scored, 1)
+		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, s.graphCfg.Seeds)
+		seeds = slices.DeleteFunc(slices.Clone(sc.seeds), func(h Hit) bool { return h.Slot == slot })
+	}
+	for l := min(g.top, p.level); l >= 0; l-- {
+		if l == 0 {
+			eps = append(eps, seeds...)
+		}
+		// A copy: the next layer starts from it, and the scratch serves that search too.
+		w := slices.Clone(s.searchLayer(q, eps, g.cfg.EfConstruction, l, sc))
+		w = slices.DeleteFunc(w, func(h Hit) bool { return h.Slot == slot })
+		neighbours := s.selectNeighbours(w, g.cfg.M, sc)
+		p.lists = append(p.lists, planList{slot, l, neighbours})
+		for _, n := range neighbours {
+			cur := g.links(n, l)
+			if slices.Contains(cur, slot) {
+				continue
+			}
+			next := append(slices.Clone(cur), slot)
+			if len(next) > g.maxLinks(l) {
+				next = s.prune(n, next, g.maxLinks(l), sc)
+			}
+			p.lists = append(p.lists, planList{n, l, next})
+		}
+		eps = w
+	}
+	return p
+}
+
+// ApplyLink installs p's links and reports whether it did; a plan for a vector replaced or
+// already linked since, or made before another plan was applied, is refused (plan again).
+// The caller holds the set exclusively.
+func (s *Set) ApplyLink(p *LinkPlan) bool {
+	g := s.graph
+	if g == nil || p == nil || p.version != g.version || len(g.pending) == 0 || g.pending[0] != p.slot || g.gen[p.slot] != p.gen {
+		return false
+	}
+	for _, pl := range p.lists {
+		g.setLinks(pl.slot, pl.level, pl.links)
+	}
+	if s.live[p.slot] && (!g.hasEntry || p.level > g.top) {
+		g.entry, g.top, g.hasEntry = p.slot, p.level, true
+	}
+	g.pending = g.pending[1:]
+	g.queued[p.slot] = false
+	g.version++
+	if len(g.pending) == 0 {
+		g.ready = true
+	}
+	return true
+}
+
+// LinkPending links up to n queued vectors at once (the caller holds the set exclusively)
+// and returns how many it linked.
+func (s *Set) LinkPending(n int) int {
+	done := 0
+	for done < n {
+		p := s.PlanLink()
+		if p == nil || !s.ApplyLink(p) {
+			break
+		}
+		done++
+	}
+	return done
+}
+
+// greedy walks level from ep to the node closest to q.
+func (s *Set) greedy(q Vector, ep Hit, level int) Hit {
+	for changed := true; changed; {
+		changed = false
+		for _, n := range s.graph.links(ep.Slot, level) {
+			if sc := s.score(q, n); sc > ep.Score {
+				ep, changed = Hit{n, sc}, true
+			}
+		}
+	}
+	return ep
+}
+
+// searchLayer returns the ef nodes of level closest to q that a best-first walk from eps
+// finds, best first (Algorithm 2 of the paper). The result is sc's storage, valid until the
+// next searchLayer with sc.
+func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch) []Hit {
+	g := s.graph
+	sc.mark(len(s.live))
+	cand, res := sc.cand[:0], sc.res[:0]
+	for _, ep := range eps {
+		if sc.seen[ep.Slot] == sc.epoch {
+			continue
+		}
+		sc.seen[ep.Slot] = sc.epoch
+		cand = pushHit(cand, ep, better)
+		res = pushHit(res, ep, worse)
+		if len(res) > ef {
+			_, res = popHit(res, worse)
+		}
+	}
+	for len(cand) > 0 {
+		var c Hit
+		c, cand = popHit(cand, better)
+		if len(res) >= ef && c.Score < res[0].Score {
+			break
+		}
+		for _, n := range g.links(c.Slot, level) {
+			if sc.seen[n] == sc.epoch {
+				continue
+			}
+			sc.seen[n] = sc.epoch
+			score := s.score(q, n)
+			if len(res) < ef || score > res[0].Score {
+				h := Hit{n, score}
+				cand = pushHit(cand, h, better)
+				res = pushHit(res, h, worse)
+				if len(res) > ef {
+					_, res = popHit(res, worse)
+				}
+			}
+		}
+	}
+	sc.cand = cand
+	slices.SortFunc(res, func(a, b Hit) int {
+		if better(a, b) {
+			return -1
+		}
+		return 1
+	})
+	sc.res = res
+	return res
+}
+
+// selectNeighbours picks up to m of cands (best first, scored against the vector being
+// linked) by the paper's heuristic (Algorithm 4): a candidate closer to a node already
+// picked than to the new vector is reached through that node and is left out, so links go
+// in diverse directions and a walk can leave a dense cluster.
+func (s *Set) selectNeighbours(cands []Hit, m int, _ *searchScratch) []uint32 {
+	out := make([]uint32, 0, m)
+	for _, c := range cands {
+		if len(out) >= m {
+			break
+		}
+		cv := s.vec(c.Slot)
+		good := true
+		for _, r := range out {
+			if s.score(cv, r) > c.Score {
+				good = false
+				break
+			}
+		}
+		if good {
+			out = append(out, c.Slot)
+		}
+	}
+	return out
+}
+
+// prune reduces node's list to its m closest links. Not the heuristic: it would compare
+// every pair of the list, and a list overflows on most links made, so the heuristic here
+// would be most of what linking costs; the node's own links, chosen when it was linked
+// (or relinked), keep their diversity.
+func (s *Set) prune(node uint32, list []uint32, m int, _ *searchScratch) []uint32 {
+	base := s.vec(node)
+	cands := make([]Hit, 0, len(list))
+	for _, n := range list {
+		cands = append(cands, Hit{n, s.score(base, n)})
+	}
+	slices.SortFunc(cands, func(a, b Hit) int {
+		if better(a, b) {
+			return -1
+		}
+		return 1
+	})
+	out := make([]uint32, 0, m)
+	for _, c := range cands[:m] {
+		out = append(out, c.Slot)
+	}
+	return out
+}
+
+// searchGraph is Search through the graph: the walk's best ef are offered to t. It starts
+// from sc.seeds, the best vectors the postings gave, or without them from the entry point
+// down the upper layers. A dense set's queued vectors are scored one by
+// one, as the walk cannot reach them yet; a sparse set's are in its postings, whose
+// search (the seeds) reads the newest end of long lists, where they are.
+func (s *Set) searchGraph(sc *searchScratch, q Vector, k int, t *topK) {
+	g := s.graph
+	if !s.sparse {
+		for _, slot := range g.pending {
+			if s.live[slot] {
+				t.consider(slot, s.score(q, slot))
+			}
+		}
+	}
+	if !g.hasEntry {
+		return
+	}
+	eps := sc.seeds
+	if len(eps) == 0 {
+		// Without seeds, the upper layers lead from the entry point towards q.
+		ep := Hit{g.entry, s.score(q, g.entry)}
+		for l := g.top; l > 0; l-- {
+			ep = s.greedy(q, ep, l)
+		}
+		eps = append(eps, ep)
+	}
+	for _, h := range s.searchLayer(q, eps, max(g.cfg.EfSearch, k), 0, sc) {
+		if s.live[h.Slot] {
+			t.consider(h.Slot, h.Score)
+		}
+	}
+}
+
+func worse(a, b Hit) bool { return better(b, a) }
+
+// pushHit and popHit keep h as a binary heap whose top is the first by first.
+func pushHit(h []Hit, x Hit, first func(a, b Hit) bool) []Hit {
+	h = append(h, x)
+	i := len(h) - 1
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !first(h[i], h[parent]) {
+			break
+		}
+		h[i], h[parent] = h[parent], h[i]
+		i = parent
+	}
+	return h
+}
+
+func popHit(h []Hit, first func(a, b Hit) bool) (Hit, []Hit) {
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h = h[:n]
+	i := 0
+	for {
+		l, r, best := 2*i+1, 2*i+2, i
+		if l < n && first(h[l], h[best]) {
+			best = l
+		}
+		if r < n && first(h[r], h[best]) {
+			best = r
+		}
+		if best == i {
+			break
+		}
+		h[i], h[best] = h[best], h[i]
+		i = best
+	}
+	return top, h
+}

@@ -1,0 +1,61 @@
+package router
+
+import (
+	"context"
+	"testing"
+)
+
+// TestAsyncCacheStore: with router.async_cache_store, a request that holds the cache's
+// lease is answered before its store is made (the store waits here on storeGate), the
+// store carries the lease (so identical lookups wait for it), and WaitStores waits for
+// it. Without a lease, or with the option off, the answer waits for the store.
+func TestAsyncCacheStore(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name       string
+		async      bool
+		lease      string
+		afterStore bool // the answer comes only once the store is made
+	}{
+		{"async with a lease", true, "lease-1", false},
+		{"async without a lease", true, "", true},
+		{"off", false, "lease-1", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig()
+			cfg.AsyncCacheStore = tt.async
+			gate := make(chan struct{})
+			h := newHarness(t, cfg, &harness{cache: &fakeCache{lease: tt.lease, storeGate: gate}})
+			answered := make(chan error, 1)
+			go func() {
+				_, err := h.router.Complete(context.Background(), ask("chat"))
+				answered <- err
+			}()
+			if !tt.afterStore {
+				if err := <-answered; err != nil {
+					t.Fatalf("Complete: %v", err)
+				}
+				if n := h.cache.stored(); n != 0 {
+					t.Fatalf("%d stores made before the answer, want 0", n)
+				}
+			}
+			close(gate)
+			if tt.afterStore {
+				if err := <-answered; err != nil {
+					t.Fatalf("Complete: %v", err)
+				}
+				if n := h.cache.stored(); n != 1 {
+					t.Fatalf("%d stores made when the answer came, want 1", n)
+				}
+			}
+			h.router.WaitStores()
+			if n := h.cache.stored(); n != 1 {
+				t.Fatalf("%d stores after WaitStores, want 1", n)
+			}
+			if got := h.cache.stores[0].GetLeaseId(); got != tt.lease {
+				t.Errorf("store's lease %q, want %q", got, tt.lease)
+			}
+		})
+	}
+}
