@@ -352,7 +352,7 @@ func RetryAfter(h http.Header, now func() time.Time) time.Duration {
 func explicitRetryAfter(h http.Header, now func() time.Time) time.Duration {
 	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
 		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms > 0 {
-			return time.Duration(ms * float64(time.Millisecond))
+			return durationOf(ms, time.Millisecond)
 		}
 	}
 	v := strings.TrimSpace(h.Get("Retry-After"))
@@ -360,10 +360,7 @@ func explicitRetryAfter(h http.Header, now func() time.Time) time.Duration {
 		return 0
 	}
 	if secs, err := strconv.ParseFloat(v, 64); err == nil {
-		if secs <= 0 {
-			return 0
-		}
-		return time.Duration(secs * float64(time.Second))
+		return durationOf(secs, time.Second)
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return untilPositive(t, now)
@@ -442,10 +439,10 @@ func parseReset(v string, now func() time.Time) (time.Duration, bool) {
 		return 0, false
 	}
 	if d, err := time.ParseDuration(v); err == nil {
-		return max(d, 0), true
+		return min(max(d, 0), maxRetryHint), true
 	}
 	if secs, err := strconv.ParseFloat(v, 64); err == nil {
-		return max(time.Duration(secs*float64(time.Second)), 0), true
+		return durationOf(secs, time.Second), true
 	}
 	if t, err := time.Parse(time.RFC3339, v); err == nil {
 		return untilPositive(t, now), true
@@ -453,9 +450,28 @@ func parseReset(v string, now func() time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
+// maxRetryHint bounds every retry hint read from a provider's headers: no rate limit resets
+// further away than a day, and the hint is added to clock readings downstream, where a
+// duration near int64's limit would wrap.
+const maxRetryHint = 24 * time.Hour
+
+// durationOf turns a count of units read from a header into a retry hint: 0 for a
+// non-positive or NaN count, at most maxRetryHint (a float beyond int64's range would
+// otherwise convert to an arbitrary value, often the most negative one).
+func durationOf(n float64, unit time.Duration) time.Duration {
+	switch d := n * float64(unit); {
+	case !(d > 0):
+		return 0
+	case d >= float64(maxRetryHint):
+		return maxRetryHint
+	default:
+		return time.Duration(d)
+	}
+}
+
 func untilPositive(t time.Time, now func() time.Time) time.Duration {
 	if now == nil {
 		now = time.Now
 	}
-	return max(t.Sub(now()), 0)
+	return min(max(t.Sub(now()), 0), maxRetryHint)
 }

@@ -43,13 +43,15 @@ func FuzzEventReader(f *testing.F) {
 }
 
 // FuzzClassifyHTTP: any provider error answer (status, headers, body) is classified, and
-// the retry hints it reads are never negative.
+// the retry hints it reads are never negative nor beyond a day.
 func FuzzClassifyHTTP(f *testing.F) {
 	f.Add(429, "20", "1.5s", "100", `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`)
 	f.Add(400, "", "", "", `{"error":{"message":"This model's maximum context length is 8192 tokens","code":"context_length_exceeded"}}`)
 	f.Add(529, "Wed, 21 Oct 2015 07:28:00 GMT", "6m0s", "-1", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)
 	f.Add(500, "abc", "1h2m3.5s", "9999999999999999999999", `<html>bad gateway</html>`)
 	f.Add(200, "1e9", "2026-12-01T00:00:00Z", "0", `{"error":{"code":123}}`)
+	f.Add(429, "1e300", "9999999h", "0", `{}`)
+	f.Add(503, "NaN", "+Inf", "1", `{}`)
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
 	f.Fuzz(func(t *testing.T, status int, retryAfter, reset, remaining, body string) {
@@ -62,13 +64,13 @@ func FuzzClassifyHTTP(f *testing.F) {
 		h.Set("x-ratelimit-remaining-tokens", remaining)
 		h.Set("anthropic-ratelimit-requests-reset", reset)
 		h.Set("anthropic-ratelimit-requests-remaining", remaining)
-		if e := ClassifyHTTP(status, h, []byte(body), clock); e != nil && e.RetryAfter < 0 {
-			t.Fatalf("RetryAfter %v < 0", e.RetryAfter)
+		if e := ClassifyHTTP(status, h, []byte(body), clock); e != nil && (e.RetryAfter < 0 || e.RetryAfter > maxRetryHint) {
+			t.Fatalf("RetryAfter %v outside [0, %v]", e.RetryAfter, maxRetryHint)
 		}
-		if d := RetryAfter(h, clock); d < 0 {
+		if d := RetryAfter(h, clock); d < 0 || d > maxRetryHint {
 			t.Fatalf("RetryAfter(h) = %v", d)
 		}
-		if rl := ParseRateLimit(h, clock); rl.ResetRequests < 0 || rl.ResetTokens < 0 || rl.RemainingRequests < -1 || rl.RemainingTokens < -1 {
+		if rl := ParseRateLimit(h, clock); rl.ResetRequests < 0 || rl.ResetTokens < 0 || rl.ResetRequests > maxRetryHint || rl.ResetTokens > maxRetryHint || rl.RemainingRequests < -1 || rl.RemainingTokens < -1 {
 			t.Fatalf("ParseRateLimit = %+v", rl)
 		}
 		_, _ = ParseAPIError([]byte(body))
