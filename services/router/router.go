@@ -784,10 +784,13 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 }
 
 // maxAsyncStores bounds the stores in flight after their answers (router.async_cache_store);
-// asyncStoreTimeout bounds each, as a release is bounded.
+// asyncStoreTimeout bounds each. A store made before the answer has what is left of the
+// request's budget; one made after it gets a few seconds too, not less: on a loaded cache
+// replica an embedding and an index write can take over a second, and a store cut short
+// leaves the caller's next identical request a miss.
 const (
 	maxAsyncStores    = 256
-	asyncStoreTimeout = time.Second
+	asyncStoreTimeout = 5 * time.Second
 )
 
 func (r *Router) sendStore(ctx context.Context, sreq *cachev1.StoreRequest) {
