@@ -72,7 +72,7 @@ type BreakerConfig struct {
 	OpenJitter float64 `yaml:"open_jitter"`
 	// HalfOpenProbes is how many calls a half-open breaker admits per period, those that
 	// lost a hedge (and so return no verdict) included; every one with a verdict must
-	// succeed, and not be slow, to close it.
+	// succeed, and not be slow, and more than half must have one, to close it.
 	HalfOpenProbes int `yaml:"half_open_probes"`
 }
 
@@ -167,8 +167,8 @@ type BreakerSnapshot struct {
 	NextScout time.Time
 }
 
-// ReasonNoVerdict starts the reason of a half-open trial that re-opened because none of its
-// probes returned a verdict (all were abandoned). It is not a trip: Trips stays as it was.
+// ReasonNoVerdict starts the reason of a half-open trial that re-opened because most of its
+// probes returned no verdict (they were abandoned). It is not a trip: Trips stays as it was.
 const ReasonNoVerdict = "no probe verdict"
 
 // Window fields of a breaker.
@@ -462,14 +462,20 @@ func (b *Breaker) recordProbeLocked(now time.Time, failure, slow bool, latency t
 }
 
 // settleTrialLocked ends a half-open trial once every probe place is used and every probe
-// has ended without failing: it closes when at least one probe succeeded, and re-opens for
-// the current trip's period (no trip counted) when none returned a verdict.
+// has ended without failing: it closes when most probes succeeded, and re-opens for the
+// current trip's period (no trip counted) when most returned no verdict. A probe without a
+// verdict was usually outrun by a hedge or outlived its caller: an upstream that answers
+// one probe in three in time is not yet one to send every request to again, and closing on
+// it flaps within a second.
 func (b *Breaker) settleTrialLocked(now time.Time) {
 	if b.probesDone+b.probesAbandoned < b.cfg.HalfOpenProbes {
 		return
 	}
-	if b.probesDone == 0 {
+	if b.probesDone*2 <= b.cfg.HalfOpenProbes {
 		reason := fmt.Sprintf("%s (%d probes abandoned)", ReasonNoVerdict, b.probesAbandoned)
+		if b.probesDone > 0 {
+			reason = fmt.Sprintf("%s (%d of %d probes abandoned)", ReasonNoVerdict, b.probesAbandoned, b.cfg.HalfOpenProbes)
+		}
 		b.openUntil = now.Add(openPeriod(b.cfg, b.trips, b.rnd()))
 		b.transitionLocked(now, StateOpen, reason, 0, 0)
 		return

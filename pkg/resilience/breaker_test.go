@@ -787,7 +787,7 @@ func TestTrialWithAbandonedProbes(t *testing.T) {
 	}{
 		{"all succeed", "SSS", StateClosed, "probes succeeded", 0, 0},
 		{"one abandoned, the rest succeed", "SAS", StateClosed, "probes succeeded (1 of 3 without a verdict)", 0, 0},
-		{"one success is enough when the rest have no verdict", "AAS", StateClosed, "probes succeeded (2 of 3 without a verdict)", 0, 0},
+		{"one success is not enough when the rest have no verdict", "AAS", StateOpen, ReasonNoVerdict + " (2 of 3 probes abandoned)", 1, 30 * time.Second},
 		{"no verdict at all: re-open for the same period, no trip", "AAA", StateOpen, ReasonNoVerdict + " (3 probes abandoned)", 1, 30 * time.Second},
 		{"a failure decides at once", "AAF", StateOpen, "probe failed", 2, time.Minute},
 		{"a failure after a success", "SAF", StateOpen, "probe failed", 2, time.Minute},

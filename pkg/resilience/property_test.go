@@ -176,12 +176,12 @@ func (m *breakerModel) check(t *rapid.T) {
 		tr := m.trans[i]
 		switch {
 		case tr.From == StateHalfOpen && tr.To == StateClosed:
-			// Every place used, none failed, at least one success.
-			if ok, ab := m.successes[i], m.abandoned[i]; ok < 1 || ok+ab != m.cfg.HalfOpenProbes {
-				t.Fatalf("closed after %d successful and %d abandoned probes, want %d in all, at least one successful", ok, ab, m.cfg.HalfOpenProbes)
+			// Every place used, none failed, most succeeded.
+			if ok, ab := m.successes[i], m.abandoned[i]; ok*2 <= m.cfg.HalfOpenProbes || ok+ab != m.cfg.HalfOpenProbes {
+				t.Fatalf("closed after %d successful and %d abandoned probes, want %d in all, most successful", ok, ab, m.cfg.HalfOpenProbes)
 			}
 		case tr.From == StateHalfOpen && tr.To == StateOpen && strings.HasPrefix(tr.Reason, ReasonNoVerdict):
-			if ok, ab := m.successes[i], m.abandoned[i]; ok != 0 || ab != m.cfg.HalfOpenProbes {
+			if ok, ab := m.successes[i], m.abandoned[i]; ok*2 > m.cfg.HalfOpenProbes || ok+ab != m.cfg.HalfOpenProbes {
 				t.Fatalf("no-verdict re-open after %d successful and %d abandoned probes", ok, ab)
 			}
 		case tr.From == StateClosed && tr.To == StateOpen:
