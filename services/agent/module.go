@@ -240,7 +240,7 @@ func (t *Tools) Close() {
 
 // warnNoVerifier is the warning of an agent that has no verifier to confirm with.
 const warnNoVerifier = "no verifier to confirm action outcomes: an action whose outcome becomes unknown stays pending_confirmation, " +
-	"never retried and never marked done, until a verifier is configured and a person decides"
+	"never retried and never marked done, until a verifier can open its confirmation and a person decides"
 
 // dialConfirmer returns the verifier's review queue as the confirmer of unknown action
 // outcomes, or noConfirmer, with a warning, when this process cannot reach a verifier.
