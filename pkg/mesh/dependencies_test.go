@@ -109,3 +109,43 @@ func TestRouterWithServicesOff(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentWithVerifierOff: router.verifier_address off reaches the agent, alone in its
+// process or beside the verifier: it warns at start that action outcomes which become
+// unknown stay pending with nobody to confirm them. An agent given a verifier's address
+// does not (it dials lazily: the verifier may start later).
+func TestAgentWithVerifierOff(t *testing.T) {
+	for _, tt := range []struct {
+		name, target string
+		verifier     func(t *testing.T) string
+		wantWarning  bool
+	}{
+		{"agent alone, verifier off", "agent", func(*testing.T) string { return router.Off }, true},
+		{"every module, verifier off", "all", func(*testing.T) string { return router.Off }, true},
+		{"agent alone, a verifier address", "agent", closedAddr, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Target = tt.target
+			cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
+			cfg.Log.Level = "warn"
+			cfg.Router.VerifierAddress = tt.verifier(t)
+			logs := &syncBuffer{}
+			meshtest.Run(t, cfg, mesh.Options{LogOutput: logs})
+			var warned []map[string]any
+			for _, l := range logs.all(t) {
+				if msg, _ := l["msg"].(string); strings.HasPrefix(msg, "no verifier to confirm action outcomes") && l["level"] == "WARN" {
+					warned = append(warned, l)
+				}
+			}
+			if got := len(warned) > 0; got != tt.wantWarning {
+				t.Errorf("warned %v, want %v: %v", got, tt.wantWarning, warned)
+			}
+			for _, l := range warned {
+				if msg, _ := l["msg"].(string); !strings.Contains(msg, "never retried and never marked done") {
+					t.Errorf("the warning %q does not say what happens to unknown outcomes", msg)
+				}
+			}
+		})
+	}
+}

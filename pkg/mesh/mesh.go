@@ -36,8 +36,17 @@ func Modules(c Config) []app.Module {
 		cache.Module(c.Cache),
 		quota.Module(c.Quota),
 		verifier.Module(c.Verifier),
-		agent.Module(c.Agent),
+		agent.Module(c.Agent, agentOptions(c)...),
 	}
+}
+
+// agentOptions are the agent's module options that follow from the router block: with
+// verifier_address off, nobody confirms action outcomes.
+func agentOptions(c Config) []agent.ModuleOption {
+	if c.Router.VerifierAddress == router.Off {
+		return []agent.ModuleOption{agent.WithoutVerifier()}
+	}
+	return nil
 }
 
 // Options are process-level choices that are not configuration: where logs go, which

@@ -33,6 +33,21 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
+// all returns every JSON log line.
+func (b *syncBuffer) all(t *testing.T) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, l := range bytes.Split(b.buf.Bytes(), []byte("\n")) {
+		var m map[string]any
+		if json.Unmarshal(l, &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // lines returns the JSON log lines with the given message.
 func (b *syncBuffer) lines(t *testing.T, msg string) []map[string]any {
 	t.Helper()

@@ -18,16 +18,39 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/resilience"
 )
 
+// ModuleOption changes how Module builds the agent.
+type ModuleOption func(*moduleOptions)
+
+type moduleOptions struct {
+	withoutVerifier bool
+}
+
+// WithoutVerifier builds an agent that has no verifier to confirm action outcomes (the
+// configuration says router.verifier_address: off): it neither dials nor needs one, and
+// warns at start that an action whose outcome becomes unknown stays pending_confirmation,
+// never retried and never marked done, since nobody can confirm it.
+func WithoutVerifier() ModuleOption {
+	return func(o *moduleOptions) { o.withoutVerifier = true }
+}
+
 // Module returns the agent module. It calls the verifier (confirmation reviews of actions
-// whose outcome is unknown); the router calls it.
-func Module(cfg Config) app.Module {
+// whose outcome is unknown) unless built WithoutVerifier; the router calls it.
+func Module(cfg Config, opts ...ModuleOption) app.Module {
+	var o moduleOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	deps := []string{"verifier"}
+	if o.withoutVerifier {
+		deps = nil
+	}
 	var m *module // set by New, used by Reload
 	return app.Module{
 		Name:      ServiceName,
 		Audiences: Audiences,
-		Deps:      []string{"verifier"},
+		Deps:      deps,
 		New: func(ctx context.Context, env app.Env) (app.Runnable, error) {
-			built, err := build(ctx, cfg, env)
+			built, err := build(ctx, cfg, env, o)
 			if err != nil {
 				return nil, fmt.Errorf("agent: %w", err)
 			}
@@ -55,7 +78,7 @@ type module struct {
 	log   *slog.Logger
 }
 
-func build(ctx context.Context, cfg Config, env app.Env) (*module, error) {
+func build(ctx context.Context, cfg Config, env app.Env, o moduleOptions) (*module, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -86,7 +109,12 @@ func build(ctx context.Context, cfg Config, env app.Env) (*module, error) {
 			actions = newJetStreamActions(js, cfg.Idempotency.Bucket, cfg.Idempotency.TTL)
 		}
 	}
-	confirm := dialConfirmer(env, log)
+	var confirm confirmer = noConfirmer{}
+	if o.withoutVerifier {
+		log.Warn(warnNoVerifier, "reason", "router.verifier_address is off")
+	} else {
+		confirm = dialConfirmer(env, log)
+	}
 	tools, err := NewTools(cfg, ToolsDeps{
 		Clock: clock, Log: log, Metrics: reg, Getenv: env.Var, Actions: actions, Confirm: confirm, Events: env.Events,
 	})
@@ -210,16 +238,20 @@ func (t *Tools) Close() {
 	}
 }
 
+// warnNoVerifier is the warning of an agent that has no verifier to confirm with.
+const warnNoVerifier = "no verifier to confirm action outcomes: an action whose outcome becomes unknown stays pending_confirmation, " +
+	"never retried and never marked done, until a verifier can open its confirmation and a person decides"
+
 // dialConfirmer returns the verifier's review queue as the confirmer of unknown action
 // outcomes, or noConfirmer, with a warning, when this process cannot reach a verifier.
 func dialConfirmer(env app.Env, log *slog.Logger) confirmer {
 	if env.Dial == nil {
-		log.Warn("no verifier to confirm action outcomes: an action whose outcome is unknown stays pending_confirmation until one is reachable")
+		log.Warn(warnNoVerifier, "reason", "this process has no way to dial one")
 		return noConfirmer{}
 	}
 	conn, err := env.Dial("verifier")
 	if err != nil {
-		log.Warn("no verifier to confirm action outcomes: an action whose outcome is unknown stays pending_confirmation until one is reachable", "err", err)
+		log.Warn(warnNoVerifier, "err", err)
 		return noConfirmer{}
 	}
 	return verifierConfirmer{client: verifierv1.NewVerifierServiceClient(conn)}

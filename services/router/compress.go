@@ -66,6 +66,13 @@ func (r *Router) compressForWindow(ctx context.Context, x *exchange, promptToken
 	return true
 }
 
+// budgetSpent says the request has no time left for another call: its deadline passed,
+// or what remains of its budget is within the hop reserve. A caller that went away is
+// not a budget that ran out.
+func (r *Router) budgetSpent(ctx context.Context, qc *mantlev1.QualityContext) bool {
+	return errors.Is(ctx.Err(), context.DeadlineExceeded) || qc.Deadline.AsTime().Sub(r.deps.Clock.Now()) <= r.conf().HopReserve
+}
+
 // compress replaces the older part of x's conversation with a summary and returns the
 // prompt's estimated size after it. x.preq is changed only when it succeeds.
 func (r *Router) compress(ctx context.Context, x *exchange, promptTokens int64) (int64, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
@@ -123,6 +124,17 @@ func TestContextCompression(t *testing.T) {
 			promptTokens: 5000, turns: 20,
 			results:  map[string][]result{"summariser": {failure(classOverloaded, "busy")}},
 			wantCode: codes.InvalidArgument, wantCalls: map[string]int{"summariser": 1},
+		},
+		{
+			// A longer budget might have been enough: not the refusal of a request no budget
+			// could serve.
+			name: "the summariser takes the whole budget: the budget ran out", cfg: route,
+			promptTokens: 5000, turns: 20,
+			results: map[string][]result{"summariser": {{
+				err:     &provider.Error{Class: classTimeout, Message: "context deadline exceeded"},
+				advance: time.Hour,
+			}}},
+			wantCode: codes.DeadlineExceeded, wantCalls: map[string]int{"summariser": 1},
 		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

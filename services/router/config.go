@@ -37,7 +37,9 @@ type Config struct {
 	// the router without admission control.
 	QuotaAddress string `yaml:"quota_address"`
 	// VerifierAddress is where to dial the verifier when it does not run in this process;
-	// off leaves only the router's own L1 format check, and answers are marked unverified.
+	// off leaves only the router's own L1 format check, and answers are marked unverified;
+	// the agent then has nobody to confirm action outcomes, and one that becomes unknown
+	// stays pending_confirmation.
 	VerifierAddress string `yaml:"verifier_address"`
 	// AgentAddress is where to dial the agent (the tool gateway) when it does not run in
 	// this process; off runs the router without tools: /v1/tools and /mcp answer that tools

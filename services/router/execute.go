@@ -98,6 +98,12 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 	if err := r.skipSmallWindows(qc, p, rt, promptTokens, int64(req.MaxTokens)); err != nil {
 		// No model can hold the conversation: shorten it, if the route says how.
 		if !r.compressForWindow(ctx, x, promptTokens) {
+			if qc.ContextCompression != nil && r.budgetSpent(ctx, qc) {
+				// The summariser was asked and the request's budget ran out on it: a longer
+				// budget may succeed, which a "too long for every window" refusal would deny.
+				return nil, &exhaustedError{class: mantlev1.ErrorClass_ERROR_CLASS_BUDGET_EXHAUSTED, cause: fmt.Errorf(
+					"summarising the conversation, longer than every window of route %q, did not finish in time", rt.name)}
+			}
 			return nil, err
 		}
 		if err := r.skipSmallWindows(qc, p, rt, qc.ContextCompression.GetPromptTokensAfter(), int64(req.MaxTokens)); err != nil {
