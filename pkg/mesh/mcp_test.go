@@ -3,6 +3,7 @@ package mesh_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
+	"github.com/mantle-mesh/mantle/services/agent"
 	"github.com/mantle-mesh/mantle/services/router"
 )
 
@@ -227,5 +229,81 @@ func TestMCPToolsOff(t *testing.T) {
 	code, body, _ := doHTTP(t, http.MethodPost, "http://"+m.HTTPAddr+router.MCPPath, acmeKey, `{}`, nil)
 	if code != http.StatusNotFound || !strings.Contains(string(body), "agent_address is off") {
 		t.Errorf("POST /mcp with tools off = %d %s", code, body)
+	}
+}
+
+// TestMCPBudget: a tools/call honours the caller's x-mantle-budget-ms. A backend slower
+// than the budget ends in a tool error naming the budget, at the budget rather than at the
+// tool's own timeout, and the backend's request is cancelled; a tool that answers within
+// the budget is unaffected, and a budget that is not a number is refused by name.
+func TestMCPBudget(t *testing.T) {
+	t.Parallel()
+	const budget = 400 * time.Millisecond
+	started, cancelled, release := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The server notices a closed connection only once the body has been read.
+		_, _ = io.Copy(io.Discard, r.Body)
+		signal(started)
+		select {
+		case <-r.Context().Done(): // the call was cancelled
+			signal(cancelled)
+		case <-release: // the test is over
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) }) // runs first: a failed test does not hang in Close
+	b := newToolBackend(t)
+	cfg := toolsConfig(b)
+	slowTool := cfg.Agent.Tools[0]
+	slowTool.Name, slowTool.Backend.URL, slowTool.Timeout = "slow", slow.URL, time.Minute
+	slowTool.Retry = agent.RetryConfig{MaxRetries: 0, Base: time.Second}
+	cfg.Agent.Tools = append(cfg.Agent.Tools, slowTool)
+	m := meshtest.Start(t, cfg, meshtest.All)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	s, err := connectMCP(t, ctx, m.HTTPAddr, acmeKey, map[string]string{router.HeaderBudget: fmt.Sprint(budget.Milliseconds())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := map[string]any{"city": "Oslo"}
+	if res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "lookup", Arguments: args}); err != nil || res.IsError || res.Meta[router.MCPMetaStatus] != "ok" {
+		t.Fatalf("lookup within the budget = %+v (%q), %v", res, resultText(res), err)
+	}
+
+	start := time.Now()
+	res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "slow", Arguments: args})
+	took := time.Since(start)
+	if err != nil || !res.IsError || res.Meta[router.MCPMetaErrorReason] != "deadline_exceeded" ||
+		!strings.Contains(resultText(res), "within the call's budget of 400ms (the x-mantle-budget-ms header)") {
+		t.Fatalf("slow call = %+v (%q), %v; want a tool error naming the 400ms budget", res, resultText(res), err)
+	}
+	// The tool's own timeout is a minute: an answer well before it came from the budget.
+	if took < budget || took > budget+5*time.Second {
+		t.Errorf("the slow call answered after %s, want at its %s budget", took, budget)
+	}
+	select {
+	case <-started:
+	default:
+		t.Fatal("the slow backend was never called")
+	}
+	select {
+	case <-cancelled:
+	case <-ctx.Done():
+		t.Fatal("the slow backend's request was not cancelled when the budget ran out")
+	}
+
+	code, body, _ := doHTTP(t, http.MethodPost, "http://"+m.HTTPAddr+router.MCPPath, acmeKey, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`,
+		map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream", router.HeaderBudget: "soon"})
+	if code != http.StatusBadRequest || !strings.Contains(string(body), router.HeaderBudget) {
+		t.Errorf("POST /mcp with budget %q = %d %s, want 400 naming %s", "soon", code, body, router.HeaderBudget)
+	}
+}
+
+// signal marks ch without blocking: a second mark is the first one.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }

@@ -170,8 +170,13 @@ func TestStatusPageShapes(t *testing.T) {
 	for _, mode := range []meshtest.Mode{meshtest.All, meshtest.Split} {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			m := meshtest.Start(t, statusConfig(), mode)
+			cfg := statusConfig()
+			cfg.Agent.Tools = toolsConfig(newToolBackend(t)).Agent.Tools
+			m := meshtest.Start(t, cfg, mode)
 			chat(t, m.HTTPAddr, "chat", "a question for the status page", false, false)
+			if code, body, _ := doHTTP(t, http.MethodPost, "http://"+m.HTTPAddr+"/v1/tools/lookup/call", resilienceKey, `{"arguments":{"city":"Oslo"}}`, nil); code != http.StatusOK {
+				t.Fatalf("call lookup = %d %s", code, body)
+			}
 			snap := getStatus(t, m.HTTPAddr, resilienceKey)
 			if !snap.Quota.Available || !snap.Cache.Available || snap.Cache.Lookups == 0 {
 				t.Errorf("quota %+v, cache %+v: want both available, with lookups counted", snap.Quota, snap.Cache)
@@ -180,8 +185,12 @@ func TestStatusPageShapes(t *testing.T) {
 				t.Errorf("quota tenants %+v, want acme's with an RPM limit of 600", snap.Quota.Tenants)
 			}
 			// Every model is a route of its own, then the chat alias.
-			if !snap.Tools.Available || snap.Tools.Error != "" {
-				t.Errorf("tools %+v, want available", snap.Tools)
+			tools := map[string]string{}
+			for _, tl := range snap.Tools.Tools {
+				tools[tl.Name] = fmt.Sprintf("%s %s %d %v", tl.Kind, tl.Breaker, tl.Calls, tl.Recent)
+			}
+			if !snap.Tools.Available || snap.Tools.Error != "" || len(tools) != 2 || tools["lookup"] != "query closed 1 [ok]" || tools["order"] != "action closed 0 []" {
+				t.Errorf("tools %+v, want lookup (query, closed, 1 call: ok) and order (action, closed, no calls)", snap.Tools)
 			}
 			if snap.Tenant != "acme" || len(snap.Routes) != 3 || snap.Routes[2].Name != "chat" || len(snap.Degradations) != 1 {
 				t.Errorf("tenant %q, routes %+v, %d degradations; want acme, primary, backup and chat, 1", snap.Tenant, snap.Routes, len(snap.Degradations))
@@ -189,15 +198,18 @@ func TestStatusPageShapes(t *testing.T) {
 		})
 	}
 
-	t.Run("quota and cache unreachable", func(t *testing.T) {
+	t.Run("quota, cache and agent unreachable", func(t *testing.T) {
 		t.Parallel()
 		cfg := statusConfig()
-		cfg.Target = "router,verifier,agent"
+		cfg.Target = "router,verifier"
 		cfg.Server.GRPCListenAddress, cfg.Server.HTTPListenAddress = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Log.Level = "error"
-		cfg.Router.QuotaAddress, cfg.Router.CacheAddress = closedAddr(t), closedAddr(t)
+		cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.AgentAddress = closedAddr(t), closedAddr(t), closedAddr(t)
 		p := meshtest.Run(t, cfg, mesh.Options{LogOutput: io.Discard})
 		snap := getStatus(t, p.App.HTTPAddr(), resilienceKey)
+		if snap.Tools.Available || snap.Tools.Off || !strings.HasPrefix(snap.Tools.Error, "Unavailable: ") {
+			t.Errorf("tools section %+v, want unavailable with the error", snap.Tools)
+		}
 		if snap.Quota.Available || !strings.HasPrefix(snap.Quota.Error, "Unavailable: ") {
 			t.Errorf("quota section %+v, want unavailable with the error", snap.Quota)
 		}
@@ -206,6 +218,17 @@ func TestStatusPageShapes(t *testing.T) {
 		}
 		if len(snap.Routes) != 3 {
 			t.Errorf("routes %+v, want the router's own state regardless", snap.Routes)
+		}
+	})
+
+	t.Run("tools off", func(t *testing.T) {
+		t.Parallel()
+		cfg := statusConfig()
+		cfg.Router.AgentAddress = router.Off
+		m := meshtest.Start(t, cfg, meshtest.All)
+		snap := getStatus(t, m.HTTPAddr, resilienceKey)
+		if snap.Tools.Available || !snap.Tools.Off || !strings.Contains(snap.Tools.Error, "router.agent_address is off") || len(snap.Routes) != 3 {
+			t.Errorf("tools section %+v with %d routes, want off, saying why, and the routes regardless", snap.Tools, len(snap.Routes))
 		}
 	})
 }

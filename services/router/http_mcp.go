@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -60,6 +61,8 @@ const (
 type mcpCall struct {
 	done   context.Context
 	budget time.Duration
+	// budgetFrom says where the budget came from, for the error that says it ran out.
+	budgetFrom string
 }
 
 type mcpCallKey struct{}
@@ -98,8 +101,9 @@ func (f *frontDoor) registerMCP(mux *http.ServeMux) {
 			writeError(w, toStatus(err))
 			return
 		}
+		budgetFrom := "the " + HeaderBudget + " header"
 		if budget == 0 {
-			budget = f.router.conf().DefaultBudget
+			budget, budgetFrom = f.router.conf().DefaultBudget, "router.default_budget"
 		}
 		select {
 		case slots <- struct{}{}:
@@ -108,7 +112,7 @@ func (f *frontDoor) registerMCP(mux *http.ServeMux) {
 			writeOverloaded(w)
 			return
 		}
-		ctx = context.WithValue(ctx, mcpCallKey{}, &mcpCall{done: r.Context(), budget: budget})
+		ctx = context.WithValue(ctx, mcpCallKey{}, &mcpCall{done: r.Context(), budget: budget, budgetFrom: budgetFrom})
 		handler.ServeHTTP(w, r.WithContext(ctx))
 	}))
 }
@@ -266,6 +270,9 @@ func (f *frontDoor) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (
 		Quality: &mantlev1.QualityContext{RequestId: rpc.RequestID(ctx), TraceId: rpc.TraceID(ctx), Tenant: rpc.Tenant(ctx)},
 	})
 	if err != nil {
+		if spent := budgetSpent(ctx, p.Name, err); spent != nil {
+			return mcpErrorResult(spent), nil
+		}
 		if status.Code(err) == codes.NotFound {
 			// An unknown tool is the client's mistake, not the tool's: a protocol error.
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: status.Convert(err).Message()}
@@ -273,6 +280,22 @@ func (f *frontDoor) mcpCallTool(ctx context.Context, req *mcp.CallToolRequest) (
 		return mcpErrorResult(err), nil
 	}
 	return mcpResult(resp), nil
+}
+
+// budgetSpent is the error of a call that the caller's budget ended, naming the budget
+// and where it came from, so that a model (or its framework) tells a tool slower than the
+// budget from a broken one; nil when the call failed otherwise. The budget's deadline
+// cancels the call to the agent, and with it the agent's call to the backend.
+func budgetSpent(ctx context.Context, tool string, err error) error {
+	call, ok := ctx.Value(mcpCallKey{}).(*mcpCall)
+	if !ok || call.done.Err() != nil {
+		return nil // the caller went away: nobody reads the answer
+	}
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) && status.Code(err) != codes.DeadlineExceeded {
+		return nil
+	}
+	return rpc.Status(codes.DeadlineExceeded, errorDomain, ReasonDeadlineExceeded,
+		fmt.Sprintf("tool %s did not answer within the call's budget of %s (%s); the call was cancelled", tool, call.budget, call.budgetFrom))
 }
 
 // mcpErrorResult is a failed call as a tool result with isError, so that the model reads

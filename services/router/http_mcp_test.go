@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
@@ -110,6 +113,54 @@ func TestMCPCallIDs(t *testing.T) {
 			}
 			if err != nil || key != tc.key || session != tc.session || step != tc.step {
 				t.Errorf("got %q %q %q %v, want %q %q %q", key, session, step, err, tc.key, tc.session, tc.step)
+			}
+		})
+	}
+}
+
+// TestBudgetSpent: a call the caller's budget ended is a tool error naming the budget and
+// its source; a caller that went away, or a failure before the budget ran out, is not.
+func TestBudgetSpent(t *testing.T) {
+	t.Parallel()
+	live := context.Background()
+	gone, cancelGone := context.WithCancel(context.Background())
+	cancelGone()
+	unavailable := status.Error(codes.Unavailable, "tool lookup is unavailable")
+	deadline := status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+	for _, tc := range []struct {
+		name    string
+		call    *mcpCall // nil: the context carries none
+		expired bool     // the budget's deadline has passed
+		err     error
+		want    string // "" for not a budget error
+	}{
+		{name: "budget from the header ran out", call: &mcpCall{done: live, budget: 250 * time.Millisecond, budgetFrom: "the " + HeaderBudget + " header"},
+			expired: true, err: deadline, want: "tool lookup did not answer within the call's budget of 250ms (the x-mantle-budget-ms header)"},
+		{name: "default budget ran out, agent answered first", call: &mcpCall{done: live, budget: 30 * time.Second, budgetFrom: "router.default_budget"},
+			expired: true, err: unavailable, want: "budget of 30s (router.default_budget)"},
+		{name: "agent's deadline error within the budget", call: &mcpCall{done: live, budget: time.Second, budgetFrom: "router.default_budget"},
+			err: deadline, want: "budget of 1s"},
+		{name: "caller went away", call: &mcpCall{done: gone, budget: time.Second}, expired: true, err: deadline},
+		{name: "failure within the budget", call: &mcpCall{done: live, budget: time.Second}, err: unavailable},
+		{name: "no MCP call", expired: true, err: deadline},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			if tc.call != nil {
+				ctx = context.WithValue(ctx, mcpCallKey{}, tc.call)
+			}
+			if tc.expired {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, time.Unix(0, 0))
+				defer cancel()
+			}
+			got := budgetSpent(ctx, "lookup", tc.err)
+			switch {
+			case tc.want == "" && got != nil:
+				t.Errorf("budgetSpent = %v, want nil", got)
+			case tc.want != "" && (got == nil || !strings.Contains(status.Convert(got).Message(), tc.want) || reasonOf(got) != "deadline_exceeded"):
+				t.Errorf("budgetSpent = %v, want deadline_exceeded naming %q", got, tc.want)
 			}
 		})
 	}

@@ -83,12 +83,19 @@ func (f fakeCache) DescribeStats(context.Context, *cachev1.DescribeStatsRequest,
 		Scenarios: []*cachev1.ScenarioStats{{Scenario: "support", Lookups: 8, Hits: 2}}}, nil
 }
 
-// fakeTools answers ListTools with one healthy query and one action whose breaker is open.
+// fakeTools answers ListTools with one healthy query and one action whose breaker is open;
+// with hang set it answers only when its context ends, as an agent that accepted the
+// connection and never answers.
 type fakeTools struct {
-	err error
+	err  error
+	hang bool
 }
 
-func (f *fakeTools) ListTools(_ context.Context, req *agentv1.ListToolsRequest, _ ...grpc.CallOption) (*agentv1.ListToolsResponse, error) {
+func (f *fakeTools) ListTools(ctx context.Context, req *agentv1.ListToolsRequest, _ ...grpc.CallOption) (*agentv1.ListToolsResponse, error) {
+	if f.hang {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -101,6 +108,7 @@ func (f *fakeTools) ListTools(_ context.Context, req *agentv1.ListToolsRequest, 
 		{Name: "order", Kind: agentv1.ToolKind_TOOL_KIND_ACTION, Health: &agentv1.ToolHealth{
 			Breaker: mantlev1.BreakerState_BREAKER_STATE_OPEN, BreakerUntil: timestamppb.New(now.Add(29 * time.Second)), Calls: 4, Failures: 3,
 			RecentOutcomes: []string{"ok", "unavailable", "pending_confirmation"}}},
+		{Name: "probe", Kind: agentv1.ToolKind_TOOL_KIND_EXTERNAL, Health: &agentv1.ToolHealth{Breaker: mantlev1.BreakerState_BREAKER_STATE_HALF_OPEN}},
 	}}, nil
 }
 
@@ -127,6 +135,7 @@ func TestPage(t *testing.T) {
 		cache    fakeCache
 		tools    *fakeTools
 		auth     *rpc.Authenticator
+		timeout  time.Duration // Deps.CallTimeout; 0 for the default
 		url      string
 		setup    func(r *http.Request)
 		wantCode int
@@ -187,6 +196,32 @@ func TestPage(t *testing.T) {
 			notWant: []string{"more detail"},
 		},
 		{
+			name: "an agent that never answers: the tools section says so within the call timeout", routes: open,
+			tools: &fakeTools{hang: true}, timeout: 20 * time.Millisecond, url: "/status", wantCode: http.StatusOK,
+			want: []string{
+				`id="tools-unavailable">tools unavailable: DeadlineExceeded: context deadline exceeded</div>`,
+				`data-breaker="open"`, `id="cache-hit-rate">25.0%`,
+			},
+			notWant: []string{`class="tool `},
+		},
+		{
+			name: "a tool of each kind, no calls yet", routes: open, url: "/status", wantCode: http.StatusOK,
+			tools: &fakeTools{},
+			want: []string{
+				`<td class="mono">lookup</td>
+  <td>query</td>
+  <td><span class="badge closed">closed</span></td>
+  <td class="probe nowrap"><span class="muted">-</span></td>`,
+				`<td class="mono">order</td>
+  <td>action</td>
+  <td><span class="badge open">open</span></td>
+  <td class="probe nowrap">12:00:29 <span class="muted">(in 29s)</span></td>`,
+				`data-tool="probe" data-kind="external" data-breaker="half_open" data-calls="0"`,
+				`<span class="muted">no calls yet</span>`,
+				`tools <b>3</b>`,
+			},
+		},
+		{
 			name: "auto-refresh can be turned off", routes: open, url: "/status?refresh=0", wantCode: http.StatusOK,
 			want: []string{"auto-refresh off"}, notWant: []string{`http-equiv="refresh"`},
 		},
@@ -214,7 +249,7 @@ func TestPage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			deps := Deps{Routes: tt.routes, Quota: tt.quota, Cache: tt.cache, Auth: tt.auth, Clock: clockwork.NewFakeClockAt(now),
-				Log: slog.New(slog.DiscardHandler), Refresh: func() time.Duration { return 5 * time.Second }}
+				Log: slog.New(slog.DiscardHandler), Refresh: func() time.Duration { return 5 * time.Second }, CallTimeout: tt.timeout}
 			if tt.tools != nil {
 				deps.Tools = tt.tools
 			}
@@ -252,7 +287,7 @@ func TestPageJSON(t *testing.T) {
 	t.Parallel()
 	h := New(Deps{Routes: fakeRoutes{state: mantlev1.BreakerState_BREAKER_STATE_OPEN, reason: "2 consecutive failures",
 		events: []*eventsv1.DegradationEvent{degradation("acme", "gpt-4o failed: overloaded")}},
-		Quota: fakeQuota{err: status.Error(codes.Unavailable, "connection refused")}, Cache: fakeCache{},
+		Quota: fakeQuota{err: status.Error(codes.Unavailable, "connection refused")}, Cache: fakeCache{}, Tools: &fakeTools{},
 		Clock: clockwork.NewFakeClockAt(now), Log: slog.New(slog.DiscardHandler)})
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/status?format=json", nil))
@@ -278,5 +313,16 @@ func TestPageJSON(t *testing.T) {
 	}
 	if !snap.Cache.Available || snap.Cache.HitRate != 0.25 {
 		t.Errorf("cache = %+v, want available at 25%%", snap.Cache)
+	}
+	if !snap.Tools.Available || len(snap.Tools.Tools) != 3 || snap.Summary.OpenToolBreakers != 1 {
+		t.Fatalf("tools = %+v, open tool breakers %d; want 3 tools, 1 open", snap.Tools, snap.Summary.OpenToolBreakers)
+	}
+	order, probe := snap.Tools.Tools[1], snap.Tools.Tools[2]
+	if order.Name != "order" || order.Kind != "action" || order.Breaker != "open" || order.NextProbeAt == nil || !order.NextProbeAt.Equal(now.Add(29*time.Second)) ||
+		order.Failures != 3 || strings.Join(order.Recent, ",") != "ok,unavailable,pending_confirmation" {
+		t.Errorf("order = %+v, want an open action with its probe at now+29s, 3 failures and its recent outcomes", order)
+	}
+	if probe.Kind != "external" || probe.Breaker != "half_open" || probe.Recent == nil {
+		t.Errorf("probe = %+v, want a half-open external tool with an empty (not null) list of outcomes", probe)
 	}
 }
