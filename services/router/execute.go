@@ -184,7 +184,12 @@ func (r *Router) attempt(ctx context.Context, req *routerv1.Request, rt *route, 
 		p.attempts++
 		p.last = c
 		var o outcome
-		if sink == nil && p.attempts == 1 && rt.hedge.Enabled {
+		// Every attempt may be hedged until one is, so a retry after a call that failed at
+		// once (a 503 in a millisecond) is raced like a first attempt: that request is as far
+		// from its answer as a new one, and such retries left unhedged were among
+		// seed-incident's slowest requests (mantle drill). One hedge per request keeps the
+		// hedge budget's ratio.
+		if sink == nil && !p.hedged && rt.hedge.Enabled {
 			o = r.hedged(ctx, x, s)
 		} else {
 			o = r.try(ctx, x, s)

@@ -8,7 +8,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/provider"
 )
 
-// hedged runs the first attempt and, when it has not answered after the hedge delay
+// hedged runs an attempt and, when it has not answered after the hedge delay
 // (hedgeDelay), a second attempt on the best other candidate. The
 // first answer that passes verification wins and the other is cancelled; both attempts are
 // recorded. The hedge draws on the hedge budget (hedgeCandidate). Only a unary answer
@@ -32,6 +32,7 @@ func (r *Router) hedged(ctx context.Context, x *exchange, s slot) outcome {
 		if h, release, ok := r.hedgeCandidate(p, s.c); ok {
 			defer release()
 			p.attempts++
+			p.hedged = true
 			r.deps.Metrics.hedges.Inc()
 			hctx, cancel := context.WithCancel(ctx)
 			cancelHedge = cancel

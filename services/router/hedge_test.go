@@ -54,6 +54,38 @@ func TestHedging(t *testing.T) {
 		}
 	})
 
+	// A call that failed at once leaves its request as far from an answer as a new one: the
+	// attempt that follows (a failover here, a retry elsewhere) is raced like a first one.
+	t.Run("the attempt after a call that failed at once is hedged", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig()
+		hedging(&cfg)
+		cfg.Retry.MaxRetries = 0 // a fails over to b at once
+		h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+			"a": newFakeProvider(failure(classTransient, "503 at once")),
+			"b": newFakeProvider(hang()),
+			"c": newFakeProvider(reply("from the hedge", 1, 1)),
+		}})
+		ch := h.start(context.Background(), ask("chat"))
+		<-h.providers["b"].started // a has failed: the first attempt's hedge timer is gone
+		h.blockUntil(t, 1)         // b's hedge timer (b has no history: max_delay)
+		h.clock.Advance(499 * time.Millisecond)
+		if n := h.calls("c"); n != 0 {
+			t.Fatalf("hedged the failover before the 500ms delay (c called %d times)", n)
+		}
+		h.clock.Advance(time.Millisecond)
+		d := await(t, ch)
+		if d.err != nil {
+			t.Fatal(d.err)
+		}
+		if diff := cmp.Diff([]string{"a:transient", "b:canceled", "c:none:hedged"}, attemptsOf(d.resp.Quality)); diff != "" {
+			t.Errorf("attempts (-want +got):\n%s", diff)
+		}
+		if got := counterValue(t, h.router.deps.Metrics.hedges); got != 1 {
+			t.Errorf("hedges = %v, want 1", got)
+		}
+	})
+
 	t.Run("the hedge delay is the key's live p95, within the bounds", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig()

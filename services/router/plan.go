@@ -33,6 +33,8 @@ type plan struct {
 	lastErr    error
 	failed     []string
 	denied     bool // the retry budget refused a retry
+	// hedged: an attempt of this request has been raced by a hedge (at most one is).
+	hedged bool
 	// sharedKey names the request to quota's shared retry budget: the key quota counted it
 	// under at admission (route.admissionKeyID), whose requests its extra attempts are
 	// weighed against. Naming the key of the first attempt instead (the backup's, while the
