@@ -388,7 +388,8 @@ type RouteCacheConfig struct {
 // counted as never answering (its p95 while none time out; MinDelay once one in twenty
 // times out), bounded by MinDelay and MaxDelay.
 type HedgeConfig struct {
-	// Enabled hedges a unary request's first attempt.
+	// Enabled hedges a unary request's first attempt that runs past the delay (once per
+	// request: a retry after a call that failed at once may be the one).
 	Enabled bool `yaml:"enabled"`
 	// MinDelay is the lower bound of the hedge delay, and the delay itself while the key's
 	// recent calls time out; 0 takes 200ms.
