@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"math"
 	"testing"
 	"time"
@@ -19,18 +20,18 @@ func TestDurationOfAndTokensIn(t *testing.T) {
 		{"one request at 600 rpm", 1, 600, 100 * time.Millisecond},
 		{"rounds up to the nanosecond", 1, 7, 8_571_428_572}, // 60s/7 = 8.571428571428…s
 		{"nothing", 0, 600, 0},
-		{"saturates instead of overflowing", math.MaxInt64, 1, maxDebt},
+		{"saturates instead of overflowing", math.MaxInt64, 1, ledger.MaxDebt},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if got := durationOf(tt.n, tt.limit); got != tt.wantDuration {
+			if got := ledger.DurationOf(tt.n, tt.limit); got != tt.wantDuration {
 				t.Errorf("durationOf(%d, %d) = %v, want %v", tt.n, tt.limit, got, tt.wantDuration)
 			}
 			// Refilling for exactly durationOf(n) must earn at least n tokens: that is
 			// what makes retry-after exact.
-			if tt.wantDuration < maxDebt {
-				if got := tokensIn(tt.wantDuration, tt.limit); got < tt.n {
+			if tt.wantDuration < ledger.MaxDebt {
+				if got := ledger.TokensIn(tt.wantDuration, tt.limit); got < tt.n {
 					t.Errorf("tokensIn(%v, %d) = %d, want at least %d", tt.wantDuration, tt.limit, got, tt.n)
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -225,7 +226,7 @@ func TestModelLimitsAndPrices(t *testing.T) {
 	if p, ok := b.price("other"); !ok || p.OutputPerMillion != 1 {
 		t.Errorf("default price = %v, %v", p, ok)
 	}
-	if got := nanoPriceOf(Price{InputPerMillion: 2.5, OutputPerMillion: 0.0375}); got != (NanoPrice{Input: 2500, Output: 38}) {
+	if got := nanoPriceOf(Price{InputPerMillion: 2.5, OutputPerMillion: 0.0375}); got != (ledger.NanoPrice{Input: 2500, Output: 38}) {
 		t.Errorf("nano prices = %+v, want 2500 and 38 (rounded up)", got)
 	}
 }

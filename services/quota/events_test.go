@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/mantle-mesh/mantle/pkg/natsembed"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"log/slog"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func TestEventsOnNATS(t *testing.T) {
 	if _, err := svc.Reserve(ctx, ReserveRequest{Tenant: "acme", RequestID: "r1", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.Reserve(ctx, ReserveRequest{Tenant: "acme", RequestID: "r2", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); !errors.Is(err, ErrExhausted) {
+	if _, err := svc.Reserve(ctx, ReserveRequest{Tenant: "acme", RequestID: "r2", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); !errors.Is(err, ledger.ErrExhausted) {
 		t.Fatalf("err = %v, want exhausted", err)
 	}
 

@@ -22,6 +22,7 @@ import (
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // FailoverStore is a RedisStore that keeps working when Redis does not answer: each
@@ -198,15 +199,15 @@ func (f *FailoverStore) goLocal(err error, msg string) {
 // Redis last reported for it, plus the refill since: a tenant that had spent its bucket
 // does not get a full one from every replica when Redis goes away. Callers hold f.mu.
 func (f *FailoverStore) seedLocal(now time.Time) {
-	var obs []Observation
+	var obs []ledger.Observation
 	for _, e := range f.recent.snapshot(now) {
-		if e.remaining < 0 || now.Sub(e.seen) >= window {
+		if e.remaining < 0 || now.Sub(e.seen) >= ledger.Window {
 			continue
 		}
-		level := min(e.spec.Limit, addSaturating(e.remaining, tokensIn(now.Sub(e.seen), e.spec.Limit)))
+		level := min(e.spec.Limit, addSaturating(e.remaining, ledger.TokensIn(now.Sub(e.seen), e.spec.Limit)))
 		b := e.spec
 		b.Limit = f.share(b.Limit)
-		obs = append(obs, Observation{Bucket: b, Remaining: min(level/f.replicas, b.Limit)})
+		obs = append(obs, ledger.Observation{Bucket: b, Remaining: min(level/f.replicas, b.Limit)})
 	}
 	if len(obs) > 0 {
 		// A MemoryStore's Observe fails only on a done context.
@@ -270,11 +271,11 @@ func (f *FailoverStore) reconnect(ctx context.Context) error {
 // since restoredAt, on Redis's clock (now). Observe never raises a bucket, so replicas
 // restoring one bucket in any order agree. Callers hold f.mu.
 func (f *FailoverStore) restore(ctx context.Context, now, restoredAt time.Time) error {
-	var obs []Observation
+	var obs []ledger.Observation
 	for _, e := range f.recent.snapshot(f.clock.Now()) {
-		obs = append(obs, Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, tokensIn(now.Sub(restoredAt), e.spec.Limit))})
+		obs = append(obs, ledger.Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, ledger.TokensIn(now.Sub(restoredAt), e.spec.Limit))})
 	}
-	slices.SortFunc(obs, func(a, b Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
+	slices.SortFunc(obs, func(a, b ledger.Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
 	_, err := f.redis.Observe(ctx, obs)
 	return err
 }
@@ -284,15 +285,15 @@ func (f *FailoverStore) restore(ctx context.Context, now, restoredAt time.Time) 
 // at their share of the rate, so together they are the bucket as it would be had Redis
 // answered all along. Callers hold f.mu.
 func (f *FailoverStore) handBack(ctx context.Context, now time.Time) error {
-	var obs []Observation
+	var obs []ledger.Observation
 	for _, e := range f.recent.snapshot(now) {
 		if !e.local {
 			continue
 		}
 		level := f.local.level(e.spec.Name(), f.share(e.spec.Limit))
-		obs = append(obs, Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, level*f.replicas)})
+		obs = append(obs, ledger.Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, level*f.replicas)})
 	}
-	slices.SortFunc(obs, func(a, b Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
+	slices.SortFunc(obs, func(a, b ledger.Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
 	_, err := f.redis.Observe(ctx, obs)
 	return err
 }
@@ -314,7 +315,7 @@ func epochTime(marker string, fallback time.Time) time.Time {
 }
 
 // Reserve implements Store.
-func (f *FailoverStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
+func (f *FailoverStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
 	if !f.Degraded() {
 		g, err := f.redis.Reserve(ctx, c)
 		if !unreachable(ctx, err) {
@@ -325,12 +326,12 @@ func (f *FailoverStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 	}
 	if bc := c.Budget; bc != nil {
 		if !bc.Shadow {
-			return Grant{}, ErrBudgetUnavailable
+			return ledger.Grant{}, ErrBudgetUnavailable
 		}
 		c.Budget = nil // a shadow budget counts nothing while its state is away
 	}
 	local := c
-	local.Buckets = make([]BucketSpec, len(c.Buckets))
+	local.Buckets = make([]ledger.BucketSpec, len(c.Buckets))
 	for i, b := range c.Buckets {
 		b.Limit = f.share(b.Limit)
 		// A request larger than this replica's share could never be covered here; it
@@ -352,24 +353,24 @@ func (f *FailoverStore) share(limit int64) int64 {
 }
 
 // Settle implements Store.
-func (f *FailoverStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
+func (f *FailoverStore) Settle(ctx context.Context, tenant, id string, actual ledger.Actual, release bool) (ledger.Settlement, error) {
 	st, err := f.local.Settle(ctx, tenant, id, actual, release)
-	if !errors.Is(err, ErrReservationNotFound) {
+	if !errors.Is(err, ledger.ErrReservationNotFound) {
 		return st, err
 	}
 	if f.Degraded() {
-		return Settlement{}, fmt.Errorf("reservation %s is held in Redis: %w", id, ErrStoreUnavailable)
+		return ledger.Settlement{}, fmt.Errorf("reservation %s is held in Redis: %w", id, ErrStoreUnavailable)
 	}
 	st, err = f.redis.Settle(ctx, tenant, id, actual, release)
 	if unreachable(ctx, err) {
 		f.fail(err)
-		return Settlement{}, fmt.Errorf("reservation %s is held in Redis: %w", id, ErrStoreUnavailable)
+		return ledger.Settlement{}, fmt.Errorf("reservation %s is held in Redis: %w", id, ErrStoreUnavailable)
 	}
 	return st, err
 }
 
 // Observe implements Store.
-func (f *FailoverStore) Observe(ctx context.Context, obs []Observation) ([]BucketLevel, error) {
+func (f *FailoverStore) Observe(ctx context.Context, obs []ledger.Observation) ([]ledger.BucketLevel, error) {
 	if !f.Degraded() {
 		levels, err := f.redis.Observe(ctx, obs)
 		if !unreachable(ctx, err) {
@@ -377,7 +378,7 @@ func (f *FailoverStore) Observe(ctx context.Context, obs []Observation) ([]Bucke
 		}
 		f.fail(err)
 	}
-	local := make([]Observation, len(obs))
+	local := make([]ledger.Observation, len(obs))
 	for i, o := range obs {
 		o.Bucket.Limit = f.share(o.Bucket.Limit)
 		if o.Remaining > 0 {
@@ -398,7 +399,7 @@ func (f *FailoverStore) CountRequest(ctx context.Context, key string, overall bo
 }
 
 // AcquireRetry implements Store.
-func (f *FailoverStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecision, error) {
+func (f *FailoverStore) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (ledger.RetryDecision, error) {
 	if !f.Degraded() {
 		d, err := f.redis.AcquireRetry(ctx, ask)
 		if !unreachable(ctx, err) {

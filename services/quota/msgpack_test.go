@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -121,10 +122,10 @@ func TestUnreachable(t *testing.T) {
 		{"caller gave up", cancelled, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, false},
 		{"caller's deadline", expired, fmt.Errorf("redis: %w", context.DeadlineExceeded), false},
 		// Answers: refusals and other domain errors never mean Redis is away.
-		{"a refusal", ctx, &ExhaustedError{Bucket: "tenant:acme:rpm", Cost: 1, RetryAfter: time.Second}, false},
-		{"a wrapped refusal", ctx, fmt.Errorf("reserve: %w", &ExhaustedError{Bucket: "tenant:acme:tpm"}), false},
+		{"a refusal", ctx, &ledger.ExhaustedError{Bucket: "tenant:acme:rpm", Cost: 1, RetryAfter: time.Second}, false},
+		{"a wrapped refusal", ctx, fmt.Errorf("reserve: %w", &ledger.ExhaustedError{Bucket: "tenant:acme:tpm"}), false},
 		{"too large", ctx, &TooLargeError{Bucket: "tenant:acme:tpm", Cost: 10, Limit: 1}, false},
-		{"not found", ctx, fmt.Errorf("settle: %w", ErrReservationNotFound), false},
+		{"not found", ctx, fmt.Errorf("settle: %w", ledger.ErrReservationNotFound), false},
 		{"budget", ctx, ErrBudgetUnavailable, false},
 		{"redis nil", ctx, redis.Nil, false},
 		{"a script's bug", ctx, errors.New("redis: reserve script refused without naming a bucket"), false},

@@ -13,6 +13,7 @@ import (
 	"pgregory.net/rapid"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // Property tests (pgregory.net/rapid): random sequences of operations, shrunk to a
@@ -35,12 +36,12 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 		rapid.Check(t, func(rt *rapid.T) {
 			limit := rapid.SampledFrom([]int64{1, 7, 60, 6000, 1_000_000_007}).Draw(rt, "limit")
 			tenant := nextTenant()
-			spec := BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Kind: KindTokens, Limit: limit}
+			spec := ledger.BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Kind: ledger.KindTokens, Limit: limit}
 			var open []string
 			next := 0
-			check := func(l BucketLevel) {
-				if l.Remaining < 0 || l.Remaining > limit || l.Reset < 0 || l.Reset > maxDebt {
-					rt.Fatalf("level out of bounds: %+v (limit %d, max debt %v)", l, limit, maxDebt)
+			check := func(l ledger.BucketLevel) {
+				if l.Remaining < 0 || l.Remaining > limit || l.Reset < 0 || l.Reset > ledger.MaxDebt {
+					rt.Fatalf("level out of bounds: %+v (limit %d, max debt %v)", l, limit, ledger.MaxDebt)
 				}
 				if want := remainingAt(l.Reset, limit); l.Remaining != want {
 					rt.Fatalf("remaining %d disagrees with a debt of %v (%d)", l.Remaining, l.Reset, want)
@@ -52,11 +53,11 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 					s.Cost = rapid.Int64Range(0, limit).Draw(rt, "cost")
 					next++
 					id := fmt.Sprint(tenant, "-", next)
-					g, err := store.Reserve(context.Background(), Charge{ID: id, Tenant: tenant, TTL: 365 * 24 * time.Hour, Tokens: s.Cost, Buckets: []BucketSpec{s}})
+					g, err := store.Reserve(context.Background(), ledger.Charge{ID: id, Tenant: tenant, TTL: 365 * 24 * time.Hour, Tokens: s.Cost, Buckets: []ledger.BucketSpec{s}})
 					if err == nil {
 						check(g.Levels[0])
 						open = append(open, id)
-					} else if _, ok := errors.AsType[*ExhaustedError](err); !ok {
+					} else if _, ok := errors.AsType[*ledger.ExhaustedError](err); !ok {
 						rt.Fatalf("reserve: %v", err)
 					}
 				},
@@ -66,7 +67,7 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 					}
 					i := rapid.IntRange(0, len(open)-1).Draw(rt, "which")
 					actual := rapid.SampledFrom([]int64{0, 1, limit, 1000 * limit, math.MaxInt64}).Draw(rt, "actual")
-					st, err := store.Settle(context.Background(), tenant, open[i], Actual{Tokens: actual}, false)
+					st, err := store.Settle(context.Background(), tenant, open[i], ledger.Actual{Tokens: actual}, false)
 					if err != nil {
 						rt.Fatalf("settle: %v", err)
 					}
@@ -78,7 +79,7 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 				"observe": func(rt *rapid.T) {
 					rem := rapid.Int64Range(-1, limit+1).Draw(rt, "remaining")
 					reset := time.Duration(rapid.Int64Range(0, int64(48*time.Hour)).Draw(rt, "reset"))
-					levels, err := store.Observe(context.Background(), []Observation{{Bucket: spec, Remaining: min(rem, limit), Reset: reset}})
+					levels, err := store.Observe(context.Background(), []ledger.Observation{{Bucket: spec, Remaining: min(rem, limit), Reset: reset}})
 					if err != nil {
 						rt.Fatalf("observe: %v", err)
 					}
@@ -148,7 +149,7 @@ func TestPropertyAdmittedCostWithinCapacityPlusRefill(t *testing.T) {
 						var sum int64
 						for j := i; j < len(grants); j++ {
 							sum += grants[j].cost
-							if bound := limit + tokensIn(grants[j].at.Sub(grants[i].at), limit); sum > bound {
+							if bound := limit + ledger.TokensIn(grants[j].at.Sub(grants[i].at), limit); sum > bound {
 								rt.Fatalf("granted %d tokens between %v and %v, more than capacity plus refill %d",
 									sum, grants[i].at.Sub(t0), grants[j].at.Sub(t0), bound)
 							}
@@ -171,7 +172,7 @@ func TestPropertyAccountingBalances(t *testing.T) {
 		cfg := testConfig()
 		cfg.DefaultLimits = RateLimits{RPM: 1_000_000, TPM: 60_000} // 1µs per token
 		f := newFixtureWith(t, b.newStore(t, clock), clock, cfg)
-		const nsPerToken = int64(window) / 60_000
+		const nsPerToken = int64(ledger.Window) / 60_000
 		rapid.Check(t, func(rt *rapid.T) {
 			tenant := nextTenant()
 			var (
@@ -227,12 +228,12 @@ func TestPropertyAccountingBalances(t *testing.T) {
 					}
 					// The bucket owes exactly the net charge: open reservations at their
 					// estimate, settled ones at their usage.
-					r, err := f.svc.store.Observe(context.Background(), []Observation{{Bucket: BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Limit: 60_000}, Remaining: -1}})
+					r, err := f.svc.store.Observe(context.Background(), []ledger.Observation{{Bucket: ledger.BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Limit: 60_000}, Remaining: -1}})
 					if err != nil {
 						rt.Fatal(err)
 					}
 					net := reserved + settled
-					want := time.Duration(min(net*nsPerToken, int64(maxDebt)))
+					want := time.Duration(min(net*nsPerToken, int64(ledger.MaxDebt)))
 					if r[0].Reset != want {
 						rt.Fatalf("bucket owes %v, want %v for %d tokens net (%d open, %d used)", r[0].Reset, want, net, reserved, settled)
 					}
@@ -261,7 +262,7 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 		defer cancel()
 
-		var granted []Charge
+		var granted []ledger.Charge
 		q.onGrant = func(adm *admission, fromQueue bool) {
 			granted = append(granted, adm.charge)
 			q.mu.Lock()
@@ -305,7 +306,7 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 				for _, b := range charge.Buckets {
 					adm.buckets = append(adm.buckets, b.Name())
 				}
-				if _, _, err := q.enter(ctx, adm); err != nil && !errors.Is(err, ErrExhausted) && !errors.Is(err, ErrRequestTooLarge) {
+				if _, _, err := q.enter(ctx, adm); err != nil && !errors.Is(err, ledger.ErrExhausted) && !errors.Is(err, ErrRequestTooLarge) {
 					rt.Fatalf("enter: %v", err)
 				}
 			},
@@ -320,7 +321,7 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 				c := granted[0]
 				granted = granted[1:]
 				used := rapid.Int64Range(0, c.Tokens).Draw(rt, "used")
-				if _, err := f.store.Settle(context.Background(), c.Tenant, c.ID, Actual{Tokens: used}, false); err != nil {
+				if _, err := f.store.Settle(context.Background(), c.Tenant, c.ID, ledger.Actual{Tokens: used}, false); err != nil {
 					rt.Fatalf("settle: %v", err)
 				}
 				q.dispatch()

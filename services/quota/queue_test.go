@@ -10,6 +10,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // Most queue tests drive the dispatcher by hand (manualQueue): they advance the fake
@@ -156,7 +157,7 @@ func TestQueueLowerClassCannotTakeWhatAHigherWaitsFor(t *testing.T) {
 	// Without a deadline a small batch request is refused at once, told to come back
 	// when the critical one is due...
 	_, err := q.svc.Reserve(context.Background(), req("batch-now", "acme", mantlev1.Priority_PRIORITY_BATCH, 100))
-	if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "tenant:acme:tpm" || e.RetryAfter != 40*time.Second {
+	if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "tenant:acme:tpm" || e.RetryAfter != 40*time.Second {
 		t.Fatalf("batch without deadline: err = %v, want held back on tenant:acme:tpm for 40s", err)
 	}
 	// ... and with one it waits behind it.
@@ -231,12 +232,12 @@ func TestQueueFullShedsTheLowestClass(t *testing.T) {
 	critical := q.enqueue(t, ctx, req("critical", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 100))
 
 	res := await(t, "batch", batch)
-	if e, ok := errors.AsType[*ExhaustedError](res.err); !ok || e.Cause != CauseShed || e.Bucket != "queue" {
+	if e, ok := errors.AsType[*ledger.ExhaustedError](res.err); !ok || e.Cause != ledger.CauseShed || e.Bucket != "queue" {
 		t.Fatalf("batch: err = %v, want shed from the queue", res.err)
 	}
 	// Nothing lower than a newcomer batch request is left to displace.
 	_, err := q.svc.Reserve(ctx, req("batch-2", "acme", mantlev1.Priority_PRIORITY_BATCH, 100))
-	if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Cause != CauseQueueFull {
+	if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Cause != ledger.CauseQueueFull {
 		t.Fatalf("batch-2: err = %v, want queue full", err)
 	}
 	reasons := map[string]int{}
@@ -267,7 +268,7 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 
 	t.Run("a wait longer than the budget is refused at once", func(t *testing.T) {
 		_, err := q.svc.Reserve(ctx, req("long", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 600)) // 6s
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.RetryAfter != 6*time.Second || e.cause() != CauseBucket {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.RetryAfter != 6*time.Second || e.EffectiveCause() != ledger.CauseBucket {
 			t.Fatalf("err = %v, want exhausted with retry after 6s", err)
 		}
 	})
@@ -275,7 +276,7 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 		short, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := q.svc.Reserve(short, req("short", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 300)) // 3s
-		if !errors.Is(err, ErrExhausted) {
+		if !errors.Is(err, ledger.ErrExhausted) {
 			t.Fatalf("err = %v, want exhausted at once", err)
 		}
 	})
@@ -291,8 +292,8 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 		}
 		// The critical grant emptied the bucket again: high needs 2s more, at 6s > 5s.
 		res := await(t, "high", high)
-		e, ok := errors.AsType[*ExhaustedError](res.err)
-		if !ok || e.Cause != CauseDeadline || e.Bucket != "tenant:acme:tpm" || e.RetryAfter != 2*time.Second {
+		e, ok := errors.AsType[*ledger.ExhaustedError](res.err)
+		if !ok || e.Cause != ledger.CauseDeadline || e.Bucket != "tenant:acme:tpm" || e.RetryAfter != 2*time.Second {
 			t.Fatalf("high: err = %v, want refused for its deadline, retry after 2s", res.err)
 		}
 	})
@@ -302,7 +303,7 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 		w := q.enqueue(t, ctx, req("timer", "acme", mantlev1.Priority_PRIORITY_NORMAL, 300)) // due at 3s
 		q.clock.Advance(5 * time.Second)                                                     // no dispatch: the budget ends first
 		res := await(t, "timer", w)
-		if e, ok := errors.AsType[*ExhaustedError](res.err); !ok || e.Cause != CauseDeadline || e.Waited != 5*time.Second {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](res.err); !ok || e.Cause != ledger.CauseDeadline || e.Waited != 5*time.Second {
 			t.Fatalf("timer: err = %v, want refused at its 5s budget, having waited 5s", res.err)
 		}
 		if q.waiting() != 0 {
@@ -354,7 +355,7 @@ func TestQueueShutdownRefusesWaiters(t *testing.T) {
 	}
 	// With no dispatcher nobody may wait.
 	_, err := f.svc.Reserve(longDeadline(t), req("after", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 100))
-	if !errors.Is(err, ErrExhausted) {
+	if !errors.Is(err, ledger.ErrExhausted) {
 		t.Errorf("after shutdown: err = %v, want refused at once", err)
 	}
 }
@@ -368,7 +369,7 @@ type gateStore struct {
 	proceed chan struct{}
 }
 
-func (g *gateStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
+func (g *gateStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
 	gr, err := g.Store.Reserve(ctx, c)
 	select {
 	case <-g.armed:

@@ -18,6 +18,7 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
@@ -124,16 +125,16 @@ type Reserved struct {
 	// Levels are the tenant's RPM and TPM (the key's, for KeyOnly).
 	Levels Levels
 	// Buckets are every bucket the decision looked at, in charge order.
-	Buckets   []BucketLevel
-	Budget    *BudgetLevel
+	Buckets   []ledger.BucketLevel
+	Budget    *ledger.BudgetLevel
 	ExpiresAt time.Time
 	Waited    time.Duration
 }
 
 // Levels are a pair of request and token buckets.
 type Levels struct {
-	Requests BucketLevel
-	Tokens   BucketLevel
+	Requests ledger.BucketLevel
+	Tokens   ledger.BucketLevel
 }
 
 // Reserve charges the request's estimated tokens against every applicable bucket, all
@@ -146,7 +147,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 	if err := validateReserve(req); err != nil {
 		return Reserved{}, err
 	}
-	input, meta := req.InputTokens, ReservationMeta{Model: req.Model, UpstreamKey: req.UpstreamKey}
+	input, meta := req.InputTokens, ledger.ReservationMeta{Model: req.Model, UpstreamKey: req.UpstreamKey}
 	if input == 0 {
 		count := s.tokens.Count(req.Model, req.Messages, req.Tools, "", true)
 		input = count.Tokens
@@ -182,13 +183,13 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 
 	g, waited, err := s.queue.admit(ctx, adm)
 	if err != nil {
-		if e, ok := errors.AsType[*ExhaustedError](err); ok && waited > 0 {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); ok && waited > 0 {
 			refusal := *e // the caller learns the wait was deliberate, not quota's slowness
 			refusal.Waited = waited
 			err = &refusal
 		}
 		s.refused(ctx, start, req, err)
-		if errors.Is(err, ErrExhausted) || errors.Is(err, ErrBudgetUnavailable) || errors.Is(err, ErrShuttingDown) || ctx.Err() != nil {
+		if errors.Is(err, ledger.ErrExhausted) || errors.Is(err, ErrBudgetUnavailable) || errors.Is(err, ErrShuttingDown) || ctx.Err() != nil {
 			return Reserved{}, err
 		}
 		return Reserved{}, fmt.Errorf("reserve for request %q: %w", req.RequestID, err)
@@ -219,7 +220,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 
 // pairOf picks the RPM and TPM levels for the response's Limits: the first group's,
 // which is the tenant's unless only an upstream key was charged.
-func pairOf(levels []BucketLevel) Levels {
+func pairOf(levels []ledger.BucketLevel) Levels {
 	var out Levels
 	if len(levels) == 0 {
 		return out
@@ -251,22 +252,22 @@ func keyGroup(key string) string       { return "key:" + key }
 
 // chargeFor resolves the request against the config: which buckets apply, with which
 // limits and costs.
-func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) (Charge, error) {
-	c := Charge{ID: uuid.NewString(), Tenant: req.Tenant, TTL: s.cfg.ReservationTTL, Tokens: tokens, Buckets: make([]BucketSpec, 0, 4)}
+func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) (ledger.Charge, error) {
+	c := ledger.Charge{ID: uuid.NewString(), Tenant: req.Tenant, TTL: s.cfg.ReservationTTL, Tokens: tokens, Buckets: make([]ledger.BucketSpec, 0, 4)}
 	if !req.KeyOnly {
 		group := tenantGroup(req.Tenant)
 		rpm, tpm := s.cfg.tenantLimits(req.Tenant)
 		c.Buckets = append(c.Buckets,
-			newSpec(group, fieldRPM, KindRequests, 1, rpm.limit, rpm.shadow),
-			newSpec(group, fieldTPM, KindTokens, tokens, tpm.limit, tpm.shadow),
+			ledger.NewSpec(group, fieldRPM, ledger.KindRequests, 1, rpm.limit, rpm.shadow),
+			ledger.NewSpec(group, fieldTPM, ledger.KindTokens, tokens, tpm.limit, tpm.shadow),
 		)
 		if ml, ok := s.cfg.modelLimits(req.Tenant, req.Model); ok {
 			m := "model:" + tokencount.NormalizeModel(req.Model) + ":"
 			if ml.RPM > 0 {
-				c.Buckets = append(c.Buckets, newSpec(group, m+fieldRPM, KindRequests, 1, ml.RPM, ml.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, m+fieldRPM, ledger.KindRequests, 1, ml.RPM, ml.Shadow))
 			}
 			if ml.TPM > 0 {
-				c.Buckets = append(c.Buckets, newSpec(group, m+fieldTPM, KindTokens, tokens, ml.TPM, ml.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, m+fieldTPM, ledger.KindTokens, tokens, ml.TPM, ml.Shadow))
 			}
 		}
 		if b, ok := s.cfg.Budgets.Tenants[req.Tenant]; ok {
@@ -274,12 +275,12 @@ func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) 
 			switch {
 			case ok:
 				p := nanoPriceOf(price)
-				c.Budget = &BudgetCharge{
+				c.Budget = &ledger.BudgetCharge{
 					Group: group, Limit: dollarsToNano(b.DailyUSD), Shadow: b.Shadow, DayOffset: s.cfg.Budgets.DayOffset, Price: p,
-					Cost: clampUsage(input)*p.Input + clampUsage(maxOutput)*p.Output,
+					Cost: ledger.ClampUsage(input)*p.Input + ledger.ClampUsage(maxOutput)*p.Output,
 				}
 			case !b.Shadow:
-				return Charge{}, &PriceUnknownError{Model: req.Model}
+				return ledger.Charge{}, &PriceUnknownError{Model: req.Model}
 			}
 		}
 	}
@@ -287,10 +288,10 @@ func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) 
 		if kl, ok := s.cfg.UpstreamKeys[req.UpstreamKey]; ok {
 			group := keyGroup(req.UpstreamKey)
 			if kl.RPM > 0 {
-				c.Buckets = append(c.Buckets, newSpec(group, fieldRPM, KindRequests, 1, kl.RPM, kl.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, fieldRPM, ledger.KindRequests, 1, kl.RPM, kl.Shadow))
 			}
 			if kl.TPM > 0 {
-				c.Buckets = append(c.Buckets, newSpec(group, fieldTPM, KindTokens, tokens, kl.TPM, kl.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, fieldTPM, ledger.KindTokens, tokens, kl.TPM, kl.Shadow))
 			}
 		}
 	}
@@ -300,7 +301,7 @@ func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) 
 // checkSize refuses at once a request that an enforced bucket or budget could never
 // cover: it would otherwise be told to retry after a wait that never ends. Shadow rules
 // are left to the Store, which reports them as shadow refusals.
-func (s *Service) checkSize(req ReserveRequest, c Charge, input int64) error {
+func (s *Service) checkSize(req ReserveRequest, c ledger.Charge, input int64) error {
 	for _, b := range c.Buckets {
 		if b.Shadow || b.Cost <= b.Limit {
 			continue
@@ -342,10 +343,10 @@ func validateReserve(req ReserveRequest) error {
 
 // release returns everything a grant took; the queue calls it for grants whose caller
 // left. Failing only delays the capacity's return until the reservation expires.
-func (s *Service) release(c Charge) {
+func (s *Service) release(c ledger.Charge) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := s.store.Settle(ctx, c.Tenant, c.ID, Actual{}, true); err != nil {
+	if _, err := s.store.Settle(ctx, c.Tenant, c.ID, ledger.Actual{}, true); err != nil {
 		s.log.Warn("releasing an unused reservation failed; it will expire", "reservation", c.ID, "err", err)
 	}
 	s.queue.poke()
@@ -384,7 +385,7 @@ type Settled struct {
 	// Levels are the tenant's RPM and TPM after the correction (the key's, for a
 	// key-only reservation).
 	Levels  Levels
-	Buckets []BucketLevel
+	Buckets []ledger.BucketLevel
 	CostUSD float64
 }
 
@@ -399,7 +400,7 @@ func (s *Service) Settle(ctx context.Context, req SettleRequest) (Settled, error
 	if err := validateSettle(req); err != nil {
 		return Settled{}, err
 	}
-	actual := Actual{Tokens: req.Usage.total(), Input: req.Usage.InputTokens, Output: req.Usage.OutputTokens}
+	actual := ledger.Actual{Tokens: req.Usage.total(), Input: req.Usage.InputTokens, Output: req.Usage.OutputTokens}
 	st, err := s.store.Settle(ctx, req.Tenant, req.ReservationID, actual, false)
 	if err != nil {
 		return Settled{}, fmt.Errorf("settle reservation %s for request %q: %w", req.ReservationID, req.RequestID, err)
@@ -501,7 +502,7 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 		return false, Levels{}, nil
 	}
 	group := keyGroup(o.Key)
-	var obs []Observation
+	var obs []ledger.Observation
 	implausible := false
 	// A reset longer than any provider's window is a broken header or a lie; applied,
 	// it would hold the key (and every tenant behind it) for that long.
@@ -513,10 +514,10 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 		return true
 	}
 	if kl.RPM > 0 && plausible(o.ResetRequests) {
-		obs = append(obs, Observation{Bucket: BucketSpec{Group: group, Field: fieldRPM, Kind: KindRequests, Limit: kl.RPM, Shadow: kl.Shadow}, Remaining: o.RemainingRequests, Reset: o.ResetRequests})
+		obs = append(obs, ledger.Observation{Bucket: ledger.BucketSpec{Group: group, Field: fieldRPM, Kind: ledger.KindRequests, Limit: kl.RPM, Shadow: kl.Shadow}, Remaining: o.RemainingRequests, Reset: o.ResetRequests})
 	}
 	if kl.TPM > 0 && plausible(o.ResetTokens) {
-		obs = append(obs, Observation{Bucket: BucketSpec{Group: group, Field: fieldTPM, Kind: KindTokens, Limit: kl.TPM, Shadow: kl.Shadow}, Remaining: o.RemainingTokens, Reset: o.ResetTokens})
+		obs = append(obs, ledger.Observation{Bucket: ledger.BucketSpec{Group: group, Field: fieldTPM, Kind: ledger.KindTokens, Limit: kl.TPM, Shadow: kl.Shadow}, Remaining: o.RemainingTokens, Reset: o.ResetTokens})
 	}
 	if implausible {
 		s.metrics.observations.WithLabelValues("implausible").Inc()
@@ -541,16 +542,16 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 // A retry made for a tenant (rpc.Tenant) also needs room in that tenant's share
 // (retry_budget.tenant_share), which the store counts beside the budget: in Redis, shared
 // by every quota replica, with the redis backend.
-func (s *Service) AcquireRetry(ctx context.Context, key string, format bool) (RetryDecision, error) {
+func (s *Service) AcquireRetry(ctx context.Context, key string, format bool) (ledger.RetryDecision, error) {
 	tenant := rpc.Tenant(ctx)
-	d, err := s.store.AcquireRetry(ctx, RetryAsk{Key: key, Tenant: tenant, Format: format, Budget: s.cfg.RetryBudget})
+	d, err := s.store.AcquireRetry(ctx, ledger.RetryAsk{Key: key, Tenant: tenant, Format: format, Budget: ledger.RetryBudget(s.cfg.RetryBudget)})
 	if err != nil {
-		return RetryDecision{}, fmt.Errorf("acquire retry: %w", err)
+		return ledger.RetryDecision{}, fmt.Errorf("acquire retry: %w", err)
 	}
 	result := "granted"
 	switch {
 	case d.Granted:
-	case tenant != "" && d.Budget == retryTenantBudget(tenant):
+	case tenant != "" && d.Budget == ledger.RetryTenantBudget(tenant):
 		result = "denied_tenant_share"
 	default:
 		result = "denied"

@@ -18,6 +18,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
@@ -103,7 +104,7 @@ func TestReserveIsAllOrNothing(t *testing.T) {
 				first := f.reserve(t, "acme", tt.first-1, 1)
 
 				_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: tt.refused - 1, MaxOutputTokens: 1})
-				if exhausted, ok := errors.AsType[*ExhaustedError](err); !ok || exhausted.Bucket != tt.wantBucket {
+				if exhausted, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || exhausted.Bucket != tt.wantBucket {
 					t.Fatalf("err = %v, want *ExhaustedError on %s", err, tt.wantBucket)
 				}
 
@@ -150,11 +151,11 @@ func TestReserveRetryAfterIsAccurate(t *testing.T) {
 				req := ReserveRequest{Tenant: "acme", Model: "m", InputTokens: tt.need - 1, MaxOutputTokens: 1}
 
 				_, err := f.svc.Reserve(context.Background(), req)
-				var exhausted *ExhaustedError
-				if !errors.As(err, &exhausted) || !errors.Is(err, ErrExhausted) {
+				var exhausted *ledger.ExhaustedError
+				if !errors.As(err, &exhausted) || !errors.Is(err, ledger.ErrExhausted) {
 					t.Fatalf("err = %v, want *ExhaustedError", err)
 				}
-				want := ExhaustedError{Bucket: "tenant:acme:tpm", Cost: tt.need, Remaining: tt.wantRemaining, RetryAfter: tt.wantRetry, Short: []string{"tenant:acme:tpm"}}
+				want := ledger.ExhaustedError{Bucket: "tenant:acme:tpm", Cost: tt.need, Remaining: tt.wantRemaining, RetryAfter: tt.wantRetry, Short: []string{"tenant:acme:tpm"}}
 				if diff := cmp.Diff(want, *exhausted); diff != "" {
 					t.Fatalf("refusal mismatch (-want +got):\n%s", diff)
 				}
@@ -198,7 +199,7 @@ func TestReserveReportsTheLongerWait(t *testing.T) {
 					t.Fatal(err)
 				}
 				_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 99, MaxOutputTokens: 1})
-				exhausted, ok := errors.AsType[*ExhaustedError](err)
+				exhausted, ok := errors.AsType[*ledger.ExhaustedError](err)
 				if !ok || exhausted.Bucket != tt.wantBucket || exhausted.RetryAfter != tt.wantRetry {
 					t.Fatalf("err = %v, want %s exhausted with retry after %v", err, tt.wantBucket, tt.wantRetry)
 				}
@@ -270,7 +271,7 @@ func TestReserveExhaustedPublishesEventAndCounts(t *testing.T) {
 		f := newFixtureOn(t, b, testConfig())
 		f.reserve(t, "acme", 5999, 1)
 		_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", RequestID: "req-2", Model: "qwen-max", InputTokens: 99, MaxOutputTokens: 1})
-		if !errors.Is(err, ErrExhausted) {
+		if !errors.Is(err, ledger.ErrExhausted) {
 			t.Fatalf("err = %v, want ErrExhausted", err)
 		}
 		events := f.events.rejections(t)
@@ -344,7 +345,7 @@ func TestSettleOverdraftDelaysNextReservation(t *testing.T) {
 		}
 		// 90s of debt, minus the 60s a full bucket spans, plus 1s for 100 tokens.
 		_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 99, MaxOutputTokens: 1})
-		if exhausted, ok := errors.AsType[*ExhaustedError](err); !ok || exhausted.RetryAfter != 31*time.Second {
+		if exhausted, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || exhausted.RetryAfter != 31*time.Second {
 			t.Fatalf("err = %v, want exhausted with retry after 31s", err)
 		}
 	})
@@ -365,7 +366,7 @@ func TestSettleTwiceIsNotFound(t *testing.T) {
 		if first.Refunded != 1000 || first.Levels.Tokens.Remaining != 1000 {
 			t.Fatalf("first settle: refunded %d, remaining %d; want 1000, 1000", first.Refunded, first.Levels.Tokens.Remaining)
 		}
-		if _, err := f.svc.Settle(context.Background(), req); !errors.Is(err, ErrReservationNotFound) {
+		if _, err := f.svc.Settle(context.Background(), req); !errors.Is(err, ledger.ErrReservationNotFound) {
 			t.Fatalf("second settle: err = %v, want ErrReservationNotFound", err)
 		}
 		if got := f.reserve(t, "acme", 999, 1); got.Levels.Tokens.Remaining != 0 {
@@ -379,7 +380,7 @@ func TestSettleUnknownReservation(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		f := newFixtureOn(t, b, testConfig())
 		_, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: "no-such-id", Usage: &Usage{}})
-		if !errors.Is(err, ErrReservationNotFound) {
+		if !errors.Is(err, ledger.ErrReservationNotFound) {
 			t.Fatalf("err = %v, want ErrReservationNotFound", err)
 		}
 	})
@@ -393,8 +394,8 @@ func TestReservationExpiry(t *testing.T) {
 		wantErr error
 	}{
 		{"settled just before the TTL", 2*time.Minute - 1, nil},
-		{"settled at the TTL", 2 * time.Minute, ErrReservationNotFound},
-		{"settled long after", time.Hour, ErrReservationNotFound},
+		{"settled at the TTL", 2 * time.Minute, ledger.ErrReservationNotFound},
+		{"settled long after", time.Hour, ledger.ErrReservationNotFound},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -408,7 +409,7 @@ func TestReservationExpiry(t *testing.T) {
 					t.Fatalf("err = %v, want %v", err, tt.wantErr)
 				}
 				// Either way the record is gone: a second attempt finds nothing.
-				if _, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{}}); !errors.Is(err, ErrReservationNotFound) {
+				if _, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{}}); !errors.Is(err, ledger.ErrReservationNotFound) {
 					t.Errorf("second attempt: err = %v, want ErrReservationNotFound", err)
 				}
 				if m, ok := f.store.(*MemoryStore); ok && m.openReservations() != 0 {
@@ -484,7 +485,7 @@ func TestTenantIsolation(t *testing.T) {
 		f := newFixtureOn(t, b, cfg)
 
 		acme := f.reserve(t, "acme", 5999, 1)
-		if _, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 1, MaxOutputTokens: 1}); !errors.Is(err, ErrExhausted) {
+		if _, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 1, MaxOutputTokens: 1}); !errors.Is(err, ledger.ErrExhausted) {
 			t.Fatalf("acme: err = %v, want ErrExhausted", err)
 		}
 		if got := f.reserve(t, "beta", 999, 1); got.Levels.Tokens.Remaining != 5000 || got.Levels.Requests.Remaining != 59 {
@@ -495,7 +496,7 @@ func TestTenantIsolation(t *testing.T) {
 		}
 		// Another tenant cannot settle the reservation...
 		_, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "beta", ReservationID: acme.ReservationID, Usage: &Usage{}})
-		if !errors.Is(err, ErrReservationNotFound) {
+		if !errors.Is(err, ledger.ErrReservationNotFound) {
 			t.Fatalf("beta settling acme's reservation: err = %v, want ErrReservationNotFound", err)
 		}
 		// ... and trying did not destroy it.
@@ -524,7 +525,7 @@ func TestReserveIsAtomicUnderConcurrency(t *testing.T) {
 					mu.Lock()
 					granted++
 					mu.Unlock()
-				} else if !errors.Is(err, ErrExhausted) {
+				} else if !errors.Is(err, ledger.ErrExhausted) {
 					t.Errorf("unexpected error: %v", err)
 				}
 			})
@@ -553,7 +554,7 @@ func TestModelBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := reserve("beta", "gpt-4o", 1000)
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "tenant:beta:model:gpt-4o:tpm" {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "tenant:beta:model:gpt-4o:tpm" {
 			t.Fatalf("beta's second gpt-4o request: err = %v, want the model bucket exhausted", err)
 		}
 		if _, err := reserve("beta", "qwen-max", 3000); err != nil {
@@ -576,7 +577,7 @@ func TestModelBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = reserve("acme", "gpt-4o", 100)
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "tenant:acme:model:gpt-4o:rpm" {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "tenant:acme:model:gpt-4o:rpm" {
 			t.Fatalf("acme's third gpt-4o request: err = %v, want the model's rpm exhausted", err)
 		}
 		// A request the model bucket can never hold is too large, not exhausted.
@@ -616,8 +617,8 @@ func TestMoneyBudget(t *testing.T) {
 		}
 		// The next $0.30 does not fit: refused until the day ends, whatever the deadline.
 		_, err = f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 120_000, MaxOutputTokens: 1})
-		e, ok := errors.AsType[*ExhaustedError](err)
-		if !ok || e.Bucket != "tenant:acme:budget" || e.Cause != CauseBudget || e.RetryAfter != dayLeft || e.Remaining != 200_000_000 {
+		e, ok := errors.AsType[*ledger.ExhaustedError](err)
+		if !ok || e.Bucket != "tenant:acme:budget" || e.Cause != ledger.CauseBudget || e.RetryAfter != dayLeft || e.Remaining != 200_000_000 {
 			t.Fatalf("err = %v, want the budget exhausted until the day ends", err)
 		}
 		if ev := f.events.rejections(t); len(ev) != 1 || ev[0].GetReason() != "BUDGET_EXHAUSTED" {
@@ -708,7 +709,7 @@ func TestShadowRules(t *testing.T) {
 		}
 		// The enforced TPM still refuses.
 		_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "trial", Model: "m", InputTokens: 5900})
-		if !errors.Is(err, ErrExhausted) {
+		if !errors.Is(err, ledger.ErrExhausted) {
 			t.Errorf("err = %v, want the enforced tpm to refuse", err)
 		}
 	})
@@ -763,7 +764,7 @@ func TestUpstreamKeyBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = reserve("beta", 100)
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "key:openai-1:tpm" || e.RetryAfter != time.Second {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "key:openai-1:tpm" || e.RetryAfter != time.Second {
 			t.Fatalf("err = %v, want the key's tpm exhausted for 1s", err)
 		}
 		// The refusal took nothing from beta's own buckets.
@@ -776,7 +777,7 @@ func TestUpstreamKeyBuckets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var key BucketLevel
+		var key ledger.BucketLevel
 		for _, l := range st.Buckets {
 			if l.Name == "key:openai-1:tpm" {
 				key = l
@@ -791,7 +792,7 @@ func TestUpstreamKeyBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = reserve("tight", 100)
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "tenant:tight:tpm" {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "tenant:tight:tpm" {
 			t.Fatalf("err = %v, want the tenant's tpm exhausted", err)
 		}
 		_, levels, err := f.svc.ObserveUpstream(ctx, UpstreamObservation{Key: "openai-1", RemainingRequests: -1, RemainingTokens: -1})
@@ -882,7 +883,7 @@ func TestObserveUpstream(t *testing.T) {
 		}
 		// Reservations on the key now wait for the provider's reset.
 		_, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 99, MaxOutputTokens: 1, UpstreamKey: "openai-1"})
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "key:openai-1:tpm" || e.RetryAfter != 5*time.Minute+time.Second {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "key:openai-1:tpm" || e.RetryAfter != 5*time.Minute+time.Second {
 			t.Errorf("err = %v, want key:openai-1:tpm exhausted for 5m1s", err)
 		}
 		_, _, err = f.svc.ObserveUpstream(ctx, UpstreamObservation{Key: "", RemainingRequests: -2, RemainingTokens: 1, ResetTokens: -1})
@@ -967,7 +968,7 @@ func TestRetryBudget(t *testing.T) {
 		cfg.RetryBudget = RetryBudgetConfig{Ratio: 0.1, Floor: 3, Window: time.Minute, FormatOnlyAbove: 0.05, FlushInterval: time.Second, TenantShare: 1}
 		f := newFixtureOn(t, b, cfg)
 		ctx := context.Background()
-		acquire := func(key string, format bool) RetryDecision {
+		acquire := func(key string, format bool) ledger.RetryDecision {
 			t.Helper()
 			d, err := f.svc.AcquireRetry(ctx, key, format)
 			if err != nil {

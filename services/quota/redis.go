@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -205,9 +206,9 @@ func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, ar
 }
 
 // Reserve implements Store.
-func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
+func (s *RedisStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
 	if refusal := s.cache.check(s.clock.Now(), c); refusal != nil {
-		return Grant{}, refusal
+		return ledger.Grant{}, refusal
 	}
 	tenant := tenantGroup(c.Tenant)
 	// Buckets by group, in charge order; the tenant's group (if charged) goes last
@@ -225,7 +226,7 @@ func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		hasTenant = true
 	}
 
-	g := Grant{Levels: make([]BucketLevel, len(c.Buckets))}
+	g := ledger.Grant{Levels: make([]ledger.BucketLevel, len(c.Buckets))}
 	var done []groupCharge // charged so far, to undo on a refusal
 	charged := make([]bool, len(c.Buckets))
 	undo := func() {
@@ -241,12 +242,12 @@ func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		res, err := s.reserveGroup(ctx, group, c, idx, nil, "")
 		if err != nil {
 			undo()
-			return Grant{}, err
+			return ledger.Grant{}, err
 		}
 		if res.refusal != nil {
 			undo()
 			s.cache.remember(s.clock.Now(), c, res.refusal, s.cacheTTL)
-			return Grant{}, res.refusal
+			return ledger.Grant{}, res.refusal
 		}
 		done = append(done, groupCharge{group: group, idx: idx, charged: res.charged})
 		for j, i := range idx {
@@ -260,12 +261,12 @@ func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		res, err := s.reserveGroup(ctx, tenant, c, byGroup[tenant], c.Budget, tail)
 		if err != nil {
 			undo()
-			return Grant{}, err
+			return ledger.Grant{}, err
 		}
 		if res.refusal != nil {
 			undo()
 			s.cache.remember(s.clock.Now(), c, res.refusal, s.cacheTTL)
-			return Grant{}, res.refusal
+			return ledger.Grant{}, res.refusal
 		}
 		s.fill(&g, c, byGroup[tenant], res)
 		g.Budget = res.budget
@@ -281,7 +282,7 @@ func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		rec := fmt.Sprintf("%d:%d||-|%s", exp.Unix(), exp.Nanosecond(), tail)
 		if err := s.client.Set(ctx, s.reservationKey(c.Tenant, c.ID), rec, c.TTL+time.Minute).Err(); err != nil {
 			undo()
-			return Grant{}, fmt.Errorf("redis: %w", err)
+			return ledger.Grant{}, fmt.Errorf("redis: %w", err)
 		}
 	}
 	g.ExpiresAt = g.At.Add(c.TTL)
@@ -295,7 +296,7 @@ type groupCharge struct {
 	charged []bool
 }
 
-func (s *RedisStore) undoGroup(ctx context.Context, d groupCharge, c Charge) error {
+func (s *RedisStore) undoGroup(ctx context.Context, d groupCharge, c ledger.Charge) error {
 	var ops []adjustOp
 	for j, i := range d.idx {
 		if d.charged[j] {
@@ -310,24 +311,24 @@ func (s *RedisStore) undoGroup(ctx context.Context, d groupCharge, c Charge) err
 // groupResult is one reserve script's answer.
 type groupResult struct {
 	at      time.Time
-	refusal *ExhaustedError
+	refusal *ledger.ExhaustedError
 	charged []bool
 	debts   []time.Duration
 	flags   []int64
-	budget  *BudgetLevel
+	budget  *ledger.BudgetLevel
 }
 
-func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, idx []int, budget *BudgetCharge, tail string) (groupResult, error) {
+func (s *RedisStore) reserveGroup(ctx context.Context, group string, c ledger.Charge, idx []int, budget *ledger.BudgetCharge, tail string) (groupResult, error) {
 	n := 4 + 3*len(idx) + 4
 	if tail != "" {
 		n += 3
 	}
 	args := s.newArgs(n)
-	args = mpInt(mpInt(args, int64(maxDebt)), int64(len(idx)))
+	args = mpInt(mpInt(args, int64(ledger.MaxDebt)), int64(len(idx)))
 	for _, i := range idx {
 		b := c.Buckets[i]
 		args = mpString(args, escapeField(b.Field))
-		args = mpInt(args, int64(durationOf(b.Cost, b.Limit)))
+		args = mpInt(args, int64(ledger.DurationOf(b.Cost, b.Limit)))
 		args = mpInt(args, flagArg(b.Shadow))
 	}
 	if budget != nil {
@@ -345,21 +346,21 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, i
 	}
 	granted := r.int() == 1
 	res := groupResult{at: r.time(), charged: make([]bool, len(idx)), debts: make([]time.Duration, len(idx)), flags: make([]int64, len(idx))}
-	var short []*ExhaustedError
+	var short []*ledger.ExhaustedError
 	for j, i := range idx {
 		wait, debt, flag := time.Duration(r.int()), time.Duration(r.int()), r.int()
 		b := c.Buckets[i]
 		res.debts[j], res.flags[j], res.charged[j] = debt, flag, flag == 0
 		if flag == 1 {
-			short = append(short, &ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: remainingAt(debt, b.Limit), RetryAfter: wait})
+			short = append(short, &ledger.ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: remainingAt(debt, b.Limit), RetryAfter: wait})
 		}
 	}
 	spent, reset, bflag := r.int(), time.Duration(r.int()), r.int()
 	if budget != nil {
 		if bflag == 1 {
-			short = append(short, &ExhaustedError{Bucket: budget.Group + ":budget", Cost: budget.Cost, Remaining: max(budget.Limit-spent, 0), RetryAfter: reset, Cause: CauseBudget})
+			short = append(short, &ledger.ExhaustedError{Bucket: budget.Group + ":budget", Cost: budget.Cost, Remaining: max(budget.Limit-spent, 0), RetryAfter: reset, Cause: ledger.CauseBudget})
 		}
-		res.budget = &BudgetLevel{Limit: budget.Limit, Spent: spent, Reset: reset, Shadow: budget.Shadow, ShadowRefused: bflag == 2}
+		res.budget = &ledger.BudgetLevel{Limit: budget.Limit, Spent: spent, Reset: reset, Shadow: budget.Shadow, ShadowRefused: bflag == 2}
 	}
 	if r.err != nil {
 		return groupResult{}, r.err
@@ -368,17 +369,17 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, i
 		if len(short) == 0 {
 			return groupResult{}, errors.New("redis: reserve script refused without naming a bucket")
 		}
-		res.refusal = longestWait(short)
+		res.refusal = ledger.LongestWait(short)
 	}
 	return res, nil
 }
 
 // fill copies a group's levels into the grant.
-func (s *RedisStore) fill(g *Grant, c Charge, idx []int, res groupResult) {
+func (s *RedisStore) fill(g *ledger.Grant, c ledger.Charge, idx []int, res groupResult) {
 	g.At = res.at
 	for j, i := range idx {
 		b := c.Buckets[i]
-		g.Levels[i] = BucketLevel{
+		g.Levels[i] = ledger.BucketLevel{
 			Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(res.debts[j], b.Limit), Reset: res.debts[j],
 			Shadow: b.Shadow, ShadowRefused: res.flags[j] == 2,
 		}
@@ -388,7 +389,7 @@ func (s *RedisStore) fill(g *Grant, c Charge, idx []int, res groupResult) {
 // recordTail is the part of a reservation record the caller writes: tokens | budget |
 // tenant buckets | meta. The tenant's buckets are listed in charge order; the script's
 // mask says which it charged. Meta carries the key's buckets and what was charged there.
-func recordTail(c Charge, charged []bool) string {
+func recordTail(c ledger.Charge, charged []bool) string {
 	// Appended by hand: fmt's formatting was most of the cost of building the record.
 	b := make([]byte, 0, 128)
 	b = strconv.AppendInt(b, c.Tokens, 10)
@@ -443,7 +444,7 @@ func recordTail(c Charge, charged []bool) string {
 }
 
 // appendBucketSpec appends "field,kind,cost,limit,shadow" (parseBucketSpec reads it).
-func appendBucketSpec(b []byte, bucket BucketSpec) []byte {
+func appendBucketSpec(b []byte, bucket ledger.BucketSpec) []byte {
 	b = append(b, escapeField(bucket.Field)...)
 	b = append(b, ',')
 	b = append(b, kindArg(bucket.Kind)...)
@@ -456,19 +457,19 @@ func appendBucketSpec(b []byte, bucket BucketSpec) []byte {
 }
 
 // Settle implements Store.
-func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
+func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual ledger.Actual, release bool) (ledger.Settlement, error) {
 	group := tenantGroup(tenant)
-	tokens := clampUsage(actual.Tokens)
+	tokens := ledger.ClampUsage(actual.Tokens)
 	args := s.newArgs(8)
-	args = mpInt(mpInt(args, int64(maxDebt)), tokens)
-	args = mpInt(mpInt(args, clampUsage(actual.Input)), clampUsage(actual.Output))
+	args = mpInt(mpInt(args, int64(ledger.MaxDebt)), tokens)
+	args = mpInt(mpInt(args, ledger.ClampUsage(actual.Input)), ledger.ClampUsage(actual.Output))
 	args = mpString(mpInt(args, flagArg(release)), recordField(id))
 	r, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)}, args)
 	if err != nil {
-		return Settlement{}, err
+		return ledger.Settlement{}, err
 	}
 	if r.int() == 0 {
-		return Settlement{}, ErrReservationNotFound
+		return ledger.Settlement{}, ledger.ErrReservationNotFound
 	}
 	at := r.time()
 	reserved, cost, spent, reset := r.int(), r.int(), r.int(), time.Duration(r.int())
@@ -478,35 +479,35 @@ func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actua
 		debts = append(debts, time.Duration(r.int()))
 	}
 	if r.err != nil {
-		return Settlement{}, r.err
+		return ledger.Settlement{}, r.err
 	}
 	rec, err := parseRecord(group, bucketsRaw, mask, metaRaw)
 	if err != nil {
-		return Settlement{}, fmt.Errorf("redis: reservation %s: %w", id, err)
+		return ledger.Settlement{}, fmt.Errorf("redis: reservation %s: %w", id, err)
 	}
 	if len(rec.tenantCharged) != len(debts) {
-		return Settlement{}, fmt.Errorf("redis: reservation %s: %d charged buckets, %d debts", id, len(rec.tenantCharged), len(debts))
+		return ledger.Settlement{}, fmt.Errorf("redis: reservation %s: %d charged buckets, %d debts", id, len(rec.tenantCharged), len(debts))
 	}
 	if release {
 		tokens = 0
 	}
-	out := Settlement{At: at, Reserved: reserved, Refunded: reserved - tokens, CostNano: cost, Meta: rec.meta}
+	out := ledger.Settlement{At: at, Reserved: reserved, Refunded: reserved - tokens, CostNano: cost, Meta: rec.meta}
 	for i, b := range rec.tenantCharged {
 		out.Levels = append(out.Levels, levelAt(b, debts[i]))
 	}
 	if spent >= 0 {
-		out.Budget = &BudgetLevel{Spent: spent, Reset: reset}
+		out.Budget = &ledger.BudgetLevel{Spent: spent, Reset: reset}
 	}
 
 	// The key's buckets live in the key's slot: correct them with a second script.
 	if len(rec.keyCharged) > 0 {
 		ops := make([]adjustOp, len(rec.keyCharged))
 		for i, b := range rec.keyCharged {
-			ops[i] = adjustOp{field: b.Field, take: settleDelta(b, tokens, release), limit: b.Limit}
+			ops[i] = adjustOp{field: b.Field, take: ledger.SettleDelta(b, tokens, release), limit: b.Limit}
 		}
 		kd, err := s.adjustGroup(ctx, rec.keyCharged[0].Group, ops)
 		if err != nil {
-			return Settlement{}, err
+			return ledger.Settlement{}, err
 		}
 		for i, b := range rec.keyCharged {
 			out.Levels = append(out.Levels, levelAt(b, kd[i]))
@@ -517,9 +518,9 @@ func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actua
 
 // record is the part of a reservation record Settle needs after the script ran.
 type record struct {
-	tenantCharged []BucketSpec
-	keyCharged    []BucketSpec
-	meta          ReservationMeta
+	tenantCharged []ledger.BucketSpec
+	keyCharged    []ledger.BucketSpec
+	meta          ledger.ReservationMeta
 }
 
 func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
@@ -570,34 +571,34 @@ func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 }
 
 // parseBucketSpec reads "field,kind,cost,limit,shadow".
-func parseBucketSpec(group, spec string) (BucketSpec, error) {
+func parseBucketSpec(group, spec string) (ledger.BucketSpec, error) {
 	// Cut, not Split: Settle parses every charged bucket, and Split allocates.
 	var f [5]string
 	rest := spec
 	for i := range 4 {
 		var ok bool
 		if f[i], rest, ok = strings.Cut(rest, ","); !ok {
-			return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
+			return ledger.BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
 		}
 	}
 	if strings.IndexByte(rest, ',') >= 0 {
-		return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
+		return ledger.BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
 	}
 	f[4] = rest
 	field, err := url.PathUnescape(f[0])
 	if err != nil {
-		return BucketSpec{}, fmt.Errorf("malformed bucket field %q: %w", f[0], err)
+		return ledger.BucketSpec{}, fmt.Errorf("malformed bucket field %q: %w", f[0], err)
 	}
 	cost, err1 := strconv.ParseInt(f[2], 10, 64)
 	limit, err2 := strconv.ParseInt(f[3], 10, 64)
 	if err := errors.Join(err1, err2); err != nil {
-		return BucketSpec{}, fmt.Errorf("malformed bucket %q: %w", spec, err)
+		return ledger.BucketSpec{}, fmt.Errorf("malformed bucket %q: %w", spec, err)
 	}
-	kind := KindRequests
+	kind := ledger.KindRequests
 	if f[1] == "t" {
-		kind = KindTokens
+		kind = ledger.KindTokens
 	}
-	return BucketSpec{Group: group, Field: field, Kind: kind, Cost: cost, Limit: limit, Shadow: f[4] == "1"}, nil
+	return ledger.BucketSpec{Group: group, Field: field, Kind: kind, Cost: cost, Limit: limit, Shadow: f[4] == "1"}, nil
 }
 
 // adjustOp is one bucket change of the adjust script: take tokens (mode 't') or lower
@@ -617,7 +618,7 @@ func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjust
 		return nil, nil
 	}
 	args := s.newArgs(4 + 5*len(ops))
-	args = mpInt(mpInt(args, int64(maxDebt)), int64(len(ops)))
+	args = mpInt(mpInt(args, int64(ledger.MaxDebt)), int64(len(ops)))
 	for _, op := range ops {
 		args = mpString(args, escapeField(op.field))
 		if op.observe {
@@ -640,8 +641,8 @@ func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjust
 }
 
 // Observe implements Store.
-func (s *RedisStore) Observe(ctx context.Context, obs []Observation) ([]BucketLevel, error) {
-	levels := make([]BucketLevel, len(obs))
+func (s *RedisStore) Observe(ctx context.Context, obs []ledger.Observation) ([]ledger.BucketLevel, error) {
+	levels := make([]ledger.BucketLevel, len(obs))
 	// Observations of one key share a group; group them to make one call per group.
 	for start := 0; start < len(obs); {
 		end := start
@@ -650,7 +651,7 @@ func (s *RedisStore) Observe(ctx context.Context, obs []Observation) ([]BucketLe
 		}
 		ops := make([]adjustOp, 0, end-start)
 		for _, o := range obs[start:end] {
-			ops = append(ops, adjustOp{field: o.Bucket.Field, observe: true, remaining: min(o.Remaining, o.Bucket.Limit), reset: min(max(o.Reset, 0), maxDebt), limit: o.Bucket.Limit})
+			ops = append(ops, adjustOp{field: o.Bucket.Field, observe: true, remaining: min(o.Remaining, o.Bucket.Limit), reset: min(max(o.Reset, 0), ledger.MaxDebt), limit: o.Bucket.Limit})
 		}
 		debts, err := s.adjustGroup(ctx, obs[start].Bucket.Group, ops)
 		if err != nil {
@@ -673,7 +674,7 @@ func (s *RedisStore) CountRequest(_ context.Context, key string, overall bool, w
 }
 
 // AcquireRetry implements Store.
-func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecision, error) {
+func (s *RedisStore) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (ledger.RetryDecision, error) {
 	overall, forKey := s.pending.take(ask.Key)
 	d, err := s.retryCall(ctx, ask.Budget, ask.Key, ask.Tenant, ask.Format, true, overall, forKey)
 	if err != nil {
@@ -682,7 +683,7 @@ func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecis
 	return d, err
 }
 
-func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key, tenant string, format, acquire bool, overall, forKey float64) (RetryDecision, error) {
+func (s *RedisStore) retryCall(ctx context.Context, cfg ledger.RetryBudget, key, tenant string, format, acquire bool, overall, forKey float64) (ledger.RetryDecision, error) {
 	args := s.newArgs(13)
 	args = mpInt(args, int64(cfg.Window/time.Second))
 	args = mpFloat(mpInt(mpFloat(args, cfg.Ratio), int64(cfg.Floor)), cfg.FormatOnlyAbove)
@@ -691,17 +692,17 @@ func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key, 
 	args = mpFloat(mpString(args, tenant), cfg.TenantShare)
 	r, err := s.run(ctx, opRetry, []string{s.retryKey()}, args)
 	if err != nil {
-		return RetryDecision{}, err
+		return ledger.RetryDecision{}, err
 	}
 	granted, refusing := r.int() == 1, r.int()
 	requests, _ := strconv.ParseFloat(r.str(), 64)
 	retries, _ := strconv.ParseFloat(r.str(), 64)
-	d := RetryDecision{Granted: granted, Budget: retryOverall, Requests: requests, Retries: retries}
+	d := ledger.RetryDecision{Granted: granted, Budget: ledger.RetryOverall, Requests: requests, Retries: retries}
 	switch refusing {
 	case 2:
-		d.Budget = retryKeyBudget(key)
+		d.Budget = ledger.RetryKeyBudget(key)
 	case 3:
-		d.Budget = retryTenantBudget(tenant)
+		d.Budget = ledger.RetryTenantBudget(tenant)
 	}
 	return d, r.err
 }
@@ -710,7 +711,7 @@ func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key, 
 func (s *RedisStore) flush(ctx context.Context) error {
 	var errs []error
 	for _, p := range s.pending.drain() {
-		if _, err := s.retryCall(ctx, RetryBudgetConfig{Window: p.window}, p.key, "", false, false, p.overall, p.forKey); err != nil {
+		if _, err := s.retryCall(ctx, ledger.RetryBudget{Window: p.window}, p.key, "", false, false, p.overall, p.forKey); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -788,13 +789,13 @@ func (s *RedisStore) epoch(ctx context.Context, value string) (marker string, cr
 }
 
 // levelAt is the level of a bucket with the given debt.
-func levelAt(b BucketSpec, debt time.Duration) BucketLevel {
-	return BucketLevel{Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(debt, b.Limit), Reset: debt, Shadow: b.Shadow}
+func levelAt(b ledger.BucketSpec, debt time.Duration) ledger.BucketLevel {
+	return ledger.BucketLevel{Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(debt, b.Limit), Reset: debt, Shadow: b.Shadow}
 }
 
 // remainingAt is the whole tokens a bucket with the given debt holds.
 func remainingAt(debt time.Duration, limit int64) int64 {
-	return tokensIn(max(window-debt, 0), limit)
+	return ledger.TokensIn(max(ledger.Window-debt, 0), limit)
 }
 
 // flagArg is a flag as the operations take it (msgpack.go): 1 or 0.
@@ -812,8 +813,8 @@ func boolArg(b bool) string {
 	return "0"
 }
 
-func kindArg(k Kind) string {
-	if k == KindTokens {
+func kindArg(k ledger.Kind) string {
+	if k == ledger.KindTokens {
 		return "t"
 	}
 	return "r"
@@ -945,13 +946,13 @@ type cacheEntry struct {
 	at, until time.Time
 }
 
-func (c *overLimitCache) check(now time.Time, ch Charge) *ExhaustedError {
+func (c *overLimitCache) check(now time.Time, ch ledger.Charge) *ledger.ExhaustedError {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.entries) == 0 {
 		return nil
 	}
-	var short []*ExhaustedError
+	var short []*ledger.ExhaustedError
 	for _, b := range ch.Buckets {
 		if b.Shadow {
 			continue
@@ -964,9 +965,9 @@ func (c *overLimitCache) check(now time.Time, ch Charge) *ExhaustedError {
 			delete(c.entries, b.Name())
 			continue
 		}
-		level := min(e.remaining+tokensIn(now.Sub(e.at), b.Limit), b.Limit)
+		level := min(e.remaining+ledger.TokensIn(now.Sub(e.at), b.Limit), b.Limit)
 		if b.Cost > level {
-			short = append(short, &ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: level, RetryAfter: durationOf(b.Cost-level, b.Limit)})
+			short = append(short, &ledger.ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: level, RetryAfter: ledger.DurationOf(b.Cost-level, b.Limit)})
 		}
 	}
 	if bc := ch.Budget; bc != nil && !bc.Shadow {
@@ -975,18 +976,18 @@ func (c *overLimitCache) check(now time.Time, ch Charge) *ExhaustedError {
 			if !now.Before(e.until) {
 				delete(c.entries, name)
 			} else if bc.Cost > e.remaining {
-				short = append(short, &ExhaustedError{Bucket: name, Cost: bc.Cost, Remaining: e.remaining, RetryAfter: e.until.Sub(now), Cause: CauseBudget})
+				short = append(short, &ledger.ExhaustedError{Bucket: name, Cost: bc.Cost, Remaining: e.remaining, RetryAfter: e.until.Sub(now), Cause: ledger.CauseBudget})
 			}
 		}
 	}
 	if len(short) == 0 {
 		return nil
 	}
-	return longestWait(short)
+	return ledger.LongestWait(short)
 }
 
 // remember caches every short bucket of a refusal for at most ttl.
-func (c *overLimitCache) remember(now time.Time, ch Charge, refusal *ExhaustedError, ttl time.Duration) {
+func (c *overLimitCache) remember(now time.Time, ch ledger.Charge, refusal *ledger.ExhaustedError, ttl time.Duration) {
 	if ttl <= 0 {
 		return
 	}
@@ -996,7 +997,7 @@ func (c *overLimitCache) remember(now time.Time, ch Charge, refusal *ExhaustedEr
 		for _, b := range ch.Buckets {
 			if b.Name() == name {
 				level := remainingFor(refusal, name)
-				wait := durationOf(b.Cost-level, b.Limit)
+				wait := ledger.DurationOf(b.Cost-level, b.Limit)
 				c.entries[name] = cacheEntry{remaining: level, limit: b.Limit, at: now, until: now.Add(min(ttl, max(wait, 0)))}
 			}
 		}
@@ -1009,7 +1010,7 @@ func (c *overLimitCache) remember(now time.Time, ch Charge, refusal *ExhaustedEr
 // remainingFor returns what the refusal said the named bucket held. Only the longest
 // wait's level is known exactly; other short buckets are cached as empty, which errs
 // towards one extra round trip, never towards admitting.
-func remainingFor(refusal *ExhaustedError, name string) int64 {
+func remainingFor(refusal *ledger.ExhaustedError, name string) int64 {
 	if refusal.Bucket == name {
 		return refusal.Remaining
 	}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // Tests of what only the Redis backend has: Redis's clock, key layout, the over-limit
@@ -28,9 +29,9 @@ import (
 func TestRedisDecidesAtServerTime(t *testing.T) {
 	t.Parallel()
 	store := newTestRedisStore(t, clockwork.NewRealClock(), RedisOptions{ServerTime: true})
-	spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 60, Limit: 60}
+	spec := ledger.BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: ledger.KindTokens, Cost: 60, Limit: 60}
 	before := time.Now()
-	g, err := store.Reserve(context.Background(), Charge{ID: "r1", Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []BucketSpec{spec}})
+	g, err := store.Reserve(context.Background(), ledger.Charge{ID: "r1", Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []ledger.BucketSpec{spec}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,8 +40,8 @@ func TestRedisDecidesAtServerTime(t *testing.T) {
 		t.Errorf("decided at %v, want between %v and %v", g.At, before, after)
 	}
 	spec.Cost = 1
-	_, err = store.Reserve(context.Background(), Charge{ID: "r2", Tenant: "acme", TTL: time.Minute, Tokens: 1, Buckets: []BucketSpec{spec}})
-	e, ok := errors.AsType[*ExhaustedError](err)
+	_, err = store.Reserve(context.Background(), ledger.Charge{ID: "r2", Tenant: "acme", TTL: time.Minute, Tokens: 1, Buckets: []ledger.BucketSpec{spec}})
+	e, ok := errors.AsType[*ledger.ExhaustedError](err)
 	if !ok || e.RetryAfter <= 0 || e.RetryAfter > time.Second {
 		t.Fatalf("err = %v, want exhausted for at most the second one token takes", err)
 	}
@@ -103,7 +104,7 @@ func TestRedisOverLimitCache(t *testing.T) {
 		_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
 		return err
 	}
-	if err := reserve(500); !errors.Is(err, ErrExhausted) {
+	if err := reserve(500); !errors.Is(err, ledger.ErrExhausted) {
 		t.Fatalf("err = %v, want exhausted", err)
 	}
 	calls := store.calls.Load()
@@ -130,7 +131,7 @@ func TestRedisOverLimitCache(t *testing.T) {
 		if (err != nil) != s.wantErr {
 			t.Fatalf("%s: err = %v, want error %v", s.name, err, s.wantErr)
 		}
-		if e, ok := errors.AsType[*ExhaustedError](err); ok && e.RetryAfter != s.wantRetry {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); ok && e.RetryAfter != s.wantRetry {
 			t.Errorf("%s: retry after %v, want %v", s.name, e.RetryAfter, s.wantRetry)
 		}
 	}
@@ -264,7 +265,7 @@ func TestRedisFailover(t *testing.T) {
 	if local.Levels.Tokens.Limit != 2000 || local.Levels.Tokens.Remaining != 666 {
 		t.Errorf("local level = %+v, want 666 of 2000 left", local.Levels.Tokens)
 	}
-	if _, err := reserve("acme", 1001); !errors.Is(err, ErrExhausted) {
+	if _, err := reserve("acme", 1001); !errors.Is(err, ledger.ErrExhausted) {
 		t.Errorf("beyond the local share: err = %v, want exhausted", err)
 	}
 	// Money fails closed.
@@ -353,7 +354,7 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 							mu.Lock()
 							admitted += r.ReservedTokens
 							mu.Unlock()
-						} else if !errors.Is(err, ErrExhausted) {
+						} else if !errors.Is(err, ledger.ErrExhausted) {
 							t.Errorf("replica %d: %v", i, err)
 						}
 					}
@@ -412,10 +413,10 @@ func TestRedisRecordsInTheTenantsHash(t *testing.T) {
 	t.Cleanup(func() { _ = store.Close() })
 	ctx := context.Background()
 	hash := store.groupKey(tenantGroup("acme"))
-	spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 1, Limit: 6000}
+	spec := ledger.BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: ledger.KindTokens, Cost: 1, Limit: 6000}
 	reserve := func(id string) {
 		t.Helper()
-		if _, err := store.Reserve(ctx, Charge{ID: id, Tenant: "acme", TTL: 2 * time.Minute, Tokens: 1, Buckets: []BucketSpec{spec}}); err != nil {
+		if _, err := store.Reserve(ctx, ledger.Charge{ID: id, Tenant: "acme", TTL: 2 * time.Minute, Tokens: 1, Buckets: []ledger.BucketSpec{spec}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -442,7 +443,7 @@ func TestRedisRecordsInTheTenantsHash(t *testing.T) {
 	if ttl, err := c.PTTL(ctx, hash).Result(); err != nil || ttl < 2*time.Minute+59*time.Second {
 		t.Fatalf("hash TTL %v (%v), want at least the reservations' 2m and a minute", ttl, err)
 	}
-	if _, err := store.Settle(ctx, "acme", "old-0", Actual{Tokens: 1}, false); err != nil {
+	if _, err := store.Settle(ctx, "acme", "old-0", ledger.Actual{Tokens: 1}, false); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := records(), []string{"old-1", "old-2", "old-3", "old-4"}; !slices.Equal(got, want) {
@@ -451,7 +452,7 @@ func TestRedisRecordsInTheTenantsHash(t *testing.T) {
 
 	// Expired: refused, and deleted by the refusal.
 	clock.Advance(2 * time.Minute)
-	if _, err := store.Settle(ctx, "acme", "old-1", Actual{Tokens: 1}, false); !errors.Is(err, ErrReservationNotFound) {
+	if _, err := store.Settle(ctx, "acme", "old-1", ledger.Actual{Tokens: 1}, false); !errors.Is(err, ledger.ErrReservationNotFound) {
 		t.Fatalf("settling an expired reservation: %v, want ErrReservationNotFound", err)
 	}
 	if got, want := records(), []string{"old-2", "old-3", "old-4"}; !slices.Equal(got, want) {
@@ -464,7 +465,7 @@ func TestRedisRecordsInTheTenantsHash(t *testing.T) {
 	if got, want := records(), []string{"new"}; !slices.Equal(got, want) {
 		t.Fatalf("records after the sweep: %v, want %v", got, want)
 	}
-	if _, err := store.Settle(ctx, "acme", "new", Actual{Tokens: 1}, false); err != nil {
+	if _, err := store.Settle(ctx, "acme", "new", ledger.Actual{Tokens: 1}, false); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -478,8 +479,8 @@ func TestRedisSettlesRecordsOfTheirOwnKey(t *testing.T) {
 	store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock})
 	t.Cleanup(func() { _ = store.Close() })
 	ctx := context.Background()
-	spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 600, Limit: 6000}
-	if _, err := store.Reserve(ctx, Charge{ID: "r1", Tenant: "acme", TTL: time.Minute, Tokens: 600, Buckets: []BucketSpec{spec}}); err != nil {
+	spec := ledger.BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: ledger.KindTokens, Cost: 600, Limit: 6000}
+	if _, err := store.Reserve(ctx, ledger.Charge{ID: "r1", Tenant: "acme", TTL: time.Minute, Tokens: 600, Buckets: []ledger.BucketSpec{spec}}); err != nil {
 		t.Fatal(err)
 	}
 	// Move the record where an earlier version kept it.
@@ -494,14 +495,14 @@ func TestRedisSettlesRecordsOfTheirOwnKey(t *testing.T) {
 	if err := c.Set(ctx, key, rec, 2*time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Settle(ctx, "acme", "r1", Actual{Tokens: 100}, false)
+	st, err := store.Settle(ctx, "acme", "r1", ledger.Actual{Tokens: 100}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Refunded != 500 || len(st.Levels) != 1 || st.Levels[0].Remaining != 5900 {
 		t.Fatalf("settlement %+v, want 500 refunded and 5900 left", st)
 	}
-	if _, err := store.Settle(ctx, "acme", "r1", Actual{Tokens: 100}, false); !errors.Is(err, ErrReservationNotFound) {
+	if _, err := store.Settle(ctx, "acme", "r1", ledger.Actual{Tokens: 100}, false); !errors.Is(err, ledger.ErrReservationNotFound) {
 		t.Fatalf("second settle: %v, want ErrReservationNotFound", err)
 	}
 }
@@ -522,7 +523,7 @@ func TestRedisRefillTimeMatchesGo(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := durationOf(n, limit); debts[0] != want {
+			if want := ledger.DurationOf(n, limit); debts[0] != want {
 				t.Errorf("taking %d of limit %d: Lua %d ns, Go %d ns", n, limit, debts[0], want)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -29,7 +30,7 @@ func freshLib(t *testing.T, c *redis.Client) *luaLib {
 }
 
 // echoOp is an adjust of no buckets decided at second sec: its reply is {sec, 0}.
-func echoOp(sec int) []byte { return mpArgs(sec, 0, int64(maxDebt), 0) }
+func echoOp(sec int) []byte { return mpArgs(sec, 0, int64(ledger.MaxDebt), 0) }
 
 // runInts runs an operation whose reply is integers, and returns them.
 func runInts(b *scriptBatcher, ctx context.Context, op string, keys []string, args []byte) ([]int64, error) {
@@ -46,7 +47,7 @@ func runInts(b *scriptBatcher, ctx context.Context, op string, keys []string, ar
 }
 
 // takeOp takes one token from bucket f (limit 60) at second 1.
-func takeOp() []byte { return mpArgs(1, 0, int64(maxDebt), 1, "f", "t", 1, 0, 60) }
+func takeOp() []byte { return mpArgs(1, 0, int64(ledger.MaxDebt), 1, "f", "t", 1, 0, 60) }
 
 // batcherModes are the ways a batcher sends: by function or by script, and in one
 // call or one call per hash slot.
@@ -386,20 +387,20 @@ func TestRedisStoreThroughScripter(t *testing.T) {
 				store.scripts.Store(true)
 			}
 			ctx := context.Background()
-			spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 60, Limit: 600}
+			spec := ledger.BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: ledger.KindTokens, Cost: 60, Limit: 600}
 			for i := range 2 {
 				id := fmt.Sprint("r", i)
-				g, err := store.Reserve(ctx, Charge{ID: id, Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []BucketSpec{spec}})
+				g, err := store.Reserve(ctx, ledger.Charge{ID: id, Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []ledger.BucketSpec{spec}})
 				if err != nil {
 					t.Fatal(err)
 				}
 				if want := int64(600 - 60*(i+1)); g.Levels[0].Remaining != want {
 					t.Fatalf("reservation %d: remaining %d, want %d", i, g.Levels[0].Remaining, want)
 				}
-				if _, err := store.Settle(ctx, "acme", id, Actual{Tokens: 60}, false); err != nil {
+				if _, err := store.Settle(ctx, "acme", id, ledger.Actual{Tokens: 60}, false); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := store.Settle(ctx, "acme", id, Actual{Tokens: 60}, false); !errors.Is(err, ErrReservationNotFound) {
+				if _, err := store.Settle(ctx, "acme", id, ledger.Actual{Tokens: 60}, false); !errors.Is(err, ledger.ErrReservationNotFound) {
 					t.Fatalf("second settle: %v, want ErrReservationNotFound", err)
 				}
 				if i == 0 && !tt.plain && !tt.scripts {

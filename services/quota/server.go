@@ -19,6 +19,7 @@ import (
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
@@ -180,7 +181,7 @@ func (s *server) DescribeUsage(ctx context.Context, req *quotav1.DescribeUsageRe
 	}
 	resp := &quotav1.DescribeUsageResponse{}
 	for _, u := range usage {
-		b := bucketsToProto([]BucketLevel{u.Levels.Requests, u.Levels.Tokens})
+		b := bucketsToProto([]ledger.BucketLevel{u.Levels.Requests, u.Levels.Tokens})
 		resp.Tenants = append(resp.Tenants, &quotav1.TenantUsage{Tenant: u.Tenant, Requests: b[0], Tokens: b[1]})
 	}
 	return resp, nil
@@ -207,7 +208,7 @@ func (s *server) toStatus(err error) error {
 	if v, ok := errors.AsType[*rpc.ValidationError](err); ok {
 		return rpc.InvalidArgument(errorDomain, v)
 	}
-	if e, ok := errors.AsType[*ExhaustedError](err); ok {
+	if e, ok := errors.AsType[*ledger.ExhaustedError](err); ok {
 		return exhaustedStatus(e)
 	}
 	if e, ok := errors.AsType[*TooLargeError](err); ok {
@@ -225,7 +226,7 @@ func (s *server) toStatus(err error) error {
 		return rpc.Status(codes.FailedPrecondition, errorDomain, ReasonPriceUnknown, e.Error())
 	}
 	switch {
-	case errors.Is(err, ErrReservationNotFound):
+	case errors.Is(err, ledger.ErrReservationNotFound):
 		return rpc.Status(codes.NotFound, errorDomain, ReasonReservationNotFound, err.Error())
 	case errors.Is(err, ErrTenantMismatch):
 		return rpc.Status(codes.PermissionDenied, errorDomain, rpc.ReasonPermissionDenied, err.Error())
@@ -245,8 +246,8 @@ func (s *server) toStatus(err error) error {
 // exhaustedStatus is RESOURCE_EXHAUSTED with RetryInfo, QuotaFailure, and the cause in
 // the ErrorInfo metadata. The reason stays QUOTA_EXHAUSTED whatever the cause, so
 // clients need one branch to retry after the delay.
-func exhaustedStatus(e *ExhaustedError) error {
-	meta := map[string]string{"cause": e.cause()}
+func exhaustedStatus(e *ledger.ExhaustedError) error {
+	meta := map[string]string{"cause": e.EffectiveCause()}
 	if e.Waited > 0 {
 		meta["waited_ms"] = strconv.FormatInt(e.Waited.Milliseconds(), 10)
 	}
@@ -295,7 +296,7 @@ func limitsToProto(l Levels) *quotav1.Limits {
 	}
 }
 
-func bucketsToProto(levels []BucketLevel) []*quotav1.BucketLevel {
+func bucketsToProto(levels []ledger.BucketLevel) []*quotav1.BucketLevel {
 	out := make([]*quotav1.BucketLevel, len(levels))
 	for i, l := range levels {
 		out[i] = &quotav1.BucketLevel{

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"maps"
 	"slices"
 	"sync"
@@ -29,7 +30,7 @@ func (s *Service) Usage(ctx context.Context, tenants []string) ([]TenantUsage, e
 	}
 	slices.Sort(tenants)
 	tenants = slices.Compact(tenants)
-	obs := make([]Observation, 0, 2*len(tenants))
+	obs := make([]ledger.Observation, 0, 2*len(tenants))
 	for _, t := range tenants {
 		if t == "" {
 			continue
@@ -37,8 +38,8 @@ func (s *Service) Usage(ctx context.Context, tenants []string) ([]TenantUsage, e
 		rpm, tpm := s.cfg.tenantLimits(t)
 		group := tenantGroup(t)
 		obs = append(obs,
-			Observation{Bucket: newSpec(group, fieldRPM, KindRequests, 0, rpm.limit, rpm.shadow), Remaining: -1},
-			Observation{Bucket: newSpec(group, fieldTPM, KindTokens, 0, tpm.limit, tpm.shadow), Remaining: -1},
+			ledger.Observation{Bucket: ledger.NewSpec(group, fieldRPM, ledger.KindRequests, 0, rpm.limit, rpm.shadow), Remaining: -1},
+			ledger.Observation{Bucket: ledger.NewSpec(group, fieldTPM, ledger.KindTokens, 0, tpm.limit, tpm.shadow), Remaining: -1},
 		)
 	}
 	if len(obs) == 0 {
