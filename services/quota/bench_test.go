@@ -15,6 +15,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Benchmarks of the hot path: one Reserve and its Settle per op, spread over 64 tenants,
@@ -28,7 +30,7 @@ import (
 // connection; BenchmarkDecisionLatency measures one caller at a time.
 func BenchmarkReserveSettle(b *testing.B) {
 	b.Run("memory", func(b *testing.B) {
-		benchReserveSettle(b, NewMemoryStore(clockwork.NewRealClock()), "", 1)
+		benchReserveSettle(b, memstore.New(clockwork.NewRealClock()), "", 1)
 	})
 	b.Run("redis", func(b *testing.B) {
 		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), RedisOptions{ServerTime: true}), "", 16)
@@ -135,7 +137,7 @@ func benchReserveSettle(b *testing.B, store Store, key string, parallelism int) 
 //	go test -run '^$' -bench BenchmarkDecisionLatency -benchtime 5s -cpu 2 ./services/quota/
 func BenchmarkDecisionLatency(b *testing.B) {
 	b.Run("memory", func(b *testing.B) {
-		benchReserveSettle(b, NewMemoryStore(clockwork.NewRealClock()), "", 0)
+		benchReserveSettle(b, memstore.New(clockwork.NewRealClock()), "", 0)
 	})
 	b.Run("redis", func(b *testing.B) {
 		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), RedisOptions{ServerTime: true}), "", 0)

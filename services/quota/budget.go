@@ -1,8 +1,9 @@
 package quota
 
 import (
-	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"math"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // Money is kept in integer nano-dollars: exact to add and compare, and a million dollars
@@ -21,17 +22,3 @@ func nanoPriceOf(p Price) ledger.NanoPrice {
 func dollarsToNano(usd float64) int64 { return int64(math.Round(usd * nanoPerDollar)) }
 
 func nanoToDollars(n int64) float64 { return float64(n) / nanoPerDollar }
-
-// budgetState is a tenant's spending on one day.
-type budgetState struct {
-	day   int64
-	spent int64
-}
-
-// spentOn returns what was spent on day: nothing when the state is from an earlier day.
-func (b budgetState) spentOn(day int64) int64 {
-	if b.day != day {
-		return 0
-	}
-	return b.spent
-}

@@ -82,7 +82,7 @@
 //
 // # State
 //
-// Everything that must be shared lives behind the Store interface. MemoryStore serves
+// Everything that must be shared lives behind the Store interface. memstore.Store serves
 // `mantle dev`, tests and single replicas. RedisStore serves many replicas: every
 // operation on a tenant's (or a key's) buckets is one Lua operation of a function
 // library (a script on Redis before 7.0), atomic in Redis and decided at Redis's TIME,

@@ -3,8 +3,6 @@ package quota
 import (
 	"context"
 	"errors"
-	"github.com/mantle-mesh/mantle/pkg/natsembed"
-	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"log/slog"
 	"testing"
 	"time"
@@ -16,6 +14,9 @@ import (
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Rejections and near-limit signals reach NATS, one message type per subject, with
@@ -49,7 +50,7 @@ func TestEventsOnNATS(t *testing.T) {
 	}
 
 	clock := clockwork.NewFakeClockAt(t0)
-	svc, err := NewService(testConfig(), Deps{Store: NewMemoryStore(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: log, Events: pub})
+	svc, err := NewService(testConfig(), Deps{Store: memstore.New(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: log, Events: pub})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,10 +23,11 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // FailoverStore is a RedisStore that keeps working when Redis does not answer: each
-// replica then enforces limit/replicas with a local MemoryStore, so that the replicas
+// replica then enforces limit/replicas with a local memstore.Store, so that the replicas
 // together stay near the limit (assuming the load balancer spreads requests evenly),
 // and refuses requests of tenants with an enforced money budget (ErrBudgetUnavailable):
 // money fails closed. It says so in mantle_quota_backend_fallback, in the log, in
@@ -54,7 +55,7 @@ import (
 // charge stands, as for any reservation that is never settled.
 type FailoverStore struct {
 	redis    *RedisStore
-	local    *MemoryStore
+	local    *memstore.Store
 	replicas int64
 	clock    clockwork.Clock
 	probe    time.Duration
@@ -94,7 +95,7 @@ func NewFailoverStore(primary *RedisStore, clock clockwork.Clock, opts FailoverO
 	}
 	return &FailoverStore{
 		redis:    primary,
-		local:    NewMemoryStore(clock),
+		local:    memstore.New(clock),
 		replicas: int64(max(opts.Replicas, 1)),
 		clock:    clock,
 		probe:    probe,
@@ -210,7 +211,7 @@ func (f *FailoverStore) seedLocal(now time.Time) {
 		obs = append(obs, ledger.Observation{Bucket: b, Remaining: min(level/f.replicas, b.Limit)})
 	}
 	if len(obs) > 0 {
-		// A MemoryStore's Observe fails only on a done context.
+		// A memstore.Store's Observe fails only on a done context.
 		_, _ = f.local.Observe(context.Background(), obs)
 	}
 }
@@ -252,7 +253,7 @@ func (f *FailoverStore) reconnect(ctx context.Context) error {
 		return err
 	}
 	f.recent.handedOver()
-	f.local.forgetBuckets()
+	f.local.ForgetBuckets()
 	f.epoch = marker
 	if f.down {
 		f.down, f.reason = false, ""
@@ -290,7 +291,7 @@ func (f *FailoverStore) handBack(ctx context.Context, now time.Time) error {
 		if !e.local {
 			continue
 		}
-		level := f.local.level(e.spec.Name(), f.share(e.spec.Limit))
+		level := f.local.Level(e.spec.Name(), f.share(e.spec.Limit))
 		obs = append(obs, ledger.Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, level*f.replicas)})
 	}
 	slices.SortFunc(obs, func(a, b ledger.Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })

@@ -5,12 +5,14 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // testConfig uses round numbers: 1 request and 100 tokens refill per second.
@@ -28,7 +30,9 @@ type backend struct {
 	newStore func(t testing.TB, clock clockwork.Clock) Store
 }
 
-var memoryBackend = backend{name: "memory", newStore: func(_ testing.TB, clock clockwork.Clock) Store { return NewMemoryStore(clock) }}
+var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+
+var memoryBackend = backend{name: "memory", newStore: func(_ testing.TB, clock clockwork.Clock) Store { return memstore.New(clock) }}
 
 // redisBackend stores in the test Redis under a prefix of its own (see redisForTest).
 var redisBackend = backend{name: "redis", newStore: func(t testing.TB, clock clockwork.Clock) Store {
@@ -165,13 +169,6 @@ func (f *fixture) counter(t testing.TB, name string, labels ...string) float64 {
 	}
 	t.Fatalf("metric %s%v not found", name, labels)
 	return 0
-}
-
-// openReservations counts the records the store still holds.
-func (s *MemoryStore) openReservations() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.reservations)
 }
 
 type publishedEvent struct {

@@ -12,6 +12,7 @@ import (
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Module returns the quota module. It depends on no other service; its Runnable runs
@@ -47,7 +48,7 @@ func module(cfg Config, at decisionClock) app.Module {
 					env.Dependency("quota.redis", backend.store.Degradation)
 				}
 			default:
-				store = NewMemoryStore(env.Clock)
+				store = memstore.New(env.Clock)
 			}
 			svc, err := NewService(cfg, Deps{
 				Store:   store,

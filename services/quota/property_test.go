@@ -14,6 +14,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Property tests (pgregory.net/rapid): random sequences of operations, shrunk to a
@@ -256,7 +257,7 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 		cfg.UpstreamKeys = map[string]RateLimits{"k": {TPM: 6000}}
 		cfg.Queue.MaxWait = 10 * time.Minute
 		cfg.Queue.Size = rapid.IntRange(1, 30).Draw(rt, "queue size")
-		f := newFixtureWith(rt, NewMemoryStore(clock), clock, cfg)
+		f := newFixtureWith(rt, memstore.New(clock), clock, cfg)
 		q := f.svc.queue
 		q.setRunning(true)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)

@@ -11,6 +11,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Most queue tests drive the dispatcher by hand (manualQueue): they advance the fake
@@ -383,7 +384,7 @@ func (g *gateStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant,
 func TestQueueReleasesAGrantItsCallerLeft(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClockAt(t0)
-	memory := NewMemoryStore(clock)
+	memory := memstore.New(clock)
 	gate := &gateStore{Store: memory, armed: make(chan struct{}, 1), entered: make(chan struct{}), proceed: make(chan struct{})}
 	q := &queueFixture{fixture: newFixtureWith(t, gate, clock, testConfig()), pushed: make(chan struct{}, 10)}
 	q.svc.queue.onPush = func() { q.pushed <- struct{}{} }
@@ -407,7 +408,7 @@ func TestQueueReleasesAGrantItsCallerLeft(t *testing.T) {
 	}
 	close(gate.proceed)
 	<-dispatched
-	if n := memory.openReservations(); n != 1 {
+	if n := memory.OpenReservations(); n != 1 {
 		t.Errorf("%d reservations open, want only the first: the unused grant released", n)
 	}
 	// The 100 tokens came back: they are there to take again. (The request bucket

@@ -19,10 +19,11 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
-// The tests in this file run against every backend (eachBackend): MemoryStore and
+// The tests in this file run against every backend (eachBackend): memstore.Store and
 // RedisStore must decide identically, to the nanosecond.
 
 func TestReserveRefillsOverFakeTime(t *testing.T) {
@@ -412,8 +413,8 @@ func TestReservationExpiry(t *testing.T) {
 				if _, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{}}); !errors.Is(err, ledger.ErrReservationNotFound) {
 					t.Errorf("second attempt: err = %v, want ErrReservationNotFound", err)
 				}
-				if m, ok := f.store.(*MemoryStore); ok && m.openReservations() != 0 {
-					t.Errorf("store holds %d reservations after the settle attempt, want 0", m.openReservations())
+				if m, ok := f.store.(*memstore.Store); ok && m.OpenReservations() != 0 {
+					t.Errorf("store holds %d reservations after the settle attempt, want 0", m.OpenReservations())
 				}
 			})
 		})
@@ -424,7 +425,7 @@ func TestReservationExpiry(t *testing.T) {
 func TestSweeperDeletesExpiredReservations(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClockAt(t0)
-	memory := NewMemoryStore(clock)
+	memory := memstore.New(clock)
 	store := &sweepSignallingStore{Store: memory, swept: make(chan int)}
 	f := newFixtureWith(t, store, clock, testConfig())
 
@@ -461,7 +462,7 @@ func TestSweeperDeletesExpiredReservations(t *testing.T) {
 		case <-time.After(10 * time.Second): // a failure timeout, not a wait
 			t.Fatalf("sweeper did not run at %v", s.at)
 		}
-		if got := memory.openReservations(); got != s.wantOpen {
+		if got := memory.OpenReservations(); got != s.wantOpen {
 			t.Errorf("after the sweep at %v: %d open reservations, want %d", s.at, got, s.wantOpen)
 		}
 		if s.reserveAfter {
@@ -1176,7 +1177,7 @@ func TestReserveLearnsTokenCorrection(t *testing.T) {
 func TestNewServiceRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClock()
-	valid := Deps{Store: NewMemoryStore(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)}
+	valid := Deps{Store: memstore.New(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)}
 	bad := DefaultConfig()
 	bad.DefaultLimits.RPM = -1
 	if _, err := NewService(bad, valid); err == nil || !strings.Contains(err.Error(), "default_limits.rpm") {

@@ -21,6 +21,7 @@ import (
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Tests of what only the Redis backend has: Redis's clock, key layout, the over-limit
@@ -389,7 +390,7 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 		got := run(t, func(clock clockwork.Clock) []Store {
 			var out []Store
 			for range replicas {
-				out = append(out, NewMemoryStore(clock))
+				out = append(out, memstore.New(clock))
 			}
 			return out
 		})

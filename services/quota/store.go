@@ -8,7 +8,7 @@ import (
 
 // Store keeps bucket levels, budgets, open reservations and retry counters. The Service
 // owns the policy (which buckets apply, their limits and costs, priorities, events); a
-// Store makes each operation atomic and decides at its own clock: MemoryStore at the
+// Store makes each operation atomic and decides at its own clock: memstore.Store at the
 // injected clock, RedisStore at Redis's TIME, so that replicas with skewed clocks agree.
 //
 // Limits travel with every call, in the style of envoyproxy/ratelimit, so a changed

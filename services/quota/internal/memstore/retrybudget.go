@@ -1,4 +1,4 @@
-package quota
+package memstore
 
 import (
 	"time"

@@ -1,4 +1,7 @@
-package quota
+// Package memstore keeps the quota state in one process's memory, at the injected clock:
+// the store of a single replica, and the local limiter a replica falls back to when
+// Redis is unreachable.
+package memstore
 
 import (
 	"context"
@@ -7,14 +10,15 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
-// MemoryStore is the in-memory Store: for `mantle dev`, tests, single-replica
+// Store is the in-memory quota store: for `mantle dev`, tests, single-replica
 // deployments, and the local fallback of a RedisStore. One mutex makes every operation
 // atomic; each holds it for a few map lookups, so it is not a bottleneck at the request
 // rates one replica serves.
-type MemoryStore struct {
+type Store struct {
 	clock        clockwork.Clock
 	mu           sync.Mutex
 	buckets      map[string]*bucket      // by bucket name; a missing entry is a full bucket
@@ -33,10 +37,10 @@ type memReservation struct {
 	meta      ledger.ReservationMeta
 }
 
-// NewMemoryStore returns an empty store that decides at clock's time: every bucket
+// New returns an empty store that decides at clock's time: every bucket
 // starts full.
-func NewMemoryStore(clock clockwork.Clock) *MemoryStore {
-	return &MemoryStore{
+func New(clock clockwork.Clock) *Store {
+	return &Store{
 		clock:        clock,
 		buckets:      make(map[string]*bucket),
 		budgets:      make(map[string]*budgetState),
@@ -45,10 +49,8 @@ func NewMemoryStore(clock clockwork.Clock) *MemoryStore {
 	}
 }
 
-var _ Store = (*MemoryStore)(nil)
-
 // Reserve implements Store.
-func (s *MemoryStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
+func (s *Store) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
 	if err := ctx.Err(); err != nil {
 		return ledger.Grant{}, err
 	}
@@ -120,7 +122,7 @@ func (s *MemoryStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Gran
 }
 
 // Settle implements Store.
-func (s *MemoryStore) Settle(ctx context.Context, tenant, id string, actual ledger.Actual, release bool) (ledger.Settlement, error) {
+func (s *Store) Settle(ctx context.Context, tenant, id string, actual ledger.Actual, release bool) (ledger.Settlement, error) {
 	if err := ctx.Err(); err != nil {
 		return ledger.Settlement{}, err
 	}
@@ -166,7 +168,7 @@ func (s *MemoryStore) Settle(ctx context.Context, tenant, id string, actual ledg
 }
 
 // Observe implements Store.
-func (s *MemoryStore) Observe(ctx context.Context, obs []ledger.Observation) ([]ledger.BucketLevel, error) {
+func (s *Store) Observe(ctx context.Context, obs []ledger.Observation) ([]ledger.BucketLevel, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -185,11 +187,11 @@ func (s *MemoryStore) Observe(ctx context.Context, obs []ledger.Observation) ([]
 }
 
 // CountRequest implements Store.
-func (s *MemoryStore) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
+func (s *Store) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
 	s.countRequests(key, overall, 1, window)
 }
 
-func (s *MemoryStore) countRequests(key string, overall bool, n float64, window time.Duration) {
+func (s *Store) countRequests(key string, overall bool, n float64, window time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
@@ -202,7 +204,7 @@ func (s *MemoryStore) countRequests(key string, overall bool, n float64, window 
 }
 
 // AcquireRetry implements Store.
-func (s *MemoryStore) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (ledger.RetryDecision, error) {
+func (s *Store) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (ledger.RetryDecision, error) {
 	if err := ctx.Err(); err != nil {
 		return ledger.RetryDecision{}, err
 	}
@@ -242,7 +244,7 @@ func (s *MemoryStore) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (le
 }
 
 // retryWindow returns the named budget's counters, rolled to now. Callers hold s.mu.
-func (s *MemoryStore) retryWindow(name string, now time.Time, window time.Duration) *retryWindow {
+func (s *Store) retryWindow(name string, now time.Time, window time.Duration) *retryWindow {
 	w, ok := s.retries[name]
 	if !ok {
 		w = &retryWindow{}
@@ -256,7 +258,7 @@ func (s *MemoryStore) retryWindow(name string, now time.Time, window time.Durati
 // Sweep implements Store. It also forgets buckets that have refilled completely (a
 // missing entry reads as full) and budgets of past days, so memory stays proportional
 // to recently active tenants and keys.
-func (s *MemoryStore) Sweep(ctx context.Context) (int, error) {
+func (s *Store) Sweep(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -288,7 +290,7 @@ func (s *MemoryStore) Sweep(ctx context.Context) (int, error) {
 }
 
 // bucket returns the named bucket, creating a full one on first use. Callers hold s.mu.
-func (s *MemoryStore) bucket(name string) *bucket {
+func (s *Store) bucket(name string) *bucket {
 	b, ok := s.buckets[name]
 	if !ok {
 		b = &bucket{}
@@ -298,7 +300,7 @@ func (s *MemoryStore) bucket(name string) *bucket {
 }
 
 // budget returns a group's budget state. Callers hold s.mu.
-func (s *MemoryStore) budget(group string) *budgetState {
+func (s *Store) budget(group string) *budgetState {
 	st, ok := s.budgets[group]
 	if !ok {
 		st = &budgetState{}
@@ -324,17 +326,17 @@ func budgetLevelOf(bc *ledger.BudgetCharge, spent int64, now time.Time) *ledger.
 	return &ledger.BudgetLevel{Limit: bc.Limit, Spent: spent, Reset: reset, Shadow: bc.Shadow}
 }
 
-// forgetBuckets makes every bucket full again, keeping reservations and budgets. A
+// ForgetBuckets makes every bucket full again, keeping reservations and budgets. A
 // FailoverStore calls it when Redis is back: what its local limiter spent has been
 // handed to Redis, and a later outage starts from what Redis said then.
-func (s *MemoryStore) forgetBuckets() {
+func (s *Store) ForgetBuckets() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.buckets)
 }
 
-// level is what the named bucket holds now at the given limit.
-func (s *MemoryStore) level(name string, limit int64) int64 {
+// Level is what the named bucket holds now at the given limit.
+func (s *Store) Level(name string, limit int64) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b, ok := s.buckets[name]
@@ -342,4 +344,12 @@ func (s *MemoryStore) level(name string, limit int64) int64 {
 		return limit
 	}
 	return b.remaining(s.clock.Now(), limit)
+}
+
+// OpenReservations counts the reservations the store still holds, expired ones included
+// until a Sweep deletes them.
+func (s *Store) OpenReservations() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.reservations)
 }

@@ -1,8 +1,9 @@
-package quota
+package memstore
 
 import (
-	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // bucket is a token bucket with a capacity of limit tokens that refills continuously at
