@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
 
 // Benchmarks of the hot path: one Reserve and its Settle per op, spread over 64 tenants,
@@ -33,7 +34,7 @@ func BenchmarkReserveSettle(b *testing.B) {
 		benchReserveSettle(b, memstore.New(clockwork.NewRealClock()), "", 1)
 	})
 	b.Run("redis", func(b *testing.B) {
-		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), RedisOptions{ServerTime: true}), "", 16)
+		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), redisstore.Options{ServerTime: true}), "", 16)
 	})
 	// The same through go-redis's (experimental) auto-pipeliner, as module.go uses it:
 	// concurrent decisions share round trips.
@@ -44,11 +45,11 @@ func BenchmarkReserveSettle(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = ap.Close() })
-		benchReserveSettle(b, NewRedisStore(c, RedisOptions{Prefix: testPrefix(b, c), ServerTime: true, Clock: clockwork.NewRealClock(), Scripter: ap}), "", 16)
+		benchReserveSettle(b, redisstore.New(c, redisstore.Options{Prefix: testPrefix(b, c), ServerTime: true, Clock: clockwork.NewRealClock(), Scripter: ap}), "", 16)
 	})
 	// With an upstream key the key's buckets are a second script (another slot).
 	b.Run("redis with upstream key", func(b *testing.B) {
-		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), RedisOptions{ServerTime: true}), "k1", 16)
+		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), redisstore.Options{ServerTime: true}), "k1", 16)
 	})
 }
 
@@ -70,8 +71,8 @@ func benchReserveSettle(b *testing.B, store Store, key string, parallelism int) 
 		latencies []time.Duration
 	)
 	var redisCPU func() time.Duration
-	if rs, ok := store.(*RedisStore); ok {
-		redisCPU = func() time.Duration { return redisServerCPU(b, rs.client) }
+	if rs, ok := store.(*redisstore.Store); ok {
+		redisCPU = func() time.Duration { return redisServerCPU(b, rs.Client()) }
 	}
 	var redisBefore time.Duration
 	if redisCPU != nil {
@@ -140,7 +141,7 @@ func BenchmarkDecisionLatency(b *testing.B) {
 		benchReserveSettle(b, memstore.New(clockwork.NewRealClock()), "", 0)
 	})
 	b.Run("redis", func(b *testing.B) {
-		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), RedisOptions{ServerTime: true}), "", 0)
+		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), redisstore.Options{ServerTime: true}), "", 0)
 	})
 }
 

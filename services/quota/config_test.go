@@ -6,8 +6,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // decodeStrict decodes the quota block the way the lead's loader does: defaults first,

@@ -83,7 +83,7 @@
 // # State
 //
 // Everything that must be shared lives behind the Store interface. memstore.Store serves
-// `mantle dev`, tests and single replicas. RedisStore serves many replicas: every
+// `mantle dev`, tests and single replicas. redisstore.Store serves many replicas: every
 // operation on a tenant's (or a key's) buckets is one Lua operation of a function
 // library (a script on Redis before 7.0), atomic in Redis and decided at Redis's TIME,
 // with hash tags that put a tenant's keys in one cluster slot.

@@ -24,9 +24,10 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
 
-// FailoverStore is a RedisStore that keeps working when Redis does not answer: each
+// FailoverStore is a redisstore.Store that keeps working when Redis does not answer: each
 // replica then enforces limit/replicas with a local memstore.Store, so that the replicas
 // together stay near the limit (assuming the load balancer spreads requests evenly),
 // and refuses requests of tenants with an enforced money budget (ErrBudgetUnavailable):
@@ -54,7 +55,7 @@ import (
 // one held in Redis cannot be settled while Redis is away (ErrStoreUnavailable), and its
 // charge stands, as for any reservation that is never settled.
 type FailoverStore struct {
-	redis    *RedisStore
+	redis    *redisstore.Store
 	local    *memstore.Store
 	replicas int64
 	clock    clockwork.Clock
@@ -84,7 +85,7 @@ type FailoverOptions struct {
 
 // NewFailoverStore wraps primary. The Service built on it exports its state in the
 // Service's metrics.
-func NewFailoverStore(primary *RedisStore, clock clockwork.Clock, opts FailoverOptions) *FailoverStore {
+func NewFailoverStore(primary *redisstore.Store, clock clockwork.Clock, opts FailoverOptions) *FailoverStore {
 	publisher := opts.Events
 	if publisher == nil {
 		publisher = discardEvents{}
@@ -220,11 +221,11 @@ func (f *FailoverStore) seedLocal(now time.Time) {
 // back from the local limiter, hands over (see FailoverStore) and uses Redis again. An
 // error leaves the store as it was.
 func (f *FailoverStore) reconnect(ctx context.Context) error {
-	now, err := f.redis.now(ctx)
+	now, err := f.redis.Now(ctx)
 	if err != nil {
 		return err
 	}
-	marker, created, err := f.redis.epoch(ctx, newEpoch(now))
+	marker, created, err := f.redis.Epoch(ctx, newEpoch(now))
 	if err != nil {
 		return err
 	}

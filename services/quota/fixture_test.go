@@ -13,6 +13,7 @@ import (
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
 
 // testConfig uses round numbers: 1 request and 100 tokens refill per second.
@@ -24,7 +25,7 @@ func testConfig() Config {
 }
 
 // backend makes Stores of one kind for the shared test suite. Every store decides at
-// the fixture's fake clock: RedisStore passes it to its scripts instead of Redis TIME.
+// the fixture's fake clock: redisstore.Store passes it to its scripts instead of Redis TIME.
 type backend struct {
 	name     string
 	newStore func(t testing.TB, clock clockwork.Clock) Store
@@ -36,14 +37,14 @@ var memoryBackend = backend{name: "memory", newStore: func(_ testing.TB, clock c
 
 // redisBackend stores in the test Redis under a prefix of its own (see redisForTest).
 var redisBackend = backend{name: "redis", newStore: func(t testing.TB, clock clockwork.Clock) Store {
-	return newTestRedisStore(t, clock, RedisOptions{})
+	return newTestRedisStore(t, clock, redisstore.Options{})
 }}
 
 // redisScriptsBackend is redisBackend sending EVALSHA, as it does to a Redis without
 // functions (before 7.0).
 var redisScriptsBackend = backend{name: "redis scripts", newStore: func(t testing.TB, clock clockwork.Clock) Store {
-	s := newTestRedisStore(t, clock, RedisOptions{})
-	s.batch.scripts.Store(true)
+	s := newTestRedisStore(t, clock, redisstore.Options{})
+	s.SendScripts()
 	return s
 }}
 

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 
 	"github.com/redis/go-redis/v9"
@@ -13,6 +14,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
 
 // Module returns the quota module. It depends on no other service; its Runnable runs
@@ -76,7 +78,7 @@ func module(cfg Config, at decisionClock) app.Module {
 }
 
 // redisState is the Redis backend as production wires it: a FailoverStore over a
-// RedisStore over one client.
+// redisstore.Store over one client.
 type redisState struct {
 	client *redis.Client
 	store  *FailoverStore
@@ -100,7 +102,7 @@ func newRedisBackend(cfg Config, env app.Env, at decisionClock) (*redisState, er
 	if err != nil {
 		return nil, err
 	}
-	opts := RedisOptions{
+	opts := redisstore.Options{
 		Prefix:         cfg.Redis.KeyPrefix,
 		Clock:          env.Clock,
 		ServerTime:     bool(at),
@@ -116,7 +118,7 @@ func newRedisBackend(cfg Config, env app.Env, at decisionClock) (*redisState, er
 		}
 		opts.Scripter = ap
 	}
-	primary := NewRedisStore(client, opts)
+	primary := redisstore.New(client, opts)
 	store := NewFailoverStore(primary, env.Clock, FailoverOptions{
 		Replicas: cfg.Redis.Replicas, ProbeInterval: cfg.Redis.ProbeInterval, Log: env.Log, Events: env.Events,
 	})
@@ -166,3 +168,10 @@ func newRedisClient(cfg RedisConfig, getenv func(string) string, tlsOpts tlsconf
 	}
 	return redis.NewClient(opts), nil
 }
+
+// RouteRedisLogs sends the lines go-redis logs itself (a pool that cannot dial, a
+// connection it drops) to log, as warnings in the process's format, instead of to stderr
+// in go-redis's own. go-redis keeps one logger per process, so the binary calls this
+// once, with its process logger; a program running several meshes (tests) leaves it
+// alone.
+func RouteRedisLogs(log *slog.Logger) { redisstore.RouteLogs(log) }

@@ -37,14 +37,14 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 		rapid.Check(t, func(rt *rapid.T) {
 			limit := rapid.SampledFrom([]int64{1, 7, 60, 6000, 1_000_000_007}).Draw(rt, "limit")
 			tenant := nextTenant()
-			spec := ledger.BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Kind: ledger.KindTokens, Limit: limit}
+			spec := ledger.BucketSpec{Group: ledger.TenantGroup(tenant), Field: ledger.FieldTPM, Kind: ledger.KindTokens, Limit: limit}
 			var open []string
 			next := 0
 			check := func(l ledger.BucketLevel) {
 				if l.Remaining < 0 || l.Remaining > limit || l.Reset < 0 || l.Reset > ledger.MaxDebt {
 					rt.Fatalf("level out of bounds: %+v (limit %d, max debt %v)", l, limit, ledger.MaxDebt)
 				}
-				if want := remainingAt(l.Reset, limit); l.Remaining != want {
+				if want := ledger.RemainingAt(l.Reset, limit); l.Remaining != want {
 					rt.Fatalf("remaining %d disagrees with a debt of %v (%d)", l.Remaining, l.Reset, want)
 				}
 			}
@@ -229,7 +229,7 @@ func TestPropertyAccountingBalances(t *testing.T) {
 					}
 					// The bucket owes exactly the net charge: open reservations at their
 					// estimate, settled ones at their usage.
-					r, err := f.svc.store.Observe(context.Background(), []ledger.Observation{{Bucket: ledger.BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Limit: 60_000}, Remaining: -1}})
+					r, err := f.svc.store.Observe(context.Background(), []ledger.Observation{{Bucket: ledger.BucketSpec{Group: ledger.TenantGroup(tenant), Field: ledger.FieldTPM, Limit: 60_000}, Remaining: -1}})
 					if err != nil {
 						rt.Fatal(err)
 					}

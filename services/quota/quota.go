@@ -231,43 +231,33 @@ func pairOf(levels []ledger.BucketLevel) Levels {
 			continue
 		}
 		switch l.Field {
-		case fieldRPM:
+		case ledger.FieldRPM:
 			out.Requests = l
-		case fieldTPM:
+		case ledger.FieldTPM:
 			out.Tokens = l
 		}
 	}
 	return out
 }
 
-// Bucket fields and groups. settle.lua reads a tenant's rpm and tpm fields with the
-// reservation's record, in one HMGET, by these names.
-const (
-	fieldRPM = "rpm"
-	fieldTPM = "tpm"
-)
-
-func tenantGroup(tenant string) string { return "tenant:" + tenant }
-func keyGroup(key string) string       { return "key:" + key }
-
 // chargeFor resolves the request against the config: which buckets apply, with which
 // limits and costs.
 func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) (ledger.Charge, error) {
 	c := ledger.Charge{ID: uuid.NewString(), Tenant: req.Tenant, TTL: s.cfg.ReservationTTL, Tokens: tokens, Buckets: make([]ledger.BucketSpec, 0, 4)}
 	if !req.KeyOnly {
-		group := tenantGroup(req.Tenant)
+		group := ledger.TenantGroup(req.Tenant)
 		rpm, tpm := s.cfg.tenantLimits(req.Tenant)
 		c.Buckets = append(c.Buckets,
-			ledger.NewSpec(group, fieldRPM, ledger.KindRequests, 1, rpm.limit, rpm.shadow),
-			ledger.NewSpec(group, fieldTPM, ledger.KindTokens, tokens, tpm.limit, tpm.shadow),
+			ledger.NewSpec(group, ledger.FieldRPM, ledger.KindRequests, 1, rpm.limit, rpm.shadow),
+			ledger.NewSpec(group, ledger.FieldTPM, ledger.KindTokens, tokens, tpm.limit, tpm.shadow),
 		)
 		if ml, ok := s.cfg.modelLimits(req.Tenant, req.Model); ok {
 			m := "model:" + tokencount.NormalizeModel(req.Model) + ":"
 			if ml.RPM > 0 {
-				c.Buckets = append(c.Buckets, ledger.NewSpec(group, m+fieldRPM, ledger.KindRequests, 1, ml.RPM, ml.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, m+ledger.FieldRPM, ledger.KindRequests, 1, ml.RPM, ml.Shadow))
 			}
 			if ml.TPM > 0 {
-				c.Buckets = append(c.Buckets, ledger.NewSpec(group, m+fieldTPM, ledger.KindTokens, tokens, ml.TPM, ml.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, m+ledger.FieldTPM, ledger.KindTokens, tokens, ml.TPM, ml.Shadow))
 			}
 		}
 		if b, ok := s.cfg.Budgets.Tenants[req.Tenant]; ok {
@@ -286,12 +276,12 @@ func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) 
 	}
 	if req.UpstreamKey != "" {
 		if kl, ok := s.cfg.UpstreamKeys[req.UpstreamKey]; ok {
-			group := keyGroup(req.UpstreamKey)
+			group := ledger.KeyGroup(req.UpstreamKey)
 			if kl.RPM > 0 {
-				c.Buckets = append(c.Buckets, ledger.NewSpec(group, fieldRPM, ledger.KindRequests, 1, kl.RPM, kl.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, ledger.FieldRPM, ledger.KindRequests, 1, kl.RPM, kl.Shadow))
 			}
 			if kl.TPM > 0 {
-				c.Buckets = append(c.Buckets, ledger.NewSpec(group, fieldTPM, ledger.KindTokens, tokens, kl.TPM, kl.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, ledger.FieldTPM, ledger.KindTokens, tokens, kl.TPM, kl.Shadow))
 			}
 		}
 	}
@@ -501,7 +491,7 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 		s.metrics.observations.WithLabelValues("false").Inc()
 		return false, Levels{}, nil
 	}
-	group := keyGroup(o.Key)
+	group := ledger.KeyGroup(o.Key)
 	var obs []ledger.Observation
 	implausible := false
 	// A reset longer than any provider's window is a broken header or a lie; applied,
@@ -514,10 +504,10 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 		return true
 	}
 	if kl.RPM > 0 && plausible(o.ResetRequests) {
-		obs = append(obs, ledger.Observation{Bucket: ledger.BucketSpec{Group: group, Field: fieldRPM, Kind: ledger.KindRequests, Limit: kl.RPM, Shadow: kl.Shadow}, Remaining: o.RemainingRequests, Reset: o.ResetRequests})
+		obs = append(obs, ledger.Observation{Bucket: ledger.BucketSpec{Group: group, Field: ledger.FieldRPM, Kind: ledger.KindRequests, Limit: kl.RPM, Shadow: kl.Shadow}, Remaining: o.RemainingRequests, Reset: o.ResetRequests})
 	}
 	if kl.TPM > 0 && plausible(o.ResetTokens) {
-		obs = append(obs, ledger.Observation{Bucket: ledger.BucketSpec{Group: group, Field: fieldTPM, Kind: ledger.KindTokens, Limit: kl.TPM, Shadow: kl.Shadow}, Remaining: o.RemainingTokens, Reset: o.ResetTokens})
+		obs = append(obs, ledger.Observation{Bucket: ledger.BucketSpec{Group: group, Field: ledger.FieldTPM, Kind: ledger.KindTokens, Limit: kl.TPM, Shadow: kl.Shadow}, Remaining: o.RemainingTokens, Reset: o.ResetTokens})
 	}
 	if implausible {
 		s.metrics.observations.WithLabelValues("implausible").Inc()

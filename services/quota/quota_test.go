@@ -24,7 +24,7 @@ import (
 )
 
 // The tests in this file run against every backend (eachBackend): memstore.Store and
-// RedisStore must decide identically, to the nanosecond.
+// redisstore.Store must decide identically, to the nanosecond.
 
 func TestReserveRefillsOverFakeTime(t *testing.T) {
 	t.Parallel()

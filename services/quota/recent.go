@@ -2,9 +2,10 @@ package quota
 
 import (
 	"errors"
-	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"sync"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // maxRecentBuckets bounds what a FailoverStore remembers. A replica that used more

@@ -165,9 +165,9 @@ func (s *Service) refused(ctx context.Context, start time.Time, req ReserveReque
 	case errors.As(err, &tooLarge):
 		decision, reason, bucket = decisionTooLarge, eventRequestTooLarge, tooLarge.Bucket
 	case errors.As(err, &unknown):
-		decision, reason, bucket = decisionPrice, eventPriceUnknown, tenantGroup(req.Tenant)+":budget"
+		decision, reason, bucket = decisionPrice, eventPriceUnknown, ledger.TenantGroup(req.Tenant)+":budget"
 	case errors.Is(err, ErrBudgetUnavailable):
-		decision, reason, bucket = decisionUnavailable, eventBudgetUnavailable, tenantGroup(req.Tenant)+":budget"
+		decision, reason, bucket = decisionUnavailable, eventBudgetUnavailable, ledger.TenantGroup(req.Tenant)+":budget"
 	default:
 		return
 	}

@@ -2,14 +2,15 @@ package quota
 
 import (
 	"context"
-	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // Store keeps bucket levels, budgets, open reservations and retry counters. The Service
 // owns the policy (which buckets apply, their limits and costs, priorities, events); a
 // Store makes each operation atomic and decides at its own clock: memstore.Store at the
-// injected clock, RedisStore at Redis's TIME, so that replicas with skewed clocks agree.
+// injected clock, redisstore.Store at Redis's TIME, so that replicas with skewed clocks agree.
 //
 // Limits travel with every call, in the style of envoyproxy/ratelimit, so a changed
 // limit applies at once and a Store needs no configuration of its own.

@@ -3,11 +3,12 @@ package quota
 import (
 	"context"
 	"fmt"
-	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"maps"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // maxSeenTenants bounds the tenants a replica remembers for DescribeUsage: tenant ids come
@@ -36,10 +37,10 @@ func (s *Service) Usage(ctx context.Context, tenants []string) ([]TenantUsage, e
 			continue
 		}
 		rpm, tpm := s.cfg.tenantLimits(t)
-		group := tenantGroup(t)
+		group := ledger.TenantGroup(t)
 		obs = append(obs,
-			ledger.Observation{Bucket: ledger.NewSpec(group, fieldRPM, ledger.KindRequests, 0, rpm.limit, rpm.shadow), Remaining: -1},
-			ledger.Observation{Bucket: ledger.NewSpec(group, fieldTPM, ledger.KindTokens, 0, tpm.limit, tpm.shadow), Remaining: -1},
+			ledger.Observation{Bucket: ledger.NewSpec(group, ledger.FieldRPM, ledger.KindRequests, 0, rpm.limit, rpm.shadow), Remaining: -1},
+			ledger.Observation{Bucket: ledger.NewSpec(group, ledger.FieldTPM, ledger.KindTokens, 0, tpm.limit, tpm.shadow), Remaining: -1},
 		)
 	}
 	if len(obs) == 0 {

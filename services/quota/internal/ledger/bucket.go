@@ -58,3 +58,8 @@ func ObservedDebt(remaining int64, reset time.Duration, limit int64) time.Durati
 	}
 	return min(d, MaxDebt)
 }
+
+// RemainingAt is the whole tokens a bucket with the given debt holds.
+func RemainingAt(debt time.Duration, limit int64) int64 {
+	return TokensIn(max(Window-debt, 0), limit)
+}

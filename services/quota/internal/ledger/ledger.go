@@ -206,3 +206,16 @@ func SettleDelta(spec BucketSpec, actualTokens int64, release bool) int64 {
 		return 0
 	}
 }
+
+// Bucket fields and groups. settle.lua reads a tenant's rpm and tpm fields with the
+// reservation's record, in one HMGET, by these names.
+const (
+	FieldRPM = "rpm"
+	FieldTPM = "tpm"
+)
+
+// TenantGroup is a tenant's bucket group.
+func TenantGroup(tenant string) string { return "tenant:" + tenant }
+
+// KeyGroup is an upstream key's bucket group.
+func KeyGroup(key string) string { return "key:" + key }

@@ -15,7 +15,7 @@ import (
 )
 
 // Store is the in-memory quota store: for `mantle dev`, tests, single-replica
-// deployments, and the local fallback of a RedisStore. One mutex makes every operation
+// deployments, and the local fallback of a Store. One mutex makes every operation
 // atomic; each holds it for a few map lookups, so it is not a bottleneck at the request
 // rates one replica serves.
 type Store struct {

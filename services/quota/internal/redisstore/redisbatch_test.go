@@ -1,4 +1,4 @@
-package quota
+package redisstore
 
 import (
 	"context"
@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // freshLib returns a quota library no Redis has seen (its name and script hash are
@@ -312,14 +313,14 @@ func TestBatcherClose(t *testing.T) {
 	}
 	b.Close()
 	b.Close() // twice is harmless
-	if _, err := b.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, errBatcherClosed) {
+	if _, err := b.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v, want errBatcherClosed", err)
 	}
 
 	// Closed before first use: no worker starts, calls fail.
 	b2 := newScriptBatcher(c, quotaLib)
 	b2.Close()
-	if _, err := b2.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, errBatcherClosed) {
+	if _, err := b2.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v, want errBatcherClosed", err)
 	}
 }
@@ -380,14 +381,14 @@ func TestRedisStoreThroughScripter(t *testing.T) {
 				scripter = onlyScripter{ap}
 			}
 			clock := clockwork.NewFakeClockAt(t0)
-			store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock, Scripter: scripter})
+			store := New(c, Options{Prefix: testPrefix(t, c), Clock: clock, Scripter: scripter})
 			t.Cleanup(func() { _ = store.Close() })
 			store.lib = freshLib(t, c)
 			if tt.scripts {
 				store.scripts.Store(true)
 			}
 			ctx := context.Background()
-			spec := ledger.BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: ledger.KindTokens, Cost: 60, Limit: 600}
+			spec := ledger.BucketSpec{Group: "tenant:acme", Field: ledger.FieldTPM, Kind: ledger.KindTokens, Cost: 60, Limit: 600}
 			for i := range 2 {
 				id := fmt.Sprint("r", i)
 				g, err := store.Reserve(ctx, ledger.Charge{ID: id, Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []ledger.BucketSpec{spec}})

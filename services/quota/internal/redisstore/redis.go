@@ -1,4 +1,4 @@
-package quota
+package redisstore
 
 import (
 	"context"
@@ -13,11 +13,12 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
-// RedisStore keeps quota state in Redis so that every replica shares it. Each operation
+// Store keeps quota state in Redis so that every replica shares it. Each operation
 // on a group of buckets (a tenant's, or an upstream key's) is one Lua operation, atomic
 // in Redis, deciding at Redis's TIME. The operations live in one function library
 // (lua.go; a script on Redis before 7.0), and concurrent calls' operations go to Redis
@@ -42,7 +43,7 @@ import (
 // (which records the reservation); when the tenant refuses, the key's charge is given
 // back with a second script. All or nothing therefore holds for outcomes, but for a
 // moment a refused request holds key capacity it then returns.
-type RedisStore struct {
+type Store struct {
 	client     redis.UniversalClient
 	scripter   redis.Scripter
 	prefix     string
@@ -64,8 +65,8 @@ type RedisStore struct {
 	calls atomic.Int64
 }
 
-// RedisOptions configure a RedisStore.
-type RedisOptions struct {
+// RedisOptions configure a Store.
+type Options struct {
 	// Prefix starts every key.
 	Prefix string
 	// Clock is the replica's clock: it times the over-limit cache and, when ServerTime is
@@ -87,8 +88,8 @@ type RedisOptions struct {
 }
 
 // NewRedisStore returns a store on client. It does not contact Redis.
-func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore {
-	s := &RedisStore{
+func New(client redis.UniversalClient, opts Options) *Store {
+	s := &Store{
 		client:     client,
 		scripter:   opts.Scripter,
 		prefix:     opts.Prefix,
@@ -114,37 +115,35 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 
 // Close stops the store's batcher: calls still waiting, and any later call, fail. It
 // does not close the client, which the caller owns.
-func (s *RedisStore) Close() error {
+func (s *Store) Close() error {
 	if s.batch != nil {
 		s.batch.Close()
 	}
 	return nil
 }
 
-var _ Store = (*RedisStore)(nil)
-
 // groupKey is the hash of a group's buckets. Braces and percent signs in ids are escaped
 // so that the hash tag is exactly the group.
-func (s *RedisStore) groupKey(group string) string {
+func (s *Store) groupKey(group string) string {
 	return s.prefix + "{" + escapeTag(group) + "}:b"
 }
 
 // reservationKey is a reservation record of its own: one that charged no tenant bucket
 // (an upstream key's only), or one an earlier version wrote. Others are recordField in
 // the tenant's hash.
-func (s *RedisStore) reservationKey(tenant, id string) string {
-	return s.prefix + "{" + escapeTag(tenantGroup(tenant)) + "}:r:" + id
+func (s *Store) reservationKey(tenant, id string) string {
+	return s.prefix + "{" + escapeTag(ledger.TenantGroup(tenant)) + "}:r:" + id
 }
 
 // recordField is a reservation record's field in its tenant's hash; bucket fields never
 // hold '|' (escapeField).
 func recordField(id string) string { return "r|" + id }
 
-func (s *RedisStore) retryKey() string { return s.prefix + "{retry}:c" }
+func (s *Store) retryKey() string { return s.prefix + "{retry}:c" }
 
 // newArgs starts an operation's arguments, an array of n values (msgpack.go), with the
 // time they count among them: false for Redis TIME, else seconds and nanoseconds.
-func (s *RedisStore) newArgs(n int) []byte {
+func (s *Store) newArgs(n int) []byte {
 	b := mpArray(make([]byte, 0, 24+12*n), n)
 	if s.serverTime {
 		return mpBool(mpBool(b, false), false)
@@ -154,7 +153,7 @@ func (s *RedisStore) newArgs(n int) []byte {
 }
 
 // run runs one quota operation (lua/batch.lua) and returns its reply.
-func (s *RedisStore) run(ctx context.Context, op string, keys []string, args []byte) (*reply, error) {
+func (s *Store) run(ctx context.Context, op string, keys []string, args []byte) (*reply, error) {
 	s.calls.Add(1)
 	var (
 		v   string
@@ -181,7 +180,7 @@ type functionCaller interface {
 // runScript runs one operation as a batch of one through the Scripter: by FCALL when
 // the Scripter can call functions (NewRedisStore sets scripts when it cannot), else by
 // EVALSHA, with the recovery sendBatch gives either.
-func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []byte) (string, error) {
+func (s *Store) runScript(ctx context.Context, op string, keys []string, args []byte) (string, error) {
 	fc, _ := s.scripter.(functionCaller)
 	c := &scriptCall{op: op, keys: keys, args: args}
 	list := opList(c)
@@ -206,11 +205,11 @@ func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, ar
 }
 
 // Reserve implements Store.
-func (s *RedisStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
+func (s *Store) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
 	if refusal := s.cache.check(s.clock.Now(), c); refusal != nil {
 		return ledger.Grant{}, refusal
 	}
-	tenant := tenantGroup(c.Tenant)
+	tenant := ledger.TenantGroup(c.Tenant)
 	// Buckets by group, in charge order; the tenant's group (if charged) goes last
 	// because it records the reservation and must know what the key's script charged.
 	var order []string
@@ -296,7 +295,7 @@ type groupCharge struct {
 	charged []bool
 }
 
-func (s *RedisStore) undoGroup(ctx context.Context, d groupCharge, c ledger.Charge) error {
+func (s *Store) undoGroup(ctx context.Context, d groupCharge, c ledger.Charge) error {
 	var ops []adjustOp
 	for j, i := range d.idx {
 		if d.charged[j] {
@@ -318,7 +317,7 @@ type groupResult struct {
 	budget  *ledger.BudgetLevel
 }
 
-func (s *RedisStore) reserveGroup(ctx context.Context, group string, c ledger.Charge, idx []int, budget *ledger.BudgetCharge, tail string) (groupResult, error) {
+func (s *Store) reserveGroup(ctx context.Context, group string, c ledger.Charge, idx []int, budget *ledger.BudgetCharge, tail string) (groupResult, error) {
 	n := 4 + 3*len(idx) + 4
 	if tail != "" {
 		n += 3
@@ -352,7 +351,7 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c ledger.Ch
 		b := c.Buckets[i]
 		res.debts[j], res.flags[j], res.charged[j] = debt, flag, flag == 0
 		if flag == 1 {
-			short = append(short, &ledger.ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: remainingAt(debt, b.Limit), RetryAfter: wait})
+			short = append(short, &ledger.ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: ledger.RemainingAt(debt, b.Limit), RetryAfter: wait})
 		}
 	}
 	spent, reset, bflag := r.int(), time.Duration(r.int()), r.int()
@@ -375,12 +374,12 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c ledger.Ch
 }
 
 // fill copies a group's levels into the grant.
-func (s *RedisStore) fill(g *ledger.Grant, c ledger.Charge, idx []int, res groupResult) {
+func (s *Store) fill(g *ledger.Grant, c ledger.Charge, idx []int, res groupResult) {
 	g.At = res.at
 	for j, i := range idx {
 		b := c.Buckets[i]
 		g.Levels[i] = ledger.BucketLevel{
-			Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(res.debts[j], b.Limit), Reset: res.debts[j],
+			Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: ledger.RemainingAt(res.debts[j], b.Limit), Reset: res.debts[j],
 			Shadow: b.Shadow, ShadowRefused: res.flags[j] == 2,
 		}
 	}
@@ -406,7 +405,7 @@ func recordTail(c ledger.Charge, charged []bool) string {
 		b = append(b, '-')
 	}
 	b = append(b, '|')
-	tenant := tenantGroup(c.Tenant)
+	tenant := ledger.TenantGroup(c.Tenant)
 	first := true
 	for _, bucket := range c.Buckets {
 		if bucket.Group == tenant {
@@ -457,8 +456,8 @@ func appendBucketSpec(b []byte, bucket ledger.BucketSpec) []byte {
 }
 
 // Settle implements Store.
-func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual ledger.Actual, release bool) (ledger.Settlement, error) {
-	group := tenantGroup(tenant)
+func (s *Store) Settle(ctx context.Context, tenant, id string, actual ledger.Actual, release bool) (ledger.Settlement, error) {
+	group := ledger.TenantGroup(tenant)
 	tokens := ledger.ClampUsage(actual.Tokens)
 	args := s.newArgs(8)
 	args = mpInt(mpInt(args, int64(ledger.MaxDebt)), tokens)
@@ -613,7 +612,7 @@ type adjustOp struct {
 }
 
 // adjustGroup runs the adjust script and returns each bucket's debt afterwards.
-func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjustOp) ([]time.Duration, error) {
+func (s *Store) adjustGroup(ctx context.Context, group string, ops []adjustOp) ([]time.Duration, error) {
 	if len(ops) == 0 {
 		return nil, nil
 	}
@@ -641,7 +640,7 @@ func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjust
 }
 
 // Observe implements Store.
-func (s *RedisStore) Observe(ctx context.Context, obs []ledger.Observation) ([]ledger.BucketLevel, error) {
+func (s *Store) Observe(ctx context.Context, obs []ledger.Observation) ([]ledger.BucketLevel, error) {
 	levels := make([]ledger.BucketLevel, len(obs))
 	// Observations of one key share a group; group them to make one call per group.
 	for start := 0; start < len(obs); {
@@ -669,12 +668,12 @@ func (s *RedisStore) Observe(ctx context.Context, obs []ledger.Observation) ([]l
 // CountRequest implements Store. Requests are counted locally and added to Redis by
 // Run every FlushInterval (and by AcquireRetry), so that the hot path pays no round
 // trip to the retry budget's single hash.
-func (s *RedisStore) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
+func (s *Store) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
 	s.pending.add(key, overall, window)
 }
 
 // AcquireRetry implements Store.
-func (s *RedisStore) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (ledger.RetryDecision, error) {
+func (s *Store) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (ledger.RetryDecision, error) {
 	overall, forKey := s.pending.take(ask.Key)
 	d, err := s.retryCall(ctx, ask.Budget, ask.Key, ask.Tenant, ask.Format, true, overall, forKey)
 	if err != nil {
@@ -683,7 +682,7 @@ func (s *RedisStore) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (led
 	return d, err
 }
 
-func (s *RedisStore) retryCall(ctx context.Context, cfg ledger.RetryBudget, key, tenant string, format, acquire bool, overall, forKey float64) (ledger.RetryDecision, error) {
+func (s *Store) retryCall(ctx context.Context, cfg ledger.RetryBudget, key, tenant string, format, acquire bool, overall, forKey float64) (ledger.RetryDecision, error) {
 	args := s.newArgs(13)
 	args = mpInt(args, int64(cfg.Window/time.Second))
 	args = mpFloat(mpInt(mpFloat(args, cfg.Ratio), int64(cfg.Floor)), cfg.FormatOnlyAbove)
@@ -708,7 +707,7 @@ func (s *RedisStore) retryCall(ctx context.Context, cfg ledger.RetryBudget, key,
 }
 
 // flush adds the buffered request counts to Redis.
-func (s *RedisStore) flush(ctx context.Context) error {
+func (s *Store) flush(ctx context.Context) error {
 	var errs []error
 	for _, p := range s.pending.drain() {
 		if _, err := s.retryCall(ctx, ledger.RetryBudget{Window: p.window}, p.key, "", false, false, p.overall, p.forKey); err != nil {
@@ -720,13 +719,13 @@ func (s *RedisStore) flush(ctx context.Context) error {
 
 // Sweep implements Store. Redis expires reservations and full buckets by itself; only
 // the local over-limit cache is pruned.
-func (s *RedisStore) Sweep(context.Context) (int, error) {
+func (s *Store) Sweep(context.Context) (int, error) {
 	s.cache.prune(s.clock.Now())
 	return 0, nil
 }
 
 // Run flushes buffered request counts every FlushInterval until ctx is done.
-func (s *RedisStore) Run(ctx context.Context) error {
+func (s *Store) Run(ctx context.Context) error {
 	ticker := s.clock.NewTicker(s.flushEvery)
 	defer ticker.Stop()
 	for {
@@ -742,13 +741,13 @@ func (s *RedisStore) Run(ctx context.Context) error {
 }
 
 // Ping checks that Redis answers.
-func (s *RedisStore) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context) error {
 	return s.client.Ping(ctx).Err()
 }
 
-// now is the decision clock: Redis's TIME, or the replica's clock when the store
+// Now is the decision clock: Redis's TIME, or the replica's clock when the store
 // decides at it (ServerTime false).
-func (s *RedisStore) now(ctx context.Context) (time.Time, error) {
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	if !s.serverTime {
 		return s.clock.Now(), nil
 	}
@@ -762,11 +761,11 @@ func (s *RedisStore) now(ctx context.Context) (time.Time, error) {
 // epochKey holds the epoch marker: written once by the first replica that finds it
 // missing, never expiring. A marker that changed, or went missing, means Redis lost
 // its data (a restart without persistence, a flush, a failover to an empty replica).
-func (s *RedisStore) epochKey() string { return s.prefix + "epoch" }
+func (s *Store) epochKey() string { return s.prefix + "epoch" }
 
-// epoch returns Redis's epoch marker; when there is none it writes value and reports
+// Epoch returns Redis's epoch marker; when there is none it writes value and reports
 // created.
-func (s *RedisStore) epoch(ctx context.Context, value string) (marker string, created bool, err error) {
+func (s *Store) Epoch(ctx context.Context, value string) (marker string, created bool, err error) {
 	key := s.epochKey()
 	for range 2 {
 		v, err := s.client.Get(ctx, key).Result()
@@ -790,12 +789,7 @@ func (s *RedisStore) epoch(ctx context.Context, value string) (marker string, cr
 
 // levelAt is the level of a bucket with the given debt.
 func levelAt(b ledger.BucketSpec, debt time.Duration) ledger.BucketLevel {
-	return ledger.BucketLevel{Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(debt, b.Limit), Reset: debt, Shadow: b.Shadow}
-}
-
-// remainingAt is the whole tokens a bucket with the given debt holds.
-func remainingAt(debt time.Duration, limit int64) int64 {
-	return ledger.TokensIn(max(ledger.Window-debt, 0), limit)
+	return ledger.BucketLevel{Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: ledger.RemainingAt(debt, b.Limit), Reset: debt, Shadow: b.Shadow}
 }
 
 // flagArg is a flag as the operations take it (msgpack.go): 1 or 0.
@@ -850,7 +844,7 @@ func newReply(b string) *reply {
 	r := &reply{b: b}
 	kind, n, i := mpHeader(b, 0)
 	if kind != mpArr {
-		r.err = errMalformedReply
+		r.err = ErrMalformedReply
 		return r
 	}
 	r.n, r.i = int(n), i
@@ -870,7 +864,7 @@ func (r *reply) next() (kind mpKind, v uint64, ok bool) {
 	}
 	kind, v, i := mpHeader(r.b, r.i)
 	if kind == mpBad || kind == mpArr || kind == mpMap || (kind == mpStr && v > uint64(len(r.b)-i)) {
-		r.err = errMalformedReply
+		r.err = ErrMalformedReply
 		return mpBad, 0, false
 	}
 	r.n--
@@ -1096,3 +1090,15 @@ func (p *pendingRequests) drain() []pendingBatch {
 	clear(p.keys)
 	return out
 }
+
+// Client is the client the store sends through; benchmarks read Redis's own CPU time
+// with it.
+func (s *Store) Client() redis.UniversalClient { return s.client }
+
+// SendScripts makes the store send EVALSHA from now on, as it does to a Redis without
+// functions (before 7.0), so that tests run both paths against one Redis.
+func (s *Store) SendScripts() { s.batch.scripts.Store(true) }
+
+// RoundTrips is how many operations the store has sent to Redis; the over-limit cache
+// is measured by the ones it saved.
+func (s *Store) RoundTrips() int64 { return s.calls.Load() }
