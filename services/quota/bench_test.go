@@ -53,11 +53,11 @@ func BenchmarkReserveSettle(b *testing.B) {
 	})
 }
 
-func benchReserveSettle(b *testing.B, store Store, key string, parallelism int) {
+func benchReserveSettle(b *testing.B, store stateStore, key string, parallelism int) {
 	cfg := DefaultConfig()
 	cfg.DefaultLimits = RateLimits{RPM: 1 << 40, TPM: 1 << 50} // never refuse: measure the happy path
 	cfg.UpstreamKeys = map[string]RateLimits{"k1": {RPM: 1 << 40, TPM: 1 << 50}}
-	svc, err := NewService(cfg, Deps{Store: store, Clock: clockwork.NewRealClock(), Metrics: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)})
+	svc, err := newService(cfg, serviceDeps{Store: store, Clock: clockwork.NewRealClock(), Metrics: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -99,13 +99,13 @@ func benchReserveSettle(b *testing.B, store Store, key string, parallelism int) 
 			tenant := tenants[i%len(tenants)]
 			i++
 			t0 := time.Now()
-			r, err := svc.Reserve(ctx, ReserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: 500, MaxOutputTokens: 1024, UpstreamKey: key})
+			r, err := svc.Reserve(ctx, reserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: 500, MaxOutputTokens: 1024, UpstreamKey: key})
 			local = append(local, time.Since(t0))
 			if err != nil {
 				b.Error(err)
 				return
 			}
-			if _, err := svc.Settle(ctx, SettleRequest{Tenant: tenant, ReservationID: r.ReservationID, Usage: &Usage{TotalTokens: 800}}); err != nil {
+			if _, err := svc.Settle(ctx, settleRequest{Tenant: tenant, ReservationID: r.ReservationID, Usage: &tokenUsage{TotalTokens: 800}}); err != nil {
 				b.Error(err)
 				return
 			}

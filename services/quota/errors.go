@@ -11,24 +11,24 @@ import (
 var (
 	// ErrRequestTooLarge: the cost exceeds a bucket's capacity; waiting cannot help. The
 	// concrete error is a *TooLargeError.
-	ErrRequestTooLarge = errors.New("request larger than the quota")
+	errRequestTooLarge = errors.New("request larger than the quota")
 	// ErrTenantMismatch: the request names a tenant other than the authenticated one.
-	ErrTenantMismatch = errors.New("quality.tenant does not match the authenticated tenant")
+	errTenantMismatch = errors.New("quality.tenant does not match the authenticated tenant")
 	// ErrBudgetUnavailable: the tenant has a money budget and its state cannot be read
 	// (Redis is unreachable). Money budgets fail closed.
-	ErrBudgetUnavailable = errors.New("the money budget's state is unavailable; budgets fail closed")
+	errBudgetUnavailable = errors.New("the money budget's state is unavailable; budgets fail closed")
 	// ErrStoreUnavailable: the state a call needs cannot be reached, and there is no
 	// local stand-in for it (settling a reservation held in an unreachable Redis).
-	ErrStoreUnavailable = errors.New("quota state unavailable")
+	errStoreUnavailable = errors.New("quota state unavailable")
 	// ErrPriceUnknown: the tenant has a money budget and the model has no price. The
 	// concrete error is a *PriceUnknownError.
-	ErrPriceUnknown = errors.New("no price for the model")
+	errPriceUnknown = errors.New("no price for the model")
 	// ErrShuttingDown: the replica stopped while the request waited.
-	ErrShuttingDown = errors.New("quota service is shutting down")
+	errShuttingDown = errors.New("quota service is shutting down")
 )
 
-// TooLargeError is a request that needs more than a bucket can ever hold.
-type TooLargeError struct {
+// tooLargeError is a request that needs more than a bucket can ever hold.
+type tooLargeError struct {
 	// Bucket names the bucket, for example "tenant:acme:tpm".
 	Bucket string
 	// Field is the request field to change: input_tokens or messages when the input
@@ -38,21 +38,21 @@ type TooLargeError struct {
 	Limit int64
 }
 
-func (e *TooLargeError) Error() string {
+func (e *tooLargeError) Error() string {
 	return fmt.Sprintf("request needs %d from %s, which holds at most %d", e.Cost, e.Bucket, e.Limit)
 }
 
 // Unwrap makes errors.Is(err, ErrRequestTooLarge) true.
-func (e *TooLargeError) Unwrap() error { return ErrRequestTooLarge }
+func (e *tooLargeError) Unwrap() error { return errRequestTooLarge }
 
-// PriceUnknownError is a budgeted request for a model without a price.
-type PriceUnknownError struct {
+// priceUnknownError is a budgeted request for a model without a price.
+type priceUnknownError struct {
 	Model string
 }
 
-func (e *PriceUnknownError) Error() string {
+func (e *priceUnknownError) Error() string {
 	return fmt.Sprintf("the tenant has a money budget and model %q has no price (budgets.prices, budgets.default_price)", e.Model)
 }
 
 // Unwrap makes errors.Is(err, ErrPriceUnknown) true.
-func (e *PriceUnknownError) Unwrap() error { return ErrPriceUnknown }
+func (e *priceUnknownError) Unwrap() error { return errPriceUnknown }

@@ -50,15 +50,15 @@ func TestEventsOnNATS(t *testing.T) {
 	}
 
 	clock := clockwork.NewFakeClockAt(t0)
-	svc, err := NewService(testConfig(), Deps{Store: memstore.New(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: log, Events: pub})
+	svc, err := newService(testConfig(), serviceDeps{Store: memstore.New(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: log, Events: pub})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := svc.Reserve(ctx, ReserveRequest{Tenant: "acme", RequestID: "r1", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); err != nil {
+	if _, err := svc.Reserve(ctx, reserveRequest{Tenant: "acme", RequestID: "r1", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.Reserve(ctx, ReserveRequest{Tenant: "acme", RequestID: "r2", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); !errors.Is(err, ledger.ErrExhausted) {
+	if _, err := svc.Reserve(ctx, reserveRequest{Tenant: "acme", RequestID: "r2", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); !errors.Is(err, ledger.ErrExhausted) {
 		t.Fatalf("err = %v, want exhausted", err)
 	}
 

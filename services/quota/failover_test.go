@@ -48,14 +48,14 @@ func TestUnreachable(t *testing.T) {
 		// Answers: refusals and other domain errors never mean Redis is away.
 		{"a refusal", ctx, &ledger.ExhaustedError{Bucket: "tenant:acme:rpm", Cost: 1, RetryAfter: time.Second}, false},
 		{"a wrapped refusal", ctx, fmt.Errorf("reserve: %w", &ledger.ExhaustedError{Bucket: "tenant:acme:tpm"}), false},
-		{"too large", ctx, &TooLargeError{Bucket: "tenant:acme:tpm", Cost: 10, Limit: 1}, false},
+		{"too large", ctx, &tooLargeError{Bucket: "tenant:acme:tpm", Cost: 10, Limit: 1}, false},
 		{"not found", ctx, fmt.Errorf("settle: %w", ledger.ErrReservationNotFound), false},
-		{"budget", ctx, ErrBudgetUnavailable, false},
+		{"budget", ctx, errBudgetUnavailable, false},
 		{"redis nil", ctx, redis.Nil, false},
 		{"a script's bug", ctx, errors.New("redis: reserve script refused without naming a bucket"), false},
 		{"closed store", ctx, redisstore.ErrClosed, false},
 		{"closed client", ctx, redis.ErrClosed, false},
-		{"shutting down", ctx, ErrShuttingDown, false},
+		{"shutting down", ctx, errShuttingDown, false},
 	} {
 		if got := unreachable(tt.ctx, tt.err); got != tt.want {
 			t.Errorf("%s: unreachable = %v, want %v", tt.name, got, tt.want)

@@ -29,15 +29,15 @@ func Module(cfg Config) app.Module {
 func module(cfg Config, at decisionClock) app.Module {
 	return app.Module{
 		Name:      "quota",
-		Audiences: Audiences,
+		Audiences: audiences,
 		New: func(_ context.Context, env app.Env) (app.Runnable, error) {
 			log := env.Log.With("service", "quota")
 			var (
-				store   Store
+				store   stateStore
 				backend *redisState
 			)
 			switch cfg.Backend {
-			case BackendRedis:
+			case backendRedis:
 				benv := env
 				benv.Log = log
 				var err error
@@ -52,7 +52,7 @@ func module(cfg Config, at decisionClock) app.Module {
 			default:
 				store = memstore.New(env.Clock)
 			}
-			svc, err := NewService(cfg, Deps{
+			svc, err := newService(cfg, serviceDeps{
 				Store:   store,
 				Clock:   env.Clock,
 				Metrics: env.Metrics,
@@ -81,7 +81,7 @@ func module(cfg Config, at decisionClock) app.Module {
 // redisstore.Store over one client.
 type redisState struct {
 	client *redis.Client
-	store  *FailoverStore
+	store  *failoverStore
 }
 
 // Where a redisState's decisions are timed.
@@ -119,7 +119,7 @@ func newRedisBackend(cfg Config, env app.Env, at decisionClock) (*redisState, er
 		opts.Scripter = ap
 	}
 	primary := redisstore.New(client, opts)
-	store := NewFailoverStore(primary, env.Clock, FailoverOptions{
+	store := newFailoverStore(primary, env.Clock, failoverOptions{
 		Replicas: cfg.Redis.Replicas, ProbeInterval: cfg.Redis.ProbeInterval, Log: env.Log, Events: env.Events,
 	})
 	return &redisState{client: client, store: store}, nil

@@ -113,14 +113,14 @@ func TestPropertyAdmittedCostWithinCapacityPlusRefill(t *testing.T) {
 			}
 			var grants []grant
 			type reservation struct {
-				Reserved
+				reserveOutcome
 				at time.Time
 			}
 			var open []reservation
 			rt.Repeat(map[string]func(*rapid.T){
 				"reserve": func(rt *rapid.T) {
 					cost := rapid.Int64Range(1, limit).Draw(rt, "cost")
-					r, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "m", InputTokens: cost, MaxOutputTokens: 0})
+					r, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: tenant, Model: "m", InputTokens: cost, MaxOutputTokens: 0})
 					if err == nil {
 						grants = append(grants, grant{clock.Now(), r.ReservedTokens})
 						open = append(open, reservation{r, clock.Now()})
@@ -138,7 +138,7 @@ func TestPropertyAdmittedCostWithinCapacityPlusRefill(t *testing.T) {
 					r := open[0]
 					open = open[1:]
 					extra := rapid.Int64Range(0, limit).Draw(rt, "extra")
-					if _, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: tenant, ReservationID: r.ReservationID, Usage: &Usage{TotalTokens: r.ReservedTokens + extra}}); err != nil {
+					if _, err := f.svc.Settle(context.Background(), settleRequest{Tenant: tenant, ReservationID: r.ReservationID, Usage: &tokenUsage{TotalTokens: r.ReservedTokens + extra}}); err != nil {
 						rt.Fatalf("settle: %v", err)
 					}
 				},
@@ -187,7 +187,7 @@ func TestPropertyAccountingBalances(t *testing.T) {
 				"reserve": func(rt *rapid.T) {
 					in := rapid.Int64Range(1, 5000).Draw(rt, "input")
 					out := rapid.Int64Range(0, 5000).Draw(rt, "max output")
-					r, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "m", InputTokens: in, MaxOutputTokens: max(out, 1)})
+					r, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: tenant, Model: "m", InputTokens: in, MaxOutputTokens: max(out, 1)})
 					if err != nil {
 						return // exhausted: charges nothing
 					}
@@ -204,7 +204,7 @@ func TestPropertyAccountingBalances(t *testing.T) {
 					ids = append(ids[:i], ids[i+1:]...)
 					in := rapid.Int64Range(0, 8000).Draw(rt, "actual input")
 					out := rapid.Int64Range(0, 8000).Draw(rt, "actual output")
-					st, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: tenant, ReservationID: id, Usage: &Usage{InputTokens: in, OutputTokens: out}})
+					st, err := f.svc.Settle(context.Background(), settleRequest{Tenant: tenant, ReservationID: id, Usage: &tokenUsage{InputTokens: in, OutputTokens: out}})
 					if err != nil {
 						rt.Fatalf("settle: %v", err)
 					}
@@ -299,7 +299,7 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 				if rapid.Bool().Draw(rt, "on the key") {
 					key = "k"
 				}
-				charge, err := f.svc.chargeFor(ReserveRequest{Tenant: tenant, Model: "m", UpstreamKey: key}, cost, 0, cost)
+				charge, err := f.svc.chargeFor(reserveRequest{Tenant: tenant, Model: "m", UpstreamKey: key}, cost, 0, cost)
 				if err != nil {
 					rt.Fatal(err)
 				}
@@ -307,7 +307,7 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 				for _, b := range charge.Buckets {
 					adm.buckets = append(adm.buckets, b.Name())
 				}
-				if _, _, err := q.enter(ctx, adm); err != nil && !errors.Is(err, ledger.ErrExhausted) && !errors.Is(err, ErrRequestTooLarge) {
+				if _, _, err := q.enter(ctx, adm); err != nil && !errors.Is(err, ledger.ErrExhausted) && !errors.Is(err, errRequestTooLarge) {
 					rt.Fatalf("enter: %v", err)
 				}
 			},

@@ -86,7 +86,7 @@ type admission struct {
 // queues, so priority holds within each replica's traffic.
 type queue struct {
 	cfg     QueueConfig
-	store   Store
+	store   stateStore
 	clock   clockwork.Clock
 	metrics *metrics
 	// release returns a grant nobody will use (the caller left while it was granted).
@@ -150,7 +150,7 @@ type outcome struct {
 	err   error
 }
 
-func newQueue(cfg QueueConfig, store Store, clock clockwork.Clock, m *metrics, release func(ledger.Charge)) *queue {
+func newQueue(cfg QueueConfig, store stateStore, clock clockwork.Clock, m *metrics, release func(ledger.Charge)) *queue {
 	q := &queue{
 		cfg: cfg, store: store, clock: clock, metrics: m, release: release,
 		kick:    make(chan struct{}, 1),
@@ -497,7 +497,7 @@ func (q *queue) close() {
 		for _, tq := range q.classes[c].tenants {
 			for _, w := range slices.Clone(tq.waiters) {
 				q.remove(w)
-				w.deliver(outcome{err: ErrShuttingDown})
+				w.deliver(outcome{err: errShuttingDown})
 			}
 		}
 	}

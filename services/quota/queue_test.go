@@ -19,7 +19,7 @@ import (
 // them. TestQueueWaitsForRefill runs the real dispatcher end to end.
 
 type reserveResult struct {
-	r   Reserved
+	r   reserveOutcome
 	err error
 }
 
@@ -47,7 +47,7 @@ func longDeadline(t *testing.T) context.Context {
 }
 
 // start calls Reserve in a goroutine and returns its result channel.
-func (q *queueFixture) start(ctx context.Context, req ReserveRequest) <-chan reserveResult {
+func (q *queueFixture) start(ctx context.Context, req reserveRequest) <-chan reserveResult {
 	ch := make(chan reserveResult, 1)
 	go func() {
 		r, err := q.svc.Reserve(ctx, req)
@@ -57,7 +57,7 @@ func (q *queueFixture) start(ctx context.Context, req ReserveRequest) <-chan res
 }
 
 // enqueue starts req and waits until it waits in the queue.
-func (q *queueFixture) enqueue(t *testing.T, ctx context.Context, req ReserveRequest) <-chan reserveResult {
+func (q *queueFixture) enqueue(t *testing.T, ctx context.Context, req reserveRequest) <-chan reserveResult {
 	t.Helper()
 	ch := q.start(ctx, req)
 	select {
@@ -92,8 +92,8 @@ func await(t *testing.T, name string, ch <-chan reserveResult) reserveResult {
 // dispatch, so after dispatch returns this is exact.
 func (q *queueFixture) waiting() int { return int(q.svc.queue.waiting.Load()) }
 
-func req(id, tenant string, p mantlev1.Priority, tokens int64) ReserveRequest {
-	return ReserveRequest{Tenant: tenant, RequestID: id, Priority: p, Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1}
+func req(id, tenant string, p mantlev1.Priority, tokens int64) reserveRequest {
+	return reserveRequest{Tenant: tenant, RequestID: id, Priority: p, Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1}
 }
 
 func TestQueueWaitsForRefill(t *testing.T) {
@@ -196,7 +196,7 @@ func TestQueueSharesAContendedKeyByWeight(t *testing.T) {
 	cfg.Queue.MaxWait = 10 * time.Minute
 	q := manualQueue(t, cfg)
 	ctx := longDeadline(t)
-	if _, err := q.svc.Reserve(ctx, ReserveRequest{Tenant: "drain", Model: "m", InputTokens: 5999, MaxOutputTokens: 1, UpstreamKey: "shared"}); err != nil {
+	if _, err := q.svc.Reserve(ctx, reserveRequest{Tenant: "drain", Model: "m", InputTokens: 5999, MaxOutputTokens: 1, UpstreamKey: "shared"}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 20 {
@@ -351,7 +351,7 @@ func TestQueueShutdownRefusesWaiters(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if res := await(t, "r", ch); !errors.Is(res.err, ErrShuttingDown) {
+	if res := await(t, "r", ch); !errors.Is(res.err, errShuttingDown) {
 		t.Fatalf("err = %v, want ErrShuttingDown", res.err)
 	}
 	// With no dispatcher nobody may wait.
@@ -364,14 +364,14 @@ func TestQueueShutdownRefusesWaiters(t *testing.T) {
 // gateStore holds the dispatcher inside Reserve, after the grant, until the test lets
 // it go: the moment a caller may leave while its request is being granted.
 type gateStore struct {
-	Store
+	stateStore
 	armed   chan struct{} // one value arms the gate for one Reserve
 	entered chan struct{}
 	proceed chan struct{}
 }
 
 func (g *gateStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
-	gr, err := g.Store.Reserve(ctx, c)
+	gr, err := g.stateStore.Reserve(ctx, c)
 	select {
 	case <-g.armed:
 		g.entered <- struct{}{}
@@ -385,7 +385,7 @@ func TestQueueReleasesAGrantItsCallerLeft(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClockAt(t0)
 	memory := memstore.New(clock)
-	gate := &gateStore{Store: memory, armed: make(chan struct{}, 1), entered: make(chan struct{}), proceed: make(chan struct{})}
+	gate := &gateStore{stateStore: memory, armed: make(chan struct{}, 1), entered: make(chan struct{}), proceed: make(chan struct{})}
 	q := &queueFixture{fixture: newFixtureWith(t, gate, clock, testConfig()), pushed: make(chan struct{}, 10)}
 	q.svc.queue.onPush = func() { q.pushed <- struct{}{} }
 	q.svc.queue.setRunning(true)

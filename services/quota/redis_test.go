@@ -43,7 +43,7 @@ func TestRedisKeysShareTheirGroupsSlot(t *testing.T) {
 	cfg.UpstreamKeys = map[string]RateLimits{"k1": {TPM: 6000}}
 	f := newFixtureWith(t, store, clock, cfg)
 	for _, tenant := range []string{"acme", "a{c}me"} {
-		if _, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: 10, UpstreamKey: "k1"}); err != nil {
+		if _, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: 10, UpstreamKey: "k1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -81,7 +81,7 @@ func TestRedisOverLimitCache(t *testing.T) {
 	f.reserve(t, "acme", 5999, 1) // empty; 100 tokens a second
 
 	reserve := func(tokens int64) error {
-		_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
+		_, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
 		return err
 	}
 	if err := reserve(500); !errors.Is(err, ledger.ErrExhausted) {
@@ -196,21 +196,21 @@ func TestRedisFailover(t *testing.T) {
 	clean := newTestRedisClient(t)
 	clock := clockwork.NewFakeClockAt(t0)
 	events := make(eventChan, 100)
-	store := NewFailoverStore(redisstore.New(client, redisstore.Options{Prefix: testPrefix(t, clean), Clock: clock}), clock,
-		FailoverOptions{Replicas: 3, ProbeInterval: time.Second, Log: slog.New(slog.DiscardHandler), Events: events})
+	store := newFailoverStore(redisstore.New(client, redisstore.Options{Prefix: testPrefix(t, clean), Clock: clock}), clock,
+		failoverOptions{Replicas: 3, ProbeInterval: time.Second, Log: slog.New(slog.DiscardHandler), Events: events})
 	t.Cleanup(func() { _ = store.Close() })
 	cfg := testConfig()
 	cfg.DefaultLimits = RateLimits{RPM: 600, TPM: 6000}
 	cfg.Budgets = BudgetsConfig{Tenants: map[string]Budget{"payg": {DailyUSD: 10}}, Prices: map[string]Price{"m": {InputPerMillion: 1}}}
 	reg := prometheus.NewRegistry()
-	svc, err := NewService(cfg, Deps{Store: store, Clock: clock, Metrics: reg, Log: slog.New(slog.DiscardHandler), Events: events})
+	svc, err := newService(cfg, serviceDeps{Store: store, Clock: clock, Metrics: reg, Log: slog.New(slog.DiscardHandler), Events: events})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{svc: svc, store: store, clock: clock, reg: reg}
 	ctx := context.Background()
-	reserve := func(tenant string, tokens int64) (Reserved, error) {
-		return svc.Reserve(ctx, ReserveRequest{Tenant: tenant, Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
+	reserve := func(tenant string, tokens int64) (reserveOutcome, error) {
+		return svc.Reserve(ctx, reserveRequest{Tenant: tenant, Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
 	}
 	// Run first, as the module does: its first contact reads Redis's epoch marker.
 	runCtx, cancel := context.WithCancel(ctx)
@@ -249,14 +249,14 @@ func TestRedisFailover(t *testing.T) {
 		t.Errorf("beyond the local share: err = %v, want exhausted", err)
 	}
 	// Money fails closed.
-	if _, err := reserve("payg", 10); !errors.Is(err, ErrBudgetUnavailable) {
+	if _, err := reserve("payg", 10); !errors.Is(err, errBudgetUnavailable) {
 		t.Errorf("budgeted tenant: err = %v, want ErrBudgetUnavailable", err)
 	}
 	// A reservation held in Redis cannot be settled now; a local one can.
-	if _, err := svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &Usage{}}); !errors.Is(err, ErrStoreUnavailable) {
+	if _, err := svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &tokenUsage{}}); !errors.Is(err, errStoreUnavailable) {
 		t.Errorf("settling a Redis reservation: err = %v, want ErrStoreUnavailable", err)
 	}
-	if st, err := svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: local.ReservationID, Usage: &Usage{TotalTokens: 400}}); err != nil || st.Refunded != 600 {
+	if st, err := svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: local.ReservationID, Usage: &tokenUsage{TotalTokens: 400}}); err != nil || st.Refunded != 600 {
 		t.Errorf("settling a local reservation: %+v, %v; want 600 refunded", st, err)
 	}
 
@@ -276,7 +276,7 @@ func TestRedisFailover(t *testing.T) {
 	if err != nil || r.Levels.Tokens.Limit != 6000 || r.Levels.Tokens.Remaining != 3797 {
 		t.Errorf("after recovery: levels %+v, err %v; want Redis's 3797 of 6000", r.Levels.Tokens, err)
 	}
-	if _, err := svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &Usage{}}); err != nil {
+	if _, err := svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &tokenUsage{}}); err != nil {
 		t.Errorf("settling the Redis reservation after recovery: %v", err)
 	}
 }
@@ -310,11 +310,11 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 		step     = 200 * time.Millisecond
 	)
 	want := int64(limit + limit*int64(duration/time.Minute))
-	run := func(t *testing.T, stores func(clock clockwork.Clock) []Store) int64 {
+	run := func(t *testing.T, stores func(clock clockwork.Clock) []stateStore) int64 {
 		clock := clockwork.NewFakeClockAt(t0)
 		cfg := testConfig()
 		cfg.DefaultLimits = RateLimits{RPM: 1_000_000, TPM: limit}
-		var svcs []*Service
+		var svcs []*service
 		for _, s := range stores(clock) {
 			svcs = append(svcs, newFixtureWith(t, s, clock, cfg).svc)
 		}
@@ -329,7 +329,7 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 				sizes := []int64{100 + rng.Int64N(1900), 100 + rng.Int64N(1900), 100 + rng.Int64N(1900)}
 				wg.Go(func() {
 					for _, n := range sizes {
-						r, err := svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", RequestID: fmt.Sprint(i), Model: "m", InputTokens: n - 1, MaxOutputTokens: 1})
+						r, err := svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", RequestID: fmt.Sprint(i), Model: "m", InputTokens: n - 1, MaxOutputTokens: 1})
 						if err == nil {
 							mu.Lock()
 							admitted += r.ReservedTokens
@@ -350,8 +350,8 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 		t.Parallel()
 		c := newTestRedisClient(t)
 		prefix := testPrefix(t, c)
-		got := run(t, func(clock clockwork.Clock) []Store {
-			var out []Store
+		got := run(t, func(clock clockwork.Clock) []stateStore {
+			var out []stateStore
 			for range replicas {
 				s := redisstore.New(c, redisstore.Options{Prefix: prefix, Clock: clock})
 				t.Cleanup(func() { _ = s.Close() })
@@ -366,8 +366,8 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 	})
 	t.Run("memory, for contrast", func(t *testing.T) {
 		t.Parallel()
-		got := run(t, func(clock clockwork.Clock) []Store {
-			var out []Store
+		got := run(t, func(clock clockwork.Clock) []stateStore {
+			var out []stateStore
 			for range replicas {
 				out = append(out, memstore.New(clock))
 			}

@@ -30,11 +30,11 @@ const errorDomain = "quota.mantle"
 // the tenant, appends the audit step, and maps errors in toStatus. It holds no logic.
 type server struct {
 	quotav1.UnimplementedQuotaServiceServer
-	svc *Service
+	svc *service
 	log *slog.Logger
 }
 
-func newServer(svc *Service) *server {
+func newServer(svc *service) *server {
 	return &server{svc: svc, log: svc.log}
 }
 
@@ -44,7 +44,7 @@ func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
-	got, err := s.svc.Reserve(ctx, ReserveRequest{
+	got, err := s.svc.Reserve(ctx, reserveRequest{
 		Tenant:          tenant,
 		RequestID:       req.GetQuality().GetRequestId(),
 		Priority:        req.GetQuality().GetPriority(),
@@ -103,11 +103,11 @@ func (s *server) Settle(ctx context.Context, req *quotav1.SettleRequest) (*quota
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
-	var usage *Usage
+	var usage *tokenUsage
 	if u := req.GetUsage(); u != nil {
-		usage = &Usage{InputTokens: u.GetInputTokens(), OutputTokens: u.GetOutputTokens(), TotalTokens: u.GetTotalTokens()}
+		usage = &tokenUsage{InputTokens: u.GetInputTokens(), OutputTokens: u.GetOutputTokens(), TotalTokens: u.GetTotalTokens()}
 	}
-	settled, err := s.svc.Settle(ctx, SettleRequest{
+	settled, err := s.svc.Settle(ctx, settleRequest{
 		Tenant:        tenant,
 		RequestID:     req.GetQuality().GetRequestId(),
 		ReservationID: req.GetReservationId(),
@@ -134,7 +134,7 @@ func (s *server) CountTokens(ctx context.Context, req *quotav1.CountTokensReques
 }
 
 func (s *server) ObserveUpstream(ctx context.Context, req *quotav1.ObserveUpstreamRequest) (*quotav1.ObserveUpstreamResponse, error) {
-	applied, levels, err := s.svc.ObserveUpstream(ctx, UpstreamObservation{
+	applied, levels, err := s.svc.ObserveUpstream(ctx, upstreamObservation{
 		Key:               req.GetUpstreamKeyId(),
 		RemainingRequests: req.GetRemainingRequests(),
 		RemainingTokens:   req.GetRemainingTokens(),
@@ -170,7 +170,7 @@ func (s *server) DescribeUsage(ctx context.Context, req *quotav1.DescribeUsageRe
 	if own := rpc.Tenant(ctx); own != "" {
 		for _, t := range tenants {
 			if t != own {
-				return nil, s.toStatus(ErrTenantMismatch)
+				return nil, s.toStatus(errTenantMismatch)
 			}
 		}
 		tenants = []string{own}
@@ -196,7 +196,7 @@ func resolveTenant(ctx context.Context, quality *mantlev1.QualityContext) (strin
 	case authenticated == "":
 		return claimed, nil
 	case claimed != "" && claimed != authenticated:
-		return "", ErrTenantMismatch
+		return "", errTenantMismatch
 	default:
 		return authenticated, nil
 	}
@@ -211,8 +211,8 @@ func (s *server) toStatus(err error) error {
 	if e, ok := errors.AsType[*ledger.ExhaustedError](err); ok {
 		return exhaustedStatus(e)
 	}
-	if e, ok := errors.AsType[*TooLargeError](err); ok {
-		return rpc.Status(codes.FailedPrecondition, errorDomain, ReasonRequestTooLarge, e.Error(),
+	if e, ok := errors.AsType[*tooLargeError](err); ok {
+		return rpc.Status(codes.FailedPrecondition, errorDomain, reasonRequestTooLarge, e.Error(),
 			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 				Subject: e.Bucket, Description: e.Error(),
 			}}},
@@ -222,18 +222,18 @@ func (s *server) toStatus(err error) error {
 			}}},
 		)
 	}
-	if e, ok := errors.AsType[*PriceUnknownError](err); ok {
-		return rpc.Status(codes.FailedPrecondition, errorDomain, ReasonPriceUnknown, e.Error())
+	if e, ok := errors.AsType[*priceUnknownError](err); ok {
+		return rpc.Status(codes.FailedPrecondition, errorDomain, reasonPriceUnknown, e.Error())
 	}
 	switch {
 	case errors.Is(err, ledger.ErrReservationNotFound):
-		return rpc.Status(codes.NotFound, errorDomain, ReasonReservationNotFound, err.Error())
-	case errors.Is(err, ErrTenantMismatch):
+		return rpc.Status(codes.NotFound, errorDomain, reasonReservationNotFound, err.Error())
+	case errors.Is(err, errTenantMismatch):
 		return rpc.Status(codes.PermissionDenied, errorDomain, rpc.ReasonPermissionDenied, err.Error())
-	case errors.Is(err, ErrBudgetUnavailable):
-		return rpc.Status(codes.Unavailable, errorDomain, ReasonBudgetUnavailable, ErrBudgetUnavailable.Error())
-	case errors.Is(err, ErrStoreUnavailable), errors.Is(err, ErrShuttingDown):
-		return rpc.Status(codes.Unavailable, errorDomain, ReasonUnavailable, err.Error())
+	case errors.Is(err, errBudgetUnavailable):
+		return rpc.Status(codes.Unavailable, errorDomain, reasonBudgetUnavailable, errBudgetUnavailable.Error())
+	case errors.Is(err, errStoreUnavailable), errors.Is(err, errShuttingDown):
+		return rpc.Status(codes.Unavailable, errorDomain, reasonUnavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	default:
@@ -285,7 +285,7 @@ func messagesFromProto(msgs []*mantlev1.ChatMessage) []tokencount.Message {
 	return out
 }
 
-func limitsToProto(l Levels) *quotav1.Limits {
+func limitsToProto(l levelPair) *quotav1.Limits {
 	return &quotav1.Limits{
 		LimitRequests:     l.Requests.Limit,
 		RemainingRequests: l.Requests.Remaining,

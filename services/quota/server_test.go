@@ -290,10 +290,10 @@ func TestToStatus(t *testing.T) {
 		{"deadline keeps its code", fmt.Errorf("settle: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "", "settle: context deadline exceeded", false},
 		{"not found", fmt.Errorf("settle x: %w", ledger.ErrReservationNotFound), codes.NotFound, "RESERVATION_NOT_FOUND", "settle x: reservation not found", false},
 		{"unknown becomes a generic internal error", errors.New("redis: connection refused to 10.0.0.7"), codes.Internal, "INTERNAL", "internal error", true},
-		{"money fails closed", fmt.Errorf("reserve: %w", ErrBudgetUnavailable), codes.Unavailable, "BUDGET_UNAVAILABLE", ErrBudgetUnavailable.Error(), false},
-		{"unreachable state", fmt.Errorf("settle: %w", ErrStoreUnavailable), codes.Unavailable, "UNAVAILABLE", "settle: quota state unavailable", false},
-		{"shutting down", ErrShuttingDown, codes.Unavailable, "UNAVAILABLE", "quota service is shutting down", false},
-		{"no price", &PriceUnknownError{Model: "x"}, codes.FailedPrecondition, "PRICE_UNKNOWN", (&PriceUnknownError{Model: "x"}).Error(), false},
+		{"money fails closed", fmt.Errorf("reserve: %w", errBudgetUnavailable), codes.Unavailable, "BUDGET_UNAVAILABLE", errBudgetUnavailable.Error(), false},
+		{"unreachable state", fmt.Errorf("settle: %w", errStoreUnavailable), codes.Unavailable, "UNAVAILABLE", "settle: quota state unavailable", false},
+		{"shutting down", errShuttingDown, codes.Unavailable, "UNAVAILABLE", "quota service is shutting down", false},
+		{"no price", &priceUnknownError{Model: "x"}, codes.FailedPrecondition, "PRICE_UNKNOWN", (&priceUnknownError{Model: "x"}).Error(), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -25,9 +25,9 @@ const (
 	eventQueueFull         = "QUEUE_FULL"
 	eventShed              = "SHED"
 	eventDeadline          = "DEADLINE"
-	eventRequestTooLarge   = ReasonRequestTooLarge
-	eventPriceUnknown      = ReasonPriceUnknown
-	eventBudgetUnavailable = ReasonBudgetUnavailable
+	eventRequestTooLarge   = reasonRequestTooLarge
+	eventPriceUnknown      = reasonPriceUnknown
+	eventBudgetUnavailable = reasonBudgetUnavailable
 	eventShadowPrefix      = "SHADOW_"
 	eventNearLimit         = "NEAR_LIMIT"
 )
@@ -86,7 +86,7 @@ func bucketKind(name string) string {
 
 // signalLevels publishes what a decision's levels say: shadow rules that would have
 // refused, and buckets past the near-limit ratio.
-func (s *Service) signalLevels(ctx context.Context, at time.Time, requestID, tenant, model, key string, priority mantlev1.Priority, levels []ledger.BucketLevel, budget *ledger.BudgetLevel, bc *ledger.BudgetCharge) {
+func (s *service) signalLevels(ctx context.Context, at time.Time, requestID, tenant, model, key string, priority mantlev1.Priority, levels []ledger.BucketLevel, budget *ledger.BudgetLevel, bc *ledger.BudgetCharge) {
 	for _, l := range levels {
 		if l.ShadowRefused {
 			s.metrics.shadowRefusals.WithLabelValues(bucketKind(l.Name)).Inc()
@@ -123,7 +123,7 @@ func (s *Service) signalLevels(ctx context.Context, at time.Time, requestID, ten
 	}
 }
 
-func (s *Service) nearLimit(ctx context.Context, at time.Time, requestID, tenant, model, key, bucket string, limit, remaining int64, use float64, shadow bool) {
+func (s *service) nearLimit(ctx context.Context, at time.Time, requestID, tenant, model, key, bucket string, limit, remaining int64, use float64, shadow bool) {
 	reason := eventNearLimit
 	if shadow {
 		reason = eventShadowPrefix + eventNearLimit
@@ -137,11 +137,11 @@ func (s *Service) nearLimit(ctx context.Context, at time.Time, requestID, tenant
 
 // refused records and publishes a refusal. Publishing never blocks (app.Publisher).
 // Errors that are not refusals (validation, a canceled caller) publish nothing.
-func (s *Service) refused(ctx context.Context, start time.Time, req ReserveRequest, err error) {
+func (s *service) refused(ctx context.Context, start time.Time, req reserveRequest, err error) {
 	var (
 		exhausted *ledger.ExhaustedError
-		tooLarge  *TooLargeError
-		unknown   *PriceUnknownError
+		tooLarge  *tooLargeError
+		unknown   *priceUnknownError
 		decision  string
 		reason    string
 		bucket    string
@@ -166,7 +166,7 @@ func (s *Service) refused(ctx context.Context, start time.Time, req ReserveReque
 		decision, reason, bucket = decisionTooLarge, eventRequestTooLarge, tooLarge.Bucket
 	case errors.As(err, &unknown):
 		decision, reason, bucket = decisionPrice, eventPriceUnknown, ledger.TenantGroup(req.Tenant)+":budget"
-	case errors.Is(err, ErrBudgetUnavailable):
+	case errors.Is(err, errBudgetUnavailable):
 		decision, reason, bucket = decisionUnavailable, eventBudgetUnavailable, ledger.TenantGroup(req.Tenant)+":budget"
 	default:
 		return

@@ -7,14 +7,15 @@ import (
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
-// Store keeps bucket levels, budgets, open reservations and retry counters. The Service
-// owns the policy (which buckets apply, their limits and costs, priorities, events); a
-// Store makes each operation atomic and decides at its own clock: memstore.Store at the
-// injected clock, redisstore.Store at Redis's TIME, so that replicas with skewed clocks agree.
+// stateStore keeps bucket levels, budgets, open reservations and retry counters. The
+// service owns the policy (which buckets apply, their limits and costs, priorities,
+// events) and this interface; a store makes each operation atomic and decides at its own
+// clock: memstore.Store at the injected clock, redisstore.Store at Redis's TIME, so that
+// replicas with skewed clocks agree.
 //
 // Limits travel with every call, in the style of envoyproxy/ratelimit, so a changed
 // limit applies at once and a Store needs no configuration of its own.
-type Store interface {
+type stateStore interface {
 	// Reserve takes every bucket's cost and the budget's, and records the reservation,
 	// all or nothing. When an enforced bucket (or the budget) is short it changes nothing
 	// and returns an *ExhaustedError naming the one that needs the longest to cover its

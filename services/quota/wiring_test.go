@@ -100,7 +100,7 @@ func newWiringAuth(t *testing.T, addr, prefix string, authn *rpc.Authenticator) 
 	}
 	cfg := DefaultConfig()
 	cfg.DefaultLimits = RateLimits{RPM: wiringRPM, TPM: wiringTPM}
-	cfg.Backend = BackendRedis
+	cfg.Backend = backendRedis
 	cfg.Redis.Address, cfg.Redis.KeyPrefix, cfg.Redis.Replicas = addr, prefix, wiringReplicas
 	cfg.Redis.Timeout, cfg.Redis.DialTimeout = 2*time.Second, 2*time.Second
 	ctx, cancel := context.WithCancel(context.Background())
@@ -111,7 +111,7 @@ func newWiringAuth(t *testing.T, addr, prefix string, authn *rpc.Authenticator) 
 		lis := bufconn.Listen(1 << 20)
 		var opts []grpc.ServerOption
 		if authn != nil {
-			chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), r.reg, authn, Audiences)
+			chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), r.reg, authn, audiences)
 			if err != nil {
 				t.Fatal(err)
 			}
