@@ -26,9 +26,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// redisAddrForTest returns the test Redis's address, or skips (fails under CI) the test.
-func redisAddrForTest(t testing.TB) string { t.Helper(); return redistest.Addr(t, os.Getenv) }
-
 // newTestRedisClient returns a client of the test Redis, closed when the test ends.
 func newTestRedisClient(t testing.TB) *redis.Client {
 	t.Helper()
