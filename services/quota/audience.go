@@ -5,10 +5,10 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
-// Audiences says who may call each QuotaService method. Admission, charges and the
+// audiences says who may call each QuotaService method. Admission, charges and the
 // shared upstream and retry budgets are the router's business alone: a tenant that could
 // call them could lock every tenant out (ObserveUpstream) or drain the retries of all.
-var Audiences = rpc.Audiences{
+var audiences = rpc.Audiences{
 	quotav1.QuotaService_Reserve_FullMethodName:         rpc.AudienceService,
 	quotav1.QuotaService_Settle_FullMethodName:          rpc.AudienceService,
 	quotav1.QuotaService_ObserveUpstream_FullMethodName: rpc.AudienceService,

@@ -15,6 +15,9 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
 
 // Benchmarks of the hot path: one Reserve and its Settle per op, spread over 64 tenants,
@@ -28,10 +31,10 @@ import (
 // connection; BenchmarkDecisionLatency measures one caller at a time.
 func BenchmarkReserveSettle(b *testing.B) {
 	b.Run("memory", func(b *testing.B) {
-		benchReserveSettle(b, NewMemoryStore(clockwork.NewRealClock()), "", 1)
+		benchReserveSettle(b, memstore.New(clockwork.NewRealClock()), "", 1)
 	})
 	b.Run("redis", func(b *testing.B) {
-		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), RedisOptions{ServerTime: true}), "", 16)
+		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), redisstore.Options{ServerTime: true}), "", 16)
 	})
 	// The same through go-redis's (experimental) auto-pipeliner, as module.go uses it:
 	// concurrent decisions share round trips.
@@ -42,19 +45,19 @@ func BenchmarkReserveSettle(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = ap.Close() })
-		benchReserveSettle(b, NewRedisStore(c, RedisOptions{Prefix: testPrefix(b, c), ServerTime: true, Clock: clockwork.NewRealClock(), Scripter: ap}), "", 16)
+		benchReserveSettle(b, redisstore.New(c, redisstore.Options{Prefix: testPrefix(b, c), ServerTime: true, Clock: clockwork.NewRealClock(), Scripter: ap}), "", 16)
 	})
 	// With an upstream key the key's buckets are a second script (another slot).
 	b.Run("redis with upstream key", func(b *testing.B) {
-		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), RedisOptions{ServerTime: true}), "k1", 16)
+		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), redisstore.Options{ServerTime: true}), "k1", 16)
 	})
 }
 
-func benchReserveSettle(b *testing.B, store Store, key string, parallelism int) {
+func benchReserveSettle(b *testing.B, store stateStore, key string, parallelism int) {
 	cfg := DefaultConfig()
 	cfg.DefaultLimits = RateLimits{RPM: 1 << 40, TPM: 1 << 50} // never refuse: measure the happy path
 	cfg.UpstreamKeys = map[string]RateLimits{"k1": {RPM: 1 << 40, TPM: 1 << 50}}
-	svc, err := NewService(cfg, Deps{Store: store, Clock: clockwork.NewRealClock(), Metrics: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)})
+	svc, err := newService(cfg, serviceDeps{Store: store, Clock: clockwork.NewRealClock(), Metrics: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -68,8 +71,8 @@ func benchReserveSettle(b *testing.B, store Store, key string, parallelism int) 
 		latencies []time.Duration
 	)
 	var redisCPU func() time.Duration
-	if rs, ok := store.(*RedisStore); ok {
-		redisCPU = func() time.Duration { return redisServerCPU(b, rs.client) }
+	if rs, ok := store.(*redisstore.Store); ok {
+		redisCPU = func() time.Duration { return redisServerCPU(b, rs.Client()) }
 	}
 	var redisBefore time.Duration
 	if redisCPU != nil {
@@ -96,13 +99,13 @@ func benchReserveSettle(b *testing.B, store Store, key string, parallelism int) 
 			tenant := tenants[i%len(tenants)]
 			i++
 			t0 := time.Now()
-			r, err := svc.Reserve(ctx, ReserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: 500, MaxOutputTokens: 1024, UpstreamKey: key})
+			r, err := svc.Reserve(ctx, reserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: 500, MaxOutputTokens: 1024, UpstreamKey: key})
 			local = append(local, time.Since(t0))
 			if err != nil {
 				b.Error(err)
 				return
 			}
-			if _, err := svc.Settle(ctx, SettleRequest{Tenant: tenant, ReservationID: r.ReservationID, Usage: &Usage{TotalTokens: 800}}); err != nil {
+			if _, err := svc.Settle(ctx, settleRequest{Tenant: tenant, ReservationID: r.ReservationID, Usage: &tokenUsage{TotalTokens: 800}}); err != nil {
 				b.Error(err)
 				return
 			}
@@ -135,10 +138,10 @@ func benchReserveSettle(b *testing.B, store Store, key string, parallelism int) 
 //	go test -run '^$' -bench BenchmarkDecisionLatency -benchtime 5s -cpu 2 ./services/quota/
 func BenchmarkDecisionLatency(b *testing.B) {
 	b.Run("memory", func(b *testing.B) {
-		benchReserveSettle(b, NewMemoryStore(clockwork.NewRealClock()), "", 0)
+		benchReserveSettle(b, memstore.New(clockwork.NewRealClock()), "", 0)
 	})
 	b.Run("redis", func(b *testing.B) {
-		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), RedisOptions{ServerTime: true}), "", 0)
+		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), redisstore.Options{ServerTime: true}), "", 0)
 	})
 }
 

@@ -233,8 +233,8 @@ type RedisConfig struct {
 
 // Backends.
 const (
-	BackendMemory = "memory"
-	BackendRedis  = "redis"
+	backendMemory = "memory"
+	backendRedis  = "redis"
 )
 
 // DefaultConfig returns the defaults; the file and flags override them.
@@ -263,7 +263,7 @@ func DefaultConfig() Config {
 		},
 		UpstreamMaxReset: time.Hour,
 		Tokens:           TokensConfig(tokencount.DefaultConfig()),
-		Backend:          BackendMemory,
+		Backend:          backendMemory,
 		Redis: RedisConfig{
 			KeyPrefix:     "mantle:quota:",
 			DialTimeout:   time.Second,
@@ -360,11 +360,11 @@ func (c Config) Validate() error {
 		add("tokens.correction_min_samples: must be at least 1, got %d", c.Tokens.CorrectionMinSamples)
 	}
 	switch c.Backend {
-	case BackendMemory:
-	case BackendRedis:
+	case backendMemory:
+	case backendRedis:
 		errs = append(errs, c.Redis.validate()...)
 	default:
-		add("backend: must be %q or %q, got %q", BackendMemory, BackendRedis, c.Backend)
+		add("backend: must be %q or %q, got %q", backendMemory, backendRedis, c.Backend)
 	}
 	return errors.Join(errs...)
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // decodeStrict decodes the quota block the way the lead's loader does: defaults first,
@@ -225,7 +227,7 @@ func TestModelLimitsAndPrices(t *testing.T) {
 	if p, ok := b.price("other"); !ok || p.OutputPerMillion != 1 {
 		t.Errorf("default price = %v, %v", p, ok)
 	}
-	if got := nanoPriceOf(Price{InputPerMillion: 2.5, OutputPerMillion: 0.0375}); got != (NanoPrice{Input: 2500, Output: 38}) {
+	if got := nanoPriceOf(Price{InputPerMillion: 2.5, OutputPerMillion: 0.0375}); got != (ledger.NanoPrice{Input: 2500, Output: 38}) {
 		t.Errorf("nano prices = %+v, want 2500 and 38 (rounded up)", got)
 	}
 }

@@ -82,12 +82,15 @@
 //
 // # State
 //
-// Everything that must be shared lives behind the Store interface. MemoryStore serves
-// `mantle dev`, tests and single replicas. RedisStore serves many replicas: every
+// Everything that must be shared lives behind the stateStore interface, which this
+// package owns; the types the stores share (charges, grants, levels, refusals, the
+// token-bucket arithmetic) are in internal/ledger. memstore.Store (internal/memstore)
+// serves `mantle dev`, tests and single replicas. redisstore.Store (internal/redisstore)
+// serves many replicas: every
 // operation on a tenant's (or a key's) buckets is one Lua operation of a function
 // library (a script on Redis before 7.0), atomic in Redis and decided at Redis's TIME,
 // with hash tags that put a tenant's keys in one cluster slot.
-// FailoverStore wraps it: when Redis does not answer (a refusal is an answer), each
+// failoverStore (this package) wraps it: when Redis does not answer (a refusal is an answer), each
 // replica enforces limit/replicas locally and says so (metric, /readyz, DegradationEvent),
 // and money budgets fail closed; buckets are handed over conservatively both ways,
 // also to a Redis that lost its data (docs/quota.md). The same test suite runs against

@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"errors"
-	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"log/slog"
 	"testing"
 	"time"
@@ -15,6 +14,9 @@ import (
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Rejections and near-limit signals reach NATS, one message type per subject, with
@@ -48,15 +50,15 @@ func TestEventsOnNATS(t *testing.T) {
 	}
 
 	clock := clockwork.NewFakeClockAt(t0)
-	svc, err := NewService(testConfig(), Deps{Store: NewMemoryStore(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: log, Events: pub})
+	svc, err := newService(testConfig(), serviceDeps{Store: memstore.New(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: log, Events: pub})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := svc.Reserve(ctx, ReserveRequest{Tenant: "acme", RequestID: "r1", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); err != nil {
+	if _, err := svc.Reserve(ctx, reserveRequest{Tenant: "acme", RequestID: "r1", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.Reserve(ctx, ReserveRequest{Tenant: "acme", RequestID: "r2", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); !errors.Is(err, ErrExhausted) {
+	if _, err := svc.Reserve(ctx, reserveRequest{Tenant: "acme", RequestID: "r2", Model: "m", InputTokens: 5000, MaxOutputTokens: 1}); !errors.Is(err, ledger.ErrExhausted) {
 		t.Fatalf("err = %v, want exhausted", err)
 	}
 

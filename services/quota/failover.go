@@ -22,10 +22,13 @@ import (
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
 
-// FailoverStore is a RedisStore that keeps working when Redis does not answer: each
-// replica then enforces limit/replicas with a local MemoryStore, so that the replicas
+// failoverStore is a redisstore.Store that keeps working when Redis does not answer: each
+// replica then enforces limit/replicas with a local memstore.Store, so that the replicas
 // together stay near the limit (assuming the load balancer spreads requests evenly),
 // and refuses requests of tenants with an enforced money budget (ErrBudgetUnavailable):
 // money fails closed. It says so in mantle_quota_backend_fallback, in the log, in
@@ -51,9 +54,9 @@ import (
 // Reservations follow the store that made them: one granted locally is settled locally,
 // one held in Redis cannot be settled while Redis is away (ErrStoreUnavailable), and its
 // charge stands, as for any reservation that is never settled.
-type FailoverStore struct {
-	redis    *RedisStore
-	local    *MemoryStore
+type failoverStore struct {
+	redis    *redisstore.Store
+	local    *memstore.Store
 	replicas int64
 	clock    clockwork.Clock
 	probe    time.Duration
@@ -71,8 +74,8 @@ type FailoverStore struct {
 	epoch string
 }
 
-// FailoverOptions configure a FailoverStore.
-type FailoverOptions struct {
+// failoverOptions configure a FailoverStore.
+type failoverOptions struct {
 	// Replicas is how many quota replicas share Redis.
 	Replicas      int
 	ProbeInterval time.Duration
@@ -80,9 +83,9 @@ type FailoverOptions struct {
 	Events        app.Publisher
 }
 
-// NewFailoverStore wraps primary. The Service built on it exports its state in the
+// newFailoverStore wraps primary. The Service built on it exports its state in the
 // Service's metrics.
-func NewFailoverStore(primary *RedisStore, clock clockwork.Clock, opts FailoverOptions) *FailoverStore {
+func newFailoverStore(primary *redisstore.Store, clock clockwork.Clock, opts failoverOptions) *failoverStore {
 	publisher := opts.Events
 	if publisher == nil {
 		publisher = discardEvents{}
@@ -91,9 +94,9 @@ func NewFailoverStore(primary *RedisStore, clock clockwork.Clock, opts FailoverO
 	if probe <= 0 {
 		probe = time.Second
 	}
-	return &FailoverStore{
+	return &failoverStore{
 		redis:    primary,
-		local:    NewMemoryStore(clock),
+		local:    memstore.New(clock),
 		replicas: int64(max(opts.Replicas, 1)),
 		clock:    clock,
 		probe:    probe,
@@ -103,10 +106,10 @@ func NewFailoverStore(primary *RedisStore, clock clockwork.Clock, opts FailoverO
 	}
 }
 
-var _ Store = (*FailoverStore)(nil)
+var _ stateStore = (*failoverStore)(nil)
 
 // attach hands the store the Service's metrics.
-func (f *FailoverStore) attach(m *metrics) {
+func (f *failoverStore) attach(m *metrics) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.metrics = m
@@ -116,14 +119,14 @@ func (f *FailoverStore) attach(m *metrics) {
 }
 
 // Degraded reports whether the store runs on its local limiter.
-func (f *FailoverStore) Degraded() bool {
+func (f *failoverStore) Degraded() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.down
 }
 
 // Degradation says why the store runs on its local limiter; "" while it uses Redis.
-func (f *FailoverStore) Degradation() string {
+func (f *failoverStore) Degradation() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.down {
@@ -169,7 +172,7 @@ func unreachable(ctx context.Context, err error) bool {
 
 // fail records that Redis is unreachable, once per outage, and seeds the local limiter
 // from what Redis last said.
-func (f *FailoverStore) fail(err error) {
+func (f *failoverStore) fail(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
@@ -179,7 +182,7 @@ func (f *FailoverStore) fail(err error) {
 }
 
 // goLocal switches to the local limiter. Callers hold f.mu.
-func (f *FailoverStore) goLocal(err error, msg string) {
+func (f *failoverStore) goLocal(err error, msg string) {
 	now := f.clock.Now()
 	f.seedLocal(now)
 	f.down = true
@@ -197,19 +200,19 @@ func (f *FailoverStore) goLocal(err error, msg string) {
 // seedLocal lowers each recently used local bucket to this replica's share of the level
 // Redis last reported for it, plus the refill since: a tenant that had spent its bucket
 // does not get a full one from every replica when Redis goes away. Callers hold f.mu.
-func (f *FailoverStore) seedLocal(now time.Time) {
-	var obs []Observation
+func (f *failoverStore) seedLocal(now time.Time) {
+	var obs []ledger.Observation
 	for _, e := range f.recent.snapshot(now) {
-		if e.remaining < 0 || now.Sub(e.seen) >= window {
+		if e.remaining < 0 || now.Sub(e.seen) >= ledger.Window {
 			continue
 		}
-		level := min(e.spec.Limit, addSaturating(e.remaining, tokensIn(now.Sub(e.seen), e.spec.Limit)))
+		level := min(e.spec.Limit, addSaturating(e.remaining, ledger.TokensIn(now.Sub(e.seen), e.spec.Limit)))
 		b := e.spec
 		b.Limit = f.share(b.Limit)
-		obs = append(obs, Observation{Bucket: b, Remaining: min(level/f.replicas, b.Limit)})
+		obs = append(obs, ledger.Observation{Bucket: b, Remaining: min(level/f.replicas, b.Limit)})
 	}
 	if len(obs) > 0 {
-		// A MemoryStore's Observe fails only on a done context.
+		// A memstore.Store's Observe fails only on a done context.
 		_, _ = f.local.Observe(context.Background(), obs)
 	}
 }
@@ -217,12 +220,12 @@ func (f *FailoverStore) seedLocal(now time.Time) {
 // reconnect reads Redis's epoch marker and, when Redis lost its data or the store comes
 // back from the local limiter, hands over (see FailoverStore) and uses Redis again. An
 // error leaves the store as it was.
-func (f *FailoverStore) reconnect(ctx context.Context) error {
-	now, err := f.redis.now(ctx)
+func (f *failoverStore) reconnect(ctx context.Context) error {
+	now, err := f.redis.Now(ctx)
 	if err != nil {
 		return err
 	}
-	marker, created, err := f.redis.epoch(ctx, newEpoch(now))
+	marker, created, err := f.redis.Epoch(ctx, newEpoch(now))
 	if err != nil {
 		return err
 	}
@@ -251,7 +254,7 @@ func (f *FailoverStore) reconnect(ctx context.Context) error {
 		return err
 	}
 	f.recent.handedOver()
-	f.local.forgetBuckets()
+	f.local.ForgetBuckets()
 	f.epoch = marker
 	if f.down {
 		f.down, f.reason = false, ""
@@ -269,12 +272,12 @@ func (f *FailoverStore) reconnect(ctx context.Context) error {
 // restore lowers every bucket this replica used in the last window to what it refilled
 // since restoredAt, on Redis's clock (now). Observe never raises a bucket, so replicas
 // restoring one bucket in any order agree. Callers hold f.mu.
-func (f *FailoverStore) restore(ctx context.Context, now, restoredAt time.Time) error {
-	var obs []Observation
+func (f *failoverStore) restore(ctx context.Context, now, restoredAt time.Time) error {
+	var obs []ledger.Observation
 	for _, e := range f.recent.snapshot(f.clock.Now()) {
-		obs = append(obs, Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, tokensIn(now.Sub(restoredAt), e.spec.Limit))})
+		obs = append(obs, ledger.Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, ledger.TokensIn(now.Sub(restoredAt), e.spec.Limit))})
 	}
-	slices.SortFunc(obs, func(a, b Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
+	slices.SortFunc(obs, func(a, b ledger.Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
 	_, err := f.redis.Observe(ctx, obs)
 	return err
 }
@@ -283,16 +286,16 @@ func (f *FailoverStore) restore(ctx context.Context, now, restoredAt time.Time) 
 // replica count. The local buckets started from Redis's level (seedLocal) and refilled
 // at their share of the rate, so together they are the bucket as it would be had Redis
 // answered all along. Callers hold f.mu.
-func (f *FailoverStore) handBack(ctx context.Context, now time.Time) error {
-	var obs []Observation
+func (f *failoverStore) handBack(ctx context.Context, now time.Time) error {
+	var obs []ledger.Observation
 	for _, e := range f.recent.snapshot(now) {
 		if !e.local {
 			continue
 		}
-		level := f.local.level(e.spec.Name(), f.share(e.spec.Limit))
-		obs = append(obs, Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, level*f.replicas)})
+		level := f.local.Level(e.spec.Name(), f.share(e.spec.Limit))
+		obs = append(obs, ledger.Observation{Bucket: e.spec, Remaining: min(e.spec.Limit, level*f.replicas)})
 	}
-	slices.SortFunc(obs, func(a, b Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
+	slices.SortFunc(obs, func(a, b ledger.Observation) int { return strings.Compare(a.Bucket.Group, b.Bucket.Group) })
 	_, err := f.redis.Observe(ctx, obs)
 	return err
 }
@@ -314,7 +317,7 @@ func epochTime(marker string, fallback time.Time) time.Time {
 }
 
 // Reserve implements Store.
-func (f *FailoverStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
+func (f *failoverStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
 	if !f.Degraded() {
 		g, err := f.redis.Reserve(ctx, c)
 		if !unreachable(ctx, err) {
@@ -325,12 +328,12 @@ func (f *FailoverStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 	}
 	if bc := c.Budget; bc != nil {
 		if !bc.Shadow {
-			return Grant{}, ErrBudgetUnavailable
+			return ledger.Grant{}, errBudgetUnavailable
 		}
 		c.Budget = nil // a shadow budget counts nothing while its state is away
 	}
 	local := c
-	local.Buckets = make([]BucketSpec, len(c.Buckets))
+	local.Buckets = make([]ledger.BucketSpec, len(c.Buckets))
 	for i, b := range c.Buckets {
 		b.Limit = f.share(b.Limit)
 		// A request larger than this replica's share could never be covered here; it
@@ -347,29 +350,29 @@ func (f *FailoverStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 
 // share is this replica's part of a limit: limit/replicas, rounded up so that no limit
 // becomes 0.
-func (f *FailoverStore) share(limit int64) int64 {
+func (f *failoverStore) share(limit int64) int64 {
 	return max((limit+f.replicas-1)/f.replicas, 1)
 }
 
 // Settle implements Store.
-func (f *FailoverStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
+func (f *failoverStore) Settle(ctx context.Context, tenant, id string, actual ledger.Actual, release bool) (ledger.Settlement, error) {
 	st, err := f.local.Settle(ctx, tenant, id, actual, release)
-	if !errors.Is(err, ErrReservationNotFound) {
+	if !errors.Is(err, ledger.ErrReservationNotFound) {
 		return st, err
 	}
 	if f.Degraded() {
-		return Settlement{}, fmt.Errorf("reservation %s is held in Redis: %w", id, ErrStoreUnavailable)
+		return ledger.Settlement{}, fmt.Errorf("reservation %s is held in Redis: %w", id, errStoreUnavailable)
 	}
 	st, err = f.redis.Settle(ctx, tenant, id, actual, release)
 	if unreachable(ctx, err) {
 		f.fail(err)
-		return Settlement{}, fmt.Errorf("reservation %s is held in Redis: %w", id, ErrStoreUnavailable)
+		return ledger.Settlement{}, fmt.Errorf("reservation %s is held in Redis: %w", id, errStoreUnavailable)
 	}
 	return st, err
 }
 
 // Observe implements Store.
-func (f *FailoverStore) Observe(ctx context.Context, obs []Observation) ([]BucketLevel, error) {
+func (f *failoverStore) Observe(ctx context.Context, obs []ledger.Observation) ([]ledger.BucketLevel, error) {
 	if !f.Degraded() {
 		levels, err := f.redis.Observe(ctx, obs)
 		if !unreachable(ctx, err) {
@@ -377,7 +380,7 @@ func (f *FailoverStore) Observe(ctx context.Context, obs []Observation) ([]Bucke
 		}
 		f.fail(err)
 	}
-	local := make([]Observation, len(obs))
+	local := make([]ledger.Observation, len(obs))
 	for i, o := range obs {
 		o.Bucket.Limit = f.share(o.Bucket.Limit)
 		if o.Remaining > 0 {
@@ -389,7 +392,7 @@ func (f *FailoverStore) Observe(ctx context.Context, obs []Observation) ([]Bucke
 }
 
 // CountRequest implements Store.
-func (f *FailoverStore) CountRequest(ctx context.Context, key string, overall bool, window time.Duration) {
+func (f *failoverStore) CountRequest(ctx context.Context, key string, overall bool, window time.Duration) {
 	if f.Degraded() {
 		f.local.CountRequest(ctx, key, overall, window)
 		return
@@ -398,7 +401,7 @@ func (f *FailoverStore) CountRequest(ctx context.Context, key string, overall bo
 }
 
 // AcquireRetry implements Store.
-func (f *FailoverStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecision, error) {
+func (f *failoverStore) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (ledger.RetryDecision, error) {
 	if !f.Degraded() {
 		d, err := f.redis.AcquireRetry(ctx, ask)
 		if !unreachable(ctx, err) {
@@ -412,20 +415,20 @@ func (f *FailoverStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDe
 }
 
 // Sweep implements Store.
-func (f *FailoverStore) Sweep(ctx context.Context) (int, error) {
+func (f *failoverStore) Sweep(ctx context.Context) (int, error) {
 	n, err := f.local.Sweep(ctx)
 	_, rerr := f.redis.Sweep(ctx)
 	return n, errors.Join(err, rerr)
 }
 
 // Close stops the Redis store's batcher.
-func (f *FailoverStore) Close() error { return f.redis.Close() }
+func (f *failoverStore) Close() error { return f.redis.Close() }
 
 // Run flushes request counts to Redis and contacts Redis: once at the start (a Redis
 // unreachable then is logged and the store starts on its local limiter), then every
 // ProbeInterval on the injected clock: to switch back while Redis is away, and to check
 // its epoch marker while it answers. It returns nil when ctx is done.
-func (f *FailoverStore) Run(ctx context.Context) error {
+func (f *failoverStore) Run(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- f.redis.Run(ctx) }()
 	f.start(ctx)
@@ -443,7 +446,7 @@ func (f *FailoverStore) Run(ctx context.Context) error {
 }
 
 // start is the first contact with Redis.
-func (f *FailoverStore) start(ctx context.Context) {
+func (f *failoverStore) start(ctx context.Context) {
 	pctx, cancel := context.WithTimeout(ctx, f.probe)
 	defer cancel()
 	err := f.redis.Ping(pctx)
@@ -461,7 +464,7 @@ func (f *FailoverStore) start(ctx context.Context) {
 }
 
 // check probes Redis while it is away, and reads its epoch marker while it answers.
-func (f *FailoverStore) check(ctx context.Context) {
+func (f *failoverStore) check(ctx context.Context) {
 	pctx, cancel := context.WithTimeout(ctx, f.probe)
 	defer cancel()
 	if f.Degraded() {

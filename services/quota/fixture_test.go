@@ -5,12 +5,15 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
 
 // testConfig uses round numbers: 1 request and 100 tokens refill per second.
@@ -22,24 +25,26 @@ func testConfig() Config {
 }
 
 // backend makes Stores of one kind for the shared test suite. Every store decides at
-// the fixture's fake clock: RedisStore passes it to its scripts instead of Redis TIME.
+// the fixture's fake clock: redisstore.Store passes it to its scripts instead of Redis TIME.
 type backend struct {
 	name     string
-	newStore func(t testing.TB, clock clockwork.Clock) Store
+	newStore func(t testing.TB, clock clockwork.Clock) stateStore
 }
 
-var memoryBackend = backend{name: "memory", newStore: func(_ testing.TB, clock clockwork.Clock) Store { return NewMemoryStore(clock) }}
+var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+
+var memoryBackend = backend{name: "memory", newStore: func(_ testing.TB, clock clockwork.Clock) stateStore { return memstore.New(clock) }}
 
 // redisBackend stores in the test Redis under a prefix of its own (see redisForTest).
-var redisBackend = backend{name: "redis", newStore: func(t testing.TB, clock clockwork.Clock) Store {
-	return newTestRedisStore(t, clock, RedisOptions{})
+var redisBackend = backend{name: "redis", newStore: func(t testing.TB, clock clockwork.Clock) stateStore {
+	return newTestRedisStore(t, clock, redisstore.Options{})
 }}
 
 // redisScriptsBackend is redisBackend sending EVALSHA, as it does to a Redis without
 // functions (before 7.0).
-var redisScriptsBackend = backend{name: "redis scripts", newStore: func(t testing.TB, clock clockwork.Clock) Store {
-	s := newTestRedisStore(t, clock, RedisOptions{})
-	s.batch.scripts.Store(true)
+var redisScriptsBackend = backend{name: "redis scripts", newStore: func(t testing.TB, clock clockwork.Clock) stateStore {
+	s := newTestRedisStore(t, clock, redisstore.Options{})
+	s.SendScripts()
 	return s
 }}
 
@@ -55,8 +60,8 @@ func eachBackend(t *testing.T, f func(t *testing.T, b backend)) {
 }
 
 type fixture struct {
-	svc    *Service
-	store  Store
+	svc    *service
+	store  stateStore
 	clock  *clockwork.FakeClock
 	events *recordingPublisher
 	reg    *prometheus.Registry
@@ -80,7 +85,7 @@ type tb interface {
 	Fatalf(format string, args ...any)
 }
 
-func newFixtureWith(t tb, store Store, clock *clockwork.FakeClock, cfg Config) *fixture {
+func newFixtureWith(t tb, store stateStore, clock *clockwork.FakeClock, cfg Config) *fixture {
 	t.Helper()
 	f := &fixture{
 		store:  store,
@@ -88,7 +93,7 @@ func newFixtureWith(t tb, store Store, clock *clockwork.FakeClock, cfg Config) *
 		events: &recordingPublisher{},
 		reg:    prometheus.NewRegistry(),
 	}
-	svc, err := NewService(cfg, Deps{
+	svc, err := newService(cfg, serviceDeps{
 		Store:   f.store,
 		Clock:   f.clock,
 		Metrics: f.reg,
@@ -122,9 +127,9 @@ func (f *fixture) run(t testing.TB) {
 }
 
 // reserve reserves input+output tokens for tenant and fails the test on error.
-func (f *fixture) reserve(t testing.TB, tenant string, input, maxOutput int64) Reserved {
+func (f *fixture) reserve(t testing.TB, tenant string, input, maxOutput int64) reserveOutcome {
 	t.Helper()
-	got, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: input, MaxOutputTokens: maxOutput})
+	got, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: input, MaxOutputTokens: maxOutput})
 	if err != nil {
 		t.Fatalf("Reserve(%s, %d+%d): %v", tenant, input, maxOutput, err)
 	}
@@ -165,13 +170,6 @@ func (f *fixture) counter(t testing.TB, name string, labels ...string) float64 {
 	}
 	t.Fatalf("metric %s%v not found", name, labels)
 	return 0
-}
-
-// openReservations counts the records the store still holds.
-func (s *MemoryStore) openReservations() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.reservations)
 }
 
 type publishedEvent struct {
@@ -222,12 +220,12 @@ func eventsOf[E proto.Message](t testing.TB, p *recordingPublisher, subject stri
 // sweepSignallingStore wraps a Store and reports every Sweep, so a test can wait for
 // the sweeper goroutine without sleeping.
 type sweepSignallingStore struct {
-	Store
+	stateStore
 	swept chan int
 }
 
 func (s *sweepSignallingStore) Sweep(ctx context.Context) (int, error) {
-	n, err := s.Store.Sweep(ctx)
+	n, err := s.stateStore.Sweep(ctx)
 	s.swept <- n
 	return n, err
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 
 	"github.com/redis/go-redis/v9"
@@ -12,6 +13,8 @@ import (
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
 
 // Module returns the quota module. It depends on no other service; its Runnable runs
@@ -26,15 +29,15 @@ func Module(cfg Config) app.Module {
 func module(cfg Config, at decisionClock) app.Module {
 	return app.Module{
 		Name:      "quota",
-		Audiences: Audiences,
+		Audiences: audiences,
 		New: func(_ context.Context, env app.Env) (app.Runnable, error) {
 			log := env.Log.With("service", "quota")
 			var (
-				store   Store
+				store   stateStore
 				backend *redisState
 			)
 			switch cfg.Backend {
-			case BackendRedis:
+			case backendRedis:
 				benv := env
 				benv.Log = log
 				var err error
@@ -47,9 +50,9 @@ func module(cfg Config, at decisionClock) app.Module {
 					env.Dependency("quota.redis", backend.store.Degradation)
 				}
 			default:
-				store = NewMemoryStore(env.Clock)
+				store = memstore.New(env.Clock)
 			}
-			svc, err := NewService(cfg, Deps{
+			svc, err := newService(cfg, serviceDeps{
 				Store:   store,
 				Clock:   env.Clock,
 				Metrics: env.Metrics,
@@ -75,10 +78,10 @@ func module(cfg Config, at decisionClock) app.Module {
 }
 
 // redisState is the Redis backend as production wires it: a FailoverStore over a
-// RedisStore over one client.
+// redisstore.Store over one client.
 type redisState struct {
 	client *redis.Client
-	store  *FailoverStore
+	store  *failoverStore
 }
 
 // Where a redisState's decisions are timed.
@@ -99,7 +102,7 @@ func newRedisBackend(cfg Config, env app.Env, at decisionClock) (*redisState, er
 	if err != nil {
 		return nil, err
 	}
-	opts := RedisOptions{
+	opts := redisstore.Options{
 		Prefix:         cfg.Redis.KeyPrefix,
 		Clock:          env.Clock,
 		ServerTime:     bool(at),
@@ -115,8 +118,8 @@ func newRedisBackend(cfg Config, env app.Env, at decisionClock) (*redisState, er
 		}
 		opts.Scripter = ap
 	}
-	primary := NewRedisStore(client, opts)
-	store := NewFailoverStore(primary, env.Clock, FailoverOptions{
+	primary := redisstore.New(client, opts)
+	store := newFailoverStore(primary, env.Clock, failoverOptions{
 		Replicas: cfg.Redis.Replicas, ProbeInterval: cfg.Redis.ProbeInterval, Log: env.Log, Events: env.Events,
 	})
 	return &redisState{client: client, store: store}, nil
@@ -165,3 +168,10 @@ func newRedisClient(cfg RedisConfig, getenv func(string) string, tlsOpts tlsconf
 	}
 	return redis.NewClient(opts), nil
 }
+
+// RouteRedisLogs sends the lines go-redis logs itself (a pool that cannot dial, a
+// connection it drops) to log, as warnings in the process's format, instead of to stderr
+// in go-redis's own. go-redis keeps one logger per process, so the binary calls this
+// once, with its process logger; a program running several meshes (tests) leaves it
+// alone.
+func RouteRedisLogs(log *slog.Logger) { redisstore.RouteLogs(log) }

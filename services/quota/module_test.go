@@ -62,7 +62,7 @@ func TestModule(t *testing.T) {
 		env := testEnv()
 		c := newTestRedisClient(t)
 		cfg := DefaultConfig()
-		cfg.Backend, cfg.Redis.Address, cfg.Redis.KeyPrefix = BackendRedis, redisAddrForTest(t), testPrefix(t, c)
+		cfg.Backend, cfg.Redis.Address, cfg.Redis.KeyPrefix = backendRedis, redisAddrForTest(t), testPrefix(t, c)
 		cfg.Redis.AutoPipeline = true
 		run, err := Module(cfg).New(context.Background(), env)
 		if err != nil {
@@ -98,7 +98,7 @@ func TestModule(t *testing.T) {
 		addr := lis.Addr().String()
 		_ = lis.Close() // nothing listens there now: connections are refused
 		cfg := DefaultConfig()
-		cfg.Backend, cfg.Redis.Address = BackendRedis, addr
+		cfg.Backend, cfg.Redis.Address = backendRedis, addr
 		run, err := Module(cfg).New(context.Background(), env)
 		if err != nil {
 			t.Fatalf("New = %v, want the module to start without Redis", err)
@@ -136,7 +136,7 @@ func TestModule(t *testing.T) {
 	})
 	t.Run("redis password comes from the environment", func(t *testing.T) {
 		cfg := DefaultConfig()
-		cfg.Backend, cfg.Redis.Address, cfg.Redis.PasswordEnv = BackendRedis, "127.0.0.1:1", "MANTLE_TEST_NO_SUCH_VARIABLE"
+		cfg.Backend, cfg.Redis.Address, cfg.Redis.PasswordEnv = backendRedis, "127.0.0.1:1", "MANTLE_TEST_NO_SUCH_VARIABLE"
 		_, err := Module(cfg).New(context.Background(), testEnv())
 		if err == nil || !strings.Contains(err.Error(), "MANTLE_TEST_NO_SUCH_VARIABLE is unset or empty") {
 			t.Errorf("err = %v, want the missing variable named", err)

@@ -13,6 +13,8 @@ import (
 	"pgregory.net/rapid"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Property tests (pgregory.net/rapid): random sequences of operations, shrunk to a
@@ -35,14 +37,14 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 		rapid.Check(t, func(rt *rapid.T) {
 			limit := rapid.SampledFrom([]int64{1, 7, 60, 6000, 1_000_000_007}).Draw(rt, "limit")
 			tenant := nextTenant()
-			spec := BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Kind: KindTokens, Limit: limit}
+			spec := ledger.BucketSpec{Group: ledger.TenantGroup(tenant), Field: ledger.FieldTPM, Kind: ledger.KindTokens, Limit: limit}
 			var open []string
 			next := 0
-			check := func(l BucketLevel) {
-				if l.Remaining < 0 || l.Remaining > limit || l.Reset < 0 || l.Reset > maxDebt {
-					rt.Fatalf("level out of bounds: %+v (limit %d, max debt %v)", l, limit, maxDebt)
+			check := func(l ledger.BucketLevel) {
+				if l.Remaining < 0 || l.Remaining > limit || l.Reset < 0 || l.Reset > ledger.MaxDebt {
+					rt.Fatalf("level out of bounds: %+v (limit %d, max debt %v)", l, limit, ledger.MaxDebt)
 				}
-				if want := remainingAt(l.Reset, limit); l.Remaining != want {
+				if want := ledger.RemainingAt(l.Reset, limit); l.Remaining != want {
 					rt.Fatalf("remaining %d disagrees with a debt of %v (%d)", l.Remaining, l.Reset, want)
 				}
 			}
@@ -52,11 +54,11 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 					s.Cost = rapid.Int64Range(0, limit).Draw(rt, "cost")
 					next++
 					id := fmt.Sprint(tenant, "-", next)
-					g, err := store.Reserve(context.Background(), Charge{ID: id, Tenant: tenant, TTL: 365 * 24 * time.Hour, Tokens: s.Cost, Buckets: []BucketSpec{s}})
+					g, err := store.Reserve(context.Background(), ledger.Charge{ID: id, Tenant: tenant, TTL: 365 * 24 * time.Hour, Tokens: s.Cost, Buckets: []ledger.BucketSpec{s}})
 					if err == nil {
 						check(g.Levels[0])
 						open = append(open, id)
-					} else if _, ok := errors.AsType[*ExhaustedError](err); !ok {
+					} else if _, ok := errors.AsType[*ledger.ExhaustedError](err); !ok {
 						rt.Fatalf("reserve: %v", err)
 					}
 				},
@@ -66,7 +68,7 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 					}
 					i := rapid.IntRange(0, len(open)-1).Draw(rt, "which")
 					actual := rapid.SampledFrom([]int64{0, 1, limit, 1000 * limit, math.MaxInt64}).Draw(rt, "actual")
-					st, err := store.Settle(context.Background(), tenant, open[i], Actual{Tokens: actual}, false)
+					st, err := store.Settle(context.Background(), tenant, open[i], ledger.Actual{Tokens: actual}, false)
 					if err != nil {
 						rt.Fatalf("settle: %v", err)
 					}
@@ -78,7 +80,7 @@ func TestPropertyLevelsStayWithinBounds(t *testing.T) {
 				"observe": func(rt *rapid.T) {
 					rem := rapid.Int64Range(-1, limit+1).Draw(rt, "remaining")
 					reset := time.Duration(rapid.Int64Range(0, int64(48*time.Hour)).Draw(rt, "reset"))
-					levels, err := store.Observe(context.Background(), []Observation{{Bucket: spec, Remaining: min(rem, limit), Reset: reset}})
+					levels, err := store.Observe(context.Background(), []ledger.Observation{{Bucket: spec, Remaining: min(rem, limit), Reset: reset}})
 					if err != nil {
 						rt.Fatalf("observe: %v", err)
 					}
@@ -111,14 +113,14 @@ func TestPropertyAdmittedCostWithinCapacityPlusRefill(t *testing.T) {
 			}
 			var grants []grant
 			type reservation struct {
-				Reserved
+				reserveOutcome
 				at time.Time
 			}
 			var open []reservation
 			rt.Repeat(map[string]func(*rapid.T){
 				"reserve": func(rt *rapid.T) {
 					cost := rapid.Int64Range(1, limit).Draw(rt, "cost")
-					r, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "m", InputTokens: cost, MaxOutputTokens: 0})
+					r, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: tenant, Model: "m", InputTokens: cost, MaxOutputTokens: 0})
 					if err == nil {
 						grants = append(grants, grant{clock.Now(), r.ReservedTokens})
 						open = append(open, reservation{r, clock.Now()})
@@ -136,7 +138,7 @@ func TestPropertyAdmittedCostWithinCapacityPlusRefill(t *testing.T) {
 					r := open[0]
 					open = open[1:]
 					extra := rapid.Int64Range(0, limit).Draw(rt, "extra")
-					if _, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: tenant, ReservationID: r.ReservationID, Usage: &Usage{TotalTokens: r.ReservedTokens + extra}}); err != nil {
+					if _, err := f.svc.Settle(context.Background(), settleRequest{Tenant: tenant, ReservationID: r.ReservationID, Usage: &tokenUsage{TotalTokens: r.ReservedTokens + extra}}); err != nil {
 						rt.Fatalf("settle: %v", err)
 					}
 				},
@@ -148,7 +150,7 @@ func TestPropertyAdmittedCostWithinCapacityPlusRefill(t *testing.T) {
 						var sum int64
 						for j := i; j < len(grants); j++ {
 							sum += grants[j].cost
-							if bound := limit + tokensIn(grants[j].at.Sub(grants[i].at), limit); sum > bound {
+							if bound := limit + ledger.TokensIn(grants[j].at.Sub(grants[i].at), limit); sum > bound {
 								rt.Fatalf("granted %d tokens between %v and %v, more than capacity plus refill %d",
 									sum, grants[i].at.Sub(t0), grants[j].at.Sub(t0), bound)
 							}
@@ -171,7 +173,7 @@ func TestPropertyAccountingBalances(t *testing.T) {
 		cfg := testConfig()
 		cfg.DefaultLimits = RateLimits{RPM: 1_000_000, TPM: 60_000} // 1µs per token
 		f := newFixtureWith(t, b.newStore(t, clock), clock, cfg)
-		const nsPerToken = int64(window) / 60_000
+		const nsPerToken = int64(ledger.Window) / 60_000
 		rapid.Check(t, func(rt *rapid.T) {
 			tenant := nextTenant()
 			var (
@@ -185,7 +187,7 @@ func TestPropertyAccountingBalances(t *testing.T) {
 				"reserve": func(rt *rapid.T) {
 					in := rapid.Int64Range(1, 5000).Draw(rt, "input")
 					out := rapid.Int64Range(0, 5000).Draw(rt, "max output")
-					r, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "m", InputTokens: in, MaxOutputTokens: max(out, 1)})
+					r, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: tenant, Model: "m", InputTokens: in, MaxOutputTokens: max(out, 1)})
 					if err != nil {
 						return // exhausted: charges nothing
 					}
@@ -202,7 +204,7 @@ func TestPropertyAccountingBalances(t *testing.T) {
 					ids = append(ids[:i], ids[i+1:]...)
 					in := rapid.Int64Range(0, 8000).Draw(rt, "actual input")
 					out := rapid.Int64Range(0, 8000).Draw(rt, "actual output")
-					st, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: tenant, ReservationID: id, Usage: &Usage{InputTokens: in, OutputTokens: out}})
+					st, err := f.svc.Settle(context.Background(), settleRequest{Tenant: tenant, ReservationID: id, Usage: &tokenUsage{InputTokens: in, OutputTokens: out}})
 					if err != nil {
 						rt.Fatalf("settle: %v", err)
 					}
@@ -227,12 +229,12 @@ func TestPropertyAccountingBalances(t *testing.T) {
 					}
 					// The bucket owes exactly the net charge: open reservations at their
 					// estimate, settled ones at their usage.
-					r, err := f.svc.store.Observe(context.Background(), []Observation{{Bucket: BucketSpec{Group: tenantGroup(tenant), Field: fieldTPM, Limit: 60_000}, Remaining: -1}})
+					r, err := f.svc.store.Observe(context.Background(), []ledger.Observation{{Bucket: ledger.BucketSpec{Group: ledger.TenantGroup(tenant), Field: ledger.FieldTPM, Limit: 60_000}, Remaining: -1}})
 					if err != nil {
 						rt.Fatal(err)
 					}
 					net := reserved + settled
-					want := time.Duration(min(net*nsPerToken, int64(maxDebt)))
+					want := time.Duration(min(net*nsPerToken, int64(ledger.MaxDebt)))
 					if r[0].Reset != want {
 						rt.Fatalf("bucket owes %v, want %v for %d tokens net (%d open, %d used)", r[0].Reset, want, net, reserved, settled)
 					}
@@ -255,13 +257,13 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 		cfg.UpstreamKeys = map[string]RateLimits{"k": {TPM: 6000}}
 		cfg.Queue.MaxWait = 10 * time.Minute
 		cfg.Queue.Size = rapid.IntRange(1, 30).Draw(rt, "queue size")
-		f := newFixtureWith(rt, NewMemoryStore(clock), clock, cfg)
+		f := newFixtureWith(rt, memstore.New(clock), clock, cfg)
 		q := f.svc.queue
 		q.setRunning(true)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 		defer cancel()
 
-		var granted []Charge
+		var granted []ledger.Charge
 		q.onGrant = func(adm *admission, fromQueue bool) {
 			granted = append(granted, adm.charge)
 			q.mu.Lock()
@@ -297,7 +299,7 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 				if rapid.Bool().Draw(rt, "on the key") {
 					key = "k"
 				}
-				charge, err := f.svc.chargeFor(ReserveRequest{Tenant: tenant, Model: "m", UpstreamKey: key}, cost, 0, cost)
+				charge, err := f.svc.chargeFor(reserveRequest{Tenant: tenant, Model: "m", UpstreamKey: key}, cost, 0, cost)
 				if err != nil {
 					rt.Fatal(err)
 				}
@@ -305,7 +307,7 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 				for _, b := range charge.Buckets {
 					adm.buckets = append(adm.buckets, b.Name())
 				}
-				if _, _, err := q.enter(ctx, adm); err != nil && !errors.Is(err, ErrExhausted) && !errors.Is(err, ErrRequestTooLarge) {
+				if _, _, err := q.enter(ctx, adm); err != nil && !errors.Is(err, ledger.ErrExhausted) && !errors.Is(err, errRequestTooLarge) {
 					rt.Fatalf("enter: %v", err)
 				}
 			},
@@ -320,7 +322,7 @@ func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
 				c := granted[0]
 				granted = granted[1:]
 				used := rapid.Int64Range(0, c.Tokens).Draw(rt, "used")
-				if _, err := f.store.Settle(context.Background(), c.Tenant, c.ID, Actual{Tokens: used}, false); err != nil {
+				if _, err := f.store.Settle(context.Background(), c.Tenant, c.ID, ledger.Actual{Tokens: used}, false); err != nil {
 					rt.Fatalf("settle: %v", err)
 				}
 				q.dispatch()

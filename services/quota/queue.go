@@ -13,6 +13,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // Priority classes, highest first. Unspecified counts as normal.
@@ -47,7 +48,7 @@ type admission struct {
 	tokens int64
 	// buckets are the names of the enforced buckets (and budget) the request charges.
 	buckets []string
-	charge  Charge
+	charge  ledger.Charge
 }
 
 // queue admits requests to the Store in priority order. A request is first tried at
@@ -85,11 +86,11 @@ type admission struct {
 // queues, so priority holds within each replica's traffic.
 type queue struct {
 	cfg     QueueConfig
-	store   Store
+	store   stateStore
 	clock   clockwork.Clock
 	metrics *metrics
 	// release returns a grant nobody will use (the caller left while it was granted).
-	release func(Charge)
+	release func(ledger.Charge)
 
 	waiting atomic.Int64 // len of every tenant queue together; read without mu on the fast path
 	kick    chan struct{}
@@ -138,18 +139,18 @@ type waiter struct {
 	giveUpAt time.Time
 	nextTry  time.Time
 	short    []string
-	lastErr  *ExhaustedError
+	lastErr  *ledger.ExhaustedError
 	state    int
 	left     bool // the caller stopped waiting while the dispatcher was trying
 	done     chan outcome
 }
 
 type outcome struct {
-	grant Grant
+	grant ledger.Grant
 	err   error
 }
 
-func newQueue(cfg QueueConfig, store Store, clock clockwork.Clock, m *metrics, release func(Charge)) *queue {
+func newQueue(cfg QueueConfig, store stateStore, clock clockwork.Clock, m *metrics, release func(ledger.Charge)) *queue {
 	q := &queue{
 		cfg: cfg, store: store, clock: clock, metrics: m, release: release,
 		kick:    make(chan struct{}, 1),
@@ -165,7 +166,7 @@ func newQueue(cfg QueueConfig, store Store, clock clockwork.Clock, m *metrics, r
 
 // admit asks the Store for adm, waiting in the queue when allowed. It returns the grant
 // and how long the request waited.
-func (q *queue) admit(ctx context.Context, adm *admission) (Grant, time.Duration, error) {
+func (q *queue) admit(ctx context.Context, adm *admission) (ledger.Grant, time.Duration, error) {
 	w, g, err := q.enter(ctx, adm)
 	if w == nil {
 		return g, 0, err
@@ -179,19 +180,19 @@ func (q *queue) admit(ctx context.Context, adm *admission) (Grant, time.Duration
 		if o, ok := q.leave(w); ok {
 			return o.grant, q.clock.Since(w.arrived), o.err
 		}
-		return Grant{}, q.clock.Since(w.arrived), w.deadlineError(q.clock.Now())
+		return ledger.Grant{}, q.clock.Since(w.arrived), w.deadlineError(q.clock.Now())
 	case <-ctx.Done():
 		if o, ok := q.leave(w); ok && o.err == nil {
 			q.release(adm.charge)
 		}
-		return Grant{}, q.clock.Since(w.arrived), ctx.Err()
+		return ledger.Grant{}, q.clock.Since(w.arrived), ctx.Err()
 	}
 }
 
 // enter tries adm at once and, when it has to wait and may, queues it. It returns the
 // waiter to wait on, or (with a nil waiter) the outcome.
-func (q *queue) enter(ctx context.Context, adm *admission) (*waiter, Grant, error) {
-	var refusal *ExhaustedError
+func (q *queue) enter(ctx context.Context, adm *admission) (*waiter, ledger.Grant, error) {
+	var refusal *ledger.ExhaustedError
 	// The fast path: nobody waits (the common case), or nobody of the same or a higher
 	// class waits for what this request needs.
 	if q.waiting.Load() == 0 || !q.spokenFor(adm) {
@@ -211,15 +212,15 @@ func (q *queue) enter(ctx context.Context, adm *admission) (*waiter, Grant, erro
 	case refusal == nil && budget <= 0:
 		// Held back by a waiter of higher or equal priority, and not allowed to wait.
 		q.mu.Unlock()
-		return nil, Grant{}, q.heldBack(adm, now)
+		return nil, ledger.Grant{}, q.heldBack(adm, now)
 	case refusal != nil && (budget <= 0 || refusal.RetryAfter > budget):
 		// Not allowed to wait, or the bucket will not refill in time: refuse at once.
 		q.mu.Unlock()
-		return nil, Grant{}, refusal
+		return nil, ledger.Grant{}, refusal
 	}
 	if int(q.waiting.Load()) >= q.cfg.Size && !q.shedFor(adm.class, now) {
 		q.mu.Unlock()
-		return nil, Grant{}, q.full(refusal)
+		return nil, ledger.Grant{}, q.full(refusal)
 	}
 	w := &waiter{adm: adm, ctx: ctx, arrived: now, giveUpAt: now.Add(budget), nextTry: now, done: make(chan outcome, 1)}
 	if refusal != nil {
@@ -232,7 +233,7 @@ func (q *queue) enter(ctx context.Context, adm *admission) (*waiter, Grant, erro
 	if q.onPush != nil {
 		q.onPush()
 	}
-	return w, Grant{}, nil
+	return w, ledger.Grant{}, nil
 }
 
 // waitBudget is how long a caller may wait: its remaining deadline less the margin,
@@ -281,14 +282,14 @@ func (q *queue) spokenBy(adm *admission, upTo int) bool {
 }
 
 // heldBack is the refusal of a request that may not wait and may not bypass a waiter.
-func (q *queue) heldBack(adm *admission, now time.Time) *ExhaustedError {
-	e := &ExhaustedError{Bucket: "queue", RetryAfter: time.Second, Cause: CauseQueueFull}
+func (q *queue) heldBack(adm *admission, now time.Time) *ledger.ExhaustedError {
+	e := &ledger.ExhaustedError{Bucket: "queue", RetryAfter: time.Second, Cause: ledger.CauseQueueFull}
 	for c := 0; c <= adm.class; c++ {
 		for _, tq := range q.classes[c].tenants {
 			for _, w := range tq.waiters {
 				for _, b := range w.short {
 					if slices.Contains(adm.buckets, b) {
-						e.Bucket, e.Cause, e.Short = b, CauseBucket, w.short
+						e.Bucket, e.Cause, e.Short = b, ledger.CauseBucket, w.short
 						e.RetryAfter = max(w.nextTry.Sub(now), time.Millisecond)
 						return e
 					}
@@ -300,8 +301,8 @@ func (q *queue) heldBack(adm *admission, now time.Time) *ExhaustedError {
 }
 
 // full is the refusal of a newcomer to a full queue.
-func (q *queue) full(refusal *ExhaustedError) *ExhaustedError {
-	e := &ExhaustedError{Bucket: "queue", RetryAfter: time.Second, Cause: CauseQueueFull}
+func (q *queue) full(refusal *ledger.ExhaustedError) *ledger.ExhaustedError {
+	e := &ledger.ExhaustedError{Bucket: "queue", RetryAfter: time.Second, Cause: ledger.CauseQueueFull}
 	if refusal != nil {
 		e.RetryAfter, e.Short = refusal.RetryAfter, refusal.Short
 	}
@@ -323,7 +324,7 @@ func (q *queue) shedFor(class int, now time.Time) bool {
 		}
 		if victim != nil {
 			q.remove(victim)
-			victim.deliver(outcome{err: &ExhaustedError{Bucket: "queue", RetryAfter: victim.retryEstimate(now), Cause: CauseShed, Short: victim.short}})
+			victim.deliver(outcome{err: &ledger.ExhaustedError{Bucket: "queue", RetryAfter: victim.retryEstimate(now), Cause: ledger.CauseShed, Short: victim.short}})
 			q.metrics.queueShed.WithLabelValues(classNames[c]).Inc()
 			return true
 		}
@@ -428,8 +429,8 @@ func (w *waiter) retryEstimate(now time.Time) time.Duration {
 }
 
 // deadlineError is the refusal of a waiter whose wait ran out.
-func (w *waiter) deadlineError(now time.Time) *ExhaustedError {
-	e := &ExhaustedError{Bucket: "queue", RetryAfter: w.retryEstimate(now), Cause: CauseDeadline, Short: w.short}
+func (w *waiter) deadlineError(now time.Time) *ledger.ExhaustedError {
+	e := &ledger.ExhaustedError{Bucket: "queue", RetryAfter: w.retryEstimate(now), Cause: ledger.CauseDeadline, Short: w.short}
 	if w.lastErr != nil {
 		e.Bucket, e.Cost, e.Remaining = w.lastErr.Bucket, w.lastErr.Cost, w.lastErr.Remaining
 	}
@@ -496,7 +497,7 @@ func (q *queue) close() {
 		for _, tq := range q.classes[c].tenants {
 			for _, w := range slices.Clone(tq.waiters) {
 				q.remove(w)
-				w.deliver(outcome{err: ErrShuttingDown})
+				w.deliver(outcome{err: errShuttingDown})
 			}
 		}
 	}
@@ -535,7 +536,7 @@ func (q *queue) pass() (next time.Time, progress bool) {
 	// higher classes that are not at the head of their line block it too
 	// (spokenAboveLocked).
 	spoken := map[string]bool{}
-	var unused []Charge // granted to callers who left; released after the pass
+	var unused []ledger.Charge // granted to callers who left; released after the pass
 	defer func() {
 		for _, c := range unused {
 			q.release(c)
@@ -573,7 +574,7 @@ func (q *queue) pass() (next time.Time, progress bool) {
 
 		q.mu.Lock()
 		now = q.clock.Now()
-		var refusal *ExhaustedError
+		var refusal *ledger.ExhaustedError
 		switch {
 		case w.left || w.state == finished:
 			// The caller left, or was shed or stopped meanwhile: nobody takes this.

@@ -10,6 +10,8 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Most queue tests drive the dispatcher by hand (manualQueue): they advance the fake
@@ -17,7 +19,7 @@ import (
 // them. TestQueueWaitsForRefill runs the real dispatcher end to end.
 
 type reserveResult struct {
-	r   Reserved
+	r   reserveOutcome
 	err error
 }
 
@@ -45,7 +47,7 @@ func longDeadline(t *testing.T) context.Context {
 }
 
 // start calls Reserve in a goroutine and returns its result channel.
-func (q *queueFixture) start(ctx context.Context, req ReserveRequest) <-chan reserveResult {
+func (q *queueFixture) start(ctx context.Context, req reserveRequest) <-chan reserveResult {
 	ch := make(chan reserveResult, 1)
 	go func() {
 		r, err := q.svc.Reserve(ctx, req)
@@ -55,7 +57,7 @@ func (q *queueFixture) start(ctx context.Context, req ReserveRequest) <-chan res
 }
 
 // enqueue starts req and waits until it waits in the queue.
-func (q *queueFixture) enqueue(t *testing.T, ctx context.Context, req ReserveRequest) <-chan reserveResult {
+func (q *queueFixture) enqueue(t *testing.T, ctx context.Context, req reserveRequest) <-chan reserveResult {
 	t.Helper()
 	ch := q.start(ctx, req)
 	select {
@@ -90,8 +92,8 @@ func await(t *testing.T, name string, ch <-chan reserveResult) reserveResult {
 // dispatch, so after dispatch returns this is exact.
 func (q *queueFixture) waiting() int { return int(q.svc.queue.waiting.Load()) }
 
-func req(id, tenant string, p mantlev1.Priority, tokens int64) ReserveRequest {
-	return ReserveRequest{Tenant: tenant, RequestID: id, Priority: p, Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1}
+func req(id, tenant string, p mantlev1.Priority, tokens int64) reserveRequest {
+	return reserveRequest{Tenant: tenant, RequestID: id, Priority: p, Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1}
 }
 
 func TestQueueWaitsForRefill(t *testing.T) {
@@ -156,7 +158,7 @@ func TestQueueLowerClassCannotTakeWhatAHigherWaitsFor(t *testing.T) {
 	// Without a deadline a small batch request is refused at once, told to come back
 	// when the critical one is due...
 	_, err := q.svc.Reserve(context.Background(), req("batch-now", "acme", mantlev1.Priority_PRIORITY_BATCH, 100))
-	if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "tenant:acme:tpm" || e.RetryAfter != 40*time.Second {
+	if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "tenant:acme:tpm" || e.RetryAfter != 40*time.Second {
 		t.Fatalf("batch without deadline: err = %v, want held back on tenant:acme:tpm for 40s", err)
 	}
 	// ... and with one it waits behind it.
@@ -194,7 +196,7 @@ func TestQueueSharesAContendedKeyByWeight(t *testing.T) {
 	cfg.Queue.MaxWait = 10 * time.Minute
 	q := manualQueue(t, cfg)
 	ctx := longDeadline(t)
-	if _, err := q.svc.Reserve(ctx, ReserveRequest{Tenant: "drain", Model: "m", InputTokens: 5999, MaxOutputTokens: 1, UpstreamKey: "shared"}); err != nil {
+	if _, err := q.svc.Reserve(ctx, reserveRequest{Tenant: "drain", Model: "m", InputTokens: 5999, MaxOutputTokens: 1, UpstreamKey: "shared"}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 20 {
@@ -231,12 +233,12 @@ func TestQueueFullShedsTheLowestClass(t *testing.T) {
 	critical := q.enqueue(t, ctx, req("critical", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 100))
 
 	res := await(t, "batch", batch)
-	if e, ok := errors.AsType[*ExhaustedError](res.err); !ok || e.Cause != CauseShed || e.Bucket != "queue" {
+	if e, ok := errors.AsType[*ledger.ExhaustedError](res.err); !ok || e.Cause != ledger.CauseShed || e.Bucket != "queue" {
 		t.Fatalf("batch: err = %v, want shed from the queue", res.err)
 	}
 	// Nothing lower than a newcomer batch request is left to displace.
 	_, err := q.svc.Reserve(ctx, req("batch-2", "acme", mantlev1.Priority_PRIORITY_BATCH, 100))
-	if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Cause != CauseQueueFull {
+	if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Cause != ledger.CauseQueueFull {
 		t.Fatalf("batch-2: err = %v, want queue full", err)
 	}
 	reasons := map[string]int{}
@@ -267,7 +269,7 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 
 	t.Run("a wait longer than the budget is refused at once", func(t *testing.T) {
 		_, err := q.svc.Reserve(ctx, req("long", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 600)) // 6s
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.RetryAfter != 6*time.Second || e.cause() != CauseBucket {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.RetryAfter != 6*time.Second || e.EffectiveCause() != ledger.CauseBucket {
 			t.Fatalf("err = %v, want exhausted with retry after 6s", err)
 		}
 	})
@@ -275,7 +277,7 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 		short, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := q.svc.Reserve(short, req("short", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 300)) // 3s
-		if !errors.Is(err, ErrExhausted) {
+		if !errors.Is(err, ledger.ErrExhausted) {
 			t.Fatalf("err = %v, want exhausted at once", err)
 		}
 	})
@@ -291,8 +293,8 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 		}
 		// The critical grant emptied the bucket again: high needs 2s more, at 6s > 5s.
 		res := await(t, "high", high)
-		e, ok := errors.AsType[*ExhaustedError](res.err)
-		if !ok || e.Cause != CauseDeadline || e.Bucket != "tenant:acme:tpm" || e.RetryAfter != 2*time.Second {
+		e, ok := errors.AsType[*ledger.ExhaustedError](res.err)
+		if !ok || e.Cause != ledger.CauseDeadline || e.Bucket != "tenant:acme:tpm" || e.RetryAfter != 2*time.Second {
 			t.Fatalf("high: err = %v, want refused for its deadline, retry after 2s", res.err)
 		}
 	})
@@ -302,7 +304,7 @@ func TestQueueWaitsNeverOutlastTheDeadline(t *testing.T) {
 		w := q.enqueue(t, ctx, req("timer", "acme", mantlev1.Priority_PRIORITY_NORMAL, 300)) // due at 3s
 		q.clock.Advance(5 * time.Second)                                                     // no dispatch: the budget ends first
 		res := await(t, "timer", w)
-		if e, ok := errors.AsType[*ExhaustedError](res.err); !ok || e.Cause != CauseDeadline || e.Waited != 5*time.Second {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](res.err); !ok || e.Cause != ledger.CauseDeadline || e.Waited != 5*time.Second {
 			t.Fatalf("timer: err = %v, want refused at its 5s budget, having waited 5s", res.err)
 		}
 		if q.waiting() != 0 {
@@ -349,12 +351,12 @@ func TestQueueShutdownRefusesWaiters(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if res := await(t, "r", ch); !errors.Is(res.err, ErrShuttingDown) {
+	if res := await(t, "r", ch); !errors.Is(res.err, errShuttingDown) {
 		t.Fatalf("err = %v, want ErrShuttingDown", res.err)
 	}
 	// With no dispatcher nobody may wait.
 	_, err := f.svc.Reserve(longDeadline(t), req("after", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 100))
-	if !errors.Is(err, ErrExhausted) {
+	if !errors.Is(err, ledger.ErrExhausted) {
 		t.Errorf("after shutdown: err = %v, want refused at once", err)
 	}
 }
@@ -362,14 +364,14 @@ func TestQueueShutdownRefusesWaiters(t *testing.T) {
 // gateStore holds the dispatcher inside Reserve, after the grant, until the test lets
 // it go: the moment a caller may leave while its request is being granted.
 type gateStore struct {
-	Store
+	stateStore
 	armed   chan struct{} // one value arms the gate for one Reserve
 	entered chan struct{}
 	proceed chan struct{}
 }
 
-func (g *gateStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
-	gr, err := g.Store.Reserve(ctx, c)
+func (g *gateStore) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
+	gr, err := g.stateStore.Reserve(ctx, c)
 	select {
 	case <-g.armed:
 		g.entered <- struct{}{}
@@ -382,8 +384,8 @@ func (g *gateStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 func TestQueueReleasesAGrantItsCallerLeft(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClockAt(t0)
-	memory := NewMemoryStore(clock)
-	gate := &gateStore{Store: memory, armed: make(chan struct{}, 1), entered: make(chan struct{}), proceed: make(chan struct{})}
+	memory := memstore.New(clock)
+	gate := &gateStore{stateStore: memory, armed: make(chan struct{}, 1), entered: make(chan struct{}), proceed: make(chan struct{})}
 	q := &queueFixture{fixture: newFixtureWith(t, gate, clock, testConfig()), pushed: make(chan struct{}, 10)}
 	q.svc.queue.onPush = func() { q.pushed <- struct{}{} }
 	q.svc.queue.setRunning(true)
@@ -406,7 +408,7 @@ func TestQueueReleasesAGrantItsCallerLeft(t *testing.T) {
 	}
 	close(gate.proceed)
 	<-dispatched
-	if n := memory.openReservations(); n != 1 {
+	if n := memory.OpenReservations(); n != 1 {
 		t.Errorf("%d reservations open, want only the first: the unused grant released", n)
 	}
 	// The 100 tokens came back: they are there to take again. (The request bucket

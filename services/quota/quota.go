@@ -18,22 +18,23 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
 // Stable ErrorInfo reasons of this service, beyond the shared ones in rpc; quota.proto
 // documents them.
 const (
-	ReasonRequestTooLarge     = "REQUEST_TOO_LARGE"
-	ReasonReservationNotFound = "RESERVATION_NOT_FOUND"
-	ReasonPriceUnknown        = "PRICE_UNKNOWN"
-	ReasonBudgetUnavailable   = "BUDGET_UNAVAILABLE"
-	ReasonUnavailable         = "UNAVAILABLE"
+	reasonRequestTooLarge     = "REQUEST_TOO_LARGE"
+	reasonReservationNotFound = "RESERVATION_NOT_FOUND"
+	reasonPriceUnknown        = "PRICE_UNKNOWN"
+	reasonBudgetUnavailable   = "BUDGET_UNAVAILABLE"
+	reasonUnavailable         = "UNAVAILABLE"
 )
 
-// Deps are what a Service needs besides its Config; the module fills them from app.Env.
-type Deps struct {
-	Store   Store
+// serviceDeps are what a Service needs besides its Config; the module fills them from app.Env.
+type serviceDeps struct {
+	Store   stateStore
 	Clock   clockwork.Clock
 	Metrics prometheus.Registerer
 	Log     *slog.Logger
@@ -41,12 +42,12 @@ type Deps struct {
 	Events app.Publisher
 }
 
-// Service is the quota domain: it decides admission and keeps reservations honest.
+// service is the quota domain: it decides admission and keeps reservations honest.
 // It knows nothing about gRPC; server.go adapts it. Its Run method runs the sweeper,
 // the queue's dispatcher and the store's background work.
-type Service struct {
+type service struct {
 	cfg     Config
-	store   Store
+	store   stateStore
 	clock   clockwork.Clock
 	log     *slog.Logger
 	events  app.Publisher
@@ -58,8 +59,8 @@ type Service struct {
 	seen seenTenants
 }
 
-// NewService validates cfg and builds a Service.
-func NewService(cfg Config, deps Deps) (*Service, error) {
+// newService validates cfg and builds a Service.
+func newService(cfg Config, deps serviceDeps) (*service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid config: %w", err)
 	}
@@ -81,7 +82,7 @@ func NewService(cfg Config, deps Deps) (*Service, error) {
 	cfg.Budgets.Tenants = maps.Clone(cfg.Budgets.Tenants)
 	cfg.Budgets.Prices = maps.Clone(cfg.Budgets.Prices)
 	cfg.Queue.Weights = maps.Clone(cfg.Queue.Weights)
-	s := &Service{
+	s := &service{
 		cfg: cfg, store: deps.Store, clock: deps.Clock, log: deps.Log, events: publisher, metrics: m,
 		tokens:  tokencount.NewCounter(tokencount.Config(cfg.Tokens)),
 		signals: newSignals(cfg.NearLimitRatio),
@@ -93,8 +94,8 @@ func NewService(cfg Config, deps Deps) (*Service, error) {
 	return s, nil
 }
 
-// ReserveRequest asks to admit one model call.
-type ReserveRequest struct {
+// reserveRequest asks to admit one model call.
+type reserveRequest struct {
 	Tenant    string
 	RequestID string
 	Priority  mantlev1.Priority
@@ -114,26 +115,26 @@ type ReserveRequest struct {
 	KeyOnly bool
 }
 
-// Reserved is a granted admission.
-type Reserved struct {
+// reserveOutcome is a granted admission.
+type reserveOutcome struct {
 	ReservationID   string
 	InputTokens     int64
 	MaxOutputTokens int64
 	// ReservedTokens = InputTokens + MaxOutputTokens, charged against the token buckets.
 	ReservedTokens int64
 	// Levels are the tenant's RPM and TPM (the key's, for KeyOnly).
-	Levels Levels
+	Levels levelPair
 	// Buckets are every bucket the decision looked at, in charge order.
-	Buckets   []BucketLevel
-	Budget    *BudgetLevel
+	Buckets   []ledger.BucketLevel
+	Budget    *ledger.BudgetLevel
 	ExpiresAt time.Time
 	Waited    time.Duration
 }
 
-// Levels are a pair of request and token buckets.
-type Levels struct {
-	Requests BucketLevel
-	Tokens   BucketLevel
+// levelPair are a pair of request and token buckets.
+type levelPair struct {
+	Requests ledger.BucketLevel
+	Tokens   ledger.BucketLevel
 }
 
 // Reserve charges the request's estimated tokens against every applicable bucket, all
@@ -141,12 +142,12 @@ type Levels struct {
 // deadline allows. Refusals are *ExhaustedError (retry later), *TooLargeError (never
 // retry), *PriceUnknownError or ErrBudgetUnavailable; each one is published as a
 // QuotaRejectionEvent.
-func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, error) {
+func (s *service) Reserve(ctx context.Context, req reserveRequest) (reserveOutcome, error) {
 	start := s.clock.Now()
 	if err := validateReserve(req); err != nil {
-		return Reserved{}, err
+		return reserveOutcome{}, err
 	}
-	input, meta := req.InputTokens, ReservationMeta{Model: req.Model, UpstreamKey: req.UpstreamKey}
+	input, meta := req.InputTokens, ledger.ReservationMeta{Model: req.Model, UpstreamKey: req.UpstreamKey}
 	if input == 0 {
 		count := s.tokens.Count(req.Model, req.Messages, req.Tools, "", true)
 		input = count.Tokens
@@ -167,7 +168,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 	}
 	if err != nil {
 		s.refused(ctx, start, req, err)
-		return Reserved{}, err
+		return reserveOutcome{}, err
 	}
 	charge.Meta = meta
 	adm := &admission{tenant: req.Tenant, class: class, tokens: tokens, charge: charge}
@@ -182,16 +183,16 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 
 	g, waited, err := s.queue.admit(ctx, adm)
 	if err != nil {
-		if e, ok := errors.AsType[*ExhaustedError](err); ok && waited > 0 {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); ok && waited > 0 {
 			refusal := *e // the caller learns the wait was deliberate, not quota's slowness
 			refusal.Waited = waited
 			err = &refusal
 		}
 		s.refused(ctx, start, req, err)
-		if errors.Is(err, ErrExhausted) || errors.Is(err, ErrBudgetUnavailable) || errors.Is(err, ErrShuttingDown) || ctx.Err() != nil {
-			return Reserved{}, err
+		if errors.Is(err, ledger.ErrExhausted) || errors.Is(err, errBudgetUnavailable) || errors.Is(err, errShuttingDown) || ctx.Err() != nil {
+			return reserveOutcome{}, err
 		}
-		return Reserved{}, fmt.Errorf("reserve for request %q: %w", req.RequestID, err)
+		return reserveOutcome{}, fmt.Errorf("reserve for request %q: %w", req.RequestID, err)
 	}
 
 	s.metrics.grantedCounter(req.Tenant, class).Inc()
@@ -203,7 +204,7 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 	s.store.CountRequest(ctx, req.UpstreamKey, !req.KeyOnly, s.cfg.RetryBudget.Window)
 	s.signalLevels(ctx, g.At, req.RequestID, req.Tenant, req.Model, req.UpstreamKey, req.Priority, g.Levels, g.Budget, charge.Budget)
 
-	out := Reserved{
+	out := reserveOutcome{
 		ReservationID:   charge.ID,
 		InputTokens:     input,
 		MaxOutputTokens: maxOutput,
@@ -219,8 +220,8 @@ func (s *Service) Reserve(ctx context.Context, req ReserveRequest) (Reserved, er
 
 // pairOf picks the RPM and TPM levels for the response's Limits: the first group's,
 // which is the tenant's unless only an upstream key was charged.
-func pairOf(levels []BucketLevel) Levels {
-	var out Levels
+func pairOf(levels []ledger.BucketLevel) levelPair {
+	var out levelPair
 	if len(levels) == 0 {
 		return out
 	}
@@ -230,43 +231,33 @@ func pairOf(levels []BucketLevel) Levels {
 			continue
 		}
 		switch l.Field {
-		case fieldRPM:
+		case ledger.FieldRPM:
 			out.Requests = l
-		case fieldTPM:
+		case ledger.FieldTPM:
 			out.Tokens = l
 		}
 	}
 	return out
 }
 
-// Bucket fields and groups. settle.lua reads a tenant's rpm and tpm fields with the
-// reservation's record, in one HMGET, by these names.
-const (
-	fieldRPM = "rpm"
-	fieldTPM = "tpm"
-)
-
-func tenantGroup(tenant string) string { return "tenant:" + tenant }
-func keyGroup(key string) string       { return "key:" + key }
-
 // chargeFor resolves the request against the config: which buckets apply, with which
 // limits and costs.
-func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) (Charge, error) {
-	c := Charge{ID: uuid.NewString(), Tenant: req.Tenant, TTL: s.cfg.ReservationTTL, Tokens: tokens, Buckets: make([]BucketSpec, 0, 4)}
+func (s *service) chargeFor(req reserveRequest, input, maxOutput, tokens int64) (ledger.Charge, error) {
+	c := ledger.Charge{ID: uuid.NewString(), Tenant: req.Tenant, TTL: s.cfg.ReservationTTL, Tokens: tokens, Buckets: make([]ledger.BucketSpec, 0, 4)}
 	if !req.KeyOnly {
-		group := tenantGroup(req.Tenant)
+		group := ledger.TenantGroup(req.Tenant)
 		rpm, tpm := s.cfg.tenantLimits(req.Tenant)
 		c.Buckets = append(c.Buckets,
-			newSpec(group, fieldRPM, KindRequests, 1, rpm.limit, rpm.shadow),
-			newSpec(group, fieldTPM, KindTokens, tokens, tpm.limit, tpm.shadow),
+			ledger.NewSpec(group, ledger.FieldRPM, ledger.KindRequests, 1, rpm.limit, rpm.shadow),
+			ledger.NewSpec(group, ledger.FieldTPM, ledger.KindTokens, tokens, tpm.limit, tpm.shadow),
 		)
 		if ml, ok := s.cfg.modelLimits(req.Tenant, req.Model); ok {
 			m := "model:" + tokencount.NormalizeModel(req.Model) + ":"
 			if ml.RPM > 0 {
-				c.Buckets = append(c.Buckets, newSpec(group, m+fieldRPM, KindRequests, 1, ml.RPM, ml.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, m+ledger.FieldRPM, ledger.KindRequests, 1, ml.RPM, ml.Shadow))
 			}
 			if ml.TPM > 0 {
-				c.Buckets = append(c.Buckets, newSpec(group, m+fieldTPM, KindTokens, tokens, ml.TPM, ml.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, m+ledger.FieldTPM, ledger.KindTokens, tokens, ml.TPM, ml.Shadow))
 			}
 		}
 		if b, ok := s.cfg.Budgets.Tenants[req.Tenant]; ok {
@@ -274,23 +265,23 @@ func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) 
 			switch {
 			case ok:
 				p := nanoPriceOf(price)
-				c.Budget = &BudgetCharge{
+				c.Budget = &ledger.BudgetCharge{
 					Group: group, Limit: dollarsToNano(b.DailyUSD), Shadow: b.Shadow, DayOffset: s.cfg.Budgets.DayOffset, Price: p,
-					Cost: clampUsage(input)*p.Input + clampUsage(maxOutput)*p.Output,
+					Cost: ledger.ClampUsage(input)*p.Input + ledger.ClampUsage(maxOutput)*p.Output,
 				}
 			case !b.Shadow:
-				return Charge{}, &PriceUnknownError{Model: req.Model}
+				return ledger.Charge{}, &priceUnknownError{Model: req.Model}
 			}
 		}
 	}
 	if req.UpstreamKey != "" {
 		if kl, ok := s.cfg.UpstreamKeys[req.UpstreamKey]; ok {
-			group := keyGroup(req.UpstreamKey)
+			group := ledger.KeyGroup(req.UpstreamKey)
 			if kl.RPM > 0 {
-				c.Buckets = append(c.Buckets, newSpec(group, fieldRPM, KindRequests, 1, kl.RPM, kl.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, ledger.FieldRPM, ledger.KindRequests, 1, kl.RPM, kl.Shadow))
 			}
 			if kl.TPM > 0 {
-				c.Buckets = append(c.Buckets, newSpec(group, fieldTPM, KindTokens, tokens, kl.TPM, kl.Shadow))
+				c.Buckets = append(c.Buckets, ledger.NewSpec(group, ledger.FieldTPM, ledger.KindTokens, tokens, kl.TPM, kl.Shadow))
 			}
 		}
 	}
@@ -300,7 +291,7 @@ func (s *Service) chargeFor(req ReserveRequest, input, maxOutput, tokens int64) 
 // checkSize refuses at once a request that an enforced bucket or budget could never
 // cover: it would otherwise be told to retry after a wait that never ends. Shadow rules
 // are left to the Store, which reports them as shadow refusals.
-func (s *Service) checkSize(req ReserveRequest, c Charge, input int64) error {
+func (s *service) checkSize(req reserveRequest, c ledger.Charge, input int64) error {
 	for _, b := range c.Buckets {
 		if b.Shadow || b.Cost <= b.Limit {
 			continue
@@ -312,15 +303,15 @@ func (s *Service) checkSize(req ReserveRequest, c Charge, input int64) error {
 		case input > b.Limit:
 			field = "input_tokens"
 		}
-		return &TooLargeError{Bucket: b.Name(), Field: field, Cost: b.Cost, Limit: b.Limit}
+		return &tooLargeError{Bucket: b.Name(), Field: field, Cost: b.Cost, Limit: b.Limit}
 	}
 	if bc := c.Budget; bc != nil && !bc.Shadow && bc.Cost > bc.Limit {
-		return &TooLargeError{Bucket: bc.Group + ":budget", Field: "max_output_tokens", Cost: bc.Cost, Limit: bc.Limit}
+		return &tooLargeError{Bucket: bc.Group + ":budget", Field: "max_output_tokens", Cost: bc.Cost, Limit: bc.Limit}
 	}
 	return nil
 }
 
-func validateReserve(req ReserveRequest) error {
+func validateReserve(req reserveRequest) error {
 	v := &rpc.ValidationError{}
 	if req.Tenant == "" {
 		v.Add("quality.tenant", "is required when the call is not authenticated")
@@ -342,49 +333,49 @@ func validateReserve(req ReserveRequest) error {
 
 // release returns everything a grant took; the queue calls it for grants whose caller
 // left. Failing only delays the capacity's return until the reservation expires.
-func (s *Service) release(c Charge) {
+func (s *service) release(c ledger.Charge) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := s.store.Settle(ctx, c.Tenant, c.ID, Actual{}, true); err != nil {
+	if _, err := s.store.Settle(ctx, c.Tenant, c.ID, ledger.Actual{}, true); err != nil {
 		s.log.Warn("releasing an unused reservation failed; it will expire", "reservation", c.ID, "err", err)
 	}
 	s.queue.poke()
 }
 
-// SettleRequest reports the real usage of a reservation.
-type SettleRequest struct {
+// settleRequest reports the real usage of a reservation.
+type settleRequest struct {
 	Tenant        string
 	RequestID     string
 	ReservationID string
 	// Usage is required: a missing usage report would otherwise read as "nothing used"
 	// and refund the whole estimate.
-	Usage *Usage
+	Usage *tokenUsage
 }
 
-// Usage is what the provider billed. TotalTokens wins when set; otherwise the actual
+// tokenUsage is what the provider billed. TotalTokens wins when set; otherwise the actual
 // cost is InputTokens + OutputTokens.
-type Usage struct {
+type tokenUsage struct {
 	InputTokens  int64
 	OutputTokens int64
 	TotalTokens  int64
 }
 
-func (u Usage) total() int64 {
+func (u tokenUsage) total() int64 {
 	if u.TotalTokens > 0 {
 		return u.TotalTokens
 	}
 	return addSaturating(u.InputTokens, u.OutputTokens)
 }
 
-// Settled is the outcome of Settle.
-type Settled struct {
+// settleResult is the outcome of Settle.
+type settleResult struct {
 	// Reserved is what the reservation held; Refunded is Reserved minus the actual
 	// tokens: positive when tokens went back, negative when the overrun was charged.
 	Reserved, Refunded int64
 	// Levels are the tenant's RPM and TPM after the correction (the key's, for a
 	// key-only reservation).
-	Levels  Levels
-	Buckets []BucketLevel
+	Levels  levelPair
+	Buckets []ledger.BucketLevel
 	CostUSD float64
 }
 
@@ -395,14 +386,14 @@ type Settled struct {
 //
 // Settling is once only. A second Settle of the same reservation, or one after it
 // expired, returns ErrReservationNotFound; so a retried Settle can never refund twice.
-func (s *Service) Settle(ctx context.Context, req SettleRequest) (Settled, error) {
+func (s *service) Settle(ctx context.Context, req settleRequest) (settleResult, error) {
 	if err := validateSettle(req); err != nil {
-		return Settled{}, err
+		return settleResult{}, err
 	}
-	actual := Actual{Tokens: req.Usage.total(), Input: req.Usage.InputTokens, Output: req.Usage.OutputTokens}
+	actual := ledger.Actual{Tokens: req.Usage.total(), Input: req.Usage.InputTokens, Output: req.Usage.OutputTokens}
 	st, err := s.store.Settle(ctx, req.Tenant, req.ReservationID, actual, false)
 	if err != nil {
-		return Settled{}, fmt.Errorf("settle reservation %s for request %q: %w", req.ReservationID, req.RequestID, err)
+		return settleResult{}, fmt.Errorf("settle reservation %s for request %q: %w", req.ReservationID, req.RequestID, err)
 	}
 	s.metrics.settledTokens.Add(float64(actual.Tokens))
 	if st.Refunded > 0 {
@@ -419,10 +410,10 @@ func (s *Service) Settle(ctx context.Context, req SettleRequest) (Settled, error
 		}
 	}
 	s.signalLevels(ctx, st.At, req.RequestID, req.Tenant, st.Meta.Model, st.Meta.UpstreamKey, mantlev1.Priority_PRIORITY_UNSPECIFIED, st.Levels, nil, nil)
-	return Settled{Reserved: st.Reserved, Refunded: st.Refunded, Levels: pairOf(st.Levels), Buckets: st.Levels, CostUSD: nanoToDollars(st.CostNano)}, nil
+	return settleResult{Reserved: st.Reserved, Refunded: st.Refunded, Levels: pairOf(st.Levels), Buckets: st.Levels, CostUSD: nanoToDollars(st.CostNano)}, nil
 }
 
-func validateSettle(req SettleRequest) error {
+func validateSettle(req settleRequest) error {
 	v := &rpc.ValidationError{}
 	if req.Tenant == "" {
 		v.Add("quality.tenant", "is required when the call is not authenticated")
@@ -453,7 +444,7 @@ func validateSettle(req SettleRequest) error {
 // with them) or plain text for model's family: exactly for OpenAI encodings, estimated
 // (and corrected by what providers reported) for others; images by the provider's rule.
 // An empty model uses the generic estimator. Reserve counts a prompt the same way.
-func (s *Service) CountTokens(_ context.Context, model string, messages []tokencount.Message, tools []*mantlev1.Tool, text string) (tokencount.Count, error) {
+func (s *service) CountTokens(_ context.Context, model string, messages []tokencount.Message, tools []*mantlev1.Tool, text string) (tokencount.Count, error) {
 	switch {
 	case len(messages) == 0 && text == "":
 		return tokencount.Count{}, rpc.Invalid("messages", "messages or text is required")
@@ -465,8 +456,8 @@ func (s *Service) CountTokens(_ context.Context, model string, messages []tokenc
 	return s.tokens.Count(model, messages, tools, text, len(messages) > 0), nil
 }
 
-// UpstreamObservation is what a provider's rate-limit headers said about a key.
-type UpstreamObservation struct {
+// upstreamObservation is what a provider's rate-limit headers said about a key.
+type upstreamObservation struct {
 	Key string
 	// RemainingRequests and RemainingTokens are -1 when unknown.
 	RemainingRequests, RemainingTokens int64
@@ -475,7 +466,7 @@ type UpstreamObservation struct {
 
 // ObserveUpstream lowers a configured key's buckets to what the provider reported. It
 // reports false for keys without buckets, which are left alone.
-func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (bool, Levels, error) {
+func (s *service) ObserveUpstream(ctx context.Context, o upstreamObservation) (bool, levelPair, error) {
 	v := &rpc.ValidationError{}
 	if o.Key == "" {
 		v.Add("upstream_key_id", "is required")
@@ -493,15 +484,15 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 		v.Add("reset_tokens", "must not be negative, got %s", o.ResetTokens)
 	}
 	if err := v.OrNil(); err != nil {
-		return false, Levels{}, err
+		return false, levelPair{}, err
 	}
 	kl, ok := s.cfg.UpstreamKeys[o.Key]
 	if !ok {
 		s.metrics.observations.WithLabelValues("false").Inc()
-		return false, Levels{}, nil
+		return false, levelPair{}, nil
 	}
-	group := keyGroup(o.Key)
-	var obs []Observation
+	group := ledger.KeyGroup(o.Key)
+	var obs []ledger.Observation
 	implausible := false
 	// A reset longer than any provider's window is a broken header or a lie; applied,
 	// it would hold the key (and every tenant behind it) for that long.
@@ -513,10 +504,10 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 		return true
 	}
 	if kl.RPM > 0 && plausible(o.ResetRequests) {
-		obs = append(obs, Observation{Bucket: BucketSpec{Group: group, Field: fieldRPM, Kind: KindRequests, Limit: kl.RPM, Shadow: kl.Shadow}, Remaining: o.RemainingRequests, Reset: o.ResetRequests})
+		obs = append(obs, ledger.Observation{Bucket: ledger.BucketSpec{Group: group, Field: ledger.FieldRPM, Kind: ledger.KindRequests, Limit: kl.RPM, Shadow: kl.Shadow}, Remaining: o.RemainingRequests, Reset: o.ResetRequests})
 	}
 	if kl.TPM > 0 && plausible(o.ResetTokens) {
-		obs = append(obs, Observation{Bucket: BucketSpec{Group: group, Field: fieldTPM, Kind: KindTokens, Limit: kl.TPM, Shadow: kl.Shadow}, Remaining: o.RemainingTokens, Reset: o.ResetTokens})
+		obs = append(obs, ledger.Observation{Bucket: ledger.BucketSpec{Group: group, Field: ledger.FieldTPM, Kind: ledger.KindTokens, Limit: kl.TPM, Shadow: kl.Shadow}, Remaining: o.RemainingTokens, Reset: o.ResetTokens})
 	}
 	if implausible {
 		s.metrics.observations.WithLabelValues("implausible").Inc()
@@ -524,11 +515,11 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 			"upstream_key", o.Key, "reset_requests", o.ResetRequests, "reset_tokens", o.ResetTokens, "max", s.cfg.UpstreamMaxReset)
 	}
 	if len(obs) == 0 {
-		return false, Levels{}, nil
+		return false, levelPair{}, nil
 	}
 	levels, err := s.store.Observe(ctx, obs)
 	if err != nil {
-		return false, Levels{}, fmt.Errorf("observe upstream key %s: %w", o.Key, err)
+		return false, levelPair{}, fmt.Errorf("observe upstream key %s: %w", o.Key, err)
 	}
 	s.metrics.observations.WithLabelValues("true").Inc()
 	s.signalLevels(ctx, s.clock.Now(), "", "", "", o.Key, mantlev1.Priority_PRIORITY_UNSPECIFIED, levels, nil, nil)
@@ -541,16 +532,16 @@ func (s *Service) ObserveUpstream(ctx context.Context, o UpstreamObservation) (b
 // A retry made for a tenant (rpc.Tenant) also needs room in that tenant's share
 // (retry_budget.tenant_share), which the store counts beside the budget: in Redis, shared
 // by every quota replica, with the redis backend.
-func (s *Service) AcquireRetry(ctx context.Context, key string, format bool) (RetryDecision, error) {
+func (s *service) AcquireRetry(ctx context.Context, key string, format bool) (ledger.RetryDecision, error) {
 	tenant := rpc.Tenant(ctx)
-	d, err := s.store.AcquireRetry(ctx, RetryAsk{Key: key, Tenant: tenant, Format: format, Budget: s.cfg.RetryBudget})
+	d, err := s.store.AcquireRetry(ctx, ledger.RetryAsk{Key: key, Tenant: tenant, Format: format, Budget: ledger.RetryBudget(s.cfg.RetryBudget)})
 	if err != nil {
-		return RetryDecision{}, fmt.Errorf("acquire retry: %w", err)
+		return ledger.RetryDecision{}, fmt.Errorf("acquire retry: %w", err)
 	}
 	result := "granted"
 	switch {
 	case d.Granted:
-	case tenant != "" && d.Budget == retryTenantBudget(tenant):
+	case tenant != "" && d.Budget == ledger.RetryTenantBudget(tenant):
 		result = "denied_tenant_share"
 	default:
 		result = "denied"
@@ -563,7 +554,7 @@ func (s *Service) AcquireRetry(ctx context.Context, key string, format bool) (Re
 // the injected clock it deletes expired reservations), the queue's dispatcher, and the
 // store's own loop when it has one (Redis: flushing request counts, probing after a
 // fallback). It returns nil when ctx is done.
-func (s *Service) Run(ctx context.Context) error {
+func (s *service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.queue.run(ctx) })
 	g.Go(func() error { return s.sweep(ctx) })
@@ -573,7 +564,7 @@ func (s *Service) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-func (s *Service) sweep(ctx context.Context) error {
+func (s *service) sweep(ctx context.Context) error {
 	ticker := s.clock.NewTicker(s.cfg.SweepInterval)
 	defer ticker.Stop()
 	for {

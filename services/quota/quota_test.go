@@ -18,11 +18,13 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
-// The tests in this file run against every backend (eachBackend): MemoryStore and
-// RedisStore must decide identically, to the nanosecond.
+// The tests in this file run against every backend (eachBackend): memstore.Store and
+// redisstore.Store must decide identically, to the nanosecond.
 
 func TestReserveRefillsOverFakeTime(t *testing.T) {
 	t.Parallel()
@@ -63,7 +65,7 @@ func TestReserveCountsMessagesWhenInputIsZero(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		f := newFixtureOn(t, b, testConfig())
 		msgs := []tokencount.Message{{Role: "user", Content: "the cat sat on the mat"}}
-		got, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "gpt-4o", Messages: msgs})
+		got, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", Model: "gpt-4o", Messages: msgs})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,14 +104,14 @@ func TestReserveIsAllOrNothing(t *testing.T) {
 				f := newFixtureOn(t, b, cfg)
 				first := f.reserve(t, "acme", tt.first-1, 1)
 
-				_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: tt.refused - 1, MaxOutputTokens: 1})
-				if exhausted, ok := errors.AsType[*ExhaustedError](err); !ok || exhausted.Bucket != tt.wantBucket {
+				_, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", Model: "m", InputTokens: tt.refused - 1, MaxOutputTokens: 1})
+				if exhausted, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || exhausted.Bucket != tt.wantBucket {
 					t.Fatalf("err = %v, want *ExhaustedError on %s", err, tt.wantBucket)
 				}
 
 				// Settling the first reservation at its estimate shows both buckets exactly
 				// as the first reservation left them.
-				settled, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: first.ReservationID, Usage: &Usage{TotalTokens: tt.first}})
+				settled, err := f.svc.Settle(context.Background(), settleRequest{Tenant: "acme", ReservationID: first.ReservationID, Usage: &tokenUsage{TotalTokens: tt.first}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -147,14 +149,14 @@ func TestReserveRetryAfterIsAccurate(t *testing.T) {
 				cfg.DefaultLimits = tt.limits
 				f := newFixtureOn(t, b, cfg)
 				f.reserve(t, "acme", tt.drain-1, 1)
-				req := ReserveRequest{Tenant: "acme", Model: "m", InputTokens: tt.need - 1, MaxOutputTokens: 1}
+				req := reserveRequest{Tenant: "acme", Model: "m", InputTokens: tt.need - 1, MaxOutputTokens: 1}
 
 				_, err := f.svc.Reserve(context.Background(), req)
-				var exhausted *ExhaustedError
-				if !errors.As(err, &exhausted) || !errors.Is(err, ErrExhausted) {
+				var exhausted *ledger.ExhaustedError
+				if !errors.As(err, &exhausted) || !errors.Is(err, ledger.ErrExhausted) {
 					t.Fatalf("err = %v, want *ExhaustedError", err)
 				}
-				want := ExhaustedError{Bucket: "tenant:acme:tpm", Cost: tt.need, Remaining: tt.wantRemaining, RetryAfter: tt.wantRetry, Short: []string{"tenant:acme:tpm"}}
+				want := ledger.ExhaustedError{Bucket: "tenant:acme:tpm", Cost: tt.need, Remaining: tt.wantRemaining, RetryAfter: tt.wantRetry, Short: []string{"tenant:acme:tpm"}}
 				if diff := cmp.Diff(want, *exhausted); diff != "" {
 					t.Fatalf("refusal mismatch (-want +got):\n%s", diff)
 				}
@@ -194,11 +196,11 @@ func TestReserveReportsTheLongerWait(t *testing.T) {
 			eachBackend(t, func(t *testing.T, b backend) {
 				f := newFixtureOn(t, b, cfg)
 				first := f.reserve(t, "acme", 2900, 100)
-				if _, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: first.ReservationID, Usage: &Usage{TotalTokens: 3000 + tt.overrun}}); err != nil {
+				if _, err := f.svc.Settle(context.Background(), settleRequest{Tenant: "acme", ReservationID: first.ReservationID, Usage: &tokenUsage{TotalTokens: 3000 + tt.overrun}}); err != nil {
 					t.Fatal(err)
 				}
-				_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 99, MaxOutputTokens: 1})
-				exhausted, ok := errors.AsType[*ExhaustedError](err)
+				_, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", Model: "m", InputTokens: 99, MaxOutputTokens: 1})
+				exhausted, ok := errors.AsType[*ledger.ExhaustedError](err)
 				if !ok || exhausted.Bucket != tt.wantBucket || exhausted.RetryAfter != tt.wantRetry {
 					t.Fatalf("err = %v, want %s exhausted with retry after %v", err, tt.wantBucket, tt.wantRetry)
 				}
@@ -214,16 +216,16 @@ func TestReserveRequestTooLarge(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name      string
-		req       ReserveRequest
+		req       reserveRequest
 		wantField string
 		wantCost  int64
 	}{
-		{"max output pushes it over", ReserveRequest{InputTokens: 5950, MaxOutputTokens: 100}, "max_output_tokens", 6050},
-		{"input alone is over", ReserveRequest{InputTokens: 6001, MaxOutputTokens: 1}, "input_tokens", 6002},
+		{"max output pushes it over", reserveRequest{InputTokens: 5950, MaxOutputTokens: 100}, "max_output_tokens", 6050},
+		{"input alone is over", reserveRequest{InputTokens: 6001, MaxOutputTokens: 1}, "input_tokens", 6002},
 		// 35 KB is beyond tokens.exact_max_bytes: estimated at a token per 4 bytes,
 		// plus framing and the default max output.
-		{"counted messages are over", ReserveRequest{Messages: []tokencount.Message{{Role: "user", Content: strings.Repeat("word ", 7000)}}}, "messages", 3 + 3 + 35000/4 + 100},
-		{"huge numbers do not wrap around", ReserveRequest{InputTokens: 1 << 62, MaxOutputTokens: 1 << 62}, "input_tokens", 1<<63 - 1},
+		{"counted messages are over", reserveRequest{Messages: []tokencount.Message{{Role: "user", Content: strings.Repeat("word ", 7000)}}}, "messages", 3 + 3 + 35000/4 + 100},
+		{"huge numbers do not wrap around", reserveRequest{InputTokens: 1 << 62, MaxOutputTokens: 1 << 62}, "input_tokens", 1<<63 - 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -234,11 +236,11 @@ func TestReserveRequestTooLarge(t *testing.T) {
 				req.Tenant, req.Model, req.RequestID, req.Priority = "acme", "gpt-4o", "req-1", mantlev1.Priority_PRIORITY_BATCH
 
 				_, err := f.svc.Reserve(context.Background(), req)
-				tooLarge, ok := errors.AsType[*TooLargeError](err)
-				if !ok || !errors.Is(err, ErrRequestTooLarge) {
+				tooLarge, ok := errors.AsType[*tooLargeError](err)
+				if !ok || !errors.Is(err, errRequestTooLarge) {
 					t.Fatalf("err = %v, want *TooLargeError", err)
 				}
-				want := TooLargeError{Bucket: "tenant:acme:tpm", Field: tt.wantField, Cost: tt.wantCost, Limit: 6000}
+				want := tooLargeError{Bucket: "tenant:acme:tpm", Field: tt.wantField, Cost: tt.wantCost, Limit: 6000}
 				if diff := cmp.Diff(want, *tooLarge); diff != "" {
 					t.Errorf("refusal mismatch (-want +got):\n%s", diff)
 				}
@@ -269,8 +271,8 @@ func TestReserveExhaustedPublishesEventAndCounts(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		f := newFixtureOn(t, b, testConfig())
 		f.reserve(t, "acme", 5999, 1)
-		_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", RequestID: "req-2", Model: "qwen-max", InputTokens: 99, MaxOutputTokens: 1})
-		if !errors.Is(err, ErrExhausted) {
+		_, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", RequestID: "req-2", Model: "qwen-max", InputTokens: 99, MaxOutputTokens: 1})
+		if !errors.Is(err, ledger.ErrExhausted) {
 			t.Fatalf("err = %v, want ErrExhausted", err)
 		}
 		events := f.events.rejections(t)
@@ -297,17 +299,17 @@ func TestSettle(t *testing.T) {
 	tests := []struct {
 		name          string
 		advance       time.Duration // between reserve and settle
-		usage         Usage
+		usage         tokenUsage
 		wantRefunded  int64
 		wantRemaining int64
 		wantReset     time.Duration
 	}{
-		{"unused estimate is refunded", 0, Usage{TotalTokens: 400}, 600, 5600, 4 * time.Second},
-		{"exact estimate changes nothing", 0, Usage{InputTokens: 900, OutputTokens: 100}, 0, 5000, 10 * time.Second},
-		{"overrun is charged", 0, Usage{TotalTokens: 2500}, -1500, 3500, 25 * time.Second},
-		{"total wins over its parts", 0, Usage{InputTokens: 1, OutputTokens: 1, TotalTokens: 700}, 300, 5300, 7 * time.Second},
-		{"overdraft goes below zero", 0, Usage{TotalTokens: 9000}, -8000, 0, 90 * time.Second},
-		{"refund stops at capacity", time.Minute, Usage{}, 1000, 6000, 0},
+		{"unused estimate is refunded", 0, tokenUsage{TotalTokens: 400}, 600, 5600, 4 * time.Second},
+		{"exact estimate changes nothing", 0, tokenUsage{InputTokens: 900, OutputTokens: 100}, 0, 5000, 10 * time.Second},
+		{"overrun is charged", 0, tokenUsage{TotalTokens: 2500}, -1500, 3500, 25 * time.Second},
+		{"total wins over its parts", 0, tokenUsage{InputTokens: 1, OutputTokens: 1, TotalTokens: 700}, 300, 5300, 7 * time.Second},
+		{"overdraft goes below zero", 0, tokenUsage{TotalTokens: 9000}, -8000, 0, 90 * time.Second},
+		{"refund stops at capacity", time.Minute, tokenUsage{}, 1000, 6000, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -317,7 +319,7 @@ func TestSettle(t *testing.T) {
 				r := f.reserve(t, "acme", 900, 100)
 				f.clock.Advance(tt.advance)
 				usage := tt.usage
-				got, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &usage})
+				got, err := f.svc.Settle(context.Background(), settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &usage})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -339,12 +341,12 @@ func TestSettleOverdraftDelaysNextReservation(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b backend) {
 		f := newFixtureOn(t, b, testConfig())
 		r := f.reserve(t, "acme", 900, 100)
-		if _, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{TotalTokens: 9000}}); err != nil {
+		if _, err := f.svc.Settle(context.Background(), settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &tokenUsage{TotalTokens: 9000}}); err != nil {
 			t.Fatal(err)
 		}
 		// 90s of debt, minus the 60s a full bucket spans, plus 1s for 100 tokens.
-		_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 99, MaxOutputTokens: 1})
-		if exhausted, ok := errors.AsType[*ExhaustedError](err); !ok || exhausted.RetryAfter != 31*time.Second {
+		_, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", Model: "m", InputTokens: 99, MaxOutputTokens: 1})
+		if exhausted, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || exhausted.RetryAfter != 31*time.Second {
 			t.Fatalf("err = %v, want exhausted with retry after 31s", err)
 		}
 	})
@@ -356,7 +358,7 @@ func TestSettleTwiceIsNotFound(t *testing.T) {
 		f := newFixtureOn(t, b, testConfig())
 		r := f.reserve(t, "acme", 900, 100)
 		f.reserve(t, "acme", 4900, 100) // drains the rest of the bucket
-		req := SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{}}
+		req := settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &tokenUsage{}}
 
 		first, err := f.svc.Settle(context.Background(), req)
 		if err != nil {
@@ -365,7 +367,7 @@ func TestSettleTwiceIsNotFound(t *testing.T) {
 		if first.Refunded != 1000 || first.Levels.Tokens.Remaining != 1000 {
 			t.Fatalf("first settle: refunded %d, remaining %d; want 1000, 1000", first.Refunded, first.Levels.Tokens.Remaining)
 		}
-		if _, err := f.svc.Settle(context.Background(), req); !errors.Is(err, ErrReservationNotFound) {
+		if _, err := f.svc.Settle(context.Background(), req); !errors.Is(err, ledger.ErrReservationNotFound) {
 			t.Fatalf("second settle: err = %v, want ErrReservationNotFound", err)
 		}
 		if got := f.reserve(t, "acme", 999, 1); got.Levels.Tokens.Remaining != 0 {
@@ -378,8 +380,8 @@ func TestSettleUnknownReservation(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, b backend) {
 		f := newFixtureOn(t, b, testConfig())
-		_, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: "no-such-id", Usage: &Usage{}})
-		if !errors.Is(err, ErrReservationNotFound) {
+		_, err := f.svc.Settle(context.Background(), settleRequest{Tenant: "acme", ReservationID: "no-such-id", Usage: &tokenUsage{}})
+		if !errors.Is(err, ledger.ErrReservationNotFound) {
 			t.Fatalf("err = %v, want ErrReservationNotFound", err)
 		}
 	})
@@ -393,8 +395,8 @@ func TestReservationExpiry(t *testing.T) {
 		wantErr error
 	}{
 		{"settled just before the TTL", 2*time.Minute - 1, nil},
-		{"settled at the TTL", 2 * time.Minute, ErrReservationNotFound},
-		{"settled long after", time.Hour, ErrReservationNotFound},
+		{"settled at the TTL", 2 * time.Minute, ledger.ErrReservationNotFound},
+		{"settled long after", time.Hour, ledger.ErrReservationNotFound},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -403,16 +405,16 @@ func TestReservationExpiry(t *testing.T) {
 				f := newFixtureOn(t, b, testConfig())
 				r := f.reserve(t, "acme", 900, 100)
 				f.clock.Advance(tt.advance)
-				_, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{}})
+				_, err := f.svc.Settle(context.Background(), settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &tokenUsage{}})
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tt.wantErr)
 				}
 				// Either way the record is gone: a second attempt finds nothing.
-				if _, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{}}); !errors.Is(err, ErrReservationNotFound) {
+				if _, err := f.svc.Settle(context.Background(), settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &tokenUsage{}}); !errors.Is(err, ledger.ErrReservationNotFound) {
 					t.Errorf("second attempt: err = %v, want ErrReservationNotFound", err)
 				}
-				if m, ok := f.store.(*MemoryStore); ok && m.openReservations() != 0 {
-					t.Errorf("store holds %d reservations after the settle attempt, want 0", m.openReservations())
+				if m, ok := f.store.(*memstore.Store); ok && m.OpenReservations() != 0 {
+					t.Errorf("store holds %d reservations after the settle attempt, want 0", m.OpenReservations())
 				}
 			})
 		})
@@ -423,8 +425,8 @@ func TestReservationExpiry(t *testing.T) {
 func TestSweeperDeletesExpiredReservations(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClockAt(t0)
-	memory := NewMemoryStore(clock)
-	store := &sweepSignallingStore{Store: memory, swept: make(chan int)}
+	memory := memstore.New(clock)
+	store := &sweepSignallingStore{stateStore: memory, swept: make(chan int)}
 	f := newFixtureWith(t, store, clock, testConfig())
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -460,7 +462,7 @@ func TestSweeperDeletesExpiredReservations(t *testing.T) {
 		case <-time.After(10 * time.Second): // a failure timeout, not a wait
 			t.Fatalf("sweeper did not run at %v", s.at)
 		}
-		if got := memory.openReservations(); got != s.wantOpen {
+		if got := memory.OpenReservations(); got != s.wantOpen {
 			t.Errorf("after the sweep at %v: %d open reservations, want %d", s.at, got, s.wantOpen)
 		}
 		if s.reserveAfter {
@@ -484,7 +486,7 @@ func TestTenantIsolation(t *testing.T) {
 		f := newFixtureOn(t, b, cfg)
 
 		acme := f.reserve(t, "acme", 5999, 1)
-		if _, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 1, MaxOutputTokens: 1}); !errors.Is(err, ErrExhausted) {
+		if _, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", Model: "m", InputTokens: 1, MaxOutputTokens: 1}); !errors.Is(err, ledger.ErrExhausted) {
 			t.Fatalf("acme: err = %v, want ErrExhausted", err)
 		}
 		if got := f.reserve(t, "beta", 999, 1); got.Levels.Tokens.Remaining != 5000 || got.Levels.Requests.Remaining != 59 {
@@ -494,12 +496,12 @@ func TestTenantIsolation(t *testing.T) {
 			t.Errorf("big limits = %+v, want 12000 tokens (2000 left) and the default 60 requests", got.Levels)
 		}
 		// Another tenant cannot settle the reservation...
-		_, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "beta", ReservationID: acme.ReservationID, Usage: &Usage{}})
-		if !errors.Is(err, ErrReservationNotFound) {
+		_, err := f.svc.Settle(context.Background(), settleRequest{Tenant: "beta", ReservationID: acme.ReservationID, Usage: &tokenUsage{}})
+		if !errors.Is(err, ledger.ErrReservationNotFound) {
 			t.Fatalf("beta settling acme's reservation: err = %v, want ErrReservationNotFound", err)
 		}
 		// ... and trying did not destroy it.
-		got, err := f.svc.Settle(context.Background(), SettleRequest{Tenant: "acme", ReservationID: acme.ReservationID, Usage: &Usage{}})
+		got, err := f.svc.Settle(context.Background(), settleRequest{Tenant: "acme", ReservationID: acme.ReservationID, Usage: &tokenUsage{}})
 		if err != nil || got.Refunded != 6000 {
 			t.Fatalf("acme settling its own: refunded %d, err %v; want 6000, nil", got.Refunded, err)
 		}
@@ -519,12 +521,12 @@ func TestReserveIsAtomicUnderConcurrency(t *testing.T) {
 		)
 		for range 250 {
 			wg.Go(func() {
-				_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 10, MaxOutputTokens: 10})
+				_, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", Model: "m", InputTokens: 10, MaxOutputTokens: 10})
 				if err == nil {
 					mu.Lock()
 					granted++
 					mu.Unlock()
-				} else if !errors.Is(err, ErrExhausted) {
+				} else if !errors.Is(err, ledger.ErrExhausted) {
 					t.Errorf("unexpected error: %v", err)
 				}
 			})
@@ -545,15 +547,15 @@ func TestModelBuckets(t *testing.T) {
 			"acme": {"GPT-4o": {RPM: 2, TPM: 4000}},
 		}
 		f := newFixtureOn(t, b, cfg)
-		reserve := func(tenant, model string, tokens int64) (Reserved, error) {
-			return f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: model, InputTokens: tokens - 1, MaxOutputTokens: 1})
+		reserve := func(tenant, model string, tokens int64) (reserveOutcome, error) {
+			return f.svc.Reserve(context.Background(), reserveRequest{Tenant: tenant, Model: model, InputTokens: tokens - 1, MaxOutputTokens: 1})
 		}
 		// beta inherits "*": 3000 tokens of gpt-4o, the rest of its 6000 for other models.
 		if _, err := reserve("beta", "gpt-4o", 2500); err != nil {
 			t.Fatal(err)
 		}
 		_, err := reserve("beta", "gpt-4o", 1000)
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "tenant:beta:model:gpt-4o:tpm" {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "tenant:beta:model:gpt-4o:tpm" {
 			t.Fatalf("beta's second gpt-4o request: err = %v, want the model bucket exhausted", err)
 		}
 		if _, err := reserve("beta", "qwen-max", 3000); err != nil {
@@ -576,12 +578,12 @@ func TestModelBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = reserve("acme", "gpt-4o", 100)
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "tenant:acme:model:gpt-4o:rpm" {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "tenant:acme:model:gpt-4o:rpm" {
 			t.Fatalf("acme's third gpt-4o request: err = %v, want the model's rpm exhausted", err)
 		}
 		// A request the model bucket can never hold is too large, not exhausted.
 		_, err = reserve("beta", "gpt-4o", 3001)
-		if e, ok := errors.AsType[*TooLargeError](err); !ok || e.Bucket != "tenant:beta:model:gpt-4o:tpm" {
+		if e, ok := errors.AsType[*tooLargeError](err); !ok || e.Bucket != "tenant:beta:model:gpt-4o:tpm" {
 			t.Fatalf("err = %v, want too large for the model bucket", err)
 		}
 	})
@@ -603,7 +605,7 @@ func TestMoneyBudget(t *testing.T) {
 		const dayLeft = 4 * time.Hour
 
 		// 100k input + 55k output = $0.25 + $0.55.
-		r, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 100_000, MaxOutputTokens: 55_000})
+		r, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 100_000, MaxOutputTokens: 55_000})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -615,23 +617,23 @@ func TestMoneyBudget(t *testing.T) {
 			t.Errorf("near-limit events = %v, want one for tenant:acme:budget", nl)
 		}
 		// The next $0.30 does not fit: refused until the day ends, whatever the deadline.
-		_, err = f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 120_000, MaxOutputTokens: 1})
-		e, ok := errors.AsType[*ExhaustedError](err)
-		if !ok || e.Bucket != "tenant:acme:budget" || e.Cause != CauseBudget || e.RetryAfter != dayLeft || e.Remaining != 200_000_000 {
+		_, err = f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 120_000, MaxOutputTokens: 1})
+		e, ok := errors.AsType[*ledger.ExhaustedError](err)
+		if !ok || e.Bucket != "tenant:acme:budget" || e.Cause != ledger.CauseBudget || e.RetryAfter != dayLeft || e.Remaining != 200_000_000 {
 			t.Fatalf("err = %v, want the budget exhausted until the day ends", err)
 		}
 		if ev := f.events.rejections(t); len(ev) != 1 || ev[0].GetReason() != "BUDGET_EXHAUSTED" {
 			t.Errorf("rejection events = %v, want BUDGET_EXHAUSTED", ev)
 		}
 		// Settling at the real usage returns the difference: 10k in, 2k out = $0.045.
-		st, err := f.svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{InputTokens: 10_000, OutputTokens: 2_000}})
+		st, err := f.svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &tokenUsage{InputTokens: 10_000, OutputTokens: 2_000}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.CostUSD != 0.045 {
 			t.Errorf("settled cost = %v USD, want 0.045", st.CostUSD)
 		}
-		r2, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 120_000, MaxOutputTokens: 1})
+		r2, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 120_000, MaxOutputTokens: 1})
 		if err != nil {
 			t.Fatalf("after the refund: %v, want granted", err)
 		}
@@ -640,25 +642,25 @@ func TestMoneyBudget(t *testing.T) {
 		}
 		// A new day starts from zero: 1000 input and the default 100 output tokens.
 		f.clock.Advance(dayLeft)
-		r3, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 1000})
+		r3, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 1000})
 		if err != nil || r3.Budget.Spent != 1000*2500+100*10_000 {
 			t.Errorf("next day: budget %+v, err %v; want 3.5M nano-USD spent", r3.Budget, err)
 		}
 		// A request bigger than the whole budget can never fit.
-		_, err = f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 1, MaxOutputTokens: 200_000})
-		if e, ok := errors.AsType[*TooLargeError](err); !ok || e.Bucket != "tenant:acme:budget" {
+		_, err = f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "gpt-4o", InputTokens: 1, MaxOutputTokens: 200_000})
+		if e, ok := errors.AsType[*tooLargeError](err); !ok || e.Bucket != "tenant:acme:budget" {
 			t.Errorf("err = %v, want too large for the budget", err)
 		}
 		// No price, no admission for a budgeted tenant; other tenants are unaffected.
-		_, err = f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "mystery", InputTokens: 1})
-		if !errors.Is(err, ErrPriceUnknown) {
+		_, err = f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "mystery", InputTokens: 1})
+		if !errors.Is(err, errPriceUnknown) {
 			t.Errorf("unpriced model: err = %v, want ErrPriceUnknown", err)
 		}
-		if _, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "beta", Model: "mystery", InputTokens: 1}); err != nil {
+		if _, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "beta", Model: "mystery", InputTokens: 1}); err != nil {
 			t.Errorf("tenant without budget on an unpriced model: %v", err)
 		}
 		// A shadow budget counts and admits.
-		tr, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "trial", RequestID: "req-t", Model: "gpt-4o", InputTokens: 10_000, MaxOutputTokens: 1})
+		tr, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "trial", RequestID: "req-t", Model: "gpt-4o", InputTokens: 10_000, MaxOutputTokens: 1})
 		if err != nil {
 			t.Fatalf("shadow budget: %v, want granted", err)
 		}
@@ -687,7 +689,7 @@ func TestShadowRules(t *testing.T) {
 		cfg.Tenants = map[string]RateLimits{"trial": {RPM: 2, Shadow: true}}
 		f := newFixtureOn(t, b, cfg)
 		for i := range 3 {
-			got, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "trial", RequestID: fmt.Sprint("req-", i), Model: "m", InputTokens: 10})
+			got, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "trial", RequestID: fmt.Sprint("req-", i), Model: "m", InputTokens: 10})
 			if err != nil {
 				t.Fatalf("request %d: %v, want admitted (the rpm rule is in shadow mode)", i, err)
 			}
@@ -707,8 +709,8 @@ func TestShadowRules(t *testing.T) {
 			t.Errorf("shadow refusals = %v, want 1", got)
 		}
 		// The enforced TPM still refuses.
-		_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "trial", Model: "m", InputTokens: 5900})
-		if !errors.Is(err, ErrExhausted) {
+		_, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "trial", Model: "m", InputTokens: 5900})
+		if !errors.Is(err, ledger.ErrExhausted) {
 			t.Errorf("err = %v, want the enforced tpm to refuse", err)
 		}
 	})
@@ -751,8 +753,8 @@ func TestUpstreamKeyBuckets(t *testing.T) {
 		cfg.UpstreamKeys = map[string]RateLimits{"openai-1": {RPM: 600, TPM: 6000}}
 		f := newFixtureOn(t, b, cfg)
 		ctx := context.Background()
-		reserve := func(tenant string, tokens int64) (Reserved, error) {
-			return f.svc.Reserve(ctx, ReserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: tokens - 1, MaxOutputTokens: 1, UpstreamKey: "openai-1"})
+		reserve := func(tenant string, tokens int64) (reserveOutcome, error) {
+			return f.svc.Reserve(ctx, reserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: tokens - 1, MaxOutputTokens: 1, UpstreamKey: "openai-1"})
 		}
 		// Tenants share the key.
 		a, err := reserve("acme", 4000)
@@ -763,20 +765,20 @@ func TestUpstreamKeyBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = reserve("beta", 100)
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "key:openai-1:tpm" || e.RetryAfter != time.Second {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "key:openai-1:tpm" || e.RetryAfter != time.Second {
 			t.Fatalf("err = %v, want the key's tpm exhausted for 1s", err)
 		}
 		// The refusal took nothing from beta's own buckets.
-		r, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "beta", Model: "gpt-4o", InputTokens: 9, MaxOutputTokens: 1})
+		r, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "beta", Model: "gpt-4o", InputTokens: 9, MaxOutputTokens: 1})
 		if err != nil || r.Levels.Tokens.Remaining != 60_000-2000-10 || r.Levels.Requests.Remaining != 598 {
 			t.Fatalf("beta's own levels = %+v (err %v), want the refused request uncharged", r.Levels, err)
 		}
 		// Settling corrects the key as well as the tenant.
-		st, err := f.svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: a.ReservationID, Usage: &Usage{TotalTokens: 1000}})
+		st, err := f.svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: a.ReservationID, Usage: &tokenUsage{TotalTokens: 1000}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var key BucketLevel
+		var key ledger.BucketLevel
 		for _, l := range st.Buckets {
 			if l.Name == "key:openai-1:tpm" {
 				key = l
@@ -791,10 +793,10 @@ func TestUpstreamKeyBuckets(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = reserve("tight", 100)
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "tenant:tight:tpm" {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "tenant:tight:tpm" {
 			t.Fatalf("err = %v, want the tenant's tpm exhausted", err)
 		}
-		_, levels, err := f.svc.ObserveUpstream(ctx, UpstreamObservation{Key: "openai-1", RemainingRequests: -1, RemainingTokens: -1})
+		_, levels, err := f.svc.ObserveUpstream(ctx, upstreamObservation{Key: "openai-1", RemainingRequests: -1, RemainingTokens: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -804,7 +806,7 @@ func TestUpstreamKeyBuckets(t *testing.T) {
 			t.Errorf("key after the tenant's refusal = %+v, want 2900 tokens and 597 requests left", levels)
 		}
 		// An unconfigured key adds no buckets.
-		r, err = f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 1, UpstreamKey: "other"})
+		r, err = f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "m", InputTokens: 1, UpstreamKey: "other"})
 		if err != nil || len(r.Buckets) != 2 {
 			t.Errorf("unknown key: buckets %v, err %v; want the tenant's two", r.Buckets, err)
 		}
@@ -818,7 +820,7 @@ func TestUpstreamKeyOnlyReservation(t *testing.T) {
 		cfg.UpstreamKeys = map[string]RateLimits{"backup": {TPM: 3000}}
 		f := newFixtureOn(t, b, cfg)
 		ctx := context.Background()
-		r, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 999, MaxOutputTokens: 1, UpstreamKey: "backup", KeyOnly: true})
+		r, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "m", InputTokens: 999, MaxOutputTokens: 1, UpstreamKey: "backup", KeyOnly: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -829,7 +831,7 @@ func TestUpstreamKeyOnlyReservation(t *testing.T) {
 		if got := f.reserve(t, "acme", 5999, 1); got.Levels.Requests.Remaining != 59 {
 			t.Errorf("tenant requests left = %d, want 59", got.Levels.Requests.Remaining)
 		}
-		st, err := f.svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{TotalTokens: 400}})
+		st, err := f.svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &tokenUsage{TotalTokens: 400}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -837,14 +839,14 @@ func TestUpstreamKeyOnlyReservation(t *testing.T) {
 			t.Errorf("settle: refunded %d, key level %+v; want 600 and 2600 left", st.Refunded, st.Levels.Tokens)
 		}
 		// A key without buckets charges nothing, but the reservation settles as usual.
-		r, err = f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 10, UpstreamKey: "unconfigured", KeyOnly: true})
+		r, err = f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "m", InputTokens: 10, UpstreamKey: "unconfigured", KeyOnly: true})
 		if err != nil || len(r.Buckets) != 0 || !r.ExpiresAt.Equal(t0.Add(2*time.Minute)) {
 			t.Fatalf("unconfigured key: %+v, %v; want no buckets, expiring in 2m", r, err)
 		}
-		if _, err := f.svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{TotalTokens: 5}}); err != nil {
+		if _, err := f.svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &tokenUsage{TotalTokens: 5}}); err != nil {
 			t.Errorf("settling it: %v", err)
 		}
-		if _, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", KeyOnly: true}); violationFields(err) == nil {
+		if _, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "m", KeyOnly: true}); violationFields(err) == nil {
 			t.Errorf("key-only without a key: err = %v, want a validation error", err)
 		}
 	})
@@ -859,17 +861,17 @@ func TestObserveUpstream(t *testing.T) {
 		ctx := context.Background()
 		steps := []struct {
 			name          string
-			obs           UpstreamObservation
+			obs           upstreamObservation
 			wantApplied   bool
 			wantRequests  int64
 			wantTokens    int64
 			wantTokenWait time.Duration
 		}{
-			{"unknown counts leave the buckets alone", UpstreamObservation{Key: "openai-1", RemainingRequests: -1, RemainingTokens: -1}, true, 60, 6000, 0},
-			{"the provider's view lowers ours", UpstreamObservation{Key: "openai-1", RemainingRequests: 30, RemainingTokens: 1500}, true, 30, 1500, 45 * time.Second},
-			{"it never raises it", UpstreamObservation{Key: "openai-1", RemainingRequests: 59, RemainingTokens: 5000}, true, 30, 1500, 45 * time.Second},
-			{"an empty key stays empty until its reset", UpstreamObservation{Key: "openai-1", RemainingRequests: -1, RemainingTokens: 0, ResetTokens: 6 * time.Minute}, true, 30, 0, 6 * time.Minute},
-			{"keys without buckets are ignored", UpstreamObservation{Key: "other", RemainingRequests: 0, RemainingTokens: 0}, false, 0, 0, 0},
+			{"unknown counts leave the buckets alone", upstreamObservation{Key: "openai-1", RemainingRequests: -1, RemainingTokens: -1}, true, 60, 6000, 0},
+			{"the provider's view lowers ours", upstreamObservation{Key: "openai-1", RemainingRequests: 30, RemainingTokens: 1500}, true, 30, 1500, 45 * time.Second},
+			{"it never raises it", upstreamObservation{Key: "openai-1", RemainingRequests: 59, RemainingTokens: 5000}, true, 30, 1500, 45 * time.Second},
+			{"an empty key stays empty until its reset", upstreamObservation{Key: "openai-1", RemainingRequests: -1, RemainingTokens: 0, ResetTokens: 6 * time.Minute}, true, 30, 0, 6 * time.Minute},
+			{"keys without buckets are ignored", upstreamObservation{Key: "other", RemainingRequests: 0, RemainingTokens: 0}, false, 0, 0, 0},
 		}
 		for _, s := range steps {
 			applied, levels, err := f.svc.ObserveUpstream(ctx, s.obs)
@@ -881,11 +883,11 @@ func TestObserveUpstream(t *testing.T) {
 			}
 		}
 		// Reservations on the key now wait for the provider's reset.
-		_, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 99, MaxOutputTokens: 1, UpstreamKey: "openai-1"})
-		if e, ok := errors.AsType[*ExhaustedError](err); !ok || e.Bucket != "key:openai-1:tpm" || e.RetryAfter != 5*time.Minute+time.Second {
+		_, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "m", InputTokens: 99, MaxOutputTokens: 1, UpstreamKey: "openai-1"})
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); !ok || e.Bucket != "key:openai-1:tpm" || e.RetryAfter != 5*time.Minute+time.Second {
 			t.Errorf("err = %v, want key:openai-1:tpm exhausted for 5m1s", err)
 		}
-		_, _, err = f.svc.ObserveUpstream(ctx, UpstreamObservation{Key: "", RemainingRequests: -2, RemainingTokens: 1, ResetTokens: -1})
+		_, _, err = f.svc.ObserveUpstream(ctx, upstreamObservation{Key: "", RemainingRequests: -2, RemainingTokens: 1, ResetTokens: -1})
 		if got := violationFields(err); !slices.Equal(got, []string{"upstream_key_id", "remaining_requests", "reset_tokens"}) {
 			t.Errorf("invalid observation: fields %v (err %v)", got, err)
 		}
@@ -903,19 +905,19 @@ func TestObserveUpstreamIgnoresImplausibleResets(t *testing.T) {
 		f := newFixtureOn(t, b, cfg)
 		ctx := context.Background()
 		for _, reset := range []time.Duration{24 * time.Hour, 10 * 365 * 24 * time.Hour, time.Hour + time.Second} {
-			applied, _, err := f.svc.ObserveUpstream(ctx, UpstreamObservation{Key: "openai-1", RemainingRequests: 0, RemainingTokens: 0, ResetRequests: reset, ResetTokens: reset})
+			applied, _, err := f.svc.ObserveUpstream(ctx, upstreamObservation{Key: "openai-1", RemainingRequests: 0, RemainingTokens: 0, ResetRequests: reset, ResetTokens: reset})
 			if err != nil || applied {
 				t.Fatalf("reset %s: applied %v, %v; want ignored", reset, applied, err)
 			}
 		}
-		if _, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 10, MaxOutputTokens: 1, UpstreamKey: "openai-1"}); err != nil {
+		if _, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "m", InputTokens: 10, MaxOutputTokens: 1, UpstreamKey: "openai-1"}); err != nil {
 			t.Errorf("Reserve after ignored observations: %v, want admitted", err)
 		}
 		if got := f.counter(t, "mantle_quota_upstream_observations_total", "applied", "implausible"); got != 3 {
 			t.Errorf(`mantle_quota_upstream_observations_total{applied="implausible"} = %v, want 3`, got)
 		}
 		// Within the bound, the provider's view applies as before.
-		if applied, _, err := f.svc.ObserveUpstream(ctx, UpstreamObservation{Key: "openai-1", RemainingRequests: 0, RemainingTokens: -1, ResetRequests: time.Hour}); err != nil || !applied {
+		if applied, _, err := f.svc.ObserveUpstream(ctx, upstreamObservation{Key: "openai-1", RemainingRequests: 0, RemainingTokens: -1, ResetRequests: time.Hour}); err != nil || !applied {
 			t.Errorf("reset 1h: applied %v, %v; want applied", applied, err)
 		}
 	})
@@ -967,7 +969,7 @@ func TestRetryBudget(t *testing.T) {
 		cfg.RetryBudget = RetryBudgetConfig{Ratio: 0.1, Floor: 3, Window: time.Minute, FormatOnlyAbove: 0.05, FlushInterval: time.Second, TenantShare: 1}
 		f := newFixtureOn(t, b, cfg)
 		ctx := context.Background()
-		acquire := func(key string, format bool) RetryDecision {
+		acquire := func(key string, format bool) ledger.RetryDecision {
 			t.Helper()
 			d, err := f.svc.AcquireRetry(ctx, key, format)
 			if err != nil {
@@ -991,7 +993,7 @@ func TestRetryBudget(t *testing.T) {
 			f.reserve(t, "acme", 1, 0)
 		}
 		for range 100 {
-			if _, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "m", InputTokens: 1, UpstreamKey: "k1", KeyOnly: true}); err != nil {
+			if _, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "m", InputTokens: 1, UpstreamKey: "k1", KeyOnly: true}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -1028,14 +1030,14 @@ func TestReserveValidation(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name       string
-		req        ReserveRequest
+		req        reserveRequest
 		wantFields []string
 	}{
-		{"valid", ReserveRequest{Tenant: "acme", Model: "m"}, nil},
-		{"no tenant", ReserveRequest{Model: "m"}, []string{"quality.tenant"}},
-		{"no model", ReserveRequest{Tenant: "acme"}, []string{"model"}},
-		{"negative counts", ReserveRequest{Tenant: "acme", Model: "m", InputTokens: -1, MaxOutputTokens: -2}, []string{"input_tokens", "max_output_tokens"}},
-		{"everything wrong", ReserveRequest{InputTokens: -1}, []string{"quality.tenant", "model", "input_tokens"}},
+		{"valid", reserveRequest{Tenant: "acme", Model: "m"}, nil},
+		{"no tenant", reserveRequest{Model: "m"}, []string{"quality.tenant"}},
+		{"no model", reserveRequest{Tenant: "acme"}, []string{"model"}},
+		{"negative counts", reserveRequest{Tenant: "acme", Model: "m", InputTokens: -1, MaxOutputTokens: -2}, []string{"input_tokens", "max_output_tokens"}},
+		{"everything wrong", reserveRequest{InputTokens: -1}, []string{"quality.tenant", "model", "input_tokens"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1056,13 +1058,13 @@ func TestSettleValidation(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name       string
-		req        SettleRequest
+		req        settleRequest
 		wantFields []string
 	}{
-		{"no usage", SettleRequest{Tenant: "acme", ReservationID: "r"}, []string{"usage"}},
-		{"no reservation id", SettleRequest{Tenant: "acme", Usage: &Usage{}}, []string{"reservation_id"}},
-		{"no tenant", SettleRequest{ReservationID: "r", Usage: &Usage{}}, []string{"quality.tenant"}},
-		{"negative usage", SettleRequest{Tenant: "acme", ReservationID: "r", Usage: &Usage{InputTokens: -1, OutputTokens: -1, TotalTokens: -1}},
+		{"no usage", settleRequest{Tenant: "acme", ReservationID: "r"}, []string{"usage"}},
+		{"no reservation id", settleRequest{Tenant: "acme", Usage: &tokenUsage{}}, []string{"reservation_id"}},
+		{"no tenant", settleRequest{ReservationID: "r", Usage: &tokenUsage{}}, []string{"quality.tenant"}},
+		{"negative usage", settleRequest{Tenant: "acme", ReservationID: "r", Usage: &tokenUsage{InputTokens: -1, OutputTokens: -1, TotalTokens: -1}},
 			[]string{"usage.input_tokens", "usage.output_tokens", "usage.total_tokens"}},
 	}
 	for _, tt := range tests {
@@ -1130,9 +1132,9 @@ func TestReserveLearnsTokenCorrection(t *testing.T) {
 	// A Chinese legal text counted 128 tokens by one tokenizer and 156 by
 	// another. Here the estimate is what it is, and the provider keeps reporting 22% more.
 	msgs := []tokencount.Message{{Role: "user", Content: strings.Repeat("根据劳动合同法第三十九条规定，劳动者严重违反用人单位的规章制度的。", 3)}}
-	var first, last Reserved
+	var first, last reserveOutcome
 	for i := range 20 {
-		r, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "glm-4", Messages: msgs, MaxOutputTokens: 1})
+		r, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "glm-4", Messages: msgs, MaxOutputTokens: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1144,7 +1146,7 @@ func TestReserveLearnsTokenCorrection(t *testing.T) {
 		if i > 0 {
 			actual = first.InputTokens * 156 / 128
 		}
-		if _, err := f.svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{InputTokens: actual, OutputTokens: 1}}); err != nil {
+		if _, err := f.svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &tokenUsage{InputTokens: actual, OutputTokens: 1}}); err != nil {
 			t.Fatal(err)
 		}
 		f.clock.Advance(time.Second)
@@ -1159,11 +1161,11 @@ func TestReserveLearnsTokenCorrection(t *testing.T) {
 	}
 	// Exact counts are never corrected.
 	for range 10 {
-		r, err := f.svc.Reserve(ctx, ReserveRequest{Tenant: "acme", Model: "gpt-4o", Messages: msgs, MaxOutputTokens: 1})
+		r, err := f.svc.Reserve(ctx, reserveRequest{Tenant: "acme", Model: "gpt-4o", Messages: msgs, MaxOutputTokens: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := f.svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &Usage{InputTokens: r.InputTokens * 2, OutputTokens: 1}}); err != nil {
+		if _, err := f.svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: r.ReservationID, Usage: &tokenUsage{InputTokens: r.InputTokens * 2, OutputTokens: 1}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1175,22 +1177,22 @@ func TestReserveLearnsTokenCorrection(t *testing.T) {
 func TestNewServiceRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClock()
-	valid := Deps{Store: NewMemoryStore(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)}
+	valid := serviceDeps{Store: memstore.New(clock), Clock: clock, Metrics: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)}
 	bad := DefaultConfig()
 	bad.DefaultLimits.RPM = -1
-	if _, err := NewService(bad, valid); err == nil || !strings.Contains(err.Error(), "default_limits.rpm") {
+	if _, err := newService(bad, valid); err == nil || !strings.Contains(err.Error(), "default_limits.rpm") {
 		t.Errorf("invalid config: err = %v, want it to name default_limits.rpm", err)
 	}
 	noStore := valid
 	noStore.Store = nil
-	if _, err := NewService(DefaultConfig(), noStore); err == nil {
+	if _, err := newService(DefaultConfig(), noStore); err == nil {
 		t.Error("missing Store: err = nil, want an error")
 	}
 	// The same registry twice means two services would export the same series.
-	if _, err := NewService(DefaultConfig(), valid); err != nil {
+	if _, err := newService(DefaultConfig(), valid); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewService(DefaultConfig(), valid); err == nil {
+	if _, err := newService(DefaultConfig(), valid); err == nil {
 		t.Error("registering metrics twice: err = nil, want an error")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // maxRecentBuckets bounds what a FailoverStore remembers. A replica that used more
@@ -20,7 +22,7 @@ type recentBuckets struct {
 }
 
 type recentBucket struct {
-	spec BucketSpec // Cost unused
+	spec ledger.BucketSpec // Cost unused
 	// remaining is the level Redis last reported, seen at seen; -1 when unknown.
 	remaining int64
 	seen      time.Time
@@ -31,7 +33,7 @@ type recentBucket struct {
 }
 
 // entry returns name's entry, creating it (unless the map is full). Callers hold r.mu.
-func (r *recentBuckets) entry(now time.Time, spec BucketSpec) *recentBucket {
+func (r *recentBuckets) entry(now time.Time, spec ledger.BucketSpec) *recentBucket {
 	e, ok := r.m[spec.Name()]
 	if ok {
 		e.spec.Limit = spec.Limit // the latest limit applies, as it does in the stores
@@ -52,8 +54,8 @@ func (r *recentBuckets) entry(now time.Time, spec BucketSpec) *recentBucket {
 // sawRedis records Redis's answer to a Reserve: every level of a grant, the short
 // buckets of a refusal (the longest wait's level is known; the others' are taken as
 // empty, as the over-limit cache takes them).
-func (r *recentBuckets) sawRedis(now time.Time, c Charge, g Grant, err error) {
-	refusal, refused := errors.AsType[*ExhaustedError](err)
+func (r *recentBuckets) sawRedis(now time.Time, c ledger.Charge, g ledger.Grant, err error) {
+	refusal, refused := errors.AsType[*ledger.ExhaustedError](err)
 	if err != nil && !refused {
 		return
 	}
@@ -89,7 +91,7 @@ func (r *recentBuckets) sawRedis(now time.Time, c Charge, g Grant, err error) {
 }
 
 // spentLocally records a grant of the local limiter.
-func (r *recentBuckets) spentLocally(now time.Time, c Charge) {
+func (r *recentBuckets) spentLocally(now time.Time, c ledger.Charge) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, b := range c.Buckets {
@@ -108,7 +110,7 @@ func (r *recentBuckets) snapshot(now time.Time) []recentBucket {
 	defer r.mu.Unlock()
 	out := make([]recentBucket, 0, len(r.m))
 	for _, e := range r.m {
-		if now.Sub(e.used) < window || now.Sub(e.seen) < window || e.local {
+		if now.Sub(e.used) < ledger.Window || now.Sub(e.seen) < ledger.Window || e.local {
 			out = append(out, *e)
 		}
 	}
@@ -133,7 +135,7 @@ func (r *recentBuckets) prune(now time.Time) {
 
 func (r *recentBuckets) pruneLocked(now time.Time) {
 	for name, e := range r.m {
-		if now.Sub(e.used) >= window && now.Sub(e.seen) >= window && !e.local {
+		if now.Sub(e.used) >= ledger.Window && now.Sub(e.seen) >= ledger.Window && !e.local {
 			delete(r.m, name)
 		}
 	}

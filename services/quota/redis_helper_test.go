@@ -1,50 +1,24 @@
 package quota
 
 import (
-	"bufio"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"regexp"
-	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redistest"
 )
 
-// The Redis tests use a real server:
-//
-//  1. MANTLE_TEST_REDIS_ADDR, when set (it must answer);
-//  2. else 127.0.0.1:6379, when a Redis answers there (CI machines have one);
-//  3. else a redis-server this test binary starts on a free port, without persistence,
-//     and stops at the end, when the binary is installed.
-//
-// With none of these the Redis tests fail under CI=true and are skipped otherwise. Every
-// test uses a key prefix of its own and deletes its keys afterwards; nothing is flushed.
-var testRedis struct {
-	once   sync.Once
-	addr   string
-	reason string // why there is no Redis
-	fatal  bool   // MANTLE_TEST_REDIS_ADDR was set but does not answer
-	server *exec.Cmd
-}
-
-// TestMain stops the Redis it may have started and then fails the package's tests when a
-// goroutine they started still runs: every goroutine has an owner that ends it.
+// TestMain stops the Redis the tests may have started (redistest) and then fails the
+// package's tests when a goroutine they started still runs: every goroutine has an owner
+// that ends it.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if cmd := testRedis.server; cmd != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}
+	redistest.Stop()
 	if err := goleak.Find(); code == 0 && err != nil {
 		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 		code = 1
@@ -53,148 +27,27 @@ func TestMain(m *testing.M) {
 }
 
 // redisAddrForTest returns the test Redis's address, or skips (fails under CI) the test.
-func redisAddrForTest(t testing.TB) string {
-	t.Helper()
-	testRedis.once.Do(findTestRedis)
-	if testRedis.addr == "" {
-		if testRedis.fatal || os.Getenv("CI") == "true" {
-			t.Fatalf("Redis tests need a Redis: %s", testRedis.reason)
-		}
-		t.Skipf("no Redis: %s (set MANTLE_TEST_REDIS_ADDR or install redis-server)", testRedis.reason)
-	}
-	return testRedis.addr
-}
-
-func findTestRedis() {
-	if addr := os.Getenv("MANTLE_TEST_REDIS_ADDR"); addr != "" {
-		if err := pingRedis(addr); err != nil {
-			testRedis.reason, testRedis.fatal = fmt.Sprintf("MANTLE_TEST_REDIS_ADDR=%s: %v", addr, err), true
-			return
-		}
-		testRedis.addr = addr
-		return
-	}
-	if pingRedis("127.0.0.1:6379") == nil {
-		testRedis.addr = "127.0.0.1:6379"
-		return
-	}
-	path, err := exec.LookPath("redis-server")
-	if err != nil {
-		testRedis.reason = "nothing answers on 127.0.0.1:6379 and redis-server is not installed"
-		return
-	}
-	addr, cmd, err := startRedisServer(path)
-	if err != nil {
-		testRedis.reason = "starting redis-server: " + err.Error()
-		return
-	}
-	testRedis.addr, testRedis.server = addr, cmd
-}
-
-func pingRedis(addr string) error {
-	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	return c.Ping(ctx).Err()
-}
-
-// startRedisServer starts redis-server on a free port and waits for it to say it is
-// ready.
-func startRedisServer(path string) (string, *exec.Cmd, error) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	port := lis.Addr().(*net.TCPAddr).Port
-	_ = lis.Close() // redis-server binds it next; a race with another process is unlikely
-	cmd := exec.Command(path, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		signalled := false
-		for sc.Scan() {
-			if !signalled && strings.Contains(sc.Text(), "Ready to accept connections") {
-				ready <- true
-				signalled = true
-			}
-		}
-		if !signalled {
-			ready <- false
-		}
-	}()
-	select {
-	case ok := <-ready:
-		if ok {
-			return fmt.Sprintf("127.0.0.1:%d", port), cmd, nil
-		}
-		err = fmt.Errorf("redis-server exited before it was ready")
-	case <-time.After(10 * time.Second): // a failure timeout, not a wait
-		err = fmt.Errorf("redis-server was not ready after 10s")
-	}
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	return "", nil, err
-}
+func redisAddrForTest(t testing.TB) string { t.Helper(); return redistest.Addr(t, os.Getenv) }
 
 // newTestRedisClient returns a client of the test Redis, closed when the test ends.
 func newTestRedisClient(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: redisAddrForTest(t), PoolSize: 256})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return redistest.Client(t, os.Getenv)
 }
 
-var unsafeKeyChars = regexp.MustCompile(`[^A-Za-z0-9_.-]+`)
+// testPrefix returns a key prefix no other test uses, deleting its keys when the test ends.
+func testPrefix(t testing.TB, c *redis.Client) string { t.Helper(); return redistest.Prefix(t, c) }
 
-// testPrefix returns a key prefix no other test (or run) uses, and deletes every key
-// under it when the test ends.
-func testPrefix(t testing.TB, c *redis.Client) string {
-	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := unsafeKeyChars.ReplaceAllString(t.Name(), "_")
-	if len(name) > 80 {
-		name = name[len(name)-80:]
-	}
-	prefix := "mantle-test:" + name + ":" + hex.EncodeToString(b[:]) + ":"
-	t.Cleanup(func() {
-		ctx := context.Background()
-		var keys []string
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			t.Errorf("scanning test keys: %v", err)
-			return
-		}
-		for _, k := range keys {
-			if err := c.Del(ctx, k).Err(); err != nil {
-				t.Errorf("deleting test key %s: %v", k, err)
-			}
-		}
-	})
-	return prefix
-}
-
-// newTestRedisStore returns a RedisStore on the test Redis under a fresh prefix,
+// newTestRedisStore returns a redisstore.Store on the test Redis under a fresh prefix,
 // deciding at clock (fake in tests) unless opts.ServerTime is set.
-func newTestRedisStore(t testing.TB, clock clockwork.Clock, opts RedisOptions) *RedisStore {
+func newTestRedisStore(t testing.TB, clock clockwork.Clock, opts redisstore.Options) *redisstore.Store {
 	t.Helper()
 	c := newTestRedisClient(t)
 	if opts.Prefix == "" {
 		opts.Prefix = testPrefix(t, c)
 	}
 	opts.Clock = clock
-	s := NewRedisStore(c, opts)
+	s := redisstore.New(c, opts)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }

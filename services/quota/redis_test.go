@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,31 +19,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
+	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
 
 // Tests of what only the Redis backend has: Redis's clock, key layout, the over-limit
 // cache, falling back when Redis is away, and several replicas sharing one tenant.
-
-func TestRedisDecidesAtServerTime(t *testing.T) {
-	t.Parallel()
-	store := newTestRedisStore(t, clockwork.NewRealClock(), RedisOptions{ServerTime: true})
-	spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 60, Limit: 60}
-	before := time.Now()
-	g, err := store.Reserve(context.Background(), Charge{ID: "r1", Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []BucketSpec{spec}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Redis's clock is this machine's: the decision happened while we waited for it.
-	if after := time.Now(); g.At.Before(before.Add(-time.Second)) || g.At.After(after.Add(time.Second)) {
-		t.Errorf("decided at %v, want between %v and %v", g.At, before, after)
-	}
-	spec.Cost = 1
-	_, err = store.Reserve(context.Background(), Charge{ID: "r2", Tenant: "acme", TTL: time.Minute, Tokens: 1, Buckets: []BucketSpec{spec}})
-	e, ok := errors.AsType[*ExhaustedError](err)
-	if !ok || e.RetryAfter <= 0 || e.RetryAfter > time.Second {
-		t.Fatalf("err = %v, want exhausted for at most the second one token takes", err)
-	}
-}
 
 // A tenant's buckets, budget and reservations share one hash tag, hence one cluster
 // slot (the reservations are fields of the tenant's hash); an upstream key's live
@@ -54,7 +35,7 @@ func TestRedisKeysShareTheirGroupsSlot(t *testing.T) {
 	c := newTestRedisClient(t)
 	prefix := testPrefix(t, c)
 	clock := clockwork.NewFakeClockAt(t0)
-	store := NewRedisStore(c, RedisOptions{Prefix: prefix, Clock: clock})
+	store := redisstore.New(c, redisstore.Options{Prefix: prefix, Clock: clock})
 	t.Cleanup(func() { _ = store.Close() })
 	cfg := testConfig()
 	cfg.ModelLimits = map[string]map[string]RateLimits{"*": {"gpt-4o": {TPM: 3000}}}
@@ -62,7 +43,7 @@ func TestRedisKeysShareTheirGroupsSlot(t *testing.T) {
 	cfg.UpstreamKeys = map[string]RateLimits{"k1": {TPM: 6000}}
 	f := newFixtureWith(t, store, clock, cfg)
 	for _, tenant := range []string{"acme", "a{c}me"} {
-		if _, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: 10, UpstreamKey: "k1"}); err != nil {
+		if _, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: tenant, Model: "gpt-4o", InputTokens: 10, UpstreamKey: "k1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -95,18 +76,18 @@ func TestRedisKeysShareTheirGroupsSlot(t *testing.T) {
 func TestRedisOverLimitCache(t *testing.T) {
 	t.Parallel()
 	clock := clockwork.NewFakeClockAt(t0)
-	store := newTestRedisStore(t, clock, RedisOptions{OverLimitCache: 2 * time.Second})
+	store := newTestRedisStore(t, clock, redisstore.Options{OverLimitCache: 2 * time.Second})
 	f := newFixtureWith(t, store, clock, testConfig())
 	f.reserve(t, "acme", 5999, 1) // empty; 100 tokens a second
 
 	reserve := func(tokens int64) error {
-		_, err := f.svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
+		_, err := f.svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
 		return err
 	}
-	if err := reserve(500); !errors.Is(err, ErrExhausted) {
+	if err := reserve(500); !errors.Is(err, ledger.ErrExhausted) {
 		t.Fatalf("err = %v, want exhausted", err)
 	}
-	calls := store.calls.Load()
+	calls := store.RoundTrips()
 	steps := []struct {
 		name      string
 		advance   time.Duration
@@ -123,14 +104,14 @@ func TestRedisOverLimitCache(t *testing.T) {
 	for _, s := range steps {
 		clock.Advance(s.advance)
 		err := reserve(s.tokens)
-		if got := store.calls.Load() - calls; got != s.wantCalls {
+		if got := store.RoundTrips() - calls; got != s.wantCalls {
 			t.Errorf("%s: %d round trips, want %d", s.name, got, s.wantCalls)
 		}
-		calls = store.calls.Load()
+		calls = store.RoundTrips()
 		if (err != nil) != s.wantErr {
 			t.Fatalf("%s: err = %v, want error %v", s.name, err, s.wantErr)
 		}
-		if e, ok := errors.AsType[*ExhaustedError](err); ok && e.RetryAfter != s.wantRetry {
+		if e, ok := errors.AsType[*ledger.ExhaustedError](err); ok && e.RetryAfter != s.wantRetry {
 			t.Errorf("%s: retry after %v, want %v", s.name, e.RetryAfter, s.wantRetry)
 		}
 	}
@@ -215,21 +196,21 @@ func TestRedisFailover(t *testing.T) {
 	clean := newTestRedisClient(t)
 	clock := clockwork.NewFakeClockAt(t0)
 	events := make(eventChan, 100)
-	store := NewFailoverStore(NewRedisStore(client, RedisOptions{Prefix: testPrefix(t, clean), Clock: clock}), clock,
-		FailoverOptions{Replicas: 3, ProbeInterval: time.Second, Log: slog.New(slog.DiscardHandler), Events: events})
+	store := newFailoverStore(redisstore.New(client, redisstore.Options{Prefix: testPrefix(t, clean), Clock: clock}), clock,
+		failoverOptions{Replicas: 3, ProbeInterval: time.Second, Log: slog.New(slog.DiscardHandler), Events: events})
 	t.Cleanup(func() { _ = store.Close() })
 	cfg := testConfig()
 	cfg.DefaultLimits = RateLimits{RPM: 600, TPM: 6000}
 	cfg.Budgets = BudgetsConfig{Tenants: map[string]Budget{"payg": {DailyUSD: 10}}, Prices: map[string]Price{"m": {InputPerMillion: 1}}}
 	reg := prometheus.NewRegistry()
-	svc, err := NewService(cfg, Deps{Store: store, Clock: clock, Metrics: reg, Log: slog.New(slog.DiscardHandler), Events: events})
+	svc, err := newService(cfg, serviceDeps{Store: store, Clock: clock, Metrics: reg, Log: slog.New(slog.DiscardHandler), Events: events})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{svc: svc, store: store, clock: clock, reg: reg}
 	ctx := context.Background()
-	reserve := func(tenant string, tokens int64) (Reserved, error) {
-		return svc.Reserve(ctx, ReserveRequest{Tenant: tenant, Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
+	reserve := func(tenant string, tokens int64) (reserveOutcome, error) {
+		return svc.Reserve(ctx, reserveRequest{Tenant: tenant, Model: "m", InputTokens: tokens - 1, MaxOutputTokens: 1})
 	}
 	// Run first, as the module does: its first contact reads Redis's epoch marker.
 	runCtx, cancel := context.WithCancel(ctx)
@@ -264,18 +245,18 @@ func TestRedisFailover(t *testing.T) {
 	if local.Levels.Tokens.Limit != 2000 || local.Levels.Tokens.Remaining != 666 {
 		t.Errorf("local level = %+v, want 666 of 2000 left", local.Levels.Tokens)
 	}
-	if _, err := reserve("acme", 1001); !errors.Is(err, ErrExhausted) {
+	if _, err := reserve("acme", 1001); !errors.Is(err, ledger.ErrExhausted) {
 		t.Errorf("beyond the local share: err = %v, want exhausted", err)
 	}
 	// Money fails closed.
-	if _, err := reserve("payg", 10); !errors.Is(err, ErrBudgetUnavailable) {
+	if _, err := reserve("payg", 10); !errors.Is(err, errBudgetUnavailable) {
 		t.Errorf("budgeted tenant: err = %v, want ErrBudgetUnavailable", err)
 	}
 	// A reservation held in Redis cannot be settled now; a local one can.
-	if _, err := svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &Usage{}}); !errors.Is(err, ErrStoreUnavailable) {
+	if _, err := svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &tokenUsage{}}); !errors.Is(err, errStoreUnavailable) {
 		t.Errorf("settling a Redis reservation: err = %v, want ErrStoreUnavailable", err)
 	}
-	if st, err := svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: local.ReservationID, Usage: &Usage{TotalTokens: 400}}); err != nil || st.Refunded != 600 {
+	if st, err := svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: local.ReservationID, Usage: &tokenUsage{TotalTokens: 400}}); err != nil || st.Refunded != 600 {
 		t.Errorf("settling a local reservation: %+v, %v; want 600 refunded", st, err)
 	}
 
@@ -295,7 +276,7 @@ func TestRedisFailover(t *testing.T) {
 	if err != nil || r.Levels.Tokens.Limit != 6000 || r.Levels.Tokens.Remaining != 3797 {
 		t.Errorf("after recovery: levels %+v, err %v; want Redis's 3797 of 6000", r.Levels.Tokens, err)
 	}
-	if _, err := svc.Settle(ctx, SettleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &Usage{}}); err != nil {
+	if _, err := svc.Settle(ctx, settleRequest{Tenant: "acme", ReservationID: held.ReservationID, Usage: &tokenUsage{}}); err != nil {
 		t.Errorf("settling the Redis reservation after recovery: %v", err)
 	}
 }
@@ -329,11 +310,11 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 		step     = 200 * time.Millisecond
 	)
 	want := int64(limit + limit*int64(duration/time.Minute))
-	run := func(t *testing.T, stores func(clock clockwork.Clock) []Store) int64 {
+	run := func(t *testing.T, stores func(clock clockwork.Clock) []stateStore) int64 {
 		clock := clockwork.NewFakeClockAt(t0)
 		cfg := testConfig()
 		cfg.DefaultLimits = RateLimits{RPM: 1_000_000, TPM: limit}
-		var svcs []*Service
+		var svcs []*service
 		for _, s := range stores(clock) {
 			svcs = append(svcs, newFixtureWith(t, s, clock, cfg).svc)
 		}
@@ -348,12 +329,12 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 				sizes := []int64{100 + rng.Int64N(1900), 100 + rng.Int64N(1900), 100 + rng.Int64N(1900)}
 				wg.Go(func() {
 					for _, n := range sizes {
-						r, err := svc.Reserve(context.Background(), ReserveRequest{Tenant: "acme", RequestID: fmt.Sprint(i), Model: "m", InputTokens: n - 1, MaxOutputTokens: 1})
+						r, err := svc.Reserve(context.Background(), reserveRequest{Tenant: "acme", RequestID: fmt.Sprint(i), Model: "m", InputTokens: n - 1, MaxOutputTokens: 1})
 						if err == nil {
 							mu.Lock()
 							admitted += r.ReservedTokens
 							mu.Unlock()
-						} else if !errors.Is(err, ErrExhausted) {
+						} else if !errors.Is(err, ledger.ErrExhausted) {
 							t.Errorf("replica %d: %v", i, err)
 						}
 					}
@@ -369,10 +350,10 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 		t.Parallel()
 		c := newTestRedisClient(t)
 		prefix := testPrefix(t, c)
-		got := run(t, func(clock clockwork.Clock) []Store {
-			var out []Store
+		got := run(t, func(clock clockwork.Clock) []stateStore {
+			var out []stateStore
 			for range replicas {
-				s := NewRedisStore(c, RedisOptions{Prefix: prefix, Clock: clock})
+				s := redisstore.New(c, redisstore.Options{Prefix: prefix, Clock: clock})
 				t.Cleanup(func() { _ = s.Close() })
 				out = append(out, s)
 			}
@@ -385,10 +366,10 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 	})
 	t.Run("memory, for contrast", func(t *testing.T) {
 		t.Parallel()
-		got := run(t, func(clock clockwork.Clock) []Store {
-			var out []Store
+		got := run(t, func(clock clockwork.Clock) []stateStore {
+			var out []stateStore
 			for range replicas {
-				out = append(out, NewMemoryStore(clock))
+				out = append(out, memstore.New(clock))
 			}
 			return out
 		})
@@ -396,137 +377,6 @@ func TestMultiReplicaTPMWithinFivePercent(t *testing.T) {
 			t.Errorf("three unshared replicas admitted %d, want about %d: the test would not notice a limit that multiplies", got, want*replicas)
 		}
 	})
-}
-
-// The Lua refill arithmetic (prelude.lua: dur) gives Go's durationOf to the nanosecond,
-// on both sides of 2^53 ns of n × window, where it switches from dividing directly to
-// long division.
-// Reservation records are fields of the tenant's hash, which Redis does not expire one
-// by one: the hash outlives each record by a minute, settle refuses and deletes an
-// expired one, and reserves sweep the ones nobody settled out of the hash.
-func TestRedisRecordsInTheTenantsHash(t *testing.T) {
-	t.Parallel()
-	c := newTestRedisClient(t)
-	clock := clockwork.NewFakeClockAt(t0)
-	store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock})
-	t.Cleanup(func() { _ = store.Close() })
-	ctx := context.Background()
-	hash := store.groupKey(tenantGroup("acme"))
-	spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 1, Limit: 6000}
-	reserve := func(id string) {
-		t.Helper()
-		if _, err := store.Reserve(ctx, Charge{ID: id, Tenant: "acme", TTL: 2 * time.Minute, Tokens: 1, Buckets: []BucketSpec{spec}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	records := func() []string {
-		t.Helper()
-		fields, err := c.HKeys(ctx, hash).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, f := range fields {
-			if strings.HasPrefix(f, "r|") {
-				out = append(out, strings.TrimPrefix(f, "r|"))
-			}
-		}
-		slices.Sort(out)
-		return out
-	}
-
-	for i := range 5 {
-		reserve(fmt.Sprint("old-", i))
-	}
-	// The hash lives at least as long as the records in it, and a minute more.
-	if ttl, err := c.PTTL(ctx, hash).Result(); err != nil || ttl < 2*time.Minute+59*time.Second {
-		t.Fatalf("hash TTL %v (%v), want at least the reservations' 2m and a minute", ttl, err)
-	}
-	if _, err := store.Settle(ctx, "acme", "old-0", Actual{Tokens: 1}, false); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := records(), []string{"old-1", "old-2", "old-3", "old-4"}; !slices.Equal(got, want) {
-		t.Fatalf("records after one settle: %v, want %v", got, want)
-	}
-
-	// Expired: refused, and deleted by the refusal.
-	clock.Advance(2 * time.Minute)
-	if _, err := store.Settle(ctx, "acme", "old-1", Actual{Tokens: 1}, false); !errors.Is(err, ErrReservationNotFound) {
-		t.Fatalf("settling an expired reservation: %v, want ErrReservationNotFound", err)
-	}
-	if got, want := records(), []string{"old-2", "old-3", "old-4"}; !slices.Equal(got, want) {
-		t.Fatalf("records after settling an expired one: %v, want %v", got, want)
-	}
-
-	// The next reserve after the sweep interval deletes the rest, and keeps its own.
-	clock.Advance(time.Minute)
-	reserve("new")
-	if got, want := records(), []string{"new"}; !slices.Equal(got, want) {
-		t.Fatalf("records after the sweep: %v, want %v", got, want)
-	}
-	if _, err := store.Settle(ctx, "acme", "new", Actual{Tokens: 1}, false); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// A record kept as a key of its own (as versions before records in the hash wrote every
-// record, and as key-only reservations still do) is settled once, like any other.
-func TestRedisSettlesRecordsOfTheirOwnKey(t *testing.T) {
-	t.Parallel()
-	c := newTestRedisClient(t)
-	clock := clockwork.NewFakeClockAt(t0)
-	store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock})
-	t.Cleanup(func() { _ = store.Close() })
-	ctx := context.Background()
-	spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 600, Limit: 6000}
-	if _, err := store.Reserve(ctx, Charge{ID: "r1", Tenant: "acme", TTL: time.Minute, Tokens: 600, Buckets: []BucketSpec{spec}}); err != nil {
-		t.Fatal(err)
-	}
-	// Move the record where an earlier version kept it.
-	hash, key := store.groupKey(tenantGroup("acme")), store.reservationKey("acme", "r1")
-	rec, err := c.HGet(ctx, hash, recordField("r1")).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.HDel(ctx, hash, recordField("r1")).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Set(ctx, key, rec, 2*time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Settle(ctx, "acme", "r1", Actual{Tokens: 100}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Refunded != 500 || len(st.Levels) != 1 || st.Levels[0].Remaining != 5900 {
-		t.Fatalf("settlement %+v, want 500 refunded and 5900 left", st)
-	}
-	if _, err := store.Settle(ctx, "acme", "r1", Actual{Tokens: 100}, false); !errors.Is(err, ErrReservationNotFound) {
-		t.Fatalf("second settle: %v, want ErrReservationNotFound", err)
-	}
-}
-
-func TestRedisRefillTimeMatchesGo(t *testing.T) {
-	t.Parallel()
-	store := newTestRedisStore(t, clockwork.NewFakeClockAt(t0), RedisOptions{})
-	ctx := context.Background()
-	limits := []int64{1, 7, 60, 6000, 999_983, 1_000_000_007, 1 << 40, 1 << 50}
-	// 150,119 tokens is the last n with n × 60e9 below 2^53.
-	tokens := []int64{1, 59, 61, 12_345, 150_119, 150_120, 150_121, 9_999_991, 1 << 30, 1 << 45}
-	i := 0
-	for _, limit := range limits {
-		for _, n := range tokens {
-			i++
-			group := fmt.Sprint("refill-", i) // a fresh, full bucket each time
-			debts, err := store.adjustGroup(ctx, group, []adjustOp{{field: "b", take: n, limit: limit}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := durationOf(n, limit); debts[0] != want {
-				t.Errorf("taking %d of limit %d: Lua %d ns, Go %d ns", n, limit, debts[0], want)
-			}
-		}
-	}
 }
 
 // retarget sends new connections to addr (a Redis that replaced the old one).

@@ -19,6 +19,7 @@ import (
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
 
@@ -29,11 +30,11 @@ const errorDomain = "quota.mantle"
 // the tenant, appends the audit step, and maps errors in toStatus. It holds no logic.
 type server struct {
 	quotav1.UnimplementedQuotaServiceServer
-	svc *Service
+	svc *service
 	log *slog.Logger
 }
 
-func newServer(svc *Service) *server {
+func newServer(svc *service) *server {
 	return &server{svc: svc, log: svc.log}
 }
 
@@ -43,7 +44,7 @@ func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
-	got, err := s.svc.Reserve(ctx, ReserveRequest{
+	got, err := s.svc.Reserve(ctx, reserveRequest{
 		Tenant:          tenant,
 		RequestID:       req.GetQuality().GetRequestId(),
 		Priority:        req.GetQuality().GetPriority(),
@@ -102,11 +103,11 @@ func (s *server) Settle(ctx context.Context, req *quotav1.SettleRequest) (*quota
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
-	var usage *Usage
+	var usage *tokenUsage
 	if u := req.GetUsage(); u != nil {
-		usage = &Usage{InputTokens: u.GetInputTokens(), OutputTokens: u.GetOutputTokens(), TotalTokens: u.GetTotalTokens()}
+		usage = &tokenUsage{InputTokens: u.GetInputTokens(), OutputTokens: u.GetOutputTokens(), TotalTokens: u.GetTotalTokens()}
 	}
-	settled, err := s.svc.Settle(ctx, SettleRequest{
+	settled, err := s.svc.Settle(ctx, settleRequest{
 		Tenant:        tenant,
 		RequestID:     req.GetQuality().GetRequestId(),
 		ReservationID: req.GetReservationId(),
@@ -133,7 +134,7 @@ func (s *server) CountTokens(ctx context.Context, req *quotav1.CountTokensReques
 }
 
 func (s *server) ObserveUpstream(ctx context.Context, req *quotav1.ObserveUpstreamRequest) (*quotav1.ObserveUpstreamResponse, error) {
-	applied, levels, err := s.svc.ObserveUpstream(ctx, UpstreamObservation{
+	applied, levels, err := s.svc.ObserveUpstream(ctx, upstreamObservation{
 		Key:               req.GetUpstreamKeyId(),
 		RemainingRequests: req.GetRemainingRequests(),
 		RemainingTokens:   req.GetRemainingTokens(),
@@ -169,7 +170,7 @@ func (s *server) DescribeUsage(ctx context.Context, req *quotav1.DescribeUsageRe
 	if own := rpc.Tenant(ctx); own != "" {
 		for _, t := range tenants {
 			if t != own {
-				return nil, s.toStatus(ErrTenantMismatch)
+				return nil, s.toStatus(errTenantMismatch)
 			}
 		}
 		tenants = []string{own}
@@ -180,7 +181,7 @@ func (s *server) DescribeUsage(ctx context.Context, req *quotav1.DescribeUsageRe
 	}
 	resp := &quotav1.DescribeUsageResponse{}
 	for _, u := range usage {
-		b := bucketsToProto([]BucketLevel{u.Levels.Requests, u.Levels.Tokens})
+		b := bucketsToProto([]ledger.BucketLevel{u.Levels.Requests, u.Levels.Tokens})
 		resp.Tenants = append(resp.Tenants, &quotav1.TenantUsage{Tenant: u.Tenant, Requests: b[0], Tokens: b[1]})
 	}
 	return resp, nil
@@ -195,7 +196,7 @@ func resolveTenant(ctx context.Context, quality *mantlev1.QualityContext) (strin
 	case authenticated == "":
 		return claimed, nil
 	case claimed != "" && claimed != authenticated:
-		return "", ErrTenantMismatch
+		return "", errTenantMismatch
 	default:
 		return authenticated, nil
 	}
@@ -207,11 +208,11 @@ func (s *server) toStatus(err error) error {
 	if v, ok := errors.AsType[*rpc.ValidationError](err); ok {
 		return rpc.InvalidArgument(errorDomain, v)
 	}
-	if e, ok := errors.AsType[*ExhaustedError](err); ok {
+	if e, ok := errors.AsType[*ledger.ExhaustedError](err); ok {
 		return exhaustedStatus(e)
 	}
-	if e, ok := errors.AsType[*TooLargeError](err); ok {
-		return rpc.Status(codes.FailedPrecondition, errorDomain, ReasonRequestTooLarge, e.Error(),
+	if e, ok := errors.AsType[*tooLargeError](err); ok {
+		return rpc.Status(codes.FailedPrecondition, errorDomain, reasonRequestTooLarge, e.Error(),
 			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 				Subject: e.Bucket, Description: e.Error(),
 			}}},
@@ -221,18 +222,18 @@ func (s *server) toStatus(err error) error {
 			}}},
 		)
 	}
-	if e, ok := errors.AsType[*PriceUnknownError](err); ok {
-		return rpc.Status(codes.FailedPrecondition, errorDomain, ReasonPriceUnknown, e.Error())
+	if e, ok := errors.AsType[*priceUnknownError](err); ok {
+		return rpc.Status(codes.FailedPrecondition, errorDomain, reasonPriceUnknown, e.Error())
 	}
 	switch {
-	case errors.Is(err, ErrReservationNotFound):
-		return rpc.Status(codes.NotFound, errorDomain, ReasonReservationNotFound, err.Error())
-	case errors.Is(err, ErrTenantMismatch):
+	case errors.Is(err, ledger.ErrReservationNotFound):
+		return rpc.Status(codes.NotFound, errorDomain, reasonReservationNotFound, err.Error())
+	case errors.Is(err, errTenantMismatch):
 		return rpc.Status(codes.PermissionDenied, errorDomain, rpc.ReasonPermissionDenied, err.Error())
-	case errors.Is(err, ErrBudgetUnavailable):
-		return rpc.Status(codes.Unavailable, errorDomain, ReasonBudgetUnavailable, ErrBudgetUnavailable.Error())
-	case errors.Is(err, ErrStoreUnavailable), errors.Is(err, ErrShuttingDown):
-		return rpc.Status(codes.Unavailable, errorDomain, ReasonUnavailable, err.Error())
+	case errors.Is(err, errBudgetUnavailable):
+		return rpc.Status(codes.Unavailable, errorDomain, reasonBudgetUnavailable, errBudgetUnavailable.Error())
+	case errors.Is(err, errStoreUnavailable), errors.Is(err, errShuttingDown):
+		return rpc.Status(codes.Unavailable, errorDomain, reasonUnavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	default:
@@ -245,8 +246,8 @@ func (s *server) toStatus(err error) error {
 // exhaustedStatus is RESOURCE_EXHAUSTED with RetryInfo, QuotaFailure, and the cause in
 // the ErrorInfo metadata. The reason stays QUOTA_EXHAUSTED whatever the cause, so
 // clients need one branch to retry after the delay.
-func exhaustedStatus(e *ExhaustedError) error {
-	meta := map[string]string{"cause": e.cause()}
+func exhaustedStatus(e *ledger.ExhaustedError) error {
+	meta := map[string]string{"cause": e.EffectiveCause()}
 	if e.Waited > 0 {
 		meta["waited_ms"] = strconv.FormatInt(e.Waited.Milliseconds(), 10)
 	}
@@ -284,7 +285,7 @@ func messagesFromProto(msgs []*mantlev1.ChatMessage) []tokencount.Message {
 	return out
 }
 
-func limitsToProto(l Levels) *quotav1.Limits {
+func limitsToProto(l levelPair) *quotav1.Limits {
 	return &quotav1.Limits{
 		LimitRequests:     l.Requests.Limit,
 		RemainingRequests: l.Requests.Remaining,
@@ -295,7 +296,7 @@ func limitsToProto(l Levels) *quotav1.Limits {
 	}
 }
 
-func bucketsToProto(levels []BucketLevel) []*quotav1.BucketLevel {
+func bucketsToProto(levels []ledger.BucketLevel) []*quotav1.BucketLevel {
 	out := make([]*quotav1.BucketLevel, len(levels))
 	for i, l := range levels {
 		out[i] = &quotav1.BucketLevel{

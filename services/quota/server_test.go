@@ -25,6 +25,7 @@ import (
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // testTenantHeader stands in for the auth interceptor: the server test authenticates a
@@ -287,12 +288,12 @@ func TestToStatus(t *testing.T) {
 	}{
 		{"canceled keeps its code", fmt.Errorf("reserve: %w", context.Canceled), codes.Canceled, "", "reserve: context canceled", false},
 		{"deadline keeps its code", fmt.Errorf("settle: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "", "settle: context deadline exceeded", false},
-		{"not found", fmt.Errorf("settle x: %w", ErrReservationNotFound), codes.NotFound, "RESERVATION_NOT_FOUND", "settle x: reservation not found", false},
+		{"not found", fmt.Errorf("settle x: %w", ledger.ErrReservationNotFound), codes.NotFound, "RESERVATION_NOT_FOUND", "settle x: reservation not found", false},
 		{"unknown becomes a generic internal error", errors.New("redis: connection refused to 10.0.0.7"), codes.Internal, "INTERNAL", "internal error", true},
-		{"money fails closed", fmt.Errorf("reserve: %w", ErrBudgetUnavailable), codes.Unavailable, "BUDGET_UNAVAILABLE", ErrBudgetUnavailable.Error(), false},
-		{"unreachable state", fmt.Errorf("settle: %w", ErrStoreUnavailable), codes.Unavailable, "UNAVAILABLE", "settle: quota state unavailable", false},
-		{"shutting down", ErrShuttingDown, codes.Unavailable, "UNAVAILABLE", "quota service is shutting down", false},
-		{"no price", &PriceUnknownError{Model: "x"}, codes.FailedPrecondition, "PRICE_UNKNOWN", (&PriceUnknownError{Model: "x"}).Error(), false},
+		{"money fails closed", fmt.Errorf("reserve: %w", errBudgetUnavailable), codes.Unavailable, "BUDGET_UNAVAILABLE", errBudgetUnavailable.Error(), false},
+		{"unreachable state", fmt.Errorf("settle: %w", errStoreUnavailable), codes.Unavailable, "UNAVAILABLE", "settle: quota state unavailable", false},
+		{"shutting down", errShuttingDown, codes.Unavailable, "UNAVAILABLE", "quota service is shutting down", false},
+		{"no price", &priceUnknownError{Model: "x"}, codes.FailedPrecondition, "PRICE_UNKNOWN", (&priceUnknownError{Model: "x"}).Error(), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -409,7 +410,7 @@ func TestServerQueueRefusalsCarryTheirCause(t *testing.T) {
 		t.Errorf("waited_ms %q on a refusal that did not wait", w)
 	}
 	// A refusal after a wait says how long, so that callers do not count it as quota's.
-	waited := exhaustedStatus(&ExhaustedError{Bucket: "queue", Cause: CauseShed, Waited: 1500 * time.Millisecond})
+	waited := exhaustedStatus(&ledger.ExhaustedError{Bucket: "queue", Cause: ledger.CauseShed, Waited: 1500 * time.Millisecond})
 	if w := rpc.ErrorInfo(waited).GetMetadata()["waited_ms"]; w != "1500" {
 		t.Errorf("waited_ms = %q, want 1500", w)
 	}

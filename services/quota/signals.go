@@ -14,6 +14,7 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // Reasons of quota events (QuotaRejectionEvent, QuotaNearLimitEvent); quota.proto lists
@@ -24,9 +25,9 @@ const (
 	eventQueueFull         = "QUEUE_FULL"
 	eventShed              = "SHED"
 	eventDeadline          = "DEADLINE"
-	eventRequestTooLarge   = ReasonRequestTooLarge
-	eventPriceUnknown      = ReasonPriceUnknown
-	eventBudgetUnavailable = ReasonBudgetUnavailable
+	eventRequestTooLarge   = reasonRequestTooLarge
+	eventPriceUnknown      = reasonPriceUnknown
+	eventBudgetUnavailable = reasonBudgetUnavailable
 	eventShadowPrefix      = "SHADOW_"
 	eventNearLimit         = "NEAR_LIMIT"
 )
@@ -51,7 +52,7 @@ func newSignals(ratio float64) *signals {
 func (s *signals) due(bucket string, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if last, ok := s.last[bucket]; ok && now.Sub(last) < window {
+	if last, ok := s.last[bucket]; ok && now.Sub(last) < ledger.Window {
 		return false
 	}
 	s.last[bucket] = now
@@ -62,7 +63,7 @@ func (s *signals) prune(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for b, last := range s.last {
-		if now.Sub(last) >= window {
+		if now.Sub(last) >= ledger.Window {
 			delete(s.last, b)
 		}
 	}
@@ -85,7 +86,7 @@ func bucketKind(name string) string {
 
 // signalLevels publishes what a decision's levels say: shadow rules that would have
 // refused, and buckets past the near-limit ratio.
-func (s *Service) signalLevels(ctx context.Context, at time.Time, requestID, tenant, model, key string, priority mantlev1.Priority, levels []BucketLevel, budget *BudgetLevel, bc *BudgetCharge) {
+func (s *service) signalLevels(ctx context.Context, at time.Time, requestID, tenant, model, key string, priority mantlev1.Priority, levels []ledger.BucketLevel, budget *ledger.BudgetLevel, bc *ledger.BudgetCharge) {
 	for _, l := range levels {
 		if l.ShadowRefused {
 			s.metrics.shadowRefusals.WithLabelValues(bucketKind(l.Name)).Inc()
@@ -100,7 +101,7 @@ func (s *Service) signalLevels(ctx context.Context, at time.Time, requestID, ten
 		}
 		// The debt is the share in use: a full bucket owes nothing, an empty one a
 		// whole window, an overdrawn one more.
-		use := float64(l.Reset) / float64(window)
+		use := float64(l.Reset) / float64(ledger.Window)
 		if use >= s.signals.ratio && s.signals.due(l.Name, at) {
 			s.nearLimit(ctx, at, requestID, tenant, model, key, l.Name, l.Limit, l.Remaining, use, l.Shadow)
 		}
@@ -122,7 +123,7 @@ func (s *Service) signalLevels(ctx context.Context, at time.Time, requestID, ten
 	}
 }
 
-func (s *Service) nearLimit(ctx context.Context, at time.Time, requestID, tenant, model, key, bucket string, limit, remaining int64, use float64, shadow bool) {
+func (s *service) nearLimit(ctx context.Context, at time.Time, requestID, tenant, model, key, bucket string, limit, remaining int64, use float64, shadow bool) {
 	reason := eventNearLimit
 	if shadow {
 		reason = eventShadowPrefix + eventNearLimit
@@ -136,11 +137,11 @@ func (s *Service) nearLimit(ctx context.Context, at time.Time, requestID, tenant
 
 // refused records and publishes a refusal. Publishing never blocks (app.Publisher).
 // Errors that are not refusals (validation, a canceled caller) publish nothing.
-func (s *Service) refused(ctx context.Context, start time.Time, req ReserveRequest, err error) {
+func (s *service) refused(ctx context.Context, start time.Time, req reserveRequest, err error) {
 	var (
-		exhausted *ExhaustedError
-		tooLarge  *TooLargeError
-		unknown   *PriceUnknownError
+		exhausted *ledger.ExhaustedError
+		tooLarge  *tooLargeError
+		unknown   *priceUnknownError
 		decision  string
 		reason    string
 		bucket    string
@@ -149,14 +150,14 @@ func (s *Service) refused(ctx context.Context, start time.Time, req ReserveReque
 	switch {
 	case errors.As(err, &exhausted):
 		bucket, retry = exhausted.Bucket, exhausted.RetryAfter
-		switch exhausted.cause() {
-		case CauseBudget:
+		switch exhausted.EffectiveCause() {
+		case ledger.CauseBudget:
 			decision, reason = decisionExhausted, eventBudgetExhausted
-		case CauseQueueFull:
+		case ledger.CauseQueueFull:
 			decision, reason = decisionQueueFull, eventQueueFull
-		case CauseShed:
+		case ledger.CauseShed:
 			decision, reason = decisionShed, eventShed
-		case CauseDeadline:
+		case ledger.CauseDeadline:
 			decision, reason = decisionDeadline, eventDeadline
 		default:
 			decision, reason = decisionExhausted, eventQuotaExhausted
@@ -164,9 +165,9 @@ func (s *Service) refused(ctx context.Context, start time.Time, req ReserveReque
 	case errors.As(err, &tooLarge):
 		decision, reason, bucket = decisionTooLarge, eventRequestTooLarge, tooLarge.Bucket
 	case errors.As(err, &unknown):
-		decision, reason, bucket = decisionPrice, eventPriceUnknown, tenantGroup(req.Tenant)+":budget"
-	case errors.Is(err, ErrBudgetUnavailable):
-		decision, reason, bucket = decisionUnavailable, eventBudgetUnavailable, tenantGroup(req.Tenant)+":budget"
+		decision, reason, bucket = decisionPrice, eventPriceUnknown, ledger.TenantGroup(req.Tenant)+":budget"
+	case errors.Is(err, errBudgetUnavailable):
+		decision, reason, bucket = decisionUnavailable, eventBudgetUnavailable, ledger.TenantGroup(req.Tenant)+":budget"
 	default:
 		return
 	}

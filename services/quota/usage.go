@@ -7,38 +7,40 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // maxSeenTenants bounds the tenants a replica remembers for DescribeUsage: tenant ids come
 // from requests, and a set that any caller can grow must not grow without limit.
 const maxSeenTenants = 1000
 
-// TenantUsage is one tenant's request and token buckets as they stand.
-type TenantUsage struct {
+// tenantUsage is one tenant's request and token buckets as they stand.
+type tenantUsage struct {
 	Tenant string
-	Levels Levels
+	Levels levelPair
 }
 
 // Usage reports the RPM and TPM buckets of tenants without charging them: the given
 // tenants, or when there are none, the configured tenants and those this replica admitted
 // recently, sorted by tenant. It reads through Store.Observe with unknown remaining counts,
 // which every Store leaves unchanged, so no Store needed a read operation of its own.
-func (s *Service) Usage(ctx context.Context, tenants []string) ([]TenantUsage, error) {
+func (s *service) Usage(ctx context.Context, tenants []string) ([]tenantUsage, error) {
 	if len(tenants) == 0 {
 		tenants = slices.Concat(slices.Collect(maps.Keys(s.cfg.Tenants)), s.seen.list())
 	}
 	slices.Sort(tenants)
 	tenants = slices.Compact(tenants)
-	obs := make([]Observation, 0, 2*len(tenants))
+	obs := make([]ledger.Observation, 0, 2*len(tenants))
 	for _, t := range tenants {
 		if t == "" {
 			continue
 		}
 		rpm, tpm := s.cfg.tenantLimits(t)
-		group := tenantGroup(t)
+		group := ledger.TenantGroup(t)
 		obs = append(obs,
-			Observation{Bucket: newSpec(group, fieldRPM, KindRequests, 0, rpm.limit, rpm.shadow), Remaining: -1},
-			Observation{Bucket: newSpec(group, fieldTPM, KindTokens, 0, tpm.limit, tpm.shadow), Remaining: -1},
+			ledger.Observation{Bucket: ledger.NewSpec(group, ledger.FieldRPM, ledger.KindRequests, 0, rpm.limit, rpm.shadow), Remaining: -1},
+			ledger.Observation{Bucket: ledger.NewSpec(group, ledger.FieldTPM, ledger.KindTokens, 0, tpm.limit, tpm.shadow), Remaining: -1},
 		)
 	}
 	if len(obs) == 0 {
@@ -48,9 +50,9 @@ func (s *Service) Usage(ctx context.Context, tenants []string) ([]TenantUsage, e
 	if err != nil {
 		return nil, fmt.Errorf("read tenant buckets: %w", err)
 	}
-	out := make([]TenantUsage, 0, len(levels)/2)
+	out := make([]tenantUsage, 0, len(levels)/2)
 	for i := 0; i+1 < len(levels); i += 2 {
-		out = append(out, TenantUsage{Tenant: obs[i].Bucket.Group[len("tenant:"):], Levels: Levels{Requests: levels[i], Tokens: levels[i+1]}})
+		out = append(out, tenantUsage{Tenant: obs[i].Bucket.Group[len("tenant:"):], Levels: levelPair{Requests: levels[i], Tokens: levels[i+1]}})
 	}
 	return out, nil
 }

@@ -26,6 +26,7 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/redistest"
 )
 
 // The tenant's limits in the wiring test: 100 tokens a request makes both buckets bind
@@ -78,7 +79,7 @@ type wiring struct {
 }
 
 // newWiring starts wiringReplicas quota modules on the Redis at addr, under one fresh
-// prefix, as production builds them (module: FailoverStore over RedisStore over its own
+// prefix, as production builds them (module: FailoverStore over redisstore.Store over its own
 // client) except for the decision clock: the test's fake clock, so that windows are
 // exact.
 func newWiring(t *testing.T, addr, prefix string) *wiring {
@@ -99,7 +100,7 @@ func newWiringAuth(t *testing.T, addr, prefix string, authn *rpc.Authenticator) 
 	}
 	cfg := DefaultConfig()
 	cfg.DefaultLimits = RateLimits{RPM: wiringRPM, TPM: wiringTPM}
-	cfg.Backend = BackendRedis
+	cfg.Backend = backendRedis
 	cfg.Redis.Address, cfg.Redis.KeyPrefix, cfg.Redis.Replicas = addr, prefix, wiringReplicas
 	cfg.Redis.Timeout, cfg.Redis.DialTimeout = 2*time.Second, 2*time.Second
 	ctx, cancel := context.WithCancel(context.Background())
@@ -110,7 +111,7 @@ func newWiringAuth(t *testing.T, addr, prefix string, authn *rpc.Authenticator) 
 		lis := bufconn.Listen(1 << 20)
 		var opts []grpc.ServerOption
 		if authn != nil {
-			chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), r.reg, authn, Audiences)
+			chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), r.reg, authn, audiences)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -299,7 +300,7 @@ func TestProductionWiringThroughRedisOutages(t *testing.T) {
 	}
 	startRedis := func() (string, *exec.Cmd) {
 		t.Helper()
-		addr, cmd, err := startRedisServer(path)
+		addr, cmd, err := redistest.StartServer(path)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,7 +2,7 @@
 -- integers below 2^53 (about 104 days in nanoseconds). So instants are kept as seconds
 -- plus nanoseconds ("sec:nsec"), durations stay below maxdebt (30 days), and the one
 -- product that would overflow, tokens x window, is formed by long division. This keeps
--- every decision identical to MemoryStore's, to the nanosecond.
+-- every decision identical to memstore.Store's, to the nanosecond.
 local W = 60000000000 -- the bucket window, one minute, in ns
 local E9 = 1000000000
 

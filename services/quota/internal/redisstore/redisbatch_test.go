@@ -1,4 +1,4 @@
-package quota
+package redisstore
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // freshLib returns a quota library no Redis has seen (its name and script hash are
@@ -29,7 +31,7 @@ func freshLib(t *testing.T, c *redis.Client) *luaLib {
 }
 
 // echoOp is an adjust of no buckets decided at second sec: its reply is {sec, 0}.
-func echoOp(sec int) []byte { return mpArgs(sec, 0, int64(maxDebt), 0) }
+func echoOp(sec int) []byte { return mpArgs(sec, 0, int64(ledger.MaxDebt), 0) }
 
 // runInts runs an operation whose reply is integers, and returns them.
 func runInts(b *scriptBatcher, ctx context.Context, op string, keys []string, args []byte) ([]int64, error) {
@@ -46,7 +48,7 @@ func runInts(b *scriptBatcher, ctx context.Context, op string, keys []string, ar
 }
 
 // takeOp takes one token from bucket f (limit 60) at second 1.
-func takeOp() []byte { return mpArgs(1, 0, int64(maxDebt), 1, "f", "t", 1, 0, 60) }
+func takeOp() []byte { return mpArgs(1, 0, int64(ledger.MaxDebt), 1, "f", "t", 1, 0, 60) }
 
 // batcherModes are the ways a batcher sends: by function or by script, and in one
 // call or one call per hash slot.
@@ -311,14 +313,14 @@ func TestBatcherClose(t *testing.T) {
 	}
 	b.Close()
 	b.Close() // twice is harmless
-	if _, err := b.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, errBatcherClosed) {
+	if _, err := b.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v, want errBatcherClosed", err)
 	}
 
 	// Closed before first use: no worker starts, calls fail.
 	b2 := newScriptBatcher(c, quotaLib)
 	b2.Close()
-	if _, err := b2.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, errBatcherClosed) {
+	if _, err := b2.run(ctx, opAdjust, key, echoOp(1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v, want errBatcherClosed", err)
 	}
 }
@@ -379,27 +381,27 @@ func TestRedisStoreThroughScripter(t *testing.T) {
 				scripter = onlyScripter{ap}
 			}
 			clock := clockwork.NewFakeClockAt(t0)
-			store := NewRedisStore(c, RedisOptions{Prefix: testPrefix(t, c), Clock: clock, Scripter: scripter})
+			store := New(c, Options{Prefix: testPrefix(t, c), Clock: clock, Scripter: scripter})
 			t.Cleanup(func() { _ = store.Close() })
 			store.lib = freshLib(t, c)
 			if tt.scripts {
 				store.scripts.Store(true)
 			}
 			ctx := context.Background()
-			spec := BucketSpec{Group: "tenant:acme", Field: fieldTPM, Kind: KindTokens, Cost: 60, Limit: 600}
+			spec := ledger.BucketSpec{Group: "tenant:acme", Field: ledger.FieldTPM, Kind: ledger.KindTokens, Cost: 60, Limit: 600}
 			for i := range 2 {
 				id := fmt.Sprint("r", i)
-				g, err := store.Reserve(ctx, Charge{ID: id, Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []BucketSpec{spec}})
+				g, err := store.Reserve(ctx, ledger.Charge{ID: id, Tenant: "acme", TTL: time.Minute, Tokens: 60, Buckets: []ledger.BucketSpec{spec}})
 				if err != nil {
 					t.Fatal(err)
 				}
 				if want := int64(600 - 60*(i+1)); g.Levels[0].Remaining != want {
 					t.Fatalf("reservation %d: remaining %d, want %d", i, g.Levels[0].Remaining, want)
 				}
-				if _, err := store.Settle(ctx, "acme", id, Actual{Tokens: 60}, false); err != nil {
+				if _, err := store.Settle(ctx, "acme", id, ledger.Actual{Tokens: 60}, false); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := store.Settle(ctx, "acme", id, Actual{Tokens: 60}, false); !errors.Is(err, ErrReservationNotFound) {
+				if _, err := store.Settle(ctx, "acme", id, ledger.Actual{Tokens: 60}, false); !errors.Is(err, ledger.ErrReservationNotFound) {
 					t.Fatalf("second settle: %v, want ErrReservationNotFound", err)
 				}
 				if i == 0 && !tt.plain && !tt.scripts {

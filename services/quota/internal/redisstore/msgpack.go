@@ -1,4 +1,4 @@
-package quota
+package redisstore
 
 import (
 	"encoding/binary"
@@ -98,8 +98,8 @@ func mpArgs(args ...any) []byte {
 // per batch instead of boxing every number of every reply. An operation's reply is an
 // array of integers and strings, or a map {err = message} when it failed.
 
-// errMalformedReply is a reply that is not the MessagePack batch.lua writes.
-var errMalformedReply = errors.New("redis: malformed quota reply")
+// ErrMalformedReply is a reply that is not the MessagePack batch.lua writes.
+var ErrMalformedReply = errors.New("redis: malformed quota reply")
 
 // opError is an operation's error reply. It is a go-redis Error, so that
 // redis.HasErrorPrefix reads it as it reads Redis's own.
@@ -242,7 +242,7 @@ func mpSkip(b string, i int) int {
 func splitReplies(b string, n int) ([]string, error) {
 	kind, count, i := mpHeader(b, 0)
 	if kind != mpArr {
-		return nil, errMalformedReply
+		return nil, ErrMalformedReply
 	}
 	if count != uint64(n) {
 		return nil, fmt.Errorf("redis: quota batch of %d operations replied %d", n, count)
@@ -251,7 +251,7 @@ func splitReplies(b string, n int) ([]string, error) {
 	for k := range out {
 		end := mpSkip(b, i)
 		if end < 0 {
-			return nil, errMalformedReply
+			return nil, ErrMalformedReply
 		}
 		out[k], i = b[i:end], end
 	}
@@ -278,5 +278,5 @@ func opReply(b string) scriptReply {
 			i = mpSkip(b, mpSkip(b, i)) // the key, then its value
 		}
 	}
-	return scriptReply{err: errMalformedReply}
+	return scriptReply{err: ErrMalformedReply}
 }

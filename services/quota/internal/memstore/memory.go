@@ -1,4 +1,7 @@
-package quota
+// Package memstore keeps the quota state in one process's memory, at the injected clock:
+// the store of a single replica, and the local limiter a replica falls back to when
+// Redis is unreachable.
+package memstore
 
 import (
 	"context"
@@ -7,13 +10,15 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
-// MemoryStore is the in-memory Store: for `mantle dev`, tests, single-replica
-// deployments, and the local fallback of a RedisStore. One mutex makes every operation
+// Store is the in-memory quota store: for `mantle dev`, tests, single-replica
+// deployments, and the local fallback of a Store. One mutex makes every operation
 // atomic; each holds it for a few map lookups, so it is not a bottleneck at the request
 // rates one replica serves.
-type MemoryStore struct {
+type Store struct {
 	clock        clockwork.Clock
 	mu           sync.Mutex
 	buckets      map[string]*bucket      // by bucket name; a missing entry is a full bucket
@@ -26,16 +31,16 @@ type memReservation struct {
 	tenant    string
 	expiresAt time.Time
 	tokens    int64
-	buckets   []BucketSpec // the charged ones
-	budget    *BudgetCharge
+	buckets   []ledger.BucketSpec // the charged ones
+	budget    *ledger.BudgetCharge
 	budgetDay int64
-	meta      ReservationMeta
+	meta      ledger.ReservationMeta
 }
 
-// NewMemoryStore returns an empty store that decides at clock's time: every bucket
+// New returns an empty store that decides at clock's time: every bucket
 // starts full.
-func NewMemoryStore(clock clockwork.Clock) *MemoryStore {
-	return &MemoryStore{
+func New(clock clockwork.Clock) *Store {
+	return &Store{
 		clock:        clock,
 		buckets:      make(map[string]*bucket),
 		budgets:      make(map[string]*budgetState),
@@ -44,23 +49,21 @@ func NewMemoryStore(clock clockwork.Clock) *MemoryStore {
 	}
 }
 
-var _ Store = (*MemoryStore)(nil)
-
 // Reserve implements Store.
-func (s *MemoryStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
+func (s *Store) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
 	if err := ctx.Err(); err != nil {
-		return Grant{}, err
+		return ledger.Grant{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
 
 	if _, taken := s.reservations[c.ID]; taken {
-		return Grant{}, fmt.Errorf("reservation id %s is already in use", c.ID)
+		return ledger.Grant{}, fmt.Errorf("reservation id %s is already in use", c.ID)
 	}
 	// Check everything before touching anything: that is what makes a TPM refusal leave
 	// the RPM bucket alone.
-	var short []*ExhaustedError
+	var short []*ledger.ExhaustedError
 	shadowRefused := make([]bool, len(c.Buckets))
 	for i, spec := range c.Buckets {
 		b := s.bucket(spec.Name())
@@ -70,29 +73,29 @@ func (s *MemoryStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		case spec.Shadow:
 			shadowRefused[i] = true
 		default:
-			short = append(short, &ExhaustedError{Bucket: spec.Name(), Cost: spec.Cost, Remaining: b.remaining(now, spec.Limit), RetryAfter: wait})
+			short = append(short, &ledger.ExhaustedError{Bucket: spec.Name(), Cost: spec.Cost, Remaining: b.remaining(now, spec.Limit), RetryAfter: wait})
 		}
 	}
 	var budgetRefused bool
 	var day int64
 	if bc := c.Budget; bc != nil {
 		var reset time.Duration
-		day, reset = budgetDay(now, bc.DayOffset)
+		day, reset = ledger.BudgetDay(now, bc.DayOffset)
 		spent := s.budget(bc.Group).spentOn(day)
 		if spent+bc.Cost > bc.Limit {
 			if bc.Shadow {
 				budgetRefused = true
 			} else {
-				short = append(short, &ExhaustedError{Bucket: bc.Group + ":budget", Cost: bc.Cost, Remaining: max(bc.Limit-spent, 0), RetryAfter: reset, Cause: CauseBudget})
+				short = append(short, &ledger.ExhaustedError{Bucket: bc.Group + ":budget", Cost: bc.Cost, Remaining: max(bc.Limit-spent, 0), RetryAfter: reset, Cause: ledger.CauseBudget})
 			}
 		}
 	}
 	if len(short) > 0 {
-		return Grant{}, longestWait(short)
+		return ledger.Grant{}, ledger.LongestWait(short)
 	}
 
 	res := &memReservation{tenant: c.Tenant, expiresAt: now.Add(c.TTL), tokens: c.Tokens, meta: c.Meta}
-	g := Grant{At: now, ExpiresAt: res.expiresAt, Levels: make([]BucketLevel, len(c.Buckets))}
+	g := ledger.Grant{At: now, ExpiresAt: res.expiresAt, Levels: make([]ledger.BucketLevel, len(c.Buckets))}
 	for i, spec := range c.Buckets {
 		b := s.bucket(spec.Name())
 		if !shadowRefused[i] {
@@ -119,9 +122,9 @@ func (s *MemoryStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 }
 
 // Settle implements Store.
-func (s *MemoryStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
+func (s *Store) Settle(ctx context.Context, tenant, id string, actual ledger.Actual, release bool) (ledger.Settlement, error) {
 	if err := ctx.Err(); err != nil {
-		return Settlement{}, err
+		return ledger.Settlement{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -131,62 +134,48 @@ func (s *MemoryStore) Settle(ctx context.Context, tenant, id string, actual Actu
 	if !ok || r.tenant != tenant {
 		// Another tenant's reservation is "not found" too, so tenants cannot probe each
 		// other's reservation ids.
-		return Settlement{}, ErrReservationNotFound
+		return ledger.Settlement{}, ledger.ErrReservationNotFound
 	}
 	delete(s.reservations, id)
 	if !now.Before(r.expiresAt) {
-		return Settlement{}, ErrReservationNotFound
+		return ledger.Settlement{}, ledger.ErrReservationNotFound
 	}
 
-	out := Settlement{At: now, Reserved: r.tokens, Meta: r.meta}
-	actualTokens := clampUsage(actual.Tokens)
+	out := ledger.Settlement{At: now, Reserved: r.tokens, Meta: r.meta}
+	actualTokens := ledger.ClampUsage(actual.Tokens)
 	if release {
 		actualTokens = 0
 	}
 	out.Refunded = r.tokens - actualTokens
 	for _, spec := range r.buckets {
 		b := s.bucket(spec.Name())
-		b.take(now, settleDelta(spec, actualTokens, release), spec.Limit)
+		b.take(now, ledger.SettleDelta(spec, actualTokens, release), spec.Limit)
 		out.Levels = append(out.Levels, levelOf(spec, b, now))
 	}
 	if bc := r.budget; bc != nil {
 		st := s.budget(bc.Group)
 		if !release {
-			out.CostNano = usageCost(actual, bc.Price)
+			out.CostNano = ledger.UsageCost(actual, bc.Price)
 		}
 		// Spending from an earlier day is history: that day's counter is gone.
 		if st.day == r.budgetDay {
 			st.spent = max(st.spent+out.CostNano-bc.Cost, 0)
 		}
-		day, _ := budgetDay(now, bc.DayOffset)
+		day, _ := ledger.BudgetDay(now, bc.DayOffset)
 		out.Budget = budgetLevelOf(bc, st.spentOn(day), now)
 	}
 	return out, nil
 }
 
-// settleDelta is what Settle takes from a bucket the reservation charged: the overrun
-// (or, negative, the refund) for token buckets; nothing for request buckets, whose
-// request was made. Release returns the whole charge.
-func settleDelta(spec BucketSpec, actualTokens int64, release bool) int64 {
-	switch {
-	case release:
-		return -spec.Cost
-	case spec.Kind == KindTokens:
-		return actualTokens - spec.Cost
-	default:
-		return 0
-	}
-}
-
 // Observe implements Store.
-func (s *MemoryStore) Observe(ctx context.Context, obs []Observation) ([]BucketLevel, error) {
+func (s *Store) Observe(ctx context.Context, obs []ledger.Observation) ([]ledger.BucketLevel, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	levels := make([]BucketLevel, len(obs))
+	levels := make([]ledger.BucketLevel, len(obs))
 	for i, o := range obs {
 		b := s.bucket(o.Bucket.Name())
 		if o.Remaining >= 0 {
@@ -198,40 +187,40 @@ func (s *MemoryStore) Observe(ctx context.Context, obs []Observation) ([]BucketL
 }
 
 // CountRequest implements Store.
-func (s *MemoryStore) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
+func (s *Store) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
 	s.countRequests(key, overall, 1, window)
 }
 
-func (s *MemoryStore) countRequests(key string, overall bool, n float64, window time.Duration) {
+func (s *Store) countRequests(key string, overall bool, n float64, window time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
 	if overall {
-		s.retryWindow(retryOverall, now, window).requests += n
+		s.retryWindow(ledger.RetryOverall, now, window).requests += n
 	}
 	if key != "" {
-		s.retryWindow(retryKeyBudget(key), now, window).requests += n
+		s.retryWindow(ledger.RetryKeyBudget(key), now, window).requests += n
 	}
 }
 
 // AcquireRetry implements Store.
-func (s *MemoryStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecision, error) {
+func (s *Store) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (ledger.RetryDecision, error) {
 	if err := ctx.Err(); err != nil {
-		return RetryDecision{}, err
+		return ledger.RetryDecision{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
 	_, elapsed := retryWindowAt(now, ask.Budget.Window)
 
-	names := []string{retryOverall}
+	names := []string{ledger.RetryOverall}
 	if ask.Key != "" {
-		names = append(names, retryKeyBudget(ask.Key))
+		names = append(names, ledger.RetryKeyBudget(ask.Key))
 	}
-	var overall RetryDecision
+	var overall ledger.RetryDecision
 	for i, name := range names {
 		requests, retries := s.retryWindow(name, now, ask.Budget.Window).estimate(elapsed)
-		d := RetryDecision{Granted: allowRetry(ask.Budget, requests, retries, ask.Format), Budget: name, Requests: requests, Retries: retries}
+		d := ledger.RetryDecision{Granted: allowRetry(ask.Budget, requests, retries, ask.Format), Budget: name, Requests: requests, Retries: retries}
 		if !d.Granted {
 			return d, nil
 		}
@@ -240,10 +229,10 @@ func (s *MemoryStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDeci
 		}
 	}
 	if ask.Tenant != "" {
-		name := retryTenantBudget(ask.Tenant)
+		name := ledger.RetryTenantBudget(ask.Tenant)
 		_, retries := s.retryWindow(name, now, ask.Budget.Window).estimate(elapsed)
 		if !allowTenantRetry(ask.Budget, overall.Requests, retries) {
-			return RetryDecision{Budget: name, Requests: overall.Requests, Retries: retries}, nil
+			return ledger.RetryDecision{Budget: name, Requests: overall.Requests, Retries: retries}, nil
 		}
 		names = append(names, name)
 	}
@@ -255,7 +244,7 @@ func (s *MemoryStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDeci
 }
 
 // retryWindow returns the named budget's counters, rolled to now. Callers hold s.mu.
-func (s *MemoryStore) retryWindow(name string, now time.Time, window time.Duration) *retryWindow {
+func (s *Store) retryWindow(name string, now time.Time, window time.Duration) *retryWindow {
 	w, ok := s.retries[name]
 	if !ok {
 		w = &retryWindow{}
@@ -269,7 +258,7 @@ func (s *MemoryStore) retryWindow(name string, now time.Time, window time.Durati
 // Sweep implements Store. It also forgets buckets that have refilled completely (a
 // missing entry reads as full) and budgets of past days, so memory stays proportional
 // to recently active tenants and keys.
-func (s *MemoryStore) Sweep(ctx context.Context) (int, error) {
+func (s *Store) Sweep(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -291,7 +280,7 @@ func (s *MemoryStore) Sweep(ctx context.Context) (int, error) {
 	}
 	// A budget day is at most a day plus the largest offset long, so two days back is
 	// always over.
-	today, _ := budgetDay(now, 0)
+	today, _ := ledger.BudgetDay(now, 0)
 	for group, st := range s.budgets {
 		if st.day < today-2 {
 			delete(s.budgets, group)
@@ -301,7 +290,7 @@ func (s *MemoryStore) Sweep(ctx context.Context) (int, error) {
 }
 
 // bucket returns the named bucket, creating a full one on first use. Callers hold s.mu.
-func (s *MemoryStore) bucket(name string) *bucket {
+func (s *Store) bucket(name string) *bucket {
 	b, ok := s.buckets[name]
 	if !ok {
 		b = &bucket{}
@@ -311,7 +300,7 @@ func (s *MemoryStore) bucket(name string) *bucket {
 }
 
 // budget returns a group's budget state. Callers hold s.mu.
-func (s *MemoryStore) budget(group string) *budgetState {
+func (s *Store) budget(group string) *budgetState {
 	st, ok := s.budgets[group]
 	if !ok {
 		st = &budgetState{}
@@ -320,8 +309,8 @@ func (s *MemoryStore) budget(group string) *budgetState {
 	return st
 }
 
-func levelOf(spec BucketSpec, b *bucket, now time.Time) BucketLevel {
-	return BucketLevel{
+func levelOf(spec ledger.BucketSpec, b *bucket, now time.Time) ledger.BucketLevel {
+	return ledger.BucketLevel{
 		Name:      spec.Name(),
 		Group:     spec.Group,
 		Field:     spec.Field,
@@ -332,22 +321,22 @@ func levelOf(spec BucketSpec, b *bucket, now time.Time) BucketLevel {
 	}
 }
 
-func budgetLevelOf(bc *BudgetCharge, spent int64, now time.Time) *BudgetLevel {
-	_, reset := budgetDay(now, bc.DayOffset)
-	return &BudgetLevel{Limit: bc.Limit, Spent: spent, Reset: reset, Shadow: bc.Shadow}
+func budgetLevelOf(bc *ledger.BudgetCharge, spent int64, now time.Time) *ledger.BudgetLevel {
+	_, reset := ledger.BudgetDay(now, bc.DayOffset)
+	return &ledger.BudgetLevel{Limit: bc.Limit, Spent: spent, Reset: reset, Shadow: bc.Shadow}
 }
 
-// forgetBuckets makes every bucket full again, keeping reservations and budgets. A
+// ForgetBuckets makes every bucket full again, keeping reservations and budgets. A
 // FailoverStore calls it when Redis is back: what its local limiter spent has been
 // handed to Redis, and a later outage starts from what Redis said then.
-func (s *MemoryStore) forgetBuckets() {
+func (s *Store) ForgetBuckets() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.buckets)
 }
 
-// level is what the named bucket holds now at the given limit.
-func (s *MemoryStore) level(name string, limit int64) int64 {
+// Level is what the named bucket holds now at the given limit.
+func (s *Store) Level(name string, limit int64) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b, ok := s.buckets[name]
@@ -355,4 +344,12 @@ func (s *MemoryStore) level(name string, limit int64) int64 {
 		return limit
 	}
 	return b.remaining(s.clock.Now(), limit)
+}
+
+// OpenReservations counts the reservations the store still holds, expired ones included
+// until a Sweep deletes them.
+func (s *Store) OpenReservations() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.reservations)
 }

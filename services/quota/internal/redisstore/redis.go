@@ -1,4 +1,4 @@
-package quota
+package redisstore
 
 import (
 	"context"
@@ -14,9 +14,11 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
-// RedisStore keeps quota state in Redis so that every replica shares it. Each operation
+// Store keeps quota state in Redis so that every replica shares it. Each operation
 // on a group of buckets (a tenant's, or an upstream key's) is one Lua operation, atomic
 // in Redis, deciding at Redis's TIME. The operations live in one function library
 // (lua.go; a script on Redis before 7.0), and concurrent calls' operations go to Redis
@@ -41,7 +43,7 @@ import (
 // (which records the reservation); when the tenant refuses, the key's charge is given
 // back with a second script. All or nothing therefore holds for outcomes, but for a
 // moment a refused request holds key capacity it then returns.
-type RedisStore struct {
+type Store struct {
 	client     redis.UniversalClient
 	scripter   redis.Scripter
 	prefix     string
@@ -63,8 +65,8 @@ type RedisStore struct {
 	calls atomic.Int64
 }
 
-// RedisOptions configure a RedisStore.
-type RedisOptions struct {
+// RedisOptions configure a Store.
+type Options struct {
 	// Prefix starts every key.
 	Prefix string
 	// Clock is the replica's clock: it times the over-limit cache and, when ServerTime is
@@ -86,8 +88,8 @@ type RedisOptions struct {
 }
 
 // NewRedisStore returns a store on client. It does not contact Redis.
-func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore {
-	s := &RedisStore{
+func New(client redis.UniversalClient, opts Options) *Store {
+	s := &Store{
 		client:     client,
 		scripter:   opts.Scripter,
 		prefix:     opts.Prefix,
@@ -113,37 +115,35 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 
 // Close stops the store's batcher: calls still waiting, and any later call, fail. It
 // does not close the client, which the caller owns.
-func (s *RedisStore) Close() error {
+func (s *Store) Close() error {
 	if s.batch != nil {
 		s.batch.Close()
 	}
 	return nil
 }
 
-var _ Store = (*RedisStore)(nil)
-
 // groupKey is the hash of a group's buckets. Braces and percent signs in ids are escaped
 // so that the hash tag is exactly the group.
-func (s *RedisStore) groupKey(group string) string {
+func (s *Store) groupKey(group string) string {
 	return s.prefix + "{" + escapeTag(group) + "}:b"
 }
 
 // reservationKey is a reservation record of its own: one that charged no tenant bucket
 // (an upstream key's only), or one an earlier version wrote. Others are recordField in
 // the tenant's hash.
-func (s *RedisStore) reservationKey(tenant, id string) string {
-	return s.prefix + "{" + escapeTag(tenantGroup(tenant)) + "}:r:" + id
+func (s *Store) reservationKey(tenant, id string) string {
+	return s.prefix + "{" + escapeTag(ledger.TenantGroup(tenant)) + "}:r:" + id
 }
 
 // recordField is a reservation record's field in its tenant's hash; bucket fields never
 // hold '|' (escapeField).
 func recordField(id string) string { return "r|" + id }
 
-func (s *RedisStore) retryKey() string { return s.prefix + "{retry}:c" }
+func (s *Store) retryKey() string { return s.prefix + "{retry}:c" }
 
 // newArgs starts an operation's arguments, an array of n values (msgpack.go), with the
 // time they count among them: false for Redis TIME, else seconds and nanoseconds.
-func (s *RedisStore) newArgs(n int) []byte {
+func (s *Store) newArgs(n int) []byte {
 	b := mpArray(make([]byte, 0, 24+12*n), n)
 	if s.serverTime {
 		return mpBool(mpBool(b, false), false)
@@ -153,7 +153,7 @@ func (s *RedisStore) newArgs(n int) []byte {
 }
 
 // run runs one quota operation (lua/batch.lua) and returns its reply.
-func (s *RedisStore) run(ctx context.Context, op string, keys []string, args []byte) (*reply, error) {
+func (s *Store) run(ctx context.Context, op string, keys []string, args []byte) (*reply, error) {
 	s.calls.Add(1)
 	var (
 		v   string
@@ -180,7 +180,7 @@ type functionCaller interface {
 // runScript runs one operation as a batch of one through the Scripter: by FCALL when
 // the Scripter can call functions (NewRedisStore sets scripts when it cannot), else by
 // EVALSHA, with the recovery sendBatch gives either.
-func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, args []byte) (string, error) {
+func (s *Store) runScript(ctx context.Context, op string, keys []string, args []byte) (string, error) {
 	fc, _ := s.scripter.(functionCaller)
 	c := &scriptCall{op: op, keys: keys, args: args}
 	list := opList(c)
@@ -205,11 +205,11 @@ func (s *RedisStore) runScript(ctx context.Context, op string, keys []string, ar
 }
 
 // Reserve implements Store.
-func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
+func (s *Store) Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error) {
 	if refusal := s.cache.check(s.clock.Now(), c); refusal != nil {
-		return Grant{}, refusal
+		return ledger.Grant{}, refusal
 	}
-	tenant := tenantGroup(c.Tenant)
+	tenant := ledger.TenantGroup(c.Tenant)
 	// Buckets by group, in charge order; the tenant's group (if charged) goes last
 	// because it records the reservation and must know what the key's script charged.
 	var order []string
@@ -225,7 +225,7 @@ func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		hasTenant = true
 	}
 
-	g := Grant{Levels: make([]BucketLevel, len(c.Buckets))}
+	g := ledger.Grant{Levels: make([]ledger.BucketLevel, len(c.Buckets))}
 	var done []groupCharge // charged so far, to undo on a refusal
 	charged := make([]bool, len(c.Buckets))
 	undo := func() {
@@ -241,12 +241,12 @@ func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		res, err := s.reserveGroup(ctx, group, c, idx, nil, "")
 		if err != nil {
 			undo()
-			return Grant{}, err
+			return ledger.Grant{}, err
 		}
 		if res.refusal != nil {
 			undo()
 			s.cache.remember(s.clock.Now(), c, res.refusal, s.cacheTTL)
-			return Grant{}, res.refusal
+			return ledger.Grant{}, res.refusal
 		}
 		done = append(done, groupCharge{group: group, idx: idx, charged: res.charged})
 		for j, i := range idx {
@@ -260,12 +260,12 @@ func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		res, err := s.reserveGroup(ctx, tenant, c, byGroup[tenant], c.Budget, tail)
 		if err != nil {
 			undo()
-			return Grant{}, err
+			return ledger.Grant{}, err
 		}
 		if res.refusal != nil {
 			undo()
 			s.cache.remember(s.clock.Now(), c, res.refusal, s.cacheTTL)
-			return Grant{}, res.refusal
+			return ledger.Grant{}, res.refusal
 		}
 		s.fill(&g, c, byGroup[tenant], res)
 		g.Budget = res.budget
@@ -281,7 +281,7 @@ func (s *RedisStore) Reserve(ctx context.Context, c Charge) (Grant, error) {
 		rec := fmt.Sprintf("%d:%d||-|%s", exp.Unix(), exp.Nanosecond(), tail)
 		if err := s.client.Set(ctx, s.reservationKey(c.Tenant, c.ID), rec, c.TTL+time.Minute).Err(); err != nil {
 			undo()
-			return Grant{}, fmt.Errorf("redis: %w", err)
+			return ledger.Grant{}, fmt.Errorf("redis: %w", err)
 		}
 	}
 	g.ExpiresAt = g.At.Add(c.TTL)
@@ -295,7 +295,7 @@ type groupCharge struct {
 	charged []bool
 }
 
-func (s *RedisStore) undoGroup(ctx context.Context, d groupCharge, c Charge) error {
+func (s *Store) undoGroup(ctx context.Context, d groupCharge, c ledger.Charge) error {
 	var ops []adjustOp
 	for j, i := range d.idx {
 		if d.charged[j] {
@@ -310,24 +310,24 @@ func (s *RedisStore) undoGroup(ctx context.Context, d groupCharge, c Charge) err
 // groupResult is one reserve script's answer.
 type groupResult struct {
 	at      time.Time
-	refusal *ExhaustedError
+	refusal *ledger.ExhaustedError
 	charged []bool
 	debts   []time.Duration
 	flags   []int64
-	budget  *BudgetLevel
+	budget  *ledger.BudgetLevel
 }
 
-func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, idx []int, budget *BudgetCharge, tail string) (groupResult, error) {
+func (s *Store) reserveGroup(ctx context.Context, group string, c ledger.Charge, idx []int, budget *ledger.BudgetCharge, tail string) (groupResult, error) {
 	n := 4 + 3*len(idx) + 4
 	if tail != "" {
 		n += 3
 	}
 	args := s.newArgs(n)
-	args = mpInt(mpInt(args, int64(maxDebt)), int64(len(idx)))
+	args = mpInt(mpInt(args, int64(ledger.MaxDebt)), int64(len(idx)))
 	for _, i := range idx {
 		b := c.Buckets[i]
 		args = mpString(args, escapeField(b.Field))
-		args = mpInt(args, int64(durationOf(b.Cost, b.Limit)))
+		args = mpInt(args, int64(ledger.DurationOf(b.Cost, b.Limit)))
 		args = mpInt(args, flagArg(b.Shadow))
 	}
 	if budget != nil {
@@ -345,21 +345,21 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, i
 	}
 	granted := r.int() == 1
 	res := groupResult{at: r.time(), charged: make([]bool, len(idx)), debts: make([]time.Duration, len(idx)), flags: make([]int64, len(idx))}
-	var short []*ExhaustedError
+	var short []*ledger.ExhaustedError
 	for j, i := range idx {
 		wait, debt, flag := time.Duration(r.int()), time.Duration(r.int()), r.int()
 		b := c.Buckets[i]
 		res.debts[j], res.flags[j], res.charged[j] = debt, flag, flag == 0
 		if flag == 1 {
-			short = append(short, &ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: remainingAt(debt, b.Limit), RetryAfter: wait})
+			short = append(short, &ledger.ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: ledger.RemainingAt(debt, b.Limit), RetryAfter: wait})
 		}
 	}
 	spent, reset, bflag := r.int(), time.Duration(r.int()), r.int()
 	if budget != nil {
 		if bflag == 1 {
-			short = append(short, &ExhaustedError{Bucket: budget.Group + ":budget", Cost: budget.Cost, Remaining: max(budget.Limit-spent, 0), RetryAfter: reset, Cause: CauseBudget})
+			short = append(short, &ledger.ExhaustedError{Bucket: budget.Group + ":budget", Cost: budget.Cost, Remaining: max(budget.Limit-spent, 0), RetryAfter: reset, Cause: ledger.CauseBudget})
 		}
-		res.budget = &BudgetLevel{Limit: budget.Limit, Spent: spent, Reset: reset, Shadow: budget.Shadow, ShadowRefused: bflag == 2}
+		res.budget = &ledger.BudgetLevel{Limit: budget.Limit, Spent: spent, Reset: reset, Shadow: budget.Shadow, ShadowRefused: bflag == 2}
 	}
 	if r.err != nil {
 		return groupResult{}, r.err
@@ -368,18 +368,18 @@ func (s *RedisStore) reserveGroup(ctx context.Context, group string, c Charge, i
 		if len(short) == 0 {
 			return groupResult{}, errors.New("redis: reserve script refused without naming a bucket")
 		}
-		res.refusal = longestWait(short)
+		res.refusal = ledger.LongestWait(short)
 	}
 	return res, nil
 }
 
 // fill copies a group's levels into the grant.
-func (s *RedisStore) fill(g *Grant, c Charge, idx []int, res groupResult) {
+func (s *Store) fill(g *ledger.Grant, c ledger.Charge, idx []int, res groupResult) {
 	g.At = res.at
 	for j, i := range idx {
 		b := c.Buckets[i]
-		g.Levels[i] = BucketLevel{
-			Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(res.debts[j], b.Limit), Reset: res.debts[j],
+		g.Levels[i] = ledger.BucketLevel{
+			Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: ledger.RemainingAt(res.debts[j], b.Limit), Reset: res.debts[j],
 			Shadow: b.Shadow, ShadowRefused: res.flags[j] == 2,
 		}
 	}
@@ -388,7 +388,7 @@ func (s *RedisStore) fill(g *Grant, c Charge, idx []int, res groupResult) {
 // recordTail is the part of a reservation record the caller writes: tokens | budget |
 // tenant buckets | meta. The tenant's buckets are listed in charge order; the script's
 // mask says which it charged. Meta carries the key's buckets and what was charged there.
-func recordTail(c Charge, charged []bool) string {
+func recordTail(c ledger.Charge, charged []bool) string {
 	// Appended by hand: fmt's formatting was most of the cost of building the record.
 	b := make([]byte, 0, 128)
 	b = strconv.AppendInt(b, c.Tokens, 10)
@@ -405,7 +405,7 @@ func recordTail(c Charge, charged []bool) string {
 		b = append(b, '-')
 	}
 	b = append(b, '|')
-	tenant := tenantGroup(c.Tenant)
+	tenant := ledger.TenantGroup(c.Tenant)
 	first := true
 	for _, bucket := range c.Buckets {
 		if bucket.Group == tenant {
@@ -443,7 +443,7 @@ func recordTail(c Charge, charged []bool) string {
 }
 
 // appendBucketSpec appends "field,kind,cost,limit,shadow" (parseBucketSpec reads it).
-func appendBucketSpec(b []byte, bucket BucketSpec) []byte {
+func appendBucketSpec(b []byte, bucket ledger.BucketSpec) []byte {
 	b = append(b, escapeField(bucket.Field)...)
 	b = append(b, ',')
 	b = append(b, kindArg(bucket.Kind)...)
@@ -456,19 +456,19 @@ func appendBucketSpec(b []byte, bucket BucketSpec) []byte {
 }
 
 // Settle implements Store.
-func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actual, release bool) (Settlement, error) {
-	group := tenantGroup(tenant)
-	tokens := clampUsage(actual.Tokens)
+func (s *Store) Settle(ctx context.Context, tenant, id string, actual ledger.Actual, release bool) (ledger.Settlement, error) {
+	group := ledger.TenantGroup(tenant)
+	tokens := ledger.ClampUsage(actual.Tokens)
 	args := s.newArgs(8)
-	args = mpInt(mpInt(args, int64(maxDebt)), tokens)
-	args = mpInt(mpInt(args, clampUsage(actual.Input)), clampUsage(actual.Output))
+	args = mpInt(mpInt(args, int64(ledger.MaxDebt)), tokens)
+	args = mpInt(mpInt(args, ledger.ClampUsage(actual.Input)), ledger.ClampUsage(actual.Output))
 	args = mpString(mpInt(args, flagArg(release)), recordField(id))
 	r, err := s.run(ctx, opSettle, []string{s.groupKey(group), s.reservationKey(tenant, id)}, args)
 	if err != nil {
-		return Settlement{}, err
+		return ledger.Settlement{}, err
 	}
 	if r.int() == 0 {
-		return Settlement{}, ErrReservationNotFound
+		return ledger.Settlement{}, ledger.ErrReservationNotFound
 	}
 	at := r.time()
 	reserved, cost, spent, reset := r.int(), r.int(), r.int(), time.Duration(r.int())
@@ -478,35 +478,35 @@ func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actua
 		debts = append(debts, time.Duration(r.int()))
 	}
 	if r.err != nil {
-		return Settlement{}, r.err
+		return ledger.Settlement{}, r.err
 	}
 	rec, err := parseRecord(group, bucketsRaw, mask, metaRaw)
 	if err != nil {
-		return Settlement{}, fmt.Errorf("redis: reservation %s: %w", id, err)
+		return ledger.Settlement{}, fmt.Errorf("redis: reservation %s: %w", id, err)
 	}
 	if len(rec.tenantCharged) != len(debts) {
-		return Settlement{}, fmt.Errorf("redis: reservation %s: %d charged buckets, %d debts", id, len(rec.tenantCharged), len(debts))
+		return ledger.Settlement{}, fmt.Errorf("redis: reservation %s: %d charged buckets, %d debts", id, len(rec.tenantCharged), len(debts))
 	}
 	if release {
 		tokens = 0
 	}
-	out := Settlement{At: at, Reserved: reserved, Refunded: reserved - tokens, CostNano: cost, Meta: rec.meta}
+	out := ledger.Settlement{At: at, Reserved: reserved, Refunded: reserved - tokens, CostNano: cost, Meta: rec.meta}
 	for i, b := range rec.tenantCharged {
 		out.Levels = append(out.Levels, levelAt(b, debts[i]))
 	}
 	if spent >= 0 {
-		out.Budget = &BudgetLevel{Spent: spent, Reset: reset}
+		out.Budget = &ledger.BudgetLevel{Spent: spent, Reset: reset}
 	}
 
 	// The key's buckets live in the key's slot: correct them with a second script.
 	if len(rec.keyCharged) > 0 {
 		ops := make([]adjustOp, len(rec.keyCharged))
 		for i, b := range rec.keyCharged {
-			ops[i] = adjustOp{field: b.Field, take: settleDelta(b, tokens, release), limit: b.Limit}
+			ops[i] = adjustOp{field: b.Field, take: ledger.SettleDelta(b, tokens, release), limit: b.Limit}
 		}
 		kd, err := s.adjustGroup(ctx, rec.keyCharged[0].Group, ops)
 		if err != nil {
-			return Settlement{}, err
+			return ledger.Settlement{}, err
 		}
 		for i, b := range rec.keyCharged {
 			out.Levels = append(out.Levels, levelAt(b, kd[i]))
@@ -517,9 +517,9 @@ func (s *RedisStore) Settle(ctx context.Context, tenant, id string, actual Actua
 
 // record is the part of a reservation record Settle needs after the script ran.
 type record struct {
-	tenantCharged []BucketSpec
-	keyCharged    []BucketSpec
-	meta          ReservationMeta
+	tenantCharged []ledger.BucketSpec
+	keyCharged    []ledger.BucketSpec
+	meta          ledger.ReservationMeta
 }
 
 func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
@@ -570,34 +570,34 @@ func parseRecord(tenantGroup, buckets, mask, metaRaw string) (record, error) {
 }
 
 // parseBucketSpec reads "field,kind,cost,limit,shadow".
-func parseBucketSpec(group, spec string) (BucketSpec, error) {
+func parseBucketSpec(group, spec string) (ledger.BucketSpec, error) {
 	// Cut, not Split: Settle parses every charged bucket, and Split allocates.
 	var f [5]string
 	rest := spec
 	for i := range 4 {
 		var ok bool
 		if f[i], rest, ok = strings.Cut(rest, ","); !ok {
-			return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
+			return ledger.BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
 		}
 	}
 	if strings.IndexByte(rest, ',') >= 0 {
-		return BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
+		return ledger.BucketSpec{}, fmt.Errorf("malformed bucket %q", spec)
 	}
 	f[4] = rest
 	field, err := url.PathUnescape(f[0])
 	if err != nil {
-		return BucketSpec{}, fmt.Errorf("malformed bucket field %q: %w", f[0], err)
+		return ledger.BucketSpec{}, fmt.Errorf("malformed bucket field %q: %w", f[0], err)
 	}
 	cost, err1 := strconv.ParseInt(f[2], 10, 64)
 	limit, err2 := strconv.ParseInt(f[3], 10, 64)
 	if err := errors.Join(err1, err2); err != nil {
-		return BucketSpec{}, fmt.Errorf("malformed bucket %q: %w", spec, err)
+		return ledger.BucketSpec{}, fmt.Errorf("malformed bucket %q: %w", spec, err)
 	}
-	kind := KindRequests
+	kind := ledger.KindRequests
 	if f[1] == "t" {
-		kind = KindTokens
+		kind = ledger.KindTokens
 	}
-	return BucketSpec{Group: group, Field: field, Kind: kind, Cost: cost, Limit: limit, Shadow: f[4] == "1"}, nil
+	return ledger.BucketSpec{Group: group, Field: field, Kind: kind, Cost: cost, Limit: limit, Shadow: f[4] == "1"}, nil
 }
 
 // adjustOp is one bucket change of the adjust script: take tokens (mode 't') or lower
@@ -612,12 +612,12 @@ type adjustOp struct {
 }
 
 // adjustGroup runs the adjust script and returns each bucket's debt afterwards.
-func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjustOp) ([]time.Duration, error) {
+func (s *Store) adjustGroup(ctx context.Context, group string, ops []adjustOp) ([]time.Duration, error) {
 	if len(ops) == 0 {
 		return nil, nil
 	}
 	args := s.newArgs(4 + 5*len(ops))
-	args = mpInt(mpInt(args, int64(maxDebt)), int64(len(ops)))
+	args = mpInt(mpInt(args, int64(ledger.MaxDebt)), int64(len(ops)))
 	for _, op := range ops {
 		args = mpString(args, escapeField(op.field))
 		if op.observe {
@@ -640,8 +640,8 @@ func (s *RedisStore) adjustGroup(ctx context.Context, group string, ops []adjust
 }
 
 // Observe implements Store.
-func (s *RedisStore) Observe(ctx context.Context, obs []Observation) ([]BucketLevel, error) {
-	levels := make([]BucketLevel, len(obs))
+func (s *Store) Observe(ctx context.Context, obs []ledger.Observation) ([]ledger.BucketLevel, error) {
+	levels := make([]ledger.BucketLevel, len(obs))
 	// Observations of one key share a group; group them to make one call per group.
 	for start := 0; start < len(obs); {
 		end := start
@@ -650,7 +650,7 @@ func (s *RedisStore) Observe(ctx context.Context, obs []Observation) ([]BucketLe
 		}
 		ops := make([]adjustOp, 0, end-start)
 		for _, o := range obs[start:end] {
-			ops = append(ops, adjustOp{field: o.Bucket.Field, observe: true, remaining: min(o.Remaining, o.Bucket.Limit), reset: min(max(o.Reset, 0), maxDebt), limit: o.Bucket.Limit})
+			ops = append(ops, adjustOp{field: o.Bucket.Field, observe: true, remaining: min(o.Remaining, o.Bucket.Limit), reset: min(max(o.Reset, 0), ledger.MaxDebt), limit: o.Bucket.Limit})
 		}
 		debts, err := s.adjustGroup(ctx, obs[start].Bucket.Group, ops)
 		if err != nil {
@@ -668,12 +668,12 @@ func (s *RedisStore) Observe(ctx context.Context, obs []Observation) ([]BucketLe
 // CountRequest implements Store. Requests are counted locally and added to Redis by
 // Run every FlushInterval (and by AcquireRetry), so that the hot path pays no round
 // trip to the retry budget's single hash.
-func (s *RedisStore) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
+func (s *Store) CountRequest(_ context.Context, key string, overall bool, window time.Duration) {
 	s.pending.add(key, overall, window)
 }
 
 // AcquireRetry implements Store.
-func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecision, error) {
+func (s *Store) AcquireRetry(ctx context.Context, ask ledger.RetryAsk) (ledger.RetryDecision, error) {
 	overall, forKey := s.pending.take(ask.Key)
 	d, err := s.retryCall(ctx, ask.Budget, ask.Key, ask.Tenant, ask.Format, true, overall, forKey)
 	if err != nil {
@@ -682,7 +682,7 @@ func (s *RedisStore) AcquireRetry(ctx context.Context, ask RetryAsk) (RetryDecis
 	return d, err
 }
 
-func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key, tenant string, format, acquire bool, overall, forKey float64) (RetryDecision, error) {
+func (s *Store) retryCall(ctx context.Context, cfg ledger.RetryBudget, key, tenant string, format, acquire bool, overall, forKey float64) (ledger.RetryDecision, error) {
 	args := s.newArgs(13)
 	args = mpInt(args, int64(cfg.Window/time.Second))
 	args = mpFloat(mpInt(mpFloat(args, cfg.Ratio), int64(cfg.Floor)), cfg.FormatOnlyAbove)
@@ -691,26 +691,26 @@ func (s *RedisStore) retryCall(ctx context.Context, cfg RetryBudgetConfig, key, 
 	args = mpFloat(mpString(args, tenant), cfg.TenantShare)
 	r, err := s.run(ctx, opRetry, []string{s.retryKey()}, args)
 	if err != nil {
-		return RetryDecision{}, err
+		return ledger.RetryDecision{}, err
 	}
 	granted, refusing := r.int() == 1, r.int()
 	requests, _ := strconv.ParseFloat(r.str(), 64)
 	retries, _ := strconv.ParseFloat(r.str(), 64)
-	d := RetryDecision{Granted: granted, Budget: retryOverall, Requests: requests, Retries: retries}
+	d := ledger.RetryDecision{Granted: granted, Budget: ledger.RetryOverall, Requests: requests, Retries: retries}
 	switch refusing {
 	case 2:
-		d.Budget = retryKeyBudget(key)
+		d.Budget = ledger.RetryKeyBudget(key)
 	case 3:
-		d.Budget = retryTenantBudget(tenant)
+		d.Budget = ledger.RetryTenantBudget(tenant)
 	}
 	return d, r.err
 }
 
 // flush adds the buffered request counts to Redis.
-func (s *RedisStore) flush(ctx context.Context) error {
+func (s *Store) flush(ctx context.Context) error {
 	var errs []error
 	for _, p := range s.pending.drain() {
-		if _, err := s.retryCall(ctx, RetryBudgetConfig{Window: p.window}, p.key, "", false, false, p.overall, p.forKey); err != nil {
+		if _, err := s.retryCall(ctx, ledger.RetryBudget{Window: p.window}, p.key, "", false, false, p.overall, p.forKey); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -719,13 +719,13 @@ func (s *RedisStore) flush(ctx context.Context) error {
 
 // Sweep implements Store. Redis expires reservations and full buckets by itself; only
 // the local over-limit cache is pruned.
-func (s *RedisStore) Sweep(context.Context) (int, error) {
+func (s *Store) Sweep(context.Context) (int, error) {
 	s.cache.prune(s.clock.Now())
 	return 0, nil
 }
 
 // Run flushes buffered request counts every FlushInterval until ctx is done.
-func (s *RedisStore) Run(ctx context.Context) error {
+func (s *Store) Run(ctx context.Context) error {
 	ticker := s.clock.NewTicker(s.flushEvery)
 	defer ticker.Stop()
 	for {
@@ -741,13 +741,13 @@ func (s *RedisStore) Run(ctx context.Context) error {
 }
 
 // Ping checks that Redis answers.
-func (s *RedisStore) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context) error {
 	return s.client.Ping(ctx).Err()
 }
 
-// now is the decision clock: Redis's TIME, or the replica's clock when the store
+// Now is the decision clock: Redis's TIME, or the replica's clock when the store
 // decides at it (ServerTime false).
-func (s *RedisStore) now(ctx context.Context) (time.Time, error) {
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	if !s.serverTime {
 		return s.clock.Now(), nil
 	}
@@ -761,11 +761,11 @@ func (s *RedisStore) now(ctx context.Context) (time.Time, error) {
 // epochKey holds the epoch marker: written once by the first replica that finds it
 // missing, never expiring. A marker that changed, or went missing, means Redis lost
 // its data (a restart without persistence, a flush, a failover to an empty replica).
-func (s *RedisStore) epochKey() string { return s.prefix + "epoch" }
+func (s *Store) epochKey() string { return s.prefix + "epoch" }
 
-// epoch returns Redis's epoch marker; when there is none it writes value and reports
+// Epoch returns Redis's epoch marker; when there is none it writes value and reports
 // created.
-func (s *RedisStore) epoch(ctx context.Context, value string) (marker string, created bool, err error) {
+func (s *Store) Epoch(ctx context.Context, value string) (marker string, created bool, err error) {
 	key := s.epochKey()
 	for range 2 {
 		v, err := s.client.Get(ctx, key).Result()
@@ -788,13 +788,8 @@ func (s *RedisStore) epoch(ctx context.Context, value string) (marker string, cr
 }
 
 // levelAt is the level of a bucket with the given debt.
-func levelAt(b BucketSpec, debt time.Duration) BucketLevel {
-	return BucketLevel{Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: remainingAt(debt, b.Limit), Reset: debt, Shadow: b.Shadow}
-}
-
-// remainingAt is the whole tokens a bucket with the given debt holds.
-func remainingAt(debt time.Duration, limit int64) int64 {
-	return tokensIn(max(window-debt, 0), limit)
+func levelAt(b ledger.BucketSpec, debt time.Duration) ledger.BucketLevel {
+	return ledger.BucketLevel{Name: b.Name(), Group: b.Group, Field: b.Field, Limit: b.Limit, Remaining: ledger.RemainingAt(debt, b.Limit), Reset: debt, Shadow: b.Shadow}
 }
 
 // flagArg is a flag as the operations take it (msgpack.go): 1 or 0.
@@ -812,8 +807,8 @@ func boolArg(b bool) string {
 	return "0"
 }
 
-func kindArg(k Kind) string {
-	if k == KindTokens {
+func kindArg(k ledger.Kind) string {
+	if k == ledger.KindTokens {
 		return "t"
 	}
 	return "r"
@@ -849,7 +844,7 @@ func newReply(b string) *reply {
 	r := &reply{b: b}
 	kind, n, i := mpHeader(b, 0)
 	if kind != mpArr {
-		r.err = errMalformedReply
+		r.err = ErrMalformedReply
 		return r
 	}
 	r.n, r.i = int(n), i
@@ -869,7 +864,7 @@ func (r *reply) next() (kind mpKind, v uint64, ok bool) {
 	}
 	kind, v, i := mpHeader(r.b, r.i)
 	if kind == mpBad || kind == mpArr || kind == mpMap || (kind == mpStr && v > uint64(len(r.b)-i)) {
-		r.err = errMalformedReply
+		r.err = ErrMalformedReply
 		return mpBad, 0, false
 	}
 	r.n--
@@ -945,13 +940,13 @@ type cacheEntry struct {
 	at, until time.Time
 }
 
-func (c *overLimitCache) check(now time.Time, ch Charge) *ExhaustedError {
+func (c *overLimitCache) check(now time.Time, ch ledger.Charge) *ledger.ExhaustedError {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.entries) == 0 {
 		return nil
 	}
-	var short []*ExhaustedError
+	var short []*ledger.ExhaustedError
 	for _, b := range ch.Buckets {
 		if b.Shadow {
 			continue
@@ -964,9 +959,9 @@ func (c *overLimitCache) check(now time.Time, ch Charge) *ExhaustedError {
 			delete(c.entries, b.Name())
 			continue
 		}
-		level := min(e.remaining+tokensIn(now.Sub(e.at), b.Limit), b.Limit)
+		level := min(e.remaining+ledger.TokensIn(now.Sub(e.at), b.Limit), b.Limit)
 		if b.Cost > level {
-			short = append(short, &ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: level, RetryAfter: durationOf(b.Cost-level, b.Limit)})
+			short = append(short, &ledger.ExhaustedError{Bucket: b.Name(), Cost: b.Cost, Remaining: level, RetryAfter: ledger.DurationOf(b.Cost-level, b.Limit)})
 		}
 	}
 	if bc := ch.Budget; bc != nil && !bc.Shadow {
@@ -975,18 +970,18 @@ func (c *overLimitCache) check(now time.Time, ch Charge) *ExhaustedError {
 			if !now.Before(e.until) {
 				delete(c.entries, name)
 			} else if bc.Cost > e.remaining {
-				short = append(short, &ExhaustedError{Bucket: name, Cost: bc.Cost, Remaining: e.remaining, RetryAfter: e.until.Sub(now), Cause: CauseBudget})
+				short = append(short, &ledger.ExhaustedError{Bucket: name, Cost: bc.Cost, Remaining: e.remaining, RetryAfter: e.until.Sub(now), Cause: ledger.CauseBudget})
 			}
 		}
 	}
 	if len(short) == 0 {
 		return nil
 	}
-	return longestWait(short)
+	return ledger.LongestWait(short)
 }
 
 // remember caches every short bucket of a refusal for at most ttl.
-func (c *overLimitCache) remember(now time.Time, ch Charge, refusal *ExhaustedError, ttl time.Duration) {
+func (c *overLimitCache) remember(now time.Time, ch ledger.Charge, refusal *ledger.ExhaustedError, ttl time.Duration) {
 	if ttl <= 0 {
 		return
 	}
@@ -996,7 +991,7 @@ func (c *overLimitCache) remember(now time.Time, ch Charge, refusal *ExhaustedEr
 		for _, b := range ch.Buckets {
 			if b.Name() == name {
 				level := remainingFor(refusal, name)
-				wait := durationOf(b.Cost-level, b.Limit)
+				wait := ledger.DurationOf(b.Cost-level, b.Limit)
 				c.entries[name] = cacheEntry{remaining: level, limit: b.Limit, at: now, until: now.Add(min(ttl, max(wait, 0)))}
 			}
 		}
@@ -1009,7 +1004,7 @@ func (c *overLimitCache) remember(now time.Time, ch Charge, refusal *ExhaustedEr
 // remainingFor returns what the refusal said the named bucket held. Only the longest
 // wait's level is known exactly; other short buckets are cached as empty, which errs
 // towards one extra round trip, never towards admitting.
-func remainingFor(refusal *ExhaustedError, name string) int64 {
+func remainingFor(refusal *ledger.ExhaustedError, name string) int64 {
 	if refusal.Bucket == name {
 		return refusal.Remaining
 	}
@@ -1095,3 +1090,15 @@ func (p *pendingRequests) drain() []pendingBatch {
 	clear(p.keys)
 	return out
 }
+
+// Client is the client the store sends through; benchmarks read Redis's own CPU time
+// with it.
+func (s *Store) Client() redis.UniversalClient { return s.client }
+
+// SendScripts makes the store send EVALSHA from now on, as it does to a Redis without
+// functions (before 7.0), so that tests run both paths against one Redis.
+func (s *Store) SendScripts() { s.batch.scripts.Store(true) }
+
+// RoundTrips is how many operations the store has sent to Redis; the over-limit cache
+// is measured by the ones it saved.
+func (s *Store) RoundTrips() int64 { return s.calls.Load() }

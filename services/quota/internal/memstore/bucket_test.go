@@ -1,42 +1,11 @@
-package quota
+package memstore
 
 import (
-	"math"
 	"testing"
 	"time"
 )
 
 var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
-
-func TestDurationOfAndTokensIn(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name         string
-		n, limit     int64
-		wantDuration time.Duration
-	}{
-		{"whole window", 600, 600, time.Minute},
-		{"one request at 600 rpm", 1, 600, 100 * time.Millisecond},
-		{"rounds up to the nanosecond", 1, 7, 8_571_428_572}, // 60s/7 = 8.571428571428…s
-		{"nothing", 0, 600, 0},
-		{"saturates instead of overflowing", math.MaxInt64, 1, maxDebt},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			if got := durationOf(tt.n, tt.limit); got != tt.wantDuration {
-				t.Errorf("durationOf(%d, %d) = %v, want %v", tt.n, tt.limit, got, tt.wantDuration)
-			}
-			// Refilling for exactly durationOf(n) must earn at least n tokens: that is
-			// what makes retry-after exact.
-			if tt.wantDuration < maxDebt {
-				if got := tokensIn(tt.wantDuration, tt.limit); got < tt.n {
-					t.Errorf("tokensIn(%v, %d) = %d, want at least %d", tt.wantDuration, tt.limit, got, tt.n)
-				}
-			}
-		})
-	}
-}
 
 func TestBucketRefillsContinuously(t *testing.T) {
 	t.Parallel()

@@ -1,7 +1,9 @@
-package quota
+package memstore
 
 import (
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
 // The retry budget counts requests and retries per window and estimates the last
@@ -55,13 +57,13 @@ func (w *retryWindow) estimate(elapsed float64) (requests, retries float64) {
 func retryWindowAt(now time.Time, window time.Duration) (win int64, elapsed float64) {
 	ws := int64(window / time.Second)
 	s := now.Unix()
-	win = floorDiv(s, ws)
+	win = ledger.FloorDiv(s, ws)
 	off := (s-win*ws)*int64(time.Second) + int64(now.Nanosecond())
 	return win, float64(off) / float64(window)
 }
 
 // allowRetry applies the rule to one budget's estimates.
-func allowRetry(cfg RetryBudgetConfig, requests, retries float64, format bool) bool {
+func allowRetry(cfg ledger.RetryBudget, requests, retries float64, format bool) bool {
 	if retries < float64(cfg.Floor) {
 		return true
 	}
@@ -76,8 +78,6 @@ func allowRetry(cfg RetryBudgetConfig, requests, retries float64, format bool) b
 // one tenant's failures (or a loop of them) cannot use up the retries every other
 // tenant's requests need. The share is counted where the budget is (in Redis with the
 // redis backend, so it holds across quota replicas); only retries are counted per tenant.
-func allowTenantRetry(cfg RetryBudgetConfig, requests, retries float64) bool {
+func allowTenantRetry(cfg ledger.RetryBudget, requests, retries float64) bool {
 	return retries+1 <= cfg.TenantShare*max(float64(cfg.Floor), cfg.Ratio*requests)
 }
-
-func retryTenantBudget(tenant string) string { return "retry:tenant:" + tenant }

@@ -1,4 +1,4 @@
-package quota
+package redisstore
 
 import (
 	"crypto/sha1"
@@ -48,7 +48,7 @@ type luaLib struct {
 	src    string // the script's body, for EVAL
 }
 
-// quotaLib is the library every RedisStore uses.
+// quotaLib is the library every Store uses.
 var quotaLib = newLuaLib("")
 
 // newLuaLib assembles the library; extra is Lua code added to it (tests use a comment

@@ -1,17 +1,11 @@
-package quota
+package redisstore
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"math"
-	"net"
-	"os"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -80,60 +74,14 @@ return cmsgpack.pack({out, {err = 'WRONGTYPE Operation against a key holding the
 		t.Errorf("error table with other fields: %v, want OOM", err)
 	}
 	for _, bad := range []string{replies[2][:len(replies[2])-3], "\x81\xa1x\xc3", "\x82\xa1x"} {
-		if err := opReply(bad).err; !errors.Is(err, errMalformedReply) {
+		if err := opReply(bad).err; !errors.Is(err, ErrMalformedReply) {
 			t.Errorf("opReply(%q) = %v, want errMalformedReply", bad, err)
 		}
 	}
-	if _, err := splitReplies(packed[:len(packed)-1], 3); !errors.Is(err, errMalformedReply) {
+	if _, err := splitReplies(packed[:len(packed)-1], 3); !errors.Is(err, ErrMalformedReply) {
 		t.Errorf("truncated batch reply: %v, want errMalformedReply", err)
 	}
 	if _, err := splitReplies(packed, 4); err == nil {
 		t.Error("a batch reply with fewer replies than operations: no error")
-	}
-}
-
-// A reply the store cannot read is Redis answering wrongly, not Redis missing: it must
-// not send the replica to its local limiter.
-func TestUnreachable(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	cancelled, cancel := context.WithCancel(ctx)
-	cancel()
-	expired, cancelExpired := context.WithDeadline(ctx, time.Unix(0, 0))
-	defer cancelExpired()
-	for _, tt := range []struct {
-		name string
-		ctx  context.Context
-		err  error
-		want bool
-	}{
-		{"no error", ctx, nil, false},
-		{"malformed reply", ctx, fmt.Errorf("reserve: %w", errMalformedReply), false},
-		{"an operation's error", ctx, opError("WRONGTYPE Operation against a key"), false},
-		{"loading", ctx, opError("LOADING Redis is loading the dataset"), true},
-		{"connection refused", ctx, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
-		{"connection reset", ctx, fmt.Errorf("redis: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}), true},
-		{"i/o timeout", ctx, fmt.Errorf("redis: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), true},
-		{"closed by the server", ctx, fmt.Errorf("redis: %w", io.EOF), true},
-		{"pool timeout", ctx, fmt.Errorf("redis: %w", redis.ErrPoolTimeout), true},
-		{"the Redis call's own deadline", ctx, fmt.Errorf("redis: %w", context.DeadlineExceeded), true},
-		{"cluster down", ctx, fmt.Errorf("loading the quota functions: %w", opError("CLUSTERDOWN The cluster is down")), true},
-		{"caller gave up", cancelled, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, false},
-		{"caller's deadline", expired, fmt.Errorf("redis: %w", context.DeadlineExceeded), false},
-		// Answers: refusals and other domain errors never mean Redis is away.
-		{"a refusal", ctx, &ExhaustedError{Bucket: "tenant:acme:rpm", Cost: 1, RetryAfter: time.Second}, false},
-		{"a wrapped refusal", ctx, fmt.Errorf("reserve: %w", &ExhaustedError{Bucket: "tenant:acme:tpm"}), false},
-		{"too large", ctx, &TooLargeError{Bucket: "tenant:acme:tpm", Cost: 10, Limit: 1}, false},
-		{"not found", ctx, fmt.Errorf("settle: %w", ErrReservationNotFound), false},
-		{"budget", ctx, ErrBudgetUnavailable, false},
-		{"redis nil", ctx, redis.Nil, false},
-		{"a script's bug", ctx, errors.New("redis: reserve script refused without naming a bucket"), false},
-		{"closed store", ctx, errBatcherClosed, false},
-		{"closed client", ctx, redis.ErrClosed, false},
-		{"shutting down", ctx, ErrShuttingDown, false},
-	} {
-		if got := unreachable(tt.ctx, tt.err); got != tt.want {
-			t.Errorf("%s: unreachable = %v, want %v", tt.name, got, tt.want)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package quota
+package redisstore
 
 import (
 	"context"
@@ -9,12 +9,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// RouteRedisLogs sends the lines go-redis logs itself (a pool that cannot dial, a
+// RouteLogs sends the lines go-redis logs itself (a pool that cannot dial, a
 // connection it drops) to log, as warnings in the process's format, instead of to stderr
 // in go-redis's own. go-redis keeps one logger per process (redis.SetLogger), so the
 // binary calls this once, with its process logger; a program running several meshes
 // (tests) leaves it alone.
-func RouteRedisLogs(log *slog.Logger) {
+func RouteLogs(log *slog.Logger) {
 	redis.SetLogger(redisLogger{log: log})
 }
 

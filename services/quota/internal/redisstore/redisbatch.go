@@ -1,4 +1,4 @@
-package quota
+package redisstore
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// errBatcherClosed answers script calls made after the store was closed, or still
+// ErrClosed answers script calls made after the store was closed, or still
 // queued when it was.
-var errBatcherClosed = errors.New("redis: store closed")
+var ErrClosed = errors.New("redis: store closed")
 
 // scriptBatcher sends the quota operations of concurrent callers to Redis together.
 // Most of a decision's cost on both sides is per call (a round trip, a script's setup,
@@ -97,7 +97,7 @@ var callPool = sync.Pool{New: func() any { return &scriptCall{reply: make(chan s
 func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args []byte) (string, error) {
 	select {
 	case <-b.closing:
-		return "", errBatcherClosed
+		return "", ErrClosed
 	default:
 	}
 	c := callPool.Get().(*scriptCall)
@@ -121,7 +121,7 @@ func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args 
 		return "", ctx.Err()
 	case <-b.closing:
 		b.recycle(c)
-		return "", errBatcherClosed
+		return "", ErrClosed
 	}
 	select {
 	case r := <-c.reply:
@@ -137,7 +137,7 @@ func (b *scriptBatcher) run(ctx context.Context, op string, keys []string, args 
 		case r := <-c.reply:
 			return r.v, r.err
 		default:
-			return "", errBatcherClosed
+			return "", ErrClosed
 		}
 	}
 }
