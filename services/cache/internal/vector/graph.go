@@ -325,6 +325,9 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 	g := s.graph
 	sc.mark(len(s.live))
 	cand, res := sc.cand[:0], sc.res[:0]
+	if s.sparse {
+		sc.qt.reset(q)
+	}
 	for _, ep := range eps {
 		if sc.seen[ep.Slot] == sc.epoch {
 			continue
@@ -347,7 +350,12 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 				continue
 			}
 			sc.seen[n] = sc.epoch
-			score := s.score(q, n)
+			var score float32
+			if s.sparse {
+				score = sc.qt.dot(s.indices[n], s.values[n])
+			} else {
+				score = s.score(q, n)
+			}
 			if len(res) < ef || score > res[0].Score {
 				h := Hit{n, score}
 				cand = pushHit(cand, h, better)

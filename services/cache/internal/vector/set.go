@@ -322,6 +322,8 @@ type searchScratch struct {
 	epoch uint32
 	// cand and res are a graph walk's heaps; seeds are where it starts.
 	cand, res, seeds []Hit
+	// qt is the sparse query's table, built by each search before it scores candidates.
+	qt queryTable
 }
 
 // mark starts a search over n slots: a slot is marked seen by setting seen[slot] to the
@@ -417,12 +419,13 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 		}
 	}
 	restNorm := float32(math.Sqrt(float64(max(rest, 0))))
+	sc.qt.reset(q)
 	if !limited {
 		for _, slot := range sc.cands {
 			if bound > 0 && sc.acc[slot]+restNorm < bound {
 				continue // cannot reach minScore
 			}
-			t.consider(slot, sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot]))
+			t.consider(slot, sc.qt.dot(s.indices[slot], s.values[slot]))
 		}
 		return true
 	}
@@ -452,7 +455,7 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 			// The candidates left out by Scored have lower partial products still.
 			return complete
 		}
-		score := sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot])
+		score := sc.qt.dot(s.indices[slot], s.values[slot])
 		t.consider(slot, score)
 		if s.graph != nil {
 			sc.seeds = append(sc.seeds, Hit{slot, score})
