@@ -427,7 +427,8 @@ func parseCount(v string) (int64, bool) {
 		return 0, false // most answers carry no such header: no error value to build
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-	return n, err == nil
+	// An over-drawn limit is an exhausted one; -1 is ParseRateLimit's "not said".
+	return max(n, 0), err == nil
 }
 
 // parseReset reads a reset header: a Go-style duration as OpenAI sends it ("1s", "6m0s",
