@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"regexp"
 )
 
@@ -81,4 +82,22 @@ var tenantIDPattern = regexp.MustCompile(`^[a-z0-9_-]+$`)
 // ("/", ":", ".") can occur in one, so "<tenant>/<key>" never collides across tenants.
 func ValidTenantID(id string) bool {
 	return len(id) <= MaxTenantIDLength && tenantIDPattern.MatchString(id)
+}
+
+// ErrTenantMismatch is the error of a call that claims a tenant other than the one its key
+// authenticated.
+var ErrTenantMismatch = errors.New("the claimed tenant differs from the authenticated tenant")
+
+// CallTenant returns the tenant a call acts for: the authenticated one when the call is
+// authenticated (claiming another is ErrTenantMismatch), otherwise the claimed one, which
+// is "" when the call claims none; the service decides what that means.
+func CallTenant(ctx context.Context, claimed string) (string, error) {
+	authenticated := Tenant(ctx)
+	switch {
+	case authenticated != "" && claimed != "" && claimed != authenticated:
+		return "", ErrTenantMismatch
+	case authenticated != "":
+		return authenticated, nil
+	}
+	return claimed, nil
 }

@@ -35,7 +35,7 @@ const (
 )
 
 // errTenantMismatch: the request claims a tenant other than the one that authenticated.
-var errTenantMismatch = errors.New("the claimed tenant differs from the authenticated tenant")
+var errTenantMismatch = rpc.ErrTenantMismatch
 
 // toolServer adapts Tools to mantle.agent.v1.ToolService.
 type toolServer struct {
@@ -249,14 +249,10 @@ func (s *toolServer) toStatus(ctx context.Context, err error) error {
 // callTenant returns the tenant the call acts for: the authenticated one when auth is on
 // (a different claimed tenant is refused), the claimed one otherwise, which is then required.
 func callTenant(ctx context.Context, claimed string) (string, error) {
-	authenticated := rpc.Tenant(ctx)
+	tenant, err := rpc.CallTenant(ctx, claimed)
 	switch {
-	case authenticated != "" && claimed != "" && claimed != authenticated:
-		return "", errTenantMismatch
-	case authenticated != "":
-		return authenticated, nil
-	case claimed != "":
-		return claimed, nil
+	case err != nil || tenant != "":
+		return tenant, err
 	case rpc.IsOperator(ctx):
 		return "", rpc.Invalid("quality.tenant", "an operator calls tools for a tenant: set quality.tenant")
 	default:

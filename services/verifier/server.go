@@ -33,7 +33,7 @@ const (
 )
 
 // errTenantMismatch: the request claims a tenant other than the one that authenticated.
-var errTenantMismatch = errors.New("the claimed tenant differs from the authenticated tenant")
+var errTenantMismatch = rpc.ErrTenantMismatch
 
 // errNoReviews: the review RPCs were called on a server built without a review service.
 var errNoReviews = errors.New("human review is not configured on this server")
@@ -334,17 +334,11 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 // callTenant returns the tenant the call acts for: the authenticated one when auth is on
 // (a different claimed tenant is refused), the claimed one otherwise, which is then required.
 func callTenant(ctx context.Context, claimed string) (string, error) {
-	authenticated := rpc.Tenant(ctx)
-	switch {
-	case authenticated != "" && claimed != "" && claimed != authenticated:
-		return "", errTenantMismatch
-	case authenticated != "":
-		return authenticated, nil
-	case claimed != "":
-		return claimed, nil
-	default:
+	tenant, err := rpc.CallTenant(ctx, claimed)
+	if err == nil && tenant == "" {
 		return "", rpc.Invalid("quality.tenant", "is required when the call is not authenticated")
 	}
+	return tenant, err
 }
 
 func answerFromProto(req *verifierv1.VerifyRequest, tenant string) (Answer, error) {
