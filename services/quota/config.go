@@ -549,11 +549,3 @@ func (b BudgetsConfig) price(model string) (Price, bool) {
 	}
 	return Price{}, false
 }
-
-// weight returns the tenant's fairness weight.
-func (q QueueConfig) weight(tenant string) float64 {
-	if w, ok := q.Weights[tenant]; ok && w > 0 {
-		return w
-	}
-	return 1
-}

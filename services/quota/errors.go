@@ -3,6 +3,8 @@ package quota
 import (
 	"errors"
 	"fmt"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/admission"
 )
 
 // Domain errors. Invalid requests are *rpc.ValidationError. server.go maps all of them
@@ -12,8 +14,6 @@ var (
 	// ErrRequestTooLarge: the cost exceeds a bucket's capacity; waiting cannot help. The
 	// concrete error is a *TooLargeError.
 	errRequestTooLarge = errors.New("request larger than the quota")
-	// ErrTenantMismatch: the request names a tenant other than the authenticated one.
-	errTenantMismatch = errors.New("quality.tenant does not match the authenticated tenant")
 	// ErrBudgetUnavailable: the tenant has a money budget and its state cannot be read
 	// (Redis is unreachable). Money budgets fail closed.
 	errBudgetUnavailable = errors.New("the money budget's state is unavailable; budgets fail closed")
@@ -24,7 +24,7 @@ var (
 	// concrete error is a *PriceUnknownError.
 	errPriceUnknown = errors.New("no price for the model")
 	// ErrShuttingDown: the replica stopped while the request waited.
-	errShuttingDown = errors.New("quota service is shutting down")
+	errShuttingDown = admission.ErrShuttingDown
 )
 
 // tooLargeError is a request that needs more than a bucket can ever hold.

@@ -120,7 +120,7 @@ func (f *fixture) run(t testing.TB) {
 		}
 	})
 	select {
-	case <-f.svc.queue.started:
+	case <-f.svc.queue.Started():
 	case err := <-done:
 		t.Fatalf("Run returned %v before the dispatcher started", err)
 	}

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mantle-mesh/mantle/services/quota/internal/admission"
 )
 
 // Values of the result label of mantle_quota_decisions_total.
@@ -57,7 +59,7 @@ type metrics struct {
 	tenants   map[string]bool // tenant label values in use
 	// granted holds the granted decisions counters by tenant label value and class, so
 	// that a grant costs one map lookup instead of hashing three label values.
-	granted map[string]*[numClasses]prometheus.Counter
+	granted map[string]*[admission.NumClasses]prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, configuredTenants []string) (*metrics, error) {
@@ -134,7 +136,7 @@ func newMetrics(reg prometheus.Registerer, configuredTenants []string) (*metrics
 			Help: "Times this replica fell back from Redis to its local limiter.",
 		}),
 		tenants: map[string]bool{},
-		granted: map[string]*[numClasses]prometheus.Counter{},
+		granted: map[string]*[admission.NumClasses]prometheus.Counter{},
 	}
 	for _, t := range configuredTenants {
 		m.tenants[t] = true
@@ -151,7 +153,8 @@ func newMetrics(reg prometheus.Registerer, configuredTenants []string) (*metrics
 	// Export every series from the start, so rate() sees a zero before the first event. The
 	// tenant is "default", the one every caller is when authentication is off: one tenant
 	// is enough for sums by result to start at zero.
-	for _, class := range classNames {
+	for c := range admission.NumClasses {
+		class := admission.ClassName(c)
 		for _, result := range []string{decisionGranted, decisionExhausted, decisionTooLarge, decisionQueueFull, decisionShed, decisionDeadline, decisionUnavailable, decisionPrice} {
 			m.decisions.WithLabelValues(result, class, "default")
 		}
@@ -173,9 +176,9 @@ func (m *metrics) grantedCounter(id string, class int) prometheus.Counter {
 	label := m.tenantLocked(id)
 	byClass := m.granted[label]
 	if byClass == nil {
-		byClass = new([numClasses]prometheus.Counter)
-		for c, name := range classNames {
-			byClass[c] = m.decisions.WithLabelValues(decisionGranted, name, label)
+		byClass = new([admission.NumClasses]prometheus.Counter)
+		for c := range admission.NumClasses {
+			byClass[c] = m.decisions.WithLabelValues(decisionGranted, admission.ClassName(c), label)
 		}
 		m.granted[label] = byClass
 	}

@@ -12,9 +12,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"pgregory.net/rapid"
 
-	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
-	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 )
 
 // Property tests (pgregory.net/rapid): random sequences of operations, shrunk to a
@@ -240,93 +238,6 @@ func TestPropertyAccountingBalances(t *testing.T) {
 					}
 				},
 			})
-		})
-	})
-}
-
-// No priority class starves a higher one: whenever a request is admitted, no request of
-// a higher class (from the queue) or of the same or a higher class (admitted at once)
-// is waiting for a bucket it takes from. Requests of several tenants and classes share
-// an upstream key and their own buckets; the clock moves, refunds arrive.
-func TestPropertyNoClassStarvesAHigherOne(t *testing.T) {
-	t.Parallel()
-	rapid.Check(t, func(rt *rapid.T) {
-		clock := clockwork.NewFakeClockAt(t0)
-		cfg := testConfig()
-		cfg.DefaultLimits = RateLimits{RPM: 120, TPM: 12_000}
-		cfg.UpstreamKeys = map[string]RateLimits{"k": {TPM: 6000}}
-		cfg.Queue.MaxWait = 10 * time.Minute
-		cfg.Queue.Size = rapid.IntRange(1, 30).Draw(rt, "queue size")
-		f := newFixtureWith(rt, memstore.New(clock), clock, cfg)
-		q := f.svc.queue
-		q.setRunning(true)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-		defer cancel()
-
-		var granted []ledger.Charge
-		q.onGrant = func(adm *admission, fromQueue bool) {
-			granted = append(granted, adm.charge)
-			q.mu.Lock()
-			defer q.mu.Unlock()
-			limit := adm.class - 1 // from the queue: strictly higher classes
-			if !fromQueue {
-				limit = adm.class // at once: the same class too
-			}
-			for c := 0; c <= limit; c++ {
-				for _, tq := range q.classes[c].tenants {
-					for _, w := range tq.waiters {
-						for _, s := range w.short {
-							for _, b := range adm.buckets {
-								if s == b {
-									rt.Fatalf("a %s request of %s was admitted (from queue: %v) while a %s request of %s waits for %s",
-										classNames[adm.class], adm.tenant, fromQueue, classNames[c], w.adm.tenant, b)
-								}
-							}
-						}
-					}
-				}
-			}
-		}
-		rt.Repeat(map[string]func(*rapid.T){
-			"arrive": func(rt *rapid.T) {
-				tenant := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(rt, "tenant")
-				p := rapid.SampledFrom([]mantlev1.Priority{
-					mantlev1.Priority_PRIORITY_CRITICAL, mantlev1.Priority_PRIORITY_HIGH,
-					mantlev1.Priority_PRIORITY_NORMAL, mantlev1.Priority_PRIORITY_BATCH,
-				}).Draw(rt, "priority")
-				cost := rapid.Int64Range(1, 6000).Draw(rt, "cost")
-				key := ""
-				if rapid.Bool().Draw(rt, "on the key") {
-					key = "k"
-				}
-				charge, err := f.svc.chargeFor(reserveRequest{Tenant: tenant, Model: "m", UpstreamKey: key}, cost, 0, cost)
-				if err != nil {
-					rt.Fatal(err)
-				}
-				adm := &admission{tenant: tenant, class: classOf(p), tokens: cost, charge: charge}
-				for _, b := range charge.Buckets {
-					adm.buckets = append(adm.buckets, b.Name())
-				}
-				if _, _, err := q.enter(ctx, adm); err != nil && !errors.Is(err, ledger.ErrExhausted) && !errors.Is(err, errRequestTooLarge) {
-					rt.Fatalf("enter: %v", err)
-				}
-			},
-			"wait": func(rt *rapid.T) {
-				clock.Advance(time.Duration(rapid.Int64Range(0, int64(20*time.Second)).Draw(rt, "wait")))
-				q.dispatch()
-			},
-			"refund": func(rt *rapid.T) {
-				if len(granted) == 0 {
-					rt.Skip("nothing to settle")
-				}
-				c := granted[0]
-				granted = granted[1:]
-				used := rapid.Int64Range(0, c.Tokens).Draw(rt, "used")
-				if _, err := f.store.Settle(context.Background(), c.Tenant, c.ID, ledger.Actual{Tokens: used}, false); err != nil {
-					rt.Fatalf("settle: %v", err)
-				}
-				q.dispatch()
-			},
 		})
 	})
 }

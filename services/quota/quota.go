@@ -18,6 +18,7 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/admission"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
 )
@@ -52,7 +53,7 @@ type service struct {
 	log     *slog.Logger
 	events  app.Publisher
 	metrics *metrics
-	queue   *queue
+	queue   *admission.Queue
 	tokens  *tokencount.Counter
 	signals *signals
 	// seen are the tenants this replica admitted, for DescribeUsage.
@@ -87,7 +88,9 @@ func newService(cfg Config, deps serviceDeps) (*service, error) {
 		tokens:  tokencount.NewCounter(tokencount.Config(cfg.Tokens)),
 		signals: newSignals(cfg.NearLimitRatio),
 	}
-	s.queue = newQueue(cfg.Queue, deps.Store, deps.Clock, m, s.release)
+	s.queue = admission.New(admission.Config{
+		Size: cfg.Queue.Size, MaxWait: cfg.Queue.MaxWait, DeadlineMargin: cfg.Queue.DeadlineMargin, Weights: cfg.Queue.Weights,
+	}, deps.Store, deps.Clock, admission.Metrics{Length: m.queueLength, Wait: m.queueWait, Shed: m.queueShed}, s.release)
 	if a, ok := deps.Store.(interface{ attach(*metrics) }); ok {
 		a.attach(m)
 	}
@@ -160,7 +163,7 @@ func (s *service) Reserve(ctx context.Context, req reserveRequest) (reserveOutco
 		maxOutput = s.cfg.DefaultMaxOutputTokens
 	}
 	tokens := addSaturating(input, maxOutput)
-	class := classOf(req.Priority)
+	class := admission.ClassOf(req.Priority)
 
 	charge, err := s.chargeFor(req, input, maxOutput, tokens)
 	if err == nil {
@@ -171,17 +174,17 @@ func (s *service) Reserve(ctx context.Context, req reserveRequest) (reserveOutco
 		return reserveOutcome{}, err
 	}
 	charge.Meta = meta
-	adm := &admission{tenant: req.Tenant, class: class, tokens: tokens, charge: charge}
+	adm := &admission.Request{Tenant: req.Tenant, Class: class, Tokens: tokens, Charge: charge}
 	for _, b := range charge.Buckets {
 		if !b.Shadow {
-			adm.buckets = append(adm.buckets, b.Name())
+			adm.Buckets = append(adm.Buckets, b.Name())
 		}
 	}
 	if bc := charge.Budget; bc != nil && !bc.Shadow {
-		adm.buckets = append(adm.buckets, bc.Group+":budget")
+		adm.Buckets = append(adm.Buckets, bc.Group+":budget")
 	}
 
-	g, waited, err := s.queue.admit(ctx, adm)
+	g, waited, err := s.queue.Admit(ctx, adm)
 	if err != nil {
 		if e, ok := errors.AsType[*ledger.ExhaustedError](err); ok && waited > 0 {
 			refusal := *e // the caller learns the wait was deliberate, not quota's slowness
@@ -339,7 +342,7 @@ func (s *service) release(c ledger.Charge) {
 	if _, err := s.store.Settle(ctx, c.Tenant, c.ID, ledger.Actual{}, true); err != nil {
 		s.log.Warn("releasing an unused reservation failed; it will expire", "reservation", c.ID, "err", err)
 	}
-	s.queue.poke()
+	s.queue.Poke()
 }
 
 // settleRequest reports the real usage of a reservation.
@@ -398,8 +401,8 @@ func (s *service) Settle(ctx context.Context, req settleRequest) (settleResult, 
 	s.metrics.settledTokens.Add(float64(actual.Tokens))
 	if st.Refunded > 0 {
 		s.metrics.refundedTokens.Add(float64(st.Refunded))
-		if s.queue.waiting.Load() > 0 {
-			s.queue.poke() // capacity came back: waiters may fit now
+		if s.queue.Waiting() > 0 {
+			s.queue.Poke() // capacity came back: waiters may fit now
 		}
 	} else {
 		s.metrics.extraTokens.Add(float64(-st.Refunded))
@@ -556,7 +559,7 @@ func (s *service) AcquireRetry(ctx context.Context, key string, format bool) (le
 // fallback). It returns nil when ctx is done.
 func (s *service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.queue.run(ctx) })
+	g.Go(func() error { return s.queue.Run(ctx) })
 	g.Go(func() error { return s.sweep(ctx) })
 	if r, ok := s.store.(interface{ Run(context.Context) error }); ok {
 		g.Go(func() error { return r.Run(ctx) })

@@ -40,7 +40,7 @@ func newServer(svc *service) *server {
 
 func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quotav1.ReserveResponse, error) {
 	start := s.svc.clock.Now()
-	tenant, err := resolveTenant(ctx, req.GetQuality())
+	tenant, err := rpc.CallTenant(ctx, req.GetQuality().GetTenant())
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
@@ -99,7 +99,7 @@ func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 }
 
 func (s *server) Settle(ctx context.Context, req *quotav1.SettleRequest) (*quotav1.SettleResponse, error) {
-	tenant, err := resolveTenant(ctx, req.GetQuality())
+	tenant, err := rpc.CallTenant(ctx, req.GetQuality().GetTenant())
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
@@ -169,8 +169,8 @@ func (s *server) DescribeUsage(ctx context.Context, req *quotav1.DescribeUsageRe
 	tenants := req.GetTenants()
 	if own := rpc.Tenant(ctx); own != "" {
 		for _, t := range tenants {
-			if t != own {
-				return nil, s.toStatus(errTenantMismatch)
+			if _, err := rpc.CallTenant(ctx, t); err != nil {
+				return nil, s.toStatus(err)
 			}
 		}
 		tenants = []string{own}
@@ -185,21 +185,6 @@ func (s *server) DescribeUsage(ctx context.Context, req *quotav1.DescribeUsageRe
 		resp.Tenants = append(resp.Tenants, &quotav1.TenantUsage{Tenant: u.Tenant, Requests: b[0], Tokens: b[1]})
 	}
 	return resp, nil
-}
-
-// resolveTenant returns the tenant a call acts for. An authenticated tenant wins, and a
-// request naming a different one is refused. Without authentication (dev mode) the
-// request's own tenant is used; the domain requires it to be set.
-func resolveTenant(ctx context.Context, quality *mantlev1.QualityContext) (string, error) {
-	authenticated, claimed := rpc.Tenant(ctx), quality.GetTenant()
-	switch {
-	case authenticated == "":
-		return claimed, nil
-	case claimed != "" && claimed != authenticated:
-		return "", errTenantMismatch
-	default:
-		return authenticated, nil
-	}
 }
 
 // toStatus is the one place domain errors become gRPC statuses. Every status carries
@@ -228,7 +213,7 @@ func (s *server) toStatus(err error) error {
 	switch {
 	case errors.Is(err, ledger.ErrReservationNotFound):
 		return rpc.Status(codes.NotFound, errorDomain, reasonReservationNotFound, err.Error())
-	case errors.Is(err, errTenantMismatch):
+	case errors.Is(err, rpc.ErrTenantMismatch):
 		return rpc.Status(codes.PermissionDenied, errorDomain, rpc.ReasonPermissionDenied, err.Error())
 	case errors.Is(err, errBudgetUnavailable):
 		return rpc.Status(codes.Unavailable, errorDomain, reasonBudgetUnavailable, errBudgetUnavailable.Error())

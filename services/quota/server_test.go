@@ -292,6 +292,7 @@ func TestToStatus(t *testing.T) {
 		{"unknown becomes a generic internal error", errors.New("redis: connection refused to 10.0.0.7"), codes.Internal, "INTERNAL", "internal error", true},
 		{"money fails closed", fmt.Errorf("reserve: %w", errBudgetUnavailable), codes.Unavailable, "BUDGET_UNAVAILABLE", errBudgetUnavailable.Error(), false},
 		{"unreachable state", fmt.Errorf("settle: %w", errStoreUnavailable), codes.Unavailable, "UNAVAILABLE", "settle: quota state unavailable", false},
+		{"tenant mismatch", rpc.ErrTenantMismatch, codes.PermissionDenied, "PERMISSION_DENIED", rpc.ErrTenantMismatch.Error(), false},
 		{"shutting down", errShuttingDown, codes.Unavailable, "UNAVAILABLE", "quota service is shutting down", false},
 		{"no price", &priceUnknownError{Model: "x"}, codes.FailedPrecondition, "PRICE_UNKNOWN", (&priceUnknownError{Model: "x"}).Error(), false},
 	}
@@ -395,12 +396,12 @@ func TestServerQueueRefusalsCarryTheirCause(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig()
 	cfg.Queue.Size = 1
-	q := manualQueue(t, cfg)
+	q := runningQueue(t, cfg)
 	client := startServer(t, q.fixture)
 	q.reserve(t, "acme", 5999, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
-	q.enqueue(t, ctx, req("w", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 100))
+	q.enqueue(t, ctx, req("w", "acme", mantlev1.Priority_PRIORITY_CRITICAL, 100), 1)
 	_, err := client.Reserve(ctx, &quotav1.ReserveRequest{Quality: &mantlev1.QualityContext{Tenant: "acme", Priority: mantlev1.Priority_PRIORITY_BATCH}, Model: "m", InputTokens: 10})
 	assertStatus(t, err, codes.ResourceExhausted, "QUOTA_EXHAUSTED")
 	if errorCause(err) != "queue_full" || !slices.Equal(quotaFailureSubjects(err), []string{"queue"}) {

@@ -14,6 +14,7 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
+	"github.com/mantle-mesh/mantle/services/quota/internal/admission"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 )
 
@@ -171,7 +172,7 @@ func (s *service) refused(ctx context.Context, start time.Time, req reserveReque
 	default:
 		return
 	}
-	s.metrics.decisions.WithLabelValues(decision, classNames[classOf(req.Priority)], s.metrics.tenant(req.Tenant)).Inc()
+	s.metrics.decisions.WithLabelValues(decision, admission.ClassName(admission.ClassOf(req.Priority)), s.metrics.tenant(req.Tenant)).Inc()
 	s.metrics.decisionSeconds.WithLabelValues(decision).Observe(s.clock.Since(start).Seconds())
 	ev := &eventsv1.QuotaRejectionEvent{
 		At:        timestamppb.New(s.clock.Now()),

@@ -1,4 +1,7 @@
-package quota
+// Package admission is quota's per-replica priority queue: it admits requests to the
+// Store at once when it can, and otherwise lets them wait, in priority order and fairly
+// between tenants, for as long as their deadline allows.
+package admission
 
 import (
 	"cmp"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
@@ -22,12 +26,15 @@ const (
 	classHigh
 	classNormal
 	classBatch
-	numClasses
+	// NumClasses is how many priority classes there are; classes are 0 (critical) to
+	// NumClasses-1 (batch).
+	NumClasses = iota
 )
 
-var classNames = [numClasses]string{"critical", "high", "normal", "batch"}
+var classNames = [NumClasses]string{"critical", "high", "normal", "batch"}
 
-func classOf(p mantlev1.Priority) int {
+// ClassOf is the class of a request of priority p.
+func ClassOf(p mantlev1.Priority) int {
 	switch p {
 	case mantlev1.Priority_PRIORITY_CRITICAL:
 		return classCritical
@@ -40,20 +47,61 @@ func classOf(p mantlev1.Priority) int {
 	}
 }
 
-// admission is what the queue needs to know about a request.
-type admission struct {
-	tenant string
-	class  int
-	// tokens is the request's size for fairness between tenants.
-	tokens int64
-	// buckets are the names of the enforced buckets (and budget) the request charges.
-	buckets []string
-	charge  ledger.Charge
+// ClassName is the metric label of class c: critical, high, normal or batch.
+func ClassName(c int) string { return classNames[c] }
+
+// ErrShuttingDown refuses the waiters left when the dispatcher stops.
+var ErrShuttingDown = errors.New("quota service is shutting down")
+
+// Reserver is the one Store operation the queue needs.
+type Reserver interface {
+	// Reserve takes every bucket's cost, all or nothing, or returns an
+	// *ledger.ExhaustedError naming what is short.
+	Reserve(ctx context.Context, c ledger.Charge) (ledger.Grant, error)
 }
 
-// queue admits requests to the Store in priority order. A request is first tried at
+// Config bounds waiting.
+type Config struct {
+	// Size is how many requests may wait at once; 0 turns waiting off.
+	Size int
+	// MaxWait caps any wait, whatever the caller's deadline.
+	MaxWait time.Duration
+	// DeadlineMargin is kept free at the end of the caller's deadline.
+	DeadlineMargin time.Duration
+	// Weights share contended buckets between tenants of one class; absent tenants and
+	// non-positive weights count as 1.
+	Weights map[string]float64
+}
+
+// weight returns the tenant's fairness weight.
+func (c Config) weight(tenant string) float64 {
+	if w, ok := c.Weights[tenant]; ok && w > 0 {
+		return w
+	}
+	return 1
+}
+
+// Metrics are the queue's instruments, each labelled by class name (ClassName).
+type Metrics struct {
+	Length *prometheus.GaugeVec
+	Wait   *prometheus.HistogramVec
+	Shed   *prometheus.CounterVec
+}
+
+// Request is what the queue needs to know about a request.
+type Request struct {
+	Tenant string
+	Class  int
+	// Tokens is the request's size for fairness between tenants.
+	Tokens int64
+	// Buckets are the names of the enforced buckets (and budget) the request charges.
+	Buckets []string
+	Charge  ledger.Charge
+}
+
+// Queue admits requests to the Store in priority order. A request is first tried at
 // once; when a bucket is short and the caller's deadline leaves room, it waits here, and
-// a dispatcher (run, owned by Service.Run) tries the waiting requests again when their
+// a dispatcher (Run, owned by the quota service's Run) tries the waiting requests again when their
 // buckets should have refilled, and whenever capacity comes back (a refund) or the
 // queue changes.
 //
@@ -84,11 +132,11 @@ type admission struct {
 //
 // The queue is per replica. Replicas share buckets through the Store but not their
 // queues, so priority holds within each replica's traffic.
-type queue struct {
-	cfg     QueueConfig
-	store   stateStore
+type Queue struct {
+	cfg     Config
+	store   Reserver
 	clock   clockwork.Clock
-	metrics *metrics
+	metrics Metrics
 	// release returns a grant nobody will use (the caller left while it was granted).
 	release func(ledger.Charge)
 
@@ -97,7 +145,7 @@ type queue struct {
 	// onPush and onGrant, when set (tests), are called after a request joins the queue
 	// and after one is granted (from the queue or at once), without q.mu held.
 	onPush  func()
-	onGrant func(adm *admission, fromQueue bool)
+	onGrant func(adm *Request, fromQueue bool)
 	// started is closed once a dispatcher runs.
 	started   chan struct{}
 	startOnce sync.Once
@@ -105,9 +153,9 @@ type queue struct {
 	mu      sync.Mutex
 	running bool
 	seq     uint64
-	classes [numClasses]classQueue
+	classes [NumClasses]classQueue
 	// spoken counts, per bucket and class, the waiters short on that bucket.
-	spoken map[string]*[numClasses]int
+	spoken map[string]*[NumClasses]int
 }
 
 type classQueue struct {
@@ -132,7 +180,7 @@ const (
 )
 
 type waiter struct {
-	adm      *admission
+	adm      *Request
 	ctx      context.Context
 	seq      uint64
 	arrived  time.Time
@@ -150,12 +198,14 @@ type outcome struct {
 	err   error
 }
 
-func newQueue(cfg QueueConfig, store stateStore, clock clockwork.Clock, m *metrics, release func(ledger.Charge)) *queue {
-	q := &queue{
+// New returns a queue that admits to store on clock. release returns a grant whose
+// caller left before it was delivered. Nobody waits until Run serves the queue.
+func New(cfg Config, store Reserver, clock clockwork.Clock, m Metrics, release func(ledger.Charge)) *Queue {
+	q := &Queue{
 		cfg: cfg, store: store, clock: clock, metrics: m, release: release,
 		kick:    make(chan struct{}, 1),
 		started: make(chan struct{}),
-		spoken:  make(map[string]*[numClasses]int),
+		spoken:  make(map[string]*[NumClasses]int),
 	}
 	for c := range q.classes {
 		q.classes[c].tenants = make(map[string]*tenantQueue)
@@ -164,9 +214,15 @@ func newQueue(cfg QueueConfig, store stateStore, clock clockwork.Clock, m *metri
 	return q
 }
 
-// admit asks the Store for adm, waiting in the queue when allowed. It returns the grant
+// Waiting is how many requests wait now.
+func (q *Queue) Waiting() int { return int(q.waiting.Load()) }
+
+// Started is closed once a dispatcher (Run) serves the queue.
+func (q *Queue) Started() <-chan struct{} { return q.started }
+
+// Admit asks the Store for adm, waiting in the queue when allowed. It returns the grant
 // and how long the request waited.
-func (q *queue) admit(ctx context.Context, adm *admission) (ledger.Grant, time.Duration, error) {
+func (q *Queue) Admit(ctx context.Context, adm *Request) (ledger.Grant, time.Duration, error) {
 	w, g, err := q.enter(ctx, adm)
 	if w == nil {
 		return g, 0, err
@@ -183,7 +239,7 @@ func (q *queue) admit(ctx context.Context, adm *admission) (ledger.Grant, time.D
 		return ledger.Grant{}, q.clock.Since(w.arrived), w.deadlineError(q.clock.Now())
 	case <-ctx.Done():
 		if o, ok := q.leave(w); ok && o.err == nil {
-			q.release(adm.charge)
+			q.release(adm.Charge)
 		}
 		return ledger.Grant{}, q.clock.Since(w.arrived), ctx.Err()
 	}
@@ -191,12 +247,12 @@ func (q *queue) admit(ctx context.Context, adm *admission) (ledger.Grant, time.D
 
 // enter tries adm at once and, when it has to wait and may, queues it. It returns the
 // waiter to wait on, or (with a nil waiter) the outcome.
-func (q *queue) enter(ctx context.Context, adm *admission) (*waiter, ledger.Grant, error) {
+func (q *Queue) enter(ctx context.Context, adm *Request) (*waiter, ledger.Grant, error) {
 	var refusal *ledger.ExhaustedError
 	// The fast path: nobody waits (the common case), or nobody of the same or a higher
 	// class waits for what this request needs.
 	if q.waiting.Load() == 0 || !q.spokenFor(adm) {
-		g, err := q.store.Reserve(ctx, adm.charge)
+		g, err := q.store.Reserve(ctx, adm.Charge)
 		if !errors.As(err, &refusal) {
 			if err == nil && q.onGrant != nil {
 				q.onGrant(adm, false)
@@ -218,7 +274,7 @@ func (q *queue) enter(ctx context.Context, adm *admission) (*waiter, ledger.Gran
 		q.mu.Unlock()
 		return nil, ledger.Grant{}, refusal
 	}
-	if int(q.waiting.Load()) >= q.cfg.Size && !q.shedFor(adm.class, now) {
+	if int(q.waiting.Load()) >= q.cfg.Size && !q.shedFor(adm.Class, now) {
 		q.mu.Unlock()
 		return nil, ledger.Grant{}, q.full(refusal)
 	}
@@ -229,7 +285,7 @@ func (q *queue) enter(ctx context.Context, adm *admission) (*waiter, ledger.Gran
 	}
 	q.push(w)
 	q.mu.Unlock()
-	q.poke()
+	q.Poke()
 	if q.onPush != nil {
 		q.onPush()
 	}
@@ -240,7 +296,7 @@ func (q *queue) enter(ctx context.Context, adm *admission) (*waiter, ledger.Gran
 // capped at MaxWait; 0 without a deadline, a dispatcher, or waiting room. The deadline
 // is wall-clock time, the one thing here that is not on the injected clock; it is
 // turned into a duration once, and the wait itself runs on the injected clock.
-func (q *queue) waitBudget(ctx context.Context) time.Duration {
+func (q *Queue) waitBudget(ctx context.Context) time.Duration {
 	deadline, ok := ctx.Deadline()
 	if !ok || !q.running || q.cfg.Size == 0 {
 		return 0
@@ -250,26 +306,26 @@ func (q *queue) waitBudget(ctx context.Context) time.Duration {
 
 // spokenFor reports whether a waiter of the same or a higher class is short on a bucket
 // adm charges.
-func (q *queue) spokenFor(adm *admission) bool {
+func (q *Queue) spokenFor(adm *Request) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.spokenForLocked(adm)
 }
 
-func (q *queue) spokenForLocked(adm *admission) bool {
-	return q.spokenBy(adm, adm.class)
+func (q *Queue) spokenForLocked(adm *Request) bool {
+	return q.spokenBy(adm, adm.Class)
 }
 
 // spokenAboveLocked reports whether a waiter of a strictly higher class is short on a
 // bucket adm charges.
-func (q *queue) spokenAboveLocked(adm *admission) bool {
-	return q.spokenBy(adm, adm.class-1)
+func (q *Queue) spokenAboveLocked(adm *Request) bool {
+	return q.spokenBy(adm, adm.Class-1)
 }
 
 // spokenBy reports whether a waiter of class upTo or higher is short on a bucket adm
 // charges. Callers hold q.mu.
-func (q *queue) spokenBy(adm *admission, upTo int) bool {
-	for _, b := range adm.buckets {
+func (q *Queue) spokenBy(adm *Request, upTo int) bool {
+	for _, b := range adm.Buckets {
 		if counts, ok := q.spoken[b]; ok {
 			for c := 0; c <= upTo; c++ {
 				if counts[c] > 0 {
@@ -282,13 +338,13 @@ func (q *queue) spokenBy(adm *admission, upTo int) bool {
 }
 
 // heldBack is the refusal of a request that may not wait and may not bypass a waiter.
-func (q *queue) heldBack(adm *admission, now time.Time) *ledger.ExhaustedError {
+func (q *Queue) heldBack(adm *Request, now time.Time) *ledger.ExhaustedError {
 	e := &ledger.ExhaustedError{Bucket: "queue", RetryAfter: time.Second, Cause: ledger.CauseQueueFull}
-	for c := 0; c <= adm.class; c++ {
+	for c := 0; c <= adm.Class; c++ {
 		for _, tq := range q.classes[c].tenants {
 			for _, w := range tq.waiters {
 				for _, b := range w.short {
-					if slices.Contains(adm.buckets, b) {
+					if slices.Contains(adm.Buckets, b) {
 						e.Bucket, e.Cause, e.Short = b, ledger.CauseBucket, w.short
 						e.RetryAfter = max(w.nextTry.Sub(now), time.Millisecond)
 						return e
@@ -301,7 +357,7 @@ func (q *queue) heldBack(adm *admission, now time.Time) *ledger.ExhaustedError {
 }
 
 // full is the refusal of a newcomer to a full queue.
-func (q *queue) full(refusal *ledger.ExhaustedError) *ledger.ExhaustedError {
+func (q *Queue) full(refusal *ledger.ExhaustedError) *ledger.ExhaustedError {
 	e := &ledger.ExhaustedError{Bucket: "queue", RetryAfter: time.Second, Cause: ledger.CauseQueueFull}
 	if refusal != nil {
 		e.RetryAfter, e.Short = refusal.RetryAfter, refusal.Short
@@ -311,8 +367,8 @@ func (q *queue) full(refusal *ledger.ExhaustedError) *ledger.ExhaustedError {
 
 // shedFor displaces the newest waiter of the lowest class below class, and reports
 // whether it found one. Callers hold q.mu.
-func (q *queue) shedFor(class int, now time.Time) bool {
-	for c := numClasses - 1; c > class; c-- {
+func (q *Queue) shedFor(class int, now time.Time) bool {
+	for c := NumClasses - 1; c > class; c-- {
 		var victim *waiter
 		for _, tq := range q.classes[c].tenants {
 			for _, w := range tq.waiters {
@@ -325,7 +381,7 @@ func (q *queue) shedFor(class int, now time.Time) bool {
 		if victim != nil {
 			q.remove(victim)
 			victim.deliver(outcome{err: &ledger.ExhaustedError{Bucket: "queue", RetryAfter: victim.retryEstimate(now), Cause: ledger.CauseShed, Short: victim.short}})
-			q.metrics.queueShed.WithLabelValues(classNames[c]).Inc()
+			q.metrics.Shed.WithLabelValues(classNames[c]).Inc()
 			return true
 		}
 	}
@@ -333,26 +389,26 @@ func (q *queue) shedFor(class int, now time.Time) bool {
 }
 
 // push adds w to its class and tenant. Callers hold q.mu.
-func (q *queue) push(w *waiter) {
+func (q *Queue) push(w *waiter) {
 	q.seq++
 	w.seq = q.seq
-	cq := &q.classes[w.adm.class]
-	tq, ok := cq.tenants[w.adm.tenant]
+	cq := &q.classes[w.adm.Class]
+	tq, ok := cq.tenants[w.adm.Tenant]
 	if !ok {
-		tq = &tenantQueue{vtime: max(cq.idle[w.adm.tenant], cq.vtime)}
-		delete(cq.idle, w.adm.tenant)
-		cq.tenants[w.adm.tenant] = tq
+		tq = &tenantQueue{vtime: max(cq.idle[w.adm.Tenant], cq.vtime)}
+		delete(cq.idle, w.adm.Tenant)
+		cq.tenants[w.adm.Tenant] = tq
 	}
 	tq.waiters = append(tq.waiters, w)
 	q.markShort(w, w.short, 1)
 	q.waiting.Add(1)
-	q.metrics.queueLength.WithLabelValues(classNames[w.adm.class]).Inc()
+	q.metrics.Length.WithLabelValues(classNames[w.adm.Class]).Inc()
 }
 
 // remove takes w out of the queue. Callers hold q.mu.
-func (q *queue) remove(w *waiter) {
-	cq := &q.classes[w.adm.class]
-	tq := cq.tenants[w.adm.tenant]
+func (q *Queue) remove(w *waiter) {
+	cq := &q.classes[w.adm.Class]
+	tq := cq.tenants[w.adm.Tenant]
 	if tq == nil {
 		return
 	}
@@ -362,9 +418,9 @@ func (q *queue) remove(w *waiter) {
 	}
 	tq.waiters = slices.Delete(tq.waiters, i, i+1)
 	if len(tq.waiters) == 0 {
-		delete(cq.tenants, w.adm.tenant)
+		delete(cq.tenants, w.adm.Tenant)
 		if tq.vtime > cq.vtime {
-			cq.idle[w.adm.tenant] = tq.vtime
+			cq.idle[w.adm.Tenant] = tq.vtime
 		}
 		if len(cq.idle) > maxIdleTenants {
 			// Tags at or below the class's time no longer matter (max() would drop them).
@@ -373,26 +429,26 @@ func (q *queue) remove(w *waiter) {
 	}
 	q.markShort(w, w.short, -1)
 	q.waiting.Add(-1)
-	q.metrics.queueLength.WithLabelValues(classNames[w.adm.class]).Dec()
+	q.metrics.Length.WithLabelValues(classNames[w.adm.Class]).Dec()
 }
 
 // markShort adds delta to the spoken counts of buckets for w's class. Callers hold q.mu.
-func (q *queue) markShort(w *waiter, buckets []string, delta int) {
+func (q *Queue) markShort(w *waiter, buckets []string, delta int) {
 	for _, b := range buckets {
 		counts, ok := q.spoken[b]
 		if !ok {
-			counts = new([numClasses]int)
+			counts = new([NumClasses]int)
 			q.spoken[b] = counts
 		}
-		counts[w.adm.class] += delta
-		if *counts == ([numClasses]int{}) {
+		counts[w.adm.Class] += delta
+		if *counts == ([NumClasses]int{}) {
 			delete(q.spoken, b)
 		}
 	}
 }
 
 // setShort replaces w's short buckets. Callers hold q.mu.
-func (q *queue) setShort(w *waiter, short []string) {
+func (q *Queue) setShort(w *waiter, short []string) {
 	q.markShort(w, w.short, -1)
 	w.short = short
 	q.markShort(w, w.short, 1)
@@ -400,7 +456,7 @@ func (q *queue) setShort(w *waiter, short []string) {
 
 // leave takes a waiter whose caller stopped waiting out of the queue. When an outcome
 // was already delivered it returns it instead.
-func (q *queue) leave(w *waiter) (outcome, bool) {
+func (q *Queue) leave(w *waiter) (outcome, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	switch w.state {
@@ -414,7 +470,7 @@ func (q *queue) leave(w *waiter) (outcome, bool) {
 		q.remove(w)
 		w.state = finished
 	}
-	q.poke() // what w held spoken for is free
+	q.Poke() // what w held spoken for is free
 	return outcome{}, false
 }
 
@@ -437,17 +493,17 @@ func (w *waiter) deadlineError(now time.Time) *ledger.ExhaustedError {
 	return e
 }
 
-// poke wakes the dispatcher without blocking.
-func (q *queue) poke() {
+// Poke wakes the dispatcher without blocking: capacity may have come back.
+func (q *Queue) Poke() {
 	select {
 	case q.kick <- struct{}{}:
 	default:
 	}
 }
 
-// run is the dispatcher. It returns when ctx is done, refusing every waiter: without a
+// Run is the dispatcher. It returns when ctx is done, refusing every waiter: without a
 // dispatcher nobody would serve them.
-func (q *queue) run(ctx context.Context) error {
+func (q *Queue) Run(ctx context.Context) error {
 	q.setRunning(true)
 	q.startOnce.Do(func() { close(q.started) })
 	// The timer exists only while a waiter needs a wake-up: an idle dispatcher holds no
@@ -483,13 +539,13 @@ func (q *queue) run(ctx context.Context) error {
 }
 
 // setRunning says whether a dispatcher serves the queue: without one, nobody may wait.
-func (q *queue) setRunning(running bool) {
+func (q *Queue) setRunning(running bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.running = running
 }
 
-func (q *queue) close() {
+func (q *Queue) close() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.running = false
@@ -497,7 +553,7 @@ func (q *queue) close() {
 		for _, tq := range q.classes[c].tenants {
 			for _, w := range slices.Clone(tq.waiters) {
 				q.remove(w)
-				w.deliver(outcome{err: errShuttingDown})
+				w.deliver(outcome{err: ErrShuttingDown})
 			}
 		}
 	}
@@ -512,7 +568,7 @@ const maxPasses = 64
 
 // dispatch tries the waiting requests in order and returns when it should run next
 // (zero when nothing waits on time).
-func (q *queue) dispatch() time.Time {
+func (q *Queue) dispatch() time.Time {
 	var next time.Time
 	for range maxPasses {
 		var progress bool
@@ -526,7 +582,7 @@ func (q *queue) dispatch() time.Time {
 
 // pass goes once over the head of every tenant's line, classes in order and tenants by
 // virtual time, and tries each that is due and not spoken for by one before it.
-func (q *queue) pass() (next time.Time, progress bool) {
+func (q *Queue) pass() (next time.Time, progress bool) {
 	q.mu.Lock()
 	heads := q.heads()
 	q.mu.Unlock()
@@ -543,7 +599,7 @@ func (q *queue) pass() (next time.Time, progress bool) {
 		}
 	}()
 	blocked := func(w *waiter) bool {
-		for _, b := range w.adm.buckets {
+		for _, b := range w.adm.Buckets {
 			if spoken[b] {
 				return true
 			}
@@ -570,7 +626,7 @@ func (q *queue) pass() (next time.Time, progress bool) {
 		w.state = trying
 		q.mu.Unlock()
 
-		g, err := q.store.Reserve(w.ctx, w.adm.charge)
+		g, err := q.store.Reserve(w.ctx, w.adm.Charge)
 
 		q.mu.Lock()
 		now = q.clock.Now()
@@ -581,7 +637,7 @@ func (q *queue) pass() (next time.Time, progress bool) {
 			w.state = finished
 			q.remove(w)
 			if err == nil {
-				unused = append(unused, w.adm.charge)
+				unused = append(unused, w.adm.Charge)
 			}
 		case err == nil:
 			q.served(w)
@@ -621,7 +677,7 @@ func (q *queue) pass() (next time.Time, progress bool) {
 
 // heads returns the first waiter of every tenant's line, in dispatch order. Callers
 // hold q.mu.
-func (q *queue) heads() []*waiter {
+func (q *Queue) heads() []*waiter {
 	var heads []*waiter
 	for c := range q.classes {
 		cq := &q.classes[c]
@@ -630,7 +686,7 @@ func (q *queue) heads() []*waiter {
 			heads = append(heads, tq.waiters[0])
 		}
 		slices.SortFunc(heads[start:], func(a, b *waiter) int {
-			va, vb := cq.tenants[a.adm.tenant].vtime, cq.tenants[b.adm.tenant].vtime
+			va, vb := cq.tenants[a.adm.Tenant].vtime, cq.tenants[b.adm.Tenant].vtime
 			if c := cmp.Compare(va, vb); c != 0 {
 				return c
 			}
@@ -642,11 +698,11 @@ func (q *queue) heads() []*waiter {
 
 // served advances the virtual time of w's tenant as w is admitted from the queue.
 // Callers hold q.mu, before removing w.
-func (q *queue) served(w *waiter) {
-	cq := &q.classes[w.adm.class]
-	tq := cq.tenants[w.adm.tenant]
+func (q *Queue) served(w *waiter) {
+	cq := &q.classes[w.adm.Class]
+	tq := cq.tenants[w.adm.Tenant]
 	start := max(tq.vtime, cq.vtime)
-	tq.vtime = start + float64(max(w.adm.tokens, 1))/q.cfg.weight(w.adm.tenant)
+	tq.vtime = start + float64(max(w.adm.Tokens, 1))/q.cfg.weight(w.adm.Tenant)
 	cq.vtime = start
-	q.metrics.queueWait.WithLabelValues(classNames[w.adm.class]).Observe(q.clock.Since(w.arrived).Seconds())
+	q.metrics.Wait.WithLabelValues(classNames[w.adm.Class]).Observe(q.clock.Since(w.arrived).Seconds())
 }
