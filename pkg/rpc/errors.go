@@ -1,6 +1,8 @@
 package rpc
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -128,4 +130,19 @@ func BadRequestFields(err error) []string {
 		}
 	}
 	return fields
+}
+
+// ContextStatus is the status of an error that ends in the call's own context:
+// CANCELLED or DEADLINE_EXCEEDED with err's message, so that a caller who gave up or ran
+// out of time is not told of an internal error. It is nil for any other error. An error
+// that wraps both counts as canceled. Services map their domain errors first and try
+// this last, before INTERNAL.
+func ContextStatus(err error) error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+	return nil
 }

@@ -1,7 +1,9 @@
 package rpc_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -172,5 +174,40 @@ func TestStatusKeepsExtraDetails(t *testing.T) {
 	}
 	if d, ok := rpc.RetryDelay(err); !ok || d != 0 {
 		t.Errorf("RetryDelay = %v, %t; want 0, true", d, ok)
+	}
+}
+
+func TestContextStatus(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		err      error
+		wantCode codes.Code // codes.OK: not a context error, nil status
+		wantMsg  string
+	}{
+		{"nil", nil, codes.OK, ""},
+		{"another error", errors.New("boom"), codes.OK, ""},
+		{"canceled", context.Canceled, codes.Canceled, "context canceled"},
+		{"wrapped canceled", fmt.Errorf("confirm: %w", context.Canceled), codes.Canceled, "confirm: context canceled"},
+		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded, "context deadline exceeded"},
+		{"wrapped deadline", fmt.Errorf("tool: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "tool: context deadline exceeded"},
+		{"both: canceled wins", errors.Join(context.DeadlineExceeded, context.Canceled), codes.Canceled, "context deadline exceeded\ncontext canceled"},
+		{"a status is not a context error", status.Error(codes.Canceled, "upstream canceled"), codes.OK, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := rpc.ContextStatus(tt.err)
+			if tt.wantCode == codes.OK {
+				if got != nil {
+					t.Fatalf("ContextStatus(%v) = %v, want nil", tt.err, got)
+				}
+				return
+			}
+			st, ok := status.FromError(got)
+			if !ok || st.Code() != tt.wantCode || st.Message() != tt.wantMsg {
+				t.Errorf("ContextStatus(%v) = %v, want %v %q", tt.err, got, tt.wantCode, tt.wantMsg)
+			}
+		})
 	}
 }

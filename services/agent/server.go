@@ -7,7 +7,6 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -236,10 +235,8 @@ func (s *toolServer) toStatus(ctx context.Context, err error) error {
 		// The registry's own schema does not compile: the configuration's fault.
 		s.log.ErrorContext(ctx, "tool schema does not compile", "err", err)
 		return rpc.Status(codes.Internal, errorDomain, rpc.ReasonInternal, "the tool's schema is invalid")
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
+	case rpc.ContextStatus(err) != nil:
+		return rpc.ContextStatus(err)
 	default:
 		s.log.ErrorContext(ctx, "tool call failed", "err", err)
 		return rpc.Status(codes.Internal, errorDomain, rpc.ReasonInternal, "internal error")

@@ -8,7 +8,6 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -209,8 +208,8 @@ func (s *server) toStatus(err error) error {
 		return rpc.Status(codes.PermissionDenied, errorDomain, rpc.ReasonPermissionDenied, ErrTenantMismatch.Error())
 	case errors.Is(err, ErrNoTenant):
 		return rpc.Status(codes.Unauthenticated, errorDomain, rpc.ReasonUnauthenticated, "the call is not authenticated as a tenant")
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return status.FromContextError(err).Err()
+	case rpc.ContextStatus(err) != nil:
+		return rpc.ContextStatus(err)
 	default:
 		s.log.Error("cache: internal error", "err", err)
 		return rpc.Status(codes.Internal, errorDomain, rpc.ReasonInternal, "internal error")

@@ -219,8 +219,8 @@ func (s *server) toStatus(err error) error {
 		return rpc.Status(codes.Unavailable, errorDomain, reasonBudgetUnavailable, errBudgetUnavailable.Error())
 	case errors.Is(err, errStoreUnavailable), errors.Is(err, errShuttingDown):
 		return rpc.Status(codes.Unavailable, errorDomain, reasonUnavailable, err.Error())
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return status.FromContextError(err).Err()
+	case rpc.ContextStatus(err) != nil:
+		return rpc.ContextStatus(err)
 	default:
 		// The caller gets a generic message; the detail goes to the log, once, here.
 		s.log.Error("quota: internal error", "err", err)

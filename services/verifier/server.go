@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -320,10 +319,8 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	case errors.Is(err, review.ErrUnavailable), errors.Is(err, errNoReviews):
 		s.log.WarnContext(ctx, "review store unavailable", "err", err)
 		return rpc.Status(codes.Unavailable, errorDomain, ReasonUnavailable, "the review store is unavailable; retry")
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
+	case rpc.ContextStatus(err) != nil:
+		return rpc.ContextStatus(err)
 	default:
 		// The caller gets a generic message; the cause is for operators, logged once here.
 		s.log.ErrorContext(ctx, "verifier call failed", "err", err)
