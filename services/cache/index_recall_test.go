@@ -6,20 +6,31 @@ import (
 	"testing"
 )
 
-// TestIndexRecall measures what the embedded index's approximate search (a graph walked
-// from the postings' rarest candidates, past searchGraph.MinLen entries) costs against the
-// exact search in one partition of 30k entries: a reworded stored question must still
+// TestIndexRecall measures what the embedded index's approximate search costs against the
+// exact search in one partition: the graph walked from the postings' rarest candidates
+// (30k entries, past sparseGraph.MinLen) and the postings search within searchLimits (just
+// below MinLen, the largest partition it serves). A reworded stored question must still
 // find the question it rewords, as the exact search does, and every candidate the
 // approximate search returns is one the exact search returns with the same score (it
 // loses candidates, it never invents one).
 func TestIndexRecall(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds a 30k-entry partition")
+		t.Skip("builds 30k-entry partitions")
 	}
 	t.Parallel()
-	const n = 30_000
-	for _, corpus := range []string{"support", "numbered"} {
-		t.Run(corpus, func(t *testing.T) {
+	for _, tc := range []struct {
+		path   string
+		n      int
+		corpus string
+	}{
+		{"graph", 30_000, "support"},
+		{"graph", 30_000, "numbered"},
+		{"bounded", sparseGraph.MinLen - 1, "support"},
+		{"bounded", sparseGraph.MinLen - 1, "numbered"},
+	} {
+		n, corpus := tc.n, tc.corpus
+		t.Run(tc.path+"/"+corpus, func(t *testing.T) {
+			t.Parallel()
 			questions := indexCorpus(corpus, n)
 			approx, exact, _ := buildIndexes(t, questions, true)
 			r := rand.New(rand.NewPCG(7, 8))
@@ -58,7 +69,7 @@ func TestIndexRecall(t *testing.T) {
 				t.Fatalf("the exact search found the reworded question %d times of %d: the test does not measure recall", exactFound, queries)
 			}
 			recall := float64(bothFound) / float64(exactFound)
-			t.Logf("%s: the index found %d of the %d questions the exact search found first (recall@1 %.3f)", corpus, bothFound, exactFound, recall)
+			t.Logf("%s %s: the index found %d of the %d questions the exact search found first (recall@1 %.3f)", tc.path, corpus, bothFound, exactFound, recall)
 			if recall < 0.99 {
 				t.Errorf("recall %.3f against the exact search, want at least 0.99", recall)
 			}
