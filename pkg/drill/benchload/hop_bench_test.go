@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -45,11 +46,25 @@ func BenchmarkRequest(b *testing.B) {
 				url = h.endpoint()
 			}
 			b.ReportAllocs()
+			created := goroutinesCreated()
 			for b.Loop() {
 				if _, err := send(ctx, c, url, payload); err != nil {
 					b.Fatal(err)
 				}
 			}
+			// Every goroutine a request starts is a hand-off that, on a process with idle
+			// CPUs, wakes a thread: a cost per request that shows most at low rates.
+			b.ReportMetric(float64(goroutinesCreated()-created)/float64(b.N), "goroutines/op")
 		})
 	}
+}
+
+// goroutinesCreated is how many goroutines the process has started so far.
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
 }
