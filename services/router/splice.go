@@ -59,6 +59,9 @@ func (s *splicer) sink(d Delta) error {
 		return errRestartDiverged // the caller has text; a tool call here is another answer
 	}
 	for i, r := range d.Content {
+		// The rune's own width: a space of any width compares as ' ', and an invalid byte
+		// reads as RuneError, which is wider than the one byte it stands for.
+		_, width := utf8.DecodeRuneInString(d.Content[i:])
 		if unicode.IsSpace(r) {
 			if s.space {
 				continue
@@ -76,7 +79,7 @@ func (s *splicer) sink(d Delta) error {
 			s.spliced = true
 			// Logprobs belong to the whole piece, most of which the caller already has.
 			d.Logprobs = nil
-			return s.pass(d, d.Content[i+utf8.RuneLen(r):])
+			return s.pass(d, d.Content[i+width:])
 		}
 	}
 	return nil
