@@ -350,33 +350,37 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 		return s.hit(res, e, 1, MatchExact, now, pol, req.Mode), nil
 	}
 
+	emb := embedding{question: k.Question}
 	if res.MissReason == "" && s.embedder != nil {
-		if err := s.searchSimilar(ctx, tenant, req, k, pol, now, scenario, &res); err != nil {
+		v, err := s.searchSimilar(ctx, tenant, req, k, pol, now, scenario, &res)
+		if err != nil {
 			return LookupResult{}, err
 		}
 		if res.Hit {
 			return res, nil
 		}
+		emb.vector = v
 	}
 	if !req.Coalesce {
 		return res, nil
 	}
-	return s.coalesceMiss(ctx, tenant, req, k, res, pol)
+	return s.coalesceMiss(ctx, tenant, req, k, res, pol, emb)
 }
 
 // searchSimilar embeds the question and looks for a close enough entry in its partition.
-// It fills res with a hit, or with the closest rejection and a miss reason.
-func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRequest, k keys, pol policy, now time.Time, scenario string, res *LookupResult) error {
+// It fills res with a hit, or with the closest rejection and a miss reason, and returns
+// the question's vector (zero when it has none).
+func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRequest, k keys, pol policy, now time.Time, scenario string, res *LookupResult) (vector.Vector, error) {
 	v, err := s.embed(ctx, k.Question)
 	if errors.Is(err, vector.ErrZero) {
-		return nil // nothing to compare: only exact matches are possible
+		return vector.Vector{}, nil // nothing to compare: only exact matches are possible
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return vector.Vector{}, ctx.Err()
 		}
 		res.MissReason = MissEmbedderError
-		return nil
+		return vector.Vector{}, nil
 	}
 	th := pol.thresholds
 	floor := th.normal
@@ -395,10 +399,10 @@ func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRe
 	})
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return vector.Vector{}, ctx.Err()
 		}
 		res.MissReason = MissBackendError
-		return nil
+		return v, nil
 	}
 	var query nearmiss.Signature
 	if len(candidates) > 0 {
@@ -434,12 +438,12 @@ func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRe
 		}
 		s.metrics.similarity.WithLabelValues(scenario, "hit").Observe(score)
 		*res = s.hit(*res, c.Entry, score, MatchSemantic, now, pol, req.Mode)
-		return nil
+		return v, nil
 	}
 	if res.Rejected != nil {
 		s.metrics.similarity.WithLabelValues(scenario, "rejected").Observe(res.Rejected.Similarity)
 	}
-	return nil
+	return v, nil
 }
 
 // endUserScope returns p scoped to its end user: the user joins the context fingerprint,
@@ -483,7 +487,7 @@ func (s *Service) hit(res LookupResult, e Entry, similarity float64, match Match
 
 // coalesceMiss turns a miss into a lease, or waits for the lease another lookup holds
 // (and says how long in the result's Waited).
-func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupRequest, k keys, res LookupResult, pol policy) (out LookupResult, err error) {
+func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupRequest, k keys, res LookupResult, pol policy, emb embedding) (out LookupResult, err error) {
 	start := s.clock.Now()
 	waited := false
 	defer func() {
@@ -509,7 +513,7 @@ func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupReq
 		if !req.Deadline.IsZero() && req.Deadline.Before(expires) {
 			expires = req.Deadline
 		}
-		mine, theirs := s.leases.acquire(k.Exact, tenant, now, expires)
+		mine, theirs := s.leases.acquire(k.Exact, tenant, now, expires, emb)
 		if mine != nil {
 			s.metrics.coalesce.WithLabelValues("leased").Inc()
 			res.Lease = &Lease{ID: mine.id, ExpiresAt: mine.expires}
@@ -627,8 +631,9 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 	k := deriveKeys(tenant, s.namespace, req.Prompt)
 	// A personal prompt asked for a known end user is kept in that user's scope; its
 	// lease, if any, was taken in the same scope by the lookup.
-	if pol.promptSkip(req.Prompt, k.Normalized) == SkipPersonalPrompt && req.Prompt.EndUser != "" {
-		req.Prompt = endUserScope(req.Prompt)
+	promptReason := pol.promptSkip(req.Prompt, k.Normalized)
+	if promptReason == SkipPersonalPrompt && req.Prompt.EndUser != "" {
+		req.Prompt = endUserScope(req.Prompt) // the reason stays: scoping changes no text
 		k = deriveKeys(tenant, s.namespace, req.Prompt)
 	}
 	var held *lease
@@ -641,7 +646,7 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 			held = nil
 		}
 	}
-	if reason := pol.storeSkip(req, k.Normalized); reason != "" {
+	if reason := pol.storeSkip(req, promptReason); reason != "" {
 		if held != nil {
 			s.leases.finish(held.id, tenant, nil)
 		}
@@ -680,9 +685,13 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 	var v vector.Vector
 	if s.embedder != nil {
 		var err error
-		// Without a vector the entry still serves exact matches.
-		if v, err = s.embed(ctx, k.Question); err != nil && !errors.Is(err, vector.ErrZero) && ctx.Err() != nil {
-			return StoreResult{}, ctx.Err()
+		var ok bool
+		// The lookup that took the lease embedded this question already; without a
+		// vector the entry still serves exact matches.
+		if v, ok = held.vectorFor(k.Question); !ok {
+			if v, err = s.embed(ctx, k.Question); err != nil && !errors.Is(err, vector.ErrZero) && ctx.Err() != nil {
+				return StoreResult{}, ctx.Err()
+			}
 		}
 	}
 	err := s.index.Put(ctx, e, v)

@@ -4,6 +4,8 @@ import (
 	"crypto/rand"
 	"sync"
 	"time"
+
+	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
 // A lease coalesces identical requests (task merging: one upstream call for a burst of the same question): the first lookup that
@@ -22,6 +24,11 @@ type lease struct {
 	key     Key
 	tenant  string
 	expires time.Time
+	// question and vector are the lookup's embedding of the question the lease is for (a
+	// zero vector when it had none), so that storing the answer need not embed it again:
+	// with a remote embedder that is a second paid call and its latency on every miss.
+	question string
+	vector   vector.Vector
 	// done is closed when the lease is answered or ends; entry is set before that when it
 	// has an answer, and never changes after.
 	done   chan struct{}
@@ -40,8 +47,9 @@ func newLeases() *leases {
 }
 
 // acquire gives the caller a new lease on key (mine), or returns the live lease another
-// caller holds (theirs). An expired lease is ended and replaced.
-func (l *leases) acquire(key Key, tenant string, now, expires time.Time) (mine, theirs *lease) {
+// caller holds (theirs). An expired lease is ended and replaced. emb is the caller's
+// embedding of the question, kept with a new lease for the store that answers it.
+func (l *leases) acquire(key Key, tenant string, now, expires time.Time, emb embedding) (mine, theirs *lease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if held, ok := l.byKey[key]; ok {
@@ -50,9 +58,24 @@ func (l *leases) acquire(key Key, tenant string, now, expires time.Time) (mine, 
 		}
 		l.end(held, nil)
 	}
-	le := &lease{id: "lease-" + rand.Text(), key: key, tenant: tenant, expires: expires, done: make(chan struct{})}
+	le := &lease{id: "lease-" + rand.Text(), key: key, tenant: tenant, expires: expires,
+		question: emb.question, vector: emb.vector, done: make(chan struct{})}
 	l.byKey[key], l.byID[le.id] = le, le
 	return le, nil
+}
+
+// embedding is a question and its vector; the vector is zero when it was not embedded.
+type embedding struct {
+	question string
+	vector   vector.Vector
+}
+
+// vectorFor returns the lease's vector when it is the embedding of question.
+func (le *lease) vectorFor(question string) (vector.Vector, bool) {
+	if le == nil || le.question != question || le.vector.Len() == 0 {
+		return vector.Vector{}, false
+	}
+	return le.vector, true
 }
 
 // find returns tenant's live lease with id.

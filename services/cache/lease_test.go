@@ -273,3 +273,65 @@ func TestCoalescingLookupDuringTheWriteJoins(t *testing.T) {
 		t.Errorf("lookup after the write = (%+v, %v), want an exact hit", after, err)
 	}
 }
+
+// countingEmbedder counts its calls.
+type countingEmbedder struct {
+	Embedder
+	mu    sync.Mutex
+	calls int
+}
+
+func (e *countingEmbedder) Embed(ctx context.Context, text string) (vector.Vector, error) {
+	e.mu.Lock()
+	e.calls++
+	e.mu.Unlock()
+	return e.Embedder.Embed(ctx, text)
+}
+
+func (e *countingEmbedder) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.calls
+}
+
+// A miss embeds its question once: the store that answers the lease reuses the lookup's
+// vector (with a remote embedder, the second call is paid and on the request's path),
+// and the stored entry is found by similarity as if it had been embedded again.
+func TestCoalescingStoreReusesTheLookupsVector(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		lookup    string // the question the lease is taken for
+		store     string // the question stored with the lease
+		wantCalls int    // embeddings by lookup and store together
+	}{
+		{"the same question", question, question, 1},
+		// The same exact key, other text: the lease's vector is not this question's.
+		{"another spelling", question, "how do i reset my password", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			emb := &countingEmbedder{Embedder: embed.NewLexical()}
+			f := newFixtureWith(t, DefaultConfig(), NewEmbeddedIndex(100), emb)
+			l := f.lease(t, "acme", tt.lookup)
+			req := answer(basePrompt(tt.store))
+			req.LeaseID = l.ID
+			f.mustStore(t, "acme", req)
+			if got := emb.count(); got != tt.wantCalls {
+				t.Errorf("lookup %q and store %q embedded %d times, want %d", tt.lookup, tt.store, got, tt.wantCalls)
+			}
+			res := f.lookupMode(t, "acme", basePrompt("How can I reset my password?"), ModeNormal)
+			if !res.Hit || res.Match != MatchSemantic {
+				t.Errorf("a rewording after the store = %+v (rejected: %+v), want a semantic hit (the stored vector is the question's)", res, res.Rejected)
+			}
+		})
+	}
+	// A store without a lease embeds its question itself.
+	emb := &countingEmbedder{Embedder: embed.NewLexical()}
+	f := newFixtureWith(t, DefaultConfig(), NewEmbeddedIndex(100), emb)
+	f.mustStore(t, "acme", answer(basePrompt(question)))
+	if got := emb.count(); got != 1 {
+		t.Errorf("a store without a lease embedded %d times, want 1", got)
+	}
+}

@@ -148,9 +148,10 @@ func (p policy) promptSkip(prompt Prompt, lastUser string) SkipReason {
 	return ""
 }
 
-// storeSkip returns why req may not be stored, or "" when it may. lastUser is the
-// normalised last user message. Cheap checks run first; the marker scans run last.
-func (p policy) storeSkip(req StoreRequest, lastUser string) SkipReason {
+// storeSkip returns why req may not be stored, or "" when it may. prompt is promptSkip's
+// reason for req's prompt, which the caller has already needed (the prompt scans are the
+// dearest checks, so they run once). Cheap checks run first.
+func (p policy) storeSkip(req StoreRequest, prompt SkipReason) SkipReason {
 	switch {
 	case !p.cacheable:
 		return SkipNotCacheable
@@ -169,11 +170,10 @@ func (p policy) storeSkip(req StoreRequest, lastUser string) SkipReason {
 	case isErrorObject(req.Content):
 		return SkipErrorAnswer
 	}
-	reason := p.promptSkip(req.Prompt, lastUser)
-	if reason == SkipPersonalPrompt && req.Prompt.EndUser != "" {
+	if prompt == SkipPersonalPrompt && req.Prompt.EndUser != "" {
 		return "" // kept in the end user's own scope (endUserScope)
 	}
-	return reason
+	return prompt
 }
 
 // isErrorObject reports whether content is a JSON object with a top-level "error" member,
