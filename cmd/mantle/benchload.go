@@ -34,7 +34,7 @@ type benchLoadFlags struct {
 	rates, temperature, format       string
 	duration, warmup                 time.Duration
 	maxInFlight                      int
-	samePrompt                       bool
+	samePrompt, stream               bool
 	cpuProfile, traceOut, memProfile string
 	inProcess, split                 bool
 	child, serveHop                  bool // internal: see the flags
@@ -76,6 +76,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	fs.DurationVar(&f.warmup, "warmup", 2*time.Second, "unmeasured load at each rate before it is measured")
 	fs.IntVar(&f.maxInFlight, "max-in-flight", 5000, "most concurrent requests; more are shed and counted (each holds a few file descriptors)")
 	fs.BoolVar(&f.samePrompt, "same-prompt", false, "send the identical request every time (the cache then answers all but the first)")
+	fs.BoolVar(&f.stream, "stream", false, "ask for streamed answers (server-sent events): latency runs to the stream's end, first-event percentiles are reported too, own time is not (streams carry no Server-Timing header)")
 	fs.StringVar(&f.temperature, "temperature", "", "temperature of every request; unset (the SDK default) the cache declines to cache, 0 makes every answer cacheable")
 	fs.StringVar(&f.format, "format", "text", "output: text or json")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
@@ -95,7 +96,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	if f.format != "text" && f.format != "json" {
 		return f, fmt.Errorf("--format: want text or json, got %q", f.format)
 	}
-	f.cfg = benchload.Config{Duration: f.duration, Warmup: f.warmup, MaxInFlight: f.maxInFlight, SamePrompt: f.samePrompt}
+	f.cfg = benchload.Config{Duration: f.duration, Warmup: f.warmup, MaxInFlight: f.maxInFlight, SamePrompt: f.samePrompt, Stream: f.stream}
 	if f.temperature != "" {
 		v, err := strconv.ParseFloat(f.temperature, 64)
 		if err != nil || v < 0 || v > 2 {
@@ -170,7 +171,7 @@ func runBenchLoad(ctx context.Context, f benchLoadFlags, env cmdEnv) error {
 func (f benchLoadFlags) childFlags() []string {
 	return []string{
 		"--rates", f.rates, "--duration", f.duration.String(), "--warmup", f.warmup.String(),
-		"--max-in-flight", strconv.Itoa(f.maxInFlight), "--same-prompt=" + strconv.FormatBool(f.samePrompt),
+		"--max-in-flight", strconv.Itoa(f.maxInFlight), "--same-prompt=" + strconv.FormatBool(f.samePrompt), "--stream=" + strconv.FormatBool(f.stream),
 		"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut, "--temperature", f.temperature,
 		"--split=" + strconv.FormatBool(f.split),
 	}
@@ -283,17 +284,21 @@ func runChild(ctx context.Context, mode benchload.Mode, flags []string, stderr i
 // peak RSS when it ran in one.
 func writeBenchTable(w io.Writer, all []benchload.Result) error {
 	direct := map[float64]benchload.Result{}
-	split := false
+	split, streamed := false, false
 	for _, r := range all {
 		if r.Mode == benchload.Direct {
 			direct[r.Rate] = r
 		}
 		split = split || r.HopPeakRSSMB > 0
+		streamed = streamed || r.FirstP99Ms > 0
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	header := "mode\trate/s\tachieved/s\tok\tok/s\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\town p50\town p90\town p99\t"
 	if split {
 		header += "hop CPU s/1000\thop RSS MiB\t"
+	}
+	if streamed {
+		header += "first event p50\tfirst event p99\t"
 	}
 	fmt.Fprintln(tw, header)
 	for _, r := range all {
@@ -310,6 +315,9 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 			extra += fmt.Sprintf("%.3f\t%.0f\t", r.HopCPUPer1000, r.HopPeakRSSMB)
 		} else if split {
 			extra += "\t\t"
+		}
+		if streamed {
+			extra += fmt.Sprintf("%.3f\t%.3f\t", r.FirstP50Ms, r.FirstP99Ms)
 		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.0f\t%d\t%d\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.3f\t%.0f\t%s\n",
 			r.Mode, r.Rate, r.AchievedRate, r.OK, r.AnsweredRate, r.Errors, r.Refused, r.Shed, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.CPUPer1000, r.PeakRSSMB, extra)

@@ -16,6 +16,7 @@
 package benchload
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -87,6 +88,11 @@ type Config struct {
 	// to cache: the cache service is asked and declines. At 0 answers are cacheable, so the
 	// full mesh looks every prompt up in the cache and stores every answer.
 	Temperature *float64
+	// Stream asks for every answer as a server-sent event stream ("stream": true). A
+	// request's latency then runs to the stream's end, and its first-event latency to the
+	// first event; a stream that does not end with [DONE], or carries an error event, is
+	// an error.
+	Stream bool
 	// Log receives the mesh's errors; nil discards them.
 	Log io.Writer
 	// HopCommand, when set, runs the proxy or the mesh in a process of its own: the
@@ -131,6 +137,10 @@ type Result struct {
 	OwnP50Ms float64 `json:"own_p50_ms,omitempty"`
 	OwnP90Ms float64 `json:"own_p90_ms,omitempty"`
 	OwnP99Ms float64 `json:"own_p99_ms,omitempty"`
+	// FirstP50Ms and FirstP99Ms are percentiles of the time from a streamed request's due
+	// time to its first event (Config.Stream); zero without streaming.
+	FirstP50Ms float64 `json:"first_event_p50_ms,omitempty"`
+	FirstP99Ms float64 `json:"first_event_p99_ms,omitempty"`
 	// MaxLagMs is how far the generator fell behind its schedule.
 	MaxLagMs float64 `json:"generator_max_lag_ms"`
 	// FirstError is one error, to say what went wrong when Errors > 0.
@@ -248,12 +258,15 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 	n := lc.Requests()
 	lat := make([]time.Duration, n)
 	own := make([]time.Duration, n) // -1: no Server-Timing
+	firstEvent := make([]time.Duration, n)
 	errs := make([]error, n)
 	first := *seq
 	*seq += n
 	st, err := load.Run(ctx, lc, func(ctx context.Context, i int, due time.Time) {
-		own[i], errs[i] = send(ctx, c, url, body(cfg.SamePrompt, cfg.Temperature, first+i))
+		var at time.Time
+		own[i], at, errs[i] = send(ctx, c, url, body(cfg, first+i))
 		lat[i] = time.Since(due)
+		firstEvent[i] = at.Sub(due)
 	}, func(i int, _ time.Time) {
 		errs[i] = errShed
 	})
@@ -262,7 +275,7 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 	}
 	res := Result{Rate: rate, Requests: n, Shed: st.Shed, MaxLagMs: ms(st.MaxLag),
 		AchievedRate: float64(st.Started) / st.Elapsed.Seconds()}
-	ok, ownOK := lat[:0], own[:0]
+	ok, ownOK, firstOK := lat[:0], own[:0], firstEvent[:0]
 	for i, e := range errs {
 		switch {
 		case e == nil:
@@ -271,6 +284,9 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 				ownOK = append(ownOK, own[i])
 			}
 			ok = append(ok, lat[i])
+			if cfg.Stream {
+				firstOK = append(firstOK, firstEvent[i])
+			}
 		case errors.Is(e, errRefused):
 			res.Refused++
 		case !errors.Is(e, errShed):
@@ -287,6 +303,10 @@ func step(ctx context.Context, c *http.Client, url string, cfg Config, rate floa
 		pc := load.Summarize(ownOK)
 		res.OwnP50Ms, res.OwnP90Ms, res.OwnP99Ms = ms(pc.P50), ms(pc.P90), ms(pc.P99)
 	}
+	if len(firstOK) > 0 {
+		pc := load.Summarize(firstOK)
+		res.FirstP50Ms, res.FirstP99Ms = ms(pc.P50), ms(pc.P99)
+	}
 	return res, nil
 }
 
@@ -295,39 +315,48 @@ var (
 	errRefused = errors.New("refused: overloaded")
 )
 
-func body(same bool, temperature *float64, i int) []byte {
+func body(cfg Config, i int) []byte {
 	prompt := "How long does a parcel to Lisbon take?"
-	if !same {
+	if !cfg.SamePrompt {
 		prompt = fmt.Sprintf("Benchmark request %d: how long does a parcel to Lisbon take?", i)
 	}
-	if temperature == nil {
-		return fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"user","content":%q}]}`, ModelName, prompt)
+	b := fmt.Appendf(nil, `{"model":%q`, ModelName)
+	if cfg.Temperature != nil {
+		b = fmt.Appendf(b, `,"temperature":%g`, *cfg.Temperature)
 	}
-	return fmt.Appendf(nil, `{"model":%q,"temperature":%g,"messages":[{"role":"user","content":%q}]}`, ModelName, *temperature, prompt)
+	if cfg.Stream {
+		b = append(b, `,"stream":true`...)
+	}
+	return fmt.Appendf(b, `,"messages":[{"role":"user","content":%q}]}`, prompt)
 }
 
 // send posts payload and returns the mesh's own time from the answer's Server-Timing
-// header (-1 without one).
-func send(ctx context.Context, c *http.Client, url string, payload []byte) (own time.Duration, _ error) {
+// header (-1 without one) and when the answer's first event arrived (for a stream).
+func send(ctx context.Context, c *http.Client, url string, payload []byte) (own time.Duration, firstEvent time.Time, _ error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
-		return -1, err
+		return -1, time.Time{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.Do(req)
 	if err != nil {
-		return -1, err
+		return -1, time.Time{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusOK {
+		own := serverTiming(resp.Header.Get(router.HeaderServerTiming), "mantle")
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			first, err := readStream(resp.Body)
+			return own, first, err
+		}
 		// The answer is read to the end (so the connection is reused) but not kept: the
 		// generator's own allocations would load the machine it measures.
 		_, err := io.Copy(io.Discard, resp.Body)
-		return serverTiming(resp.Header.Get(router.HeaderServerTiming), "mantle"), err
+		return own, time.Time{}, err
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return -1, err
+		return -1, time.Time{}, err
 	}
 	var e struct {
 		Error struct {
@@ -337,9 +366,43 @@ func send(ctx context.Context, c *http.Client, url string, payload []byte) (own 
 	}
 	_ = json.Unmarshal(data, &e)
 	if resp.StatusCode == http.StatusServiceUnavailable && e.Error.Code == "overloaded" {
-		return -1, errRefused
+		return -1, time.Time{}, errRefused
 	}
-	return -1, fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message)
+	return -1, time.Time{}, fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, e.Error.Code, e.Error.Message)
+}
+
+// readStream reads a server-sent event stream of chat chunks to its end and returns when
+// its first event arrived. A stream is complete when its last event is [DONE] and none
+// carried an error.
+func readStream(r io.Reader) (first time.Time, _ error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	done := false
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data:"))
+		if !ok {
+			continue
+		}
+		if first.IsZero() {
+			first = time.Now()
+		}
+		data = bytes.TrimSpace(data)
+		switch {
+		case bytes.Equal(data, []byte("[DONE]")):
+			done = true
+		case bytes.HasPrefix(data, []byte(`{"error"`)):
+			return first, fmt.Errorf("stream error event: %.200s", data)
+		default:
+			done = false // an event after [DONE] reopens nothing: the stream is malformed
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return first, fmt.Errorf("reading the stream: %w", err)
+	}
+	if !done {
+		return first, errors.New("the stream ended without [DONE]")
+	}
+	return first, nil
 }
 
 // serverTiming is the dur of metric name in a Server-Timing header value (W3C: metrics

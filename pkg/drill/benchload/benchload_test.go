@@ -24,48 +24,69 @@ func TestRunModes(t *testing.T) {
 	}
 	t.Parallel()
 	for _, mode := range Modes() {
-		t.Run(string(mode), func(t *testing.T) {
-			t.Parallel()
-			cfg := Config{Mode: mode, Rates: []float64{50, 100}, Duration: 300 * time.Millisecond, Warmup: 100 * time.Millisecond}
-			res, err := Run(context.Background(), cfg)
-			if err != nil {
-				t.Fatalf("Run: %v", err)
+		for _, stream := range []bool{false, true} {
+			name := string(mode)
+			if stream {
+				name += "/streamed"
 			}
-			if len(res) != 2 {
-				t.Fatalf("%d results, want one per rate", len(res))
-			}
-			for i, r := range res {
-				if r.Mode != mode || r.Rate != cfg.Rates[i] {
-					t.Errorf("result %d is %s at %g, want %s at %g", i, r.Mode, r.Rate, mode, cfg.Rates[i])
-				}
-				want := int(cfg.Rates[i] * cfg.Duration.Seconds())
-				if r.Requests != want || r.OK+r.Errors+r.Refused+r.Shed != r.Requests {
-					t.Errorf("%g/s: %d requests (%d ok, %d errors, %d refused, %d shed), want %d", r.Rate, r.Requests, r.OK, r.Errors, r.Refused, r.Shed, want)
-				}
-				if r.Errors != 0 {
-					t.Errorf("%g/s: %d errors, first: %s", r.Rate, r.Errors, r.FirstError)
-				}
-				if r.AnsweredRate <= 0 || r.AnsweredRate > r.AchievedRate*1.0001 {
-					t.Errorf("%g/s: answered %v/s, sent %v/s; want answered in (0, sent]", r.Rate, r.AnsweredRate, r.AchievedRate)
-				}
-				if r.OK > 0 && !(r.P50Ms <= r.P90Ms && r.P90Ms <= r.P99Ms && r.P99Ms <= r.MaxMs) {
-					t.Errorf("%g/s: percentiles out of order: %+v", r.Rate, r)
-				}
-				if r.PeakRSSMB <= 0 || r.CPUPer1000 < 0 {
-					t.Errorf("%g/s: RSS %v MiB, CPU %v s per 1000", r.Rate, r.PeakRSSMB, r.CPUPer1000)
-				}
-				// The mesh says what it spent of each answer; its own time is part of the latency.
-				switch hasMesh := mode == RouterOnly || mode == All; {
-				case hasMesh && (r.OwnP50Ms <= 0 || r.OwnP50Ms > r.OwnP90Ms || r.OwnP90Ms > r.OwnP99Ms || r.OwnP99Ms > r.MaxMs):
-					t.Errorf("%g/s: own time p50 %v, p90 %v, p99 %v ms (latency max %v): want positive, in order, under the latency", r.Rate, r.OwnP50Ms, r.OwnP90Ms, r.OwnP99Ms, r.MaxMs)
-				case !hasMesh && r.OwnP99Ms != 0:
-					t.Errorf("%g/s: own time p99 %v ms from a mode without a mesh", r.Rate, r.OwnP99Ms)
-				}
-				if r.HopPeakRSSMB != 0 || r.HopCPUPer1000 != 0 {
-					t.Errorf("%g/s: hop RSS %v MiB, CPU %v s per 1000; want none: the hop shares this process", r.Rate, r.HopPeakRSSMB, r.HopCPUPer1000)
-				}
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				runModeAndCheck(t, Config{Mode: mode, Stream: stream, Rates: []float64{50, 100}, Duration: 300 * time.Millisecond, Warmup: 100 * time.Millisecond})
+			})
+		}
+	}
+}
+
+// runModeAndCheck runs cfg and checks that every figure of its results is consistent.
+func runModeAndCheck(t *testing.T, cfg Config) {
+	t.Helper()
+	mode := cfg.Mode
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(res) != 2 {
+		t.Fatalf("%d results, want one per rate", len(res))
+	}
+	for i, r := range res {
+		if r.Mode != mode || r.Rate != cfg.Rates[i] {
+			t.Errorf("result %d is %s at %g, want %s at %g", i, r.Mode, r.Rate, mode, cfg.Rates[i])
+		}
+		want := int(cfg.Rates[i] * cfg.Duration.Seconds())
+		if r.Requests != want || r.OK+r.Errors+r.Refused+r.Shed != r.Requests {
+			t.Errorf("%g/s: %d requests (%d ok, %d errors, %d refused, %d shed), want %d", r.Rate, r.Requests, r.OK, r.Errors, r.Refused, r.Shed, want)
+		}
+		if r.Errors != 0 {
+			t.Errorf("%g/s: %d errors, first: %s", r.Rate, r.Errors, r.FirstError)
+		}
+		if r.AnsweredRate <= 0 || r.AnsweredRate > r.AchievedRate*1.0001 {
+			t.Errorf("%g/s: answered %v/s, sent %v/s; want answered in (0, sent]", r.Rate, r.AnsweredRate, r.AchievedRate)
+		}
+		if r.OK > 0 && !(r.P50Ms <= r.P90Ms && r.P90Ms <= r.P99Ms && r.P99Ms <= r.MaxMs) {
+			t.Errorf("%g/s: percentiles out of order: %+v", r.Rate, r)
+		}
+		if r.PeakRSSMB <= 0 || r.CPUPer1000 < 0 {
+			t.Errorf("%g/s: RSS %v MiB, CPU %v s per 1000", r.Rate, r.PeakRSSMB, r.CPUPer1000)
+		}
+		// The mesh says what it spent of each answer; its own time is part of the latency.
+		// Streamed answers carry no Server-Timing header: their headers go out before the
+		// work is done.
+		switch hasMesh := (mode == RouterOnly || mode == All) && !cfg.Stream; {
+		case hasMesh && (r.OwnP50Ms <= 0 || r.OwnP50Ms > r.OwnP90Ms || r.OwnP90Ms > r.OwnP99Ms || r.OwnP99Ms > r.MaxMs):
+			t.Errorf("%g/s: own time p50 %v, p90 %v, p99 %v ms (latency max %v): want positive, in order, under the latency", r.Rate, r.OwnP50Ms, r.OwnP90Ms, r.OwnP99Ms, r.MaxMs)
+		case !hasMesh && r.OwnP99Ms != 0:
+			t.Errorf("%g/s: own time p99 %v ms from a mode without a mesh or a stream", r.Rate, r.OwnP99Ms)
+		}
+		if r.HopPeakRSSMB != 0 || r.HopCPUPer1000 != 0 {
+			t.Errorf("%g/s: hop RSS %v MiB, CPU %v s per 1000; want none: the hop shares this process", r.Rate, r.HopPeakRSSMB, r.HopCPUPer1000)
+		}
+		// A stream's first event comes before its end; without streaming there is none.
+		switch {
+		case cfg.Stream && !(r.FirstP50Ms > 0 && r.FirstP50Ms <= r.FirstP99Ms && r.FirstP99Ms <= r.MaxMs):
+			t.Errorf("%g/s: first event p50 %v, p99 %v ms (latency max %v): want positive, in order, under the latency", r.Rate, r.FirstP50Ms, r.FirstP99Ms, r.MaxMs)
+		case !cfg.Stream && (r.FirstP50Ms != 0 || r.FirstP99Ms != 0):
+			t.Errorf("%g/s: first event p50 %v, p99 %v ms without streaming", r.Rate, r.FirstP50Ms, r.FirstP99Ms)
+		}
 	}
 }
 
@@ -81,6 +102,9 @@ func TestSendTellsRefusalsFromErrors(t *testing.T) {
 		ok      bool
 	}{
 		{"answer", http.StatusOK, `{"choices":[]}`, false, true},
+		{"stream", http.StatusOK, "data: {\"choices\":[]}\n\ndata: [DONE]\n\n", false, true},
+		{"stream cut short", http.StatusOK, "data: {\"choices\":[]}\n\n", false, false},
+		{"stream with an error event", http.StatusOK, "data: {\"choices\":[]}\n\ndata: {\"error\":{\"code\":\"upstream_error\"}}\n\ndata: [DONE]\n\n", false, false},
 		{"overloaded", http.StatusServiceUnavailable, `{"error":{"code":"overloaded","message":"retry after 1s"}}`, true, false},
 		{"no candidate", http.StatusServiceUnavailable, `{"error":{"code":"all_candidates_failed","message":"no"}}`, false, false},
 		{"rate limited", http.StatusTooManyRequests, `{"error":{"code":"quota_exhausted","message":"no"}}`, false, false},
@@ -88,11 +112,14 @@ func TestSendTellsRefusalsFromErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				if strings.HasPrefix(tc.body, "data:") {
+					w.Header().Set("Content-Type", "text/event-stream")
+				}
 				w.WriteHeader(tc.status)
 				_, _ = io.WriteString(w, tc.body)
 			}))
 			defer srv.Close()
-			_, err := send(context.Background(), srv.Client(), srv.URL, []byte(`{}`))
+			_, _, err := send(context.Background(), srv.Client(), srv.URL, []byte(`{}`))
 			if (err == nil) != tc.ok || errors.Is(err, errRefused) != tc.refused {
 				t.Errorf("send: %v, want ok %v, refused %v", err, tc.ok, tc.refused)
 			}

@@ -28,7 +28,7 @@ func BenchmarkRequest(b *testing.B) {
 	b.Cleanup(func() { cancel(); _ = waitUpstream() })
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}}
 	b.Cleanup(c.CloseIdleConnections)
-	payload := body(false, nil, 0)
+	payload := body(Config{}, 0)
 
 	for _, mode := range Modes() {
 		b.Run(string(mode), func(b *testing.B) {
@@ -48,7 +48,7 @@ func BenchmarkRequest(b *testing.B) {
 			b.ReportAllocs()
 			created := goroutinesCreated()
 			for b.Loop() {
-				if _, err := send(ctx, c, url, payload); err != nil {
+				if _, _, err := send(ctx, c, url, payload); err != nil {
 					b.Fatal(err)
 				}
 			}
