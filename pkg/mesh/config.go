@@ -410,6 +410,18 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// requestServices counts the services on a request's path this process runs: router,
+// cache, quota and verifier.
+func (c Config) requestServices() int {
+	n := 0
+	for _, m := range []string{"router", "cache", "quota", "verifier"} {
+		if c.runs(m) {
+			n++
+		}
+	}
+	return n
+}
+
 func (c Config) runs(module string) bool {
 	for _, t := range c.Targets() {
 		if t == "all" || t == module {

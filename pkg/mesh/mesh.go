@@ -111,7 +111,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Process, error) {
 		quota.RouteRedisLogs(log.With("service", "quota"))
 	}
 	if opts.TuneRuntime {
-		p.heapFloor = tuneRuntime(cfg.Runtime, opts.Getenv, nil, log)
+		p.heapFloor = tuneRuntime(cfg.Runtime, cfg.requestServices(), opts.Getenv, nil, log)
 	}
 	reg := prometheus.NewRegistry()
 

@@ -32,7 +32,10 @@ type RuntimeConfig struct {
 	// about twice a second, for about 45 MiB more resident memory per process, and the
 	// latency tail halves (docs/performance.md). A process with more live data than the
 	// floor is paced by gc_percent alone, so the floor never multiplies a large heap.
-	// go_gc_gogc_percent on /metrics shows the GOGC in effect. 0 turns it off.
+	// go_gc_gogc_percent on /metrics shows the GOGC in effect. 0 turns it off. -1 (the
+	// default) sets it by what the process runs: 16 MiB for each of router, cache, quota
+	// and verifier, so 64 MiB with target all and 16 MiB for the router alone, whose
+	// requests allocate about half as much and which keeps under 100 MiB resident that way.
 	GCMinHeapMiB int `yaml:"gc_min_heap_mib"`
 	// MemoryLimitRatio sets GOMEMLIMIT to this share of the container's (cgroup) memory
 	// limit, so that the collector works harder near the limit instead of the process
@@ -44,7 +47,7 @@ type RuntimeConfig struct {
 
 // DefaultRuntimeConfig is the runtime block's defaults.
 func DefaultRuntimeConfig() RuntimeConfig {
-	return RuntimeConfig{GCPercent: 100, GCMinHeapMiB: 64, MemoryLimitRatio: 0.9}
+	return RuntimeConfig{GCPercent: 100, GCMinHeapMiB: HeapFloorAuto, MemoryLimitRatio: 0.9}
 }
 
 // Validate checks the block.
@@ -53,8 +56,8 @@ func (c RuntimeConfig) Validate() error {
 	if c.GCPercent <= 0 {
 		errs = append(errs, fmt.Errorf("gc_percent: must be positive (Go's default is 100), got %d", c.GCPercent))
 	}
-	if c.GCMinHeapMiB < 0 || c.GCMinHeapMiB > maxMinHeapMiB {
-		errs = append(errs, fmt.Errorf("gc_min_heap_mib: want 0 (off) to %d, got %d", maxMinHeapMiB, c.GCMinHeapMiB))
+	if c.GCMinHeapMiB < HeapFloorAuto || c.GCMinHeapMiB > maxMinHeapMiB {
+		errs = append(errs, fmt.Errorf("gc_min_heap_mib: want -1 (by the services the process runs), 0 (off) or up to %d, got %d", maxMinHeapMiB, c.GCMinHeapMiB))
 	}
 	if !(c.MemoryLimitRatio >= 0 && c.MemoryLimitRatio <= 1) { // NaN too
 		errs = append(errs, fmt.Errorf("memory_limit_ratio: want 0 (off) or a share in (0, 1], got %g", c.MemoryLimitRatio))
@@ -65,11 +68,31 @@ func (c RuntimeConfig) Validate() error {
 // maxMinHeapMiB bounds gc_min_heap_mib at 1 TiB, where a typo would start.
 const maxMinHeapMiB = 1 << 20
 
-// tuneRuntime applies c to this process and logs what the runtime now runs with. limit
-// says how much memory the process may use; nil reads the cgroup's limit. It returns the
-// heap floor to keep while the process runs, nil when there is none (GOGC set, or
-// gc_min_heap_mib 0).
-func tuneRuntime(c RuntimeConfig, getenv func(string) string, limit memlimit.Provider, log *slog.Logger) *heapFloor {
+// HeapFloorAuto is gc_min_heap_mib's default: a floor of heapFloorPerServiceMiB for each
+// service the process runs (heapFloorMiB).
+const HeapFloorAuto = -1
+
+// heapFloorPerServiceMiB is the automatic floor's share per service. The floor exists to
+// keep collections few where requests allocate a lot against a small live heap; a request
+// allocates about 35 KB in the router and about 65 KB through the whole mesh, so the
+// floor that keeps the collections per request about the same grows with the services a
+// request passes through in the process (docs/design/002-heap-floor.md).
+const heapFloorPerServiceMiB = 16
+
+// heapFloorMiB is the floor in MiB for a process that runs services of the router, cache,
+// quota and verifier (target all runs all four).
+func (c RuntimeConfig) heapFloorMiB(services int) int {
+	if c.GCMinHeapMiB != HeapFloorAuto {
+		return c.GCMinHeapMiB
+	}
+	return heapFloorPerServiceMiB * services
+}
+
+// tuneRuntime applies c to this process, which runs services of the router, cache, quota
+// and verifier, and logs what the runtime now runs with. limit says how much memory the
+// process may use; nil reads the cgroup's limit. It returns the heap floor to keep while
+// the process runs, nil when there is none (GOGC set, or gc_min_heap_mib 0).
+func tuneRuntime(c RuntimeConfig, services int, getenv func(string) string, limit memlimit.Provider, log *slog.Logger) *heapFloor {
 	paced := getenv("GOGC") == "" // by the configuration: GOGC in the environment wins
 	gogc := "GOGC environment variable"
 	if paced {
@@ -85,8 +108,8 @@ func tuneRuntime(c RuntimeConfig, getenv func(string) string, limit memlimit.Pro
 	memLimit := debug.SetMemoryLimit(-1)
 	limited := memLimit != math.MaxInt64
 	var floor *heapFloor
-	if paced && c.GCMinHeapMiB > 0 {
-		floorBytes := uint64(c.GCMinHeapMiB) << 20
+	if floorMiB := c.heapFloorMiB(services); paced && floorMiB > 0 {
+		floorBytes := uint64(floorMiB) << 20
 		if limited {
 			// A floor near the limit would keep the collector running at the limit,
 			// returning memory to the system and taking it back, instead of at its pace.

@@ -39,9 +39,14 @@ func TestTuneRuntime(t *testing.T) {
 		wantLimit int64 // 0: left as it was (math.MaxInt64)
 		wantLog   string
 		wantFloor uint64 // bytes; 0: no heap floor
+		services  int    // services the process runs; 0: all four
 	}{
 		{name: "defaults under a cgroup limit", cfg: DefaultRuntimeConfig(), limit: limitOf(1000 * mib),
 			wantGC: 100, wantLimit: 900 * mib, wantLog: "memory_limit_mib=900", wantFloor: 64 * mib},
+		{name: "the default floor for the router alone", cfg: DefaultRuntimeConfig(), limit: limitOf(1000 * mib), services: 1,
+			wantGC: 100, wantLimit: 900 * mib, wantLog: "gc_min_heap_mib=16", wantFloor: 16 * mib},
+		{name: "a floor set for the router alone", cfg: RuntimeConfig{GCPercent: 100, GCMinHeapMiB: 48}, limit: noLimit, services: 1,
+			wantGC: 100, wantLog: "gc_min_heap_mib=48", wantFloor: 48 * mib},
 		{name: "GOGC wins, over the floor too", cfg: RuntimeConfig{GCPercent: 300, GCMinHeapMiB: 64}, env: map[string]string{"GOGC": "77"},
 			wantLog: "gc_percent_from=\"GOGC environment variable\""},
 		{name: "GOMEMLIMIT wins", cfg: RuntimeConfig{GCPercent: 150, MemoryLimitRatio: 0.5}, env: map[string]string{"GOMEMLIMIT": "1GiB"},
@@ -72,7 +77,11 @@ func TestTuneRuntime(t *testing.T) {
 			}
 			var logs bytes.Buffer
 			getenv := func(k string) string { return tc.env[k] }
-			floor := tuneRuntime(tc.cfg, getenv, tc.limit, slog.New(slog.NewTextHandler(&logs, nil)))
+			services := tc.services
+			if services == 0 {
+				services = 4
+			}
+			floor := tuneRuntime(tc.cfg, services, getenv, tc.limit, slog.New(slog.NewTextHandler(&logs, nil)))
 			switch {
 			case tc.wantFloor == 0 && floor != nil:
 				t.Errorf("heap floor of %d MiB, want none", floor.floor/mib)
@@ -111,7 +120,8 @@ func TestRuntimeConfigValidate(t *testing.T) {
 		{cfg: DefaultRuntimeConfig()},
 		{cfg: RuntimeConfig{GCPercent: 100, MemoryLimitRatio: 1}},
 		{cfg: RuntimeConfig{GCPercent: 0, MemoryLimitRatio: 0.9}, want: "gc_percent: must be positive"},
-		{cfg: RuntimeConfig{GCPercent: 100, GCMinHeapMiB: -1}, want: "gc_min_heap_mib: want 0 (off) to 1048576, got -1"},
+		{cfg: RuntimeConfig{GCPercent: 100, GCMinHeapMiB: HeapFloorAuto}},
+		{cfg: RuntimeConfig{GCPercent: 100, GCMinHeapMiB: -2}, want: "gc_min_heap_mib: want -1 (by the services the process runs), 0 (off) or up to 1048576, got -2"},
 		{cfg: RuntimeConfig{GCPercent: 100, GCMinHeapMiB: maxMinHeapMiB + 1}, want: "gc_min_heap_mib"},
 		{cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 1.5}, want: "memory_limit_ratio: want 0 (off) or a share in (0, 1]"},
 		{cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: -0.1}, want: "memory_limit_ratio"},
@@ -223,4 +233,22 @@ func gcCycles() uint64 {
 	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
 	metrics.Read(s)
 	return s[0].Value.Uint64()
+}
+
+// The automatic heap floor counts the request-path services a process runs.
+func TestRequestServices(t *testing.T) {
+	for _, tc := range []struct {
+		target string
+		want   int
+	}{
+		{"all", 4},
+		{"router", 1},
+		{"cache,quota", 2},
+		{"router,cache,quota,verifier", 4},
+		{"agent", 0},
+	} {
+		if got := (Config{Target: tc.target}).requestServices(); got != tc.want {
+			t.Errorf("target %q: %d request services, want %d", tc.target, got, tc.want)
+		}
+	}
 }
