@@ -859,9 +859,7 @@ func effectivePriority(p mantlev1.Priority) mantlev1.Priority {
 
 // priorityLabel is an effective priority as the shed metric's label: critical, high,
 // normal or batch, so that callers cannot mint series.
-func priorityLabel(p mantlev1.Priority) string {
-	return strings.ToLower(strings.TrimPrefix(p.String(), "PRIORITY_"))
-}
+func priorityLabel(p mantlev1.Priority) string { return shortPriorities.of(p) }
 
 // publishDegradation reports an answer below the primary. reason is the free text the event
 // and the caller see; cause is its bounded form for the metric label (degradationCause).
@@ -1012,16 +1010,51 @@ func findingCodes(fs []*verifierv1.Finding) string {
 }
 
 // shortClass turns ERROR_CLASS_RATE_LIMITED into rate_limited for logs and labels.
-func shortClass(c mantlev1.ErrorClass) string {
-	return strings.ToLower(strings.TrimPrefix(c.String(), "ERROR_CLASS_"))
-}
+func shortClass(c mantlev1.ErrorClass) string { return shortClasses.of(c) }
 
-func shortGrade(g mantlev1.QualityGrade) string {
-	return strings.ToLower(strings.TrimPrefix(g.String(), "QUALITY_GRADE_"))
-}
+func shortGrade(g mantlev1.QualityGrade) string { return shortGrades.of(g) }
 
 // ShortLevel turns FALLBACK_LEVEL_BACKUP_MODEL into backup_model (the x-mantle-fallback-level
 // header value).
-func ShortLevel(l mantlev1.FallbackLevel) string {
-	return strings.ToLower(strings.TrimPrefix(l.String(), "FALLBACK_LEVEL_"))
+func ShortLevel(l mantlev1.FallbackLevel) string { return shortLevels.of(l) }
+
+// The short names of the enums' declared values, made once: every request labels its
+// metrics and headers with some, and each made anew cost a lower-cased copy.
+var (
+	shortClasses    = newShortNames[mantlev1.ErrorClass](mantlev1.ErrorClass_name, "ERROR_CLASS_")
+	shortGrades     = newShortNames[mantlev1.QualityGrade](mantlev1.QualityGrade_name, "QUALITY_GRADE_")
+	shortLevels     = newShortNames[mantlev1.FallbackLevel](mantlev1.FallbackLevel_name, "FALLBACK_LEVEL_")
+	shortPriorities = newShortNames[mantlev1.Priority](mantlev1.Priority_name, "PRIORITY_")
+)
+
+// shortNames is an enum's value names without their prefix, in lower case.
+type shortNames[E interface {
+	~int32
+	String() string
+}] struct {
+	prefix string
+	names  map[E]string
+}
+
+func newShortNames[E interface {
+	~int32
+	String() string
+}](declared map[int32]string, prefix string) shortNames[E] {
+	names := make(map[E]string, len(declared))
+	for n := range declared {
+		names[E(n)] = shortName(E(n).String(), prefix)
+	}
+	return shortNames[E]{prefix: prefix, names: names}
+}
+
+// of is v's short name; a value the enum does not declare is named as it always was.
+func (s shortNames[E]) of(v E) string {
+	if name, ok := s.names[v]; ok {
+		return name
+	}
+	return shortName(v.String(), s.prefix)
+}
+
+func shortName(name, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(name, prefix))
 }
