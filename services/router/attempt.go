@@ -163,7 +163,7 @@ func (r *Router) finishCall(ctx context.Context, o *outcome, start time.Time, t 
 			o.att.ProviderRequestId = pe.RequestID
 		}
 	}
-	r.deps.Metrics.providerLatency.WithLabelValues(u.model.Name, shortClass(class)).Observe(latency.Seconds())
+	r.deps.Metrics.latency(u.model.Name, shortClass(class)).Observe(latency.Seconds())
 	o.audit = append(o.audit, r.step("attempt", fmt.Sprintf("%s/%s key=%s class=%s%s", u.provider, u.model.Name, key.id, shortClass(class), hedgeNote(o.hedged)), latency))
 }
 
@@ -223,7 +223,7 @@ func (r *Router) record(qc *mantlev1.QualityContext, o outcome) {
 	if o.verdict != nil || (o.err == nil && !o.streamed) {
 		applyVerdict(qc, o.verdict)
 	}
-	r.deps.Metrics.attempts.WithLabelValues(o.c.u.model.Name, shortClass(o.att.ErrorClass)).Inc()
+	r.deps.Metrics.attempt(o.c.u.model.Name, shortClass(o.att.ErrorClass)).Inc()
 }
 
 func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {

@@ -42,8 +42,9 @@ func (r *Router) Embed(ctx context.Context, req *routerv1.EmbedRequest) (*router
 		err = &failedRequest{err: err, quality: qc}
 	}
 	scenario := r.scenarioLabel(qc.Scenario)
-	r.deps.Metrics.requests.WithLabelValues(rt.name, scenario, outcome, level).Inc()
-	r.deps.Metrics.duration.WithLabelValues(rt.name, scenario, level).Observe(end.Sub(start).Seconds())
+	series := r.deps.Metrics.request(rt.name, scenario, outcome, level)
+	series.requests.Inc()
+	series.duration.Observe(end.Sub(start).Seconds())
 	return resp, err
 }
 

@@ -398,8 +398,9 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 		err = &failedRequest{err: err, quality: qc}
 	}
 	scenario := r.scenarioLabel(qc.Scenario)
-	r.deps.Metrics.requests.WithLabelValues(rt.name, scenario, outcome, level).Inc()
-	r.deps.Metrics.duration.WithLabelValues(rt.name, scenario, level).Observe(end.Sub(start).Seconds())
+	series := r.deps.Metrics.request(rt.name, scenario, outcome, level)
+	series.requests.Inc()
+	series.duration.Observe(end.Sub(start).Seconds())
 	return resp, err
 }
 
@@ -955,9 +956,10 @@ func (r *Router) addUsage(qc *mantlev1.QualityContext, u *upstream, usage provid
 	qc.Usage.TotalTokens += usage.InputTokens + usage.OutputTokens
 	qc.CostUsd += cost
 	m := r.deps.Metrics
-	m.tokens.WithLabelValues(qc.Tenant, u.model.Name, "input").Add(float64(usage.InputTokens))
-	m.tokens.WithLabelValues(qc.Tenant, u.model.Name, "output").Add(float64(usage.OutputTokens))
-	m.cost.WithLabelValues(qc.Tenant, u.model.Name).Add(cost)
+	series := m.usage(qc.Tenant, u.model.Name)
+	series.input.Add(float64(usage.InputTokens))
+	series.output.Add(float64(usage.OutputTokens))
+	series.cost.Add(cost)
 }
 
 func levelOf(candidate int) mantlev1.FallbackLevel {
