@@ -117,9 +117,14 @@ func traceRequest(ctx context.Context, qc *mantlev1.QualityContext) {
 // traceparent. With tracing off the tracer records nothing, but the caller's span context
 // is still extracted, so the request keeps the caller's trace id.
 func (f *frontDoor) traced(route string, h http.HandlerFunc) http.Handler {
+	post := http.MethodPost + " " + route // the span name of nearly every request, made once
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		ctx := rpc.Propagator.Extract(req.Context(), propagation.HeaderCarrier(req.Header))
-		ctx, span := f.router.deps.Tracer.Start(ctx, req.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer),
+		name := post
+		if req.Method != http.MethodPost {
+			name = req.Method + " " + route
+		}
+		ctx, span := f.router.deps.Tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(
 				attribute.String("http.request.method", req.Method),
 				attribute.String("http.route", route),
