@@ -29,7 +29,9 @@ func (r *Router) Embed(ctx context.Context, req *routerv1.EmbedRequest) (*router
 	}
 	creq := &routerv1.Request{Model: req.Model, Scenario: req.Scenario, Priority: req.Priority, User: req.User}
 	qc := r.newQualityContext(ctx, creq, rt)
-	ctx = rpc.WithRequestID(ctx, qc.RequestId)
+	if rpc.RequestID(ctx) != qc.RequestId { // made up by newQualityContext
+		ctx = rpc.WithRequestID(ctx, qc.RequestId)
+	}
 	ctx, cancel := context.WithDeadline(ctx, qc.Deadline.AsTime())
 	defer cancel()
 

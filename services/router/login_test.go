@@ -1,11 +1,13 @@
 package router
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -46,6 +48,41 @@ func TestLoginRequestID(t *testing.T) {
 			}
 			if rpc.TraceID(ctx) == "" {
 				t.Error("no trace id")
+			}
+		})
+	}
+}
+
+// TestRequestIDReachesHops: the calls a request makes carry its id, the caller's or, for
+// a request that came without one, the one mantle made up for it.
+func TestRequestIDReachesHops(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		want string // "" for a made-up id
+	}{
+		{"the caller's", rpc.WithRequestID(context.Background(), "req-given"), "req-given"},
+		{"none", context.Background(), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, testConfig(), &harness{
+				providers: map[string]*fakeProvider{"a": newFakeProvider(result{res: provider.Response{Content: "ok", FinishReason: "stop"}})},
+				quota:     &fakeQuota{},
+			})
+			resp, err := h.router.Complete(tc.ctx, ask("chat"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := resp.GetQuality().GetRequestId()
+			if id == "" || tc.want != "" && id != tc.want {
+				t.Fatalf("request id %q, want %q (or one made up)", id, tc.want)
+			}
+			h.quota.mu.Lock()
+			defer h.quota.mu.Unlock()
+			if len(h.quota.reserveIDs) != 1 || h.quota.reserveIDs[0] != id {
+				t.Errorf("Reserve saw request ids %q, want [%q]", h.quota.reserveIDs, id)
 			}
 		})
 	}

@@ -382,7 +382,9 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	}
 	clientID := rpc.CallerRequestID(ctx)
 	qc := r.newQualityContext(ctx, req, rt)
-	ctx = rpc.WithRequestID(ctx, qc.RequestId)
+	if rpc.RequestID(ctx) != qc.RequestId { // made up by newQualityContext
+		ctx = rpc.WithRequestID(ctx, qc.RequestId)
+	}
 	ctx, cancel := context.WithDeadline(ctx, qc.Deadline.AsTime())
 	defer cancel()
 
