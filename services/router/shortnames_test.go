@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -59,5 +60,27 @@ func TestShortNamesDoNotAllocate(t *testing.T) {
 		_ = priorityLabel(mantlev1.Priority_PRIORITY_HIGH)
 	}); n != 0 {
 		t.Errorf("%v allocations, want 0", n)
+	}
+}
+
+// TestAttemptDetail: an attempt's audit line, concatenated, reads as it was formatted.
+func TestAttemptDetail(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		provider, model, key string
+		class                mantlev1.ErrorClass
+		hedged               bool
+	}{
+		{"openai", "gpt-4o", "k1", mantlev1.ErrorClass_ERROR_CLASS_NONE, false},
+		{"anthropic", "claude", "", mantlev1.ErrorClass_ERROR_CLASS_RATE_LIMITED, true},
+		{"", "m", "k", mantlev1.ErrorClass(9999), false},
+	} {
+		want := fmt.Sprintf("%s/%s key=%s class=%s%s", tc.provider, tc.model, tc.key, shortClass(tc.class), hedgeNote(tc.hedged))
+		if got := attemptDetail(tc.provider, tc.model, tc.key, tc.class, tc.hedged); got != want {
+			t.Errorf("attemptDetail = %q, want %q", got, want)
+		}
+	}
+	if got := attemptDetail("p", "m", "k", mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, true); got != "p/m key=k class=timeout (hedge)" {
+		t.Errorf("attemptDetail = %q", got)
 	}
 }
