@@ -136,6 +136,9 @@ type Deps struct {
 // Router executes requests.
 type Router struct {
 	deps Deps
+	// tracing is false when deps.Tracer records nothing: the spans' attributes, which
+	// nothing would read, are then not built.
+	tracing bool
 	// cfg and the routing table are swapped whole on reload; a request reads each once per
 	// use, so it never sees half of a new configuration.
 	cfg      atomic.Pointer[Config]
@@ -194,6 +197,8 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		embedCache:      newEmbedCache(cfg.EmbeddingsCache),
 		storeSlots:      make(chan struct{}, maxAsyncStores),
 	}
+	_, off := deps.Tracer.(noop.Tracer)
+	r.tracing = !off
 	r.scoutCtx, r.stopScouts = context.WithCancel(context.Background())
 	r.schemas = deps.Checker
 	if r.schemas == nil {
