@@ -46,6 +46,8 @@ type localConn struct {
 type localMethod struct {
 	impl    any
 	handler grpc.MethodHandler
+	// stream answers grpc.Method; made once, not per call.
+	stream grpc.ServerTransportStream
 }
 
 func newLocalConn(chain rpc.Interceptors, client rpc.ClientIdentity, clientStats, serverStats stats.Handler) *localConn {
@@ -69,7 +71,8 @@ func newLocalConn(chain rpc.Interceptors, client rpc.ClientIdentity, clientStats
 // app is built, before any call.
 func (c *localConn) RegisterService(desc *grpc.ServiceDesc, impl any) {
 	for _, m := range desc.Methods {
-		c.methods["/"+desc.ServiceName+"/"+m.MethodName] = localMethod{impl: impl, handler: m.Handler}
+		name := "/" + desc.ServiceName + "/" + m.MethodName
+		c.methods[name] = localMethod{impl: impl, handler: m.Handler, stream: localStream(name)}
 	}
 	if len(desc.Streams) > 0 {
 		c.register.RegisterService(&grpc.ServiceDesc{ServiceName: desc.ServiceName, HandlerType: desc.HandlerType, Streams: desc.Streams, Metadata: desc.Metadata}, impl)
@@ -107,7 +110,7 @@ func (c *localConn) serve(ctx context.Context, method string, req, reply any) er
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	sctx, cancel := serverContext(ctx, method)
+	sctx, cancel := serverContext(ctx, m.stream)
 	defer cancel()
 	var begin time.Time
 	if c.serverStats != nil {
@@ -138,13 +141,13 @@ func (c *localConn) serve(ctx context.Context, method string, req, reply any) er
 // withoutValues.AfterFunc: contexts a handler derives from it then register with it
 // directly instead of each starting a goroutine to watch a parent whose values (and so
 // the context package's way of finding a cancellable parent) are hidden.
-func serverContext(ctx context.Context, method string) (_ context.Context, cancel context.CancelFunc) {
+func serverContext(ctx context.Context, stream grpc.ServerTransportStream) (_ context.Context, cancel context.CancelFunc) {
 	sctx, cancel := context.WithCancel(withoutValues{ctx})
 	if md, ok := metadata.FromOutgoingContext(ctx); ok {
 		sctx = metadata.NewIncomingContext(sctx, md)
 	}
 	sctx = peer.NewContext(sctx, &localPeer)
-	return grpc.NewContextWithServerTransportStream(sctx, localStream(method)), cancel
+	return grpc.NewContextWithServerTransportStream(sctx, stream), cancel
 }
 
 func copyMessage(dst, src any) error {
@@ -185,17 +188,41 @@ func (localStream) SendHeader(metadata.MD) error { return nil }
 func (localStream) SetTrailer(metadata.MD) error { return nil }
 
 // chainUnary folds interceptors into one, the first outermost, as grpc.ChainUnaryInterceptor does.
+//
+// A call's chain is one value whose handler walks the interceptors by index instead of a
+// closure per interceptor per call: every mesh call crosses the whole chain, and the
+// closures were the channel's largest count of allocations. The index is restored as each
+// interceptor returns, so an interceptor that calls its handler again, or not at all, sees
+// what a closure chain would give it; handlers must be called in the call's goroutine, as
+// every interceptor of pkg/rpc does.
 func chainUnary(interceptors []grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		return chainFrom(interceptors, info, handler)(ctx, req)
+		if len(interceptors) == 0 {
+			return handler(ctx, req)
+		}
+		c := &chainCall{interceptors: interceptors, info: info, final: handler}
+		c.handler = c.step
+		return c.step(ctx, req)
 	}
 }
 
-func chainFrom(interceptors []grpc.UnaryServerInterceptor, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) grpc.UnaryHandler {
-	if len(interceptors) == 0 {
-		return handler
+// chainCall is one call's way through the chain.
+type chainCall struct {
+	interceptors []grpc.UnaryServerInterceptor
+	info         *grpc.UnaryServerInfo
+	final        grpc.UnaryHandler
+	handler      grpc.UnaryHandler // step, bound once
+	next         int               // the interceptor the handler runs next
+}
+
+// step runs the interceptor at c.next, handing it the rest of the chain, or the
+// final handler when none is left.
+func (c *chainCall) step(ctx context.Context, req any) (any, error) {
+	i := c.next
+	if i == len(c.interceptors) {
+		return c.final(ctx, req)
 	}
-	return func(ctx context.Context, req any) (any, error) {
-		return interceptors[0](ctx, req, info, chainFrom(interceptors[1:], info, handler))
-	}
+	c.next = i + 1
+	defer func() { c.next = i }()
+	return c.interceptors[i](ctx, req, c.info, c.handler)
 }

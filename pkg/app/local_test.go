@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -82,7 +83,7 @@ type ctxKey struct{}
 // the caller. Not parallel, so that no other test's goroutines come and go meanwhile.
 func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
-	sctx, release := serverContext(parent, "/mantle.test.v1.Echo/Echo")
+	sctx, release := serverContext(parent, localStream("/mantle.test.v1.Echo/Echo"))
 	defer release()
 	const derived = 100
 	before := runtime.NumGoroutine()
@@ -371,6 +372,111 @@ func BenchmarkLocalCall(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// TestChainUnary: the chain runs as a closure per interceptor would (referenceChain, the
+// fold grpc.ChainUnaryInterceptor makes): in order, with each interceptor's request, and
+// with the rest of the chain again for an interceptor that calls its handler twice, none
+// for one that answers itself, and after an inner panic an outer interceptor recovered.
+func TestChainUnary(t *testing.T) {
+	t.Parallel()
+	type trace = []string
+	pass := func(name string) func(*trace) grpc.UnaryServerInterceptor {
+		return func(tr *trace) grpc.UnaryServerInterceptor {
+			return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				*tr = append(*tr, name+">")
+				resp, err := h(ctx, req.(string)+name)
+				*tr = append(*tr, "<"+name)
+				return resp, err
+			}
+		}
+	}
+	twice := func(tr *trace) grpc.UnaryServerInterceptor {
+		return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			*tr = append(*tr, "twice>")
+			if _, err := h(ctx, req); err != nil {
+				return nil, err
+			}
+			return h(ctx, req.(string)+"2")
+		}
+	}
+	answer := func(tr *trace) grpc.UnaryServerInterceptor {
+		return func(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error) {
+			*tr = append(*tr, "answer")
+			return "answered", nil
+		}
+	}
+	// retryPanic calls its handler again after the first call panicked.
+	retryPanic := func(tr *trace) grpc.UnaryServerInterceptor {
+		return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						*tr = append(*tr, "recovered")
+					}
+				}()
+				resp, err = h(ctx, req)
+			}()
+			return h(ctx, req.(string)+"r")
+		}
+	}
+	panicOnce := func(tr *trace) grpc.UnaryServerInterceptor {
+		n := 0
+		return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if n++; n == 1 {
+				panic("once")
+			}
+			return h(ctx, req)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		chain []func(*trace) grpc.UnaryServerInterceptor
+	}{
+		{"none", nil},
+		{"one", []func(*trace) grpc.UnaryServerInterceptor{pass("a")}},
+		{"in order", []func(*trace) grpc.UnaryServerInterceptor{pass("a"), pass("b"), pass("c")}},
+		{"handler called twice", []func(*trace) grpc.UnaryServerInterceptor{pass("a"), twice, pass("b"), pass("c")}},
+		{"answered inside", []func(*trace) grpc.UnaryServerInterceptor{pass("a"), answer, pass("b")}},
+		{"retried after a panic", []func(*trace) grpc.UnaryServerInterceptor{pass("a"), retryPanic, pass("b"), panicOnce, pass("c")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			run := func(fold func([]grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor) (trace, any) {
+				var tr trace
+				ics := make([]grpc.UnaryServerInterceptor, len(tc.chain))
+				for i, mk := range tc.chain {
+					ics[i] = mk(&tr)
+				}
+				final := func(_ context.Context, req any) (any, error) {
+					tr = append(tr, "final("+req.(string)+")")
+					return req, nil
+				}
+				resp, err := fold(ics)(context.Background(), "", &grpc.UnaryServerInfo{FullMethod: "/m"}, final)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return tr, resp
+			}
+			got, gotResp := run(chainUnary)
+			want, wantResp := run(referenceChain)
+			if fmt.Sprint(got) != fmt.Sprint(want) || gotResp != wantResp {
+				t.Errorf("chain ran %v, answered %v; want %v, %v", got, gotResp, want, wantResp)
+			}
+		})
+	}
+}
+
+// referenceChain is the fold of a closure per interceptor per call.
+func referenceChain(ics []grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if len(ics) == 0 {
+			return handler(ctx, req)
+		}
+		return ics[0](ctx, req, info, func(ctx context.Context, req any) (any, error) {
+			return referenceChain(ics[1:])(ctx, req, info, handler)
 		})
 	}
 }

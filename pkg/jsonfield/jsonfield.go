@@ -110,6 +110,11 @@ func (d *Decoder) Obj(v json.RawMessage, field string, allowed ...string) map[st
 		d.Err = err
 		return nil
 	}
+	// Sorting the keys (so that the first error is the same every time) is for an object
+	// with a key to refuse; most have none.
+	if allAllowed(m, allowed) {
+		return m
+	}
 	for _, k := range SortedKeys(m) {
 		if slices.Contains(allowed, k) {
 			continue
@@ -122,6 +127,15 @@ func (d *Decoder) Obj(v json.RawMessage, field string, allowed ...string) map[st
 		return nil
 	}
 	return m
+}
+
+func allAllowed(m map[string]json.RawMessage, allowed []string) bool {
+	for k := range m {
+		if !slices.Contains(allowed, k) {
+			return false
+		}
+	}
+	return true
 }
 
 // Object decodes v as a JSON object; field names it in the error ("" is the body).

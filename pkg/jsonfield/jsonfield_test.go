@@ -17,6 +17,7 @@ func TestDecoderNamesTheField(t *testing.T) {
 	}{
 		{"a known key", func(d *Decoder) { d.Obj(json.RawMessage(`{"a":1}`), "x", "a", "b") }, ""},
 		{"an unknown key", func(d *Decoder) { d.Obj(json.RawMessage(`{"c":1}`), "x", "a", "b") }, "x.c: unknown field (want one of a, b)"},
+		{"of unknown keys the first in order", func(d *Decoder) { d.Obj(json.RawMessage(`{"z":1,"a":1,"d":1,"c":1}`), "x", "a", "b") }, "x.c: unknown field"},
 		{"a refused key says why", func(d *Decoder) {
 			d.Refused = map[string]string{"c": "not carried"}
 			d.Obj(json.RawMessage(`{"c":1}`), "x", "a")

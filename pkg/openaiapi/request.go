@@ -364,12 +364,23 @@ func (d *decoder) messages(v json.RawMessage) []*mantlev1.ChatMessage {
 		field := fmt.Sprintf("messages[%d]", i)
 		m := d.Obj(raw, field, "role", "content", "name", "tool_calls", "tool_call_id", "refusal")
 		msg := &mantlev1.ChatMessage{}
-		d.Str(m["role"], field+".role", &msg.Role)
-		d.Str(m["name"], field+".name", &msg.Name)
-		d.Str(m["tool_call_id"], field+".tool_call_id", &msg.ToolCallId)
-		d.Str(m["refusal"], field+".refusal", &msg.Refusal)
-		d.content(m["content"], field+".content", msg)
-		msg.ToolCalls = d.toolCalls(m["tool_calls"], field+".tool_calls")
+		// A member's path is made only for a member present: most messages have two.
+		for _, s := range []struct {
+			key  string
+			into *string
+		}{{"role", &msg.Role}, {"name", &msg.Name}, {"tool_call_id", &msg.ToolCallId}, {"refusal", &msg.Refusal}} {
+			if v, ok := m[s.key]; ok {
+				d.Str(v, field+"."+s.key, s.into)
+			}
+		}
+		if v := m["content"]; jsonfield.IsNull(v) {
+			d.content(v, "", msg) // null: no path needed
+		} else {
+			d.content(v, field+".content", msg)
+		}
+		if v := m["tool_calls"]; !jsonfield.IsNull(v) {
+			msg.ToolCalls = d.toolCalls(v, field+".tool_calls")
+		}
 		if d.Err != nil {
 			return nil
 		}

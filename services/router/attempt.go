@@ -3,7 +3,6 @@ package router
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -163,8 +162,8 @@ func (r *Router) finishCall(ctx context.Context, o *outcome, start time.Time, t 
 			o.att.ProviderRequestId = pe.RequestID
 		}
 	}
-	r.deps.Metrics.providerLatency.WithLabelValues(u.model.Name, shortClass(class)).Observe(latency.Seconds())
-	o.audit = append(o.audit, r.step("attempt", fmt.Sprintf("%s/%s key=%s class=%s%s", u.provider, u.model.Name, key.id, shortClass(class), hedgeNote(o.hedged)), latency))
+	r.deps.Metrics.latency(u.model.Name, shortClass(class)).Observe(latency.Seconds())
+	o.audit = append(o.audit, r.step("attempt", attemptDetail(u.provider, u.model.Name, key.id, class, o.hedged), latency))
 }
 
 // lateTimeout reports whether a call that timed out after latency, against its limit,
@@ -181,6 +180,12 @@ func lateTimeout(latency, limit time.Duration) bool {
 // is never starved then.
 func (r *Router) starved(limit time.Duration) bool {
 	return limit > 0 && r.shedder.Delay() > limit/10
+}
+
+// attemptDetail is an attempt's audit line, "provider/model key=id class=class", marked
+// when the attempt was a hedge. Concatenated, not formatted: every attempt writes one.
+func attemptDetail(provider, model, keyID string, class mantlev1.ErrorClass, hedged bool) string {
+	return provider + "/" + model + " key=" + keyID + " class=" + shortClass(class) + hedgeNote(hedged)
 }
 
 func hedgeNote(hedged bool) string {
@@ -223,7 +228,7 @@ func (r *Router) record(qc *mantlev1.QualityContext, o outcome) {
 	if o.verdict != nil || (o.err == nil && !o.streamed) {
 		applyVerdict(qc, o.verdict)
 	}
-	r.deps.Metrics.attempts.WithLabelValues(o.c.u.model.Name, shortClass(o.att.ErrorClass)).Inc()
+	r.deps.Metrics.attempt(o.c.u.model.Name, shortClass(o.att.ErrorClass)).Inc()
 }
 
 func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {

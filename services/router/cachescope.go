@@ -108,14 +108,19 @@ func onlyText(parts []*mantlev1.ContentPart) bool {
 // structure beyond their text (parts with images by their bytes or URL, tool calls, tool
 // call ids, refusals, names). "" for a plain text request, so its entries keep their keys.
 func contextFingerprint(req *routerv1.Request) string {
-	c := proto.Clone(req).(*routerv1.Request)
+	// c holds the fields hashed, shared with req (c is only marshalled), rather than a
+	// clone of req cleared of the others: a clone copied every message of the
+	// conversation only to drop them.
+	c := &routerv1.Request{}
 	m := c.ProtoReflect()
-	fields := m.Descriptor().Fields()
-	for i := range fields.Len() {
-		if _, out := outsideFingerprint[fields.Get(i).Name()]; out {
-			m.Clear(fields.Get(i))
+	src := req.ProtoReflect()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if _, out := outsideFingerprint[fd.Name()]; !out {
+			m.Set(fd, v)
 		}
-	}
+		return true
+	})
+	m.SetUnknown(src.GetUnknown())
 	if messagesStructured(req.Messages) {
 		last := len(req.Messages) - 1
 		for i, msg := range req.Messages {

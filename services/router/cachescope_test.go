@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"slices"
@@ -332,4 +333,75 @@ func TestToolCallHitsOnlyExact(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestContextFingerprintSharesNotClones: the fingerprint built from the hashed fields alone
+// is the one a clone of the whole request, cleared of the others, gave; and req is left
+// as it was.
+func TestContextFingerprintSharesNotClones(t *testing.T) {
+	t.Parallel()
+	filled := &routerv1.Request{}
+	fill(filled.ProtoReflect())
+	filled.Messages = append(filled.Messages, proto.Clone(filled.Messages[0]).(*mantlev1.ChatMessage))
+	unknown := &routerv1.Request{Model: "m", Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "q"}}}
+	unknown.ProtoReflect().SetUnknown(protoreflect.RawFields{0xf8, 0x7f, 0x01}) // field 2047, varint 1
+	temp := 0.3
+	for _, tc := range []struct {
+		name string
+		req  *routerv1.Request
+	}{
+		{"plain text", &routerv1.Request{Model: "m", Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "q"}}, Temperature: &temp, User: "u"}},
+		{"every field", filled},
+		{"a tool turn", &routerv1.Request{Model: "m", Messages: []*mantlev1.ChatMessage{{Role: "assistant", ToolCalls: []*mantlev1.ToolCall{{Id: "c", Name: "f"}}}, {Role: "tool", ToolCallId: "c", Content: "r"}}}},
+		{"unknown fields", unknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			before := proto.Clone(tc.req)
+			got, want := contextFingerprint(tc.req), clonedFingerprint(tc.req)
+			if got != want {
+				t.Errorf("fingerprint %q, want %q", got, want)
+			}
+			if !proto.Equal(tc.req, before) {
+				t.Error("the request changed")
+			}
+		})
+	}
+}
+
+// clonedFingerprint is contextFingerprint made from a clone of the whole request cleared
+// of the fields outside the fingerprint.
+func clonedFingerprint(req *routerv1.Request) string {
+	c := proto.Clone(req).(*routerv1.Request)
+	m := c.ProtoReflect()
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		if _, out := outsideFingerprint[fields.Get(i).Name()]; out {
+			m.Clear(fields.Get(i))
+		}
+	}
+	if messagesStructured(req.Messages) {
+		last := len(req.Messages) - 1
+		for i, msg := range req.Messages {
+			s := proto.Clone(msg).(*mantlev1.ChatMessage)
+			if i < last || (msg.GetRole() == "user" && messageText(msg) != "" && onlyText(msg.GetParts())) {
+				s.Content = ""
+				for _, p := range s.Parts {
+					if t, ok := p.GetPart().(*mantlev1.ContentPart_Text); ok {
+						t.Text = ""
+					}
+				}
+			}
+			c.Messages = append(c.Messages, s)
+		}
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	if err != nil {
+		return "unhashable"
+	}
+	if len(b) == 0 {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return "router.v1:" + hex.EncodeToString(sum[:])
 }

@@ -29,7 +29,9 @@ func (r *Router) Embed(ctx context.Context, req *routerv1.EmbedRequest) (*router
 	}
 	creq := &routerv1.Request{Model: req.Model, Scenario: req.Scenario, Priority: req.Priority, User: req.User}
 	qc := r.newQualityContext(ctx, creq, rt)
-	ctx = rpc.WithRequestID(ctx, qc.RequestId)
+	if rpc.RequestID(ctx) != qc.RequestId { // made up by newQualityContext
+		ctx = rpc.WithRequestID(ctx, qc.RequestId)
+	}
 	ctx, cancel := context.WithDeadline(ctx, qc.Deadline.AsTime())
 	defer cancel()
 
@@ -42,8 +44,9 @@ func (r *Router) Embed(ctx context.Context, req *routerv1.EmbedRequest) (*router
 		err = &failedRequest{err: err, quality: qc}
 	}
 	scenario := r.scenarioLabel(qc.Scenario)
-	r.deps.Metrics.requests.WithLabelValues(rt.name, scenario, outcome, level).Inc()
-	r.deps.Metrics.duration.WithLabelValues(rt.name, scenario, level).Observe(end.Sub(start).Seconds())
+	series := r.deps.Metrics.request(rt.name, scenario, outcome, level)
+	series.requests.Inc()
+	series.duration.Observe(end.Sub(start).Seconds())
 	return resp, err
 }
 

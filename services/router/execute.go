@@ -433,7 +433,7 @@ func retryAfter(err error) time.Duration {
 func (r *Router) skipCandidate(qc *mantlev1.QualityContext, p *plan, c *candidate, class mantlev1.ErrorClass) {
 	c.exhausted = true
 	c.lastClass = class
-	r.deps.Metrics.attempts.WithLabelValues(c.u.model.Name, shortClass(class)).Inc()
+	r.deps.Metrics.attempt(c.u.model.Name, shortClass(class)).Inc()
 	r.audit(qc, "skip", fmt.Sprintf("%s: %s", c.u.model.Name, shortClass(class)), 0)
 	if p.lastErr == nil || provider.ClassOf(p.lastErr) == mantlev1.ErrorClass_ERROR_CLASS_BREAKER_OPEN {
 		p.lastErr = &provider.Error{Class: class, Message: c.u.model.Name + " skipped"}

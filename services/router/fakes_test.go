@@ -23,6 +23,7 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/router/internal/idempotency"
 )
 
@@ -47,9 +48,11 @@ type fakeQuota struct {
 
 	mu       sync.Mutex
 	reserves []*quotav1.ReserveRequest
-	settles  []*quotav1.SettleRequest
-	retries  []*quotav1.AcquireRetryRequest
-	observed []*quotav1.ObserveUpstreamRequest
+	// reserveIDs are the request ids the Reserve calls' contexts carried.
+	reserveIDs []string
+	settles    []*quotav1.SettleRequest
+	retries    []*quotav1.AcquireRetryRequest
+	observed   []*quotav1.ObserveUpstreamRequest
 }
 
 func (q *fakeQuota) AcquireRetry(_ context.Context, in *quotav1.AcquireRetryRequest, _ ...grpc.CallOption) (*quotav1.AcquireRetryResponse, error) {
@@ -84,10 +87,11 @@ func (q *fakeQuota) reserveRequests() []*quotav1.ReserveRequest {
 	return append([]*quotav1.ReserveRequest(nil), q.reserves...)
 }
 
-func (q *fakeQuota) Reserve(_ context.Context, in *quotav1.ReserveRequest, _ ...grpc.CallOption) (*quotav1.ReserveResponse, error) {
+func (q *fakeQuota) Reserve(ctx context.Context, in *quotav1.ReserveRequest, _ ...grpc.CallOption) (*quotav1.ReserveResponse, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.reserves = append(q.reserves, proto.Clone(in).(*quotav1.ReserveRequest))
+	q.reserveIDs = append(q.reserveIDs, rpc.RequestID(ctx))
 	if q.queued > 0 {
 		q.clock.Advance(q.queued)
 	}

@@ -74,7 +74,7 @@ func (f *frontDoor) authenticate(w http.ResponseWriter, r *http.Request) (contex
 // a refusal is written with writeErr, in the door's shape.
 func (f *frontDoor) login(w http.ResponseWriter, r *http.Request, credential string, writeErr func(http.ResponseWriter, error)) (context.Context, bool) {
 	ctx := r.Context()
-	id := r.Header.Get("x-request-id")
+	id := r.Header.Get("X-Request-Id") // canonical, so Get does not make it so anew
 	if rpc.ValidRequestID(id) {
 		ctx = rpc.WithCallerRequestID(ctx, id)
 	} else {
@@ -88,7 +88,7 @@ func (f *frontDoor) login(w http.ResponseWriter, r *http.Request, credential str
 	if rpc.TraceID(ctx) == "" {
 		ctx = rpc.WithTraceID(ctx, rpc.NewTraceID())
 	}
-	w.Header().Set(HeaderRequestID, id)
+	w.Header().Set(canonicalRequestID, id) // canonical, so Set does not make it so anew
 	if !f.auth.Enabled() {
 		return ctx, true
 	}
@@ -389,8 +389,9 @@ func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) 
 	}
 }
 
-// Canonical forms of the headers setResponseHeaders sets.
+// Canonical forms of the headers every answer carries (login, setResponseHeaders).
 var (
+	canonicalRequestID     = http.CanonicalHeaderKey(HeaderRequestID)
 	canonicalFallbackLevel = http.CanonicalHeaderKey(HeaderFallbackLevel)
 	canonicalCache         = http.CanonicalHeaderKey(HeaderCache)
 	canonicalQuality       = http.CanonicalHeaderKey(HeaderQuality)

@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -47,6 +48,81 @@ type metrics struct {
 	shed *prometheus.CounterVec
 	// overhead is each request's time in mantle apart from its provider calls.
 	overhead *prometheus.HistogramVec
+
+	// The children every request counts in, by their label values (see children).
+	requestChildren  children[requestLabels, requestChild]
+	attemptChildren  children[modelClass, prometheus.Counter]
+	latencyChildren  children[modelClass, prometheus.Observer]
+	overheadChildren children[string, prometheus.Observer]
+	usageChildren    children[tenantModel, usageChild]
+}
+
+type requestLabels struct{ route, scenario, outcome, level string }
+
+type requestChild struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+type modelClass struct{ model, class string }
+
+type tenantModel struct{ tenant, model string }
+
+type usageChild struct{ input, output, cost prometheus.Counter }
+
+// request is the requests and duration series of one route, scenario, outcome and level.
+func (m *metrics) request(route, scenario, outcome, level string) requestChild {
+	return m.requestChildren.get(requestLabels{route, scenario, outcome, level}, func() requestChild {
+		return requestChild{m.requests.WithLabelValues(route, scenario, outcome, level), m.duration.WithLabelValues(route, scenario, level)}
+	})
+}
+
+// attempt is the attempts series of one model and error class.
+func (m *metrics) attempt(model, class string) prometheus.Counter {
+	return m.attemptChildren.get(modelClass{model, class}, func() prometheus.Counter { return m.attempts.WithLabelValues(model, class) })
+}
+
+// latency is the provider latency series of one model and error class.
+func (m *metrics) latency(model, class string) prometheus.Observer {
+	return m.latencyChildren.get(modelClass{model, class}, func() prometheus.Observer { return m.providerLatency.WithLabelValues(model, class) })
+}
+
+// overheadOf is the overhead series of one route.
+func (m *metrics) overheadOf(route string) prometheus.Observer {
+	return m.overheadChildren.get(route, func() prometheus.Observer { return m.overhead.WithLabelValues(route) })
+}
+
+// usage is the token and cost series of one tenant and model.
+func (m *metrics) usage(tenant, model string) usageChild {
+	return m.usageChildren.get(tenantModel{tenant, model}, func() usageChild {
+		return usageChild{m.tokens.WithLabelValues(tenant, model, "input"), m.tokens.WithLabelValues(tenant, model, "output"), m.cost.WithLabelValues(tenant, model)}
+	})
+}
+
+// children holds a vector's children by their label values. A vector's own lookup checks
+// every value is UTF-8 and hashes it under the vector's lock on every use, a cost each
+// request paid several times over; here one map read answers. It holds no more than the
+// vector does (the labels are bounded, see metrics), and the router never deletes a child.
+type children[K comparable, M any] struct {
+	mu sync.RWMutex
+	m  map[K]M
+}
+
+func (c *children[K, M]) get(k K, child func() M) M {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = child()
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[K]M{}
+	}
+	c.m[k] = v
+	c.mu.Unlock()
+	return v
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {

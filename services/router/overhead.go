@@ -64,7 +64,7 @@ func (r *Router) timeRequest(route string, qc *mantlev1.QualityContext, resp *ro
 	}
 	overhead := rest - waited
 	out.Overhead, out.UpstreamLatency = durationpb.New(overhead), durationpb.New(upstream)
-	r.deps.Metrics.overhead.WithLabelValues(route).Observe(overhead.Seconds())
+	r.deps.Metrics.overheadOf(route).Observe(overhead.Seconds())
 }
 
 // addWait adds d to the time the request was held on purpose (QualityContext.waited),

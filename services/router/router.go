@@ -136,6 +136,9 @@ type Deps struct {
 // Router executes requests.
 type Router struct {
 	deps Deps
+	// tracing is false when deps.Tracer records nothing: the spans' attributes, which
+	// nothing would read, are then not built.
+	tracing bool
 	// cfg and the routing table are swapped whole on reload; a request reads each once per
 	// use, so it never sees half of a new configuration.
 	cfg      atomic.Pointer[Config]
@@ -194,6 +197,8 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		embedCache:      newEmbedCache(cfg.EmbeddingsCache),
 		storeSlots:      make(chan struct{}, maxAsyncStores),
 	}
+	_, off := deps.Tracer.(noop.Tracer)
+	r.tracing = !off
 	r.scoutCtx, r.stopScouts = context.WithCancel(context.Background())
 	r.schemas = deps.Checker
 	if r.schemas == nil {
@@ -382,7 +387,9 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 	}
 	clientID := rpc.CallerRequestID(ctx)
 	qc := r.newQualityContext(ctx, req, rt)
-	ctx = rpc.WithRequestID(ctx, qc.RequestId)
+	if rpc.RequestID(ctx) != qc.RequestId { // made up by newQualityContext
+		ctx = rpc.WithRequestID(ctx, qc.RequestId)
+	}
 	ctx, cancel := context.WithDeadline(ctx, qc.Deadline.AsTime())
 	defer cancel()
 
@@ -398,8 +405,9 @@ func (r *Router) execute(ctx context.Context, req *routerv1.Request, sink Sink) 
 		err = &failedRequest{err: err, quality: qc}
 	}
 	scenario := r.scenarioLabel(qc.Scenario)
-	r.deps.Metrics.requests.WithLabelValues(rt.name, scenario, outcome, level).Inc()
-	r.deps.Metrics.duration.WithLabelValues(rt.name, scenario, level).Observe(end.Sub(start).Seconds())
+	series := r.deps.Metrics.request(rt.name, scenario, outcome, level)
+	series.requests.Inc()
+	series.duration.Observe(end.Sub(start).Seconds())
 	return resp, err
 }
 
@@ -859,9 +867,7 @@ func effectivePriority(p mantlev1.Priority) mantlev1.Priority {
 
 // priorityLabel is an effective priority as the shed metric's label: critical, high,
 // normal or batch, so that callers cannot mint series.
-func priorityLabel(p mantlev1.Priority) string {
-	return strings.ToLower(strings.TrimPrefix(p.String(), "PRIORITY_"))
-}
+func priorityLabel(p mantlev1.Priority) string { return shortPriorities.of(p) }
 
 // publishDegradation reports an answer below the primary. reason is the free text the event
 // and the caller see; cause is its bounded form for the metric label (degradationCause).
@@ -957,9 +963,10 @@ func (r *Router) addUsage(qc *mantlev1.QualityContext, u *upstream, usage provid
 	qc.Usage.TotalTokens += usage.InputTokens + usage.OutputTokens
 	qc.CostUsd += cost
 	m := r.deps.Metrics
-	m.tokens.WithLabelValues(qc.Tenant, u.model.Name, "input").Add(float64(usage.InputTokens))
-	m.tokens.WithLabelValues(qc.Tenant, u.model.Name, "output").Add(float64(usage.OutputTokens))
-	m.cost.WithLabelValues(qc.Tenant, u.model.Name).Add(cost)
+	series := m.usage(qc.Tenant, u.model.Name)
+	series.input.Add(float64(usage.InputTokens))
+	series.output.Add(float64(usage.OutputTokens))
+	series.cost.Add(cost)
 }
 
 func levelOf(candidate int) mantlev1.FallbackLevel {
@@ -1012,16 +1019,51 @@ func findingCodes(fs []*verifierv1.Finding) string {
 }
 
 // shortClass turns ERROR_CLASS_RATE_LIMITED into rate_limited for logs and labels.
-func shortClass(c mantlev1.ErrorClass) string {
-	return strings.ToLower(strings.TrimPrefix(c.String(), "ERROR_CLASS_"))
-}
+func shortClass(c mantlev1.ErrorClass) string { return shortClasses.of(c) }
 
-func shortGrade(g mantlev1.QualityGrade) string {
-	return strings.ToLower(strings.TrimPrefix(g.String(), "QUALITY_GRADE_"))
-}
+func shortGrade(g mantlev1.QualityGrade) string { return shortGrades.of(g) }
 
 // ShortLevel turns FALLBACK_LEVEL_BACKUP_MODEL into backup_model (the x-mantle-fallback-level
 // header value).
-func ShortLevel(l mantlev1.FallbackLevel) string {
-	return strings.ToLower(strings.TrimPrefix(l.String(), "FALLBACK_LEVEL_"))
+func ShortLevel(l mantlev1.FallbackLevel) string { return shortLevels.of(l) }
+
+// The short names of the enums' declared values, made once: every request labels its
+// metrics and headers with some, and each made anew cost a lower-cased copy.
+var (
+	shortClasses    = newShortNames[mantlev1.ErrorClass](mantlev1.ErrorClass_name, "ERROR_CLASS_")
+	shortGrades     = newShortNames[mantlev1.QualityGrade](mantlev1.QualityGrade_name, "QUALITY_GRADE_")
+	shortLevels     = newShortNames[mantlev1.FallbackLevel](mantlev1.FallbackLevel_name, "FALLBACK_LEVEL_")
+	shortPriorities = newShortNames[mantlev1.Priority](mantlev1.Priority_name, "PRIORITY_")
+)
+
+// shortNames is an enum's value names without their prefix, in lower case.
+type shortNames[E interface {
+	~int32
+	String() string
+}] struct {
+	prefix string
+	names  map[E]string
+}
+
+func newShortNames[E interface {
+	~int32
+	String() string
+}](declared map[int32]string, prefix string) shortNames[E] {
+	names := make(map[E]string, len(declared))
+	for n := range declared {
+		names[E(n)] = shortName(E(n).String(), prefix)
+	}
+	return shortNames[E]{prefix: prefix, names: names}
+}
+
+// of is v's short name; a value the enum does not declare is named as it always was.
+func (s shortNames[E]) of(v E) string {
+	if name, ok := s.names[v]; ok {
+		return name
+	}
+	return shortName(v.String(), s.prefix)
+}
+
+func shortName(name, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(name, prefix))
 }

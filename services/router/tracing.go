@@ -51,6 +51,9 @@ const (
 // it: verification is the verifier's own hop, a child of the request's span like quota's
 // and cache's, and the attempt span reports its verdict through its error class.
 func (r *Router) startAttempt(ctx context.Context, qc *mantlev1.QualityContext, s slot) (context.Context, trace.Span) {
+	if !r.tracing {
+		return r.deps.Tracer.Start(ctx, SpanAttempt)
+	}
 	c := s.c
 	return r.deps.Tracer.Start(ctx, SpanAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
 		AttrModel.String(c.u.model.Name),
@@ -66,6 +69,10 @@ func (r *Router) startAttempt(ctx context.Context, qc *mantlev1.QualityContext, 
 
 // endAttempt records the attempt's outcome on its span and ends it.
 func (r *Router) endAttempt(span trace.Span, o outcome) {
+	defer span.End()
+	if !span.IsRecording() { // it would drop them
+		return
+	}
 	att := o.att
 	span.SetAttributes(
 		AttrErrorClass.String(shortClass(att.GetErrorClass())),
@@ -85,7 +92,6 @@ func (r *Router) endAttempt(span trace.Span, o outcome) {
 		span.SetStatus(codes.Error, shortClass(att.GetErrorClass()))
 		span.SetAttributes(attribute.String("error.type", shortClass(att.GetErrorClass())))
 	}
-	span.End()
 }
 
 // traceRequest puts the request's outcome on the span it is served under (the gRPC server
@@ -117,17 +123,31 @@ func traceRequest(ctx context.Context, qc *mantlev1.QualityContext) {
 // traceparent. With tracing off the tracer records nothing, but the caller's span context
 // is still extracted, so the request keeps the caller's trace id.
 func (f *frontDoor) traced(route string, h http.HandlerFunc) http.Handler {
+	post := http.MethodPost + " " + route // the span name of nearly every request, made once
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		ctx := rpc.Propagator.Extract(req.Context(), propagation.HeaderCarrier(req.Header))
-		ctx, span := f.router.deps.Tracer.Start(ctx, req.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(
-				attribute.String("http.request.method", req.Method),
-				attribute.String("http.route", route),
-				attribute.String("url.path", req.URL.Path),
-			))
+		var span trace.Span
+		if f.router.tracing {
+			name := post
+			if req.Method != http.MethodPost {
+				name = req.Method + " " + route
+			}
+			ctx, span = f.router.deps.Tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+				trace.WithAttributes(
+					attribute.String("http.request.method", req.Method),
+					attribute.String("http.route", route),
+					attribute.String("url.path", req.URL.Path),
+				))
+		} else {
+			// Nothing is recorded; the span carries the caller's span context on.
+			ctx, span = f.router.deps.Tracer.Start(ctx, post)
+		}
 		defer span.End()
 		sw := &statusWriter{ResponseWriter: w}
 		h(sw, req.WithContext(ctx))
+		if !span.IsRecording() {
+			return
+		}
 		code := sw.status
 		if code == 0 {
 			code = http.StatusOK

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -42,6 +43,33 @@ func TestChatBodyExtraBody(t *testing.T) {
 				if string(got[k]) != v {
 					t.Errorf("body[%s] = %s, want %s", k, got[k], v)
 				}
+			}
+		})
+	}
+}
+
+// TestEncodeJSONIsMarshal: the body post sends (EncodeJSON, which skips json.Marshal's
+// second pass) is json.Marshal's, byte for byte, and so are its errors.
+func TestEncodeJSONIsMarshal(t *testing.T) {
+	t.Parallel()
+	temp := 0.5
+	for _, tt := range []struct {
+		name string
+		req  provider.Request
+	}{
+		{"plain", provider.Request{Model: "m", Messages: []provider.Message{{Role: "user", Content: "hi <b>&</b> \u2028 é"}}}},
+		{"options", provider.Request{Model: "m", Temperature: &temp, Stop: []string{"x"}, Messages: []provider.Message{{Role: "system", Content: "s"}, {Role: "user", Parts: []provider.Part{{Type: provider.PartText, Text: "t"}}}}}},
+		{"extra body", provider.Request{Model: "m", Messages: []provider.Message{{Role: "user", Content: "hi"}}, ExtraBody: json.RawMessage(`{"top_k":40,"z":"<"}`)}},
+		{"extra body naming a set member", provider.Request{Model: "m", ExtraBody: json.RawMessage(`{"model":"other"}`)}},
+		{"extra body not an object", provider.Request{Model: "m", ExtraBody: json.RawMessage(`[1]`)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			body := chatBody(tt.req, false)
+			want, wantErr := json.Marshal(body)
+			got, err := body.EncodeJSON()
+			if string(got) != string(want) || fmt.Sprint(err) != fmt.Sprint(wantErr) {
+				t.Errorf("EncodeJSON = %s, %v\nwant (json.Marshal) %s, %v", got, err, want, wantErr)
 			}
 		})
 	}

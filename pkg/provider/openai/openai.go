@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -96,7 +97,20 @@ type chatRequest struct {
 // MarshalJSON adds the members of the extra body to the modelled ones. One that names a
 // field mantle sets is an error: it would be sent twice, and which one the server reads is
 // not defined.
-func (b chatRequest) MarshalJSON() ([]byte, error) {
+func (b chatRequest) MarshalJSON() ([]byte, error) { return b.encode() }
+
+// EncodeJSON is MarshalJSON's bytes (compact and HTML-escaped, as json.Marshal leaves
+// them) without json.Marshal's second pass over them, and its errors as json.Marshal
+// reports them.
+func (b chatRequest) EncodeJSON() ([]byte, error) {
+	out, err := b.encode()
+	if err != nil {
+		return nil, &json.MarshalerError{Type: reflect.TypeFor[chatRequest](), Err: err}
+	}
+	return out, nil
+}
+
+func (b chatRequest) encode() ([]byte, error) {
 	type plain chatRequest
 	out, err := json.Marshal(plain(b))
 	if err != nil || len(b.extra) == 0 {

@@ -96,11 +96,26 @@ func parseAnswer(body []byte, parse func([]byte) (provider.Response, *provider.E
 	return parse(body)
 }
 
+// SelfEncoder is a request body that encodes itself to complete, compact JSON. post sends
+// those bytes as they are: json.Marshal would re-scan and copy the whole of what a
+// MarshalJSON returns, the largest part of encoding a long conversation.
+type SelfEncoder interface {
+	EncodeJSON() ([]byte, error)
+}
+
+// encode is body as JSON: its own encoding when it has one, json.Marshal's otherwise.
+func encode(body any) ([]byte, error) {
+	if b, ok := body.(SelfEncoder); ok {
+		return b.EncodeJSON()
+	}
+	return json.Marshal(body)
+}
+
 // post sends body as JSON and returns the response when its status is 2xx; any other
 // outcome is a classified *provider.Error. own are the adapter's headers (credentials, API
 // version), set before e.Headers. The caller closes the body.
 func (e Endpoint) post(ctx context.Context, body any, stream bool, own map[string]string) (*http.Response, error) {
-	payload, err := json.Marshal(body)
+	payload, err := encode(body)
 	if err != nil {
 		return nil, &provider.Error{
 			Class: mantlev1.ErrorClass_ERROR_CLASS_BAD_REQUEST,
