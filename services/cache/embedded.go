@@ -93,9 +93,12 @@ var searchLimits = vector.Limits{Postings: 1 << 14, Scored: 64}
 // sparseGraph is the graph a partition of the lexical embedder's vectors builds once it
 // holds MinLen of them. Below that size its postings answer in tens of microseconds. The
 // walk starts from what a small postings search finds (Seeds) and is skipped when that
-// search was exact, which it is for most questions that carry a rare word; the figures
-// and the recall behind these values are in docs/performance.md, "Cache lookup".
-var sparseGraph = vector.Graph{MinLen: 8192, M: 8, EfConstruction: 48, EfSearch: 16, Seed: 1,
+// search was exact, which it is for most questions that carry a rare word. Every stored
+// answer is linked (a walk with EfConstruction candidates), which under a stream of new
+// prompts costs more than the lookups do, so EfConstruction is kept as low as the recall
+// allows (TestIndexRecall; twice as many candidates found nothing more). The figures and
+// the recall behind these values are in docs/performance.md, "Cache lookup".
+var sparseGraph = vector.Graph{MinLen: 8192, M: 8, EfConstruction: 24, EfSearch: 16, Seed: 1,
 	Seeds: vector.Limits{Postings: 4096, Scored: 64}}
 
 // denseGraph is the graph of an embedding model's vectors: a scan costs a dot product of
