@@ -236,12 +236,21 @@ func (s *Set) PlanLink() *LinkPlan {
 	for l := g.top; l > p.level; l-- {
 		ep = s.greedy(sc, q, ep, l)
 	}
-	// Linking walks from the entry point alone, without Search's postings seeds: the walk
-	// with EfConstruction candidates finds the close vectors that the seeds would add
-	// (TestIndexRecall measures what searches find through the links), and a seeds search
-	// per linked vector cost as much as the walk itself.
 	eps := []Hit{ep}
+	var seeds []Hit
+	if s.sparse {
+		// As in Search, the vectors that share the rarest coordinates are where the walk on
+		// layer 0 starts too: where every vector shares the common words (prompts from one
+		// template), the walk alone misses the vectors closest in the rare ones.
+		sc.seeds = sc.seeds[:0]
+		n := max(s.graphCfg.Seeds.Scored, 1)
+		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, s.graphCfg.Seeds)
+		seeds = slices.DeleteFunc(slices.Clone(sc.seeds), func(h Hit) bool { return h.Slot == slot })
+	}
 	for l := min(g.top, p.level); l >= 0; l-- {
+		if l == 0 {
+			eps = append(eps, seeds...)
+		}
 		// A copy: the next layer starts from it, and the scratch serves that search too.
 		w := slices.Clone(s.searchLayer(q, eps, g.cfg.EfConstruction, l, sc))
 		w = slices.DeleteFunc(w, func(h Hit) bool { return h.Slot == slot })
