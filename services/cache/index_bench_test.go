@@ -213,3 +213,55 @@ func runIndexLookups(b *testing.B, x *EmbeddedIndex, queries []Query) {
 	reportPercentiles(b, wall, cpu)
 	b.ReportMetric(float64(found)/float64(len(wall)), "found-ratio")
 }
+
+// BenchmarkIndexLink times storing one new entry, and linking its vector into the graph,
+// in a partition of linkBase entries of one corpus (past sparseGraph.MinLen, so every new
+// entry is linked, as under `mantle bench-load`): what the linker spends per stored answer.
+// The partition grows by one entry per op; run it with a fixed -benchtime (2000x) so that
+// runs compare the same sizes.
+//
+//	go test -run '^$' -bench 'IndexLink' -benchtime 2000x -count 6 ./services/cache/
+func BenchmarkIndexLink(b *testing.B) {
+	const linkBase = 20_000
+	for _, corpus := range []string{"support", "numbered"} {
+		b.Run("corpus="+corpus, func(b *testing.B) {
+			// The base and the new questions are drawn together, so that the new ones are
+			// as distinct from the base as from each other.
+			questions := indexCorpus(corpus, linkBase+20_000)
+			x, _, _ := buildIndexes(b, questions[:linkBase], false)
+			e := embed.NewLexical()
+			extra := questions[linkBase:]
+			vecs := make([]vector.Vector, len(extra))
+			for i, q := range extra {
+				v, err := e.Embed(context.Background(), q)
+				if err != nil {
+					b.Fatalf("Embed(%q): %v", q, err)
+				}
+				vecs[i] = v
+			}
+			ctx := context.Background()
+			// The linking runs on this goroutine (no linker), so the thread's CPU time is
+			// its cost, which neighbours on a shared machine disturb less than wall time.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			b.ReportAllocs()
+			cpuStart, cpuOK := threadCPUTime()
+			i := 0
+			for b.Loop() {
+				if i == len(vecs) {
+					b.Fatalf("more than %d ops: use a fixed -benchtime", len(vecs))
+				}
+				if err := x.Put(ctx, benchEntry(linkBase+i), vecs[i]); err != nil {
+					b.Fatalf("Put: %v", err)
+				}
+				i++
+			}
+			if cpuEnd, ok := threadCPUTime(); ok && cpuOK && i > 0 {
+				b.ReportMetric(float64(cpuEnd-cpuStart)/float64(i), "cpu-ns/op")
+			}
+			if n := x.LinkBacklog(); n != 0 {
+				b.Fatalf("%d vectors left unlinked", n)
+			}
+		})
+	}
+}

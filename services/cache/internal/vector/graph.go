@@ -229,15 +229,19 @@ func (s *Set) PlanLink() *LinkPlan {
 	sc := s.takeScratch()
 	defer s.returnScratch(sc)
 	q := s.vec(slot)
-	ep := Hit{g.entry, s.score(q, g.entry)}
+	if s.sparse {
+		sc.qt.reset(q)
+	}
+	ep := Hit{g.entry, s.scoreQuery(sc, q, g.entry)}
 	for l := g.top; l > p.level; l-- {
-		ep = s.greedy(q, ep, l)
+		ep = s.greedy(sc, q, ep, l)
 	}
 	eps := []Hit{ep}
 	var seeds []Hit
 	if s.sparse {
 		// As in Search, the vectors that share the rarest coordinates are where the walk on
-		// layer 0 starts too.
+		// layer 0 starts too: where every vector shares the common words (prompts from one
+		// template), the walk alone misses the vectors closest in the rare ones.
 		sc.seeds = sc.seeds[:0]
 		n := max(s.graphCfg.Seeds.Scored, 1)
 		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, s.graphCfg.Seeds)
@@ -260,6 +264,9 @@ func (s *Set) PlanLink() *LinkPlan {
 			next := append(slices.Clone(cur), slot)
 			if len(next) > g.maxLinks(l) {
 				next = s.prune(n, next, g.maxLinks(l), sc)
+				if !slices.Contains(next, slot) {
+					continue // the new vector is the farthest: the list stays as it is
+				}
 			}
 			p.lists = append(p.lists, planList{n, l, next})
 		}
@@ -305,13 +312,22 @@ func (s *Set) LinkPending(n int) int {
 	return done
 }
 
-// greedy walks level from ep to the node closest to q.
-func (s *Set) greedy(q Vector, ep Hit, level int) Hit {
+// scoreQuery is score(q, slot) through sc.qt, which holds q in a sparse set: the same
+// value, for about half the work of merging the two index lists.
+func (s *Set) scoreQuery(sc *searchScratch, q Vector, slot uint32) float32 {
+	if s.sparse {
+		return sc.qt.dot(s.indices[slot], s.values[slot])
+	}
+	return s.score(q, slot)
+}
+
+// greedy walks level from ep to the node closest to q (sc.qt holds a sparse q).
+func (s *Set) greedy(sc *searchScratch, q Vector, ep Hit, level int) Hit {
 	for changed := true; changed; {
 		changed = false
 		for _, n := range s.graph.links(ep.Slot, level) {
-			if sc := s.score(q, n); sc > ep.Score {
-				ep, changed = Hit{n, sc}, true
+			if score := s.scoreQuery(sc, q, n); score > ep.Score {
+				ep, changed = Hit{n, score}, true
 			}
 		}
 	}
@@ -319,15 +335,12 @@ func (s *Set) greedy(q Vector, ep Hit, level int) Hit {
 }
 
 // searchLayer returns the ef nodes of level closest to q that a best-first walk from eps
-// finds, best first (Algorithm 2 of the paper). The result is sc's storage, valid until the
-// next searchLayer with sc.
+// finds, best first (Algorithm 2 of the paper); sc.qt holds a sparse q. The result is sc's
+// storage, valid until the next searchLayer with sc.
 func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch) []Hit {
 	g := s.graph
 	sc.mark(len(s.live))
 	cand, res := sc.cand[:0], sc.res[:0]
-	if s.sparse {
-		sc.qt.reset(q)
-	}
 	for _, ep := range eps {
 		if sc.seen[ep.Slot] == sc.epoch {
 			continue
@@ -350,12 +363,7 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 				continue
 			}
 			sc.seen[n] = sc.epoch
-			var score float32
-			if s.sparse {
-				score = sc.qt.dot(s.indices[n], s.values[n])
-			} else {
-				score = s.score(q, n)
-			}
+			score := s.scoreQuery(sc, q, n)
 			if len(res) < ef || score > res[0].Score {
 				h := Hit{n, score}
 				cand = pushHit(cand, h, better)
@@ -380,22 +388,34 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 // selectNeighbours picks up to m of cands (best first, scored against the vector being
 // linked) by the paper's heuristic (Algorithm 4): a candidate closer to a node already
 // picked than to the new vector is reached through that node and is left out, so links go
-// in diverse directions and a walk can leave a dense cluster.
-func (s *Set) selectNeighbours(cands []Hit, m int, _ *searchScratch) []uint32 {
+// in diverse directions and a walk can leave a dense cluster. A sparse set scores the
+// candidates through a table of each node picked (sc.picked), built once per pick.
+func (s *Set) selectNeighbours(cands []Hit, m int, sc *searchScratch) []uint32 {
 	out := make([]uint32, 0, m)
+	if s.sparse && len(sc.picked) < m {
+		sc.picked = append(sc.picked, make([]queryTable, m-len(sc.picked))...)
+	}
 	for _, c := range cands {
 		if len(out) >= m {
 			break
 		}
-		cv := s.vec(c.Slot)
 		good := true
-		for _, r := range out {
-			if s.score(cv, r) > c.Score {
+		for i, r := range out {
+			var score float32
+			if s.sparse {
+				score = sc.picked[i].dot(s.indices[c.Slot], s.values[c.Slot])
+			} else {
+				score = s.score(s.vec(c.Slot), r)
+			}
+			if score > c.Score {
 				good = false
 				break
 			}
 		}
 		if good {
+			if s.sparse {
+				sc.picked[len(out)].reset(s.vec(c.Slot))
+			}
 			out = append(out, c.Slot)
 		}
 	}
@@ -406,11 +426,20 @@ func (s *Set) selectNeighbours(cands []Hit, m int, _ *searchScratch) []uint32 {
 // every pair of the list, and a list overflows on most links made, so the heuristic here
 // would be most of what linking costs; the node's own links, chosen when it was linked
 // (or relinked), keep their diversity.
-func (s *Set) prune(node uint32, list []uint32, m int, _ *searchScratch) []uint32 {
+func (s *Set) prune(node uint32, list []uint32, m int, sc *searchScratch) []uint32 {
 	base := s.vec(node)
+	if s.sparse {
+		sc.base.reset(base)
+	}
 	cands := make([]Hit, 0, len(list))
 	for _, n := range list {
-		cands = append(cands, Hit{n, s.score(base, n)})
+		var score float32
+		if s.sparse {
+			score = sc.base.dot(s.indices[n], s.values[n])
+		} else {
+			score = s.score(base, n)
+		}
+		cands = append(cands, Hit{n, score})
 	}
 	slices.SortFunc(cands, func(a, b Hit) int {
 		if better(a, b) {
@@ -429,7 +458,8 @@ func (s *Set) prune(node uint32, list []uint32, m int, _ *searchScratch) []uint3
 // from sc.seeds, the best vectors the postings gave, or without them from the entry point
 // down the upper layers. A dense set's queued vectors are scored one by
 // one, as the walk cannot reach them yet; a sparse set's are in its postings, whose
-// search (the seeds) reads the newest end of long lists, where they are.
+// search (the seeds) reads the newest end of long lists, where they are, and leaves q's
+// table in sc.qt for the walk.
 func (s *Set) searchGraph(sc *searchScratch, q Vector, k int, t *topK) {
 	g := s.graph
 	if !s.sparse {
@@ -445,9 +475,9 @@ func (s *Set) searchGraph(sc *searchScratch, q Vector, k int, t *topK) {
 	eps := sc.seeds
 	if len(eps) == 0 {
 		// Without seeds, the upper layers lead from the entry point towards q.
-		ep := Hit{g.entry, s.score(q, g.entry)}
+		ep := Hit{g.entry, s.scoreQuery(sc, q, g.entry)}
 		for l := g.top; l > 0; l-- {
-			ep = s.greedy(q, ep, l)
+			ep = s.greedy(sc, q, ep, l)
 		}
 		eps = append(eps, ep)
 	}

@@ -148,3 +148,102 @@ func BenchmarkGraphSearchDense(b *testing.B) {
 		})
 	}
 }
+
+// Linking a sparse vector compares vectors through tables (the vectors picked as
+// neighbours, the node pruned) rather than by merging index lists; the links chosen must
+// be those the merge's scores choose, for lists of every length the heuristic sees.
+func TestSparseLinkingMatchesMerge(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(21, 22))
+	set := NewSet(true, Limits{}, Graph{})
+	base := randomSparse(t, r, 40, 1<<20)
+	for range 300 {
+		// Most coordinates shared, as prompts of one template do, so that candidates are
+		// close to each other and the heuristic leaves some out.
+		fs := make([]Feature, 0, 48)
+		for j, k := range base.Indices {
+			if r.IntN(5) != 0 {
+				fs = append(fs, Feature{Index: k, Weight: base.Values[j] * (0.5 + r.Float32())})
+			}
+		}
+		for range 8 {
+			fs = append(fs, Feature{Index: r.Uint32N(1 << 20), Weight: r.Float32() + 0.01})
+		}
+		v, err := NewSparse(fs)
+		if err != nil {
+			t.Fatalf("NewSparse: %v", err)
+		}
+		if _, err := set.Add(v); err != nil {
+			t.Fatalf("Add: %v", err)
+		}
+	}
+	sc := &searchScratch{}
+	for _, tt := range []struct {
+		name  string
+		cands int
+		m     int
+	}{
+		{"one candidate", 1, 4},
+		{"fewer candidates than links", 3, 8},
+		{"the linker's sizes", 24, 8},
+		{"many candidates, few links", 100, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for trial := range 20 {
+				q := set.vec(uint32(r.IntN(300)))
+				var cands []Hit
+				for _, slot := range r.Perm(300)[:tt.cands] {
+					cands = append(cands, Hit{uint32(slot), set.score(q, uint32(slot))})
+				}
+				slices.SortFunc(cands, func(a, b Hit) int {
+					if better(a, b) {
+						return -1
+					}
+					return 1
+				})
+				// The heuristic with merged scores.
+				var want []uint32
+				for _, c := range cands {
+					if len(want) >= tt.m {
+						break
+					}
+					good := true
+					for _, p := range want {
+						if set.score(set.vec(c.Slot), p) > c.Score {
+							good = false
+							break
+						}
+					}
+					if good {
+						want = append(want, c.Slot)
+					}
+				}
+				if got := set.selectNeighbours(cands, tt.m, sc); !slices.Equal(got, want) {
+					t.Fatalf("trial %d: selectNeighbours = %v, want %v", trial, got, want)
+				}
+				// prune: the m closest to the node by merged scores, closest first.
+				node := cands[0].Slot
+				list := make([]uint32, 0, len(cands))
+				byMerge := make([]Hit, 0, len(cands))
+				for _, c := range cands {
+					list = append(list, c.Slot)
+					byMerge = append(byMerge, Hit{c.Slot, set.score(set.vec(node), c.Slot)})
+				}
+				slices.SortFunc(byMerge, func(a, b Hit) int {
+					if better(a, b) {
+						return -1
+					}
+					return 1
+				})
+				m := min(tt.m, len(list))
+				wantPrune := make([]uint32, 0, m)
+				for _, h := range byMerge[:m] {
+					wantPrune = append(wantPrune, h.Slot)
+				}
+				if got := set.prune(node, list, m, sc); !slices.Equal(got, wantPrune) {
+					t.Fatalf("trial %d: prune = %v, want %v", trial, got, wantPrune)
+				}
+			}
+		})
+	}
+}

@@ -10,19 +10,31 @@ import "math/bits"
 // Its dot products equal sparseDot's bit for bit: the products are the same and are added
 // in the stored vector's index order, which is the merge's order.
 type queryTable struct {
-	keys  []uint32
-	vals  []float32 // 0 marks an empty cell: zero-weight coordinates add nothing and are left out
+	// cells holds each key beside its weight, so that a probe reads one cache line; a
+	// weight of 0 marks an empty cell (zero-weight coordinates add nothing and are left out).
+	cells []tableCell
 	shift uint8
 }
 
-// reset fills t with q's coordinates, at most half of the cells used.
+type tableCell struct {
+	key uint32
+	val float32
+}
+
+// tableLoad is the inverse of the table's largest load: at most a quarter of the cells
+// are used. Most of a stored vector's coordinates are not in the query (a probe that ends
+// at an empty cell), and such a probe reads fewer cells in a sparser table; the table stays
+// a few kilobytes, in the first-level cache.
+const tableLoad = 4
+
+// reset fills t with q's coordinates.
 func (t *queryTable) reset(q Vector) {
-	n := 1 << bits.Len(uint(2*len(q.Indices)))
-	if cap(t.keys) < n {
-		t.keys, t.vals = make([]uint32, n), make([]float32, n)
+	n := 1 << bits.Len(uint(tableLoad*len(q.Indices)))
+	if cap(t.cells) < n {
+		t.cells = make([]tableCell, n)
 	}
-	t.keys, t.vals = t.keys[:n], t.vals[:n]
-	clear(t.vals)
+	t.cells = t.cells[:n]
+	clear(t.cells)
 	t.shift = uint8(32 - bits.TrailingZeros(uint(n)))
 	mask := uint32(n - 1)
 	for i, k := range q.Indices {
@@ -31,8 +43,8 @@ func (t *queryTable) reset(q Vector) {
 			continue
 		}
 		for h := t.cell(k); ; h = (h + 1) & mask {
-			if t.vals[h] == 0 {
-				t.keys[h], t.vals[h] = k, w
+			if t.cells[h].val == 0 {
+				t.cells[h] = tableCell{k, w}
 				break
 			}
 		}
@@ -46,13 +58,18 @@ func (t *queryTable) cell(k uint32) uint32 {
 
 // dot returns the dot product of the query with the vector of indices and values.
 func (t *queryTable) dot(indices []uint32, values []float32) float32 {
-	mask := uint32(len(t.keys) - 1)
-	keys, vals := t.keys, t.vals
+	cells := t.cells
+	mask := uint32(len(cells) - 1)
+	values = values[:len(indices)]
 	var sum float32
 	for j, k := range indices {
-		for h := t.cell(k) & mask; vals[h] != 0; h = (h + 1) & mask {
-			if keys[h] == k {
-				sum += vals[h] * values[j]
+		for h := t.cell(k) & mask; ; h = (h + 1) & mask {
+			c := cells[h]
+			if c.val == 0 {
+				break
+			}
+			if c.key == k {
+				sum += c.val * values[j]
 				break
 			}
 		}

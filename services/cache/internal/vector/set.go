@@ -324,6 +324,10 @@ type searchScratch struct {
 	cand, res, seeds []Hit
 	// qt is the sparse query's table, built by each search before it scores candidates.
 	qt queryTable
+	// picked and base are the tables of the vectors that linking compares others with:
+	// the neighbours selectNeighbours has picked, and the node prune trims.
+	picked []queryTable
+	base   queryTable
 }
 
 // mark starts a search over n slots: a slot is marked seen by setting seen[slot] to the
