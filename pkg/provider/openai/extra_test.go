@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -68,7 +69,7 @@ func TestEncodeJSONIsMarshal(t *testing.T) {
 			body := chatBody(tt.req, false)
 			want, wantErr := json.Marshal(body)
 			got, err := body.EncodeJSON()
-			if string(got) != string(want) || fmt.Sprint(err) != fmt.Sprint(wantErr) {
+			if !bytes.Equal(got, want) || fmt.Sprint(err) != fmt.Sprint(wantErr) {
 				t.Errorf("EncodeJSON = %s, %v\nwant (json.Marshal) %s, %v", got, err, want, wantErr)
 			}
 		})
