@@ -121,9 +121,15 @@ func contextFingerprint(req *routerv1.Request) string {
 		return true
 	})
 	m.SetUnknown(src.GetUnknown())
-	if messagesStructured(req.Messages) {
-		last := len(req.Messages) - 1
-		for i, msg := range req.Messages {
+	return hashFingerprint(c, req.Messages)
+}
+
+// hashFingerprint hashes c, the request's fields that the fingerprint holds, with the
+// structure of its messages when they carry more than text.
+func hashFingerprint(c *routerv1.Request, messages []*mantlev1.ChatMessage) string {
+	if messagesStructured(messages) {
+		last := len(messages) - 1
+		for i, msg := range messages {
 			s := proto.Clone(msg).(*mantlev1.ChatMessage)
 			// The text of the last user question is what the cache compares (exactly or by
 			// similarity); earlier turns' text is in the cache's own history hash. A last

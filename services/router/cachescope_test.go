@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"math"
 	"slices"
@@ -370,7 +369,7 @@ func TestContextFingerprintSharesNotClones(t *testing.T) {
 }
 
 // clonedFingerprint is contextFingerprint made from a clone of the whole request cleared
-// of the fields outside the fingerprint.
+// of the fields outside the fingerprint (messages among them).
 func clonedFingerprint(req *routerv1.Request) string {
 	c := proto.Clone(req).(*routerv1.Request)
 	m := c.ProtoReflect()
@@ -380,28 +379,5 @@ func clonedFingerprint(req *routerv1.Request) string {
 			m.Clear(fields.Get(i))
 		}
 	}
-	if messagesStructured(req.Messages) {
-		last := len(req.Messages) - 1
-		for i, msg := range req.Messages {
-			s := proto.Clone(msg).(*mantlev1.ChatMessage)
-			if i < last || (msg.GetRole() == "user" && messageText(msg) != "" && onlyText(msg.GetParts())) {
-				s.Content = ""
-				for _, p := range s.Parts {
-					if t, ok := p.GetPart().(*mantlev1.ContentPart_Text); ok {
-						t.Text = ""
-					}
-				}
-			}
-			c.Messages = append(c.Messages, s)
-		}
-	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
-	if err != nil {
-		return "unhashable"
-	}
-	if len(b) == 0 {
-		return ""
-	}
-	sum := sha256.Sum256(b)
-	return "router.v1:" + hex.EncodeToString(sum[:])
+	return hashFingerprint(c, req.Messages)
 }
