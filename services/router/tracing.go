@@ -126,22 +126,21 @@ func (f *frontDoor) traced(route string, h http.HandlerFunc) http.Handler {
 	post := http.MethodPost + " " + route // the span name of nearly every request, made once
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		ctx := rpc.Propagator.Extract(req.Context(), propagation.HeaderCarrier(req.Header))
-		var span trace.Span
-		if f.router.tracing {
-			name := post
-			if req.Method != http.MethodPost {
-				name = req.Method + " " + route
-			}
-			ctx, span = f.router.deps.Tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
-				trace.WithAttributes(
-					attribute.String("http.request.method", req.Method),
-					attribute.String("http.route", route),
-					attribute.String("url.path", req.URL.Path),
-				))
-		} else {
-			// Nothing is recorded; the span carries the caller's span context on.
-			ctx, span = f.router.deps.Tracer.Start(ctx, post)
+		name := post
+		if req.Method != http.MethodPost {
+			name = req.Method + " " + route
 		}
+		// A tracer that records nothing still carries the caller's span context on; the
+		// attributes, which nothing would read, are then not built.
+		var opts []trace.SpanStartOption
+		if f.router.tracing {
+			opts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
+				attribute.String("http.request.method", req.Method),
+				attribute.String("http.route", route),
+				attribute.String("url.path", req.URL.Path),
+			)}
+		}
+		ctx, span := f.router.deps.Tracer.Start(ctx, name, opts...)
 		defer span.End()
 		sw := &statusWriter{ResponseWriter: w}
 		h(sw, req.WithContext(ctx))
