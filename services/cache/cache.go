@@ -352,14 +352,14 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 
 	emb := embedding{question: k.Question}
 	if res.MissReason == "" && s.embedder != nil {
-		v, err := s.searchSimilar(ctx, tenant, req, k, pol, now, scenario, &res)
+		v, near, err := s.searchSimilar(ctx, tenant, req, k, pol, now, scenario, &res)
 		if err != nil {
 			return LookupResult{}, err
 		}
 		if res.Hit {
 			return res, nil
 		}
-		emb.vector = v
+		emb.vector, emb.near = v, near
 	}
 	if !req.Coalesce {
 		return res, nil
@@ -369,18 +369,24 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 
 // searchSimilar embeds the question and looks for a close enough entry in its partition.
 // It fills res with a hit, or with the closest rejection and a miss reason, and returns
-// the question's vector (zero when it has none).
-func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRequest, k keys, pol policy, now time.Time, scenario string, res *LookupResult) (vector.Vector, error) {
+// the question's vector (zero when it has none) and, when the index recorded it for a lease
+// (req.Coalesce), what its search found near the vector.
+func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRequest, k keys, pol policy, now time.Time, scenario string, res *LookupResult) (vector.Vector, *vector.Near, error) {
 	v, err := s.embed(ctx, k.Question)
 	if errors.Is(err, vector.ErrZero) {
-		return vector.Vector{}, nil // nothing to compare: only exact matches are possible
+		return vector.Vector{}, nil, nil // nothing to compare: only exact matches are possible
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return vector.Vector{}, ctx.Err()
+			return vector.Vector{}, nil, ctx.Err()
 		}
 		res.MissReason = MissEmbedderError
-		return vector.Vector{}, nil
+		return vector.Vector{}, nil, nil
+	}
+	var near *vector.Near
+	if req.Coalesce {
+		// A miss takes a lease, and the store that answers it puts the same vector.
+		near = new(vector.Near)
 	}
 	th := pol.thresholds
 	floor := th.normal
@@ -396,13 +402,14 @@ func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRe
 		MinScore:  float32(max(0, floor-reportMargin)),
 		Now:       now,
 		FreshOnly: req.Mode == ModeNormal,
+		Near:      near,
 	})
 	if err != nil {
 		if ctx.Err() != nil {
-			return vector.Vector{}, ctx.Err()
+			return vector.Vector{}, nil, ctx.Err()
 		}
 		res.MissReason = MissBackendError
-		return v, nil
+		return v, nil, nil
 	}
 	var query nearmiss.Signature
 	if len(candidates) > 0 {
@@ -438,12 +445,12 @@ func (s *Service) searchSimilar(ctx context.Context, tenant string, req LookupRe
 		}
 		s.metrics.similarity.WithLabelValues(scenario, "hit").Observe(score)
 		*res = s.hit(*res, c.Entry, score, MatchSemantic, now, pol, req.Mode)
-		return v, nil
+		return v, nil, nil
 	}
 	if res.Rejected != nil {
 		s.metrics.similarity.WithLabelValues(scenario, "rejected").Observe(res.Rejected.Similarity)
 	}
-	return v, nil
+	return v, near, nil
 }
 
 // endUserScope returns p scoped to its end user: the user joins the context fingerprint,
@@ -683,18 +690,19 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 		defer s.leases.finish(held.id, tenant, nil)
 	}
 	var v vector.Vector
+	var near *vector.Near
 	if s.embedder != nil {
 		var err error
 		var ok bool
 		// The lookup that took the lease embedded this question already; without a
 		// vector the entry still serves exact matches.
-		if v, ok = held.vectorFor(k.Question); !ok {
+		if v, near, ok = held.vectorFor(k.Question); !ok {
 			if v, err = s.embed(ctx, k.Question); err != nil && !errors.Is(err, vector.ErrZero) && ctx.Err() != nil {
 				return StoreResult{}, ctx.Err()
 			}
 		}
 	}
-	err := s.index.Put(ctx, e, v)
+	err := s.index.Put(ctx, e, v, near)
 	if errors.Is(err, ErrNeedsVector) {
 		s.metrics.stores.WithLabelValues(string(SkipNoVector)).Inc()
 		return StoreResult{SkippedReason: SkipNoVector}, nil

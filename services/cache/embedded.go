@@ -25,8 +25,9 @@ import (
 // list, so no background sweep is needed. Save and Load write it to and read it from a
 // snapshot.
 //
-// Linking a vector into its partition's graph costs a search of the graph, so Put leaves
-// it to RunLinker when that runs: the entry is found by its key at once, and by
+// Linking a vector into its partition's graph costs a search of the graph (unless the
+// lookup that missed it recorded its own, Query.Near), so Put leaves it to RunLinker when
+// that runs: the entry is found by its key at once, and by
 // similarity through the postings (sparse) or a scan of the vectors not yet linked
 // (dense, at most maxUnlinked of them: past that a Put links one itself).
 type EmbeddedIndex struct {
@@ -92,17 +93,18 @@ var searchLimits = vector.Limits{Postings: 1 << 14, Scored: 64}
 
 // sparseGraph is the graph a partition of the lexical embedder's vectors builds once it
 // holds MinLen of them. Below that size its postings answer in tens of microseconds. The
-// walk starts from what a small postings search finds (Seeds) and is skipped when that
-// search was exact, which it is for most questions that carry a rare word. Every stored
-// answer is linked (the same seeds, then a walk with EfConstruction candidates), which
-// under a stream of new prompts costs more than the lookups do, so EfConstruction is kept
-// as low as the recall allows: twice as many candidates found nothing more in
-// TestIndexRecall nor in BenchmarkIndexLookup's recall at 1M entries, while linking
-// without the seeds lost most of the nearest neighbours of unstored numbered prompts at
-// 1M. The figures and the recall behind these values are in docs/performance.md, "Cache
-// lookup".
+// walk starts from what a small postings search finds (Seeds: the rarest lists, where a
+// reworded question shares its rare words with the stored one; reading long lists of
+// common words found nothing more in TestIndexRecall and cost most of a lookup of prompts
+// from one template) and is skipped when that search was exact, which it is for most
+// questions that carry a rare word. Every stored answer is linked: from what its lookup's
+// walk found (Query.Near) when the lookup walked the graph, otherwise by the same seeds and
+// a walk with EfConstruction candidates, kept as low as the recall allows: twice as many
+// found nothing more in TestIndexRecall nor in BenchmarkIndexLookup's recall at 1M
+// entries. The figures and the recall behind these values are in docs/performance.md,
+// "Cache lookup".
 var sparseGraph = vector.Graph{MinLen: 8192, M: 8, EfConstruction: 24, EfSearch: 16, Seed: 1,
-	Seeds: vector.Limits{Postings: 4096, Scored: 64}}
+	Seeds: vector.Limits{Postings: 512, Scored: 32}}
 
 // denseGraph is the graph of an embedding model's vectors: a scan costs a dot product of
 // hundreds of dimensions per entry (about 4 ms at 10k entries of 768), so the graph starts
@@ -198,7 +200,7 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 		}
 		return n.entry.heldAt(q.Now)
 	}
-	hits := p.set.Search(q.Vector, q.Limit, q.MinScore, accept)
+	hits := p.set.SearchNear(q.Vector, q.Limit, q.MinScore, accept, q.Near)
 	out := make([]Candidate, 0, len(hits))
 	for _, h := range hits {
 		out = append(out, Candidate{Entry: p.bySlot[h.Slot].entry, Score: h.Score})
@@ -207,9 +209,9 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 }
 
 // Put implements Index. The vector is linked into its partition's graph by RunLinker when
-// it runs, here otherwise.
-func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector) error {
-	help, err := x.put(e, v)
+// it runs, here otherwise; with near, its links are chosen from it.
+func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector, near *vector.Near) error {
+	help, err := x.put(e, v, near)
 	if err != nil {
 		return err
 	}
@@ -230,13 +232,13 @@ func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector) error {
 
 // put stores e and reports whether its partition has more vectors waiting to be linked
 // than searches should scan.
-func (x *EmbeddedIndex) put(e Entry, v vector.Vector) (help bool, err error) {
+func (x *EmbeddedIndex) put(e Entry, v vector.Vector, near *vector.Near) (help bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if old, ok := x.byKey[e.Key]; ok {
 		x.remove(old)
 	}
-	if err := x.insert(e, v, true); err != nil {
+	if err := x.insert(e, v, near, true); err != nil {
 		return false, err
 	}
 	for len(x.byKey) > x.maxEntries {
@@ -319,7 +321,7 @@ func (x *EmbeddedIndex) LinkBacklog() int {
 
 // insert adds e at the front (or the back, when loading a snapshot in recency order) of the
 // recency list; x.mu must be held for writing.
-func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, front bool) error {
+func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, front bool) error {
 	p := x.parts[e.Partition]
 	if p == nil {
 		p = &partition{key: e.Partition, bySlot: make(map[uint32]*node)}
@@ -334,7 +336,7 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, front bool) error {
 			}
 			p.set = vector.NewSet(v.Sparse(), x.limits, g)
 		}
-		slot, err := p.set.Add(v)
+		slot, err := p.set.AddNear(v, near)
 		if err != nil {
 			if p.nodes == 0 && p.set.Len() == 0 {
 				delete(x.parts, e.Partition)

@@ -51,7 +51,7 @@ func TestEmbeddedIndexLinksInTheBackground(t *testing.T) {
 				rival := testEntry(fmt.Sprint("r", i), "rival", "s", "p", ask("acme", i))
 				rival.Partition, rival.Key[0] = e.Partition, rival.Key[0]^1
 				for _, stored := range []Entry{e, rival} {
-					if err := x.Put(context.Background(), stored, vec(t, stored.Question)); err != nil {
+					if err := x.Put(context.Background(), stored, vec(t, stored.Question), nil); err != nil {
 						errs <- err
 						return
 					}

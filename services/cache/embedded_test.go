@@ -70,7 +70,7 @@ func TestEmbeddedIndexEntriesWithoutVector(t *testing.T) {
 	t.Parallel()
 	idx := NewEmbeddedIndex(10)
 	e := testEntry("a", "t", "s", "p", "？？？")
-	if err := idx.Put(context.Background(), e, vector.Vector{}); err != nil {
+	if err := idx.Put(context.Background(), e, vector.Vector{}, nil); err != nil {
 		t.Fatalf("Put without a vector: %v", err)
 	}
 	if got := present(t, idx, epoch, e); len(got) != 1 {
@@ -87,7 +87,7 @@ func TestEmbeddedIndexRefusesMixedVectorsInAPartition(t *testing.T) {
 	idx := NewEmbeddedIndex(10)
 	put(t, idx, testEntry("a", "t", "s", "p", "alpha question"))
 	dense, _ := vector.NewDense([]float32{1, 2})
-	if err := idx.Put(context.Background(), testEntry("b", "t", "s", "p", "beta question"), dense); err == nil {
+	if err := idx.Put(context.Background(), testEntry("b", "t", "s", "p", "beta question"), dense, nil); err == nil {
 		t.Errorf("Put of a dense vector into a sparse partition succeeded")
 	}
 	if idx.Len() != 1 {
@@ -108,7 +108,7 @@ func TestEmbeddedIndexConcurrentUse(t *testing.T) {
 			for i := range rounds {
 				e := testEntry(fmt.Sprintf("%d-%d", w, i), "acme", "support", "p", fmt.Sprintf("question number %d from worker %d", i, w))
 				v := vec(t, e.Question)
-				if err := idx.Put(ctx, e, v); err != nil {
+				if err := idx.Put(ctx, e, v, nil); err != nil {
 					t.Errorf("Put: %v", err)
 					return
 				}

@@ -24,8 +24,9 @@ type Index interface {
 	Search(ctx context.Context, q Query) ([]Candidate, error)
 	// Put stores e under e.Key with its vector, replacing any entry with that key. A zero
 	// vector (no embedder, or a question without words) stores an entry that only exact
-	// lookups find, or is refused with ErrNeedsVector.
-	Put(ctx context.Context, e Entry, v vector.Vector) error
+	// lookups find, or is refused with ErrNeedsVector. near, when not nil, is what a Search
+	// for the same vector recorded (Query.Near); the index takes it over.
+	Put(ctx context.Context, e Entry, v vector.Vector, near *vector.Near) error
 	// Delete removes the entries that match f and returns how many it removed.
 	Delete(ctx context.Context, f Filter) (int, error)
 }
@@ -49,6 +50,12 @@ type Query struct {
 	// FreshOnly drops entries past their ExpiresAt; otherwise entries are returned until
 	// their StaleUntil.
 	FreshOnly bool
+	// Near, when not nil, is where an index that links its vectors into a graph
+	// (EmbeddedIndex) records what its search found near Vector. The service stores the
+	// answer to a question it has just looked up, and a Put of the same vector with it
+	// chooses the vector's links from it instead of searching the graph again. Other
+	// indexes leave it empty.
+	Near *vector.Near
 }
 
 // Candidate is an entry and its similarity to the query.

@@ -64,7 +64,9 @@ func benchEntry(i int) Entry {
 
 // buildIndexes stores the questions in an index as NewEmbeddedIndex makes it and, when
 // exact is set, in one that searches exactly; both share the vectors, which are returned.
-// Vectors are linked into the graph as they are stored, as Put does without a linker.
+// Each question is stored as the service stores an answer: looked up first (a miss), then
+// put with what that search found near it (PutNear). Vectors are linked into the graph as
+// they are stored, as Put does without a linker.
 func buildIndexes(tb testing.TB, questions []string, withExact bool) (approx, exact *EmbeddedIndex, vecs []vector.Vector) {
 	tb.Helper()
 	approx = NewEmbeddedIndex(len(questions))
@@ -79,16 +81,30 @@ func buildIndexes(tb testing.TB, questions []string, withExact bool) (approx, ex
 			tb.Fatalf("Embed(%q): %v", q, err)
 		}
 		vecs = append(vecs, v)
-		for _, x := range []*EmbeddedIndex{approx, exact} {
-			if x == nil {
-				continue
-			}
-			if err := x.Put(context.Background(), benchEntry(i), v); err != nil {
+		lookupAndPut(tb, approx, benchEntry(i), v)
+		if exact != nil {
+			if err := exact.Put(context.Background(), benchEntry(i), v, nil); err != nil {
 				tb.Fatalf("Put: %v", err)
 			}
 		}
 	}
 	return approx, exact, vecs
+}
+
+// lookupAndPut stores e as the service stores the answer to a lookup that missed: the
+// lookup's search records what it found near v, and the put links v from that.
+func lookupAndPut(tb testing.TB, x *EmbeddedIndex, e Entry, v vector.Vector) {
+	tb.Helper()
+	near := new(vector.Near)
+	th := defaultThresholds(EmbedderLexical)
+	q := Query{Tenant: e.Tenant, Partition: e.Partition, Namespace: e.Namespace, Vector: v,
+		Limit: candidateLimit, MinScore: float32(th.normal - reportMargin), Now: epoch, FreshOnly: true, Near: near}
+	if _, err := x.Search(context.Background(), q); err != nil {
+		tb.Fatalf("Search: %v", err)
+	}
+	if err := x.Put(context.Background(), e, v, near); err != nil {
+		tb.Fatalf("Put: %v", err)
+	}
 }
 
 // lexicalQuery is the query the service sends for question in normal mode.
@@ -216,7 +232,10 @@ func runIndexLookups(b *testing.B, x *EmbeddedIndex, queries []Query) {
 
 // BenchmarkIndexLink times storing one new entry, and linking its vector into the graph,
 // in a partition of linkBase entries of one corpus (past sparseGraph.MinLen, so every new
-// entry is linked, as under `mantle bench-load`): what the linker spends per stored answer.
+// entry is linked, as under `mantle bench-load`): what the linker spends per stored answer,
+// after a lookup of the same vector (after=lookup, as the service stores an answer: the
+// lookup is not timed, and its walk stands in for the linking's search) and without one
+// (after=none: a store without a lease, or whose lookup did not walk the graph).
 // The partition grows by one entry per op; run it with a fixed -benchtime (2000x) so that
 // runs compare the same sizes.
 //
@@ -224,44 +243,63 @@ func runIndexLookups(b *testing.B, x *EmbeddedIndex, queries []Query) {
 func BenchmarkIndexLink(b *testing.B) {
 	const linkBase = 20_000
 	for _, corpus := range []string{"support", "numbered"} {
-		b.Run("corpus="+corpus, func(b *testing.B) {
-			// The base and the new questions are drawn together, so that the new ones are
-			// as distinct from the base as from each other.
-			questions := indexCorpus(corpus, linkBase+20_000)
-			x, _, _ := buildIndexes(b, questions[:linkBase], false)
-			e := embed.NewLexical()
-			extra := questions[linkBase:]
-			vecs := make([]vector.Vector, len(extra))
-			for i, q := range extra {
-				v, err := e.Embed(context.Background(), q)
-				if err != nil {
-					b.Fatalf("Embed(%q): %v", q, err)
+		for _, after := range []string{"lookup", "none"} {
+			b.Run("corpus="+corpus+"/after="+after, func(b *testing.B) {
+				// The base and the new questions are drawn together, so that the new ones
+				// are as distinct from the base as from each other.
+				questions := indexCorpus(corpus, linkBase+20_000)
+				x, _, _ := buildIndexes(b, questions[:linkBase], false)
+				e := embed.NewLexical()
+				extra := questions[linkBase:]
+				vecs := make([]vector.Vector, len(extra))
+				for i, q := range extra {
+					v, err := e.Embed(context.Background(), q)
+					if err != nil {
+						b.Fatalf("Embed(%q): %v", q, err)
+					}
+					vecs[i] = v
 				}
-				vecs[i] = v
-			}
-			ctx := context.Background()
-			// The linking runs on this goroutine (no linker), so the thread's CPU time is
-			// its cost, which neighbours on a shared machine disturb less than wall time.
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			b.ReportAllocs()
-			cpuStart, cpuOK := threadCPUTime()
-			i := 0
-			for b.Loop() {
-				if i == len(vecs) {
-					b.Fatalf("more than %d ops: use a fixed -benchtime", len(vecs))
+				ctx := context.Background()
+				th := defaultThresholds(EmbedderLexical)
+				// The linking runs on this goroutine (no linker), so the thread's CPU time
+				// is its cost, which neighbours on a shared machine disturb less than wall
+				// time.
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				b.ReportAllocs()
+				var cpu time.Duration
+				i := 0
+				for b.Loop() {
+					if i == len(vecs) {
+						b.Fatalf("more than %d ops: use a fixed -benchtime", len(vecs))
+					}
+					var near *vector.Near
+					if after == "lookup" {
+						b.StopTimer()
+						near = new(vector.Near)
+						q := Query{Tenant: "acme", Partition: benchPartition, Namespace: embed.LexicalNamespace, Vector: vecs[i],
+							Limit: candidateLimit, MinScore: float32(th.normal - reportMargin), Now: epoch, FreshOnly: true, Near: near}
+						if _, err := x.Search(ctx, q); err != nil {
+							b.Fatalf("Search: %v", err)
+						}
+						b.StartTimer()
+					}
+					cpuStart, startOK := threadCPUTime()
+					if err := x.Put(ctx, benchEntry(linkBase+i), vecs[i], near); err != nil {
+						b.Fatalf("Put: %v", err)
+					}
+					if cpuEnd, ok := threadCPUTime(); ok && startOK {
+						cpu += cpuEnd - cpuStart
+					}
+					i++
 				}
-				if err := x.Put(ctx, benchEntry(linkBase+i), vecs[i]); err != nil {
-					b.Fatalf("Put: %v", err)
+				if i > 0 && cpu > 0 {
+					b.ReportMetric(float64(cpu)/float64(i), "cpu-ns/op")
 				}
-				i++
-			}
-			if cpuEnd, ok := threadCPUTime(); ok && cpuOK && i > 0 {
-				b.ReportMetric(float64(cpuEnd-cpuStart)/float64(i), "cpu-ns/op")
-			}
-			if n := x.LinkBacklog(); n != 0 {
-				b.Fatalf("%d vectors left unlinked", n)
-			}
-		})
+				if n := x.LinkBacklog(); n != 0 {
+					b.Fatalf("%d vectors left unlinked", n)
+				}
+			})
+		}
 	}
 }

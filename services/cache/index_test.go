@@ -37,7 +37,7 @@ func testEntry(id, tenant, scenario, part, question string) Entry {
 func put(t testing.TB, idx Index, entries ...Entry) {
 	t.Helper()
 	for _, e := range entries {
-		if err := idx.Put(context.Background(), e, vec(t, e.Question)); err != nil {
+		if err := idx.Put(context.Background(), e, vec(t, e.Question), nil); err != nil {
 			t.Fatalf("Put(%s): %v", e.ID, err)
 		}
 	}
@@ -219,7 +219,7 @@ func TestIndexDelete(t *testing.T) {
 				// An entry of another embedder: a dense vector, as an OpenAI-compatible
 				// embedder would give, in its own namespace (its own Qdrant collection).
 				dense, _ := vector.NewDense([]float32{1, 2, 3, 4, 5, 6, 7, 8})
-				if err := idx.Put(context.Background(), old, dense); err != nil {
+				if err := idx.Put(context.Background(), old, dense, nil); err != nil {
 					t.Fatalf("Put(dense): %v", err)
 				}
 				removed, err := idx.Delete(context.Background(), tt.filter)

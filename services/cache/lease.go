@@ -29,6 +29,9 @@ type lease struct {
 	// with a remote embedder that is a second paid call and its latency on every miss.
 	question string
 	vector   vector.Vector
+	// near is what the lookup's search found near the vector (nil when the index recorded
+	// nothing), so that linking the stored vector need not search again.
+	near *vector.Near
 	// done is closed when the lease is answered or ends; entry is set before that when it
 	// has an answer, and never changes after.
 	done   chan struct{}
@@ -59,23 +62,26 @@ func (l *leases) acquire(key Key, tenant string, now, expires time.Time, emb emb
 		l.end(held, nil)
 	}
 	le := &lease{id: "lease-" + rand.Text(), key: key, tenant: tenant, expires: expires,
-		question: emb.question, vector: emb.vector, done: make(chan struct{})}
+		question: emb.question, vector: emb.vector, near: emb.near, done: make(chan struct{})}
 	l.byKey[key], l.byID[le.id] = le, le
 	return le, nil
 }
 
 // embedding is a question and its vector; the vector is zero when it was not embedded.
+// near is what the index's search found near the vector, when it recorded that.
 type embedding struct {
 	question string
 	vector   vector.Vector
+	near     *vector.Near
 }
 
-// vectorFor returns the lease's vector when it is the embedding of question.
-func (le *lease) vectorFor(question string) (vector.Vector, bool) {
+// vectorFor returns the lease's vector, and what the lookup found near it, when the vector
+// is the embedding of question.
+func (le *lease) vectorFor(question string) (vector.Vector, *vector.Near, bool) {
 	if le == nil || le.question != question || le.vector.Len() == 0 {
-		return vector.Vector{}, false
+		return vector.Vector{}, nil, false
 	}
-	return le.vector, true
+	return le.vector, le.near, true
 }
 
 // find returns tenant's live lease with id.

@@ -228,10 +228,10 @@ type slowPutIndex struct {
 	release chan struct{}
 }
 
-func (x slowPutIndex) Put(ctx context.Context, e Entry, v vector.Vector) error {
+func (x slowPutIndex) Put(ctx context.Context, e Entry, v vector.Vector, near *vector.Near) error {
 	x.entered <- struct{}{}
 	<-x.release
-	return x.EmbeddedIndex.Put(ctx, e, v)
+	return x.EmbeddedIndex.Put(ctx, e, v, near)
 }
 
 // TestCoalescingLookupDuringTheWriteJoins: once the holder stores its answer, an identical

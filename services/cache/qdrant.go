@@ -232,7 +232,7 @@ func (q *QdrantIndex) Search(ctx context.Context, query Query) ([]Candidate, err
 
 // Put implements Index. An entry without a vector is refused with ErrNeedsVector: a point
 // needs one.
-func (q *QdrantIndex) Put(ctx context.Context, e Entry, v vector.Vector) error {
+func (q *QdrantIndex) Put(ctx context.Context, e Entry, v vector.Vector, _ *vector.Near) error {
 	if v.Len() == 0 {
 		return ErrNeedsVector
 	}

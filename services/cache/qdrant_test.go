@@ -22,7 +22,7 @@ func TestQdrantCollectionLayout(t *testing.T) {
 	dense, _ := vector.NewDense([]float32{1, 2, 3})
 	old := testEntry("b", "acme", "support", "q", "dense question")
 	old.Namespace = "openai-m-3"
-	if err := q.index.Put(context.Background(), old, dense); err != nil {
+	if err := q.index.Put(context.Background(), old, dense, nil); err != nil {
 		t.Fatalf("Put(dense): %v", err)
 	}
 

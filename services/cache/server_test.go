@@ -417,9 +417,9 @@ type failingIndex struct{ err error }
 func (f failingIndex) Get(context.Context, string, Key, time.Time) (Entry, bool, error) {
 	return Entry{}, false, f.err
 }
-func (f failingIndex) Search(context.Context, Query) ([]Candidate, error) { return nil, f.err }
-func (f failingIndex) Put(context.Context, Entry, vector.Vector) error    { return f.err }
-func (f failingIndex) Delete(context.Context, Filter) (int, error)        { return 0, f.err }
+func (f failingIndex) Search(context.Context, Query) ([]Candidate, error)            { return nil, f.err }
+func (f failingIndex) Put(context.Context, Entry, vector.Vector, *vector.Near) error { return f.err }
+func (f failingIndex) Delete(context.Context, Filter) (int, error)                   { return 0, f.err }
 
 func TestServerBackendErrors(t *testing.T) {
 	t.Parallel()

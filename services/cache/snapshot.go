@@ -256,7 +256,7 @@ func (x *EmbeddedIndex) Load(r io.Reader, maxBytes int64, now time.Time, namespa
 			continue
 		}
 		// Entries come most recent first, so each goes behind the ones before it.
-		if err := x.insert(e, v, false); err != nil {
+		if err := x.insert(e, v, nil, false); err != nil {
 			return stats, fmt.Errorf("snapshot record %d: %w", count-1, err)
 		}
 		stats.Loaded++

@@ -55,7 +55,7 @@ func TestSnapshotKeepsEveryField(t *testing.T) {
 	vectors := []vector.Vector{{Dense: []float32{0.5, -1, 3}}, {Indices: []uint32{1, 7, 1 << 31}, Values: []float32{1, 2, 0.25}}}
 	x := NewEmbeddedIndex(4)
 	for i, en := range []Entry{e, sparse} {
-		if err := x.Put(t.Context(), en, vectors[i]); err != nil {
+		if err := x.Put(t.Context(), en, vectors[i], nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -67,6 +67,9 @@ type graph struct {
 	pending []uint32
 	queued  []bool
 	gen     []uint32
+	// near holds, for queued slots whose vector a search walked the graph for, what it found
+	// near the vector (see Near).
+	near map[uint32]*Near
 	// version counts applied plans: a plan made before another was applied is stale.
 	version uint64
 	// ready is set once every vector present when the graph was built is linked; until
@@ -97,9 +100,18 @@ func (g *graph) grow(n int) {
 	}
 }
 
-// enqueue asks for slot's (new) vector to be linked.
-func (g *graph) enqueue(slot uint32) {
+// enqueue asks for slot's (new) vector to be linked, with what a search for it found near it
+// (nil when nothing was recorded, or near was recorded on another graph).
+func (g *graph) enqueue(slot uint32, near *Near) {
 	g.gen[slot]++
+	if near != nil && near.g == g && len(near.hits) > 0 {
+		if g.near == nil {
+			g.near = make(map[uint32]*Near)
+		}
+		g.near[slot] = near
+	} else {
+		delete(g.near, slot)
+	}
 	if !g.queued[slot] {
 		g.queued[slot] = true
 		g.pending = append(g.pending, slot)
@@ -173,7 +185,7 @@ func (s *Set) buildGraph() {
 	g.grow(len(s.live))
 	for slot, live := range s.live {
 		if live {
-			g.enqueue(uint32(slot))
+			g.enqueue(uint32(slot), nil)
 		}
 	}
 	s.graph = g
@@ -228,6 +240,14 @@ func (s *Set) PlanLink() *LinkPlan {
 	}
 	sc := s.takeScratch()
 	defer s.returnScratch(sc)
+	if near := g.near[slot]; near != nil && p.level == 0 {
+		// A search for this vector walked the bottom layer already: its result is what the
+		// walk below would find, less the nodes linked since.
+		if w := near.candidates(slot); len(w) > 0 {
+			s.planLevel(p, 0, w, sc)
+			return p
+		}
+	}
 	q := s.vec(slot)
 	if s.sparse {
 		sc.qt.reset(q)
@@ -254,25 +274,33 @@ func (s *Set) PlanLink() *LinkPlan {
 		// A copy: the next layer starts from it, and the scratch serves that search too.
 		w := slices.Clone(s.searchLayer(q, eps, g.cfg.EfConstruction, l, sc))
 		w = slices.DeleteFunc(w, func(h Hit) bool { return h.Slot == slot })
-		neighbours := s.selectNeighbours(w, g.cfg.M, sc)
-		p.lists = append(p.lists, planList{slot, l, neighbours})
-		for _, n := range neighbours {
-			cur := g.links(n, l)
-			if slices.Contains(cur, slot) {
-				continue
-			}
-			next := append(slices.Clone(cur), slot)
-			if len(next) > g.maxLinks(l) {
-				next = s.prune(n, next, g.maxLinks(l), sc)
-				if !slices.Contains(next, slot) {
-					continue // the new vector is the farthest: the list stays as it is
-				}
-			}
-			p.lists = append(p.lists, planList{n, l, next})
-		}
+		s.planLevel(p, l, w, sc)
 		eps = w
 	}
 	return p
+}
+
+// planLevel adds to p the links of its vector on level, chosen from w (the nodes of level
+// nearest to it, best first, itself not among them), and the lists of the neighbours that
+// link back to it.
+func (s *Set) planLevel(p *LinkPlan, l int, w []Hit, sc *searchScratch) {
+	g := s.graph
+	neighbours := s.selectNeighbours(w, g.cfg.M, sc)
+	p.lists = append(p.lists, planList{p.slot, l, neighbours})
+	for _, n := range neighbours {
+		cur := g.links(n, l)
+		if slices.Contains(cur, p.slot) {
+			continue
+		}
+		next := append(slices.Clone(cur), p.slot)
+		if len(next) > g.maxLinks(l) {
+			next = s.prune(n, next, g.maxLinks(l), sc)
+			if !slices.Contains(next, p.slot) {
+				continue // the new vector is the farthest: the list stays as it is
+			}
+		}
+		p.lists = append(p.lists, planList{n, l, next})
+	}
 }
 
 // ApplyLink installs p's links and reports whether it did; a plan for a vector replaced or
@@ -291,6 +319,7 @@ func (s *Set) ApplyLink(p *LinkPlan) bool {
 	}
 	g.pending = g.pending[1:]
 	g.queued[p.slot] = false
+	delete(g.near, p.slot)
 	g.version++
 	if len(g.pending) == 0 {
 		g.ready = true
@@ -459,8 +488,9 @@ func (s *Set) prune(node uint32, list []uint32, m int, sc *searchScratch) []uint
 // down the upper layers. A dense set's queued vectors are scored one by
 // one, as the walk cannot reach them yet; a sparse set's are in its postings, whose
 // search (the seeds) reads the newest end of long lists, where they are, and leaves q's
-// table in sc.qt for the walk.
-func (s *Set) searchGraph(sc *searchScratch, q Vector, k int, t *topK) {
+// table in sc.qt for the walk. It returns the walk's result on the bottom layer, best first
+// (sc's storage), nil when there was no walk.
+func (s *Set) searchGraph(sc *searchScratch, q Vector, k int, t *topK) (walked []Hit) {
 	g := s.graph
 	if !s.sparse {
 		for _, slot := range g.pending {
@@ -470,7 +500,7 @@ func (s *Set) searchGraph(sc *searchScratch, q Vector, k int, t *topK) {
 		}
 	}
 	if !g.hasEntry {
-		return
+		return nil
 	}
 	eps := sc.seeds
 	if len(eps) == 0 {
@@ -481,11 +511,13 @@ func (s *Set) searchGraph(sc *searchScratch, q Vector, k int, t *topK) {
 		}
 		eps = append(eps, ep)
 	}
-	for _, h := range s.searchLayer(q, eps, max(g.cfg.EfSearch, k), 0, sc) {
+	walked = s.searchLayer(q, eps, max(g.cfg.EfSearch, k), 0, sc)
+	for _, h := range walked {
 		if s.live[h.Slot] {
 			t.consider(h.Slot, h.Score)
 		}
 	}
+	return walked
 }
 
 func worse(a, b Hit) bool { return better(b, a) }

@@ -60,8 +60,15 @@ func TestGraphRecall(t *testing.T) {
 	set := NewSet(false, Limits{}, cfg)
 	held := map[uint32]Vector{}
 	var lastSlot uint32
+	// Half the vectors are stored as the cache stores an answer, after a search for them
+	// whose walk the linking starts from (AddNear), half without one.
 	add := func(v Vector) {
-		slot, err := set.Add(v)
+		var near *Near
+		if r.IntN(2) == 0 {
+			near = new(Near)
+			set.SearchNear(v, 5, -1, nil, near)
+		}
+		slot, err := set.AddNear(v, near)
 		if err != nil {
 			t.Fatalf("Add: %v", err)
 		}
@@ -246,4 +253,112 @@ func TestSparseLinkingMatchesMerge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNearStandsInForTheLinkingSearch: a vector added with what a search for it recorded
+// is linked from that record (to the nodes the walk found, which the search then reaches
+// it through), and a record that no longer describes the graph is not used: one from a
+// graph since dropped, and nodes whose slots took other vectors.
+func TestNearStandsInForTheLinkingSearch(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(5, 6))
+	cfg := Graph{MinLen: 64, M: 4, EfConstruction: 16, EfSearch: 8, Seed: 1}
+	vs := clustered(r, 400, 16)
+	set := NewSet(false, Limits{}, cfg)
+	for _, v := range vs[:300] {
+		if _, err := set.Add(v); err != nil {
+			t.Fatalf("Add: %v", err)
+		}
+	}
+	set.LinkPending(1 << 20)
+	if !set.GraphReady() {
+		t.Fatal("no graph")
+	}
+
+	t.Run("linked from the record", func(t *testing.T) {
+		// A vector drawn to an upper layer is linked by a full search (the record covers
+		// the bottom layer only): the first drawn to the bottom one is checked.
+		var q Vector
+		var near *Near
+		var slot uint32
+		for i := 350; ; i++ {
+			if i == len(vs) {
+				t.Fatal("no vector was drawn to the bottom layer")
+			}
+			q, near = vs[i], new(Near)
+			set.SearchNear(q, 3, -1, nil, near)
+			if len(near.hits) == 0 {
+				t.Fatal("a search through the graph recorded nothing")
+			}
+			var err error
+			if slot, err = set.AddNear(q, near); err != nil {
+				t.Fatalf("AddNear: %v", err)
+			}
+			if set.graph.near[slot] != near {
+				t.Fatal("the record was not kept for the linking")
+			}
+			if set.graph.level[slot] == 0 {
+				break
+			}
+			set.LinkPending(1 << 20)
+		}
+		set.LinkPending(1 << 20)
+		if _, kept := set.graph.near[slot]; kept {
+			t.Error("the record outlived the linking")
+		}
+		recorded := map[uint32]bool{}
+		for _, h := range near.hits {
+			recorded[h.Slot] = true
+		}
+		links := set.graph.links(slot, 0)
+		if len(links) == 0 {
+			t.Fatal("the vector has no links")
+		}
+		for _, l := range links {
+			if !recorded[l] {
+				t.Errorf("link to %d, which the search did not record", l)
+			}
+		}
+		if got := set.Search(q, 1, -1, nil); len(got) == 0 || got[0].Slot != slot {
+			t.Errorf("Search for the vector = %v, want slot %d first", got, slot)
+		}
+	})
+
+	t.Run("replaced nodes are left out", func(t *testing.T) {
+		q := vs[301]
+		near := new(Near)
+		set.SearchNear(q, 3, -1, nil, near)
+		replaced := near.hits[0].Slot
+		set.Remove(replaced)
+		if slot, err := set.Add(vs[302]); err != nil || slot != replaced {
+			t.Fatalf("Add = %d, %v; want the freed slot %d", slot, err, replaced)
+		}
+		for _, h := range near.candidates(1 << 30) {
+			if h.Slot == replaced {
+				t.Fatalf("candidates keep slot %d, which holds another vector now", replaced)
+			}
+		}
+	})
+
+	t.Run("a record of a dropped graph is ignored", func(t *testing.T) {
+		near := new(Near)
+		set.SearchNear(vs[303], 3, -1, nil, near)
+		old := set.graph
+		set.dropGraph()
+		set.buildGraph()
+		if set.graph == old {
+			t.Fatal("the graph was not rebuilt")
+		}
+		slot, err := set.AddNear(vs[303], near)
+		if err != nil {
+			t.Fatalf("AddNear: %v", err)
+		}
+		if _, kept := set.graph.near[slot]; kept {
+			t.Error("a record of the dropped graph was kept")
+		}
+		set.LinkPending(1 << 20)
+		if set.Pending() != 0 {
+			t.Errorf("%d vectors left unlinked", set.Pending())
+		}
+	})
 }

@@ -115,6 +115,13 @@ func (s *Set) Len() int { return s.count }
 // Add stores v and returns its slot. The set keeps v's slices; the caller must not change
 // them afterwards.
 func (s *Set) Add(v Vector) (uint32, error) {
+	return s.AddNear(v, nil)
+}
+
+// AddNear is Add of a vector that SearchNear searched for (the same vector), with what that
+// search recorded in near: when v is linked into the graph, near stands in for the search
+// linking would run. The set takes near over; the caller must not use it afterwards.
+func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 	if v.Sparse() != s.sparse {
 		return 0, fmt.Errorf("vector: sparse %v vector in a sparse %v set", v.Sparse(), s.sparse)
 	}
@@ -158,7 +165,7 @@ func (s *Set) Add(v Vector) (uint32, error) {
 	switch {
 	case s.graph != nil:
 		s.graph.grow(len(s.live))
-		s.graph.enqueue(slot)
+		s.graph.enqueue(slot, near)
 	case s.graphCfg.MinLen > 0 && s.count >= s.graphCfg.MinLen:
 		s.buildGraph()
 	}
@@ -231,6 +238,15 @@ func (s *Set) Vector(slot uint32) Vector {
 // zero Limits) the result is the exact one; past them, a vector may be missed, never
 // reported with a wrong score.
 func (s *Set) Search(q Vector, k int, minScore float32, accept func(slot uint32) bool) []Hit {
+	return s.SearchNear(q, k, minScore, accept, nil)
+}
+
+// SearchNear is Search that also records in near, when it is not nil, what a walk of the
+// graph found near q (see Near); near is emptied when the search did not walk the graph.
+func (s *Set) SearchNear(q Vector, k int, minScore float32, accept func(slot uint32) bool, near *Near) []Hit {
+	if near != nil {
+		near.reset()
+	}
 	if k <= 0 || s.count == 0 || q.Sparse() != s.sparse || q.Len() == 0 {
 		return nil
 	}
@@ -245,7 +261,10 @@ func (s *Set) Search(q Vector, k int, minScore float32, accept func(slot uint32)
 		if s.sparse && s.searchSparse(sc, q, minScore, t, s.graphCfg.Seeds) {
 			return t.hits // the rarest lists sufficed: the walk could add nothing
 		}
-		s.searchGraph(sc, q, k, t)
+		walked := s.searchGraph(sc, q, k, t)
+		if near != nil && len(walked) > 0 {
+			near.record(s.graph, walked)
+		}
 		return t.hits
 	}
 	if s.sparse {

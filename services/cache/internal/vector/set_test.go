@@ -188,8 +188,18 @@ func checkSearch(t *testing.T, limits Limits, graph Graph, exact bool) {
 		held := map[uint32]Vector{}
 		steps := rapid.IntRange(1, 120).Draw(t, "steps")
 		var plan *LinkPlan
+		// A lookup's vector and what its search recorded near it, waiting to be added (as
+		// an answer is stored after its lookup, other operations in between).
+		var looked *Vector
+		var lookedNear *Near
 		for range steps {
-			switch op := rapid.IntRange(0, 11).Draw(t, "op"); {
+			switch op := rapid.IntRange(0, 12).Draw(t, "op"); {
+			case op == 12:
+				v := genVec("lookup")
+				lookedNear = new(Near)
+				got := set.SearchNear(v, 3, 0, nil, lookedNear)
+				checkSound(t, held, v, 3, 0, nil, got)
+				looked = &v
 			case op == 10:
 				set.LinkPending(rapid.IntRange(1, 8).Draw(t, "link"))
 			case op == 11:
@@ -200,8 +210,11 @@ func checkSearch(t *testing.T, limits Limits, graph Graph, exact bool) {
 					plan = nil
 				}
 			case op < 5 || len(held) == 0:
-				v := genVec("add")
-				slot, err := set.Add(v)
+				v, near := genVec("add"), (*Near)(nil)
+				if looked != nil && rapid.Bool().Draw(t, "add-looked-up") {
+					v, near, looked = *looked, lookedNear, nil
+				}
+				slot, err := set.AddNear(v, near)
 				if err != nil {
 					t.Fatalf("Add: %v", err)
 				}
