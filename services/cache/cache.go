@@ -636,22 +636,29 @@ func (s *Service) Store(ctx context.Context, tenant string, req StoreRequest) (S
 
 	pol := s.policyFor(req.Prompt.Scenario)
 	k := deriveKeys(tenant, s.namespace, req.Prompt)
-	// A personal prompt asked for a known end user is kept in that user's scope; its
-	// lease, if any, was taken in the same scope by the lookup.
-	promptReason := pol.promptSkip(req.Prompt, k.Normalized)
-	if promptReason == SkipPersonalPrompt && req.Prompt.EndUser != "" {
-		req.Prompt = endUserScope(req.Prompt) // the reason stays: scoping changes no text
-		k = deriveKeys(tenant, s.namespace, req.Prompt)
-	}
 	var held *lease
 	if req.LeaseID != "" {
 		held = s.leases.find(req.LeaseID, tenant)
-		if held != nil && held.key != k.Exact {
-			// A lease for another prompt: its waiters asked something else. Let them
-			// look again rather than hand them this answer.
-			s.leases.finish(held.id, tenant, nil)
-			held = nil
+	}
+	var promptReason SkipReason
+	if held == nil || held.key != k.Exact {
+		// A personal prompt asked for a known end user is kept in that user's scope; its
+		// lease, if any, was taken in the same scope by the lookup.
+		promptReason = pol.promptSkip(req.Prompt, k.Normalized)
+		if promptReason == SkipPersonalPrompt && req.Prompt.EndUser != "" {
+			req.Prompt = endUserScope(req.Prompt) // the reason stays: scoping changes no text
+			k = deriveKeys(tenant, s.namespace, req.Prompt)
 		}
+	}
+	// Otherwise the prompt is the one whose lookup took the lease in the shared scope,
+	// which it does only when the prompt scans find nothing (promptReason stays ""): the
+	// exact key covers all they read (tenant, scenario and so its policy, the temperature's
+	// bucket, the earlier turns, the normalised question), and they are the dearest checks.
+	if held != nil && held.key != k.Exact {
+		// A lease for another prompt: its waiters asked something else. Let them look
+		// again rather than hand them this answer.
+		s.leases.finish(held.id, tenant, nil)
+		held = nil
 	}
 	if reason := pol.storeSkip(req, promptReason); reason != "" {
 		if held != nil {

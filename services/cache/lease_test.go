@@ -335,3 +335,35 @@ func TestCoalescingStoreReusesTheLookupsVector(t *testing.T) {
 		t.Errorf("a store without a lease embedded %d times, want 1", got)
 	}
 }
+
+// A store that answers the lease its own lookup took skips the prompt scans (the lease
+// says they found nothing in that prompt); a lease does not carry that past its prompt:
+// a store of another prompt with it is scanned, and one its scans forbid is skipped.
+func TestCoalescingLeaseCarriesThePromptScans(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		stored string
+		want   SkipReason
+	}{
+		{"the lease's own prompt", question, ""},
+		{"another, personal prompt", "My e-mail is ada@example.com, what is my balance?", SkipPersonalPrompt},
+		{"another, volatile prompt", "What time is it now?", SkipVolatilePrompt},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, DefaultConfig())
+			l := f.lease(t, "acme", question)
+			req := answer(basePrompt(tt.stored))
+			req.LeaseID = l.ID
+			res, err := f.svc.Store(context.Background(), "acme", req)
+			if err != nil {
+				t.Fatalf("Store: %v", err)
+			}
+			if res.SkippedReason != tt.want || res.Stored != (tt.want == "") {
+				t.Errorf("Store(%q) with the lease of %q = %+v, want skipped %q", tt.stored, question, res, tt.want)
+			}
+		})
+	}
+}
