@@ -935,9 +935,7 @@ func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, r
 }
 
 func (r *Router) audit(qc *mantlev1.QualityContext, step, detail string, d time.Duration) {
-	qc.Audit = append(qc.Audit, &mantlev1.AuditStep{
-		At: timestamppb.New(r.deps.Clock.Now()), Service: "router", Step: step, Detail: detail, Duration: durationpb.New(d),
-	})
+	qc.Audit = append(qc.Audit, r.step(step, detail, d))
 }
 
 // adoptAudit appends to qc the audit steps another service added to sent, the copy of qc
