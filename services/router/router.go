@@ -929,6 +929,11 @@ func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, r
 		Deadline:       timestamppb.New(deadline),
 		Route:          rt.name,
 		Usage:          &mantlev1.Usage{},
+		// Room for the eight steps of a request its first attempt answers (admit, quota's
+		// and the router's reserve, the cache's and the router's lookup, attempt, the
+		// verifier's and the router's verify), which growing by doubling made in four
+		// allocations.
+		Audit: make([]*mantlev1.AuditStep, 0, 8),
 	}
 	r.audit(qc, "admit", fmt.Sprintf("route=%s budget=%s", rt.name, deadline.Sub(now).Round(time.Millisecond)), 0)
 	return qc
