@@ -38,8 +38,24 @@ func metaOf(ctx context.Context) requestMeta {
 }
 
 func withMeta(ctx context.Context, m requestMeta) context.Context {
-	return context.WithValue(ctx, requestMetaKey{}, &m)
+	return &metaContext{Context: ctx, meta: m}
 }
+
+// metaContext is context.WithValue(ctx, requestMetaKey{}, &meta) in one allocation
+// instead of two (the value context and the requestMeta it points to).
+type metaContext struct {
+	context.Context
+	meta requestMeta
+}
+
+func (c *metaContext) Value(key any) any {
+	if key == (requestMetaKey{}) {
+		return &c.meta
+	}
+	return c.Context.Value(key)
+}
+
+func (c *metaContext) String() string { return "rpc.metaContext" }
 
 // WithRequestID returns a context carrying the request id.
 func WithRequestID(ctx context.Context, id string) context.Context {
