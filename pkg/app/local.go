@@ -280,16 +280,29 @@ func (localStream) SetTrailer(metadata.MD) error { return nil }
 // closure per interceptor per call: every mesh call crosses the whole chain, and the
 // closures were the channel's largest count of allocations. The index is restored as each
 // interceptor returns, so an interceptor that calls its handler again, or not at all, sees
-// what a closure chain would give it; handlers must be called in the call's goroutine, as
-// every interceptor of pkg/rpc does.
+// what a closure chain would give it; handlers must be called in the call's goroutine,
+// before the interceptor returns, as every interceptor of pkg/rpc does. So a chain value
+// is free again once the call returns, and is reused from a pool, with its handler bound
+// once.
 func chainUnary(interceptors []grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if len(interceptors) == 0 {
+	if len(interceptors) == 0 {
+		return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 			return handler(ctx, req)
 		}
-		c := &chainCall{interceptors: interceptors, info: info, final: handler}
+	}
+	calls := &sync.Pool{New: func() any {
+		c := &chainCall{interceptors: interceptors}
 		c.handler = c.step
-		return c.step(ctx, req)
+		return c
+	}}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		c := calls.Get().(*chainCall)
+		c.info, c.final, c.next = info, handler, 0
+		resp, err := c.step(ctx, req)
+		// A panic that leaves the chain leaves c to the garbage collector.
+		c.info, c.final = nil, nil
+		calls.Put(c)
+		return resp, err
 	}
 }
 
