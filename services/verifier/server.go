@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -399,9 +400,13 @@ func qualityWithVerdict(in *mantlev1.QualityContext, tenant, model string, v Ver
 // auditDetail says what happened in a line an operator can read, e.g.
 // "model=gpt-4o l1 failed: json_parse (malformed_output)".
 func auditDetail(model string, v Verdict) string {
+	// Every verified answer gets one: sized once, the common parts written directly.
 	var b strings.Builder
+	b.Grow(len(model) + 48)
 	if model != "" {
-		fmt.Fprintf(&b, "model=%s ", model)
+		b.WriteString("model=")
+		b.WriteString(model)
+		b.WriteByte(' ')
 	}
 	switch {
 	case !v.Passed && v.FailedLayer == LayerL1:
@@ -417,7 +422,9 @@ func auditDetail(model string, v Verdict) string {
 	default:
 		b.WriteString("l1 passed")
 	}
-	fmt.Fprintf(&b, " risk=%.2f", v.RiskScore)
+	b.WriteString(" risk=")
+	var risk [24]byte
+	b.Write(strconv.AppendFloat(risk[:0], v.RiskScore, 'f', 2, 64))
 	if v.ReviewID != "" {
 		fmt.Fprintf(&b, " review=%s", v.ReviewID)
 	}

@@ -117,8 +117,10 @@ func Cosine(a, b []float32) float64 {
 // NormalizeQuestion is the key under which answers to "the same question" are compared:
 // NFKC (full and half width alike), lower case, letters and digits only.
 func NormalizeQuestion(s string) string {
+	s = norm.NFKC.String(s)
 	var b strings.Builder
-	for _, r := range norm.NFKC.String(s) {
+	b.Grow(len(s)) // lower case seldom needs more: one allocation instead of one per doubling
+	for _, r := range s {
 		if unicode.IsLetter(r) || unicode.IsDigit(r) {
 			b.WriteRune(unicode.ToLower(r))
 		}
