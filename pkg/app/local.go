@@ -112,8 +112,8 @@ func (c *localConn) serve(ctx context.Context, method string, req, reply any) er
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	sctx, cancel := serverContext(ctx, m.stream)
-	defer cancel()
+	sctx, call := serverContext(ctx, m.stream)
+	defer call.end()
 	var begin time.Time
 	if c.serverStats != nil {
 		begin = time.Now()
@@ -137,15 +137,16 @@ func (c *localConn) serve(ctx context.Context, method string, req, reply any) er
 
 // serverContext is the context a handler gets: the caller's deadline and cancellation
 // but none of its values, its outgoing metadata as incoming, a peer and the method. It
-// is cancelled when the call ends, as a gRPC server's is; cancel releases it.
-func serverContext(ctx context.Context, stream grpc.ServerTransportStream) (_ context.Context, cancel context.CancelFunc) {
+// is cancelled when the call ends, as a gRPC server's is: call its root's end method
+// (a method call, where a cancel func would be one more allocation a call).
+func serverContext(ctx context.Context, stream grpc.ServerTransportStream) (_ context.Context, root *callContext) {
 	call := &callContext{caller: ctx}
 	var sctx context.Context = call
 	if md, ok := metadata.FromOutgoingContext(ctx); ok {
 		sctx = metadata.NewIncomingContext(sctx, md)
 	}
 	sctx = peer.NewContext(sctx, &localPeer)
-	return grpc.NewContextWithServerTransportStream(sctx, stream), call.end
+	return grpc.NewContextWithServerTransportStream(sctx, stream), call
 }
 
 // callContext is the root of a unary call's server context: the caller's deadline and

@@ -83,8 +83,8 @@ type ctxKey struct{}
 // the caller. Not parallel, so that no other test's goroutines come and go meanwhile.
 func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
-	sctx, release := serverContext(parent, localStream("/mantle.test.v1.Echo/Echo"))
-	defer release()
+	sctx, call := serverContext(parent, localStream("/mantle.test.v1.Echo/Echo"))
+	defer call.end()
 	const derived = 100
 	before := runtime.NumGoroutine()
 	children := make([]context.Context, derived)
@@ -139,8 +139,8 @@ func TestServerContextCancellation(t *testing.T) {
 				caller, cancel = context.WithDeadline(parent, past)
 				defer cancel()
 			}
-			sctx, end := serverContext(caller, localStream("/mantle.test.v1.Echo/Echo"))
-			defer end()
+			sctx, call := serverContext(caller, localStream("/mantle.test.v1.Echo/Echo"))
+			defer call.end()
 			var derived context.Context
 			if tt.askDone {
 				var cancel context.CancelFunc
@@ -160,7 +160,7 @@ func TestServerContextCancellation(t *testing.T) {
 			}
 			switch {
 			case tt.endCall:
-				end()
+				call.end()
 			case !tt.callerDeadline:
 				cancelParent()
 			}
