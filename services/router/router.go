@@ -621,7 +621,7 @@ func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.Qual
 	}
 	adoptAudit(qc, sent, res.GetQuality())
 	addWait(qc, res.GetWaited().AsDuration()) // in quota's priority queue
-	r.audit(qc, "reserve", fmt.Sprintf("reserved %d tokens", res.ReservedTokens), r.deps.Clock.Since(start))
+	r.audit(qc, "reserve", "reserved "+strconv.FormatInt(res.ReservedTokens, 10)+" tokens", r.deps.Clock.Since(start))
 	l := res.GetLimits()
 	return reservation{id: res.ReservationId, inputTokens: res.InputTokens, limits: &routerv1.RateLimit{
 		LimitRequests: l.GetLimitRequests(), RemainingRequests: l.GetRemainingRequests(),
@@ -937,7 +937,7 @@ func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, r
 		// allocations.
 		Audit: make([]*mantlev1.AuditStep, 0, 8),
 	}
-	r.audit(qc, "admit", fmt.Sprintf("route=%s budget=%s", rt.name, deadline.Sub(now).Round(time.Millisecond)), 0)
+	r.audit(qc, "admit", "route="+rt.name+" budget="+deadline.Sub(now).Round(time.Millisecond).String(), 0)
 	return qc
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -99,7 +100,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		return nil, audit, err
 	}
 	audit = append(audit, addedSteps(snapshot, v.GetQuality())...)
-	audit = append(audit, r.step("verify", fmt.Sprintf("passed=%t grade=%s", v.Passed, shortGrade(v.Grade)), r.deps.Clock.Since(start)))
+	audit = append(audit, r.step("verify", "passed="+strconv.FormatBool(v.Passed)+" grade="+shortGrade(v.Grade), r.deps.Clock.Since(start)))
 	if v.Degrade {
 		// A business rule says this kind of answer must not come from a model now: no other
 		// candidate is asked, the ladder answers.
