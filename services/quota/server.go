@@ -70,12 +70,7 @@ func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 	if quality.GetTenant() == "" {
 		quality.Tenant = tenant
 	}
-	detail := fmt.Sprintf("reserved %d tokens (%d input + %d max output) for %s; %d/%d tokens and %d/%d requests left",
-		got.ReservedTokens, got.InputTokens, got.MaxOutputTokens, req.GetModel(),
-		got.Levels.Tokens.Remaining, got.Levels.Tokens.Limit, got.Levels.Requests.Remaining, got.Levels.Requests.Limit)
-	if got.Waited > 0 {
-		detail += fmt.Sprintf("; waited %s", got.Waited)
-	}
+	detail := reserveDetail(got, req.GetModel())
 	// The answer, its times and its audit step in one allocation (reserveMessage).
 	m := &reserveMessage{
 		step: mantlev1.AuditStep{Service: "quota", Step: "reserve", Detail: detail},
@@ -313,6 +308,35 @@ func bucketsToProto(levels []ledger.BucketLevel) []*quotav1.BucketLevel {
 		out[i] = &m.level
 	}
 	return out
+}
+
+// reserveDetail is a reserve's audit detail, "reserved 1000 tokens (900 input + 100 max
+// output) for m; 9000/10000 tokens and 59/60 requests left[; waited 1.5s]", appended
+// into one buffer: fmt boxed each of its numbers, every reserve.
+func reserveDetail(got reserveOutcome, model string) string {
+	var buf [192]byte
+	b := append(buf[:0], "reserved "...)
+	b = strconv.AppendInt(b, got.ReservedTokens, 10)
+	b = append(b, " tokens ("...)
+	b = strconv.AppendInt(b, got.InputTokens, 10)
+	b = append(b, " input + "...)
+	b = strconv.AppendInt(b, got.MaxOutputTokens, 10)
+	b = append(b, " max output) for "...)
+	b = append(b, model...)
+	b = append(b, "; "...)
+	b = strconv.AppendInt(b, got.Levels.Tokens.Remaining, 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, got.Levels.Tokens.Limit, 10)
+	b = append(b, " tokens and "...)
+	b = strconv.AppendInt(b, got.Levels.Requests.Remaining, 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, got.Levels.Requests.Limit, 10)
+	b = append(b, " requests left"...)
+	if got.Waited > 0 {
+		b = append(b, "; waited "...)
+		b = append(b, got.Waited.String()...)
+	}
+	return string(b)
 }
 
 // reserveMessage is a reserve's answer with its times and the audit step it adds.

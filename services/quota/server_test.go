@@ -523,3 +523,28 @@ func TestLevelsMatchTheWellKnownTypes(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveDetailMatchesFmt: the reserve's audit detail, appended number by number,
+// reads as the fmt.Sprintf it replaced.
+func TestReserveDetailMatchesFmt(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		got   reserveOutcome
+		model string
+	}{
+		{reserveOutcome{ReservedTokens: 1000, InputTokens: 900, MaxOutputTokens: 100,
+			Levels: levelPair{Requests: ledger.BucketLevel{Limit: 60, Remaining: 59}, Tokens: ledger.BucketLevel{Limit: 10000, Remaining: 9000}}}, "gpt-4o"},
+		{reserveOutcome{ReservedTokens: 7, Waited: 1500 * time.Millisecond, Levels: levelPair{Tokens: ledger.BucketLevel{Remaining: -3}}}, ""},
+		{reserveOutcome{ReservedTokens: math.MaxInt64, InputTokens: math.MinInt64, Waited: -time.Second}, strings.Repeat("a-very-long-model-name/", 20)},
+	} {
+		want := fmt.Sprintf("reserved %d tokens (%d input + %d max output) for %s; %d/%d tokens and %d/%d requests left",
+			tt.got.ReservedTokens, tt.got.InputTokens, tt.got.MaxOutputTokens, tt.model,
+			tt.got.Levels.Tokens.Remaining, tt.got.Levels.Tokens.Limit, tt.got.Levels.Requests.Remaining, tt.got.Levels.Requests.Limit)
+		if tt.got.Waited > 0 {
+			want += fmt.Sprintf("; waited %s", tt.got.Waited)
+		}
+		if got := reserveDetail(tt.got, tt.model); got != want {
+			t.Errorf("reserveDetail = %q, want %q", got, want)
+		}
+	}
+}
