@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
+	"github.com/mantle-mesh/mantle/services/verifier/internal/semantic"
 )
 
 // startVerifier serves the verifier module in memory mode and returns a real generated client.
@@ -372,5 +374,25 @@ func TestQualityWithVerdictIsACopy(t *testing.T) {
 				t.Error("the copy shares sub-messages with the request's")
 			}
 		})
+	}
+}
+
+// TestL3DetailMatchesFmt: a follow-up's detail, appended number by number, reads as the
+// fmt.Sprintf it replaced.
+func TestL3DetailMatchesFmt(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		res  semantic.Result
+		risk float64
+	}{
+		{semantic.Result{Relevance: 0.8, Consistency: 0.125, Divergence: 0.005, JudgeScore: 1}, 0.115},
+		{semantic.Result{}, 0},
+		{semantic.Result{Relevance: math.NaN(), Divergence: math.Inf(1)}, math.Inf(-1)},
+	} {
+		want := fmt.Sprintf("relevance=%.2f consistency=%.2f divergence=%.2f judge=%.2f risk=%.2f",
+			tt.res.Relevance, tt.res.Consistency, tt.res.Divergence, tt.res.JudgeScore, tt.risk)
+		if got := l3Detail(tt.res, tt.risk); got != want {
+			t.Errorf("l3Detail = %q, want %q", got, want)
+		}
 	}
 }
