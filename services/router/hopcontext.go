@@ -20,7 +20,11 @@ import (
 // Done is asked for, Err compares the clock with the deadline itself; a call over the
 // network asks for Done at once and gets the context it always had.
 type hopCtx struct {
-	parent      context.Context
+	parent context.Context
+	// detached: the parent's values but not its cancellation or deadline, as
+	// context.WithoutCancel(parent) would give (whose Value, a method on a value
+	// receiver, allocates each time it is called).
+	detached    bool
 	given       time.Time // the deadline asked for, when givenOK
 	givenOK     bool
 	deadline    time.Time // the earlier of given and the parent's, when hasDeadline
@@ -48,6 +52,20 @@ func newHopCtx(parent context.Context, deadline time.Time, ok bool) *hopCtx {
 	return c
 }
 
+// detachedHopCtx is newHopCtx(context.WithoutCancel(parent), deadline, true): for a call
+// that must outlive the request (settling its quota).
+func detachedHopCtx(parent context.Context, deadline time.Time) *hopCtx {
+	return &hopCtx{parent: parent, detached: true, given: deadline, givenOK: true, deadline: deadline, hasDeadline: true}
+}
+
+// parentErr is the parent's error, which a detached context does not share.
+func (c *hopCtx) parentErr() error {
+	if c.detached {
+		return nil
+	}
+	return c.parent.Err()
+}
+
 func (c *hopCtx) Deadline() (time.Time, bool) { return c.deadline, c.hasDeadline }
 
 func (c *hopCtx) Done() <-chan struct{} { return c.made().ctx.Done() }
@@ -59,7 +77,7 @@ func (c *hopCtx) Err() error {
 	if inner := c.inner.Load(); inner != nil {
 		return inner.ctx.Err()
 	}
-	if !c.ended.Load() && c.parent.Err() == nil && !c.expired() {
+	if !c.ended.Load() && c.parentErr() == nil && !c.expired() {
 		return nil
 	}
 	return c.made().ctx.Err()
@@ -109,10 +127,14 @@ func (c *hopCtx) made() *deadlineCtx {
 
 // withParent is the context made for real.
 func (c *hopCtx) withParent() (context.Context, context.CancelFunc) {
-	if c.givenOK {
-		return context.WithDeadline(c.parent, c.given)
+	parent := c.parent
+	if c.detached {
+		parent = context.WithoutCancel(parent)
 	}
-	return context.WithCancel(c.parent)
+	if c.givenOK {
+		return context.WithDeadline(parent, c.given)
+	}
+	return context.WithCancel(parent)
 }
 
 // cancel ends the context. One never made keeps the error it would have had now:
@@ -123,7 +145,7 @@ func (c *hopCtx) cancel() {
 	inner := c.inner.Load()
 	if inner == nil && !c.ended.Load() {
 		switch {
-		case c.parent.Err() != nil:
+		case c.parentErr() != nil:
 			inner = &deadlineCtx{}
 			inner.ctx, inner.cancel = c.withParent()
 			c.inner.Store(inner)

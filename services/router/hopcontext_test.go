@@ -11,7 +11,7 @@ import (
 type hopKey struct{}
 
 // TestHopContextActsAsWithDeadline runs the same steps on context.WithDeadline (or
-// WithCancel, without a deadline) and on a hopCtx and compares what each context shows:
+// WithCancel, without a deadline; over context.WithoutCancel, detached) and on a hopCtx and compares what each context shows:
 // the error, whether Done is closed, the cause, the deadline, the parent's values and a
 // derived context's error, whether or not anything asked for Done before.
 func TestHopContextActsAsWithDeadline(t *testing.T) {
@@ -30,9 +30,17 @@ func TestHopContextActsAsWithDeadline(t *testing.T) {
 		parentDeadline time.Time // zero: none
 		askDone        bool      // Done (and a derived context) before the step
 		step           step
+		detached       bool // as context.WithoutCancel(parent)
 	}{
 		{name: "live", deadline: future},
 		{name: "no deadline"},
+		{name: "detached", deadline: future, detached: true},
+		{name: "detached, the parent's deadline is earlier", deadline: future, parentDeadline: past, detached: true},
+		{name: "detached, parent cancelled", deadline: future, step: cancelParent, detached: true},
+		{name: "detached, parent cancelled, Done asked for", deadline: future, askDone: true, step: cancelParent, detached: true},
+		{name: "detached, deadline passed", deadline: past, detached: true},
+		{name: "detached, cancelled", deadline: future, step: cancelHop, detached: true},
+		{name: "detached, cancelled after the parent", deadline: future, step: cancelParent + cancelHop, detached: true},
 		{name: "no deadline, the parent's", parentDeadline: future},
 		{name: "no deadline, parent cancelled", step: cancelParent},
 		{name: "no deadline, cancelled", step: cancelHop},
@@ -71,9 +79,14 @@ func TestHopContextActsAsWithDeadline(t *testing.T) {
 		var ctx context.Context
 		var cancel context.CancelFunc
 		switch {
+		case hop && tc.detached:
+			c := detachedHopCtx(p, tc.deadline)
+			ctx, cancel = c, c.cancel
 		case hop:
 			c := newHopCtx(p, tc.deadline, !tc.deadline.IsZero())
 			ctx, cancel = c, c.cancel
+		case tc.detached:
+			ctx, cancel = context.WithDeadline(context.WithoutCancel(p), tc.deadline)
 		case tc.deadline.IsZero():
 			ctx, cancel = context.WithCancel(p)
 		default:

@@ -636,8 +636,9 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 	if reservation == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
+	hop := detachedHopCtx(ctx, time.Now().Add(2*time.Second))
+	defer hop.cancel()
+	ctx = hop
 	if usage == nil {
 		usage = &mantlev1.Usage{}
 	}
