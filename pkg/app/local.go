@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fullstorydev/grpchan"
@@ -110,8 +112,8 @@ func (c *localConn) serve(ctx context.Context, method string, req, reply any) er
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	sctx, cancel := serverContext(ctx, m.stream)
-	defer cancel()
+	sctx, call := serverContext(ctx, m.stream)
+	defer call.end()
 	var begin time.Time
 	if c.serverStats != nil {
 		begin = time.Now()
@@ -135,19 +137,105 @@ func (c *localConn) serve(ctx context.Context, method string, req, reply any) er
 
 // serverContext is the context a handler gets: the caller's deadline and cancellation
 // but none of its values, its outgoing metadata as incoming, a peer and the method. It
-// is cancelled when the call ends, as a gRPC server's is; cancel releases it.
-//
-// Its root is a cancellable context of its own, tied to the caller's through
-// withoutValues.AfterFunc: contexts a handler derives from it then register with it
-// directly instead of each starting a goroutine to watch a parent whose values (and so
-// the context package's way of finding a cancellable parent) are hidden.
-func serverContext(ctx context.Context, stream grpc.ServerTransportStream) (_ context.Context, cancel context.CancelFunc) {
-	sctx, cancel := context.WithCancel(withoutValues{ctx})
+// is cancelled when the call ends, as a gRPC server's is: call its root's end method
+// (a method call, where a cancel func would be one more allocation a call).
+func serverContext(ctx context.Context, stream grpc.ServerTransportStream) (_ context.Context, root *callContext) {
+	call := &callContext{caller: ctx}
+	var sctx context.Context = call
 	if md, ok := metadata.FromOutgoingContext(ctx); ok {
 		sctx = metadata.NewIncomingContext(sctx, md)
 	}
 	sctx = peer.NewContext(sctx, &localPeer)
-	return grpc.NewContextWithServerTransportStream(sctx, stream), cancel
+	return grpc.NewContextWithServerTransportStream(sctx, stream), call
+}
+
+// callContext is the root of a unary call's server context: the caller's deadline and
+// cancellation, none of its values, and cancelled when the call ends.
+//
+// Its cancellation is the context package's: a cancel context over the caller's context
+// with the values hidden (withoutValues), made only once Done is asked for, by the
+// handler or by a context derived from this one. Contexts a handler derives then find
+// that cancel context through Value and register with it directly, without a goroutine
+// each. Made for every call, it cost about nine allocations (the cancel context, its
+// func, and its registration with the caller's context through withoutValues.AfterFunc),
+// and most handlers never ask for Done: until one does, Err reads the caller's.
+type callContext struct {
+	caller context.Context
+
+	mu sync.Mutex
+	// err is the context's error while there is no cancel context: the caller's once
+	// it is done, context.Canceled once the call ended.
+	err   error
+	inner atomic.Pointer[cancelContext]
+}
+
+type cancelContext struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// closedDone is Done of a context that was cancelled before anything asked for Done.
+var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (c *callContext) Deadline() (time.Time, bool) { return c.caller.Deadline() }
+
+// Value hides the caller's values. Once there is a cancel context, it answers for it:
+// the context package finds a cancellable parent so.
+func (c *callContext) Value(key any) any {
+	if inner := c.inner.Load(); inner != nil {
+		return inner.ctx.Value(key)
+	}
+	return nil
+}
+
+func (c *callContext) String() string { return "app.callContext" }
+
+func (c *callContext) Done() <-chan struct{} {
+	if inner := c.inner.Load(); inner != nil {
+		return inner.ctx.Done()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if inner := c.inner.Load(); inner != nil {
+		return inner.ctx.Done()
+	}
+	if c.err == nil {
+		c.err = c.caller.Err()
+	}
+	if c.err != nil {
+		return closedDone
+	}
+	ctx, cancel := context.WithCancel(withoutValues{c.caller})
+	c.inner.Store(&cancelContext{ctx: ctx, cancel: cancel})
+	return ctx.Done()
+}
+
+func (c *callContext) Err() error {
+	if inner := c.inner.Load(); inner != nil {
+		return inner.ctx.Err()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if inner := c.inner.Load(); inner != nil {
+		return inner.ctx.Err()
+	}
+	if c.err == nil {
+		c.err = c.caller.Err()
+	}
+	return c.err
+}
+
+// end cancels the context when the call ends.
+func (c *callContext) end() {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = context.Canceled
+	}
+	inner := c.inner.Load()
+	c.mu.Unlock()
+	if inner != nil {
+		inner.cancel()
+	}
 }
 
 func copyMessage(dst, src any) error {
@@ -168,7 +256,7 @@ type withoutValues struct{ context.Context }
 func (withoutValues) Value(any) any { return nil }
 
 // AfterFunc lets a context derived from this one hook into the caller's cancellation
-// directly (serverContext).
+// directly (callContext's cancel context).
 func (c withoutValues) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(c.Context, f) }
 
 var localPeer = peer.Peer{Addr: localAddr{}}
@@ -193,16 +281,29 @@ func (localStream) SetTrailer(metadata.MD) error { return nil }
 // closure per interceptor per call: every mesh call crosses the whole chain, and the
 // closures were the channel's largest count of allocations. The index is restored as each
 // interceptor returns, so an interceptor that calls its handler again, or not at all, sees
-// what a closure chain would give it; handlers must be called in the call's goroutine, as
-// every interceptor of pkg/rpc does.
+// what a closure chain would give it; handlers must be called in the call's goroutine,
+// before the interceptor returns, as every interceptor of pkg/rpc does. So a chain value
+// is free again once the call returns, and is reused from a pool, with its handler bound
+// once.
 func chainUnary(interceptors []grpc.UnaryServerInterceptor) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if len(interceptors) == 0 {
+	if len(interceptors) == 0 {
+		return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 			return handler(ctx, req)
 		}
-		c := &chainCall{interceptors: interceptors, info: info, final: handler}
+	}
+	calls := &sync.Pool{New: func() any {
+		c := &chainCall{interceptors: interceptors}
 		c.handler = c.step
-		return c.step(ctx, req)
+		return c
+	}}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		c := calls.Get().(*chainCall)
+		c.info, c.final, c.next = info, handler, 0
+		resp, err := c.step(ctx, req)
+		// A panic that leaves the chain leaves c to the garbage collector.
+		c.info, c.final = nil, nil
+		calls.Put(c)
+		return resp, err
 	}
 }
 

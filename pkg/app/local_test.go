@@ -83,8 +83,8 @@ type ctxKey struct{}
 // the caller. Not parallel, so that no other test's goroutines come and go meanwhile.
 func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
-	sctx, release := serverContext(parent, localStream("/mantle.test.v1.Echo/Echo"))
-	defer release()
+	sctx, call := serverContext(parent, localStream("/mantle.test.v1.Echo/Echo"))
+	defer call.end()
 	const derived = 100
 	before := runtime.NumGoroutine()
 	children := make([]context.Context, derived)
@@ -103,6 +103,91 @@ func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("derived context %d not cancelled with the caller", i)
 		}
+	}
+}
+
+// TestServerContextCancellation: the server context is done when the caller is or when
+// the call ends, with the caller's error or context.Canceled, whether or not anything
+// asked for Done before; and it never shows the caller's values.
+func TestServerContextCancellation(t *testing.T) {
+	t.Parallel()
+	past := time.Now().Add(-time.Minute)
+	tests := []struct {
+		name string
+		// askDone: Done is asked for (and a context derived) before the event.
+		askDone bool
+		// event makes the context done: the caller's cancel or the call's end.
+		callerDeadline bool
+		endCall        bool
+		wantErr        error
+	}{
+		{name: "caller cancelled, nobody asked for Done", wantErr: context.Canceled},
+		{name: "caller cancelled, Done asked for", askDone: true, wantErr: context.Canceled},
+		{name: "caller's deadline passed, nobody asked for Done", callerDeadline: true, wantErr: context.DeadlineExceeded},
+		{name: "caller's deadline passed, Done asked for", callerDeadline: true, askDone: true, wantErr: context.DeadlineExceeded},
+		{name: "call ended, nobody asked for Done", endCall: true, wantErr: context.Canceled},
+		{name: "call ended, Done asked for", endCall: true, askDone: true, wantErr: context.Canceled},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			parent, cancelParent := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "secret"))
+			defer cancelParent()
+			caller := parent
+			if tt.callerDeadline {
+				var cancel context.CancelFunc
+				caller, cancel = context.WithDeadline(parent, past)
+				defer cancel()
+			}
+			sctx, call := serverContext(caller, localStream("/mantle.test.v1.Echo/Echo"))
+			defer call.end()
+			var derived context.Context
+			if tt.askDone {
+				var cancel context.CancelFunc
+				derived, cancel = context.WithCancel(context.WithValue(sctx, ctxKey{}, "handler's"))
+				defer cancel()
+			}
+			if sctx.Value(ctxKey{}) != nil {
+				t.Error("a value of the caller's context leaked")
+			}
+			if d, ok := sctx.Deadline(); ok != tt.callerDeadline || (ok && !d.Equal(past)) {
+				t.Errorf("Deadline = %v, %t", d, ok)
+			}
+			if !tt.callerDeadline {
+				if err := sctx.Err(); err != nil {
+					t.Fatalf("Err = %v before anything happened", err)
+				}
+			}
+			switch {
+			case tt.endCall:
+				call.end()
+			case !tt.callerDeadline:
+				cancelParent()
+			}
+			waitDone(t, sctx)
+			if err := sctx.Err(); !errors.Is(err, tt.wantErr) {
+				t.Errorf("Err = %v, want %v", err, tt.wantErr)
+			}
+			if derived == nil {
+				derived = sctx // a context derived after the event is done at once
+				var cancel context.CancelFunc
+				derived, cancel = context.WithCancel(derived)
+				defer cancel()
+			}
+			waitDone(t, derived)
+			if err := derived.Err(); !errors.Is(err, tt.wantErr) {
+				t.Errorf("derived context's Err = %v, want %v", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func waitDone(t *testing.T, ctx context.Context) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("context not done")
 	}
 }
 
@@ -454,9 +539,14 @@ func TestChainUnary(t *testing.T) {
 					tr = append(tr, "final("+req.(string)+")")
 					return req, nil
 				}
-				resp, err := fold(ics)(context.Background(), "", &grpc.UnaryServerInfo{FullMethod: "/m"}, final)
-				if err != nil {
-					t.Fatal(err)
+				// Twice through the same chain: the second call reuses what the first left.
+				chain := fold(ics)
+				var resp any
+				for range 2 {
+					var err error
+					if resp, err = chain(context.Background(), "", &grpc.UnaryServerInfo{FullMethod: "/m"}, final); err != nil {
+						t.Fatal(err)
+					}
 				}
 				return tr, resp
 			}

@@ -38,8 +38,24 @@ func metaOf(ctx context.Context) requestMeta {
 }
 
 func withMeta(ctx context.Context, m requestMeta) context.Context {
-	return context.WithValue(ctx, requestMetaKey{}, &m)
+	return &metaContext{Context: ctx, meta: m}
 }
+
+// metaContext is context.WithValue(ctx, requestMetaKey{}, &meta) in one allocation
+// instead of two (the value context and the requestMeta it points to).
+type metaContext struct {
+	context.Context
+	meta requestMeta
+}
+
+func (c *metaContext) Value(key any) any {
+	if key == (requestMetaKey{}) {
+		return &c.meta
+	}
+	return c.Context.Value(key)
+}
+
+func (c *metaContext) String() string { return "rpc.metaContext" }
 
 // WithRequestID returns a context carrying the request id.
 func WithRequestID(ctx context.Context, id string) context.Context {
@@ -120,13 +136,18 @@ func ValidRequestID(id string) bool {
 // ("00-<32 hex trace id>-<16 hex parent id>-<flags>"). Like the W3C Trace Context spec
 // asks, a header with upper-case hex, an all-zero trace or parent id, version ff, or
 // extra fields on version 00 is ignored rather than propagated.
+//
+// Every call of every service reads one; cutting the fields off in place spares the
+// slice strings.Split would allocate.
 func TraceIDFromTraceParent(tp string) (string, bool) {
-	parts := strings.Split(tp, "-")
-	if len(parts) < 4 {
+	version, rest, ok1 := strings.Cut(tp, "-")
+	traceID, rest, ok2 := strings.Cut(rest, "-")
+	parentID, rest, ok3 := strings.Cut(rest, "-")
+	flags, _, extra := strings.Cut(rest, "-")
+	if !ok1 || !ok2 || !ok3 {
 		return "", false
 	}
-	version, traceID, parentID, flags := parts[0], parts[1], parts[2], parts[3]
-	if !isLowerHex(version, 2) || version == "ff" || (version == "00" && len(parts) != 4) {
+	if !isLowerHex(version, 2) || version == "ff" || (version == "00" && extra) {
 		return "", false
 	}
 	if !isLowerHex(traceID, 32) || traceID == strings.Repeat("0", 32) ||

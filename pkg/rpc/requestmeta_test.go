@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"pgregory.net/rapid"
+
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -36,6 +38,9 @@ func TestTraceIDFromTraceParent(t *testing.T) {
 		{"all-zero parent id", "00-" + traceID + "-" + strings.Repeat("0", 16) + "-01", ""},
 		{"short parent id", "00-" + traceID + "-" + parentID[:15] + "-01", ""},
 		{"bad flags", "00-" + traceID + "-" + parentID + "-1", ""},
+		{"version 00 with a trailing dash", "00-" + traceID + "-" + parentID + "-01-", ""},
+		{"future version with a trailing dash", "cc-" + traceID + "-" + parentID + "-01-", traceID},
+		{"empty fields", "---", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -46,6 +51,40 @@ func TestTraceIDFromTraceParent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// splitTraceParent is TraceIDFromTraceParent as first written, on strings.Split's
+// fields; the version that cuts them off in place is held to it.
+func splitTraceParent(tp string) (string, bool) {
+	parts := strings.Split(tp, "-")
+	if len(parts) < 4 {
+		return "", false
+	}
+	version, traceID, parentID, flags := parts[0], parts[1], parts[2], parts[3]
+	lowerHex := regexp.MustCompile(`^[0-9a-f]*$`).MatchString
+	if len(version) != 2 || !lowerHex(version) || version == "ff" || (version == "00" && len(parts) != 4) {
+		return "", false
+	}
+	if len(traceID) != 32 || !lowerHex(traceID) || traceID == strings.Repeat("0", 32) ||
+		len(parentID) != 16 || !lowerHex(parentID) || parentID == strings.Repeat("0", 16) ||
+		len(flags) != 2 || !lowerHex(flags) {
+		return "", false
+	}
+	return traceID, true
+}
+
+func TestTraceIDFromTraceParentMatchesSplit(t *testing.T) {
+	t.Parallel()
+	field := rapid.SampledFrom([]string{"", "00", "cc", "ff", "01", "0", "4bf92f3577b34da6a3ce929d0e0e4736",
+		"00f067aa0ba902b7", strings.Repeat("0", 16), strings.Repeat("0", 32), "4BF92F3577B34DA6A3CE929D0E0E4736", "x-y"})
+	rapid.Check(t, func(t *rapid.T) {
+		tp := strings.Join(rapid.SliceOfN(field, 0, 6).Draw(t, "fields"), "-")
+		gotID, gotOK := rpc.TraceIDFromTraceParent(tp)
+		wantID, wantOK := splitTraceParent(tp)
+		if gotID != wantID || gotOK != wantOK {
+			t.Fatalf("TraceIDFromTraceParent(%q) = %q, %t; strings.Split's fields give %q, %t", tp, gotID, gotOK, wantID, wantOK)
+		}
+	})
 }
 
 func TestNewIDs(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -69,29 +70,27 @@ func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 	if quality.GetTenant() == "" {
 		quality.Tenant = tenant
 	}
-	detail := fmt.Sprintf("reserved %d tokens (%d input + %d max output) for %s; %d/%d tokens and %d/%d requests left",
-		got.ReservedTokens, got.InputTokens, got.MaxOutputTokens, req.GetModel(),
-		got.Levels.Tokens.Remaining, got.Levels.Tokens.Limit, got.Levels.Requests.Remaining, got.Levels.Requests.Limit)
-	if got.Waited > 0 {
-		detail += fmt.Sprintf("; waited %s", got.Waited)
+	detail := reserveDetail(got, req.GetModel())
+	// The answer, its times and its audit step in one allocation (reserveMessage).
+	m := &reserveMessage{
+		step: mantlev1.AuditStep{Service: "quota", Step: "reserve", Detail: detail},
+		resp: quotav1.ReserveResponse{
+			ReservationId:  got.ReservationID,
+			ReservedTokens: got.ReservedTokens,
+			Limits:         limitsToProto(got.Levels),
+			Quality:        quality,
+			Buckets:        bucketsToProto(got.Buckets),
+			InputTokens:    got.InputTokens,
+		},
 	}
-	quality.Audit = append(quality.Audit, &mantlev1.AuditStep{
-		At:       timestamppb.New(start),
-		Service:  "quota",
-		Step:     "reserve",
-		Detail:   detail,
-		Duration: durationpb.New(s.svc.clock.Since(start)),
-	})
-	resp := &quotav1.ReserveResponse{
-		ReservationId:  got.ReservationID,
-		ReservedTokens: got.ReservedTokens,
-		Limits:         limitsToProto(got.Levels),
-		ExpiresAt:      timestamppb.New(got.ExpiresAt),
-		Quality:        quality,
-		Buckets:        bucketsToProto(got.Buckets),
-		InputTokens:    got.InputTokens,
-		Waited:         durationpb.New(got.Waited),
-	}
+	setTimestamp(&m.stepAt, start)
+	setDuration(&m.stepTook, s.svc.clock.Since(start))
+	m.step.At, m.step.Duration = &m.stepAt, &m.stepTook
+	quality.Audit = append(quality.Audit, &m.step)
+	setTimestamp(&m.expiresAt, got.ExpiresAt)
+	setDuration(&m.waited, got.Waited)
+	resp := &m.resp
+	resp.ExpiresAt, resp.Waited = &m.expiresAt, &m.waited
 	if b := got.Budget; b != nil {
 		resp.Budget = &quotav1.Budget{LimitUsd: nanoToDollars(b.Limit), SpentUsd: nanoToDollars(b.Spent), ResetAfter: durationpb.New(b.Reset), Shadow: b.Shadow}
 	}
@@ -270,24 +269,94 @@ func messagesFromProto(msgs []*mantlev1.ChatMessage) []tokencount.Message {
 	return out
 }
 
+// Every reserve and settle answers with the limits and the bucket levels, each with its
+// durations: limitsToProto and bucketsToProto make each with its durations in one
+// allocation (limitsMessage, bucketMessage) instead of one per message.
+
+type limitsMessage struct {
+	limits                     quotav1.Limits
+	resetRequests, resetTokens durationpb.Duration
+}
+
 func limitsToProto(l levelPair) *quotav1.Limits {
-	return &quotav1.Limits{
+	m := &limitsMessage{limits: quotav1.Limits{
 		LimitRequests:     l.Requests.Limit,
 		RemainingRequests: l.Requests.Remaining,
 		LimitTokens:       l.Tokens.Limit,
 		RemainingTokens:   l.Tokens.Remaining,
-		ResetRequests:     durationpb.New(l.Requests.Reset),
-		ResetTokens:       durationpb.New(l.Tokens.Reset),
-	}
+	}}
+	setDuration(&m.resetRequests, l.Requests.Reset)
+	setDuration(&m.resetTokens, l.Tokens.Reset)
+	m.limits.ResetRequests, m.limits.ResetTokens = &m.resetRequests, &m.resetTokens
+	return &m.limits
+}
+
+type bucketMessage struct {
+	level      quotav1.BucketLevel
+	resetAfter durationpb.Duration
 }
 
 func bucketsToProto(levels []ledger.BucketLevel) []*quotav1.BucketLevel {
 	out := make([]*quotav1.BucketLevel, len(levels))
+	ms := make([]bucketMessage, len(levels))
 	for i, l := range levels {
-		out[i] = &quotav1.BucketLevel{
-			Name: l.Name, Limit: l.Limit, Remaining: l.Remaining, ResetAfter: durationpb.New(l.Reset),
-			Shadow: l.Shadow, ShadowRefused: l.ShadowRefused,
-		}
+		m := &ms[i]
+		m.level.Name, m.level.Limit, m.level.Remaining = l.Name, l.Limit, l.Remaining
+		m.level.Shadow, m.level.ShadowRefused = l.Shadow, l.ShadowRefused
+		setDuration(&m.resetAfter, l.Reset)
+		m.level.ResetAfter = &m.resetAfter
+		out[i] = &m.level
 	}
 	return out
+}
+
+// reserveDetail is a reserve's audit detail, "reserved 1000 tokens (900 input + 100 max
+// output) for m; 9000/10000 tokens and 59/60 requests left[; waited 1.5s]", appended
+// into one buffer: fmt boxed each of its numbers, every reserve.
+func reserveDetail(got reserveOutcome, model string) string {
+	var buf [192]byte
+	b := append(buf[:0], "reserved "...)
+	b = strconv.AppendInt(b, got.ReservedTokens, 10)
+	b = append(b, " tokens ("...)
+	b = strconv.AppendInt(b, got.InputTokens, 10)
+	b = append(b, " input + "...)
+	b = strconv.AppendInt(b, got.MaxOutputTokens, 10)
+	b = append(b, " max output) for "...)
+	b = append(b, model...)
+	b = append(b, "; "...)
+	b = strconv.AppendInt(b, got.Levels.Tokens.Remaining, 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, got.Levels.Tokens.Limit, 10)
+	b = append(b, " tokens and "...)
+	b = strconv.AppendInt(b, got.Levels.Requests.Remaining, 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, got.Levels.Requests.Limit, 10)
+	b = append(b, " requests left"...)
+	if got.Waited > 0 {
+		b = append(b, "; waited "...)
+		b = append(b, got.Waited.String()...)
+	}
+	return string(b)
+}
+
+// reserveMessage is a reserve's answer with its times and the audit step it adds.
+type reserveMessage struct {
+	resp      quotav1.ReserveResponse
+	expiresAt timestamppb.Timestamp
+	waited    durationpb.Duration
+	step      mantlev1.AuditStep
+	stepAt    timestamppb.Timestamp
+	stepTook  durationpb.Duration
+}
+
+// setTimestamp sets ts to t, as timestamppb.New(t) would make it.
+func setTimestamp(ts *timestamppb.Timestamp, t time.Time) {
+	ts.Seconds, ts.Nanos = t.Unix(), int32(t.Nanosecond())
+}
+
+// setDuration sets pd to d, as durationpb.New(d) would make it.
+func setDuration(pd *durationpb.Duration, d time.Duration) {
+	nanos := d.Nanoseconds()
+	secs := nanos / 1e9
+	pd.Seconds, pd.Nanos = secs, int32(nanos-secs*1e9)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
@@ -482,4 +484,67 @@ func TestServerReserveUpstreamScope(t *testing.T) {
 	}
 	_, err = client.Reserve(context.Background(), &quotav1.ReserveRequest{Quality: quality("acme"), Model: "m", Scope: quotav1.ReserveScope_RESERVE_SCOPE_UPSTREAM_KEY})
 	assertStatus(t, err, codes.InvalidArgument, "INVALID_REQUEST")
+}
+
+// TestLevelsMatchTheWellKnownTypes: the limits and bucket levels, made with their
+// durations in one allocation, are the messages durationpb.New would give, and a
+// reserve's times are timestamppb.New's.
+func TestLevelsMatchTheWellKnownTypes(t *testing.T) {
+	t.Parallel()
+	durations := []time.Duration{0, time.Nanosecond, 1500 * time.Millisecond, -1500 * time.Millisecond, -time.Nanosecond, time.Duration(math.MaxInt64), time.Duration(math.MinInt64)}
+	for i, d := range durations {
+		other := durations[(i+1)%len(durations)]
+		pair := levelPair{
+			Requests: ledger.BucketLevel{Limit: 10, Remaining: 3, Reset: d},
+			Tokens:   ledger.BucketLevel{Limit: 1000, Remaining: 999, Reset: other},
+		}
+		want := &quotav1.Limits{LimitRequests: 10, RemainingRequests: 3, LimitTokens: 1000, RemainingTokens: 999,
+			ResetRequests: durationpb.New(d), ResetTokens: durationpb.New(other)}
+		if got := limitsToProto(pair); !proto.Equal(got, want) {
+			t.Errorf("limitsToProto(%v, %v) = %v, want %v", d, other, got, want)
+		}
+		levels := []ledger.BucketLevel{
+			{Name: "tenant:tokens", Limit: 5, Remaining: 1, Reset: d, Shadow: true, ShadowRefused: true},
+			{Name: "model:requests", Limit: 7, Reset: other},
+		}
+		got := bucketsToProto(levels)
+		for j, l := range levels {
+			want := &quotav1.BucketLevel{Name: l.Name, Limit: l.Limit, Remaining: l.Remaining, ResetAfter: durationpb.New(l.Reset), Shadow: l.Shadow, ShadowRefused: l.ShadowRefused}
+			if len(got) != len(levels) || !proto.Equal(got[j], want) {
+				t.Errorf("bucketsToProto(%v)[%d] = %v, want %v", levels, j, got, want)
+			}
+		}
+	}
+	for _, at := range []time.Time{time.Unix(0, 0), time.Date(2026, 12, 4, 17, 0, 0, 123456789, time.UTC), time.Date(1969, 12, 31, 23, 59, 59, 999999999, time.UTC)} {
+		var ts timestamppb.Timestamp
+		setTimestamp(&ts, at)
+		if !proto.Equal(&ts, timestamppb.New(at)) {
+			t.Errorf("setTimestamp(%v) = %v, want %v", at, &ts, timestamppb.New(at))
+		}
+	}
+}
+
+// TestReserveDetailMatchesFmt: the reserve's audit detail, appended number by number,
+// reads as the fmt.Sprintf it replaced.
+func TestReserveDetailMatchesFmt(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		got   reserveOutcome
+		model string
+	}{
+		{reserveOutcome{ReservedTokens: 1000, InputTokens: 900, MaxOutputTokens: 100,
+			Levels: levelPair{Requests: ledger.BucketLevel{Limit: 60, Remaining: 59}, Tokens: ledger.BucketLevel{Limit: 10000, Remaining: 9000}}}, "gpt-4o"},
+		{reserveOutcome{ReservedTokens: 7, Waited: 1500 * time.Millisecond, Levels: levelPair{Tokens: ledger.BucketLevel{Remaining: -3}}}, ""},
+		{reserveOutcome{ReservedTokens: math.MaxInt64, InputTokens: math.MinInt64, Waited: -time.Second}, strings.Repeat("a-very-long-model-name/", 20)},
+	} {
+		want := fmt.Sprintf("reserved %d tokens (%d input + %d max output) for %s; %d/%d tokens and %d/%d requests left",
+			tt.got.ReservedTokens, tt.got.InputTokens, tt.got.MaxOutputTokens, tt.model,
+			tt.got.Levels.Tokens.Remaining, tt.got.Levels.Tokens.Limit, tt.got.Levels.Requests.Remaining, tt.got.Levels.Requests.Limit)
+		if tt.got.Waited > 0 {
+			want += fmt.Sprintf("; waited %s", tt.got.Waited)
+		}
+		if got := reserveDetail(tt.got, tt.model); got != want {
+			t.Errorf("reserveDetail = %q, want %q", got, want)
+		}
+	}
 }

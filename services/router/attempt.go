@@ -231,6 +231,31 @@ func (r *Router) record(qc *mantlev1.QualityContext, o outcome) {
 	r.deps.Metrics.attempt(o.c.u.model.Name, shortClass(o.att.ErrorClass)).Inc()
 }
 
+// step is one of the router's audit steps, taken now.
 func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {
-	return &mantlev1.AuditStep{At: timestamppb.New(r.deps.Clock.Now()), Service: "router", Step: step, Detail: detail, Duration: durationpb.New(d)}
+	s := &auditStep{step: mantlev1.AuditStep{Service: "router", Step: step, Detail: detail}}
+	setTimestamp(&s.at, r.deps.Clock.Now())
+	setDuration(&s.duration, d)
+	s.step.At, s.step.Duration = &s.at, &s.duration
+	return &s.step
+}
+
+// auditStep is an audit step with its time and duration in one allocation instead of
+// three: the router adds several to every request.
+type auditStep struct {
+	step     mantlev1.AuditStep
+	at       timestamppb.Timestamp
+	duration durationpb.Duration
+}
+
+// setTimestamp sets ts to t, as timestamppb.New(t) would make it.
+func setTimestamp(ts *timestamppb.Timestamp, t time.Time) {
+	ts.Seconds, ts.Nanos = t.Unix(), int32(t.Nanosecond())
+}
+
+// setDuration sets pd to d, as durationpb.New(d) would make it.
+func setDuration(pd *durationpb.Duration, d time.Duration) {
+	nanos := d.Nanoseconds()
+	secs := nanos / 1e9
+	pd.Seconds, pd.Nanos = secs, int32(nanos-secs*1e9)
 }

@@ -2,13 +2,18 @@ package router
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jonboulle/clockwork"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
@@ -601,5 +606,29 @@ func wantDegradation(t *testing.T, h *harness, level mantlev1.FallbackLevel, ans
 	ev := evs[0].(*eventsv1.DegradationEvent)
 	if ev.Level != level || ev.AnsweredBy != answeredBy {
 		t.Errorf("degradation event level %v answered by %q, want %v and %q", ev.Level, ev.AnsweredBy, level, answeredBy)
+	}
+}
+
+// TestStepTimesMatchTheWellKnownTypes: an audit step's time and duration, set in place
+// in the step's own allocation, are the messages timestamppb.New and durationpb.New make.
+func TestStepTimesMatchTheWellKnownTypes(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		at time.Time
+		d  time.Duration
+	}{
+		{time.Date(2026, 12, 4, 17, 0, 0, 123456789, time.UTC), 1500 * time.Millisecond},
+		{time.Unix(0, 0), 0},
+		{time.Date(1969, 12, 31, 23, 59, 59, 999999999, time.UTC), -1500 * time.Millisecond},
+		{time.Date(2026, 1, 1, 0, 0, 0, 1, time.FixedZone("x", 3600)), -time.Nanosecond},
+		{time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC), time.Duration(math.MaxInt64)},
+		{time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), time.Duration(math.MinInt64)},
+	} {
+		r := &Router{deps: Deps{Clock: clockwork.NewFakeClockAt(tt.at)}}
+		s := r.step("admit", "detail", tt.d)
+		want := &mantlev1.AuditStep{At: timestamppb.New(tt.at), Service: "router", Step: "admit", Detail: "detail", Duration: durationpb.New(tt.d)}
+		if !proto.Equal(s, want) {
+			t.Errorf("step at %v for %v = %v, want %v", tt.at, tt.d, s, want)
+		}
 	}
 }

@@ -75,16 +75,17 @@ func validateChat(v *rpc.ValidationError, req *routerv1.Request) {
 		v.Add("request.extra_body", "must be a JSON object")
 	}
 	for i, m := range req.Messages {
-		field := fmt.Sprintf("request.messages[%d]", i)
+		// A message's path is made only for an error: every request has messages.
+		field := func(member string) string { return fmt.Sprintf("request.messages[%d].%s", i, member) }
 		if m.GetContent() != "" && (len(m.GetParts()) > 0 || m.GetContentNull()) {
 			// The adapters send one of them; the other would be dropped.
-			v.Add(field+".content", "set content, parts or content_null, not several")
+			v.Add(field("content"), "set content, parts or content_null, not several")
 		}
 		if len(m.GetParts()) > openaiapi.MaxParts {
-			v.Add(field+".parts", "at most %d parts, got %d", openaiapi.MaxParts, len(m.GetParts()))
+			v.Add(field("parts"), "at most %d parts, got %d", openaiapi.MaxParts, len(m.GetParts()))
 		}
 		if len(m.GetToolCalls()) > openaiapi.MaxToolCalls {
-			v.Add(field+".tool_calls", "at most %d tool calls, got %d", openaiapi.MaxToolCalls, len(m.GetToolCalls()))
+			v.Add(field("tool_calls"), "at most %d tool calls, got %d", openaiapi.MaxToolCalls, len(m.GetToolCalls()))
 		}
 		for j, p := range m.GetParts() {
 			if img := p.GetImage(); img != nil && img.GetUrl() == "" && len(img.GetData()) == 0 {

@@ -310,7 +310,7 @@ func (r *Router) afterFailure(p *plan, o outcome) {
 	case mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, mantlev1.ErrorClass_ERROR_CLASS_AUTH:
 		// A key that did not answer in its share of the budget, or refused our credentials,
 		// is not asked again in this request.
-		p.avoid[o.key] = true
+		p.avoidKey(o.key)
 		retryable()
 		if !r.hasUsableKey(c.u, p.avoid) {
 			c.exhausted = true

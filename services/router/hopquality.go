@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 )
@@ -20,18 +21,21 @@ import (
 // The fields are copied by hand (a reflective copy cost 2.5% of the mesh's CPU);
 // TestHopQualityDropsOnlyTheRouterOwnFields sets every field of the message, so a field
 // added to QualityContext and not copied here fails it.
+//
+// The deadline and usage, which every request's QualityContext has, are merged into
+// messages made in the same allocation as the copy (hopCopy): four to five hops a request
+// each spared two allocations.
 func hopQuality(qc *mantlev1.QualityContext) *mantlev1.QualityContext {
 	if qc == nil {
 		return &mantlev1.QualityContext{}
 	}
-	return &mantlev1.QualityContext{
+	h := &hopCopy{qc: mantlev1.QualityContext{
 		RequestId:          qc.RequestId,
 		IdempotencyKey:     qc.IdempotencyKey,
 		TraceId:            qc.TraceId,
 		Tenant:             qc.Tenant,
 		Scenario:           qc.Scenario,
 		Priority:           qc.Priority,
-		Deadline:           cloneOrNil(qc.Deadline),
 		RetryCount:         qc.RetryCount,
 		CurrentModel:       qc.CurrentModel,
 		CurrentProvider:    qc.CurrentProvider,
@@ -44,7 +48,6 @@ func hopQuality(qc *mantlev1.QualityContext) *mantlev1.QualityContext {
 		Verification:       cloneOrNil(qc.Verification),
 		QualityGrade:       qc.QualityGrade,
 		RiskScore:          qc.RiskScore,
-		Usage:              cloneOrNil(qc.Usage),
 		CostUsd:            qc.CostUsd,
 		Route:              qc.Route,
 		SkippedSteps:       slices.Clone(qc.SkippedSteps),
@@ -54,7 +57,23 @@ func hopQuality(qc *mantlev1.QualityContext) *mantlev1.QualityContext {
 		SessionDegraded:    qc.SessionDegraded,
 		SimplifiedPrompt:   qc.SimplifiedPrompt,
 		ContextCompression: cloneOrNil(qc.ContextCompression),
+	}}
+	if qc.Deadline != nil {
+		proto.Merge(&h.deadline, qc.Deadline)
+		h.qc.Deadline = &h.deadline
 	}
+	if qc.Usage != nil {
+		proto.Merge(&h.usage, qc.Usage)
+		h.qc.Usage = &h.usage
+	}
+	return &h.qc
+}
+
+// hopCopy is hopQuality's copy with room for the sub-messages it always has.
+type hopCopy struct {
+	qc       mantlev1.QualityContext
+	deadline timestamppb.Timestamp
+	usage    mantlev1.Usage
 }
 
 // cloneOrNil is proto.CloneOf that keeps an absent sub-message absent.

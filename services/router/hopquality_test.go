@@ -74,12 +74,17 @@ func TestHopQualityDropsOnlyTheRouterOwnFields(t *testing.T) {
 	}
 	// The copy shares nothing the router goes on changing.
 	qc.Usage.InputTokens = 1000
+	qc.Deadline.Seconds++
 	qc.SkippedSteps[0] = "changed"
-	if got.Usage.InputTokens == 1000 || got.SkippedSteps[0] == "changed" {
+	if got.Usage.InputTokens == 1000 || got.Deadline.Seconds == qc.Deadline.Seconds || got.SkippedSteps[0] == "changed" {
 		t.Errorf("the copy shares state with the request's QualityContext: %v", got)
 	}
 	if empty := hopQuality(nil); empty == nil || proto.Size(empty) != 0 {
 		t.Errorf("hopQuality(nil) = %v, want an empty QualityContext", empty)
+	}
+	// Absent sub-messages stay absent.
+	if bare := hopQuality(&mantlev1.QualityContext{RequestId: "r"}); bare.Deadline != nil || bare.Usage != nil || bare.Verification != nil {
+		t.Errorf("hopQuality of a QualityContext without sub-messages = %v, want none present", bare)
 	}
 }
 

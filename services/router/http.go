@@ -184,16 +184,19 @@ func chatToProto(req *routerv1.Request, h http.Header, priority mantlev1.Priorit
 	// Header values may hold any bytes; gRPC's strings must be UTF-8 (the JSON body's
 	// already are), and over the network a request carrying them would fail at the first
 	// hop, in process only later.
-	for _, name := range []string{HeaderScenario, "Idempotency-Key", HeaderSession, HeaderStep} {
-		if v := h.Get(name); !utf8.ValidString(v) {
-			return nil, rpc.Invalid(name, "must be UTF-8 text")
+	for _, name := range [...]struct{ name, canonical string }{
+		{HeaderScenario, canonicalScenario}, {"Idempotency-Key", "Idempotency-Key"},
+		{HeaderSession, canonicalSession}, {HeaderStep, canonicalStep},
+	} {
+		if v := h.Get(name.canonical); !utf8.ValidString(v) {
+			return nil, rpc.Invalid(name.name, "must be UTF-8 text")
 		}
 	}
-	req.Scenario = h.Get(HeaderScenario)
+	req.Scenario = h.Get(canonicalScenario)
 	req.IdempotencyKey = h.Get("Idempotency-Key")
 	req.Priority = priority
-	req.SessionId, req.StepId = h.Get(HeaderSession), h.Get(HeaderStep)
-	switch v := h.Get(HeaderStepRequired); v {
+	req.SessionId, req.StepId = h.Get(canonicalSession), h.Get(canonicalStep)
+	switch v := h.Get(canonicalStepRequired); v {
 	case "", "false":
 	case "true":
 		req.StepRequired = true
@@ -389,8 +392,16 @@ func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) 
 	}
 }
 
-// Canonical forms of the headers every answer carries (login, setResponseHeaders).
+// Canonical forms of the headers every request may carry and every answer carries
+// (chatToProto, headerPriority, headerBudget; login, setResponseHeaders): given a
+// lower-case name, http.Header's Get and Set make its canonical form anew each time.
 var (
+	canonicalScenario      = http.CanonicalHeaderKey(HeaderScenario)
+	canonicalPriority      = http.CanonicalHeaderKey(HeaderPriority)
+	canonicalBudget        = http.CanonicalHeaderKey(HeaderBudget)
+	canonicalSession       = http.CanonicalHeaderKey(HeaderSession)
+	canonicalStep          = http.CanonicalHeaderKey(HeaderStep)
+	canonicalStepRequired  = http.CanonicalHeaderKey(HeaderStepRequired)
 	canonicalRequestID     = http.CanonicalHeaderKey(HeaderRequestID)
 	canonicalFallbackLevel = http.CanonicalHeaderKey(HeaderFallbackLevel)
 	canonicalCache         = http.CanonicalHeaderKey(HeaderCache)
@@ -505,7 +516,7 @@ func writeError(w http.ResponseWriter, err error) {
 
 // headerPriority reads x-mantle-priority: unset is PRIORITY_UNSPECIFIED.
 func headerPriority(h http.Header) (mantlev1.Priority, error) {
-	p := h.Get(HeaderPriority)
+	p := h.Get(canonicalPriority)
 	if p == "" {
 		return mantlev1.Priority_PRIORITY_UNSPECIFIED, nil
 	}

@@ -27,7 +27,7 @@ const maxBudget = 24 * time.Hour
 
 // headerBudget reads x-mantle-budget-ms; 0 means the header is absent.
 func headerBudget(h http.Header) (time.Duration, error) {
-	v := h.Get(HeaderBudget)
+	v := h.Get(canonicalBudget)
 	if v == "" {
 		return 0, nil
 	}

@@ -27,9 +27,9 @@ type plan struct {
 	cands      []*candidate
 	current    *candidate
 	attempts   int
-	prefer     mantlev1.ErrorClass // the class that picks the next candidate
-	minContext int                 // > 0 after a context overflow
-	avoid      map[*upstreamKey]bool
+	prefer     mantlev1.ErrorClass   // the class that picks the next candidate
+	minContext int                   // > 0 after a context overflow
+	avoid      map[*upstreamKey]bool // nil until avoidKey
 	lastErr    error
 	failed     []string
 	denied     bool // the retry budget refused a retry
@@ -48,17 +48,35 @@ type plan struct {
 }
 
 func (r *Router) newPlan(rt *route, scenario string) *plan {
-	p := &plan{avoid: map[*upstreamKey]bool{}, sharedKey: rt.admissionKeyID(), breakerScenario: r.breakerScenario(rt, scenario)}
+	// Every request makes a plan: its candidates are made in one allocation and the
+	// keys to avoid only once there is one (avoidKey).
+	p := &plan{sharedKey: rt.admissionKeyID(), breakerScenario: r.breakerScenario(rt, scenario)}
+	n := len(rt.candidates) + len(rt.smaller)
+	cands := make([]candidate, 0, n)
+	p.cands = make([]*candidate, 0, n+1) // and the fast answer's
+	add := func(c candidate) {
+		c.order = len(p.cands)
+		cands = append(cands, c)
+		p.cands = append(p.cands, &cands[len(cands)-1])
+	}
 	for i, u := range rt.candidates {
-		p.cands = append(p.cands, &candidate{u: u, level: levelOf(i), order: len(p.cands)})
+		add(candidate{u: u, level: levelOf(i)})
 	}
 	for _, u := range rt.smaller {
-		p.cands = append(p.cands, &candidate{u: u, level: mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL, order: len(p.cands)})
+		add(candidate{u: u, level: mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL})
 	}
 	if c := fastCandidate(rt, len(p.cands)); c != nil {
 		p.cands = append(p.cands, c)
 	}
 	return p
+}
+
+// avoidKey keeps key from being asked again in this request.
+func (p *plan) avoidKey(key *upstreamKey) {
+	if p.avoid == nil {
+		p.avoid = map[*upstreamKey]bool{}
+	}
+	p.avoid[key] = true
 }
 
 // budgetKey is the key whose own retry budget pays for an extra attempt on key of c, or

@@ -577,8 +577,8 @@ func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.Qual
 	if r.deps.Quota == nil {
 		return reservation{}, nil // quota is off: nothing to reserve, so nothing to settle
 	}
-	hop, cancel := r.hopContext(ctx)
-	defer cancel()
+	hop := r.hopContext(ctx)
+	defer hop.cancel()
 	start := r.deps.Clock.Now()
 	// Buckets, prices and the tokenizer are per model: charge the route's first choice,
 	// which is what answers when nothing goes wrong.
@@ -621,7 +621,7 @@ func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.Qual
 	}
 	adoptAudit(qc, sent, res.GetQuality())
 	addWait(qc, res.GetWaited().AsDuration()) // in quota's priority queue
-	r.audit(qc, "reserve", fmt.Sprintf("reserved %d tokens", res.ReservedTokens), r.deps.Clock.Since(start))
+	r.audit(qc, "reserve", "reserved "+strconv.FormatInt(res.ReservedTokens, 10)+" tokens", r.deps.Clock.Since(start))
 	l := res.GetLimits()
 	return reservation{id: res.ReservationId, inputTokens: res.InputTokens, limits: &routerv1.RateLimit{
 		LimitRequests: l.GetLimitRequests(), RemainingRequests: l.GetRemainingRequests(),
@@ -636,8 +636,9 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 	if reservation == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
+	hop := detachedHopCtx(ctx, time.Now().Add(2*time.Second))
+	defer hop.cancel()
+	ctx = hop
 	if usage == nil {
 		usage = &mantlev1.Usage{}
 	}
@@ -655,8 +656,8 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 	if r.deps.Cache == nil {
 		return nil, "", true // the cache is off: there is nothing to ask and nowhere to store
 	}
-	hop, cancel := r.hopContext(ctx)
-	defer cancel()
+	hop := r.hopContext(ctx)
+	defer hop.cancel()
 	start := r.deps.Clock.Now()
 	// A duplicate waits at most half of what is left for the first request's answer, so it
 	// still has time to ask a model itself if that answer never comes.
@@ -767,16 +768,16 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 		LeaseId:      lease,
 	}
 	if lease == "" || !r.conf().AsyncCacheStore {
-		hop, cancel := r.hopContext(ctx)
-		defer cancel()
+		hop := r.hopContext(ctx)
+		defer hop.cancel()
 		r.sendStore(hop, sreq)
 		return
 	}
 	select {
 	case r.storeSlots <- struct{}{}:
 	default: // as many stores in flight as allowed: this one is made before the answer
-		hop, cancel := r.hopContext(ctx)
-		defer cancel()
+		hop := r.hopContext(ctx)
+		defer hop.cancel()
 		r.sendStore(hop, sreq)
 		return
 	}
@@ -893,11 +894,13 @@ func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1
 }
 
 // hopContext gives a call to another service the remaining budget minus the reserve.
-func (r *Router) hopContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok {
-		return context.WithDeadline(ctx, dl.Add(-r.conf().HopReserve))
+// Cancel it when the call is done.
+func (r *Router) hopContext(ctx context.Context) *hopCtx {
+	dl, ok := ctx.Deadline()
+	if ok {
+		dl = dl.Add(-r.conf().HopReserve)
 	}
-	return context.WithCancel(ctx)
+	return newHopCtx(ctx, dl, ok)
 }
 
 func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, rt *route) *mantlev1.QualityContext {
@@ -929,15 +932,18 @@ func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, r
 		Deadline:       timestamppb.New(deadline),
 		Route:          rt.name,
 		Usage:          &mantlev1.Usage{},
+		// Room for the eight steps of a request its first attempt answers (admit, quota's
+		// and the router's reserve, the cache's and the router's lookup, attempt, the
+		// verifier's and the router's verify), which growing by doubling made in four
+		// allocations.
+		Audit: make([]*mantlev1.AuditStep, 0, 8),
 	}
-	r.audit(qc, "admit", fmt.Sprintf("route=%s budget=%s", rt.name, deadline.Sub(now).Round(time.Millisecond)), 0)
+	r.audit(qc, "admit", "route="+rt.name+" budget="+deadline.Sub(now).Round(time.Millisecond).String(), 0)
 	return qc
 }
 
 func (r *Router) audit(qc *mantlev1.QualityContext, step, detail string, d time.Duration) {
-	qc.Audit = append(qc.Audit, &mantlev1.AuditStep{
-		At: timestamppb.New(r.deps.Clock.Now()), Service: "router", Step: step, Detail: detail, Duration: durationpb.New(d),
-	})
+	qc.Audit = append(qc.Audit, r.step(step, detail, d))
 }
 
 // adoptAudit appends to qc the audit steps another service added to sent, the copy of qc

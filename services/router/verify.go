@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,8 +62,8 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		audit, err := r.checkLocally(ctx, req, who.level, res, audit, "verifier off", start)
 		return nil, audit, err
 	}
-	hop, cancel := r.hopContext(ctx)
-	defer cancel()
+	hop := r.hopContext(ctx)
+	defer hop.cancel()
 	// The verifier reads the QualityContext as it is now; a clone keeps concurrent hedges
 	// from racing on the request's copy.
 	snapshot := hopQuality(qc)
@@ -99,7 +100,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		return nil, audit, err
 	}
 	audit = append(audit, addedSteps(snapshot, v.GetQuality())...)
-	audit = append(audit, r.step("verify", fmt.Sprintf("passed=%t grade=%s", v.Passed, shortGrade(v.Grade)), r.deps.Clock.Since(start)))
+	audit = append(audit, r.step("verify", "passed="+strconv.FormatBool(v.Passed)+" grade="+shortGrade(v.Grade), r.deps.Clock.Since(start)))
 	if v.Degrade {
 		// A business rule says this kind of answer must not come from a model now: no other
 		// candidate is asked, the ladder answers.

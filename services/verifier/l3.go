@@ -2,8 +2,8 @@ package verifier
 
 import (
 	"context"
-	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -157,14 +157,31 @@ func (r *l3Runner) process(ctx context.Context, job l3Job) {
 	ev := &eventsv1.QualityFollowUpEvent{
 		At: timestamppb.New(v.clock.Now()), RequestId: requestID, Tenant: a.Tenant, Scenario: a.scenario(),
 		L3Confidence: res.Confidence, Grade: grade,
-		Detail: fmt.Sprintf("relevance=%.2f consistency=%.2f divergence=%.2f judge=%.2f risk=%.2f",
-			res.Relevance, res.Consistency, res.Divergence, res.JudgeScore, risk.Score),
+		Detail:    l3Detail(res, risk.Score),
 		Relevance: res.Relevance, Consistency: res.Consistency, HasReferences: res.HasReferences,
 		Divergence: res.Divergence, JudgeScore: res.JudgeScore, Judged: res.Judged,
 		RiskScore: risk.Score, ReviewId: reviewID, Signals: risk.Signals, Model: a.Model,
 	}
 	v.events.Publish(ctx, events.SubjectQuality, ev)
 	r.results.finish(requestID, ev)
+}
+
+// l3Detail is a follow-up's detail, "relevance=0.80 consistency=0.00 divergence=0.00
+// judge=0.00 risk=0.12", appended into one buffer (as %.2f prints them): fmt boxed each
+// of its numbers, every L3 check.
+func l3Detail(res semantic.Result, risk float64) string {
+	var buf [96]byte
+	b := buf[:0]
+	for i, f := range [...]struct {
+		name string
+		v    float64
+	}{{"relevance=", res.Relevance}, {"consistency=", res.Consistency}, {"divergence=", res.Divergence}, {"judge=", res.JudgeScore}, {"risk=", risk}} {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = strconv.AppendFloat(append(b, f.name...), f.v, 'f', 2, 64)
+	}
+	return string(b)
 }
 
 // followUps keeps the latest L3 results for GetFollowUp and wakes callers waiting for one.

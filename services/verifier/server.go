@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -369,39 +370,56 @@ func answerFromProto(req *verifierv1.VerifyRequest, tenant string) (Answer, erro
 // caller sent none) with the verdict recorded and an audit step appended. The verification
 // is replaced, not merged: it describes this answer, not an earlier attempt's.
 func qualityWithVerdict(in *mantlev1.QualityContext, tenant, model string, v Verdict) *mantlev1.QualityContext {
-	quality := &mantlev1.QualityContext{}
+	// The copy, the verification and the audit step with its times in one allocation
+	// (verdictQuality); merging into a fresh message is a deep copy, as a clone is.
+	m := &verdictQuality{
+		verification: mantlev1.Verification{
+			L1Passed:       v.L1Passed(),
+			L1Failures:     v.FailedCodes(),
+			L2RulesApplied: v.RulesApplied(),
+			L3Pending:      v.L3Pending,
+			FailureClass:   classToProto(v.FailureClass),
+		},
+		step: mantlev1.AuditStep{Service: ServiceName, Step: "verify", Detail: auditDetail(model, v)},
+	}
+	quality := &m.quality
 	if in != nil {
-		quality = proto.CloneOf(in)
+		proto.Merge(quality, in)
 	}
 	quality.Tenant = tenant
-	quality.Verification = &mantlev1.Verification{
-		L1Passed:       v.L1Passed(),
-		L1Failures:     v.FailedCodes(),
-		L2RulesApplied: v.RulesApplied(),
-		L3Pending:      v.L3Pending,
-		FailureClass:   classToProto(v.FailureClass),
-	}
+	quality.Verification = &m.verification
 	quality.QualityGrade = gradeToProto(v.Grade)
 	quality.RiskScore = v.RiskScore
 	if v.UserNotice != "" && !strings.Contains(quality.UserNotice, v.UserNotice) {
 		quality.UserNotice = strings.TrimSpace(quality.UserNotice + " " + v.UserNotice)
 	}
-	quality.Audit = append(quality.Audit, &mantlev1.AuditStep{
-		At:       timestamppb.New(v.StartedAt),
-		Service:  ServiceName,
-		Step:     "verify",
-		Detail:   auditDetail(model, v),
-		Duration: durationpb.New(v.Duration),
-	})
+	m.stepAt.Seconds, m.stepAt.Nanos = v.StartedAt.Unix(), int32(v.StartedAt.Nanosecond()) // as timestamppb.New
+	nanos := v.Duration.Nanoseconds()
+	m.stepTook.Seconds, m.stepTook.Nanos = nanos/1e9, int32(nanos%1e9) // as durationpb.New
+	m.step.At, m.step.Duration = &m.stepAt, &m.stepTook
+	quality.Audit = append(quality.Audit, &m.step)
 	return quality
+}
+
+// verdictQuality is qualityWithVerdict's answer with the messages it adds.
+type verdictQuality struct {
+	quality      mantlev1.QualityContext
+	verification mantlev1.Verification
+	step         mantlev1.AuditStep
+	stepAt       timestamppb.Timestamp
+	stepTook     durationpb.Duration
 }
 
 // auditDetail says what happened in a line an operator can read, e.g.
 // "model=gpt-4o l1 failed: json_parse (malformed_output)".
 func auditDetail(model string, v Verdict) string {
+	// Every verified answer gets one: sized once, the common parts written directly.
 	var b strings.Builder
+	b.Grow(len(model) + 48)
 	if model != "" {
-		fmt.Fprintf(&b, "model=%s ", model)
+		b.WriteString("model=")
+		b.WriteString(model)
+		b.WriteByte(' ')
 	}
 	switch {
 	case !v.Passed && v.FailedLayer == LayerL1:
@@ -417,7 +435,9 @@ func auditDetail(model string, v Verdict) string {
 	default:
 		b.WriteString("l1 passed")
 	}
-	fmt.Fprintf(&b, " risk=%.2f", v.RiskScore)
+	b.WriteString(" risk=")
+	var risk [24]byte
+	b.Write(strconv.AppendFloat(risk[:0], v.RiskScore, 'f', 2, 64))
 	if v.ReviewID != "" {
 		fmt.Fprintf(&b, " review=%s", v.ReviewID)
 	}

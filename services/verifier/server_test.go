@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -25,6 +27,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
+	"github.com/mantle-mesh/mantle/services/verifier/internal/semantic"
 )
 
 // startVerifier serves the verifier module in memory mode and returns a real generated client.
@@ -319,4 +322,77 @@ func TestModule(t *testing.T) {
 			t.Errorf("New with repetition_threshold 1: err = %v, want one naming repetition_threshold", err)
 		}
 	})
+}
+
+// TestQualityWithVerdictIsACopy: the QualityContext a verdict goes back in is the
+// request's, deeply copied, with the verification and an audit step added, the step's
+// times as timestamppb.New and durationpb.New make them; the request's is unchanged.
+func TestQualityWithVerdictIsACopy(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 4, 17, 0, 0, 123456789, time.UTC)
+	for _, tt := range []struct {
+		name string
+		in   *mantlev1.QualityContext
+		v    Verdict
+	}{
+		{"none sent", nil, Verdict{Passed: true, StartedAt: at, Duration: 1500 * time.Millisecond}},
+		{"a request's", &mantlev1.QualityContext{
+			RequestId: "req_1", Tenant: "sent", UserNotice: "earlier",
+			Deadline: timestamppb.New(at.Add(time.Minute)), Usage: &mantlev1.Usage{InputTokens: 3},
+			Audit: []*mantlev1.AuditStep{{Service: "quota", Step: "reserve", At: timestamppb.New(at)}},
+		}, Verdict{
+			FailedLayer: LayerL1, FailureClass: ClassMalformedOutput, UserNotice: "checked",
+			Findings:  []Finding{{Layer: LayerL1, Code: "json_parse", Blocking: true}},
+			RiskScore: 0.5, StartedAt: at, Duration: -time.Nanosecond,
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var before *mantlev1.QualityContext
+			want := &mantlev1.QualityContext{}
+			if tt.in != nil {
+				before, want = proto.CloneOf(tt.in), proto.CloneOf(tt.in)
+			}
+			want.Tenant = "t1"
+			want.Verification = &mantlev1.Verification{L1Passed: tt.v.L1Passed(), L1Failures: tt.v.FailedCodes(),
+				L2RulesApplied: tt.v.RulesApplied(), FailureClass: classToProto(tt.v.FailureClass)}
+			want.QualityGrade, want.RiskScore = gradeToProto(tt.v.Grade), tt.v.RiskScore
+			if tt.v.UserNotice != "" {
+				want.UserNotice = strings.TrimSpace(want.UserNotice + " " + tt.v.UserNotice)
+			}
+			want.Audit = append(want.Audit, &mantlev1.AuditStep{At: timestamppb.New(at), Service: ServiceName, Step: "verify",
+				Detail: auditDetail("m", tt.v), Duration: durationpb.New(tt.v.Duration)})
+
+			got := qualityWithVerdict(tt.in, "t1", "m", tt.v)
+			if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("qualityWithVerdict (-want +got):\n%s", diff)
+			}
+			if tt.in != nil && !proto.Equal(tt.in, before) {
+				t.Errorf("the request's QualityContext changed: %v", tt.in)
+			}
+			if tt.in != nil && (got.Deadline == tt.in.Deadline || got.Usage == tt.in.Usage || got.Audit[0] == tt.in.Audit[0]) {
+				t.Error("the copy shares sub-messages with the request's")
+			}
+		})
+	}
+}
+
+// TestL3DetailMatchesFmt: a follow-up's detail, appended number by number, reads as the
+// fmt.Sprintf it replaced.
+func TestL3DetailMatchesFmt(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		res  semantic.Result
+		risk float64
+	}{
+		{semantic.Result{Relevance: 0.8, Consistency: 0.125, Divergence: 0.005, JudgeScore: 1}, 0.115},
+		{semantic.Result{}, 0},
+		{semantic.Result{Relevance: math.NaN(), Divergence: math.Inf(1)}, math.Inf(-1)},
+	} {
+		want := fmt.Sprintf("relevance=%.2f consistency=%.2f divergence=%.2f judge=%.2f risk=%.2f",
+			tt.res.Relevance, tt.res.Consistency, tt.res.Divergence, tt.res.JudgeScore, tt.risk)
+		if got := l3Detail(tt.res, tt.risk); got != want {
+			t.Errorf("l3Detail = %q, want %q", got, want)
+		}
+	}
 }

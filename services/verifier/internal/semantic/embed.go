@@ -35,12 +35,29 @@ func NewLexical(dim int) *Lexical {
 
 // Embed implements Embedder.
 func (l *Lexical) Embed(_ context.Context, text string) ([]float32, error) {
-	v := make([]float32, l.dim)
+	return l.embedInto(nil, text), nil
+}
+
+// embedInto is Embed written over dst, which is reused when it has room: the Scorer
+// embeds two or more texts per answer and keeps none of them (History copies).
+func (l *Lexical) embedInto(dst []float32, text string) []float32 {
+	var v []float32
+	if cap(dst) >= l.dim {
+		v = dst[:l.dim]
+		clear(v)
+	} else {
+		v = make([]float32, l.dim)
+	}
 	forEachFeature(norm.NFKC.String(text), func(hash uint64, weight float32) {
 		v[hash%uint64(l.dim)] += weight
 	})
 	textsim.Normalize(v) // text without letters or digits stays the zero vector
-	return v, nil
+	return v
+}
+
+// intoEmbedder is an Embedder that can write into a caller's vector (Lexical).
+type intoEmbedder interface {
+	embedInto(dst []float32, text string) []float32
 }
 
 // FNV-1a's 64-bit parameters.
@@ -100,8 +117,10 @@ func Cosine(a, b []float32) float64 {
 // NormalizeQuestion is the key under which answers to "the same question" are compared:
 // NFKC (full and half width alike), lower case, letters and digits only.
 func NormalizeQuestion(s string) string {
+	s = norm.NFKC.String(s)
 	var b strings.Builder
-	for _, r := range norm.NFKC.String(s) {
+	b.Grow(len(s)) // lower case seldom needs more: one allocation instead of one per doubling
+	for _, r := range s {
 		if unicode.IsLetter(r) || unicode.IsDigit(r) {
 			b.WriteRune(unicode.ToLower(r))
 		}

@@ -2,6 +2,7 @@ package semantic
 
 import (
 	"container/list"
+	"slices"
 	"sync"
 )
 
@@ -29,7 +30,9 @@ func NewHistory(maxKeys, perKey int) *History {
 }
 
 // Observe returns the divergence of vec from the answers stored under key, 1 minus their
-// mean cosine similarity, and whether there were any; then it stores vec.
+// mean cosine similarity, and whether there were any; then it stores a copy of vec, so
+// the caller may reuse vec. Once a key's ring is full the copy overwrites the oldest
+// answer's vector in place.
 func (h *History) Observe(key string, vec []float32) (float64, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -55,9 +58,14 @@ func (h *History) Observe(key string, vec []float32) (float64, bool) {
 		divergence = 1 - sum/float64(len(e.vecs))
 	}
 	if len(e.vecs) < h.perKey {
-		e.vecs = append(e.vecs, vec)
+		e.vecs = append(e.vecs, slices.Clone(vec))
 	} else {
-		e.vecs[e.next] = vec
+		old := e.vecs[e.next]
+		if len(old) == len(vec) {
+			copy(old, vec)
+		} else {
+			e.vecs[e.next] = slices.Clone(vec)
+		}
 		e.next = (e.next + 1) % h.perKey
 	}
 	return divergence, seen

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 )
 
 // Judge scores how well an answer addresses a question, in [0, 1].
@@ -58,6 +59,8 @@ type Scorer struct {
 	emb     Embedder
 	history *History
 	judge   Judge // nil: off
+	// scratch holds *scoreScratch; Score runs on several L3 workers at once.
+	scratch sync.Pool
 }
 
 // NewScorer builds a Scorer; history and judge may be nil.
@@ -71,18 +74,37 @@ func NewScorer(cfg Config, emb Embedder, history *History, judge Judge) *Scorer 
 	if cfg.JudgeWeight <= 0 {
 		cfg.JudgeWeight = 2
 	}
-	return &Scorer{cfg: cfg, emb: emb, history: history, judge: judge}
+	s := &Scorer{cfg: cfg, emb: emb, history: history, judge: judge}
+	s.scratch.New = func() any { return new(scoreScratch) }
+	return s
+}
+
+// scoreScratch holds the vectors of one Score call, reused by the next: none outlives
+// the call (History keeps copies).
+type scoreScratch struct {
+	answer, other []float32
+}
+
+// embed embeds text, into *buf when the embedder can write into a caller's vector.
+func (s *Scorer) embed(ctx context.Context, buf *[]float32, text string) ([]float32, error) {
+	if e, ok := s.emb.(intoEmbedder); ok {
+		*buf = e.embedInto(*buf, text)
+		return *buf, nil
+	}
+	return s.emb.Embed(ctx, text)
 }
 
 // Score scores one answer. It fails only when the embedder fails; a judge failure is
 // reported in Result.JudgeErr and the answer is scored without it.
 func (s *Scorer) Score(ctx context.Context, in Input) (Result, error) {
 	var res Result
-	answer, err := s.emb.Embed(ctx, in.Answer)
+	scratch := s.scratch.Get().(*scoreScratch)
+	defer s.scratch.Put(scratch)
+	answer, err := s.embed(ctx, &scratch.answer, in.Answer)
 	if err != nil {
 		return res, fmt.Errorf("embed answer: %w", err)
 	}
-	question, err := s.emb.Embed(ctx, in.Question)
+	question, err := s.embed(ctx, &scratch.other, in.Question)
 	if err != nil {
 		return res, fmt.Errorf("embed question: %w", err)
 	}
@@ -90,7 +112,7 @@ func (s *Scorer) Score(ctx context.Context, in Input) (Result, error) {
 	weights, sum := 1.0, res.Relevance
 
 	for _, ref := range in.References {
-		v, err := s.emb.Embed(ctx, ref)
+		v, err := s.embed(ctx, &scratch.other, ref)
 		if err != nil {
 			return res, fmt.Errorf("embed reference: %w", err)
 		}

@@ -88,6 +88,22 @@ func TestHistoryDivergenceAndEviction(t *testing.T) {
 	}
 }
 
+func TestHistoryKeepsCopies(t *testing.T) {
+	t.Parallel()
+	e := NewLexical(0)
+	h := NewHistory(1, 1)
+	v := embed(t, e, "退款五个工作日到账")
+	h.Observe("q", v)
+	copy(v, embed(t, e, "我们周日不营业")) // the caller reuses its vector
+	if d, _ := h.Observe("q", embed(t, e, "退款五个工作日到账")); d > 0.001 {
+		t.Errorf("divergence %.3f from the stored answer, want 0: History kept the caller's vector", d)
+	}
+	// The ring is full (one answer per key): this overwrote the stored vector in place.
+	if d, _ := h.Observe("q", embed(t, e, "我们周日不营业")); d < 0.8 {
+		t.Errorf("divergence %.3f from the replaced answer, want > 0.8", d)
+	}
+}
+
 type fakeJudge struct {
 	score float64
 	err   error
@@ -169,6 +185,50 @@ func TestScorer(t *testing.T) {
 	}
 }
 
+// freshEmbedder hides Lexical's embedInto, so a Scorer given it embeds every text into a
+// vector of its own, as Score did before it reused its vectors.
+type freshEmbedder struct{ e Embedder }
+
+func (f freshEmbedder) Embed(ctx context.Context, text string) ([]float32, error) {
+	return f.e.Embed(ctx, text)
+}
+
+// TestScorerReuseMatchesFreshVectors holds Score, which embeds into vectors reused from
+// call to call and has History copy the answer's, to the scores it gives when every
+// text gets a fresh vector: bit for bit, through a history whose rings fill and wrap.
+func TestScorerReuseMatchesFreshVectors(t *testing.T) {
+	t.Parallel()
+	q := "工伤认定需要多长时间？"
+	inputs := []Input{
+		{Key: "a", Question: q, Answer: "工伤认定一般在受理工伤认定申请之日起60日内作出决定。"},
+		{Key: "a", Question: q, Answer: "今天天气晴朗，适合出游。", References: []string{"社会保险行政部门应当自受理之日起60日内作出决定", "无关"}},
+		{Key: "b", Question: "How long does the refund take?", Answer: "Refunds take five business days to reach your card."},
+		{Key: "a", Question: q, Answer: ""},
+		{Key: "", Question: "", Answer: "no question, no key"},
+		{Key: "b", Question: "How long does the refund take?", Answer: "Our office is closed on Sundays.", References: []string{"", "refund five days"}},
+		{Key: "a", Question: q, Answer: "工伤认定一般在受理工伤认定申请之日起60日内作出决定。"},
+		{Key: "b", Question: "How long does the refund take?", Answer: "Refunds take five business days to reach your card. 退款五个工作日到账。"},
+		{Key: "a", Question: q, Answer: "ＧＰＴ４ 价格 mixed 中文 and English 混合"},
+	}
+	for _, dim := range []int{0, 7} {
+		reused := NewScorer(Config{}, NewLexical(dim), NewHistory(10, 2), nil)
+		fresh := NewScorer(Config{}, freshEmbedder{NewLexical(dim)}, NewHistory(10, 2), nil)
+		for i, in := range inputs {
+			got, err := reused.Score(context.Background(), in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := fresh.Score(context.Background(), in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Errorf("dim %d, input %d: reused vectors score %+v, fresh ones %+v", dim, i, got, want)
+			}
+		}
+	}
+}
+
 type fakeRouter struct {
 	calls   int
 	content string
@@ -224,6 +284,20 @@ func TestRouterJudge(t *testing.T) {
 		}
 		if err == nil && score != 1 {
 			t.Errorf("answer %s: score %v, want clamped to 1", content, score)
+		}
+	}
+}
+
+func BenchmarkScorerScore(b *testing.B) {
+	s := NewScorer(Config{}, NewLexical(0), NewHistory(10, 3), nil)
+	in := Input{
+		Key: "t/chat/howlongdoesdeliverytake", Question: "How long does delivery take?",
+		Answer: "Your parcel to Lisbon usually takes three to five working days. 包裹通常需要三到五个工作日。",
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Score(context.Background(), in); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
