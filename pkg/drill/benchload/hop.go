@@ -86,7 +86,15 @@ func startProxy(ctx context.Context, upstream string) (hop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("benchload: proxy: %w", err)
 	}
-	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	// Full duplex: an upstream that answers before the proxy's transport has finished with
+	// the request body (the transport reads it once more after the declared length) would
+	// otherwise find it closed by the response's headers, and the transport would drop the
+	// connection with the streamed answer half copied.
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		rp.ServeHTTP(w, r)
+	})
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
