@@ -612,9 +612,12 @@ func writeJSONWithQuality(w http.ResponseWriter, httpStatus int, v any, qc *mant
 		writeJSON(w, httpStatus, v)
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(httpStatus)
 	b = append(b, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	// The length is known: without it an answer over 2 KB (most, with their quality
+	// context) would go out chunked.
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(httpStatus)
 	_, _ = w.Write(b) // copied into the connection's buffer or written through; not kept
 	if cap(b) <= maxPooledAnswer {
 		*buf = b
