@@ -70,7 +70,7 @@ func TestHopContextActsAsWithDeadline(t *testing.T) {
 		tc := tests[tt]
 		parent, cancelParentCause := context.WithCancelCause(context.WithValue(context.Background(), hopKey{}, "v"))
 		defer cancelParentCause(nil)
-		var p context.Context = parent
+		p := parent
 		if !tc.parentDeadline.IsZero() {
 			var cancel context.CancelFunc
 			p, cancel = context.WithDeadline(parent, tc.parentDeadline)
