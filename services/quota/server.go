@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -19,6 +18,7 @@ import (
 
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/pbtime"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/quota/internal/ledger"
 	"github.com/mantle-mesh/mantle/services/quota/internal/tokencount"
@@ -83,12 +83,12 @@ func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quo
 			InputTokens:    got.InputTokens,
 		},
 	}
-	setTimestamp(&m.stepAt, start)
-	setDuration(&m.stepTook, s.svc.clock.Since(start))
+	pbtime.SetTimestamp(&m.stepAt, start)
+	pbtime.SetDuration(&m.stepTook, s.svc.clock.Since(start))
 	m.step.At, m.step.Duration = &m.stepAt, &m.stepTook
 	quality.Audit = append(quality.Audit, &m.step)
-	setTimestamp(&m.expiresAt, got.ExpiresAt)
-	setDuration(&m.waited, got.Waited)
+	pbtime.SetTimestamp(&m.expiresAt, got.ExpiresAt)
+	pbtime.SetDuration(&m.waited, got.Waited)
 	resp := &m.resp
 	resp.ExpiresAt, resp.Waited = &m.expiresAt, &m.waited
 	if b := got.Budget; b != nil {
@@ -285,8 +285,8 @@ func limitsToProto(l levelPair) *quotav1.Limits {
 		LimitTokens:       l.Tokens.Limit,
 		RemainingTokens:   l.Tokens.Remaining,
 	}}
-	setDuration(&m.resetRequests, l.Requests.Reset)
-	setDuration(&m.resetTokens, l.Tokens.Reset)
+	pbtime.SetDuration(&m.resetRequests, l.Requests.Reset)
+	pbtime.SetDuration(&m.resetTokens, l.Tokens.Reset)
 	m.limits.ResetRequests, m.limits.ResetTokens = &m.resetRequests, &m.resetTokens
 	return &m.limits
 }
@@ -303,7 +303,7 @@ func bucketsToProto(levels []ledger.BucketLevel) []*quotav1.BucketLevel {
 		m := &ms[i]
 		m.level.Name, m.level.Limit, m.level.Remaining = l.Name, l.Limit, l.Remaining
 		m.level.Shadow, m.level.ShadowRefused = l.Shadow, l.ShadowRefused
-		setDuration(&m.resetAfter, l.Reset)
+		pbtime.SetDuration(&m.resetAfter, l.Reset)
 		m.level.ResetAfter = &m.resetAfter
 		out[i] = &m.level
 	}
@@ -347,16 +347,4 @@ type reserveMessage struct {
 	step      mantlev1.AuditStep
 	stepAt    timestamppb.Timestamp
 	stepTook  durationpb.Duration
-}
-
-// setTimestamp sets ts to t, as timestamppb.New(t) would make it.
-func setTimestamp(ts *timestamppb.Timestamp, t time.Time) {
-	ts.Seconds, ts.Nanos = t.Unix(), int32(t.Nanosecond())
-}
-
-// setDuration sets pd to d, as durationpb.New(d) would make it.
-func setDuration(pd *durationpb.Duration, d time.Duration) {
-	nanos := d.Nanoseconds()
-	secs := nanos / 1e9
-	pd.Seconds, pd.Nanos = secs, int32(nanos-secs*1e9)
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/pbtime"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 )
 
@@ -234,8 +235,8 @@ func (r *Router) record(qc *mantlev1.QualityContext, o outcome) {
 // step is one of the router's audit steps, taken now.
 func (r *Router) step(step, detail string, d time.Duration) *mantlev1.AuditStep {
 	s := &auditStep{step: mantlev1.AuditStep{Service: "router", Step: step, Detail: detail}}
-	setTimestamp(&s.at, r.deps.Clock.Now())
-	setDuration(&s.duration, d)
+	pbtime.SetTimestamp(&s.at, r.deps.Clock.Now())
+	pbtime.SetDuration(&s.duration, d)
 	s.step.At, s.step.Duration = &s.at, &s.duration
 	return &s.step
 }
@@ -246,16 +247,4 @@ type auditStep struct {
 	step     mantlev1.AuditStep
 	at       timestamppb.Timestamp
 	duration durationpb.Duration
-}
-
-// setTimestamp sets ts to t, as timestamppb.New(t) would make it.
-func setTimestamp(ts *timestamppb.Timestamp, t time.Time) {
-	ts.Seconds, ts.Nanos = t.Unix(), int32(t.Nanosecond())
-}
-
-// setDuration sets pd to d, as durationpb.New(d) would make it.
-func setDuration(pd *durationpb.Duration, d time.Duration) {
-	nanos := d.Nanoseconds()
-	secs := nanos / 1e9
-	pd.Seconds, pd.Nanos = secs, int32(nanos-secs*1e9)
 }

@@ -16,6 +16,7 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	"github.com/mantle-mesh/mantle/pkg/formatcheck"
+	"github.com/mantle-mesh/mantle/pkg/pbtime"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/review"
 	"github.com/mantle-mesh/mantle/services/verifier/internal/rules"
@@ -393,9 +394,8 @@ func qualityWithVerdict(in *mantlev1.QualityContext, tenant, model string, v Ver
 	if v.UserNotice != "" && !strings.Contains(quality.UserNotice, v.UserNotice) {
 		quality.UserNotice = strings.TrimSpace(quality.UserNotice + " " + v.UserNotice)
 	}
-	m.stepAt.Seconds, m.stepAt.Nanos = v.StartedAt.Unix(), int32(v.StartedAt.Nanosecond()) // as timestamppb.New
-	nanos := v.Duration.Nanoseconds()
-	m.stepTook.Seconds, m.stepTook.Nanos = nanos/1e9, int32(nanos%1e9) // as durationpb.New
+	pbtime.SetTimestamp(&m.stepAt, v.StartedAt)
+	pbtime.SetDuration(&m.stepTook, v.Duration)
 	m.step.At, m.step.Duration = &m.stepAt, &m.stepTook
 	quality.Audit = append(quality.Audit, &m.step)
 	return quality
