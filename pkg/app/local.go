@@ -191,38 +191,41 @@ func (c *callContext) Value(key any) any {
 func (c *callContext) String() string { return "app.callContext" }
 
 func (c *callContext) Done() <-chan struct{} {
-	if inner := c.inner.Load(); inner != nil {
+	if inner, _ := c.state(true); inner != nil {
 		return inner.ctx.Done()
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if inner := c.inner.Load(); inner != nil {
-		return inner.ctx.Done()
-	}
-	if c.err == nil {
-		c.err = c.caller.Err()
-	}
-	if c.err != nil {
-		return closedDone
-	}
-	ctx, cancel := context.WithCancel(withoutValues{c.caller})
-	c.inner.Store(&cancelContext{ctx: ctx, cancel: cancel})
-	return ctx.Done()
+	return closedDone // done before anything asked
 }
 
 func (c *callContext) Err() error {
-	if inner := c.inner.Load(); inner != nil {
+	inner, err := c.state(false)
+	if inner != nil {
 		return inner.ctx.Err()
+	}
+	return err
+}
+
+// state returns the cancel context when there is one; otherwise the context's error (nil
+// while it is live), after making the cancel context when create is set and it is live.
+func (c *callContext) state(create bool) (*cancelContext, error) {
+	if inner := c.inner.Load(); inner != nil {
+		return inner, nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if inner := c.inner.Load(); inner != nil {
-		return inner.ctx.Err()
+		return inner, nil
 	}
 	if c.err == nil {
 		c.err = c.caller.Err()
 	}
-	return c.err
+	if c.err != nil || !create {
+		return nil, c.err
+	}
+	ctx, cancel := context.WithCancel(withoutValues{c.caller})
+	inner := &cancelContext{ctx: ctx, cancel: cancel}
+	c.inner.Store(inner)
+	return inner, nil
 }
 
 // end cancels the context when the call ends.
