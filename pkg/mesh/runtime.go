@@ -26,8 +26,8 @@ type RuntimeConfig struct {
 	// GCMinHeapMiB is a floor under the collector's heap goal: GOGC is raised after every
 	// collection while the live heap is small, so that the heap may reach about this many
 	// MiB before the next one (held under half the memory limit when there is one). The
-	// mesh keeps about 13 MiB live and allocates about 65 KB per request, so gc_percent
-	// alone collects ten times a second at 2000 requests/s, each collection stopping the
+	// mesh keeps about 13 MiB live and allocates about 61 KB per request, so gc_percent
+	// alone collects nine times a second at 2000 requests/s, each collection stopping the
 	// world twice and taking CPU from the requests; with a floor of 64 MiB it collects
 	// about twice a second, for about 45 MiB more resident memory per process, and the
 	// latency tail halves (docs/performance.md). A process with more live data than the
@@ -74,7 +74,7 @@ const HeapFloorAuto = -1
 
 // heapFloorPerServiceMiB is the automatic floor's share per service. The floor exists to
 // keep collections few where requests allocate a lot against a small live heap; a request
-// allocates about 35 KB in the router and about 65 KB through the whole mesh, so the
+// allocates about 32 KB in the router and about 61 KB through the whole mesh, so the
 // floor that keeps the collections per request about the same grows with the services a
 // request passes through in the process (docs/design/002-heap-floor.md).
 const heapFloorPerServiceMiB = 16

@@ -28,7 +28,7 @@ type backend struct {
 // that real server too.
 func testBackends() []backend {
 	bs := []backend{
-		{"embedded", func(testing.TB) Index { return NewEmbeddedIndex(1000) }},
+		{"embedded", func(testing.TB) Index { return NewEmbeddedIndex(1000, 0) }},
 		{"qdrant", func(t testing.TB) Index { return startFakeQdrant(t).index }},
 	}
 	if addr := os.Getenv("QDRANT_ADDR"); addr != "" {

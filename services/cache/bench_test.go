@@ -109,7 +109,7 @@ func newBenchCache(b *testing.B, n, partitions int, keep bool) benchCache {
 // without its linker.
 func newCorpusCache(b *testing.B, corpus string, n, partitions int, keep bool) benchCache {
 	cfg := DefaultConfig()
-	cfg.MaxEntries = n
+	cfg.MaxEntries, cfg.MaxBytes = n, 1<<40 // every entry stays: the benchmarks measure n of them
 	cfg.DefaultPolicy.VolatileMarkers, cfg.DefaultPolicy.PersonalMarkers, cfg.DefaultPolicy.PersonalPatterns = []string{}, []string{}, []string{}
 	cfg.DefaultPolicy.TTL = 24 * time.Hour
 	f := newFixture(b, cfg)
@@ -266,7 +266,8 @@ func BenchmarkLookupParallel(b *testing.B) {
 }
 
 // BenchmarkEmbeddedIndexMemory reports the heap an entry costs: its answer (about 410
-// bytes here), question, keys, vector, postings and bookkeeping.
+// bytes here), question, keys, vector, postings and bookkeeping; and what max_bytes counts
+// of it (entrySize).
 func BenchmarkEmbeddedIndexMemory(b *testing.B) {
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
@@ -278,6 +279,10 @@ func BenchmarkEmbeddedIndexMemory(b *testing.B) {
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "heap-bytes/entry")
+				// What max_bytes counts of the same entries (entrySize), to compare.
+				if x, ok := bc.f.index.(*EmbeddedIndex); ok {
+					b.ReportMetric(float64(x.Bytes())/float64(n), "counted-bytes/entry")
+				}
 				runtime.KeepAlive(bc)
 			}
 		})

@@ -28,7 +28,7 @@ type fixture struct {
 // newFixture serves cfg from a fresh embedded index with the lexical embedder.
 func newFixture(t testing.TB, cfg Config) fixture {
 	t.Helper()
-	idx := NewEmbeddedIndex(cfg.MaxEntries)
+	idx := NewEmbeddedIndex(cfg.MaxEntries, cfg.MaxBytes)
 	f := newFixtureWith(t, cfg, idx, embed.NewLexical())
 	if err := registerEmbeddedIndexMetrics(f.reg, idx); err != nil {
 		t.Fatalf("registerEmbeddedIndexMetrics: %v", err)
@@ -736,7 +736,7 @@ func TestExactOnlyWithoutEmbedder(t *testing.T) {
 	t.Parallel()
 	cfg := DefaultConfig()
 	cfg.Embedder.Kind = EmbedderNone
-	f := newFixtureWith(t, cfg, NewEmbeddedIndex(10), nil)
+	f := newFixtureWith(t, cfg, NewEmbeddedIndex(10, 0), nil)
 	f.mustStore(t, "acme", answer(basePrompt("How do I reset my password?")))
 	if res := f.lookupMode(t, "acme", basePrompt("how do i reset my password"), ModeNormal); !res.Hit || res.Namespace != "exact" {
 		t.Errorf("exact lookup = %+v, want a hit in namespace exact", res)
@@ -757,7 +757,7 @@ func (e *failingEmbedder) Embed(context.Context, string) (vector.Vector, error) 
 
 func TestEmbedderFailureKeepsExactMatches(t *testing.T) {
 	t.Parallel()
-	idx := NewEmbeddedIndex(10)
+	idx := NewEmbeddedIndex(10, 0)
 	good := newFixtureWith(t, DefaultConfig(), idx, embed.NewLexical())
 	good.mustStore(t, "acme", answer(basePrompt("How do I reset my password?")))
 

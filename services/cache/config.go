@@ -16,6 +16,7 @@ import (
 //
 //	backend: embedded            # or qdrant
 //	max_entries: 100000          # embedded only
+//	max_bytes: 67108864          # embedded only: 64 MiB of entries
 //	embedded: {snapshot_path: /var/lib/mantle/cache.snap, snapshot_interval: 5m}
 //	qdrant: {address: qdrant:6334, api_key_env: QDRANT_API_KEY, timeout: 250ms}
 //	embedder: {kind: lexical}    # or openai (base_url, model, ...), or none
@@ -36,6 +37,12 @@ type Config struct {
 	// MaxEntries bounds the embedded index; the least recently used entry is evicted when a
 	// new one would exceed it.
 	MaxEntries int `yaml:"max_entries"`
+	// MaxBytes bounds the embedded index's entries in bytes, about what their text and
+	// vectors take of the process's heap (the collector's headroom comes on top, so the
+	// process holds about twice this at the default GOGC); the least recently used entries
+	// are evicted when a new one would exceed it. Entries count whatever their size toward
+	// max_entries, so this is what bounds memory when answers are long.
+	MaxBytes int64 `yaml:"max_bytes"`
 	// Embedded configures the in-process index of backend embedded.
 	Embedded EmbeddedConfig `yaml:"embedded"`
 	// Qdrant configures backend qdrant.
@@ -287,6 +294,7 @@ func DefaultConfig() Config {
 	return Config{
 		Backend:    BackendEmbedded,
 		MaxEntries: 100_000,
+		MaxBytes:   64 << 20,
 		Embedded:   EmbeddedConfig{SnapshotInterval: 5 * time.Minute, SnapshotMaxBytes: DefaultSnapshotMaxBytes},
 		Qdrant: QdrantConfig{
 			CollectionPrefix: "mantle_cache_",
@@ -317,6 +325,9 @@ func (c Config) Validate() error {
 	case BackendEmbedded:
 		if c.MaxEntries <= 0 {
 			errs = append(errs, fmt.Errorf("max_entries: must be positive, got %d", c.MaxEntries))
+		}
+		if c.MaxBytes < 1<<20 {
+			errs = append(errs, fmt.Errorf("max_bytes: must be at least 1 MiB, got %d", c.MaxBytes))
 		}
 		if c.Embedded.SnapshotPath != "" && c.Embedded.SnapshotInterval <= 0 {
 			errs = append(errs, fmt.Errorf("embedded.snapshot_interval: must be positive with a snapshot_path, got %s", c.Embedded.SnapshotInterval))

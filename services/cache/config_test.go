@@ -210,6 +210,7 @@ func TestConfigValidate(t *testing.T) {
 		wantErr []string
 	}{
 		{"max_entries zero", func(c *Config) { c.MaxEntries = 0 }, []string{"max_entries: must be positive, got 0"}},
+		{"max_bytes under 1 MiB", func(c *Config) { c.MaxBytes = 1 << 19 }, []string{"max_bytes: must be at least 1 MiB, got 524288"}},
 		{"ttl zero", func(c *Config) { c.DefaultPolicy.TTL = 0 }, []string{"default_policy.ttl: must be positive, got 0s"}},
 		{"negative max_temperature", func(c *Config) { c.DefaultPolicy.MaxTemperature = -1 }, []string{"default_policy.max_temperature: must be a non-negative number, got -1"}},
 		{"marker without a word", func(c *Config) { c.DefaultPolicy.VolatileMarkers = []string{"today", " ？"} }, []string{`default_policy.volatile_markers[1]: must contain a word, got " ？"`}},

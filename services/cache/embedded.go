@@ -19,8 +19,9 @@ import (
 // lexical embedder's; denseGraph's for an embedding model's) is searched through a graph
 // of its vectors (package vector, graph.go), so that a lookup costs about the same in a
 // partition of a million entries as in one of ten thousand; smaller ones through their
-// postings, within searchLimits, or a scan. The index holds at most maxEntries entries:
-// when a new one would exceed that, the least recently used is evicted. Entries past their
+// postings, within searchLimits, or a scan. The index holds at most maxEntries entries of
+// at most about maxBytes in all: when a new one would exceed either, the least recently
+// used are evicted. Entries past their
 // StaleUntil are removed when a read finds them or evicted as they age to the back of the
 // list, so no background sweep is needed. Save and Load write it to and read it from a
 // snapshot.
@@ -32,6 +33,7 @@ import (
 // (dense, at most maxUnlinked of them: past that a Put links one itself).
 type EmbeddedIndex struct {
 	maxEntries  int
+	maxBytes    int64
 	limits      vector.Limits
 	sparseGraph vector.Graph
 	denseGraph  vector.Graph
@@ -40,6 +42,8 @@ type EmbeddedIndex struct {
 	mu    sync.RWMutex
 	byKey map[Key]*node
 	parts map[Key]*partition
+	// bytes is the sum of the entries' sizes (entrySize).
+	bytes int64
 
 	// lruMu guards recency, so that a read under mu's read lock can still record a use.
 	// Lock order: mu, then lruMu.
@@ -62,6 +66,7 @@ type EmbeddedIndex struct {
 
 type node struct {
 	entry Entry
+	size  int64         // entrySize, counted in the index's bytes
 	vec   vector.Vector // the zero Vector for entries only exact lookups find
 	part  *partition
 	slot  uint32
@@ -115,9 +120,42 @@ var denseGraph = vector.Graph{MinLen: 2048, M: 16, EfConstruction: 100, EfSearch
 // before Put links one itself: each search scans them.
 const maxUnlinked = 256
 
-// NewEmbeddedIndex returns an empty index that holds at most maxEntries entries.
-func NewEmbeddedIndex(maxEntries int) *EmbeddedIndex {
-	return newEmbeddedIndex(maxEntries, searchLimits, sparseGraph, denseGraph)
+// NewEmbeddedIndex returns an empty index that holds at most maxEntries entries and, when
+// maxBytes is positive, entries of at most about maxBytes in all (entrySize).
+func NewEmbeddedIndex(maxEntries int, maxBytes int64) *EmbeddedIndex {
+	x := newEmbeddedIndex(maxEntries, searchLimits, sparseGraph, denseGraph)
+	x.maxBytes = maxBytes
+	return x
+}
+
+// entryOverhead is what an entry costs the index beyond its strings and vector: the entry
+// and node structs, its places in the key and slot maps and the recency list, and its links
+// in a partition's graph. With it, entrySize comes within a tenth of the heap an entry of
+// support questions takes (BenchmarkEmbeddedIndexMemory: counted-bytes/entry beside
+// heap-bytes/entry).
+const entryOverhead = 800
+
+// entrySize is about how much of the heap e with vector v holds in the index: its text,
+// its vector (a sparse coordinate's index and weight, and its posting; a dense one's
+// weight) and entryOverhead. It leaves out the Go allocator's rounding and the collector's
+// headroom, so a process holds more than the sum, about twice it at the default GOGC.
+func entrySize(e Entry, v vector.Vector) int64 {
+	n := entryOverhead + len(e.ID) + len(e.Tenant) + len(e.Scenario) + len(e.Namespace) +
+		len(e.Question) + len(e.Content) + len(e.SourceModel) + len(e.FinishReason)
+	for _, tc := range e.ToolCalls {
+		n += 64 + len(tc.ID) + len(tc.Type) + len(tc.Name) + len(tc.Arguments)
+	}
+	if v.Sparse() {
+		n += 16 * v.Len()
+	} else {
+		n += 4 * v.Len()
+	}
+	return int64(n)
+}
+
+// full reports whether the index holds more than its bounds allow.
+func (x *EmbeddedIndex) full() bool {
+	return len(x.byKey) > x.maxEntries || (x.maxBytes > 0 && x.bytes > x.maxBytes)
 }
 
 // newEmbeddedIndex is NewEmbeddedIndex with other search limits and graphs (the zero
@@ -241,7 +279,10 @@ func (x *EmbeddedIndex) put(e Entry, v vector.Vector, near *vector.Near) (help b
 	if err := x.insert(e, v, near, true); err != nil {
 		return false, err
 	}
-	for len(x.byKey) > x.maxEntries {
+	// The entry just stored stays even when it alone is over maxBytes: an answer is bounded
+	// by the request's and the provider's limits, and dropping it here would say it was
+	// stored when it was not.
+	for x.full() && len(x.byKey) > 1 {
 		x.lruMu.Lock()
 		back := x.recency.Back()
 		x.lruMu.Unlock()
@@ -327,7 +368,7 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, fron
 		p = &partition{key: e.Partition, bySlot: make(map[uint32]*node)}
 		x.parts[e.Partition] = p
 	}
-	n := &node{entry: e, vec: v, part: p}
+	n := &node{entry: e, vec: v, part: p, size: entrySize(e, v)}
 	if v.Len() > 0 {
 		if p.set == nil {
 			g := x.denseGraph
@@ -352,6 +393,7 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, fron
 	}
 	p.nodes++
 	x.byKey[e.Key] = n
+	x.bytes += n.size
 	x.lruMu.Lock()
 	if front {
 		n.elem = x.recency.PushFront(n)
@@ -387,12 +429,20 @@ func (x *EmbeddedIndex) Len() int {
 	return len(x.byKey)
 }
 
+// Bytes returns about how much of the heap the entries held take (entrySize).
+func (x *EmbeddedIndex) Bytes() int64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.bytes
+}
+
 // Evictions returns how many entries were evicted to make room since the index was created.
 func (x *EmbeddedIndex) Evictions() uint64 { return x.evictions.Load() }
 
 // remove unlinks n; x.mu must be held for writing.
 func (x *EmbeddedIndex) remove(n *node) {
 	delete(x.byKey, n.entry.Key)
+	x.bytes -= n.size
 	x.lruMu.Lock()
 	x.recency.Remove(n.elem)
 	x.lruMu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 
 func TestEmbeddedIndexEvictsLeastRecentlyUsed(t *testing.T) {
 	t.Parallel()
-	idx := NewEmbeddedIndex(2)
+	idx := NewEmbeddedIndex(2, 0)
 	a, b, c := testEntry("a", "t", "s", "p", "alpha question"), testEntry("b", "t", "s", "p", "beta question"), testEntry("c", "t", "s", "p", "gamma question")
 	put(t, idx, a, b)
 	// Reading a makes b the least recently used.
@@ -41,9 +42,66 @@ func TestEmbeddedIndexEvictsLeastRecentlyUsed(t *testing.T) {
 	}
 }
 
+// max_bytes bounds the entries by their size as entrySize counts it: the least recently
+// used go first, as many as the new entry needs, and Bytes follows every store and removal;
+// an entry over the bound on its own is kept (the store said it was stored) and goes first
+// when the next one comes.
+func TestEmbeddedIndexEvictsByBytes(t *testing.T) {
+	t.Parallel()
+	long := func(id string, n int) Entry {
+		e := testEntry(id, "t", "s", "p", id+" question")
+		e.Content = strings.Repeat("x", n)
+		return e
+	}
+	a, b, c := long("a", 1000), long("b", 1000), long("c", 1000)
+	sizeOf := func(e Entry) int64 { return entrySize(e, vec(t, e.Question)) }
+	tests := []struct {
+		name     string
+		maxBytes int64
+		stored   []Entry
+		want     []string
+	}{
+		{"all fit", sizeOf(a) + sizeOf(b) + sizeOf(c), []Entry{a, b, c}, []string{"a", "b", "c"}},
+		{"the oldest goes", sizeOf(a) + sizeOf(b) + sizeOf(c) - 1, []Entry{a, b, c}, []string{"b", "c"}},
+		{"as many as it takes", sizeOf(a) + sizeOf(b), []Entry{a, b, long("big", 2500)}, []string{"big"}},
+		{"one over the bound stays", 100, []Entry{a}, []string{"a"}},
+		{"and goes first next", 100, []Entry{a, b}, []string{"b"}},
+		{"no byte bound", 0, []Entry{a, b, c}, []string{"a", "b", "c"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			idx := NewEmbeddedIndex(100, tt.maxBytes)
+			var want int64
+			for _, e := range tt.stored {
+				put(t, idx, e)
+			}
+			ids := make([]Entry, 0, len(tt.stored)+1)
+			ids = append(ids, a, b, c)
+			for _, e := range tt.stored {
+				if !slices.Contains([]string{"a", "b", "c"}, e.ID) {
+					ids = append(ids, e)
+				}
+			}
+			got := present(t, idx, epoch, ids...)
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("left %v, want %v", got, tt.want)
+			}
+			for _, e := range ids {
+				if slices.Contains(tt.want, e.ID) {
+					want += sizeOf(e)
+				}
+			}
+			if b := idx.Bytes(); b != want {
+				t.Errorf("Bytes() = %d, want %d (the entries left)", b, want)
+			}
+		})
+	}
+}
+
 func TestEmbeddedIndexTouchCountsAsUse(t *testing.T) {
 	t.Parallel()
-	idx := NewEmbeddedIndex(2)
+	idx := NewEmbeddedIndex(2, 0)
 	a, b, c := testEntry("a", "t", "s", "p", "alpha question"), testEntry("b", "t", "s", "p", "beta question"), testEntry("c", "t", "s", "p", "gamma question")
 	put(t, idx, a, b)
 	idx.Touch(a.Key) // what the service does after a similarity hit
@@ -55,7 +113,7 @@ func TestEmbeddedIndexTouchCountsAsUse(t *testing.T) {
 
 func TestEmbeddedIndexRemovesExpiredOnGet(t *testing.T) {
 	t.Parallel()
-	idx := NewEmbeddedIndex(10)
+	idx := NewEmbeddedIndex(10, 0)
 	e := testEntry("a", "t", "s", "p", "alpha question")
 	put(t, idx, e)
 	if got := present(t, idx, e.StaleUntil, e); len(got) != 0 {
@@ -68,7 +126,7 @@ func TestEmbeddedIndexRemovesExpiredOnGet(t *testing.T) {
 
 func TestEmbeddedIndexEntriesWithoutVector(t *testing.T) {
 	t.Parallel()
-	idx := NewEmbeddedIndex(10)
+	idx := NewEmbeddedIndex(10, 0)
 	e := testEntry("a", "t", "s", "p", "？？？")
 	if err := idx.Put(context.Background(), e, vector.Vector{}, nil); err != nil {
 		t.Fatalf("Put without a vector: %v", err)
@@ -84,7 +142,7 @@ func TestEmbeddedIndexEntriesWithoutVector(t *testing.T) {
 
 func TestEmbeddedIndexRefusesMixedVectorsInAPartition(t *testing.T) {
 	t.Parallel()
-	idx := NewEmbeddedIndex(10)
+	idx := NewEmbeddedIndex(10, 0)
 	put(t, idx, testEntry("a", "t", "s", "p", "alpha question"))
 	dense, _ := vector.NewDense([]float32{1, 2})
 	if err := idx.Put(context.Background(), testEntry("b", "t", "s", "p", "beta question"), dense, nil); err == nil {
@@ -100,7 +158,7 @@ func TestEmbeddedIndexRefusesMixedVectorsInAPartition(t *testing.T) {
 func TestEmbeddedIndexConcurrentUse(t *testing.T) {
 	t.Parallel()
 	const workers, rounds, maxEntries = 8, 150, 50
-	idx := NewEmbeddedIndex(maxEntries)
+	idx := NewEmbeddedIndex(maxEntries, 0)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -141,7 +199,7 @@ func TestEmbeddedIndexConcurrentUse(t *testing.T) {
 
 func TestSnapshotRoundTrip(t *testing.T) {
 	t.Parallel()
-	idx := NewEmbeddedIndex(10)
+	idx := NewEmbeddedIndex(10, 0)
 	a, b := testEntry("a", "t", "s", "p", "alpha question"), testEntry("b", "t", "s", "p", "beta question")
 	expired := testEntry("x", "t", "s", "p", "expired question")
 	expired.StaleUntil = epoch.Add(time.Minute)
@@ -154,7 +212,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if _, err := idx.Save(&buf, DefaultSnapshotMaxBytes); err != nil {
 		t.Fatalf("Save: %v", err)
 	}
-	restored := NewEmbeddedIndex(10)
+	restored := NewEmbeddedIndex(10, 0)
 	stats, err := restored.Load(&buf, DefaultSnapshotMaxBytes, epoch.Add(2*time.Minute), "lexical-v1")
 	if err != nil {
 		t.Fatalf("Load: %v", err)
@@ -175,7 +233,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Errorf("Search after restore = (%v, %v), want b: vectors must survive", hits, err)
 	}
 	// Recency survives too: with room for one more, the least recently used (b) goes.
-	small := NewEmbeddedIndex(2)
+	small := NewEmbeddedIndex(2, 0)
 	if _, err := small.Load(&again, DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err != nil {
 		t.Fatalf("Load: %v", err)
 	}
@@ -188,7 +246,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 func TestSnapshotFile(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "state", "cache.snap")
-	idx := NewEmbeddedIndex(10)
+	idx := NewEmbeddedIndex(10, 0)
 	e := testEntry("a", "t", "s", "p", "alpha question")
 	put(t, idx, e)
 	if _, err := idx.SaveFile(path, DefaultSnapshotMaxBytes); err != nil {
@@ -204,18 +262,18 @@ func TestSnapshotFile(t *testing.T) {
 	if matches, _ := filepath.Glob(path + ".tmp-*"); len(matches) != 0 {
 		t.Errorf("temporary files left behind: %v", matches)
 	}
-	restored := NewEmbeddedIndex(10)
+	restored := NewEmbeddedIndex(10, 0)
 	if stats, err := restored.LoadFile(path, DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err != nil || stats.Loaded != 1 {
 		t.Fatalf("LoadFile = (%+v, %v), want 1 loaded", stats, err)
 	}
-	missing := NewEmbeddedIndex(10)
+	missing := NewEmbeddedIndex(10, 0)
 	if stats, err := missing.LoadFile(filepath.Join(t.TempDir(), "none"), DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err != nil || stats.Loaded != 0 {
 		t.Errorf("LoadFile of a missing file = (%+v, %v), want an empty cache and no error", stats, err)
 	}
 	if err := os.WriteFile(path, []byte("not a snapshot"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewEmbeddedIndex(10).LoadFile(path, DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err == nil {
+	if _, err := NewEmbeddedIndex(10, 0).LoadFile(path, DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err == nil {
 		t.Errorf("LoadFile of garbage succeeded; want an error")
 	}
 }

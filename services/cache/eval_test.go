@@ -138,8 +138,8 @@ func evalPolicyConfig(kind string, th float64) Config {
 // in a scenario of its own so pairs never meet.
 func runEval(t testing.TB, pairs []evalPair, kind string, embedder Embedder, th float64, mode Mode) evalScore {
 	t.Helper()
-	matching := newFixtureWith(t, evalConfig(kind, th), NewEmbeddedIndex(10_000), embedder)
-	withPolicy := newFixtureWith(t, evalPolicyConfig(kind, th), NewEmbeddedIndex(10_000), embedder)
+	matching := newFixtureWith(t, evalConfig(kind, th), NewEmbeddedIndex(10_000, 0), embedder)
+	withPolicy := newFixtureWith(t, evalPolicyConfig(kind, th), NewEmbeddedIndex(10_000, 0), embedder)
 	score := evalScore{languages: map[string]*evalScore{"en": {}, "zh": {}}}
 	for _, p := range pairs {
 		stored, query := basePrompt(p.Stored), basePrompt(p.Query)

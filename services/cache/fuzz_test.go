@@ -21,7 +21,7 @@ func FuzzSnapshotLoad(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		x := NewEmbeddedIndex(4)
+		x := NewEmbeddedIndex(4, 0)
 		stats, err := x.Load(bytes.NewReader(data), fuzzSnapshotMaxBytes, now, "lexical-v1")
 		if err != nil {
 			return
@@ -34,7 +34,7 @@ func FuzzSnapshotLoad(f *testing.F) {
 		if err != nil || saved.Written != stats.Loaded {
 			t.Fatalf("Save after Load = (%+v, %v), want %d written", saved, err, stats.Loaded)
 		}
-		y := NewEmbeddedIndex(4)
+		y := NewEmbeddedIndex(4, 0)
 		if st, err := y.Load(&again, fuzzSnapshotMaxBytes, now, "lexical-v1"); err != nil || st.Loaded != stats.Loaded {
 			t.Fatalf("reload = (%+v, %v), want %d loaded", st, err, stats.Loaded)
 		}
@@ -54,7 +54,7 @@ func FuzzSnapshotLoad(f *testing.F) {
 // snapshotSeeds are the committed starting points: a good snapshot, its halves and single
 // damaged bytes, and the other inputs the decoder must refuse.
 func snapshotSeeds(t testing.TB) [][]byte {
-	x := NewEmbeddedIndex(10)
+	x := NewEmbeddedIndex(10, 0)
 	for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
 		put(t, x, testEntry(id, "t", "s", "p", id+" question about breakers"))
 	}

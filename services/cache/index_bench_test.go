@@ -69,7 +69,7 @@ func benchEntry(i int) Entry {
 // they are stored, as Put does without a linker.
 func buildIndexes(tb testing.TB, questions []string, withExact bool) (approx, exact *EmbeddedIndex, vecs []vector.Vector) {
 	tb.Helper()
-	approx = NewEmbeddedIndex(len(questions))
+	approx = NewEmbeddedIndex(len(questions), 0)
 	if withExact {
 		exact = newEmbeddedIndex(len(questions), vector.Limits{}, vector.Graph{}, vector.Graph{})
 	}

@@ -240,7 +240,7 @@ func (x slowPutIndex) Put(ctx context.Context, e Entry, v vector.Vector, near *v
 // is gone and the entry answers by its key.
 func TestCoalescingLookupDuringTheWriteJoins(t *testing.T) {
 	t.Parallel()
-	idx := slowPutIndex{EmbeddedIndex: NewEmbeddedIndex(100), entered: make(chan struct{}), release: make(chan struct{})}
+	idx := slowPutIndex{EmbeddedIndex: NewEmbeddedIndex(100, 0), entered: make(chan struct{}), release: make(chan struct{})}
 	release := sync.OnceFunc(func() { close(idx.release) })
 	t.Cleanup(release) // a failing test must not leave the Store blocked
 	f := newFixtureWith(t, DefaultConfig(), idx, embed.NewLexical())
@@ -313,7 +313,7 @@ func TestCoalescingStoreReusesTheLookupsVector(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			emb := &countingEmbedder{Embedder: embed.NewLexical()}
-			f := newFixtureWith(t, DefaultConfig(), NewEmbeddedIndex(100), emb)
+			f := newFixtureWith(t, DefaultConfig(), NewEmbeddedIndex(100, 0), emb)
 			l := f.lease(t, "acme", tt.lookup)
 			req := answer(basePrompt(tt.store))
 			req.LeaseID = l.ID
@@ -329,7 +329,7 @@ func TestCoalescingStoreReusesTheLookupsVector(t *testing.T) {
 	}
 	// A store without a lease embeds its question itself.
 	emb := &countingEmbedder{Embedder: embed.NewLexical()}
-	f := newFixtureWith(t, DefaultConfig(), NewEmbeddedIndex(100), emb)
+	f := newFixtureWith(t, DefaultConfig(), NewEmbeddedIndex(100, 0), emb)
 	f.mustStore(t, "acme", answer(basePrompt(question)))
 	if got := emb.count(); got != 1 {
 		t.Errorf("a store without a lease embedded %d times, want 1", got)

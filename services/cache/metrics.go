@@ -135,7 +135,7 @@ func registerEmbeddedIndexMetrics(reg prometheus.Registerer, idx *EmbeddedIndex)
 	}, func() float64 { return float64(idx.Len()) })
 	evictions := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "mantle_cache_evictions_total",
-		Help: "Entries evicted from the embedded cache index because it was full (max_entries).",
+		Help: "Entries evicted from the embedded cache index because it was full (max_entries or max_bytes).",
 	}, func() float64 { return float64(idx.Evictions()) })
 	backlog := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "mantle_cache_link_backlog",

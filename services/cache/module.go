@@ -58,7 +58,7 @@ func build(ctx context.Context, cfg Config, env app.Env, getenv func(string) str
 		r.qdrant, r.closeQdrant = NewQdrantIndex(client, cfg.Qdrant.CollectionPrefix, cfg.Qdrant.Timeout), client.Close
 		index = r.qdrant
 	default:
-		r.embedded = NewEmbeddedIndex(cfg.MaxEntries)
+		r.embedded = NewEmbeddedIndex(cfg.MaxEntries, cfg.MaxBytes)
 		if path := cfg.Embedded.SnapshotPath; path != "" {
 			namespace := namespaceExact
 			if embedder != nil {
@@ -74,7 +74,7 @@ func build(ctx context.Context, cfg Config, env app.Env, getenv func(string) str
 				// would turn a lost cache into an outage.
 				loads.WithLabelValues("refused").Inc()
 				env.Log.WarnContext(ctx, "cache: snapshot not loaded; starting empty", "path", path, "err", err)
-				r.embedded = NewEmbeddedIndex(cfg.MaxEntries)
+				r.embedded = NewEmbeddedIndex(cfg.MaxEntries, cfg.MaxBytes)
 			} else {
 				loads.WithLabelValues("loaded").Inc()
 				env.Log.InfoContext(ctx, "cache: snapshot loaded", "path", path, "entries", stats.Loaded,

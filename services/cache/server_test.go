@@ -119,7 +119,7 @@ func storeRequest(tenant string, prompt *cachev1.Prompt) *cachev1.StoreRequest {
 
 func TestServerLookupHitAndMiss(t *testing.T) {
 	t.Parallel()
-	client, clock := startCache(t, NewEmbeddedIndex(10))
+	client, clock := startCache(t, NewEmbeddedIndex(10, 0))
 	ctx := asTenant("acme")
 
 	// The scenario may come from the QualityContext alone.
@@ -192,7 +192,7 @@ func assertAuditStep(t *testing.T, q *mantlev1.QualityContext, at time.Time, det
 
 func TestServerTenants(t *testing.T) {
 	t.Parallel()
-	client, _ := startCache(t, NewEmbeddedIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10, 0))
 	// Stored without authentication, under the tenant the QualityContext names.
 	if _, err := client.Store(context.Background(), storeRequest("acme", protoPrompt("hello"))); err != nil {
 		t.Fatalf("Store: %v", err)
@@ -250,7 +250,7 @@ func TestServerStoreSkips(t *testing.T) {
 			r.Quality.Verification = &mantlev1.Verification{L1Passed: true}
 		}, ""},
 	}
-	client, _ := startCache(t, NewEmbeddedIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10, 0))
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -269,7 +269,7 @@ func TestServerStoreSkips(t *testing.T) {
 
 func TestServerInvalidate(t *testing.T) {
 	t.Parallel()
-	client, _ := startCache(t, NewEmbeddedIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10, 0))
 	var ids []string
 	for _, q := range []string{"one", "two", "three"} {
 		resp, err := client.Store(asTenant("acme"), storeRequest("", protoPrompt(q)))
@@ -307,7 +307,7 @@ func TestServerInvalidate(t *testing.T) {
 
 func TestServerErrors(t *testing.T) {
 	t.Parallel()
-	client, _ := startCache(t, NewEmbeddedIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10, 0))
 	lookup := func(ctx context.Context, quality *mantlev1.QualityContext, prompt *cachev1.Prompt) error {
 		_, err := client.Lookup(ctx, &cachev1.LookupRequest{Quality: quality, Prompt: prompt})
 		return err
@@ -470,7 +470,7 @@ func TestServerBackendErrors(t *testing.T) {
 
 func TestServerSemanticLookupAndRejection(t *testing.T) {
 	t.Parallel()
-	client, clock := startCache(t, NewEmbeddedIndex(10))
+	client, clock := startCache(t, NewEmbeddedIndex(10, 0))
 	stored, err := client.Store(asTenant("acme"), storeRequest("", protoPrompt("How do I return an iPhone 15 that I bought online?")))
 	if err != nil || !stored.GetStored() {
 		t.Fatalf("Store = (%v, %v)", stored, err)
@@ -504,7 +504,7 @@ func TestServerSemanticLookupAndRejection(t *testing.T) {
 
 func TestServerModesAndInvalidNamespace(t *testing.T) {
 	t.Parallel()
-	client, clock := startCache(t, NewEmbeddedIndex(10))
+	client, clock := startCache(t, NewEmbeddedIndex(10, 0))
 	if _, err := client.Store(asTenant("acme"), storeRequest("", protoPrompt("How do I reset my password?"))); err != nil {
 		t.Fatalf("Store: %v", err)
 	}
@@ -533,7 +533,7 @@ func TestServerModesAndInvalidNamespace(t *testing.T) {
 
 func TestServerCoalescing(t *testing.T) {
 	t.Parallel()
-	client, clock := startCache(t, NewEmbeddedIndex(10))
+	client, clock := startCache(t, NewEmbeddedIndex(10, 0))
 	lookup := func(ctx context.Context) (*cachev1.LookupResponse, error) {
 		return client.Lookup(ctx, &cachev1.LookupRequest{Prompt: protoPrompt("How do I reset my password?"), Coalesce: true})
 	}

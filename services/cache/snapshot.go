@@ -171,7 +171,7 @@ type LoadStats struct {
 	Loaded int
 	// Expired entries were past their StaleUntil; OtherNamespace ones were stored under
 	// another embedder, whose vectors no lookup could compare any more; Overflow ones did
-	// not fit max_entries.
+	// not fit max_entries or max_bytes.
 	Expired, OtherNamespace, Overflow int
 }
 
@@ -248,7 +248,7 @@ func (x *EmbeddedIndex) Load(r io.Reader, maxBytes int64, now time.Time, namespa
 		case e.Namespace != namespace:
 			stats.OtherNamespace++
 			continue
-		case len(x.byKey) >= x.maxEntries:
+		case len(x.byKey) >= x.maxEntries || (x.maxBytes > 0 && x.bytes+entrySize(e, v) > x.maxBytes):
 			stats.Overflow++
 			continue
 		}

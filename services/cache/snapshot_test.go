@@ -53,7 +53,7 @@ func TestSnapshotKeepsEveryField(t *testing.T) {
 	sparse.Key[0] ^= 1
 	sparse.Partition[0] ^= 1
 	vectors := []vector.Vector{{Dense: []float32{0.5, -1, 3}}, {Indices: []uint32{1, 7, 1 << 31}, Values: []float32{1, 2, 0.25}}}
-	x := NewEmbeddedIndex(4)
+	x := NewEmbeddedIndex(4, 0)
 	for i, en := range []Entry{e, sparse} {
 		if err := x.Put(t.Context(), en, vectors[i], nil); err != nil {
 			t.Fatal(err)
@@ -63,7 +63,7 @@ func TestSnapshotKeepsEveryField(t *testing.T) {
 	if _, err := x.Save(&buf, DefaultSnapshotMaxBytes); err != nil {
 		t.Fatal(err)
 	}
-	y := NewEmbeddedIndex(4)
+	y := NewEmbeddedIndex(4, 0)
 	if st, err := y.Load(&buf, DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err != nil || st.Loaded != 2 {
 		t.Fatalf("Load = (%+v, %v), want 2 loaded", st, err)
 	}
@@ -146,7 +146,7 @@ func TestSnapshotRefusesHostileInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			x := NewEmbeddedIndex(10)
+			x := NewEmbeddedIndex(10, 0)
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
 			_, err := x.Load(bytes.NewReader(tt.data), tt.max, epoch, "lexical-v1")
@@ -163,7 +163,7 @@ func TestSnapshotRefusesHostileInput(t *testing.T) {
 		})
 	}
 	// The good record itself loads: the cases above differ from it only where they say.
-	if st, err := NewEmbeddedIndex(10).Load(bytes.NewReader(whole), DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err != nil || st.Loaded != 1 {
+	if st, err := NewEmbeddedIndex(10, 0).Load(bytes.NewReader(whole), DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err != nil || st.Loaded != 1 {
 		t.Fatalf("the good snapshot = (%+v, %v), want 1 loaded", st, err)
 	}
 }
@@ -172,7 +172,7 @@ func TestSnapshotRefusesHostileInput(t *testing.T) {
 // used entries that fit, and reads back under the same limit.
 func TestSnapshotSaveWithinLimit(t *testing.T) {
 	t.Parallel()
-	x := NewEmbeddedIndex(100)
+	x := NewEmbeddedIndex(100, 0)
 	var ids []string
 	for i := range 50 {
 		e := testEntry(string(rune('A'+i)), "t", "s", "p", strings.Repeat("word ", 10)+string(rune('A'+i)))
@@ -189,7 +189,7 @@ func TestSnapshotSaveWithinLimit(t *testing.T) {
 	if st.Dropped == 0 || st.Written == 0 || st.Written+st.Dropped != 50 || int64(buf.Len()) > limit || st.Bytes != int64(buf.Len()) {
 		t.Fatalf("Save = %+v (%d bytes), want some written and some left out within %d bytes", st, buf.Len(), limit)
 	}
-	y := NewEmbeddedIndex(100)
+	y := NewEmbeddedIndex(100, 0)
 	if ld, err := y.Load(&buf, limit, epoch, "lexical-v1"); err != nil || ld.Loaded != st.Written {
 		t.Fatalf("Load = (%+v, %v), want %d loaded", ld, err, st.Written)
 	}
@@ -209,7 +209,7 @@ func TestSnapshotFileOverLimitNotRead(t *testing.T) {
 	if err := os.WriteFile(path, make([]byte, 2<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := NewEmbeddedIndex(10).LoadFile(path, 1<<20, epoch, "lexical-v1")
+	_, err := NewEmbeddedIndex(10, 0).LoadFile(path, 1<<20, epoch, "lexical-v1")
 	if !errors.Is(err, ErrSnapshotTooLarge) || !strings.Contains(err.Error(), "2097152 bytes, limit 1048576") {
 		t.Errorf("LoadFile error = %v, want ErrSnapshotTooLarge with both sizes", err)
 	}
@@ -220,7 +220,7 @@ func TestSnapshotFileOverLimitNotRead(t *testing.T) {
 func TestSnapshotSeedsInFuzzCorpus(t *testing.T) {
 	t.Parallel()
 	seeds := snapshotSeeds(t)
-	if st, err := NewEmbeddedIndex(10).Load(bytes.NewReader(seeds[0]), fuzzSnapshotMaxBytes, epoch, "lexical-v1"); err != nil || st.Loaded != 6 {
+	if st, err := NewEmbeddedIndex(10, 0).Load(bytes.NewReader(seeds[0]), fuzzSnapshotMaxBytes, epoch, "lexical-v1"); err != nil || st.Loaded != 6 {
 		t.Fatalf("first seed = (%+v, %v), want 6 loaded", st, err)
 	}
 }

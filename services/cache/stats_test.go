@@ -11,7 +11,7 @@ import (
 // approximate ones (the router's degradation ladder) do not.
 func TestServerDescribeStats(t *testing.T) {
 	t.Parallel()
-	client, _ := startCache(t, NewEmbeddedIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10, 0))
 	ctx := asTenant("acme")
 	if _, err := client.Store(ctx, storeRequest("acme", protoPrompt("How do I reset my password?"))); err != nil {
 		t.Fatalf("Store: %v", err)

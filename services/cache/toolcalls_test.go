@@ -17,7 +17,7 @@ import (
 func TestServerToolCallAnswers(t *testing.T) {
 	qi := startFakeQdrant(t).index
 	calls := []*mantlev1.ToolCall{{Id: "call_a", Type: "function", Name: "convert", Arguments: `{"c":20}`}}
-	for name, index := range map[string]Index{"embedded": NewEmbeddedIndex(10), "qdrant": qi} {
+	for name, index := range map[string]Index{"embedded": NewEmbeddedIndex(10, 0), "qdrant": qi} {
 		t.Run(name, func(t *testing.T) {
 			client, _ := startCache(t, index)
 			ctx := asTenant("acme")
@@ -44,7 +44,7 @@ func TestServerToolCallAnswers(t *testing.T) {
 }
 
 func TestServerRefusesMessagesBeyondText(t *testing.T) {
-	client, _ := startCache(t, NewEmbeddedIndex(10))
+	client, _ := startCache(t, NewEmbeddedIndex(10, 0))
 	for field, m := range map[string]*mantlev1.ChatMessage{
 		"prompt.messages[0].parts":        {Role: "system", Parts: []*mantlev1.ContentPart{{Part: &mantlev1.ContentPart_Text{Text: "x"}}}},
 		"prompt.messages[0].tool_calls":   {Role: "assistant", ToolCalls: []*mantlev1.ToolCall{{Id: "c"}}},
