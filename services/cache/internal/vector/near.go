@@ -11,7 +11,7 @@ package vector
 // another vector is dropped from it (each node's generation is recorded), and a Near of a
 // graph that was dropped or rebuilt is ignored. The graph may have gained nodes meanwhile
 // that the walk could not see; they link to the new vector when they are linked
-// themselves, as they would to any older one.
+// themselves, as they would to any older one. (docs/design/007-link-from-the-lookup.md)
 type Near struct {
 	g    *graph
 	hits []Hit
