@@ -28,6 +28,11 @@ type Graph struct {
 	EfSearch int
 	// Seed seeds the draw of each node's layer.
 	Seed uint64
+	// SeedsPer grows the seeds' postings budget with the set: at least one posting per
+	// SeedsPer vectors held (and a scored candidate per 64 of them), because a rare
+	// coordinate's list grows with the set and the seeds find close vectors only when
+	// such lists are read whole. 0: Seeds as they are.
+	SeedsPer int
 	// Seeds bound the postings search that a sparse set runs beside the walk: the vectors
 	// it finds through the query's rarest coordinates are candidates, and the walk starts
 	// from them too. A close vector that shares a rare word with the query is found this
@@ -263,8 +268,9 @@ func (s *Set) PlanLink() *LinkPlan {
 		// layer 0 starts too: where every vector shares the common words (prompts from one
 		// template), the walk alone misses the vectors closest in the rare ones.
 		sc.seeds = sc.seeds[:0]
-		n := max(s.graphCfg.Seeds.Scored, 1)
-		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, s.graphCfg.Seeds)
+		limits := s.seedLimits()
+		n := max(limits.Scored, 1)
+		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, limits)
 		seeds = slices.DeleteFunc(slices.Clone(sc.seeds), func(h Hit) bool { return h.Slot == slot })
 	}
 	for l := min(g.top, p.level); l >= 0; l-- {
@@ -558,4 +564,16 @@ func popHit(h []Hit, first func(a, b Hit) bool) (Hit, []Hit) {
 		i = best
 	}
 	return top, h
+}
+
+// seedLimits is the graph's Seeds, grown with the set (Graph.SeedsPer).
+func (s *Set) seedLimits() Limits {
+	l := s.graphCfg.Seeds
+	if per := s.graphCfg.SeedsPer; per > 0 && l.Postings > 0 {
+		l.Postings = max(l.Postings, s.count/per)
+		if l.Scored > 0 {
+			l.Scored = max(l.Scored, l.Postings/64)
+		}
+	}
+	return l
 }

@@ -362,3 +362,25 @@ func TestNearStandsInForTheLinkingSearch(t *testing.T) {
 		}
 	})
 }
+
+// The seeds' budget grows with the set once a rare coordinate's list can outgrow it.
+func TestSeedLimitsGrowWithTheSet(t *testing.T) {
+	t.Parallel()
+	base := Limits{Postings: 512, Scored: 32}
+	for _, tt := range []struct {
+		name  string
+		per   int
+		count int
+		want  Limits
+	}{
+		{"small set", 256, 30_000, base},
+		{"at the turn", 256, 512 * 256, base},
+		{"a million", 256, 1_000_000, Limits{Postings: 3906, Scored: 61}},
+		{"no growth", 0, 1_000_000, base},
+	} {
+		s := &Set{graphCfg: Graph{Seeds: base, SeedsPer: tt.per}, count: tt.count}
+		if got := s.seedLimits(); got != tt.want {
+			t.Errorf("%s: seedLimits() = %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+}

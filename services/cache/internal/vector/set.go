@@ -258,7 +258,7 @@ func (s *Set) SearchNear(q Vector, k int, minScore float32, accept func(slot uin
 		sc := s.takeScratch()
 		defer s.returnScratch(sc)
 		sc.seeds = sc.seeds[:0]
-		if s.sparse && s.searchSparse(sc, q, minScore, t, s.graphCfg.Seeds) {
+		if s.sparse && s.searchSparse(sc, q, minScore, t, s.seedLimits()) {
 			return t.hits // the rarest lists sufficed: the walk could add nothing
 		}
 		walked := s.searchGraph(sc, q, k, t)
