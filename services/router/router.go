@@ -577,8 +577,8 @@ func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.Qual
 	if r.deps.Quota == nil {
 		return reservation{}, nil // quota is off: nothing to reserve, so nothing to settle
 	}
-	hop := r.hopContext(ctx)
-	defer hop.cancel()
+	hop, cancel := r.hopContext(ctx)
+	defer cancel()
 	start := r.deps.Clock.Now()
 	// Buckets, prices and the tokenizer are per model: charge the route's first choice,
 	// which is what answers when nothing goes wrong.
@@ -636,9 +636,8 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 	if reservation == "" {
 		return
 	}
-	hop := detachedHopCtx(ctx, time.Now().Add(2*time.Second))
-	defer hop.cancel()
-	ctx = hop
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
 	if usage == nil {
 		usage = &mantlev1.Usage{}
 	}
@@ -656,8 +655,8 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 	if r.deps.Cache == nil {
 		return nil, "", true // the cache is off: there is nothing to ask and nowhere to store
 	}
-	hop := r.hopContext(ctx)
-	defer hop.cancel()
+	hop, cancel := r.hopContext(ctx)
+	defer cancel()
 	start := r.deps.Clock.Now()
 	// A duplicate waits at most half of what is left for the first request's answer, so it
 	// still has time to ask a model itself if that answer never comes.
@@ -768,16 +767,16 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 		LeaseId:      lease,
 	}
 	if lease == "" || !r.conf().AsyncCacheStore {
-		hop := r.hopContext(ctx)
-		defer hop.cancel()
+		hop, cancel := r.hopContext(ctx)
+		defer cancel()
 		r.sendStore(hop, sreq)
 		return
 	}
 	select {
 	case r.storeSlots <- struct{}{}:
 	default: // as many stores in flight as allowed: this one is made before the answer
-		hop := r.hopContext(ctx)
-		defer hop.cancel()
+		hop, cancel := r.hopContext(ctx)
+		defer cancel()
 		r.sendStore(hop, sreq)
 		return
 	}
@@ -894,13 +893,11 @@ func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1
 }
 
 // hopContext gives a call to another service the remaining budget minus the reserve.
-// Cancel it when the call is done.
-func (r *Router) hopContext(ctx context.Context) *hopCtx {
-	dl, ok := ctx.Deadline()
-	if ok {
-		dl = dl.Add(-r.conf().HopReserve)
+func (r *Router) hopContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(ctx, dl.Add(-r.conf().HopReserve))
 	}
-	return newHopCtx(ctx, dl, ok)
+	return context.WithCancel(ctx)
 }
 
 func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, rt *route) *mantlev1.QualityContext {

@@ -62,8 +62,8 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		audit, err := r.checkLocally(ctx, req, who.level, res, audit, "verifier off", start)
 		return nil, audit, err
 	}
-	hop := r.hopContext(ctx)
-	defer hop.cancel()
+	hop, cancel := r.hopContext(ctx)
+	defer cancel()
 	// The verifier reads the QualityContext as it is now; a clone keeps concurrent hedges
 	// from racing on the request's copy.
 	snapshot := hopQuality(qc)
