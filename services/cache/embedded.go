@@ -103,11 +103,11 @@ var searchLimits = vector.Limits{Postings: 1 << 14, Scored: 64}
 // common words found nothing more in TestIndexRecall and cost most of a lookup of prompts
 // from one template) and is skipped when that search was exact, which it is for most
 // questions that carry a rare word. The budget grows past 128k entries (SeedsPer), where a
-// rare word's list outgrows it: 512 postings lost 3% of reworded questions at 1M. Every stored answer is linked: from what its lookup's
-// walk found (Query.Near) when the lookup walked the graph, otherwise by the same seeds and
-// a walk with EfConstruction candidates, kept as low as the recall allows: twice as many
-// found nothing more in TestIndexRecall nor in BenchmarkIndexLookup's recall at 1M
-// entries. The figures and the recall behind these values are in docs/performance.md,
+// rare word's list outgrows it: 512 postings lost 3% of reworded questions at 1M. Every
+// stored answer is linked: from what its lookup's walk found (Query.Near) when the lookup
+// walked the graph, otherwise by the same seeds and a walk with EfConstruction candidates,
+// kept as low as the recall allows: twice as many found nothing more in TestIndexRecall
+// nor in BenchmarkIndexLookup's recall at 1M entries. The figures and the recall behind these values are in docs/performance.md,
 // "Cache lookup".
 var sparseGraph = vector.Graph{MinLen: 8192, M: 8, EfConstruction: 24, EfSearch: 16, Seed: 1,
 	Seeds: vector.Limits{Postings: 512, Scored: 32}, SeedsPer: 256}

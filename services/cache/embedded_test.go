@@ -72,22 +72,12 @@ func TestEmbeddedIndexEvictsByBytes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			idx := NewEmbeddedIndex(100, tt.maxBytes)
-			var want int64
-			for _, e := range tt.stored {
-				put(t, idx, e)
-			}
-			ids := make([]Entry, 0, len(tt.stored)+1)
-			ids = append(ids, a, b, c)
-			for _, e := range tt.stored {
-				if !slices.Contains([]string{"a", "b", "c"}, e.ID) {
-					ids = append(ids, e)
-				}
-			}
-			got := present(t, idx, epoch, ids...)
-			if !slices.Equal(got, tt.want) {
+			put(t, idx, tt.stored...)
+			if got := present(t, idx, epoch, tt.stored...); !slices.Equal(got, tt.want) {
 				t.Errorf("left %v, want %v", got, tt.want)
 			}
-			for _, e := range ids {
+			var want int64
+			for _, e := range tt.stored {
 				if slices.Contains(tt.want, e.ID) {
 					want += sizeOf(e)
 				}
