@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -125,5 +126,34 @@ func TestBuildRefusesBadEmbedderConfig(t *testing.T) {
 	_, err := build(context.Background(), cfg, env, os.Getenv)
 	if err == nil || !strings.Contains(err.Error(), "embedder.base_url") {
 		t.Errorf("build error = %v, want one naming embedder.base_url", err)
+	}
+}
+
+// TestModuleBoundsTheIndexByBytes: cache.max_bytes reaches the index the module builds,
+// and stores through the service evict the oldest answers to stay under it.
+func TestModuleBoundsTheIndexByBytes(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.MaxBytes = 1 << 20
+	env, reg, clock := moduleEnv(t)
+	r, err := build(context.Background(), cfg, env, os.Getenv)
+	if err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	f := fixture{svc: r.svc, clock: clock, reg: reg, index: r.embedded}
+	const answers = 300 // about 1.4 MiB of 4 KB answers with their bookkeeping
+	for i := range answers {
+		req := answer(basePrompt(fmt.Sprintf("What does order form %d need?", i)))
+		req.Content = strings.Repeat("long answer ", 350)
+		f.mustStore(t, "acme", req)
+	}
+	if got := r.embedded.Bytes(); got > cfg.MaxBytes {
+		t.Errorf("the index holds %d bytes, over max_bytes %d", got, cfg.MaxBytes)
+	}
+	if n := r.embedded.Len(); n == 0 || n >= answers {
+		t.Errorf("the index holds %d of %d answers, want some evicted and some kept", n, answers)
+	}
+	if r.embedded.Evictions() == 0 {
+		t.Error("no eviction counted")
 	}
 }
