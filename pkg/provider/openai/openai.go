@@ -111,10 +111,16 @@ func (b chatRequest) EncodeJSON() ([]byte, error) {
 }
 
 func (b chatRequest) encode() ([]byte, error) {
-	type plain chatRequest
-	out, err := json.Marshal(plain(b))
-	if err != nil || len(b.extra) == 0 {
-		return out, err
+	out, ok := appendBody(nil, b)
+	if !ok { // json.Marshal says what is wrong
+		type plain chatRequest
+		var err error
+		if out, err = json.Marshal(plain(b)); err != nil {
+			return nil, err
+		}
+	}
+	if len(b.extra) == 0 {
+		return out, nil
 	}
 	var extra map[string]json.RawMessage
 	if err := json.Unmarshal(b.extra, &extra); err != nil {
