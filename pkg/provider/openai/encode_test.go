@@ -16,7 +16,7 @@ import (
 type plainRequest chatRequest
 
 func TestAppendBodyMatchesMarshal(t *testing.T) {
-	temp, tiny, huge, neg := 0.7, 1e-7, 1e21, -0.0
+	temp, tiny, huge, neg := 0.7, 1e-7, 1e21, math.Copysign(0, -1)
 	n, seed, top := 2, int64(-42), 3
 	yes, no := true, false
 	cases := map[string]chatRequest{
