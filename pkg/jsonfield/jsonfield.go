@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
@@ -43,9 +44,40 @@ func (d *Decoder) Decode(v json.RawMessage, field string, into any, want string)
 
 // Str decodes a string; null leaves into as it is.
 func (d *Decoder) Str(v json.RawMessage, field string, into *string) {
+	if d.Err != nil {
+		return
+	}
+	if s, ok := PlainString(v); ok {
+		*into = s
+		return
+	}
 	if !IsNull(v) {
 		d.Decode(v, field, into, "want a string")
 	}
+}
+
+// PlainString returns the string v holds when v is a JSON string with no escape, control
+// character or invalid UTF-8 in it, which is what most strings in a request are; ok is
+// false for anything else, which json.Unmarshal then decodes (or refuses). It is the same
+// string json.Unmarshal would give, without its validating pass over v and reflection.
+func PlainString(v json.RawMessage) (_ string, ok bool) {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return "", false
+	}
+	inner := v[1 : len(v)-1]
+	ascii := true
+	for _, c := range inner {
+		if c < 0x20 || c == '"' || c == '\\' {
+			return "", false
+		}
+		if c >= utf8.RuneSelf {
+			ascii = false
+		}
+	}
+	if !ascii && !utf8.Valid(inner) {
+		return "", false
+	}
+	return string(inner), true
 }
 
 // Float decodes a number; nil for null or an error.

@@ -55,3 +55,49 @@ func TestDecoderNamesTheField(t *testing.T) {
 		})
 	}
 }
+
+func TestPlainString(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		ok   bool
+	}{
+		{`"hello"`, "hello", true},
+		{`""`, "", true},
+		{`"中文 é 😀"`, "中文 é 😀", true},
+		{`"a\"b"`, "", false},       // an escape: json.Unmarshal decodes it
+		{`"a\nb"`, "", false},       // likewise
+		{"\"a\tb\"", "", false},     // a raw control character: json.Unmarshal refuses it
+		{"\"bad \xff\"", "", false}, // invalid UTF-8: json.Unmarshal replaces it
+		{`null`, "", false},
+		{`42`, "", false},
+		{` "x"`, "", false},
+		{`"`, "", false},
+	} {
+		got, ok := PlainString(json.RawMessage(tc.in))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("PlainString(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// FuzzPlainString holds PlainString to json.Unmarshal: whatever it accepts, json.Unmarshal
+// decodes to the same string.
+func FuzzPlainString(f *testing.F) {
+	for _, s := range []string{`"a"`, `"\u00e9"`, "\"\xff\"", `"a\"`, `""`, `"<&>"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, v []byte) {
+		got, ok := PlainString(v)
+		if !ok {
+			return
+		}
+		var want string
+		if err := json.Unmarshal(v, &want); err != nil {
+			t.Fatalf("PlainString accepted %q, json.Unmarshal refuses it: %v", v, err)
+		}
+		if got != want {
+			t.Fatalf("PlainString(%q) = %q, json.Unmarshal gives %q", v, got, want)
+		}
+	})
+}

@@ -397,6 +397,10 @@ func (d *decoder) content(v json.RawMessage, field string, msg *mantlev1.ChatMes
 		msg.ContentNull = true
 		return
 	}
+	if text, ok := jsonfield.PlainString(v); ok {
+		msg.Content = text
+		return
+	}
 	if json.Unmarshal(v, &msg.Content) == nil {
 		return
 	}

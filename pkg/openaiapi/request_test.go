@@ -52,3 +52,15 @@ func TestDecodeMessages(t *testing.T) {
 		})
 	}
 }
+
+func BenchmarkDecodeChatRequest(b *testing.B) {
+	body := []byte(`{"model":"gpt-4o-mini","temperature":0,"max_tokens":256,"messages":[` +
+		`{"role":"system","content":"You are a helpful support agent for a parcel company."},` +
+		`{"role":"user","content":"Benchmark request 12345: how long does a parcel to Lisbon take?"}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeChatRequest(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
