@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"reflect"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -83,7 +85,7 @@ type ctxKey struct{}
 // the caller. Not parallel, so that no other test's goroutines come and go meanwhile.
 func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
-	sctx, call := serverContext(parent, localStream("/mantle.test.v1.Echo/Echo"))
+	sctx, call := serverContext(parent, localStream("/mantle.test.v1.Echo/Echo"), nil)
 	defer call.end()
 	const derived = 100
 	before := runtime.NumGoroutine()
@@ -139,7 +141,7 @@ func TestServerContextCancellation(t *testing.T) {
 				caller, cancel = context.WithDeadline(parent, past)
 				defer cancel()
 			}
-			sctx, call := serverContext(caller, localStream("/mantle.test.v1.Echo/Echo"))
+			sctx, call := serverContext(caller, localStream("/mantle.test.v1.Echo/Echo"), nil)
 			defer call.end()
 			var derived context.Context
 			if tt.askDone {
@@ -366,6 +368,109 @@ func TestLocalConnStats(t *testing.T) {
 		}
 		r.mu.Unlock()
 	}
+}
+
+// TestLocalConnMetadataAsOverTheNetwork: a handler behind the in-process channel sees the
+// incoming metadata a handler behind a gRPC server sees for the same call, with and
+// without a mesh identity and with metadata the caller added itself; what it changes of
+// its copy never reaches the caller.
+func TestLocalConnMetadataAsOverTheNetwork(t *testing.T) {
+	t.Parallel()
+	const secret = "a mesh secret of at least thirty-two bytes"
+	authn, err := rpc.NewAuthenticator([]rpc.TenantKey{{ID: "acme", KeySHA256: rpc.HashKey("sk-acme")}}, nil, rpc.WithMeshSecret(secret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	traced := rpc.WithTraceID(rpc.WithRequestID(context.Background(), "req_1"), "4bf92f3577b34da6a3ce929d0e0e4736")
+	tests := []struct {
+		name     string
+		identity rpc.ClientIdentity // a mesh identity turns authentication on
+		ctx      context.Context
+	}{
+		{"no request identity", rpc.ClientIdentity{}, context.Background()},
+		{"request id and trace", rpc.ClientIdentity{}, traced},
+		{"a mesh service on a tenant's behalf", authn.ClientIdentity("router"), rpc.WithTenant(traced, "acme")},
+		{"metadata the caller added", authn.ClientIdentity("router"),
+			metadata.AppendToOutgoingContext(rpc.WithTenant(traced, "acme"), "authorization", "Bearer x", "X-Request-Id", "req_extra")},
+		{"outgoing metadata set as a map", rpc.ClientIdentity{},
+			metadata.NewOutgoingContext(traced, metadata.MD{"x-tag": {"a", "b"}, "traceparent": {"00-set-by-the-caller"}})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			seen := map[string]metadata.MD{}
+			record := func(path string) func(context.Context, *wrapperspb.StringValue) error {
+				return func(ctx context.Context, _ *wrapperspb.StringValue) error {
+					md, _ := metadata.FromIncomingContext(ctx)
+					mu.Lock()
+					seen[path] = md
+					mu.Unlock()
+					// The handler's own copy: changing it must not show anywhere else.
+					if in := metadata.ValueFromIncomingContext(ctx, rpc.MetadataRequestID); len(in) > 0 {
+						in[0] = "changed by the handler"
+					}
+					return nil
+				}
+			}
+			var serverAuth *rpc.Authenticator
+			if tt.identity != (rpc.ClientIdentity{}) {
+				serverAuth = authn
+			}
+			chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), serverAuth, echoAudiences)
+			if err != nil {
+				t.Fatal(err)
+			}
+			local := newLocalConn(chain, tt.identity, nil, nil)
+			local.RegisterService((&echo{seen: record("local")}).desc(), &echo{seen: record("local")})
+			srv := grpc.NewServer(chain.ServerOptions()...)
+			srv.RegisterService((&echo{seen: record("network")}).desc(), &echo{seen: record("network")})
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = srv.Serve(lis) }()
+			t.Cleanup(srv.Stop)
+			conn, err := grpc.NewClient(lis.Addr().String(), append(tt.identity.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+
+			before, _ := metadata.FromOutgoingContext(tt.ctx)
+			for _, cc := range []grpc.ClientConnInterface{local, conn} {
+				if err := cc.Invoke(tt.ctx, "/mantle.test.v1.Echo/Echo", wrapperspb.String("hi"), new(wrapperspb.StringValue)); err != nil {
+					t.Fatalf("Invoke: %v", err)
+				}
+			}
+			network := seen["network"]
+			// What the transport adds of its own, which the in-process channel does not claim to.
+			for _, k := range []string{":authority", "content-type", "user-agent", "grpc-accept-encoding"} {
+				delete(network, k)
+			}
+			if got, want := withoutParentIDs(seen["local"]), withoutParentIDs(network); !reflect.DeepEqual(got, want) {
+				t.Errorf("the handler's metadata in process:\n  %v\nover the network:\n  %v", got, want)
+			}
+			if after, _ := metadata.FromOutgoingContext(tt.ctx); !reflect.DeepEqual(after, before) {
+				t.Errorf("the caller's outgoing metadata became %v, was %v", after, before)
+			}
+		})
+	}
+}
+
+// withoutParentIDs is md with the parent ids of its W3C traceparents cut out (each call
+// makes a new one), as a plain map: metadata.MD prints its values redacted.
+func withoutParentIDs(md metadata.MD) map[string][]string {
+	out := map[string][]string{}
+	for k, vs := range md {
+		for _, v := range vs {
+			if parts := strings.Split(v, "-"); k == rpc.MetadataTraceParent && len(parts) == 4 {
+				v = parts[0] + "-" + parts[1] + "-(parent)-" + parts[3]
+			}
+			out[k] = append(out[k], v)
+		}
+	}
+	return out
 }
 
 func testLocalConn(t *testing.T, e *echo, client, server stats.Handler) *localConn {

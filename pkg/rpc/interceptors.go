@@ -174,7 +174,22 @@ func (c ClientIdentity) StreamClient(ctx context.Context, desc *grpc.StreamDesc,
 }
 
 func (c ClientIdentity) outgoing(ctx context.Context) context.Context {
-	kv := make([]string, 0, 10)
+	var buf [MaxMetadataPairs * 2]string
+	kv := c.AppendMetadata(ctx, buf[:0])
+	if len(kv) == 0 {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, kv...)
+}
+
+// MaxMetadataPairs is the most key-value pairs AppendMetadata adds.
+const MaxMetadataPairs = 5
+
+// AppendMetadata appends to kv the metadata pairs (lower-case key, value) a call made on
+// behalf of ctx carries, which the client interceptors add to the outgoing metadata: at
+// most MaxMetadataPairs. A channel that hands these to its server directly (pkg/app's
+// in-process channel) gives the handler the metadata a network hop would.
+func (c ClientIdentity) AppendMetadata(ctx context.Context, kv []string) []string {
 	if id := RequestID(ctx); id != "" {
 		kv = append(kv, MetadataRequestID, id)
 	}
@@ -197,10 +212,7 @@ func (c ClientIdentity) outgoing(ctx context.Context) context.Context {
 			kv = append(kv, MetadataOnBehalfOf, t)
 		}
 	}
-	if len(kv) == 0 {
-		return ctx
-	}
-	return metadata.AppendToOutgoingContext(ctx, kv...)
+	return kv
 }
 
 // logFields are the request's own fields in every call's log line.
