@@ -23,13 +23,13 @@ import (
 // added to QualityContext and not copied here fails it.
 //
 // The deadline and usage, which every request's QualityContext has, are merged into
-// messages made in the same allocation as the copy (hopCopy): four to five hops a request
-// each spared two allocations.
+// messages made in the same allocation as the copy (qualityBlock): four to five hops a
+// request each spared two allocations.
 func hopQuality(qc *mantlev1.QualityContext) *mantlev1.QualityContext {
 	if qc == nil {
 		return &mantlev1.QualityContext{}
 	}
-	h := &hopCopy{qc: mantlev1.QualityContext{
+	h := &qualityBlock{qc: mantlev1.QualityContext{
 		RequestId:          qc.RequestId,
 		IdempotencyKey:     qc.IdempotencyKey,
 		TraceId:            qc.TraceId,
@@ -69,8 +69,9 @@ func hopQuality(qc *mantlev1.QualityContext) *mantlev1.QualityContext {
 	return &h.qc
 }
 
-// hopCopy is hopQuality's copy with room for the sub-messages it always has.
-type hopCopy struct {
+// qualityBlock is a QualityContext with room for the deadline and usage every request's
+// has, made in one allocation.
+type qualityBlock struct {
 	qc       mantlev1.QualityContext
 	deadline timestamppb.Timestamp
 	usage    mantlev1.Usage

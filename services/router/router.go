@@ -34,6 +34,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/formatcheck"
+	"github.com/mantle-mesh/mantle/pkg/pbtime"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/resilience"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
@@ -919,24 +920,31 @@ func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, r
 		scenario = rt.scenario
 	}
 	priority := effectivePriority(req.Priority)
-	qc := &mantlev1.QualityContext{
+	// The QualityContext, its deadline, usage and audit trail in one allocation.
+	b := &requestQuality{qualityBlock: qualityBlock{qc: mantlev1.QualityContext{
 		RequestId:      id,
 		IdempotencyKey: req.IdempotencyKey,
 		TraceId:        rpc.TraceID(ctx),
 		Tenant:         tenant,
 		Scenario:       scenario,
 		Priority:       priority,
-		Deadline:       timestamppb.New(deadline),
 		Route:          rt.name,
-		Usage:          &mantlev1.Usage{},
-		// Room for the eight steps of a request its first attempt answers (admit, quota's
-		// and the router's reserve, the cache's and the router's lookup, attempt, the
-		// verifier's and the router's verify), which growing by doubling made in four
-		// allocations.
-		Audit: make([]*mantlev1.AuditStep, 0, 8),
-	}
+	}}}
+	qc := &b.qc
+	pbtime.SetTimestamp(&b.deadline, deadline)
+	qc.Deadline, qc.Usage = &b.deadline, &b.usage
+	qc.Audit = b.audit[:0]
 	r.audit(qc, "admit", "route="+rt.name+" budget="+deadline.Sub(now).Round(time.Millisecond).String(), 0)
 	return qc
+}
+
+// requestQuality is a request's QualityContext with room for its deadline, usage and the
+// eight audit steps of a request its first attempt answers (admit, quota's and the
+// router's reserve, the cache's and the router's lookup, attempt, the verifier's and the
+// router's verify), which growing by doubling made in four allocations.
+type requestQuality struct {
+	qualityBlock
+	audit [8]*mantlev1.AuditStep
 }
 
 func (r *Router) audit(qc *mantlev1.QualityContext, step, detail string, d time.Duration) {
