@@ -385,7 +385,17 @@ func qualityWithVerdict(in *mantlev1.QualityContext, tenant, model string, v Ver
 	}
 	quality := &m.quality
 	if in != nil {
+		// Merging into a sub-message that is present fills it in place: the deadline and
+		// usage every router request carries go into room of the same allocation, and an
+		// absent one is left absent, as a clone leaves it.
+		quality.Deadline, quality.Usage = &m.deadline, &m.usage
 		proto.Merge(quality, in)
+		if in.Deadline == nil {
+			quality.Deadline = nil
+		}
+		if in.Usage == nil {
+			quality.Usage = nil
+		}
 	}
 	quality.Tenant = tenant
 	quality.Verification = &m.verification
@@ -404,6 +414,8 @@ func qualityWithVerdict(in *mantlev1.QualityContext, tenant, model string, v Ver
 // verdictQuality is qualityWithVerdict's answer with the messages it adds.
 type verdictQuality struct {
 	quality      mantlev1.QualityContext
+	deadline     timestamppb.Timestamp
+	usage        mantlev1.Usage
 	verification mantlev1.Verification
 	step         mantlev1.AuditStep
 	stepAt       timestamppb.Timestamp

@@ -345,6 +345,9 @@ func TestQualityWithVerdictIsACopy(t *testing.T) {
 			Findings:  []Finding{{Layer: LayerL1, Code: "json_parse", Blocking: true}},
 			RiskScore: 0.5, StartedAt: at, Duration: -time.Nanosecond,
 		}},
+		// Absent sub-messages stay absent in the copy.
+		{"a request's without deadline or usage", &mantlev1.QualityContext{RequestId: "req_2", Tenant: "sent"},
+			Verdict{Passed: true, StartedAt: at, Duration: time.Millisecond}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -370,7 +373,8 @@ func TestQualityWithVerdictIsACopy(t *testing.T) {
 			if tt.in != nil && !proto.Equal(tt.in, before) {
 				t.Errorf("the request's QualityContext changed: %v", tt.in)
 			}
-			if tt.in != nil && (got.Deadline == tt.in.Deadline || got.Usage == tt.in.Usage || got.Audit[0] == tt.in.Audit[0]) {
+			if tt.in != nil && ((tt.in.Deadline != nil && got.Deadline == tt.in.Deadline) || (tt.in.Usage != nil && got.Usage == tt.in.Usage) ||
+				(len(tt.in.Audit) > 0 && got.Audit[0] == tt.in.Audit[0])) {
 				t.Error("the copy shares sub-messages with the request's")
 			}
 		})
