@@ -1,11 +1,11 @@
 package embed
 
 import (
-	"cmp"
 	"context"
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 
@@ -59,7 +59,7 @@ func (*Lexical) Dense() bool { return false }
 // logarithm of their count (a word said twice is not twice as important) times a static
 // weight. Text with no letters or digits has no vector (vector.ErrZero).
 func (*Lexical) Embed(_ context.Context, text string) (vector.Vector, error) {
-	return vector.NewSparse(lexicalFeatures(text))
+	return lexicalVector(text)
 }
 
 // fnv-1a, 32 bits: the feature hash, computed over the bytes of a feature's spelling
@@ -96,38 +96,97 @@ func (h fnvHash) rune(r rune) fnvHash {
 
 func (h fnvHash) index() uint32 { return uint32(h) % lexicalBuckets }
 
-// featureList collects features with their static weights; the same feature may appear
-// several times (its count is its term frequency).
-type featureList []vector.Feature
-
-func (l *featureList) add(h fnvHash, w float64) {
-	*l = append(*l, vector.Feature{Index: h.index(), Weight: float32(w)})
+// features collects hashed features with their static weights; the same feature may
+// appear several times (its count is its term frequency). Each is recorded as its index
+// and the order it came in, packed in one integer, so that sorting the integers groups a
+// feature's occurrences with the first one first, without a comparison function.
+type features struct {
+	keys    []uint64  // index<<32 | order
+	weights []float32 // static weight, by order
 }
 
-// weighted turns the list into one feature per index weighted by the logarithm of its
-// count (a word said twice is not twice as important) times its static weight. A trigram's
-// static weight depends on the length of its word; the first occurrence's counts, which
-// the stable sort keeps first.
-func (l featureList) weighted() []vector.Feature {
-	slices.SortStableFunc(l, func(a, b vector.Feature) int { return cmp.Compare(a.Index, b.Index) })
-	out := l[:0]
-	for i := 0; i < len(l); {
+func (f *features) add(h fnvHash, w float64) {
+	f.keys = append(f.keys, uint64(h.index())<<32|uint64(len(f.weights)))
+	f.weights = append(f.weights, float32(w))
+}
+
+// vector returns one coordinate per index weighted by the logarithm of its count (a word
+// said twice is not twice as important) times its static weight, as a unit vector. A
+// trigram's static weight depends on the length of its word; the first occurrence's
+// counts.
+func (f *features) vector() (vector.Vector, error) {
+	slices.Sort(f.keys)
+	n := 0
+	for i := 0; i < len(f.keys); n++ {
 		j := i + 1
-		for j < len(l) && l[j].Index == l[i].Index {
+		for j < len(f.keys) && f.keys[j]>>32 == f.keys[i]>>32 {
 			j++
 		}
-		out = append(out, vector.Feature{Index: l[i].Index, Weight: float32(float64(l[i].Weight) * (1 + math.Log(float64(j-i))))})
 		i = j
 	}
-	return out
+	indices := make([]uint32, 0, n)
+	values := make([]float32, 0, n)
+	for i := 0; i < len(f.keys); {
+		j := i + 1
+		for j < len(f.keys) && f.keys[j]>>32 == f.keys[i]>>32 {
+			j++
+		}
+		first := f.weights[uint32(f.keys[i])]
+		indices = append(indices, uint32(f.keys[i]>>32))
+		values = append(values, float32(float64(first)*countWeight(j-i)))
+		i = j
+	}
+	// What vector.NewSparse does with sorted, distinct indices.
+	if !textsim.Normalize(values) {
+		return vector.Vector{}, vector.ErrZero
+	}
+	return vector.Vector{Indices: indices, Values: values}, nil
 }
 
-func lexicalFeatures(text string) []vector.Feature {
+// countWeight is 1 + ln(count), the factor of a feature said count times.
+func countWeight(count int) float64 {
+	if count < len(countWeights) {
+		return countWeights[count]
+	}
+	return 1 + math.Log(float64(count))
+}
+
+// countWeights are the common counts' factors, computed by the same expression.
+var countWeights = func() (w [16]float64) {
+	for c := range w {
+		w[c] = 1 + math.Log(float64(c))
+	}
+	return w
+}()
+
+// scratch holds the feature buffers between embeddings.
+var scratch = sync.Pool{New: func() any { return new(features) }}
+
+// maxPooled bounds the buffers kept for reuse; a huge question's are left to the collector.
+const maxPooled = 1 << 14
+
+func lexicalVector(text string) (vector.Vector, error) {
+	f := scratch.Get().(*features)
+	defer func() {
+		if cap(f.keys) <= maxPooled {
+			f.keys, f.weights = f.keys[:0], f.weights[:0]
+			scratch.Put(f)
+		}
+	}()
+	lexicalFeatures(text, f)
+	return f.vector()
+}
+
+// lexicalFeatures adds text's features to f.
+func lexicalFeatures(text string, f *features) {
 	text = strings.ToLower(norm.NFKC.String(text))
 	if strings.ContainsRune(text, '’') {
 		text = strings.ReplaceAll(text, "’", "'")
 	}
-	features := make(featureList, 0, 4*utf8.RuneCountInString(text))
+	if n := 4 * utf8.RuneCountInString(text); cap(f.keys) < n {
+		f.keys = make([]uint64, 0, n)
+		f.weights = make([]float32, 0, n)
+	}
 
 	// Han: pairs are formed over the content characters, skipping function characters
 	// between them, so that a particle does not break a word pair: 退货流程 and 退货的流程
@@ -135,12 +194,12 @@ func lexicalFeatures(text string) []vector.Feature {
 	var prevHan rune
 	addHan := func(r rune) {
 		if stopHan[r] {
-			features.add(newHash('u').rune(r), weightHanUnigram*weightStop)
+			f.add(newHash('u').rune(r), weightHanUnigram*weightStop)
 			return
 		}
-		features.add(newHash('u').rune(r), weightHanUnigram)
+		f.add(newHash('u').rune(r), weightHanUnigram)
 		if prevHan != 0 {
-			features.add(newHash('b').rune(prevHan).rune(r), weightHanBigram)
+			f.add(newHash('b').rune(prevHan).rune(r), weightHanBigram)
 		}
 		prevHan = r
 	}
@@ -148,15 +207,15 @@ func lexicalFeatures(text string) []vector.Feature {
 	prevWord := ""
 	addWord := func(word string) {
 		if stopWords[word] {
-			features.add(newHash('w').string(word), weightWord*weightStop)
+			f.add(newHash('w').string(word), weightWord*weightStop)
 			return
 		}
-		features.add(newHash('w').string(word), weightWord)
+		f.add(newHash('w').string(word), weightWord)
 		if prevWord != "" {
-			features.add(newHash('p').string(prevWord).byte(' ').string(word), weightWordPair)
+			f.add(newHash('p').string(prevWord).byte(' ').string(word), weightWordPair)
 		}
 		prevWord = word
-		addTrigrams(&features, word)
+		addTrigrams(f, word)
 	}
 
 	for i := 0; i < len(text); {
@@ -196,12 +255,11 @@ func lexicalFeatures(text string) []vector.Feature {
 			i += size
 		}
 	}
-	return features.weighted()
 }
 
 // addTrigrams adds the character trigrams of "<word>"; together they weigh
 // weightTrigramMass (in L2 norm), however long the word.
-func addTrigrams(features *featureList, word string) {
+func addTrigrams(f *features, word string) {
 	var buf [64]rune
 	rs := append(buf[:0], '<')
 	for _, r := range word {
@@ -214,7 +272,7 @@ func addTrigrams(features *featureList, word string) {
 	}
 	per := weightTrigramMass / math.Sqrt(float64(n))
 	for j := 0; j+3 <= len(rs); j++ {
-		features.add(newHash('c').rune(rs[j]).rune(rs[j+1]).rune(rs[j+2]), per)
+		f.add(newHash('c').rune(rs[j]).rune(rs[j+1]).rune(rs[j+2]), per)
 	}
 }
 
