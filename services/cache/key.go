@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -75,30 +76,40 @@ func deriveKeys(tenant, namespace string, p Prompt) keys {
 	}
 
 	// Every field is length-prefixed, so no choice of values can shift bytes from one
-	// field into the next and collide with another scope.
-	b := make([]byte, 0, 160+len(p.ResponseFormat.JSONSchema))
+	// field into the next and collide with another scope. The buffers start on the stack;
+	// a long schema or question moves them to the heap.
+	var buf [keyBuffer]byte
+	b := buf[:0]
 	b = appendField(b, keyVersion)
 	b = appendField(b, tenant)
 	b = appendField(b, p.Scenario)
 	b = appendField(b, namespace)
 	b = appendField(b, family)
 	b = appendField(b, temperatureField(p.Temperature))
-	b = appendField(b, strconv.FormatInt(int64(p.MaxTokens), 10))
+	var num [20]byte
+	b = appendField(b, strconv.AppendInt(num[:0], int64(p.MaxTokens), 10))
 	b = appendField(b, string(p.ResponseFormat.typeOrText()))
 	b = appendField(b, p.ResponseFormat.JSONSchema)
-	required := slices.Sorted(slices.Values(p.ResponseFormat.RequiredFields))
+	required := p.ResponseFormat.RequiredFields
+	if !slices.IsSorted(required) {
+		required = slices.Sorted(slices.Values(required))
+	}
 	b = binary.AppendUvarint(b, uint64(len(required)))
 	for _, f := range required {
 		b = appendField(b, f)
 	}
-	b = appendField(b, string(history[:]))
+	b = appendField(b, history[:])
 	partition := sha256.Sum256(b)
 
-	e := make([]byte, 0, len(partition)+len(normalized)+binary.MaxVarintLen64)
-	e = append(e, partition[:]...)
+	var ebuf [keyBuffer]byte
+	e := append(ebuf[:0], partition[:]...)
 	e = appendField(e, normalized)
 	return keys{Partition: partition, Exact: sha256.Sum256(e), Question: question, Normalized: normalized}
 }
+
+// keyBuffer is the size of the stack buffers keys are hashed from: a scope without a
+// response schema, or a question of a couple of hundred bytes, fits.
+const keyBuffer = 256
 
 // contextHash hashes the turns before the last user message and the caller's fingerprint:
 // what the question is asked in the context of. The vector search compares last messages
@@ -108,7 +119,11 @@ func contextHash(turns []Message, fingerprint string) [sha256.Size]byte {
 	for _, m := range turns {
 		size += len(m.Role) + len(m.Name) + len(m.Content) + 3*binary.MaxVarintLen64
 	}
-	b := make([]byte, 0, size)
+	var buf [keyBuffer]byte
+	b := buf[:0]
+	if size > len(buf) {
+		b = make([]byte, 0, size)
+	}
 	b = binary.AppendUvarint(b, uint64(len(turns)))
 	for _, m := range turns {
 		b = appendField(b, m.Role)
@@ -119,7 +134,7 @@ func contextHash(turns []Message, fingerprint string) [sha256.Size]byte {
 	return sha256.Sum256(b)
 }
 
-func appendField(b []byte, s string) []byte {
+func appendField[S string | []byte](b []byte, s S) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
 }
@@ -149,6 +164,9 @@ func normalizeText(s string) string { return trimText(foldText(s)) }
 // quotes).
 func foldText(s string) string {
 	s = norm.NFKC.String(s)
+	if isFolded(s) {
+		return s // most questions: no copy
+	}
 	var b strings.Builder
 	b.Grow(len(s))
 	pendingSpace := false
@@ -164,6 +182,37 @@ func foldText(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// isFolded reports whether foldText's loop would give s back unchanged: no space at either
+// end, white space only as single ASCII spaces, and valid UTF-8 (the loop writes each
+// invalid byte as U+FFFD).
+func isFolded(s string) bool {
+	afterSpace := true // a space at the start is dropped
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			switch {
+			case c == ' ':
+				if afterSpace {
+					return false
+				}
+				afterSpace = true
+			case unicode.IsSpace(rune(c)):
+				return false
+			default:
+				afterSpace = false
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && n == 1) || unicode.IsSpace(r) {
+			return false
+		}
+		afterSpace = false
+		i += n
+	}
+	return !afterSpace || s == "" // a space at the end is dropped
 }
 
 // trimText lower-cases folded text and removes punctuation and space at either end.
