@@ -89,13 +89,13 @@ var generalFrames = compileRules(
 // questions contain no trigger, so they cost a few substring searches, not a regular
 // expression per rule.
 type rules struct {
-	literals []string
+	literals []needle
 	gated    []gatedRule
 }
 
 type gatedRule struct {
-	triggers []string
-	re       *regexp.Regexp
+	triggers []needle
+	re       filteredRegexp
 }
 
 // byScript splits rules in two: those that can match ASCII text, and those that need
@@ -123,28 +123,31 @@ func compileRules(patterns ...string) byScript {
 			if regexp.QuoteMeta(p) != p {
 				panic("cache: classifier rule without triggers: " + p) //nolint:forbidigo // compiled-in; the tests build every rule
 			}
-			r.literals = append(r.literals, p)
+			r.literals = append(r.literals, newNeedle(p))
 			continue
 		}
-		r.gated = append(r.gated, gatedRule{strings.Split(triggers, "|"), regexp.MustCompile(expr)})
+		r.gated = append(r.gated, gatedRule{newNeedles(strings.Split(triggers, "|")), compileFiltered(expr)})
 	}
 	return b
 }
 
-func matchesAny(text string, b byScript) bool {
-	return b.ascii.match(text) || (!isASCII(text) && b.other.match(text))
+// matchesAny reports whether a rule of b matches text. stats, when not nil, are text's:
+// words they rule out are not searched.
+func matchesAny(text string, stats *textStats, b byScript) bool {
+	return b.ascii.match(text, stats) || (!isASCII(text) && b.other.match(text, stats))
 }
 
-func (r rules) match(text string) bool {
-	for _, l := range r.literals {
-		if strings.Contains(text, l) {
+func (r rules) match(text string, stats *textStats) bool {
+	for i := range r.literals {
+		if l := &r.literals[i]; stats.mayContain(l) && strings.Contains(text, l.word) {
 			return true
 		}
 	}
-	for _, g := range r.gated {
-		for _, t := range g.triggers {
-			if strings.Contains(text, t) {
-				if g.re.MatchString(text) {
+	for gi := range r.gated {
+		g := &r.gated[gi]
+		for i := range g.triggers {
+			if t := &g.triggers[i]; stats.mayContain(t) && strings.Contains(text, t.word) {
+				if g.re.matchString(text, stats) {
 					return true
 				}
 				break
@@ -160,15 +163,9 @@ func classifierText(normalized string) string {
 	return strings.ReplaceAll(normalized, "’", "'")
 }
 
-// volatileQuestion reports whether normalised text asks about something that changes by
-// the minute.
-func volatileQuestion(normalized string) bool {
-	return matchesAny(classifierText(normalized), volatileRules)
-}
-
-// personalQuestion reports whether normalised text asks about the asker's own records,
-// rather than how something works for everyone.
-func personalQuestion(normalized string) bool {
-	text := classifierText(normalized)
-	return matchesAny(text, personalRules) && !matchesAny(text, generalFrames)
+// personalQuestion reports whether text (normalised, through classifierText) asks about
+// the asker's own records, rather than how something works for everyone. stats, when not
+// nil, are text's.
+func personalQuestion(text string, stats *textStats) bool {
+	return matchesAny(text, stats, personalRules) && !matchesAny(text, stats, generalFrames)
 }

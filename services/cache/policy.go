@@ -2,7 +2,6 @@ package cache
 
 import (
 	"encoding/json"
-	"regexp"
 	"strings"
 	"time"
 	"unicode"
@@ -71,10 +70,10 @@ type policy struct {
 	maxTemperatureBucket int64
 	thresholds           thresholds
 	// Markers are normalised like prompts, so they match the text they are compared with.
-	volatile []string
-	personal []string
-	refusals []string
-	patterns []*regexp.Regexp
+	volatile []needle
+	personal []needle
+	refusals []needle
+	patterns []filteredRegexp
 	// detectVolatile and detectPersonal turn on the built-in detection (classify.go).
 	detectVolatile, detectPersonal bool
 }
@@ -94,15 +93,15 @@ func compilePolicy(p Policy, defaults thresholds) policy {
 		detectPersonal:       p.DetectPersonal,
 	}
 	for _, pattern := range p.PersonalPatterns {
-		compiled.patterns = append(compiled.patterns, regexp.MustCompile(pattern))
+		compiled.patterns = append(compiled.patterns, compileFiltered(pattern))
 	}
 	return compiled
 }
 
-func normalizeAll(markers []string) []string {
-	out := make([]string, 0, len(markers))
+func normalizeAll(markers []string) []needle {
+	out := make([]needle, 0, len(markers))
 	for _, m := range markers {
-		out = append(out, normalizeText(m))
+		out = append(out, newNeedle(normalizeText(m)))
 	}
 	return out
 }
@@ -124,28 +123,56 @@ func (p policy) promptSkip(prompt Prompt, lastUser string) SkipReason {
 	// Earlier user turns count too: after "what is the latest price?", the answer to "and
 	// in euros?" is just as volatile. System and assistant turns do not: system prompts
 	// routinely say "the current conversation", and they are part of the scope anyway.
-	userTurns := []string{lastUser}
-	for _, m := range prompt.Messages[:len(prompt.Messages)-1] {
-		if m.Role == roleUser {
-			userTurns = append(userTurns, normalizeText(m.Content))
-		}
+	// A volatile turn anywhere decides; a personal one decides unless a later turn is
+	// volatile.
+	var stats textStats // one turn's, reused: it is a kilobyte, on the stack
+	personal := false
+	volatile, isPersonal := p.scanTurn(lastUser, &stats, true)
+	if volatile {
+		return SkipVolatilePrompt
 	}
-	for _, text := range userTurns {
-		if containsMarker(text, p.volatile) || (p.detectVolatile && volatileQuestion(text)) {
+	personal = isPersonal
+	for _, m := range prompt.Messages[:len(prompt.Messages)-1] {
+		if m.Role != roleUser {
+			continue
+		}
+		volatile, isPersonal := p.scanTurn(normalizeText(m.Content), &stats, !personal)
+		if volatile {
 			return SkipVolatilePrompt
 		}
+		personal = personal || isPersonal
 	}
-	for _, text := range userTurns {
-		if containsMarker(text, p.personal) || (p.detectPersonal && personalQuestion(text)) {
-			return SkipPersonalPrompt
-		}
-		for _, re := range p.patterns {
-			if re.MatchString(text) {
-				return SkipPersonalPrompt
-			}
-		}
+	if personal {
+		return SkipPersonalPrompt
 	}
 	return ""
+}
+
+// scanTurn reports whether one normalised user turn is volatile and, when checkPersonal
+// is set, whether it is personal. stats is scratch space for the turn's prefilter.
+func (p policy) scanTurn(text string, stats *textStats, checkPersonal bool) (volatile, personal bool) {
+	stats.reset(text)
+	// The classifier reads the text with ASCII apostrophes; when that is another text
+	// (rarely), its rules run without the prefilter.
+	ctext, cstats := classifierText(text), stats
+	if ctext != text {
+		cstats = nil
+	}
+	if containsMarker(text, stats, p.volatile) || (p.detectVolatile && matchesAny(ctext, cstats, volatileRules)) {
+		return true, false
+	}
+	if !checkPersonal {
+		return false, false
+	}
+	if containsMarker(text, stats, p.personal) || (p.detectPersonal && personalQuestion(ctext, cstats)) {
+		return false, true
+	}
+	for i := range p.patterns {
+		if p.patterns[i].matchString(text, stats) {
+			return false, true
+		}
+	}
+	return false, false
 }
 
 // storeSkip returns why req may not be stored, or "" when it may. prompt is promptSkip's
@@ -165,7 +192,7 @@ func (p policy) storeSkip(req StoreRequest, prompt SkipReason) SkipReason {
 		return SkipDegraded
 	case req.FromCache:
 		return SkipCacheHit
-	case containsMarker(normalizeText(req.Content), p.refusals):
+	case containsMarker(normalizeText(req.Content), nil, p.refusals):
 		return SkipRefusal
 	case isErrorObject(req.Content):
 		return SkipErrorAnswer
@@ -195,9 +222,14 @@ func isErrorObject(content string) bool {
 // letter or digit of a script written with spaces must sit on a word boundary, so "now"
 // matches "now?" and "right now" but not "know" or "nowhere". Chinese and Japanese are
 // written without spaces, and Korean attaches particles to its words, so their markers
-// match anywhere ("今天" in "今天天气").
-func containsMarker(text string, markers []string) bool {
-	for _, marker := range markers {
+// match anywhere ("今天" in "今天天气"). stats, when not nil, are text's: markers they rule
+// out are not searched.
+func containsMarker(text string, stats *textStats, markers []needle) bool {
+	for i := range markers {
+		if !stats.mayContain(&markers[i]) {
+			continue
+		}
+		marker := markers[i].word
 		for from := 0; from < len(text); {
 			i := strings.Index(text[from:], marker)
 			if i < 0 {

@@ -27,7 +27,7 @@ func TestContainsMarker(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.text, func(t *testing.T) {
 			t.Parallel()
-			if got := containsMarker(normalizeText(tt.text), markers); got != tt.want {
+			if got := containsMarker(normalizeText(tt.text), nil, markers); got != tt.want {
 				t.Errorf("containsMarker(%q) = %v, want %v", tt.text, got, tt.want)
 			}
 		})

@@ -2,31 +2,40 @@ package cache
 
 import (
 	"context"
-	"fmt"
 	"testing"
+	"time"
+
+	"github.com/mantle-mesh/mantle/services/cache/internal/embed"
+	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
-// The request benchmarks time what a lookup and a store cost besides the vector search:
-// validation, keys, the policy's prompt scans, the embedding, the exact get, the lease and
-// the put. Each prompt gets a partition of its own (its context fingerprint), so the
-// search finds an empty partition and costs next to nothing; the question is the one
-// `mantle bench-load` sends, unique per request.
+// nopIndex keeps nothing: every get and search misses, every put succeeds.
+type nopIndex struct{}
+
+func (nopIndex) Get(context.Context, string, Key, time.Time) (Entry, bool, error) {
+	return Entry{}, false, nil
+}
+func (nopIndex) Search(context.Context, Query) ([]Candidate, error)            { return nil, nil }
+func (nopIndex) Put(context.Context, Entry, vector.Vector, *vector.Near) error { return nil }
+func (nopIndex) Delete(context.Context, Filter) (int, error)                   { return 0, nil }
+
+// The request benchmarks time what a lookup and a store cost besides the index: validation,
+// keys, the policy's prompt scans, the embedding, the lease and the metrics. The index
+// keeps nothing (nopIndex), so its get, search and put cost nothing; the question is the
+// one `mantle bench-load` sends, unique per request.
 //
 //	go test -run '^$' -bench 'LookupStore|PromptSkip|DeriveKeys|LexicalEmbed' -benchmem ./services/cache/
 
 // BenchmarkLookupStore is one miss that takes a lease and the store that answers it, under
 // the default configuration (its markers, patterns and detection).
 func BenchmarkLookupStore(b *testing.B) {
-	cfg := DefaultConfig()
-	cfg.MaxEntries = 10_000 // bounded: the evictions are part of a store at capacity
-	f := newFixture(b, cfg)
+	f := newFixtureWith(b, DefaultConfig(), nopIndex{}, embed.NewLexical())
 	ctx := context.Background()
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
 		p := basePrompt(numberedQuestion(i))
 		p.Temperature = new(float64)
-		p.ContextFingerprint = fmt.Sprint(i)
 		res, err := f.svc.Lookup(ctx, "acme", LookupRequest{Prompt: p, Coalesce: true})
 		if err != nil || res.Hit || res.Lease == nil {
 			b.Fatalf("Lookup = (%+v, %v), want a miss with a lease", res, err)
