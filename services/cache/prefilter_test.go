@@ -130,7 +130,7 @@ func TestWordNeeds(t *testing.T) {
 	for _, tt := range tests {
 		tree := mustParse(t, tt.expr)
 		got := wordNeeds(tree)
-		if !slices.EqualFunc(got, tt.want, func(a, b []string) bool { return slices.Equal(a, b) }) {
+		if !slices.EqualFunc(got, tt.want, slices.Equal) {
 			t.Errorf("wordNeeds(%s) = %q, want %q", tt.expr, got, tt.want)
 		}
 	}
