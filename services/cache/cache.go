@@ -231,6 +231,9 @@ type Service struct {
 	leases        *leases
 	coalesce      CoalesceConfig
 	embedTimeout  time.Duration
+	// embedWaits is false for an embedder that computes without waiting on anything (the
+	// lexical one): a deadline could not stop it, so it gets none.
+	embedWaits bool
 	// indexCooldown and embedCooldown skip a failing dependency for a while.
 	indexCooldown *cooldown
 	embedCooldown *cooldown
@@ -283,6 +286,7 @@ func NewService(cfg Config, deps Deps) (*Service, error) {
 		leases:        newLeases(),
 		coalesce:      cfg.Coalesce,
 		embedTimeout:  cfg.Embedder.Timeout,
+		embedWaits:    !computesInPlace(deps.Embedder),
 		indexCooldown: newCooldown(deps.Clock),
 		embedCooldown: newCooldown(deps.Clock),
 		stats:         newLookupStats(deps.Clock.Now()),
@@ -598,8 +602,12 @@ func (s *Service) embed(ctx context.Context, text string) (vector.Vector, error)
 		s.metrics.errors.WithLabelValues("embed").Inc()
 		return vector.Vector{}, errCooldown
 	}
-	ectx, cancel := context.WithTimeout(ctx, s.embedTimeout)
-	defer cancel()
+	ectx := ctx
+	if s.embedWaits {
+		var cancel context.CancelFunc
+		ectx, cancel = context.WithTimeout(ctx, s.embedTimeout)
+		defer cancel()
+	}
 	v, err := s.embedder.Embed(ectx, text)
 	if errors.Is(err, vector.ErrZero) {
 		return v, err

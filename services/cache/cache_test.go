@@ -906,3 +906,33 @@ func hasLabels(got []*dto.LabelPair, want map[string]string) bool {
 	}
 	return true
 }
+
+// deadlineEmbedder records whether Embed got a deadline, and says whether it computes in
+// place.
+type deadlineEmbedder struct {
+	inPlace, sawDeadline bool
+}
+
+func (*deadlineEmbedder) Namespace() string       { return "lexical-v1" }
+func (e *deadlineEmbedder) ComputesInPlace() bool { return e.inPlace }
+func (e *deadlineEmbedder) Embed(ctx context.Context, text string) (vector.Vector, error) {
+	_, e.sawDeadline = ctx.Deadline()
+	return embed.NewLexical().Embed(ctx, text)
+}
+
+// TestEmbedderDeadline: an embedder that may wait (a remote one) gets embedder.timeout as
+// its deadline; one that only computes in place gets none, as it could not heed it.
+func TestEmbedderDeadline(t *testing.T) {
+	t.Parallel()
+	if !computesInPlace(embed.NewLexical()) {
+		t.Errorf("the lexical embedder does not say it computes in place")
+	}
+	for _, inPlace := range []bool{false, true} {
+		emb := &deadlineEmbedder{inPlace: inPlace}
+		f := newFixtureWith(t, DefaultConfig(), NewEmbeddedIndex(10, 0), emb)
+		f.lookupMode(t, "acme", basePrompt("How do I reset my password?"), ModeNormal)
+		if emb.sawDeadline == inPlace {
+			t.Errorf("computes in place %v: Embed saw a deadline %v, want %v", inPlace, emb.sawDeadline, !inPlace)
+		}
+	}
+}

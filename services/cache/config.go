@@ -121,7 +121,9 @@ type EmbedderConfig struct {
 	// Kind is lexical (built in, offline), openai (any OpenAI-compatible /v1/embeddings
 	// endpoint) or none (exact matches only; backend embedded only).
 	Kind string `yaml:"kind"`
-	// Timeout bounds one embedding. On failure the lookup still tries the exact match.
+	// Timeout bounds one embedding by an embedder that waits on a network (openai); the
+	// lexical embedder computes in place and needs none. On failure the lookup still tries
+	// the exact match.
 	Timeout time.Duration `yaml:"timeout"`
 	// BaseURL is, for kind openai, the endpoint (required).
 	BaseURL string `yaml:"base_url"`

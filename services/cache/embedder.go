@@ -22,6 +22,14 @@ type Embedder interface {
 	Embed(ctx context.Context, text string) (vector.Vector, error)
 }
 
+// computesInPlace reports whether e says that Embed only computes, in the calling
+// goroutine, without waiting on anything (no network, no locks held by others), so that a
+// deadline could not cut it short.
+func computesInPlace(e Embedder) bool {
+	p, ok := e.(interface{ ComputesInPlace() bool })
+	return ok && p.ComputesInPlace()
+}
+
 // namespaceExact is the namespace of a cache without an embedder: exact matches only.
 const namespaceExact = "exact"
 

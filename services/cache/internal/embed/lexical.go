@@ -52,6 +52,10 @@ func NewLexical() *Lexical { return &Lexical{} }
 // Namespace implements the cache's Embedder.
 func (*Lexical) Namespace() string { return LexicalNamespace }
 
+// ComputesInPlace reports that Embed only computes, in the calling goroutine, without
+// waiting on anything; its context cannot cut it short.
+func (*Lexical) ComputesInPlace() bool { return true }
+
 // Dense reports that the embedder's vectors are sparse.
 func (*Lexical) Dense() bool { return false }
 
