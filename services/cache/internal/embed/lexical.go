@@ -105,12 +105,19 @@ func (h fnvHash) index() uint32 { return uint32(h) % lexicalBuckets }
 // and the order it came in, packed in one integer, so that sorting the integers groups a
 // feature's occurrences with the first one first, without a comparison function.
 type features struct {
-	keys    []uint64  // index<<32 | order
+	keys    []uint64  // index<<orderBits | order
 	weights []float32 // static weight, by order
 }
 
+// orderBits holds the order of a feature below its index, which has 24 bits
+// (lexicalBuckets): room for the features of any question that fits in memory.
+const orderBits = 40
+
+// The indices fit above the order: this does not compile if lexicalBuckets outgrows them.
+const _ = uint(1<<(64-orderBits) - lexicalBuckets)
+
 func (f *features) add(h fnvHash, w float64) {
-	f.keys = append(f.keys, uint64(h.index())<<32|uint64(len(f.weights)))
+	f.keys = append(f.keys, uint64(h.index())<<orderBits|uint64(len(f.weights)))
 	f.weights = append(f.weights, float32(w))
 }
 
@@ -123,7 +130,7 @@ func (f *features) vector() (vector.Vector, error) {
 	n := 0
 	for i := 0; i < len(f.keys); n++ {
 		j := i + 1
-		for j < len(f.keys) && f.keys[j]>>32 == f.keys[i]>>32 {
+		for j < len(f.keys) && f.keys[j]>>orderBits == f.keys[i]>>orderBits {
 			j++
 		}
 		i = j
@@ -132,11 +139,11 @@ func (f *features) vector() (vector.Vector, error) {
 	values := make([]float32, 0, n)
 	for i := 0; i < len(f.keys); {
 		j := i + 1
-		for j < len(f.keys) && f.keys[j]>>32 == f.keys[i]>>32 {
+		for j < len(f.keys) && f.keys[j]>>orderBits == f.keys[i]>>orderBits {
 			j++
 		}
-		first := f.weights[uint32(f.keys[i])]
-		indices = append(indices, uint32(f.keys[i]>>32))
+		first := f.weights[f.keys[i]&(1<<orderBits-1)]
+		indices = append(indices, uint32(f.keys[i]>>orderBits))
 		values = append(values, float32(float64(first)*countWeight(j-i)))
 		i = j
 	}
