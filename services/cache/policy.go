@@ -126,12 +126,10 @@ func (p policy) promptSkip(prompt Prompt, lastUser string) SkipReason {
 	// A volatile turn anywhere decides; a personal one decides unless a later turn is
 	// volatile.
 	var stats textStats // one turn's, reused: it is a kilobyte, on the stack
-	personal := false
-	volatile, isPersonal := p.scanTurn(lastUser, &stats, true)
+	volatile, personal := p.scanTurn(lastUser, &stats, true)
 	if volatile {
 		return SkipVolatilePrompt
 	}
-	personal = isPersonal
 	for _, m := range prompt.Messages[:len(prompt.Messages)-1] {
 		if m.Role != roleUser {
 			continue
