@@ -229,9 +229,13 @@ func countNeeds(tree *syntax.Regexp) []need {
 	candidates := []asciiSet{digits}
 	collectSets(tree, &candidates)
 	var needs []need
+	tried := 0
 	for i, set := range candidates {
 		if slices.Contains(candidates[:i], set) {
 			continue
+		}
+		if tried++; tried > maxCandidates {
+			break // a long expression: its first sets will do
 		}
 		if n := minCount(tree, set); n > 0 {
 			needs = append(needs, need{set, n})
@@ -241,6 +245,9 @@ func countNeeds(tree *syntax.Regexp) []need {
 	slices.SortStableFunc(needs, func(a, b need) int { return a.set.size() - b.set.size() })
 	return needs[:min(len(needs), maxNeeds)]
 }
+
+// maxCandidates bounds the sets countNeeds tries, each a walk of the expression.
+const maxCandidates = 64
 
 // collectSets adds the ASCII literals and character classes of re to sets.
 func collectSets(re *syntax.Regexp, sets *[]asciiSet) {
