@@ -37,16 +37,21 @@ func (h *History) Observe(key string, vec []float32) (float64, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	el, ok := h.entries[key]
-	if !ok {
+	switch {
+	case ok:
+		h.order.MoveToFront(el)
+	case h.order.Len() >= h.maxKeys:
+		// The least recently seen question makes room, and its storage serves the new one:
+		// with every question new (most are), nothing is allocated here.
+		el = h.order.Back()
+		old := el.Value.(*historyEntry)
+		delete(h.entries, old.key)
+		*old = historyEntry{key: key, vecs: old.vecs[:0]}
+		h.entries[key] = el
+		h.order.MoveToFront(el)
+	default:
 		el = h.order.PushFront(&historyEntry{key: key})
 		h.entries[key] = el
-		if h.order.Len() > h.maxKeys {
-			oldest := h.order.Back()
-			h.order.Remove(oldest)
-			delete(h.entries, oldest.Value.(*historyEntry).key)
-		}
-	} else {
-		h.order.MoveToFront(el)
 	}
 	e := el.Value.(*historyEntry)
 	divergence, seen := 0.0, len(e.vecs) > 0
@@ -57,8 +62,14 @@ func (h *History) Observe(key string, vec []float32) (float64, bool) {
 		}
 		divergence = 1 - sum/float64(len(e.vecs))
 	}
-	if len(e.vecs) < h.perKey {
-		e.vecs = append(e.vecs, slices.Clone(vec))
+	if n := len(e.vecs); n < h.perKey {
+		if n < cap(e.vecs) && len(e.vecs[:n+1][n]) == len(vec) {
+			// A vector a recycled entry held.
+			e.vecs = e.vecs[:n+1]
+			copy(e.vecs[n], vec)
+		} else {
+			e.vecs = append(e.vecs, slices.Clone(vec))
+		}
 	} else {
 		old := e.vecs[e.next]
 		if len(old) == len(vec) {

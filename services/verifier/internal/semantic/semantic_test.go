@@ -104,6 +104,27 @@ func TestHistoryKeepsCopies(t *testing.T) {
 	}
 }
 
+// TestHistoryRecyclesTheEvictedQuestion: a new question takes the storage of the one it
+// evicts, and starts with none of its answers, holding a copy of its own.
+func TestHistoryRecyclesTheEvictedQuestion(t *testing.T) {
+	t.Parallel()
+	e := NewLexical(0)
+	h := NewHistory(1, 2)
+	h.Observe("a", embed(t, e, "我们周日不营业"))
+	h.Observe("a", embed(t, e, "我们周日不营业"))
+	v := embed(t, e, "退款五个工作日到账")
+	if _, seen := h.Observe("b", v); seen {
+		t.Fatal("a new question saw the answers of the one it evicted")
+	}
+	copy(v, embed(t, e, "我们周日不营业")) // the caller reuses its vector
+	if d, seen := h.Observe("b", embed(t, e, "退款五个工作日到账")); !seen || d > 0.001 {
+		t.Errorf("divergence %.3f (seen %v) from b's own answer, want 0: the recycled entry kept a or the caller's vector", d, seen)
+	}
+	if h.Len() != 1 {
+		t.Errorf("Len = %d, want 1", h.Len())
+	}
+}
+
 type fakeJudge struct {
 	score float64
 	err   error
