@@ -25,17 +25,17 @@ type RuntimeConfig struct {
 	GCPercent int `yaml:"gc_percent"`
 	// GCMinHeapMiB is a floor under the collector's heap goal: GOGC is raised after every
 	// collection while the live heap is small, so that the heap may reach about this many
-	// MiB before the next one (held under half the memory limit when there is one). The
-	// mesh keeps about 13 MiB live and allocates about 61 KB per request, so gc_percent
-	// alone collects nine times a second at 2000 requests/s, each collection stopping the
-	// world twice and taking CPU from the requests; with a floor of 64 MiB it collects
-	// about twice a second, for about 45 MiB more resident memory per process, and the
-	// latency tail halves (docs/performance.md). A process with more live data than the
-	// floor is paced by gc_percent alone, so the floor never multiplies a large heap.
-	// go_gc_gogc_percent on /metrics shows the GOGC in effect. 0 turns it off. -1 (the
-	// default) sets it by what the process runs: 16 MiB for each of router, cache, quota
-	// and verifier, so 64 MiB with target all and 16 MiB for the router alone, whose
-	// requests allocate about half as much and which keeps under 100 MiB resident that way.
+	// MiB before the next one (held under half the memory limit when there is one). A
+	// request allocates about 32 KB in the router and about 61 KB through the whole mesh,
+	// so gc_percent alone collects about ten times a second at 2000 requests/s, each
+	// collection stopping the world twice and taking CPU from the requests; with a floor of
+	// 16 MiB per 32 KB a request allocates, it collects about twice a second, for about as
+	// much more resident memory as the floor (docs/performance.md). A process with more live
+	// data than the floor is paced by gc_percent alone, so the floor never multiplies a
+	// large heap. go_gc_gogc_percent on /metrics shows the GOGC in effect. 0 turns it off.
+	// -1 (the default) sets it by what the process runs: 16 MiB for one of router, cache,
+	// quota and verifier, and a third of that more for each other one, so 32 MiB with
+	// target all, which keeps the whole mesh under 100 MiB resident while its cache is small.
 	GCMinHeapMiB int `yaml:"gc_min_heap_mib"`
 	// MemoryLimitRatio sets GOMEMLIMIT to this share of the container's (cgroup) memory
 	// limit, so that the collector works harder near the limit instead of the process
@@ -68,24 +68,25 @@ func (c RuntimeConfig) Validate() error {
 // maxMinHeapMiB bounds gc_min_heap_mib at 1 TiB, where a typo would start.
 const maxMinHeapMiB = 1 << 20
 
-// HeapFloorAuto is gc_min_heap_mib's default: a floor of heapFloorPerServiceMiB for each
-// service the process runs (heapFloorMiB).
+// HeapFloorAuto is gc_min_heap_mib's default: a floor by the services the process runs
+// (heapFloorMiB).
 const HeapFloorAuto = -1
 
-// heapFloorPerServiceMiB is the automatic floor's share per service. The floor exists to
-// keep collections few where requests allocate a lot against a small live heap; a request
-// allocates about 32 KB in the router and about 61 KB through the whole mesh, so the
-// floor that keeps the collections per request about the same grows with the services a
-// request passes through in the process (docs/design/002-heap-floor.md).
-const heapFloorPerServiceMiB = 16
+// heapFloorOneServiceMiB is the automatic floor of a process that runs one service. The
+// floor exists to keep collections few where requests allocate a lot against a small live
+// heap, so it follows what a request allocates in the process: about 32 KB in the router,
+// about 61 KB through all four services, whose floor is therefore twice the router's
+// (docs/design/002-heap-floor.md).
+const heapFloorOneServiceMiB = 16
 
 // heapFloorMiB is the floor in MiB for a process that runs services of the router, cache,
-// quota and verifier (target all runs all four).
+// quota and verifier (target all runs all four): heapFloorOneServiceMiB, and a third of it
+// for each further service.
 func (c RuntimeConfig) heapFloorMiB(services int) int {
 	if c.GCMinHeapMiB != HeapFloorAuto {
 		return c.GCMinHeapMiB
 	}
-	return heapFloorPerServiceMiB * services
+	return heapFloorOneServiceMiB + heapFloorOneServiceMiB*(max(services, 1)-1)/3
 }
 
 // tuneRuntime applies c to this process, which runs services of the router, cache, quota

@@ -42,7 +42,7 @@ func TestTuneRuntime(t *testing.T) {
 		services  int    // services the process runs; 0: all four
 	}{
 		{name: "defaults under a cgroup limit", cfg: DefaultRuntimeConfig(), limit: limitOf(1000 * mib),
-			wantGC: 100, wantLimit: 900 * mib, wantLog: "memory_limit_mib=900", wantFloor: 64 * mib},
+			wantGC: 100, wantLimit: 900 * mib, wantLog: "gc_min_heap_mib=32", wantFloor: 32 * mib},
 		{name: "the default floor for the router alone", cfg: DefaultRuntimeConfig(), limit: limitOf(1000 * mib), services: 1,
 			wantGC: 100, wantLimit: 900 * mib, wantLog: "gc_min_heap_mib=16", wantFloor: 16 * mib},
 		{name: "a floor set for the router alone", cfg: RuntimeConfig{GCPercent: 100, GCMinHeapMiB: 48}, limit: noLimit, services: 1,
@@ -61,11 +61,11 @@ func TestTuneRuntime(t *testing.T) {
 		{name: "no cgroup", cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}, limit: failing,
 			wantGC: 200, wantLog: "no cgroup here"},
 		{name: "AUTOMEMLIMIT overrides the ratio", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "0.5"}, limit: limitOf(1000 * mib),
-			wantGC: 100, wantLimit: 500 * mib, wantLog: "0.5 of the cgroup memory limit (AUTOMEMLIMIT)", wantFloor: 64 * mib},
+			wantGC: 100, wantLimit: 500 * mib, wantLog: "0.5 of the cgroup memory limit (AUTOMEMLIMIT)", wantFloor: 32 * mib},
 		{name: "AUTOMEMLIMIT off", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "off"}, limit: limitOf(1000 * mib),
-			wantGC: 100, wantLog: "off (AUTOMEMLIMIT=off)", wantFloor: 64 * mib},
+			wantGC: 100, wantLog: "off (AUTOMEMLIMIT=off)", wantFloor: 32 * mib},
 		{name: "AUTOMEMLIMIT that is no ratio", cfg: DefaultRuntimeConfig(), env: map[string]string{"AUTOMEMLIMIT": "lots"}, limit: limitOf(1000 * mib),
-			wantGC: 100, wantLog: `AUTOMEMLIMIT=\"lots\" is neither`, wantFloor: 64 * mib},
+			wantGC: 100, wantLog: `AUTOMEMLIMIT=\"lots\" is neither`, wantFloor: 32 * mib},
 		{name: "a cgroup without a limit", cfg: RuntimeConfig{GCPercent: 200, MemoryLimitRatio: 0.9}, limit: noLimit,
 			wantGC: 200, wantLog: "memory_limit_from=\"no memory limit found\""},
 	} {
@@ -250,5 +250,19 @@ func TestRequestServices(t *testing.T) {
 		if got := (Config{Target: tc.target}).requestServices(); got != tc.want {
 			t.Errorf("target %q: %d request services, want %d", tc.target, got, tc.want)
 		}
+	}
+}
+
+// TestHeapFloorFollowsTheServices: the automatic floor is the router's 16 MiB for one
+// service and twice that for all four, whose requests allocate about twice as much; a
+// configured floor is taken as it is.
+func TestHeapFloorFollowsTheServices(t *testing.T) {
+	for services, want := range map[int]int{0: 16, 1: 16, 2: 21, 3: 26, 4: 32} {
+		if got := DefaultRuntimeConfig().heapFloorMiB(services); got != want {
+			t.Errorf("%d services: floor %d MiB, want %d", services, got, want)
+		}
+	}
+	if got := (RuntimeConfig{GCMinHeapMiB: 100}).heapFloorMiB(4); got != 100 {
+		t.Errorf("a configured floor of 100 MiB became %d", got)
 	}
 }
