@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonwrite"
 )
 
 // appendQualityJSON appends qc as protojson renders it with UseProtoNames (fields in
@@ -251,18 +252,7 @@ func (o *jsonObject) float(n string, v float64) {
 		o.b = append(o.b, `"-Infinity"`...)
 		return
 	}
-	format := byte('f')
-	if abs := math.Abs(v); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
-		format = 'e'
-	}
-	o.b = strconv.AppendFloat(o.b, v, format, -1, 64)
-	if format == 'e' {
-		// e-07 becomes e-7.
-		if l := len(o.b); l >= 4 && o.b[l-4] == 'e' && o.b[l-3] == '-' && o.b[l-2] == '0' {
-			o.b[l-2] = o.b[l-1]
-			o.b = o.b[:l-1]
-		}
-	}
+	o.b = jsonwrite.Float(o.b, v)
 }
 
 func (o *jsonObject) enum(n string, e protoreflect.Enum) {

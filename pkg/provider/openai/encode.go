@@ -5,7 +5,8 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/mantle-mesh/mantle/pkg/jsonwrite"
 )
 
 // appendBody appends b as json.Marshal renders it (type plain chatRequest: fields in
@@ -120,7 +121,7 @@ func (w *objectWriter) message(m chatMessage) {
 	case m.Content.null:
 		w.b = append(w.b, "null"...)
 	default:
-		w.b = appendString(w.b, m.Content.text)
+		w.b = jsonwrite.String(w.b, m.Content.text)
 	}
 	w.str("name", m.Name, true)
 	if len(m.ToolCalls) > 0 {
@@ -157,7 +158,7 @@ func (w *objectWriter) str(n, v string, omitEmpty bool) {
 		return
 	}
 	w.name(n)
-	w.b = appendString(w.b, v)
+	w.b = jsonwrite.String(w.b, v)
 }
 
 func (w *objectWriter) strings(vs []string) {
@@ -166,7 +167,7 @@ func (w *objectWriter) strings(vs []string) {
 		if i > 0 {
 			w.b = append(w.b, ',')
 		}
-		w.b = appendString(w.b, v)
+		w.b = jsonwrite.String(w.b, v)
 	}
 	w.b = append(w.b, ']')
 }
@@ -187,8 +188,8 @@ func (w *objectWriter) bool(n string, v *bool) {
 	w.b = strconv.AppendBool(w.b, *v)
 }
 
-// float writes v as encoding/json writes a float64: the shortest representation, in
-// exponent form below 1e-6 and from 1e21 on, with a two-digit exponent at least.
+// float writes v as encoding/json writes a float64; NaN and the infinities, which it
+// refuses, turn ok false.
 func (w *objectWriter) float(n string, v *float64) {
 	if v == nil {
 		return
@@ -199,18 +200,7 @@ func (w *objectWriter) float(n string, v *float64) {
 		return
 	}
 	w.name(n)
-	format := byte('f')
-	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
-		format = 'e'
-	}
-	w.b = strconv.AppendFloat(w.b, f, format, -1, 64)
-	if format == 'e' {
-		// e-07 to e-7, as encoding/json does.
-		if k := len(w.b); k >= 4 && w.b[k-4] == 'e' && w.b[k-3] == '-' && w.b[k-2] == '0' {
-			w.b[k-2] = w.b[k-1]
-			w.b = w.b[:k-1]
-		}
-	}
+	w.b = jsonwrite.Float(w.b, f)
 }
 
 // marshal writes a member whose value json.Marshal renders.
@@ -226,60 +216,4 @@ func (w *objectWriter) value(v any) {
 		return
 	}
 	w.b = append(w.b, raw...)
-}
-
-const hex = "0123456789abcdef"
-
-// appendString appends s quoted as encoding/json quotes a string by default: HTML's <, >
-// and & escaped, invalid UTF-8 replaced by U+FFFD, and U+2028 and U+2029 escaped for
-// JavaScript.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		if c := s[i]; c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '\\', '"':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xF])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
