@@ -40,28 +40,19 @@ func appendBody(out []byte, b chatRequest) (_ []byte, ok bool) {
 	w.int("max_completion_tokens", int64(b.MaxCompletionTokens))
 	w.float("temperature", b.Temperature)
 	w.float("top_p", b.TopP)
-	if b.N != nil {
-		w.name("n")
-		w.b = strconv.AppendInt(w.b, int64(*b.N), 10)
-	}
+	optInt(&w, "n", b.N)
 	if len(b.Stop) > 0 {
 		w.name("stop")
 		w.strings(b.Stop)
 	}
-	if b.Seed != nil {
-		w.name("seed")
-		w.b = strconv.AppendInt(w.b, *b.Seed, 10)
-	}
+	optInt(&w, "seed", b.Seed)
 	w.float("presence_penalty", b.PresencePenalty)
 	w.float("frequency_penalty", b.FrequencyPenalty)
 	if len(b.LogitBias) > 0 {
 		w.marshal("logit_bias", b.LogitBias)
 	}
 	w.bool("logprobs", b.Logprobs)
-	if b.TopLogprobs != nil {
-		w.name("top_logprobs")
-		w.b = strconv.AppendInt(w.b, int64(*b.TopLogprobs), 10)
-	}
+	optInt(&w, "top_logprobs", b.TopLogprobs)
 	if len(b.Tools) > 0 {
 		w.marshal("tools", b.Tools)
 	}
@@ -178,6 +169,15 @@ func (w *objectWriter) int(n string, v int64) {
 	}
 	w.name(n)
 	w.b = strconv.AppendInt(w.b, v, 10)
+}
+
+// optInt writes an integer that was set, zero included.
+func optInt[T int | int64](w *objectWriter, n string, v *T) {
+	if v == nil {
+		return
+	}
+	w.name(n)
+	w.b = strconv.AppendInt(w.b, int64(*v), 10)
 }
 
 func (w *objectWriter) bool(n string, v *bool) {
