@@ -39,15 +39,18 @@ type Set struct {
 	count int
 
 	// Sparse storage: each slot's coordinates, and the inverted index. A removed slot's
-	// postings stay in the lists until a rebuild and are skipped (the slot is not live);
-	// the slot is reused only after the rebuild dropped them, so a posting's weight is
-	// always its slot's current one.
+	// postings stay in their lists, skipped (the slot is not live), until the list is
+	// compacted, which happens to a list once removed slots hold more than half of it: a
+	// list at a time, so removal stays amortised O(coordinates) without ever stopping
+	// searches for a pass over every list. A slot is reused only once every list it was
+	// in has dropped it, so a posting's weight is always its slot's current one.
 	indices  [][]uint32
 	values   [][]float32
 	postings map[uint32][]posting
-	total    int      // postings held, stale ones included
-	stale    int      // postings left behind by removed slots
-	dead     []uint32 // removed slots whose postings are still in the lists
+	staleIn  map[uint32]int // stale postings in each list that has any
+	// listsLeft holds, for each removed slot not yet free, the lists that still hold one
+	// of its postings.
+	listsLeft map[uint32]int
 
 	// Dense storage: slot i is dense[i*dim : (i+1)*dim].
 	dense []float32
@@ -105,6 +108,8 @@ func NewSet(sparse bool, limits Limits, g Graph) *Set {
 	s := &Set{sparse: sparse, limits: limits, graphCfg: g}
 	if sparse {
 		s.postings = make(map[uint32][]posting)
+		s.staleIn = make(map[uint32]int)
+		s.listsLeft = make(map[uint32]int)
 	}
 	return s
 }
@@ -137,6 +142,15 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 		}
 	}
 	var slot uint32
+	if len(s.free) == 0 && len(s.listsLeft) > 2*s.count+64 {
+		// A removed slot stays taken while a list that is mostly live holds it. Before the
+		// set grows with more such slots than twice its live ones (removals that spare the
+		// lists they share, unlike an LRU's), every list with a stale posting is compacted,
+		// which frees them all.
+		for f := range s.staleIn {
+			s.compact(f)
+		}
+	}
 	if n := len(s.free); n > 0 {
 		slot, s.free = s.free[n-1], s.free[:n-1]
 		s.live[slot] = true
@@ -157,7 +171,6 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 			for i, f := range v.Indices {
 				s.postings[f] = append(s.postings[f], posting{slot, v.Values[i]})
 			}
-			s.total += len(v.Indices)
 		}
 	} else {
 		copy(s.dense[int(slot)*s.dim:], v.Dense)
@@ -190,32 +203,47 @@ func (s *Set) Remove(slot uint32) {
 		s.free = append(s.free, slot)
 		return
 	}
-	s.dead = append(s.dead, slot)
-	s.stale += len(s.indices[slot])
+	coords := s.indices[slot]
+	s.listsLeft[slot] = len(coords)
+	for _, f := range coords {
+		s.staleIn[f]++
+		if n := len(s.postings[f]); 2*s.staleIn[f] > n || n <= smallList {
+			s.compact(f)
+		}
+	}
 	if s.graph == nil {
 		s.indices[slot], s.values[slot] = nil, nil
 	}
-	// Rebuilding costs one pass over the live postings, so doing it once stale postings
-	// outnumber live ones keeps removal amortised O(coordinates).
-	if s.stale > 1024 && 2*s.stale > s.total {
-		s.rebuild()
-	}
 }
 
-func (s *Set) rebuild() {
-	postings := make(map[uint32][]posting, len(s.postings))
-	total := 0
-	for slot, live := range s.live {
-		if !live {
+// smallList is the length up to which a list is compacted at every removal from it: it
+// costs little, and frees the slots of rare coordinates' lists at once.
+const smallList = 16
+
+// compact drops the postings of removed slots from f's list, and frees each slot that no
+// list holds a posting of any more.
+func (s *Set) compact(f uint32) {
+	list := s.postings[f]
+	kept := list[:0]
+	for _, p := range list {
+		if s.live[p.slot] {
+			kept = append(kept, p)
 			continue
 		}
-		for i, f := range s.indices[slot] {
-			postings[f] = append(postings[f], posting{uint32(slot), s.values[slot][i]})
+		if s.listsLeft[p.slot]--; s.listsLeft[p.slot] == 0 {
+			delete(s.listsLeft, p.slot)
+			s.free = append(s.free, p.slot)
 		}
-		total += len(s.indices[slot])
 	}
-	s.postings, s.total, s.stale = postings, total, 0
-	s.free, s.dead = append(s.free, s.dead...), s.dead[:0]
+	delete(s.staleIn, f)
+	switch {
+	case len(kept) == 0:
+		delete(s.postings, f)
+	case len(kept) < cap(list)/4:
+		s.postings[f] = slices.Clone(kept) // let the list's old array go
+	default:
+		s.postings[f] = kept
+	}
 }
 
 // Vector returns the vector in slot, sharing the set's storage.
