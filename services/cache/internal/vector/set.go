@@ -41,9 +41,10 @@ type Set struct {
 	// Sparse storage: each slot's coordinates, and the inverted index. A removed slot's
 	// postings stay in their lists, skipped (the slot is not live), until the list is
 	// compacted, which happens to a list once removed slots hold more than half of it: a
-	// list at a time, so removal stays amortised O(coordinates) without ever stopping
-	// searches for a pass over every list. A slot is reused only once every list it was
-	// in has dropped it, so a posting's weight is always its slot's current one.
+	// list at a time, so removal stays amortised O(coordinates) and searches do not wait
+	// for a pass over every list (docs/design/008-compact-a-list-at-a-time.md). A slot is
+	// reused only once every list it was in has dropped it, so a posting's weight is
+	// always its slot's current one.
 	indices  [][]uint32
 	values   [][]float32
 	postings map[uint32][]posting
