@@ -218,6 +218,18 @@ type LinkPlan struct {
 	version uint64
 	level   int
 	lists   []planList
+	// buf holds the lists' links: a plan's lists share its arrays instead of one each.
+	buf []uint32
+}
+
+// take returns room for n links in p's own array.
+func (p *LinkPlan) take(n int) []uint32 {
+	if cap(p.buf)-len(p.buf) < n {
+		p.buf = make([]uint32, 0, max(n, 2*cap(p.buf), 160))
+	}
+	start := len(p.buf)
+	p.buf = p.buf[:start+n]
+	return p.buf[start : start+n : start+n]
 }
 
 type planList struct {
@@ -291,14 +303,16 @@ func (s *Set) PlanLink() *LinkPlan {
 // link back to it.
 func (s *Set) planLevel(p *LinkPlan, l int, w []Hit, sc *searchScratch) {
 	g := s.graph
-	neighbours := s.selectNeighbours(w, g.cfg.M, sc)
+	neighbours := s.selectNeighbours(p.take(g.cfg.M)[:0], w, g.cfg.M, sc)
 	p.lists = append(p.lists, planList{p.slot, l, neighbours})
 	for _, n := range neighbours {
 		cur := g.links(n, l)
 		if slices.Contains(cur, p.slot) {
 			continue
 		}
-		next := append(slices.Clone(cur), p.slot)
+		next := p.take(len(cur) + 1)
+		copy(next, cur)
+		next[len(cur)] = p.slot
 		if len(next) > g.maxLinks(l) {
 			next = s.prune(n, next, g.maxLinks(l), sc)
 			if !slices.Contains(next, p.slot) {
@@ -425,8 +439,8 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 // picked than to the new vector is reached through that node and is left out, so links go
 // in diverse directions and a walk can leave a dense cluster. A sparse set scores the
 // candidates through a table of each node picked (sc.picked), built once per pick.
-func (s *Set) selectNeighbours(cands []Hit, m int, sc *searchScratch) []uint32 {
-	out := make([]uint32, 0, m)
+func (s *Set) selectNeighbours(out []uint32, cands []Hit, m int, sc *searchScratch) []uint32 {
+	out = out[:0]
 	if s.sparse && len(sc.picked) < m {
 		sc.picked = append(sc.picked, make([]queryTable, m-len(sc.picked))...)
 	}
@@ -460,13 +474,14 @@ func (s *Set) selectNeighbours(cands []Hit, m int, sc *searchScratch) []uint32 {
 // prune reduces node's list to its m closest links. Not the heuristic: it would compare
 // every pair of the list, and a list overflows on most links made, so the heuristic here
 // would be most of what linking costs; the node's own links, chosen when it was linked
-// (or relinked), keep their diversity.
+// (or relinked), keep their diversity. It writes the result over list, which must be the
+// caller's own.
 func (s *Set) prune(node uint32, list []uint32, m int, sc *searchScratch) []uint32 {
 	base := s.vec(node)
 	if s.sparse {
 		sc.base.reset(base)
 	}
-	cands := make([]Hit, 0, len(list))
+	cands := sc.pruned[:0]
 	for _, n := range list {
 		var score float32
 		if s.sparse {
@@ -482,9 +497,10 @@ func (s *Set) prune(node uint32, list []uint32, m int, sc *searchScratch) []uint
 		}
 		return 1
 	})
-	out := make([]uint32, 0, m)
-	for _, c := range cands[:m] {
-		out = append(out, c.Slot)
+	sc.pruned = cands
+	out := list[:m]
+	for i, c := range cands[:m] {
+		out[i] = c.Slot
 	}
 	return out
 }

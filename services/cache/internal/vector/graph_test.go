@@ -225,7 +225,7 @@ func TestSparseLinkingMatchesMerge(t *testing.T) {
 						want = append(want, c.Slot)
 					}
 				}
-				if got := set.selectNeighbours(cands, tt.m, sc); !slices.Equal(got, want) {
+				if got := set.selectNeighbours(nil, cands, tt.m, sc); !slices.Equal(got, want) {
 					t.Fatalf("trial %d: selectNeighbours = %v, want %v", trial, got, want)
 				}
 				// prune: the m closest to the node by merged scores, closest first.

@@ -376,6 +376,8 @@ type searchScratch struct {
 	// the neighbours selectNeighbours has picked, and the node prune trims.
 	picked []queryTable
 	base   queryTable
+	// pruned holds prune's candidates.
+	pruned []Hit
 }
 
 // mark starts a search over n slots: a slot is marked seen by setting seen[slot] to the
