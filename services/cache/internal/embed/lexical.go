@@ -147,11 +147,7 @@ func (f *features) vector() (vector.Vector, error) {
 		values = append(values, float32(float64(first)*countWeight(j-i)))
 		i = j
 	}
-	// What vector.NewSparse does with sorted, distinct indices.
-	if !textsim.Normalize(values) {
-		return vector.Vector{}, vector.ErrZero
-	}
-	return vector.Vector{Indices: indices, Values: values}, nil
+	return vector.NewSortedSparse(indices, values)
 }
 
 // countWeight is 1 + ln(count), the factor of a feature said count times.

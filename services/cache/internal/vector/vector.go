@@ -64,6 +64,12 @@ func NewSparse(features []Feature) (Vector, error) {
 		indices = append(indices, f.Index)
 		values = append(values, f.Weight)
 	}
+	return NewSortedSparse(indices, values)
+}
+
+// NewSortedSparse returns the sparse vector of indices (sorted and distinct, which the
+// caller ensures) and values, scaled in place to unit length. It keeps both slices.
+func NewSortedSparse(indices []uint32, values []float32) (Vector, error) {
 	if !textsim.Normalize(values) {
 		return Vector{}, ErrZero
 	}
