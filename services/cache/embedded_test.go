@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/mantle-mesh/mantle/services/cache/internal/embed"
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
@@ -265,5 +267,47 @@ func TestSnapshotFile(t *testing.T) {
 	}
 	if _, err := NewEmbeddedIndex(10, 0).LoadFile(path, DefaultSnapshotMaxBytes, epoch, "lexical-v1"); err == nil {
 		t.Errorf("LoadFile of garbage succeeded; want an error")
+	}
+}
+
+// TestEmbeddedIndexFindsThroughEvictions stores prompts from one template through an index
+// as the module builds it (a graph past 8192 entries) until more than half of what was
+// stored is evicted, as a full cache does: the postings lists compact and removed slots
+// are reused by new vectors. Every entry held is still its own vector's best hit, and no
+// evicted one is found.
+func TestEmbeddedIndexFindsThroughEvictions(t *testing.T) {
+	t.Parallel()
+	const held, stored = 8300, 17_000
+	x := NewEmbeddedIndex(held, 0)
+	e := embed.NewLexical()
+	for i := range stored {
+		v, err := e.Embed(context.Background(), numberedQuestion(i))
+		if err != nil {
+			t.Fatalf("Embed: %v", err)
+		}
+		lookupAndPut(t, x, benchEntry(i), v)
+	}
+	if x.Len() != held {
+		t.Fatalf("Len() = %d, want %d", x.Len(), held)
+	}
+	search := func(i int) []Candidate {
+		q := lexicalQuery(t, numberedQuestion(i))
+		got, err := x.Search(context.Background(), q)
+		if err != nil {
+			t.Fatalf("Search: %v", err)
+		}
+		return got
+	}
+	for i := stored - held; i < stored; i += 17 {
+		if got := search(i); len(got) == 0 || got[0].Entry.ID != benchEntry(i).ID {
+			t.Fatalf("held entry %d: best hit %v", i, got)
+		}
+	}
+	for i := 0; i < stored-held; i += 17 {
+		for _, c := range search(i) {
+			if id, _ := strconv.Atoi(c.Entry.ID); id < stored-held {
+				t.Fatalf("search for evicted entry %d found evicted entry %s", i, c.Entry.ID)
+			}
+		}
 	}
 }
