@@ -85,8 +85,11 @@ type Config struct {
 	// its prompt: an identical request that arrives before the store waits on that lease
 	// and gets the answer, so the caller's next identical request still finds it. The
 	// lease lives in one cache replica: with several, an identical request that reaches
-	// another one may miss until the store lands. A request without a lease stores before
-	// it answers, as with this off.
+	// another one may miss until the store lands, and so may a reworded one anywhere (a
+	// similar question does not wait on a lease). A request without a lease, or one that
+	// finds 256 stores already in flight, stores before it answers, as with this off.
+	// On by default: the store's index write is then off every caller's latency
+	// (docs/design/009-store-after-the-answer.md).
 	AsyncCacheStore bool `yaml:"async_cache_store"`
 	// AllowMissingKeys starts the router when a provider key's environment variable is
 	// unset or empty, with a warning naming it; every call on that key then fails at once
@@ -469,6 +472,7 @@ func DefaultConfig() Config {
 		StallTimeout:      10 * time.Second,
 		StreamRescueShare: 0.3,
 		SideScouts:        true,
+		AsyncCacheStore:   true,
 		Retry: RetryConfig{
 			MaxRetries:    2,
 			BackoffBase:   300 * time.Millisecond,
