@@ -113,7 +113,7 @@ type App struct {
 	shapes   errorShapes
 	selected []string
 	all      bool // every module runs here
-	run      []Runnable
+	run      []module
 	reload   map[string]func(context.Context, any) error
 	ready    atomic.Bool
 	// dependencies are those modules named with Env.Dependency.
@@ -291,7 +291,7 @@ func New(ctx context.Context, cfg Config, modules []Module, deps Deps) (*App, er
 			return nil, fmt.Errorf("%s: %w", m.Name, err)
 		}
 		if r != nil {
-			a.run = append(a.run, r)
+			a.run = append(a.run, module{name: m.Name, deps: m.Deps, r: r})
 		}
 		if m.Reload != nil {
 			a.reload[m.Name] = m.Reload
@@ -373,20 +373,24 @@ func (a *App) Targets() []string { return slices.Clone(a.selected) }
 
 // Run serves until ctx is done or a module fails, then shuts down gracefully: health goes
 // NOT_SERVING and /readyz 503 first, in-flight calls drain within the shutdown timeout,
-// then modules stop.
+// then modules stop, each before the modules it calls.
 func (a *App) Run(ctx context.Context) error {
 	// A module that fails stops the process like a cancelled ctx does.
 	ctx, moduleFailed := context.WithCancel(ctx)
 	defer moduleFailed()
 	g, gctx := errgroup.WithContext(ctx)
-	modCtx, stopModules := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopModules()
 	var modules errgroup.Group
-	for _, r := range a.run {
+	running := make([]*runningModule, 0, len(a.run))
+	for _, m := range a.run {
+		modCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		defer stop()
+		r := &runningModule{module: m, stop: stop, done: make(chan struct{})}
+		running = append(running, r)
 		modules.Go(func() error {
-			err := r.Run(modCtx)
+			defer close(r.done)
+			err := m.r.Run(modCtx)
 			if err != nil {
-				a.deps.Log.Error("module failed; shutting down", "err", err)
+				a.deps.Log.Error("module failed; shutting down", "module", m.name, "err", err)
 				moduleFailed()
 			}
 			return err
@@ -433,7 +437,7 @@ func (a *App) Run(ctx context.Context) error {
 		<-a.deps.Clock.After(d)
 	}
 	a.shutdown()
-	stopModules()
+	stopInOrder(running)
 	err := errors.Join(g.Wait(), modules.Wait())
 	a.closeConns()
 	return err
@@ -597,8 +601,8 @@ func (a *App) abort() {
 	a.closeListeners()
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
-	for _, r := range a.run {
-		if err := r.Run(done); err != nil {
+	for _, m := range a.run {
+		if err := m.r.Run(done); err != nil {
 			a.deps.Log.Warn("stopping a module after a failed start", "err", err)
 		}
 	}

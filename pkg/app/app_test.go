@@ -578,3 +578,47 @@ func TestReadyzListsDegradedDependencies(t *testing.T) {
 		}
 	}
 }
+
+// TestAppStopsACallerBeforeWhatItCalls: at shutdown a module stops only once the modules
+// that call it (their Module.Deps name it) have returned from Run, whatever the order the
+// modules were built in, so that work a caller finishes as it stops (the router's cache
+// stores made after their answers) still reaches a running module.
+func TestAppStopsACallerBeforeWhatItCalls(t *testing.T) {
+	t.Parallel()
+	calleeCtx := make(chan context.Context, 1)
+	calleeLive := make(chan bool, 1)
+	callee := app.Module{Name: "callee", New: func(context.Context, app.Env) (app.Runnable, error) {
+		return app.RunFunc(func(ctx context.Context) error {
+			calleeCtx <- ctx
+			<-ctx.Done()
+			return nil
+		}), nil
+	}}
+	caller := app.Module{Name: "caller", Deps: []string{"callee"}, New: func(context.Context, app.Env) (app.Runnable, error) {
+		return app.RunFunc(func(ctx context.Context) error {
+			<-ctx.Done()
+			c := <-calleeCtx
+			calleeLive <- c.Err() == nil
+			return nil
+		}), nil
+	}}
+	a, err := app.New(context.Background(), testConfig("all"), []app.Module{callee, caller}, testDeps())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("Run did not return after the stop")
+	}
+	if !<-calleeLive {
+		t.Error("the callee was stopped while its caller was still stopping")
+	}
+}

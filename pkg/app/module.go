@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
@@ -24,7 +25,8 @@ import (
 type Module struct {
 	// Name is the target name: router, cache, quota or verifier.
 	Name string
-	// Deps names the modules this one calls through gRPC clients.
+	// Deps names the modules this one calls through gRPC clients. In one process, a module
+	// stops before the modules it names (stopInOrder).
 	Deps []string
 	// Audiences declares the plane of every method the module serves (rpc.Audience); a
 	// method without one is refused.
@@ -116,4 +118,52 @@ func (e Env) Var(name string) string {
 		return os.Getenv(name)
 	}
 	return e.Getenv(name)
+}
+
+// module is a built module's background work, with what stopping it in order needs.
+type module struct {
+	name string
+	deps []string // Module.Deps
+	r    Runnable
+}
+
+// runningModule is a module whose Run is in progress: stop cancels its context, done is
+// closed when Run has returned.
+type runningModule struct {
+	module
+	stop func()
+	done chan struct{}
+}
+
+// stopInOrder stops the modules so that none stops while a module that calls it is still
+// running: each round stops, and waits for, the modules no running module names in its
+// Deps. Work a module finishes when it stops still reaches the modules it calls: the
+// router's cache stores made after their answers land before the cache writes its last
+// snapshot or closes its connection to Qdrant. Modules that name each other (there are
+// none) stop together.
+func stopInOrder(running []*runningModule) {
+	left := running
+	for len(left) > 0 {
+		var now, later []*runningModule
+		for _, m := range left {
+			called := slices.ContainsFunc(left, func(o *runningModule) bool {
+				return o != m && slices.Contains(o.deps, m.name)
+			})
+			if called {
+				later = append(later, m)
+			} else {
+				now = append(now, m)
+			}
+		}
+		if len(now) == 0 {
+			now, later = left, nil
+		}
+		for _, m := range now {
+			m.stop()
+		}
+		for _, m := range now {
+			<-m.done
+		}
+		left = later
+	}
 }
