@@ -160,9 +160,15 @@ func serverContext(ctx context.Context, stream grpc.ServerTransportStream, kv []
 		if !ok {
 			md = make(metadata.MD, len(kv)/2)
 		}
-		// The values share one array; each key's slice is capped at its own value, so
-		// that appending to one never writes into the next.
-		values := make([]string, len(kv)/2)
+		// The values share one array, the call's own when they fit (the client's pairs
+		// always do); each key's slice is capped at its own value, so that appending to
+		// one never writes into the next.
+		var values []string
+		if n := len(kv) / 2; n <= len(call.values) {
+			values = call.values[:n]
+		} else {
+			values = make([]string, n)
+		}
 		for i := range values {
 			key, v := strings.ToLower(kv[2*i]), kv[2*i+1]
 			if old, dup := md[key]; dup {
@@ -199,6 +205,10 @@ type callContext struct {
 	// it is done, context.Canceled once the call ended.
 	err   error
 	inner atomic.Pointer[cancelContext]
+
+	// values holds the values of the metadata pairs the call carries (serverContext), in
+	// the allocation every call makes anyway rather than one more.
+	values [rpc.MaxMetadataPairs]string
 }
 
 type cancelContext struct {

@@ -675,3 +675,53 @@ func referenceChain(ics []grpc.UnaryServerInterceptor) grpc.UnaryServerIntercept
 		})
 	}
 }
+
+// TestServerContextMetadata: the handler's incoming metadata is the caller's outgoing
+// metadata followed by the pairs the call carries, however many there are (those that
+// fit share the call's own array, more get one of their own), and the caller's stays as
+// it was.
+func TestServerContextMetadata(t *testing.T) {
+	t.Parallel()
+	pairs := func(n int) []string {
+		var kv []string
+		for i := range n {
+			kv = append(kv, fmt.Sprintf("k%d", i), fmt.Sprintf("v%d", i))
+		}
+		return kv
+	}
+	tests := []struct {
+		name     string
+		outgoing metadata.MD
+		kv       []string
+		want     metadata.MD
+	}{
+		{"none", nil, nil, nil},
+		{"outgoing only", metadata.MD{"a": {"1"}}, nil, metadata.MD{"a": {"1"}}},
+		{"pairs only", nil, pairs(2), metadata.MD{"k0": {"v0"}, "k1": {"v1"}}},
+		{"as many pairs as the client adds", nil, pairs(rpc.MaxMetadataPairs),
+			metadata.MD{"k0": {"v0"}, "k1": {"v1"}, "k2": {"v2"}, "k3": {"v3"}, "k4": {"v4"}}},
+		{"more pairs than the client adds", nil, pairs(rpc.MaxMetadataPairs + 1),
+			metadata.MD{"k0": {"v0"}, "k1": {"v1"}, "k2": {"v2"}, "k3": {"v3"}, "k4": {"v4"}, "k5": {"v5"}}},
+		{"a pair after the outgoing key's values", metadata.MD{"k0": {"out"}}, pairs(2),
+			metadata.MD{"k0": {"out", "v0"}, "k1": {"v1"}}},
+		{"an upper-case key", nil, []string{"K-Up", "v"}, metadata.MD{"k-up": {"v"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			if tt.outgoing != nil {
+				ctx = metadata.NewOutgoingContext(ctx, tt.outgoing.Copy())
+			}
+			sctx, call := serverContext(ctx, localStream("/m"), tt.kv)
+			defer call.end()
+			md, _ := metadata.FromIncomingContext(sctx)
+			if len(md) != len(tt.want) || (len(md) > 0 && !reflect.DeepEqual(map[string][]string(md), map[string][]string(tt.want))) {
+				t.Fatalf("incoming metadata = %v, want %v", map[string][]string(md), map[string][]string(tt.want))
+			}
+			if out, _ := metadata.FromOutgoingContext(ctx); tt.outgoing != nil && !reflect.DeepEqual(out, tt.outgoing) {
+				t.Errorf("the caller's outgoing metadata became %v", out)
+			}
+		})
+	}
+}
