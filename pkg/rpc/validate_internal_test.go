@@ -28,3 +28,34 @@ func FuzzValidTenantID(f *testing.F) {
 		}
 	})
 }
+
+// validRequestIDReference is ValidRequestID as a loop over runes, as it was written first.
+func validRequestIDReference(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, c := range id {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', strings.ContainsRune("-_.:", c):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// FuzzValidRequestID: the loop over the bytes agrees with the loop over runes on any
+// input, invalid UTF-8 included.
+func FuzzValidRequestID(f *testing.F) {
+	for _, id := range []string{
+		"req_0123abcd", "2f1c-ab.9:x", "", "has space", "new\nline", "日本", "\xff", "a\x00",
+		strings.Repeat("a", 128), strings.Repeat("a", 129), "A-Z_a.z:09",
+	} {
+		f.Add(id)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		if got, want := ValidRequestID(id), validRequestIDReference(id); got != want {
+			t.Errorf("ValidRequestID(%q) = %v, the rune loop says %v", id, got, want)
+		}
+	})
+}
