@@ -704,7 +704,6 @@ func TestServerContextMetadata(t *testing.T) {
 			metadata.MD{"k0": {"v0"}, "k1": {"v1"}, "k2": {"v2"}, "k3": {"v3"}, "k4": {"v4"}, "k5": {"v5"}}},
 		{"a pair after the outgoing key's values", metadata.MD{"k0": {"out"}}, pairs(2),
 			metadata.MD{"k0": {"out", "v0"}, "k1": {"v1"}}},
-		{"an upper-case key", nil, []string{"K-Up", "v"}, metadata.MD{"k-up": {"v"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -721,6 +720,43 @@ func TestServerContextMetadata(t *testing.T) {
 			}
 			if out, _ := metadata.FromOutgoingContext(ctx); tt.outgoing != nil && !reflect.DeepEqual(out, tt.outgoing) {
 				t.Errorf("the caller's outgoing metadata became %v", out)
+			}
+		})
+	}
+}
+
+// TestAppendMetadataKeys: the pairs a client adds, which serverContext takes as they are,
+// have lower-case keys, each once, whatever the call carries.
+func TestAppendMetadataKeys(t *testing.T) {
+	t.Parallel()
+	authn, err := rpc.NewAuthenticator([]rpc.TenantKey{{ID: "acme", KeySHA256: rpc.HashKey("sk-acme")}}, nil,
+		rpc.WithMeshSecret("a mesh secret of at least thirty-two bytes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := rpc.WithTenant(rpc.WithTraceID(rpc.WithRequestID(context.Background(), "req_1"), "4bf92f3577b34da6a3ce929d0e0e4736"), "acme")
+	for _, tt := range []struct {
+		name     string
+		identity rpc.ClientIdentity
+		ctx      context.Context
+		pairs    int
+	}{
+		{"nothing to carry", rpc.ClientIdentity{}, context.Background(), 0},
+		{"request identity", rpc.ClientIdentity{}, full, 2},
+		{"a mesh service on a tenant's behalf", authn.ClientIdentity("router"), full, rpc.MaxMetadataPairs},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			kv := tt.identity.AppendMetadata(tt.ctx, nil)
+			if len(kv) != 2*tt.pairs {
+				t.Fatalf("AppendMetadata = %q, want %d pairs", kv, tt.pairs)
+			}
+			seen := map[string]bool{}
+			for i := 0; i < len(kv); i += 2 {
+				if k := kv[i]; k != strings.ToLower(k) || seen[k] {
+					t.Errorf("key %q: want lower-case keys, each once (%q)", k, kv)
+				}
+				seen[kv[i]] = true
 			}
 		})
 	}
