@@ -97,9 +97,9 @@ const MaxTenantIDLength = 64
 // MaxTenantIDLength characters of [a-z0-9_-]. No separator that mantle uses in keys
 // ("/", ":", ".") can occur in one, so "<tenant>/<key>" never collides across tenants.
 //
-// Every call between services checks the caller's service name with it: a loop over
-// the bytes costs a tenth of the regular expression ^[a-z0-9_-]+$ it stands for (the
-// fuzz target FuzzValidTenantID compares the two).
+// Every call between services checks the caller's service name with it, so it loops over
+// the bytes: the regular expression ^[a-z0-9_-]+$ it stands for took about 4% of the CPU
+// of an authenticated in-process call (FuzzValidTenantID compares the two).
 func ValidTenantID(id string) bool {
 	if id == "" || len(id) > MaxTenantIDLength {
 		return false
