@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -151,23 +150,36 @@ func (c *localConn) serve(ctx context.Context, method string, req, reply any, kv
 // metadata.AppendToOutgoingContext would) as incoming metadata, a peer and the method. It
 // is cancelled when the call ends, as a gRPC server's is: call its root's end method (a
 // method call, where a cancel func would be one more allocation a call).
+//
+// The keys of kv are lower-case and distinct, as rpc.ClientIdentity.AppendMetadata's are
+// (TestAppendMetadataKeys): they are not lower-cased again, and looked up before they
+// are added only when the caller's own metadata may already hold them.
 func serverContext(ctx context.Context, stream grpc.ServerTransportStream, kv []string) (_ context.Context, root *callContext) {
 	call := &callContext{caller: ctx}
 	var sctx context.Context = call
 	// A copy: the handler may change its metadata, the caller may go on using its own.
 	md, ok := metadata.FromOutgoingContext(ctx)
 	if len(kv) > 0 {
-		if !ok {
+		fresh := !ok
+		if fresh {
 			md = make(metadata.MD, len(kv)/2)
 		}
-		// The values share one array; each key's slice is capped at its own value, so
-		// that appending to one never writes into the next.
-		values := make([]string, len(kv)/2)
+		// The values share one array, the call's own when they fit (the client's pairs
+		// always do); each key's slice is capped at its own value, so that appending to
+		// one never writes into the next.
+		var values []string
+		if n := len(kv) / 2; n <= len(call.values) {
+			values = call.values[:n]
+		} else {
+			values = make([]string, n)
+		}
 		for i := range values {
-			key, v := strings.ToLower(kv[2*i]), kv[2*i+1]
-			if old, dup := md[key]; dup {
-				md[key] = append(old[:len(old):len(old)], v)
-				continue
+			key, v := kv[2*i], kv[2*i+1]
+			if !fresh {
+				if old, dup := md[key]; dup {
+					md[key] = append(old[:len(old):len(old)], v)
+					continue
+				}
 			}
 			values[i] = v
 			md[key] = values[i : i+1 : i+1]
@@ -199,6 +211,10 @@ type callContext struct {
 	// it is done, context.Canceled once the call ended.
 	err   error
 	inner atomic.Pointer[cancelContext]
+
+	// values holds the values of the metadata pairs the call carries (serverContext), in
+	// the allocation every call makes anyway rather than one more.
+	values [rpc.MaxMetadataPairs]string
 }
 
 type cancelContext struct {

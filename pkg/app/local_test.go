@@ -675,3 +675,89 @@ func referenceChain(ics []grpc.UnaryServerInterceptor) grpc.UnaryServerIntercept
 		})
 	}
 }
+
+// TestServerContextMetadata: the handler's incoming metadata is the caller's outgoing
+// metadata followed by the pairs the call carries, however many there are (those that
+// fit share the call's own array, more get one of their own), and the caller's stays as
+// it was.
+func TestServerContextMetadata(t *testing.T) {
+	t.Parallel()
+	pairs := func(n int) []string {
+		var kv []string
+		for i := range n {
+			kv = append(kv, fmt.Sprintf("k%d", i), fmt.Sprintf("v%d", i))
+		}
+		return kv
+	}
+	tests := []struct {
+		name     string
+		outgoing metadata.MD
+		kv       []string
+		want     metadata.MD
+	}{
+		{"none", nil, nil, nil},
+		{"outgoing only", metadata.MD{"a": {"1"}}, nil, metadata.MD{"a": {"1"}}},
+		{"pairs only", nil, pairs(2), metadata.MD{"k0": {"v0"}, "k1": {"v1"}}},
+		{"as many pairs as the client adds", nil, pairs(rpc.MaxMetadataPairs),
+			metadata.MD{"k0": {"v0"}, "k1": {"v1"}, "k2": {"v2"}, "k3": {"v3"}, "k4": {"v4"}}},
+		{"more pairs than the client adds", nil, pairs(rpc.MaxMetadataPairs + 1),
+			metadata.MD{"k0": {"v0"}, "k1": {"v1"}, "k2": {"v2"}, "k3": {"v3"}, "k4": {"v4"}, "k5": {"v5"}}},
+		{"a pair after the outgoing key's values", metadata.MD{"k0": {"out"}}, pairs(2),
+			metadata.MD{"k0": {"out", "v0"}, "k1": {"v1"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			if tt.outgoing != nil {
+				ctx = metadata.NewOutgoingContext(ctx, tt.outgoing.Copy())
+			}
+			sctx, call := serverContext(ctx, localStream("/m"), tt.kv)
+			defer call.end()
+			md, _ := metadata.FromIncomingContext(sctx)
+			if len(md) != len(tt.want) || (len(md) > 0 && !reflect.DeepEqual(map[string][]string(md), map[string][]string(tt.want))) {
+				t.Fatalf("incoming metadata = %v, want %v", map[string][]string(md), map[string][]string(tt.want))
+			}
+			if out, _ := metadata.FromOutgoingContext(ctx); tt.outgoing != nil && !reflect.DeepEqual(out, tt.outgoing) {
+				t.Errorf("the caller's outgoing metadata became %v", out)
+			}
+		})
+	}
+}
+
+// TestAppendMetadataKeys: the pairs a client adds, which serverContext takes as they are,
+// have lower-case keys, each once, whatever the call carries.
+func TestAppendMetadataKeys(t *testing.T) {
+	t.Parallel()
+	authn, err := rpc.NewAuthenticator([]rpc.TenantKey{{ID: "acme", KeySHA256: rpc.HashKey("sk-acme")}}, nil,
+		rpc.WithMeshSecret("a mesh secret of at least thirty-two bytes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := rpc.WithTenant(rpc.WithTraceID(rpc.WithRequestID(context.Background(), "req_1"), "4bf92f3577b34da6a3ce929d0e0e4736"), "acme")
+	for _, tt := range []struct {
+		name     string
+		identity rpc.ClientIdentity
+		ctx      context.Context
+		pairs    int
+	}{
+		{"nothing to carry", rpc.ClientIdentity{}, context.Background(), 0},
+		{"request identity", rpc.ClientIdentity{}, full, 2},
+		{"a mesh service on a tenant's behalf", authn.ClientIdentity("router"), full, rpc.MaxMetadataPairs},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			kv := tt.identity.AppendMetadata(tt.ctx, nil)
+			if len(kv) != 2*tt.pairs {
+				t.Fatalf("AppendMetadata = %q, want %d pairs", kv, tt.pairs)
+			}
+			seen := map[string]bool{}
+			for i := 0; i < len(kv); i += 2 {
+				if k := kv[i]; k != strings.ToLower(k) || seen[k] {
+					t.Errorf("key %q: want lower-case keys, each once (%q)", k, kv)
+				}
+				seen[kv[i]] = true
+			}
+		})
+	}
+}

@@ -190,16 +190,21 @@ const MaxMetadataPairs = 5
 // most MaxMetadataPairs. A channel that hands these to its server directly (pkg/app's
 // in-process channel) gives the handler the metadata a network hop would.
 func (c ClientIdentity) AppendMetadata(ctx context.Context, kv []string) []string {
-	if id := RequestID(ctx); id != "" {
-		kv = append(kv, MetadataRequestID, id)
+	// Each lookup in ctx walks the caller's context chain, which on the router is a whole
+	// HTTP request's, up to the value or, when there is none, to its root: the request's
+	// identity is looked up once, and so is its span when there is none.
+	m := metaOf(ctx)
+	if m.id != "" {
+		kv = append(kv, MetadataRequestID, m.id)
 	}
 	// The span's own traceparent when there is one (the client stats handler, with tracing
 	// on, replaces it with its client span's); otherwise the trace id alone, so that logs of
-	// one request share it across hops even with tracing off.
+	// one request share it across hops even with tracing off. Without a span, TraceID is
+	// the request's own.
 	if tp := traceParentOf(ctx); tp != "" {
 		kv = append(kv, MetadataTraceParent, tp)
-	} else if id := TraceID(ctx); id != "" {
-		kv = append(kv, MetadataTraceParent, traceParent(id))
+	} else if m.traceID != "" {
+		kv = append(kv, MetadataTraceParent, traceParent(m.traceID))
 	}
 	// The tenant's own key never leaves the front door: the next hop learns the tenant
 	// from the service that vouches for it.

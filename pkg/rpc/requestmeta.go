@@ -118,13 +118,17 @@ func appendRandomHex(b []byte, n int) []byte {
 
 // ValidRequestID reports whether a caller-supplied request id may be adopted: it ends up
 // in logs, events and provider headers, so it is short and made of safe characters.
+//
+// Every call of every service checks the one it receives. Every allowed character is
+// ASCII, so the bytes are checked without decoding runes (FuzzValidRequestID compares
+// this with the rune loop it replaced).
 func ValidRequestID(id string) bool {
 	if id == "" || len(id) > 128 {
 		return false
 	}
-	for _, c := range id {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', strings.ContainsRune("-_.:", c):
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c == '.', c == ':':
 		default:
 			return false
 		}
@@ -150,21 +154,26 @@ func TraceIDFromTraceParent(tp string) (string, bool) {
 	if !isLowerHex(version, 2) || version == "ff" || (version == "00" && extra) {
 		return "", false
 	}
-	if !isLowerHex(traceID, 32) || traceID == strings.Repeat("0", 32) ||
-		!isLowerHex(parentID, 16) || parentID == strings.Repeat("0", 16) ||
+	if !isLowerHex(traceID, 32) || traceID == zeroTraceID ||
+		!isLowerHex(parentID, 16) || parentID == zeroTraceID[:16] ||
 		!isLowerHex(flags, 2) {
 		return "", false
 	}
 	return traceID, true
 }
 
-// isLowerHex reports whether s is n lower-case hex digits.
+// zeroTraceID is the all-zero trace id, which W3C Trace Context says is invalid; its
+// first 16 digits are the all-zero parent id.
+const zeroTraceID = "00000000000000000000000000000000"
+
+// isLowerHex reports whether s is n lower-case hex digits. Hex digits are ASCII, so it
+// checks bytes: a byte of a multi-byte character is no digit either.
 func isLowerHex(s string, n int) bool {
 	if len(s) != n {
 		return false
 	}
-	for _, c := range s {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return false
 		}
 	}

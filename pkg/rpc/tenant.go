@@ -3,7 +3,6 @@ package rpc
 import (
 	"context"
 	"errors"
-	"regexp"
 )
 
 // CallerKind says what kind of credential authenticated a call.
@@ -50,14 +49,33 @@ type callerKey struct{}
 
 // WithCaller returns a context that carries the caller.
 func WithCaller(ctx context.Context, c Caller) context.Context {
-	return context.WithValue(ctx, callerKey{}, c)
+	return &callerContext{Context: ctx, caller: c}
 }
+
+// callerContext is context.WithValue(ctx, callerKey{}, &caller) in one allocation
+// instead of two (the value context and the Caller boxed in an interface): every
+// authenticated call makes one.
+type callerContext struct {
+	context.Context
+	caller Caller
+}
+
+func (c *callerContext) Value(key any) any {
+	if key == (callerKey{}) {
+		return &c.caller
+	}
+	return c.Context.Value(key)
+}
+
+func (c *callerContext) String() string { return "rpc.callerContext" }
 
 // CallerOf returns the caller of this call; the zero Caller (CallerNone) when none was
 // authenticated.
 func CallerOf(ctx context.Context) Caller {
-	c, _ := ctx.Value(callerKey{}).(Caller)
-	return c
+	if c, ok := ctx.Value(callerKey{}).(*Caller); ok {
+		return *c
+	}
+	return Caller{}
 }
 
 // WithTenant returns a context that carries an authenticated tenant caller.
@@ -75,13 +93,25 @@ func IsOperator(ctx context.Context) bool { return CallerOf(ctx).Kind == CallerO
 // NATS subjects and idempotency keys.
 const MaxTenantIDLength = 64
 
-var tenantIDPattern = regexp.MustCompile(`^[a-z0-9_-]+$`)
-
 // ValidTenantID reports whether id is a valid tenant (or operator, or service) id: 1 to
 // MaxTenantIDLength characters of [a-z0-9_-]. No separator that mantle uses in keys
 // ("/", ":", ".") can occur in one, so "<tenant>/<key>" never collides across tenants.
+//
+// Every call between services checks the caller's service name with it, so it loops over
+// the bytes: the regular expression ^[a-z0-9_-]+$ it stands for took about 4% of the CPU
+// of an authenticated in-process call (FuzzValidTenantID compares the two).
 func ValidTenantID(id string) bool {
-	return len(id) <= MaxTenantIDLength && tenantIDPattern.MatchString(id)
+	if id == "" || len(id) > MaxTenantIDLength {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // ErrTenantMismatch is the error of a call that claims a tenant other than the one its key
