@@ -381,9 +381,13 @@ func (a *App) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	var modules errgroup.Group
 	running := make([]*runningModule, 0, len(a.run))
+	defer func() {
+		for _, r := range running {
+			r.stop()
+		}
+	}()
 	for _, m := range a.run {
 		modCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-		defer stop()
 		r := &runningModule{module: m, stop: stop, done: make(chan struct{})}
 		running = append(running, r)
 		modules.Go(func() error {
