@@ -167,4 +167,3 @@ func BenchmarkParseCompletion(b *testing.B) {
 		})
 	}
 }
-
