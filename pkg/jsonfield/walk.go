@@ -11,7 +11,7 @@ import (
 // member or element ends without checking the syntax again, which is what lets a decoder
 // read a body in one validating pass instead of one per level of nesting (json.Unmarshal
 // validates all of its input every time it is called). Given input json.Valid refuses,
-// they return nonsense but never read out of bounds.
+// they return nonsense but never read out of bounds, and every walk ends.
 
 // Members walks the members of a JSON object in order.
 type Members struct {
@@ -48,6 +48,10 @@ func (m *Members) Next() (key, value []byte, ok bool) {
 		i = skipSpace(b, i+1)
 	}
 	ve := valueEnd(b, i)
+	if ve == i { // no value: not JSON, and the walk must end
+		m.i = len(b)
+		return nil, nil, false
+	}
 	value = b[i:ve:ve]
 	m.i = ve
 	return key, value, true
@@ -81,6 +85,10 @@ func (e *Elements) Next() (value []byte, ok bool) {
 		return nil, false
 	}
 	ve := valueEnd(b, i)
+	if ve == i { // no value: not JSON, and the walk must end
+		e.i = len(b)
+		return nil, false
+	}
 	e.i = ve
 	return b[i:ve:ve], true
 }

@@ -126,3 +126,31 @@ func compareWalkers(t *testing.T, v []byte) {
 		}
 	}
 }
+
+// TestWalkersEndOnInvalid: given what json.Valid refuses the walkers' results are
+// undefined, but every walk ends (a value that is not there ends it).
+func TestWalkersEndOnInvalid(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{`[}`, `[1,}`, `["a" } ]`, `{"a"}`, `{"a":}`, `{"a" "b"}`, `[`, `{`, `{"a":1,,}`, `[,,]`, `{"`, `["\`} {
+		if m, ok := OpenObject([]byte(v)); ok {
+			for n := 0; ; n++ {
+				if _, _, more := m.Next(); !more {
+					break
+				}
+				if n > len(v) {
+					t.Fatalf("the walk of %q does not end", v)
+				}
+			}
+		}
+		if e, ok := OpenArray([]byte(v)); ok {
+			for n := 0; ; n++ {
+				if _, more := e.Next(); !more {
+					break
+				}
+				if n > len(v) {
+					t.Fatalf("the walk of %q does not end", v)
+				}
+			}
+		}
+	}
+}

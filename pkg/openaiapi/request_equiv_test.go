@@ -161,3 +161,20 @@ func BenchmarkDecodeValidChatRequest(b *testing.B) {
 		}
 	}
 }
+
+// FuzzDecodeChatRequestShapes: requests of the usual shape with fuzzed keys and values,
+// most of them valid JSON, so that the fuzzer explores the one-pass decoder rather than
+// bodies json.Valid refuses.
+func FuzzDecodeChatRequestShapes(f *testing.F) {
+	f.Add("role", `"user"`, "content", `"hi"`, "temperature", `0.5`)
+	f.Add("role", `"user"`, "content", `[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]`, "tools", `[{"type":"function","function":{"name":"f","parameters":{}}}]`)
+	f.Add("name", `"n"`, "tool_calls", `[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]`, "tool_choice", `{"type":"function","function":{"name":"f"}}`)
+	f.Add("Role", `null`, "content", `"\ud800"`, "stop", `["a"]`)
+	f.Add("r\\u006fle", `"user"`, "refusal", `5`, "response_format", `{"type":"json_schema","json_schema":{"name":"s","schema":{}}}`)
+	f.Add("role", `"user"`, "content", `"x"`, "extra_body", `{"k":1,"k":2}`)
+	f.Add("role", `"user"`, "content", `"x"`, "max_tokens", `2147483647`)
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2, k3, v3 string) {
+		body := `{"model":"m","messages":[{"` + k1 + `":` + v1 + `,"` + k2 + `":` + v2 + `}],"` + k3 + `":` + v3 + `}`
+		compareChatDecode(t, []byte(body))
+	})
+}

@@ -167,3 +167,18 @@ func BenchmarkParseCompletion(b *testing.B) {
 		})
 	}
 }
+
+// FuzzParseCompletionShapes: answers of the usual shape with fuzzed keys and values, most
+// of them valid JSON, so that the fuzzer explores the fast decoder rather than bodies
+// json.Valid refuses.
+func FuzzParseCompletionShapes(f *testing.F) {
+	f.Add("model", `"m"`, "content", `"hi\n\u00e9"`, `"stop"`, `null`, "prompt_tokens", `3`)
+	f.Add("Model", `null`, "tool_calls", `[{"index":0,"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]`, `"tool_calls"`, `{"content":[]}`, "completion_tokens", `-7`)
+	f.Add("id", `"x"`, "refusal", `"no"`, `null`, `[]`, "PROMPT_TOKENS", `1.5`)
+	f.Add("choices", `[]`, "\\u0063ontent", `"x"`, `5`, `"\ud800"`, "prompt_tokens", `"3"`)
+	f.Fuzz(func(t *testing.T, topKey, topValue, msgKey, msgValue, finish, logprobs, usageKey, usageValue string) {
+		body := `{"` + topKey + `":` + topValue + `,"choices":[{"message":{"role":"assistant","` + msgKey + `":` + msgValue +
+			`},"finish_reason":` + finish + `,"logprobs":` + logprobs + `}],"usage":{"` + usageKey + `":` + usageValue + `}}`
+		compareWithReference(t, []byte(body))
+	})
+}
