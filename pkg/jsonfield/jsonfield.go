@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -21,6 +22,11 @@ type Decoder struct {
 	// Refused names keys that Obj refuses with a reason ("not supported: ...") instead of
 	// as unknown fields.
 	Refused map[string]string
+	// Valid says that every value the decoder is given is part of a body json.Valid has
+	// accepted: objects and lists are then split by the walkers (walk.go) and literals read
+	// directly, without json.Unmarshal's validating pass over them and its reflection,
+	// with the same results and errors.
+	Valid bool
 }
 
 // Fail records a field error unless one is recorded already.
@@ -50,6 +56,12 @@ func (d *Decoder) Str(v json.RawMessage, field string, into *string) {
 	if s, ok := PlainString(v); ok {
 		*into = s
 		return
+	}
+	if d.Valid {
+		if s, ok := Unquote(v); ok {
+			*into = s
+			return
+		}
 	}
 	if !IsNull(v) {
 		d.Decode(v, field, into, "want a string")
@@ -82,6 +94,12 @@ func PlainString(v json.RawMessage) (_ string, ok bool) {
 
 // Float decodes a number; nil for null or an error.
 func (d *Decoder) Float(v json.RawMessage, field string) *float64 {
+	if d.Valid && d.Err == nil && len(v) > 0 && (v[0] == '-' || '0' <= v[0] && v[0] <= '9') {
+		// A number literal, as json.Unmarshal reads it; out of range is its error below.
+		if f, err := strconv.ParseFloat(string(v), 64); err == nil {
+			return &f
+		}
+	}
 	var f float64
 	if IsNull(v) || !d.Decode(v, field, &f, "want a number") {
 		return nil
@@ -91,6 +109,11 @@ func (d *Decoder) Float(v json.RawMessage, field string) *float64 {
 
 // Int32 decodes an integer; nil for null or an error.
 func (d *Decoder) Int32(v json.RawMessage, field string) *int32 {
+	if d.Valid && d.Err == nil {
+		if n, ok := smallInt(v); ok {
+			return &n
+		}
+	}
 	var n int32
 	if IsNull(v) || !d.Decode(v, field, &n, "want an integer") {
 		return nil
@@ -100,6 +123,16 @@ func (d *Decoder) Int32(v json.RawMessage, field string) *int32 {
 
 // Bool decodes true or false; nil for null or an error.
 func (d *Decoder) Bool(v json.RawMessage, field string) *bool {
+	if d.Valid && d.Err == nil {
+		switch string(v) {
+		case "true":
+			b := true
+			return &b
+		case "false":
+			b := false
+			return &b
+		}
+	}
 	var b bool
 	if IsNull(v) || !d.Decode(v, field, &b, "want true or false") {
 		return nil
@@ -119,8 +152,11 @@ func (d *Decoder) Strings(v json.RawMessage, field string, into *[]string, limit
 
 // List decodes v as a JSON list of at most limit members.
 func (d *Decoder) List(v json.RawMessage, field, what string, limit int) []json.RawMessage {
-	var l []json.RawMessage
-	if IsNull(v) || !d.Decode(v, field, &l, "want a list of "+what) {
+	if IsNull(v) {
+		return nil
+	}
+	l, ok := d.RawList(v, field, "want a list of "+what)
+	if !ok {
 		return nil
 	}
 	if len(l) > limit {
@@ -130,13 +166,45 @@ func (d *Decoder) List(v json.RawMessage, field, what string, limit int) []json.
 	return l
 }
 
+// RawList decodes v as a JSON list of raw values, failing field with want when it is not
+// one (null included: callers that allow it test IsNull first).
+func (d *Decoder) RawList(v json.RawMessage, field, want string) ([]json.RawMessage, bool) {
+	if d.Err != nil {
+		return nil, false
+	}
+	if !d.Valid {
+		var l []json.RawMessage
+		ok := d.Decode(v, field, &l, want)
+		return l, ok
+	}
+	arr, ok := OpenArray(v)
+	if !ok {
+		d.Fail(field, "%s, got %s", want, Shorten(v))
+		return nil, false
+	}
+	var l []json.RawMessage
+	for {
+		e, more := arr.Next()
+		if !more {
+			return l, true
+		}
+		l = append(l, e)
+	}
+}
+
 // Obj decodes v as an object for field, checking that its keys are among allowed; a key of
 // Refused is refused with its reason, any other as unknown.
 func (d *Decoder) Obj(v json.RawMessage, field string, allowed ...string) map[string]json.RawMessage {
 	if d.Err != nil {
 		return nil
 	}
-	m, err := Object(v, field)
+	var m map[string]json.RawMessage
+	var err error
+	if d.Valid {
+		m, err = ObjectOfValid(v, field, allowed...)
+	} else {
+		m, err = Object(v, field)
+	}
 	if err != nil {
 		d.Err = err
 		return nil
@@ -183,6 +251,61 @@ func Object(v json.RawMessage, field string) (map[string]json.RawMessage, error)
 		return nil, rpc.Invalid(field, "want an object, got %s", Shorten(v))
 	}
 	return m, nil
+}
+
+// ObjectOfValid is Object for v that json.Valid accepts (or a member of such a body),
+// without a second pass over it and reflection; the values are v's own bytes, not copies.
+// A key among names is that string, not a new one: names are the keys expected.
+func ObjectOfValid(v json.RawMessage, field string, names ...string) (map[string]json.RawMessage, error) {
+	obj, ok := OpenObject(v)
+	if !ok {
+		return Object(v, field) // its error, the same as ever
+	}
+	m := make(map[string]json.RawMessage)
+	for {
+		k, val, more := obj.Next()
+		if !more {
+			return m, nil
+		}
+		m[knownKey(k, names)] = val // the last of duplicate keys wins, as with json.Unmarshal
+	}
+}
+
+// knownKey is Key(k), the string of names that it equals if any.
+func knownKey(k []byte, names []string) string {
+	if len(k) >= 2 {
+		inner := k[1 : len(k)-1]
+		for _, n := range names {
+			if string(inner) == n {
+				return n // a name has no character to escape, so written as is
+			}
+		}
+	}
+	return Key(k)
+}
+
+// smallInt reads an integer literal of at most nine digits, which always fits an int32,
+// as json.Unmarshal does; ok is false for anything else (a fraction, an exponent, a
+// leading zero, more digits), which json.Unmarshal then reads or refuses.
+func smallInt(v []byte) (int32, bool) {
+	digits := v
+	if len(v) > 0 && v[0] == '-' {
+		digits = v[1:]
+	}
+	if len(digits) == 0 || len(digits) > 9 || (digits[0] == '0' && len(digits) > 1) {
+		return 0, false
+	}
+	var n int32
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int32(c-'0')
+	}
+	if len(digits) != len(v) {
+		n = -n
+	}
+	return n, true
 }
 
 // IsNull reports an absent member or JSON null.

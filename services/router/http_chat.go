@@ -20,7 +20,8 @@ func (f *frontDoor) decodeChat(w http.ResponseWriter, r *http.Request, limit int
 		writeOpenAIError(w, berr.shape.status, berr.shape.openAI, berr.code, berr.param, berr.msg)
 		return nil, false
 	}
-	cr, err := openaiapi.DecodeChatRequest(raw)
+	// readBody has checked that the body is UTF-8 and JSON: the decoder does not again.
+	cr, err := openaiapi.DecodeValidChatRequest(raw)
 	if err != nil {
 		writeError(w, toStatus(err))
 		return nil, false

@@ -273,18 +273,22 @@ func (u *usage) toProvider() *provider.Usage {
 
 // chatResponse is the part of a non-streaming answer the Client reads.
 type chatResponse struct {
-	Model   string `json:"model"`
-	Choices []struct {
-		Message struct {
-			Content string `json:"content"`
-			// Refusal is set instead of Content when the model declines (structured outputs).
-			Refusal   string     `json:"refusal"`
-			ToolCalls []toolCall `json:"tool_calls"`
-		} `json:"message"`
-		FinishReason string          `json:"finish_reason"`
-		Logprobs     json.RawMessage `json:"logprobs"`
-	} `json:"choices"`
-	Usage *usage `json:"usage"`
+	Model   string   `json:"model"`
+	Choices []choice `json:"choices"`
+	Usage   *usage   `json:"usage"`
+}
+
+// choice is an alias, not a type of its own, so that json.Unmarshal's errors name the
+// type as they did when it was written in place.
+type choice = struct {
+	Message struct {
+		Content string `json:"content"`
+		// Refusal is set instead of Content when the model declines (structured outputs).
+		Refusal   string     `json:"refusal"`
+		ToolCalls []toolCall `json:"tool_calls"`
+	} `json:"message"`
+	FinishReason string          `json:"finish_reason"`
+	Logprobs     json.RawMessage `json:"logprobs"`
 }
 
 // Complete sends req and waits for the whole answer.
@@ -296,11 +300,16 @@ func (c *Client) Complete(ctx context.Context, req provider.Request) (provider.R
 // a classified error when it is still a failure in disguise.
 func parseCompletion(body []byte) (provider.Response, *provider.Error) {
 	var cr chatResponse
-	if err := json.Unmarshal(body, &cr); err != nil {
-		return provider.Response{}, &provider.Error{
-			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
-			Message: "response body is not a chat completion",
-			Err:     fmt.Errorf("decode response: %w", err),
+	// decodeCompletion reads the usual answer without reflection; what it does not read
+	// exactly as json.Unmarshal would, json.Unmarshal reads, errors included.
+	if !decodeCompletion(body, &cr) {
+		cr = chatResponse{}
+		if err := json.Unmarshal(body, &cr); err != nil {
+			return provider.Response{}, &provider.Error{
+				Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+				Message: "response body is not a chat completion",
+				Err:     fmt.Errorf("decode response: %w", err),
+			}
 		}
 	}
 	if len(cr.Choices) == 0 {
