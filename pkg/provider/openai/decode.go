@@ -1,8 +1,9 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
-	"strings"
+	"slices"
 
 	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 )
@@ -18,11 +19,29 @@ func decodeCompletion(body []byte, cr *chatResponse) bool {
 	if !json.Valid(body) {
 		return false
 	}
-	obj, ok := jsonfield.OpenObject(body)
+	return members(body, []string{"model", "choices", "usage"}, func(key string, v []byte) bool {
+		switch key {
+		case "model":
+			return decodeString(v, &cr.Model)
+		case "choices":
+			return decodeChoices(v, cr)
+		default:
+			return decodeUsage(v, cr)
+		}
+	})
+}
+
+// members decodes the object v a member at a time: member is called with each key of
+// names (at most 16) and its value. It returns false, for json.Unmarshal to decide, when
+// v is not an object, a key is not plain (plainKey), a key of names comes twice, another
+// key matches one of names but for case, or member returns false. Other keys are skipped,
+// as json.Unmarshal skips them.
+func members(v []byte, names []string, member func(key string, v []byte) bool) bool {
+	obj, ok := jsonfield.OpenObject(v)
 	if !ok {
 		return false
 	}
-	var seen uint8
+	var seen uint16
 	for {
 		k, v, more := obj.Next()
 		if !more {
@@ -32,24 +51,18 @@ func decodeCompletion(body []byte, cr *chatResponse) bool {
 		if !ok {
 			return false
 		}
-		var bit uint8
-		switch key {
-		case "model":
-			bit = 1
-			ok = decodeString(v, &cr.Model)
-		case "choices":
-			bit = 2
-			ok = decodeChoices(v, cr)
-		case "usage":
-			bit = 4
-			ok = decodeUsage(v, cr)
-		default:
-			ok = !foldsTo(key, "model", "choices", "usage")
+		// Compared as bytes, and names[i] handed on: the key is not copied to the heap.
+		i := slices.IndexFunc(names, func(n string) bool { return string(key) == n })
+		if i < 0 {
+			if foldsTo(key, names) {
+				return false
+			}
+			continue
 		}
-		if !ok || seen&bit != 0 {
+		if seen&(1<<i) != 0 || !member(names[i], v) {
 			return false
 		}
-		seen |= bit
+		seen |= 1 << i
 	}
 }
 
@@ -76,80 +89,35 @@ func decodeChoices(v []byte, cr *chatResponse) bool {
 }
 
 func decodeChoice(v []byte, c *choice) bool {
-	obj, ok := jsonfield.OpenObject(v)
-	if !ok {
-		return false
-	}
-	var seen uint8
-	for {
-		k, v, more := obj.Next()
-		if !more {
-			return true
-		}
-		key, ok := plainKey(k)
-		if !ok {
-			return false
-		}
-		var bit uint8
+	return members(v, []string{"message", "finish_reason", "logprobs"}, func(key string, v []byte) bool {
 		switch key {
 		case "message":
-			bit = 1
-			ok = decodeMessage(v, c)
+			return decodeMessage(v, c)
 		case "finish_reason":
-			bit = 2
-			ok = decodeString(v, &c.FinishReason)
-		case "logprobs":
-			bit = 4
+			return decodeString(v, &c.FinishReason)
+		default:
 			// json.RawMessage keeps a copy of the value's bytes, null included.
 			c.Logprobs = append(json.RawMessage(nil), v...)
-		default:
-			ok = !foldsTo(key, "message", "finish_reason", "logprobs")
+			return true
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-	}
+	})
 }
 
 func decodeMessage(v []byte, c *choice) bool {
 	if isNull(v) {
 		return true
 	}
-	obj, ok := jsonfield.OpenObject(v)
-	if !ok {
-		return false
-	}
 	m := &c.Message
-	var seen uint8
-	for {
-		k, v, more := obj.Next()
-		if !more {
-			return true
-		}
-		key, ok := plainKey(k)
-		if !ok {
-			return false
-		}
-		var bit uint8
+	return members(v, []string{"content", "refusal", "tool_calls"}, func(key string, v []byte) bool {
 		switch key {
 		case "content":
-			bit = 1
-			ok = decodeString(v, &m.Content)
+			return decodeString(v, &m.Content)
 		case "refusal":
-			bit = 2
-			ok = decodeString(v, &m.Refusal)
-		case "tool_calls":
-			bit = 4
-			ok = decodeToolCalls(v, &m.ToolCalls)
+			return decodeString(v, &m.Refusal)
 		default:
-			ok = !foldsTo(key, "content", "refusal", "tool_calls")
+			return decodeToolCalls(v, &m.ToolCalls)
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-	}
+	})
 }
 
 func decodeToolCalls(v []byte, into *[]toolCall) bool {
@@ -175,84 +143,40 @@ func decodeToolCalls(v []byte, into *[]toolCall) bool {
 }
 
 func decodeToolCall(v []byte, tc *toolCall) bool {
-	obj, ok := jsonfield.OpenObject(v)
-	if !ok {
-		return false
-	}
-	var seen uint8
-	for {
-		k, v, more := obj.Next()
-		if !more {
-			return true
-		}
-		key, ok := plainKey(k)
-		if !ok {
-			return false
-		}
-		var bit uint8
+	return members(v, []string{"index", "id", "type", "function"}, func(key string, v []byte) bool {
 		switch key {
 		case "index":
 			// Read only for its type: an index that is not an int is json.Unmarshal's error.
-			bit = 1
-			if !isNull(v) {
-				var n int64
-				ok = decodeInt(v, &n)
-				i := int(n)
-				tc.Index = &i
+			if isNull(v) {
+				return true
 			}
+			var n int64
+			if !decodeInt(v, &n) {
+				return false
+			}
+			i := int(n)
+			tc.Index = &i
+			return true
 		case "id":
-			bit = 2
-			ok = decodeString(v, &tc.ID)
+			return decodeString(v, &tc.ID)
 		case "type":
-			bit = 4
-			ok = decodeString(v, &tc.Type)
-		case "function":
-			bit = 8
-			ok = decodeFunction(v, tc)
+			return decodeString(v, &tc.Type)
 		default:
-			ok = !foldsTo(key, "index", "id", "type", "function")
+			return decodeFunction(v, tc)
 		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-	}
+	})
 }
 
 func decodeFunction(v []byte, tc *toolCall) bool {
 	if isNull(v) {
 		return true
 	}
-	obj, ok := jsonfield.OpenObject(v)
-	if !ok {
-		return false
-	}
-	var seen uint8
-	for {
-		k, v, more := obj.Next()
-		if !more {
-			return true
+	return members(v, []string{"name", "arguments"}, func(key string, v []byte) bool {
+		if key == "name" {
+			return decodeString(v, &tc.Function.Name)
 		}
-		key, ok := plainKey(k)
-		if !ok {
-			return false
-		}
-		var bit uint8
-		switch key {
-		case "name":
-			bit = 1
-			ok = decodeString(v, &tc.Function.Name)
-		case "arguments":
-			bit = 2
-			ok = decodeString(v, &tc.Function.Arguments)
-		default:
-			ok = !foldsTo(key, "name", "arguments")
-		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-	}
+		return decodeString(v, &tc.Function.Arguments)
+	})
 }
 
 func decodeUsage(v []byte, cr *chatResponse) bool {
@@ -260,61 +184,37 @@ func decodeUsage(v []byte, cr *chatResponse) bool {
 		cr.Usage = nil
 		return true
 	}
-	obj, ok := jsonfield.OpenObject(v)
-	if !ok {
-		return false
-	}
 	u := &usage{}
 	cr.Usage = u
-	var seen uint8
-	for {
-		k, v, more := obj.Next()
-		if !more {
-			return true
+	return members(v, []string{"prompt_tokens", "completion_tokens"}, func(key string, v []byte) bool {
+		if key == "prompt_tokens" {
+			return isNull(v) || decodeInt(v, &u.PromptTokens)
 		}
-		key, ok := plainKey(k)
-		if !ok {
-			return false
-		}
-		var bit uint8
-		switch key {
-		case "prompt_tokens":
-			bit = 1
-			ok = isNull(v) || decodeInt(v, &u.PromptTokens)
-		case "completion_tokens":
-			bit = 2
-			ok = isNull(v) || decodeInt(v, &u.CompletionTokens)
-		default:
-			ok = !foldsTo(key, "prompt_tokens", "completion_tokens")
-		}
-		if !ok || seen&bit != 0 {
-			return false
-		}
-		seen |= bit
-	}
+		return isNull(v) || decodeInt(v, &u.CompletionTokens)
+	})
 }
 
-// plainKey is the key k as written when it is plain ASCII without escapes; ok is false
-// for any other, whose match json.Unmarshal decides (an escape or a non-ASCII letter such
-// as the Kelvin sign can match a field's name).
-func plainKey(k []byte) (string, bool) {
+// plainKey is the key k as written, without its quotes, when it is plain ASCII without
+// escapes; ok is false for any other, whose match json.Unmarshal decides (an escape or a
+// non-ASCII letter such as the Kelvin sign can match a field's name).
+func plainKey(k []byte) ([]byte, bool) {
 	if len(k) < 2 {
-		return "", false
+		return nil, false
 	}
 	in := k[1 : len(k)-1]
 	for _, c := range in {
 		if c == '\\' || c >= 0x80 {
-			return "", false
+			return nil, false
 		}
 	}
-	return string(in), true
+	return in, true
 }
 
 // foldsTo reports whether key is one of names but for case, which json.Unmarshal would
 // decode into that field.
-func foldsTo(key string, names ...string) bool {
+func foldsTo(key []byte, names []string) bool {
 	for _, n := range names {
-		if strings.EqualFold(key, n) {
+		if bytes.EqualFold(key, []byte(n)) {
 			return true
 		}
 	}
