@@ -110,8 +110,10 @@ func (d *Decoder) Float(v json.RawMessage, field string) *float64 {
 // Int32 decodes an integer; nil for null or an error.
 func (d *Decoder) Int32(v json.RawMessage, field string) *int32 {
 	if d.Valid && d.Err == nil {
-		if n, ok := smallInt(v); ok {
-			return &n
+		// Nine digits always fit an int32.
+		if n, ok := Int(v, 9); ok {
+			n32 := int32(n)
+			return &n32
 		}
 	}
 	var n int32
@@ -273,39 +275,10 @@ func ObjectOfValid(v json.RawMessage, field string, names ...string) (map[string
 
 // knownKey is Key(k), the string of names that it equals if any.
 func knownKey(k []byte, names []string) string {
-	if len(k) >= 2 {
-		inner := k[1 : len(k)-1]
-		for _, n := range names {
-			if string(inner) == n {
-				return n // a name has no character to escape, so written as is
-			}
-		}
+	if i := NameIndex(k, names); i >= 0 {
+		return names[i] // a name has no character to escape, so written as is
 	}
 	return Key(k)
-}
-
-// smallInt reads an integer literal of at most nine digits, which always fits an int32,
-// as json.Unmarshal does; ok is false for anything else (a fraction, an exponent, a
-// leading zero, more digits), which json.Unmarshal then reads or refuses.
-func smallInt(v []byte) (int32, bool) {
-	digits := v
-	if len(v) > 0 && v[0] == '-' {
-		digits = v[1:]
-	}
-	if len(digits) == 0 || len(digits) > 9 || (digits[0] == '0' && len(digits) > 1) {
-		return 0, false
-	}
-	var n int32
-	for _, c := range digits {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int32(c-'0')
-	}
-	if len(digits) != len(v) {
-		n = -n
-	}
-	return n, true
 }
 
 // IsNull reports an absent member or JSON null.

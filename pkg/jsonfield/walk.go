@@ -189,6 +189,46 @@ func Key(k []byte) string {
 	return s
 }
 
+// NameIndex is the index in names of the object key k (as Members gives it) when k is
+// written as that name, quotes aside; -1 otherwise. It copies nothing.
+func NameIndex(k []byte, names []string) int {
+	if len(k) < 2 {
+		return -1
+	}
+	inner := k[1 : len(k)-1]
+	for i, n := range names {
+		if string(inner) == n {
+			return i
+		}
+	}
+	return -1
+}
+
+// Int reads the integer literal v of at most digits digits (at most 18, which always fit
+// an int64) as json.Unmarshal reads it into an integer; ok is false for anything else (a
+// fraction, an exponent, a leading zero, more digits), which json.Unmarshal then reads or
+// refuses.
+func Int(v []byte, digits int) (_ int64, ok bool) {
+	d := v
+	if len(v) > 0 && v[0] == '-' {
+		d = v[1:]
+	}
+	if len(d) == 0 || len(d) > min(digits, 18) || (d[0] == '0' && len(d) > 1) {
+		return 0, false
+	}
+	var n int64
+	for _, c := range d {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if len(d) != len(v) {
+		n = -n
+	}
+	return n, true
+}
+
 func hex4(b []byte) (rune, bool) {
 	if len(b) < 4 {
 		return 0, false

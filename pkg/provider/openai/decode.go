@@ -3,7 +3,6 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
-	"slices"
 
 	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 )
@@ -51,8 +50,8 @@ func members(v []byte, names []string, member func(key string, v []byte) bool) b
 		if !ok {
 			return false
 		}
-		// Compared as bytes, and names[i] handed on: the key is not copied to the heap.
-		i := slices.IndexFunc(names, func(n string) bool { return string(key) == n })
+		// names[i] is handed on: the key is not copied to the heap.
+		i := jsonfield.NameIndex(k, names)
 		if i < 0 {
 			if foldsTo(key, names) {
 				return false
@@ -67,8 +66,15 @@ func members(v []byte, names []string, member func(key string, v []byte) bool) b
 }
 
 func decodeChoices(v []byte, cr *chatResponse) bool {
+	return elements(v, &cr.Choices, decodeChoice)
+}
+
+// elements decodes the list v (null: nil, as json.Unmarshal makes it) into into, an
+// element at a time with decode; false, for json.Unmarshal to decide, when v is not a
+// list or decode returns false.
+func elements[T any](v []byte, into *[]T, decode func([]byte, *T) bool) bool {
 	if isNull(v) {
-		cr.Choices = nil
+		*into = nil
 		return true
 	}
 	arr, ok := jsonfield.OpenArray(v)
@@ -80,11 +86,13 @@ func decodeChoices(v []byte, cr *chatResponse) bool {
 		if !more {
 			return true
 		}
-		var c choice
-		if !decodeChoice(e, &c) {
+		// Decoded in its place in the list: a value of its own would escape to the heap
+		// through decode.
+		var zero T
+		*into = append(*into, zero)
+		if !decode(e, &(*into)[len(*into)-1]) {
 			return false
 		}
-		cr.Choices = append(cr.Choices, c)
 	}
 }
 
@@ -121,25 +129,7 @@ func decodeMessage(v []byte, c *choice) bool {
 }
 
 func decodeToolCalls(v []byte, into *[]toolCall) bool {
-	if isNull(v) {
-		*into = nil
-		return true
-	}
-	arr, ok := jsonfield.OpenArray(v)
-	if !ok {
-		return false
-	}
-	for {
-		e, more := arr.Next()
-		if !more {
-			return true
-		}
-		var tc toolCall
-		if !decodeToolCall(e, &tc) {
-			return false
-		}
-		*into = append(*into, tc)
-	}
+	return elements(v, into, decodeToolCall)
 }
 
 func decodeToolCall(v []byte, tc *toolCall) bool {
@@ -236,26 +226,11 @@ func decodeString(v []byte, into *string) bool {
 // decodeInt decodes an integer of at most 18 digits (any int64 a server counts with); a
 // fraction or an exponent, which json.Unmarshal refuses for an integer, returns false.
 func decodeInt(v []byte, into *int64) bool {
-	digits := v
-	neg := len(v) > 0 && v[0] == '-'
-	if neg {
-		digits = v[1:]
+	n, ok := jsonfield.Int(v, 18)
+	if ok {
+		*into = n
 	}
-	if len(digits) == 0 || len(digits) > 18 {
-		return false
-	}
-	var n int64
-	for _, c := range digits {
-		if c < '0' || c > '9' {
-			return false
-		}
-		n = n*10 + int64(c-'0')
-	}
-	if neg {
-		n = -n
-	}
-	*into = n
-	return true
+	return ok
 }
 
 func isNull(v []byte) bool { return string(v) == "null" }

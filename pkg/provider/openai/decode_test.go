@@ -1,49 +1,21 @@
 package openai
 
 import (
-	"encoding/json"
 	"fmt"
 	"reflect"
 	"testing"
 
-	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 )
 
-// refParseCompletion is parseCompletion as it was, with json.Unmarshal alone: the
-// reference the fast decoder must match on every input.
+// refParseCompletion is parseCompletion with json.Unmarshal alone: the reference the fast
+// decoder must match on every input.
 func refParseCompletion(body []byte) (provider.Response, *provider.Error) {
 	var cr chatResponse
-	if err := json.Unmarshal(body, &cr); err != nil {
-		return provider.Response{}, &provider.Error{
-			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
-			Message: "response body is not a chat completion",
-			Err:     fmt.Errorf("decode response: %w", err),
-		}
-	}
-	if len(cr.Choices) == 0 {
-		return provider.Response{}, &provider.Error{
-			Class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR,
-			Message: "response has no choices",
-		}
-	}
-	choice := cr.Choices[0]
-	if err := finishError(choice.FinishReason, choice.Message.Refusal); err != nil {
+	if err := unmarshalCompletion(body, &cr); err != nil {
 		return provider.Response{}, err
 	}
-	out := provider.Response{
-		Content:      choice.Message.Content,
-		FinishReason: choice.FinishReason,
-		Model:        cr.Model,
-		Logprobs:     nonNull(choice.Logprobs),
-	}
-	for _, tc := range choice.Message.ToolCalls {
-		out.ToolCalls = append(out.ToolCalls, provider.ToolCall{ID: tc.ID, Type: tc.Type, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
-	}
-	if u := cr.Usage.toProvider(); u != nil {
-		out.Usage = *u
-	}
-	return out, nil
+	return completionResponse(cr)
 }
 
 // completions are answers as servers send them, the seeds of the comparison.

@@ -304,14 +304,27 @@ func parseCompletion(body []byte) (provider.Response, *provider.Error) {
 	// exactly as json.Unmarshal would, json.Unmarshal reads, errors included.
 	if !decodeCompletion(body, &cr) {
 		cr = chatResponse{}
-		if err := json.Unmarshal(body, &cr); err != nil {
-			return provider.Response{}, &provider.Error{
-				Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
-				Message: "response body is not a chat completion",
-				Err:     fmt.Errorf("decode response: %w", err),
-			}
+		if err := unmarshalCompletion(body, &cr); err != nil {
+			return provider.Response{}, err
 		}
 	}
+	return completionResponse(cr)
+}
+
+// unmarshalCompletion is json.Unmarshal of a completion, its error a malformed output.
+func unmarshalCompletion(body []byte, cr *chatResponse) *provider.Error {
+	if err := json.Unmarshal(body, cr); err != nil {
+		return &provider.Error{
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+			Message: "response body is not a chat completion",
+			Err:     fmt.Errorf("decode response: %w", err),
+		}
+	}
+	return nil
+}
+
+// completionResponse is the answer a decoded completion gives, or the failure it hides.
+func completionResponse(cr chatResponse) (provider.Response, *provider.Error) {
 	if len(cr.Choices) == 0 {
 		return provider.Response{}, &provider.Error{
 			Class:   mantlev1.ErrorClass_ERROR_CLASS_HIDDEN_ERROR,
