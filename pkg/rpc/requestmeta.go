@@ -31,31 +31,43 @@ type requestMeta struct {
 type requestMetaKey struct{}
 
 func metaOf(ctx context.Context) requestMeta {
-	if m, ok := ctx.Value(requestMetaKey{}).(*requestMeta); ok {
-		return *m
-	}
-	return requestMeta{}
+	m, _ := valueOf[requestMetaKey, requestMeta](ctx)
+	return m
 }
 
 func withMeta(ctx context.Context, m requestMeta) context.Context {
-	return &metaContext{Context: ctx, meta: m}
+	return withValue[requestMetaKey](ctx, m)
 }
 
-// metaContext is context.WithValue(ctx, requestMetaKey{}, &meta) in one allocation
-// instead of two (the value context and the requestMeta it points to).
-type metaContext struct {
+// valueContext is context.WithValue(ctx, K{}, &v) in one allocation instead of two (the
+// value context and v boxed in an interface): every call of every service makes a few.
+// K is an empty struct type of this package, the key.
+type valueContext[K comparable, V any] struct {
 	context.Context
-	meta requestMeta
+	v V
 }
 
-func (c *metaContext) Value(key any) any {
-	if key == (requestMetaKey{}) {
-		return &c.meta
+func withValue[K comparable, V any](ctx context.Context, v V) context.Context {
+	return &valueContext[K, V]{Context: ctx, v: v}
+}
+
+// valueOf is the V that withValue[K] put in ctx.
+func valueOf[K comparable, V any](ctx context.Context) (V, bool) {
+	if p, ok := ctx.Value(*new(K)).(*V); ok {
+		return *p, true
+	}
+	var zero V
+	return zero, false
+}
+
+func (c *valueContext[K, V]) Value(key any) any {
+	if _, ok := key.(K); ok {
+		return &c.v
 	}
 	return c.Context.Value(key)
 }
 
-func (c *metaContext) String() string { return "rpc.metaContext" }
+func (c *valueContext[K, V]) String() string { return "rpc.valueContext" }
 
 // WithRequestID returns a context carrying the request id.
 func WithRequestID(ctx context.Context, id string) context.Context {

@@ -49,33 +49,14 @@ type callerKey struct{}
 
 // WithCaller returns a context that carries the caller.
 func WithCaller(ctx context.Context, c Caller) context.Context {
-	return &callerContext{Context: ctx, caller: c}
+	return withValue[callerKey](ctx, c)
 }
-
-// callerContext is context.WithValue(ctx, callerKey{}, &caller) in one allocation
-// instead of two (the value context and the Caller boxed in an interface): every
-// authenticated call makes one.
-type callerContext struct {
-	context.Context
-	caller Caller
-}
-
-func (c *callerContext) Value(key any) any {
-	if key == (callerKey{}) {
-		return &c.caller
-	}
-	return c.Context.Value(key)
-}
-
-func (c *callerContext) String() string { return "rpc.callerContext" }
 
 // CallerOf returns the caller of this call; the zero Caller (CallerNone) when none was
 // authenticated.
 func CallerOf(ctx context.Context) Caller {
-	if c, ok := ctx.Value(callerKey{}).(*Caller); ok {
-		return *c
-	}
-	return Caller{}
+	c, _ := valueOf[callerKey, Caller](ctx)
+	return c
 }
 
 // WithTenant returns a context that carries an authenticated tenant caller.
