@@ -194,19 +194,22 @@ func (d *Decoder) RawList(v json.RawMessage, field, want string) ([]json.RawMess
 	}
 }
 
+// Object is Object, or ObjectOfValid with names when the decoder is Valid: v's members,
+// keys unchecked.
+func (d *Decoder) Object(v json.RawMessage, field string, names ...string) (map[string]json.RawMessage, error) {
+	if d.Valid {
+		return ObjectOfValid(v, field, names...)
+	}
+	return Object(v, field)
+}
+
 // Obj decodes v as an object for field, checking that its keys are among allowed; a key of
 // Refused is refused with its reason, any other as unknown.
 func (d *Decoder) Obj(v json.RawMessage, field string, allowed ...string) map[string]json.RawMessage {
 	if d.Err != nil {
 		return nil
 	}
-	var m map[string]json.RawMessage
-	var err error
-	if d.Valid {
-		m, err = ObjectOfValid(v, field, allowed...)
-	} else {
-		m, err = Object(v, field)
-	}
+	m, err := d.Object(v, field, allowed...)
 	if err != nil {
 		d.Err = err
 		return nil

@@ -81,13 +81,21 @@ func DecodeChatRequest(body []byte) (*ChatRequest, error) {
 // in one pass, not validated again at every level of nesting. Given any other body its
 // result is undefined (but it does not panic).
 func DecodeValidChatRequest(body []byte) (*ChatRequest, error) {
-	top, err := jsonfield.ObjectOfValid(body, "", Forwarded...)
+	return decodeChatRequest(body, true)
+}
+
+// decodeChatRequest decodes body, which is valid UTF-8; with valid, it is valid JSON too
+// and read in one pass (jsonfield.Decoder.Valid). Without, every object, list and literal
+// goes through json.Unmarshal, which checks it: the tests hold the one-pass reading to
+// that one.
+func decodeChatRequest(body []byte, valid bool) (*ChatRequest, error) {
+	d := decoder{jsonfield.Decoder{Valid: valid}}
+	top, err := d.Object(body, "", Forwarded...)
 	if err != nil {
 		return nil, err
 	}
 	out := &ChatRequest{Request: &routerv1.Request{}}
 	req := out.Request
-	d := decoder{jsonfield.Decoder{Valid: true}}
 	var maxTokens, maxCompletion *int32
 	for _, k := range jsonfield.SortedKeys(top) {
 		v := top[k]
@@ -250,7 +258,7 @@ func (d *decoder) extraBody(v json.RawMessage) string {
 	if jsonfield.IsNull(v) || d.Err != nil {
 		return ""
 	}
-	m, err := jsonfield.ObjectOfValid(v, "extra_body")
+	m, err := d.Object(v, "extra_body")
 	if err != nil {
 		d.Err = err
 		return ""

@@ -11,6 +11,8 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
+
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
 // chatBodies are requests as callers send them and the ways a body can be read
@@ -79,6 +81,16 @@ var chatBodies = []string{
 	`"x"`,
 	``,
 	`{}`,
+}
+
+// refDecodeChatRequest is the reference the one-pass decoder must match on every body:
+// the same decoder with json.Unmarshal reading, and so checking, every object, list and
+// literal (jsonfield.Decoder without Valid), after the same UTF-8 check.
+func refDecodeChatRequest(body []byte) (*ChatRequest, error) {
+	if !utf8.Valid(body) {
+		return nil, rpc.Invalid("body", "the body is not valid UTF-8")
+	}
+	return decodeChatRequest(body, false)
 }
 
 // TestDecodeChatRequestMatchesReference: DecodeChatRequest, and DecodeValidChatRequest on
