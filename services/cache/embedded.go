@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
@@ -63,6 +65,8 @@ type EmbeddedIndex struct {
 	// wake tells RunLinker that a Put queued work; linker is set while RunLinker runs.
 	wake   chan struct{}
 	linker atomic.Bool
+	// searches counts Search calls, for RunLinker to tell a busy index from an idle one.
+	searches atomic.Uint64
 }
 
 type node struct {
@@ -220,6 +224,7 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 	if q.Vector.Len() == 0 || q.Limit <= 0 {
 		return nil, nil
 	}
+	x.searches.Add(1)
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	p := x.parts[q.Partition]
@@ -255,9 +260,11 @@ func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector, near *v
 		return err
 	}
 	if !x.linker.Load() {
-		for x.linkOne() {
+		for {
+			if more, _ := x.linkOne(); !more {
+				return nil
+			}
 		}
-		return nil
 	}
 	if help {
 		x.linkOne()
@@ -297,22 +304,59 @@ func (x *EmbeddedIndex) put(e Entry, v vector.Vector, near *vector.Near) (help b
 }
 
 // RunLinker links the vectors Put stores into their partitions' graphs until ctx is done,
-// so that Put returns without doing it.
+// so that Put returns without doing it. clock times the links and the pauses between them.
 //
 // Linking is background work, and it comes in bursts: a partition that reaches its
 // graph's MinLen queues every vector it holds (8192 for the lexical embedder, about a
-// second of CPU). Between two links the linker yields its CPU, so that requests waiting
-// for one run first, instead of waiting for the scheduler's time slice (10 ms) to end; a
-// link holds the index's locks for at most one plan and one apply either way.
-func (x *EmbeddedIndex) RunLinker(ctx context.Context) {
+// second of CPU). While the index is searched, such a build is paced to buildDuty of one
+// CPU, so that a process busy with requests does not lose a second of CPU to it at once
+// (until the graph is ready, the partition is searched through its postings, as before it
+// had a graph); an index that nobody searches, such as one loaded from a snapshot before
+// traffic arrives, is built at full speed. The
+// links of vectors stored later are not paced: there are as many as stores, each a
+// fraction of a store's cost, and a backlog of them would only grow. Between two links the
+// linker yields its CPU, so that requests waiting for one run first, instead of waiting
+// for the scheduler's time slice (10 ms) to end; a link holds the index's locks for at
+// most one plan and one apply either way.
+func (x *EmbeddedIndex) RunLinker(ctx context.Context, clock clockwork.Clock) {
 	x.linker.Store(true)
 	defer x.linker.Store(false)
+	var busy time.Duration // building links since the last slice ended
+	var searched uint64    // x.searches when the last slice ended
 	for {
-		for x.linkOne() {
+		for {
+			start := clock.Now()
+			more, building := x.linkOne()
+			if !more {
+				break
+			}
 			if ctx.Err() != nil {
 				return
 			}
-			runtime.Gosched()
+			if !building {
+				busy = 0
+				runtime.Gosched()
+				continue
+			}
+			if busy += clock.Since(start); busy < buildSlice {
+				runtime.Gosched()
+				continue
+			}
+			slice := busy
+			busy = 0
+			if n := x.searches.Load(); n == searched {
+				runtime.Gosched() // nobody searched during the slice: nobody to make room for
+				continue
+			} else {
+				searched = n
+			}
+			pause := clock.NewTimer(time.Duration(float64(slice) * (1 - buildDuty) / buildDuty))
+			select {
+			case <-ctx.Done():
+				pause.Stop()
+				return
+			case <-pause.Chan():
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -322,10 +366,20 @@ func (x *EmbeddedIndex) RunLinker(ctx context.Context) {
 	}
 }
 
+// buildDuty is the share of one CPU that building a partition's graph takes, in slices
+// of about buildSlice followed by a pause: a quarter spreads the lexical embedder's
+// 8192-vector build over about four seconds.
+const (
+	buildDuty  = 0.25
+	buildSlice = 2 * time.Millisecond
+)
+
 // linkOne links one waiting vector: the plan (a search of the graph) under the read lock,
 // so that lookups go on meanwhile, and its links under the write lock. It reports whether
-// vectors are still waiting.
-func (x *EmbeddedIndex) linkOne() bool {
+// vectors are still waiting, and whether the one it linked belongs to a graph being built
+// (one whose partition has just reached the graph's MinLen and is not searched through it
+// yet).
+func (x *EmbeddedIndex) linkOne() (more, building bool) {
 	x.linkMu.Lock()
 	defer x.linkMu.Unlock()
 	x.mu.RLock()
@@ -343,6 +397,7 @@ func (x *EmbeddedIndex) linkOne() bool {
 	if p != nil && x.parts[p.key] == p {
 		// Refused only when the set changed under the plan; the next call plans again.
 		p.set.ApplyLink(plan)
+		building = !p.set.GraphReady()
 	}
 	x.toLink = slices.DeleteFunc(x.toLink, func(q *partition) bool {
 		done := x.parts[q.key] != q || q.set.Pending() == 0
@@ -351,7 +406,7 @@ func (x *EmbeddedIndex) linkOne() bool {
 		}
 		return done
 	})
-	return len(x.toLink) > 0
+	return len(x.toLink) > 0, building
 }
 
 // LinkBacklog returns the number of vectors waiting to be linked into their partitions'

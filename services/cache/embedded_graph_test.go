@@ -6,6 +6,9 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
 
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
@@ -27,7 +30,7 @@ func TestEmbeddedIndexLinksInTheBackground(t *testing.T) {
 	linked := make(chan struct{})
 	go func() {
 		defer close(linked)
-		x.RunLinker(ctx)
+		x.RunLinker(ctx, clockwork.NewRealClock())
 	}()
 	defer func() {
 		stop()
@@ -102,4 +105,141 @@ func TestEmbeddedIndexLinksInTheBackground(t *testing.T) {
 			t.Fatalf("Search for entry %s = %v, %v", e.ID, hits, err)
 		}
 	}
+}
+
+// linkClock is a fake clock on which every link takes linkTook: each reading of the time
+// advances it after reading, so that the linker's clock.Since(start) sees that much.
+type linkClock struct{ *clockwork.FakeClock }
+
+const linkTook = 500 * time.Microsecond
+
+func (c linkClock) Now() time.Time {
+	now := c.FakeClock.Now()
+	c.Advance(linkTook)
+	return now
+}
+
+// TestEmbeddedIndexPacesAGraphBuild: when a partition reaches its graph's MinLen while the
+// index is searched, its vectors are linked buildSlice of linking at a time, each slice
+// followed by a pause of three times as long (buildDuty); a slice during which nobody
+// searched is not followed by one; once the graph is ready, the vectors stored later are
+// linked without pauses.
+func TestEmbeddedIndexPacesAGraphBuild(t *testing.T) {
+	t.Parallel()
+	x := newEmbeddedIndex(100_000, searchLimits, smallGraph, smallGraph)
+	put := func(i int) Entry {
+		t.Helper()
+		e := testEntry(fmt.Sprint(i), "acme", "s", "p", fmt.Sprintf("question %d: how long does a parcel to Lisbon take?", i))
+		if err := x.Put(context.Background(), e, vec(t, e.Question), nil); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	search := func() {
+		t.Helper()
+		e := testEntry("0", "acme", "s", "p", "question 0: how long does a parcel to Lisbon take?")
+		if _, err := x.Search(context.Background(), Query{Tenant: "acme", Partition: e.Partition, Vector: vec(t, e.Question), Limit: 1, MinScore: 0.9, Now: epoch}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Below MinLen nothing waits; the Put that reaches it queues the whole partition. With
+	// no linker running yet, Put would link it at once: start the linker first.
+	clock := linkClock{clockwork.NewFakeClock()}
+	ctx, stop := context.WithCancel(context.Background())
+	linked := make(chan struct{})
+	go func() {
+		defer close(linked)
+		x.RunLinker(ctx, clock)
+	}()
+	defer func() {
+		stop()
+		<-linked
+	}()
+	for !x.linker.Load() {
+		runtime.Gosched()
+	}
+	for i := range smallGraph.MinLen - 1 {
+		put(i)
+	}
+	if n := x.LinkBacklog(); n != 0 {
+		t.Fatalf("backlog below MinLen = %d, want 0", n)
+	}
+	search()
+	put(smallGraph.MinLen - 1)
+	perSlice := int(buildSlice / linkTook)
+	pause := time.Duration(float64(buildSlice) * (1 - buildDuty) / buildDuty)
+	// waitPause returns once the linker waits on its pause, and fails when the build ends
+	// without one.
+	waitPause := func(i int) {
+		t.Helper()
+		waitCtx, stopWaiting := context.WithCancel(ctx)
+		defer stopWaiting()
+		blocked := make(chan error, 1)
+		go func() { blocked <- clock.BlockUntilContext(waitCtx, 1) }()
+		for {
+			select {
+			case err := <-blocked:
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			default:
+			}
+			if x.LinkBacklog() == 0 {
+				t.Fatalf("the build ended without pause %d", i)
+			}
+			runtime.Gosched()
+		}
+	}
+	const busySlices = 3
+	want := smallGraph.MinLen
+	for i := range busySlices {
+		want -= perSlice
+		waitPause(i)
+		// The linker waits on its pause: exactly one slice more is linked.
+		if n := x.LinkBacklog(); n != want {
+			t.Fatalf("backlog at pause %d = %d, want %d (%d links a slice)", i, n, want, perSlice)
+		}
+		clock.Advance(pause - time.Nanosecond)
+		if n := x.LinkBacklog(); n != want {
+			t.Fatalf("backlog before pause %d ended = %d, want %d", i, n, want)
+		}
+		if i < busySlices-1 {
+			search()
+		}
+		clock.Advance(time.Nanosecond)
+	}
+	// Nobody searches any more: the rest of the build, and the stores into the ready graph
+	// after it, are linked without a pause, which would leave the linker waiting on the
+	// clock with vectors still queued.
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	paused := make(chan struct{})
+	go func() {
+		if clock.BlockUntilContext(waitCtx, 1) == nil {
+			close(paused)
+		}
+	}()
+	drain := func(what string) {
+		t.Helper()
+		for x.LinkBacklog() > 0 {
+			select {
+			case <-paused:
+				t.Fatalf("the linker paused with %d vectors of %s queued", x.LinkBacklog(), what)
+			default:
+				runtime.Gosched()
+			}
+		}
+	}
+	drain("an idle index's build")
+	p := x.parts[put(smallGraph.MinLen).Partition]
+	if !p.set.GraphReady() {
+		t.Fatal("the graph is not ready after its build")
+	}
+	// A ready graph's links are never paced, searched or not.
+	for i := range 3 * perSlice {
+		put(smallGraph.MinLen + 1 + i)
+		search()
+	}
+	drain("a ready graph")
 }

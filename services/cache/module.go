@@ -199,7 +199,7 @@ func (r *runner) Run(ctx context.Context) error {
 		linkCtx, stopLinking := context.WithCancel(ctx)
 		go func() {
 			defer close(linked)
-			r.embedded.RunLinker(linkCtx)
+			r.embedded.RunLinker(linkCtx, r.clock)
 		}()
 		defer func() {
 			stopLinking()
