@@ -98,8 +98,7 @@ func BenchmarkLatencyQuantile256(b *testing.B) {
 }
 
 // BenchmarkLatencyAttempt is the router's pattern per attempt: one quantile before the
-// call, one observation after it. The cached order is rebuilt every 8 observations of 256,
-// where it used to be sorted on every quantile.
+// call, one observation after it.
 func BenchmarkLatencyAttempt(b *testing.B) {
 	l := NewLatency(256, time.Minute, clockwork.NewRealClock())
 	for i := range 256 {

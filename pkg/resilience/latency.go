@@ -17,19 +17,16 @@ type Latency struct {
 	clock  clockwork.Clock
 	maxAge time.Duration
 
-	mu      sync.Mutex
-	samples []sample // ring buffer
-	next    int
-	full    bool
-
-	// sorted caches the recent values in order. The router asks for a quantile on every
-	// attempt (and again for a hedge delay); sorting the whole window each time was a
-	// measurable share of its CPU. The cache is rebuilt once stale observations pile up
-	// (see staleAfter) or its oldest value ages out.
-	sorted       []time.Duration
-	sortedOldest time.Time // time of the oldest value in sorted
-	pending      int       // observations since sorted was built
-	valid        bool
+	mu sync.Mutex
+	// samples is a ring of the n observations held, the oldest at start: they arrive in
+	// time order, so those that age out are always the oldest.
+	samples  []sample
+	start, n int
+	// sorted holds the durations of the samples held, in order, kept so by every change:
+	// the router asks for a quantile on every attempt, and an observation or one that ages
+	// out moves at most Size values (a few hundred nanoseconds), where sorting the window
+	// again cost microseconds.
+	sorted []time.Duration
 }
 
 type sample struct {
@@ -52,28 +49,39 @@ func NewLatency(size int, maxAge time.Duration, clock clockwork.Clock) *Latency 
 func (l *Latency) Observe(d time.Duration) {
 	now := l.clock.Now()
 	l.mu.Lock()
-	l.samples[l.next] = sample{at: now, d: d}
-	l.next++
-	if l.next == len(l.samples) {
-		l.next, l.full = 0, true
+	defer l.mu.Unlock()
+	if l.n == len(l.samples) {
+		l.dropOldestLocked()
 	}
-	l.pending++
-	l.mu.Unlock()
+	l.samples[(l.start+l.n)%len(l.samples)] = sample{at: now, d: d}
+	l.n++
+	i, _ := slices.BinarySearch(l.sorted, d)
+	l.sorted = slices.Insert(l.sorted, i, d)
 }
 
-// staleAfter is how many observations the cached order may miss: a 32nd of the values it
-// holds (8 of 256), so a quantile lags the newest few calls at most, and is exact while
-// there are few values.
-func (l *Latency) staleAfter() int { return len(l.sorted) / 32 }
+// dropOldestLocked forgets the oldest sample held.
+func (l *Latency) dropOldestLocked() {
+	i, _ := slices.BinarySearch(l.sorted, l.samples[l.start].d) // any of equal values will do
+	l.sorted = slices.Delete(l.sorted, i, i+1)
+	l.start = (l.start + 1) % len(l.samples)
+	l.n--
+}
+
+// ageLocked forgets the samples older than maxAge at now.
+func (l *Latency) ageLocked(now time.Time) {
+	for l.maxAge > 0 && l.n > 0 && now.Sub(l.samples[l.start].at) > l.maxAge {
+		l.dropOldestLocked()
+	}
+}
 
 // Quantile returns the nearest-rank q-quantile (q in [0, 1]) of the recent observations, or
-// 0 when there are none (check Count to tell "no data" from "fast"). It may leave out the
-// newest n/32 of n observations (see staleAfter).
+// 0 when there are none (check Count to tell "no data" from "fast").
 func (l *Latency) Quantile(q float64) time.Duration {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return nearestRank(l.sortedLocked(now), q)
+	l.ageLocked(now)
+	return nearestRank(l.sorted, q)
 }
 
 // Quantiles is Quantile for several q at once, from one consistent view: out[i] becomes
@@ -82,33 +90,10 @@ func (l *Latency) Quantiles(out []time.Duration, qs ...float64) {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	sorted := l.sortedLocked(now)
+	l.ageLocked(now)
 	for i, q := range qs[:min(len(qs), len(out))] {
-		out[i] = nearestRank(sorted, q)
+		out[i] = nearestRank(l.sorted, q)
 	}
-}
-
-// sortedLocked returns the recent values in order, rebuilding the cache when it misses too
-// many observations or holds one that has aged out.
-func (l *Latency) sortedLocked(now time.Time) []time.Duration {
-	fresh := l.valid && l.pending <= l.staleAfter() &&
-		(l.maxAge <= 0 || len(l.sorted) == 0 || now.Sub(l.sortedOldest) <= l.maxAge)
-	if fresh {
-		return l.sorted
-	}
-	l.sorted = l.sorted[:0]
-	l.sortedOldest = time.Time{}
-	for _, s := range l.recentLocked() {
-		if l.maxAge <= 0 || now.Sub(s.at) <= l.maxAge {
-			l.sorted = append(l.sorted, s.d)
-			if l.sortedOldest.IsZero() || s.at.Before(l.sortedOldest) {
-				l.sortedOldest = s.at
-			}
-		}
-	}
-	slices.Sort(l.sorted)
-	l.pending, l.valid = 0, true
-	return l.sorted
 }
 
 // nearestRank is the smallest value with at least q of the sorted values at or below it.
@@ -126,19 +111,6 @@ func (l *Latency) Count() int {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := 0
-	for _, s := range l.recentLocked() {
-		if l.maxAge <= 0 || now.Sub(s.at) <= l.maxAge {
-			n++
-		}
-	}
-	return n
-}
-
-// recentLocked is the filled part of the ring, in no particular order.
-func (l *Latency) recentLocked() []sample {
-	if l.full {
-		return l.samples
-	}
-	return l.samples[:l.next]
+	l.ageLocked(now)
+	return l.n
 }

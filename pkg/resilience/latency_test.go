@@ -1,51 +1,52 @@
 package resilience
 
 import (
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"pgregory.net/rapid"
 )
 
-// The cached order is rebuilt after a 32nd of its values has been observed anew, or when
-// its oldest value ages out: a quantile lags the newest few calls, never more.
-func TestLatencyCachedOrder(t *testing.T) {
-	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
-	tests := []struct {
-		name    string
-		size    int
-		maxAge  time.Duration
-		then    []int // milliseconds observed after the first Quantile
-		advance time.Duration
-		want    time.Duration // max after then and advance
-	}{
-		{"up to size/32 new values are not seen yet", 256, 0, []int{900, 900, 900, 900, 900, 900, 900, 900}, 0, ms(256)},
-		{"one more and the order is rebuilt", 256, 0, []int{900, 900, 900, 900, 900, 900, 900, 900, 900}, 0, ms(900)},
-		{"small windows are always exact", 16, 0, []int{900}, 0, ms(900)},
-		{"an empty order is rebuilt at the first value", 0, 0, []int{900}, 0, ms(900)},
-		{"aged out values drop the cache", 256, time.Minute, []int{5}, 2 * time.Minute, ms(5)},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			clock := clockwork.NewFakeClock()
-			l := NewLatency(tt.size, tt.maxAge, clock)
-			for i := 1; i <= tt.size; i++ {
-				l.Observe(ms(i))
+// Latency's quantiles are always those of the window it holds, however observations and
+// ageing interleave: checked against sorting the window anew (the reference) after every
+// step. Equal values, a full ring, values that age out between observations and a window
+// that empties are all drawn.
+func TestPropertyLatencyQuantilesAreExact(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		size := rapid.IntRange(1, 40).Draw(rt, "size")
+		maxAge := time.Duration(rapid.IntRange(0, 20).Draw(rt, "max age s")) * time.Second
+		clock := clockwork.NewFakeClock()
+		l := NewLatency(size, maxAge, clock)
+		var held []sample // the reference: every observation, oldest first
+		steps := rapid.IntRange(1, 200).Draw(rt, "steps")
+		for range steps {
+			if rapid.Bool().Draw(rt, "observe") {
+				d := time.Duration(rapid.IntRange(0, 30).Draw(rt, "ms")) * time.Millisecond
+				l.Observe(d)
+				held = append(held, sample{at: clock.Now(), d: d})
+			} else {
+				clock.Advance(time.Duration(rapid.IntRange(0, 5000).Draw(rt, "advance ms")) * time.Millisecond)
 			}
-			if got := l.Quantile(1); got != ms(tt.size) {
-				t.Fatalf("max before = %s, want %s", got, ms(tt.size))
+			var window []time.Duration
+			for _, s := range held[max(0, len(held)-size):] {
+				if maxAge <= 0 || clock.Since(s.at) <= maxAge {
+					window = append(window, s.d)
+				}
 			}
-			clock.Advance(tt.advance)
-			for _, v := range tt.then {
-				l.Observe(ms(v))
+			slices.Sort(window)
+			q := float64(rapid.IntRange(0, 100).Draw(rt, "q%")) / 100
+			if got, want := l.Quantile(q), nearestRank(window, q); got != want {
+				rt.Fatalf("Quantile(%v) = %s, want %s of %v", q, got, want, window)
 			}
-			if got := l.Quantile(1); got != tt.want {
-				t.Errorf("max after = %s, want %s", got, tt.want)
+			var both [2]time.Duration
+			if l.Quantiles(both[:], 0, 1); len(window) > 0 && (both[0] != window[0] || both[1] != window[len(window)-1]) {
+				rt.Fatalf("Quantiles(0, 1) = %v, want %s and %s", both, window[0], window[len(window)-1])
 			}
-			var got [2]time.Duration
-			if l.Quantiles(got[:], 0, 1); got[1] != tt.want {
-				t.Errorf("Quantiles max = %s, want %s like Quantile", got[1], tt.want)
+			if got := l.Count(); got != len(window) {
+				rt.Fatalf("Count = %d, want %d", got, len(window))
 			}
-		})
-	}
+		}
+	})
 }
