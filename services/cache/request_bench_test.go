@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"runtime"
 	"testing"
 	"time"
 
@@ -87,4 +88,65 @@ func BenchmarkDeriveKeys(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkMissStore is what `mantle bench-load --temperature 0` costs the cache per
+// request: a lookup of a prompt never asked before (a miss that takes a lease), the store
+// of its answer, and the linking of its vector into the partition's graph, in an index
+// as the module runs it (NewEmbeddedIndex under the default bounds, RunLinker beside the
+// requests). It is warmed with prompts of the same template in one partition until the
+// bounds evict (about 35k entries), so that every store also evicts the least recently
+// used entry. cpu-ns/op is the CPU time of the whole process (the linker and the collector
+// included) per request; the vectors still waiting when the loop ends are linked before it
+// is read.
+//
+//	go test -run '^$' -bench 'MissStore' -benchtime 20000x -count 6 ./services/cache/
+func BenchmarkMissStore(b *testing.B) {
+	cfg := DefaultConfig()
+	x := NewEmbeddedIndex(cfg.MaxEntries, cfg.MaxBytes)
+	f := newFixtureWith(b, cfg, x, embed.NewLexical())
+	ctx := context.Background()
+	request := func(i int) {
+		p := basePrompt(numberedQuestion(i))
+		p.Temperature = new(float64)
+		res, err := f.svc.Lookup(ctx, "acme", LookupRequest{Prompt: p, Coalesce: true})
+		if err != nil || res.Hit || res.Lease == nil {
+			b.Fatalf("Lookup(%d) = (%+v, %v), want a miss with a lease", i, res, err)
+		}
+		req := answer(p)
+		req.LeaseID = res.Lease.ID
+		if st, err := f.svc.Store(ctx, "acme", req); err != nil || !st.Stored {
+			b.Fatalf("Store(%d) = (%+v, %v)", i, st, err)
+		}
+	}
+	// Warmed without the linker: each store links its vector before it returns.
+	i := 0
+	for ; x.Evictions() == 0; i++ {
+		if i == cfg.MaxEntries {
+			b.Fatalf("%d entries in %d bytes evicted none", x.Len(), x.Bytes())
+		}
+		request(i)
+	}
+	warm := i
+	linkCtx, stopLinking := context.WithCancel(ctx)
+	linked := make(chan struct{})
+	go func() {
+		defer close(linked)
+		x.RunLinker(linkCtx)
+	}()
+	runtime.GC()
+	b.ReportAllocs()
+	cpuStart, startOK := processCPU()
+	for b.Loop() {
+		request(i)
+		i++
+	}
+	stopLinking()
+	<-linked
+	for x.linkOne() {
+	}
+	if cpuEnd, ok := processCPU(); ok && startOK {
+		b.ReportMetric(float64(cpuEnd-cpuStart)/float64(i-warm), "cpu-ns/op")
+	}
+	b.ReportMetric(float64(x.Len()), "entries")
 }
