@@ -263,11 +263,8 @@ func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector, near *v
 		return err
 	}
 	if !x.linker.Load() {
-		for {
-			if more, _ := x.linkOne(); !more {
-				return nil
-			}
-		}
+		x.linkAll()
+		return nil
 	}
 	if help {
 		x.linkOne()
@@ -410,6 +407,15 @@ func (x *EmbeddedIndex) linkOne() (more, building bool) {
 		return done
 	})
 	return len(x.toLink) > 0, building
+}
+
+// linkAll links every waiting vector.
+func (x *EmbeddedIndex) linkAll() {
+	for {
+		if more, _ := x.linkOne(); !more {
+			return
+		}
+	}
 }
 
 // LinkBacklog returns the number of vectors waiting to be linked into their partitions'
