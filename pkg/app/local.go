@@ -55,7 +55,7 @@ type localMethod struct {
 }
 
 func newLocalConn(chain rpc.Interceptors, client rpc.ClientIdentity, clientStats, serverStats stats.Handler) *localConn {
-	ch := new(inprocgrpc.Channel)
+	ch := new(inprocgrpc.Channel).WithCloner(messageCloner{})
 	if serverStats != nil {
 		ch.WithServerStatsHandler(serverStats)
 		ch.WithClientStatsHandler(clientStats)
@@ -335,6 +335,23 @@ func copyMessage(dst, src any) error {
 
 // cloner is a message with a generated deep copy.
 type cloner interface{ CloneMessageVT() proto.Message }
+
+// messageCloner copies the messages of streams (grpchan's channel) as copyMessage does
+// those of unary calls.
+type messageCloner struct{}
+
+func (messageCloner) Copy(dst, src any) error { return copyMessage(dst, src) }
+
+func (messageCloner) Clone(src any) (any, error) {
+	m, ok := src.(proto.Message)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "in-process call: %T is not a protobuf message", src)
+	}
+	if c, ok := m.(cloner); ok {
+		return c.CloneMessageVT(), nil
+	}
+	return proto.Clone(m), nil
+}
 
 // withoutValues keeps a context's deadline and cancellation and hides its values, so
 // that nothing the caller holds in its context leaks to the handler.

@@ -1,23 +1,29 @@
 package app
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	// Every package of pkg/api, so that all of mantle's messages are registered.
-	_ "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
+	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	_ "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 	_ "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	_ "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	_ "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	_ "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	_ "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
 // TestCopyMessageSharesNothing: for every message of pkg/api, with every field set (each
@@ -244,4 +250,55 @@ func scalar(fd protoreflect.FieldDescriptor, n int) protoreflect.Value {
 		return protoreflect.ValueOfBytes([]byte{byte(n), 1, 2})
 	}
 	panic(fmt.Sprintf("no scalar of kind %v", fd.Kind()))
+}
+
+// sessionWatcher is an agent SessionService whose WatchSession sends two answers and
+// changes the first after sending it.
+type sessionWatcher struct {
+	agentv1.UnimplementedSessionServiceServer
+}
+
+func (sessionWatcher) WatchSession(in *agentv1.WatchSessionRequest, stream grpc.ServerStreamingServer[agentv1.WatchSessionResponse]) error {
+	first := &agentv1.WatchSessionResponse{State: agentv1.SessionState_SESSION_STATE_ACTIVE, EndReason: "for " + in.GetSessionId()}
+	if err := stream.Send(first); err != nil {
+		return err
+	}
+	first.EndReason = "changed by the handler" // must not reach the caller
+	in.SessionId = "changed by the handler"
+	return stream.Send(&agentv1.WatchSessionResponse{State: agentv1.SessionState_SESSION_STATE_COMPLETED})
+}
+
+// TestLocalConnStreamCopies: the messages of a stream between modules are copies both
+// ways, as over the network.
+func TestLocalConnStreamCopies(t *testing.T) {
+	t.Parallel()
+	chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil,
+		rpc.Audiences{agentv1.SessionService_WatchSession_FullMethodName: rpc.AudienceService})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newLocalConn(chain, rpc.ClientIdentity{}, nil, nil)
+	c.RegisterService(&agentv1.SessionService_ServiceDesc, sessionWatcher{})
+	req := &agentv1.WatchSessionRequest{SessionId: "s1"}
+	stream, err := agentv1.NewSessionServiceClient(c).WatchSession(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*agentv1.WatchSessionResponse
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, resp)
+	}
+	if len(got) != 2 || got[0].GetEndReason() != "for s1" || got[1].GetState() != agentv1.SessionState_SESSION_STATE_COMPLETED {
+		t.Fatalf("stream = %v", got)
+	}
+	if req.GetSessionId() != "s1" {
+		t.Errorf("the caller's request became %q", req.GetSessionId())
+	}
 }
