@@ -3,7 +3,7 @@
 GO      ?= go
 BIN     := $(CURDIR)/bin
 BUF     := $(BIN)/buf
-TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
+TOOLS   := $(BUF) $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-go-vtproto
 GOLANGCI_LINT := $(BIN)/golangci-lint
 export PATH := $(BIN):$(PATH)
 
@@ -92,7 +92,7 @@ bench:
 # golangci-lint has a rule of its own so that generating code never waits for its build.
 tools: $(TOOLS) $(GOLANGCI_LINT)
 $(TOOLS): tools/go.mod tools/go.sum
-	cd tools && GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	cd tools && GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto
 $(GOLANGCI_LINT): tools/go.mod tools/go.sum
 	cd tools && GOBIN=$(BIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 

@@ -85,7 +85,7 @@ type ctxKey struct{}
 // the caller. Not parallel, so that no other test's goroutines come and go meanwhile.
 func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
-	sctx, call := serverContext(parent, localStream("/mantle.test.v1.Echo/Echo"), nil)
+	sctx, call := serverContext(parent, methodValues("/mantle.test.v1.Echo/Echo"), nil)
 	defer call.end()
 	const derived = 100
 	before := runtime.NumGoroutine()
@@ -110,7 +110,8 @@ func TestServerContextDerivesWithoutGoroutines(t *testing.T) {
 
 // TestServerContextCancellation: the server context is done when the caller is or when
 // the call ends, with the caller's error or context.Canceled, whether or not anything
-// asked for Done before; and it never shows the caller's values.
+// asked for Done before; it never shows the caller's values, and always the method and
+// the peer.
 func TestServerContextCancellation(t *testing.T) {
 	t.Parallel()
 	past := time.Now().Add(-time.Minute)
@@ -141,7 +142,7 @@ func TestServerContextCancellation(t *testing.T) {
 				caller, cancel = context.WithDeadline(parent, past)
 				defer cancel()
 			}
-			sctx, call := serverContext(caller, localStream("/mantle.test.v1.Echo/Echo"), nil)
+			sctx, call := serverContext(caller, methodValues("/mantle.test.v1.Echo/Echo"), nil)
 			defer call.end()
 			var derived context.Context
 			if tt.askDone {
@@ -151,6 +152,17 @@ func TestServerContextCancellation(t *testing.T) {
 			}
 			if sctx.Value(ctxKey{}) != nil {
 				t.Error("a value of the caller's context leaked")
+			}
+			for name, ctx := range map[string]context.Context{"server context": sctx, "derived context": derived} {
+				if ctx == nil {
+					continue
+				}
+				if m, _ := grpc.Method(ctx); m != "/mantle.test.v1.Echo/Echo" {
+					t.Errorf("%s: grpc.Method = %q", name, m)
+				}
+				if p, ok := peer.FromContext(ctx); !ok || p.Addr.String() != "inproc" {
+					t.Errorf("%s: no in-process peer", name)
+				}
 			}
 			if d, ok := sctx.Deadline(); ok != tt.callerDeadline || (ok && !d.Equal(past)) {
 				t.Errorf("Deadline = %v, %t", d, ok)
@@ -712,7 +724,7 @@ func TestServerContextMetadata(t *testing.T) {
 			if tt.outgoing != nil {
 				ctx = metadata.NewOutgoingContext(ctx, tt.outgoing.Copy())
 			}
-			sctx, call := serverContext(ctx, localStream("/m"), tt.kv)
+			sctx, call := serverContext(ctx, methodValues("/m"), tt.kv)
 			defer call.end()
 			md, _ := metadata.FromIncomingContext(sctx)
 			if len(md) != len(tt.want) || (len(md) > 0 && !reflect.DeepEqual(map[string][]string(md), map[string][]string(tt.want))) {

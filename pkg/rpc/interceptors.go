@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"runtime/debug"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -45,7 +44,7 @@ type Interceptors struct {
 //
 // It registers the metrics on reg, so it is called once per process.
 func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Authenticator, audiences Audiences) (Interceptors, error) {
-	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
+	metrics := newServerMetrics()
 	if err := reg.Register(metrics); err != nil {
 		return Interceptors{}, fmt.Errorf("register grpc server metrics: %w", err)
 	}
@@ -60,7 +59,7 @@ func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Auth
 	return Interceptors{
 		Unary: []grpc.UnaryServerInterceptor{
 			requestMetaUnary,
-			metrics.UnaryServerInterceptor(),
+			metrics.unary(),
 			backstopUnary,
 			calls.unary,
 			recovery.UnaryServerInterceptor(recoverOpt),
@@ -68,7 +67,7 @@ func ServerInterceptors(log *slog.Logger, reg prometheus.Registerer, authn *Auth
 		},
 		Stream: []grpc.StreamServerInterceptor{
 			requestMetaStream,
-			metrics.StreamServerInterceptor(),
+			metrics.stream(),
 			backstopStream,
 			calls.stream,
 			recovery.StreamServerInterceptor(recoverOpt),
