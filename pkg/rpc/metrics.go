@@ -36,6 +36,7 @@ type serverMetrics struct {
 
 func newServerMetrics() *serverMetrics {
 	labels := []string{"grpc_type", "grpc_service", "grpc_method"}
+	handledLabels := []string{"grpc_type", "grpc_service", "grpc_method", "grpc_code"}
 	return &serverMetrics{
 		started: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grpc_server_started_total",
@@ -44,7 +45,7 @@ func newServerMetrics() *serverMetrics {
 		handled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grpc_server_handled_total",
 			Help: "Total number of RPCs completed on the server, regardless of success or failure.",
-		}, append(labels[:3:3], "grpc_code")),
+		}, handledLabels),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grpc_server_msg_received_total",
 			Help: "Total number of RPC stream messages received on the server.",
