@@ -171,7 +171,8 @@ func (s *Set) GraphReady() bool { return s.graph != nil && s.graph.ready }
 // returns for them.
 func (s *Set) score(q Vector, slot uint32) float32 {
 	if s.sparse {
-		return sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot])
+		indices, values := s.vecs.get(slot)
+		return sparseDot(q.Indices, q.Values, indices, values)
 	}
 	return denseDot(q.Dense, s.dense[int(slot)*s.dim:(int(slot)+1)*s.dim])
 }
@@ -179,7 +180,8 @@ func (s *Set) score(q Vector, slot uint32) float32 {
 // vec is the vector in slot, live or not.
 func (s *Set) vec(slot uint32) Vector {
 	if s.sparse {
-		return Vector{Indices: s.indices[slot], Values: s.values[slot]}
+		indices, values := s.vecs.get(slot)
+		return Vector{Indices: indices, Values: values}
 	}
 	return Vector{Dense: s.dense[int(slot)*s.dim : (int(slot)+1)*s.dim]}
 }
@@ -205,7 +207,7 @@ func (s *Set) dropGraph() {
 	}
 	for slot, live := range s.live {
 		if !live {
-			s.indices[slot], s.values[slot] = nil, nil
+			s.vecs.release(uint32(slot))
 		}
 	}
 }
@@ -372,7 +374,7 @@ func (s *Set) LinkPending(n int) int {
 // value, for about half the work of merging the two index lists.
 func (s *Set) scoreQuery(sc *searchScratch, q Vector, slot uint32) float32 {
 	if s.sparse {
-		return sc.qt.dot(s.indices[slot], s.values[slot])
+		return sc.qt.dot(s.vecs.get(slot))
 	}
 	return s.score(q, slot)
 }
@@ -459,7 +461,7 @@ func (s *Set) selectNeighbours(out []uint32, cands []Hit, m int, sc *searchScrat
 		for i, r := range out {
 			var score float32
 			if s.sparse {
-				score = sc.picked[i].dot(s.indices[c.Slot], s.values[c.Slot])
+				score = sc.picked[i].dot(s.vecs.get(c.Slot))
 			} else {
 				score = s.score(s.vec(c.Slot), r)
 			}
@@ -492,7 +494,7 @@ func (s *Set) prune(node uint32, list []uint32, m int, sc *searchScratch) []uint
 	for _, n := range list {
 		var score float32
 		if s.sparse {
-			score = sc.base.dot(s.indices[n], s.values[n])
+			score = sc.base.dot(s.vecs.get(n))
 		} else {
 			score = s.score(base, n)
 		}
