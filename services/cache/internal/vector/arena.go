@@ -12,7 +12,8 @@ import "unsafe"
 // Free space is kept in size-class free lists: a released block is reused by the next
 // vector of its class, and a block never moves, so a vector returned by Vector stays valid
 // until its slot is released. The memory held is at most what the set held at its largest
-// in each class, plus the rounding of blocks up to their class (at most a quarter).
+// in each class, plus the rounding of blocks up to their class (7 words, or a quarter of a
+// block past 64 words).
 type arena struct {
 	chunks [][]uint32
 	// spans[slot] locates the slot's block; n == 0 for a slot without a vector.
@@ -21,7 +22,9 @@ type arena struct {
 	free [][]uint32
 	// freeChunks holds the indices of released oversized chunks, for reuse.
 	freeChunks []uint32
-	// cur is the chunk blocks are cut from, used its words in use.
+	// cut is the chunk blocks are cut from (at chunk index cur), used its words in use;
+	// nil before the first block.
+	cut       []uint32
 	cur, used int
 	nextChunk int
 }
@@ -33,15 +36,18 @@ type span struct {
 }
 
 const (
+	// chunkWords is the largest chunk blocks are cut from (256 KB); a vector larger than
+	// that gets a chunk of its own. A span's 16 bits of chunk index allow 2^16 chunks, 16 GB
+	// of vectors per set.
 	chunkBits  = 16
-	chunkWords = 1 << chunkBits // 256 KB: a chunk at most as large as this
+	chunkWords = 1 << chunkBits
 	// firstChunk is the size of a set's first chunk; each next one doubles up to
 	// chunkWords, so that a partition with a few vectors holds a few kilobytes.
 	firstChunk = 256
 )
 
 // classWords returns the block size, in words, of class c: multiples of 8 words (32
-// bytes) up to 64, then steps of an eighth (a quarter at most past rounding), rounded to 8.
+// bytes) up to 64, then steps of an eighth rounded up to 8 words (at most a quarter).
 func classWords(c int) int {
 	if c < 8 {
 		return 8 * (c + 1)
@@ -113,10 +119,11 @@ func (a *arena) alloc(words int) uint32 {
 		}
 	}
 	size := classWords(c)
-	if len(a.chunks) == 0 || a.used+size > len(a.chunks[a.cur]) {
+	if a.used+size > len(a.cut) {
 		// The rest of the current chunk, smaller than the block, stays unused.
 		a.nextChunk = min(max(2*a.nextChunk, firstChunk, size), chunkWords)
-		a.chunks = append(a.chunks, make([]uint32, a.nextChunk))
+		a.cut = make([]uint32, a.nextChunk)
+		a.chunks = append(a.chunks, a.cut)
 		a.cur, a.used = len(a.chunks)-1, 0
 	}
 	at := uint32(a.cur)<<chunkBits | uint32(a.used)

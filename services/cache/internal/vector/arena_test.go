@@ -110,3 +110,21 @@ func TestArenaReusesReleasedBlocks(t *testing.T) {
 		t.Errorf("arena grew from %d to %d words under churn of same-sized vectors", before, after)
 	}
 }
+
+// A chunk of its own, released, goes; the blocks cut after it must not have been in it.
+func TestArenaOversizedChunkHoldsOnlyItsVector(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(3, 4))
+	var a arena
+	a.grow(2)
+	big, small := randomSparse(t, r, chunkWords, 8*chunkWords), randomSparse(t, r, 5, 100)
+	a.set(0, big)
+	if indices, _ := a.get(0); len(indices) != len(big.Indices) {
+		t.Fatalf("oversized vector reads %d coordinates, stored %d", len(indices), len(big.Indices))
+	}
+	a.set(1, small)
+	a.release(0)
+	if indices, values := a.get(1); !slices.Equal(indices, small.Indices) || !slices.Equal(values, small.Values) {
+		t.Fatalf("after the oversized vector's release, slot 1 reads %v %v, stored %v", indices, values, small)
+	}
+}

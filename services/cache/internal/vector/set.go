@@ -38,13 +38,13 @@ type Set struct {
 	free  []uint32 // slots that Add may reuse
 	count int
 
-	// Sparse storage: each slot's coordinates, and the inverted index. A removed slot's
-	// postings stay in their lists, skipped (the slot is not live), until the list is
-	// compacted, which happens to a list once removed slots hold more than half of it: a
-	// list at a time, so removal stays amortised O(coordinates) and searches do not wait
-	// for a pass over every list (docs/design/008-compact-a-list-at-a-time.md). A slot is
-	// reused only once every list it was in has dropped it, so a posting's weight is
-	// always its slot's current one.
+	// Sparse storage: each slot's coordinates (vecs, pointer-free chunks: arena.go), and
+	// the inverted index. A removed slot's postings stay in their lists, skipped (the slot
+	// is not live), until the list is compacted, which happens to a list once removed slots
+	// hold more than half of it: a list at a time, so removal stays amortised
+	// O(coordinates) and searches do not wait for a pass over every list
+	// (docs/design/008-compact-a-list-at-a-time.md). A slot is reused only once every list
+	// it was in has dropped it, so a posting's weight is always its slot's current one.
 	vecs     arena
 	postings map[uint32][]posting
 	staleIn  map[uint32]int // stale postings in each list that has any
