@@ -162,6 +162,27 @@ func (a *arena) get(slot uint32) ([]uint32, []float32) {
 	return b[:sp.n:sp.n], floats(b[sp.n:])
 }
 
+// touch reads a word of every cache line of the slots' blocks and returns a value made of
+// them (kept by the caller, so that the reads are not dropped). The reads depend on nothing
+// but the spans, so the processor has all of them in flight at once: a walk that touches a
+// node's neighbours before scoring them waits for memory about once per node instead of
+// once or twice per neighbour.
+func (a *arena) touch(slots []uint32) uint32 {
+	var x uint32
+	for _, slot := range slots {
+		sp := a.spans[slot]
+		if sp.n == 0 {
+			continue
+		}
+		c := a.chunks[sp.at>>chunkBits]
+		off := int(sp.at & (chunkWords - 1))
+		for i := off; i < off+2*int(sp.n); i += 16 {
+			x ^= c[i]
+		}
+	}
+	return x
+}
+
 // floats views w's words as the float32s whose bits they hold: the two types have the
 // same size and alignment, and the chunks stay free of pointers.
 func floats(w []uint32) []float32 {

@@ -379,6 +379,21 @@ func (s *Set) scoreQuery(sc *searchScratch, q Vector, slot uint32) float32 {
 	return s.score(q, slot)
 }
 
+// scoreSlots returns q's similarity to each of slots (sc.qt holds a sparse q), in sc's
+// storage. A sparse set reads every slot's block before scoring any (arena.touch), so that
+// their cache misses overlap.
+func (s *Set) scoreSlots(sc *searchScratch, q Vector, slots []uint32) []float32 {
+	scores := sc.scores[:0]
+	if s.sparse {
+		sc.sink ^= s.vecs.touch(slots)
+	}
+	for _, n := range slots {
+		scores = append(scores, s.scoreQuery(sc, q, n))
+	}
+	sc.scores = scores
+	return scores
+}
+
 // greedy walks level from ep to the node closest to q (sc.qt holds a sparse q).
 func (s *Set) greedy(sc *searchScratch, q Vector, ep Hit, level int) Hit {
 	for changed := true; changed; {
@@ -416,12 +431,16 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 		if len(res) >= ef && c.Score < res[0].Score {
 			break
 		}
+		next := sc.next[:0]
 		for _, n := range g.links(c.Slot, level) {
-			if sc.seen[n] == sc.epoch {
-				continue
+			if sc.seen[n] != sc.epoch {
+				sc.seen[n] = sc.epoch
+				next = append(next, n)
 			}
-			sc.seen[n] = sc.epoch
-			score := s.scoreQuery(sc, q, n)
+		}
+		sc.next = next
+		for i, score := range s.scoreSlots(sc, q, next) {
+			n := next[i]
 			if len(res) < ef || score > res[0].Score {
 				h := Hit{n, score}
 				cand = pushHit(cand, h, better)
@@ -491,6 +510,9 @@ func (s *Set) prune(node uint32, list []uint32, m int, sc *searchScratch) []uint
 		sc.base.reset(base)
 	}
 	cands := sc.pruned[:0]
+	if s.sparse {
+		sc.sink ^= s.vecs.touch(list)
+	}
 	for _, n := range list {
 		var score float32
 		if s.sparse {

@@ -373,6 +373,11 @@ type searchScratch struct {
 	base   queryTable
 	// pruned holds prune's candidates.
 	pruned []Hit
+	// next holds the neighbours a walk scores next, scores their scores; sink keeps what
+	// arena.touch read.
+	next   []uint32
+	scores []float32
+	sink   uint32
 }
 
 // mark starts a search over n slots: a slot is marked seen by setting seen[slot] to the
@@ -499,6 +504,9 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 		}
 		return cmp.Compare(a, b)
 	})
+	// The best candidates are all or most scored: their blocks are read at once first, so
+	// that their cache misses overlap (arena.touch).
+	sc.sink ^= s.vecs.touch(cands[:min(len(cands), maxTouched)])
 	for _, slot := range cands {
 		if worst, full := t.full(); full && sc.acc[slot]+restNorm < worst.Score-pruneMargin {
 			// The candidates left out by Scored have lower partial products still.
@@ -512,6 +520,10 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 	}
 	return complete && !cut
 }
+
+// maxTouched is how many of a bounded search's candidates are read ahead of scoring: the
+// seeds of a graph's search (16) and more, without filling the first-level cache.
+const maxTouched = 32
 
 func (s *Set) takeScratch() *searchScratch {
 	s.spareMu.Lock()
