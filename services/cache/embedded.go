@@ -457,6 +457,11 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, fron
 			return fmt.Errorf("embedded index: %w", err)
 		}
 		n.slot, n.inSet = slot, true
+		if v.Sparse() {
+			// The set holds a copy of v, in place until the slot is removed; the node shares
+			// it rather than keep v's arrays too.
+			n.vec = p.set.Vector(slot)
+		}
 		p.bySlot[slot] = n
 		if p.set.Pending() > 0 && !p.linkQueued {
 			p.linkQueued = true

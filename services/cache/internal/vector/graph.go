@@ -171,7 +171,8 @@ func (s *Set) GraphReady() bool { return s.graph != nil && s.graph.ready }
 // returns for them.
 func (s *Set) score(q Vector, slot uint32) float32 {
 	if s.sparse {
-		return sparseDot(q.Indices, q.Values, s.indices[slot], s.values[slot])
+		indices, values := s.vecs.get(slot)
+		return sparseDot(q.Indices, q.Values, indices, values)
 	}
 	return denseDot(q.Dense, s.dense[int(slot)*s.dim:(int(slot)+1)*s.dim])
 }
@@ -179,7 +180,8 @@ func (s *Set) score(q Vector, slot uint32) float32 {
 // vec is the vector in slot, live or not.
 func (s *Set) vec(slot uint32) Vector {
 	if s.sparse {
-		return Vector{Indices: s.indices[slot], Values: s.values[slot]}
+		indices, values := s.vecs.get(slot)
+		return Vector{Indices: indices, Values: values}
 	}
 	return Vector{Dense: s.dense[int(slot)*s.dim : (int(slot)+1)*s.dim]}
 }
@@ -205,7 +207,7 @@ func (s *Set) dropGraph() {
 	}
 	for slot, live := range s.live {
 		if !live {
-			s.indices[slot], s.values[slot] = nil, nil
+			s.vecs.release(uint32(slot))
 		}
 	}
 }
@@ -372,9 +374,24 @@ func (s *Set) LinkPending(n int) int {
 // value, for about half the work of merging the two index lists.
 func (s *Set) scoreQuery(sc *searchScratch, q Vector, slot uint32) float32 {
 	if s.sparse {
-		return sc.qt.dot(s.indices[slot], s.values[slot])
+		return sc.qt.dot(s.vecs.get(slot))
 	}
 	return s.score(q, slot)
+}
+
+// scoreSlots returns q's similarity to each of slots (sc.qt holds a sparse q), in sc's
+// storage. A sparse set reads every slot's block before scoring any (arena.touch), so that
+// their cache misses overlap.
+func (s *Set) scoreSlots(sc *searchScratch, q Vector, slots []uint32) []float32 {
+	scores := sc.scores[:0]
+	if s.sparse {
+		sc.sink ^= s.vecs.touch(slots)
+	}
+	for _, n := range slots {
+		scores = append(scores, s.scoreQuery(sc, q, n))
+	}
+	sc.scores = scores
+	return scores
 }
 
 // greedy walks level from ep to the node closest to q (sc.qt holds a sparse q).
@@ -414,12 +431,16 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 		if len(res) >= ef && c.Score < res[0].Score {
 			break
 		}
+		next := sc.next[:0]
 		for _, n := range g.links(c.Slot, level) {
-			if sc.seen[n] == sc.epoch {
-				continue
+			if sc.seen[n] != sc.epoch {
+				sc.seen[n] = sc.epoch
+				next = append(next, n)
 			}
-			sc.seen[n] = sc.epoch
-			score := s.scoreQuery(sc, q, n)
+		}
+		sc.next = next
+		for i, score := range s.scoreSlots(sc, q, next) {
+			n := next[i]
 			if len(res) < ef || score > res[0].Score {
 				h := Hit{n, score}
 				cand = pushHit(cand, h, better)
@@ -459,7 +480,7 @@ func (s *Set) selectNeighbours(out []uint32, cands []Hit, m int, sc *searchScrat
 		for i, r := range out {
 			var score float32
 			if s.sparse {
-				score = sc.picked[i].dot(s.indices[c.Slot], s.values[c.Slot])
+				score = sc.picked[i].dot(s.vecs.get(c.Slot))
 			} else {
 				score = s.score(s.vec(c.Slot), r)
 			}
@@ -489,10 +510,13 @@ func (s *Set) prune(node uint32, list []uint32, m int, sc *searchScratch) []uint
 		sc.base.reset(base)
 	}
 	cands := sc.pruned[:0]
+	if s.sparse {
+		sc.sink ^= s.vecs.touch(list)
+	}
 	for _, n := range list {
 		var score float32
 		if s.sparse {
-			score = sc.base.dot(s.indices[n], s.values[n])
+			score = sc.base.dot(s.vecs.get(n))
 		} else {
 			score = s.score(base, n)
 		}

@@ -38,15 +38,14 @@ type Set struct {
 	free  []uint32 // slots that Add may reuse
 	count int
 
-	// Sparse storage: each slot's coordinates, and the inverted index. A removed slot's
-	// postings stay in their lists, skipped (the slot is not live), until the list is
-	// compacted, which happens to a list once removed slots hold more than half of it: a
-	// list at a time, so removal stays amortised O(coordinates) and searches do not wait
-	// for a pass over every list (docs/design/008-compact-a-list-at-a-time.md). A slot is
-	// reused only once every list it was in has dropped it, so a posting's weight is
-	// always its slot's current one.
-	indices  [][]uint32
-	values   [][]float32
+	// Sparse storage: each slot's coordinates (vecs, pointer-free chunks: arena.go), and
+	// the inverted index. A removed slot's postings stay in their lists, skipped (the slot
+	// is not live), until the list is compacted, which happens to a list once removed slots
+	// hold more than half of it: a list at a time, so removal stays amortised
+	// O(coordinates) and searches do not wait for a pass over every list
+	// (docs/design/008-compact-a-list-at-a-time.md). A slot is reused only once every list
+	// it was in has dropped it, so a posting's weight is always its slot's current one.
+	vecs     arena
 	postings map[uint32][]posting
 	staleIn  map[uint32]int // stale postings in each list that has any
 	// listsLeft holds, for each removed slot not yet free, the lists that still hold one
@@ -118,8 +117,7 @@ func NewSet(sparse bool, limits Limits, g Graph) *Set {
 // Len returns the number of vectors held.
 func (s *Set) Len() int { return s.count }
 
-// Add stores v and returns its slot. The set keeps v's slices; the caller must not change
-// them afterwards.
+// Add stores a copy of v and returns its slot.
 func (s *Set) Add(v Vector) (uint32, error) {
 	return s.AddNear(v, nil)
 }
@@ -159,15 +157,14 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 		slot = uint32(len(s.live))
 		s.live = append(s.live, true)
 		if s.sparse {
-			s.indices = append(s.indices, nil)
-			s.values = append(s.values, nil)
+			s.vecs.grow(len(s.live))
 		} else {
 			s.dense = append(s.dense, make([]float32, s.dim)...)
 		}
 	}
 	s.count++
 	if s.sparse {
-		s.indices[slot], s.values[slot] = v.Indices, v.Values
+		s.vecs.set(slot, v)
 		if s.postings != nil {
 			for i, f := range v.Indices {
 				s.postings[f] = append(s.postings[f], posting{slot, v.Values[i]})
@@ -204,7 +201,7 @@ func (s *Set) Remove(slot uint32) {
 		s.free = append(s.free, slot)
 		return
 	}
-	coords := s.indices[slot]
+	coords, _ := s.vecs.get(slot)
 	s.listsLeft[slot] = len(coords)
 	for _, f := range coords {
 		s.staleIn[f]++
@@ -213,7 +210,7 @@ func (s *Set) Remove(slot uint32) {
 		}
 	}
 	if s.graph == nil {
-		s.indices[slot], s.values[slot] = nil, nil
+		s.vecs.release(slot)
 	}
 }
 
@@ -247,15 +244,13 @@ func (s *Set) compact(f uint32) {
 	}
 }
 
-// Vector returns the vector in slot, sharing the set's storage.
+// Vector returns the vector in slot, sharing the set's storage: it stays valid until the slot
+// is removed.
 func (s *Set) Vector(slot uint32) Vector {
 	if int(slot) >= len(s.live) || !s.live[slot] {
 		return Vector{}
 	}
-	if s.sparse {
-		return Vector{Indices: s.indices[slot], Values: s.values[slot]}
-	}
-	return Vector{Dense: s.dense[int(slot)*s.dim : (int(slot)+1)*s.dim]}
+	return s.vec(slot)
 }
 
 // Search returns up to k slots whose similarity to q is positive and at least minScore, best
@@ -378,6 +373,11 @@ type searchScratch struct {
 	base   queryTable
 	// pruned holds prune's candidates.
 	pruned []Hit
+	// next holds the neighbours a walk scores next, scores their scores; sink keeps what
+	// arena.touch read.
+	next   []uint32
+	scores []float32
+	sink   uint32
 }
 
 // mark starts a search over n slots: a slot is marked seen by setting seen[slot] to the
@@ -479,7 +479,7 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 			if bound > 0 && sc.acc[slot]+restNorm < bound {
 				continue // cannot reach minScore
 			}
-			t.consider(slot, sc.qt.dot(s.indices[slot], s.values[slot]))
+			t.consider(slot, sc.qt.dot(s.vecs.get(slot)))
 		}
 		return true
 	}
@@ -504,12 +504,15 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 		}
 		return cmp.Compare(a, b)
 	})
+	// The best candidates are all or most scored: their blocks are read at once first, so
+	// that their cache misses overlap (arena.touch).
+	sc.sink ^= s.vecs.touch(cands[:min(len(cands), maxTouched)])
 	for _, slot := range cands {
 		if worst, full := t.full(); full && sc.acc[slot]+restNorm < worst.Score-pruneMargin {
 			// The candidates left out by Scored have lower partial products still.
 			return complete
 		}
-		score := sc.qt.dot(s.indices[slot], s.values[slot])
+		score := sc.qt.dot(s.vecs.get(slot))
 		t.consider(slot, score)
 		if s.graph != nil {
 			sc.seeds = append(sc.seeds, Hit{slot, score})
@@ -517,6 +520,10 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 	}
 	return complete && !cut
 }
+
+// maxTouched is how many of a bounded search's candidates are read ahead of scoring: the
+// seeds of a graph's search (16) and more, without filling the first-level cache.
+const maxTouched = 32
 
 func (s *Set) takeScratch() *searchScratch {
 	s.spareMu.Lock()
