@@ -259,16 +259,13 @@ func (s *Set) PlanLink() *LinkPlan {
 	}
 	sc := s.takeScratch()
 	defer s.returnScratch(sc)
-	// A search for this vector walked the bottom layer already: its result is what the
-	// walk on layer 0 below would find, less the nodes linked since. A node drawn to an
-	// upper layer still searches those, which hold few nodes.
-	var w0 []Hit
-	if near := g.near[slot]; near != nil {
-		w0 = near.candidates(slot)
-	}
-	if len(w0) > 0 && p.level == 0 {
-		s.planLevel(p, 0, w0, sc)
-		return p
+	if near := g.near[slot]; near != nil && p.level == 0 {
+		// A search for this vector walked the bottom layer already: its result is what the
+		// walk below would find, less the nodes linked since.
+		if w := near.candidates(slot); len(w) > 0 {
+			s.planLevel(p, 0, w, sc)
+			return p
+		}
 	}
 	q := s.vec(slot)
 	if s.sparse {
@@ -279,24 +276,20 @@ func (s *Set) PlanLink() *LinkPlan {
 		ep = s.greedy(sc, q, ep, l)
 	}
 	eps := []Hit{ep}
+	var seeds []Hit
+	if s.sparse {
+		// As in Search, the vectors that share the rarest coordinates are where the walk on
+		// layer 0 starts too: where every vector shares the common words (prompts from one
+		// template), the walk alone misses the vectors closest in the rare ones.
+		sc.seeds = sc.seeds[:0]
+		limits := s.seedLimits()
+		n := max(limits.Scored, 1)
+		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, limits)
+		seeds = slices.DeleteFunc(slices.Clone(sc.seeds), func(h Hit) bool { return h.Slot == slot })
+	}
 	for l := min(g.top, p.level); l >= 0; l-- {
-		if l == 0 && len(w0) > 0 {
-			s.planLevel(p, 0, w0, sc)
-			break
-		}
-		if l == 0 && s.sparse {
-			// As in Search, the vectors that share the rarest coordinates are where the walk
-			// on layer 0 starts too: where every vector shares the common words (prompts
-			// from one template), the walk alone misses the vectors closest in the rare ones.
-			sc.seeds = sc.seeds[:0]
-			limits := s.seedLimits()
-			n := max(limits.Scored, 1)
-			s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, limits)
-			for _, h := range sc.seeds {
-				if h.Slot != slot {
-					eps = append(eps, h)
-				}
-			}
+		if l == 0 {
+			eps = append(eps, seeds...)
 		}
 		// A copy: the next layer starts from it, and the scratch serves that search too.
 		w := slices.Clone(s.searchLayer(q, eps, g.cfg.EfConstruction, l, sc))
