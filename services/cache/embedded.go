@@ -71,8 +71,7 @@ type EmbeddedIndex struct {
 
 type node struct {
 	entry Entry
-	size  int64         // entrySize, counted in the index's bytes
-	vec   vector.Vector // the zero Vector for entries only exact lookups find
+	size  int64 // entrySize, counted in the index's bytes
 	part  *partition
 	slot  uint32
 	inSet bool
@@ -344,11 +343,12 @@ func (x *EmbeddedIndex) RunLinker(ctx context.Context, clock clockwork.Clock) {
 			}
 			slice := busy
 			busy = 0
-			if n := x.searches.Load(); n == searched {
+			n := x.searches.Load()
+			idle := n == searched
+			searched = n
+			if idle {
 				runtime.Gosched() // nobody searched during the slice: nobody to make room for
 				continue
-			} else {
-				searched = n
 			}
 			pause := clock.NewTimer(time.Duration(float64(slice) * (1 - buildDuty) / buildDuty))
 			select {
@@ -440,7 +440,7 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, fron
 		p = &partition{key: e.Partition, bySlot: make(map[uint32]*node)}
 		x.parts[e.Partition] = p
 	}
-	n := &node{entry: e, vec: v, part: p, size: entrySize(e, v)}
+	n := &node{entry: e, part: p, size: entrySize(e, v)}
 	if v.Len() > 0 {
 		if p.set == nil {
 			g := x.denseGraph
@@ -457,11 +457,6 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, fron
 			return fmt.Errorf("embedded index: %w", err)
 		}
 		n.slot, n.inSet = slot, true
-		if v.Sparse() {
-			// The set holds a copy of v, in place until the slot is removed; the node shares
-			// it rather than keep v's arrays too.
-			n.vec = p.set.Vector(slot)
-		}
 		p.bySlot[slot] = n
 		if p.set.Pending() > 0 && !p.linkQueued {
 			p.linkQueued = true
@@ -517,6 +512,15 @@ func (x *EmbeddedIndex) Bytes() int64 {
 func (x *EmbeddedIndex) Evictions() uint64 { return x.evictions.Load() }
 
 // remove unlinks n; x.mu must be held for writing.
+// vector returns n's vector as its partition's set holds it (a copy, valid while n is held
+// under x.mu), or the zero Vector for an entry only exact lookups find.
+func (n *node) vector() vector.Vector {
+	if !n.inSet {
+		return vector.Vector{}
+	}
+	return n.part.set.Vector(n.slot)
+}
+
 func (x *EmbeddedIndex) remove(n *node) {
 	delete(x.byKey, n.entry.Key)
 	x.bytes -= n.size

@@ -42,8 +42,8 @@ func FuzzSnapshotLoad(f *testing.F) {
 			if _, ok, err := y.Get(t.Context(), n.entry.Namespace, n.entry.Key, now); !ok || err != nil {
 				t.Fatalf("entry %q lost by a save and load", n.entry.ID)
 			}
-			if n.vec.Len() > 0 {
-				if _, err := y.Search(t.Context(), Query{Tenant: n.entry.Tenant, Partition: n.entry.Partition, Vector: n.vec, Limit: 2, Now: now}); err != nil {
+			if n.vector().Len() > 0 {
+				if _, err := y.Search(t.Context(), Query{Tenant: n.entry.Tenant, Partition: n.entry.Partition, Vector: n.vector(), Limit: 2, Now: now}); err != nil {
 					t.Fatalf("search: %v", err)
 				}
 			}

@@ -75,8 +75,8 @@ func TestSnapshotKeepsEveryField(t *testing.T) {
 		if !reflect.DeepEqual(n.entry, en) {
 			t.Errorf("entry %d = %+v, want %+v", i, n.entry, en)
 		}
-		if !reflect.DeepEqual(n.vec, vectors[i]) {
-			t.Errorf("vector %d = %+v, want %+v", i, n.vec, vectors[i])
+		if !reflect.DeepEqual(n.vector(), vectors[i]) {
+			t.Errorf("vector %d = %+v, want %+v", i, n.vector(), vectors[i])
 		}
 	}
 }
