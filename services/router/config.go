@@ -488,7 +488,7 @@ func DefaultConfig() Config {
 		Status:      StatusConfig{Refresh: 5 * time.Second, RecentDegradations: 50},
 		// At 100 ms P90 for a CPU, each request (dozens of goroutine wake-ups) is already
 		// late by much more; 64 in flight keeps a process with little to do from shedding.
-		Overload: overload.Config{MaxSchedulingDelay: 100 * time.Millisecond, MinInFlight: 64, MaxShare: 0.9},
+		Overload: overload.Config{MaxSchedulingDelay: 20 * time.Millisecond, MinInFlight: 64, MaxShare: 0.9},
 	}
 }
 

@@ -199,6 +199,9 @@ func newModule(ctx context.Context, cfg Config, env app.Env, getenv func(string)
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "mantle_router_cpu_wait_p90_seconds", Help: "P90 wait of runnable goroutines for a CPU over the shedder's last quarter second: the overload signal.",
 		}, func() float64 { return r.shedder.Delay().Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "mantle_router_request_cpu_seconds", Help: "CPU a request costs this process, as the overload shedder learnt it while the process kept up (0: not yet).",
+		}, func() float64 { return r.shedder.Cost().Seconds() }),
 	} {
 		if err := env.Metrics.Register(g); err != nil {
 			sims.stop()

@@ -132,6 +132,10 @@ type Deps struct {
 	// SchedulingDelay returns the P90 wait for a CPU since its previous call, the overload
 	// shedder's signal; nil reads the Go runtime's (overload.SchedulingDelay).
 	SchedulingDelay func() time.Duration
+	// ProcessCPU returns the CPU time the process has used so far, from which the shedder
+	// learns what a request costs and how many it can serve; nil reads the system's
+	// (overload.ProcessCPU).
+	ProcessCPU func() time.Duration
 }
 
 // Router executes requests.
@@ -212,7 +216,11 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 	if delay == nil {
 		delay = overload.NewSchedulingDelay(0.9).Read
 	}
-	r.shedder = overload.New(cfg.Overload, delay, deps.Clock, deps.Rand, r.overloadChanged)
+	cpu := deps.ProcessCPU
+	if cpu == nil {
+		cpu = overload.ProcessCPU
+	}
+	r.shedder = overload.New(cfg.Overload, overload.Signals{Delay: delay, CPU: cpu}, deps.Clock, deps.Rand, r.overloadChanged)
 	providers := map[string]ProviderConfig{}
 	for _, p := range cfg.Providers {
 		providers[p.Name] = p

@@ -1,19 +1,25 @@
 // Package overload sheds a share of new requests while the router's process is short of
 // CPU, so that the requests it admits keep their latency instead of every request
-// queueing for the processor until all of them miss their deadlines.
+// queueing until all of them miss their deadlines.
 //
 // The signal is the Go scheduler's own: how long runnable goroutines waited for a CPU
 // (SchedulingDelay). Unlike request latency, it does not rise when a provider is slow,
 // which is the router's job to absorb, not a reason to refuse work. The P90 rather than
 // the P99 tells a standing queue from a burst, as CoDel does for packets: a burst (a
 // collection, a new connection's first requests) delays a few wake-ups; a process with
-// more work than CPUs delays most of them.
+// more work than CPUs delays most of them. The limit is low (20 ms by default) because a
+// process short of CPU queues requests where the scheduler does not see them too: behind
+// locks and connections whose holders wait for a CPU, where they wait for seconds while
+// the P90 wait for a CPU is still tens of milliseconds.
 //
-// Every Interval the shed share grows by StepUp while the delay's P90 is over the limit
-// and falls by StepDown once it is under half of it, or while fewer requests are in
-// flight than could be shed; in between it holds, so that the share settles instead of
-// swinging. A request is shed with the share of its priority: critical never, high at
-// half the share, batch at twice it.
+// Every Interval the shed share grows while the delay's P90 is over the limit and falls by
+// StepDown once it is under half of it, or while fewer requests are in flight than could
+// be shed; in between it holds, so that the share settles instead of swinging. Growing, it
+// takes at least StepUp and at once the excess the process's CPU showed: the CPU it got in
+// the interval, divided by what a request cost while the process kept up, is how many
+// requests it can serve, and the share is what arrived beyond nine tenths of that, so that
+// the queue drains. A request is shed with the share of its priority: critical never, high
+// at half the share, batch at twice it.
 package overload
 
 import (
@@ -36,6 +42,34 @@ const (
 	StepUp   = 0.1
 	StepDown = 0.05
 )
+
+// What a request costs is learnt from the last calmIntervals intervals in which nothing
+// was shed and the wait was short: the busiest of them with at least minCostRequests
+// requests, because a request costs less CPU the more come per second (caches stay warm)
+// and an overload comes at the highest rates; a cost too low errs towards shedding too
+// little, which StepUp then makes up. drain is the share of that capacity admitted while
+// over the limit, so that requests queued for the CPU are served before new ones pile up.
+const (
+	calmIntervals   = 32
+	minCostRequests = 16
+	drain           = 0.9
+)
+
+// calm is one calm interval: the CPU the process used in it and the requests that arrived.
+type calm struct {
+	cpu      time.Duration
+	requests int64
+}
+
+// Signals are what a shedder reads every Interval.
+type Signals struct {
+	// Delay is the wait of runnable goroutines for a CPU since its previous call (a
+	// SchedulingDelay's Read, in production); the overload signal.
+	Delay func() time.Duration
+	// CPU is the CPU time the process has used so far (user and system); nil: the share
+	// grows by StepUp alone.
+	CPU func() time.Duration
+}
 
 // Config is the router's overload block.
 type Config struct {
@@ -83,6 +117,7 @@ type Change struct {
 type Shedder struct {
 	cfg      Config
 	delay    func() time.Duration
+	cpu      func() time.Duration
 	clock    clockwork.Clock
 	random   func() float64
 	onChange func(context.Context, Change)
@@ -90,16 +125,28 @@ type Shedder struct {
 	share     atomic.Uint64 // math.Float64bits of the share of normal requests shed
 	lastDelay atomic.Int64  // the last interval's P90, in nanoseconds
 	inFlight  atomic.Int64
+	arrived   atomic.Int64 // Admit calls since the last interval
+	cost      atomic.Int64 // what a request costs in CPU, in nanoseconds; 0: not known yet
+
+	// Run's goroutine only: the CPU reading at the last interval, and the last calm
+	// intervals (a ring; next is where the next one goes).
+	lastCPU time.Duration
+	calm    [calmIntervals]calm
+	next    int
 }
 
-// New returns a shedder that reads delay (a SchedulingDelay's Read, in production) every
-// Interval of clock, draws from random (uniform in [0, 1)), and calls onChange, from Run's
-// goroutine and with Run's context, when shedding starts or stops.
-func New(cfg Config, delay func() time.Duration, clock clockwork.Clock, random func() float64, onChange func(context.Context, Change)) *Shedder {
+// New returns a shedder that reads signals every Interval of clock, draws from random
+// (uniform in [0, 1)), and calls onChange, from Run's goroutine and with Run's context,
+// when shedding starts or stops.
+func New(cfg Config, signals Signals, clock clockwork.Clock, random func() float64, onChange func(context.Context, Change)) *Shedder {
 	if onChange == nil {
 		onChange = func(context.Context, Change) {}
 	}
-	return &Shedder{cfg: cfg, delay: delay, clock: clock, random: random, onChange: onChange}
+	s := &Shedder{cfg: cfg, delay: signals.Delay, cpu: signals.CPU, clock: clock, random: random, onChange: onChange}
+	if s.cpu != nil {
+		s.lastCPU = s.cpu()
+	}
+	return s
 }
 
 // Run adjusts the share every Interval until ctx ends. With shedding off it returns at once.
@@ -126,13 +173,22 @@ func (s *Shedder) Run(ctx context.Context) error {
 func (s *Shedder) adjust(ctx context.Context) {
 	d := s.delay()
 	s.lastDelay.Store(int64(d))
+	arrived := s.arrived.Swap(0)
+	var used time.Duration
+	if s.cpu != nil {
+		now := s.cpu()
+		used, s.lastCPU = now-s.lastCPU, now
+	}
 	before := s.Share()
 	after := before
 	sheddable := s.inFlight.Load() >= int64(s.cfg.MinInFlight)
+	calm := d < s.cfg.MaxSchedulingDelay/2
 	switch {
 	case d > s.cfg.MaxSchedulingDelay && sheddable:
-		after = min(s.cfg.MaxShare, before+StepUp)
-	case d < s.cfg.MaxSchedulingDelay/2 || !sheddable:
+		after = min(s.cfg.MaxShare, max(before+StepUp, s.excess(used, arrived)))
+	case before == 0 && calm:
+		s.learnCost(used, arrived)
+	case calm || !sheddable:
 		after = max(0, before-StepDown)
 		if after < StepDown/2 { // floating-point steps down to zero
 			after = 0
@@ -143,6 +199,38 @@ func (s *Shedder) adjust(ctx context.Context) {
 		s.onChange(ctx, Change{Shedding: after > 0, Delay: d})
 	}
 }
+
+// excess is the share of arrived requests beyond what used CPU serves at the learnt cost,
+// leaving a 1-drain part of that capacity to the queue; 0 while the cost is unknown.
+func (s *Shedder) excess(used time.Duration, arrived int64) float64 {
+	cost := s.cost.Load()
+	if cost == 0 || arrived == 0 {
+		return 0
+	}
+	capacity := drain * float64(used) / float64(cost)
+	return max(0, 1-capacity/float64(arrived))
+}
+
+// learnCost keeps a calm interval's CPU and requests and sets the cost from the busiest
+// interval kept.
+func (s *Shedder) learnCost(used time.Duration, arrived int64) {
+	if s.cpu == nil || arrived < minCostRequests || used <= 0 {
+		return
+	}
+	s.calm[s.next] = calm{cpu: used, requests: arrived}
+	s.next = (s.next + 1) % calmIntervals
+	busiest := s.calm[0]
+	for _, c := range s.calm[1:] {
+		if c.requests > busiest.requests {
+			busiest = c
+		}
+	}
+	s.cost.Store(int64(busiest.cpu) / busiest.requests)
+}
+
+// Cost is what a request costs the process in CPU, as learnt while it kept up (0 until
+// then, or without a CPU signal).
+func (s *Shedder) Cost() time.Duration { return time.Duration(s.cost.Load()) }
 
 // Config is the configuration the shedder runs with.
 func (s *Shedder) Config() Config { return s.cfg }
@@ -159,6 +247,7 @@ func (s *Shedder) InFlight() int64 { return s.inFlight.Load() }
 // Admit decides whether a request of priority p is served. An admitted request must call
 // Done when it ends; a shed one must not.
 func (s *Shedder) Admit(p mantlev1.Priority) bool {
+	s.arrived.Add(1)
 	n := s.inFlight.Add(1)
 	share := s.Share()
 	if share == 0 || n <= int64(s.cfg.MinInFlight) || s.random() >= ShareOf(share, p) {

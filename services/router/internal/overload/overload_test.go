@@ -162,7 +162,7 @@ func TestAdjust(t *testing.T) {
 				delays[i] = st.delay
 			}
 			var changes []Change
-			s := New(testConfig, scripted(t, delays...), clockwork.NewFakeClock(), nil,
+			s := New(testConfig, Signals{Delay: scripted(t, delays...)}, clockwork.NewFakeClock(), nil,
 				func(_ context.Context, c Change) { changes = append(changes, c) })
 			if s.Share() != 0 || s.Delay() != 0 {
 				t.Fatalf("new shedder: share %g, delay %v; want 0, 0", s.Share(), s.Delay())
@@ -195,7 +195,7 @@ func TestAdjust(t *testing.T) {
 }
 
 func TestAdjustWithoutOnChange(t *testing.T) {
-	s := New(testConfig, scripted(t, time.Second, 0, 0), clockwork.NewFakeClock(), nil, nil)
+	s := New(testConfig, Signals{Delay: scripted(t, time.Second, 0, 0)}, clockwork.NewFakeClock(), nil, nil)
 	for _, want := range []float64{0.1, 0.05, 0} {
 		s.adjust(context.Background()) // a nil onChange must not be called
 		if got := s.Share(); !near(got, want) {
@@ -212,7 +212,7 @@ func shedderAt(t *testing.T, cfg Config, ups int, random func() float64) *Shedde
 	for i := range over {
 		over[i] = cfg.MaxSchedulingDelay + time.Millisecond
 	}
-	s := New(cfg, scripted(t, over...), clockwork.NewFakeClock(), random, nil)
+	s := New(cfg, Signals{Delay: scripted(t, over...)}, clockwork.NewFakeClock(), random, nil)
 	s.inFlight.Add(int64(cfg.MinInFlight)) // enough requests in flight to shed
 	for range ups {
 		s.adjust(context.Background())
@@ -307,7 +307,7 @@ func TestAdjustNeedsRequestsInFlight(t *testing.T) {
 	cfg := testConfig
 	cfg.MinInFlight = 5
 	var changes []Change
-	s := New(cfg, scripted(t, 500*ms, 500*ms, 500*ms, 500*ms, 500*ms), clockwork.NewFakeClock(), nil,
+	s := New(cfg, Signals{Delay: scripted(t, 500*ms, 500*ms, 500*ms, 500*ms, 500*ms)}, clockwork.NewFakeClock(), nil,
 		func(_ context.Context, c Change) { changes = append(changes, c) })
 	ctx := context.Background()
 	s.adjust(ctx) // nothing in flight
@@ -463,7 +463,7 @@ func TestRun(t *testing.T) {
 		return script[i]
 	}
 	var changes []Change // Run's goroutine only, like calls
-	s := New(testConfig, delay, clock, nil, func(_ context.Context, c Change) { changes = append(changes, c) })
+	s := New(testConfig, Signals{Delay: delay}, clock, nil, func(_ context.Context, c Change) { changes = append(changes, c) })
 
 	ctx, cancel, done := runOn(t, s, clock)
 	defer cancel()
@@ -508,10 +508,10 @@ func TestRun(t *testing.T) {
 
 func TestRunCancelledBeforeAnyInterval(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	s := New(testConfig, func() time.Duration {
+	s := New(testConfig, Signals{Delay: func() time.Duration {
 		t.Error("delay read with no interval passed")
 		return 0
-	}, clock, nil, nil)
+	}}, clock, nil, nil)
 	_, cancel, done := runOn(t, s, clock)
 	cancel()
 	if err := recv(t, done, "return from Run after cancel"); err != nil {
@@ -523,10 +523,10 @@ func TestRunSheddingOff(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	cfg := testConfig
 	cfg.MaxSchedulingDelay = 0
-	s := New(cfg, func() time.Duration {
+	s := New(cfg, Signals{Delay: func() time.Duration {
 		t.Error("delay read with shedding off")
 		return time.Hour
-	}, clock, nil, nil)
+	}}, clock, nil, nil)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(t.Context()) }() // a context that does not end during the test
 	if err := recv(t, done, "return from Run with shedding off"); err != nil {
@@ -619,4 +619,111 @@ func runOn(t *testing.T, s *Shedder, clock *clockwork.FakeClock) (ctx context.Co
 		t.Fatalf("Run's ticker never started: %v", err)
 	}
 	return ctx, cancel, result
+}
+
+// interval is one interval of a shedder that reads the process's CPU: the scheduling delay
+// read, the requests that arrived and the CPU the process used; then the share and Cost
+// after adjust, and the onChange call, if any.
+type interval struct {
+	delay   time.Duration
+	arrived int
+	cpu     time.Duration
+	share   float64
+	cost    time.Duration
+	change  *Change
+}
+
+// runIntervals drives a shedder of cfg (MinInFlight 0) through steps, checking each.
+func runIntervals(t *testing.T, cfg Config, steps []interval) {
+	t.Helper()
+	var now time.Duration // the process's CPU so far
+	i := -1
+	delay := func() time.Duration { return steps[i].delay }
+	var changes, want []Change
+	s := New(cfg, Signals{Delay: delay, CPU: func() time.Duration { return now }}, clockwork.NewFakeClock(), func() float64 { return 0.5 },
+		func(_ context.Context, c Change) { changes = append(changes, c) })
+	for i = range steps {
+		st := steps[i]
+		for range st.arrived {
+			if s.Admit(normal) {
+				s.Done()
+			}
+		}
+		now += st.cpu
+		s.adjust(context.Background())
+		if st.change != nil {
+			want = append(want, *st.change)
+		}
+		if got := s.Share(); !near(got, st.share) {
+			t.Errorf("interval %d: share = %v, want %v", i, got, st.share)
+		}
+		if got := s.Cost(); got != st.cost {
+			t.Errorf("interval %d: Cost() = %v, want %v", i, got, st.cost)
+		}
+		if !slices.Equal(changes, want) {
+			t.Fatalf("interval %d: onChange calls %+v, want %+v", i, changes, want)
+		}
+	}
+}
+
+// TestAdjustJumpsToTheExcess: the cost of a request is learnt from the busiest calm
+// interval, and an overload sheds at once what arrived beyond nine tenths of what the CPU
+// the process got serves at that cost.
+func TestAdjustJumpsToTheExcess(t *testing.T) {
+	const ms = time.Millisecond
+	cfg := Config{MaxSchedulingDelay: 100 * ms, MaxShare: 0.9}
+	over := func(d time.Duration) *Change { return &Change{Shedding: true, Delay: d} }
+	tests := []struct {
+		name  string
+		steps []interval
+	}{
+		{
+			name: "no cost learnt: StepUp alone",
+			steps: []interval{
+				{delay: 200 * ms, arrived: 1000, cpu: 100 * ms, share: 0.1, change: over(200 * ms)},
+			},
+		},
+		{
+			// Capacity 0.9 * 450 ms / 0.5 ms = 810 of 1000 arrived: 0.19 shed.
+			name: "sheds the excess at once",
+			steps: []interval{
+				{delay: ms, arrived: 400, cpu: 200 * ms, cost: 500 * time.Microsecond},
+				{delay: 200 * ms, arrived: 1000, cpu: 450 * ms, cost: 500 * time.Microsecond, share: 0.19, change: over(200 * ms)},
+				{delay: 200 * ms, arrived: 1000, cpu: 50 * ms, cost: 500 * time.Microsecond, share: 0.9},  // capped
+				{delay: 60 * ms, arrived: 100, cpu: 50 * ms, cost: 500 * time.Microsecond, share: 0.9},    // holds: nothing learnt
+				{delay: 200 * ms, arrived: 1000, cpu: 500 * ms, cost: 500 * time.Microsecond, share: 0.9}, // never below share+StepUp's floor
+			},
+		},
+		{
+			name: "an excess under StepUp takes StepUp",
+			steps: []interval{
+				{delay: ms, arrived: 100, cpu: 100 * ms, cost: ms},
+				{delay: 200 * ms, arrived: 100, cpu: 100 * ms, cost: ms, share: 0.1, change: over(200 * ms)},
+				{delay: 200 * ms, arrived: 100, cpu: 20 * ms, cost: ms, share: 0.82}, // 1 - 0.9*20/100
+			},
+		},
+		{
+			// A request costs less CPU at a higher rate: the busiest interval is the closest
+			// to an overload, wherever it is among the last calmIntervals.
+			name: "the busiest calm interval sets the cost",
+			steps: []interval{
+				{delay: ms, arrived: 100, cpu: 100 * ms, cost: ms},
+				{delay: ms, arrived: 1000, cpu: 400 * ms, cost: 400 * time.Microsecond},
+				{delay: ms, arrived: 50, cpu: 100 * ms, cost: 400 * time.Microsecond},
+				{delay: ms, arrived: 15, cpu: 1 * ms, cost: 400 * time.Microsecond},          // too few to learn from
+				{delay: 60 * ms, arrived: 2000, cpu: 100 * ms, cost: 400 * time.Microsecond}, // hold band: not calm
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { runIntervals(t, cfg, tt.steps) })
+	}
+	t.Run("the busiest interval ages out after calmIntervals", func(t *testing.T) {
+		steps := []interval{{delay: ms, arrived: 1000, cpu: 100 * ms, cost: 100 * time.Microsecond}}
+		for i := 1; i < calmIntervals; i++ {
+			steps = append(steps, interval{delay: ms, arrived: 100, cpu: 100 * ms, cost: 100 * time.Microsecond})
+		}
+		steps = append(steps, interval{delay: ms, arrived: 100, cpu: 100 * ms, cost: ms})
+		runIntervals(t, cfg, steps)
+	})
 }
