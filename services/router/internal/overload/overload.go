@@ -47,7 +47,9 @@ const (
 // was shed and the wait was short: the busiest of them with at least minCostRequests
 // requests, because a request costs less CPU the more come per second (caches stay warm)
 // and an overload comes at the highest rates; a cost too low errs towards shedding too
-// little, which StepUp then makes up. drain is the share of that capacity admitted while
+// little, which StepUp then makes up. (Requests that do not pass Admit, from callers in
+// this process, count in the CPU but not in the requests: they make the cost err high, and
+// the share then falls by StepDown once the overload is over.) drain is the share of that capacity admitted while
 // over the limit, so that requests queued for the CPU are served before new ones pile up.
 const (
 	calmIntervals   = 32
@@ -142,17 +144,16 @@ func New(cfg Config, signals Signals, clock clockwork.Clock, random func() float
 	if onChange == nil {
 		onChange = func(context.Context, Change) {}
 	}
-	s := &Shedder{cfg: cfg, delay: signals.Delay, cpu: signals.CPU, clock: clock, random: random, onChange: onChange}
-	if s.cpu != nil {
-		s.lastCPU = s.cpu()
-	}
-	return s
+	return &Shedder{cfg: cfg, delay: signals.Delay, cpu: signals.CPU, clock: clock, random: random, onChange: onChange}
 }
 
 // Run adjusts the share every Interval until ctx ends. With shedding off it returns at once.
 func (s *Shedder) Run(ctx context.Context) error {
 	if s.cfg.MaxSchedulingDelay == 0 {
 		return nil
+	}
+	if s.cpu != nil {
+		s.lastCPU = s.cpu() // the first interval counts from here, not from the process's start
 	}
 	t := s.clock.NewTicker(Interval)
 	defer t.Stop()

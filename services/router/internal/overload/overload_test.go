@@ -727,3 +727,38 @@ func TestAdjustJumpsToTheExcess(t *testing.T) {
 		runIntervals(t, cfg, steps)
 	})
 }
+
+// TestRunCountsCPUFromItsStart: the CPU the process used before Run (starting up) is not
+// the first interval's, which would make a request look as costly as the whole start.
+func TestRunCountsCPUFromItsStart(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	var cpu atomic.Int64
+	cpu.Store(int64(10 * time.Second)) // spent before Run
+	read := make(chan struct{}, 1) // the interval's read, after Run's own first one
+	var reads atomic.Int64
+	s := New(testConfig, Signals{
+		Delay: func() time.Duration { return 0 },
+		CPU: func() time.Duration {
+			if reads.Add(1) == 2 {
+				read <- struct{}{}
+			}
+			return time.Duration(cpu.Load())
+		},
+	}, clock, nil, nil)
+	_, cancel, done := runOn(t, s, clock)
+	for range 100 {
+		if s.Admit(normal) {
+			s.Done()
+		}
+	}
+	cpu.Add(int64(100 * time.Millisecond))
+	clock.Advance(Interval)
+	recv(t, read, "the interval's CPU read")
+	cancel()
+	if err := recv(t, done, "return from Run after cancel"); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if got := s.Cost(); got != time.Millisecond {
+		t.Errorf("Cost after 100 requests in 100 ms of CPU = %v, want 1ms", got)
+	}
+}
