@@ -734,7 +734,7 @@ func TestRunCountsCPUFromItsStart(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	var cpu atomic.Int64
 	cpu.Store(int64(10 * time.Second)) // spent before Run
-	read := make(chan struct{}, 1) // the interval's read, after Run's own first one
+	read := make(chan struct{}, 1)     // the interval's read, after Run's own first one
 	var reads atomic.Int64
 	s := New(testConfig, Signals{
 		Delay: func() time.Duration { return 0 },
