@@ -1,12 +1,9 @@
-//go:build unix
-
 package app
 
 import (
 	"context"
 	"io"
 	"log/slog"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +13,7 @@ import (
 
 	quotav1 "github.com/mantle-mesh/mantle/pkg/api/mantle/quota/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -122,7 +120,7 @@ func BenchmarkLocalUnary(b *testing.B) {
 				defer cancel()
 				req := &quotav1.SettleRequest{Quality: msg.quality, ReservationId: "rsv_7c1e2a9b", Usage: &mantlev1.Usage{InputTokens: 912, OutputTokens: 168, TotalTokens: 1080}}
 				b.ReportAllocs()
-				cpu := processCPU(b)
+				cpuStart, cpuOK := procusage.CPU()
 				for b.Loop() {
 					resp, err := client.Settle(ctx, req)
 					if err != nil {
@@ -132,17 +130,10 @@ func BenchmarkLocalUnary(b *testing.B) {
 						b.Fatalf("reserved tokens = %d", resp.GetReservedTokens())
 					}
 				}
-				b.ReportMetric(float64(processCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
+				if cpuEnd, ok := procusage.CPU(); ok && cpuOK {
+					b.ReportMetric(float64(cpuEnd-cpuStart)/float64(b.N), "cpu-ns/op")
+				}
 			})
 		}
 	}
-}
-
-// processCPU is the CPU time the process has used so far, user and system.
-func processCPU(b *testing.B) time.Duration {
-	var u syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &u); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/services/cache/internal/embed"
 )
 
@@ -147,11 +148,11 @@ func runLookups(b *testing.B, f fixture, next func(i int) Prompt, wantHit bool) 
 	i := 0
 	for b.Loop() {
 		p := next(i)
-		cpuStart, cpuOK := threadCPUTime()
+		cpuStart, cpuOK := procusage.ThreadCPU()
 		start := time.Now()
 		res, err := f.svc.Lookup(ctx, "acme", LookupRequest{Prompt: p})
 		wall = append(wall, time.Since(start))
-		if cpuEnd, ok := threadCPUTime(); ok && cpuOK {
+		if cpuEnd, ok := procusage.ThreadCPU(); ok && cpuOK {
 			cpu = append(cpu, cpuEnd-cpuStart)
 		}
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/services/cache/internal/embed"
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
@@ -210,11 +211,11 @@ func runIndexLookups(b *testing.B, x *EmbeddedIndex, queries []Query) {
 	b.ResetTimer()
 	i := 0
 	for b.Loop() {
-		cpuStart, cpuOK := threadCPUTime()
+		cpuStart, cpuOK := procusage.ThreadCPU()
 		start := time.Now()
 		c, err := x.Search(ctx, queries[i%len(queries)])
 		wall = append(wall, time.Since(start))
-		if cpuEnd, ok := threadCPUTime(); ok && cpuOK {
+		if cpuEnd, ok := procusage.ThreadCPU(); ok && cpuOK {
 			cpu = append(cpu, cpuEnd-cpuStart)
 		}
 		if err != nil {
@@ -284,11 +285,11 @@ func BenchmarkIndexLink(b *testing.B) {
 						}
 						b.StartTimer()
 					}
-					cpuStart, startOK := threadCPUTime()
+					cpuStart, startOK := procusage.ThreadCPU()
 					if err := x.Put(ctx, benchEntry(linkBase+i), vecs[i], near); err != nil {
 						b.Fatalf("Put: %v", err)
 					}
-					if cpuEnd, ok := threadCPUTime(); ok && startOK {
+					if cpuEnd, ok := procusage.ThreadCPU(); ok && startOK {
 						cpu += cpuEnd - cpuStart
 					}
 					i++

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/services/cache/internal/embed"
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
@@ -138,7 +139,7 @@ func BenchmarkMissStore(b *testing.B) {
 	}()
 	runtime.GC()
 	b.ReportAllocs()
-	cpuStart, startOK := processCPU()
+	cpuStart, startOK := procusage.CPU()
 	for b.Loop() {
 		request(i)
 		i++
@@ -146,7 +147,7 @@ func BenchmarkMissStore(b *testing.B) {
 	stopLinking()
 	<-linked
 	x.linkAll()
-	if cpuEnd, ok := processCPU(); ok && startOK {
+	if cpuEnd, ok := procusage.CPU(); ok && startOK {
 		b.ReportMetric(float64(cpuEnd-cpuStart)/float64(i-warm), "cpu-ns/op")
 	}
 	b.ReportMetric(float64(x.Len()), "entries")

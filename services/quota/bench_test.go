@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/services/quota/internal/memstore"
 	"github.com/mantle-mesh/mantle/services/quota/internal/redisstore"
 )
@@ -78,7 +78,7 @@ func benchReserveSettle(b *testing.B, store stateStore, key string, parallelism 
 	if redisCPU != nil {
 		redisBefore = redisCPU()
 	}
-	cpuBefore := processCPU()
+	cpuBefore, _ := procusage.CPU()
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
@@ -118,7 +118,8 @@ func benchReserveSettle(b *testing.B, store stateStore, key string, parallelism 
 	b.StopTimer()
 	// CPU per pair does not depend on what else the machine runs: with it, capacity on
 	// dedicated cores is cores / (client + server CPU per pair).
-	b.ReportMetric(float64((processCPU()-cpuBefore).Microseconds())/float64(b.N), "client-cpu-µs/pair")
+	cpuAfter, _ := procusage.CPU()
+	b.ReportMetric(float64((cpuAfter-cpuBefore).Microseconds())/float64(b.N), "client-cpu-µs/pair")
 	if redisCPU != nil {
 		b.ReportMetric(float64((redisCPU()-redisBefore).Microseconds())/float64(b.N), "redis-cpu-µs/pair")
 	}
@@ -143,15 +144,6 @@ func BenchmarkDecisionLatency(b *testing.B) {
 	b.Run("redis", func(b *testing.B) {
 		benchReserveSettle(b, newTestRedisStore(b, clockwork.NewRealClock(), redisstore.Options{ServerTime: true}), "", 0)
 	})
-}
-
-// processCPU is the user and system CPU time this process has used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // redisServerCPU is the CPU time the Redis server has used (INFO cpu).

@@ -37,6 +37,7 @@ import (
 
 	"github.com/mantle-mesh/mantle/pkg/drill/load"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
+	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/pkg/sim"
 	"github.com/mantle-mesh/mantle/services/quota"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -454,6 +455,14 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 type rusage struct {
 	cpu       time.Duration
 	maxRSSMiB float64
+}
+
+// usage returns this process's CPU time so far and its peak resident set; each reads as
+// zero where it is not measured.
+func usage() rusage {
+	cpu, _ := procusage.CPU()
+	peak, _ := procusage.PeakRSS()
+	return rusage{cpu: cpu, maxRSSMiB: float64(peak) / (1 << 20)}
 }
 
 // benchKeyEnv names the variable of the benchmark provider's key; the hop sets it.

@@ -1,0 +1,11 @@
+//go:build !unix
+
+package procusage
+
+import "time"
+
+// CPU is not measured where getrusage does not exist.
+func CPU() (time.Duration, bool) { return 0, false }
+
+// PeakRSS is not measured where getrusage does not exist.
+func PeakRSS() (int64, bool) { return 0, false }
