@@ -35,6 +35,7 @@ import (
 	"github.com/mantle-mesh/mantle/pkg/events"
 	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/pbtime"
+	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/resilience"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
@@ -134,7 +135,7 @@ type Deps struct {
 	SchedulingDelay func() time.Duration
 	// ProcessCPU returns the CPU time the process has used so far, from which the shedder
 	// learns what a request costs and how many it can serve; nil reads the system's
-	// (overload.ProcessCPU).
+	// (procusage.CPU).
 	ProcessCPU func() time.Duration
 }
 
@@ -218,7 +219,10 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 	}
 	cpu := deps.ProcessCPU
 	if cpu == nil {
-		cpu = overload.ProcessCPU
+		cpu = func() time.Duration {
+			d, _ := procusage.CPU() // 0 where not measured: the share then grows by StepUp alone
+			return d
+		}
 	}
 	r.shedder = overload.New(cfg.Overload, overload.Signals{Delay: delay, CPU: cpu}, deps.Clock, deps.Rand, r.overloadChanged)
 	providers := map[string]ProviderConfig{}
