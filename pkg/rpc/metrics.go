@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,14 +31,16 @@ type serverMetrics struct {
 	handling                         *prometheus.HistogramVec
 
 	mu sync.Mutex // held to add to methods
-	// methods is replaced, not changed, when a method is added: calls read it without a lock.
+	// methods is replaced, not changed, when a method is added: calls read it without a
+	// lock. A sync.Map would be simpler, but its lookup (the key hashed through an
+	// interface) made BenchmarkServerMetricsUnary 95 ns a call instead of 65.
 	methods atomic.Pointer[map[methodKey]*methodMetrics]
 }
 
 func newServerMetrics() *serverMetrics {
 	labels := []string{"grpc_type", "grpc_service", "grpc_method"}
 	handledLabels := []string{"grpc_type", "grpc_service", "grpc_method", "grpc_code"}
-	return &serverMetrics{
+	s := &serverMetrics{
 		started: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grpc_server_started_total",
 			Help: "Total number of RPCs started on the server.",
@@ -60,6 +63,8 @@ func newServerMetrics() *serverMetrics {
 			Buckets: prometheus.DefBuckets,
 		}, labels),
 	}
+	s.methods.Store(&map[methodKey]*methodMetrics{})
+	return s
 }
 
 // Describe implements prometheus.Collector.
@@ -101,25 +106,16 @@ type methodKey struct {
 }
 
 func (s *serverMetrics) method(k methodKey) *methodMetrics {
-	if methods := s.methods.Load(); methods != nil {
-		if m, ok := (*methods)[k]; ok {
-			return m
-		}
+	if m, ok := (*s.methods.Load())[k]; ok {
+		return m
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	old := s.methods.Load()
-	if old != nil {
-		if m, ok := (*old)[k]; ok {
-			return m
-		}
+	methods := *s.methods.Load()
+	if m, ok := methods[k]; ok {
+		return m
 	}
-	methods := make(map[methodKey]*methodMetrics, 1)
-	if old != nil {
-		for k, m := range *old {
-			methods[k] = m
-		}
-	}
+	methods = maps.Clone(methods)
 	m := &methodMetrics{metrics: s, key: k}
 	methods[k] = m
 	s.methods.Store(&methods)
@@ -173,7 +169,9 @@ func (m *methodMetrics) PostMsgReceive(_ any, err error, _ time.Duration) {
 }
 
 // counter is the method's series of vec kept in p, made on first use; code is the
-// grpc_code label's value for handled, "" for the others.
+// grpc_code label's value for handled, "" for the others. PostCall keeps the histogram's
+// series the same way: one generic helper for both made BenchmarkServerMetricsUnary 3%
+// slower (its fast path no longer inlined).
 func (m *methodMetrics) counter(p *atomic.Pointer[prometheus.Counter], vec *prometheus.CounterVec, code string) prometheus.Counter {
 	if c := p.Load(); c != nil {
 		return *c
