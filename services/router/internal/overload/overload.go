@@ -10,7 +10,8 @@
 // more work than CPUs delays most of them. The limit is low (20 ms by default) because a
 // process short of CPU queues requests where the scheduler does not see them too: behind
 // locks and connections whose holders wait for a CPU, where they wait for seconds while
-// the P90 wait for a CPU is still tens of milliseconds.
+// the P90 wait for a CPU is still tens of milliseconds
+// (docs/design/010-shed-on-a-short-cpu-wait.md).
 //
 // Every Interval the shed share grows while the delay's P90 is over the limit and falls by
 // StepDown once it is under half of it, or while fewer requests are in flight than could
