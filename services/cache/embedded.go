@@ -511,7 +511,6 @@ func (x *EmbeddedIndex) Bytes() int64 {
 // Evictions returns how many entries were evicted to make room since the index was created.
 func (x *EmbeddedIndex) Evictions() uint64 { return x.evictions.Load() }
 
-// remove unlinks n; x.mu must be held for writing.
 // vector returns n's vector as its partition's set holds it (a copy, valid while n is held
 // under x.mu), or the zero Vector for an entry only exact lookups find.
 func (n *node) vector() vector.Vector {
@@ -521,6 +520,7 @@ func (n *node) vector() vector.Vector {
 	return n.part.set.Vector(n.slot)
 }
 
+// remove unlinks n; x.mu must be held for writing.
 func (x *EmbeddedIndex) remove(n *node) {
 	delete(x.byKey, n.entry.Key)
 	x.bytes -= n.size

@@ -486,8 +486,9 @@ func DefaultConfig() Config {
 		Breaker:     defaultBreaker(),
 		Idempotency: IdempotencyConfig{Backend: "memory", TTL: 24 * time.Hour, InflightTTL: time.Minute, MaxRecordsPerTenant: 100000},
 		Status:      StatusConfig{Refresh: 5 * time.Second, RecentDegradations: 50},
-		// At 100 ms P90 for a CPU, each request (dozens of goroutine wake-ups) is already
-		// late by much more; 64 in flight keeps a process with little to do from shedding.
+		// At 20 ms P90 for a CPU, requests already queue for seconds behind locks whose
+		// holders wait for one (docs/design/010-shed-on-a-short-cpu-wait.md); 64 in flight
+		// keeps a process with little to do from shedding.
 		Overload: overload.Config{MaxSchedulingDelay: 20 * time.Millisecond, MinInFlight: 64, MaxShare: 0.9},
 	}
 }

@@ -58,8 +58,9 @@ const (
 	drain           = 0.9
 )
 
-// calm is one calm interval: the CPU the process used in it and the requests that arrived.
-type calm struct {
+// calmInterval is one calm interval: the CPU the process used in it and the requests that
+// arrived.
+type calmInterval struct {
 	cpu      time.Duration
 	requests int64
 }
@@ -134,7 +135,7 @@ type Shedder struct {
 	// Run's goroutine only: the CPU reading at the last interval, and the last calm
 	// intervals (a ring; next is where the next one goes).
 	lastCPU time.Duration
-	calm    [calmIntervals]calm
+	calm    [calmIntervals]calmInterval
 	next    int
 }
 
@@ -216,10 +217,10 @@ func (s *Shedder) excess(used time.Duration, arrived int64) float64 {
 // learnCost keeps a calm interval's CPU and requests and sets the cost from the busiest
 // interval kept.
 func (s *Shedder) learnCost(used time.Duration, arrived int64) {
-	if s.cpu == nil || arrived < minCostRequests || used <= 0 {
+	if arrived < minCostRequests || used <= 0 { // without a CPU signal used is 0
 		return
 	}
-	s.calm[s.next] = calm{cpu: used, requests: arrived}
+	s.calm[s.next] = calmInterval{cpu: used, requests: arrived}
 	s.next = (s.next + 1) % calmIntervals
 	busiest := s.calm[0]
 	for _, c := range s.calm[1:] {
