@@ -1,9 +1,13 @@
-package mesh
+package mesh_test
 
 import (
+	"flag"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/mantle-mesh/mantle/pkg/mesh/meshtest"
 )
 
 // TestMain fails the package's tests when a goroutine they started still runs at the end:
@@ -16,7 +20,12 @@ import (
 // loop (with the access-time ticker it registered) outlives Shutdown and WaitForShutdown.
 // Only those two server goroutines are ignored; any goroutine of mantle's still fails the
 // run.
+//
+// A test that hangs is reported, with its goroutines, a minute before the binary's timeout
+// (meshtest.WatchTimeout).
 func TestMain(m *testing.M) {
+	flag.Parse()
+	meshtest.WatchTimeout(time.Minute)
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushStreamStateLoop"),
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server/ats.Register.func1"),

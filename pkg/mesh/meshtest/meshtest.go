@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
@@ -214,13 +215,41 @@ func Dial(t testing.TB, addr string) *grpc.ClientConn {
 	return DialWith(t, addr, insecure.NewCredentials())
 }
 
-// DialWith connects to addr with creds for the duration of the test.
+// DialWith connects to addr with creds for the duration of the test. A call made without
+// a deadline gets CallTimeout, so that a request the mesh never answers fails its test
+// instead of hanging the package until the binary's timeout.
 func DialWith(t testing.TB, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			ctx, cancel := withCallTimeout(ctx)
+			defer cancel()
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			ctx, cancel := withCallTimeout(ctx)
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil {
+				cancel()
+				return nil, err
+			}
+			context.AfterFunc(s.Context(), cancel) // the stream's end releases the timer
+			return s, nil
+		}))
 	if err != nil {
 		t.Fatalf("dial %s: %v", addr, err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// CallTimeout bounds a test's gRPC call that has no deadline of its own: far beyond what
+// any call of the test mesh takes under the race detector on a loaded machine.
+const CallTimeout = 2 * time.Minute
+
+func withCallTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, CallTimeout)
 }
