@@ -183,7 +183,8 @@ func TestCachedAnswersObeyTheCallersScenario(t *testing.T) {
 		first := askRuled(t, addr, "chat", "", question)
 		again := askRuled(t, addr, "chat", "", question)
 		if first.status != http.StatusOK || again.cache != "hit" || again.content != first.content {
-			t.Fatalf("route chat: %d then %s %q, want an answer and its cached repeat", first.status, again.cache, again.content)
+			t.Fatalf("route chat: %d then %s %q, want an answer and its cached repeat\nfirst's audit: %v\nrepeat's audit: %v",
+				first.status, again.cache, again.content, first.quality.GetAudit(), again.quality.GetAudit())
 		}
 		return first
 	}

@@ -115,7 +115,8 @@ func testGRPC(t *testing.T, m *meshtest.Mesh, client routerv1.RouterServiceClien
 		q := ask("primary", "How do retries amplify load?")
 		// Only low-temperature answers are cached; unset means the provider's default (1).
 		q.Temperature = proto.Float64(0)
-		if _, err := client.Complete(ctx, &routerv1.CompleteRequest{Request: q}); err != nil {
+		first, err := client.Complete(ctx, &routerv1.CompleteRequest{Request: q})
+		if err != nil {
 			t.Fatalf("first Complete: %v", err)
 		}
 		resp, err := client.Complete(ctx, &routerv1.CompleteRequest{Request: q})
@@ -123,7 +124,8 @@ func testGRPC(t *testing.T, m *meshtest.Mesh, client routerv1.RouterServiceClien
 			t.Fatalf("second Complete: %v", err)
 		}
 		if !resp.Quality.CacheHit || len(resp.Quality.Attempts) != 0 {
-			t.Errorf("cache hit %v with %d attempts, want a hit with no provider call", resp.Quality.CacheHit, len(resp.Quality.Attempts))
+			t.Errorf("cache hit %v with %d attempts, want a hit with no provider call\nfirst's audit: %v\nsecond's audit: %v",
+				resp.Quality.CacheHit, len(resp.Quality.Attempts), first.Quality.GetAudit(), resp.Quality.GetAudit())
 		}
 		other, err := client.Complete(authed(tightKey), &routerv1.CompleteRequest{Request: q})
 		if err != nil {

@@ -344,6 +344,9 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 	}
 	now := s.clock.Now()
 
+	// Read before the index: a lease on the key that ends after this shows in it
+	// (coalesceMiss).
+	seen := s.leases.version(k.Exact)
 	// Exact first: the same normalised question in the same scope needs no embedding.
 	if e, ok, err := s.get(ctx, k.Exact, now); err != nil {
 		if ctx.Err() != nil {
@@ -368,7 +371,7 @@ func (s *Service) lookup(ctx context.Context, tenant string, req LookupRequest, 
 	if !req.Coalesce {
 		return res, nil
 	}
-	return s.coalesceMiss(ctx, tenant, req, k, res, pol, emb)
+	return s.coalesceMiss(ctx, tenant, req, k, res, pol, emb, seen)
 }
 
 // searchSimilar embeds the question and looks for a close enough entry in its partition.
@@ -498,7 +501,15 @@ func (s *Service) hit(res LookupResult, e Entry, similarity float64, match Match
 
 // coalesceMiss turns a miss into a lease, or waits for the lease another lookup holds
 // (and says how long in the result's Waited).
-func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupRequest, k keys, res LookupResult, pol policy, emb embedding) (out LookupResult, err error) {
+//
+// seen is the lease table's version of the key (leases.version) from before the lookup
+// read the index. The holder of a lease writes its entry and then ends the lease; a
+// lookup that read the index before the write and reaches the lease table after the end
+// gets a new lease, and would miss an answer that is in: with router.async_cache_store the
+// caller's next identical request, sent once the first answer came back, is that lookup.
+// A changed version says a lease on the key (or its bucket) ended since, and the key is
+// read once more.
+func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupRequest, k keys, res LookupResult, pol policy, emb embedding, seen uint64) (out LookupResult, err error) {
 	start := s.clock.Now()
 	waited := false
 	defer func() {
@@ -525,6 +536,14 @@ func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupReq
 			expires = req.Deadline
 		}
 		mine, theirs := s.leases.acquire(k.Exact, tenant, now, expires, emb)
+		if mine != nil && s.leases.version(k.Exact) != seen {
+			if e, ok, err := s.get(ctx, k.Exact, now); err == nil && ok && (e.freshAt(now) || req.Mode != ModeNormal) &&
+				s.admits(k.Question, e, 1, s.metrics.scenario(req.Prompt.Scenario), &res) {
+				s.leases.finish(mine.id, tenant, &e) // whoever joined the new lease gets the entry too
+				s.metrics.coalesce.WithLabelValues("overtaken").Inc()
+				return s.hit(res, e, 1, MatchExact, now, pol, req.Mode), nil
+			}
+		}
 		if mine != nil {
 			s.metrics.coalesce.WithLabelValues("leased").Inc()
 			res.Lease = &Lease{ID: mine.id, ExpiresAt: mine.expires}
@@ -554,6 +573,7 @@ func (s *Service) coalesceMiss(ctx context.Context, tenant string, req LookupReq
 			// Released or expired without an answer: look once more (another path may have
 			// stored one), then try for the lease.
 			s.metrics.coalesce.WithLabelValues("retried").Inc()
+			seen = s.leases.version(k.Exact)
 			if e, ok, err := s.get(ctx, k.Exact, s.clock.Now()); err == nil && ok && e.freshAt(s.clock.Now()) &&
 				s.admits(k.Question, e, 1, s.metrics.scenario(req.Prompt.Scenario), &res) {
 				return s.hit(res, e, 1, MatchExact, s.clock.Now(), pol, req.Mode), nil

@@ -2,7 +2,9 @@ package cache
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
@@ -43,7 +45,23 @@ type leases struct {
 	mu    sync.Mutex
 	byKey map[Key]*lease
 	byID  map[string]*lease
+	// ended records, per bucket of keys, when a lease of one of them last ended (a count
+	// of ends; written under mu, read without it). A lookup reads its key's bucket before
+	// it reads the index, and again once it got a new lease: a change means a lease on its
+	// key may have ended meanwhile, its entry written after the lookup's read, and the
+	// lookup reads its key once more instead of missing an answer that is in (see
+	// Service.coalesceMiss). Buckets, not keys, keep this at a fixed size; a bucket shared
+	// by two keys costs the other key one more read, never a missed answer.
+	ended [endedBuckets]atomic.Uint64
+	ends  uint64
 }
+
+const endedBuckets = 1024
+
+func bucketOf(key Key) int { return int(binary.BigEndian.Uint16(key[:2])) % endedBuckets }
+
+// version is what ended records for key's bucket now.
+func (l *leases) version(key Key) uint64 { return l.ended[bucketOf(key)].Load() }
 
 func newLeases() *leases {
 	return &leases{byKey: map[Key]*lease{}, byID: map[string]*lease{}}
@@ -159,6 +177,8 @@ func (l *leases) end(le *lease, e *Entry) {
 	if l.byKey[le.key] == le {
 		delete(l.byKey, le.key)
 	}
+	l.ends++
+	l.ended[bucketOf(le.key)].Store(l.ends)
 	l.wake(le, e)
 }
 

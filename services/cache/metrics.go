@@ -75,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, configured []string) (*metrics, error
 		}, []string{"op"}),
 		coalesce: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mantle_cache_coalesce_total",
-			Help: "Coalescing lookups by outcome: leased (answers for others), joined (got another request's answer), retried (the lease ended without an answer), timeout.",
+			Help: "Coalescing lookups by outcome: leased (answers for others), joined (got another request's answer), retried (the lease ended without an answer), overtaken (an answered lease ended between the lookup's read of the index and its try for the lease: the entry answers), timeout.",
 		}, []string{"outcome"}),
 		entries: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mantle_cache_qdrant_points",
@@ -97,7 +97,7 @@ func newMetrics(reg prometheus.Registerer, configured []string) (*metrics, error
 	for _, op := range []string{"get", "search", "put", "delete", "embed"} {
 		m.errors.WithLabelValues(op)
 	}
-	for _, o := range []string{"leased", "joined", "retried", "timeout"} {
+	for _, o := range []string{"leased", "joined", "overtaken", "retried", "timeout"} {
 		m.coalesce.WithLabelValues(o)
 	}
 	for _, s := range slices.Sorted(slices.Values(configured)) {
