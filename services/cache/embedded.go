@@ -257,9 +257,15 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 // Put implements Index. The vector is linked into its partition's graph by RunLinker when
 // it runs, here otherwise; with near, its links are chosen from it.
 func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector, near *vector.Near) error {
-	help, err := x.put(e, v, near)
+	help, queued, err := x.put(e, v, near)
 	if err != nil {
 		return err
+	}
+	if !queued {
+		// Nothing to link (a partition below its graph's MinLen has no graph): waking
+		// RunLinker for nothing would cost a goroutine switch per store, a large part of
+		// a store's CPU when requests come one at a time.
+		return nil
 	}
 	if !x.linker.Load() {
 		x.linkAll()
@@ -276,15 +282,15 @@ func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector, near *v
 }
 
 // put stores e and reports whether its partition has more vectors waiting to be linked
-// than searches should scan.
-func (x *EmbeddedIndex) put(e Entry, v vector.Vector, near *vector.Near) (help bool, err error) {
+// than searches should scan, and whether any partition has vectors waiting.
+func (x *EmbeddedIndex) put(e Entry, v vector.Vector, near *vector.Near) (help, queued bool, err error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if old, ok := x.byKey[e.Key]; ok {
 		x.remove(old)
 	}
 	if err := x.insert(e, v, near, true); err != nil {
-		return false, err
+		return false, false, err
 	}
 	// The entry just stored stays even when it alone is over maxBytes: an answer is bounded
 	// by the request's and the provider's limits, and dropping it here would say it was
@@ -299,7 +305,7 @@ func (x *EmbeddedIndex) put(e Entry, v vector.Vector, near *vector.Near) (help b
 	if p := x.parts[e.Partition]; p != nil && p.set != nil && !v.Sparse() && p.set.GraphReady() {
 		help = p.set.Pending() > maxUnlinked
 	}
-	return help, nil
+	return help, len(x.toLink) > 0, nil
 }
 
 // RunLinker links the vectors Put stores into their partitions' graphs until ctx is done,

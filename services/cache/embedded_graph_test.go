@@ -243,3 +243,29 @@ func TestEmbeddedIndexPacesAGraphBuild(t *testing.T) {
 	}
 	drain("a ready graph")
 }
+
+// TestEmbeddedIndexWakesTheLinkerOnlyForLinks: a Put into a partition below its graph's
+// MinLen leaves nothing to link and does not wake RunLinker (a goroutine switch per store
+// for nothing); the Put that queues the partition's vectors does.
+func TestEmbeddedIndexWakesTheLinkerOnlyForLinks(t *testing.T) {
+	t.Parallel()
+	x := newEmbeddedIndex(100_000, searchLimits, smallGraph, smallGraph)
+	x.linker.Store(true) // as while RunLinker runs; it does not, so its wake stays to be read
+	put := func(i int) {
+		t.Helper()
+		e := testEntry(fmt.Sprint(i), "acme", "s", "p", fmt.Sprintf("question %d: how long does a parcel to Lisbon take?", i))
+		if err := x.Put(context.Background(), e, vec(t, e.Question), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range smallGraph.MinLen - 1 {
+		put(i)
+	}
+	if n := len(x.wake); n != 0 || x.LinkBacklog() != 0 {
+		t.Fatalf("below MinLen: %d wakes, backlog %d; want none", n, x.LinkBacklog())
+	}
+	put(smallGraph.MinLen - 1)
+	if n := len(x.wake); n != 1 || x.LinkBacklog() == 0 {
+		t.Fatalf("at MinLen: %d wakes, backlog %d; want the linker woken for the backlog", n, x.LinkBacklog())
+	}
+}
