@@ -36,7 +36,13 @@ func fullQuality(t *testing.T) *mantlev1.QualityContext {
 		}
 	}
 	qc.Deadline = timestamppb.New(timestamppb.Now().AsTime())
-	qc.Usage = &mantlev1.Usage{InputTokens: 3, OutputTokens: 4, TotalTokens: 7}
+	// Every field of the usage too: hopQuality copies them one by one.
+	qc.Usage = &mantlev1.Usage{}
+	u := qc.Usage.ProtoReflect()
+	for i := range u.Descriptor().Fields().Len() {
+		fd := u.Descriptor().Fields().Get(i)
+		u.Set(fd, sampleScalar(t, fd))
+	}
 	return qc
 }
 
@@ -167,5 +173,17 @@ func TestOnlyPlainAnswersAreStored(t *testing.T) {
 				t.Errorf("store audit %q, want %q", got, tt.audit)
 			}
 		})
+	}
+}
+
+// BenchmarkHopQuality copies a request's QualityContext for a hop, as each of a mesh
+// request's four to five calls to another service does.
+func BenchmarkHopQuality(b *testing.B) {
+	qc := &mantlev1.QualityContext{RequestId: "req_0123456789ab", Tenant: "acme", Route: "chat",
+		Deadline: timestamppb.Now(), Usage: &mantlev1.Usage{InputTokens: 30, OutputTokens: 40, TotalTokens: 70},
+		Verification: &mantlev1.Verification{L1Passed: true}, SkippedSteps: []string{"l3"}}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = hopQuality(qc)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
@@ -67,7 +66,7 @@ func (v *Verifier) submitL3(a Answer, verdict Verdict, risk riskInputs, at time.
 	// The job outlives the call: it must not share the caller's QualityContext, which the
 	// caller may go on changing.
 	if a.Quality != nil {
-		a.Quality = proto.CloneOf(a.Quality)
+		a.Quality = a.Quality.CloneVT()
 	}
 	select {
 	case v.l3.jobs <- l3Job{answer: a, verdict: verdict, risk: risk, at: at}:
