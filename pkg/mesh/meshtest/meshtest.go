@@ -7,7 +7,7 @@ package meshtest
 import (
 	"context"
 	"errors"
-	"github.com/mantle-mesh/mantle/pkg/natsembed"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -22,6 +22,7 @@ import (
 
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
+	"github.com/mantle-mesh/mantle/pkg/natsembed"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 	"github.com/mantle-mesh/mantle/pkg/tlsconfig"
 )
@@ -177,36 +178,65 @@ func RunStoppable(t testing.TB, cfg mesh.Config, opts mesh.Options) (*mesh.Proce
 		t.Fatalf("start %s: %v", cfg.Target, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
+	exited := make(chan struct{}) // closed when Run has returned runErr
+	var runErr error
+	go func() {
+		defer close(exited)
+		runErr = p.Run(ctx)
+	}()
 	stop := sync.OnceFunc(func() {
 		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("%s stopped with: %v", cfg.Target, err)
+		<-exited
+		if runErr != nil && !errors.Is(runErr, context.Canceled) {
+			t.Errorf("%s stopped with: %v", cfg.Target, runErr)
 		}
 	})
 	t.Cleanup(stop)
-	waitServing(t, p.App.GRPCAddr(), cfg.TLS)
+	// A process that fails as it starts never serves: the wait ends with it, and says why.
+	wait, endWait := context.WithCancel(context.Background())
+	defer endWait()
+	go func() {
+		select {
+		case <-exited:
+			endWait()
+		case <-wait.Done():
+		}
+	}()
+	if err := waitServing(wait, p.App.GRPCAddr(), cfg.TLS); err != nil {
+		select {
+		case <-exited:
+			t.Fatalf("%s exited before it served: %v", cfg.Target, runErr)
+		default:
+			t.Fatalf("%s: %v", cfg.Target, err)
+		}
+	}
 	return p, stop
 }
 
-// waitServing asks the process's health as the process itself would call it: with its
-// own certificate when it runs TLS.
-func waitServing(t testing.TB, addr string, tlsCfg tlsconfig.Config) {
-	t.Helper()
-	conn := Dial(t, addr)
+// waitServing asks the process's health, until it answers or ctx ends, as the process
+// itself would call it: with its own certificate when it runs TLS.
+func waitServing(ctx context.Context, addr string, tlsCfg tlsconfig.Config) error {
+	creds := insecure.NewCredentials()
 	if tlsCfg.Enabled() {
 		src, err := tlsconfig.FromConfig(tlsCfg, tlsconfig.Options{Log: slog.New(slog.DiscardHandler)})
 		if err != nil {
-			t.Fatalf("tls of %s: %v", addr, err)
+			return fmt.Errorf("tls of %s: %w", addr, err)
 		}
-		conn = DialWith(t, addr, src.GRPCClientCredentials(tlsCfg.ServerName))
+		creds = src.GRPCClientCredentials(tlsCfg.ServerName)
 	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", addr, err)
+	}
+	defer conn.Close()
+	ctx, cancel := withCallTimeout(ctx)
+	defer cancel()
 	// WaitForReady queues the check until the server accepts it: no polling, no sleeping.
-	res, err := grpc_health_v1.NewHealthClient(conn).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{}, grpc.WaitForReady(true))
+	res, err := grpc_health_v1.NewHealthClient(conn).Check(ctx, &grpc_health_v1.HealthCheckRequest{}, grpc.WaitForReady(true))
 	if err != nil || res.Status != grpc_health_v1.HealthCheckResponse_SERVING {
-		t.Fatalf("health of %s: %v %v", addr, res.GetStatus(), err)
+		return fmt.Errorf("health of %s: %v %v", addr, res.GetStatus(), err)
 	}
+	return nil
 }
 
 // Dial connects to addr in plaintext for the duration of the test.
