@@ -233,8 +233,11 @@ func waitServing(ctx context.Context, addr string, tlsCfg tlsconfig.Config) erro
 	defer cancel()
 	// WaitForReady queues the check until the server accepts it: no polling, no sleeping.
 	res, err := grpc_health_v1.NewHealthClient(conn).Check(ctx, &grpc_health_v1.HealthCheckRequest{}, grpc.WaitForReady(true))
-	if err != nil || res.Status != grpc_health_v1.HealthCheckResponse_SERVING {
-		return fmt.Errorf("health of %s: %v %v", addr, res.GetStatus(), err)
+	if err != nil {
+		return fmt.Errorf("health of %s: %w", addr, err)
+	}
+	if res.Status != grpc_health_v1.HealthCheckResponse_SERVING {
+		return fmt.Errorf("health of %s: %v", addr, res.Status)
 	}
 	return nil
 }
