@@ -474,7 +474,7 @@ func newHarness(t *testing.T, cfg Config, h *harness) *harness {
 	deps := Deps{Quota: h.quota, Cache: h.cache, Verifier: h.verifier, Events: h.events,
 		Clock: h.clock, Log: slog.New(h.log), Metrics: m, Rand: h.rand, Tracer: h.tracer, SchedulingDelay: h.schedulingDelay,
 		// No CPU reading: the shedder learns no cost, and grows its share by StepUp alone.
-		ProcessCPU: func() time.Duration { return 0 }}
+		ProcessCPU: func() (time.Duration, bool) { return 0, false }}
 	deps.Sessions = h.sessions
 	if h.idempotency {
 		deps.Idempotency = idempotency.NewMemory(time.Hour, time.Minute, h.clock)

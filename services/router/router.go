@@ -133,10 +133,10 @@ type Deps struct {
 	// SchedulingDelay returns the P90 wait for a CPU since its previous call, the overload
 	// shedder's signal; nil reads the Go runtime's (overload.SchedulingDelay).
 	SchedulingDelay func() time.Duration
-	// ProcessCPU returns the CPU time the process has used so far, from which the shedder
-	// learns what a request costs and how many it can serve; nil reads the system's
-	// (procusage.CPU).
-	ProcessCPU func() time.Duration
+	// ProcessCPU returns the CPU time the process has used so far and whether it was
+	// measured, from which the shedder learns what a request costs and how many it can
+	// serve; nil reads the system's (procusage.CPU).
+	ProcessCPU func() (time.Duration, bool)
 }
 
 // Router executes requests.
@@ -219,10 +219,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 	}
 	cpu := deps.ProcessCPU
 	if cpu == nil {
-		cpu = func() time.Duration {
-			d, _ := procusage.CPU() // 0 where not measured: the share then grows by StepUp alone
-			return d
-		}
+		cpu = procusage.CPU
 	}
 	r.shedder = overload.New(cfg.Overload, overload.Signals{Delay: delay, CPU: cpu}, deps.Clock, deps.Rand, r.overloadChanged)
 	providers := map[string]ProviderConfig{}

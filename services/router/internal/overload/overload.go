@@ -49,9 +49,10 @@ const (
 // requests, because a request costs less CPU the more come per second (caches stay warm)
 // and an overload comes at the highest rates; a cost too low errs towards shedding too
 // little, which StepUp then makes up. (Requests that do not pass Admit, from callers in
-// this process, count in the CPU but not in the requests: they make the cost err high, and
-// the share then falls by StepDown once the overload is over.) drain is the share of that capacity admitted while
-// over the limit, so that requests queued for the CPU are served before new ones pile up.
+// this process, count in the CPU but not in the requests: they make the cost err high,
+// and the share then falls by StepDown once the overload is over.) drain is the share of
+// that capacity admitted while over the limit, so that requests queued for the CPU are
+// served before new ones pile up.
 const (
 	calmIntervals   = 32
 	minCostRequests = 16
@@ -70,9 +71,10 @@ type Signals struct {
 	// Delay is the wait of runnable goroutines for a CPU since its previous call (a
 	// SchedulingDelay's Read, in production); the overload signal.
 	Delay func() time.Duration
-	// CPU is the CPU time the process has used so far (user and system); nil: the share
-	// grows by StepUp alone.
-	CPU func() time.Duration
+	// CPU is the CPU time the process has used so far (user and system) and whether it
+	// was measured (procusage.CPU, in production); nil or not measured: the share grows by
+	// StepUp alone.
+	CPU func() (time.Duration, bool)
 }
 
 // Config is the router's overload block.
@@ -121,7 +123,7 @@ type Change struct {
 type Shedder struct {
 	cfg      Config
 	delay    func() time.Duration
-	cpu      func() time.Duration
+	cpu      func() (time.Duration, bool)
 	clock    clockwork.Clock
 	random   func() float64
 	onChange func(context.Context, Change)
@@ -155,7 +157,7 @@ func (s *Shedder) Run(ctx context.Context) error {
 		return nil
 	}
 	if s.cpu != nil {
-		s.lastCPU = s.cpu() // the first interval counts from here, not from the process's start
+		s.lastCPU, _ = s.cpu() // the first interval counts from here, not from the process's start
 	}
 	t := s.clock.NewTicker(Interval)
 	defer t.Stop()
@@ -177,10 +179,11 @@ func (s *Shedder) adjust(ctx context.Context) {
 	d := s.delay()
 	s.lastDelay.Store(int64(d))
 	arrived := s.arrived.Swap(0)
-	var used time.Duration
+	var used time.Duration // stays 0 without a measured CPU: no cost is learnt, none used
 	if s.cpu != nil {
-		now := s.cpu()
-		used, s.lastCPU = now-s.lastCPU, now
+		if now, ok := s.cpu(); ok {
+			used, s.lastCPU = now-s.lastCPU, now
+		}
 	}
 	before := s.Share()
 	after := before

@@ -640,7 +640,7 @@ func runIntervals(t *testing.T, cfg Config, steps []interval) {
 	i := -1
 	delay := func() time.Duration { return steps[i].delay }
 	var changes, want []Change
-	s := New(cfg, Signals{Delay: delay, CPU: func() time.Duration { return now }}, clockwork.NewFakeClock(), func() float64 { return 0.5 },
+	s := New(cfg, Signals{Delay: delay, CPU: func() (time.Duration, bool) { return now, true }}, clockwork.NewFakeClock(), func() float64 { return 0.5 },
 		func(_ context.Context, c Change) { changes = append(changes, c) })
 	for i = range steps {
 		st := steps[i]
@@ -738,11 +738,11 @@ func TestRunCountsCPUFromItsStart(t *testing.T) {
 	var reads atomic.Int64
 	s := New(testConfig, Signals{
 		Delay: func() time.Duration { return 0 },
-		CPU: func() time.Duration {
+		CPU: func() (time.Duration, bool) {
 			if reads.Add(1) == 2 {
 				read <- struct{}{}
 			}
-			return time.Duration(cpu.Load())
+			return time.Duration(cpu.Load()), true
 		},
 	}, clock, nil, nil)
 	_, cancel, done := runOn(t, s, clock)
