@@ -78,7 +78,7 @@ func benchReserveSettle(b *testing.B, store stateStore, key string, parallelism 
 	if redisCPU != nil {
 		redisBefore = redisCPU()
 	}
-	cpuBefore, _ := procusage.CPU()
+	cpuBefore, cpuOK := procusage.CPU()
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
@@ -118,8 +118,9 @@ func benchReserveSettle(b *testing.B, store stateStore, key string, parallelism 
 	b.StopTimer()
 	// CPU per pair does not depend on what else the machine runs: with it, capacity on
 	// dedicated cores is cores / (client + server CPU per pair).
-	cpuAfter, _ := procusage.CPU()
-	b.ReportMetric(float64((cpuAfter-cpuBefore).Microseconds())/float64(b.N), "client-cpu-µs/pair")
+	if cpuAfter, ok := procusage.CPU(); ok && cpuOK {
+		b.ReportMetric(float64((cpuAfter-cpuBefore).Microseconds())/float64(b.N), "client-cpu-µs/pair")
+	}
 	if redisCPU != nil {
 		b.ReportMetric(float64((redisCPU()-redisBefore).Microseconds())/float64(b.N), "redis-cpu-µs/pair")
 	}

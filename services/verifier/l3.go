@@ -64,10 +64,8 @@ func (v *Verifier) submitL3(a Answer, verdict Verdict, risk riskInputs, at time.
 		return true // already running for another candidate of this request
 	}
 	// The job outlives the call: it must not share the caller's QualityContext, which the
-	// caller may go on changing.
-	if a.Quality != nil {
-		a.Quality = a.Quality.CloneVT()
-	}
+	// caller may go on changing. (CloneVT of nil is nil.)
+	a.Quality = a.Quality.CloneVT()
 	select {
 	case v.l3.jobs <- l3Job{answer: a, verdict: verdict, risk: risk, at: at}:
 		return true

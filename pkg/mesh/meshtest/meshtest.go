@@ -178,11 +178,15 @@ func RunStoppable(t testing.TB, cfg mesh.Config, opts mesh.Options) (*mesh.Proce
 		t.Fatalf("start %s: %v", cfg.Target, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	// A process that fails as it starts never serves: the wait for its health ends with it.
+	wait, endWait := context.WithCancel(context.Background())
+	defer endWait()
 	exited := make(chan struct{}) // closed when Run has returned runErr
 	var runErr error
 	go func() {
 		defer close(exited)
 		runErr = p.Run(ctx)
+		endWait()
 	}()
 	stop := sync.OnceFunc(func() {
 		cancel()
@@ -192,16 +196,6 @@ func RunStoppable(t testing.TB, cfg mesh.Config, opts mesh.Options) (*mesh.Proce
 		}
 	})
 	t.Cleanup(stop)
-	// A process that fails as it starts never serves: the wait ends with it, and says why.
-	wait, endWait := context.WithCancel(context.Background())
-	defer endWait()
-	go func() {
-		select {
-		case <-exited:
-			endWait()
-		case <-wait.Done():
-		}
-	}()
 	if err := waitServing(wait, p.App.GRPCAddr(), cfg.TLS); err != nil {
 		select {
 		case <-exited:
