@@ -373,12 +373,12 @@ func TestCoalescingLeaseCarriesThePromptScans(t *testing.T) {
 // index and before that search returns: the lease holder's store completes, lease ended and
 // all, between an identical lookup's reads of the index and its attempt at the lease.
 type storeDuringSearchIndex struct {
-	*EmbeddedIndex
+	Index
 	during atomic.Pointer[func()]
 }
 
 func (x *storeDuringSearchIndex) Search(ctx context.Context, q Query) ([]Candidate, error) {
-	c, err := x.EmbeddedIndex.Search(ctx, q)
+	c, err := x.Index.Search(ctx, q)
 	if f := x.during.Swap(nil); f != nil {
 		(*f)()
 	}
@@ -389,32 +389,37 @@ func (x *storeDuringSearchIndex) Search(ctx context.Context, q Query) ([]Candida
 // the lease holder's entry was written, and reaches the lease table just after the lease
 // ended, finds the entry instead of taking a new lease: the caller's next identical
 // request (sent once the first one's answer came back) must not miss while the first
-// answer is being stored after it was sent (router.async_cache_store).
+// answer is being stored after it was sent (router.async_cache_store). On every backend:
+// the second read of the key goes to the index.
 func TestCoalescingLookupOvertakenByTheStoreHits(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultConfig()
-	idx := &storeDuringSearchIndex{EmbeddedIndex: NewEmbeddedIndex(cfg.MaxEntries, cfg.MaxBytes)}
-	f := newFixtureWith(t, cfg, idx, embed.NewLexical())
-	lease := f.lease(t, "acme", question)
-	var stored StoreResult
-	store := func() {
-		req := answer(basePrompt(question))
-		req.LeaseID = lease.ID
-		stored = f.mustStore(t, "acme", req)
-	}
-	idx.during.Store(&store)
-	res, err := f.svc.Lookup(context.Background(), "acme", LookupRequest{Prompt: basePrompt(question), Coalesce: true})
-	if stored.EntryID == "" {
-		t.Fatal("the store did not run during the lookup's search")
-	}
-	if err != nil || !res.Hit || res.Entry.ID != stored.EntryID || res.Lease != nil {
-		t.Errorf("Lookup = (hit %v, entry %q, lease %+v, miss reason %q, %v), want the stored entry %q without a lease",
-			res.Hit, res.Entry.ID, res.Lease, res.MissReason, err, stored.EntryID)
-	}
-	if n := f.svc.leases.len(); n != 0 {
-		t.Errorf("%d live leases, want none", n)
-	}
-	if got := metricValue(t, f.reg, "mantle_cache_coalesce_total", map[string]string{"outcome": "overtaken"}); got != 1 {
-		t.Errorf("coalesce{overtaken} = %v, want 1", got)
+	for _, b := range testBackends() {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			idx := &storeDuringSearchIndex{Index: b.open(t)}
+			f := newFixtureWith(t, DefaultConfig(), idx, embed.NewLexical())
+			lease := f.lease(t, "acme", question)
+			var stored StoreResult
+			store := func() {
+				req := answer(basePrompt(question))
+				req.LeaseID = lease.ID
+				stored = f.mustStore(t, "acme", req)
+			}
+			idx.during.Store(&store)
+			res, err := f.svc.Lookup(context.Background(), "acme", LookupRequest{Prompt: basePrompt(question), Coalesce: true})
+			if stored.EntryID == "" {
+				t.Fatal("the store did not run during the lookup's search")
+			}
+			if err != nil || !res.Hit || res.Entry.ID != stored.EntryID || res.Lease != nil {
+				t.Errorf("Lookup = (hit %v, entry %q, lease %+v, miss reason %q, %v), want the stored entry %q without a lease",
+					res.Hit, res.Entry.ID, res.Lease, res.MissReason, err, stored.EntryID)
+			}
+			if n := f.svc.leases.len(); n != 0 {
+				t.Errorf("%d live leases, want none", n)
+			}
+			if got := metricValue(t, f.reg, "mantle_cache_coalesce_total", map[string]string{"outcome": "overtaken"}); got != 1 {
+				t.Errorf("coalesce{overtaken} = %v, want 1", got)
+			}
+		})
 	}
 }
