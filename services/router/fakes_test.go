@@ -488,6 +488,7 @@ func newHarness(t *testing.T, cfg Config, h *harness) *harness {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	t.Cleanup(h.router.WaitStores) // the store workers wait a while for more stores
 	return h
 }
 

@@ -171,10 +171,8 @@ type Router struct {
 	scouts     sync.WaitGroup
 	scoutCtx   context.Context
 	stopScouts context.CancelFunc
-	// stores are the cache stores in flight after their answers (see store); storeSlots
-	// bounds them.
-	stores     sync.WaitGroup
-	storeSlots chan struct{}
+	// stores make the cache stores that come after their answers (see store).
+	stores *storeWorkers
 }
 
 // routeTable is the routes callers can name, in config order: models first, then aliases.
@@ -201,8 +199,8 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		hedgeBudget:     resilience.NewBudget(cfg.HedgeBudget.budget(), deps.Clock),
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
 		embedCache:      newEmbedCache(cfg.EmbeddingsCache),
-		storeSlots:      make(chan struct{}, maxAsyncStores),
 	}
+	r.stores = newStoreWorkers(maxAsyncStores, r.sendStore)
 	_, off := deps.Tracer.(noop.Tracer)
 	r.tracing = !off
 	r.scoutCtx, r.stopScouts = context.WithCancel(context.Background())
@@ -776,29 +774,14 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 		Usage:        usageProto(ans.Usage),
 		LeaseId:      lease,
 	}
-	if lease == "" || !r.conf().AsyncCacheStore {
-		hop, cancel := r.hopContext(ctx)
-		defer cancel()
-		r.sendStore(hop, sreq)
+	// Offered to the store workers it is made after the answer; refused (as many stores
+	// in flight as allowed, or shutting down) it is made before, like one without a lease.
+	if lease != "" && r.conf().AsyncCacheStore && r.stores.offer(ctx, sreq) {
 		return
 	}
-	select {
-	case r.storeSlots <- struct{}{}:
-	default: // as many stores in flight as allowed: this one is made before the answer
-		hop, cancel := r.hopContext(ctx)
-		defer cancel()
-		r.sendStore(hop, sreq)
-		return
-	}
-	r.stores.Add(1)
-	go func() {
-		defer r.stores.Done()
-		defer func() { <-r.storeSlots }()
-		// The request is answered and its context ends with it; the store has its own time.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), asyncStoreTimeout)
-		defer cancel()
-		r.sendStore(ctx, sreq)
-	}()
+	hop, cancel := r.hopContext(ctx)
+	defer cancel()
+	r.sendStore(hop, sreq)
 }
 
 // maxAsyncStores bounds the stores in flight after their answers (router.async_cache_store);
@@ -817,9 +800,10 @@ func (r *Router) sendStore(ctx context.Context, sreq *cachev1.StoreRequest) {
 	}
 }
 
-// WaitStores waits for the stores made after their answers; the router's run loop calls
-// it at shutdown.
-func (r *Router) WaitStores() { r.stores.Wait() }
+// WaitStores waits for the stores made after their answers and ends the workers that
+// make them; later stores are made before their answers. The router's run loop calls it
+// at shutdown.
+func (r *Router) WaitStores() { r.stores.stop() }
 
 // release gives a coalescing lease back when this request will not store an answer, so
 // the requests waiting on it stop waiting. Like settle, it runs even when the caller left.

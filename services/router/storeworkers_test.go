@@ -1,0 +1,159 @@
+package router
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
+)
+
+// gatedStores is a store function that records each store's lease and, for the leases
+// with a gate, waits for the gate.
+type gatedStores struct {
+	mu    sync.Mutex
+	done  []string
+	gates map[string]chan struct{}
+}
+
+func (g *gatedStores) send(_ context.Context, req *cachev1.StoreRequest) {
+	g.mu.Lock()
+	gate := g.gates[req.GetLeaseId()]
+	g.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	g.mu.Lock()
+	g.done = append(g.done, req.GetLeaseId())
+	g.mu.Unlock()
+}
+
+func (g *gatedStores) stored() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.done...)
+}
+
+// waitWorkers waits until the workers are n alive of which idle wait for a store. The
+// workers change state on their own goroutines, so this polls; the deadline only turns
+// a hang into a failure.
+func waitWorkers(t *testing.T, w *storeWorkers, n, idle int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w.mu.Lock()
+		gotN, gotIdle := w.n, len(w.idle)
+		w.mu.Unlock()
+		if gotN == n && gotIdle == idle {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workers: %d alive, %d idle; want %d, %d", gotN, gotIdle, n, idle)
+		}
+		runtime.Gosched()
+	}
+}
+
+func storeOf(lease string) *cachev1.StoreRequest { return &cachev1.StoreRequest{LeaseId: lease} }
+
+// TestStoreWorkersReuseTheLastToFinish: a store goes to the worker that finished last
+// (its stack is grown, and the others can end), a new worker starts only while every
+// other is busy, and no more than max run.
+func TestStoreWorkersReuseTheLastToFinish(t *testing.T) {
+	t.Parallel()
+	g := &gatedStores{gates: map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{}), "c": make(chan struct{})}}
+	w := newStoreWorkers(2, g.send)
+	t.Cleanup(w.stop)
+	ctx := context.Background()
+
+	if !w.offer(ctx, storeOf("a")) || !w.offer(ctx, storeOf("b")) {
+		t.Fatal("offers refused with workers to spare")
+	}
+	waitWorkers(t, w, 2, 0)
+	if w.offer(ctx, storeOf("c")) {
+		t.Fatal("a third store was taken with both workers busy and max 2")
+	}
+
+	close(g.gates["a"]) // a's worker waits first
+	waitWorkers(t, w, 2, 1)
+	first := w.idle[0]
+	close(g.gates["b"]) // then b's
+	waitWorkers(t, w, 2, 2)
+	if !w.offer(ctx, storeOf("c")) {
+		t.Fatal("store refused with two workers waiting")
+	}
+	w.mu.Lock()
+	left := w.idle
+	w.mu.Unlock()
+	if len(left) != 1 || left[0] != first {
+		t.Error("the store went to the worker that had waited longest, want the one that finished last")
+	}
+	close(g.gates["c"])
+	waitWorkers(t, w, 2, 2)
+	if got := g.stored(); len(got) != 3 || got[2] != "c" {
+		t.Errorf("stores made %q, want a and b then c", got)
+	}
+}
+
+// TestStoreWorkersStop: stop ends the waiting workers at once, waits for a busy one's
+// store, and the stores offered after it are refused (the router then makes them before
+// the answer).
+func TestStoreWorkersStop(t *testing.T) {
+	t.Parallel()
+	g := &gatedStores{gates: map[string]chan struct{}{"busy": make(chan struct{})}}
+	w := newStoreWorkers(4, g.send)
+	ctx := context.Background()
+	w.offer(ctx, storeOf("quick"))
+	waitWorkers(t, w, 1, 1)
+	w.offer(ctx, storeOf("busy")) // the waiting worker takes it
+	w.offer(ctx, storeOf("quick"))
+	waitWorkers(t, w, 2, 1)
+
+	// The busy store is let go once stop has begun; stop returning before it is made
+	// would leave it out of the stores below.
+	go func() {
+		for {
+			w.mu.Lock()
+			stopping := w.stopped
+			w.mu.Unlock()
+			if stopping {
+				close(g.gates["busy"])
+				return
+			}
+			runtime.Gosched()
+		}
+	}()
+	w.stop()
+	if got := g.stored(); len(got) != 3 {
+		t.Errorf("stores made by the time stop returned %q, want all three", got)
+	}
+	if w.offer(ctx, storeOf("late")) {
+		t.Error("a store was taken after stop")
+	}
+}
+
+// TestStoreWorkersEndWhenIdle: a worker that gets no store within idleFor ends, also
+// when offers race with its end; every store offered is made once.
+func TestStoreWorkersEndWhenIdle(t *testing.T) {
+	t.Parallel()
+	g := &gatedStores{}
+	w := newStoreWorkers(8, g.send)
+	w.idleFor = time.Microsecond // the wait ends about when the next offer comes
+	ctx := context.Background()
+	const stores = 2000
+	taken := 0
+	for range stores {
+		if w.offer(ctx, storeOf("x")) {
+			taken++
+		} else {
+			g.send(ctx, storeOf("x")) // as the router does with a refused store
+		}
+	}
+	waitWorkers(t, w, 0, 0)
+	if got := len(g.stored()); got != stores {
+		t.Errorf("%d stores made, want %d (%d taken by workers)", got, stores, taken)
+	}
+	w.stop()
+}
