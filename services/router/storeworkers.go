@@ -35,7 +35,9 @@ type storeJob struct {
 	req *cachev1.StoreRequest
 }
 
-// storeWorkerIdle is how long a worker waits for another store before it ends.
+// storeWorkerIdle is how long a worker waits for another store before it ends. The wait
+// is on the real clock, not the router's: it only lets an idle goroutine go, and the
+// router's tests count their fake clock's sleepers to know where requests are.
 const storeWorkerIdle = 10 * time.Second
 
 func newStoreWorkers(max int, send func(context.Context, *cachev1.StoreRequest)) *storeWorkers {
