@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/drill/benchload"
+	"github.com/mantle-mesh/mantle/pkg/mesh"
 )
 
 // benchLoadName is the command's name in main.go's table; the parent re-runs the binary
@@ -39,6 +40,7 @@ type benchLoadFlags struct {
 	inProcess, split                 bool
 	child, serveHop                  bool // internal: see the flags
 	upstream                         string
+	configFile                       string
 	cfg                              benchload.Config // from the flags above
 }
 
@@ -84,6 +86,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	fs.StringVar(&f.memProfile, "memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
 	fs.BoolVar(&f.inProcess, "in-process", false, "run every mode in this process (CPU and RSS figures then mix; with --split the proxy or mesh still gets a process of its own)")
 	fs.BoolVar(&f.split, "split", true, "run the proxy or the mesh in a process of its own, apart from the load generator and the upstream; false puts all three in one")
+	fs.StringVar(&f.configFile, "config.file", "", "YAML the router and all modes start from, as mantle serve reads it (default: the built-in defaults); its cache, verifier, quota, overload and runtime settings are measured, while the providers, models, routes, listeners, TLS, authentication, tenant limits and LLM judge are bench-load's (docs/performance.md)")
 	fs.BoolVar(&f.child, "child", false, "internal: run one mode and print its results as JSON")
 	fs.BoolVar(&f.serveHop, "serve-hop", false, "internal: serve one mode's proxy or mesh for a benchmark in another process")
 	fs.StringVar(&f.upstream, "upstream", "", "internal: with --serve-hop, the upstream's host:port")
@@ -97,6 +100,14 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 		return f, fmt.Errorf("--format: want text or json, got %q", f.format)
 	}
 	f.cfg = benchload.Config{Duration: f.duration, Warmup: f.warmup, MaxInFlight: f.maxInFlight, SamePrompt: f.samePrompt, Stream: f.stream}
+	if f.configFile != "" {
+		// Read now, so that a bad file fails before any load runs.
+		mc, err := mesh.LoadFile(f.configFile)
+		if err != nil {
+			return f, err
+		}
+		f.cfg.Mesh = &mc
+	}
 	if f.temperature != "" {
 		v, err := strconv.ParseFloat(f.temperature, 64)
 		if err != nil || v < 0 || v > 2 {
@@ -129,8 +140,12 @@ func runBenchLoad(ctx context.Context, f benchLoadFlags, env cmdEnv) error {
 		if len(f.modes) != 1 {
 			return errors.New("--serve-hop serves exactly one mode")
 		}
+		base := mesh.Default()
+		if f.cfg.Mesh != nil {
+			base = *f.cfg.Mesh
+		}
 		return f.profiled(f.modes[0], func() error {
-			return benchload.ServeHop(ctx, f.modes[0], f.upstream, os.Stdin, stdout, stderr)
+			return benchload.ServeHop(ctx, f.modes[0], f.upstream, base, os.Stdin, stdout, stderr)
 		})
 	}
 	if f.child {
@@ -173,7 +188,7 @@ func (f benchLoadFlags) childFlags() []string {
 		"--rates", f.rates, "--duration", f.duration.String(), "--warmup", f.warmup.String(),
 		"--max-in-flight", strconv.Itoa(f.maxInFlight), "--same-prompt=" + strconv.FormatBool(f.samePrompt), "--stream=" + strconv.FormatBool(f.stream),
 		"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut, "--temperature", f.temperature,
-		"--split=" + strconv.FormatBool(f.split),
+		"--split=" + strconv.FormatBool(f.split), "--config.file", f.configFile,
 	}
 }
 
@@ -189,7 +204,7 @@ func (f benchLoadFlags) runMode(ctx context.Context, mode benchload.Mode, stderr
 		}
 		c.HopCommand = func(ctx context.Context, mode benchload.Mode, upstreamAddr string) *exec.Cmd {
 			cmd := exec.CommandContext(ctx, self, benchLoadName, "--serve-hop", "--modes", string(mode), "--upstream", upstreamAddr,
-				"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut)
+				"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut, "--config.file", f.configFile)
 			cmd.Stderr = stderr
 			return cmd
 		}

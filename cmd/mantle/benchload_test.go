@@ -105,6 +105,7 @@ func TestBenchLoadRejectsBadFlags(t *testing.T) {
 		{[]string{"--rates", "0"}, "not a positive number"},
 		{[]string{"--format", "yaml"}, "--format"},
 		{[]string{"--child", "--modes", "direct,all"}, "exactly one mode"},
+		{[]string{"--config.file", "/nonexistent/mantle.yaml"}, "config.file"},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
@@ -149,5 +150,31 @@ func TestBenchLoadSplit(t *testing.T) {
 	}
 	if r := res[0]; r.HopPeakRSSMB != 0 {
 		t.Errorf("direct: hop RSS %v MiB, want none: the direct mode has no hop", r.HopPeakRSSMB)
+	}
+}
+
+// TestBenchLoadConfigFile: --config.file reaches the router's own process through the
+// mode's child process: a file whose prompt limit every request is over has them all
+// refused there, with the router's reason.
+func TestBenchLoadConfigFile(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three processes")
+	}
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "mantle.yaml")
+	if err := os.WriteFile(file, []byte("router:\n  max_prompt_bytes: 8\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	args := []string{"--modes", "router", "--rates", "40", "--duration", "250ms", "--warmup", "0s", "--format", "json", "--config.file", file}
+	if err := benchLoad(context.Background(), args, testEnv(&stdout, &stderr)); err != nil {
+		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
+	}
+	var res []benchload.Result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	if len(res) != 1 || res[0].OK != 0 || res[0].Errors != 10 || !strings.Contains(res[0].FirstError, "max_prompt_bytes") {
+		t.Errorf("results %+v, want all 10 requests refused for the file's max_prompt_bytes", res)
 	}
 }

@@ -290,15 +290,25 @@ func (f *Flags) Apply(c *Config) {
 func Load(f *Flags) (Config, error) {
 	c := Default()
 	if f.File != "" {
-		data, err := os.ReadFile(f.File)
-		if err != nil {
-			return c, fmt.Errorf("config.file: %w", err)
-		}
-		if err := c.Decode(bytes.NewReader(data)); err != nil {
-			return c, fmt.Errorf("%s: %w", f.File, err)
+		var err error
+		if c, err = LoadFile(f.File); err != nil {
+			return c, err
 		}
 	}
 	f.Apply(&c)
+	return c, nil
+}
+
+// LoadFile is the configuration of the YAML file at path over the defaults.
+func LoadFile(path string) (Config, error) {
+	c := Default()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("config.file: %w", err)
+	}
+	if err := c.Decode(bytes.NewReader(data)); err != nil {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
 	return c, nil
 }
 

@@ -101,6 +101,9 @@ type Config struct {
 	// RSS are then reported apart (Result.HopCPUPer1000, HopPeakRSSMB), and its garbage
 	// collector and scheduler are not the load generator's. Nil runs it in this process.
 	HopCommand func(ctx context.Context, mode Mode, upstreamAddr string) *exec.Cmd
+	// Mesh is the configuration the router and all modes start from (MeshConfig); nil is
+	// mesh.Default(). A HopCommand's process is not given it: its command must carry it.
+	Mesh *mesh.Config
 }
 
 // Result is one rate of one mode.
@@ -172,7 +175,11 @@ func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 		if cfg.HopCommand != nil {
 			h, err = startProcessHop(cfg.HopCommand(ctx, cfg.Mode, upstreamAddr))
 		} else {
-			h, err = startHop(ctx, cfg.Mode, upstreamAddr, false, logOut)
+			base := mesh.Default()
+			if cfg.Mesh != nil {
+				base = *cfg.Mesh
+			}
+			h, err = startHop(ctx, cfg.Mode, upstreamAddr, base, false, logOut)
 		}
 		if err != nil {
 			return nil, err
@@ -224,29 +231,42 @@ func usages(h hop) (self, ofHop rusage, err error) {
 	return self, ofHop, err
 }
 
-// MeshConfig is the mesh mode runs with, calling the upstream at base.
-func MeshConfig(mode Mode, base string) (mesh.Config, error) {
-	cfg := mesh.Default()
+// MeshConfig is the configuration mode's mesh runs with: cfg (mesh.Default() unless the
+// benchmark was given one) with what the benchmark needs in place of its own. It calls
+// the instant upstream at upstream as its one provider and model (the file's providers,
+// models and routes go, and with them the LLM judge, which would need a route); it listens
+// on loopback ports of its own without TLS or authentication (the load carries no key);
+// no tenant limit refuses the load; it logs errors only; and the router alone calls no
+// other service, while the whole mesh runs every module in its process. The rest (cache,
+// verifier, quota, overload, runtime, events) is cfg's.
+func MeshConfig(mode Mode, upstream string, cfg mesh.Config) (mesh.Config, error) {
+	defaults := mesh.Default()
 	cfg.Server.GRPCListenAddress = "127.0.0.1:0"
 	cfg.Server.HTTPListenAddress = "127.0.0.1:0"
+	cfg.TLS = defaults.TLS
+	cfg.Auth = defaults.Auth
 	cfg.Log = mesh.LogConfig{Level: "error", Format: "text"}
 	// Tenant limits are not what is measured.
 	cfg.Quota.DefaultLimits = quota.RateLimits{RPM: 1_000_000_000, TPM: 1_000_000_000_000}
+	cfg.Quota.Tenants, cfg.Quota.ModelLimits, cfg.Quota.Budgets.Tenants = defaults.Quota.Tenants, defaults.Quota.ModelLimits, defaults.Quota.Budgets.Tenants
+	r := &cfg.Router
 	switch mode {
 	case All:
 		cfg.Target = "all"
+		r.QuotaAddress, r.CacheAddress, r.VerifierAddress, r.AgentAddress = defaults.Router.QuotaAddress, defaults.Router.CacheAddress, defaults.Router.VerifierAddress, defaults.Router.AgentAddress
 	case RouterOnly:
 		cfg.Target = "router"
-		cfg.Router.QuotaAddress, cfg.Router.CacheAddress, cfg.Router.VerifierAddress, cfg.Router.AgentAddress = router.Off, router.Off, router.Off, router.Off
+		r.QuotaAddress, r.CacheAddress, r.VerifierAddress, r.AgentAddress = router.Off, router.Off, router.Off, router.Off
 	default:
 		return cfg, fmt.Errorf("benchload: mode %q runs no mesh", mode)
 	}
-	r := &cfg.Router
 	r.Providers = []router.ProviderConfig{{
-		Name: "upstream", Type: router.ProviderOpenAI, BaseURL: base,
+		Name: "upstream", Type: router.ProviderOpenAI, BaseURL: upstream,
 		Keys: []router.KeyConfig{{ID: "bench", Env: benchKeyEnv}}, Timeout: 10 * time.Second,
 	}}
 	r.Models = []router.ModelConfig{{Name: ModelName, Provider: "upstream", InputPricePerMillion: 1, OutputPricePerMillion: 2}}
+	r.Routes = nil
+	cfg.Verifier.L3.Judge.Enabled = false
 	return cfg, nil
 }
 

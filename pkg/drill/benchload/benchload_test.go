@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/services/router"
 )
 
@@ -151,27 +152,78 @@ func TestServerTiming(t *testing.T) {
 	}
 }
 
+// userConfig is a production-like configuration: remote services, authentication, TLS,
+// real providers, routes over them, tenant limits and budgets, the LLM judge, and cache
+// and verifier settings of its own.
+const userConfig = `
+target: router
+server: {grpc_listen_address: "0.0.0.0:9090", http_listen_address: "0.0.0.0:8080"}
+tls: {cert_file: /etc/mantle/tls.crt, key_file: /etc/mantle/tls.key, ca_file: /etc/mantle/ca.crt}
+auth:
+  tenants: [{id: acme, key_env: ACME_KEY}]
+router:
+  cache_address: "cache:9090"
+  quota_address: "quota:9090"
+  providers:
+    - {name: openai, type: openai, base_url: "https://api.openai.com/v1", keys: [{id: k1, env: OPENAI_API_KEY}]}
+  models: [{name: gpt-4o, provider: openai}]
+  routes: [{name: chat, candidates: [gpt-4o]}]
+cache: {max_bytes: 1048576}
+quota:
+  tenants: {default: {rpm: 1}}
+  model_limits: {"*": {gpt-4o: {rpm: 1}}}
+  budgets: {tenants: {default: {daily_usd: 0.01}}}
+verifier:
+  l3: {workers: 3, judge: {enabled: true}}
+`
+
 func TestMeshConfig(t *testing.T) {
 	t.Parallel()
-	if _, err := MeshConfig(Direct, "http://x/v1"); err == nil {
+	user := mesh.Default()
+	if err := user.Decode(strings.NewReader(userConfig)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := MeshConfig(Direct, "http://x/v1", mesh.Default()); err == nil {
 		t.Error("the direct mode has no mesh configuration")
 	}
-	for _, mode := range []Mode{RouterOnly, All} {
-		cfg, err := MeshConfig(mode, "http://upstream/v1")
-		if err != nil {
-			t.Fatalf("%s: %v", mode, err)
+	for _, base := range []struct {
+		name string
+		cfg  mesh.Config
+	}{{"defaults", mesh.Default()}, {"a user's file", user}} {
+		for _, mode := range []Mode{RouterOnly, All} {
+			cfg, err := MeshConfig(mode, "http://upstream/v1", base.cfg)
+			if err != nil {
+				t.Fatalf("%s, %s: %v", base.name, mode, err)
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Errorf("%s, %s: configuration does not validate: %v", base.name, mode, err)
+			}
+			r := cfg.Router
+			if len(r.Providers) != 1 || r.Providers[0].BaseURL != "http://upstream/v1" || len(r.Models) != 1 || r.Models[0].Name != ModelName || len(r.Routes) != 0 {
+				t.Errorf("%s, %s: providers %v, models %v, routes %v; want the upstream's one model", base.name, mode, r.Providers, r.Models, r.Routes)
+			}
+			if cfg.Server.HTTPListenAddress != "127.0.0.1:0" || len(cfg.Auth.Tenants) != 0 || cfg.TLS.CertFile != "" {
+				t.Errorf("%s, %s: listens on %s, %d tenant keys, TLS %q; want a loopback port of its own, no keys, no TLS",
+					base.name, mode, cfg.Server.HTTPListenAddress, len(cfg.Auth.Tenants), cfg.TLS.CertFile)
+			}
+			if q := cfg.Quota; len(q.Tenants) != 0 || len(q.ModelLimits) != 0 || len(q.Budgets.Tenants) != 0 || q.DefaultLimits.RPM < 1_000_000 {
+				t.Errorf("%s, %s: quota %+v; want no tenant limit the load could meet", base.name, mode, q)
+			}
+			if cfg.Verifier.L3.Judge.Enabled {
+				t.Errorf("%s, %s: the judge is on with no route to a model", base.name, mode)
+			}
+			wantTarget, wantCache := "all", ""
+			if mode == RouterOnly {
+				wantTarget, wantCache = "router", router.Off
+			}
+			if cfg.Target != wantTarget || r.CacheAddress != wantCache || r.QuotaAddress != wantCache || r.VerifierAddress != wantCache {
+				t.Errorf("%s, %s: target %q, quota %q, cache %q, verifier %q; want %q with the others at %q",
+					base.name, mode, cfg.Target, r.QuotaAddress, r.CacheAddress, r.VerifierAddress, wantTarget, wantCache)
+			}
+			if base.name == "a user's file" && (cfg.Cache.MaxBytes != 1<<20 || cfg.Verifier.L3.Workers != 3) {
+				t.Errorf("%s, %s: cache.max_bytes %d, l3.workers %d; want the file's", base.name, mode, cfg.Cache.MaxBytes, cfg.Verifier.L3.Workers)
+			}
 		}
-		if err := cfg.Validate(); err != nil {
-			t.Errorf("%s: configuration does not validate: %v", mode, err)
-		}
-		if got := cfg.Router.Providers[0].BaseURL; got != "http://upstream/v1" {
-			t.Errorf("%s: provider at %q", mode, got)
-		}
-	}
-	cfg, _ := MeshConfig(RouterOnly, "http://upstream/v1")
-	if r := cfg.Router; cfg.Target != "router" || r.QuotaAddress != router.Off || r.CacheAddress != router.Off || r.VerifierAddress != router.Off {
-		t.Errorf("router-only: target %q, quota %q, cache %q, verifier %q; want the router alone with the others off",
-			cfg.Target, r.QuotaAddress, r.CacheAddress, r.VerifierAddress)
 	}
 }
 
@@ -186,7 +238,7 @@ func TestRunRejectsEmptyConfig(t *testing.T) {
 // hopCommand).
 func TestMain(m *testing.M) {
 	if mode := os.Getenv("BENCHLOAD_HOP_MODE"); mode != "" {
-		err := ServeHop(context.Background(), Mode(mode), os.Getenv("BENCHLOAD_HOP_UPSTREAM"), os.Stdin, os.Stdout, io.Discard)
+		err := ServeHop(context.Background(), Mode(mode), os.Getenv("BENCHLOAD_HOP_UPSTREAM"), mesh.Default(), os.Stdin, os.Stdout, io.Discard)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -237,10 +289,10 @@ func TestRunWithHopProcess(t *testing.T) {
 func TestServeHopRefuses(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
-	if err := ServeHop(context.Background(), Direct, "127.0.0.1:1", strings.NewReader(""), &out, io.Discard); err == nil {
+	if err := ServeHop(context.Background(), Direct, "127.0.0.1:1", mesh.Default(), strings.NewReader(""), &out, io.Discard); err == nil {
 		t.Error("ServeHop(Direct) succeeded; the direct mode has no hop")
 	}
-	err := ServeHop(context.Background(), Proxy, "127.0.0.1:1", strings.NewReader("usage\nreboot\n"), &out, io.Discard)
+	err := ServeHop(context.Background(), Proxy, "127.0.0.1:1", mesh.Default(), strings.NewReader("usage\nreboot\n"), &out, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), `unknown request "reboot"`) {
 		t.Errorf("ServeHop with an unknown request: %v", err)
 	}

@@ -30,14 +30,15 @@ type hop interface {
 	stop() error
 }
 
-// startHop starts mode's hop in this process, in front of the upstream at upstreamAddr.
-// ownProcess says the process exists to serve it, as mantle serve's does: a mesh then
-// tunes the Go runtime as its configuration says (mesh.Options.TuneRuntime).
-func startHop(ctx context.Context, mode Mode, upstreamAddr string, ownProcess bool, logOut io.Writer) (hop, error) {
+// startHop starts mode's hop in this process, in front of the upstream at upstreamAddr; a
+// mesh's configuration is MeshConfig's from base. ownProcess says the process exists to
+// serve it, as mantle serve's does: a mesh then tunes the Go runtime as its configuration
+// says (mesh.Options.TuneRuntime).
+func startHop(ctx context.Context, mode Mode, upstreamAddr string, base mesh.Config, ownProcess bool, logOut io.Writer) (hop, error) {
 	if mode == Proxy {
 		return startProxy(ctx, upstreamAddr)
 	}
-	mc, err := MeshConfig(mode, "http://"+upstreamAddr+"/v1")
+	mc, err := MeshConfig(mode, "http://"+upstreamAddr+"/v1", base)
 	if err != nil {
 		return nil, err
 	}
@@ -120,12 +121,13 @@ type hopUsage struct {
 }
 
 // ServeHop runs mode's hop in this process for a benchmark in another one (see
-// Config.HopCommand), speaking the protocol above on in and out, until in ends.
-func ServeHop(ctx context.Context, mode Mode, upstreamAddr string, in io.Reader, out io.Writer, logOut io.Writer) (err error) {
+// Config.HopCommand), speaking the protocol above on in and out, until in ends; a mesh
+// starts from base (Config.Mesh).
+func ServeHop(ctx context.Context, mode Mode, upstreamAddr string, base mesh.Config, in io.Reader, out io.Writer, logOut io.Writer) (err error) {
 	if mode == Direct {
 		return errors.New("benchload: the direct mode has no hop")
 	}
-	h, err := startHop(ctx, mode, upstreamAddr, true, logOut)
+	h, err := startHop(ctx, mode, upstreamAddr, base, true, logOut)
 	if err != nil {
 		return err
 	}

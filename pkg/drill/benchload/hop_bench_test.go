@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/sim"
 )
 
@@ -34,7 +35,7 @@ func BenchmarkRequest(b *testing.B) {
 		b.Run(string(mode), func(b *testing.B) {
 			url := "http://" + upstreamAddr + "/v1/chat/completions"
 			if mode != Direct {
-				h, err := startHop(ctx, mode, upstreamAddr, false, io.Discard)
+				h, err := startHop(ctx, mode, upstreamAddr, mesh.Default(), false, io.Discard)
 				if err != nil {
 					b.Fatal(err)
 				}
