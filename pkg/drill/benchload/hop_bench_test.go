@@ -16,10 +16,25 @@ import (
 // BenchmarkRequest sends one request at a time through each mode, all in this process: the
 // instant upstream, the hop and the client. Its allocations per request are a steady
 // figure where bench-load's latencies are not; a mode's own share is its figure less
-// direct's, which pays for the client and the upstream.
+// direct's, which pays for the client and the upstream. The request carries no
+// temperature, so the cache declines it and nothing is stored.
 //
 //	go test -run '^$' -bench BenchmarkRequest -benchmem -count 6 ./pkg/drill/benchload/ | benchstat -
 func BenchmarkRequest(b *testing.B) {
+	benchmarkRequests(b, Config{}, false, Modes())
+}
+
+// BenchmarkStoredRequest is BenchmarkRequest with a new prompt at temperature 0 every
+// time, as bench-load --temperature 0 sends: the whole mesh looks each up, misses, and
+// stores the answer after it has gone out.
+func BenchmarkStoredRequest(b *testing.B) {
+	zero := 0.0
+	benchmarkRequests(b, Config{Temperature: &zero}, true, []Mode{Direct, All})
+}
+
+// benchmarkRequests sends cfg's requests one at a time through each of modes; unique
+// makes every prompt a new one (the body is then built per request, in every mode alike).
+func benchmarkRequests(b *testing.B, cfg Config, unique bool, modes []Mode) {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.DiscardHandler)
 	upstreamAddr, waitUpstream, err := sim.Start(ctx, "127.0.0.1:0", sim.NewServer(sim.ServerConfig{Log: log}), log)
@@ -29,9 +44,9 @@ func BenchmarkRequest(b *testing.B) {
 	b.Cleanup(func() { cancel(); _ = waitUpstream() })
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}}
 	b.Cleanup(c.CloseIdleConnections)
-	payload := body(Config{}, 0)
+	payload := body(cfg, 0)
 
-	for _, mode := range Modes() {
+	for _, mode := range modes {
 		b.Run(string(mode), func(b *testing.B) {
 			url := "http://" + upstreamAddr + "/v1/chat/completions"
 			if mode != Direct {
@@ -48,7 +63,10 @@ func BenchmarkRequest(b *testing.B) {
 			}
 			b.ReportAllocs()
 			created := goroutinesCreated()
-			for b.Loop() {
+			for i := 0; b.Loop(); i++ {
+				if unique {
+					payload = body(cfg, i)
+				}
 				if _, _, err := send(ctx, c, url, payload); err != nil {
 					b.Fatal(err)
 				}
