@@ -78,7 +78,9 @@ func TestStoreWorkersReuseTheLastToFinish(t *testing.T) {
 
 	close(g.gates["a"]) // a's worker waits first
 	waitWorkers(t, w, 2, 1)
+	w.mu.Lock()
 	first := w.idle[0]
+	w.mu.Unlock()
 	close(g.gates["b"]) // then b's
 	waitWorkers(t, w, 2, 2)
 	if !w.offer(ctx, storeOf("c")) {
