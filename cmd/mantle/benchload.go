@@ -159,6 +159,9 @@ func runBenchLoad(ctx context.Context, f benchLoadFlags, env cmdEnv) error {
 		return json.NewEncoder(stdout).Encode(res)
 	}
 
+	if err := f.tellReplaced(stderr); err != nil {
+		return err
+	}
 	var all []benchload.Result
 	for _, mode := range f.modes {
 		fmt.Fprintf(stderr, "bench-load: %s at %s/s, %s each...\n", mode, f.rates, f.duration)
@@ -180,6 +183,27 @@ func runBenchLoad(ctx context.Context, f benchLoadFlags, env cmdEnv) error {
 		return enc.Encode(all)
 	}
 	return writeBenchTable(stdout, all)
+}
+
+// tellReplaced names the settings of --config.file that the benchmark replaces, per mode
+// that runs a mesh, so that none of them is dropped without a word.
+func (f benchLoadFlags) tellReplaced(stderr io.Writer) error {
+	if f.cfg.Mesh == nil {
+		return nil
+	}
+	for _, mode := range f.modes {
+		if mode != benchload.RouterOnly && mode != benchload.All {
+			continue
+		}
+		names, err := benchload.Replaced(mode, *f.cfg.Mesh)
+		if err != nil {
+			return err
+		}
+		if len(names) > 0 {
+			fmt.Fprintf(stderr, "bench-load: %s mode: the benchmark replaces %s from %s\n", mode, strings.Join(names, ", "), f.configFile)
+		}
+	}
+	return nil
 }
 
 // childFlags are the flags a child process that runs one mode gets from f.

@@ -162,7 +162,8 @@ func TestBenchLoadConfigFile(t *testing.T) {
 	}
 	t.Parallel()
 	file := filepath.Join(t.TempDir(), "mantle.yaml")
-	if err := os.WriteFile(file, []byte("router:\n  max_prompt_bytes: 8\n"), 0o600); err != nil {
+	yaml := "router:\n  max_prompt_bytes: 8\n  routes: [{name: chat, candidates: [" + benchload.ModelName + "]}]\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
@@ -176,5 +177,9 @@ func TestBenchLoadConfigFile(t *testing.T) {
 	}
 	if len(res) != 1 || res[0].OK != 0 || res[0].Errors != 10 || !strings.Contains(res[0].FirstError, "max_prompt_bytes") {
 		t.Errorf("results %+v, want all 10 requests refused for the file's max_prompt_bytes", res)
+	}
+	// The file's routes are replaced, and the benchmark says so.
+	if want := "router mode: the benchmark replaces router.routes from " + file; !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr %q, want it to say %q", stderr.String(), want)
 	}
 }

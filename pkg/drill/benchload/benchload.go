@@ -27,6 +27,8 @@ import (
 	"math"
 	"net/http"
 	"os/exec"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -487,3 +489,37 @@ func usage() rusage {
 
 // benchKeyEnv names the variable of the benchmark provider's key; the hop sets it.
 const benchKeyEnv = "MANTLE_BENCH_KEY"
+
+// Replaced names the settings of cfg that MeshConfig replaces for mode although cfg set
+// them (they differ from mesh.Default()), as YAML paths ("router.providers", "auth.tenants"):
+// what a configuration file given to the benchmark does not get to say, to be told rather
+// than dropped in silence. Listeners and logging, which every file sets its own way, are
+// left out.
+func Replaced(mode Mode, cfg mesh.Config) ([]string, error) {
+	out, err := MeshConfig(mode, "http://upstream/v1", cfg)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	var walk func(prefix string, user, def, got reflect.Value)
+	walk = func(prefix string, user, def, got reflect.Value) {
+		if user.Kind() == reflect.Struct && user.Type() != reflect.TypeFor[time.Time]() {
+			for i := range user.NumField() {
+				f := user.Type().Field(i)
+				name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+				if !f.IsExported() || name == "" || name == "-" {
+					continue
+				}
+				walk(prefix+name+".", user.Field(i), def.Field(i), got.Field(i))
+			}
+			return
+		}
+		if !reflect.DeepEqual(user.Interface(), def.Interface()) && !reflect.DeepEqual(user.Interface(), got.Interface()) {
+			names = append(names, strings.TrimSuffix(prefix, "."))
+		}
+	}
+	walk("", reflect.ValueOf(cfg), reflect.ValueOf(mesh.Default()), reflect.ValueOf(out))
+	return slices.DeleteFunc(names, func(n string) bool {
+		return strings.HasPrefix(n, "server.") || strings.HasPrefix(n, "log.")
+	}), nil
+}

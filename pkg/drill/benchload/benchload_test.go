@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -223,6 +224,39 @@ func TestMeshConfig(t *testing.T) {
 			if base.name == "a user's file" && (cfg.Cache.MaxBytes != 1<<20 || cfg.Verifier.L3.Workers != 3) {
 				t.Errorf("%s, %s: cache.max_bytes %d, l3.workers %d; want the file's", base.name, mode, cfg.Cache.MaxBytes, cfg.Verifier.L3.Workers)
 			}
+		}
+	}
+}
+
+// TestReplaced: the settings of a user's file that the benchmark replaces are named, by
+// mode; a setting the file leaves at its default, or that the benchmark keeps, is not.
+func TestReplaced(t *testing.T) {
+	t.Parallel()
+	user := mesh.Default()
+	if err := user.Decode(strings.NewReader(userConfig)); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"tls.cert_file", "tls.key_file", "tls.ca_file", "auth.tenants",
+		"router.providers", "router.models", "router.routes",
+		"quota.tenants", "quota.model_limits", "quota.budgets.tenants", "verifier.l3.judge.enabled"}
+	for _, tt := range []struct {
+		mode Mode
+		want []string
+	}{
+		{All, append([]string{"target", "router.cache_address", "router.quota_address"}, common...)},
+		{RouterOnly, append([]string{"router.cache_address", "router.quota_address"}, common...)},
+	} {
+		got, err := Replaced(tt.mode, user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(got)
+		slices.Sort(tt.want)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: replaced %q, want %q", tt.mode, got, tt.want)
+		}
+		if none, _ := Replaced(tt.mode, mesh.Default()); len(none) != 0 {
+			t.Errorf("%s: the defaults have %q replaced, want nothing", tt.mode, none)
 		}
 	}
 }
