@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/mesh"
+	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/pkg/sim"
 )
 
@@ -63,6 +64,7 @@ func benchmarkRequests(b *testing.B, cfg Config, unique bool, modes []Mode) {
 			}
 			b.ReportAllocs()
 			created := goroutinesCreated()
+			cpu, _ := procusage.CPU()
 			for i := 0; b.Loop(); i++ {
 				if unique {
 					payload = body(cfg, i)
@@ -74,6 +76,12 @@ func benchmarkRequests(b *testing.B, cfg Config, unique bool, modes []Mode) {
 			// Every goroutine a request starts is a hand-off that, on a process with idle
 			// CPUs, wakes a thread: a cost per request that shows most at low rates.
 			b.ReportMetric(float64(goroutinesCreated()-created)/float64(b.N), "goroutines/op")
+			// The process's CPU: the client's, the upstream's and the hop's. A mode's own is
+			// its figure less direct's; one request at a time is bench-load's lowest rates,
+			// where each request wakes an idle process.
+			if end, ok := procusage.CPU(); ok {
+				b.ReportMetric(float64(end-cpu)/float64(b.N), "cpu-ns/op")
+			}
 		})
 	}
 }
