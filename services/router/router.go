@@ -644,7 +644,7 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 	if reservation == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	ctx, cancel := withLazyDeadline(context.WithoutCancel(ctx), time.Now().Add(2*time.Second))
 	defer cancel()
 	if usage == nil {
 		usage = &mantlev1.Usage{}
@@ -808,7 +808,7 @@ func (r *Router) WaitStores() { r.stores.stop() }
 // release gives a coalescing lease back when this request will not store an answer, so
 // the requests waiting on it stop waiting. Like settle, it runs even when the caller left.
 func (r *Router) release(ctx context.Context, qc *mantlev1.QualityContext, lease string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	ctx, cancel := withLazyDeadline(context.WithoutCancel(ctx), time.Now().Add(time.Second))
 	defer cancel()
 	if _, err := r.deps.Cache.Release(ctx, &cachev1.ReleaseRequest{Quality: hopQuality(qc), LeaseId: lease}); err != nil {
 		r.deps.Log.WarnContext(ctx, "cache lease not released; it will expire", "err", err)
@@ -884,14 +884,6 @@ func (r *Router) publishDegradation(ctx context.Context, rt *route, qc *mantlev1
 	r.deps.Metrics.degradations.WithLabelValues(rt.name, ShortLevel(qc.FallbackLevel), cause).Inc()
 	r.deps.Events.Publish(ctx, events.SubjectDegradation, ev)
 	r.degradations.add(ev, r.conf().Status.RecentDegradations)
-}
-
-// hopContext gives a call to another service the remaining budget minus the reserve.
-func (r *Router) hopContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok {
-		return context.WithDeadline(ctx, dl.Add(-r.conf().HopReserve))
-	}
-	return context.WithCancel(ctx)
 }
 
 func (r *Router) newQualityContext(ctx context.Context, req *routerv1.Request, rt *route) *mantlev1.QualityContext {

@@ -80,7 +80,7 @@ func (w *storeWorkers) run(job storeJob) {
 	idle := time.NewTimer(w.idleFor)
 	defer idle.Stop()
 	for {
-		ctx, cancel := context.WithTimeout(job.ctx, asyncStoreTimeout)
+		ctx, cancel := withLazyDeadline(job.ctx, time.Now().Add(asyncStoreTimeout))
 		w.send(ctx, job.req)
 		cancel()
 
