@@ -319,8 +319,8 @@ func runChild(ctx context.Context, mode benchload.Mode, flags []string, stderr i
 }
 
 // writeBenchTable prints the results, with what each mode adds to the direct mode's
-// latency and CPU at the same rate, and the proxy's or mesh's own process's CPU and
-// peak RSS when it ran in one.
+// latency and CPU at the same rate, and the proxy's or mesh's own process's CPU, peak
+// RSS and context switches when it ran in one.
 func writeBenchTable(w io.Writer, all []benchload.Result) error {
 	direct := map[float64]benchload.Result{}
 	split, streamed := false, false
@@ -334,7 +334,7 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	header := "mode\trate/s\tachieved/s\tok\tok/s\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\town p50\town p90\town p99\t"
 	if split {
-		header += "hop CPU s/1000\thop RSS MiB\t"
+		header += "hop CPU s/1000\thop RSS MiB\thop switches/req\t"
 	}
 	if streamed {
 		header += "first event p50\tfirst event p99\t"
@@ -351,9 +351,9 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 			extra += "\t\t\t"
 		}
 		if split && r.HopPeakRSSMB > 0 {
-			extra += fmt.Sprintf("%.3f\t%.0f\t", r.HopCPUPer1000, r.HopPeakRSSMB)
+			extra += fmt.Sprintf("%.3f\t%.0f\t%.2f\t", r.HopCPUPer1000, r.HopPeakRSSMB, r.HopSwitchesPerRequest)
 		} else if split {
-			extra += "\t\t"
+			extra += "\t\t\t"
 		}
 		if streamed {
 			extra += fmt.Sprintf("%.3f\t%.3f\t", r.FirstP50Ms, r.FirstP99Ms)

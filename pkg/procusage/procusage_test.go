@@ -1,6 +1,7 @@
 package procusage
 
 import (
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -89,5 +90,31 @@ func TestPeakRSSCountsTouchedMemory(t *testing.T) {
 	runtime.KeepAlive(buf)
 	if peak < size {
 		t.Errorf("peak resident set %d bytes after touching %d", peak, size)
+	}
+}
+
+// A thread that blocks in the kernel gives up its CPU: each wait counts a switch.
+func TestSwitchesCountWaits(t *testing.T) {
+	before, ok := Switches()
+	measured(t, ok)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for range 20 {
+		// The read parks this goroutine, and its locked thread sleeps until the write.
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _, _ = w.Write([]byte{1}); _ = w.Close() }()
+		var b [1]byte
+		if _, err := r.Read(b[:]); err != nil {
+			t.Fatal(err)
+		}
+		_ = r.Close()
+	}
+	after, ok := Switches()
+	measured(t, ok)
+	if after <= before {
+		t.Errorf("switches %d after 20 blocking reads, %d before", after, before)
 	}
 }

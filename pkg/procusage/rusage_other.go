@@ -9,3 +9,6 @@ func CPU() (time.Duration, bool) { return 0, false }
 
 // PeakRSS is not measured where getrusage does not exist.
 func PeakRSS() (int64, bool) { return 0, false }
+
+// Switches is not measured on this system.
+func Switches() (int64, bool) { return 0, false }

@@ -31,3 +31,13 @@ func PeakRSS() (int64, bool) {
 	}
 	return int64(u.Maxrss) * 1024, true
 }
+
+// Switches returns how many times the process's threads have given up a CPU, waiting
+// (voluntary) or preempted: on an otherwise idle process, about how often it woke.
+func Switches() (int64, bool) {
+	var u syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &u); err != nil {
+		return 0, false
+	}
+	return int64(u.Nvcsw + u.Nivcsw), true
+}

@@ -135,6 +135,10 @@ type Result struct {
 	// runs in one (Config.HopCommand); CPUPer1000 then counts both processes.
 	HopCPUPer1000 float64 `json:"hop_cpu_s_per_1000,omitempty"`
 	HopPeakRSSMB  float64 `json:"hop_peak_rss_mib,omitempty"`
+	// HopSwitchesPerRequest is how many times the hop's threads gave up a CPU (waiting or
+	// preempted) per request: at low rates, where every request wakes an idle process,
+	// about how many wake-ups a request costs.
+	HopSwitchesPerRequest float64 `json:"hop_switches_per_request,omitempty"`
 	// OwnP50Ms, OwnP90Ms and OwnP99Ms are percentiles of the mesh's own time per answered
 	// request, as its Server-Timing header reports it (mantle;dur): from its handler's
 	// start (reading the body included) to the answer's headers, measured inside the
@@ -218,6 +222,7 @@ func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 		if cfg.HopCommand != nil {
 			res.HopCPUPer1000 = per1000(hopAfter.cpu - hopBefore.cpu)
 			res.HopPeakRSSMB = hopAfter.maxRSSMiB
+			res.HopSwitchesPerRequest = float64(hopAfter.switches-hopBefore.switches) / float64(max(res.Requests, 1))
 		}
 		out = append(out, res)
 	}
@@ -477,14 +482,16 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 type rusage struct {
 	cpu       time.Duration
 	maxRSSMiB float64
+	switches  int64 // threads' context switches
 }
 
-// usage returns this process's CPU time so far and its peak resident set; each reads as
-// zero where it is not measured.
+// usage returns this process's CPU time so far, its peak resident set and its context
+// switches; each reads as zero where it is not measured.
 func usage() rusage {
 	cpu, _ := procusage.CPU()
 	peak, _ := procusage.PeakRSS()
-	return rusage{cpu: cpu, maxRSSMiB: float64(peak) / (1 << 20)}
+	switches, _ := procusage.Switches()
+	return rusage{cpu: cpu, maxRSSMiB: float64(peak) / (1 << 20), switches: switches}
 }
 
 // benchKeyEnv names the variable of the benchmark provider's key; the hop sets it.

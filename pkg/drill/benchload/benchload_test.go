@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mantle-mesh/mantle/pkg/mesh"
+	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/services/router"
 )
 
@@ -315,6 +316,10 @@ func TestRunWithHopProcess(t *testing.T) {
 			if r.HopPeakRSSMB <= 0 || r.HopCPUPer1000 <= 0 || r.CPUPer1000 < r.HopCPUPer1000 {
 				t.Errorf("hop RSS %v MiB, hop CPU %v s per 1000, total CPU %v: want the hop's process measured and counted",
 					r.HopPeakRSSMB, r.HopCPUPer1000, r.CPUPer1000)
+			}
+			// Its threads waited for the requests between them: the switches are its own.
+			if _, measured := procusage.Switches(); measured && r.HopSwitchesPerRequest <= 0 {
+				t.Errorf("hop switches per request %v, want the hop's process's measured", r.HopSwitchesPerRequest)
 			}
 		})
 	}

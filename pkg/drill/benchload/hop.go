@@ -118,6 +118,7 @@ type hopReady struct {
 type hopUsage struct {
 	CPUNanos  int64   `json:"cpu_ns"`
 	MaxRSSMiB float64 `json:"max_rss_mib"`
+	Switches  int64   `json:"switches"`
 }
 
 // ServeHop runs mode's hop in this process for a benchmark in another one (see
@@ -144,7 +145,7 @@ func ServeHop(ctx context.Context, mode Mode, upstreamAddr string, base mesh.Con
 			return fmt.Errorf("benchload: hop: unknown request %q", sc.Text())
 		}
 		u := usage()
-		if err := enc.Encode(hopUsage{CPUNanos: u.cpu.Nanoseconds(), MaxRSSMiB: u.maxRSSMiB}); err != nil {
+		if err := enc.Encode(hopUsage{CPUNanos: u.cpu.Nanoseconds(), MaxRSSMiB: u.maxRSSMiB, Switches: u.switches}); err != nil {
 			return fmt.Errorf("benchload: hop: %w", err)
 		}
 	}
@@ -194,7 +195,7 @@ func (h *processHop) usage() (rusage, error) {
 	if err := h.dec.Decode(&u); err != nil {
 		return rusage{}, fmt.Errorf("benchload: hop process usage: %w", err)
 	}
-	return rusage{cpu: time.Duration(u.CPUNanos), maxRSSMiB: u.MaxRSSMiB}, nil
+	return rusage{cpu: time.Duration(u.CPUNanos), maxRSSMiB: u.MaxRSSMiB, switches: u.Switches}, nil
 }
 
 // Bounds on a hop process that hangs: starting (a mesh starts in well under a second)

@@ -65,6 +65,7 @@ func benchmarkRequests(b *testing.B, cfg Config, unique bool, modes []Mode) {
 			b.ReportAllocs()
 			created := goroutinesCreated()
 			cpu, _ := procusage.CPU()
+			switches, _ := procusage.Switches()
 			for i := 0; b.Loop(); i++ {
 				if unique {
 					payload = body(cfg, i)
@@ -81,6 +82,9 @@ func benchmarkRequests(b *testing.B, cfg Config, unique bool, modes []Mode) {
 			// where each request wakes an idle process.
 			if end, ok := procusage.CPU(); ok {
 				b.ReportMetric(float64(end-cpu)/float64(b.N), "cpu-ns/op")
+			}
+			if end, ok := procusage.Switches(); ok {
+				b.ReportMetric(float64(end-switches)/float64(b.N), "switches/op")
 			}
 		})
 	}
