@@ -166,6 +166,8 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		f.stream(ctx, w, req, cr.IncludeUsage)
 		return
 	}
+	ctx, after := withAfterAnswer(ctx)
+	defer after.run(f.router, w) // after the answer below is written
 	resp, err := f.router.Complete(ctx, req)
 	if err != nil {
 		writeError(w, toStatus(err))

@@ -128,6 +128,8 @@ func (f *frontDoor) messages(w http.ResponseWriter, r *http.Request) {
 		f.streamMessages(ctx, w, req)
 		return
 	}
+	ctx, after := withAfterAnswer(ctx)
+	defer after.run(f.router, w) // after the answer below is written
 	resp, err := f.router.Complete(ctx, req)
 	if err != nil {
 		writeAnthropicError(w, toStatus(err))

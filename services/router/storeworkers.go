@@ -124,8 +124,23 @@ func (w *storeWorkers) leave(ch chan storeJob) bool {
 	return true
 }
 
-// stop ends the waiting workers and waits for the busy ones' stores; offers made after it
-// are refused. The router's run loop calls it at shutdown.
+// hold counts a store that a front door makes itself after its answer (afterAnswer), so
+// that stop waits for it as for the workers' own; false after stop, when the caller makes
+// the store before its answer. A true hold is ended by release once the store is made.
+func (w *storeWorkers) hold() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return false
+	}
+	w.wg.Add(1)
+	return true
+}
+
+func (w *storeWorkers) release() { w.wg.Done() }
+
+// stop ends the waiting workers and waits for the busy ones' stores and the held ones;
+// offers and holds made after it are refused. The router's run loop calls it at shutdown.
 func (w *storeWorkers) stop() {
 	w.mu.Lock()
 	w.stopped = true
