@@ -3,7 +3,6 @@ package router
 import (
 	"context"
 	"net/http"
-	"time"
 
 	cachev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/cache/v1"
 )
@@ -54,11 +53,14 @@ func (a *afterAnswer) run(r *Router, w http.ResponseWriter) {
 		return
 	}
 	_ = http.NewResponseController(w).Flush() // an error is the caller's gone: store all the same
-	for _, job := range a.jobs {
-		ctx, cancel := withLazyDeadline(job.ctx, time.Now().Add(asyncStoreTimeout))
-		r.sendStore(ctx, job.req)
-		cancel()
-		r.stores.release()
-	}
+	jobs := a.jobs
 	a.jobs = nil
+	defer func() { // released even if a store panics, or WaitStores would wait forever
+		for range jobs {
+			r.stores.release()
+		}
+	}()
+	for _, job := range jobs {
+		job.make(r.sendStore)
+	}
 }

@@ -35,6 +35,13 @@ type storeJob struct {
 	req *cachev1.StoreRequest
 }
 
+// make sends the store with asyncStoreTimeout of its own.
+func (j storeJob) make(send func(context.Context, *cachev1.StoreRequest)) {
+	ctx, cancel := withLazyDeadline(j.ctx, time.Now().Add(asyncStoreTimeout))
+	defer cancel()
+	send(ctx, j.req)
+}
+
 // storeWorkerIdle is how long a worker waits for another store before it ends. The wait
 // is on the real clock, not the router's: it only lets an idle goroutine go, and the
 // router's tests count their fake clock's sleepers to know where requests are.
@@ -80,9 +87,7 @@ func (w *storeWorkers) run(job storeJob) {
 	idle := time.NewTimer(w.idleFor)
 	defer idle.Stop()
 	for {
-		ctx, cancel := withLazyDeadline(job.ctx, time.Now().Add(asyncStoreTimeout))
-		w.send(ctx, job.req)
-		cancel()
+		job.make(w.send)
 
 		w.mu.Lock()
 		if w.stopped {
