@@ -93,7 +93,7 @@ func TestPeakRSSCountsTouchedMemory(t *testing.T) {
 	}
 }
 
-// A thread that blocks in the kernel gives up its CPU: each wait counts a switch.
+// A goroutine locked to its thread that waits parks the thread too: each wait is a switch.
 func TestSwitchesCountWaits(t *testing.T) {
 	before, ok := Switches()
 	measured(t, ok)

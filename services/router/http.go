@@ -126,7 +126,7 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx = withArrival(ctx, arrived)
+	ctx, door := withDoor(ctx, arrived)
 	// Refused before the body is read: under overload a refusal must cost next to
 	// nothing. A priority header that does not parse is refused as normal here and
 	// reported as invalid below.
@@ -166,8 +166,8 @@ func (f *frontDoor) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		f.stream(ctx, w, req, cr.IncludeUsage)
 		return
 	}
-	ctx, after := withAfterAnswer(ctx)
-	defer after.run(f.router, w) // after the answer below is written
+	door.storesAfter = true
+	defer door.makeStores(f.router, w) // after the answer below is written
 	resp, err := f.router.Complete(ctx, req)
 	if err != nil {
 		writeError(w, toStatus(err))

@@ -25,7 +25,7 @@ func (f *frontDoor) embeddings(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx = withArrival(ctx, arrived)
+	ctx, _ = withDoor(ctx, arrived)
 	priority, priorityErr := headerPriority(r.Header)
 	release, err := f.router.admit(priority)
 	if err != nil {

@@ -87,7 +87,7 @@ func (f *frontDoor) messages(w http.ResponseWriter, r *http.Request) {
 		writeAnthropicError(w, toStatus(err))
 		return
 	}
-	ctx = withArrival(ctx, arrived)
+	ctx, door := withDoor(ctx, arrived)
 	// As on the chat door: refused before the body is read, priority errors reported below.
 	priority, priorityErr := headerPriority(r.Header)
 	release, err := f.router.admit(priority)
@@ -128,8 +128,8 @@ func (f *frontDoor) messages(w http.ResponseWriter, r *http.Request) {
 		f.streamMessages(ctx, w, req)
 		return
 	}
-	ctx, after := withAfterAnswer(ctx)
-	defer after.run(f.router, w) // after the answer below is written
+	door.storesAfter = true
+	defer door.makeStores(f.router, w) // after the answer below is written
 	resp, err := f.router.Complete(ctx, req)
 	if err != nil {
 		writeAnthropicError(w, toStatus(err))

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"math"
 	"net/http"
 	"slices"
@@ -24,23 +23,6 @@ import (
 // HeaderServerTiming is the W3C Server-Timing header of the front door's answers:
 // `mantle;dur=<ms>, upstream;dur=<ms>`.
 const HeaderServerTiming = "Server-Timing"
-
-type arrivalKey struct{}
-
-// withArrival marks when the front door received the request, so that the overhead
-// includes reading and decoding it.
-func withArrival(ctx context.Context, t time.Time) context.Context {
-	return context.WithValue(ctx, arrivalKey{}, t)
-}
-
-// arrivalOf is the request's arrival (withArrival), or now when the front door did not
-// mark one (gRPC callers: the method starts when the request has been decoded).
-func arrivalOf(ctx context.Context, now time.Time) time.Time {
-	if t, ok := ctx.Value(arrivalKey{}).(time.Time); ok {
-		return t
-	}
-	return now
-}
 
 // timeRequest sets how long the request took in mantle, upstream and held on purpose on
 // the QualityContext the caller gets, and observes the overhead.

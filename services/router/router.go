@@ -774,10 +774,10 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 		Usage:        usageProto(ans.Usage),
 		LeaseId:      lease,
 	}
-	// Left to the front door (afterAnswer) or offered to the store workers it is made
+	// Left to the HTTP door (doorRequest) or offered to the store workers it is made
 	// after the answer; refused by both (as many stores in flight as allowed, or shutting
 	// down) it is made before, like one without a lease.
-	if lease != "" && r.conf().AsyncCacheStore && (r.leaveAfterAnswer(ctx, sreq) || r.stores.offer(ctx, sreq)) {
+	if lease != "" && r.conf().AsyncCacheStore && (r.leaveToDoor(ctx, sreq) || r.stores.offer(ctx, sreq)) {
 		return
 	}
 	hop, cancel := r.hopContext(ctx)

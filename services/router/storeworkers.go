@@ -129,7 +129,7 @@ func (w *storeWorkers) leave(ch chan storeJob) bool {
 	return true
 }
 
-// hold counts a store that a front door makes itself after its answer (afterAnswer), so
+// hold counts a store that a front door makes itself after its answer (doorRequest), so
 // that stop waits for it as for the workers' own; false after stop, when the caller makes
 // the store before its answer. A true hold is ended by release once the store is made.
 func (w *storeWorkers) hold() bool {

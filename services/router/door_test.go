@@ -12,10 +12,11 @@ import (
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 )
 
-// TestStoreAfterAnswer: through the HTTP doors, on a nearly idle replica, the request's own
-// goroutine stores its answer once the caller has it (the store waits here on storeGate
-// while the client reads the whole answer), and WaitStores waits for that store; with more
-// requests in flight the store workers make it instead, as the gRPC door's always are.
+// TestStoreAfterAnswer: through the HTTP doors as the router registers them, on a nearly
+// idle replica, the request's own goroutine stores its answer once the caller has it (the
+// store waits here on storeGate while the client reads the whole answer), and WaitStores
+// waits for that store; with more requests in flight, or for a streamed answer, the store
+// workers make it instead, as they do the gRPC door's.
 func TestStoreAfterAnswer(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -28,6 +29,7 @@ func TestStoreAfterAnswer(t *testing.T) {
 		{name: "chat, idle", path: "/v1/chat/completions", body: `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, inline: true},
 		{name: "chat, one other in flight", path: "/v1/chat/completions", body: `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, busy: 1, inline: true},
 		{name: "chat, busy", path: "/v1/chat/completions", body: `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, busy: inlineStoreMaxInFlight},
+		{name: "chat streamed, idle", path: "/v1/chat/completions", body: `{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}]}`},
 		{name: "messages, idle", path: "/v1/messages", body: `{"model":"chat","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`, inline: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -40,11 +42,10 @@ func TestStoreAfterAnswer(t *testing.T) {
 				if !h.router.shedder.Admit(mantlev1.Priority_PRIORITY_NORMAL) {
 					t.Fatal("shedder refused a request on an idle replica")
 				}
+				t.Cleanup(h.router.shedder.Done)
 			}
-			f := &frontDoor{router: h.router}
 			mux := http.NewServeMux()
-			mux.HandleFunc("POST /v1/chat/completions", f.chatCompletions)
-			mux.HandleFunc("POST /v1/messages", f.messages)
+			(&frontDoor{router: h.router}).register(mux)
 			srv := httptest.NewServer(mux)
 			defer srv.Close()
 			openGate := sync.OnceFunc(func() { close(gate) })
