@@ -70,7 +70,7 @@ type EmbeddedIndex struct {
 }
 
 type node struct {
-	entry Entry
+	entry packedEntry
 	size  int64 // entrySize, counted in the index's bytes
 	part  *partition
 	slot  uint32
@@ -188,7 +188,7 @@ func (x *EmbeddedIndex) Get(_ context.Context, _ string, key Key, now time.Time)
 	n, ok := x.byKey[key]
 	if ok && n.entry.heldAt(now) {
 		x.touch(n)
-		e := n.entry
+		e := n.entry.entry()
 		x.mu.RUnlock()
 		return e, true, nil
 	}
@@ -238,7 +238,7 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 		// The partition is a hash that includes the tenant, so the tenant check can only
 		// fail on a hash collision; it is here because an answer crossing tenants is the
 		// one failure the cache must not have.
-		if n == nil || n.entry.Tenant != q.Tenant {
+		if n == nil || n.entry.field(textTenant) != q.Tenant {
 			return false
 		}
 		if q.FreshOnly {
@@ -249,7 +249,7 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 	hits := p.set.SearchNear(q.Vector, q.Limit, q.MinScore, accept, q.Near)
 	out := make([]Candidate, 0, len(hits))
 	for _, h := range hits {
-		out = append(out, Candidate{Entry: p.bySlot[h.Slot].entry, Score: h.Score})
+		out = append(out, Candidate{Entry: p.bySlot[h.Slot].entry.entry(), Score: h.Score})
 	}
 	return out, nil
 }
@@ -446,7 +446,7 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, fron
 		p = &partition{key: e.Partition, bySlot: make(map[uint32]*node)}
 		x.parts[e.Partition] = p
 	}
-	n := &node{entry: e, part: p, size: entrySize(e, v)}
+	n := &node{entry: pack(e), part: p, size: entrySize(e, v)}
 	if v.Len() > 0 {
 		if p.set == nil {
 			g := x.denseGraph
@@ -492,7 +492,7 @@ func (x *EmbeddedIndex) Delete(_ context.Context, f Filter) (int, error) {
 	defer x.mu.Unlock()
 	removed := 0
 	for _, n := range x.byKey {
-		if f.matches(n.entry) {
+		if f.matches(n.entry.entry()) {
 			x.remove(n) // deleting the current key while ranging over a map is allowed
 			removed++
 		}
@@ -528,7 +528,7 @@ func (n *node) vector() vector.Vector {
 
 // remove unlinks n; x.mu must be held for writing.
 func (x *EmbeddedIndex) remove(n *node) {
-	delete(x.byKey, n.entry.Key)
+	delete(x.byKey, n.entry.key)
 	x.bytes -= n.size
 	x.lruMu.Lock()
 	x.recency.Remove(n.elem)
@@ -540,6 +540,6 @@ func (x *EmbeddedIndex) remove(n *node) {
 	}
 	p.nodes--
 	if p.nodes == 0 {
-		delete(x.parts, n.entry.Partition)
+		delete(x.parts, n.entry.partition)
 	}
 }

@@ -39,11 +39,12 @@ func FuzzSnapshotLoad(f *testing.F) {
 			t.Fatalf("reload = (%+v, %v), want %d loaded", st, err, stats.Loaded)
 		}
 		for _, n := range x.byKey {
-			if _, ok, err := y.Get(t.Context(), n.entry.Namespace, n.entry.Key, now); !ok || err != nil {
-				t.Fatalf("entry %q lost by a save and load", n.entry.ID)
+			e := n.entry.entry()
+			if got, ok, err := y.Get(t.Context(), e.Namespace, e.Key, now); !ok || err != nil || got.ID != e.ID || got.Content != e.Content || got.Tenant != e.Tenant {
+				t.Fatalf("entry %q lost or changed by a save and load: %+v, want %+v", e.ID, got, e)
 			}
 			if n.vector().Len() > 0 {
-				if _, err := y.Search(t.Context(), Query{Tenant: n.entry.Tenant, Partition: n.entry.Partition, Vector: n.vector(), Limit: 2, Now: now}); err != nil {
+				if _, err := y.Search(t.Context(), Query{Tenant: e.Tenant, Partition: e.Partition, Vector: n.vector(), Limit: 2, Now: now}); err != nil {
 					t.Fatalf("search: %v", err)
 				}
 			}

@@ -96,7 +96,7 @@ func (x *EmbeddedIndex) Save(w io.Writer, maxBytes int64) (SaveStats, error) {
 	}
 	var body, frame []byte
 	for _, n := range nodes {
-		body = appendRecord(body[:0], n.entry, n.vector())
+		body = appendRecord(body[:0], n.entry.entry(), n.vector())
 		if len(body) > maxRecordBytes || stats.Bytes+int64(len(body))+8+endBytes > maxBytes {
 			// Too large alone, or past the file's limit: the rest are older, and each is
 			// tried, since a smaller one may still fit.

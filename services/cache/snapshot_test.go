@@ -72,8 +72,8 @@ func TestSnapshotKeepsEveryField(t *testing.T) {
 		if n == nil {
 			t.Fatalf("entry %d missing", i)
 		}
-		if !reflect.DeepEqual(n.entry, en) {
-			t.Errorf("entry %d = %+v, want %+v", i, n.entry, en)
+		if got := n.entry.entry(); !reflect.DeepEqual(got, en) {
+			t.Errorf("entry %d = %+v, want %+v", i, got, en)
 		}
 		if !reflect.DeepEqual(n.vector(), vectors[i]) {
 			t.Errorf("vector %d = %+v, want %+v", i, n.vector(), vectors[i])
@@ -195,8 +195,9 @@ func TestSnapshotSaveWithinLimit(t *testing.T) {
 	}
 	// The last ones put are the most recently used, and are the ones kept.
 	for _, n := range y.byKey {
-		if i := strings.Index(strings.Join(ids, ""), n.entry.ID); i < 50-st.Written {
-			t.Errorf("kept %q, an older entry, over a newer one", n.entry.ID)
+		id := n.entry.field(textID)
+		if i := strings.Index(strings.Join(ids, ""), id); i < 50-st.Written {
+			t.Errorf("kept %q, an older entry, over a newer one", id)
 		}
 	}
 }
