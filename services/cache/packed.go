@@ -8,12 +8,12 @@ import (
 // packedEntry is an Entry as the embedded index keeps it: its strings back to back in one
 // byte slice, which is never written again, and read back as strings that point into it
 // (entry). Why: the index is most of a busy process's live heap, and the collector follows
-// every pointer in it at every collection. Kept as an Entry, each entry held a dozen
-// strings; with 100,000 entries of one partition a full collection took 3.9 to 4.6 ms of
-// wall time per 10,000 entries on two CPUs, about half of it those strings, against 0.6 to
-// 0.8 for the vectors, postings and graph (BenchmarkEmbeddedIndexMemory, gc-ms/10k-entries;
-// docs/performance.md). A collection's mark phase at 2000 requests/s then lasted 80 to 155
-// ms, with requests sharing the CPUs with it meanwhile.
+// every pointer in it at every collection, requests sharing the CPUs with it meanwhile.
+// Kept as a dozen strings, an entry's text was about half of the index's cost to the
+// collector: with 100,000 entries of one partition a full collection took 4.4 to 5.1 ms
+// per 10,000 entries on two CPUs, and 3.3 to 3.5 packed (BenchmarkEmbeddedIndexMemory,
+// gc-ms/10k-entries; docs/performance.md). The ends fit in uint32: an entry is bounded by
+// the largest message a service accepts.
 type packedEntry struct {
 	text []byte
 	// ends[i] is where text field i ends in text (textID ... textFinishReason).
