@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -41,18 +40,19 @@ type EmbeddedIndex struct {
 	sparseGraph vector.Graph
 	denseGraph  vector.Graph
 
-	// mu guards the maps and the partitions' sets: searches share it, writes hold it alone.
+	// mu guards the nodes (but their recency links), the maps and the partitions' sets:
+	// searches share it, writes hold it alone.
 	mu    sync.RWMutex
-	byKey map[Key]*node
+	nodes nodeTable
+	byKey map[Key]nodeRef
 	parts map[Key]*partition
 	// bytes is the sum of the entries' sizes (entrySize).
 	bytes int64
 
-	// lruMu guards recency, so that a read under mu's read lock can still record a use.
-	// Lock order: mu, then lruMu.
-	lruMu sync.Mutex
-	// recency orders entries from most (front) to least (back) recently used.
-	recency *list.List // values are *node
+	// lruMu guards recency and the nodes' links in it, so that a read under mu's read lock
+	// can still record a use. Lock order: mu, then lruMu.
+	lruMu   sync.Mutex
+	recency recencyList
 
 	evictions atomic.Uint64
 
@@ -69,19 +69,11 @@ type EmbeddedIndex struct {
 	searches atomic.Uint64
 }
 
-type node struct {
-	entry packedEntry
-	size  int64 // entrySize, counted in the index's bytes
-	part  *partition
-	slot  uint32
-	inSet bool
-	elem  *list.Element
-}
-
 type partition struct {
-	key    Key
-	set    *vector.Set // nil until the first vector arrives; its form follows that vector
-	bySlot map[uint32]*node
+	key Key
+	set *vector.Set // nil until the first vector arrives; its form follows that vector
+	// bySlot[slot] is the node whose vector is in the set's slot, or 0.
+	bySlot []nodeRef
 	nodes  int
 	// linkQueued: the partition is in the index's toLink.
 	linkQueued bool
@@ -174,9 +166,8 @@ func newEmbeddedIndex(maxEntries int, limits vector.Limits, sparse, dense vector
 		sparseGraph: sparse,
 		denseGraph:  dense,
 		wake:        make(chan struct{}, 1),
-		byKey:       make(map[Key]*node),
+		byKey:       make(map[Key]nodeRef),
 		parts:       make(map[Key]*partition),
-		recency:     list.New(),
 	}
 }
 
@@ -185,10 +176,10 @@ func newEmbeddedIndex(maxEntries int, limits vector.Limits, sparse, dense vector
 // The namespace is part of every key's partition, so the key alone finds the entry.
 func (x *EmbeddedIndex) Get(_ context.Context, _ string, key Key, now time.Time) (Entry, bool, error) {
 	x.mu.RLock()
-	n, ok := x.byKey[key]
-	if ok && n.entry.heldAt(now) {
-		x.touch(n)
-		e := n.entry.entry()
+	r, ok := x.byKey[key]
+	if ok && x.nodes.at(r).entry.heldAt(now) {
+		x.touch(r)
+		e := x.nodes.at(r).entry.entry()
 		x.mu.RUnlock()
 		return e, true, nil
 	}
@@ -196,8 +187,8 @@ func (x *EmbeddedIndex) Get(_ context.Context, _ string, key Key, now time.Time)
 	if ok {
 		x.mu.Lock()
 		// Another writer may have replaced the entry in between; remove only what expired.
-		if n, ok := x.byKey[key]; ok && !n.entry.heldAt(now) {
-			x.remove(n)
+		if r, ok := x.byKey[key]; ok && !x.nodes.at(r).entry.heldAt(now) {
+			x.remove(r)
 		}
 		x.mu.Unlock()
 	}
@@ -209,15 +200,15 @@ func (x *EmbeddedIndex) Get(_ context.Context, _ string, key Key, now time.Time)
 func (x *EmbeddedIndex) Touch(key Key) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	if n, ok := x.byKey[key]; ok {
-		x.touch(n)
+	if r, ok := x.byKey[key]; ok {
+		x.touch(r)
 	}
 }
 
-// touch moves n to the front of the recency list; x.mu must be held (read or write).
-func (x *EmbeddedIndex) touch(n *node) {
+// touch moves r to the front of the recency list; x.mu must be held (read or write).
+func (x *EmbeddedIndex) touch(r nodeRef) {
 	x.lruMu.Lock()
-	x.recency.MoveToFront(n.elem)
+	x.recency.moveToFront(&x.nodes, r)
 	x.lruMu.Unlock()
 }
 
@@ -234,11 +225,14 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 		return nil, nil
 	}
 	accept := func(slot uint32) bool {
-		n := p.bySlot[slot]
+		if int(slot) >= len(p.bySlot) || p.bySlot[slot] == 0 {
+			return false
+		}
+		n := x.nodes.at(p.bySlot[slot])
 		// The partition is a hash that includes the tenant, so the tenant check can only
 		// fail on a hash collision; it is here because an answer crossing tenants is the
 		// one failure the cache must not have.
-		if n == nil || n.entry.field(textTenant) != q.Tenant {
+		if n.entry.field(textTenant) != q.Tenant {
 			return false
 		}
 		if q.FreshOnly {
@@ -249,7 +243,7 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 	hits := p.set.SearchNear(q.Vector, q.Limit, q.MinScore, accept, q.Near)
 	out := make([]Candidate, 0, len(hits))
 	for _, h := range hits {
-		out = append(out, Candidate{Entry: p.bySlot[h.Slot].entry.entry(), Score: h.Score})
+		out = append(out, Candidate{Entry: x.nodes.at(p.bySlot[h.Slot]).entry.entry(), Score: h.Score})
 	}
 	return out, nil
 }
@@ -297,9 +291,9 @@ func (x *EmbeddedIndex) put(e Entry, v vector.Vector, near *vector.Near) (help, 
 	// stored when it was not.
 	for x.full() && len(x.byKey) > 1 {
 		x.lruMu.Lock()
-		back := x.recency.Back()
+		back := x.recency.back
 		x.lruMu.Unlock()
-		x.remove(back.Value.(*node))
+		x.remove(back)
 		x.evictions.Add(1)
 	}
 	if p := x.parts[e.Partition]; p != nil && p.set != nil && !v.Sparse() && p.set.GraphReady() {
@@ -443,10 +437,10 @@ func (x *EmbeddedIndex) LinkBacklog() int {
 func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, front bool) error {
 	p := x.parts[e.Partition]
 	if p == nil {
-		p = &partition{key: e.Partition, bySlot: make(map[uint32]*node)}
+		p = &partition{key: e.Partition}
 		x.parts[e.Partition] = p
 	}
-	n := &node{entry: pack(e), part: p, size: entrySize(e, v)}
+	n := node{entry: pack(e), size: entrySize(e, v)}
 	if v.Len() > 0 {
 		if p.set == nil {
 			g := x.denseGraph
@@ -463,20 +457,26 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, fron
 			return fmt.Errorf("embedded index: %w", err)
 		}
 		n.slot, n.inSet = slot, true
-		p.bySlot[slot] = n
 		if p.set.Pending() > 0 && !p.linkQueued {
 			p.linkQueued = true
 			x.toLink = append(x.toLink, p)
 		}
 	}
+	r := x.nodes.add(n)
+	if n.inSet {
+		if int(n.slot) >= len(p.bySlot) {
+			p.bySlot = append(p.bySlot, make([]nodeRef, int(n.slot)+1-len(p.bySlot))...)
+		}
+		p.bySlot[n.slot] = r
+	}
 	p.nodes++
-	x.byKey[e.Key] = n
+	x.byKey[e.Key] = r
 	x.bytes += n.size
 	x.lruMu.Lock()
 	if front {
-		n.elem = x.recency.PushFront(n)
+		x.recency.pushFront(&x.nodes, r)
 	} else {
-		n.elem = x.recency.PushBack(n)
+		x.recency.pushBack(&x.nodes, r)
 	}
 	x.lruMu.Unlock()
 	return nil
@@ -491,9 +491,9 @@ func (x *EmbeddedIndex) Delete(_ context.Context, f Filter) (int, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	removed := 0
-	for _, n := range x.byKey {
-		if f.matches(n.entry.entry()) {
-			x.remove(n) // deleting the current key while ranging over a map is allowed
+	for _, r := range x.byKey {
+		if f.matches(x.nodes.at(r).entry.entry()) {
+			x.remove(r) // deleting the current key while ranging over a map is allowed
 			removed++
 		}
 	}
@@ -517,29 +517,31 @@ func (x *EmbeddedIndex) Bytes() int64 {
 // Evictions returns how many entries were evicted to make room since the index was created.
 func (x *EmbeddedIndex) Evictions() uint64 { return x.evictions.Load() }
 
-// vector returns n's vector as its partition's set holds it (a copy, valid while n is held
-// under x.mu), or the zero Vector for an entry only exact lookups find.
-func (n *node) vector() vector.Vector {
+// vectorOf returns n's vector as its partition's set holds it (a copy, valid while n is
+// held under x.mu), or the zero Vector for an entry only exact lookups find.
+func (x *EmbeddedIndex) vectorOf(n *node) vector.Vector {
 	if !n.inSet {
 		return vector.Vector{}
 	}
-	return n.part.set.Vector(n.slot)
+	return x.parts[n.entry.partition].set.Vector(n.slot)
 }
 
-// remove unlinks n; x.mu must be held for writing.
-func (x *EmbeddedIndex) remove(n *node) {
+// remove unlinks r and releases its node; x.mu must be held for writing.
+func (x *EmbeddedIndex) remove(r nodeRef) {
+	n := x.nodes.at(r)
 	delete(x.byKey, n.entry.key)
 	x.bytes -= n.size
 	x.lruMu.Lock()
-	x.recency.Remove(n.elem)
+	x.recency.remove(&x.nodes, r)
 	x.lruMu.Unlock()
-	p := n.part
+	p := x.parts[n.entry.partition]
 	if n.inSet {
 		p.set.Remove(n.slot)
-		delete(p.bySlot, n.slot)
+		p.bySlot[n.slot] = 0
 	}
 	p.nodes--
 	if p.nodes == 0 {
 		delete(x.parts, n.entry.partition)
 	}
+	x.nodes.release(r)
 }

@@ -38,13 +38,14 @@ func FuzzSnapshotLoad(f *testing.F) {
 		if st, err := y.Load(&again, fuzzSnapshotMaxBytes, now, "lexical-v1"); err != nil || st.Loaded != stats.Loaded {
 			t.Fatalf("reload = (%+v, %v), want %d loaded", st, err, stats.Loaded)
 		}
-		for _, n := range x.byKey {
+		for _, r := range x.byKey {
+			n := x.nodes.at(r)
 			e := n.entry.entry()
 			if got, ok, err := y.Get(t.Context(), e.Namespace, e.Key, now); !ok || err != nil || got.ID != e.ID || got.Content != e.Content || got.Tenant != e.Tenant {
 				t.Fatalf("entry %q lost or changed by a save and load: %+v, want %+v", e.ID, got, e)
 			}
-			if n.vector().Len() > 0 {
-				if _, err := y.Search(t.Context(), Query{Tenant: e.Tenant, Partition: e.Partition, Vector: n.vector(), Limit: 2, Now: now}); err != nil {
+			if x.vectorOf(n).Len() > 0 {
+				if _, err := y.Search(t.Context(), Query{Tenant: e.Tenant, Partition: e.Partition, Vector: x.vectorOf(n), Limit: 2, Now: now}); err != nil {
 					t.Fatalf("search: %v", err)
 				}
 			}

@@ -7,24 +7,41 @@ import (
 
 // packedEntry is an Entry as the embedded index keeps it: its strings back to back in one
 // byte slice, which is never written again, and read back as strings that point into it
-// (entry). Why: the index is most of a busy process's live heap, and the collector follows
-// every pointer in it at every collection, requests sharing the CPUs with it meanwhile.
-// Kept as a dozen strings, an entry's text was about half of the index's cost to the
-// collector: with 100,000 entries of one partition a full collection took 4.4 to 5.1 ms
-// per 10,000 entries on two CPUs, and 3.3 to 3.5 packed (BenchmarkEmbeddedIndexMemory,
-// gc-ms/10k-entries; docs/performance.md). The ends fit in uint32: an entry is bounded by
-// the largest message a service accepts.
+// (entry), so that the collector follows one pointer for all of them (see nodeTable for
+// why that matters). The ends fit in uint32: an entry is bounded by the largest message a
+// service accepts.
 type packedEntry struct {
 	text []byte
 	// ends[i] is where text field i ends in text (textID ... textFinishReason).
-	ends       [textFields]uint32
-	key        Key
-	partition  Key
-	toolCalls  []ToolCall // nil for most answers
-	usage      Usage
-	createdAt  time.Time
-	expiresAt  time.Time
-	staleUntil time.Time
+	ends      [textFields]uint32
+	key       Key
+	partition Key
+	toolCalls []ToolCall // nil for most answers
+	usage     Usage
+	// The times without their zones: a time.Time holds a pointer to its Location. Entries
+	// are compared with the clock by their wall time, as a snapshot's always were.
+	createdAt  wallTime
+	expiresAt  wallTime
+	staleUntil wallTime
+}
+
+// wallTime is a time.Time's instant (its wall clock, without the monotonic reading or
+// the zone). The zero time.Time's is a valid one, and reads back as the zero time.Time.
+type wallTime struct {
+	sec  int64 // since 1970-01-01 UTC
+	nsec int32
+}
+
+func wallOf(t time.Time) wallTime { return wallTime{sec: t.Unix(), nsec: int32(t.Nanosecond())} }
+
+// time is w in UTC.
+func (w wallTime) time() time.Time { return time.Unix(w.sec, int64(w.nsec)).UTC() }
+
+// after reports whether w is after t, as t.Before(w.time()) does for a t without a
+// monotonic reading.
+func (w wallTime) after(t time.Time) bool {
+	s := t.Unix()
+	return s < w.sec || s == w.sec && int32(t.Nanosecond()) < w.nsec
 }
 
 // The string fields of an Entry, in their order in packedEntry.text.
@@ -52,7 +69,7 @@ func pack(e Entry) packedEntry {
 	}
 	p := packedEntry{
 		text: make([]byte, 0, n), key: e.Key, partition: e.Partition, toolCalls: e.ToolCalls,
-		usage: e.Usage, createdAt: e.CreatedAt, expiresAt: e.ExpiresAt, staleUntil: e.StaleUntil,
+		usage: e.Usage, createdAt: wallOf(e.CreatedAt), expiresAt: wallOf(e.ExpiresAt), staleUntil: wallOf(e.StaleUntil),
 	}
 	for i, f := range fields {
 		p.text = append(p.text, f...)
@@ -74,7 +91,7 @@ func (p *packedEntry) field(i int) string {
 	return unsafe.String(&p.text[start], int(p.ends[i]-start))
 }
 
-// entry is the Entry p was packed from.
+// entry is the Entry p was packed from, its times in UTC.
 func (p *packedEntry) entry() Entry {
 	return Entry{
 		ID: p.field(textID), Key: p.key, Partition: p.partition,
@@ -82,10 +99,10 @@ func (p *packedEntry) entry() Entry {
 		Question: p.field(textQuestion), Content: p.field(textContent),
 		SourceModel: p.field(textSourceModel), FinishReason: p.field(textFinishReason),
 		ToolCalls: p.toolCalls, Usage: p.usage,
-		CreatedAt: p.createdAt, ExpiresAt: p.expiresAt, StaleUntil: p.staleUntil,
+		CreatedAt: p.createdAt.time(), ExpiresAt: p.expiresAt.time(), StaleUntil: p.staleUntil.time(),
 	}
 }
 
-func (p *packedEntry) freshAt(now time.Time) bool { return now.Before(p.expiresAt) }
+func (p *packedEntry) freshAt(now time.Time) bool { return p.expiresAt.after(now) }
 
-func (p *packedEntry) heldAt(now time.Time) bool { return now.Before(p.staleUntil) }
+func (p *packedEntry) heldAt(now time.Time) bool { return p.staleUntil.after(now) }

@@ -7,8 +7,9 @@ import (
 )
 
 // TestPackedEntry: an entry packed and read back is the entry, field for field, whatever
-// its strings hold (empty, multi-byte, one field taking all), and it is fresh and held
-// exactly when the entry is.
+// its strings hold (empty, multi-byte, one field taking all), its times the same instants
+// in UTC (the zero time stays zero), and it is fresh and held exactly when the entry is, to
+// the nanosecond.
 func TestPackedEntry(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
@@ -28,15 +29,30 @@ func TestPackedEntry(t *testing.T) {
 		{name: "one string", e: Entry{Content: "only the content"}},
 		{name: "first and last", e: Entry{ID: "x", FinishReason: "length"}},
 		{name: "middle empty", e: Entry{ID: "x", Tenant: "", Scenario: "s", Question: "", Content: "c"}},
+		{name: "times in another zone", e: Entry{
+			ID: "z", CreatedAt: at.In(time.FixedZone("CST", 8*3600)), ExpiresAt: at.Add(time.Nanosecond).In(time.Local),
+			StaleUntil: time.Date(1969, 7, 20, 20, 17, 40, 999, time.FixedZone("EDT", -4*3600)),
+		}},
+		{name: "times with a monotonic reading", e: Entry{ID: "m", CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour), StaleUntil: time.Now().Add(2 * time.Hour)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			p := pack(tt.e)
-			if got := p.entry(); !reflect.DeepEqual(got, tt.e) {
-				t.Errorf("entry() = %+v, want %+v", got, tt.e)
+			want := tt.e
+			for _, t := range []*time.Time{&want.CreatedAt, &want.ExpiresAt, &want.StaleUntil} {
+				*t = time.Unix(t.Unix(), int64(t.Nanosecond())).UTC() // the zero time stays zero
 			}
-			if p.freshAt(at) != tt.e.freshAt(at) || p.heldAt(at) != tt.e.heldAt(at) {
-				t.Errorf("freshAt/heldAt disagree with the entry's")
+			if got := p.entry(); !reflect.DeepEqual(got, want) {
+				t.Errorf("entry() = %+v, want %+v", got, want)
+			}
+			for _, now := range []time.Time{
+				at, tt.e.ExpiresAt.Add(-time.Nanosecond), tt.e.ExpiresAt, tt.e.StaleUntil.Add(-time.Nanosecond),
+				tt.e.StaleUntil, tt.e.StaleUntil.Add(time.Nanosecond),
+			} {
+				now = now.Round(0) // as the clock's times compare with a stored one: by the wall clock
+				if p.freshAt(now) != tt.e.freshAt(now) || p.heldAt(now) != tt.e.heldAt(now) {
+					t.Errorf("at %v: fresh %v held %v, the entry's %v %v", now, p.freshAt(now), p.heldAt(now), tt.e.freshAt(now), tt.e.heldAt(now))
+				}
 			}
 		})
 	}

@@ -71,9 +71,9 @@ func (x *EmbeddedIndex) Save(w io.Writer, maxBytes int64) (SaveStats, error) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	x.lruMu.Lock()
-	nodes := make([]*node, 0, x.recency.Len())
-	for el := x.recency.Front(); el != nil; el = el.Next() {
-		nodes = append(nodes, el.Value.(*node))
+	nodes := make([]*node, 0, x.recency.len)
+	for r := x.recency.front; r != 0; r = x.nodes.at(r).next {
+		nodes = append(nodes, x.nodes.at(r))
 	}
 	x.lruMu.Unlock()
 
@@ -96,7 +96,7 @@ func (x *EmbeddedIndex) Save(w io.Writer, maxBytes int64) (SaveStats, error) {
 	}
 	var body, frame []byte
 	for _, n := range nodes {
-		body = appendRecord(body[:0], n.entry.entry(), n.vector())
+		body = appendRecord(body[:0], n.entry.entry(), x.vectorOf(n))
 		if len(body) > maxRecordBytes || stats.Bytes+int64(len(body))+8+endBytes > maxBytes {
 			// Too large alone, or past the file's limit: the rest are older, and each is
 			// tried, since a smaller one may still fit.

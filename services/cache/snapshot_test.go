@@ -68,15 +68,16 @@ func TestSnapshotKeepsEveryField(t *testing.T) {
 		t.Fatalf("Load = (%+v, %v), want 2 loaded", st, err)
 	}
 	for i, en := range []Entry{e, sparse} {
-		n := y.byKey[en.Key]
-		if n == nil {
+		r, ok := y.byKey[en.Key]
+		if !ok {
 			t.Fatalf("entry %d missing", i)
 		}
+		n := y.nodes.at(r)
 		if got := n.entry.entry(); !reflect.DeepEqual(got, en) {
 			t.Errorf("entry %d = %+v, want %+v", i, got, en)
 		}
-		if !reflect.DeepEqual(n.vector(), vectors[i]) {
-			t.Errorf("vector %d = %+v, want %+v", i, n.vector(), vectors[i])
+		if !reflect.DeepEqual(y.vectorOf(n), vectors[i]) {
+			t.Errorf("vector %d = %+v, want %+v", i, y.vectorOf(n), vectors[i])
 		}
 	}
 }
@@ -194,8 +195,8 @@ func TestSnapshotSaveWithinLimit(t *testing.T) {
 		t.Fatalf("Load = (%+v, %v), want %d loaded", ld, err, st.Written)
 	}
 	// The last ones put are the most recently used, and are the ones kept.
-	for _, n := range y.byKey {
-		id := n.entry.field(textID)
+	for _, r := range y.byKey {
+		id := y.nodes.at(r).entry.field(textID)
 		if i := strings.Index(strings.Join(ids, ""), id); i < 50-st.Written {
 			t.Errorf("kept %q, an older entry, over a newer one", id)
 		}
