@@ -79,27 +79,25 @@ type recencyList struct {
 	len         int
 }
 
-func (l *recencyList) pushFront(t *nodeTable, r nodeRef) {
-	n := t.at(r)
-	n.prev, n.next = 0, l.front
-	if l.front != 0 {
-		t.at(l.front).prev = r
-	} else {
-		l.back = r
-	}
-	l.front = r
-	l.len++
-}
+func (l *recencyList) pushFront(t *nodeTable, r nodeRef) { l.link(t, r, 0, l.front) }
 
-func (l *recencyList) pushBack(t *nodeTable, r nodeRef) {
+func (l *recencyList) pushBack(t *nodeTable, r nodeRef) { l.link(t, r, l.back, 0) }
+
+// link puts r, which must not be in the list, between prev and next, neighbours in it; 0
+// stands for the list's end on that side.
+func (l *recencyList) link(t *nodeTable, r, prev, next nodeRef) {
 	n := t.at(r)
-	n.prev, n.next = l.back, 0
-	if l.back != 0 {
-		t.at(l.back).next = r
+	n.prev, n.next = prev, next
+	if prev != 0 {
+		t.at(prev).next = r
 	} else {
 		l.front = r
 	}
-	l.back = r
+	if next != 0 {
+		t.at(next).prev = r
+	} else {
+		l.back = r
+	}
 	l.len++
 }
 
