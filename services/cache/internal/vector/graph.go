@@ -77,9 +77,12 @@ type graph struct {
 	near map[uint32]*Near
 	// version counts applied plans: a plan made before another was applied is stale.
 	version uint64
-	// ready is set once every vector present when the graph was built is linked; until
-	// then searches use the set's other path.
-	ready bool
+	// ready is set once every vector present when the graph was built is linked (the
+	// first unbuilt of pending, which is first in, first out); until then searches use the
+	// set's other path. Vectors stored meanwhile need not be linked too: under a steady
+	// stream of stores the queue may never empty, and the graph would never serve.
+	ready   bool
+	unbuilt int
 }
 
 func newGraph(cfg Graph) *graph {
@@ -195,6 +198,7 @@ func (s *Set) buildGraph() {
 			g.enqueue(uint32(slot), nil)
 		}
 	}
+	g.unbuilt = len(g.pending)
 	s.graph = g
 }
 
@@ -259,12 +263,18 @@ func (s *Set) PlanLink() *LinkPlan {
 	}
 	sc := s.takeScratch()
 	defer s.returnScratch(sc)
+	var seeds []Hit // where the walk on layer 0 starts, besides the upper layers' result
 	if near := g.near[slot]; near != nil && p.level == 0 {
-		// A search for this vector walked the bottom layer already: its result is what the
-		// walk below would find, less the nodes linked since.
-		if w := near.candidates(slot); len(w) > 0 {
+		w := near.candidates(slot)
+		switch {
+		case len(w) > 0 && !near.seeds:
+			// A search for this vector walked the bottom layer already: its result is
+			// what the walk below would find, less the nodes linked since.
 			s.planLevel(p, 0, w, sc)
 			return p
+		case len(w) > 0:
+			// A search for this vector scored the seeds the postings give already.
+			seeds = w
 		}
 	}
 	q := s.vec(slot)
@@ -276,8 +286,7 @@ func (s *Set) PlanLink() *LinkPlan {
 		ep = s.greedy(sc, q, ep, l)
 	}
 	eps := []Hit{ep}
-	var seeds []Hit
-	if s.sparse {
+	if s.sparse && seeds == nil {
 		// As in Search, the vectors that share the rarest coordinates are where the walk on
 		// layer 0 starts too: where every vector shares the common words (prompts from one
 		// template), the walk alone misses the vectors closest in the rare ones.
@@ -343,7 +352,10 @@ func (s *Set) ApplyLink(p *LinkPlan) bool {
 	g.queued[p.slot] = false
 	delete(g.near, p.slot)
 	g.version++
-	if len(g.pending) == 0 {
+	if g.unbuilt > 0 {
+		g.unbuilt--
+	}
+	if g.unbuilt == 0 {
 		g.ready = true
 	}
 	return true

@@ -384,3 +384,91 @@ func TestSeedLimitsGrowWithTheSet(t *testing.T) {
 		}
 	}
 }
+
+// TestSeedsStandInForTheLinkingSeeds: a search whose postings sufficed records the seeds
+// it scored (each with its exact score, the new vector not among them), and a vector added
+// with that record is linked from them: it has links, every one to a live node, and a
+// search for it finds it first.
+func TestSeedsStandInForTheLinkingSeeds(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(31, 32))
+	// Short posting lists (30 coordinates each out of 2000) that the seeds' budget reads
+	// whole, so that the postings answer exactly and no search walks.
+	cfg := Graph{MinLen: 64, M: 4, EfConstruction: 16, EfSearch: 8, Seed: 1, Seeds: Limits{Postings: 4096, Scored: 256}}
+	set := NewSet(true, Limits{}, cfg)
+	for range 300 {
+		if _, err := set.Add(randomSparse(t, r, 30, 2000)); err != nil {
+			t.Fatalf("Add: %v", err)
+		}
+	}
+	set.LinkPending(1 << 20)
+	if !set.GraphReady() {
+		t.Fatal("no graph")
+	}
+	for trial := range 20 {
+		q := randomSparse(t, r, 30, 2000)
+		near := new(Near)
+		set.SearchNear(q, 3, 0.05, nil, near)
+		if !near.seeds || len(near.hits) == 0 {
+			t.Fatalf("trial %d: record %+v, want the seeds of an exact postings search", trial, near.hits)
+		}
+		for _, h := range near.hits {
+			if want := set.score(q, h.Slot); h.Score != want {
+				t.Fatalf("trial %d: seed %d scored %v, exact %v", trial, h.Slot, h.Score, want)
+			}
+		}
+		slot, err := set.AddNear(q, near)
+		if err != nil {
+			t.Fatalf("AddNear: %v", err)
+		}
+		set.LinkPending(1 << 20)
+		links := set.graph.links(slot, 0)
+		if len(links) == 0 {
+			t.Fatalf("trial %d: the vector has no links", trial)
+		}
+		for _, l := range links {
+			if l == slot || !set.live[l] {
+				t.Fatalf("trial %d: link to %d (itself, or not live)", trial, l)
+			}
+		}
+		if got := set.Search(q, 1, -1, nil); len(got) == 0 || got[0].Slot != slot {
+			t.Fatalf("trial %d: Search for the vector = %v, want slot %d first", trial, got, slot)
+		}
+	}
+}
+
+// TestGraphReadyUnderSteadyStores: a graph serves once the vectors present when it was
+// built are linked, even when stores keep the queue from ever emptying (a linker that
+// links one vector per vector stored), and not before.
+func TestGraphReadyUnderSteadyStores(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(41, 42))
+	for _, sparse := range []bool{true, false} {
+		cfg := Graph{MinLen: 64, M: 4, EfConstruction: 16, EfSearch: 8, Seed: 1, Seeds: Limits{Postings: 512, Scored: 16}}
+		set := NewSet(sparse, Limits{}, cfg)
+		add := func() {
+			v := randomSparse(t, r, 20, 5000)
+			if !sparse {
+				v = clustered(r, 1, 16)[0]
+			}
+			if _, err := set.Add(v); err != nil {
+				t.Fatalf("Add: %v", err)
+			}
+		}
+		for range cfg.MinLen {
+			add()
+		}
+		for i := range cfg.MinLen {
+			if set.GraphReady() {
+				t.Fatalf("sparse %v: ready after %d of the %d vectors it was built with", sparse, i, cfg.MinLen)
+			}
+			add()
+			if n := set.LinkPending(1); n != 1 {
+				t.Fatalf("sparse %v: LinkPending(1) = %d", sparse, n)
+			}
+		}
+		if !set.GraphReady() || set.Pending() != cfg.MinLen {
+			t.Errorf("sparse %v: ready %v with %d pending, want ready with the %d stored since still queued", sparse, set.GraphReady(), set.Pending(), cfg.MinLen)
+		}
+	}
+}

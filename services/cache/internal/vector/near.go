@@ -7,6 +7,10 @@ package vector
 // to the question it has just looked up, the lookup's walk can stand in for the linking's:
 // AddNear takes it, and the vector's links are chosen from it.
 //
+// A search whose postings sufficed does not walk; it records the seeds it scored instead
+// (seeds), the same vectors the linking's own postings search would score, and the linking
+// then walks from them without searching the postings again.
+//
 // A Near stays usable while the set's graph does: a node whose slot has since taken
 // another vector is dropped from it (each node's generation is recorded), and a Near of a
 // graph that was dropped or rebuilt is ignored. The graph may have gained nodes meanwhile
@@ -16,15 +20,18 @@ type Near struct {
 	g    *graph
 	hits []Hit
 	gens []uint32
+	// seeds: hits are the seeds of a postings search, where a walk is to start, not its end.
+	seeds bool
 }
 
 func (n *Near) reset() {
-	n.g, n.hits, n.gens = nil, n.hits[:0], n.gens[:0]
+	n.g, n.hits, n.gens, n.seeds = nil, n.hits[:0], n.gens[:0], false
 }
 
-// record keeps hits (a walk's result on g, best first).
-func (n *Near) record(g *graph, hits []Hit) {
-	n.g = g
+// record keeps hits (a walk's result on g, best first, or with seeds the seeds a postings
+// search scored).
+func (n *Near) record(g *graph, hits []Hit, seeds bool) {
+	n.g, n.seeds = g, seeds
 	n.hits = append(n.hits[:0], hits...)
 	n.gens = n.gens[:0]
 	for _, h := range hits {

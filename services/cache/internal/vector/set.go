@@ -283,11 +283,15 @@ func (s *Set) SearchNear(q Vector, k int, minScore float32, accept func(slot uin
 		defer s.returnScratch(sc)
 		sc.seeds = sc.seeds[:0]
 		if s.sparse && s.searchSparse(sc, q, minScore, t, s.seedLimits()) {
-			return t.hits // the rarest lists sufficed: the walk could add nothing
+			// The rarest lists sufficed: the walk could add nothing.
+			if near != nil && len(sc.seeds) > 0 {
+				near.record(s.graph, sc.seeds, true)
+			}
+			return t.hits
 		}
 		walked := s.searchGraph(sc, q, k, t)
 		if near != nil && len(walked) > 0 {
-			near.record(s.graph, walked)
+			near.record(s.graph, walked, false)
 		}
 		return t.hits
 	}
