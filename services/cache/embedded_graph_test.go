@@ -269,3 +269,91 @@ func TestEmbeddedIndexWakesTheLinkerOnlyForLinks(t *testing.T) {
 		t.Fatalf("at MinLen: %d wakes, backlog %d; want the linker woken for the backlog", n, x.LinkBacklog())
 	}
 }
+
+// TestEmbeddedIndexGraphServesWhileStoresArrive: a graph built while the index is searched,
+// with stores arriving faster than its paced build links them, serves as soon as the
+// vectors it was built with are linked; then the vectors stored meanwhile are linked
+// without pauses. (A graph that waited for an empty queue never served under such load.)
+func TestEmbeddedIndexGraphServesWhileStoresArrive(t *testing.T) {
+	t.Parallel()
+	x := newEmbeddedIndex(100_000, searchLimits, smallGraph, smallGraph)
+	put := func(i int) Entry {
+		t.Helper()
+		e := testEntry(fmt.Sprint(i), "acme", "s", "p", fmt.Sprintf("question %d: can a parcel to Porto be insured?", i))
+		if err := x.Put(context.Background(), e, vec(t, e.Question), nil); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	first := testEntry("0", "acme", "s", "p", "question 0: can a parcel to Porto be insured?")
+	search := func() {
+		t.Helper()
+		if _, err := x.Search(context.Background(), Query{Tenant: "acme", Partition: first.Partition, Vector: vec(t, first.Question), Limit: 1, MinScore: 0.9, Now: epoch}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock := linkClock{clockwork.NewFakeClock()}
+	ctx, stop := context.WithCancel(context.Background())
+	linked := make(chan struct{})
+	go func() {
+		defer close(linked)
+		x.RunLinker(ctx, clock)
+	}()
+	defer func() {
+		stop()
+		<-linked
+	}()
+	for !x.linker.Load() {
+		runtime.Gosched()
+	}
+	next := 0
+	for ; next < smallGraph.MinLen; next++ {
+		if next == smallGraph.MinLen-1 {
+			search() // the index is searched: the build is paced
+		}
+		put(next)
+	}
+	ready := func() bool {
+		x.mu.RLock()
+		defer x.mu.RUnlock()
+		return x.parts[first.Partition].set.GraphReady()
+	}
+	perSlice := int(buildSlice / linkTook)
+	pause := time.Duration(float64(buildSlice) * (1 - buildDuty) / buildDuty)
+	slices := (smallGraph.MinLen + perSlice - 1) / perSlice
+	for i := range slices - 1 {
+		if err := clock.BlockUntilContext(ctx, 1); err != nil { // the linker waits on its pause
+			t.Fatal(err)
+		}
+		if ready() {
+			t.Fatalf("ready at pause %d, after %d of the %d vectors it was built with", i, (i+1)*perSlice, smallGraph.MinLen)
+		}
+		for range perSlice + 1 { // stores arrive faster than the build links them
+			put(next)
+			next++
+		}
+		search()
+		clock.Advance(pause)
+	}
+	// The last slice links the last of the vectors the graph was built with: it serves,
+	// and the linker goes on without pausing until the stores made meanwhile are linked.
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	paused := make(chan struct{})
+	go func() {
+		if clock.BlockUntilContext(waitCtx, 1) == nil {
+			close(paused)
+		}
+	}()
+	for x.LinkBacklog() > 0 {
+		select {
+		case <-paused:
+			t.Fatalf("the linker paused with %d vectors queued, the graph ready %v", x.LinkBacklog(), ready())
+		default:
+			runtime.Gosched()
+		}
+	}
+	if !ready() {
+		t.Fatal("the graph does not serve after its build")
+	}
+}
