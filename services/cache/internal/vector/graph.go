@@ -81,7 +81,8 @@ type graph struct {
 	// first unbuilt of pending, which is first in, first out); until then searches use the
 	// set's other path. Vectors stored meanwhile need not be linked too: under a steady
 	// stream of stores the queue may never empty, and the graph would never serve.
-	ready   bool
+	ready bool
+	// unbuilt counts the vectors present at the build that are still queued.
 	unbuilt int
 }
 

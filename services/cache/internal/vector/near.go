@@ -8,8 +8,9 @@ package vector
 // AddNear takes it, and the vector's links are chosen from it.
 //
 // A search whose postings sufficed does not walk; it records the seeds it scored instead
-// (seeds), the same vectors the linking's own postings search would score, and the linking
-// then walks from them without searching the postings again.
+// (seeds): vectors that share the query's rarest coordinates, where the linking's own
+// postings search would start its walk too, so the linking walks from them without
+// reading the postings again.
 //
 // A Near stays usable while the set's graph does: a node whose slot has since taken
 // another vector is dropped from it (each node's generation is recorded), and a Near of a
