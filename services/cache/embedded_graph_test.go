@@ -119,6 +119,122 @@ func (c linkClock) Now() time.Time {
 	return now
 }
 
+// linkerFixture is an index of smallGraph partitions whose linker runs, until the test
+// ends, on a linkClock, and whose entries are tenant acme's in one partition, asking one
+// question template numbered by the entry.
+type linkerFixture struct {
+	t        *testing.T
+	x        *EmbeddedIndex
+	clock    linkClock
+	ctx      context.Context
+	question string // a format of one %d, the entry's number
+}
+
+func newLinkerFixture(t *testing.T, question string) *linkerFixture {
+	t.Helper()
+	f := &linkerFixture{t: t, x: newEmbeddedIndex(100_000, searchLimits, smallGraph, smallGraph),
+		clock: linkClock{clockwork.NewFakeClock()}, question: question}
+	ctx, stop := context.WithCancel(context.Background())
+	f.ctx = ctx
+	linked := make(chan struct{})
+	go func() {
+		defer close(linked)
+		f.x.RunLinker(ctx, f.clock)
+	}()
+	t.Cleanup(func() {
+		stop()
+		<-linked
+	})
+	// Put links at once while no linker runs: wait for it before any store.
+	for !f.x.linker.Load() {
+		runtime.Gosched()
+	}
+	return f
+}
+
+func (f *linkerFixture) entry(i int) Entry {
+	return testEntry(fmt.Sprint(i), "acme", "s", "p", fmt.Sprintf(f.question, i))
+}
+
+func (f *linkerFixture) put(i int) Entry {
+	f.t.Helper()
+	e := f.entry(i)
+	if err := f.x.Put(context.Background(), e, vec(f.t, e.Question), nil); err != nil {
+		f.t.Fatal(err)
+	}
+	return e
+}
+
+// search looks entry 0's question up, as the requests of a busy index do.
+func (f *linkerFixture) search() {
+	f.t.Helper()
+	e := f.entry(0)
+	if _, err := f.x.Search(context.Background(), Query{Tenant: "acme", Partition: e.Partition, Vector: vec(f.t, e.Question), Limit: 1, MinScore: 0.9, Now: epoch}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// ready reports whether the partition's graph serves.
+func (f *linkerFixture) ready() bool {
+	f.x.mu.RLock()
+	defer f.x.mu.RUnlock()
+	p := f.x.parts[f.entry(0).Partition]
+	return p != nil && p.set.GraphReady()
+}
+
+// waitPause returns once the linker waits on its pause, and fails the test when the
+// backlog empties without one.
+func (f *linkerFixture) waitPause(what string) {
+	f.t.Helper()
+	waitCtx, stopWaiting := context.WithCancel(f.ctx)
+	defer stopWaiting()
+	blocked := make(chan error, 1)
+	go func() { blocked <- f.clock.BlockUntilContext(waitCtx, 1) }()
+	for {
+		select {
+		case err := <-blocked:
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			return
+		default:
+		}
+		if f.x.LinkBacklog() == 0 {
+			f.t.Fatalf("the backlog emptied without %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+// drain returns once nothing waits to be linked, and fails the test when the linker
+// pauses (it stays paused: the clock does not move) with vectors queued.
+func (f *linkerFixture) drain(what string) {
+	f.t.Helper()
+	waitCtx, stopWaiting := context.WithCancel(f.ctx)
+	defer stopWaiting()
+	paused := make(chan struct{})
+	go func() {
+		if f.clock.BlockUntilContext(waitCtx, 1) == nil {
+			close(paused)
+		}
+	}()
+	for f.x.LinkBacklog() > 0 {
+		select {
+		case <-paused:
+			f.t.Fatalf("the linker paused with %d vectors of %s queued, the graph serving %v", f.x.LinkBacklog(), what, f.ready())
+		default:
+			runtime.Gosched()
+		}
+	}
+}
+
+// The linker's pace while a graph is built: buildSlice of links, then a pause three times
+// as long (buildDuty).
+var (
+	perSlice = int(buildSlice / linkTook)
+	pause    = time.Duration(float64(buildSlice) * (1 - buildDuty) / buildDuty)
+)
+
 // TestEmbeddedIndexPacesAGraphBuild: when a partition reaches its graph's MinLen while the
 // index is searched, its vectors are linked buildSlice of linking at a time, each slice
 // followed by a pause of three times as long (buildDuty); a slice during which nobody
@@ -126,122 +242,48 @@ func (c linkClock) Now() time.Time {
 // linked without pauses.
 func TestEmbeddedIndexPacesAGraphBuild(t *testing.T) {
 	t.Parallel()
-	x := newEmbeddedIndex(100_000, searchLimits, smallGraph, smallGraph)
-	put := func(i int) Entry {
-		t.Helper()
-		e := testEntry(fmt.Sprint(i), "acme", "s", "p", fmt.Sprintf("question %d: how long does a parcel to Lisbon take?", i))
-		if err := x.Put(context.Background(), e, vec(t, e.Question), nil); err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	search := func() {
-		t.Helper()
-		e := testEntry("0", "acme", "s", "p", "question 0: how long does a parcel to Lisbon take?")
-		if _, err := x.Search(context.Background(), Query{Tenant: "acme", Partition: e.Partition, Vector: vec(t, e.Question), Limit: 1, MinScore: 0.9, Now: epoch}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Below MinLen nothing waits; the Put that reaches it queues the whole partition. With
-	// no linker running yet, Put would link it at once: start the linker first.
-	clock := linkClock{clockwork.NewFakeClock()}
-	ctx, stop := context.WithCancel(context.Background())
-	linked := make(chan struct{})
-	go func() {
-		defer close(linked)
-		x.RunLinker(ctx, clock)
-	}()
-	defer func() {
-		stop()
-		<-linked
-	}()
-	for !x.linker.Load() {
-		runtime.Gosched()
-	}
+	f := newLinkerFixture(t, "question %d: how long does a parcel to Lisbon take?")
+	// Below MinLen nothing waits; the Put that reaches it queues the whole partition.
 	for i := range smallGraph.MinLen - 1 {
-		put(i)
+		f.put(i)
 	}
-	if n := x.LinkBacklog(); n != 0 {
+	if n := f.x.LinkBacklog(); n != 0 {
 		t.Fatalf("backlog below MinLen = %d, want 0", n)
 	}
-	search()
-	put(smallGraph.MinLen - 1)
-	perSlice := int(buildSlice / linkTook)
-	pause := time.Duration(float64(buildSlice) * (1 - buildDuty) / buildDuty)
-	// waitPause returns once the linker waits on its pause, and fails when the build ends
-	// without one.
-	waitPause := func(i int) {
-		t.Helper()
-		waitCtx, stopWaiting := context.WithCancel(ctx)
-		defer stopWaiting()
-		blocked := make(chan error, 1)
-		go func() { blocked <- clock.BlockUntilContext(waitCtx, 1) }()
-		for {
-			select {
-			case err := <-blocked:
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			default:
-			}
-			if x.LinkBacklog() == 0 {
-				t.Fatalf("the build ended without pause %d", i)
-			}
-			runtime.Gosched()
-		}
-	}
+	f.search()
+	f.put(smallGraph.MinLen - 1)
 	const busySlices = 3
 	want := smallGraph.MinLen
 	for i := range busySlices {
 		want -= perSlice
-		waitPause(i)
+		f.waitPause(fmt.Sprintf("pause %d", i))
 		// The linker waits on its pause: exactly one slice more is linked.
-		if n := x.LinkBacklog(); n != want {
+		if n := f.x.LinkBacklog(); n != want {
 			t.Fatalf("backlog at pause %d = %d, want %d (%d links a slice)", i, n, want, perSlice)
 		}
-		clock.Advance(pause - time.Nanosecond)
-		if n := x.LinkBacklog(); n != want {
+		f.clock.Advance(pause - time.Nanosecond)
+		if n := f.x.LinkBacklog(); n != want {
 			t.Fatalf("backlog before pause %d ended = %d, want %d", i, n, want)
 		}
 		if i < busySlices-1 {
-			search()
+			f.search()
 		}
-		clock.Advance(time.Nanosecond)
+		f.clock.Advance(time.Nanosecond)
 	}
 	// Nobody searches any more: the rest of the build, and the stores into the ready graph
 	// after it, are linked without a pause, which would leave the linker waiting on the
 	// clock with vectors still queued.
-	waitCtx, stopWaiting := context.WithCancel(ctx)
-	defer stopWaiting()
-	paused := make(chan struct{})
-	go func() {
-		if clock.BlockUntilContext(waitCtx, 1) == nil {
-			close(paused)
-		}
-	}()
-	drain := func(what string) {
-		t.Helper()
-		for x.LinkBacklog() > 0 {
-			select {
-			case <-paused:
-				t.Fatalf("the linker paused with %d vectors of %s queued", x.LinkBacklog(), what)
-			default:
-				runtime.Gosched()
-			}
-		}
-	}
-	drain("an idle index's build")
-	p := x.parts[put(smallGraph.MinLen).Partition]
-	if !p.set.GraphReady() {
+	f.drain("an idle index's build")
+	f.put(smallGraph.MinLen)
+	if !f.ready() {
 		t.Fatal("the graph is not ready after its build")
 	}
 	// A ready graph's links are never paced, searched or not.
 	for i := range 3 * perSlice {
-		put(smallGraph.MinLen + 1 + i)
-		search()
+		f.put(smallGraph.MinLen + 1 + i)
+		f.search()
 	}
-	drain("a ready graph")
+	f.drain("a ready graph")
 }
 
 // TestEmbeddedIndexWakesTheLinkerOnlyForLinks: a Put into a partition below its graph's
@@ -276,84 +318,31 @@ func TestEmbeddedIndexWakesTheLinkerOnlyForLinks(t *testing.T) {
 // without pauses. (A graph that waited for an empty queue never served under such load.)
 func TestEmbeddedIndexGraphServesWhileStoresArrive(t *testing.T) {
 	t.Parallel()
-	x := newEmbeddedIndex(100_000, searchLimits, smallGraph, smallGraph)
-	put := func(i int) Entry {
-		t.Helper()
-		e := testEntry(fmt.Sprint(i), "acme", "s", "p", fmt.Sprintf("question %d: can a parcel to Porto be insured?", i))
-		if err := x.Put(context.Background(), e, vec(t, e.Question), nil); err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	first := testEntry("0", "acme", "s", "p", "question 0: can a parcel to Porto be insured?")
-	search := func() {
-		t.Helper()
-		if _, err := x.Search(context.Background(), Query{Tenant: "acme", Partition: first.Partition, Vector: vec(t, first.Question), Limit: 1, MinScore: 0.9, Now: epoch}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	clock := linkClock{clockwork.NewFakeClock()}
-	ctx, stop := context.WithCancel(context.Background())
-	linked := make(chan struct{})
-	go func() {
-		defer close(linked)
-		x.RunLinker(ctx, clock)
-	}()
-	defer func() {
-		stop()
-		<-linked
-	}()
-	for !x.linker.Load() {
-		runtime.Gosched()
-	}
+	f := newLinkerFixture(t, "question %d: can a parcel to Porto be insured?")
 	next := 0
 	for ; next < smallGraph.MinLen; next++ {
 		if next == smallGraph.MinLen-1 {
-			search() // the index is searched: the build is paced
+			f.search() // the index is searched: the build is paced
 		}
-		put(next)
+		f.put(next)
 	}
-	ready := func() bool {
-		x.mu.RLock()
-		defer x.mu.RUnlock()
-		return x.parts[first.Partition].set.GraphReady()
-	}
-	perSlice := int(buildSlice / linkTook)
-	pause := time.Duration(float64(buildSlice) * (1 - buildDuty) / buildDuty)
 	slices := (smallGraph.MinLen + perSlice - 1) / perSlice
 	for i := range slices - 1 {
-		if err := clock.BlockUntilContext(ctx, 1); err != nil { // the linker waits on its pause
-			t.Fatal(err)
-		}
-		if ready() {
-			t.Fatalf("ready at pause %d, after %d of the %d vectors it was built with", i, (i+1)*perSlice, smallGraph.MinLen)
+		f.waitPause(fmt.Sprintf("pause %d", i))
+		if f.ready() {
+			t.Fatalf("serving at pause %d, after %d of the %d vectors it was built with", i, (i+1)*perSlice, smallGraph.MinLen)
 		}
 		for range perSlice + 1 { // stores arrive faster than the build links them
-			put(next)
+			f.put(next)
 			next++
 		}
-		search()
-		clock.Advance(pause)
+		f.search()
+		f.clock.Advance(pause)
 	}
 	// The last slice links the last of the vectors the graph was built with: it serves,
 	// and the linker goes on without pausing until the stores made meanwhile are linked.
-	waitCtx, stopWaiting := context.WithCancel(ctx)
-	defer stopWaiting()
-	paused := make(chan struct{})
-	go func() {
-		if clock.BlockUntilContext(waitCtx, 1) == nil {
-			close(paused)
-		}
-	}()
-	for x.LinkBacklog() > 0 {
-		select {
-		case <-paused:
-			t.Fatalf("the linker paused with %d vectors queued, the graph ready %v", x.LinkBacklog(), ready())
-		default:
-			runtime.Gosched()
-		}
-	}
-	if !ready() {
+	f.drain("the stores made during the build")
+	if !f.ready() {
 		t.Fatal("the graph does not serve after its build")
 	}
 }

@@ -74,10 +74,7 @@ func (t *nodeTable) release(r nodeRef) {
 
 // recencyList orders a nodeTable's nodes from most (front) to least (back) recently used,
 // linked through their prev and next.
-type recencyList struct {
-	front, back nodeRef
-	len         int
-}
+type recencyList struct{ front, back nodeRef }
 
 func (l *recencyList) pushFront(t *nodeTable, r nodeRef) { l.link(t, r, 0, l.front) }
 
@@ -98,7 +95,6 @@ func (l *recencyList) link(t *nodeTable, r, prev, next nodeRef) {
 	} else {
 		l.back = r
 	}
-	l.len++
 }
 
 // remove unlinks r, which must be in the list.
@@ -115,7 +111,6 @@ func (l *recencyList) remove(t *nodeTable, r nodeRef) {
 		l.back = n.prev
 	}
 	n.prev, n.next = 0, 0
-	l.len--
 }
 
 func (l *recencyList) moveToFront(t *nodeTable, r nodeRef) {

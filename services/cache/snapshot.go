@@ -71,7 +71,7 @@ func (x *EmbeddedIndex) Save(w io.Writer, maxBytes int64) (SaveStats, error) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	x.lruMu.Lock()
-	nodes := make([]*node, 0, x.recency.len)
+	nodes := make([]*node, 0, len(x.byKey))
 	for r := x.recency.front; r != 0; r = x.nodes.at(r).next {
 		nodes = append(nodes, x.nodes.at(r))
 	}

@@ -77,12 +77,11 @@ type graph struct {
 	near map[uint32]*Near
 	// version counts applied plans: a plan made before another was applied is stale.
 	version uint64
-	// ready is set once every vector present when the graph was built is linked (the
-	// first unbuilt of pending, which is first in, first out); until then searches use the
-	// set's other path. Vectors stored meanwhile need not be linked too: under a steady
-	// stream of stores the queue may never empty, and the graph would never serve.
-	ready bool
-	// unbuilt counts the vectors present at the build that are still queued.
+	// unbuilt counts the vectors present when the graph was built that are still queued
+	// (the first of pending, which is first in, first out). The graph serves once it is 0;
+	// until then searches use the set's other path. Vectors stored meanwhile need not be
+	// linked too: under a steady stream of stores the queue may never empty, and the graph
+	// would never serve.
 	unbuilt int
 }
 
@@ -169,7 +168,7 @@ func (s *Set) Pending() int {
 }
 
 // GraphReady reports whether searches go through the graph.
-func (s *Set) GraphReady() bool { return s.graph != nil && s.graph.ready }
+func (s *Set) GraphReady() bool { return s.graph != nil && s.graph.unbuilt == 0 }
 
 // score is the similarity of q to the vector in slot, live or not: exactly what Dot
 // returns for them.
@@ -266,14 +265,13 @@ func (s *Set) PlanLink() *LinkPlan {
 	defer s.returnScratch(sc)
 	var seeds []Hit // where the walk on layer 0 starts, besides the upper layers' result
 	if near := g.near[slot]; near != nil && p.level == 0 {
-		w := near.candidates(slot)
-		switch {
-		case len(w) > 0 && !near.seeds:
-			// A search for this vector walked the bottom layer already: its result is
-			// what the walk below would find, less the nodes linked since.
-			s.planLevel(p, 0, w, sc)
-			return p
-		case len(w) > 0:
+		if w := near.candidates(slot); len(w) > 0 {
+			if !near.seeds {
+				// A search for this vector walked the bottom layer already: its result is
+				// what the walk below would find, less the nodes linked since.
+				s.planLevel(p, 0, w, sc)
+				return p
+			}
 			// A search for this vector scored the seeds the postings give already.
 			seeds = w
 		}
@@ -355,9 +353,6 @@ func (s *Set) ApplyLink(p *LinkPlan) bool {
 	g.version++
 	if g.unbuilt > 0 {
 		g.unbuilt--
-	}
-	if g.unbuilt == 0 {
-		g.ready = true
 	}
 	return true
 }

@@ -447,8 +447,10 @@ func TestGraphReadyUnderSteadyStores(t *testing.T) {
 		cfg := Graph{MinLen: 64, M: 4, EfConstruction: 16, EfSearch: 8, Seed: 1, Seeds: Limits{Postings: 512, Scored: 16}}
 		set := NewSet(sparse, Limits{}, cfg)
 		add := func() {
-			v := randomSparse(t, r, 20, 5000)
-			if !sparse {
+			var v Vector
+			if sparse {
+				v = randomSparse(t, r, 20, 5000)
+			} else {
 				v = clustered(r, 1, 16)[0]
 			}
 			if _, err := set.Add(v); err != nil {

@@ -278,7 +278,7 @@ func (s *Set) SearchNear(q Vector, k int, minScore float32, accept func(slot uin
 	if !s.sparse && len(q.Dense) != s.dim {
 		return nil
 	}
-	if s.graph != nil && s.graph.ready {
+	if s.GraphReady() {
 		sc := s.takeScratch()
 		defer s.returnScratch(sc)
 		sc.seeds = sc.seeds[:0]
