@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"slices"
 	"testing"
 )
 
@@ -57,5 +58,36 @@ func TestAsyncCacheStore(t *testing.T) {
 				t.Errorf("store's lease %q, want %q", got, tt.lease)
 			}
 		})
+	}
+}
+
+// TestAsyncCacheStoreShedWhenBackedUp: with every store worker busy, a
+// request that holds a lease is answered without waiting for any store, its store is shed
+// (counted, not made) and its lease released so that identical requests waiting on it go
+// on; the store already in flight still lands.
+func TestAsyncCacheStoreShedWhenBackedUp(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	h := newHarness(t, testConfig(), &harness{cache: &fakeCache{lease: "lease-1", storeGate: gate}})
+	h.router.stores = newStoreWorkers(1, h.router.sendStore) // one worker
+	ctx := context.Background()
+	if _, err := h.router.Complete(ctx, ask("chat")); err != nil {
+		t.Fatalf("first Complete: %v", err)
+	}
+	waitWorkers(t, h.router.stores, 1, 0) // its store holds the one worker at the gate
+
+	if _, err := h.router.Complete(ctx, ask("chat")); err != nil { // would hang at the gate if it stored before answering
+		t.Fatalf("second Complete: %v", err)
+	}
+	if got := counterValue(t, h.router.deps.Metrics.storesShed); got != 1 {
+		t.Errorf("stores shed %v, want 1", got)
+	}
+	if got := h.cache.releasedLeases(); !slices.Equal(got, []string{"lease-1"}) {
+		t.Errorf("leases released %q, want the shed store's", got)
+	}
+	close(gate)
+	h.router.WaitStores()
+	if n := h.cache.stored(); n != 1 {
+		t.Errorf("%d stores made, want 1 (the first request's; the second's was shed)", n)
 	}
 }

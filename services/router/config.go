@@ -86,9 +86,10 @@ type Config struct {
 	// and gets the answer, so the caller's next identical request still finds it. The
 	// lease lives in one cache replica: with several, an identical request that reaches
 	// another one may miss until the store lands, and so may a reworded one anywhere (a
-	// similar question does not wait on a lease). A request without a lease, or one that
-	// finds 256 stores already in flight, stores before it answers, as with this off. On a
-	// nearly idle replica an HTTP answer (chat completions, messages) is stored by its own
+	// similar question does not wait on a lease). A request without a lease stores before
+	// it answers, as with this off; one that finds 256 stores already in flight sheds its
+	// store (mantle_router_cache_stores_shed_total) and releases its lease, rather than
+	// make its caller wait for the cache's backlog. On a nearly idle replica an HTTP answer (chat completions, messages) is stored by its own
 	// request once it has gone out, and that connection's next request waits for the store;
 	// otherwise the router's store workers make it. On by default: the store's index write
 	// is then off every caller's latency (docs/design/009-store-after-the-answer.md).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -128,8 +129,22 @@ type fakeCache struct {
 	lease     string
 	storeGate chan struct{}
 
-	mu     sync.Mutex
-	stores []*cachev1.StoreRequest
+	mu       sync.Mutex
+	stores   []*cachev1.StoreRequest
+	released []string // the leases released
+}
+
+func (c *fakeCache) Release(_ context.Context, in *cachev1.ReleaseRequest, _ ...grpc.CallOption) (*cachev1.ReleaseResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.released = append(c.released, in.GetLeaseId())
+	return &cachev1.ReleaseResponse{}, nil
+}
+
+func (c *fakeCache) releasedLeases() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.released)
 }
 
 func (c *fakeCache) Lookup(_ context.Context, in *cachev1.LookupRequest, _ ...grpc.CallOption) (*cachev1.LookupResponse, error) {

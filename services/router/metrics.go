@@ -32,6 +32,9 @@ type metrics struct {
 	sessionReplays     prometheus.Counter
 	// cachedRefused counts cache hits the request's rules (or checks) refused to serve.
 	cachedRefused prometheus.Counter
+	// storesShed counts answers not stored because the stores after the answers were
+	// backed up (storeWorkers).
+	storesShed prometheus.Counter
 	// ttft is the time to the first token of streamed attempts that produced one.
 	ttft *prometheus.HistogramVec
 	// retries counts attempts after a request's first (same model again, or failover), by
@@ -194,6 +197,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		cachedRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_cached_answers_refused_total", Help: "Cache hits not served because the verification of the request's scenario refused them (a rule blocked or degraded them, or L1 failed); the models were asked instead.",
 		}),
+		storesShed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mantle_router_cache_stores_shed_total", Help: "Cacheable answers not offered to the cache because every worker making the stores after their answers was busy (router.async_cache_store); their coalescing leases were released.",
+		}),
 		idempotencyUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_idempotency_unavailable_total", Help: "Requests served without replay protection because the idempotency store failed.",
 		}),
@@ -203,7 +209,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			m.shed.WithLabelValues(priorityLabel(p))
 		}
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.sideScouts, m.lateTimeouts, m.hedges, m.replays, m.sessionReplays, m.cachedRefused, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed, m.overhead} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attempts, m.providerLatency, m.breakerTransitions, m.degradations, m.budgetDenied, m.hedgeBudgetDenied, m.sideScouts, m.lateTimeouts, m.hedges, m.replays, m.sessionReplays, m.cachedRefused, m.storesShed, m.idempotencyUnavailable, m.breakerState, m.tokens, m.cost, m.ttft, m.retries, m.shed, m.overhead} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register router metrics: %w", err)
 		}

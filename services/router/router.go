@@ -775,10 +775,24 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 		LeaseId:      lease,
 	}
 	// Left to the HTTP door (doorRequest) or offered to the store workers it is made
-	// after the answer; refused by both (as many stores in flight as allowed, or shutting
-	// down) it is made before, like one without a lease.
-	if lease != "" && r.conf().AsyncCacheStore && (r.leaveToDoor(ctx, sreq) || r.stores.offer(ctx, sreq)) {
-		return
+	// after the answer. With every worker busy the store is shed: made before the answer,
+	// as it once was, it put the cache's backlog on the callers' latency just when the
+	// replica was short of CPU. The lease is released so that identical
+	// requests waiting on it go on. Once the workers have stopped (shutting down) it is
+	// made before the answer, like one without a lease.
+	if lease != "" && r.conf().AsyncCacheStore {
+		if r.leaveToDoor(ctx, sreq) {
+			return
+		}
+		err := r.stores.offer(ctx, sreq)
+		if err == nil {
+			return
+		}
+		if errors.Is(err, errStoresFull) {
+			r.deps.Metrics.storesShed.Inc()
+			r.release(ctx, qc, lease)
+			return
+		}
 	}
 	hop, cancel := r.hopContext(ctx)
 	defer cancel()
@@ -786,10 +800,10 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 }
 
 // maxAsyncStores bounds the stores in flight after their answers (router.async_cache_store);
-// asyncStoreTimeout bounds each. A store made before the answer has what is left of the
-// request's budget; one made after it gets a few seconds too, not less: on a loaded cache
-// replica an embedding and an index write can take over a second, and a store cut short
-// leaves the caller's next identical request a miss.
+// past it they are shed. asyncStoreTimeout bounds each. A store made before the answer has
+// what is left of the request's budget; one made after it gets a few seconds too, not
+// less: on a loaded cache replica an embedding and an index write can take over a second,
+// and a store cut short leaves the caller's next identical request a miss.
 const (
 	maxAsyncStores    = 256
 	asyncStoreTimeout = 5 * time.Second

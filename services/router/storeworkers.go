@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -52,32 +53,38 @@ func newStoreWorkers(max int, send func(context.Context, *cachev1.StoreRequest))
 }
 
 // offer gives the store to a waiting worker, or to a new one while fewer than max are
-// alive. False means it was given to none (max workers busy, or stopped): the caller
-// then makes the store itself.
-func (w *storeWorkers) offer(ctx context.Context, req *cachev1.StoreRequest) bool {
+// alive. Otherwise it returns errStoresFull (max workers busy: the router sheds the store)
+// or errStoresStopped (after stop: the caller makes the store itself).
+func (w *storeWorkers) offer(ctx context.Context, req *cachev1.StoreRequest) error {
 	job := storeJob{ctx: context.WithoutCancel(ctx), req: req}
 	w.mu.Lock()
 	if w.stopped {
 		w.mu.Unlock()
-		return false
+		return errStoresStopped
 	}
 	if last := len(w.idle) - 1; last >= 0 {
 		ch := w.idle[last]
 		w.idle = w.idle[:last]
 		w.mu.Unlock()
 		ch <- job // buffered, and only this offer took it from idle: never blocks
-		return true
+		return nil
 	}
 	if w.n == w.max {
 		w.mu.Unlock()
-		return false
+		return errStoresFull
 	}
 	w.n++
 	w.wg.Add(1)
 	w.mu.Unlock()
 	go w.run(job)
-	return true
+	return nil
 }
+
+// Why offer refused a store.
+var (
+	errStoresFull    = errors.New("cache stores: every store worker busy")
+	errStoresStopped = errors.New("cache stores: stopped")
+)
 
 // run makes job's store, then the stores offered to it, until none comes within idleFor
 // or the workers stop.

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 	"testing"
@@ -68,12 +69,12 @@ func TestStoreWorkersReuseTheLastToFinish(t *testing.T) {
 	t.Cleanup(w.stop)
 	ctx := context.Background()
 
-	if !w.offer(ctx, storeOf("a")) || !w.offer(ctx, storeOf("b")) {
+	if w.offer(ctx, storeOf("a")) != nil || w.offer(ctx, storeOf("b")) != nil {
 		t.Fatal("offers refused with workers to spare")
 	}
 	waitWorkers(t, w, 2, 0)
-	if w.offer(ctx, storeOf("c")) {
-		t.Fatal("a third store was taken with both workers busy and max 2")
+	if err := w.offer(ctx, storeOf("c")); !errors.Is(err, errStoresFull) {
+		t.Fatalf("a third store with both workers busy and max 2: %v, want errStoresFull", err)
 	}
 
 	close(g.gates["a"]) // a's worker waits first
@@ -83,8 +84,8 @@ func TestStoreWorkersReuseTheLastToFinish(t *testing.T) {
 	w.mu.Unlock()
 	close(g.gates["b"]) // then b's
 	waitWorkers(t, w, 2, 2)
-	if !w.offer(ctx, storeOf("c")) {
-		t.Fatal("store refused with two workers waiting")
+	if err := w.offer(ctx, storeOf("c")); err != nil {
+		t.Fatalf("store refused with two workers waiting: %v", err)
 	}
 	w.mu.Lock()
 	left := w.idle
@@ -100,8 +101,8 @@ func TestStoreWorkersReuseTheLastToFinish(t *testing.T) {
 }
 
 // TestStoreWorkersStop: stop ends the waiting workers at once, waits for a busy one's
-// store, and the stores offered after it are refused (the router then makes them before
-// the answer).
+// store, and the stores offered after it are refused with errStoresStopped (the router
+// then makes them before the answer).
 func TestStoreWorkersStop(t *testing.T) {
 	t.Parallel()
 	g := &gatedStores{gates: map[string]chan struct{}{"busy": make(chan struct{})}}
@@ -131,8 +132,8 @@ func TestStoreWorkersStop(t *testing.T) {
 	if got := g.stored(); len(got) != 3 {
 		t.Errorf("stores made by the time stop returned %q, want all three", got)
 	}
-	if w.offer(ctx, storeOf("late")) {
-		t.Error("a store was taken after stop")
+	if err := w.offer(ctx, storeOf("late")); !errors.Is(err, errStoresStopped) {
+		t.Errorf("a store offered after stop: %v, want errStoresStopped", err)
 	}
 }
 
@@ -147,7 +148,7 @@ func TestStoreWorkersEndWhenIdle(t *testing.T) {
 	const stores = 2000
 	taken := 0
 	for range stores {
-		if w.offer(ctx, storeOf("x")) {
+		if w.offer(ctx, storeOf("x")) == nil {
 			taken++
 		} else {
 			g.send(ctx, storeOf("x")) // as the router does with a refused store
