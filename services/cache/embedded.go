@@ -42,7 +42,14 @@ type EmbeddedIndex struct {
 
 	// mu guards the nodes (but their recency links), the maps and the partitions' sets:
 	// searches share it, writes hold it alone.
-	mu    sync.RWMutex
+	mu sync.RWMutex
+	// keyMu guards byKey and the node table's places too, for Get and Touch, which read
+	// them under it alone: a write changes them holding mu and keyMu, and holds keyMu for
+	// the map and table change only, not for the vector work around it. An exact lookup
+	// that waited for mu waited behind every store and link (tens of microseconds each,
+	// one after every answer), and then for a CPU to wake it on: on two busy CPUs, a
+	// millisecond or more for one lookup in seventy. Lock order: mu, keyMu, lruMu.
+	keyMu sync.RWMutex
 	nodes nodeTable
 	byKey map[Key]nodeRef
 	parts map[Key]*partition
@@ -175,15 +182,15 @@ func newEmbeddedIndex(maxEntries int, limits vector.Limits, sparse, dense vector
 // entry's life.
 // The namespace is part of every key's partition, so the key alone finds the entry.
 func (x *EmbeddedIndex) Get(_ context.Context, _ string, key Key, now time.Time) (Entry, bool, error) {
-	x.mu.RLock()
+	x.keyMu.RLock()
 	r, ok := x.byKey[key]
 	if ok && x.nodes.at(r).entry.heldAt(now) {
 		x.touch(r)
 		e := x.nodes.at(r).entry.entry()
-		x.mu.RUnlock()
+		x.keyMu.RUnlock()
 		return e, true, nil
 	}
-	x.mu.RUnlock()
+	x.keyMu.RUnlock()
 	if ok {
 		x.mu.Lock()
 		// Another writer may have replaced the entry in between; remove only what expired.
@@ -198,14 +205,15 @@ func (x *EmbeddedIndex) Get(_ context.Context, _ string, key Key, now time.Time)
 // Touch records a use of the entry under key, as Get does; the service calls it after a
 // similarity hit.
 func (x *EmbeddedIndex) Touch(key Key) {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
+	x.keyMu.RLock()
+	defer x.keyMu.RUnlock()
 	if r, ok := x.byKey[key]; ok {
 		x.touch(r)
 	}
 }
 
-// touch moves r to the front of the recency list; x.mu must be held (read or write).
+// touch moves r to the front of the recency list; x.mu or x.keyMu must be held (read or
+// write), so that r is not released meanwhile.
 func (x *EmbeddedIndex) touch(r nodeRef) {
 	x.lruMu.Lock()
 	x.recency.moveToFront(&x.nodes, r)
@@ -462,16 +470,9 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, fron
 			x.toLink = append(x.toLink, p)
 		}
 	}
+	// The node is in the recency list before Get can find it, and may touch it.
+	x.keyMu.Lock()
 	r := x.nodes.add(n)
-	if n.inSet {
-		if int(n.slot) >= len(p.bySlot) {
-			p.bySlot = append(p.bySlot, make([]nodeRef, int(n.slot)+1-len(p.bySlot))...)
-		}
-		p.bySlot[n.slot] = r
-	}
-	p.nodes++
-	x.byKey[e.Key] = r
-	x.bytes += n.size
 	x.lruMu.Lock()
 	if front {
 		x.recency.pushFront(&x.nodes, r)
@@ -479,6 +480,16 @@ func (x *EmbeddedIndex) insert(e Entry, v vector.Vector, near *vector.Near, fron
 		x.recency.pushBack(&x.nodes, r)
 	}
 	x.lruMu.Unlock()
+	x.byKey[e.Key] = r
+	x.keyMu.Unlock()
+	if n.inSet {
+		if int(n.slot) >= len(p.bySlot) {
+			p.bySlot = append(p.bySlot, make([]nodeRef, int(n.slot)+1-len(p.bySlot))...)
+		}
+		p.bySlot[n.slot] = r
+	}
+	p.nodes++
+	x.bytes += n.size
 	return nil
 }
 
@@ -529,7 +540,9 @@ func (x *EmbeddedIndex) vectorOf(n *node) vector.Vector {
 // remove unlinks r and releases its node; x.mu must be held for writing.
 func (x *EmbeddedIndex) remove(r nodeRef) {
 	n := x.nodes.at(r)
+	x.keyMu.Lock()
 	delete(x.byKey, n.entry.key)
+	x.keyMu.Unlock()
 	x.bytes -= n.size
 	x.lruMu.Lock()
 	x.recency.remove(&x.nodes, r)
@@ -543,5 +556,7 @@ func (x *EmbeddedIndex) remove(r nodeRef) {
 	if p.nodes == 0 {
 		delete(x.parts, n.entry.partition)
 	}
+	x.keyMu.Lock() // a Get that found r before the delete may still be reading it
 	x.nodes.release(r)
+	x.keyMu.Unlock()
 }

@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -186,6 +187,39 @@ func TestEmbeddedIndexConcurrentUse(t *testing.T) {
 	wg.Wait()
 	if n := idx.Len(); n != maxEntries {
 		t.Errorf("Len() after %d puts = %d, want %d", workers*rounds, n, maxEntries)
+	}
+}
+
+// TestEmbeddedIndexGetDoesNotWaitForWrites: an exact lookup (Get) and a recorded use
+// (Touch) read the key map under its own lock, so a store or a link holding the index's
+// lock for its vector work does not hold them up.
+func TestEmbeddedIndexGetDoesNotWaitForWrites(t *testing.T) {
+	t.Parallel()
+	idx := NewEmbeddedIndex(10, 0)
+	e, absent := testEntry("a", "t", "s", "p", "alpha question"), testEntry("b", "t", "s", "p", "beta question")
+	put(t, idx, e)
+
+	idx.mu.Lock() // a store or link in the middle of its vector work
+	type result struct {
+		hit, miss bool
+		err       error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, ok, err := idx.Get(context.Background(), e.Namespace, e.Key, epoch)
+		_, found, err2 := idx.Get(context.Background(), absent.Namespace, absent.Key, epoch)
+		idx.Touch(e.Key)
+		done <- result{hit: ok && got.ID == "a", miss: !found, err: errors.Join(err, err2)}
+	}()
+	select {
+	case r := <-done:
+		idx.mu.Unlock()
+		if r.err != nil || !r.hit || !r.miss {
+			t.Errorf("Get under a write: hit %v, miss of the absent key %v, err %v", r.hit, r.miss, r.err)
+		}
+	case <-time.After(10 * time.Second): // turns a wait for the lock into a failure
+		idx.mu.Unlock()
+		t.Fatal("Get waited for the index's write lock")
 	}
 }
 
