@@ -540,13 +540,7 @@ func (x *EmbeddedIndex) vectorOf(n *node) vector.Vector {
 // remove unlinks r and releases its node; x.mu must be held for writing.
 func (x *EmbeddedIndex) remove(r nodeRef) {
 	n := x.nodes.at(r)
-	x.keyMu.Lock()
-	delete(x.byKey, n.entry.key)
-	x.keyMu.Unlock()
 	x.bytes -= n.size
-	x.lruMu.Lock()
-	x.recency.remove(&x.nodes, r)
-	x.lruMu.Unlock()
 	p := x.parts[n.entry.partition]
 	if n.inSet {
 		p.set.Remove(n.slot)
@@ -556,7 +550,13 @@ func (x *EmbeddedIndex) remove(r nodeRef) {
 	if p.nodes == 0 {
 		delete(x.parts, n.entry.partition)
 	}
-	x.keyMu.Lock() // a Get that found r before the delete may still be reading it
+	// What Get reads under keyMu alone goes in one hold, as insert adds it: the key, the
+	// node's place in the recency list (Get may touch it) and the node itself.
+	x.keyMu.Lock()
+	delete(x.byKey, n.entry.key)
+	x.lruMu.Lock()
+	x.recency.remove(&x.nodes, r)
+	x.lruMu.Unlock()
 	x.nodes.release(r)
 	x.keyMu.Unlock()
 }

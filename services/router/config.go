@@ -89,9 +89,10 @@ type Config struct {
 	// similar question does not wait on a lease). A request without a lease stores before
 	// it answers, as with this off; one that finds 256 stores already in flight sheds its
 	// store (mantle_router_cache_stores_shed_total) and releases its lease, rather than
-	// make its caller wait for the cache's backlog. On a nearly idle replica an HTTP answer (chat completions, messages) is stored by its own
-	// request once it has gone out, and that connection's next request waits for the store;
-	// otherwise the router's store workers make it. On by default: the store's index write
+	// make its caller wait for the cache's backlog. On a nearly idle replica an HTTP
+	// answer (chat completions, messages) is stored by its own request once it has gone
+	// out, and that connection's next request waits for the store; otherwise the router's
+	// store workers make it. On by default: the store's index write
 	// is then off every caller's latency (docs/design/009-store-after-the-answer.md).
 	AsyncCacheStore bool `yaml:"async_cache_store"`
 	// AllowMissingKeys starts the router when a provider key's environment variable is

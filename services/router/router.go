@@ -775,20 +775,19 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 		LeaseId:      lease,
 	}
 	// Left to the HTTP door (doorRequest) or offered to the store workers it is made
-	// after the answer. With every worker busy the store is shed: made before the answer,
-	// as it once was, it put the cache's backlog on the callers' latency just when the
-	// replica was short of CPU. The lease is released so that identical
-	// requests waiting on it go on. Once the workers have stopped (shutting down) it is
-	// made before the answer, like one without a lease.
+	// after the answer. With every worker busy the store is shed, and its lease released
+	// so that identical requests waiting on it go on: made before the answer, as it once
+	// was, it put the cache's backlog on the callers' latency just when the replica was
+	// short of CPU. Once the workers have stopped (shutting down) it is made before the
+	// answer, like one without a lease.
 	if lease != "" && r.conf().AsyncCacheStore {
 		if r.leaveToDoor(ctx, sreq) {
 			return
 		}
-		err := r.stores.offer(ctx, sreq)
-		if err == nil {
+		switch err := r.stores.offer(ctx, sreq); {
+		case err == nil:
 			return
-		}
-		if errors.Is(err, errStoresFull) {
+		case errors.Is(err, errStoresFull):
 			r.deps.Metrics.storesShed.Inc()
 			r.release(ctx, qc, lease)
 			return
