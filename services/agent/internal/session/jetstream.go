@@ -115,29 +115,47 @@ func (s *JetStream) Watch(ctx context.Context, key string) (Watch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("session store watch: %w", err)
 	}
-	w := &jsWatch{kw: kw, ch: make(chan struct{}, 1), done: make(chan struct{})}
-	go w.forward()
-	return w, nil
+	return newJSWatch(kw), nil
 }
 
 type jsWatch struct {
 	kw   jetstream.KeyWatcher
 	ch   chan struct{}
-	done chan struct{}
+	stop chan struct{} // closed by Stop: forward returns at once
+	done chan struct{} // closed when forward has returned
 	once sync.Once
 }
 
-// forward turns the watcher's entries into change signals until its channel closes (Stop,
-// or the watch's context ending).
+func newJSWatch(kw jetstream.KeyWatcher) *jsWatch {
+	w := &jsWatch{kw: kw, ch: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go w.forward()
+	return w
+}
+
+// forward turns the watcher's entries into change signals until Stop, or until the
+// watcher's channel closes (its context ended). It does not wait for that channel to close
+// after Stop: the client closes it only when the subscription's delivery goroutine sees the
+// unsubscribe, and a subscription caught mid-way through re-creating its ordered consumer
+// (after a server or connection hiccup) can miss it, which would hold Stop, and the request
+// that owns the watch, forever.
 func (w *jsWatch) forward() {
 	defer close(w.done)
-	for e := range w.kw.Updates() {
-		if e == nil {
-			continue // the end of the initial values: there are none with UpdatesOnly
-		}
+	updates := w.kw.Updates()
+	for {
 		select {
-		case w.ch <- struct{}{}:
-		default:
+		case <-w.stop:
+			return
+		case e, ok := <-updates:
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue // the end of the initial values: there are none with UpdatesOnly
+			}
+			select {
+			case w.ch <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
@@ -146,6 +164,7 @@ func (w *jsWatch) Changes() <-chan struct{} { return w.ch }
 
 func (w *jsWatch) Stop() {
 	w.once.Do(func() {
+		close(w.stop)
 		_ = w.kw.Stop() // an error means it was stopped already (its context ended)
 		<-w.done
 	})

@@ -301,3 +301,41 @@ func TestWatchStopsWithItsContext(t *testing.T) {
 		})
 	}
 }
+
+// stuckWatcher is a KV watcher whose channel never closes, even after Stop: what a client
+// subscription that misses its unsubscribe looks like from outside.
+type stuckWatcher struct {
+	updates chan jetstream.KeyValueEntry
+	stopped atomic.Bool
+}
+
+func (s *stuckWatcher) Updates() <-chan jetstream.KeyValueEntry { return s.updates }
+func (s *stuckWatcher) Stop() error                             { s.stopped.Store(true); return nil }
+
+// changedEntry is a non-nil entry: the watch reports a change for it.
+type changedEntry struct{ jetstream.KeyValueEntry }
+
+// TestJetStreamWatchStopDoesNotWaitForTheClient: Stop returns, and its goroutine ends, even
+// when the client never closes the watcher's channel. Before, Stop waited for that close,
+// and a request that owned the watch hung with it.
+func TestJetStreamWatchStopDoesNotWaitForTheClient(t *testing.T) {
+	kw := &stuckWatcher{updates: make(chan jetstream.KeyValueEntry, 1)}
+	w := newJSWatch(kw)
+	kw.updates <- changedEntry{}
+	changed(t, w)
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		w.Stop()
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(waitBound):
+		t.Fatalf("Stop did not return within %s while the client's channel stayed open", waitBound)
+	}
+	if !kw.stopped.Load() {
+		t.Error("Stop did not stop the client's watcher")
+	}
+	w.Stop() // twice is harmless; goleak checks the forwarding goroutine is gone
+}
