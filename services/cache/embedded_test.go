@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -220,6 +221,43 @@ func TestEmbeddedIndexGetDoesNotWaitForWrites(t *testing.T) {
 	case <-time.After(10 * time.Second): // turns a wait for the lock into a failure
 		idx.mu.Unlock()
 		t.Fatal("Get waited for the index's write lock")
+	}
+}
+
+// TestEmbeddedIndexWriteQueuesAfterYielding: a store yields to the searches holding the
+// index's lock, but not for ever: with a search holding it throughout, the store queues for
+// the lock (which then turns new searches away, as TryRLock shows) and lands once the
+// search ends.
+func TestEmbeddedIndexWriteQueuesAfterYielding(t *testing.T) {
+	t.Parallel()
+	idx := NewEmbeddedIndex(10, 0)
+	e := testEntry("a", "t", "s", "p", "alpha question")
+	v := vec(t, e.Question)
+	idx.mu.RLock() // a search in progress
+	done := make(chan error, 1)
+	go func() { done <- idx.Put(context.Background(), e, v, nil) }()
+	deadline := time.Now().Add(10 * time.Second)
+	queued := false
+	for !queued && time.Now().Before(deadline) {
+		if queued = !idx.mu.TryRLock(); !queued {
+			idx.mu.RUnlock()
+			runtime.Gosched()
+		}
+	}
+	idx.mu.RUnlock() // the search ends
+	if !queued {
+		t.Fatal("the store never queued for the lock while a search held it")
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Put: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store did not land once the search ended")
+	}
+	if got := present(t, idx, epoch, e); len(got) != 1 {
+		t.Fatalf("after the store: %v, want [a]", got)
 	}
 }
 
