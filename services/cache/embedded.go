@@ -426,7 +426,7 @@ func (x *EmbeddedIndex) linkOne() (more, building bool) {
 // finish: while they hold the lock it yields its CPU to them, a few times, and only then
 // queues for the lock. In execution traces of the mesh at 1000/s, this cut the searches
 // that waited a millisecond or more for the lock by three to five times
-// (docs/performance.md).
+// (docs/design/011-writers-yield-to-searches.md).
 func (x *EmbeddedIndex) lockToWrite() {
 	for range writeTries {
 		if x.mu.TryLock() {
