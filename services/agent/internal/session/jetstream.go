@@ -133,11 +133,11 @@ func newJSWatch(kw jetstream.KeyWatcher) *jsWatch {
 }
 
 // forward turns the watcher's entries into change signals until Stop, or until the
-// watcher's channel closes (its context ended). It does not wait for that channel to close
-// after Stop: the client closes it only when the subscription's delivery goroutine sees the
-// unsubscribe, and a subscription caught mid-way through re-creating its ordered consumer
-// (after a server or connection hiccup) can miss it, which would hold Stop, and the request
-// that owns the watch, forever.
+// watcher's channel closes (its context ended). Stop does not wait for that channel to
+// close: the client closes it from the subscription's closed handler, after the
+// subscription's delivery goroutine has seen the unsubscribe, and once, in the mesh's
+// tests after a router restart, it never did, which held Stop, and the request that owned
+// the watch, for good.
 func (w *jsWatch) forward() {
 	defer close(w.done)
 	updates := w.kw.Updates()
