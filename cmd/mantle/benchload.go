@@ -66,7 +66,8 @@ instant upstream: directly, through a bare reverse proxy, through the router alo
 through the whole mesh. Reports latency percentiles of the answered requests, what each
 mode adds to them, CPU seconds per 1000 requests and peak RSS; "refused" counts the
 mesh's 503 OVERLOADED answers, "shed" the requests over --max-in-flight; "own" are
-percentiles of the mesh's own time per answer, from its Server-Timing header.
+percentiles of the mesh's own time per answer, from its Server-Timing header;
+"stores shed" the answers the router did not store because every store worker was busy.
 Each mode runs in a process of its own so that its CPU and memory figures are its own.
 
 `)
@@ -332,7 +333,7 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 		streamed = streamed || r.FirstP99Ms > 0
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	header := "mode\trate/s\tachieved/s\tok\tok/s\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\town p50\town p90\town p99\t"
+	header := "mode\trate/s\tachieved/s\tok\tok/s\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\town p50\town p90\town p99\tstores shed\t"
 	if split {
 		header += "hop CPU s/1000\thop RSS MiB\thop switches/req\t"
 	}
@@ -349,6 +350,11 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 			extra += fmt.Sprintf("%.3f\t%.3f\t%.3f\t", r.OwnP50Ms, r.OwnP90Ms, r.OwnP99Ms)
 		} else {
 			extra += "\t\t\t"
+		}
+		if r.Mode == benchload.RouterOnly || r.Mode == benchload.All {
+			extra += fmt.Sprintf("%d\t", r.StoresShed)
+		} else {
+			extra += "\t"
 		}
 		if split && r.HopPeakRSSMB > 0 {
 			extra += fmt.Sprintf("%.3f\t%.0f\t%.2f\t", r.HopCPUPer1000, r.HopPeakRSSMB, r.HopSwitchesPerRequest)

@@ -151,6 +151,10 @@ type Result struct {
 	// time to its first event (Config.Stream); zero without streaming.
 	FirstP50Ms float64 `json:"first_event_p50_ms,omitempty"`
 	FirstP99Ms float64 `json:"first_event_p99_ms,omitempty"`
+	// StoresShed is how many cacheable answers the router did not store in the measured
+	// window because every store worker was busy (mantle_router_cache_stores_shed_total):
+	// a run that sheds stores measures a cache that fills more slowly than requests ask.
+	StoresShed int `json:"stores_shed,omitempty"`
 	// MaxLagMs is how far the generator fell behind its schedule.
 	MaxLagMs float64 `json:"generator_max_lag_ms"`
 	// FirstError is one error, to say what went wrong when Errors > 0.
@@ -224,13 +228,15 @@ func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 			res.HopPeakRSSMB = hopAfter.maxRSSMiB
 			res.HopSwitchesPerRequest = float64(hopAfter.switches-hopBefore.switches) / float64(max(res.Requests, 1))
 		}
+		res.StoresShed = int(hopAfter.storesShed - hopBefore.storesShed)
 		out = append(out, res)
 	}
 	return out, nil
 }
 
-// usages reads this process's usage and h's (zero without a hop, or one in this process).
-func usages(h hop) (self, ofHop rusage, err error) {
+// usages reads this process's usage and h's: its process's (zero without a hop, or one in
+// this process) and its mesh's counters.
+func usages(h hop) (self rusage, ofHop hopReading, err error) {
 	self = usage()
 	if h != nil {
 		ofHop, err = h.usage()

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -79,6 +81,9 @@ func runModeAndCheck(t *testing.T, cfg Config) {
 			t.Errorf("%g/s: own time p50 %v, p90 %v, p99 %v ms (latency max %v): want positive, in order, under the latency", r.Rate, r.OwnP50Ms, r.OwnP90Ms, r.OwnP99Ms, r.MaxMs)
 		case !hasMesh && r.OwnP99Ms != 0:
 			t.Errorf("%g/s: own time p99 %v ms from a mode without a mesh or a stream", r.Rate, r.OwnP99Ms)
+		}
+		if r.StoresShed < 0 || ((mode == Direct || mode == Proxy) && r.StoresShed != 0) {
+			t.Errorf("%g/s: %d stores shed, want none below zero and none without a router", r.Rate, r.StoresShed)
 		}
 		if r.HopPeakRSSMB != 0 || r.HopCPUPer1000 != 0 {
 			t.Errorf("%g/s: hop RSS %v MiB, CPU %v s per 1000; want none: the hop shares this process", r.Rate, r.HopPeakRSSMB, r.HopCPUPer1000)
@@ -346,3 +351,53 @@ func TestServeHopRefuses(t *testing.T) {
 		t.Errorf("usage line %+v, %v", u, err)
 	}
 }
+
+// TestCounterValue: the stores-shed figure is the counter's value summed over its series,
+// and zero from a registry that has no such counter (the proxy's, a mesh without a router).
+func TestCounterValue(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		series map[string]float64 // label value -> count; nil registers nothing
+		want   int64
+	}{
+		{name: "absent", want: 0},
+		{name: "one series", series: map[string]float64{"": 7}, want: 7},
+		{name: "summed over series", series: map[string]float64{"a": 2, "b": 5}, want: 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			other := prometheus.NewCounter(prometheus.CounterOpts{Name: "mantle_other_total", Help: "not it"})
+			other.Add(100)
+			reg.MustRegister(other)
+			if tc.series != nil {
+				vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: storesShedMetric, Help: "stores shed"}, []string{"l"})
+				for l, n := range tc.series {
+					vec.WithLabelValues(l).Add(n)
+				}
+				reg.MustRegister(vec)
+			}
+			got, err := counterValue(reg, storesShedMetric)
+			if err != nil || got != tc.want {
+				t.Errorf("counterValue = %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestProcessHopReadsStoresShed: the hop process's usage line carries the mesh's stores
+// shed, and the benchmark reads it with the process's usage.
+func TestProcessHopReadsStoresShed(t *testing.T) {
+	t.Parallel()
+	line := `{"cpu_ns":1500000,"max_rss_mib":42,"switches":9,"stores_shed":13}` + "\n"
+	h := &processHop{stdin: nopWriteCloser{io.Discard}, dec: json.NewDecoder(strings.NewReader(line))}
+	got, err := h.usage()
+	want := hopReading{rusage: rusage{cpu: 1500 * time.Microsecond, maxRSSMiB: 42, switches: 9}, storesShed: 13}
+	if err != nil || got != want {
+		t.Errorf("usage = %+v, %v; want %+v", got, err, want)
+	}
+}
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }

@@ -14,6 +14,8 @@ import (
 	"os/exec"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/mantle-mesh/mantle/pkg/app"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 )
@@ -24,11 +26,22 @@ import (
 type hop interface {
 	// endpoint is the chat completions URL to send requests to.
 	endpoint() string
-	// usage is the resource use of the hop's own process; zero when the hop shares the
-	// benchmark's process, whose usage already counts it.
-	usage() (rusage, error)
+	// usage is the resource use of the hop's own process (zero when the hop shares the
+	// benchmark's process, whose usage already counts it) and the mesh's counters.
+	usage() (hopReading, error)
 	stop() error
 }
+
+// hopReading is what a hop reports before and after each measured window.
+type hopReading struct {
+	rusage
+	// storesShed is the router's mantle_router_cache_stores_shed_total so far: cacheable
+	// answers not stored because every store worker was busy. Zero for the proxy.
+	storesShed int64
+}
+
+// storesShedMetric names the router's counter of stores shed.
+const storesShedMetric = "mantle_router_cache_stores_shed_total"
 
 // startHop starts mode's hop in this process, in front of the upstream at upstreamAddr; a
 // mesh's configuration is MeshConfig's from base. ownProcess says the process exists to
@@ -56,7 +69,11 @@ func startHop(ctx context.Context, mode Mode, upstreamAddr string, base mesh.Con
 	runCtx, stopMesh := context.WithCancel(context.WithoutCancel(ctx))
 	stopped := make(chan error, 1)
 	go func() { stopped <- p.Run(runCtx) }()
-	h := &localHop{url: "http://" + p.App.HTTPAddr() + "/v1/chat/completions", stopFunc: func() error { stopMesh(); return <-stopped }}
+	h := &localHop{
+		url:        "http://" + p.App.HTTPAddr() + "/v1/chat/completions",
+		stopFunc:   func() error { stopMesh(); return <-stopped },
+		storesShed: func() (int64, error) { return counterValue(p.Metrics, storesShedMetric) },
+	}
 	if err := waitServing(ctx, p.App.GRPCAddr()); err != nil {
 		_ = h.stop()
 		return nil, err
@@ -68,11 +85,40 @@ func startHop(ctx context.Context, mode Mode, upstreamAddr string, base mesh.Con
 type localHop struct {
 	url      string
 	stopFunc func() error
+	// storesShed reads the mesh's counter; nil for the proxy.
+	storesShed func() (int64, error)
 }
 
-func (h *localHop) endpoint() string       { return h.url }
-func (h *localHop) usage() (rusage, error) { return rusage{}, nil }
-func (h *localHop) stop() error            { return h.stopFunc() }
+func (h *localHop) endpoint() string { return h.url }
+func (h *localHop) stop() error      { return h.stopFunc() }
+
+func (h *localHop) usage() (hopReading, error) {
+	if h.storesShed == nil {
+		return hopReading{}, nil
+	}
+	n, err := h.storesShed()
+	return hopReading{storesShed: n}, err
+}
+
+// counterValue is the value of the counter family name in g, summed over its series; 0
+// when g has no such family.
+func counterValue(g prometheus.Gatherer, name string) (int64, error) {
+	families, err := g.Gather()
+	if err != nil {
+		return 0, fmt.Errorf("benchload: read the mesh's metrics: %w", err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		var sum float64
+		for _, m := range f.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+		return int64(sum), nil
+	}
+	return 0, nil
+}
 
 // startProxy serves a bare reverse proxy to upstream on a free loopback port, with the
 // connection pool the router's provider client has.
@@ -116,9 +162,10 @@ type hopReady struct {
 }
 
 type hopUsage struct {
-	CPUNanos  int64   `json:"cpu_ns"`
-	MaxRSSMiB float64 `json:"max_rss_mib"`
-	Switches  int64   `json:"switches"`
+	CPUNanos   int64   `json:"cpu_ns"`
+	MaxRSSMiB  float64 `json:"max_rss_mib"`
+	Switches   int64   `json:"switches"`
+	StoresShed int64   `json:"stores_shed"`
 }
 
 // ServeHop runs mode's hop in this process for a benchmark in another one (see
@@ -145,7 +192,11 @@ func ServeHop(ctx context.Context, mode Mode, upstreamAddr string, base mesh.Con
 			return fmt.Errorf("benchload: hop: unknown request %q", sc.Text())
 		}
 		u := usage()
-		if err := enc.Encode(hopUsage{CPUNanos: u.cpu.Nanoseconds(), MaxRSSMiB: u.maxRSSMiB, Switches: u.switches}); err != nil {
+		r, err := h.usage()
+		if err != nil {
+			return err
+		}
+		if err := enc.Encode(hopUsage{CPUNanos: u.cpu.Nanoseconds(), MaxRSSMiB: u.maxRSSMiB, Switches: u.switches, StoresShed: r.storesShed}); err != nil {
 			return fmt.Errorf("benchload: hop: %w", err)
 		}
 	}
@@ -187,15 +238,18 @@ func startProcessHop(cmd *exec.Cmd) (hop, error) {
 
 func (h *processHop) endpoint() string { return h.url }
 
-func (h *processHop) usage() (rusage, error) {
+func (h *processHop) usage() (hopReading, error) {
 	if _, err := io.WriteString(h.stdin, "usage\n"); err != nil {
-		return rusage{}, fmt.Errorf("benchload: hop process: %w", err)
+		return hopReading{}, fmt.Errorf("benchload: hop process: %w", err)
 	}
 	var u hopUsage
 	if err := h.dec.Decode(&u); err != nil {
-		return rusage{}, fmt.Errorf("benchload: hop process usage: %w", err)
+		return hopReading{}, fmt.Errorf("benchload: hop process usage: %w", err)
 	}
-	return rusage{cpu: time.Duration(u.CPUNanos), maxRSSMiB: u.MaxRSSMiB, switches: u.Switches}, nil
+	return hopReading{
+		rusage:     rusage{cpu: time.Duration(u.CPUNanos), maxRSSMiB: u.MaxRSSMiB, switches: u.Switches},
+		storesShed: u.StoresShed,
+	}, nil
 }
 
 // Bounds on a hop process that hangs: starting (a mesh starts in well under a second)
