@@ -351,7 +351,7 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 		} else {
 			extra += "\t\t\t"
 		}
-		if r.Mode == benchload.RouterOnly || r.Mode == benchload.All {
+		if r.Mode == benchload.All { // the only mode with a cache to store into
 			extra += fmt.Sprintf("%d\t", r.StoresShed)
 		} else {
 			extra += "\t"

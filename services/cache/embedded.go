@@ -419,14 +419,14 @@ func (x *EmbeddedIndex) linkOne() (more, building bool) {
 }
 
 // lockToWrite takes mu for writing, for a store or a link: work that by default comes
-// after the answer it serves (router.async_cache_store). A writer that waits in mu.Lock makes every search that arrives meanwhile wait
-// behind it (an RWMutex queues new readers behind a waiting writer), and on busy CPUs each
-// of those waits lasts until the searches already in, the writer and then the queued
-// searches have each been given a CPU. So a write first lets the searches in progress
-// finish: while they hold the lock it yields its CPU to them, a few times, and only then
-// queues for the lock. In execution traces of the mesh at 1000/s, this cut the searches
-// that waited a millisecond or more for the lock by three to five times
-// (docs/design/011-writers-yield-to-searches.md).
+// after the answer it serves (router.async_cache_store). A writer waiting in mu.Lock makes
+// every search that arrives meanwhile wait behind it (an RWMutex queues new readers behind
+// a waiting writer), and on busy CPUs each of those waits lasts until the searches already
+// in, the writer and then the queued searches have each been given a CPU. So a write first
+// lets the searches in progress finish: while they hold the lock it yields its CPU to
+// them, a few times, and only then queues for the lock. In execution traces of the mesh at
+// 1000/s, this cut the searches that waited a millisecond or more for the lock by three to
+// five times (docs/design/011-writers-yield-to-searches.md).
 func (x *EmbeddedIndex) lockToWrite() {
 	for range writeTries {
 		if x.mu.TryLock() {

@@ -87,13 +87,13 @@ type Config struct {
 	// lease lives in one cache replica: with several, an identical request that reaches
 	// another one may miss until the store lands, and so may a reworded one anywhere (a
 	// similar question does not wait on a lease). A request without a lease stores before
-	// it answers, as with this off; one that finds 256 stores already in flight sheds its
-	// store (mantle_router_cache_stores_shed_total) and releases its lease, rather than
-	// make its caller wait for the cache's backlog. On a nearly idle replica an HTTP
-	// answer (chat completions, messages) is stored by its own request once it has gone
-	// out, and that connection's next request waits for the store; otherwise the router's
-	// store workers make it. On by default: the store's index write
-	// is then off every caller's latency (docs/design/009-store-after-the-answer.md).
+	// it answers, as with this off. A request with a lease that finds 256 stores already
+	// in flight sheds its store (mantle_router_cache_stores_shed_total) and releases its
+	// lease, rather than make its caller wait for the cache's backlog. On a nearly idle
+	// replica an HTTP answer (chat completions, messages) is stored by its own request once
+	// it has gone out, and that connection's next request waits for the store; otherwise
+	// the router's store workers make it. On by default: the store's index write is then
+	// off every caller's latency (docs/design/009-store-after-the-answer.md).
 	AsyncCacheStore bool `yaml:"async_cache_store"`
 	// AllowMissingKeys starts the router when a provider key's environment variable is
 	// unset or empty, with a warning naming it; every call on that key then fails at once
