@@ -87,14 +87,21 @@ type Config struct {
 	// lease lives in one cache replica: with several, an identical request that reaches
 	// another one may miss until the store lands, and so may a reworded one anywhere (a
 	// similar question does not wait on a lease). A request without a lease stores before
-	// it answers, as with this off. A request with a lease that finds 256 stores already
-	// in flight sheds its store (mantle_router_cache_stores_shed_total) and releases its
-	// lease, rather than make its caller wait for the cache's backlog. On a nearly idle
+	// it answers, as with this off. A request with a lease that finds
+	// max_async_cache_stores stores already in flight sheds its store
+	// (mantle_router_cache_stores_shed_total) and releases its lease, rather than make
+	// its caller wait for the cache's backlog. On a nearly idle
 	// replica an HTTP answer (chat completions, messages) is stored by its own request once
 	// it has gone out, and that connection's next request waits for the store; otherwise
 	// the router's store workers make it. On by default: the store's index write is then
 	// off every caller's latency (docs/design/009-store-after-the-answer.md).
 	AsyncCacheStore bool `yaml:"async_cache_store"`
+	// MaxAsyncCacheStores bounds the stores in flight after their answers
+	// (async_cache_store) on this replica; past it a request sheds its store and releases
+	// its lease, so the identical requests waiting on it ask the models themselves. Each
+	// store in flight holds its answer's memory and one goroutine until it lands, within
+	// a few seconds. Reloadable; at least 1.
+	MaxAsyncCacheStores int `yaml:"max_async_cache_stores"`
 	// AllowMissingKeys starts the router when a provider key's environment variable is
 	// unset or empty, with a warning naming it; every call on that key then fails at once
 	// with an auth error (nothing is sent), so its breaker opens and requests go to the
@@ -467,16 +474,17 @@ type FastAnswerConfig struct {
 // sim models for development).
 func DefaultConfig() Config {
 	return Config{
-		DefaultBudget:     30 * time.Second,
-		HopReserve:        200 * time.Millisecond,
-		MaxPromptBytes:    1 << 20,
-		EmbeddingsCache:   EmbeddingsCacheConfig{MaxBytes: 64 << 20, TTL: 24 * time.Hour},
-		QuotaFailOpen:     true,
-		FirstTokenTimeout: 10 * time.Second,
-		StallTimeout:      10 * time.Second,
-		StreamRescueShare: 0.3,
-		SideScouts:        true,
-		AsyncCacheStore:   true,
+		DefaultBudget:       30 * time.Second,
+		HopReserve:          200 * time.Millisecond,
+		MaxPromptBytes:      1 << 20,
+		EmbeddingsCache:     EmbeddingsCacheConfig{MaxBytes: 64 << 20, TTL: 24 * time.Hour},
+		QuotaFailOpen:       true,
+		FirstTokenTimeout:   10 * time.Second,
+		StallTimeout:        10 * time.Second,
+		StreamRescueShare:   0.3,
+		SideScouts:          true,
+		AsyncCacheStore:     true,
+		MaxAsyncCacheStores: 256,
 		Retry: RetryConfig{
 			MaxRetries:    2,
 			BackoffBase:   300 * time.Millisecond,
@@ -545,6 +553,9 @@ func (c Config) validateLimits(p *problems) {
 	}
 	if c.MaxOutputTokens < 0 {
 		p.add("max_output_tokens: must not be negative, got %d", c.MaxOutputTokens)
+	}
+	if c.MaxAsyncCacheStores < 1 {
+		p.add("max_async_cache_stores: must be at least 1 (async_cache_store: false makes every store before its answer), got %d", c.MaxAsyncCacheStores)
 	}
 	for _, a := range []struct{ key, value string }{
 		{"quota_address", c.QuotaAddress}, {"cache_address", c.CacheAddress}, {"verifier_address", c.VerifierAddress},

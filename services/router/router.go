@@ -200,7 +200,7 @@ func New(cfg Config, deps Deps, clients func(p ProviderConfig, m ModelConfig, ke
 		fallbackLimiter: newLocalLimiter(cfg.QuotaFallbackRPM),
 		embedCache:      newEmbedCache(cfg.EmbeddingsCache),
 	}
-	r.stores = newStoreWorkers(maxAsyncStores, r.sendStore)
+	r.stores = newStoreWorkers(cfg.MaxAsyncCacheStores, r.sendStore)
 	_, off := deps.Tracer.(noop.Tracer)
 	r.tracing = !off
 	r.scoutCtx, r.stopScouts = context.WithCancel(context.Background())
@@ -353,6 +353,7 @@ func (r *Router) Reload(cfg Config) error {
 	}
 	r.tab.Store(r.buildTable(&cfg))
 	r.cfg.Store(&cfg)
+	r.stores.setMax(cfg.MaxAsyncCacheStores)
 	r.deps.Log.Info("router configuration reloaded", "routes", len(cfg.Routes))
 	return nil
 }
@@ -798,15 +799,12 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 	r.sendStore(hop, sreq)
 }
 
-// maxAsyncStores bounds the stores in flight after their answers (router.async_cache_store);
-// past it they are shed. asyncStoreTimeout bounds each. A store made before the answer has
-// what is left of the request's budget; one made after it gets a few seconds too, not
-// less: on a loaded cache replica an embedding and an index write can take over a second,
-// and a store cut short leaves the caller's next identical request a miss.
-const (
-	maxAsyncStores    = 256
-	asyncStoreTimeout = 5 * time.Second
-)
+// asyncStoreTimeout bounds each store in flight after its answer (router.async_cache_store).
+// A store made before the answer has what is left of the request's budget; one made after
+// it gets a few seconds too, not less: on a loaded cache replica an embedding and an index
+// write can take over a second, and a store cut short leaves the caller's next identical
+// request a miss.
+const asyncStoreTimeout = 5 * time.Second
 
 func (r *Router) sendStore(ctx context.Context, sreq *cachev1.StoreRequest) {
 	if _, err := r.deps.Cache.Store(ctx, sreq); err != nil {

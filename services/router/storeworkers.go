@@ -19,10 +19,10 @@ import (
 // find no store within storeWorkerIdle and end.
 type storeWorkers struct {
 	send    func(context.Context, *cachev1.StoreRequest)
-	max     int
 	idleFor time.Duration // storeWorkerIdle; tests shorten it
 
 	mu      sync.Mutex
+	max     int             // stores in flight at most (router.max_async_cache_stores)
 	idle    []chan storeJob // the waiting workers, the last to finish at the end
 	n       int             // workers alive, busy or waiting
 	stopped bool
@@ -52,9 +52,18 @@ func newStoreWorkers(max int, send func(context.Context, *cachev1.StoreRequest))
 	return &storeWorkers{send: send, max: max, idleFor: storeWorkerIdle}
 }
 
-// offer gives the store to a waiting worker, or to a new one while fewer than max are
-// alive. Otherwise it returns errStoresFull (max workers busy: the router sheds the store)
-// or errStoresStopped (after stop: the caller makes the store itself).
+// setMax changes how many stores may be in flight (a reload). Lowered below the stores in
+// flight, it sheds the next offers until enough of those have landed; workers beyond it
+// end once idle.
+func (w *storeWorkers) setMax(max int) {
+	w.mu.Lock()
+	w.max = max
+	w.mu.Unlock()
+}
+
+// offer gives the store to a waiting worker, or to a new one, while fewer than max stores
+// are in flight. Otherwise it returns errStoresFull (the router sheds the store) or
+// errStoresStopped (after stop: the caller makes the store itself).
 func (w *storeWorkers) offer(ctx context.Context, req *cachev1.StoreRequest) error {
 	job := storeJob{ctx: context.WithoutCancel(ctx), req: req}
 	w.mu.Lock()
@@ -62,16 +71,16 @@ func (w *storeWorkers) offer(ctx context.Context, req *cachev1.StoreRequest) err
 		w.mu.Unlock()
 		return errStoresStopped
 	}
+	if busy := w.n - len(w.idle); busy >= w.max {
+		w.mu.Unlock()
+		return errStoresFull
+	}
 	if last := len(w.idle) - 1; last >= 0 {
 		ch := w.idle[last]
 		w.idle = w.idle[:last]
 		w.mu.Unlock()
 		ch <- job // buffered, and only this offer took it from idle: never blocks
 		return nil
-	}
-	if w.n == w.max {
-		w.mu.Unlock()
-		return errStoresFull
 	}
 	w.n++
 	w.wg.Add(1)
@@ -82,7 +91,7 @@ func (w *storeWorkers) offer(ctx context.Context, req *cachev1.StoreRequest) err
 
 // Why offer refused a store.
 var (
-	errStoresFull    = errors.New("cache stores: every store worker busy")
+	errStoresFull    = errors.New("cache stores: max_async_cache_stores in flight")
 	errStoresStopped = errors.New("cache stores: stopped")
 )
 

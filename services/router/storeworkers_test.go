@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -159,4 +160,38 @@ func TestStoreWorkersEndWhenIdle(t *testing.T) {
 		t.Errorf("%d stores made, want %d (%d taken by workers)", got, stores, taken)
 	}
 	w.stop()
+}
+
+// TestStoreWorkersSetMax: the bound counts stores in flight, not workers alive, so that a
+// reload that lowers it sheds the next stores even while idle workers remain from before,
+// and one that raises it lets more in at once.
+func TestStoreWorkersSetMax(t *testing.T) {
+	t.Parallel()
+	g := &gatedStores{gates: map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}}
+	w := newStoreWorkers(3, g.send)
+	t.Cleanup(w.stop)
+	var open sync.Once // a failure before the gates open must not leave stop waiting on them
+	openGates := func() { open.Do(func() { close(g.gates["a"]); close(g.gates["b"]) }) }
+	t.Cleanup(openGates)
+	ctx := context.Background()
+	for _, lease := range []string{"a", "b", "x"} { // x lands at once: its worker waits
+		if err := w.offer(ctx, storeOf(lease)); err != nil {
+			t.Fatalf("offer %s: %v", lease, err)
+		}
+	}
+	waitWorkers(t, w, 3, 1)
+
+	w.setMax(2)
+	if err := w.offer(ctx, storeOf("c")); !errors.Is(err, errStoresFull) {
+		t.Fatalf("offer with 2 in flight, max lowered to 2 and a worker idle: %v, want errStoresFull", err)
+	}
+	w.setMax(4)
+	if err := w.offer(ctx, storeOf("d")); err != nil {
+		t.Fatalf("offer with 2 in flight, max raised to 4: %v", err)
+	}
+	openGates()
+	waitWorkers(t, w, 3, 3)
+	if got := g.stored(); len(got) != 4 || slices.Contains(got, "c") {
+		t.Errorf("stores made %q, want x, d, a and b (c was shed)", got)
+	}
 }
