@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"maps"
 	"runtime"
 	"slices"
 	"sync"
@@ -30,6 +31,27 @@ func (g *gatedStores) send(_ context.Context, req *cachev1.StoreRequest) {
 	g.mu.Lock()
 	g.done = append(g.done, req.GetLeaseId())
 	g.mu.Unlock()
+}
+
+// open lets lease's store (waiting or still to come) go on; opening it again does nothing.
+func (g *gatedStores) open(lease string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gate := g.gates[lease]; gate != nil {
+		close(gate)
+		delete(g.gates, lease)
+	}
+}
+
+// openAll opens every gate: registered after the workers' stop, so that it runs first, it
+// keeps a test that fails before its gates open from leaving stop waiting on them.
+func (g *gatedStores) openAll() {
+	g.mu.Lock()
+	leases := slices.Collect(maps.Keys(g.gates))
+	g.mu.Unlock()
+	for _, lease := range leases {
+		g.open(lease)
+	}
 }
 
 func (g *gatedStores) stored() []string {
@@ -68,6 +90,7 @@ func TestStoreWorkersReuseTheLastToFinish(t *testing.T) {
 	g := &gatedStores{gates: map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{}), "c": make(chan struct{})}}
 	w := newStoreWorkers(2, g.send)
 	t.Cleanup(w.stop)
+	t.Cleanup(g.openAll)
 	ctx := context.Background()
 
 	if w.offer(ctx, storeOf("a")) != nil || w.offer(ctx, storeOf("b")) != nil {
@@ -78,12 +101,12 @@ func TestStoreWorkersReuseTheLastToFinish(t *testing.T) {
 		t.Fatalf("a third store with both workers busy and max 2: %v, want errStoresFull", err)
 	}
 
-	close(g.gates["a"]) // a's worker waits first
+	g.open("a") // a's worker waits first
 	waitWorkers(t, w, 2, 1)
 	w.mu.Lock()
 	first := w.idle[0]
 	w.mu.Unlock()
-	close(g.gates["b"]) // then b's
+	g.open("b") // then b's
 	waitWorkers(t, w, 2, 2)
 	if err := w.offer(ctx, storeOf("c")); err != nil {
 		t.Fatalf("store refused with two workers waiting: %v", err)
@@ -94,7 +117,7 @@ func TestStoreWorkersReuseTheLastToFinish(t *testing.T) {
 	if len(left) != 1 || left[0] != first {
 		t.Error("the store went to the worker that had waited longest, want the one that finished last")
 	}
-	close(g.gates["c"])
+	g.open("c")
 	waitWorkers(t, w, 2, 2)
 	if got := g.stored(); len(got) != 3 || got[2] != "c" {
 		t.Errorf("stores made %q, want a and b then c", got)
@@ -123,7 +146,7 @@ func TestStoreWorkersStop(t *testing.T) {
 			stopping := w.stopped
 			w.mu.Unlock()
 			if stopping {
-				close(g.gates["busy"])
+				g.open("busy")
 				return
 			}
 			runtime.Gosched()
@@ -171,7 +194,7 @@ func TestStoreWorkersSetMax(t *testing.T) {
 	w := newStoreWorkers(3, g.send)
 	t.Cleanup(w.stop)
 	var open sync.Once // a failure before the gates open must not leave stop waiting on them
-	openGates := func() { open.Do(func() { close(g.gates["a"]); close(g.gates["b"]) }) }
+	openGates := func() { open.Do(func() { g.open("a"); g.open("b") }) }
 	t.Cleanup(openGates)
 	ctx := context.Background()
 	for _, lease := range []string{"a", "b", "x"} { // x lands at once: its worker waits
@@ -189,7 +212,8 @@ func TestStoreWorkersSetMax(t *testing.T) {
 	if err := w.offer(ctx, storeOf("d")); err != nil {
 		t.Fatalf("offer with 2 in flight, max raised to 4: %v", err)
 	}
-	openGates()
+	g.open("a")
+	g.open("b")
 	waitWorkers(t, w, 3, 3)
 	if got := g.stored(); len(got) != 4 || slices.Contains(got, "c") {
 		t.Errorf("stores made %q, want x, d, a and b (c was shed)", got)
