@@ -68,8 +68,9 @@ func TestAsyncCacheStore(t *testing.T) {
 func TestAsyncCacheStoreShedWhenBackedUp(t *testing.T) {
 	t.Parallel()
 	gate := make(chan struct{})
-	h := newHarness(t, testConfig(), &harness{cache: &fakeCache{lease: "lease-1", storeGate: gate}})
-	h.router.stores = newStoreWorkers(1, h.router.sendStore) // one worker
+	cfg := testConfig()
+	cfg.MaxAsyncCacheStores = 1
+	h := newHarness(t, cfg, &harness{cache: &fakeCache{lease: "lease-1", storeGate: gate}})
 	ctx := context.Background()
 	if _, err := h.router.Complete(ctx, ask("chat")); err != nil {
 		t.Fatalf("first Complete: %v", err)
@@ -85,9 +86,21 @@ func TestAsyncCacheStoreShedWhenBackedUp(t *testing.T) {
 	if got := h.cache.releasedLeases(); !slices.Equal(got, []string{"lease-1"}) {
 		t.Errorf("leases released %q, want the shed store's", got)
 	}
+
+	// A reload that raises the bound lets the next store in beside the held one.
+	cfg.MaxAsyncCacheStores = 2
+	if err := h.router.Reload(cfg); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	if _, err := h.router.Complete(ctx, ask("chat")); err != nil {
+		t.Fatalf("third Complete: %v", err)
+	}
+	if got := counterValue(t, h.router.deps.Metrics.storesShed); got != 1 {
+		t.Errorf("stores shed %v after max_async_cache_stores was raised to 2, want still 1", got)
+	}
 	close(gate)
 	h.router.WaitStores()
-	if n := h.cache.stored(); n != 1 {
-		t.Errorf("%d stores made, want 1 (the first request's; the second's was shed)", n)
+	if n := h.cache.stored(); n != 2 {
+		t.Errorf("%d stores made, want 2 (the first and third requests'; the second's was shed)", n)
 	}
 }
