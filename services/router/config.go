@@ -96,11 +96,13 @@ type Config struct {
 	// the router's store workers make it. On by default: the store's index write is then
 	// off every caller's latency (docs/design/009-store-after-the-answer.md).
 	AsyncCacheStore bool `yaml:"async_cache_store"`
-	// MaxAsyncCacheStores bounds the stores in flight after their answers
-	// (async_cache_store) on this replica; past it a request sheds its store and releases
-	// its lease, so the identical requests waiting on it ask the models themselves. Each
-	// store in flight holds its answer's memory and one goroutine until it lands, within
-	// a few seconds. Reloadable; at least 1.
+	// MaxAsyncCacheStores bounds the stores the router's store workers have in flight
+	// after their answers (async_cache_store) on this replica; past it a request sheds
+	// its store and releases its lease, so the identical requests waiting on it ask the
+	// models themselves. Each store in flight holds its answer's memory and one goroutine
+	// until it lands, within a few seconds. (An HTTP request that stores its own answer
+	// on a nearly idle replica is not counted: there are two at most.) Reloadable; at
+	// least 1.
 	MaxAsyncCacheStores int `yaml:"max_async_cache_stores"`
 	// AllowMissingKeys starts the router when a provider key's environment variable is
 	// unset or empty, with a warning naming it; every call on that key then fails at once
