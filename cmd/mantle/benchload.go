@@ -67,7 +67,8 @@ through the whole mesh. Reports latency percentiles of the answered requests, wh
 mode adds to them, CPU seconds per 1000 requests and peak RSS; "refused" counts the
 mesh's 503 OVERLOADED answers, "shed" the requests over --max-in-flight; "own" are
 percentiles of the mesh's own time per answer, from its Server-Timing header;
-"stores shed" the answers the router did not store because every store worker was busy.
+"stores shed" the answers the router did not store because router.max_async_cache_stores
+stores were already in flight.
 Each mode runs in a process of its own so that its CPU and memory figures are its own.
 
 `)

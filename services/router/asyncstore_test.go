@@ -61,7 +61,7 @@ func TestAsyncCacheStore(t *testing.T) {
 	}
 }
 
-// TestAsyncCacheStoreShedWhenBackedUp: with every store worker busy, a
+// TestAsyncCacheStoreShedWhenBackedUp: with max_async_cache_stores stores in flight, a
 // request that holds a lease is answered without waiting for any store, its store is shed
 // (counted, not made) and its lease released so that identical requests waiting on it go
 // on; the store already in flight still lands.

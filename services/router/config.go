@@ -101,8 +101,8 @@ type Config struct {
 	// its store and releases its lease, so the identical requests waiting on it ask the
 	// models themselves. Each store in flight holds its answer's memory and one goroutine
 	// until it lands, within a few seconds. (An HTTP request that stores its own answer
-	// on a nearly idle replica is not counted: there are two at most.) Reloadable; at
-	// least 1.
+	// on a nearly idle replica is not counted: there are two at most.) Reloadable; 1 to
+	// 65536.
 	MaxAsyncCacheStores int `yaml:"max_async_cache_stores"`
 	// AllowMissingKeys starts the router when a provider key's environment variable is
 	// unset or empty, with a warning naming it; every call on that key then fails at once
@@ -472,6 +472,10 @@ type FastAnswerConfig struct {
 	MaxTokens int `yaml:"max_tokens,omitempty"`
 }
 
+// maxAsyncCacheStoresLimit caps router.max_async_cache_stores: past it the bound would
+// not bound the goroutines and answers a slow cache can hold.
+const maxAsyncCacheStoresLimit = 1 << 16
+
 // DefaultConfig returns the router defaults: no providers (the composition root adds the
 // sim models for development).
 func DefaultConfig() Config {
@@ -556,8 +560,8 @@ func (c Config) validateLimits(p *problems) {
 	if c.MaxOutputTokens < 0 {
 		p.add("max_output_tokens: must not be negative, got %d", c.MaxOutputTokens)
 	}
-	if c.MaxAsyncCacheStores < 1 {
-		p.add("max_async_cache_stores: must be at least 1 (async_cache_store: false makes every store before its answer), got %d", c.MaxAsyncCacheStores)
+	if c.MaxAsyncCacheStores < 1 || c.MaxAsyncCacheStores > maxAsyncCacheStoresLimit {
+		p.add("max_async_cache_stores: want 1 to %d (async_cache_store: false makes every store before its answer), got %d", maxAsyncCacheStoresLimit, c.MaxAsyncCacheStores)
 	}
 	for _, a := range []struct{ key, value string }{
 		{"quota_address", c.QuotaAddress}, {"cache_address", c.CacheAddress}, {"verifier_address", c.VerifierAddress},

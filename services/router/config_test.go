@@ -42,7 +42,8 @@ func TestConfigValidate(t *testing.T) {
 		{"overload", func(c *Config) { c.Overload = overload.Config{MaxSchedulingDelay: -1, MinInFlight: -1, MaxShare: 1} }, []string{
 			"overload.max_scheduling_delay: want 0 (off) or at least 1ms, got -1ns", "overload.min_in_flight: must not be negative", "overload.max_share: want a share in (0, 1), got 1"}},
 		{"output tokens", func(c *Config) { c.MaxOutputTokens = -1 }, []string{"max_output_tokens: must not be negative"}},
-		{"async cache stores", func(c *Config) { c.MaxAsyncCacheStores = 0 }, []string{"max_async_cache_stores: must be at least 1"}},
+		{"async cache stores none", func(c *Config) { c.MaxAsyncCacheStores = 0 }, []string{"max_async_cache_stores: want 1 to 65536"}},
+		{"async cache stores unbounded", func(c *Config) { c.MaxAsyncCacheStores = 1 << 20 }, []string{"max_async_cache_stores: want 1 to 65536"}},
 		{"provider name", func(c *Config) { c.Providers[0].Name = "" }, []string{"providers[0].name: required", `models[0].provider: unknown provider "p"`}},
 		{"duplicate provider", func(c *Config) { c.Providers = append(c.Providers, c.Providers[0]) }, []string{`providers[1].name: duplicate provider "p"`}},
 		{"provider type", func(c *Config) { c.Providers[0].Type = "azure" }, []string{`providers[0].type: want openai, anthropic or sim, got "azure"`}},

@@ -198,7 +198,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mantle_router_cached_answers_refused_total", Help: "Cache hits not served because the verification of the request's scenario refused them (a rule blocked or degraded them, or L1 failed); the models were asked instead.",
 		}),
 		storesShed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "mantle_router_cache_stores_shed_total", Help: "Cacheable answers not offered to the cache because every worker making the stores after their answers was busy (router.async_cache_store); their coalescing leases were released.",
+			Name: "mantle_router_cache_stores_shed_total", Help: "Cacheable answers not offered to the cache because router.max_async_cache_stores stores were already in flight after their answers (router.async_cache_store); their coalescing leases were released.",
 		}),
 		idempotencyUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mantle_router_idempotency_unavailable_total", Help: "Requests served without replay protection because the idempotency store failed.",

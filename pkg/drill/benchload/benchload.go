@@ -152,8 +152,9 @@ type Result struct {
 	FirstP50Ms float64 `json:"first_event_p50_ms,omitempty"`
 	FirstP99Ms float64 `json:"first_event_p99_ms,omitempty"`
 	// StoresShed is how many cacheable answers the router did not store in the measured
-	// window because every store worker was busy (mantle_router_cache_stores_shed_total):
-	// a run that sheds stores measures a cache that fills more slowly than requests ask.
+	// window because router.max_async_cache_stores stores were already in flight
+	// (mantle_router_cache_stores_shed_total): a run that sheds stores measures a cache
+	// that fills more slowly than requests ask.
 	StoresShed int `json:"stores_shed,omitempty"`
 	// MaxLagMs is how far the generator fell behind its schedule.
 	MaxLagMs float64 `json:"generator_max_lag_ms"`

@@ -36,7 +36,8 @@ type hop interface {
 type hopReading struct {
 	rusage
 	// storesShed is the router's mantle_router_cache_stores_shed_total so far: cacheable
-	// answers not stored because every store worker was busy. Zero for the proxy.
+	// answers not stored because router.max_async_cache_stores stores were in flight. Zero
+	// for the proxy.
 	storesShed int64
 }
 
