@@ -381,3 +381,26 @@ func clonedFingerprint(req *routerv1.Request) string {
 	}
 	return hashFingerprint(c, req.Messages)
 }
+
+// BenchmarkContextFingerprint measures the fingerprint every cacheable request computes:
+// of a plain text request (the usual one, whose fingerprint is empty) and of one with a
+// tool and sampling fields.
+func BenchmarkContextFingerprint(b *testing.B) {
+	temp, topP := 0.2, 0.9
+	plain := &routerv1.Request{Model: "m", Messages: []*mantlev1.ChatMessage{{Role: "system", Content: "s"}, {Role: "user", Content: "q"}}, Temperature: &temp, MaxTokens: 256}
+	tools := proto.Clone(plain).(*routerv1.Request)
+	tools.TopP = &topP
+	tools.Tools = []*mantlev1.Tool{{Type: "function", Name: "lookup", Description: "finds an order", Parameters: `{"type":"object"}`}}
+	tools.ToolChoice = "auto"
+	for _, bc := range []struct {
+		name string
+		req  *routerv1.Request
+	}{{"plain", plain}, {"tools", tools}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				contextFingerprint(bc.req)
+			}
+		})
+	}
+}
