@@ -178,6 +178,7 @@ func TestFrontDoorContinuesTraceparent(t *testing.T) {
 		{"tracing on", true, "00-" + traceID + "-" + spanID + "-01", traceID},
 		{"tracing off", false, "00-" + traceID + "-" + spanID + "-01", traceID},
 		{"tracing off, invalid header", false, "00-" + traceID + "-0000000000000000-01", ""},
+		{"tracing off, no header", false, "", ""},
 		{"tracing on, no header", true, "", ""},
 	}
 	for _, tt := range tests {
