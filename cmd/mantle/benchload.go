@@ -35,6 +35,7 @@ type benchLoadFlags struct {
 	rates, temperature, format       string
 	duration, warmup                 time.Duration
 	maxInFlight                      int
+	hopProcs                         int
 	samePrompt, stream               bool
 	cpuProfile, traceOut, memProfile string
 	inProcess, split                 bool
@@ -87,6 +88,7 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	fs.StringVar(&f.traceOut, "trace", "", "write an execution trace of each mode to <this>.<mode>.trace (go tool trace; -pprof=sched shows waits for a CPU)")
 	fs.StringVar(&f.memProfile, "memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
 	fs.BoolVar(&f.inProcess, "in-process", false, "run every mode in this process (CPU and RSS figures then mix; with --split the proxy or mesh still gets a process of its own)")
+	fs.IntVar(&f.hopProcs, "hop-gomaxprocs", 0, "GOMAXPROCS of the proxy's or mesh's own process (with --split): 1 measures a replica given one CPU, as Go sets it in a container limited to one; 0 leaves Go's default (reported as hop_gomaxprocs in JSON)")
 	fs.BoolVar(&f.split, "split", true, "run the proxy or the mesh in a process of its own, apart from the load generator and the upstream; false puts all three in one")
 	fs.StringVar(&f.configFile, "config.file", "", "YAML the router and all modes start from, as mantle serve reads it (default: the built-in defaults); its cache, verifier, quota, overload and runtime settings are measured, while the providers, models, routes, listeners, TLS, authentication, tenant limits and LLM judge are bench-load's (docs/performance.md)")
 	fs.BoolVar(&f.child, "child", false, "internal: run one mode and print its results as JSON")
@@ -97,6 +99,9 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	}
 	if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if f.hopProcs < 0 || (f.hopProcs > 0 && !f.split) {
+		return f, fmt.Errorf("--hop-gomaxprocs: want 0 or, with --split, a positive number, got %d", f.hopProcs)
 	}
 	if f.format != "text" && f.format != "json" {
 		return f, fmt.Errorf("--format: want text or json, got %q", f.format)
@@ -141,6 +146,9 @@ func runBenchLoad(ctx context.Context, f benchLoadFlags, env cmdEnv) error {
 	if f.serveHop {
 		if len(f.modes) != 1 {
 			return errors.New("--serve-hop serves exactly one mode")
+		}
+		if f.hopProcs > 0 {
+			runtime.GOMAXPROCS(f.hopProcs)
 		}
 		base := mesh.Default()
 		if f.cfg.Mesh != nil {
@@ -214,7 +222,7 @@ func (f benchLoadFlags) childFlags() []string {
 		"--rates", f.rates, "--duration", f.duration.String(), "--warmup", f.warmup.String(),
 		"--max-in-flight", strconv.Itoa(f.maxInFlight), "--same-prompt=" + strconv.FormatBool(f.samePrompt), "--stream=" + strconv.FormatBool(f.stream),
 		"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut, "--temperature", f.temperature,
-		"--split=" + strconv.FormatBool(f.split), "--config.file", f.configFile,
+		"--split=" + strconv.FormatBool(f.split), "--config.file", f.configFile, "--hop-gomaxprocs", strconv.Itoa(f.hopProcs),
 	}
 }
 
@@ -230,7 +238,8 @@ func (f benchLoadFlags) runMode(ctx context.Context, mode benchload.Mode, stderr
 		}
 		c.HopCommand = func(ctx context.Context, mode benchload.Mode, upstreamAddr string) *exec.Cmd {
 			cmd := exec.CommandContext(ctx, self, benchLoadName, "--serve-hop", "--modes", string(mode), "--upstream", upstreamAddr,
-				"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut, "--config.file", f.configFile)
+				"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut, "--config.file", f.configFile,
+				"--hop-gomaxprocs", strconv.Itoa(f.hopProcs))
 			cmd.Stderr = stderr
 			return cmd
 		}

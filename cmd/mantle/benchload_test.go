@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -106,6 +108,8 @@ func TestBenchLoadRejectsBadFlags(t *testing.T) {
 		{[]string{"--format", "yaml"}, "--format"},
 		{[]string{"--child", "--modes", "direct,all"}, "exactly one mode"},
 		{[]string{"--config.file", "/nonexistent/mantle.yaml"}, "config.file"},
+		{[]string{"--hop-gomaxprocs", "-1"}, "--hop-gomaxprocs"},
+		{[]string{"--hop-gomaxprocs", "1", "--split=false"}, "--hop-gomaxprocs"},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
@@ -134,7 +138,11 @@ func TestBenchLoadSplit(t *testing.T) {
 	}
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	args := []string{"--modes", "direct,router", "--rates", "40", "--duration", "250ms", "--warmup", "0s", "--format", "json"}
+	// A GOMAXPROCS no process would have by default shows that the router's process,
+	// and only it, was given the flag's.
+	procs := runtime.NumCPU() + 1
+	args := []string{"--modes", "direct,router", "--rates", "40", "--duration", "250ms", "--warmup", "0s", "--format", "json",
+		"--hop-gomaxprocs", strconv.Itoa(procs)}
 	if err := benchLoad(context.Background(), args, testEnv(&stdout, &stderr)); err != nil {
 		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
 	}
@@ -148,8 +156,11 @@ func TestBenchLoadSplit(t *testing.T) {
 	if r := res[1]; r.OK != 10 || r.HopPeakRSSMB <= 0 || r.HopCPUPer1000 <= 0 {
 		t.Errorf("router: %d ok, hop RSS %v MiB, hop CPU %v s/1000; want 10 ok through a router process of its own", r.OK, r.HopPeakRSSMB, r.HopCPUPer1000)
 	}
-	if r := res[0]; r.HopPeakRSSMB != 0 {
-		t.Errorf("direct: hop RSS %v MiB, want none: the direct mode has no hop", r.HopPeakRSSMB)
+	if r := res[1]; r.HopGOMAXPROCS != procs {
+		t.Errorf("router: hop GOMAXPROCS %d, want --hop-gomaxprocs's %d", r.HopGOMAXPROCS, procs)
+	}
+	if r := res[0]; r.HopPeakRSSMB != 0 || r.HopGOMAXPROCS != 0 {
+		t.Errorf("direct: hop RSS %v MiB, GOMAXPROCS %d, want none: the direct mode has no hop", r.HopPeakRSSMB, r.HopGOMAXPROCS)
 	}
 }
 

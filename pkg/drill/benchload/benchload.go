@@ -135,6 +135,8 @@ type Result struct {
 	// runs in one (Config.HopCommand); CPUPer1000 then counts both processes.
 	HopCPUPer1000 float64 `json:"hop_cpu_s_per_1000,omitempty"`
 	HopPeakRSSMB  float64 `json:"hop_peak_rss_mib,omitempty"`
+	// HopGOMAXPROCS is the processors the hop's own process schedules goroutines on.
+	HopGOMAXPROCS int `json:"hop_gomaxprocs,omitempty"`
 	// HopSwitchesPerRequest is how many times the hop's threads gave up a CPU (waiting or
 	// preempted) per request: at low rates, where every request wakes an idle process,
 	// about how many wake-ups a request costs.
@@ -227,6 +229,7 @@ func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 		if cfg.HopCommand != nil {
 			res.HopCPUPer1000 = per1000(hopAfter.cpu - hopBefore.cpu)
 			res.HopPeakRSSMB = hopAfter.maxRSSMiB
+			res.HopGOMAXPROCS = hopAfter.procs
 			res.HopSwitchesPerRequest = float64(hopAfter.switches-hopBefore.switches) / float64(max(res.Requests, 1))
 		}
 		res.StoresShed = int(hopAfter.storesShed - hopBefore.storesShed)

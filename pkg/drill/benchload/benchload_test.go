@@ -387,13 +387,13 @@ func TestCounterValue(t *testing.T) {
 }
 
 // TestProcessHopReadsStoresShed: the hop process's usage line carries the mesh's stores
-// shed, and the benchmark reads it with the process's usage.
+// shed and its GOMAXPROCS, and the benchmark reads them with the process's usage.
 func TestProcessHopReadsStoresShed(t *testing.T) {
 	t.Parallel()
-	line := `{"cpu_ns":1500000,"max_rss_mib":42,"switches":9,"stores_shed":13}` + "\n"
+	line := `{"cpu_ns":1500000,"max_rss_mib":42,"switches":9,"stores_shed":13,"gomaxprocs":3}` + "\n"
 	h := &processHop{stdin: nopWriteCloser{io.Discard}, dec: json.NewDecoder(strings.NewReader(line))}
 	got, err := h.usage()
-	want := hopReading{rusage: rusage{cpu: 1500 * time.Microsecond, maxRSSMiB: 42, switches: 9}, storesShed: 13}
+	want := hopReading{rusage: rusage{cpu: 1500 * time.Microsecond, maxRSSMiB: 42, switches: 9}, storesShed: 13, procs: 3}
 	if err != nil || got != want {
 		t.Errorf("usage = %+v, %v; want %+v", got, err, want)
 	}

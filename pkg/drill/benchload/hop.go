@@ -12,6 +12,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os/exec"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,6 +40,8 @@ type hopReading struct {
 	// answers not stored because router.max_async_cache_stores stores were in flight. Zero
 	// for the proxy.
 	storesShed int64
+	// procs is the hop process's GOMAXPROCS; zero for a hop in the benchmark's process.
+	procs int
 }
 
 // storesShedMetric names the router's counter of stores shed.
@@ -167,6 +170,7 @@ type hopUsage struct {
 	MaxRSSMiB  float64 `json:"max_rss_mib"`
 	Switches   int64   `json:"switches"`
 	StoresShed int64   `json:"stores_shed"`
+	GOMAXPROCS int     `json:"gomaxprocs"`
 }
 
 // ServeHop runs mode's hop in this process for a benchmark in another one (see
@@ -197,7 +201,7 @@ func ServeHop(ctx context.Context, mode Mode, upstreamAddr string, base mesh.Con
 		if err != nil {
 			return err
 		}
-		if err := enc.Encode(hopUsage{CPUNanos: u.cpu.Nanoseconds(), MaxRSSMiB: u.maxRSSMiB, Switches: u.switches, StoresShed: r.storesShed}); err != nil {
+		if err := enc.Encode(hopUsage{CPUNanos: u.cpu.Nanoseconds(), MaxRSSMiB: u.maxRSSMiB, Switches: u.switches, StoresShed: r.storesShed, GOMAXPROCS: runtime.GOMAXPROCS(0)}); err != nil {
 			return fmt.Errorf("benchload: hop: %w", err)
 		}
 	}
@@ -250,6 +254,7 @@ func (h *processHop) usage() (hopReading, error) {
 	return hopReading{
 		rusage:     rusage{cpu: time.Duration(u.CPUNanos), maxRSSMiB: u.MaxRSSMiB, switches: u.Switches},
 		storesShed: u.StoresShed,
+		procs:      u.GOMAXPROCS,
 	}, nil
 }
 
