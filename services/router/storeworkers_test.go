@@ -3,7 +3,6 @@ package router
 import (
 	"context"
 	"errors"
-	"maps"
 	"runtime"
 	"slices"
 	"sync"
@@ -47,10 +46,10 @@ func (g *gatedStores) open(lease string) {
 // keeps a test that fails before its gates open from leaving stop waiting on them.
 func (g *gatedStores) openAll() {
 	g.mu.Lock()
-	leases := slices.Collect(maps.Keys(g.gates))
-	g.mu.Unlock()
-	for _, lease := range leases {
-		g.open(lease)
+	defer g.mu.Unlock()
+	for lease, gate := range g.gates {
+		close(gate)
+		delete(g.gates, lease)
 	}
 }
 
@@ -193,9 +192,7 @@ func TestStoreWorkersSetMax(t *testing.T) {
 	g := &gatedStores{gates: map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}}
 	w := newStoreWorkers(3, g.send)
 	t.Cleanup(w.stop)
-	var open sync.Once // a failure before the gates open must not leave stop waiting on them
-	openGates := func() { open.Do(func() { g.open("a"); g.open("b") }) }
-	t.Cleanup(openGates)
+	t.Cleanup(g.openAll)
 	ctx := context.Background()
 	for _, lease := range []string{"a", "b", "x"} { // x lands at once: its worker waits
 		if err := w.offer(ctx, storeOf(lease)); err != nil {
