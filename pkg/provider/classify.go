@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"syscall"
@@ -128,6 +129,12 @@ func ClassifyHTTP(status int, h http.Header, body []byte, now func() time.Time) 
 		e.Message = apiErr.Message
 	} else {
 		e.Message = snippet(body)
+	}
+	if status >= 300 && status < 400 {
+		// Provider clients do not follow redirects: Go's client would resend a POST to a
+		// 301, 302 or 303 as a GET without its body, and a 307 or 308 to wherever the
+		// provider points, credentials included. The operator needs the address.
+		e.Message = redirectMessage(status, h.Get("Location"))
 	}
 	named := namedClass(apiErr)
 	switch {
@@ -255,6 +262,19 @@ func containsAny(s string, subs ...string) bool {
 		}
 	}
 	return false
+}
+
+// redirectMessage says where a provider redirected to, without the target's credentials,
+// query or fragment (a signed URL's secrets stay out of logs and errors).
+func redirectMessage(status int, location string) string {
+	target := "no Location"
+	if u, err := url.Parse(location); err == nil && location != "" {
+		u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+		target = snippet([]byte(u.String()))
+	} else if location != "" {
+		target = "an unparseable Location"
+	}
+	return fmt.Sprintf("provider redirected (HTTP %d) to %s; redirects are not followed, set the provider's base_url to the address that answers", status, target)
 }
 
 // snippet turns a non-JSON error body (an HTML page from a gateway, say) into a short,

@@ -135,7 +135,15 @@ func TestClassifyHTTP(t *testing.T) {
 		{name: "content filter qwen", status: 400,
 			body:  `{"error":{"code":"data_inspection_failed","message":"Input data may contain inappropriate content.","type":"data_inspection_failed"}}`,
 			class: mantlev1.ErrorClass_ERROR_CLASS_CONTENT_FILTERED, message: "Input data may contain inappropriate content."},
-		{name: "redirect left unfollowed", status: 302, class: mantlev1.ErrorClass_ERROR_CLASS_UNKNOWN},
+		{name: "redirect left unfollowed", status: 302, class: mantlev1.ErrorClass_ERROR_CLASS_UNKNOWN,
+			message: "provider redirected (HTTP 302) to no Location; redirects are not followed, set the provider's base_url to the address that answers"},
+		{name: "redirect names its target without secrets", status: 308,
+			header: header("Location", "https://user:pw@api.example.com/v2/chat/completions?sig=secret#frag"),
+			body:   "<html>Permanent Redirect</html>", class: mantlev1.ErrorClass_ERROR_CLASS_UNKNOWN,
+			message: "provider redirected (HTTP 308) to https://api.example.com/v2/chat/completions; redirects are not followed, set the provider's base_url to the address that answers"},
+		{name: "redirect to a relative path", status: 301, header: header("Location", "/v1/chat/completions"),
+			class:   mantlev1.ErrorClass_ERROR_CLASS_UNKNOWN,
+			message: "provider redirected (HTTP 301) to /v1/chat/completions; redirects are not followed, set the provider's base_url to the address that answers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
