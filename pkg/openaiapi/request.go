@@ -3,7 +3,6 @@ package openaiapi
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"maps"
 	"math"
 	"slices"
@@ -12,6 +11,7 @@ import (
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -69,7 +69,7 @@ func DecodeChatRequest(body []byte) (*ChatRequest, error) {
 	if !utf8.Valid(body) {
 		return nil, rpc.Invalid("body", "the body is not valid UTF-8")
 	}
-	if !json.Valid(body) {
+	if !jsonfield.Valid(body) {
 		_, err := jsonfield.Object(body, "") // its error says where
 		return nil, err
 	}

@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 )
 
 // backendCall is one call of a tool's backend.
@@ -113,7 +115,7 @@ func classifyHTTP(code int, h http.Header, body []byte) (backendResult, error) {
 	status := strconv.Itoa(code)
 	switch {
 	case code >= 200 && code < 300:
-		if !json.Valid(body) {
+		if !jsonfield.Valid(body) {
 			return backendResult{}, &callError{failure: failBadResponse, outcome: "bad_response", httpStatus: code,
 				err: errors.New("the answer is not JSON")}
 		}
@@ -133,7 +135,7 @@ func classifyHTTP(code int, h http.Header, body []byte) (backendResult, error) {
 	case code >= 400 && code < 500:
 		// The tool's own answer that the call is wrong: the same call gets the same one.
 		result := string(body)
-		if !json.Valid(body) {
+		if !jsonfield.Valid(body) {
 			quoted, _ := json.Marshal(string(body)) // a string always marshals
 			result = string(quoted)
 		}

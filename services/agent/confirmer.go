@@ -7,6 +7,7 @@ import (
 	"time"
 
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 )
 
 // confirmTimeout bounds one call to the verifier: a verifier that does not answer leaves
@@ -55,7 +56,7 @@ func (v verifierConfirmer) get(ctx context.Context, tenant, id string) (Decision
 // resultJSON is the result a person recorded, as a tool result: JSON as given, other
 // text as a JSON string, nothing as "" (the caller answers null).
 func resultJSON(s string) string {
-	if s == "" || json.Valid([]byte(s)) {
+	if s == "" || jsonfield.Valid([]byte(s)) {
 		return s
 	}
 	quoted, _ := json.Marshal(s) // a string always marshals

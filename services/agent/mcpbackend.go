@@ -11,6 +11,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 )
 
 // mcpBackend calls one tool of an MCP server over streamable HTTP, through the official
@@ -161,7 +163,7 @@ func mcpResult(res *mcp.CallToolResult, maxBytes int) (backendResult, error) {
 			}
 		}
 		text := strings.Join(texts, "\n")
-		if json.Valid([]byte(text)) && text != "" {
+		if jsonfield.Valid([]byte(text)) && text != "" {
 			out = []byte(text)
 		} else {
 			out, err = json.Marshal(text)

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 )
 
@@ -54,7 +55,7 @@ func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request, limit int64
 		return nil, &bodyError{shapeInvalid, "invalid_json", "", fmt.Sprintf("request body is not valid UTF-8 (byte offset %d)", invalidUTF8At(raw))}
 	}
 	// Valid also refuses anything but whitespace after the JSON value.
-	if !json.Valid(raw) {
+	if !jsonfield.Valid(raw) {
 		var v any
 		err := json.Unmarshal(raw, &v) // for the position of the error
 		return nil, &bodyError{shapeInvalid, "invalid_json", "", "request body is not valid JSON: " + errOrNil(err)}

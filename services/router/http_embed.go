@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 )
 
@@ -51,7 +52,7 @@ func (f *frontDoor) embeddings(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("request body is not valid UTF-8 (byte offset %d)", invalidUTF8At(raw)))
 		return
 	}
-	if !json.Valid(raw) {
+	if !jsonfield.Valid(raw) {
 		var v any
 		err := json.Unmarshal(raw, &v)
 		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "request body is not valid JSON: "+errOrNil(err))

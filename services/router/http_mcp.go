@@ -18,6 +18,7 @@ import (
 
 	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -345,7 +346,7 @@ func mcpResult(resp *agentv1.CallToolResponse) *mcp.CallToolResult {
 	out := &mcp.CallToolResult{IsError: resp.GetIsError(), Meta: meta, Content: []mcp.Content{}}
 	if r := resp.GetResult(); r != "" {
 		out.Content = append(out.Content, &mcp.TextContent{Text: r})
-		if !resp.GetIsError() && strings.HasPrefix(strings.TrimSpace(r), "{") && json.Valid([]byte(r)) {
+		if !resp.GetIsError() && strings.HasPrefix(strings.TrimSpace(r), "{") && jsonfield.Valid([]byte(r)) {
 			out.StructuredContent = json.RawMessage(r)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mantle-mesh/mantle/pkg/anthropicapi"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
@@ -305,7 +306,7 @@ func (s *messagesStream) tool(d provider.ToolCallDelta) error {
 		return s.delta(b, d.Arguments)
 	}
 	b.pending.WriteString(d.Arguments)
-	if s.live != nil && (!s.live.tool || json.Valid([]byte(s.live.args.String()))) {
+	if s.live != nil && (!s.live.tool || jsonfield.Valid([]byte(s.live.args.String()))) {
 		if err := s.closeLive(); err != nil {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 
 	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -233,7 +234,7 @@ func stepResultJSON(st *agentv1.Step) json.RawMessage {
 	case agentv1.StepKind_STEP_KIND_TOOL:
 		var resp agentv1.CallToolResponse
 		if proto.Unmarshal(raw, &resp) == nil {
-			if r := resp.GetResult(); json.Valid([]byte(r)) && r != "" {
+			if r := resp.GetResult(); jsonfield.Valid([]byte(r)) && r != "" {
 				return json.RawMessage(r)
 			}
 			if b, err := json.Marshal(resp.GetResult()); err == nil {

@@ -12,6 +12,7 @@ import (
 
 	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
@@ -198,7 +199,7 @@ func toolAnswer(name string, resp *agentv1.CallToolResponse) toolCallAnswer {
 		Kind: ToolKindName(resp.GetKind()), AnsweredBy: resp.GetAnsweredBy(), Result: json.RawMessage("null"),
 	}
 	if resp.GetResult() != "" {
-		if json.Valid([]byte(resp.GetResult())) {
+		if jsonfield.Valid([]byte(resp.GetResult())) {
 			a.Result = json.RawMessage(resp.GetResult())
 		} else {
 			quoted, _ := json.Marshal(resp.GetResult()) // a string always marshals

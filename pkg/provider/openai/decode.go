@@ -15,7 +15,7 @@ import (
 // case or spelling (json.Unmarshal matches keys without regard to case), and a string
 // json.Unmarshal would change (invalid UTF-8, a lone surrogate).
 func decodeCompletion(body []byte, cr *chatResponse) bool {
-	if !json.Valid(body) {
+	if !jsonfield.Valid(body) {
 		return false
 	}
 	return members(body, []string{"model", "choices", "usage"}, func(key string, v []byte) bool {
