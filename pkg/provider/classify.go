@@ -131,10 +131,9 @@ func ClassifyHTTP(status int, h http.Header, body []byte, now func() time.Time) 
 		e.Message = snippet(body)
 	}
 	if status >= 300 && status < 400 {
-		// Provider clients do not follow redirects: Go's client would resend a POST to a
-		// 301, 302 or 303 as a GET without its body, and a 307 or 308 to wherever the
-		// provider points, credentials included. The operator needs the address.
-		e.Message = redirectMessage(status, h.Get("Location"))
+		// Provider clients do not follow redirects (RefuseRedirects); the operator needs
+		// the address.
+		e.Message = RedirectMessage(status, h.Get("Location"))
 	}
 	named := namedClass(apiErr)
 	switch {
@@ -264,9 +263,16 @@ func containsAny(s string, subs ...string) bool {
 	return false
 }
 
-// redirectMessage says where a provider redirected to, without the target's credentials,
-// query or fragment (a signed URL's secrets stay out of logs and errors).
-func redirectMessage(status int, location string) string {
+// RefuseRedirects is the CheckRedirect of every HTTP client that calls a model provider:
+// Go's client would resend a redirected POST (301, 302, 303) as a GET without its body,
+// and a 307's or 308's body and credentials to wherever the answer points. The redirect
+// comes back as the response instead, a failure whose message (RedirectMessage) names
+// where it pointed.
+func RefuseRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// RedirectMessage says that a provider redirected with status to location, named without
+// its credentials, query or fragment (a signed URL's secrets stay out of logs and errors).
+func RedirectMessage(status int, location string) string {
 	target := "no Location"
 	if u, err := url.Parse(location); err == nil && location != "" {
 		u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""

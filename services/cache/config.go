@@ -125,7 +125,8 @@ type EmbedderConfig struct {
 	// lexical embedder computes in place and needs none. On failure the lookup still tries
 	// the exact match.
 	Timeout time.Duration `yaml:"timeout"`
-	// BaseURL is, for kind openai, the endpoint (required).
+	// BaseURL is, for kind openai, the endpoint (required). A redirect is not followed:
+	// the lookup fails over to the exact match, and the error names where it pointed.
 	BaseURL string `yaml:"base_url"`
 	// Model is, for kind openai, the embedding model (required).
 	Model string `yaml:"model"`

@@ -34,7 +34,8 @@ func computesInPlace(e Embedder) bool {
 const namespaceExact = "exact"
 
 // NewEmbedder builds the embedder cfg selects; kind none returns nil. getenv reads the API
-// key's environment variable; client sends HTTP requests (nil: http.DefaultClient).
+// key's environment variable; client sends HTTP requests (nil: one that does not follow
+// redirects, provider.RefuseRedirects).
 func NewEmbedder(cfg EmbedderConfig, getenv func(string) string, client *http.Client) (Embedder, error) {
 	switch cfg.Kind {
 	case EmbedderNone:

@@ -214,7 +214,8 @@ type ProviderConfig struct {
 	// inside the router process, reached through the OpenAI adapter over loopback HTTP).
 	Type string `yaml:"type"`
 	// BaseURL is the API root: https://api.openai.com/v1 (the default for openai) or
-	// https://api.anthropic.com/v1 (the default for anthropic).
+	// https://api.anthropic.com/v1 (the default for anthropic). Redirects are not
+	// followed: a call answered with one fails (class unknown), naming where it pointed.
 	BaseURL string `yaml:"base_url,omitempty"`
 	// Keys are the API keys, required for openai and anthropic; their values come from
 	// environment variables only. Calls rotate over the keys; each has its own breakers,

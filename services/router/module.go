@@ -356,9 +356,8 @@ func orDefault(v, def string) string {
 // providerHTTPClient is the HTTP client of one provider's calls: pooled connections, and a
 // dial timeout of its own (dial_timeout) so that an unreachable provider fails fast and the
 // request fails over within its budget. The call's own timeout comes from the request's
-// context. Redirects are answered as failures naming their target, not followed: Go's
-// client turns a redirected POST (301, 302, 303) into a GET without its body, and sends
-// a 307's or 308's body and credentials to wherever the provider points.
+// context. Redirects are failures naming their target, not followed
+// (provider.RefuseRedirects).
 func providerHTTPClient(p ProviderConfig) *http.Client {
 	dial := p.dialTimeout()
 	return &http.Client{Transport: &http.Transport{
@@ -368,5 +367,5 @@ func providerHTTPClient(p ProviderConfig) *http.Client {
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   true,
-	}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}, CheckRedirect: provider.RefuseRedirects}
 }

@@ -7,7 +7,9 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -233,5 +235,38 @@ func TestNewOpenAIValidation(t *testing.T) {
 	e, err := NewOpenAI(OpenAIConfig{BaseURL: "http://x", Model: "BAAI/bge-m3", Version: "2"})
 	if err != nil || e.Namespace() != "openai-baai_bge-m3-native-2" {
 		t.Errorf("Namespace = %q (err %v), want openai-baai_bge-m3-native-2", e.Namespace(), err)
+	}
+}
+
+// TestOpenAIRefusesRedirects: the embedder as the cache module builds it (no client given)
+// does not follow a redirect, neither as the bodiless GET Go's client makes of a redirected
+// POST nor as a replay of the body and key; the error names the target, without its query.
+func TestOpenAIRefusesRedirects(t *testing.T) {
+	t.Parallel()
+	var followed atomic.Int64
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		followed.Add(1)
+		http.Error(w, "not here", http.StatusNotFound)
+	}))
+	t.Cleanup(target.Close)
+	mover := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/")[:3])
+		http.Redirect(w, r, target.URL+"/v1/embeddings?sig=secret", code)
+	}))
+	t.Cleanup(mover.Close)
+	for _, code := range []int{http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		e, err := NewOpenAI(OpenAIConfig{BaseURL: mover.URL + "/" + strconv.Itoa(code), Model: "m", APIKey: "sk-test"})
+		if err != nil {
+			t.Fatalf("NewOpenAI: %v", err)
+		}
+		_, err = e.Embed(context.Background(), "hi")
+		want := "redirected (HTTP " + strconv.Itoa(code) + ") to " + target.URL + "/v1/embeddings;"
+		var se *StatusError
+		if !errors.As(err, &se) || se.Code != code || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "secret") {
+			t.Errorf("HTTP %d from the endpoint: error %v, want a StatusError %d naming %q and not the query", code, err, code, want)
+		}
+	}
+	if n := followed.Load(); n != 0 {
+		t.Errorf("the redirect target was sent %d requests; want none", n)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
 
@@ -31,7 +32,8 @@ type OpenAIConfig struct {
 	// changes without its name changing (a new checkpoint under the same tag), so old
 	// vectors stop being compared with new ones.
 	Version string
-	// Client sends the requests; nil uses http.DefaultClient. Deadlines come from the
+	// Client sends the requests; nil uses one that does not follow redirects
+	// (provider.RefuseRedirects), as the cache module does. Deadlines come from the
 	// context of each call.
 	Client *http.Client
 }
@@ -60,7 +62,7 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 		return nil, fmt.Errorf("embed: dimensions must not be negative, got %d", cfg.Dimensions)
 	}
 	if cfg.Client == nil {
-		cfg.Client = http.DefaultClient
+		cfg.Client = &http.Client{CheckRedirect: provider.RefuseRedirects}
 	}
 	dims := "native"
 	if cfg.Dimensions > 0 {
@@ -147,6 +149,9 @@ func (o *OpenAI) Embed(ctx context.Context, text string) (vector.Vector, error) 
 		msg := http.StatusText(resp.StatusCode)
 		if jsonErr == nil && parsed.Error != nil && parsed.Error.Message != "" {
 			msg = parsed.Error.Message
+		}
+		if resp.StatusCode/100 == 3 {
+			msg = provider.RedirectMessage(resp.StatusCode, resp.Header.Get("Location"))
 		}
 		return vector.Vector{}, &StatusError{Code: resp.StatusCode, Message: msg}
 	}
