@@ -175,6 +175,14 @@ func TestCheck(t *testing.T) {
 			},
 		},
 		{
+			// As json.Unmarshal reads an object: escaped keys unquoted, the last of
+			// duplicate keys kept.
+			name:         "escaped and duplicate keys",
+			answer:       Answer{Content: `{"\u0061nswer": "Ships tomorrow.", "answer": "", "order_id": "", "order_id": "A-1"}`, Format: jsonObject("answer", "order_id")},
+			wantClass:    malformed,
+			wantFindings: []wantFinding{{Code: CodeRequiredField, Path: "answer", Blocking: true}},
+		},
+		{
 			name:         "low confidence",
 			answer:       Answer{Content: `{"answer": "Maybe Tuesday?", "confidence": 0.12}`, Format: jsonObject("answer")},
 			wantClass:    lowConfidence,

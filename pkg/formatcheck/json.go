@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 )
 
 // jsonCheck is the outcome of the JSON checks.
@@ -55,11 +56,16 @@ func (c *Checker) checkJSON(content string, format Format, confidence float64, n
 			}
 		}
 	case body[0] == '{':
-		// Object members stay raw: decoding into json.RawMessage still validates the whole
-		// document but builds no nested values.
-		var object map[string]json.RawMessage
-		if err = json.Unmarshal([]byte(body), &object); err == nil {
+		// Object members stay raw: one validating pass, then a walk of the top level
+		// that builds no nested values (json.Unmarshal into json.RawMessage members
+		// scanned every member twice more). Invalid JSON goes to json.Unmarshal for its
+		// error, which says where.
+		if b := []byte(body); jsonfield.Valid(b) {
+			object, _ := jsonfield.ObjectOfValid(b, "") // an object: it opens with {
 			top = rawFields(object)
+		} else {
+			var object map[string]json.RawMessage
+			err = json.Unmarshal(b, &object)
 		}
 	default:
 		var discard any
