@@ -213,16 +213,24 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 	started := false
 	id := "chatcmpl-" + rpc.RequestID(ctx)
 	created := f.router.deps.Clock.Now().Unix()
+	// One buffer for every event of the stream: a chunk per delta.
+	var event, chunk []byte
 	writeData := func(b []byte) error {
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+		event = append(append(append(event[:0], "data: "...), b...), "\n\n"...)
+		if _, err := w.Write(event); err != nil {
 			return err
 		}
 		return rc.Flush()
 	}
 	writeEvent := func(v any) error {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return err
+		b, ok := appendCompletion(chunk[:0], v)
+		if ok {
+			chunk = b
+		} else {
+			var err error
+			if b, err = json.Marshal(v); err != nil {
+				return err
+			}
 		}
 		return writeData(b)
 	}
@@ -320,13 +328,16 @@ func withQuality(v any, qc *mantlev1.QualityContext) ([]byte, error) {
 
 // appendWithQuality appends withQuality's JSON to dst.
 func appendWithQuality(dst []byte, v any, qc *mantlev1.QualityContext) ([]byte, error) {
-	// An Encoder writes into dst where json.Marshal would return a new slice; it escapes
-	// HTML as Marshal does, and ends the object with a newline, dropped below.
-	w := appendWriter{b: dst}
-	if err := json.NewEncoder(&w).Encode(v); err != nil {
-		return nil, err
+	b, ok := appendCompletion(dst, v)
+	if !ok {
+		// An Encoder writes into dst where json.Marshal would return a new slice; it
+		// escapes HTML as Marshal does, and ends the object with a newline, dropped below.
+		w := appendWriter{b: dst}
+		if err := json.NewEncoder(&w).Encode(v); err != nil {
+			return nil, err
+		}
+		b = bytes.TrimSuffix(w.b, []byte("\n"))
 	}
-	b := bytes.TrimSuffix(w.b, []byte("\n"))
 	if len(b)-len(dst) < 2 || b[len(b)-1] != '}' {
 		return nil, fmt.Errorf("withQuality: %T is not a JSON object", v)
 	}
@@ -344,6 +355,19 @@ func appendWithQuality(dst []byte, v any, qc *mantlev1.QualityContext) ([]byte, 
 		}
 	}
 	return append(b, '}'), nil
+}
+
+// appendCompletion appends v as json.Marshal would when it is a chat completion or chunk
+// that ChatCompletion.AppendJSON writes (every one without logprobs), reporting whether
+// it did.
+func appendCompletion(dst []byte, v any) ([]byte, bool) {
+	switch c := v.(type) {
+	case openaiapi.ChatCompletion:
+		return c.AppendJSON(dst)
+	case *openaiapi.ChatCompletion:
+		return c.AppendJSON(dst)
+	}
+	return dst, false
 }
 
 // appendWriter is an io.Writer that appends to b.
