@@ -382,13 +382,21 @@ func (f *frontDoor) streamMessages(ctx context.Context, w http.ResponseWriter, r
 	rc := http.NewResponseController(w)
 	started := false
 	id := "msg_" + rpc.RequestID(ctx)
+	// One buffer for every event of the stream: a delta per piece of text.
+	var out, data []byte
 	writeEvent := func(event string, b []byte) error {
-		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b); err != nil {
+		out = append(append(append(out[:0], "event: "...), event...), "\ndata: "...)
+		out = append(append(out, b...), "\n\n"...)
+		if _, err := w.Write(out); err != nil {
 			return err
 		}
 		return rc.Flush()
 	}
 	send := func(event string, v any) error {
+		if d, ok := v.(anthropicapi.BlockDelta); ok {
+			data = d.AppendJSON(data[:0])
+			return writeEvent(event, data)
+		}
 		b, err := json.Marshal(v)
 		if err != nil {
 			return err
