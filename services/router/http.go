@@ -365,7 +365,9 @@ func appendCompletion(dst []byte, v any) ([]byte, bool) {
 	case openaiapi.ChatCompletion:
 		return c.AppendJSON(dst)
 	case *openaiapi.ChatCompletion:
-		return c.AppendJSON(dst)
+		if c != nil { // json.Marshal writes a nil one as null
+			return c.AppendJSON(dst)
+		}
 	}
 	return dst, false
 }

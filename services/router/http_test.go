@@ -449,3 +449,16 @@ func TestSetResponseHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestAppendCompletionLeavesTheRestToJSON: only chat completions are written by hand; a
+// nil one, like anything else, is left to encoding/json (which writes null).
+func TestAppendCompletionLeavesTheRestToJSON(t *testing.T) {
+	for _, v := range []any{(*openaiapi.ChatCompletion)(nil), map[string]any{"error": "x"}} {
+		if b, ok := appendCompletion([]byte("x"), v); ok || string(b) != "x" {
+			t.Errorf("appendCompletion(%T) = %q, %t; want x unchanged and false", v, b, ok)
+		}
+	}
+	if b, ok := appendCompletion(nil, openaiapi.ChatCompletion{}); !ok || string(b) != `{"id":"","object":"","created":0,"model":"","choices":null}` {
+		t.Errorf("appendCompletion(ChatCompletion{}) = %q, %t", b, ok)
+	}
+}
