@@ -1,6 +1,8 @@
 package jsonfield
 
 import (
+	"bytes"
+
 	segjson "github.com/segmentio/encoding/json"
 )
 
@@ -15,9 +17,15 @@ func Valid(b []byte) bool {
 	if !segjson.Valid(b) {
 		return false
 	}
-	// Deeper nesting needs an opening and a closing byte per level.
-	return len(b) <= 2*maxNesting || nestingAtMost(b, maxNesting)
+	// Deeper nesting needs an opening and a closing byte per level, so most bodies are
+	// settled by their size, and most large ones (a long prompt) by counting the opening
+	// bytes, strings included, which is several times faster than walking them.
+	return len(b) <= 2*maxNesting || bytes.Count(b, open[:1])+bytes.Count(b, open[1:]) <= maxNesting ||
+		nestingAtMost(b, maxNesting)
 }
+
+// open are the bytes that open a nesting level.
+var open = []byte("[{")
 
 // maxNesting is encoding/json's bound on nesting: a value nested deeper is not valid.
 const maxNesting = 10000

@@ -51,22 +51,33 @@ func validSeeds() []string {
 	}
 }
 
-// BenchmarkValid compares Valid with encoding/json's on a chat completion.
+// BenchmarkValid compares Valid with encoding/json's on a chat completion, and on a 256 KB
+// request (a long prompt, as retrieval-augmented callers send), past the size at which
+// Valid also has the nesting to look at.
 //
 //	go test -run '^$' -bench BenchmarkValid ./pkg/jsonfield/
 func BenchmarkValid(b *testing.B) {
-	body := []byte(completion)
-	for _, v := range []struct {
-		name  string
-		valid func([]byte) bool
-	}{{"jsonfield", Valid}, {"encoding-json", json.Valid}} {
-		b.Run(v.name, func(b *testing.B) {
-			b.SetBytes(int64(len(body)))
-			for b.Loop() {
-				if !v.valid(body) {
-					b.Fatal("a valid completion refused")
+	prompt := strings.Repeat("The parcel left Lisbon on Monday [ref 12] and {per the log} arrives Friday. ", 3500)
+	request, err := json.Marshal(map[string]any{"model": "gpt", "messages": []map[string]string{{"role": "user", "content": prompt}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, body := range []struct {
+		name string
+		b    []byte
+	}{{"completion", []byte(completion)}, {"request_256KB", request}} {
+		for _, v := range []struct {
+			name  string
+			valid func([]byte) bool
+		}{{"jsonfield", Valid}, {"encoding-json", json.Valid}} {
+			b.Run(body.name+"/"+v.name, func(b *testing.B) {
+				b.SetBytes(int64(len(body.b)))
+				for b.Loop() {
+					if !v.valid(body.b) {
+						b.Fatal("a valid body refused")
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
