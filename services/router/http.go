@@ -358,16 +358,11 @@ func appendWithQuality(dst []byte, v any, qc *mantlev1.QualityContext) ([]byte, 
 }
 
 // appendCompletion appends v as json.Marshal would when it is a chat completion or chunk
-// that ChatCompletion.AppendJSON writes (every one without logprobs), reporting whether
-// it did.
+// (the door passes them by value) that ChatCompletion.AppendJSON writes: every one
+// without logprobs. It reports whether it did.
 func appendCompletion(dst []byte, v any) ([]byte, bool) {
-	switch c := v.(type) {
-	case openaiapi.ChatCompletion:
+	if c, ok := v.(openaiapi.ChatCompletion); ok {
 		return c.AppendJSON(dst)
-	case *openaiapi.ChatCompletion:
-		if c != nil { // json.Marshal writes a nil one as null
-			return c.AppendJSON(dst)
-		}
 	}
 	return dst, false
 }

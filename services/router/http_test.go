@@ -450,8 +450,9 @@ func TestSetResponseHeaders(t *testing.T) {
 	}
 }
 
-// TestAppendCompletionLeavesTheRestToJSON: only chat completions are written by hand; a
-// nil one, like anything else, is left to encoding/json (which writes null).
+// TestAppendCompletionLeavesTheRestToJSON: only chat completions passed by value are
+// written by hand; anything else (a pointer, nil or not, an error object) is left to
+// encoding/json.
 func TestAppendCompletionLeavesTheRestToJSON(t *testing.T) {
 	for _, v := range []any{(*openaiapi.ChatCompletion)(nil), map[string]any{"error": "x"}} {
 		if b, ok := appendCompletion([]byte("x"), v); ok || string(b) != "x" {
