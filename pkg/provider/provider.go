@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
@@ -204,7 +205,7 @@ type Chunk struct {
 	Content      string
 	FinishReason string
 	Usage        *Usage
-	// ToolCalls are pieces of tool calls, by index (AssembleToolCalls joins them).
+	// ToolCalls are pieces of tool calls, by index (ToolCallAssembler joins them).
 	ToolCalls []ToolCallDelta
 	// Logprobs is the chunk's logprobs object as the provider sent it.
 	Logprobs json.RawMessage
@@ -215,26 +216,64 @@ func (c Chunk) Empty() bool {
 	return c.Content == "" && len(c.ToolCalls) == 0 && len(c.Logprobs) == 0
 }
 
-// AssembleToolCalls folds streamed tool call pieces into calls, in index order: the first
-// piece of an index gives its id, type and name, every piece adds to its arguments.
-func AssembleToolCalls(calls []ToolCall, deltas []ToolCallDelta) []ToolCall {
+// MaxStreamedToolCalls bounds the tool calls of one streamed answer: past it, a stream
+// is malformed (the assembler's, and every decoder's, state grows with the calls).
+const MaxStreamedToolCalls = 1024
+
+// ToolCallAssembler joins streamed tool call pieces into calls, in index order: the first
+// piece of an index gives its id, type and name, every piece adds to its arguments. Each
+// piece is copied once, so a long argument in many small pieces costs its length, not the
+// square of it. The zero value is ready for use.
+type ToolCallAssembler struct {
+	calls []*assembling // pointers: a strings.Builder must not be copied once written
+}
+
+type assembling struct {
+	id, typ    string
+	name, args strings.Builder
+}
+
+// Add folds deltas into the calls; it refuses a piece that would start more than
+// MaxStreamedToolCalls calls, as malformed output.
+func (a *ToolCallAssembler) Add(deltas []ToolCallDelta) *Error {
 	for _, d := range deltas {
-		if d.Index < 0 || d.Index > len(calls) {
+		if d.Index < 0 || d.Index > len(a.calls) {
 			// Out of order indexes are appended rather than dropped.
-			d.Index = len(calls)
+			d.Index = len(a.calls)
 		}
-		if d.Index == len(calls) {
-			calls = append(calls, ToolCall{})
+		if d.Index == len(a.calls) {
+			if len(a.calls) == MaxStreamedToolCalls {
+				return &Error{
+					Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+					Message: fmt.Sprintf("more than %d tool calls in one answer", MaxStreamedToolCalls),
+				}
+			}
+			a.calls = append(a.calls, new(assembling))
 		}
-		c := &calls[d.Index]
+		c := a.calls[d.Index]
 		if d.ID != "" {
-			c.ID = d.ID
+			c.id = d.ID
 		}
 		if d.Type != "" {
-			c.Type = d.Type
+			c.typ = d.Type
 		}
-		c.Name += d.Name
-		c.Arguments += d.Arguments
+		c.name.WriteString(d.Name)
+		c.args.WriteString(d.Arguments)
+	}
+	return nil
+}
+
+// Len is the number of calls begun.
+func (a *ToolCallAssembler) Len() int { return len(a.calls) }
+
+// Calls returns the calls as assembled so far; nil when none.
+func (a *ToolCallAssembler) Calls() []ToolCall {
+	if len(a.calls) == 0 {
+		return nil
+	}
+	calls := make([]ToolCall, len(a.calls))
+	for i, c := range a.calls {
+		calls[i] = ToolCall{ID: c.id, Type: c.typ, Name: c.name.String(), Arguments: c.args.String()}
 	}
 	return calls
 }

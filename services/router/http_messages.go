@@ -235,8 +235,9 @@ var anthropicOverloadedResponse = func() *httptest.ResponseRecorder {
 // one content block open at a time, while OpenAI-type providers may interleave the pieces
 // of parallel tool calls; so one block is live (its pieces relayed as they come) and the
 // others wait, their pieces kept, until it closes. A tool block closes when another block
-// has pieces and its arguments are complete JSON (nothing but white space could follow),
-// or at the end; a text block closes when a tool call begins.
+// has pieces and its arguments are complete JSON, an object as tool arguments are (nothing
+// but white space could follow; jsonfield.Completion finds that out reading each piece
+// once), or at the end; a text block closes when a tool call begins.
 type messagesStream struct {
 	send   func(event string, v any) error
 	blocks []*streamBlock
@@ -246,13 +247,14 @@ type messagesStream struct {
 }
 
 type streamBlock struct {
-	tool     bool
-	index    int // the provider's tool call index
-	id, name string
-	wire     int
-	closed   bool
-	pending  strings.Builder // pieces not yet sent
-	args     strings.Builder // the arguments so far, for a tool block
+	tool    bool
+	index   int // the provider's tool call index
+	id      string
+	name    strings.Builder
+	wire    int
+	closed  bool
+	pending strings.Builder      // pieces not yet sent
+	args    jsonfield.Completion // the arguments so far, for a tool block
 }
 
 // text adds streamed text.
@@ -300,13 +302,13 @@ func (s *messagesStream) tool(d provider.ToolCallDelta) error {
 	if d.ID != "" {
 		b.id = d.ID
 	}
-	b.name += d.Name
-	b.args.WriteString(d.Arguments)
+	b.name.WriteString(d.Name)
+	b.args.Write(d.Arguments)
 	if b == s.live {
 		return s.delta(b, d.Arguments)
 	}
 	b.pending.WriteString(d.Arguments)
-	if s.live != nil && (!s.live.tool || jsonfield.Valid([]byte(s.live.args.String()))) {
+	if s.live != nil && (!s.live.tool || s.live.args.Complete()) {
 		if err := s.closeLive(); err != nil {
 			return err
 		}
@@ -323,7 +325,7 @@ func (s *messagesStream) open(b *streamBlock) error {
 	s.live = b
 	start := anthropicapi.BlockStart{Type: "content_block_start", Index: b.wire, ContentBlock: anthropicapi.TextBlock("")}
 	if b.tool {
-		start.ContentBlock = anthropicapi.ContentBlock{Type: "tool_use", ID: b.id, Name: b.name, Input: json.RawMessage("{}")}
+		start.ContentBlock = anthropicapi.ContentBlock{Type: "tool_use", ID: b.id, Name: b.name.String(), Input: json.RawMessage("{}")}
 	}
 	if err := s.send(start.Type, start); err != nil {
 		return err

@@ -39,6 +39,8 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 	defer st.Close()
 	var res provider.Response
 	var content strings.Builder
+	// Reassembled for verification, the idempotency record and the final message.
+	var tools provider.ToolCallAssembler
 	committed := false
 	for {
 		chunk, err := st.Recv()
@@ -46,7 +48,7 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 			break
 		}
 		if err != nil {
-			res.Content, res.RequestID = content.String(), st.RequestID()
+			res.Content, res.RequestID, res.ToolCalls = content.String(), st.RequestID(), tools.Calls()
 			return res, committed, streamCause(ctx, err)
 		}
 		if chunk.Usage != nil {
@@ -69,13 +71,16 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 			committed = true
 		}
 		content.WriteString(chunk.Content)
-		// Reassembled for verification, the idempotency record and the final message.
-		res.ToolCalls = provider.AssembleToolCalls(res.ToolCalls, chunk.ToolCalls)
+		if perr := tools.Add(chunk.ToolCalls); perr != nil {
+			res.Content, res.RequestID, res.ToolCalls = content.String(), st.RequestID(), tools.Calls()
+			return res, committed, perr
+		}
 		if err := sink(Delta{Content: chunk.Content, Model: c.u.model.Name, Level: c.level, ToolCalls: chunk.ToolCalls, Logprobs: chunk.Logprobs}); err != nil {
+			res.ToolCalls = tools.Calls()
 			return res, true, err
 		}
 	}
-	res.Content, res.RequestID, res.Model = content.String(), st.RequestID(), preq.Model
+	res.Content, res.RequestID, res.Model, res.ToolCalls = content.String(), st.RequestID(), preq.Model, tools.Calls()
 	return res, committed, nil
 }
 

@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -455,4 +456,59 @@ func TestStreamLimitsLeaveRoomToRescue(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStreamAssemblesToolCalls: a streamed tool call's arguments, in many small pieces,
+// reach the final message whole; a stream that begins more than
+// provider.MaxStreamedToolCalls calls fails as malformed output instead of growing
+// without bound, before the caller has any of it (tool calls are held until whole).
+func TestStreamAssemblesToolCalls(t *testing.T) {
+	t.Parallel()
+	args := `{"rows":[` + strings.Repeat(`"a row",`, 2000) + `"end"]}`
+	long := []chunk{{tools: []provider.ToolCallDelta{{Index: 0, ID: "call_1", Type: "function", Name: "write_"}}}, {tools: []provider.ToolCallDelta{{Index: 0, Name: "file"}}}}
+	for i := 0; i < len(args); i += 7 {
+		long = append(long, chunk{tools: []provider.ToolCallDelta{{Index: 0, Arguments: args[i:min(i+7, len(args))]}}})
+	}
+	long = append(long, chunk{finish: "tool_calls"})
+	var many []chunk
+	for i := range provider.MaxStreamedToolCalls + 1 {
+		many = append(many, chunk{tools: []provider.ToolCallDelta{{Index: i, ID: fmt.Sprint("call_", i), Type: "function", Name: "f", Arguments: "{}"}}})
+	}
+	many = append(many, chunk{finish: "tool_calls"})
+
+	run := func(t *testing.T, stream []chunk) (*routerv1.CompleteResponse, int, error) {
+		cfg := testConfig()
+		cfg.Routes = []RouteConfig{{Name: "chat", Candidates: []string{"a"}}} // no fallback
+		h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{"a": newFakeProvider(result{stream: stream})}})
+		deltas := 0
+		resp, err := h.router.Stream(context.Background(), ask("chat"), func(d Delta) error {
+			deltas += len(d.ToolCalls)
+			return nil
+		})
+		return resp, deltas, err
+	}
+	t.Run("long arguments in small pieces", func(t *testing.T) {
+		t.Parallel()
+		resp, deltas, err := run(t, long)
+		if err != nil {
+			t.Fatalf("Stream: %v", err)
+		}
+		if deltas != len(long)-1 {
+			t.Errorf("the caller got %d tool call pieces, want %d", deltas, len(long)-1)
+		}
+		calls := resp.GetMessage().GetToolCalls()
+		if len(calls) != 1 || calls[0].GetName() != "write_file" || calls[0].GetId() != "call_1" || calls[0].GetArguments() != args {
+			t.Fatalf("final tool calls: %d, the first %q %q with %d bytes of arguments, want write_file with %d", len(calls), calls[0].GetId(), calls[0].GetName(), len(calls[0].GetArguments()), len(args))
+		}
+	})
+	t.Run("more calls than the bound", func(t *testing.T) {
+		t.Parallel()
+		resp, deltas, err := run(t, many)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than %d tool calls", provider.MaxStreamedToolCalls)) {
+			t.Fatalf("Stream: %v (final %v), want the bound named", err, resp != nil)
+		}
+		if deltas != 0 {
+			t.Errorf("the caller got %d tool call pieces of the failed answer, want none", deltas)
+		}
+	})
 }

@@ -403,7 +403,11 @@ func TestStreamToolCalls(t *testing.T) {
 	for _, ch := range chunks {
 		deltas = append(deltas, ch.ToolCalls...)
 	}
-	calls := provider.AssembleToolCalls(nil, deltas)
+	var assembled provider.ToolCallAssembler
+	if err := assembled.Add(deltas); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	calls := assembled.Calls()
 	wantCalls := []provider.ToolCall{
 		{ID: "toolu_1", Type: "function", Name: "get_weather", Arguments: `{"city": "Paris"}`},
 		{ID: "toolu_2", Type: "function", Name: "now", Arguments: `{}`},

@@ -44,10 +44,6 @@ type streamedCall struct {
 	argued bool
 }
 
-// maxStreamedToolCalls bounds the tool calls of one streamed answer, and so the decoder's
-// state; no real answer comes near it.
-const maxStreamedToolCalls = 1024
-
 // streamEvent is the union of the event payloads the adapter reads. Every payload names
 // its own type, so the SSE event name is only a fallback.
 type streamEvent struct {
@@ -156,10 +152,10 @@ func (d *decoder) startTool(se streamEvent) (provider.Chunk, bool, *provider.Err
 			Message: fmt.Sprintf("content block %d started twice", se.Index),
 		}
 	}
-	if len(d.tools) >= maxStreamedToolCalls {
+	if len(d.tools) >= provider.MaxStreamedToolCalls {
 		return provider.Chunk{}, false, &provider.Error{
 			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
-			Message: fmt.Sprintf("more than %d tool calls in one answer", maxStreamedToolCalls),
+			Message: fmt.Sprintf("more than %d tool calls in one answer", provider.MaxStreamedToolCalls),
 		}
 	}
 	call := &streamedCall{index: len(d.tools), input: se.ContentBlock.Input}
