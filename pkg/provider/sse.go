@@ -18,8 +18,8 @@ type Event struct {
 	Data string
 }
 
-// maxEventLine bounds one line of an event stream so a misbehaving server cannot make the
-// reader buffer without limit.
+// maxEventLine bounds one line of an event stream, and the data of one event (its data
+// lines together), so a misbehaving server cannot make the reader buffer without limit.
 const maxEventLine = 4 << 20
 
 // EventReader reads a text/event-stream body, the framing both OpenAI-compatible servers
@@ -40,12 +40,13 @@ func NewEventReader(r io.Reader) *EventReader {
 // Next returns io.EOF when the stream ended between lines, and io.ErrUnexpectedEOF when it
 // ended in the middle of a line, which only a cut connection does. An event whose lines are
 // complete but whose terminating blank line never came is still returned: its data is
-// whole, so it is better judged by the adapter than dropped. A line over 4 MiB is a
-// MALFORMED_OUTPUT *Error; any other error is the underlying read error.
+// whole, so it is better judged by the adapter than dropped. A line, or an event's data,
+// over 4 MiB is a MALFORMED_OUTPUT *Error; any other error is the underlying read error.
 func (er *EventReader) Next() (Event, error) {
 	var (
 		ev   Event
 		data []string
+		size int // of data, joined
 	)
 	for {
 		line, err := er.readLine()
@@ -73,6 +74,12 @@ func (er *EventReader) Next() (Event, error) {
 		case "event":
 			ev.Name = value
 		case "data":
+			if size += len(value) + 1; size > maxEventLine+1 {
+				return Event{}, &Error{
+					Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+					Message: fmt.Sprintf("event stream event with more than %d bytes of data", maxEventLine),
+				}
+			}
 			data = append(data, value)
 		}
 	}

@@ -86,9 +86,36 @@ func TestEventReader(t *testing.T) {
 }
 
 func TestEventReaderRejectsHugeLines(t *testing.T) {
-	input := "data: " + strings.Repeat("x", maxEventLine+1) + "\n\n"
-	_, err := readAll(t, input)
-	if got := ClassOf(err); got != mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT {
-		t.Errorf("class = %v, want MALFORMED_OUTPUT (err %v)", got, err)
+	t.Parallel()
+	line := strings.Repeat("x", maxEventLine/4)
+	tests := []struct {
+		name, input string
+		want        string // in the error; "" for none
+	}{
+		{"a line", "data: " + strings.Repeat("x", maxEventLine+1) + "\n\n", "line longer than"},
+		// Lines within the bound that add up past it: the event's data is bounded too.
+		{"an event's data lines", strings.Repeat("data: "+line+"\n", 5) + "\n", "more than 4194304 bytes of data"},
+		{"data at the bound", strings.Repeat("data: "+line+"\n", 3) + "data: " + line[3:] + "\n\n", ""},
+		{"events each within the bound", strings.Repeat("data: "+line+"\n\n", 5), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			events, err := readAll(t, tt.input)
+			if tt.want == "" {
+				if !errors.Is(err, io.EOF) || len(events) == 0 {
+					t.Fatalf("%d events, err %v, want them all and io.EOF", len(events), err)
+				}
+				for _, ev := range events {
+					if len(ev.Data) > maxEventLine {
+						t.Errorf("an event of %d bytes", len(ev.Data))
+					}
+				}
+				return
+			}
+			if got := ClassOf(err); got != mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("class = %v, want MALFORMED_OUTPUT saying %q (err %v)", got, tt.want, err)
+			}
+		})
 	}
 }
