@@ -220,12 +220,18 @@ func (c Chunk) Empty() bool {
 // is malformed (the assembler's, and every decoder's, state grows with the calls).
 const MaxStreamedToolCalls = 1024
 
+// MaxAnswerBytes bounds one answer: a response body is read up to it, and a streamed
+// answer's text and tool calls together may not pass it, so that a runaway server cannot
+// exhaust memory. No real answer comes near it.
+const MaxAnswerBytes = 16 << 20
+
 // ToolCallAssembler joins streamed tool call pieces into calls, in index order: the first
 // piece of an index gives its id, type and name, every piece adds to its arguments. Each
 // piece is copied once, so a long argument in many small pieces costs its length, not the
 // square of it. The zero value is ready for use.
 type ToolCallAssembler struct {
 	calls []*assembling // pointers: a strings.Builder must not be copied once written
+	size  int           // bytes of every call's id, type, name and arguments
 }
 
 type assembling struct {
@@ -259,12 +265,16 @@ func (a *ToolCallAssembler) Add(deltas []ToolCallDelta) *Error {
 		}
 		c.name.WriteString(d.Name)
 		c.args.WriteString(d.Arguments)
+		a.size += len(d.ID) + len(d.Type) + len(d.Name) + len(d.Arguments)
 	}
 	return nil
 }
 
 // Len is the number of calls begun.
 func (a *ToolCallAssembler) Len() int { return len(a.calls) }
+
+// Bytes is the size of the calls' pieces taken so far (ids, types, names, arguments).
+func (a *ToolCallAssembler) Bytes() int { return a.size }
 
 // Calls returns the calls as assembled so far; nil when none.
 func (a *ToolCallAssembler) Calls() []ToolCall {

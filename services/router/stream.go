@@ -71,7 +71,14 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 			committed = true
 		}
 		content.WriteString(chunk.Content)
-		if perr := tools.Add(chunk.ToolCalls); perr != nil {
+		perr := tools.Add(chunk.ToolCalls)
+		if perr == nil && content.Len()+tools.Bytes() > provider.MaxAnswerBytes {
+			perr = &provider.Error{
+				Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+				Message: fmt.Sprintf("streamed answer longer than %d bytes", provider.MaxAnswerBytes),
+			}
+		}
+		if perr != nil {
 			res.Content, res.RequestID, res.ToolCalls = content.String(), st.RequestID(), tools.Calls()
 			return res, committed, perr
 		}

@@ -460,8 +460,9 @@ func TestStreamLimitsLeaveRoomToRescue(t *testing.T) {
 
 // TestStreamAssemblesToolCalls: a streamed tool call's arguments, in many small pieces,
 // reach the final message whole; a stream that begins more than
-// provider.MaxStreamedToolCalls calls fails as malformed output instead of growing
-// without bound, before the caller has any of it (tool calls are held until whole).
+// provider.MaxStreamedToolCalls calls, or whose text passes provider.MaxAnswerBytes, fails
+// as malformed output instead of growing without bound (tool calls before the caller has
+// any of them: they are held until whole).
 func TestStreamAssemblesToolCalls(t *testing.T) {
 	t.Parallel()
 	args := `{"rows":[` + strings.Repeat(`"a row",`, 2000) + `"end"]}`
@@ -476,20 +477,20 @@ func TestStreamAssemblesToolCalls(t *testing.T) {
 	}
 	many = append(many, chunk{finish: "tool_calls"})
 
-	run := func(t *testing.T, stream []chunk) (*routerv1.CompleteResponse, int, error) {
+	run := func(t *testing.T, stream []chunk) (resp *routerv1.CompleteResponse, pieces, text int, err error) {
 		cfg := testConfig()
 		cfg.Routes = []RouteConfig{{Name: "chat", Candidates: []string{"a"}}} // no fallback
 		h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{"a": newFakeProvider(result{stream: stream})}})
-		deltas := 0
-		resp, err := h.router.Stream(context.Background(), ask("chat"), func(d Delta) error {
-			deltas += len(d.ToolCalls)
+		resp, err = h.router.Stream(context.Background(), ask("chat"), func(d Delta) error {
+			pieces += len(d.ToolCalls)
+			text += len(d.Content)
 			return nil
 		})
-		return resp, deltas, err
+		return resp, pieces, text, err
 	}
 	t.Run("long arguments in small pieces", func(t *testing.T) {
 		t.Parallel()
-		resp, deltas, err := run(t, long)
+		resp, deltas, _, err := run(t, long)
 		if err != nil {
 			t.Fatalf("Stream: %v", err)
 		}
@@ -503,12 +504,28 @@ func TestStreamAssemblesToolCalls(t *testing.T) {
 	})
 	t.Run("more calls than the bound", func(t *testing.T) {
 		t.Parallel()
-		resp, deltas, err := run(t, many)
+		resp, deltas, _, err := run(t, many)
 		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than %d tool calls", provider.MaxStreamedToolCalls)) {
 			t.Fatalf("Stream: %v (final %v), want the bound named", err, resp != nil)
 		}
 		if deltas != 0 {
 			t.Errorf("the caller got %d tool call pieces of the failed answer, want none", deltas)
+		}
+	})
+	t.Run("an answer longer than the bound", func(t *testing.T) {
+		t.Parallel()
+		mib := strings.Repeat("x", 1<<20)
+		var huge []chunk
+		for range provider.MaxAnswerBytes>>20 + 1 {
+			huge = append(huge, chunk{content: mib})
+		}
+		huge = append(huge, chunk{finish: "stop"})
+		_, _, text, err := run(t, huge)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("streamed answer longer than %d bytes", provider.MaxAnswerBytes)) {
+			t.Fatalf("Stream: %v, want the bound named", err)
+		}
+		if text != provider.MaxAnswerBytes {
+			t.Errorf("the caller got %d bytes of text, want the %d within the bound", text, provider.MaxAnswerBytes)
 		}
 	})
 }

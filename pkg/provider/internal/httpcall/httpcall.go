@@ -22,9 +22,8 @@ import (
 )
 
 const (
-	// maxBody bounds how much of a response body is read, so a runaway server cannot
-	// exhaust memory; no real answer comes near it.
-	maxBody = 16 << 20
+	// maxBody bounds how much of a response body is read.
+	maxBody = provider.MaxAnswerBytes
 	// maxErrorBody bounds an error body, which only feeds classification and the message.
 	maxErrorBody = 64 << 10
 )
