@@ -270,9 +270,6 @@ func (a *ToolCallAssembler) Add(deltas []ToolCallDelta) *Error {
 	return nil
 }
 
-// Len is the number of calls begun.
-func (a *ToolCallAssembler) Len() int { return len(a.calls) }
-
 // Bytes is the size of the calls' pieces taken so far (ids, types, names, arguments).
 func (a *ToolCallAssembler) Bytes() int { return a.size }
 

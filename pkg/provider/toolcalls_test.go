@@ -14,6 +14,7 @@ func TestToolCallAssembler(t *testing.T) {
 		name   string
 		deltas []ToolCallDelta
 		want   []ToolCall
+		bytes  int // of every piece taken
 	}{
 		{name: "none"},
 		{
@@ -24,18 +25,21 @@ func TestToolCallAssembler(t *testing.T) {
 				{Index: 1, ID: "b", Type: "function", Name: "g", Arguments: `{}`},
 				{Index: 0, Arguments: `1}`},
 			},
-			want: []ToolCall{{ID: "a", Type: "function", Name: "f", Arguments: `{"x":1}`}, {ID: "b", Type: "function", Name: "g", Arguments: `{}`}},
+			want:  []ToolCall{{ID: "a", Type: "function", Name: "f", Arguments: `{"x":1}`}, {ID: "b", Type: "function", Name: "g", Arguments: `{}`}},
+			bytes: 2 + 2*len("function") + 2 + len(`{"x":1}{}`), // ids, types, names, arguments
 		},
 		{
 			name:   "a name in pieces",
 			deltas: []ToolCallDelta{{Index: 0, ID: "a", Name: "get_"}, {Index: 0, Name: "weather", Arguments: "{}"}},
 			want:   []ToolCall{{ID: "a", Name: "get_weather", Arguments: "{}"}},
+			bytes:  len("aget_weather{}"),
 		},
 		{
 			// An index that skips ahead or is negative is appended, never dropped.
 			name:   "out of range index",
 			deltas: []ToolCallDelta{{Index: 5, ID: "a", Name: "f"}, {Index: -1, ID: "b", Name: "g"}},
 			want:   []ToolCall{{ID: "a", Name: "f"}, {ID: "b", Name: "g"}},
+			bytes:  4,
 		},
 	}
 	for _, tt := range tests {
@@ -52,8 +56,8 @@ func TestToolCallAssembler(t *testing.T) {
 			if got := a.Calls(); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Calls() = %+v, want %+v", got, tt.want)
 			}
-			if a.Len() != len(tt.want) {
-				t.Errorf("Len() = %d, want %d", a.Len(), len(tt.want))
+			if a.Bytes() != tt.bytes {
+				t.Errorf("Bytes() = %d, want %d", a.Bytes(), tt.bytes)
 			}
 		})
 	}
@@ -76,8 +80,8 @@ func TestToolCallAssemblerBound(t *testing.T) {
 	if err == nil || err.Class != mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT || !strings.Contains(err.Message, "more than 1024 tool calls") {
 		t.Fatalf("call %d: %v, want malformed output", MaxStreamedToolCalls, err)
 	}
-	if a.Len() != MaxStreamedToolCalls || a.Calls()[0].Arguments != "{}" {
-		t.Errorf("after the refusal: %d calls, the first %q", a.Len(), a.Calls()[0].Arguments)
+	if calls := a.Calls(); len(calls) != MaxStreamedToolCalls || calls[0].Arguments != "{}" {
+		t.Errorf("after the refusal: %d calls, the first %q", len(calls), calls[0].Arguments)
 	}
 }
 
