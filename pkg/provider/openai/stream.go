@@ -89,6 +89,13 @@ func (d *decoder) Apply(ev provider.Event) (provider.Chunk, bool, *provider.Erro
 	if d.finishReason == "content_filter" {
 		return provider.Chunk{}, false, finishError(d.finishReason, "")
 	}
+	if d.refusal.Len() > provider.MaxAnswerBytes {
+		// Kept until the end, where it becomes the error: bounded like any answer.
+		return provider.Chunk{}, false, &provider.Error{
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+			Message: fmt.Sprintf("streamed refusal longer than %d bytes", provider.MaxAnswerBytes),
+		}
+	}
 	out.Content = content.String()
 	return out, false, nil
 }

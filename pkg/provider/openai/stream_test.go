@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,6 +146,9 @@ func TestStreamOutcomes(t *testing.T) {
 		{Name: "refusal",
 			Handler: events(`{"choices":[{"delta":{"refusal":"I can't "}}]}`, `{"choices":[{"delta":{"refusal":"help."},"finish_reason":"stop"}]}`, "[DONE]"),
 			Class:   mantlev1.ErrorClass_ERROR_CLASS_REFUSAL, Message: "I can't help."},
+		{Name: "a refusal longer than an answer may be",
+			Handler: events(slices.Repeat([]string{`{"choices":[{"delta":{"refusal":"` + strings.Repeat("x", 1<<20) + `"}}]}`}, provider.MaxAnswerBytes>>20+1)...),
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT, Message: "streamed refusal longer than 16777216 bytes"},
 	})
 }
 
