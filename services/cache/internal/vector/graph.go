@@ -263,17 +263,15 @@ func (s *Set) PlanLink() *LinkPlan {
 	}
 	sc := s.takeScratch()
 	defer s.returnScratch(sc)
-	var seeds []Hit // where the walk on layer 0 starts, besides the upper layers' result
 	if near := g.near[slot]; near != nil && p.level == 0 {
 		if w := near.candidates(slot); len(w) > 0 {
-			if !near.seeds {
-				// A search for this vector walked the bottom layer already: its result is
-				// what the walk below would find, less the nodes linked since.
-				s.planLevel(p, 0, w, sc)
-				return p
-			}
-			// A search for this vector scored the seeds the postings give already.
-			seeds = w
+			// A search for this vector walked the bottom layer already, or its postings
+			// answered it exactly: what it scored is what the walk below would choose
+			// from (the nearest nodes it can reach, or the nearest the postings know of),
+			// less the nodes linked since.
+			slices.SortFunc(w, bestFirst)
+			s.planLevel(p, 0, w, sc)
+			return p
 		}
 	}
 	q := s.vec(slot)
@@ -285,7 +283,8 @@ func (s *Set) PlanLink() *LinkPlan {
 		ep = s.greedy(sc, q, ep, l)
 	}
 	eps := []Hit{ep}
-	if s.sparse && seeds == nil {
+	var seeds []Hit // where the walk on layer 0 starts, besides the upper layers' result
+	if s.sparse {
 		// As in Search, the vectors that share the rarest coordinates are where the walk on
 		// layer 0 starts too: where every vector shares the common words (prompts from one
 		// template), the walk alone misses the vectors closest in the rare ones.
@@ -453,12 +452,7 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 		}
 	}
 	sc.cand = cand
-	slices.SortFunc(res, func(a, b Hit) int {
-		if better(a, b) {
-			return -1
-		}
-		return 1
-	})
+	slices.SortFunc(res, bestFirst)
 	sc.res = res
 	return res
 }
@@ -523,12 +517,7 @@ func (s *Set) prune(node uint32, list []uint32, m int, sc *searchScratch) []uint
 		}
 		cands = append(cands, Hit{n, score})
 	}
-	slices.SortFunc(cands, func(a, b Hit) int {
-		if better(a, b) {
-			return -1
-		}
-		return 1
-	})
+	slices.SortFunc(cands, bestFirst)
 	sc.pruned = cands
 	out := list[:m]
 	for i, c := range cands[:m] {

@@ -385,11 +385,11 @@ func TestSeedLimitsGrowWithTheSet(t *testing.T) {
 	}
 }
 
-// TestSeedsStandInForTheLinkingSeeds: a search whose postings sufficed records the seeds
-// it scored (each with its exact score, the new vector not among them), and a vector added
-// with that record is linked from them: it has links, every one to a live node, and a
-// search for it finds it first.
-func TestSeedsStandInForTheLinkingSeeds(t *testing.T) {
+// TestLinksChosenFromTheSeeds: a search whose postings sufficed records the seeds it
+// scored (each with its exact score, the new vector not among them), and a vector added
+// with that record is linked from them without a walk: it has links, on the bottom layer
+// every one to a recorded seed, each live, and a search for it finds it first.
+func TestLinksChosenFromTheSeeds(t *testing.T) {
 	t.Parallel()
 	r := rand.New(rand.NewPCG(31, 32))
 	// Short posting lists (30 coordinates each out of 2000) that the seeds' budget reads
@@ -409,13 +409,15 @@ func TestSeedsStandInForTheLinkingSeeds(t *testing.T) {
 		q := randomSparse(t, r, 30, 2000)
 		near := new(Near)
 		set.SearchNear(q, 3, 0.05, nil, near)
-		if !near.seeds || len(near.hits) == 0 {
-			t.Fatalf("trial %d: record %+v, want the seeds of an exact postings search", trial, near.hits)
+		if len(near.hits) == 0 {
+			t.Fatalf("trial %d: nothing recorded, want the seeds of an exact postings search", trial)
 		}
+		seeds := map[uint32]bool{}
 		for _, h := range near.hits {
 			if want := set.score(q, h.Slot); h.Score != want {
 				t.Fatalf("trial %d: seed %d scored %v, exact %v", trial, h.Slot, h.Score, want)
 			}
+			seeds[h.Slot] = true
 		}
 		slot, err := set.AddNear(q, near)
 		if err != nil {
@@ -429,6 +431,9 @@ func TestSeedsStandInForTheLinkingSeeds(t *testing.T) {
 		for _, l := range links {
 			if l == slot || !set.live[l] {
 				t.Fatalf("trial %d: link to %d (itself, or not live)", trial, l)
+			}
+			if set.graph.level[slot] == 0 && !seeds[l] {
+				t.Fatalf("trial %d: link to %d, not a recorded seed: the linking walked", trial, l)
 			}
 		}
 		if got := set.Search(q, 1, -1, nil); len(got) == 0 || got[0].Slot != slot {

@@ -285,13 +285,13 @@ func (s *Set) SearchNear(q Vector, k int, minScore float32, accept func(slot uin
 		if s.sparse && s.searchSparse(sc, q, minScore, t, s.seedLimits()) {
 			// The rarest lists sufficed: the walk could add nothing.
 			if near != nil && len(sc.seeds) > 0 {
-				near.record(s.graph, sc.seeds, true)
+				near.record(s.graph, sc.seeds)
 			}
 			return t.hits
 		}
 		walked := s.searchGraph(sc, q, k, t)
 		if near != nil && len(walked) > 0 {
-			near.record(s.graph, walked, false)
+			near.record(s.graph, walked)
 		}
 		return t.hits
 	}
@@ -352,6 +352,17 @@ func (t *topK) full() (Hit, bool) {
 
 func better(a, b Hit) bool {
 	return a.Score > b.Score || (a.Score == b.Score && a.Slot < b.Slot)
+}
+
+// bestFirst orders hits for slices.SortFunc, best first.
+func bestFirst(a, b Hit) int {
+	switch {
+	case better(a, b):
+		return -1
+	case better(b, a):
+		return 1
+	}
+	return 0
 }
 
 // pruneMargin keeps float rounding from pruning a vector that is exactly at the minimum
