@@ -392,8 +392,9 @@ func checkCompatibilityDoc(t *testing.T, section string, outcomes, antOutcomes m
 }
 
 // TestToolCallsRoundTrip: an answer with parallel tool calls reaches the caller whole,
-// unary and streamed; the stream carries the upstream's index-based pieces as they came,
-// and the router's reassembly of them is what an idempotent replay answers with.
+// unary and streamed; the stream carries the upstream's index-based pieces joined per call
+// (an answer that is only tool calls is held until whole), and the router's reassembly of
+// them is what an idempotent replay answers with.
 func TestToolCallsRoundTrip(t *testing.T) {
 	up, _, base := startCompat(t)
 	const body = `{"model":"chat","messages":[` + userMsg + `],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},{"type":"function","function":{"name":"get_time"}}]`
@@ -423,12 +424,10 @@ func TestToolCallsRoundTrip(t *testing.T) {
 		t.Fatalf("stream: HTTP %d: %s", res.status, res.body)
 	}
 	_, pieces, finish := streamedToolCalls(t, res.body)
+	// Only tool calls: held until whole and checked, then sent joined, a piece per call.
 	wantPieces := []string{
-		`{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}}`,
-		`{"index":0,"function":{"arguments":"{\"city\":"}}`,
-		`{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":"}}`,
-		`{"index":0,"function":{"arguments":"\"Paris\"}"}}`,
-		`{"index":1,"function":{"arguments":"\"CET\"}"}}`,
+		`{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}`,
+		`{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}`,
 	}
 	wantToolPieces(t, pieces, wantPieces)
 	if finish != "tool_calls" {
@@ -491,7 +490,7 @@ func TestFieldsSkipCandidatesThatCannotCarryThem(t *testing.T) {
 // TestAnthropicToolCallsRoundTrip: through an Anthropic-type candidate, a request with tools
 // reaches Anthropic (it is no longer skipped), and its tool_use answer reaches the OpenAI
 // caller as tool calls, unary and streamed: the stream's input_json_delta pieces arrive as
-// index-based tool_calls pieces, and thinking is not passed on.
+// index-based tool_calls, joined per call (held until whole), and thinking is not passed on.
 func TestAnthropicToolCallsRoundTrip(t *testing.T) {
 	up, antUp, base := startCompat(t)
 	const body = `{"model":"anthropic-first","messages":[` + userMsg + `],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},{"type":"function","function":{"name":"get_time"}}]`
@@ -528,13 +527,10 @@ func TestAnthropicToolCallsRoundTrip(t *testing.T) {
 		t.Fatalf("stream: HTTP %d: %s", res.status, res.body)
 	}
 	content, pieces, finish := streamedToolCalls(t, res.body)
+	// Only tool calls: held until whole and checked, then sent joined, a piece per call.
 	wantPieces := []string{
-		`{"index":0,"id":"toolu_a","type":"function","function":{"name":"get_weather","arguments":""}}`,
-		`{"index":0,"function":{"arguments":"{\"city\":"}}`,
-		`{"index":1,"id":"toolu_b","type":"function","function":{"name":"get_time","arguments":""}}`,
-		`{"index":1,"function":{"arguments":"{\"tz\":"}}`,
-		`{"index":0,"function":{"arguments":"\"Paris\"}"}}`,
-		`{"index":1,"function":{"arguments":"\"CET\"}"}}`,
+		`{"index":0,"id":"toolu_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}`,
+		`{"index":1,"id":"toolu_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}`,
 	}
 	wantToolPieces(t, pieces, wantPieces)
 	if finish != "tool_calls" || content != "" {

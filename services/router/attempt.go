@@ -91,7 +91,7 @@ func (r *Router) call(ctx context.Context, x *exchange, s slot) outcome {
 		o.res, o.committed, o.err = r.stream(ctx, &held, s, o.att, start)
 		if !hold.passing {
 			// Only tool calls so far, and the caller has none of them: not committed.
-			o.committed, o.held = false, hold.held
+			o.committed, o.held = false, hold.held()
 		}
 	}
 	t := callLimit{limit: limit, cut: limit < u.timeout}

@@ -114,26 +114,50 @@ func trimLeftSpace(s string) string {
 // toolHold keeps the pieces of a streamed answer from the caller while they are only tool
 // calls: a tool call is of no use to the caller until it is whole, and held back it can
 // still be checked and, when bad, replaced by another candidate's. The first text (or
-// anything else) sends what was held and everything after it straight through.
+// anything else) sends what was held and everything after it straight through. What is
+// held is kept joined per call, not piece by piece: a long argument in small pieces would
+// otherwise cost a Delta per piece, many times its text.
 type toolHold struct {
 	next    Sink
-	held    []Delta
+	first   Delta // the first piece held, for the model, level and flags of what is held
+	calls   provider.ToolCallAssembler
+	holding bool
 	passing bool
 }
 
 func (h *toolHold) sink(d Delta) error {
 	if !h.passing && d.Content == "" && len(d.ToolCalls) > 0 && d.Logprobs == nil {
-		h.held = append(h.held, d)
+		if !h.holding {
+			h.first, h.holding = d, true
+		}
+		if err := h.calls.Add(d.ToolCalls); err != nil {
+			return err
+		}
 		return nil
 	}
 	if !h.passing {
 		h.passing = true
-		for _, p := range h.held {
+		for _, p := range h.held() {
 			if err := h.next(p); err != nil {
 				return err
 			}
 		}
-		h.held = nil
+		h.holding, h.calls = false, provider.ToolCallAssembler{}
 	}
 	return h.next(d)
+}
+
+// held returns what is held as one delta, every call whole in index order; none when
+// nothing is.
+func (h *toolHold) held() []Delta {
+	if !h.holding {
+		return nil
+	}
+	calls := h.calls.Calls()
+	d := h.first // of the same answer as every piece held: all but the calls alike
+	d.ToolCalls = make([]provider.ToolCallDelta, len(calls))
+	for i, c := range calls {
+		d.ToolCalls[i] = provider.ToolCallDelta{Index: i, ID: c.ID, Type: c.Type, Name: c.Name, Arguments: c.Arguments}
+	}
+	return []Delta{d}
 }

@@ -477,12 +477,12 @@ func TestStreamAssemblesToolCalls(t *testing.T) {
 	}
 	many = append(many, chunk{finish: "tool_calls"})
 
-	run := func(t *testing.T, stream []chunk) (resp *routerv1.CompleteResponse, pieces, text int, err error) {
+	run := func(t *testing.T, stream []chunk) (resp *routerv1.CompleteResponse, pieces []provider.ToolCallDelta, text int, err error) {
 		cfg := testConfig()
 		cfg.Routes = []RouteConfig{{Name: "chat", Candidates: []string{"a"}}} // no fallback
 		h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{"a": newFakeProvider(result{stream: stream})}})
 		resp, err = h.router.Stream(context.Background(), ask("chat"), func(d Delta) error {
-			pieces += len(d.ToolCalls)
+			pieces = append(pieces, d.ToolCalls...)
 			text += len(d.Content)
 			return nil
 		})
@@ -490,12 +490,14 @@ func TestStreamAssemblesToolCalls(t *testing.T) {
 	}
 	t.Run("long arguments in small pieces", func(t *testing.T) {
 		t.Parallel()
-		resp, deltas, _, err := run(t, long)
+		resp, pieces, _, err := run(t, long)
 		if err != nil {
 			t.Fatalf("Stream: %v", err)
 		}
-		if deltas != len(long)-1 {
-			t.Errorf("the caller got %d tool call pieces, want %d", deltas, len(long)-1)
+		// Held until whole, the call reaches the caller in one piece, not 2290.
+		want := []provider.ToolCallDelta{{Index: 0, ID: "call_1", Type: "function", Name: "write_file", Arguments: args}}
+		if diff := cmp.Diff(want, pieces); diff != "" {
+			t.Errorf("the caller's tool call pieces (-want +got):\n%s", diff)
 		}
 		calls := resp.GetMessage().GetToolCalls()
 		if len(calls) != 1 || calls[0].GetName() != "write_file" || calls[0].GetId() != "call_1" || calls[0].GetArguments() != args {
@@ -504,12 +506,39 @@ func TestStreamAssemblesToolCalls(t *testing.T) {
 	})
 	t.Run("more calls than the bound", func(t *testing.T) {
 		t.Parallel()
-		resp, deltas, _, err := run(t, many)
+		resp, pieces, _, err := run(t, many)
 		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than %d tool calls", provider.MaxStreamedToolCalls)) {
 			t.Fatalf("Stream: %v (final %v), want the bound named", err, resp != nil)
 		}
-		if deltas != 0 {
-			t.Errorf("the caller got %d tool call pieces of the failed answer, want none", deltas)
+		if len(pieces) != 0 {
+			t.Errorf("the caller got %d tool call pieces of the failed answer, want none", len(pieces))
+		}
+	})
+	t.Run("text after held calls", func(t *testing.T) {
+		t.Parallel()
+		stream := []chunk{
+			{tools: []provider.ToolCallDelta{{Index: 0, ID: "call_1", Type: "function", Name: "f", Arguments: `{"a":`}}},
+			{tools: []provider.ToolCallDelta{{Index: 1, ID: "call_2", Type: "function", Name: "g", Arguments: `{}`}}},
+			{tools: []provider.ToolCallDelta{{Index: 0, Arguments: `1}`}}},
+			{content: "done"},
+			{tools: []provider.ToolCallDelta{{Index: 2, ID: "call_3", Type: "function", Name: "h", Arguments: `{}`}}},
+			{finish: "tool_calls"},
+		}
+		resp, pieces, text, err := run(t, stream)
+		if err != nil {
+			t.Fatalf("Stream: %v", err)
+		}
+		// What was held goes out joined when the text comes; what follows, as it comes.
+		want := []provider.ToolCallDelta{
+			{Index: 0, ID: "call_1", Type: "function", Name: "f", Arguments: `{"a":1}`},
+			{Index: 1, ID: "call_2", Type: "function", Name: "g", Arguments: `{}`},
+			{Index: 2, ID: "call_3", Type: "function", Name: "h", Arguments: `{}`},
+		}
+		if diff := cmp.Diff(want, pieces); diff != "" || text != len("done") {
+			t.Errorf("the caller's tool call pieces (-want +got):\n%s\ntext %d bytes", diff, text)
+		}
+		if calls := resp.GetMessage().GetToolCalls(); len(calls) != 3 || calls[0].GetArguments() != `{"a":1}` {
+			t.Errorf("final tool calls %v", calls)
 		}
 	})
 	t.Run("an answer longer than the bound", func(t *testing.T) {
