@@ -275,25 +275,30 @@ func (s *Set) PlanLink() *LinkPlan {
 		}
 	}
 	q := s.vec(slot)
+	var seeds []Hit // where the walk on layer 0 starts, besides the upper layers' result
 	if s.sparse {
-		sc.qt.reset(q)
+		// As in Search, the vectors that share the rarest coordinates are where the walk on
+		// layer 0 starts: where every vector shares the common words (prompts from one
+		// template), the walk alone misses the vectors closest in the rare ones. A node of
+		// the bottom layer only is linked from them without a walk, as after a lookup the
+		// postings answered (docs/design/013-link-from-the-postings.md).
+		sc.seeds = sc.seeds[:0]
+		limits := s.seedLimits()
+		n := max(limits.Scored, 1)
+		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, limits)
+		seeds = slices.DeleteFunc(slices.Clone(sc.seeds), func(h Hit) bool { return h.Slot == slot })
+		if p.level == 0 && len(seeds) > 0 {
+			slices.SortFunc(seeds, bestFirst)
+			s.planLevel(p, 0, seeds, sc)
+			return p
+		}
+		sc.qt.reset(q) // the walk below scores through the query's table
 	}
 	ep := Hit{g.entry, s.scoreQuery(sc, q, g.entry)}
 	for l := g.top; l > p.level; l-- {
 		ep = s.greedy(sc, q, ep, l)
 	}
 	eps := []Hit{ep}
-	var seeds []Hit // where the walk on layer 0 starts, besides the upper layers' result
-	if s.sparse {
-		// As in Search, the vectors that share the rarest coordinates are where the walk on
-		// layer 0 starts too: where every vector shares the common words (prompts from one
-		// template), the walk alone misses the vectors closest in the rare ones.
-		sc.seeds = sc.seeds[:0]
-		limits := s.seedLimits()
-		n := max(limits.Scored, 1)
-		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, limits)
-		seeds = slices.DeleteFunc(slices.Clone(sc.seeds), func(h Hit) bool { return h.Slot == slot })
-	}
 	for l := min(g.top, p.level); l >= 0; l-- {
 		if l == 0 {
 			eps = append(eps, seeds...)

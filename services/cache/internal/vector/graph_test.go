@@ -442,6 +442,65 @@ func TestLinksChosenFromTheSeeds(t *testing.T) {
 	}
 }
 
+// TestLinksFromThePostingsWithoutARecord: a vector stored without a lookup's record (a
+// store without a lease, a graph's first build) and drawn to the bottom layer only is
+// linked from the seeds its own postings search scores, without a walk: every link is one
+// of them, and a search for it finds it first.
+func TestLinksFromThePostingsWithoutARecord(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(33, 34))
+	// Few seeds: a walk from them would reach nodes beyond them.
+	cfg := Graph{MinLen: 64, M: 4, EfConstruction: 16, EfSearch: 8, Seed: 1, Seeds: Limits{Postings: 64, Scored: 4}}
+	set := NewSet(true, Limits{}, cfg)
+	for range 300 {
+		if _, err := set.Add(randomSparse(t, r, 30, 2000)); err != nil {
+			t.Fatalf("Add: %v", err)
+		}
+	}
+	set.LinkPending(1 << 20)
+	if !set.GraphReady() {
+		t.Fatal("no graph")
+	}
+	bottom := 0
+	for trial := range 40 {
+		q := randomSparse(t, r, 30, 2000)
+		slot, err := set.Add(q)
+		if err != nil {
+			t.Fatalf("Add: %v", err)
+		}
+		// The seeds the linking's postings search scores, asked the same way.
+		sc := set.takeScratch()
+		sc.seeds = sc.seeds[:0]
+		limits := set.seedLimits()
+		set.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, limits.Scored+1), k: limits.Scored + 1}, limits)
+		seeds := map[uint32]bool{}
+		for _, h := range sc.seeds {
+			seeds[h.Slot] = true
+		}
+		set.returnScratch(sc)
+		set.LinkPending(1 << 20)
+		if set.graph.level[slot] != 0 {
+			continue // upper layers are walked
+		}
+		bottom++
+		links := set.graph.links(slot, 0)
+		if len(links) == 0 {
+			t.Fatalf("trial %d: the vector has no links", trial)
+		}
+		for _, l := range links {
+			if l == slot || !set.live[l] || !seeds[l] {
+				t.Fatalf("trial %d: link to %d (itself, not live, or not a seed of the postings)", trial, l)
+			}
+		}
+		if got := set.Search(q, 1, -1, nil); len(got) == 0 || got[0].Slot != slot {
+			t.Fatalf("trial %d: Search for the vector = %v, want slot %d first", trial, got, slot)
+		}
+	}
+	if bottom < 20 {
+		t.Fatalf("only %d of 40 vectors on the bottom layer alone: the test checks too few", bottom)
+	}
+}
+
 // TestGraphReadyUnderSteadyStores: a graph serves once the vectors present when it was
 // built are linked, even when stores keep the queue from ever emptying (a linker that
 // links one vector per vector stored), and not before.

@@ -9,9 +9,8 @@ package vector
 //
 // A search whose postings sufficed does not walk; it records the seeds it scored instead:
 // the vectors that share the query's rarest coordinates, each scored exactly, the nearest
-// the postings know of. The links are chosen from them as from a walk's result: walking
-// on from them cost a third of a link on varied questions, and found nothing the searches
-// of TestIndexRecall and BenchmarkIndexLookup missed without it.
+// the postings know of. The links are chosen from them as from a walk's result
+// (docs/design/013-link-from-the-postings.md).
 //
 // A Near stays usable while the set's graph does: a node whose slot has since taken
 // another vector is dropped from it (each node's generation is recorded), and a Near of a
