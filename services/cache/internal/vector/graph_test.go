@@ -394,17 +394,7 @@ func TestLinksChosenFromTheSeeds(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	// Short posting lists (30 coordinates each out of 2000) that the seeds' budget reads
 	// whole, so that the postings answer exactly and no search walks.
-	cfg := Graph{MinLen: 64, M: 4, EfConstruction: 16, EfSearch: 8, Seed: 1, Seeds: Limits{Postings: 4096, Scored: 256}}
-	set := NewSet(true, Limits{}, cfg)
-	for range 300 {
-		if _, err := set.Add(randomSparse(t, r, 30, 2000)); err != nil {
-			t.Fatalf("Add: %v", err)
-		}
-	}
-	set.LinkPending(1 << 20)
-	if !set.GraphReady() {
-		t.Fatal("no graph")
-	}
+	set := linkedSparseSet(t, r, Limits{Postings: 4096, Scored: 256})
 	for trial := range 20 {
 		q := randomSparse(t, r, 30, 2000)
 		near := new(Near)
@@ -424,21 +414,7 @@ func TestLinksChosenFromTheSeeds(t *testing.T) {
 			t.Fatalf("AddNear: %v", err)
 		}
 		set.LinkPending(1 << 20)
-		links := set.graph.links(slot, 0)
-		if len(links) == 0 {
-			t.Fatalf("trial %d: the vector has no links", trial)
-		}
-		for _, l := range links {
-			if l == slot || !set.live[l] {
-				t.Fatalf("trial %d: link to %d (itself, or not live)", trial, l)
-			}
-			if set.graph.level[slot] == 0 && !seeds[l] {
-				t.Fatalf("trial %d: link to %d, not a recorded seed: the linking walked", trial, l)
-			}
-		}
-		if got := set.Search(q, 1, -1, nil); len(got) == 0 || got[0].Slot != slot {
-			t.Fatalf("trial %d: Search for the vector = %v, want slot %d first", trial, got, slot)
-		}
+		checkLinkedFrom(t, set, slot, q, seeds)
 	}
 }
 
@@ -450,19 +426,9 @@ func TestLinksFromThePostingsWithoutARecord(t *testing.T) {
 	t.Parallel()
 	r := rand.New(rand.NewPCG(33, 34))
 	// Few seeds: a walk from them would reach nodes beyond them.
-	cfg := Graph{MinLen: 64, M: 4, EfConstruction: 16, EfSearch: 8, Seed: 1, Seeds: Limits{Postings: 64, Scored: 4}}
-	set := NewSet(true, Limits{}, cfg)
-	for range 300 {
-		if _, err := set.Add(randomSparse(t, r, 30, 2000)); err != nil {
-			t.Fatalf("Add: %v", err)
-		}
-	}
-	set.LinkPending(1 << 20)
-	if !set.GraphReady() {
-		t.Fatal("no graph")
-	}
+	set := linkedSparseSet(t, r, Limits{Postings: 64, Scored: 4})
 	bottom := 0
-	for trial := range 40 {
+	for range 40 {
 		q := randomSparse(t, r, 30, 2000)
 		slot, err := set.Add(q)
 		if err != nil {
@@ -483,21 +449,49 @@ func TestLinksFromThePostingsWithoutARecord(t *testing.T) {
 			continue // upper layers are walked
 		}
 		bottom++
-		links := set.graph.links(slot, 0)
-		if len(links) == 0 {
-			t.Fatalf("trial %d: the vector has no links", trial)
-		}
-		for _, l := range links {
-			if l == slot || !set.live[l] || !seeds[l] {
-				t.Fatalf("trial %d: link to %d (itself, not live, or not a seed of the postings)", trial, l)
-			}
-		}
-		if got := set.Search(q, 1, -1, nil); len(got) == 0 || got[0].Slot != slot {
-			t.Fatalf("trial %d: Search for the vector = %v, want slot %d first", trial, got, slot)
-		}
+		checkLinkedFrom(t, set, slot, q, seeds)
 	}
 	if bottom < 20 {
 		t.Fatalf("only %d of 40 vectors on the bottom layer alone: the test checks too few", bottom)
+	}
+}
+
+// linkedSparseSet is a sparse set of 300 random vectors (30 coordinates of 2000 each)
+// whose graph is built, with seeds as the postings search's limits for its walks.
+func linkedSparseSet(t *testing.T, r *rand.Rand, seeds Limits) *Set {
+	t.Helper()
+	set := NewSet(true, Limits{}, Graph{MinLen: 64, M: 4, EfConstruction: 16, EfSearch: 8, Seed: 1, Seeds: seeds})
+	for range 300 {
+		if _, err := set.Add(randomSparse(t, r, 30, 2000)); err != nil {
+			t.Fatalf("Add: %v", err)
+		}
+	}
+	set.LinkPending(1 << 20)
+	if !set.GraphReady() {
+		t.Fatal("no graph")
+	}
+	return set
+}
+
+// checkLinkedFrom fails unless the vector q stored in slot has links, each to another
+// live node and, on the bottom layer alone, to one of from (linked without a walk), and
+// a search for q finds it first.
+func checkLinkedFrom(t *testing.T, set *Set, slot uint32, q Vector, from map[uint32]bool) {
+	t.Helper()
+	links := set.graph.links(slot, 0)
+	if len(links) == 0 {
+		t.Fatal("the vector has no links")
+	}
+	for _, l := range links {
+		if l == slot || !set.live[l] {
+			t.Fatalf("link to %d (itself, or not live)", l)
+		}
+		if set.graph.level[slot] == 0 && !from[l] {
+			t.Fatalf("link to %d, not a seed: the linking walked", l)
+		}
+	}
+	if got := set.Search(q, 1, -1, nil); len(got) == 0 || got[0].Slot != slot {
+		t.Fatalf("Search for the vector = %v, want slot %d first", got, slot)
 	}
 }
 
