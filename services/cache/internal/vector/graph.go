@@ -263,36 +263,33 @@ func (s *Set) PlanLink() *LinkPlan {
 	}
 	sc := s.takeScratch()
 	defer s.returnScratch(sc)
+	// The bottom layer's links are chosen from a lookup's record of this vector (where its
+	// walk ended, or the seeds its postings search scored), else from the seeds of this
+	// vector's own postings search: the vectors that share its rarest coordinates, scored
+	// exactly (docs/design/013-link-from-the-postings.md).
+	var seeds []Hit
 	if near := g.near[slot]; near != nil && p.level == 0 {
-		if w := near.candidates(slot); len(w) > 0 {
-			// A search for this vector walked the bottom layer already, or its postings
-			// answered it exactly: what it scored is what the walk below would choose
-			// from (the nearest nodes it can reach, or the nearest the postings know of),
-			// less the nodes linked since.
-			slices.SortFunc(w, bestFirst)
-			s.planLevel(p, 0, w, sc)
-			return p
-		}
+		seeds = near.candidates(slot)
 	}
 	q := s.vec(slot)
-	var seeds []Hit // where the walk on layer 0 starts, besides the upper layers' result
-	if s.sparse {
-		// As in Search, the vectors that share the rarest coordinates are where the walk on
-		// layer 0 starts: where every vector shares the common words (prompts from one
-		// template), the walk alone misses the vectors closest in the rare ones. A node of
-		// the bottom layer only is linked from them without a walk, as after a lookup the
-		// postings answered (docs/design/013-link-from-the-postings.md).
+	if len(seeds) == 0 && s.sparse {
 		sc.seeds = sc.seeds[:0]
 		limits := s.seedLimits()
 		n := max(limits.Scored, 1)
 		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, limits)
 		seeds = slices.DeleteFunc(slices.Clone(sc.seeds), func(h Hit) bool { return h.Slot == slot })
-		if p.level == 0 && len(seeds) > 0 {
-			slices.SortFunc(seeds, bestFirst)
-			s.planLevel(p, 0, seeds, sc)
-			return p
-		}
-		sc.qt.reset(q) // the walk below scores through the query's table
+	}
+	if p.level == 0 && len(seeds) > 0 {
+		slices.SortFunc(seeds, bestFirst)
+		s.planLevel(p, 0, seeds, sc)
+		return p
+	}
+	// Otherwise (a node of the upper layers, a dense set without a record) a walk: the
+	// upper layers lead to the vector from the entry point, and the walk on layer 0 starts
+	// from there and from the seeds (where every vector shares the common words, prompts
+	// from one template, the walk alone misses the vectors closest in the rare ones).
+	if s.sparse {
+		sc.qt.reset(q) // the walk scores through the query's table
 	}
 	ep := Hit{g.entry, s.scoreQuery(sc, q, g.entry)}
 	for l := g.top; l > p.level; l-- {
