@@ -41,6 +41,11 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 	var content strings.Builder
 	// Reassembled for verification, the idempotency record and the final message.
 	var tools provider.ToolCallAssembler
+	// answer is res with what the stream has said so far, however it ends.
+	answer := func() provider.Response {
+		res.Content, res.RequestID, res.ToolCalls = content.String(), st.RequestID(), tools.Calls()
+		return res
+	}
 	committed := false
 	for {
 		chunk, err := st.Recv()
@@ -48,8 +53,7 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 			break
 		}
 		if err != nil {
-			res.Content, res.RequestID, res.ToolCalls = content.String(), st.RequestID(), tools.Calls()
-			return res, committed, streamCause(ctx, err)
+			return answer(), committed, streamCause(ctx, err)
 		}
 		if chunk.Usage != nil {
 			res.Usage = *chunk.Usage
@@ -79,16 +83,14 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 			}
 		}
 		if perr != nil {
-			res.Content, res.RequestID, res.ToolCalls = content.String(), st.RequestID(), tools.Calls()
-			return res, committed, perr
+			return answer(), committed, perr
 		}
 		if err := sink(Delta{Content: chunk.Content, Model: c.u.model.Name, Level: c.level, ToolCalls: chunk.ToolCalls, Logprobs: chunk.Logprobs}); err != nil {
-			res.ToolCalls = tools.Calls()
-			return res, true, err
+			return answer(), true, err
 		}
 	}
-	res.Content, res.RequestID, res.Model, res.ToolCalls = content.String(), st.RequestID(), preq.Model, tools.Calls()
-	return res, committed, nil
+	res.Model = preq.Model
+	return answer(), committed, nil
 }
 
 // streamCause prefers the watchdog's reason over the bare cancellation it caused.
