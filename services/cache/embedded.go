@@ -44,6 +44,10 @@ type EmbeddedIndex struct {
 	// searches share it, writes hold it alone. Stores and links take it through
 	// lockToWrite, which lets the searches in progress finish first.
 	mu sync.RWMutex
+	// writersWaiting counts the writers waiting in lockToWrite for mu to be free, and
+	// unlocked carries word to one of them that whoever held mu has let it go.
+	writersWaiting atomic.Int32
+	unlocked       chan struct{}
 	// keyMu guards byKey and the node table's places too, for Get and Touch, which read
 	// them under it alone: a write changes them holding mu and keyMu, and holds keyMu for
 	// the map and table change only, not for the vector work around it. An exact lookup
@@ -174,6 +178,7 @@ func newEmbeddedIndex(maxEntries int, limits vector.Limits, sparse, dense vector
 		sparseGraph: sparse,
 		denseGraph:  dense,
 		wake:        make(chan struct{}, 1),
+		unlocked:    make(chan struct{}, 1),
 		byKey:       make(map[Key]nodeRef),
 		parts:       make(map[Key]*partition),
 	}
@@ -198,7 +203,7 @@ func (x *EmbeddedIndex) Get(_ context.Context, _ string, key Key, now time.Time)
 		if r, ok := x.byKey[key]; ok && !x.nodes.at(r).entry.heldAt(now) {
 			x.remove(r)
 		}
-		x.mu.Unlock()
+		x.unlockWrite()
 	}
 	return Entry{}, false, nil
 }
@@ -228,7 +233,7 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 	}
 	x.searches.Add(1)
 	x.mu.RLock()
-	defer x.mu.RUnlock()
+	defer x.unlockRead()
 	p := x.parts[q.Partition]
 	if p == nil || p.set == nil || p.set.Len() == 0 {
 		return nil, nil
@@ -288,7 +293,7 @@ func (x *EmbeddedIndex) Put(_ context.Context, e Entry, v vector.Vector, near *v
 // than searches should scan, and whether any partition has vectors waiting.
 func (x *EmbeddedIndex) put(e Entry, v vector.Vector, near *vector.Near) (help, queued bool, err error) {
 	x.lockToWrite()
-	defer x.mu.Unlock()
+	defer x.unlockWrite()
 	if old, ok := x.byKey[e.Key]; ok {
 		x.remove(old)
 	}
@@ -400,9 +405,9 @@ func (x *EmbeddedIndex) linkOne() (more, building bool) {
 			break
 		}
 	}
-	x.mu.RUnlock()
+	x.unlockRead()
 	x.lockToWrite()
-	defer x.mu.Unlock()
+	defer x.unlockWrite()
 	if p != nil && x.parts[p.key] == p {
 		// Refused only when the set changed under the plan; the next call plans again.
 		p.set.ApplyLink(plan)
@@ -422,23 +427,48 @@ func (x *EmbeddedIndex) linkOne() (more, building bool) {
 // after the answer it serves (router.async_cache_store). A writer waiting in mu.Lock makes
 // every search that arrives meanwhile wait behind it (an RWMutex queues new readers behind
 // a waiting writer), and on busy CPUs each of those waits lasts until the searches already
-// in, the writer and then the queued searches have each been given a CPU. So a write first
-// lets the searches in progress finish: while they hold the lock it yields its CPU to
-// them, a few times, and only then queues for the lock. In execution traces of the mesh at
-// 1000/s, this cut the searches that waited a millisecond or more for the lock by three to
-// five times (docs/design/011-writers-yield-to-searches.md).
+// in, the writer and then the queued searches have each been given a CPU. So a write
+// takes mu only when it is free: while searches (or another write) hold it, the writer
+// waits for word that one has let it go (unlockRead, unlockWrite), and tries again; only
+// after writeTries such waits does it queue for the lock, so that searches that keep
+// overlapping cannot hold a write off for ever (docs/design/014-writers-wait-for-word.md).
 func (x *EmbeddedIndex) lockToWrite() {
+	x.writersWaiting.Add(1)
+	defer x.writersWaiting.Add(-1)
+	// Counted before trying: a holder that lets mu go after this try sees the count and
+	// leaves word, so the wait below cannot miss it.
 	for range writeTries {
 		if x.mu.TryLock() {
 			return
 		}
-		runtime.Gosched()
+		<-x.unlocked
 	}
 	x.mu.Lock()
 }
 
-// writeTries is how many times lockToWrite yields before it queues.
-const writeTries = 4
+// writeTries is how many times lockToWrite waits for mu to be let go before it queues.
+const writeTries = 8
+
+// unlockRead lets mu go after a search, with word for a writer that waits.
+func (x *EmbeddedIndex) unlockRead() {
+	x.mu.RUnlock()
+	x.tellWriters()
+}
+
+// unlockWrite lets mu go after lockToWrite, with word for the next writer that waits.
+func (x *EmbeddedIndex) unlockWrite() {
+	x.mu.Unlock()
+	x.tellWriters()
+}
+
+func (x *EmbeddedIndex) tellWriters() {
+	if x.writersWaiting.Load() > 0 {
+		select {
+		case x.unlocked <- struct{}{}:
+		default: // word is waiting already
+		}
+	}
+}
 
 // linkAll links every waiting vector.
 func (x *EmbeddedIndex) linkAll() {
@@ -453,7 +483,7 @@ func (x *EmbeddedIndex) linkAll() {
 // graphs.
 func (x *EmbeddedIndex) LinkBacklog() int {
 	x.mu.RLock()
-	defer x.mu.RUnlock()
+	defer x.unlockRead()
 	n := 0
 	for _, p := range x.toLink {
 		if x.parts[p.key] == p {
@@ -523,7 +553,7 @@ func (x *EmbeddedIndex) Delete(_ context.Context, f Filter) (int, error) {
 		return 0, errors.New("embedded index: delete without a tenant")
 	}
 	x.mu.Lock()
-	defer x.mu.Unlock()
+	defer x.unlockWrite()
 	removed := 0
 	for _, r := range x.byKey {
 		if f.matches(x.nodes.at(r).entry.entry()) {
@@ -537,14 +567,14 @@ func (x *EmbeddedIndex) Delete(_ context.Context, f Filter) (int, error) {
 // Len returns the number of entries held, expired ones included until they are removed.
 func (x *EmbeddedIndex) Len() int {
 	x.mu.RLock()
-	defer x.mu.RUnlock()
+	defer x.unlockRead()
 	return len(x.byKey)
 }
 
 // Bytes returns about how much of the heap the entries held take (entrySize).
 func (x *EmbeddedIndex) Bytes() int64 {
 	x.mu.RLock()
-	defer x.mu.RUnlock()
+	defer x.unlockRead()
 	return x.bytes
 }
 

@@ -224,29 +224,31 @@ func TestEmbeddedIndexGetDoesNotWaitForWrites(t *testing.T) {
 	}
 }
 
-// TestEmbeddedIndexWriteQueuesAfterYielding: a store yields to the searches holding the
-// index's lock, but not for ever: with a search holding it throughout, the store queues for
-// the lock (which then turns new searches away, as TryRLock shows) and lands once the
-// search ends.
-func TestEmbeddedIndexWriteQueuesAfterYielding(t *testing.T) {
+// TestEmbeddedIndexWriteQueuesAfterWaiting: a store lets the searches holding the index's
+// lock finish, but not for ever: with a search holding it throughout while others come and
+// go, the store queues for the lock (which then turns new searches away, as TryRLock shows)
+// and lands once the search ends.
+func TestEmbeddedIndexWriteQueuesAfterWaiting(t *testing.T) {
 	t.Parallel()
 	idx := NewEmbeddedIndex(10, 0)
 	e := testEntry("a", "t", "s", "p", "alpha question")
 	v := vec(t, e.Question)
-	idx.mu.RLock() // a search in progress
+	idx.mu.RLock() // a search in progress, held throughout
 	done := make(chan error, 1)
 	go func() { done <- idx.Put(context.Background(), e, v, nil) }()
+	// Other searches come and go while the first holds the lock: each that ends tells the
+	// store, which tries again, and past writeTries queues, which keeps new searches out.
 	deadline := time.Now().Add(10 * time.Second)
 	queued := false
 	for !queued && time.Now().Before(deadline) {
 		if queued = !idx.mu.TryRLock(); !queued {
-			idx.mu.RUnlock()
+			idx.unlockRead()
 			runtime.Gosched()
 		}
 	}
-	idx.mu.RUnlock() // the search ends
+	idx.unlockRead() // the first search ends
 	if !queued {
-		t.Fatal("the store never queued for the lock while a search held it")
+		t.Fatal("the store never queued for the lock while searches held it")
 	}
 	select {
 	case err := <-done:
@@ -258,6 +260,50 @@ func TestEmbeddedIndexWriteQueuesAfterYielding(t *testing.T) {
 	}
 	if got := present(t, idx, epoch, e); len(got) != 1 {
 		t.Fatalf("after the store: %v, want [a]", got)
+	}
+}
+
+func TestEmbeddedIndexWriterWaitsForWord(t *testing.T) {
+	t.Parallel()
+	for _, holder := range []struct {
+		name         string
+		lock, unlock func(*EmbeddedIndex)
+	}{
+		{"search", func(x *EmbeddedIndex) { x.mu.RLock() }, (*EmbeddedIndex).unlockRead},
+		{"write", func(x *EmbeddedIndex) { x.mu.Lock() }, (*EmbeddedIndex).unlockWrite},
+	} {
+		t.Run(holder.name, func(t *testing.T) {
+			t.Parallel()
+			idx := NewEmbeddedIndex(10, 0)
+			e := testEntry("a", "t", "s", "p", "alpha question")
+			v := vec(t, e.Question)
+			holder.lock(idx)
+			done := make(chan error, 1)
+			go func() { done <- idx.Put(context.Background(), e, v, nil) }()
+			// The store waits for word (it has not queued: a search still gets in) ...
+			deadline := time.Now().Add(10 * time.Second)
+			for idx.writersWaiting.Load() == 0 && time.Now().Before(deadline) {
+				runtime.Gosched()
+			}
+			if idx.writersWaiting.Load() == 0 {
+				t.Fatal("the store did not wait for the lock")
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("Put returned while the lock was held: %v", err)
+			default:
+			}
+			// ... and letting the lock go is word enough, whoever held it.
+			holder.unlock(idx)
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("Put: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the store did not land once the lock was let go")
+			}
+		})
 	}
 }
 

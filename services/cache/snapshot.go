@@ -69,7 +69,7 @@ type SaveStats struct {
 // stores wait for it.
 func (x *EmbeddedIndex) Save(w io.Writer, maxBytes int64) (SaveStats, error) {
 	x.mu.RLock()
-	defer x.mu.RUnlock()
+	defer x.unlockRead()
 	x.lruMu.Lock()
 	nodes := make([]*node, 0, len(x.byKey))
 	for r := x.recency.front; r != 0; r = x.nodes.at(r).next {
@@ -201,7 +201,7 @@ func (x *EmbeddedIndex) Load(r io.Reader, maxBytes int64, now time.Time, namespa
 		return stats, fmt.Errorf("snapshot: version %d, this mantle reads version %d", v, snapshotVersion)
 	}
 	x.mu.Lock()
-	defer x.mu.Unlock()
+	defer x.unlockWrite()
 	if len(x.byKey) != 0 {
 		return stats, errors.New("snapshot: load into a non-empty index")
 	}
