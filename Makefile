@@ -54,6 +54,7 @@ vet:
 # times over on a loaded two-core machine: their binaries get 30 minutes, not go test's 10.
 test-race:
 	$(GO) test -race -count=1 -timeout 30m ./...
+	cd tools && $(GO) test -race -count=1 ./tracewaits/
 
 # The plain test run already replays every fuzz target's seeds and committed corpus
 # (testdata/fuzz); fuzz explores beyond them.
