@@ -8,6 +8,8 @@
 //
 // A goroutine counts under the first -at whose text is part of a function name on its stack
 // when it blocks (any blocking: locks, channels, select). Durations are in milliseconds.
+// For blocks of -long or more, it names the waker (its innermost mantle functions) and how
+// long the waker had been running: a waker that ran long held what the others waited for.
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/exp/trace"
 )
@@ -51,12 +54,14 @@ type goroutine struct {
 	blockedAt trace.Time
 	blockedBy string // the site it blocked at, "" if none
 	readyAt   trace.Time
-	wokeFrom  string // the site it blocked at before its last wake-up
+	wokeFrom  string     // the site it blocked at before its last wake-up
+	runningAt trace.Time // when it last got a CPU
 }
 
 func main() {
 	var at sites
 	flag.Var(&at, "at", "label=text: count goroutines blocked with text in a function name on their stack (repeatable; the mesh's locks by default)")
+	long := flag.Duration("long", time.Millisecond, "name who woke the goroutines blocked this long or longer")
 	flag.Parse()
 	if flag.NArg() != 1 {
 		fmt.Fprintln(os.Stderr, "usage: tracewaits [-at label=text ...] trace-file")
@@ -65,19 +70,19 @@ func main() {
 	if len(at) == 0 {
 		at = defaultSites
 	}
-	if err := run(os.Stdout, flag.Arg(0), at); err != nil {
+	if err := run(os.Stdout, flag.Arg(0), at, *long); err != nil {
 		fmt.Fprintln(os.Stderr, "tracewaits:", err)
 		os.Exit(1)
 	}
 }
 
-func run(out io.Writer, path string, at sites) error {
+func run(out io.Writer, path string, at sites, long time.Duration) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	w, err := read(f, at)
+	w, err := read(f, at, long.Seconds()*1e3)
 	if err != nil {
 		return err
 	}
@@ -85,6 +90,7 @@ func run(out io.Writer, path string, at sites) error {
 	for _, s := range at {
 		show(out, s.label+": blocked", w.blocked[s.label])
 		show(out, s.label+": then waited for a CPU", w.cpuAfter[s.label])
+		showWakers(out, w.wakers[s.label], long)
 	}
 	return nil
 }
@@ -93,14 +99,25 @@ func run(out io.Writer, path string, at sites) error {
 type waits struct {
 	cpu               []float64
 	blocked, cpuAfter map[string][]float64
+	// wakers counts, per site, who woke the goroutines blocked there for a millisecond or
+	// more: the waker's innermost mantle functions, and how long it had had its CPU.
+	wakers map[string]map[string]*waker
 }
 
-func read(r io.Reader, at sites) (waits, error) {
+// waker is one place that woke goroutines after a long block.
+type waker struct {
+	woke  int
+	onCPU []float64 // how long the waker had been running, each time
+}
+
+// read reads the trace from r, counting the wakers of blocks at at's sites of long
+// milliseconds or more.
+func read(r io.Reader, at sites, long float64) (waits, error) {
 	tr, err := trace.NewReader(r)
 	if err != nil {
 		return waits{}, err
 	}
-	w := waits{blocked: map[string][]float64{}, cpuAfter: map[string][]float64{}}
+	w := waits{blocked: map[string][]float64{}, cpuAfter: map[string][]float64{}, wakers: map[string]map[string]*waker{}}
 	gs := map[trace.GoID]*goroutine{}
 	ms := func(from, to trace.Time) float64 { return float64(to-from) / 1e6 }
 	for {
@@ -124,12 +141,19 @@ func read(r io.Reader, at sites) (waits, error) {
 			gs[st.Resource.Goroutine()] = g
 		}
 		from, to := st.Goroutine()
+		if to == trace.GoRunning {
+			g.runningAt = ev.Time()
+		}
 		switch {
 		case from == trace.GoRunning && to == trace.GoWaiting:
 			g.blockedAt, g.blockedBy = ev.Time(), siteOf(st.Stack, at)
 		case from == trace.GoWaiting && to == trace.GoRunnable:
 			if g.blockedBy != "" {
-				w.blocked[g.blockedBy] = append(w.blocked[g.blockedBy], ms(g.blockedAt, ev.Time()))
+				d := ms(g.blockedAt, ev.Time())
+				w.blocked[g.blockedBy] = append(w.blocked[g.blockedBy], d)
+				if d >= long {
+					w.woke(g.blockedBy, ev, gs)
+				}
 			}
 			g.wokeFrom, g.blockedBy, g.readyAt = g.blockedBy, "", ev.Time()
 		case to == trace.GoRunnable:
@@ -147,6 +171,42 @@ func read(r io.Reader, at sites) (waits, error) {
 	}
 }
 
+// woke counts who ended a long block at site: ev is the goroutine's wake-up, emitted by the
+// goroutine that woke it.
+func (w waits) woke(site string, ev trace.Event, gs map[trace.GoID]*goroutine) {
+	where := "(no goroutine: the runtime)"
+	if frames := mantleFrames(ev.Stack(), 3); frames != "" {
+		where = frames
+	}
+	if w.wakers[site] == nil {
+		w.wakers[site] = map[string]*waker{}
+	}
+	k := w.wakers[site][where]
+	if k == nil {
+		k = &waker{}
+		w.wakers[site][where] = k
+	}
+	k.woke++
+	if by := gs[ev.Goroutine()]; by != nil && by.runningAt != 0 {
+		k.onCPU = append(k.onCPU, float64(ev.Time()-by.runningAt)/1e6)
+	}
+}
+
+// mantleFrames returns up to n of stack's innermost functions of mantle's own packages,
+// innermost first, without their package path.
+func mantleFrames(stack trace.Stack, n int) string {
+	var out []string
+	for fr := range stack.Frames() {
+		if len(out) == n {
+			break
+		}
+		if strings.Contains(fr.Func, "mantle-mesh/mantle/") {
+			out = append(out, fr.Func[strings.LastIndex(fr.Func, "/")+1:])
+		}
+	}
+	return strings.Join(out, " < ")
+}
+
 // siteOf returns the label of the first site whose text is part of a function on stack.
 func siteOf(stack trace.Stack, at sites) string {
 	for _, s := range at {
@@ -157,6 +217,28 @@ func siteOf(stack trace.Stack, at sites) string {
 		}
 	}
 	return ""
+}
+
+// showWakers lists who ended the long blocks, most first, with how long the waker had had
+// its CPU (a waker that ran long held what the blocked goroutines waited for).
+func showWakers(out io.Writer, wakers map[string]*waker, long time.Duration) {
+	type row struct {
+		where string
+		*waker
+	}
+	var rows []row
+	for where, k := range wakers {
+		rows = append(rows, row{where, k})
+	}
+	slices.SortFunc(rows, func(a, b row) int { return b.woke - a.woke })
+	for _, r := range rows[:min(len(rows), 5)] {
+		slices.Sort(r.onCPU)
+		median := 0.0
+		if len(r.onCPU) > 0 {
+			median = r.onCPU[len(r.onCPU)/2]
+		}
+		fmt.Fprintf(out, "    %d blocks of %v or more ended by %s (it had run %.2fms, median)\n", r.woke, long, r.where, median)
+	}
 }
 
 func show(out io.Writer, name string, v []float64) {

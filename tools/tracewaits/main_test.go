@@ -39,7 +39,7 @@ func TestReadCountsBlockedGoroutines(t *testing.T) {
 	rtrace.Stop()
 
 	at := sites{{"here", "tracewaits.waitHere"}, {"nowhere", "tracewaits.noSuchFunction"}}
-	w, err := read(&buf, at)
+	w, err := read(&buf, at, 0) // every block's waker counted
 	if err != nil {
 		t.Fatalf("read: %v", err)
 	}
@@ -54,6 +54,16 @@ func TestReadCountsBlockedGoroutines(t *testing.T) {
 	}
 	if len(w.cpu) == 0 {
 		t.Error("no wait for a CPU read at all")
+	}
+	// The test goroutine woke them all, closing ch: one waker, three wake-ups.
+	if k := w.wakers["here"]; len(k) != 1 {
+		t.Errorf("wakers of waitHere: %v, want one", k)
+	} else {
+		for where, by := range k {
+			if by.woke != blocked || !strings.Contains(where, "TestReadCountsBlockedGoroutines") {
+				t.Errorf("waker %q woke %d, want the test, %d", where, by.woke, blocked)
+			}
+		}
 	}
 	var out bytes.Buffer
 	show(&out, "here", w.blocked["here"])
