@@ -85,9 +85,9 @@ func (r *Router) call(ctx context.Context, x *exchange, s slot) outcome {
 	if sink == nil {
 		o.res, o.err = key.client.Complete(ctx, preq)
 	} else {
-		hold := &toolHold{next: sink}
+		hold := &toolHold{next: sink, calls: new(provider.ToolCallAssembler)}
 		held := *x
-		held.preq, held.sink = preq, hold.sink
+		held.preq, held.sink, held.tools = preq, hold.sink, hold.calls
 		o.res, o.committed, o.err = r.stream(ctx, &held, s, o.att, start)
 		if !hold.passing {
 			// Only tool calls so far, and the caller has none of them: not committed.

@@ -50,6 +50,9 @@ type exchange struct {
 	plan *plan
 	// tenant is qc's, for a side scout, which outlives the loop and must not read qc.
 	tenant string
+	// tools assembles a streamed answer's tool calls: call sets one for each stream, shared
+	// with the toolHold that keeps them from the caller, so they are assembled once.
+	tools *provider.ToolCallAssembler
 }
 
 // slot is what one attempt goes out on: a candidate, one of its keys and the breaker's

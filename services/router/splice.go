@@ -115,12 +115,13 @@ func trimLeftSpace(s string) string {
 // calls: a tool call is of no use to the caller until it is whole, and held back it can
 // still be checked and, when bad, replaced by another candidate's. The first text (or
 // anything else) sends what was held and everything after it straight through. What is
-// held is kept joined per call, not piece by piece: a long argument in small pieces would
-// otherwise cost a Delta per piece, many times its text.
+// held is the stream's own assembly of the calls (calls, which the stream adds each piece
+// to before it reaches the sink), sent joined per call, not piece by piece: a long argument
+// in small pieces would otherwise cost a Delta per piece, many times its text.
 type toolHold struct {
 	next    Sink
+	calls   *provider.ToolCallAssembler
 	first   Delta // the first piece held, for the model, level and flags of what is held
-	calls   provider.ToolCallAssembler
 	holding bool
 	passing bool
 }
@@ -130,19 +131,21 @@ func (h *toolHold) sink(d Delta) error {
 		if !h.holding {
 			h.first, h.holding = d, true
 		}
-		if err := h.calls.Add(d.ToolCalls); err != nil {
-			return err
-		}
 		return nil
 	}
 	if !h.passing {
 		h.passing = true
-		for _, p := range h.held() {
-			if err := h.next(p); err != nil {
+		if held := h.held(); held != nil {
+			if err := h.next(held[0]); err != nil {
 				return err
 			}
+			// The calls as assembled include this piece's own: it goes on without them,
+			// if anything is left.
+			d.ToolCalls = nil
+			if d.Content == "" && len(d.Logprobs) == 0 {
+				return nil
+			}
 		}
-		h.holding, h.calls = false, provider.ToolCallAssembler{}
 	}
 	return h.next(d)
 }

@@ -39,8 +39,9 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 	defer st.Close()
 	var res provider.Response
 	var content strings.Builder
-	// Reassembled for verification, the idempotency record and the final message.
-	var tools provider.ToolCallAssembler
+	// Reassembled for verification, the idempotency record, the final message and what a
+	// toolHold sends joined.
+	tools := x.tools
 	// answer is res with what the stream has said so far, however it ends.
 	answer := func() provider.Response {
 		res.Content, res.RequestID, res.ToolCalls = content.String(), st.RequestID(), tools.Calls()

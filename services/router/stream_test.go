@@ -519,8 +519,7 @@ func TestStreamAssemblesToolCalls(t *testing.T) {
 		stream := []chunk{
 			{tools: []provider.ToolCallDelta{{Index: 0, ID: "call_1", Type: "function", Name: "f", Arguments: `{"a":`}}},
 			{tools: []provider.ToolCallDelta{{Index: 1, ID: "call_2", Type: "function", Name: "g", Arguments: `{}`}}},
-			{tools: []provider.ToolCallDelta{{Index: 0, Arguments: `1}`}}},
-			{content: "done"},
+			{content: "done", tools: []provider.ToolCallDelta{{Index: 0, Arguments: `1}`}}},
 			{tools: []provider.ToolCallDelta{{Index: 2, ID: "call_3", Type: "function", Name: "h", Arguments: `{}`}}},
 			{finish: "tool_calls"},
 		}
@@ -528,7 +527,8 @@ func TestStreamAssemblesToolCalls(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Stream: %v", err)
 		}
-		// What was held goes out joined when the text comes; what follows, as it comes.
+		// What was held goes out joined when the text comes, with the piece that came with
+		// the text (once, not again beside it); what follows, as it comes.
 		want := []provider.ToolCallDelta{
 			{Index: 0, ID: "call_1", Type: "function", Name: "f", Arguments: `{"a":1}`},
 			{Index: 1, ID: "call_2", Type: "function", Name: "g", Arguments: `{}`},
