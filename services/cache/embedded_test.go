@@ -250,14 +250,7 @@ func TestEmbeddedIndexWriteQueuesAfterWaiting(t *testing.T) {
 	if !queued {
 		t.Fatal("the store never queued for the lock while searches held it")
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Put: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the store did not land once the search ended")
-	}
+	storeLands(t, done, "the search ended")
 	if got := present(t, idx, epoch, e); len(got) != 1 {
 		t.Fatalf("after the store: %v, want [a]", got)
 	}
@@ -295,15 +288,22 @@ func TestEmbeddedIndexWriterWaitsForWord(t *testing.T) {
 			}
 			// ... and letting the lock go is word enough, whoever held it.
 			holder.unlock(idx)
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("Put: %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the store did not land once the lock was let go")
-			}
+			storeLands(t, done, "the lock was let go")
 		})
+	}
+}
+
+// storeLands waits for a Put started in a goroutine, which must land once what held it
+// back (when) is gone.
+func storeLands(t *testing.T, done <-chan error, when string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Put: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the store did not land once %s", when)
 	}
 }
 
