@@ -54,10 +54,11 @@ type graph struct {
 	rng *rand.Rand
 
 	// Per slot: the node's layer, and its links: layer 0 as a count and 2M slots in
-	// links0[slot*(2M+1):], upper layers as a count and M slots per layer in upper[slot].
+	// links0.of(slot), upper layers as a count and M slots per layer in *upper.at(slot).
+	// The links grow a chunk at a time (chunks.go).
 	level  []uint8
-	links0 []uint32
-	upper  [][]uint32
+	links0 strided[uint32]
+	upper  strided[[]uint32]
 
 	entry    uint32
 	top      int
@@ -86,23 +87,24 @@ type graph struct {
 }
 
 func newGraph(cfg Graph) *graph {
-	return &graph{cfg: cfg, ml: 1 / math.Log(float64(cfg.M)), rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15))}
+	return &graph{
+		cfg: cfg, ml: 1 / math.Log(float64(cfg.M)), rng: rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)),
+		links0: newStrided[uint32](2*cfg.M+1, 4, linkChunkBytes),
+		upper:  newStrided[[]uint32](1, 24, linkChunkBytes),
+	}
 }
-
-func (g *graph) stride0() int { return 2*g.cfg.M + 1 }
 
 // grow makes room for the slots below n, drawing the layer of each new one.
 func (g *graph) grow(n int) {
+	g.links0.grow(n)
+	g.upper.grow(n)
 	for len(g.level) < n {
 		l := int(-math.Log(1-g.rng.Float64()) * g.ml)
 		l = min(l, maxLevel)
-		g.level = append(g.level, uint8(l))
-		g.links0 = append(g.links0, make([]uint32, g.stride0())...)
-		var up []uint32
 		if l > 0 {
-			up = make([]uint32, l*(g.cfg.M+1))
+			*g.upper.at(uint32(len(g.level))) = make([]uint32, l*(g.cfg.M+1))
 		}
-		g.upper = append(g.upper, up)
+		g.level = append(g.level, uint8(l))
 		g.queued = append(g.queued, false)
 		g.gen = append(g.gen, 0)
 	}
@@ -129,23 +131,23 @@ func (g *graph) enqueue(slot uint32, near *Near) {
 // links returns slot's links on level, sharing the graph's storage.
 func (g *graph) links(slot uint32, level int) []uint32 {
 	if level == 0 {
-		base := int(slot) * g.stride0()
-		return g.links0[base+1 : base+1+int(g.links0[base])]
+		l := g.links0.of(slot)
+		return l[1 : 1+l[0]]
 	}
 	m := g.cfg.M
-	up := g.upper[slot]
+	up := *g.upper.at(slot)
 	base := (level - 1) * (m + 1)
 	return up[base+1 : base+1+int(up[base])]
 }
 
 func (g *graph) setLinks(slot uint32, level int, links []uint32) {
 	if level == 0 {
-		base := int(slot) * g.stride0()
-		g.links0[base] = uint32(len(links))
-		copy(g.links0[base+1:], links)
+		l := g.links0.of(slot)
+		l[0] = uint32(len(links))
+		copy(l[1:], links)
 		return
 	}
-	up := g.upper[slot]
+	up := *g.upper.at(slot)
 	base := (level - 1) * (g.cfg.M + 1)
 	up[base] = uint32(len(links))
 	copy(up[base+1:], links)
@@ -177,7 +179,7 @@ func (s *Set) score(q Vector, slot uint32) float32 {
 		indices, values := s.vecs.get(slot)
 		return sparseDot(q.Indices, q.Values, indices, values)
 	}
-	return denseDot(q.Dense, s.dense[int(slot)*s.dim:(int(slot)+1)*s.dim])
+	return denseDot(q.Dense, s.dense.of(slot))
 }
 
 // vec is the vector in slot, live or not.
@@ -186,7 +188,7 @@ func (s *Set) vec(slot uint32) Vector {
 		indices, values := s.vecs.get(slot)
 		return Vector{Indices: indices, Values: values}
 	}
-	return Vector{Dense: s.dense[int(slot)*s.dim : (int(slot)+1)*s.dim]}
+	return Vector{Dense: s.dense.of(slot)}
 }
 
 // buildGraph starts a graph over the set: every live vector is queued for linking.

@@ -46,14 +46,14 @@ type Set struct {
 	// (docs/design/008-compact-a-list-at-a-time.md). A slot is reused only once every list
 	// it was in has dropped it, so a posting's weight is always its slot's current one.
 	vecs     arena
-	postings map[uint32][]posting
+	postings map[uint32]postingList
 	staleIn  map[uint32]int // stale postings in each list that has any
 	// listsLeft holds, for each removed slot not yet free, the lists that still hold one
 	// of its postings.
 	listsLeft map[uint32]int
 
-	// Dense storage: slot i is dense[i*dim : (i+1)*dim].
-	dense []float32
+	// Dense storage: slot i's vector is dense.of(i).
+	dense strided[float32]
 
 	limits Limits
 
@@ -107,7 +107,7 @@ func NewSet(sparse bool, limits Limits, g Graph) *Set {
 	}
 	s := &Set{sparse: sparse, limits: limits, graphCfg: g}
 	if sparse {
-		s.postings = make(map[uint32][]posting)
+		s.postings = make(map[uint32]postingList)
 		s.staleIn = make(map[uint32]int)
 		s.listsLeft = make(map[uint32]int)
 	}
@@ -135,6 +135,7 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 	if !s.sparse {
 		if s.dim == 0 {
 			s.dim = len(v.Dense)
+			s.dense = newStrided[float32](s.dim, 4, denseChunkBytes)
 		}
 		if len(v.Dense) != s.dim {
 			return 0, fmt.Errorf("vector: dimension %d in a set of dimension %d", len(v.Dense), s.dim)
@@ -159,7 +160,7 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 		if s.sparse {
 			s.vecs.grow(len(s.live))
 		} else {
-			s.dense = append(s.dense, make([]float32, s.dim)...)
+			s.dense.grow(len(s.live))
 		}
 	}
 	s.count++
@@ -167,11 +168,13 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 		s.vecs.set(slot, v)
 		if s.postings != nil {
 			for i, f := range v.Indices {
-				s.postings[f] = append(s.postings[f], posting{slot, v.Values[i]})
+				l := s.postings[f]
+				l.add(posting{slot, v.Values[i]})
+				s.postings[f] = l
 			}
 		}
 	} else {
-		copy(s.dense[int(slot)*s.dim:], v.Dense)
+		copy(s.dense.of(slot), v.Dense)
 	}
 	switch {
 	case s.graph != nil:
@@ -205,7 +208,7 @@ func (s *Set) Remove(slot uint32) {
 	s.listsLeft[slot] = len(coords)
 	for _, f := range coords {
 		s.staleIn[f]++
-		if n := len(s.postings[f]); 2*s.staleIn[f] > n || n <= smallList {
+		if n := s.postings[f]; 2*s.staleIn[f] > n.len() || n.len() <= smallList {
 			s.compact(f)
 		}
 	}
@@ -222,26 +225,22 @@ const smallList = 16
 // list holds a posting of any more.
 func (s *Set) compact(f uint32) {
 	list := s.postings[f]
-	kept := list[:0]
-	for _, p := range list {
+	list.filter(func(p posting) bool {
 		if s.live[p.slot] {
-			kept = append(kept, p)
-			continue
+			return true
 		}
 		if s.listsLeft[p.slot]--; s.listsLeft[p.slot] == 0 {
 			delete(s.listsLeft, p.slot)
 			s.free = append(s.free, p.slot)
 		}
-	}
+		return false
+	})
 	delete(s.staleIn, f)
-	switch {
-	case len(kept) == 0:
+	if list.len() == 0 {
 		delete(s.postings, f)
-	case len(kept) < cap(list)/4:
-		s.postings[f] = slices.Clone(kept) // let the list's old array go
-	default:
-		s.postings[f] = kept
+		return
 	}
+	s.postings[f] = list
 }
 
 // Vector returns the vector in slot, sharing the set's storage: it stays valid until the slot
@@ -302,7 +301,7 @@ func (s *Set) SearchNear(q Vector, k int, minScore float32, accept func(slot uin
 	} else {
 		for slot, live := range s.live {
 			if live {
-				t.consider(uint32(slot), denseDot(q.Dense, s.dense[slot*s.dim:(slot+1)*s.dim]))
+				t.consider(uint32(slot), denseDot(q.Dense, s.dense.of(uint32(slot))))
 			}
 		}
 	}
@@ -371,7 +370,8 @@ const pruneMargin = 1e-4
 
 type searchScratch struct {
 	order []int
-	lists [][]posting // lists[i] is the postings of the query's coordinate i
+	lists []postingList // lists[i] is the postings of the query's coordinate i
+	segs  [][]posting   // the segments of the list being read
 	// seen[slot] == epoch marks a candidate of this search; acc[slot] is its partial dot
 	// product so far.
 	seen  []uint32
@@ -431,7 +431,7 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 		sc.order = append(sc.order, i)
 		sc.lists = append(sc.lists, s.postings[f])
 	}
-	slices.SortFunc(sc.order, func(a, b int) int { return cmp.Compare(len(sc.lists[a]), len(sc.lists[b])) })
+	slices.SortFunc(sc.order, func(a, b int) int { return cmp.Compare(sc.lists[a].len(), sc.lists[b].len()) })
 	// rest is the squared norm of the query's coordinates that not every candidate's
 	// partial product has taken into account yet.
 	var rest float32
@@ -452,38 +452,46 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 		}
 		i := sc.order[next]
 		qw := q.Values[i]
-		list := sc.lists[i]
-		if limited && len(list) > budget {
-			list = list[len(list)-budget:]
+		list := &sc.lists[i]
+		n := list.len()
+		if limited && n > budget {
+			n = budget
 		} else {
 			rest -= qw * qw
 		}
-		budget -= len(list)
-		for _, p := range list {
-			if !s.live[p.slot] {
-				continue
+		budget -= n
+		sc.segs = list.appendTail(sc.segs[:0], n)
+		for _, seg := range sc.segs {
+			for _, p := range seg {
+				if !s.live[p.slot] {
+					continue
+				}
+				if sc.seen[p.slot] != sc.epoch {
+					sc.seen[p.slot], sc.acc[p.slot] = sc.epoch, 0
+					sc.cands = append(sc.cands, p.slot)
+				}
+				sc.acc[p.slot] += qw * p.weight
 			}
-			if sc.seen[p.slot] != sc.epoch {
-				sc.seen[p.slot], sc.acc[p.slot] = sc.epoch, 0
-				sc.cands = append(sc.cands, p.slot)
-			}
-			sc.acc[p.slot] += qw * p.weight
 		}
 	}
 	complete := bound > 0 && rest < bound*bound
 	// Pruning: more of the query's lists, for the candidates only.
 	for ; bound > 0 && next < len(sc.order); next++ {
 		i := sc.order[next]
-		list := sc.lists[i]
-		if len(list) > walkFactor*len(sc.cands)+64 || (limited && len(list) > budget) {
+		list := &sc.lists[i]
+		n := list.len()
+		if n > walkFactor*len(sc.cands)+64 || (limited && n > budget) {
 			break
 		}
-		budget -= len(list)
+		budget -= n
 		qw := q.Values[i]
 		rest -= qw * qw
-		for _, p := range list {
-			if sc.seen[p.slot] == sc.epoch && s.live[p.slot] {
-				sc.acc[p.slot] += qw * p.weight
+		sc.segs = list.appendTail(sc.segs[:0], n)
+		for _, seg := range sc.segs {
+			for _, p := range seg {
+				if sc.seen[p.slot] == sc.epoch && s.live[p.slot] {
+					sc.acc[p.slot] += qw * p.weight
+				}
 			}
 		}
 	}
@@ -553,6 +561,7 @@ func (s *Set) takeScratch() *searchScratch {
 
 func (s *Set) returnScratch(sc *searchScratch) {
 	clear(sc.lists) // a rebuild replaces the set's lists; a spare scratch must not keep old ones
+	clear(sc.segs)
 	s.spareMu.Lock()
 	defer s.spareMu.Unlock()
 	if len(s.spare) < maxSpare {

@@ -369,8 +369,8 @@ func TestSparseCompactionKeepsResults(t *testing.T) {
 		}
 	}
 	for f, stale := range set.staleIn {
-		if 2*stale > len(set.postings[f]) {
-			t.Errorf("list %d holds %d stale postings of %d: it was not compacted", f, stale, len(set.postings[f]))
+		if l := set.postings[f]; 2*stale > l.len() {
+			t.Errorf("list %d holds %d stale postings of %d: it was not compacted", f, stale, l.len())
 		}
 	}
 	if len(set.listsLeft) != 0 {
