@@ -550,12 +550,15 @@ const maxTouched = 32
 
 func (s *Set) takeScratch() *searchScratch {
 	s.spareMu.Lock()
-	defer s.spareMu.Unlock()
 	if n := len(s.spare); n > 0 {
 		sc := s.spare[n-1]
 		s.spare = s.spare[:n-1]
+		s.spareMu.Unlock()
 		return sc
 	}
+	s.spareMu.Unlock()
+	// Allocated outside the lock: an allocation may wait on the garbage collector, and
+	// every search that starts meanwhile would wait behind it.
 	return &searchScratch{}
 }
 
