@@ -58,7 +58,7 @@ type postingList struct {
 	head []posting
 }
 
-func (l *postingList) len() int { return len(l.full)*postingBlock + len(l.head) }
+func (l postingList) len() int { return len(l.full)*postingBlock + len(l.head) }
 
 func (l *postingList) add(p posting) {
 	switch {

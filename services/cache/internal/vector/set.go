@@ -208,7 +208,7 @@ func (s *Set) Remove(slot uint32) {
 	s.listsLeft[slot] = len(coords)
 	for _, f := range coords {
 		s.staleIn[f]++
-		if n := s.postings[f]; 2*s.staleIn[f] > n.len() || n.len() <= smallList {
+		if n := s.postings[f].len(); 2*s.staleIn[f] > n || n <= smallList {
 			s.compact(f)
 		}
 	}
