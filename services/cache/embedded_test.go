@@ -256,14 +256,18 @@ func TestEmbeddedIndexWriteQueuesAfterWaiting(t *testing.T) {
 	}
 }
 
+// TestEmbeddedIndexWriterWaitsForWord: a store that finds the index's lock held waits
+// without queueing for it (a search still gets in while it waits), and lands once the
+// holder lets the lock go, whether a search or another write held it.
 func TestEmbeddedIndexWriterWaitsForWord(t *testing.T) {
 	t.Parallel()
 	for _, holder := range []struct {
 		name         string
 		lock, unlock func(*EmbeddedIndex)
+		searchGetsIn bool // while the store waits
 	}{
-		{"search", func(x *EmbeddedIndex) { x.mu.RLock() }, (*EmbeddedIndex).unlockRead},
-		{"write", func(x *EmbeddedIndex) { x.mu.Lock() }, (*EmbeddedIndex).unlockWrite},
+		{"search", func(x *EmbeddedIndex) { x.mu.RLock() }, (*EmbeddedIndex).unlockRead, true},
+		{"write", func(x *EmbeddedIndex) { x.mu.Lock() }, (*EmbeddedIndex).unlockWrite, false},
 	} {
 		t.Run(holder.name, func(t *testing.T) {
 			t.Parallel()
@@ -285,6 +289,13 @@ func TestEmbeddedIndexWriterWaitsForWord(t *testing.T) {
 			case err := <-done:
 				t.Fatalf("Put returned while the lock was held: %v", err)
 			default:
+			}
+			// A store queued in mu.Lock would turn a new search away.
+			if holder.searchGetsIn {
+				if !idx.mu.TryRLock() {
+					t.Fatal("a search was turned away while the store waited: it queued instead of waiting for word")
+				}
+				idx.unlockRead() // word for the store, which tries, finds the holder, and waits again
 			}
 			// ... and letting the lock go is word enough, whoever held it.
 			holder.unlock(idx)

@@ -99,8 +99,8 @@ func run(out io.Writer, path string, at sites, long time.Duration) error {
 type waits struct {
 	cpu               []float64
 	blocked, cpuAfter map[string][]float64
-	// wakers counts, per site, who woke the goroutines blocked there for a millisecond or
-	// more: the waker's innermost mantle functions, and how long it had had its CPU.
+	// wakers counts, per site, who woke the goroutines blocked there for -long or more:
+	// the waker's innermost mantle functions, and how long it had had its CPU.
 	wakers map[string]map[string]*waker
 }
 

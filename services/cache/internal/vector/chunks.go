@@ -17,7 +17,6 @@ type strided[T any] struct {
 	stride int
 	shift  uint  // log2 of the slots per chunk
 	chunks [][]T // each of (1<<shift)*stride values
-	slots  int   // slots held: len(chunks)<<shift
 }
 
 // newStrided returns storage for stride values of size bytes each per slot, in chunks of
@@ -41,9 +40,8 @@ func (t *strided[T]) at(slot uint32) *T {
 
 // grow makes room for the slots below n, zeroed.
 func (t *strided[T]) grow(n int) {
-	for t.slots < n {
+	for len(t.chunks)<<t.shift < n {
 		t.chunks = append(t.chunks, make([]T, (1<<t.shift)*t.stride))
-		t.slots += 1 << t.shift
 	}
 }
 

@@ -42,7 +42,7 @@ func TestPostingListMatchesASlice(t *testing.T) {
 				got = append(got, seg...)
 			}
 			if tail := want[max(len(want)-n, 0):]; !slices.Equal(got, tail) {
-				rt.Fatalf("tail of %d of %d: %d postings, want %d (%v... against %v...)", n, len(want), len(got), len(tail), head(got), head(tail))
+				rt.Fatalf("tail of %d of %d: %d postings, want %d (%v... against %v...)", n, len(want), len(got), len(tail), prefix(got), prefix(tail))
 			}
 		}
 	})
@@ -62,11 +62,12 @@ func checkPostingList(t *rapid.T, l *postingList, want []posting) {
 	}
 	got := slices.Concat(slices.Concat(l.full...), l.head)
 	if !slices.Equal(got, want) {
-		t.Fatalf("holds %v..., want %v...", head(got), head(want))
+		t.Fatalf("holds %v..., want %v...", prefix(got), prefix(want))
 	}
 }
 
-func head(p []posting) []posting { return p[:min(len(p), 4)] }
+// prefix is the start of p, for failure messages.
+func prefix(p []posting) []posting { return p[:min(len(p), 4)] }
 
 // TestStridedKeepsEachSlot: slots written before the storage grows keep their values, each
 // slot's values are its own (writing one never shows in another), and a chunk is about
