@@ -51,7 +51,7 @@ func (v *Verifier) submitL3(a Answer, verdict Verdict, risk riskInputs, at time.
 	if a.scenario() != "" && a.scenario() == v.cfg.L3.Judge.Scenario {
 		return false // the judge's own answer: judging it would loop
 	}
-	if slices.Contains(v.cfg.Degraded.SkipL3Levels, levelName(a.Quality.GetFallbackLevel())) {
+	if v.skipL3.has(a.Quality.GetFallbackLevel()) {
 		return false
 	}
 	if a.Quality.GetCacheHit() {
@@ -79,6 +79,24 @@ func (v *Verifier) submitL3(a Answer, verdict Verdict, risk riskInputs, at time.
 func levelName(l mantlev1.FallbackLevel) string {
 	return strings.ToLower(strings.TrimPrefix(l.String(), "FALLBACK_LEVEL_"))
 }
+
+// levelSet is a set of fallback levels, one bit each: every Verify asks it, and naming a
+// level (the enum's String goes through its descriptor) cost more than the rest of the
+// question.
+type levelSet uint64
+
+// levelsNamed returns the set of the levels named (as degraded.skip_l3_levels names them).
+func levelsNamed(names []string) levelSet {
+	var s levelSet
+	for num := range mantlev1.FallbackLevel_name {
+		if l := mantlev1.FallbackLevel(num); l >= 0 && l < 64 && slices.Contains(names, levelName(l)) {
+			s |= 1 << l
+		}
+	}
+	return s
+}
+
+func (s levelSet) has(l mantlev1.FallbackLevel) bool { return l >= 0 && l < 64 && s&(1<<l) != 0 }
 
 // run starts the workers and returns when ctx is done and they have stopped. Jobs still
 // queued then are dropped: L3 is advisory, and waiters are released.

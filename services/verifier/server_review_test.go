@@ -471,6 +471,43 @@ func TestCachedAnswerGetsRulesButNoL3(t *testing.T) {
 	}
 }
 
+// TestSkipL3Levels: degraded.skip_l3_levels names the fallback levels whose answers get no
+// L3; every other level's does. Each level is tried with the default list and with a list
+// naming only it.
+func TestSkipL3Levels(t *testing.T) {
+	t.Parallel()
+	levels := []struct {
+		level mantlev1.FallbackLevel
+		name  string
+	}{
+		{mantlev1.FallbackLevel_FALLBACK_LEVEL_PRIMARY, "primary"},
+		{mantlev1.FallbackLevel_FALLBACK_LEVEL_BACKUP_MODEL, "backup_model"},
+		{mantlev1.FallbackLevel_FALLBACK_LEVEL_CACHED_APPROXIMATE, "cached_approximate"},
+		{mantlev1.FallbackLevel_FALLBACK_LEVEL_TEMPLATE, "template"},
+	}
+	if len(levels) != len(fallbackLevels) {
+		t.Fatalf("the test knows %d levels, the configuration %d (%v)", len(levels), len(fallbackLevels), fallbackLevels)
+	}
+	for _, skip := range [][]string{DefaultConfig().Degraded.SkipL3Levels, {"primary"}, {"backup_model"}, {"cached_approximate"}, {"template"}} {
+		cfg := DefaultConfig()
+		cfg.Degraded.SkipL3Levels = skip
+		ts := startServer(t, cfg, serverOptions{})
+		for i, l := range levels {
+			resp, err := ts.client.Verify(context.Background(), &verifierv1.VerifyRequest{
+				Quality:  &mantlev1.QualityContext{RequestId: fmt.Sprintf("req-skip-%v-%d", skip, i), Tenant: "acme", FallbackLevel: l.level},
+				Messages: []*mantlev1.ChatMessage{{Role: "user", Content: "How long does a parcel to Lisbon take?"}},
+				Content:  "About three working days.",
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := !slices.Contains(skip, l.name); resp.GetL3Pending() != want {
+				t.Errorf("skip_l3_levels %v, level %s: l3_pending %t, want %t", skip, l.name, resp.GetL3Pending(), want)
+			}
+		}
+	}
+}
+
 // TestServerWidenDraftRule: a rule drafted from one tenant's review is that tenant's; an
 // operator may widen it to every tenant when approving it, which is audited, logged and
 // announced. A tenant cannot, nor can a widening come without an approval.

@@ -295,6 +295,7 @@ type Verifier struct {
 	rules    *ruleLoader
 	sessions *sessions
 	l3       *l3Runner // nil when L3 is off
+	skipL3   levelSet  // degraded.skip_l3_levels
 	reviews  ReviewSink
 }
 
@@ -339,6 +340,7 @@ func NewWithDeps(cfg Config, deps Deps) (*Verifier, error) {
 		l1:       l1,
 		metrics:  m,
 		sessions: newSessions(cfg.Risk, deps.Clock),
+		skipL3:   levelsNamed(cfg.Degraded.SkipL3Levels),
 	}
 	if v.rules, err = newRuleLoader(cfg, deps.Clock, deps.Log, m); err != nil {
 		return nil, err

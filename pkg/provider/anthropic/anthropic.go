@@ -52,8 +52,8 @@ type Config struct {
 
 // Client calls the Messages API with one key. It is safe for concurrent use.
 type Client struct {
-	ep     httpcall.Endpoint
-	apiKey string
+	ep  httpcall.Endpoint
+	own []httpcall.Header // the same for every request
 }
 
 var _ provider.Provider = (*Client)(nil)
@@ -64,7 +64,10 @@ func New(cfg Config) *Client {
 	if base == "" {
 		base = DefaultBaseURL
 	}
-	return &Client{ep: httpcall.NewEndpoint(base+"/messages", cfg.HTTPClient, cfg.Headers, cfg.Now), apiKey: cfg.APIKey}
+	return &Client{
+		ep:  httpcall.NewEndpoint(base+"/messages", cfg.HTTPClient, cfg.Headers, cfg.Now),
+		own: []httpcall.Header{{Name: "X-Api-Key", Value: cfg.APIKey}, {Name: "Anthropic-Version", Value: APIVersion}},
+	}
 }
 
 type usage struct {
@@ -185,9 +188,7 @@ func finishReason(stopReason string) (string, *provider.Error) {
 }
 
 // ownHeaders are the headers the Client sends; Config.Headers override them.
-func (c *Client) ownHeaders() map[string]string {
-	return map[string]string{"X-Api-Key": c.apiKey, "Anthropic-Version": APIVersion}
-}
+func (c *Client) ownHeaders() []httpcall.Header { return c.own }
 
 var _ provider.FieldRefuser = (*Client)(nil)
 

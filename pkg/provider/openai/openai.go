@@ -44,7 +44,7 @@ type Config struct {
 type Client struct {
 	ep     httpcall.Endpoint
 	embed  httpcall.Endpoint
-	apiKey string
+	bearer string // the Authorization header's value, "" without a key
 }
 
 var _ provider.Provider = (*Client)(nil)
@@ -58,8 +58,15 @@ func New(cfg Config) *Client {
 	return &Client{
 		ep:     httpcall.NewEndpoint(root+"/chat/completions", cfg.HTTPClient, cfg.Headers, cfg.Now),
 		embed:  httpcall.NewEndpoint(root+"/embeddings", cfg.HTTPClient, cfg.Headers, cfg.Now),
-		apiKey: cfg.APIKey,
+		bearer: bearer(cfg.APIKey),
 	}
+}
+
+func bearer(key string) string {
+	if key == "" {
+		return ""
+	}
+	return "Bearer " + key
 }
 
 // chatRequest is the request body: every field of provider.Request, under the name
@@ -447,13 +454,13 @@ func chatBody(req provider.Request, stream bool) chatRequest {
 }
 
 // ownHeaders are the headers the Client sends for req; Config.Headers override them.
-func (c *Client) ownHeaders(req provider.Request) map[string]string {
-	h := make(map[string]string, 2)
-	if c.apiKey != "" {
-		h["Authorization"] = "Bearer " + c.apiKey
+func (c *Client) ownHeaders(req provider.Request) []httpcall.Header {
+	h := make([]httpcall.Header, 0, 2)
+	if c.bearer != "" {
+		h = append(h, httpcall.Header{Name: "Authorization", Value: c.bearer})
 	}
 	if req.IdempotencyKey != "" {
-		h["Idempotency-Key"] = req.IdempotencyKey
+		h = append(h, httpcall.Header{Name: "Idempotency-Key", Value: req.IdempotencyKey})
 	}
 	return h
 }

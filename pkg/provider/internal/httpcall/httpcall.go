@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/textproto"
 	"time"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
@@ -55,7 +56,7 @@ func NewEndpoint(url string, client *http.Client, headers map[string]string, now
 // carries an error object is classified here; any other is handed to parse, which returns
 // the answer or the failure it hides. Errors from the body carry the response's status;
 // all carry the provider's request id.
-func (e Endpoint) Complete(ctx context.Context, body any, own map[string]string,
+func (e Endpoint) Complete(ctx context.Context, body any, own []Header,
 	parse func([]byte) (provider.Response, *provider.Error)) (provider.Response, error) {
 	resp, err := e.post(ctx, body, false, own)
 	if err != nil {
@@ -110,10 +111,14 @@ func encode(body any) ([]byte, error) {
 	return json.Marshal(body)
 }
 
+// Header is one header an adapter sends with every request of its own (credentials, API
+// version): a name and its value.
+type Header struct{ Name, Value string }
+
 // post sends body as JSON and returns the response when its status is 2xx; any other
-// outcome is a classified *provider.Error. own are the adapter's headers (credentials, API
-// version), set before e.Headers. The caller closes the body.
-func (e Endpoint) post(ctx context.Context, body any, stream bool, own map[string]string) (*http.Response, error) {
+// outcome is a classified *provider.Error. own are the adapter's headers, set before
+// e.Headers. The caller closes the body.
+func (e Endpoint) post(ctx context.Context, body any, stream bool, own []Header) (*http.Response, error) {
 	payload, err := encode(body)
 	if err != nil {
 		return nil, &provider.Error{
@@ -132,18 +137,7 @@ func (e Endpoint) post(ctx context.Context, body any, stream bool, own map[strin
 	// connection fails before the response. Every upstream call must be the router's own
 	// decision (retry budgets, billing), so the body is made non-rewindable.
 	hreq.GetBody = nil
-	hreq.Header.Set("Content-Type", "application/json")
-	if stream {
-		hreq.Header.Set("Accept", "text/event-stream")
-	} else {
-		hreq.Header.Set("Accept", "application/json")
-	}
-	for k, v := range own {
-		hreq.Header.Set(k, v)
-	}
-	for k, v := range e.Headers {
-		hreq.Header.Set(k, v)
-	}
+	setHeaders(hreq.Header, stream, own, e.Headers)
 
 	resp, err := e.Client.Do(hreq)
 	if err != nil {
@@ -155,6 +149,30 @@ func (e Endpoint) post(ctx context.Context, body any, stream bool, own map[strin
 	defer resp.Body.Close()
 	errBody, _ := readAtMost(resp.Body, maxErrorBody)
 	return nil, provider.ClassifyHTTP(resp.StatusCode, resp.Header, errBody, e.Now)
+}
+
+// setHeaders sets a request's headers as http.Header.Set would, each later one replacing
+// an earlier of the same name, with one allocation for all their values instead of one
+// each: every call to a model sets four or five.
+func setHeaders(h http.Header, stream bool, own []Header, extra map[string]string) {
+	values := make([]string, 0, 2+len(own)+len(extra))
+	set := func(name, v string) {
+		values = append(values, v)
+		n := len(values)
+		h[textproto.CanonicalMIMEHeaderKey(name)] = values[n-1 : n : n]
+	}
+	set("Content-Type", "application/json")
+	if stream {
+		set("Accept", "text/event-stream")
+	} else {
+		set("Accept", "application/json")
+	}
+	for _, o := range own {
+		set(o.Name, o.Value)
+	}
+	for k, v := range extra {
+		set(k, v)
+	}
 }
 
 // readAtMost reads r to its end or to n bytes, whichever comes first.

@@ -46,7 +46,7 @@ func Undecodable(ev provider.Event, err error) *provider.Error {
 // HTTP failures are returned here, classified; failures after the first byte come from
 // Recv. truncated is the message of the TRUNCATED error for a body that ends before dec has
 // Stopped.
-func (e Endpoint) Stream(ctx context.Context, body any, own map[string]string, dec Decoder, truncated string) (provider.Stream, error) {
+func (e Endpoint) Stream(ctx context.Context, body any, own []Header, dec Decoder, truncated string) (provider.Stream, error) {
 	// The stream owns a cancel of its own so that Close tears down the request even when
 	// the caller's context lives on.
 	sctx, cancel := context.WithCancel(ctx)
