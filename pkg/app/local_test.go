@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/mantle-mesh/mantle/pkg/rpc"
@@ -769,6 +771,73 @@ func TestAppendMetadataKeys(t *testing.T) {
 					t.Errorf("key %q: want lower-case keys, each once (%q)", k, kv)
 				}
 				seen[kv[i]] = true
+			}
+		})
+	}
+}
+
+// handingService answers Get with a Struct whose one field is kept, the same message
+// every call, and says through ResponseHandOver whether it hands its answers over.
+type handingService struct {
+	kept     *structpb.Value
+	handOver bool
+}
+
+const handingGet = "/mantle.test.v1.Handing/Get"
+
+func (h *handingService) HandsOverResponse(method string) bool {
+	return h.handOver && method == handingGet
+}
+
+func (h *handingService) desc() *grpc.ServiceDesc {
+	return &grpc.ServiceDesc{
+		ServiceName: "mantle.test.v1.Handing",
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "Get",
+			Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+				in := new(wrapperspb.StringValue)
+				if err := dec(in); err != nil {
+					return nil, err
+				}
+				return interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: handingGet}, func(context.Context, any) (any, error) {
+					return &structpb.Struct{Fields: map[string]*structpb.Value{"kept": h.kept}}, nil
+				})
+			},
+		}},
+	}
+}
+
+// TestLocalConnHandsOverResponses: the answer of a method its service names in
+// ResponseHandOver is moved into the caller's message, sharing what it holds; any other
+// is copied, sharing nothing with what the handler kept, as over the network.
+func TestLocalConnHandsOverResponses(t *testing.T) {
+	t.Parallel()
+	for _, handOver := range []bool{false, true} {
+		t.Run(fmt.Sprintf("handOver=%t", handOver), func(t *testing.T) {
+			t.Parallel()
+			chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil,
+				rpc.Audiences{handingGet: rpc.AudienceTenant})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newLocalConn(chain, rpc.ClientIdentity{}, nil, nil)
+			svc := &handingService{kept: structpb.NewStringValue("kept"), handOver: handOver}
+			c.RegisterService(svc.desc(), svc)
+			reply := new(structpb.Struct)
+			if err := c.Invoke(context.Background(), handingGet, wrapperspb.String("hi"), reply); err != nil {
+				t.Fatal(err)
+			}
+			got := reply.GetFields()["kept"]
+			if got.GetStringValue() != "kept" {
+				t.Fatalf("reply = %v, want the field kept = \"kept\"", reply)
+			}
+			if shared := got == svc.kept; shared != handOver {
+				t.Errorf("the reply shares the handler's field: %t, want %t (moved only when handed over)", shared, handOver)
+			}
+			// The moved message is the caller's to read through reflection as any other.
+			if !proto.Equal(reply, &structpb.Struct{Fields: map[string]*structpb.Value{"kept": structpb.NewStringValue("kept")}}) {
+				t.Errorf("reply reads as %v through reflection", reply)
 			}
 		})
 	}

@@ -38,6 +38,13 @@ func newServer(svc *Service, clock clockwork.Clock, log *slog.Logger) *server {
 	return &server{svc: svc, clock: clock, log: log}
 }
 
+// HandsOverResponse implements app.ResponseHandOver for Lookup and Store: their answers
+// are made for the call (a hit's entry is converted from the index's, not shared with it)
+// around the call's own copy of the request's QualityContext, and nothing of them is kept.
+func (s *server) HandsOverResponse(method string) bool {
+	return method == cachev1.CacheService_Lookup_FullMethodName || method == cachev1.CacheService_Store_FullMethodName
+}
+
 // Lookup implements cachev1.CacheServiceServer.
 func (s *server) Lookup(ctx context.Context, req *cachev1.LookupRequest) (*cachev1.LookupResponse, error) {
 	start := s.clock.Now()

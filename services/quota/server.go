@@ -39,6 +39,14 @@ func newServer(svc *service) *server {
 	return &server{svc: svc, log: svc.log}
 }
 
+// HandsOverResponse implements app.ResponseHandOver for Reserve and Settle: their answers
+// are made for the call from the ledger's figures (limits, buckets and budget converted,
+// not shared) around the call's own copy of the request's QualityContext, and nothing of
+// them is kept.
+func (s *server) HandsOverResponse(method string) bool {
+	return method == quotav1.QuotaService_Reserve_FullMethodName || method == quotav1.QuotaService_Settle_FullMethodName
+}
+
 func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quotav1.ReserveResponse, error) {
 	start := s.svc.clock.Now()
 	tenant, err := rpc.CallTenant(ctx, req.GetQuality().GetTenant())

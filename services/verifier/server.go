@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -52,6 +53,13 @@ func NewServer(v *Verifier, reviews *review.Service, log *slog.Logger) *Server {
 	return &Server{verifier: v, reviews: reviews, log: log}
 }
 
+// HandsOverResponse implements app.ResponseHandOver for Verify: its answer is made for the
+// call (the QualityContext merged into a new message, the findings, actions and risk
+// signals converted or copied), while the verdict the L3 worker keeps shares none of it.
+func (s *Server) HandsOverResponse(method string) bool {
+	return method == verifierv1.VerifierService_Verify_FullMethodName
+}
+
 // Verify checks one answer and returns the verdict with the updated QualityContext.
 func (s *Server) Verify(ctx context.Context, req *verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error) {
 	tenant, err := callTenant(ctx, req.GetQuality().GetTenant())
@@ -85,7 +93,7 @@ func (s *Server) Verify(ctx context.Context, req *verifierv1.VerifyRequest) (*ve
 		ReviewId:     verdict.ReviewID,
 		Risk: &verifierv1.RiskBreakdown{
 			Input: verdict.Risk.Input, Output: verdict.Risk.Output, Context: verdict.Risk.Context,
-			Signals: verdict.Risk.Signals, Threshold: verdict.Risk.Threshold,
+			Signals: slices.Clone(verdict.Risk.Signals), Threshold: verdict.Risk.Threshold,
 		},
 		Degrade:    verdict.Degrade,
 		UserNotice: verdict.UserNotice,
