@@ -73,13 +73,13 @@ func (l *postingList) add(p posting) {
 // appendTail appends to segs the segments, oldest first, that hold l's newest n postings
 // (all of them when n is at least l's length).
 func (l *postingList) appendTail(segs [][]posting, n int) [][]posting {
-	skip := max(l.len()-n, 0)
-	for _, b := range l.full[skip/postingBlock:] {
-		segs = append(segs, b[skip%postingBlock:])
+	skip := max(l.len()-n, 0) // the oldest postings left out
+	if b := skip / postingBlock; b < len(l.full) {
+		segs = append(segs, l.full[b][skip%postingBlock:])
+		segs = append(segs, l.full[b+1:]...)
 		skip = 0
-	}
-	if skip -= len(l.full) * postingBlock; skip < 0 {
-		skip = 0
+	} else {
+		skip -= len(l.full) * postingBlock
 	}
 	if skip < len(l.head) {
 		segs = append(segs, l.head[skip:])

@@ -48,6 +48,34 @@ func TestPostingListMatchesASlice(t *testing.T) {
 	})
 }
 
+// TestPostingListTailEdges: the tail of a list is read right at the edges the property
+// test reaches only by chance: none of it, all of it, more than all, and a block's
+// boundary, with a head that is empty, holds one posting or is a whole block.
+func TestPostingListTailEdges(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{0, 1, postingBlock, postingBlock + 1, 2 * postingBlock, 3*postingBlock - 1} {
+		var l postingList
+		var want []posting
+		for i := range size {
+			p := posting{uint32(i), 1}
+			l.add(p)
+			want = append(want, p)
+		}
+		for _, n := range []int{0, 1, postingBlock - 1, postingBlock, postingBlock + 1, size - 1, size, size + 1} {
+			if n < 0 {
+				continue
+			}
+			var got []posting
+			for _, seg := range l.appendTail(nil, n) {
+				got = append(got, seg...)
+			}
+			if tail := want[max(len(want)-n, 0):]; !slices.Equal(got, tail) {
+				t.Errorf("list of %d, tail of %d: %d postings, want %d", size, n, len(got), len(tail))
+			}
+		}
+	}
+}
+
 func checkPostingList(t *rapid.T, l *postingList, want []posting) {
 	if l.len() != len(want) {
 		t.Fatalf("len %d, want %d", l.len(), len(want))
