@@ -21,6 +21,7 @@ import (
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/httpheader"
 	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
@@ -384,34 +385,27 @@ var answerBuffers = sync.Pool{New: func() any { return new([]byte) }}
 const maxPooledAnswer = 64 << 10
 
 func setResponseHeaders(w http.ResponseWriter, resp *routerv1.CompleteResponse) {
-	// Every answer sets these, so they are set as http.Header.Set would, without its
-	// costs: the names are canonical already (Set canonicalises a lowercase name into a
-	// new string each time) and the values share one backing array.
-	h := w.Header()
-	values := make([]string, 0, 4+len(canonicalRateLimit))
-	set := func(canonical, v string) {
-		values = append(values, v)
-		n := len(values)
-		h[canonical] = values[n-1 : n : n]
-	}
+	// Every answer sets these: their names are canonical already (http.Header.Set
+	// canonicalises a lowercase name into a new string each time).
+	hs := httpheader.NewSetter(w.Header(), 4+len(canonicalRateLimit))
 	qc := resp.GetQuality()
-	set(canonicalFallbackLevel, ShortLevel(qc.GetFallbackLevel()))
-	set(canonicalCache, cacheHeader(qc.GetCacheHit(), qc.GetCacheStale()))
+	hs.Set(canonicalFallbackLevel, ShortLevel(qc.GetFallbackLevel()))
+	hs.Set(canonicalCache, cacheHeader(qc.GetCacheHit(), qc.GetCacheStale()))
 	if g := qc.GetQualityGrade(); g != mantlev1.QualityGrade_QUALITY_GRADE_UNSPECIFIED {
-		set(canonicalQuality, shortGrade(g))
+		hs.Set(canonicalQuality, shortGrade(g))
 	} else {
-		set(canonicalQuality, "unverified")
+		hs.Set(canonicalQuality, "unverified")
 	}
 	if qc.GetSessionReplayed() {
-		set(canonicalReplayed, "true")
+		hs.Set(canonicalReplayed, "true")
 	}
 	if rl := resp.GetRateLimit(); rl != nil {
-		set(canonicalRateLimit[0], strconv.FormatInt(rl.LimitRequests, 10))
-		set(canonicalRateLimit[1], strconv.FormatInt(rl.RemainingRequests, 10))
-		set(canonicalRateLimit[2], strconv.FormatInt(rl.LimitTokens, 10))
-		set(canonicalRateLimit[3], strconv.FormatInt(rl.RemainingTokens, 10))
-		set(canonicalRateLimit[4], rl.GetResetRequests().AsDuration().String())
-		set(canonicalRateLimit[5], rl.GetResetTokens().AsDuration().String())
+		hs.Set(canonicalRateLimit[0], strconv.FormatInt(rl.LimitRequests, 10))
+		hs.Set(canonicalRateLimit[1], strconv.FormatInt(rl.RemainingRequests, 10))
+		hs.Set(canonicalRateLimit[2], strconv.FormatInt(rl.LimitTokens, 10))
+		hs.Set(canonicalRateLimit[3], strconv.FormatInt(rl.RemainingTokens, 10))
+		hs.Set(canonicalRateLimit[4], rl.GetResetRequests().AsDuration().String())
+		hs.Set(canonicalRateLimit[5], rl.GetResetTokens().AsDuration().String())
 	}
 }
 

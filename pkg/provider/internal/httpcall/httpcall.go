@@ -19,6 +19,7 @@ import (
 	"time"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/httpheader"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 )
 
@@ -152,26 +153,21 @@ func (e Endpoint) post(ctx context.Context, body any, stream bool, own []Header)
 }
 
 // setHeaders sets a request's headers as http.Header.Set would, each later one replacing
-// an earlier of the same name, with one allocation for all their values instead of one
-// each: every call to a model sets four or five.
+// an earlier of the same name whatever its case, with one allocation for all their values
+// (httpheader): every call to a model sets four or five.
 func setHeaders(h http.Header, stream bool, own []Header, extra map[string]string) {
-	values := make([]string, 0, 2+len(own)+len(extra))
-	set := func(name, v string) {
-		values = append(values, v)
-		n := len(values)
-		h[textproto.CanonicalMIMEHeaderKey(name)] = values[n-1 : n : n]
-	}
-	set("Content-Type", "application/json")
+	s := httpheader.NewSetter(h, 2+len(own)+len(extra))
+	s.Set("Content-Type", "application/json")
 	if stream {
-		set("Accept", "text/event-stream")
+		s.Set("Accept", "text/event-stream")
 	} else {
-		set("Accept", "application/json")
+		s.Set("Accept", "application/json")
 	}
 	for _, o := range own {
-		set(o.Name, o.Value)
+		s.Set(textproto.CanonicalMIMEHeaderKey(o.Name), o.Value)
 	}
 	for k, v := range extra {
-		set(k, v)
+		s.Set(textproto.CanonicalMIMEHeaderKey(k), v)
 	}
 }
 
