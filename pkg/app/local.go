@@ -25,8 +25,9 @@ import (
 // chain (request id, metrics, call log, recovery, authentication and planes)
 // and, with tracing on, the client's and server's stats handlers, and the messages are
 // copied both ways, as over the network, except the answers a service hands over
-// (ResponseHandOver), which are moved; what it saves is HTTP/2 framing, sockets and
-// serialisation.
+// (ResponseHandOver), which are moved, and the requests a caller hands over
+// (rpc.HandOverRequest) to a service that takes them (RequestTakeOver), which are
+// moved too; what it saves is HTTP/2 framing, sockets and serialisation.
 //
 // A unary call runs in the caller's goroutine, with a server context built as the
 // network builds it: the caller's deadline and cancellation, its outgoing metadata as
@@ -53,6 +54,9 @@ type localMethod struct {
 	// handsOver says the handler hands its responses over (ResponseHandOver): they are
 	// moved into the caller's message, not copied.
 	handsOver bool
+	// takesOver says the handler takes requests over (RequestTakeOver): those their
+	// callers hand over are moved into the handler's message, not copied.
+	takesOver bool
 	// values holds what the method's server contexts carry besides the call's own: the
 	// peer and the stream that answers grpc.Method; made once, not per call.
 	values context.Context
@@ -81,7 +85,9 @@ func (c *localConn) RegisterService(desc *grpc.ServiceDesc, impl any) {
 	for _, m := range desc.Methods {
 		name := "/" + desc.ServiceName + "/" + m.MethodName
 		h, ok := impl.(ResponseHandOver)
-		c.methods[name] = localMethod{impl: impl, handler: m.Handler, values: methodValues(name), handsOver: ok && h.HandsOverResponse(name)}
+		t, ok2 := impl.(RequestTakeOver)
+		c.methods[name] = localMethod{impl: impl, handler: m.Handler, values: methodValues(name),
+			handsOver: ok && h.HandsOverResponse(name), takesOver: ok2 && t.TakesOverRequest(name)}
 	}
 	if len(desc.Streams) > 0 {
 		c.register.RegisterService(&grpc.ServiceDesc{ServiceName: desc.ServiceName, HandlerType: desc.HandlerType, Streams: desc.Streams, Metadata: desc.Metadata}, impl)
@@ -101,7 +107,7 @@ func (c *localConn) Invoke(ctx context.Context, method string, req, reply any, o
 		return c.client.UnaryClient(ctx, method, req, reply, nil, c.invoke, opts...)
 	}
 	var buf [rpc.MaxMetadataPairs * 2]string
-	return c.serve(ctx, method, req, reply, c.client.AppendMetadata(ctx, buf[:0]))
+	return c.serve(ctx, method, req, reply, c.client.AppendMetadata(ctx, buf[:0]), rpc.HandsOverRequest(opts))
 }
 
 // NewStream implements grpc.ClientConnInterface.
@@ -110,18 +116,19 @@ func (c *localConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method
 }
 
 // invoke is the invoker of the client's interceptor, with tracing on.
-func (c *localConn) invoke(ctx context.Context, method string, req, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+func (c *localConn) invoke(ctx context.Context, method string, req, reply any, _ *grpc.ClientConn, opts ...grpc.CallOption) error {
 	begin := time.Now()
 	ctx = c.clientStats.TagRPC(ctx, &stats.RPCTagInfo{FullMethodName: method})
 	c.clientStats.HandleRPC(ctx, &stats.Begin{Client: true, BeginTime: begin})
-	err := c.serve(ctx, method, req, reply, nil)
+	err := c.serve(ctx, method, req, reply, nil, rpc.HandsOverRequest(opts))
 	c.clientStats.HandleRPC(ctx, &stats.End{Client: true, BeginTime: begin, EndTime: time.Now(), Error: err})
 	return err
 }
 
 // serve runs the server's side of a call: the chain, the handler, the copies. kv are
-// metadata pairs the call carries besides ctx's outgoing metadata.
-func (c *localConn) serve(ctx context.Context, method string, req, reply any, kv []string) error {
+// metadata pairs the call carries besides ctx's outgoing metadata; handOver says the
+// caller handed req over (rpc.HandOverRequest).
+func (c *localConn) serve(ctx context.Context, method string, req, reply any, kv []string, handOver bool) error {
 	m, ok := c.methods[method]
 	if !ok {
 		return status.Errorf(codes.Unimplemented, "unknown method %s", method)
@@ -137,7 +144,11 @@ func (c *localConn) serve(ctx context.Context, method string, req, reply any, kv
 		sctx = c.serverStats.TagRPC(sctx, &stats.RPCTagInfo{FullMethodName: method})
 		c.serverStats.HandleRPC(sctx, &stats.Begin{BeginTime: begin})
 	}
-	out, err := m.handler(m.impl, sctx, func(in any) error { return copyMessage(in, req) }, c.chain)
+	into := copyMessage
+	if handOver && m.takesOver {
+		into = moveMessage
+	}
+	out, err := m.handler(m.impl, sctx, func(in any) error { return into(in, req) }, c.chain)
 	if c.serverStats != nil {
 		c.serverStats.HandleRPC(sctx, &stats.End{BeginTime: begin, EndTime: time.Now(), Error: err})
 	}
@@ -172,8 +183,23 @@ type ResponseHandOver interface {
 	HandsOverResponse(method string) bool
 }
 
+// RequestTakeOver is a service implementation whose handlers of some unary methods may
+// read their callers' requests instead of copies: each such handler writes nothing its
+// request holds but the request's QualityContext (which it may extend and answer with),
+// and what it keeps of the request once it returns it only reads. A request its caller
+// hands over (rpc.HandOverRequest: built for the call, its QualityContext left to the
+// handler, the rest written by neither side) is then moved into the handler's message
+// instead of copied; other requests are copied as before. Over the network the request
+// is decoded either way (docs/design/017-handed-over-requests.md).
+type RequestTakeOver interface {
+	// TakesOverRequest reports whether the handler of method, a full method name
+	// ("/package.Service/Method"), takes requests over.
+	TakesOverRequest(method string) bool
+}
+
 // moveMessage makes dst the message src is, by one struct assignment: their fields then
-// share whatever src's held, which its handler has handed over (ResponseHandOver).
+// share whatever src's held, which its owner has handed over (ResponseHandOver,
+// rpc.HandOverRequest).
 func moveMessage(dst, src any) error {
 	d, ok1 := dst.(proto.Message)
 	s, ok2 := src.(proto.Message)

@@ -781,9 +781,20 @@ func TestAppendMetadataKeys(t *testing.T) {
 type handingService struct {
 	kept     *structpb.Value
 	handOver bool
+	// takesOver makes Take a method whose requests are taken over (RequestTakeOver);
+	// taken is the field "x" of the last request Take read.
+	takesOver bool
+	taken     *structpb.Value
 }
 
-const handingGet = "/mantle.test.v1.Handing/Get"
+const (
+	handingGet  = "/mantle.test.v1.Handing/Get"
+	handingTake = "/mantle.test.v1.Handing/Take"
+)
+
+func (h *handingService) TakesOverRequest(method string) bool {
+	return h.takesOver && method == handingTake
+}
 
 func (h *handingService) HandsOverResponse(method string) bool {
 	return h.handOver && method == handingGet
@@ -802,6 +813,18 @@ func (h *handingService) desc() *grpc.ServiceDesc {
 				}
 				return interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: handingGet}, func(context.Context, any) (any, error) {
 					return &structpb.Struct{Fields: map[string]*structpb.Value{"kept": h.kept}}, nil
+				})
+			},
+		}, {
+			MethodName: "Take",
+			Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+				in := new(structpb.Struct)
+				if err := dec(in); err != nil {
+					return nil, err
+				}
+				return interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: handingTake}, func(context.Context, any) (any, error) {
+					h.taken = in.GetFields()["x"]
+					return &structpb.Struct{}, nil
 				})
 			},
 		}},
@@ -838,6 +861,55 @@ func TestLocalConnHandsOverResponses(t *testing.T) {
 			// The moved message is the caller's to read through reflection as any other.
 			if !proto.Equal(reply, &structpb.Struct{Fields: map[string]*structpb.Value{"kept": structpb.NewStringValue("kept")}}) {
 				t.Errorf("reply reads as %v through reflection", reply)
+			}
+		})
+	}
+}
+
+// TestLocalConnTakesOverRequests: a request is moved into the handler's message, sharing
+// what it holds, only when its caller hands it over (rpc.HandOverRequest) to a method its
+// service names in RequestTakeOver; otherwise it is copied, as over the network. The
+// option goes through the client's interceptor too, the way calls take with tracing on.
+func TestLocalConnTakesOverRequests(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		handOver, takesOver, tracing, moved bool
+	}{
+		{handOver: false, takesOver: false},
+		{handOver: true, takesOver: false},
+		{handOver: false, takesOver: true},
+		{handOver: true, takesOver: true, moved: true},
+		{handOver: true, takesOver: true, tracing: true, moved: true},
+		{handOver: false, takesOver: true, tracing: true},
+	} {
+		t.Run(fmt.Sprintf("handOver=%t,takesOver=%t,tracing=%t", tt.handOver, tt.takesOver, tt.tracing), func(t *testing.T) {
+			t.Parallel()
+			chain, err := rpc.ServerInterceptors(slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil,
+				rpc.Audiences{handingGet: rpc.AudienceTenant, handingTake: rpc.AudienceTenant})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var client, server stats.Handler
+			if tt.tracing {
+				client, server = &recordingStats{client: true}, &recordingStats{}
+			}
+			c := newLocalConn(chain, rpc.ClientIdentity{}, client, server)
+			svc := &handingService{takesOver: tt.takesOver}
+			c.RegisterService(svc.desc(), svc)
+			x := structpb.NewStringValue("sent")
+			var opts []grpc.CallOption
+			if tt.handOver {
+				opts = append(opts, rpc.HandOverRequest())
+			}
+			req := &structpb.Struct{Fields: map[string]*structpb.Value{"x": x}}
+			if err := c.Invoke(context.Background(), handingTake, req, new(structpb.Struct), opts...); err != nil {
+				t.Fatal(err)
+			}
+			if svc.taken.GetStringValue() != "sent" {
+				t.Fatalf("the handler read x = %v, want \"sent\"", svc.taken)
+			}
+			if moved := svc.taken == x; moved != tt.moved {
+				t.Errorf("the handler read the caller's field: %t, want %t", moved, tt.moved)
 			}
 		})
 	}

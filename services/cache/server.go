@@ -45,6 +45,14 @@ func (s *server) HandsOverResponse(method string) bool {
 	return method == cachev1.CacheService_Lookup_FullMethodName || method == cachev1.CacheService_Store_FullMethodName
 }
 
+// TakesOverRequest implements app.RequestTakeOver for Lookup and Store: they write
+// nothing of their request but its QualityContext, which Lookup extends and answers with,
+// and keep only what they converted from it (a lease's prompt, the stored entry), whose
+// strings and slices they only read.
+func (s *server) TakesOverRequest(method string) bool {
+	return method == cachev1.CacheService_Lookup_FullMethodName || method == cachev1.CacheService_Store_FullMethodName
+}
+
 // Lookup implements cachev1.CacheServiceServer.
 func (s *server) Lookup(ctx context.Context, req *cachev1.LookupRequest) (*cachev1.LookupResponse, error) {
 	start := s.clock.Now()

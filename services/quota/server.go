@@ -47,6 +47,13 @@ func (s *server) HandsOverResponse(method string) bool {
 	return method == quotav1.QuotaService_Reserve_FullMethodName || method == quotav1.QuotaService_Settle_FullMethodName
 }
 
+// TakesOverRequest implements app.RequestTakeOver for Reserve and Settle: they write
+// nothing of their request but its QualityContext, which Reserve extends and answers
+// with, and keep nothing of it once they return.
+func (s *server) TakesOverRequest(method string) bool {
+	return method == quotav1.QuotaService_Reserve_FullMethodName || method == quotav1.QuotaService_Settle_FullMethodName
+}
+
 func (s *server) Reserve(ctx context.Context, req *quotav1.ReserveRequest) (*quotav1.ReserveResponse, error) {
 	start := s.svc.clock.Now()
 	tenant, err := rpc.CallTenant(ctx, req.GetQuality().GetTenant())

@@ -12,11 +12,13 @@ import (
 // audit trail, the attempts and the timings. The first two grow with every step and
 // retry, none of the other services reads them, and each hop would otherwise marshal them
 // twice (request and response): on loopback that was about a third of the full mesh's
-// overhead. The services append their own audit steps to the copy and return it; take
-// them back with adoptAudit(qc, sent, returned). The timings (overhead, upstream latency,
-// waited) are the router's to keep: they are complete only once the request is answered.
+// overhead. The services append their own audit steps to the copy and return it, so
+// every step the returned copy holds is theirs: take them back with adoptAudit(qc,
+// returned). The timings (overhead, upstream latency, waited) are the router's to keep:
+// they are complete only once the request is answered.
 //
-// Sub-messages are cloned, so the copy can be marshalled while hedges go on changing qc.
+// Sub-messages are cloned, so the copy can be marshalled while hedges go on changing qc,
+// and handed over with its request (rpc.HandOverRequest): the router keeps nothing of it.
 // The fields are copied by hand (a reflective copy cost 2.5% of the mesh's CPU), the
 // sub-messages with vtprotobuf's generated CloneVT;
 // TestHopQualityDropsOnlyTheRouterOwnFields sets every field of the message, so a field

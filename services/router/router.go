@@ -591,9 +591,8 @@ func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.Qual
 	start := r.deps.Clock.Now()
 	// Buckets, prices and the tokenizer are per model: charge the route's first choice,
 	// which is what answers when nothing goes wrong.
-	sent := hopQuality(qc)
 	res, err := r.deps.Quota.Reserve(hop, &quotav1.ReserveRequest{
-		Quality: sent,
+		Quality: hopQuality(qc),
 		Model:   rt.candidates[0].model.Name,
 		// Naming the key lets quota count requests per key for the shared retry budget.
 		UpstreamKeyId:   rt.admissionKeyID(),
@@ -602,7 +601,7 @@ func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.Qual
 		InputTokens:     inputTokens,
 		// Tool definitions are prompt tokens too: quota counts them with the messages.
 		Tools: tools,
-	})
+	}, rpc.HandOverRequest())
 	if err != nil {
 		code := status.Code(err)
 		info := rpc.ErrorInfo(err)
@@ -628,7 +627,7 @@ func (r *Router) reserveTokens(ctx context.Context, rt *route, qc *mantlev1.Qual
 		}
 		return reservation{}, err
 	}
-	adoptAudit(qc, sent, res.GetQuality())
+	adoptAudit(qc, res.GetQuality())
 	addWait(qc, res.GetWaited().AsDuration()) // in quota's priority queue
 	r.audit(qc, "reserve", "reserved "+strconv.FormatInt(res.ReservedTokens, 10)+" tokens", r.deps.Clock.Since(start))
 	l := res.GetLimits()
@@ -647,10 +646,11 @@ func (r *Router) settle(ctx context.Context, qc *mantlev1.QualityContext, reserv
 	}
 	ctx, cancel := withLazyDeadline(context.WithoutCancel(ctx), time.Now().Add(2*time.Second))
 	defer cancel()
-	if usage == nil {
-		usage = &mantlev1.Usage{}
-	}
-	if _, err := r.deps.Quota.Settle(ctx, &quotav1.SettleRequest{Quality: hopQuality(qc), ReservationId: reservation, Usage: usage}); err != nil {
+	// Handed over with a copy of the usage, which the request's QualityContext holds.
+	sreq := &quotav1.SettleRequest{Quality: hopQuality(qc), ReservationId: reservation, Usage: &mantlev1.Usage{
+		InputTokens: usage.GetInputTokens(), OutputTokens: usage.GetOutputTokens(), TotalTokens: usage.GetTotalTokens(),
+	}}
+	if _, err := r.deps.Quota.Settle(ctx, sreq, rpc.HandOverRequest()); err != nil {
 		r.deps.Log.WarnContext(ctx, "settle failed; the reservation will expire", "reservation", reservation, "err", err)
 	}
 }
@@ -670,17 +670,16 @@ func (r *Router) lookup(ctx context.Context, req *routerv1.Request, rt *route, q
 	// A duplicate waits at most half of what is left for the first request's answer, so it
 	// still has time to ask a model itself if that answer never comes.
 	wait := qc.Deadline.AsTime().Sub(start) / 2
-	sent := hopQuality(qc)
 	res, err := r.deps.Cache.Lookup(hop, &cachev1.LookupRequest{
-		Quality: sent, Prompt: cachePrompt(req, rt, qc), Coalesce: true, MaxWait: durationpb.New(wait),
-	})
+		Quality: hopQuality(qc), Prompt: cachePrompt(req, rt, qc), Coalesce: true, MaxWait: durationpb.New(wait),
+	}, rpc.HandOverRequest())
 	if err != nil {
 		r.deps.Log.WarnContext(ctx, "cache lookup failed; treating as miss", "err", err)
 		qc.SkippedSteps = append(qc.SkippedSteps, "cache")
 		r.audit(qc, "lookup", "error: "+status.Code(err).String(), r.deps.Clock.Since(start))
 		return nil, "", false
 	}
-	adoptAudit(qc, sent, res.GetQuality())
+	adoptAudit(qc, res.GetQuality())
 	// Waiting for an identical request's answer is that request's provider call, not
 	// mantle's work.
 	addWait(qc, res.GetWaited().AsDuration())
@@ -807,7 +806,7 @@ func (r *Router) store(ctx context.Context, req *routerv1.Request, rt *route, qc
 const asyncStoreTimeout = 5 * time.Second
 
 func (r *Router) sendStore(ctx context.Context, sreq *cachev1.StoreRequest) {
-	if _, err := r.deps.Cache.Store(ctx, sreq); err != nil {
+	if _, err := r.deps.Cache.Store(ctx, sreq, rpc.HandOverRequest()); err != nil {
 		r.deps.Log.WarnContext(ctx, "cache store failed", "err", err)
 	}
 }
@@ -948,18 +947,12 @@ func (r *Router) audit(qc *mantlev1.QualityContext, step, detail string, d time.
 	qc.Audit = append(qc.Audit, r.step(step, detail, d))
 }
 
-// adoptAudit appends to qc the audit steps another service added to sent, the copy of qc
-// it was given (see hopQuality), before returning it.
-func adoptAudit(qc, sent, returned *mantlev1.QualityContext) {
-	qc.Audit = append(qc.Audit, addedSteps(sent, returned)...)
-}
-
-// addedSteps are the audit steps a service appended to the copy of sent it returned.
-func addedSteps(sent, returned *mantlev1.QualityContext) []*mantlev1.AuditStep {
-	if n := len(sent.GetAudit()); len(returned.GetAudit()) > n {
-		return returned.Audit[n:]
-	}
-	return nil
+// adoptAudit appends to qc the audit steps another service returned on the copy of qc it
+// was given (hopQuality), which held none: every step returned is the service's. The copy
+// itself is not read again: its request was handed over (rpc.HandOverRequest), and in
+// process the service may have extended it in place.
+func adoptAudit(qc, returned *mantlev1.QualityContext) {
+	qc.Audit = append(qc.Audit, returned.GetAudit()...)
 }
 
 // addUsage charges an attempt's tokens and cost to the request and to the per-tenant,

@@ -16,6 +16,7 @@ import (
 	verifierv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/verifier/v1"
 	"github.com/mantle-mesh/mantle/pkg/formatcheck"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
 
 // applyVerdict records the verifier's verdict on the answer going out; nil means nobody
@@ -86,7 +87,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		ToolChoiceFunction: req.ToolChoiceFunction,
 		Model:              who.model,
 		SessionId:          req.User,
-	})
+	}, rpc.HandOverRequest())
 	if status.Code(err) == codes.InvalidArgument {
 		// The verifier refuses to judge this answer (an oversized answer, or a schema the
 		// router's own compile accepted under other limits): that is no outage, and the
@@ -99,7 +100,7 @@ func (r *Router) verify(ctx context.Context, req *routerv1.Request, qc *mantlev1
 		audit, err := r.checkLocally(ctx, req, who.level, res, audit, "verifier unavailable ("+status.Code(err).String()+")", start)
 		return nil, audit, err
 	}
-	audit = append(audit, addedSteps(snapshot, v.GetQuality())...)
+	audit = append(audit, v.GetQuality().GetAudit()...) // every step is the verifier's (adoptAudit)
 	audit = append(audit, r.step("verify", "passed="+strconv.FormatBool(v.Passed)+" grade="+shortGrade(v.Grade), r.deps.Clock.Since(start)))
 	if v.Degrade {
 		// A business rule says this kind of answer must not come from a model now: no other

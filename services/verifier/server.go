@@ -60,6 +60,14 @@ func (s *Server) HandsOverResponse(method string) bool {
 	return method == verifierv1.VerifierService_Verify_FullMethodName
 }
 
+// TakesOverRequest implements app.RequestTakeOver for Verify: it writes nothing of its
+// request, answers with a new QualityContext, and the L3 worker keeps a copy of the
+// request's and only reads the rest of what it keeps (the messages' text, tools,
+// references).
+func (s *Server) TakesOverRequest(method string) bool {
+	return method == verifierv1.VerifierService_Verify_FullMethodName
+}
+
 // Verify checks one answer and returns the verdict with the updated QualityContext.
 func (s *Server) Verify(ctx context.Context, req *verifierv1.VerifyRequest) (*verifierv1.VerifyResponse, error) {
 	tenant, err := callTenant(ctx, req.GetQuality().GetTenant())
