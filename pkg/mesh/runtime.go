@@ -26,7 +26,7 @@ type RuntimeConfig struct {
 	// GCMinHeapMiB is a floor under the collector's heap goal: GOGC is raised after every
 	// collection while the live heap is small, so that the heap may reach about this many
 	// MiB before the next one (held under half the memory limit when there is one). A
-	// request allocates about 32 KB in the router and about 61 KB through the whole mesh,
+	// request allocates about 30 KB in the router and 50 to 60 KB through the whole mesh,
 	// so gc_percent alone collects about ten times a second at 2000 requests/s, each
 	// collection stopping the world twice and taking CPU from the requests; with a floor of
 	// 16 MiB per 32 KB a request allocates, it collects about twice a second, for about as
@@ -74,8 +74,8 @@ const HeapFloorAuto = -1
 
 // heapFloorOneServiceMiB is the automatic floor of a process that runs one service. The
 // floor exists to keep collections few where requests allocate a lot against a small live
-// heap, so it follows what a request allocates in the process: about 32 KB in the router,
-// about 61 KB through all four services, whose floor is therefore twice the router's
+// heap, so it follows what a request allocates in the process: about 30 KB in the router,
+// 50 to 60 KB through all four services, whose floor is therefore twice the router's
 // (docs/design/002-heap-floor.md).
 const heapFloorOneServiceMiB = 16
 
