@@ -22,9 +22,15 @@ func FuzzEventReader(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		er := NewEventReader(bytes.NewReader(stream))
+		// Delivered in reads of a size the input picks, so that events fall across reads.
+		src := &countingReader{r: bytes.NewReader(stream), max: 1 + len(stream)%61}
+		er := NewEventReader(src)
 		for i := 0; ; i++ {
+			ready, reads := er.Ready(), src.reads
 			ev, err := er.Next()
+			if ready && (err != nil || src.reads != reads) {
+				t.Fatalf("Ready, then Next read %d times and returned %+v, %v", src.reads-reads, ev, err)
+			}
 			if err != nil {
 				var perr *Error
 				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.As(err, &perr) {
@@ -75,4 +81,16 @@ func FuzzClassifyHTTP(f *testing.F) {
 		}
 		_, _ = ParseAPIError([]byte(body))
 	})
+}
+
+// countingReader reads at most max bytes at a time from r and counts its reads.
+type countingReader struct {
+	r     io.Reader
+	max   int
+	reads int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	c.reads++
+	return c.r.Read(p[:min(len(p), c.max)])
 }

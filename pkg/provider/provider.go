@@ -209,6 +209,12 @@ type Chunk struct {
 	ToolCalls []ToolCallDelta
 	// Logprobs is the chunk's logprobs object as the provider sent it.
 	Logprobs json.RawMessage
+	// More says the stream's next Recv returns another piece of the answer (text, tool
+	// calls, logprobs) without waiting for the network: it arrived with this chunk. A
+	// caller writing the pieces on may then hold its flush for the next one, as a proxy
+	// writes out once per read. The end of the answer is never More. It says nothing of
+	// the answer itself (Empty ignores it).
+	More bool
 }
 
 // Empty reports whether c carries nothing for the caller (content, tool calls, logprobs).

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -81,6 +82,34 @@ func (er *EventReader) Next() (Event, error) {
 				}
 			}
 			data = append(data, value)
+		}
+	}
+}
+
+// Ready reports whether the next call of Next returns an event without reading from the
+// underlying reader: a whole event that carries data (its lines and the blank line that
+// ends it) is already buffered, after nothing but whole events without data, which Next
+// skips. A stream whose events arrive together can so tell that more follows at once.
+func (er *EventReader) Ready() bool {
+	buf, _ := er.r.Peek(er.r.Buffered()) // never more than is buffered: no read
+	data := false
+	for {
+		i := bytes.IndexByte(buf, '\n')
+		if i < 0 {
+			return false
+		}
+		line := buf[:i]
+		buf = buf[i+1:]
+		if n := len(line); n > 0 && line[n-1] == '\r' {
+			line = line[:n-1]
+		}
+		switch {
+		case len(line) == 0:
+			if data {
+				return true
+			}
+		case bytes.HasPrefix(line, []byte("data:")) || string(line) == "data":
+			data = true
 		}
 	}
 }

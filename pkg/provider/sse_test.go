@@ -119,3 +119,35 @@ func TestEventReaderRejectsHugeLines(t *testing.T) {
 		})
 	}
 }
+
+// TestEventReaderReady: after the first event, Ready says whether the next is whole in
+// the buffer (the stream arrives in one read), skipping whole events without data as Next
+// does; a next event cut short, or only events without data, is not ready.
+func TestEventReaderReady(t *testing.T) {
+	for _, tt := range []struct {
+		name, stream string
+		want         bool
+	}{
+		{"next whole", "data: a\n\ndata: b\n\n", true},
+		{"next whole, CRLF", "data: a\r\n\r\ndata: b\r\n\r\n", true},
+		{"next named", "data: a\n\nevent: delta\ndata: b\n\n", true},
+		{"bare data field", "data: a\n\ndata\n\n", true},
+		{"after a comment", "data: a\n\n: keep-alive\n\ndata: b\n\n", true},
+		{"next without its blank line", "data: a\n\ndata: b\n", false},
+		{"next cut", "data: a\n\ndata: b", false},
+		{"only an event without data", "data: a\n\nevent: ping\n\n", false},
+		{"only a comment", "data: a\n\n: keep-alive\n\n", false},
+		{"end of stream", "data: a\n\n", false},
+		{"data in a comment", "data: a\n\n: data: b\n\n", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			er := NewEventReader(strings.NewReader(tt.stream))
+			if ev, err := er.Next(); err != nil || ev.Data != "a" {
+				t.Fatalf("first Next = %+v, %v; want the event a", ev, err)
+			}
+			if got := er.Ready(); got != tt.want {
+				t.Errorf("Ready() = %t, want %t", got, tt.want)
+			}
+		})
+	}
+}

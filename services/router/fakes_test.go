@@ -263,6 +263,7 @@ type chunk struct {
 	err     error // Recv fails with it
 	hang    bool  // Recv blocks until ctx is done
 	tools   []provider.ToolCallDelta
+	more    bool // the chunk says the next piece follows at once (provider.Chunk.More)
 }
 
 func reply(content string, in, out int64) result {
@@ -400,7 +401,7 @@ func (s *fakeStream) Recv() (provider.Chunk, error) {
 	if st.err != nil {
 		return provider.Chunk{}, st.err
 	}
-	return provider.Chunk{Content: st.content, FinishReason: st.finish, Usage: st.usage, ToolCalls: st.tools}, nil
+	return provider.Chunk{Content: st.content, FinishReason: st.finish, Usage: st.usage, ToolCalls: st.tools, More: st.more}, nil
 }
 
 func (s *fakeStream) Close() error      { return nil }

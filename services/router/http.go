@@ -216,9 +216,12 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 	created := f.router.deps.Clock.Now().Unix()
 	// One buffer for every event of the stream: a chunk per delta.
 	var event, chunk []byte
+	// hold keeps a delta's event in the connection's buffer when the next delta follows
+	// at once (Delta.More): one write for the events that arrived together.
+	hold := false
 	writeData := func(b []byte) error {
 		event = append(append(append(event[:0], "data: "...), b...), "\n\n"...)
-		if _, err := w.Write(event); err != nil {
+		if _, err := w.Write(event); err != nil || hold {
 			return err
 		}
 		return rc.Flush()
@@ -249,7 +252,10 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 			}
 			w.WriteHeader(http.StatusOK)
 		}
-		return writeEvent(deltaChunk(id, created, d))
+		hold = d.More
+		err := writeEvent(deltaChunk(id, created, d))
+		hold = false
+		return err
 	})
 	if err != nil {
 		if !started {

@@ -386,10 +386,14 @@ func (f *frontDoor) streamMessages(ctx context.Context, w http.ResponseWriter, r
 	id := "msg_" + rpc.RequestID(ctx)
 	// One buffer for every event of the stream: a delta per piece of text.
 	var out, data []byte
+	// hold keeps the events of a delta in the connection's buffer: they go out in one
+	// write when the delta ends, or with the next delta's when it follows at once
+	// (Delta.More).
+	hold := false
 	writeEvent := func(event string, b []byte) error {
 		out = append(append(append(out[:0], "event: "...), event...), "\ndata: "...)
 		out = append(append(out, b...), "\n\n"...)
-		if _, err := w.Write(out); err != nil {
+		if _, err := w.Write(out); err != nil || hold {
 			return err
 		}
 		return rc.Flush()
@@ -416,6 +420,8 @@ func (f *frontDoor) streamMessages(ctx context.Context, w http.ResponseWriter, r
 		return send(start.Type, start)
 	}
 	final, err := f.router.Stream(ctx, req, func(d Delta) error {
+		hold = true
+		defer func() { hold = false }()
 		if !started {
 			// As on the chat door: headers go out with the first delta; the quality
 			// context, known only at the end, travels in message_delta's mantle member.
@@ -437,7 +443,10 @@ func (f *frontDoor) streamMessages(ctx context.Context, w http.ResponseWriter, r
 				return err
 			}
 		}
-		return nil
+		if d.More {
+			return nil
+		}
+		return rc.Flush()
 	})
 	if err == nil {
 		for _, tc := range final.GetMessage().GetToolCalls() {

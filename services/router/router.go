@@ -373,6 +373,11 @@ type Delta struct {
 	Logprobs []byte
 	// Replayed: the answer is an agent session step's recorded result.
 	Replayed bool
+	// More: the next delta follows at once (it arrived from the provider with this one),
+	// so a sink that writes to a connection may hold its flush for it, as a proxy flushes
+	// once per read rather than once per event. The stream's end always comes after a
+	// delta without More or is flushed by the sink itself.
+	More bool
 }
 
 // Sink receives streamed content. A nil Sink asks for a unary answer.

@@ -86,7 +86,7 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 		if perr != nil {
 			return answer(), committed, perr
 		}
-		if err := sink(Delta{Content: chunk.Content, Model: c.u.model.Name, Level: c.level, ToolCalls: chunk.ToolCalls, Logprobs: chunk.Logprobs}); err != nil {
+		if err := sink(Delta{Content: chunk.Content, Model: c.u.model.Name, Level: c.level, ToolCalls: chunk.ToolCalls, Logprobs: chunk.Logprobs, More: chunk.More}); err != nil {
 			return answer(), true, err
 		}
 	}

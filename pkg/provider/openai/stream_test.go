@@ -169,3 +169,81 @@ func TestStreamHTTPErrors(t *testing.T) {
 func TestStreamStall(t *testing.T)           { providertest.StreamStall(t, adapter) }
 func TestStreamStallDeadline(t *testing.T)   { providertest.StreamStallDeadline(t, adapter) }
 func TestStreamConnectionReset(t *testing.T) { providertest.StreamConnectionReset(t, adapter) }
+
+// burstBody is a response body that gives its bursts one Read each, the second only once
+// released; a Read for it before then is an error, which the stream reports.
+type burstBody struct {
+	bursts   []string
+	released chan struct{}
+}
+
+func (b *burstBody) Read(p []byte) (int, error) {
+	if len(b.bursts) == 0 {
+		return 0, io.EOF
+	}
+	if len(b.bursts) == 1 {
+		select {
+		case <-b.released:
+		default:
+			return 0, errors.New("read of the second burst before it was sent")
+		}
+	}
+	n := copy(p, b.bursts[0])
+	b.bursts[0] = b.bursts[0][n:]
+	if b.bursts[0] == "" {
+		b.bursts = b.bursts[1:]
+	}
+	return n, nil
+}
+
+func (b *burstBody) Close() error { return nil }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestStreamMore: a chunk says More when the next Recv has another piece without reading
+// (the events that arrived with it), and not when the next must wait for the network, nor
+// when what follows is the end.
+func TestStreamMore(t *testing.T) {
+	sse := func(payloads ...string) string {
+		var b strings.Builder
+		for _, p := range payloads {
+			fmt.Fprintf(&b, "data: %s\n\n", p)
+		}
+		return b.String()
+	}
+	body := &burstBody{
+		bursts:   []string{sse(delta("a"), delta("b"), delta("c")), sse(delta("d"), finish("stop"), usageChunk, "[DONE]")},
+		released: make(chan struct{}),
+	}
+	hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: body, Request: r}, nil
+	})}
+	s, err := New(testConfig("http://upstream.test", hc)).Stream(context.Background(), testRequest)
+	if err != nil {
+		t.Fatalf("Stream: %v", err)
+	}
+	defer s.Close()
+	for i, want := range []provider.Chunk{
+		{Content: "a", More: true},
+		{Content: "b", More: true},
+		{Content: "c", More: false}, // the second burst is not sent yet: the next Recv waits
+		{Content: "d", More: false}, // the rest came with it, but only the end follows
+		{FinishReason: "stop", Usage: &provider.Usage{InputTokens: 9, OutputTokens: 2}, More: false},
+	} {
+		if i == 3 {
+			close(body.released)
+		}
+		got, err := s.Recv()
+		if err != nil {
+			t.Fatalf("Recv %d: %v", i, err)
+		}
+		if g, w := deref([]provider.Chunk{got})[0], deref([]provider.Chunk{want})[0]; g != w || got.More != want.More {
+			t.Errorf("Recv %d = %s More=%t, want %s More=%t", i, g, got.More, w, want.More)
+		}
+	}
+	if _, err := s.Recv(); !errors.Is(err, io.EOF) {
+		t.Errorf("after the last chunk: %v, want io.EOF", err)
+	}
+}

@@ -101,30 +101,81 @@ type stream struct {
 	// Owned by Recv.
 	dec Decoder
 	err error // sticky: io.EOF or the *provider.Error that ended the stream
+	// ahead is what Recv read on after its chunk, from events already buffered: the next
+	// Recv returns it without reading (lookAhead).
+	ahead *result
+}
+
+type result struct {
+	chunk provider.Chunk
+	err   error
 }
 
 func (s *stream) RequestID() string { return s.requestID }
 
 // Recv returns the next piece of text. The finish reason and usage arrive together in a
 // last chunk once the answer is complete, then Recv returns io.EOF. After an error every
-// call returns that error again.
+// call returns that error again. A chunk says whether the next Recv has its answer
+// without reading (Chunk.More).
 func (s *stream) Recv() (provider.Chunk, error) {
+	var c provider.Chunk
+	var err error
+	if a := s.ahead; a != nil {
+		s.ahead = nil
+		c, err = a.chunk, a.err
+	} else {
+		c, err = s.next(true)
+	}
+	if err == nil {
+		c.More = s.lookAhead()
+	}
+	return c, err
+}
+
+// lookAhead reads on while whole events are buffered, keeping what it read in ahead for
+// the next Recv, and reports whether that is another piece of the answer (Chunk.More).
+// The end of the stream (its last chunk, io.EOF or a failure) is not: a caller flushes for
+// it, and the caller's own work at the end, such as checking the answer, does not hold back
+// the last piece. Events without a piece (a role, a finish reason, usage) are folded into
+// the decoder as Recv would fold them.
+func (s *stream) lookAhead() bool {
 	if s.err != nil {
-		return provider.Chunk{}, s.err
+		return false
+	}
+	r, ok := s.read(false)
+	if ok {
+		s.ahead = &r
+	}
+	return ok && r.err == nil && !r.chunk.Empty() && s.err == nil
+}
+
+// next is the next chunk, read from the network as needed; wait false reads only events
+// already buffered whole, and reports false when that was not enough.
+func (s *stream) next(wait bool) (provider.Chunk, error) {
+	r, _ := s.read(wait)
+	return r.chunk, r.err
+}
+
+func (s *stream) read(wait bool) (_ result, ok bool) {
+	if s.err != nil {
+		return result{err: s.err}, true
 	}
 	for {
+		if !wait && !s.events.Ready() {
+			return result{}, false
+		}
 		ev, err := s.events.Next()
 		if err != nil {
-			return s.end(s.readFailure(err))
+			return s.end(s.readFailure(err)), true
 		}
 		piece, done, perr := s.dec.Apply(ev)
 		switch {
 		case perr != nil:
-			return s.end(s.fromBody(perr))
+			return s.end(s.fromBody(perr)), true
 		case done:
-			return s.end(nil)
+			return s.end(nil), true
 		case !piece.Empty():
-			return piece, nil
+			return result{chunk: piece}, true
 		}
 	}
 }
@@ -169,7 +220,7 @@ func (s *stream) fromBody(e *provider.Error) *provider.Error {
 // end releases the connection and settles what Recv returns from now on. With a nil cause
 // the answer is complete: the decoder's last chunk follows, unless it is empty, and then
 // io.EOF.
-func (s *stream) end(cause error) (provider.Chunk, error) {
+func (s *stream) end(cause error) result {
 	s.release()
 	var last provider.Chunk
 	if cause == nil {
@@ -180,13 +231,13 @@ func (s *stream) end(cause error) (provider.Chunk, error) {
 	}
 	if cause != nil {
 		s.err = cause
-		return provider.Chunk{}, cause
+		return result{err: cause}
 	}
 	s.err = io.EOF
 	if last.Empty() && last.FinishReason == "" && last.Usage == nil {
-		return provider.Chunk{}, io.EOF
+		return result{err: io.EOF}
 	}
-	return last, nil
+	return result{chunk: last}
 }
 
 // Close releases the connection. It is safe to call at any time, from any goroutine, more
