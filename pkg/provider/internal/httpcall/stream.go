@@ -102,8 +102,9 @@ type stream struct {
 	dec Decoder
 	err error // sticky: io.EOF or the *provider.Error that ended the stream
 	// ahead is what Recv read on after its chunk, from events already buffered: the next
-	// Recv returns it without reading (lookAhead).
-	ahead *result
+	// Recv returns it without reading (lookAhead), when hasAhead.
+	ahead    result
+	hasAhead bool
 }
 
 type result struct {
@@ -115,21 +116,19 @@ func (s *stream) RequestID() string { return s.requestID }
 
 // Recv returns the next piece of text. The finish reason and usage arrive together in a
 // last chunk once the answer is complete, then Recv returns io.EOF. After an error every
-// call returns that error again. A chunk says whether the next Recv has its answer
+// call returns that error again. A chunk says whether the next Recv has another piece
 // without reading (Chunk.More).
 func (s *stream) Recv() (provider.Chunk, error) {
-	var c provider.Chunk
-	var err error
-	if a := s.ahead; a != nil {
-		s.ahead = nil
-		c, err = a.chunk, a.err
+	r := s.ahead
+	if s.hasAhead {
+		s.ahead, s.hasAhead = result{}, false
 	} else {
-		c, err = s.next(true)
+		r, _ = s.read(true)
 	}
-	if err == nil {
-		c.More = s.lookAhead()
+	if r.err == nil {
+		r.chunk.More = s.lookAhead()
 	}
-	return c, err
+	return r.chunk, r.err
 }
 
 // lookAhead reads on while whole events are buffered, keeping what it read in ahead for
@@ -143,19 +142,13 @@ func (s *stream) lookAhead() bool {
 		return false
 	}
 	r, ok := s.read(false)
-	if ok {
-		s.ahead = &r
-	}
+	s.ahead, s.hasAhead = r, ok
 	return ok && r.err == nil && !r.chunk.Empty() && s.err == nil
 }
 
-// next is the next chunk, read from the network as needed; wait false reads only events
-// already buffered whole, and reports false when that was not enough.
-func (s *stream) next(wait bool) (provider.Chunk, error) {
-	r, _ := s.read(wait)
-	return r.chunk, r.err
-}
-
+// read returns the next chunk, the end or the failure, reading from the network as needed;
+// with wait false it reads only events already buffered whole, and reports false when
+// they were not enough.
 func (s *stream) read(wait bool) (_ result, ok bool) {
 	if s.err != nil {
 		return result{err: s.err}, true
