@@ -32,11 +32,11 @@ func TestStreamFlushesPerArrival(t *testing.T) {
 		serve func(f *frontDoor, w http.ResponseWriter)
 	}{
 		{"chat", func(f *frontDoor, w http.ResponseWriter) {
-			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]}`))
 			f.chatCompletions(w, r)
 		}},
 		{"messages", func(f *frontDoor, w http.ResponseWriter) {
-			r := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(`{"model":"chat","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+			r := httptest.NewRequest(http.MethodPost, "/v1/messages", strings.NewReader(`{"model":"chat","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"name":"get_weather","input_schema":{"type":"object"}}]}`))
 			r.Header.Set(HeaderAnthropicVersion, "2023-06-01")
 			f.messages(w, r)
 		}},
@@ -45,14 +45,21 @@ func TestStreamFlushesPerArrival(t *testing.T) {
 		for _, tt := range []struct {
 			name   string
 			stream []chunk
-			// first is the pieces the first flush carries, and not the next one's.
-			first []string
-			next  string
+			// first is what the first flush carries, and next what it must not (what came
+			// later, as each door writes it).
+			first, next []string
 		}{
 			{"together", []chunk{{content: "Alpha", more: true}, {content: "Bravo", more: true}, {content: "Charlie"}, {content: "Delta"}, {finish: "stop", usage: usage}},
-				[]string{"Alpha", "Bravo", "Charlie"}, "Delta"},
+				[]string{"Alpha", "Bravo", "Charlie"}, []string{"Delta"}},
 			{"one by one", []chunk{{content: "Alpha"}, {content: "Bravo"}, {finish: "stop", usage: usage}},
-				[]string{"Alpha"}, "Bravo"},
+				[]string{"Alpha"}, []string{"Bravo"}},
+			// A tool call is held whole until checked; the one delta it then goes out as
+			// is flushed at once, whatever company its first piece had.
+			{"held tool call", []chunk{
+				{tools: []provider.ToolCallDelta{{Index: 0, ID: "call_1", Type: "function", Name: "get_weather"}}, more: true},
+				{tools: []provider.ToolCallDelta{{Index: 0, Arguments: `{"city":"Lisbon"}`}}},
+				{finish: "tool_calls", usage: usage}},
+				[]string{"get_weather", "Lisbon"}, []string{`"finish_reason":"tool_calls"`, "message_delta"}},
 		} {
 			t.Run(door.name+"/"+tt.name, func(t *testing.T) {
 				t.Parallel()
@@ -67,8 +74,10 @@ func TestStreamFlushesPerArrival(t *testing.T) {
 						t.Errorf("first flush lacks %q:\n%s", piece, w.flushed[0])
 					}
 				}
-				if strings.Contains(w.flushed[0], tt.next) {
-					t.Errorf("first flush already holds %q, which came later:\n%s", tt.next, w.flushed[0])
+				for _, later := range tt.next {
+					if strings.Contains(w.flushed[0], later) {
+						t.Errorf("first flush already holds %q, which came later:\n%s", later, w.flushed[0])
+					}
 				}
 				if last := w.flushed[len(w.flushed)-1]; last != w.Body.String() {
 					t.Errorf("the stream's end was not flushed: %d bytes written after the last flush", len(w.Body.String())-len(last))

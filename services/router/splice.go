@@ -158,6 +158,9 @@ func (h *toolHold) held() []Delta {
 	}
 	calls := h.calls.Calls()
 	d := h.first // of the same answer as every piece held: all but the calls alike
+	// Assembled, not as it arrived: whether the first piece had company says nothing of
+	// what follows this one (Delta.More).
+	d.More = false
 	d.ToolCalls = make([]provider.ToolCallDelta, len(calls))
 	for i, c := range calls {
 		d.ToolCalls[i] = provider.ToolCallDelta{Index: i, ID: c.ID, Type: c.Type, Name: c.Name, Arguments: c.Arguments}

@@ -12,6 +12,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/httpcall"
 	"github.com/mantle-mesh/mantle/pkg/provider/internal/providertest"
 )
 
@@ -75,7 +76,7 @@ func TestCompleteSuccess(t *testing.T) {
 			"stop_reason":"end_turn","stop_sequence":null,
 			"usage":{"input_tokens":20,"cache_creation_input_tokens":3,"cache_read_input_tokens":7,"output_tokens":6}}`)
 	}))
-	c.ep.Headers = map[string]string{"Anthropic-Beta": "test-beta"}
+	c.ep = httpcall.NewEndpoint(c.ep.URL, c.ep.Client, map[string]string{"Anthropic-Beta": "test-beta"}, c.ep.Now)
 
 	temp := 0.5
 	req := testRequest

@@ -12,6 +12,7 @@ import (
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/httpcall"
 	"github.com/mantle-mesh/mantle/pkg/provider/internal/providertest"
 )
 
@@ -61,7 +62,7 @@ func TestCompleteSuccess(t *testing.T) {
 		w.Header().Set("X-Ratelimit-Reset-Tokens", "6m0s")
 		io.WriteString(w, `{"id":"chatcmpl-1","model":"gpt-test-0613","choices":[{"index":0,"message":{"role":"assistant","content":"{\"ok\":true}"},"finish_reason":"length"}],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}`)
 	}))
-	c.ep.Headers = map[string]string{"OpenAI-Project": "proj-1"}
+	c.ep = httpcall.NewEndpoint(c.ep.URL, c.ep.Client, map[string]string{"OpenAI-Project": "proj-1"}, c.ep.Now)
 
 	temp := 0.2
 	req := testRequest

@@ -14,8 +14,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"time"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
@@ -34,9 +36,9 @@ const (
 type Endpoint struct {
 	URL    string
 	Client *http.Client
-	// Headers are added to every request; they override the adapter's own headers of the
-	// same name.
-	Headers map[string]string
+	// Headers are added to every request, their names canonical; they override the
+	// adapter's own headers of the same name.
+	Headers []Header
 	// Now turns absolute retry and reset times into durations.
 	Now func() time.Time
 }
@@ -50,7 +52,18 @@ func NewEndpoint(url string, client *http.Client, headers map[string]string, now
 	if now == nil {
 		now = time.Now
 	}
-	return Endpoint{URL: url, Client: client, Headers: headers, Now: now}
+	return Endpoint{URL: url, Client: client, Headers: canonicalHeaders(headers), Now: now}
+}
+
+// canonicalHeaders lists the configured headers under canonical names, once for every
+// request, in the order of their names as configured, so that of two names alike but for
+// case the same one wins every time.
+func canonicalHeaders(m map[string]string) []Header {
+	out := make([]Header, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, Header{Name: textproto.CanonicalMIMEHeaderKey(k), Value: m[k]})
+	}
+	return out
 }
 
 // Complete posts body and reads the whole answer. A 2xx body that is too large or that
@@ -112,8 +125,8 @@ func encode(body any) ([]byte, error) {
 	return json.Marshal(body)
 }
 
-// Header is one header an adapter sends with every request of its own (credentials, API
-// version): a name and its value.
+// Header is one header sent with a request: an adapter's own (credentials, API version)
+// or a configured one. Name is in canonical form (textproto.CanonicalMIMEHeaderKey).
 type Header struct{ Name, Value string }
 
 // post sends body as JSON and returns the response when its status is 2xx; any other
@@ -153,9 +166,9 @@ func (e Endpoint) post(ctx context.Context, body any, stream bool, own []Header)
 }
 
 // setHeaders sets a request's headers as http.Header.Set would, each later one replacing
-// an earlier of the same name whatever its case, with one allocation for all their values
-// (httpheader): every call to a model sets four or five.
-func setHeaders(h http.Header, stream bool, own []Header, extra map[string]string) {
+// an earlier of the same name, with one allocation for all their values (httpheader):
+// every call to a model sets four or five. Names are canonical already.
+func setHeaders(h http.Header, stream bool, own, extra []Header) {
 	s := httpheader.NewSetter(h, 2+len(own)+len(extra))
 	s.Set("Content-Type", "application/json")
 	if stream {
@@ -164,10 +177,10 @@ func setHeaders(h http.Header, stream bool, own []Header, extra map[string]strin
 		s.Set("Accept", "application/json")
 	}
 	for _, o := range own {
-		s.Set(textproto.CanonicalMIMEHeaderKey(o.Name), o.Value)
+		s.Set(o.Name, o.Value)
 	}
-	for k, v := range extra {
-		s.Set(textproto.CanonicalMIMEHeaderKey(k), v)
+	for _, o := range extra {
+		s.Set(o.Name, o.Value)
 	}
 }
 

@@ -7,9 +7,9 @@ import (
 )
 
 // TestSetHeaders: the request's headers are what http.Header.Set would make of the same
-// calls in the same order: names canonical, a later header replacing an earlier one of
-// the same name whatever its case (httpheader's test checks that the values, which share
-// an array, stay apart).
+// calls in the same order: names canonical, a configured header (NewEndpoint's) replacing
+// the adapter's own of the same name whatever its case (httpheader's test checks that the
+// values, which share an array, stay apart).
 func TestSetHeaders(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -33,7 +33,7 @@ func TestSetHeaders(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := http.Header{}
-			setHeaders(h, tt.stream, tt.own, tt.extra)
+			setHeaders(h, tt.stream, tt.own, NewEndpoint("http://upstream.test", nil, tt.extra, nil).Headers)
 			if !reflect.DeepEqual(h, tt.want) {
 				t.Fatalf("headers = %v, want %v", h, tt.want)
 			}
