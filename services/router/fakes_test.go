@@ -264,6 +264,9 @@ type chunk struct {
 	hang    bool  // Recv blocks until ctx is done
 	tools   []provider.ToolCallDelta
 	more    bool // the chunk says the next piece follows at once (provider.Chunk.More)
+	// gate, when set, holds the chunk back until it is closed (Recv fails as hang does
+	// if ctx ends first).
+	gate chan struct{}
 }
 
 func reply(content string, in, out int64) result {
@@ -394,6 +397,13 @@ func (s *fakeStream) Recv() (provider.Chunk, error) {
 	st := s.steps[s.i]
 	s.i++
 	s.mu.Unlock()
+	if st.gate != nil {
+		select {
+		case <-st.gate:
+		case <-s.ctx.Done():
+			return provider.Chunk{}, provider.ClassifyTransport(s.ctx, s.ctx.Err())
+		}
+	}
 	if st.hang {
 		<-s.ctx.Done()
 		return provider.Chunk{}, provider.ClassifyTransport(s.ctx, s.ctx.Err())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -27,10 +28,18 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 	// restart it.
 	ceiling := rescueCeiling(time.Until(deadlineOf(ctx)), r.conf().StreamRescueShare)
 	firstToken, stall := min(rt.firstTokenTimeout, c.u.timeout, ceiling), min(rt.stallTimeout, ceiling)
+	// One timer guards the whole stream: armed for the first token, then re-armed at every
+	// piece for the stall limit (a timer and a closure a piece cost more than the piece's
+	// own relay).
+	var started atomic.Bool
 	watchdog := r.deps.Clock.AfterFunc(firstToken, func() {
+		if started.Load() {
+			cancel(&provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Message: fmt.Sprintf("stream stalled for %s", stall)})
+			return
+		}
 		cancel(&provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Message: fmt.Sprintf("no first token within %s", firstToken)})
 	})
-	defer func() { watchdog.Stop() }() // the watchdog in force at the end, not the first one
+	defer watchdog.Stop()
 
 	st, err := s.key.client.Stream(ctx, preq)
 	if err != nil {
@@ -65,16 +74,14 @@ func (r *Router) stream(ctx context.Context, x *exchange, s slot, att *mantlev1.
 		if chunk.Empty() {
 			continue
 		}
-		watchdog.Stop()
-		watchdog = r.deps.Clock.AfterFunc(stall, func() {
-			cancel(&provider.Error{Class: mantlev1.ErrorClass_ERROR_CLASS_TIMEOUT, Message: fmt.Sprintf("stream stalled for %s", stall)})
-		})
 		if !committed {
+			started.Store(true) // before the re-arm: the timer's next firing is a stall
 			ttft := r.deps.Clock.Since(start)
 			att.Ttft = durationpb.New(ttft)
 			r.deps.Metrics.ttft.WithLabelValues(c.u.model.Name).Observe(ttft.Seconds())
 			committed = true
 		}
+		watchdog.Reset(stall)
 		content.WriteString(chunk.Content)
 		perr := tools.Add(chunk.ToolCalls)
 		if perr == nil && content.Len()+tools.Bytes() > provider.MaxAnswerBytes {

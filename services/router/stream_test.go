@@ -199,6 +199,68 @@ func TestStreamWatchdog(t *testing.T) {
 	}
 }
 
+// TestStreamStallCountsFromLatestPiece: the stall limit runs from the latest piece, not
+// from the first: pieces 2 s apart under a 3 s limit finish the answer although the third
+// arrives 4 s after the first.
+func TestStreamStallCountsFromLatestPiece(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	streamLimits(&cfg)
+	second, third := make(chan struct{}), make(chan struct{})
+	a := result{stream: []chunk{
+		{content: "Hel"},
+		{content: "lo", gate: second},
+		{content: "!", gate: third},
+		{finish: "stop", usage: &provider.Usage{InputTokens: 5, OutputTokens: 3}},
+	}}
+	// The fallbacks fail at once: a stream the watchdog cut would end in an error.
+	h := newHarness(t, cfg, &harness{providers: map[string]*fakeProvider{
+		"a": newFakeProvider(a),
+		"b": newFakeProvider(failure(classOverloaded, "busy")),
+		"c": newFakeProvider(failure(classOverloaded, "busy")),
+	}})
+	rec := newRecorder()
+	ch := h.startStream(ask("chat"), rec)
+	next := func() {
+		t.Helper()
+		select {
+		case <-rec.got:
+		case d := <-ch:
+			t.Fatalf("the stream ended early: %v %v", d.resp, d.err)
+		case <-time.After(10 * time.Second): // turns a hang (a bug) into a failure
+			t.Fatal("no piece arrived")
+		}
+	}
+	next()
+	h.clock.Advance(2 * time.Second)
+	close(second)
+	next()
+	h.clock.Advance(2 * time.Second) // 4 s after the first piece, 2 s after the latest
+	// The watchdog re-armed at the second piece is the one waiter; one that fired at the
+	// first piece's limit has cancelled the stream instead.
+	armed := make(chan error, 1)
+	go func() { armed <- h.clock.BlockUntilContext(t.Context(), 1) }()
+	select {
+	case err := <-armed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case d := <-ch:
+		t.Fatalf("the stream was cut at the first piece's stall limit: %v %v", d.resp, d.err)
+	}
+	close(third)
+	d := await(t, ch)
+	if d.err != nil {
+		t.Fatalf("stream failed: %v", d.err)
+	}
+	if rec.text() != "Hello!" || d.resp.Message.GetContent() != "Hello!" {
+		t.Errorf("the caller received %q (final %q), want %q", rec.text(), d.resp.Message.GetContent(), "Hello!")
+	}
+	if diff := cmp.Diff([]string{"a:none"}, attemptsOf(d.resp.Quality)); diff != "" {
+		t.Errorf("attempts (-want +got):\n%s", diff)
+	}
+}
+
 // TestStreamContinuation: a stream that breaks after part of the answer reached the caller is
 // finished by a fallback that accepts a prefill (it gets the partial answer and only the rest
 // is streamed) or, failing that, by one that restarts the answer: what repeats the caller's

@@ -33,6 +33,12 @@ func BenchmarkStoredRequest(b *testing.B) {
 	benchmarkRequests(b, Config{Temperature: &zero}, true, []Mode{Direct, All})
 }
 
+// BenchmarkStreamedRequest is BenchmarkRequest with the answer streamed (bench-load
+// --stream): the upstream sends it in pieces, and each mode relays them to the end.
+func BenchmarkStreamedRequest(b *testing.B) {
+	benchmarkRequests(b, Config{Stream: true}, false, Modes())
+}
+
 // benchmarkRequests sends cfg's requests one at a time through each of modes; unique
 // makes every prompt a new one (the body is then built per request, in every mode alike).
 func benchmarkRequests(b *testing.B, cfg Config, unique bool, modes []Mode) {
