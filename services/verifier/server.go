@@ -54,16 +54,17 @@ func NewServer(v *Verifier, reviews *review.Service, log *slog.Logger) *Server {
 }
 
 // HandsOverResponse implements app.ResponseHandOver for Verify: its answer is made for the
-// call (the QualityContext merged into a new message, the findings, actions and risk
-// signals converted or copied), while the verdict the L3 worker keeps shares none of it.
+// call (the request's QualityContext extended, the findings, actions and risk signals
+// converted or copied), while the verdict the L3 worker keeps and a review opened for the
+// answer share none of it.
 func (s *Server) HandsOverResponse(method string) bool {
 	return method == verifierv1.VerifierService_Verify_FullMethodName
 }
 
 // TakesOverRequest implements app.RequestTakeOver for Verify: it writes nothing of its
-// request, answers with a new QualityContext, and the L3 worker keeps a copy of the
-// request's and only reads the rest of what it keeps (the messages' text, tools,
-// references).
+// request but the QualityContext, which it extends with the verdict and answers with;
+// the L3 worker and a review keep copies of that, and only read the rest of what they
+// keep (the messages' text, tools, references).
 func (s *Server) TakesOverRequest(method string) bool {
 	return method == verifierv1.VerifierService_Verify_FullMethodName
 }
@@ -383,13 +384,15 @@ func answerFromProto(req *verifierv1.VerifyRequest, tenant string) (Answer, erro
 	return a, nil
 }
 
-// qualityWithVerdict returns a copy of the request's QualityContext (a new one when the
-// caller sent none) with the verdict recorded and an audit step appended. The verification
-// is replaced, not merged: it describes this answer, not an earlier attempt's.
+// qualityWithVerdict returns the request's QualityContext (a new one when the caller sent
+// none) with the verdict recorded and an audit step appended. The verification is
+// replaced, not merged: it describes this answer, not an earlier attempt's. The request's
+// is extended in place and answered with, as app.RequestTakeOver allows: nothing the
+// verifier keeps shares it (the L3 job and a review keep copies), and a copy cost as much
+// as the rest of Verify's own work.
 func qualityWithVerdict(in *mantlev1.QualityContext, tenant, model string, v Verdict) *mantlev1.QualityContext {
-	// The copy, the verification and the audit step with its times in one allocation
-	// (verdictQuality); merging into a fresh message is a deep copy, as a clone is.
-	m := &verdictQuality{
+	// The verification and the audit step with its times in one allocation.
+	m := &verdictParts{
 		verification: mantlev1.Verification{
 			L1Passed:       v.L1Passed(),
 			L1Failures:     v.FailedCodes(),
@@ -399,19 +402,9 @@ func qualityWithVerdict(in *mantlev1.QualityContext, tenant, model string, v Ver
 		},
 		step: mantlev1.AuditStep{Service: ServiceName, Step: "verify", Detail: auditDetail(model, v)},
 	}
-	quality := &m.quality
-	if in != nil {
-		// Merging into a sub-message that is present fills it in place: the deadline and
-		// usage every router request carries go into room of the same allocation, and an
-		// absent one is left absent, as a clone leaves it.
-		quality.Deadline, quality.Usage = &m.deadline, &m.usage
-		proto.Merge(quality, in)
-		if in.Deadline == nil {
-			quality.Deadline = nil
-		}
-		if in.Usage == nil {
-			quality.Usage = nil
-		}
+	quality := in
+	if quality == nil {
+		quality = &mantlev1.QualityContext{}
 	}
 	quality.Tenant = tenant
 	quality.Verification = &m.verification
@@ -427,11 +420,8 @@ func qualityWithVerdict(in *mantlev1.QualityContext, tenant, model string, v Ver
 	return quality
 }
 
-// verdictQuality is qualityWithVerdict's answer with the messages it adds.
-type verdictQuality struct {
-	quality      mantlev1.QualityContext
-	deadline     timestamppb.Timestamp
-	usage        mantlev1.Usage
+// verdictParts are the messages qualityWithVerdict adds.
+type verdictParts struct {
 	verification mantlev1.Verification
 	step         mantlev1.AuditStep
 	stepAt       timestamppb.Timestamp

@@ -627,7 +627,9 @@ func reviewFor(a Answer, verdict Verdict, in riskInputs, reason string, cfg Conf
 		InputRisk: verdict.Risk.Input, OutputRisk: verdict.Risk.Output, ContextRisk: verdict.Risk.Context,
 	}
 	if a.Quality != nil {
-		ev.Quality = a.Quality
+		// A copy: the review outlives the call, and Verify answers with the request's
+		// QualityContext, extended (qualityWithVerdict).
+		ev.Quality = a.Quality.CloneVT()
 	}
 	return ev
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/proto"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
@@ -348,3 +349,19 @@ func BenchmarkVerifyL1(b *testing.B) { benchmarkVerify(b, benchConfig(0)) }
 
 // BenchmarkVerifyL1L2 is the same with 20 rules in the scenario (budget 300 µs).
 func BenchmarkVerifyL1L2(b *testing.B) { benchmarkVerify(b, benchConfig(20)) }
+
+// TestReviewKeepsACopyOfTheQuality: a review outlives the call, while Verify answers with
+// the request's QualityContext extended in place (qualityWithVerdict); the review keeps an
+// equal copy, never the request's own.
+func TestReviewKeepsACopyOfTheQuality(t *testing.T) {
+	t.Parallel()
+	a := Answer{Tenant: "acme", Model: "m", Quality: &mantlev1.QualityContext{RequestId: "req-1", Tenant: "acme", Scenario: "legal",
+		Audit: []*mantlev1.AuditStep{{Service: "router", Step: "route"}}}}
+	ev := reviewFor(a, Verdict{Passed: true}, riskInputs{}, "rule:r", DefaultConfig(), testNow)
+	if ev.GetQuality() == a.Quality || (len(ev.GetQuality().GetAudit()) > 0 && ev.GetQuality().GetAudit()[0] == a.Quality.Audit[0]) {
+		t.Error("the review shares the request's QualityContext")
+	}
+	if !proto.Equal(ev.GetQuality(), a.Quality) {
+		t.Errorf("review quality = %v, want %v", ev.GetQuality(), a.Quality)
+	}
+}
