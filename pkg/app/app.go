@@ -331,14 +331,24 @@ func serviceIdentity(authn *rpc.Authenticator, selected []string, modules []Modu
 	return authn, nil
 }
 
+// clientIdentity is what this process's calls to other services present.
+func (a *App) clientIdentity() rpc.ClientIdentity {
+	c := a.deps.Authenticator.ClientIdentity(a.serviceName())
+	if a.deps.TracerProvider != nil {
+		c = c.WithTracing()
+	}
+	return c
+}
+
 // localChannel builds a.local and returns the registrar modules register on: the gRPC
 // server and the in-process channel both.
 func (a *App) localChannel(chain rpc.Interceptors) grpc.ServiceRegistrar {
 	var clientStats, serverStats stats.Handler
+	identity := a.clientIdentity()
 	if tp := a.deps.TracerProvider; tp != nil {
 		clientStats, serverStats = rpc.TracingClientHandler(tp), rpc.TracingServerHandler(tp)
 	}
-	local := newLocalConn(chain, a.deps.Authenticator.ClientIdentity(a.serviceName()), clientStats, serverStats)
+	local := newLocalConn(chain, identity, clientStats, serverStats)
 	a.local = local
 	return registrars{a.grpc, local}
 }
@@ -545,7 +555,7 @@ func (a *App) dial(module string) (grpc.ClientConnInterface, error) {
 	if src := a.deps.TLS.Source; src != nil {
 		creds = src.GRPCClientCredentials(a.deps.TLS.ServerName)
 	}
-	opts := append(a.deps.Authenticator.ClientIdentity(a.serviceName()).DialOptions(), grpc.WithTransportCredentials(creds))
+	opts := append(a.clientIdentity().DialOptions(), grpc.WithTransportCredentials(creds))
 	if a.deps.TracerProvider != nil {
 		opts = append(opts, rpc.TracingDialOption(a.deps.TracerProvider))
 	}

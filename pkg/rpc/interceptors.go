@@ -144,7 +144,19 @@ func serviceOf(fullMethod string) string {
 // services: the mesh secret (when one is configured; an mTLS client certificate is the
 // transport's business), the process's service name and the tenant the call acts for.
 // The zero ClientIdentity presents no credential (authentication off).
-type ClientIdentity struct{ secret, service string }
+type ClientIdentity struct {
+	secret, service string
+	// traced says this process records spans (WithTracing), so that a call's context may
+	// hold a span started below its request's meta.
+	traced bool
+}
+
+// WithTracing returns c for a process that records spans: its calls then look for a span
+// in every call's context (AppendMetadata).
+func (c ClientIdentity) WithTracing() ClientIdentity {
+	c.traced = true
+	return c
+}
 
 // ClientIdentity returns the identity this process's service calls carry, under the
 // service name service.
@@ -200,7 +212,15 @@ func (c ClientIdentity) AppendMetadata(ctx context.Context, kv []string) []strin
 	// on, replaces it with its client span's); otherwise the trace id alone, so that logs of
 	// one request share it across hops even with tracing off. Without a span, TraceID is
 	// the request's own.
-	if tp := traceParentOf(ctx); tp != "" {
+	//
+	// A request whose meta holds a trace id had no span context where the id was given
+	// (WithTraceID), and in a process that records no spans none starts below it: a tracer
+	// that records nothing only carries a caller's span context on, and such a request has
+	// none. Its calls skip the search for a span, which walks the whole context chain to
+	// its root without finding one.
+	if m.traceID != "" && !c.traced {
+		kv = append(kv, MetadataTraceParent, traceParent(m.traceID))
+	} else if tp := traceParentOf(ctx); tp != "" {
 		kv = append(kv, MetadataTraceParent, tp)
 	} else if m.traceID != "" {
 		kv = append(kv, MetadataTraceParent, traceParent(m.traceID))

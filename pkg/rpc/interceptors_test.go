@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -405,4 +406,49 @@ func TestClientIdentityPropagatesToNextHop(t *testing.T) {
 			t.Errorf("forward without a service credential = %v, want Unauthenticated: the tenant's key is not forwarded", err)
 		}
 	})
+}
+
+// TestAppendMetadataTraceParent: a call carries the span's traceparent when its context
+// holds one, else one made of the request's trace id; a process that records spans finds
+// a span started below the request's meta.
+func TestAppendMetadataTraceParent(t *testing.T) {
+	t.Parallel()
+	const ownTrace, spanTrace, spanID = "4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+	sc := func() trace.SpanContext {
+		tid, _ := trace.TraceIDFromHex(spanTrace)
+		sid, _ := trace.SpanIDFromHex(spanID)
+		return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled})
+	}()
+	withOwn := rpc.WithTraceID(context.Background(), ownTrace)
+	for _, tt := range []struct {
+		name      string
+		identity  rpc.ClientIdentity
+		ctx       context.Context
+		wantTrace string
+		wantExact string // the whole traceparent, when it is the span's
+	}{
+		{"the request's own trace id", rpc.ClientIdentity{}, withOwn, ownTrace, ""},
+		{"a caller's span", rpc.ClientIdentity{}, trace.ContextWithRemoteSpanContext(context.Background(), sc), spanTrace,
+			"00-" + spanTrace + "-" + spanID + "-01"},
+		{"a traced process's span below the request's meta", rpc.ClientIdentity{}.WithTracing(), trace.ContextWithSpanContext(withOwn, sc), spanTrace,
+			"00-" + spanTrace + "-" + spanID + "-01"},
+		{"a traced process without a span", rpc.ClientIdentity{}.WithTracing(), withOwn, ownTrace, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			kv := tt.identity.AppendMetadata(tt.ctx, nil)
+			tp := ""
+			for i := 0; i+1 < len(kv); i += 2 {
+				if kv[i] == rpc.MetadataTraceParent {
+					tp = kv[i+1]
+				}
+			}
+			if got, ok := rpc.TraceIDFromTraceParent(tp); !ok || got != tt.wantTrace {
+				t.Errorf("traceparent %q carries trace %q (valid %t), want %q", tp, got, ok, tt.wantTrace)
+			}
+			if tt.wantExact != "" && tp != tt.wantExact {
+				t.Errorf("traceparent = %q, want the span's %q", tp, tt.wantExact)
+			}
+		})
+	}
 }

@@ -90,7 +90,8 @@ func CallerRequestID(ctx context.Context) string { return metaOf(ctx).callerID }
 // RequestID returns the request id of ctx, or "".
 func RequestID(ctx context.Context) string { return metaOf(ctx).id }
 
-// WithTraceID returns a context carrying the 32-hex-digit trace id.
+// WithTraceID returns a context carrying the 32-hex-digit trace id, for a context that
+// carries no OpenTelemetry span context (TraceID is "").
 func WithTraceID(ctx context.Context, id string) context.Context {
 	m := metaOf(ctx)
 	m.traceID = id
