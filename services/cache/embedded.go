@@ -45,9 +45,13 @@ type EmbeddedIndex struct {
 	// lockToWrite, which lets the searches in progress finish first.
 	mu sync.RWMutex
 	// writersWaiting counts the writers waiting in lockToWrite for mu to be free, and
-	// unlocked carries word to one of them that whoever held mu has let it go.
+	// unlocked carries word to one of them that whoever held mu has let it go. held counts
+	// those holding mu (lockRead, lockWrite, lockToWrite), each of which leaves word when
+	// it lets go; tryLock is mu.TryLock (a test makes it fail as another writer's try can).
 	writersWaiting atomic.Int32
 	unlocked       chan struct{}
+	held           atomic.Int32
+	tryLock        func() bool
 	// keyMu guards byKey and the node table's places too, for Get and Touch, which read
 	// them under it alone: a write changes them holding mu and keyMu, and holds keyMu for
 	// the map and table change only, not for the vector work around it. An exact lookup
@@ -172,7 +176,7 @@ func (x *EmbeddedIndex) full() bool {
 // newEmbeddedIndex is NewEmbeddedIndex with other search limits and graphs (the zero
 // Limits and Graphs: exact).
 func newEmbeddedIndex(maxEntries int, limits vector.Limits, sparse, dense vector.Graph) *EmbeddedIndex {
-	return &EmbeddedIndex{
+	x := &EmbeddedIndex{
 		maxEntries:  maxEntries,
 		limits:      limits,
 		sparseGraph: sparse,
@@ -182,6 +186,8 @@ func newEmbeddedIndex(maxEntries int, limits vector.Limits, sparse, dense vector
 		byKey:       make(map[Key]nodeRef),
 		parts:       make(map[Key]*partition),
 	}
+	x.tryLock = x.mu.TryLock
+	return x
 }
 
 // Get implements Index. A read counts as a use for eviction but does not extend the
@@ -198,7 +204,7 @@ func (x *EmbeddedIndex) Get(_ context.Context, _ string, key Key, now time.Time)
 	}
 	x.keyMu.RUnlock()
 	if ok {
-		x.mu.Lock()
+		x.lockWrite()
 		// Another writer may have replaced the entry in between; remove only what expired.
 		if r, ok := x.byKey[key]; ok && !x.nodes.at(r).entry.heldAt(now) {
 			x.remove(r)
@@ -232,7 +238,7 @@ func (x *EmbeddedIndex) Search(_ context.Context, q Query) ([]Candidate, error) 
 		return nil, nil
 	}
 	x.searches.Add(1)
-	x.mu.RLock()
+	x.lockRead()
 	defer x.unlockRead()
 	p := x.parts[q.Partition]
 	if p == nil || p.set == nil || p.set.Len() == 0 {
@@ -396,7 +402,7 @@ const (
 func (x *EmbeddedIndex) linkOne() (more, building bool) {
 	x.linkMu.Lock()
 	defer x.linkMu.Unlock()
-	x.mu.RLock()
+	x.lockRead()
 	var p *partition
 	var plan *vector.LinkPlan
 	for _, q := range x.toLink {
@@ -430,34 +436,61 @@ func (x *EmbeddedIndex) linkOne() (more, building bool) {
 // in, the writer and then the queued searches have each been given a CPU. So a write
 // takes mu only when it is free: while searches (or another write) hold it, the writer
 // waits for word that one has let it go (unlockRead, unlockWrite), and tries again; only
-// after writeTries such waits does it queue for the lock, so that searches that keep
+// after writeTries tries does it queue for the lock, so that searches that keep
 // overlapping cannot hold a write off for ever (docs/design/014-writers-wait-for-word.md).
+//
+// A try can also fail while nobody holds mu: another writer's try that is failing holds
+// mu's writer lock for an instant, and lets it go without word. A writer that then waited
+// could wait for ever beside the other, with mu free; so it waits only while someone
+// holds mu, who will leave word, and otherwise tries again at once
+// (docs/design/018-wait-only-for-a-holder.md).
 func (x *EmbeddedIndex) lockToWrite() {
 	x.writersWaiting.Add(1)
 	defer x.writersWaiting.Add(-1)
 	// Counted before trying: a holder that lets mu go after this try sees the count and
 	// leaves word, so the wait below cannot miss it.
 	for range writeTries {
-		if x.mu.TryLock() {
+		if x.tryLock() {
+			x.held.Add(1)
 			return
 		}
-		<-x.unlocked
+		// Counted after taking mu and until after letting it go, a holder that made this
+		// try fail is still counted here, or has let mu go (try again).
+		if x.held.Load() > 0 {
+			<-x.unlocked
+		}
 	}
-	x.mu.Lock()
+	x.lockWrite()
 }
 
-// writeTries is how many times lockToWrite waits for mu to be let go before it queues.
+// writeTries is how many times lockToWrite tries mu before it queues.
 const writeTries = 8
+
+// lockRead takes mu for a search.
+func (x *EmbeddedIndex) lockRead() {
+	x.mu.RLock()
+	x.held.Add(1)
+}
+
+// lockWrite takes mu for writing, queueing behind the searches in progress: for what is
+// rare next to searches (removing an expired entry, invalidation, loading a snapshot).
+func (x *EmbeddedIndex) lockWrite() {
+	x.mu.Lock()
+	x.held.Add(1)
+}
 
 // unlockRead lets mu go after a search, with word for a writer that waits.
 func (x *EmbeddedIndex) unlockRead() {
 	x.mu.RUnlock()
+	x.held.Add(-1)
 	x.tellWriters()
 }
 
-// unlockWrite lets mu go after lockToWrite, with word for the next writer that waits.
+// unlockWrite lets mu go after lockToWrite or lockWrite, with word for the next writer
+// that waits.
 func (x *EmbeddedIndex) unlockWrite() {
 	x.mu.Unlock()
+	x.held.Add(-1)
 	x.tellWriters()
 }
 
@@ -482,7 +515,7 @@ func (x *EmbeddedIndex) linkAll() {
 // LinkBacklog returns the number of vectors waiting to be linked into their partitions'
 // graphs.
 func (x *EmbeddedIndex) LinkBacklog() int {
-	x.mu.RLock()
+	x.lockRead()
 	defer x.unlockRead()
 	n := 0
 	for _, p := range x.toLink {
@@ -552,7 +585,7 @@ func (x *EmbeddedIndex) Delete(_ context.Context, f Filter) (int, error) {
 	if f.Tenant == "" {
 		return 0, errors.New("embedded index: delete without a tenant")
 	}
-	x.mu.Lock()
+	x.lockWrite()
 	defer x.unlockWrite()
 	removed := 0
 	for _, r := range x.byKey {
@@ -566,14 +599,14 @@ func (x *EmbeddedIndex) Delete(_ context.Context, f Filter) (int, error) {
 
 // Len returns the number of entries held, expired ones included until they are removed.
 func (x *EmbeddedIndex) Len() int {
-	x.mu.RLock()
+	x.lockRead()
 	defer x.unlockRead()
 	return len(x.byKey)
 }
 
 // Bytes returns about how much of the heap the entries held take (entrySize).
 func (x *EmbeddedIndex) Bytes() int64 {
-	x.mu.RLock()
+	x.lockRead()
 	defer x.unlockRead()
 	return x.bytes
 }

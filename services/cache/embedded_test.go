@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,7 +201,7 @@ func TestEmbeddedIndexGetDoesNotWaitForWrites(t *testing.T) {
 	e, absent := testEntry("a", "t", "s", "p", "alpha question"), testEntry("b", "t", "s", "p", "beta question")
 	put(t, idx, e)
 
-	idx.mu.Lock() // a store or link in the middle of its vector work
+	idx.lockWrite() // a store or link in the middle of its vector work
 	type result struct {
 		hit, miss bool
 		err       error
@@ -214,12 +215,12 @@ func TestEmbeddedIndexGetDoesNotWaitForWrites(t *testing.T) {
 	}()
 	select {
 	case r := <-done:
-		idx.mu.Unlock()
+		idx.unlockWrite()
 		if r.err != nil || !r.hit || !r.miss {
 			t.Errorf("Get under a write: hit %v, miss of the absent key %v, err %v", r.hit, r.miss, r.err)
 		}
 	case <-time.After(10 * time.Second): // turns a wait for the lock into a failure
-		idx.mu.Unlock()
+		idx.unlockWrite()
 		t.Fatal("Get waited for the index's write lock")
 	}
 }
@@ -233,7 +234,7 @@ func TestEmbeddedIndexWriteQueuesAfterWaiting(t *testing.T) {
 	idx := NewEmbeddedIndex(10, 0)
 	e := testEntry("a", "t", "s", "p", "alpha question")
 	v := vec(t, e.Question)
-	idx.mu.RLock() // a search in progress, held throughout
+	idx.lockRead() // a search in progress, held throughout
 	done := make(chan error, 1)
 	go func() { done <- idx.Put(context.Background(), e, v, nil) }()
 	// Other searches come and go while the first holds the lock: each that ends tells the
@@ -241,7 +242,7 @@ func TestEmbeddedIndexWriteQueuesAfterWaiting(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	queued := false
 	for !queued && time.Now().Before(deadline) {
-		if queued = !idx.mu.TryRLock(); !queued {
+		if queued = !tryLockRead(idx); !queued {
 			idx.unlockRead()
 			runtime.Gosched()
 		}
@@ -266,8 +267,8 @@ func TestEmbeddedIndexWriterWaitsForWord(t *testing.T) {
 		lock, unlock func(*EmbeddedIndex)
 		searchGetsIn bool // while the store waits
 	}{
-		{"search", func(x *EmbeddedIndex) { x.mu.RLock() }, (*EmbeddedIndex).unlockRead, true},
-		{"write", func(x *EmbeddedIndex) { x.mu.Lock() }, (*EmbeddedIndex).unlockWrite, false},
+		{"search", (*EmbeddedIndex).lockRead, (*EmbeddedIndex).unlockRead, true},
+		{"write", (*EmbeddedIndex).lockWrite, (*EmbeddedIndex).unlockWrite, false},
 	} {
 		t.Run(holder.name, func(t *testing.T) {
 			t.Parallel()
@@ -292,7 +293,7 @@ func TestEmbeddedIndexWriterWaitsForWord(t *testing.T) {
 			}
 			// A store queued in mu.Lock would turn a new search away.
 			if holder.searchGetsIn {
-				if !idx.mu.TryRLock() {
+				if !tryLockRead(idx) {
 					t.Fatal("a search was turned away while the store waited: it queued instead of waiting for word")
 				}
 				idx.unlockRead() // word for the store, which tries, finds the holder, and waits again
@@ -302,6 +303,45 @@ func TestEmbeddedIndexWriterWaitsForWord(t *testing.T) {
 			storeLands(t, done, "the lock was let go")
 		})
 	}
+}
+
+// TestEmbeddedIndexWriterTriesAgainWithNobodyHolding: a store whose try fails while
+// nobody holds the lock (another writer's failing try holds its writer lock for an
+// instant, and lets it go without word) tries again rather than wait for word nobody
+// will leave. Two writers that waited so, a store and the linker, each failing on the
+// other's try, stalled with the lock free until a search happened to end.
+func TestEmbeddedIndexWriterTriesAgainWithNobodyHolding(t *testing.T) {
+	t.Parallel()
+	idx := NewEmbeddedIndex(10, 0)
+	e := testEntry("a", "t", "s", "p", "alpha question")
+	v := vec(t, e.Question)
+	var failed atomic.Bool
+	try := idx.tryLock
+	idx.tryLock = func() bool { // the first try fails, as one racing another writer's can
+		if failed.CompareAndSwap(false, true) {
+			return false
+		}
+		return try()
+	}
+	done := make(chan error, 1)
+	go func() { done <- idx.Put(context.Background(), e, v, nil) }()
+	storeLands(t, done, "its first try failed with the lock free")
+	if !failed.Load() {
+		t.Fatal("the store never tried the lock")
+	}
+	if n := idx.held.Load(); n != 0 {
+		t.Errorf("%d holders counted after the store, want 0", n)
+	}
+}
+
+// tryLockRead takes the index's lock for a search if it is free of writers, as lockRead
+// does otherwise.
+func tryLockRead(x *EmbeddedIndex) bool {
+	if !x.mu.TryRLock() {
+		return false
+	}
+	x.held.Add(1)
+	return true
 }
 
 // storeLands waits for a Put started in a goroutine, which must land once what held it

@@ -68,7 +68,7 @@ type SaveStats struct {
 // the file can always be read back under the same limit. Lookups go on while it runs;
 // stores wait for it.
 func (x *EmbeddedIndex) Save(w io.Writer, maxBytes int64) (SaveStats, error) {
-	x.mu.RLock()
+	x.lockRead()
 	defer x.unlockRead()
 	x.lruMu.Lock()
 	nodes := make([]*node, 0, len(x.byKey))
@@ -200,7 +200,7 @@ func (x *EmbeddedIndex) Load(r io.Reader, maxBytes int64, now time.Time, namespa
 	if v := binary.BigEndian.Uint16(head[len(snapshotMagic):]); v != snapshotVersion {
 		return stats, fmt.Errorf("snapshot: version %d, this mantle reads version %d", v, snapshotVersion)
 	}
-	x.mu.Lock()
+	x.lockWrite()
 	defer x.unlockWrite()
 	if len(x.byKey) != 0 {
 		return stats, errors.New("snapshot: load into a non-empty index")
