@@ -25,7 +25,57 @@ func decodeCompletion(body []byte, cr *chatResponse) bool {
 		case "choices":
 			return decodeChoices(v, cr)
 		default:
-			return decodeUsage(v, cr)
+			return decodeUsage(v, &cr.Usage)
+		}
+	})
+}
+
+// decodeStreamChunk is decodeCompletion for one streamed event's data: true when it read
+// the chunk as json.Unmarshal would, false for json.Unmarshal to read it.
+func decodeStreamChunk(body []byte, sc *streamChunk) bool {
+	if !jsonfield.Valid(body) {
+		return false
+	}
+	return members(body, []string{"choices", "usage", "error"}, func(key string, v []byte) bool {
+		switch key {
+		case "choices":
+			return elements(v, &sc.Choices, decodeStreamChoice)
+		case "usage":
+			return decodeUsage(v, &sc.Usage)
+		default:
+			sc.Error = append(json.RawMessage(nil), v...)
+			return true
+		}
+	})
+}
+
+func decodeStreamChoice(v []byte, c *streamChoice) bool {
+	return members(v, []string{"delta", "finish_reason", "logprobs"}, func(key string, v []byte) bool {
+		switch key {
+		case "delta":
+			return decodeDelta(v, c)
+		case "finish_reason":
+			return decodeString(v, &c.FinishReason)
+		default:
+			c.Logprobs = append(json.RawMessage(nil), v...)
+			return true
+		}
+	})
+}
+
+func decodeDelta(v []byte, c *streamChoice) bool {
+	if isNull(v) {
+		return true
+	}
+	d := &c.Delta
+	return members(v, []string{"content", "refusal", "tool_calls"}, func(key string, v []byte) bool {
+		switch key {
+		case "content":
+			return decodeString(v, &d.Content)
+		case "refusal":
+			return decodeString(v, &d.Refusal)
+		default:
+			return decodeToolCalls(v, &d.ToolCalls)
 		}
 	})
 }
@@ -169,13 +219,13 @@ func decodeFunction(v []byte, tc *toolCall) bool {
 	})
 }
 
-func decodeUsage(v []byte, cr *chatResponse) bool {
+func decodeUsage(v []byte, into **usage) bool {
 	if isNull(v) {
-		cr.Usage = nil
+		*into = nil
 		return true
 	}
 	u := &usage{}
-	cr.Usage = u
+	*into = u
 	return members(v, []string{"prompt_tokens", "completion_tokens"}, func(key string, v []byte) bool {
 		if key == "prompt_tokens" {
 			return isNull(v) || decodeInt(v, &u.PromptTokens)

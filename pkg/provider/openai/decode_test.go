@@ -1,11 +1,14 @@
 package openai
 
 import (
+	"encoding/json"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/mantle-mesh/mantle/pkg/provider"
+	"github.com/mantle-mesh/mantle/pkg/provider/internal/httpcall"
 )
 
 // refParseCompletion is parseCompletion with json.Unmarshal alone: the reference the fast
@@ -153,4 +156,134 @@ func FuzzParseCompletionShapes(f *testing.F) {
 			`},"finish_reason":` + finish + `,"logprobs":` + logprobs + `}],"usage":{"` + usageKey + `":` + usageValue + `}}`
 		compareWithReference(t, []byte(body))
 	})
+}
+
+// refApply is decoder.Apply with json.Unmarshal alone: the reference the fast decoder of
+// streamed events must match on every input.
+func refApply(d *decoder, ev provider.Event) (provider.Chunk, bool, *provider.Error) {
+	if strings.TrimSpace(ev.Data) == "[DONE]" {
+		return provider.Chunk{}, true, nil
+	}
+	var chunk streamChunk
+	if err := json.Unmarshal([]byte(ev.Data), &chunk); err != nil {
+		return provider.Chunk{}, false, httpcall.Undecodable(ev, fmt.Errorf("decode stream event: %w", err))
+	}
+	return d.fold(ev, chunk)
+}
+
+// streamEvents are events as servers stream them, the seeds of the comparison.
+var streamEvents = []string{
+	`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1733000000,"model":"gpt-4o-mini","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}],"usage":null}`,
+	`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1733000000,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Hello \"there\"\n\u00e9"},"logprobs":null,"finish_reason":null}]}`,
+	`{"id":"chatcmpl-1","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],"usage":null}`,
+	`{"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19,"prompt_tokens_details":{"cached_tokens":0}}}`,
+	`{"choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]}`,
+	`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]},"finish_reason":null}]}`,
+	`{"choices":[{"delta":{"content":"x"},"logprobs":{"content":[{"token":"x","logprob":-0.1,"bytes":[120],"top_logprobs":[]}]}}]}`,
+	`{"choices":[{"delta":{"refusal":"I can't"},"finish_reason":null}]}`,
+	`{"choices":[{"delta":{},"finish_reason":"content_filter"}]}`,
+	`{"error":{"message":"overloaded","type":"server_error"}}`,
+	` { "choices" : [ { "delta" : { "content" : "spaced" } } ] , "usage" : null } `,
+}
+
+// TestDecodeStreamChunkMatchesReflection: the fast decoder of streamed events gives what
+// json.Unmarshal gives, pieces, errors and the decoder's state, on events as servers send
+// them and on every way json.Unmarshal reads a body differently from the plain reading.
+func TestDecodeStreamChunkMatchesReflection(t *testing.T) {
+	t.Parallel()
+	cases := append([]string{}, streamEvents...)
+	cases = append(cases,
+		`{"Choices":[{"Delta":{"Content":"folded keys"}}]}`,
+		`{"choices":[{"delta":{"content":"a"}}],"choices":[{"finish_reason":"stop"}]}`,
+		`{"choices":[{"delta":{"content":"a","content":null}}]}`,
+		`{"choices":[{"delta":{"cont\u0065nt":"escaped key"}}]}`,
+		`{"choices":[{"delta":{"content":"bad \ud800 surrogate"}}]}`,
+		"{\"choices\":[{\"delta\":{\"content\":\"bad \xff utf-8\"}}]}",
+		`{"choices":[{"delta":{"content":5}}]}`,
+		`{"choices":[{"delta":null,"finish_reason":null,"logprobs":null}]}`,
+		`{"choices":[null,{"delta":{"content":"x"}}]}`,
+		`{"choices":null,"usage":{"prompt_tokens":1.5}}`,
+		`{"choices":[],"usage":{"prompt_tokens":"1"}}`,
+		`{"choices":[{"delta":{"tool_calls":[{"index":"0"}]}}]}`,
+		`{"choices":[{"delta":{"tool_calls":null}}]}`,
+		`{"choices":[{"delta":{"tool_calls":[]}}]}`,
+		`{"choices":{}}`,
+		`{"error":null,"choices":[{"delta":{"content":"x"}}]}`,
+		`{"error":"plain","choices":[]}`,
+		`{"choices":[{"delta":{"content":"x"}}]} trailing`,
+		`{"choices":[{"delta":{"content":"x"}}]`,
+		`[DONE]`,
+		` [DONE] `,
+		`null`,
+		``,
+	)
+	for _, data := range cases {
+		t.Run("", func(t *testing.T) {
+			t.Parallel()
+			compareStreamWithReference(t, data)
+		})
+	}
+}
+
+// TestDecodeStreamChunkIsTaken: the events servers send are read by the fast decoder, not
+// handed back to json.Unmarshal.
+func TestDecodeStreamChunkIsTaken(t *testing.T) {
+	t.Parallel()
+	for _, data := range streamEvents {
+		var sc streamChunk
+		if !decodeStreamChunk([]byte(data), &sc) {
+			t.Errorf("not decoded: %s", data)
+		}
+	}
+}
+
+func compareStreamWithReference(t *testing.T, data string) {
+	t.Helper()
+	ev := provider.Event{Data: data}
+	var fast, ref decoder
+	got, gotDone, gotErr := fast.Apply(ev)
+	want, wantDone, wantErr := refApply(&ref, ev)
+	if !reflect.DeepEqual(got, want) || gotDone != wantDone {
+		t.Fatalf("event %q\n got %#v (done %t)\nwant %#v (done %t)", data, got, gotDone, want, wantDone)
+	}
+	if (gotErr == nil) != (wantErr == nil) {
+		t.Fatalf("event %q: error %v, want %v", data, gotErr, wantErr)
+	}
+	if gotErr != nil && (gotErr.Class != wantErr.Class || gotErr.Message != wantErr.Message || fmt.Sprint(gotErr.Err) != fmt.Sprint(wantErr.Err)) {
+		t.Fatalf("event %q: error %+v (%v)\nwant %+v (%v)", data, gotErr, gotErr.Err, wantErr, wantErr.Err)
+	}
+	if fast.finishReason != ref.finishReason || !reflect.DeepEqual(fast.usage, ref.usage) || fast.refusal.String() != ref.refusal.String() {
+		t.Fatalf("event %q: decoder state %q %v %q, want %q %v %q", data,
+			fast.finishReason, fast.usage, fast.refusal.String(), ref.finishReason, ref.usage, ref.refusal.String())
+	}
+}
+
+// FuzzDecodeStreamChunkMatchesReflection: on any event, and on mutations of real ones,
+// Apply returns exactly what the reflection reference returns.
+func FuzzDecodeStreamChunkMatchesReflection(f *testing.F) {
+	for _, e := range streamEvents {
+		f.Add(e)
+	}
+	f.Add(`{"Choices":[{"delta":{"content":"x"}}],"choices":null}`)
+	f.Fuzz(func(t *testing.T, data string) {
+		compareStreamWithReference(t, data)
+	})
+}
+
+func BenchmarkApplyStreamEvent(b *testing.B) {
+	ev := provider.Event{Data: streamEvents[1]}
+	for _, impl := range []struct {
+		name  string
+		apply func(*decoder, provider.Event) (provider.Chunk, bool, *provider.Error)
+	}{{"fast", (*decoder).Apply}, {"reflection", refApply}} {
+		b.Run(impl.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var d decoder
+			for b.Loop() {
+				if _, _, err := impl.apply(&d, ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -31,17 +31,21 @@ type decoder struct {
 
 // streamChunk is one data event.
 type streamChunk struct {
-	Choices []struct {
-		Delta struct {
-			Content   string     `json:"content"`
-			Refusal   string     `json:"refusal"`
-			ToolCalls []toolCall `json:"tool_calls"`
-		} `json:"delta"`
-		FinishReason string          `json:"finish_reason"`
-		Logprobs     json.RawMessage `json:"logprobs"`
-	} `json:"choices"`
-	Usage *usage          `json:"usage"`
-	Error json.RawMessage `json:"error"`
+	Choices []streamChoice  `json:"choices"`
+	Usage   *usage          `json:"usage"`
+	Error   json.RawMessage `json:"error"`
+}
+
+// streamChoice is an alias, not a type of its own, so that json.Unmarshal's errors name the
+// type as they did when it was written in place.
+type streamChoice = struct {
+	Delta struct {
+		Content   string     `json:"content"`
+		Refusal   string     `json:"refusal"`
+		ToolCalls []toolCall `json:"tool_calls"`
+	} `json:"delta"`
+	FinishReason string          `json:"finish_reason"`
+	Logprobs     json.RawMessage `json:"logprobs"`
 }
 
 // Apply folds one event into the decoder's state and returns what it adds to the answer.
@@ -50,9 +54,20 @@ func (d *decoder) Apply(ev provider.Event) (provider.Chunk, bool, *provider.Erro
 		return provider.Chunk{}, true, nil
 	}
 	var chunk streamChunk
-	if err := json.Unmarshal([]byte(ev.Data), &chunk); err != nil {
-		return provider.Chunk{}, false, httpcall.Undecodable(ev, fmt.Errorf("decode stream event: %w", err))
+	data := []byte(ev.Data)
+	// decodeStreamChunk reads the usual event without reflection; what it does not read
+	// exactly as json.Unmarshal would, json.Unmarshal reads, errors included.
+	if !decodeStreamChunk(data, &chunk) {
+		chunk = streamChunk{}
+		if err := json.Unmarshal(data, &chunk); err != nil {
+			return provider.Chunk{}, false, httpcall.Undecodable(ev, fmt.Errorf("decode stream event: %w", err))
+		}
 	}
+	return d.fold(ev, chunk)
+}
+
+// fold applies one decoded event.
+func (d *decoder) fold(ev provider.Event, chunk streamChunk) (provider.Chunk, bool, *provider.Error) {
 	if ev.Name == "error" || len(chunk.Error) > 0 {
 		if apiErr, ok := provider.ParseAPIError([]byte(ev.Data)); ok {
 			return provider.Chunk{}, false, provider.ClassifyEmbedded(apiErr)
