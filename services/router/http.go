@@ -238,6 +238,17 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 		}
 		return writeData(b)
 	}
+	// A delta's chunk is written as it is (not boxed into an any each time).
+	var deltas deltaChunks
+	writeDelta := func(d Delta) error {
+		c := deltas.of(id, created, d)
+		b, ok := c.AppendJSON(chunk[:0])
+		if !ok {
+			return writeEvent(*c)
+		}
+		chunk = b
+		return writeData(b)
+	}
 	final, err := f.router.Stream(ctx, req, func(d Delta) error {
 		if !started {
 			started = true
@@ -253,7 +264,7 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 			w.WriteHeader(http.StatusOK)
 		}
 		hold = d.More
-		err := writeEvent(deltaChunk(id, created, d))
+		err := writeDelta(d)
 		hold = false
 		return err
 	})

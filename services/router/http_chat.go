@@ -70,22 +70,44 @@ func errOrNil(err error) string {
 	return err.Error()
 }
 
-// deltaChunk is the chunk that streams d.
-func deltaChunk(id string, created int64, d Delta) openaiapi.ChatCompletion {
-	msg := &openaiapi.Message{}
+// deltaChunks renders a stream's deltas as chunks, one chunk, message and choice rewritten
+// for each: a chunk's JSON is written before the next delta is rendered, and none is kept,
+// so the deltas of a stream cost none of their own.
+type deltaChunks struct {
+	c       openaiapi.ChatCompletion
+	choice  [1]openaiapi.Choice
+	msg     openaiapi.Message
+	content string
+	calls   []openaiapi.ToolCall
+	indexes []int
+}
+
+// of returns d's chunk, valid until the next call.
+func (s *deltaChunks) of(id string, created int64, d Delta) *openaiapi.ChatCompletion {
+	s.msg = openaiapi.Message{}
+	s.content = d.Content
 	if d.Content != "" || len(d.ToolCalls) == 0 {
-		msg.Content = &d.Content
+		s.msg.Content = &s.content
 	}
-	for _, tc := range d.ToolCalls {
-		index := tc.Index
-		msg.ToolCalls = append(msg.ToolCalls, openaiapi.ToolCall{Index: &index, ID: tc.ID, Type: tc.Type,
-			Function: openaiapi.FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
+	if len(d.ToolCalls) > 0 {
+		// The indexes first: the calls point into them, so they must not grow after.
+		s.indexes = s.indexes[:0]
+		for _, tc := range d.ToolCalls {
+			s.indexes = append(s.indexes, tc.Index)
+		}
+		s.calls = s.calls[:0]
+		for i, tc := range d.ToolCalls {
+			s.calls = append(s.calls, openaiapi.ToolCall{Index: &s.indexes[i], ID: tc.ID, Type: tc.Type,
+				Function: openaiapi.FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
+		}
+		s.msg.ToolCalls = s.calls
 	}
-	c := chunkJSON(id, created, d.Model, msg, nil, nil)
+	s.choice[0] = openaiapi.Choice{Delta: &s.msg}
 	if len(d.Logprobs) > 0 {
-		c.Choices[0].Logprobs = json.RawMessage(d.Logprobs)
+		s.choice[0].Logprobs = json.RawMessage(d.Logprobs)
 	}
-	return c
+	s.c = openaiapi.ChatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: d.Model, Choices: s.choice[:]}
+	return &s.c
 }
 
 // toolCallsJSON is an answer's tool calls in OpenAI's shape.
