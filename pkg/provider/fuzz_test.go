@@ -5,13 +5,14 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 )
 
-// FuzzEventReader: any byte stream yields events and then io.EOF, io.ErrUnexpectedEOF or a
-// MALFORMED_OUTPUT *Error; it never loops or panics.
+// FuzzEventReader: any byte stream yields the events refEvents reads in it and then io.EOF,
+// io.ErrUnexpectedEOF or a MALFORMED_OUTPUT *Error; it never loops or panics.
 func FuzzEventReader(f *testing.F) {
 	for _, seed := range []string{
 		"data: {\"a\":1}\n\ndata: [DONE]\n\n",
@@ -25,6 +26,8 @@ func FuzzEventReader(f *testing.F) {
 		// Delivered in reads of a size the input picks, so that events fall across reads.
 		src := &countingReader{r: bytes.NewReader(stream), max: 1 + len(stream)%61}
 		er := NewEventReader(src)
+		wantEvents, wantEnd := refEvents(string(stream))
+		var got []Event
 		for i := 0; ; i++ {
 			ready, reads := er.Ready(), src.reads
 			ev, err := er.Next()
@@ -36,8 +39,12 @@ func FuzzEventReader(f *testing.F) {
 				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.As(err, &perr) {
 					t.Fatalf("Next: %v", err)
 				}
+				if perr == nil && (err != wantEnd || !slices.Equal(got, wantEvents)) {
+					t.Fatalf("events %q, end %v; want %q, %v", got, err, wantEvents, wantEnd)
+				}
 				return
 			}
+			got = append(got, ev)
 			if ev.Data == "" && !strings.Contains(string(stream), "data") {
 				t.Fatalf("event %+v from a stream without data", ev)
 			}
@@ -46,6 +53,42 @@ func FuzzEventReader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// refEvents reads stream as the SSE specification says, the whole input at once: the
+// reference Next must match (within its size bounds, which fuzzed inputs stay under).
+func refEvents(stream string) ([]Event, error) {
+	var (
+		out  []Event
+		ev   Event
+		data []string
+	)
+	for {
+		i := strings.IndexByte(stream, '\n')
+		if i < 0 {
+			if stream != "" {
+				return out, io.ErrUnexpectedEOF // cut in the middle of a line
+			}
+			if len(data) > 0 {
+				out = append(out, Event{Name: ev.Name, Data: strings.Join(data, "\n")})
+			}
+			return out, io.EOF
+		}
+		line := strings.TrimSuffix(stream[:i], "\r")
+		stream = stream[i+1:]
+		switch field, value, _ := strings.Cut(line, ":"); {
+		case line == "":
+			if len(data) > 0 {
+				out = append(out, Event{Name: ev.Name, Data: strings.Join(data, "\n")})
+			}
+			ev, data = Event{}, nil
+		case strings.HasPrefix(line, ":"):
+		case field == "event":
+			ev.Name = strings.TrimPrefix(value, " ")
+		case field == "data":
+			data = append(data, strings.TrimPrefix(value, " "))
+		}
+	}
 }
 
 // FuzzClassifyHTTP: any provider error answer (status, headers, body) is classified, and

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
 )
@@ -28,6 +27,9 @@ const maxEventLine = 4 << 20
 // clean end from a cut connection is the same problem for both.
 type EventReader struct {
 	r *bufio.Reader
+	// data gathers an event's data lines, joined; kept from one event to the next, so that
+	// an event costs one allocation, its Data.
+	data []byte
 }
 
 // NewEventReader returns a reader of the events in r.
@@ -45,46 +47,62 @@ func NewEventReader(r io.Reader) *EventReader {
 // over 4 MiB is a MALFORMED_OUTPUT *Error; any other error is the underlying read error.
 func (er *EventReader) Next() (Event, error) {
 	var (
-		ev   Event
-		data []string
-		size int // of data, joined
+		ev    Event
+		lines int // data lines of the event so far
 	)
+	er.data = er.data[:0]
+	defer func() {
+		if cap(er.data) > maxKeptData {
+			er.data = nil // a rare long event's buffer is not kept for the stream's life
+		}
+	}()
 	for {
 		line, err := er.readLine()
 		if err != nil {
-			if errors.Is(err, io.EOF) && len(data) > 0 {
-				ev.Data = strings.Join(data, "\n")
+			if errors.Is(err, io.EOF) && lines > 0 {
+				ev.Data = string(er.data)
 				return ev, nil
 			}
 			return Event{}, err
 		}
-		if line == "" {
-			if len(data) > 0 {
-				ev.Data = strings.Join(data, "\n")
+		if len(line) == 0 {
+			if lines > 0 {
+				ev.Data = string(er.data)
 				return ev, nil
 			}
 			ev = Event{}
 			continue
 		}
-		if strings.HasPrefix(line, ":") {
+		if line[0] == ':' {
 			continue
 		}
-		field, value, _ := strings.Cut(line, ":")
-		value = strings.TrimPrefix(value, " ")
-		switch field {
+		field, value, _ := bytes.Cut(line, []byte(":"))
+		value = bytes.TrimPrefix(value, []byte(" "))
+		switch string(field) {
 		case "event":
-			ev.Name = value
+			ev.Name = string(value)
 		case "data":
-			if size += len(value) + 1; size > maxEventLine+1 {
+			joined := len(er.data) + len(value)
+			if lines > 0 {
+				joined++ // the newline between lines
+			}
+			if joined > maxEventLine {
 				return Event{}, &Error{
 					Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
 					Message: fmt.Sprintf("event stream event with more than %d bytes of data", maxEventLine),
 				}
 			}
-			data = append(data, value)
+			if lines > 0 {
+				er.data = append(er.data, '\n')
+			}
+			er.data = append(er.data, value...)
+			lines++
 		}
 	}
 }
+
+// maxKeptData is the largest data buffer an EventReader keeps between events.
+const maxKeptData = 64 << 10
 
 // Ready reports whether the next call of Next returns an event without reading from the
 // underlying reader: a whole event that carries data (its lines and the blank line that
@@ -114,30 +132,34 @@ func (er *EventReader) Ready() bool {
 	}
 }
 
-// readLine returns one line without its terminator (\n or \r\n).
-func (er *EventReader) readLine() (string, error) {
-	var line []byte
-	for {
-		frag, err := er.r.ReadSlice('\n')
-		line = append(line, frag...)
-		if len(line) > maxEventLine {
-			return "", &Error{
-				Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
-				Message: fmt.Sprintf("event stream line longer than %d bytes", maxEventLine),
-			}
+// readLine returns one line without its terminator (\n or \r\n), valid until the next
+// read: most lines are a view of the reader's buffer, copied nowhere.
+func (er *EventReader) readLine() ([]byte, error) {
+	line, err := er.r.ReadSlice('\n')
+	if errors.Is(err, bufio.ErrBufferFull) {
+		// Longer than the reader's buffer: gathered, up to the limit.
+		long := append([]byte(nil), line...)
+		for errors.Is(err, bufio.ErrBufferFull) && len(long) <= maxEventLine {
+			line, err = er.r.ReadSlice('\n')
+			long = append(long, line...)
 		}
-		switch {
-		case errors.Is(err, bufio.ErrBufferFull):
-			continue
-		case errors.Is(err, io.EOF) && len(line) > 0:
-			return "", io.ErrUnexpectedEOF
-		case err != nil:
-			return "", err
-		}
-		line = line[:len(line)-1]
-		if n := len(line); n > 0 && line[n-1] == '\r' {
-			line = line[:n-1]
-		}
-		return string(line), nil
+		line = long
 	}
+	if len(line) > maxEventLine {
+		return nil, &Error{
+			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
+			Message: fmt.Sprintf("event stream line longer than %d bytes", maxEventLine),
+		}
+	}
+	switch {
+	case errors.Is(err, io.EOF) && len(line) > 0:
+		return nil, io.ErrUnexpectedEOF
+	case err != nil:
+		return nil, err
+	}
+	line = line[:len(line)-1]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	return line, nil
 }
