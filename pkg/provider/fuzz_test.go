@@ -39,7 +39,7 @@ func FuzzEventReader(f *testing.F) {
 				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.As(err, &perr) {
 					t.Fatalf("Next: %v", err)
 				}
-				if perr == nil && (err != wantEnd || !slices.Equal(got, wantEvents)) {
+				if perr == nil && (!errors.Is(err, wantEnd) || !slices.Equal(got, wantEvents)) {
 					t.Fatalf("events %q, end %v; want %q, %v", got, err, wantEvents, wantEnd)
 				}
 				return
