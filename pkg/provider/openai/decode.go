@@ -53,29 +53,12 @@ func decodeStreamChoice(v []byte, c *streamChoice) bool {
 	return members(v, []string{"delta", "finish_reason", "logprobs"}, func(key string, v []byte) bool {
 		switch key {
 		case "delta":
-			return decodeDelta(v, c)
+			return decodeMessage(v, &c.Delta)
 		case "finish_reason":
 			return decodeString(v, &c.FinishReason)
 		default:
 			c.Logprobs = append(json.RawMessage(nil), v...)
 			return true
-		}
-	})
-}
-
-func decodeDelta(v []byte, c *streamChoice) bool {
-	if isNull(v) {
-		return true
-	}
-	d := &c.Delta
-	return members(v, []string{"content", "refusal", "tool_calls"}, func(key string, v []byte) bool {
-		switch key {
-		case "content":
-			return decodeString(v, &d.Content)
-		case "refusal":
-			return decodeString(v, &d.Refusal)
-		default:
-			return decodeToolCalls(v, &d.ToolCalls)
 		}
 	})
 }
@@ -150,7 +133,7 @@ func decodeChoice(v []byte, c *choice) bool {
 	return members(v, []string{"message", "finish_reason", "logprobs"}, func(key string, v []byte) bool {
 		switch key {
 		case "message":
-			return decodeMessage(v, c)
+			return decodeMessage(v, &c.Message)
 		case "finish_reason":
 			return decodeString(v, &c.FinishReason)
 		default:
@@ -161,11 +144,11 @@ func decodeChoice(v []byte, c *choice) bool {
 	})
 }
 
-func decodeMessage(v []byte, c *choice) bool {
+// decodeMessage decodes an answer's message, or a streamed chunk's delta: the same members.
+func decodeMessage(v []byte, m *messageBody) bool {
 	if isNull(v) {
 		return true
 	}
-	m := &c.Message
 	return members(v, []string{"content", "refusal", "tool_calls"}, func(key string, v []byte) bool {
 		switch key {
 		case "content":

@@ -288,14 +288,17 @@ type chatResponse struct {
 // choice is an alias, not a type of its own, so that json.Unmarshal's errors name the
 // type as they did when it was written in place.
 type choice = struct {
-	Message struct {
-		Content string `json:"content"`
-		// Refusal is set instead of Content when the model declines (structured outputs).
-		Refusal   string     `json:"refusal"`
-		ToolCalls []toolCall `json:"tool_calls"`
-	} `json:"message"`
+	Message      messageBody     `json:"message"`
 	FinishReason string          `json:"finish_reason"`
 	Logprobs     json.RawMessage `json:"logprobs"`
+}
+
+// messageBody is an answer's message, and a streamed chunk's delta; an alias, as choice is.
+type messageBody = struct {
+	Content string `json:"content"`
+	// Refusal is set instead of Content when the model declines (structured outputs).
+	Refusal   string     `json:"refusal"`
+	ToolCalls []toolCall `json:"tool_calls"`
 }
 
 // Complete sends req and waits for the whole answer.

@@ -39,11 +39,7 @@ type streamChunk struct {
 // streamChoice is an alias, not a type of its own, so that json.Unmarshal's errors name the
 // type as they did when it was written in place.
 type streamChoice = struct {
-	Delta struct {
-		Content   string     `json:"content"`
-		Refusal   string     `json:"refusal"`
-		ToolCalls []toolCall `json:"tool_calls"`
-	} `json:"delta"`
+	Delta        messageBody     `json:"delta"`
 	FinishReason string          `json:"finish_reason"`
 	Logprobs     json.RawMessage `json:"logprobs"`
 }
