@@ -50,12 +50,10 @@ func (er *EventReader) Next() (Event, error) {
 		ev    Event
 		lines int // data lines of the event so far
 	)
+	if cap(er.data) > maxKeptData {
+		er.data = nil // a rare long event's buffer is not kept for the stream's life
+	}
 	er.data = er.data[:0]
-	defer func() {
-		if cap(er.data) > maxKeptData {
-			er.data = nil // a rare long event's buffer is not kept for the stream's life
-		}
-	}()
 	for {
 		line, err := er.readLine()
 		if err != nil {
