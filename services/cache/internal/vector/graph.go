@@ -268,9 +268,10 @@ func (s *Set) PlanLink() *LinkPlan {
 	// The bottom layer's links are chosen from a lookup's record of this vector (where its
 	// walk ended, or the seeds its postings search scored), else from the seeds of this
 	// vector's own postings search: the vectors that share its rarest coordinates, scored
-	// exactly (docs/design/013-link-from-the-postings.md).
+	// exactly (docs/design/013-link-from-the-postings.md). That holds for a node of the
+	// upper layers too: only those layers' links come from a walk.
 	var seeds []Hit
-	if near := g.near[slot]; near != nil && p.level == 0 {
+	if near := g.near[slot]; near != nil {
 		seeds = near.candidates(slot)
 	}
 	q := s.vec(slot)
@@ -281,32 +282,34 @@ func (s *Set) PlanLink() *LinkPlan {
 		s.searchSparse(sc, q, 0, &topK{hits: make([]Hit, 0, n+1), k: n + 1}, limits)
 		seeds = slices.DeleteFunc(slices.Clone(sc.seeds), func(h Hit) bool { return h.Slot == slot })
 	}
-	if p.level == 0 && len(seeds) > 0 {
+	lowest := 0 // the lowest layer whose links come from a walk
+	if len(seeds) > 0 {
 		slices.SortFunc(seeds, bestFirst)
-		s.planLevel(p, 0, seeds, sc)
-		return p
+		lowest = 1
 	}
-	// Otherwise (a node of the upper layers, a dense set without a record) a walk: the
-	// upper layers lead to the vector from the entry point, and the walk on layer 0 starts
-	// from there and from the seeds (where every vector shares the common words, prompts
-	// from one template, the walk alone misses the vectors closest in the rare ones).
-	if s.sparse {
-		sc.qt.reset(q) // the walk scores through the query's table
-	}
-	ep := Hit{g.entry, s.scoreQuery(sc, q, g.entry)}
-	for l := g.top; l > p.level; l-- {
-		ep = s.greedy(sc, q, ep, l)
-	}
-	eps := []Hit{ep}
-	for l := min(g.top, p.level); l >= 0; l-- {
-		if l == 0 {
-			eps = append(eps, seeds...)
+	if p.level >= lowest {
+		// A walk (the upper layers of a node drawn to them, or every layer where there are
+		// no seeds: a dense set without a record, a vector sharing no coordinate): the
+		// upper layers lead to the vector from the entry point, and each layer's walk
+		// starts from where the one above ended.
+		if s.sparse {
+			sc.qt.reset(q) // the walk scores through the query's table
 		}
-		// A copy: the next layer starts from it, and the scratch serves that search too.
-		w := slices.Clone(s.searchLayer(q, eps, g.cfg.EfConstruction, l, sc))
-		w = slices.DeleteFunc(w, func(h Hit) bool { return h.Slot == slot })
-		s.planLevel(p, l, w, sc)
-		eps = w
+		ep := Hit{g.entry, s.scoreQuery(sc, q, g.entry)}
+		for l := g.top; l > p.level; l-- {
+			ep = s.greedy(sc, q, ep, l)
+		}
+		eps := []Hit{ep}
+		for l := min(g.top, p.level); l >= lowest; l-- {
+			// A copy: the next layer starts from it, and the scratch serves that search too.
+			w := slices.Clone(s.searchLayer(q, eps, g.cfg.EfConstruction, l, sc))
+			w = slices.DeleteFunc(w, func(h Hit) bool { return h.Slot == slot })
+			s.planLevel(p, l, w, sc)
+			eps = w
+		}
+	}
+	if lowest == 1 {
+		s.planLevel(p, 0, seeds, sc)
 	}
 	return p
 }

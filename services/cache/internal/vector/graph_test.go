@@ -276,51 +276,40 @@ func TestNearStandsInForTheLinkingSearch(t *testing.T) {
 	}
 
 	t.Run("linked from the record", func(t *testing.T) {
-		// A vector drawn to an upper layer is linked by a full search (the record covers
-		// the bottom layer only): the first drawn to the bottom one is checked.
-		var q Vector
-		var near *Near
-		var slot uint32
-		for i := 350; ; i++ {
+		// Every vector's bottom-layer links come from the record, whatever its layer (the
+		// upper layers of one drawn to them are walked): vectors are added until both kinds
+		// were checked.
+		bottom, upper := 0, 0
+		for i := 350; bottom == 0 || upper == 0; i++ {
 			if i == len(vs) {
-				t.Fatal("no vector was drawn to the bottom layer")
+				t.Fatalf("%d vectors drawn to the bottom layer alone and %d to upper ones, want both", bottom, upper)
 			}
-			q, near = vs[i], new(Near)
+			q, near := vs[i], new(Near)
 			set.SearchNear(q, 3, -1, nil, near)
 			if len(near.hits) == 0 {
 				t.Fatal("a search through the graph recorded nothing")
 			}
-			var err error
-			if slot, err = set.AddNear(q, near); err != nil {
+			slot, err := set.AddNear(q, near)
+			if err != nil {
 				t.Fatalf("AddNear: %v", err)
 			}
 			if set.graph.near[slot] != near {
 				t.Fatal("the record was not kept for the linking")
 			}
-			if set.graph.level[slot] == 0 {
-				break
-			}
 			set.LinkPending(1 << 20)
-		}
-		set.LinkPending(1 << 20)
-		if _, kept := set.graph.near[slot]; kept {
-			t.Error("the record outlived the linking")
-		}
-		recorded := map[uint32]bool{}
-		for _, h := range near.hits {
-			recorded[h.Slot] = true
-		}
-		links := set.graph.links(slot, 0)
-		if len(links) == 0 {
-			t.Fatal("the vector has no links")
-		}
-		for _, l := range links {
-			if !recorded[l] {
-				t.Errorf("link to %d, which the search did not record", l)
+			if _, kept := set.graph.near[slot]; kept {
+				t.Error("the record outlived the linking")
 			}
-		}
-		if got := set.Search(q, 1, -1, nil); len(got) == 0 || got[0].Slot != slot {
-			t.Errorf("Search for the vector = %v, want slot %d first", got, slot)
+			recorded := map[uint32]bool{}
+			for _, h := range near.hits {
+				recorded[h.Slot] = true
+			}
+			checkLinkedFrom(t, set, slot, q, recorded)
+			if set.graph.level[slot] == 0 {
+				bottom++
+			} else {
+				upper++
+			}
 		}
 	})
 
@@ -419,15 +408,16 @@ func TestLinksChosenFromTheSeeds(t *testing.T) {
 }
 
 // TestLinksFromThePostingsWithoutARecord: a vector stored without a lookup's record (a
-// store without a lease, a graph's first build) and drawn to the bottom layer only is
-// linked from the seeds its own postings search scores, without a walk: every link is one
-// of them, and a search for it finds it first.
+// store without a lease, a graph's first build) is linked on the bottom layer from the
+// seeds its own postings search scores, without a walk there, whatever its layer: every
+// bottom-layer link is one of them, one drawn to an upper layer has links there too (a
+// walk), and a search for it finds it first.
 func TestLinksFromThePostingsWithoutARecord(t *testing.T) {
 	t.Parallel()
 	r := rand.New(rand.NewPCG(33, 34))
 	// Few seeds: a walk from them would reach nodes beyond them.
 	set := linkedSparseSet(t, r, Limits{Postings: 64, Scored: 4})
-	bottom := 0
+	upper := 0
 	for range 40 {
 		q := randomSparse(t, r, 30, 2000)
 		slot, err := set.Add(q)
@@ -445,14 +435,13 @@ func TestLinksFromThePostingsWithoutARecord(t *testing.T) {
 		}
 		set.returnScratch(sc)
 		set.LinkPending(1 << 20)
-		if set.graph.level[slot] != 0 {
-			continue // upper layers are walked
+		if set.graph.level[slot] > 0 {
+			upper++
 		}
-		bottom++
 		checkLinkedFrom(t, set, slot, q, seeds)
 	}
-	if bottom < 20 {
-		t.Fatalf("only %d of 40 vectors on the bottom layer alone: the test checks too few", bottom)
+	if upper == 0 {
+		t.Fatal("no vector of 40 drawn to an upper layer: the test checks only the bottom one")
 	}
 }
 
@@ -474,20 +463,24 @@ func linkedSparseSet(t *testing.T, r *rand.Rand, seeds Limits) *Set {
 }
 
 // checkLinkedFrom fails unless the vector q stored in slot has links, each to another
-// live node and, on the bottom layer alone, to one of from (linked without a walk), and
-// a search for q finds it first.
+// live node, on the bottom layer each to one of from (linked there without a walk), on
+// each upper layer it was drawn to below the graph's top some (a walk), and a search for q
+// finds it first.
 func checkLinkedFrom(t *testing.T, set *Set, slot uint32, q Vector, from map[uint32]bool) {
 	t.Helper()
-	links := set.graph.links(slot, 0)
-	if len(links) == 0 {
-		t.Fatal("the vector has no links")
-	}
-	for _, l := range links {
-		if l == slot || !set.live[l] {
-			t.Fatalf("link to %d (itself, or not live)", l)
+	g := set.graph
+	for l := 0; l <= int(g.level[slot]); l++ {
+		links := g.links(slot, l)
+		if len(links) == 0 && (l == 0 || l < g.top || g.entry != slot) {
+			t.Fatalf("the vector has no links on layer %d", l)
 		}
-		if set.graph.level[slot] == 0 && !from[l] {
-			t.Fatalf("link to %d, not a seed: the linking walked", l)
+		for _, n := range links {
+			if n == slot || !set.live[n] {
+				t.Fatalf("layer %d: link to %d (itself, or not live)", l, n)
+			}
+			if l == 0 && !from[n] {
+				t.Fatalf("link to %d, not a seed: the linking walked the bottom layer", n)
+			}
 		}
 	}
 	if got := set.Search(q, 1, -1, nil); len(got) == 0 || got[0].Slot != slot {
