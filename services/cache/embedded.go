@@ -117,13 +117,17 @@ var searchLimits = vector.Limits{Postings: 1 << 10, Scored: 32}
 // rare word's list outgrows it: 512 postings lost 3% of reworded questions at 1M. Scoring
 // 16 seeds rather than 32 kept recall@1 at 1.000 in TestIndexRecall and in
 // BenchmarkIndexLookup at 100k entries, and cut a lookup of a new numbered prompt at 100k
-// from 60 to 46 µs (CPU, P50); past 128k entries SeedsPer sets the seeds scored. Every
-// stored answer is linked: from what its lookup's walk found (Query.Near) when the lookup
-// walked the graph, otherwise by the same seeds and a walk with EfConstruction candidates,
+// from 60 to 46 µs (CPU, P50); past 128k entries SeedsPer sets the seeds scored. The walk
+// keeps EfSearch candidates: 8 kept recall@1 at 1.000 in TestIndexRecall and in
+// BenchmarkIndexLookup at 100k entries, as 16 did, and cut a miss of a new numbered prompt
+// at 100k from 40 to 28 µs (CPU, P50) and BenchmarkMissStore's CPU by a quarter. Every
+// stored answer is linked: on the bottom layer from what its lookup found (Query.Near:
+// where its walk ended, or its seeds), otherwise from the seeds of its own postings search;
+// a node drawn to an upper layer is linked there by a walk with EfConstruction candidates,
 // kept as low as the recall allows: twice as many found nothing more in TestIndexRecall
-// nor in BenchmarkIndexLookup's recall at 1M entries. The figures and the recall behind these values are in docs/performance.md,
-// "Cache lookup".
-var sparseGraph = vector.Graph{MinLen: 8192, M: 8, EfConstruction: 24, EfSearch: 16, Seed: 1,
+// nor in BenchmarkIndexLookup's recall at 1M entries. The figures and the recall behind
+// these values are in docs/performance.md, "Cache lookup".
+var sparseGraph = vector.Graph{MinLen: 8192, M: 8, EfConstruction: 24, EfSearch: 8, Seed: 1,
 	Seeds: vector.Limits{Postings: 512, Scored: 16}, SeedsPer: 256}
 
 // denseGraph is the graph of an embedding model's vectors: a scan costs a dot product of
