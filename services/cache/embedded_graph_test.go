@@ -176,8 +176,8 @@ func (f *linkerFixture) search() {
 
 // ready reports whether the partition's graph serves.
 func (f *linkerFixture) ready() bool {
-	f.x.mu.RLock()
-	defer f.x.mu.RUnlock()
+	f.x.lockRead()
+	defer f.x.unlockRead()
 	p := f.x.parts[f.entry(0).Partition]
 	return p != nil && p.set.GraphReady()
 }

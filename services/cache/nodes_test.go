@@ -150,8 +150,8 @@ func TestEmbeddedIndexAgainstModel(t *testing.T) {
 // checkEmbeddedIndex fails t unless x holds the entries of model in its recency order,
 // every key and slot naming the node that holds it.
 func checkEmbeddedIndex(t *rapid.T, x *EmbeddedIndex, model []Entry) {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
+	x.lockRead()
+	defer x.unlockRead()
 	var order []string
 	for r := x.recency.front; r != 0; r = x.nodes.at(r).next {
 		n := x.nodes.at(r)

@@ -300,8 +300,14 @@ func (f *frontDoor) stream(ctx context.Context, w http.ResponseWriter, req *rout
 	_ = rc.Flush()
 }
 
+// chunkHead is a streamed chunk without its choices.
+func chunkHead(id string, created int64, model string) openaiapi.ChatCompletion {
+	return openaiapi.ChatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: model}
+}
+
 func chunkJSON(id string, created int64, model string, delta *openaiapi.Message, finish *string, usage *mantlev1.Usage) openaiapi.ChatCompletion {
-	c := openaiapi.ChatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: model, Choices: []openaiapi.Choice{}}
+	c := chunkHead(id, created, model)
+	c.Choices = []openaiapi.Choice{}
 	if delta != nil {
 		c.Choices = append(c.Choices, openaiapi.Choice{Delta: delta, FinishReason: finish})
 	}

@@ -106,7 +106,8 @@ func (s *deltaChunks) of(id string, created int64, d Delta) *openaiapi.ChatCompl
 	if len(d.Logprobs) > 0 {
 		s.choice[0].Logprobs = json.RawMessage(d.Logprobs)
 	}
-	s.c = openaiapi.ChatCompletion{ID: id, Object: "chat.completion.chunk", Created: created, Model: d.Model, Choices: s.choice[:]}
+	s.c = chunkHead(id, created, d.Model)
+	s.c.Choices = s.choice[:]
 	return &s.c
 }
 

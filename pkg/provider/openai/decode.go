@@ -50,17 +50,7 @@ func decodeStreamChunk(body []byte, sc *streamChunk) bool {
 }
 
 func decodeStreamChoice(v []byte, c *streamChoice) bool {
-	return members(v, []string{"delta", "finish_reason", "logprobs"}, func(key string, v []byte) bool {
-		switch key {
-		case "delta":
-			return decodeMessage(v, &c.Delta)
-		case "finish_reason":
-			return decodeString(v, &c.FinishReason)
-		default:
-			c.Logprobs = append(json.RawMessage(nil), v...)
-			return true
-		}
-	})
+	return decodeChoiceMembers(v, "delta", &c.Delta, &c.FinishReason, &c.Logprobs)
 }
 
 // members decodes the object v a member at a time: member is called with each key of
@@ -130,15 +120,21 @@ func elements[T any](v []byte, into *[]T, decode func([]byte, *T) bool) bool {
 }
 
 func decodeChoice(v []byte, c *choice) bool {
-	return members(v, []string{"message", "finish_reason", "logprobs"}, func(key string, v []byte) bool {
+	return decodeChoiceMembers(v, "message", &c.Message, &c.FinishReason, &c.Logprobs)
+}
+
+// decodeChoiceMembers decodes a choice, an answer's or a streamed chunk's: its message under
+// body ("message" or "delta"), its finish reason and its log probabilities.
+func decodeChoiceMembers(v []byte, body string, m *messageBody, finish *string, logprobs *json.RawMessage) bool {
+	return members(v, []string{body, "finish_reason", "logprobs"}, func(key string, v []byte) bool {
 		switch key {
-		case "message":
-			return decodeMessage(v, &c.Message)
+		case body:
+			return decodeMessage(v, m)
 		case "finish_reason":
-			return decodeString(v, &c.FinishReason)
+			return decodeString(v, finish)
 		default:
 			// json.RawMessage keeps a copy of the value's bytes, null included.
-			c.Logprobs = append(json.RawMessage(nil), v...)
+			*logprobs = append(json.RawMessage(nil), v...)
 			return true
 		}
 	})
