@@ -202,6 +202,11 @@ type L3Config struct {
 	Workers int `yaml:"workers"`
 	// QueueSize is how many answers may wait for the workers; beyond it answers get no L3.
 	QueueSize int `yaml:"queue_size"`
+	// BatchDelay is how long an answer may wait for its checks so that the workers take
+	// several at once instead of waking for each. A queue a quarter full, or a caller
+	// waiting for a result (GetFollowUp), does not wait for it; 0 checks every answer at
+	// once.
+	BatchDelay time.Duration `yaml:"batch_delay"`
 	// EmbeddingDim is the size of the built-in lexical embedder's vectors.
 	EmbeddingDim int `yaml:"embedding_dim"`
 	// RelevanceFull is the cosine similarity between question and answer that counts as
@@ -321,6 +326,7 @@ func DefaultConfig() Config {
 			Enabled:          true,
 			Workers:          2,
 			QueueSize:        1024,
+			BatchDelay:       50 * time.Millisecond,
 			EmbeddingDim:     512,
 			RelevanceFull:    0.25,
 			ConsistencyFull:  0.3,
@@ -473,6 +479,9 @@ func (l L3Config) validate(p *problems) {
 	}
 	if l.QueueSize <= 0 {
 		p.add("l3.queue_size: must be positive, got %d", l.QueueSize)
+	}
+	if l.BatchDelay < 0 || l.BatchDelay > time.Minute {
+		p.add("l3.batch_delay: must be from 0 to 1m, got %s", l.BatchDelay)
 	}
 	if l.EmbeddingDim <= 0 {
 		p.add("l3.embedding_dim: must be positive, got %d", l.EmbeddingDim)

@@ -68,6 +68,9 @@ func TestConfigValidate(t *testing.T) {
 		{name: "bad stream name", mutate: func(c *Config) { c.Review.Stream = "mantle.reviews" },
 			wantErr: []string{`review.stream: want letters, digits, '-' or '_', got "mantle.reviews"`}},
 		{name: "no l3 workers", mutate: func(c *Config) { c.L3.Workers = 0 }, wantErr: []string{"l3.workers: must be positive, got 0"}},
+		{name: "negative l3 batch delay", mutate: func(c *Config) { c.L3.BatchDelay = -time.Millisecond }, wantErr: []string{"l3.batch_delay: must be from 0 to 1m, got -1ms"}},
+		{name: "l3 batch delay over a minute", mutate: func(c *Config) { c.L3.BatchDelay = time.Hour }, wantErr: []string{"l3.batch_delay: must be from 0 to 1m, got 1h0m0s"}},
+		{name: "no l3 batch delay", mutate: func(c *Config) { c.L3.BatchDelay = 0 }},
 		{name: "l3 off skips its checks", mutate: func(c *Config) { c.L3.Enabled, c.L3.Workers = false, 0 }},
 		{name: "judge without a route", mutate: func(c *Config) { c.L3.Judge.Enabled, c.L3.Judge.Route = true, "" },
 			wantErr: []string{"l3.judge: route and scenario are required when enabled"}},
@@ -171,6 +174,7 @@ l3:
   enabled: false
   workers: 1
   queue_size: 10
+  batch_delay: 5ms
   embedding_dim: 64
   relevance_full: 0.5
   consistency_full: 0.6
@@ -204,7 +208,7 @@ l3:
 						Retention: 240 * time.Hour,
 					},
 					L3: L3Config{
-						Workers: 1, QueueSize: 10, EmbeddingDim: 64, RelevanceFull: 0.5, ConsistencyFull: 0.6,
+						Workers: 1, QueueSize: 10, BatchDelay: 5 * time.Millisecond, EmbeddingDim: 64, RelevanceFull: 0.5, ConsistencyFull: 0.6,
 						HistoryQuestions: 10, HistoryAnswers: 2, FollowUps: 10,
 						Judge: JudgeConfig{Enabled: true, Route: "judge-small", Scenario: "judging", Timeout: 2 * time.Second,
 							MaxTokens: 8, PerMinute: 5, APIKeyEnv: "JUDGE_KEY"},

@@ -117,7 +117,7 @@ func (s *Server) GetFollowUp(ctx context.Context, req *verifierv1.GetFollowUpReq
 	if s.verifier.l3 == nil {
 		return &verifierv1.GetFollowUpResponse{}, nil
 	}
-	ev, err := s.verifier.l3.results.get(ctx, req.GetRequestId(), req.GetWait())
+	ev, err := s.verifier.l3.followUp(ctx, req.GetRequestId(), req.GetWait())
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
