@@ -31,7 +31,7 @@ type l3Job struct {
 // gets no L3) rather than slowing Verify down.
 //
 // The workers take the queued jobs in batches (L3Config.BatchDelay): a worker woken for
-// every answer, parked again after its 20 µs of checks, cost the mesh 4 to 5% more CPU a
+// every answer, parked again after its 20 µs of checks, cost the mesh about 4% more CPU a
 // request (docs/design/019-l3-in-batches.md).
 type l3Runner struct {
 	cfg    L3Config
