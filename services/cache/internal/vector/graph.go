@@ -422,10 +422,10 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 	sc.mark(len(s.live))
 	cand, res := sc.cand[:0], sc.res[:0]
 	for _, ep := range eps {
-		if sc.seen[ep.Slot] == sc.epoch {
+		if sc.marks[ep.Slot].epoch == sc.epoch {
 			continue
 		}
-		sc.seen[ep.Slot] = sc.epoch
+		sc.marks[ep.Slot].epoch = sc.epoch
 		cand = pushHit(cand, ep, better)
 		res = pushHit(res, ep, worse)
 		if len(res) > ef {
@@ -440,8 +440,8 @@ func (s *Set) searchLayer(q Vector, eps []Hit, ef, level int, sc *searchScratch)
 		}
 		next := sc.next[:0]
 		for _, n := range g.links(c.Slot, level) {
-			if sc.seen[n] != sc.epoch {
-				sc.seen[n] = sc.epoch
+			if m := &sc.marks[n]; m.epoch != sc.epoch {
+				m.epoch = sc.epoch
 				next = append(next, n)
 			}
 		}

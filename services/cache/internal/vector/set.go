@@ -46,11 +46,11 @@ type Set struct {
 	// (docs/design/008-compact-a-list-at-a-time.md). A slot is reused only once every list
 	// it was in has dropped it, so a posting's weight is always its slot's current one.
 	vecs     arena
-	postings map[uint32]postingList
-	staleIn  map[uint32]int // stale postings in each list that has any
+	postings *postingIndex
 	// listsLeft holds, for each removed slot not yet free, the lists that still hold one
-	// of its postings.
-	listsLeft map[uint32]int
+	// of its postings; taken counts those slots.
+	listsLeft strided[int32]
+	taken     int
 
 	// Dense storage: slot i's vector is dense.of(i).
 	dense strided[float32]
@@ -107,9 +107,8 @@ func NewSet(sparse bool, limits Limits, g Graph) *Set {
 	}
 	s := &Set{sparse: sparse, limits: limits, graphCfg: g}
 	if sparse {
-		s.postings = make(map[uint32]postingList)
-		s.staleIn = make(map[uint32]int)
-		s.listsLeft = make(map[uint32]int)
+		s.postings = newPostingIndex()
+		s.listsLeft = newStrided[int32](1, 4, listsLeftChunkBytes)
 	}
 	return s
 }
@@ -142,14 +141,12 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 		}
 	}
 	var slot uint32
-	if len(s.free) == 0 && len(s.listsLeft) > 2*s.count+64 {
+	if len(s.free) == 0 && s.taken > 2*s.count+64 {
 		// A removed slot stays taken while a list that is mostly live holds it. Before the
 		// set grows with more such slots than twice its live ones (removals that spare the
 		// lists they share, unlike an LRU's), every list with a stale posting is compacted,
 		// which frees them all.
-		for f := range s.staleIn {
-			s.compact(f)
-		}
+		s.postings.eachStale(s.compact)
 	}
 	if n := len(s.free); n > 0 {
 		slot, s.free = s.free[n-1], s.free[:n-1]
@@ -159,6 +156,9 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 		s.live = append(s.live, true)
 		if s.sparse {
 			s.vecs.grow(len(s.live))
+			if s.postings != nil {
+				s.listsLeft.grow(len(s.live))
+			}
 		} else {
 			s.dense.grow(len(s.live))
 		}
@@ -168,9 +168,7 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 		s.vecs.set(slot, v)
 		if s.postings != nil {
 			for i, f := range v.Indices {
-				l := s.postings[f]
-				l.add(posting{slot, v.Values[i]})
-				s.postings[f] = l
+				s.postings.ensure(f).add(posting{slot, v.Values[i]})
 			}
 		}
 	} else {
@@ -205,11 +203,13 @@ func (s *Set) Remove(slot uint32) {
 		return
 	}
 	coords, _ := s.vecs.get(slot)
-	s.listsLeft[slot] = len(coords)
+	*s.listsLeft.at(slot) = int32(len(coords))
+	s.taken++
 	for _, f := range coords {
-		s.staleIn[f]++
-		if n := s.postings[f].len(); 2*s.staleIn[f] > n || n <= smallList {
-			s.compact(f)
+		e := s.postings.find(f)
+		e.stale++
+		if n := e.len(); 2*int(e.stale) > n || n <= smallList {
+			s.compact(e)
 		}
 	}
 	if s.graph == nil {
@@ -221,27 +221,28 @@ func (s *Set) Remove(slot uint32) {
 // costs little, and frees the slots of rare coordinates' lists at once.
 const smallList = 16
 
-// compact drops the postings of removed slots from f's list, and frees each slot that no
+// compact drops the postings of removed slots from e's list, and frees each slot that no
 // list holds a posting of any more.
-func (s *Set) compact(f uint32) {
-	list := s.postings[f]
-	list.filter(func(p posting) bool {
+func (s *Set) compact(e *postingEntry) {
+	e.filter(func(p posting) bool {
 		if s.live[p.slot] {
 			return true
 		}
-		if s.listsLeft[p.slot]--; s.listsLeft[p.slot] == 0 {
-			delete(s.listsLeft, p.slot)
+		left := s.listsLeft.at(p.slot)
+		if *left--; *left == 0 {
+			s.taken--
 			s.free = append(s.free, p.slot)
 		}
 		return false
 	})
-	delete(s.staleIn, f)
-	if list.len() == 0 {
-		delete(s.postings, f)
-		return
+	e.stale = 0
+	if e.len() == 0 {
+		s.postings.drop(e.coord)
 	}
-	s.postings[f] = list
 }
+
+// listsLeftChunkBytes sizes the chunks of a set's listsLeft.
+const listsLeftChunkBytes = 16 << 10
 
 // Vector returns the vector in slot, sharing the set's storage: it stays valid until the slot
 // is removed.
@@ -369,15 +370,21 @@ func bestFirst(a, b Hit) int {
 const pruneMargin = 1e-4
 
 type searchScratch struct {
-	order []int
+	// order is the query's coordinates shortest list first: each a list's length in the
+	// high half and the coordinate's position in the low one, so that a plain sort of
+	// integers orders them.
+	order []uint64
 	lists []postingList // lists[i] is the postings of the query's coordinate i
 	segs  [][]posting   // the segments of the list being read
-	// seen[slot] == epoch marks a candidate of this search; acc[slot] is its partial dot
-	// product so far.
-	seen  []uint32
-	acc   []float32
+	// marks[slot].epoch == epoch marks a candidate of this search (or a node a walk has
+	// reached); marks[slot].acc is a candidate's partial dot product so far. Side by side,
+	// as a posting reads both: one cache miss for the pair.
+	marks []slotMark
 	cands []uint32
-	epoch uint32
+	// ranked holds the candidates that may reach the minimum score, with their partial
+	// products (Score), in the order they are scored.
+	ranked []Hit
+	epoch  uint32
 	// cand and res are a graph walk's heaps; seeds are where it starts.
 	cand, res, seeds []Hit
 	// qt is the sparse query's table, built by each search before it scores candidates.
@@ -395,17 +402,23 @@ type searchScratch struct {
 	sink   uint32
 }
 
-// mark starts a search over n slots: a slot is marked seen by setting seen[slot] to the
-// new epoch.
+// slotMark is what a search keeps of one slot.
+type slotMark struct {
+	epoch uint32
+	acc   float32
+}
+
+// mark starts a search over n slots: a slot is marked seen by setting its mark's epoch to
+// the new epoch.
 func (sc *searchScratch) mark(n int) {
-	if len(sc.seen) < n {
+	if len(sc.marks) < n {
 		n += n / 4
-		sc.seen, sc.acc = make([]uint32, n), make([]float32, n)
+		sc.marks = make([]slotMark, n)
 		sc.epoch = 0
 	}
 	sc.epoch++
 	if sc.epoch == 0 { // wrapped: old marks could collide with the new epoch
-		clear(sc.seen)
+		clear(sc.marks)
 		sc.epoch = 1
 	}
 }
@@ -428,10 +441,14 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 	sc.order = sc.order[:0]
 	sc.lists = sc.lists[:0]
 	for i, f := range q.Indices {
-		sc.order = append(sc.order, i)
-		sc.lists = append(sc.lists, s.postings[f])
+		var list postingList
+		if e := s.postings.find(f); e != nil {
+			list = e.postingList
+		}
+		sc.lists = append(sc.lists, list)
+		sc.order = append(sc.order, uint64(list.len())<<32|uint64(i))
 	}
-	slices.SortFunc(sc.order, func(a, b int) int { return cmp.Compare(sc.lists[a].len(), sc.lists[b].len()) })
+	slices.Sort(sc.order)
 	// rest is the squared norm of the query's coordinates that not every candidate's
 	// partial product has taken into account yet.
 	var rest float32
@@ -450,7 +467,7 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 		if (bound > 0 && rest < bound*bound) || (limited && budget == 0) {
 			break
 		}
-		i := sc.order[next]
+		i := uint32(sc.order[next])
 		qw := q.Values[i]
 		list := &sc.lists[i]
 		n := list.len()
@@ -466,18 +483,19 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 				if !s.live[p.slot] {
 					continue
 				}
-				if sc.seen[p.slot] != sc.epoch {
-					sc.seen[p.slot], sc.acc[p.slot] = sc.epoch, 0
+				m := &sc.marks[p.slot]
+				if m.epoch != sc.epoch {
+					*m = slotMark{epoch: sc.epoch}
 					sc.cands = append(sc.cands, p.slot)
 				}
-				sc.acc[p.slot] += qw * p.weight
+				m.acc += qw * p.weight
 			}
 		}
 	}
 	complete := bound > 0 && rest < bound*bound
 	// Pruning: more of the query's lists, for the candidates only.
 	for ; bound > 0 && next < len(sc.order); next++ {
-		i := sc.order[next]
+		i := uint32(sc.order[next])
 		list := &sc.lists[i]
 		n := list.len()
 		if n > walkFactor*len(sc.cands)+64 || (limited && n > budget) {
@@ -489,8 +507,8 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 		sc.segs = list.appendTail(sc.segs[:0], n)
 		for _, seg := range sc.segs {
 			for _, p := range seg {
-				if sc.seen[p.slot] == sc.epoch && s.live[p.slot] {
-					sc.acc[p.slot] += qw * p.weight
+				if m := &sc.marks[p.slot]; m.epoch == sc.epoch && s.live[p.slot] {
+					m.acc += qw * p.weight
 				}
 			}
 		}
@@ -499,7 +517,7 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 	sc.qt.reset(q)
 	if !limited {
 		for _, slot := range sc.cands {
-			if bound > 0 && sc.acc[slot]+restNorm < bound {
+			if bound > 0 && sc.marks[slot].acc+restNorm < bound {
 				continue // cannot reach minScore
 			}
 			t.consider(slot, sc.qt.dot(s.vecs.get(slot)))
@@ -509,29 +527,35 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 	// Limited: the candidates with the highest partial products first (acc+restNorm is
 	// each one's upper bound), at most Scored of them, stopping as soon as the next cannot
 	// beat the k-th hit held.
-	cands := sc.cands[:0]
+	ranked := sc.ranked[:0]
 	for _, slot := range sc.cands {
-		if bound <= 0 || sc.acc[slot]+restNorm >= bound {
-			cands = append(cands, slot)
+		if acc := sc.marks[slot].acc; bound <= 0 || acc+restNorm >= bound {
+			ranked = append(ranked, Hit{slot, acc})
 		}
 	}
+	sc.ranked = ranked
 	cut := false
-	if n := limits.Scored; n > 0 && len(cands) > n {
-		selectTop(cands, sc.acc, n)
-		cands = cands[:n]
+	if n := limits.Scored; n > 0 && len(ranked) > n {
+		selectTop(ranked, n)
+		ranked = ranked[:n]
 		cut = true
 	}
-	slices.SortFunc(cands, func(a, b uint32) int {
-		if c := cmp.Compare(sc.acc[b], sc.acc[a]); c != 0 {
+	slices.SortFunc(ranked, func(a, b Hit) int {
+		if c := cmp.Compare(b.Score, a.Score); c != 0 {
 			return c
 		}
-		return cmp.Compare(a, b)
+		return cmp.Compare(a.Slot, b.Slot)
 	})
 	// The best candidates are all or most scored: their blocks are read at once first, so
 	// that their cache misses overlap (arena.touch).
-	sc.sink ^= s.vecs.touch(cands[:min(len(cands), maxTouched)])
-	for _, slot := range cands {
-		if worst, full := t.full(); full && sc.acc[slot]+restNorm < worst.Score-pruneMargin {
+	cands := sc.cands[:0]
+	for _, h := range ranked[:min(len(ranked), maxTouched)] {
+		cands = append(cands, h.Slot)
+	}
+	sc.sink ^= s.vecs.touch(cands)
+	for _, h := range ranked {
+		slot := h.Slot
+		if worst, full := t.full(); full && h.Score+restNorm < worst.Score-pruneMargin {
 			// The candidates left out by Scored have lower partial products still.
 			return complete
 		}
@@ -572,25 +596,25 @@ func (s *Set) returnScratch(sc *searchScratch) {
 	}
 }
 
-// selectTop reorders slots so that its first n hold n of the slots with the highest key
+// selectTop reorders hits so that its first n hold n of the hits with the highest Score
 // (quickselect; the order within either part is unspecified).
-func selectTop(slots []uint32, key []float32, n int) {
-	lo, hi := 0, len(slots)-1
+func selectTop(hits []Hit, n int) {
+	lo, hi := 0, len(hits)-1
 	for lo < hi {
 		// Median of three as the pivot, so that sorted input stays linear.
 		mid := lo + (hi-lo)/2
-		a, b, c := key[slots[lo]], key[slots[mid]], key[slots[hi]]
+		a, b, c := hits[lo].Score, hits[mid].Score, hits[hi].Score
 		pivot := max(min(a, b), min(max(a, b), c))
 		i, j := lo, hi
 		for i <= j {
-			for key[slots[i]] > pivot {
+			for hits[i].Score > pivot {
 				i++
 			}
-			for key[slots[j]] < pivot {
+			for hits[j].Score < pivot {
 				j--
 			}
 			if i <= j {
-				slots[i], slots[j] = slots[j], slots[i]
+				hits[i], hits[j] = hits[j], hits[i]
 				i++
 				j--
 			}

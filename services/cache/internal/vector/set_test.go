@@ -323,29 +323,29 @@ func TestSelectTop(t *testing.T) {
 	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		key := rapid.SliceOfN(rapid.SampledFrom([]float32{0, 0.1, 0.5, 0.5, 0.7, 1, 2}), 1, 60).Draw(t, "key")
-		slots := make([]uint32, len(key))
-		for i := range slots {
-			slots[i] = uint32(i)
+		hits := make([]Hit, len(key))
+		for i := range hits {
+			hits[i] = Hit{uint32(i), key[i]}
 		}
-		rand.New(rand.NewPCG(uint64(len(key)), 1)).Shuffle(len(slots), func(i, j int) { slots[i], slots[j] = slots[j], slots[i] })
+		rand.New(rand.NewPCG(uint64(len(key)), 1)).Shuffle(len(hits), func(i, j int) { hits[i], hits[j] = hits[j], hits[i] })
 		n := rapid.IntRange(1, len(key)).Draw(t, "n")
-		selectTop(slots, key, n)
+		selectTop(hits, n)
 		want := slices.Clone(key)
 		slices.SortFunc(want, func(a, b float32) int { return cmp.Compare(b, a) })
 		var got []float32
-		for _, s := range slots[:n] {
-			got = append(got, key[s])
+		for _, h := range hits[:n] {
+			got = append(got, h.Score)
 		}
 		slices.SortFunc(got, func(a, b float32) int { return cmp.Compare(b, a) })
 		if !slices.Equal(got, want[:n]) {
 			t.Fatalf("top %d of %v = %v, want %v", n, key, got, want[:n])
 		}
 		seen := map[uint32]bool{}
-		for _, s := range slots {
-			if seen[s] {
-				t.Fatalf("slot %d twice in %v", s, slots)
+		for _, h := range hits {
+			if seen[h.Slot] || h.Score != key[h.Slot] {
+				t.Fatalf("hit %v in %v: twice, or parted from its key %v", h, hits, key[h.Slot])
 			}
-			seen[s] = true
+			seen[h.Slot] = true
 		}
 	})
 }
@@ -368,13 +368,13 @@ func TestSparseCompactionKeepsResults(t *testing.T) {
 			set.Remove(slot)
 		}
 	}
-	for f, stale := range set.staleIn {
-		if l := set.postings[f]; 2*stale > l.len() {
-			t.Errorf("list %d holds %d stale postings of %d: it was not compacted", f, stale, l.len())
+	set.postings.eachStale(func(e *postingEntry) {
+		if 2*int(e.stale) > e.len() {
+			t.Errorf("list %d holds %d stale postings of %d: it was not compacted", e.coord, e.stale, e.len())
 		}
-	}
-	if len(set.listsLeft) != 0 {
-		t.Errorf("%d removed slots are still taken: their two-posting lists were not compacted", len(set.listsLeft))
+	})
+	if set.taken != 0 {
+		t.Errorf("%d removed slots are still taken: their two-posting lists were not compacted", set.taken)
 	}
 	// New vectors reuse the freed slots; their postings must not mix with the old ones.
 	for i := range 1500 {
