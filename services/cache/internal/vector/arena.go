@@ -170,15 +170,22 @@ func (a *arena) get(slot uint32) ([]uint32, []float32) {
 func (a *arena) touch(slots []uint32) uint32 {
 	var x uint32
 	for _, slot := range slots {
-		sp := a.spans[slot]
-		if sp.n == 0 {
-			continue
-		}
-		c := a.chunks[sp.at>>chunkBits]
-		off := int(sp.at & (chunkWords - 1))
-		for i := off; i < off+2*int(sp.n); i += 16 {
-			x ^= c[i]
-		}
+		x ^= a.touchSlot(slot)
+	}
+	return x
+}
+
+// touchSlot is touch of one slot.
+func (a *arena) touchSlot(slot uint32) uint32 {
+	sp := a.spans[slot]
+	if sp.n == 0 {
+		return 0
+	}
+	var x uint32
+	c := a.chunks[sp.at>>chunkBits]
+	off := int(sp.at & (chunkWords - 1))
+	for i := off; i < off+2*int(sp.n); i += 16 {
+		x ^= c[i]
 	}
 	return x
 }

@@ -77,8 +77,9 @@ func (x *postingIndex) drop(coord uint32) {
 	x.free = append(x.free, id)
 }
 
-// each calls f with every list that holds stale postings; f may drop the list it is
-// given.
+// eachStale calls f with every list that holds stale postings; f may drop the list it is
+// given. It reads every list's entry: the set calls it only once removals have pinned
+// more slots than twice its live ones, and then compacts most of the lists it finds.
 func (x *postingIndex) eachStale(f func(*postingEntry)) {
 	for id := range x.next {
 		if e := x.lists.at(id); e.stale > 0 {

@@ -548,11 +548,9 @@ func (s *Set) searchSparse(sc *searchScratch, q Vector, minScore float32, t *top
 	})
 	// The best candidates are all or most scored: their blocks are read at once first, so
 	// that their cache misses overlap (arena.touch).
-	cands := sc.cands[:0]
 	for _, h := range ranked[:min(len(ranked), maxTouched)] {
-		cands = append(cands, h.Slot)
+		sc.sink ^= s.vecs.touchSlot(h.Slot)
 	}
-	sc.sink ^= s.vecs.touch(cands)
 	for _, h := range ranked {
 		slot := h.Slot
 		if worst, full := t.full(); full && h.Score+restNorm < worst.Score-pruneMargin {
