@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os/exec"
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,6 +134,10 @@ func startProxy(ctx context.Context, upstream string) (hop, error) {
 	}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}
+	// Pooled copy buffers, as production Go proxies keep them: without a pool every
+	// request allocates and clears 32 KiB for the copy of its answer, four fifths of all
+	// the proxy allocates, which raised the floor every mode is compared with.
+	rp.BufferPool = &copyBuffers{}
 	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("benchload: proxy: %w", err)
@@ -157,6 +162,18 @@ func startProxy(ctx context.Context, upstream string) (hop, error) {
 		return err
 	}}, nil
 }
+
+// copyBuffers is the proxy's httputil.BufferPool.
+type copyBuffers struct{ pool sync.Pool }
+
+func (b *copyBuffers) Get() []byte {
+	if p, ok := b.pool.Get().(*[]byte); ok {
+		return *p
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *copyBuffers) Put(buf []byte) { b.pool.Put(&buf) }
 
 // The protocol between the benchmark and a hop in a process of its own (ServeHop): the
 // hop writes one hopReady line when it serves; then each "usage" line the benchmark
