@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 )
 
@@ -93,7 +94,7 @@ func (b *httpBackend) call(ctx context.Context, c backendCall) (backendResult, e
 		return backendResult{}, classifyTransport(ctx, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(b.maxBytes)+1))
+	body, err := httpbody.Read(io.LimitReader(resp.Body, int64(b.maxBytes)+1), resp.ContentLength, int64(b.maxBytes)+1)
 	if err != nil {
 		// The status came, the body broke off: the call ran, its answer is lost.
 		ce := classifyTransport(ctx, err)

@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"unicode/utf8"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 )
@@ -40,7 +40,7 @@ type bodyError struct {
 // readBody reads a JSON request body of at most limit bytes: UTF-8, one JSON value and
 // nothing after it.
 func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *bodyError) {
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	raw, err := httpbody.Read(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

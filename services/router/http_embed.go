@@ -7,13 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"strconv"
 	"unicode/utf8"
 
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/openaiapi"
 )
@@ -36,7 +36,7 @@ func (f *frontDoor) embeddings(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	// 2048 inputs of token ids are the largest body: up to about 8 bytes a token.
 	limit := int64(f.router.conf().MaxPromptBytes)*2 + 64<<10
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	raw, err := httpbody.Read(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

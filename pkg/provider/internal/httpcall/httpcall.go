@@ -21,6 +21,7 @@ import (
 	"time"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/httpheader"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 )
@@ -79,7 +80,7 @@ func (e Endpoint) Complete(ctx context.Context, body any, own []Header,
 	defer resp.Body.Close()
 	requestID := provider.RequestID(resp.Header)
 
-	data, err := readAtMost(resp.Body, maxBody+1)
+	data, err := readAtMost(resp.Body, resp.ContentLength, maxBody+1)
 	if err != nil {
 		pe := provider.ClassifyTransport(ctx, fmt.Errorf("read response: %w", err))
 		pe.RequestID = requestID
@@ -161,7 +162,7 @@ func (e Endpoint) post(ctx context.Context, body any, stream bool, own []Header)
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	errBody, _ := readAtMost(resp.Body, maxErrorBody)
+	errBody, _ := readAtMost(resp.Body, resp.ContentLength, maxErrorBody)
 	return nil, provider.ClassifyHTTP(resp.StatusCode, resp.Header, errBody, e.Now)
 }
 
@@ -184,7 +185,8 @@ func setHeaders(h http.Header, stream bool, own, extra []Header) {
 	}
 }
 
-// readAtMost reads r to its end or to n bytes, whichever comes first.
-func readAtMost(r io.Reader, n int64) ([]byte, error) {
-	return io.ReadAll(io.LimitReader(r, n))
+// readAtMost reads r to its end or to n bytes, whichever comes first, in one buffer when
+// the response declared its length (declared).
+func readAtMost(r io.Reader, declared, n int64) ([]byte, error) {
+	return httpbody.Read(io.LimitReader(r, n), declared, n)
 }

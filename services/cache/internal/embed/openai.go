@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/services/cache/internal/vector"
 )
@@ -136,7 +137,7 @@ func (o *OpenAI) Embed(ctx context.Context, text string) (vector.Vector, error) 
 		return vector.Vector{}, fmt.Errorf("embed: %w", err)
 	}
 	defer func() { _ = resp.Body.Close() }() // the body was read or is abandoned; nothing to report
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	raw, err := httpbody.Read(io.LimitReader(resp.Body, maxResponseBytes+1), resp.ContentLength, maxResponseBytes+1)
 	if err != nil {
 		return vector.Vector{}, fmt.Errorf("embed: read response: %w", err)
 	}

@@ -1,0 +1,56 @@
+// Package httpbody reads HTTP bodies whole, in as few buffers as the length their message
+// declared allows.
+//
+// io.ReadAll starts at 512 bytes and grows by copying, so a body of a few hundred
+// kilobytes (an agent's conversation, a long answer) goes through about twenty buffers. A
+// declared length sizes the buffer instead, but only as far as the bytes that have come
+// justify: a client that declares megabytes and sends a trickle must not make a server set
+// megabytes aside for each of its connections.
+package httpbody
+
+import (
+	"bytes"
+	"io"
+)
+
+// firstBuffer is the most Read sets aside before any byte has come: no more than the
+// read buffers of a few connections.
+const firstBuffer = 64 << 10
+
+// growth bounds each later buffer to this many times the bytes read so far, so that
+// memory follows what the peer has sent.
+const growth = 4
+
+// Read reads r to its end. declared is the length the message declared (an
+// http.Request's or http.Response's ContentLength, -1 when unknown); a declared length
+// over limit is not trusted to size anything, and neither bounds the read: r does (an
+// http.MaxBytesReader or an io.LimitReader of limit). The body's bytes are in one buffer
+// when it is at most firstBuffer long, in two up to growth times that, and so on.
+func Read(r io.Reader, declared, limit int64) ([]byte, error) {
+	if declared < 0 || declared > limit {
+		return io.ReadAll(r)
+	}
+	// bytes.MinRead beyond the declared length: the read that finds the end needs room,
+	// and a full buffer would grow for it.
+	buf := make([]byte, 0, min(declared, firstBuffer)+bytes.MinRead)
+	for {
+		if len(buf) == cap(buf) {
+			// Twice as much for bytes beyond the declared length (a reader that is not a
+			// message's body); towards the declared length for a body longer than its
+			// first buffer.
+			size := 2 * int64(cap(buf))
+			if n := int64(len(buf)); declared > n {
+				size = min(declared, growth*n) + bytes.MinRead
+			}
+			buf = append(make([]byte, 0, size), buf...)
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
