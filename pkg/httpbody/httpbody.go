@@ -8,10 +8,7 @@
 // megabytes aside for each of its connections.
 package httpbody
 
-import (
-	"bytes"
-	"io"
-)
+import "io"
 
 // firstBuffer is the most Read sets aside before any byte has come: no more than the
 // read buffers of a few connections.
@@ -30,9 +27,9 @@ func Read(r io.Reader, declared, limit int64) ([]byte, error) {
 	if declared < 0 || declared > limit {
 		return io.ReadAll(r)
 	}
-	// bytes.MinRead beyond the declared length: the read that finds the end needs room,
-	// and a full buffer would grow for it.
-	buf := make([]byte, 0, min(declared, firstBuffer)+bytes.MinRead)
+	// One byte beyond the declared length: the read that finds the end needs room, and a
+	// full buffer would grow for it.
+	buf := make([]byte, 0, min(declared, firstBuffer)+1)
 	for {
 		if len(buf) == cap(buf) {
 			// Twice as much for bytes beyond the declared length (a reader that is not a
@@ -40,7 +37,7 @@ func Read(r io.Reader, declared, limit int64) ([]byte, error) {
 			// first buffer.
 			size := 2 * int64(cap(buf))
 			if n := int64(len(buf)); declared > n {
-				size = min(declared, growth*n) + bytes.MinRead
+				size = min(declared, growth*n) + 1
 			}
 			buf = append(make([]byte, 0, size), buf...)
 		}

@@ -22,12 +22,12 @@ func TestRead(t *testing.T) {
 		limit    int64
 		wantCap  int // the buffer's capacity when it is sized from declared; 0: not checked
 	}{
-		{"empty", "", 0, 100, bytes.MinRead},
-		{"declared", "hello", 5, 100, 5 + bytes.MinRead},
-		{"long, declared", long, int64(len(long)), 1 << 20, len(long) + bytes.MinRead},
+		{"empty", "", 0, 100, 1},
+		{"declared", "hello", 5, 100, 5 + 1},
+		{"long, declared", long, int64(len(long)), 1 << 20, len(long) + 1},
 		// A declared length much longer than what comes sets aside no more than the first
 		// buffer: memory follows the bytes sent.
-		{"declared far over what comes", "hello", 1 << 20, 1 << 20, firstBuffer + bytes.MinRead},
+		{"declared far over what comes", "hello", 1 << 20, 1 << 20, firstBuffer + 1},
 		{"unknown length", long, -1, 1 << 20, 0},
 		{"declared over the limit: not trusted", "short", 1 << 40, 100, 0},
 		// A declared length shorter than the body (r bounds the read, not declared).
