@@ -32,10 +32,10 @@ func Read(r io.Reader, declared, limit int64) ([]byte, error) {
 	buf := make([]byte, 0, min(declared, firstBuffer)+1)
 	for {
 		if len(buf) == cap(buf) {
-			// Twice as much for bytes beyond the declared length (a reader that is not a
-			// message's body); towards the declared length for a body longer than its
-			// first buffer.
-			size := 2 * int64(cap(buf))
+			// Twice as much (512 bytes at least) for bytes beyond the declared length, from
+			// a reader that is not a message's body; towards the declared length for a
+			// body longer than its first buffer.
+			size := max(2*int64(cap(buf)), 512)
 			if n := int64(len(buf)); declared > n {
 				size = min(declared, growth*n) + 1
 			}
