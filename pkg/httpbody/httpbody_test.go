@@ -101,3 +101,20 @@ func BenchmarkRead(b *testing.B) {
 		}
 	}
 }
+
+// FuzzRead: whatever the body and whatever length it declared (true, short, long, absent or
+// over the limit), Read gives back exactly the body's bytes.
+func FuzzRead(f *testing.F) {
+	f.Add([]byte(`{"model":"m","messages":[]}`), int64(27))
+	f.Add([]byte("body"), int64(-1))
+	f.Add([]byte("longer than declared"), int64(3))
+	f.Add([]byte("short"), int64(1<<16+100))
+	f.Add(bytes.Repeat([]byte("x"), 1<<16+3), int64(1<<16+3))
+	f.Fuzz(func(t *testing.T, body []byte, declared int64) {
+		const limit = 1 << 20
+		got, err := Read(iotest.HalfReader(bytes.NewReader(body)), max(declared, -1), limit)
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("Read(%d bytes, declared %d) = %d bytes, %v", len(body), declared, len(got), err)
+		}
+	})
+}
