@@ -8,9 +8,12 @@
 // megabytes aside for each of its connections.
 package httpbody
 
-import "io"
+import (
+	"io"
+	"net/http"
+)
 
-// firstBuffer is the most Read sets aside before any byte has come: no more than the
+// firstBuffer is the most read sets aside before any byte has come: no more than the
 // read buffers of a few connections.
 const firstBuffer = 64 << 10
 
@@ -18,12 +21,24 @@ const firstBuffer = 64 << 10
 // memory follows what the peer has sent.
 const growth = 4
 
-// Read reads r to its end. declared is the length the message declared (an
-// http.Request's or http.Response's ContentLength, -1 when unknown); a declared length
-// over limit is not trusted to size anything, and neither bounds the read: r does (an
-// http.MaxBytesReader or an io.LimitReader of limit). The body's bytes are in one buffer
-// when it is at most firstBuffer long, in two up to growth times that, and so on.
-func Read(r io.Reader, declared, limit int64) ([]byte, error) {
+// Request reads r's body whole, at most limit bytes: past them it returns the
+// *http.MaxBytesError of http.MaxBytesReader, which also closes the connection after the
+// answer.
+func Request(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	return read(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit)
+}
+
+// Response reads resp's body to its end or to n bytes, whichever comes first (a caller
+// that must tell a body of n bytes from a longer one asks for one more).
+func Response(resp *http.Response, n int64) ([]byte, error) {
+	return read(io.LimitReader(resp.Body, n), resp.ContentLength, n)
+}
+
+// read reads r to its end. declared is the length the message declared (-1 when
+// unknown); a declared length over limit is not trusted to size anything, and neither
+// bounds the read: r does. The body's bytes are in one buffer when it is at most
+// firstBuffer long, in two up to growth times that, and so on.
+func read(r io.Reader, declared, limit int64) ([]byte, error) {
 	if declared < 0 || declared > limit {
 		return io.ReadAll(r)
 	}

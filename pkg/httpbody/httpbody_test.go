@@ -36,9 +36,9 @@ func TestRead(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := Read(iotest.HalfReader(strings.NewReader(tt.body)), tt.declared, tt.limit)
+			got, err := read(iotest.HalfReader(strings.NewReader(tt.body)), tt.declared, tt.limit)
 			if err != nil || string(got) != tt.body {
-				t.Fatalf("Read = %d bytes, %v; want the %d bytes of the body", len(got), err, len(tt.body))
+				t.Fatalf("read = %d bytes, %v; want the %d bytes of the body", len(got), err, len(tt.body))
 			}
 			if tt.wantCap > 0 && cap(got) != tt.wantCap {
 				t.Errorf("buffer of %d bytes, want %d (one buffer sized from the declared length)", cap(got), tt.wantCap)
@@ -52,16 +52,16 @@ func TestReadReturnsTheReadersError(t *testing.T) {
 	t.Parallel()
 	boom := errors.New("boom")
 	for _, declared := range []int64{-1, 10} {
-		got, err := Read(io.MultiReader(strings.NewReader("abc"), iotest.ErrReader(boom)), declared, 100)
+		got, err := read(io.MultiReader(strings.NewReader("abc"), iotest.ErrReader(boom)), declared, 100)
 		if !errors.Is(err, boom) || string(got) != "abc" {
-			t.Errorf("declared %d: Read = %q, %v; want \"abc\" and the reader's error", declared, got, err)
+			t.Errorf("declared %d: read = %q, %v; want \"abc\" and the reader's error", declared, got, err)
 		}
 	}
 }
 
-// Through a server's MaxBytesReader, as the front doors read requests: a body over the
-// limit is refused with *http.MaxBytesError whether or not its length was declared.
-func TestReadOverMaxBytes(t *testing.T) {
+// A request body over the limit is refused with *http.MaxBytesError whether or not its
+// length was declared.
+func TestRequestOverLimit(t *testing.T) {
 	t.Parallel()
 	for _, declare := range []bool{true, false} {
 		body := strings.Repeat("x", 200)
@@ -69,10 +69,21 @@ func TestReadOverMaxBytes(t *testing.T) {
 		if !declare {
 			req.ContentLength = -1
 		}
-		_, err := Read(http.MaxBytesReader(httptest.NewRecorder(), req.Body, 100), req.ContentLength, 100)
+		_, err := Request(httptest.NewRecorder(), req, 100)
 		var tooBig *http.MaxBytesError
 		if !errors.As(err, &tooBig) {
-			t.Errorf("declared %v: Read over the limit = %v, want *http.MaxBytesError", declare, err)
+			t.Errorf("declared %v: Request over the limit = %v, want *http.MaxBytesError", declare, err)
+		}
+	}
+}
+
+// Response stops at n bytes, whatever length the answer declared.
+func TestResponseStopsAtN(t *testing.T) {
+	t.Parallel()
+	for _, declared := range []int64{-1, 3, 6, 1 << 30} {
+		resp := &http.Response{Body: io.NopCloser(strings.NewReader("abcdef")), ContentLength: declared}
+		if got, err := Response(resp, 4); err != nil || string(got) != "abcd" {
+			t.Errorf("declared %d: Response(n=4) = %q, %v; want \"abcd\"", declared, got, err)
 		}
 	}
 }
@@ -87,7 +98,7 @@ func BenchmarkRead(b *testing.B) {
 			read func(io.Reader) ([]byte, error)
 		}{
 			{"ReadAll", io.ReadAll},
-			{"Read", func(r io.Reader) ([]byte, error) { return Read(r, int64(size), 1<<20) }},
+			{"read", func(r io.Reader) ([]byte, error) { return read(r, int64(size), 1<<20) }},
 		} {
 			b.Run(fmt.Sprintf("%s/%dB", tc.name, size), func(b *testing.B) {
 				b.ReportAllocs()
@@ -103,7 +114,7 @@ func BenchmarkRead(b *testing.B) {
 }
 
 // FuzzRead: whatever the body and whatever length it declared (true, short, long, absent or
-// over the limit), Read gives back exactly the body's bytes.
+// over the limit), read gives back exactly the body's bytes.
 func FuzzRead(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[]}`), int64(27))
 	f.Add([]byte("body"), int64(-1))
@@ -112,9 +123,9 @@ func FuzzRead(f *testing.F) {
 	f.Add(bytes.Repeat([]byte("x"), 1<<16+3), int64(1<<16+3))
 	f.Fuzz(func(t *testing.T, body []byte, declared int64) {
 		const limit = 1 << 20
-		got, err := Read(iotest.HalfReader(bytes.NewReader(body)), max(declared, -1), limit)
+		got, err := read(iotest.HalfReader(bytes.NewReader(body)), max(declared, -1), limit)
 		if err != nil || !bytes.Equal(got, body) {
-			t.Fatalf("Read(%d bytes, declared %d) = %d bytes, %v", len(body), declared, len(got), err)
+			t.Fatalf("read(%d bytes, declared %d) = %d bytes, %v", len(body), declared, len(got), err)
 		}
 	})
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -94,7 +93,7 @@ func (b *httpBackend) call(ctx context.Context, c backendCall) (backendResult, e
 		return backendResult{}, classifyTransport(ctx, err)
 	}
 	defer resp.Body.Close()
-	body, err := httpbody.Read(io.LimitReader(resp.Body, int64(b.maxBytes)+1), resp.ContentLength, int64(b.maxBytes)+1)
+	body, err := httpbody.Response(resp, int64(b.maxBytes)+1)
 	if err != nil {
 		// The status came, the body broke off: the call ran, its answer is lost.
 		ce := classifyTransport(ctx, err)

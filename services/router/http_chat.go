@@ -40,7 +40,7 @@ type bodyError struct {
 // readBody reads a JSON request body of at most limit bytes: UTF-8, one JSON value and
 // nothing after it.
 func (f *frontDoor) readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *bodyError) {
-	raw, err := httpbody.Read(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit)
+	raw, err := httpbody.Request(w, r, limit)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

@@ -36,7 +36,7 @@ func (f *frontDoor) embeddings(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	// 2048 inputs of token ids are the largest body: up to about 8 bytes a token.
 	limit := int64(f.router.conf().MaxPromptBytes)*2 + 64<<10
-	raw, err := httpbody.Read(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit)
+	raw, err := httpbody.Request(w, r, limit)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

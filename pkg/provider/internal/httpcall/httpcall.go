@@ -13,7 +13,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"net/textproto"
@@ -80,7 +79,7 @@ func (e Endpoint) Complete(ctx context.Context, body any, own []Header,
 	defer resp.Body.Close()
 	requestID := provider.RequestID(resp.Header)
 
-	data, err := readAtMost(resp.Body, resp.ContentLength, maxBody+1)
+	data, err := httpbody.Response(resp, maxBody+1)
 	if err != nil {
 		pe := provider.ClassifyTransport(ctx, fmt.Errorf("read response: %w", err))
 		pe.RequestID = requestID
@@ -162,7 +161,7 @@ func (e Endpoint) post(ctx context.Context, body any, stream bool, own []Header)
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	errBody, _ := readAtMost(resp.Body, resp.ContentLength, maxErrorBody)
+	errBody, _ := httpbody.Response(resp, maxErrorBody)
 	return nil, provider.ClassifyHTTP(resp.StatusCode, resp.Header, errBody, e.Now)
 }
 
@@ -183,10 +182,4 @@ func setHeaders(h http.Header, stream bool, own, extra []Header) {
 	for _, o := range extra {
 		s.Set(o.Name, o.Value)
 	}
-}
-
-// readAtMost reads r to its end or to n bytes, whichever comes first, in one buffer when
-// the response declared its length (declared).
-func readAtMost(r io.Reader, declared, n int64) ([]byte, error) {
-	return httpbody.Read(io.LimitReader(r, n), declared, n)
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 )
 
@@ -62,7 +63,7 @@ func (e Endpoint) Stream(ctx context.Context, body any, own []Header, dec Decode
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "application/json" {
 		defer cancel()
 		defer resp.Body.Close()
-		data, _ := readAtMost(resp.Body, resp.ContentLength, maxErrorBody)
+		data, _ := httpbody.Response(resp, maxErrorBody)
 		pe := &provider.Error{
 			Class:   mantlev1.ErrorClass_ERROR_CLASS_MALFORMED_OUTPUT,
 			Message: "expected an event stream, got a JSON body",

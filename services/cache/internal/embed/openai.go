@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -137,7 +136,7 @@ func (o *OpenAI) Embed(ctx context.Context, text string) (vector.Vector, error) 
 		return vector.Vector{}, fmt.Errorf("embed: %w", err)
 	}
 	defer func() { _ = resp.Body.Close() }() // the body was read or is abandoned; nothing to report
-	raw, err := httpbody.Read(io.LimitReader(resp.Body, maxResponseBytes+1), resp.ContentLength, maxResponseBytes+1)
+	raw, err := httpbody.Response(resp, maxResponseBytes+1)
 	if err != nil {
 		return vector.Vector{}, fmt.Errorf("embed: read response: %w", err)
 	}
