@@ -163,17 +163,25 @@ func startProxy(ctx context.Context, upstream string) (hop, error) {
 	}}, nil
 }
 
-// copyBuffers is the proxy's httputil.BufferPool.
+// copyBuffers is the proxy's httputil.BufferPool. It pools arrays, not slices: putting a
+// slice back would allocate its header each time, and the floor should allocate nothing
+// it need not.
 type copyBuffers struct{ pool sync.Pool }
 
+type copyBuffer = [32 << 10]byte
+
 func (b *copyBuffers) Get() []byte {
-	if p, ok := b.pool.Get().(*[]byte); ok {
-		return *p
+	if p, ok := b.pool.Get().(*copyBuffer); ok {
+		return p[:]
 	}
-	return make([]byte, 32<<10)
+	return new(copyBuffer)[:]
 }
 
-func (b *copyBuffers) Put(buf []byte) { b.pool.Put(&buf) }
+func (b *copyBuffers) Put(buf []byte) {
+	if len(buf) == len(copyBuffer{}) {
+		b.pool.Put((*copyBuffer)(buf))
+	}
+}
 
 // The protocol between the benchmark and a hop in a process of its own (ServeHop): the
 // hop writes one hopReady line when it serves; then each "usage" line the benchmark
