@@ -131,10 +131,12 @@ func resized(p []posting, c int) []posting {
 }
 
 // Chunk sizes. A graph's links are read a node at a time, wherever the walk goes, so
-// their chunks can be small; a scan of dense vectors reads them in order, and chunks of
-// a few vectors each cost it a third of its speed (the processor's prefetching starts
-// over at every chunk).
+// their chunks can be small, and so can those of the sparse set's posting entries and
+// removal counts, read an entry at a time wherever the coordinates and slots fall; a scan
+// of dense vectors reads them in order, and chunks of a few vectors each cost it a third
+// of its speed (the processor's prefetching starts over at every chunk).
 const (
 	linkChunkBytes  = 32 << 10
+	entryChunkBytes = 16 << 10
 	denseChunkBytes = 256 << 10
 )

@@ -27,13 +27,10 @@ type postingEntry struct {
 	stale int32 // postings of removed slots still in the list
 }
 
-// postingEntryChunkBytes sizes the lists' chunks: a few hundred entries each.
-const postingEntryChunkBytes = 16 << 10
-
 func newPostingIndex() *postingIndex {
 	return &postingIndex{
 		ids:   make(map[uint32]uint32),
-		lists: newStrided[postingEntry](1, int(unsafe.Sizeof(postingEntry{})), postingEntryChunkBytes),
+		lists: newStrided[postingEntry](1, int(unsafe.Sizeof(postingEntry{})), entryChunkBytes),
 	}
 }
 

@@ -108,7 +108,7 @@ func NewSet(sparse bool, limits Limits, g Graph) *Set {
 	s := &Set{sparse: sparse, limits: limits, graphCfg: g}
 	if sparse {
 		s.postings = newPostingIndex()
-		s.listsLeft = newStrided[int32](1, 4, listsLeftChunkBytes)
+		s.listsLeft = newStrided[int32](1, 4, entryChunkBytes)
 	}
 	return s
 }
@@ -156,9 +156,7 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 		s.live = append(s.live, true)
 		if s.sparse {
 			s.vecs.grow(len(s.live))
-			if s.postings != nil {
-				s.listsLeft.grow(len(s.live))
-			}
+			s.listsLeft.grow(len(s.live))
 		} else {
 			s.dense.grow(len(s.live))
 		}
@@ -166,10 +164,8 @@ func (s *Set) AddNear(v Vector, near *Near) (uint32, error) {
 	s.count++
 	if s.sparse {
 		s.vecs.set(slot, v)
-		if s.postings != nil {
-			for i, f := range v.Indices {
-				s.postings.ensure(f).add(posting{slot, v.Values[i]})
-			}
+		for i, f := range v.Indices {
+			s.postings.ensure(f).add(posting{slot, v.Values[i]})
 		}
 	} else {
 		copy(s.dense.of(slot), v.Dense)
@@ -196,7 +192,7 @@ func (s *Set) Remove(slot uint32) {
 			s.dropGraph()
 		}
 	}()
-	if !s.sparse || s.postings == nil {
+	if !s.sparse {
 		// Without postings to keep consistent the slot is free at once. In a graph its
 		// vector stays, a step for walks, until Add replaces it.
 		s.free = append(s.free, slot)
@@ -240,9 +236,6 @@ func (s *Set) compact(e *postingEntry) {
 		s.postings.drop(e.coord)
 	}
 }
-
-// listsLeftChunkBytes sizes the chunks of a set's listsLeft.
-const listsLeftChunkBytes = 16 << 10
 
 // Vector returns the vector in slot, sharing the set's storage: it stays valid until the slot
 // is removed.
