@@ -36,6 +36,7 @@ type benchLoadFlags struct {
 	duration, warmup                 time.Duration
 	maxInFlight                      int
 	hopProcs                         int
+	rounds                           int
 	samePrompt, stream               bool
 	cpuProfile, traceOut, memProfile string
 	inProcess, split                 bool
@@ -71,6 +72,9 @@ percentiles of the mesh's own time per answer, from its Server-Timing header;
 "stores shed" the answers the router did not store because router.max_async_cache_stores
 stores were already in flight.
 Each mode runs in a process of its own so that its CPU and memory figures are its own.
+With --rounds N, each rate is measured N times, the modes taking turns within each round
+(their load then comes from one process), and the table ends with each mode's medians
+over the rounds and the median of its per-round ratio to the proxy's CPU.
 
 `)
 		printFlags(fs)
@@ -79,19 +83,20 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	fs.StringVar(&f.rates, "rates", "500,1000,2000,4000", "requests per second, each run in turn")
 	fs.DurationVar(&f.duration, "duration", 10*time.Second, "how long each rate runs")
 	fs.DurationVar(&f.warmup, "warmup", 2*time.Second, "unmeasured load at each rate before it is measured")
+	fs.IntVar(&f.rounds, "rounds", 1, "how many times each rate is measured; above 1 the modes take turns, one window each per round (in reverse order every other round), so that a machine whose speed drifts moves them alike")
 	fs.IntVar(&f.maxInFlight, "max-in-flight", 5000, "most concurrent requests; more are shed and counted (each holds a few file descriptors)")
 	fs.BoolVar(&f.samePrompt, "same-prompt", false, "send the identical request every time (the cache then answers all but the first)")
 	fs.BoolVar(&f.stream, "stream", false, "ask for streamed answers (server-sent events): latency runs to the stream's end, first-event percentiles are reported too, own time is not (streams carry no Server-Timing header)")
 	fs.StringVar(&f.temperature, "temperature", "", "temperature of every request; unset (the SDK default) the cache declines to cache, 0 makes every answer cacheable")
 	fs.StringVar(&f.format, "format", "text", "output: text or json")
-	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof (with --rounds above 1, the load generator's of every mode to <this>.load.pprof)")
 	fs.StringVar(&f.traceOut, "trace", "", "write an execution trace of each mode to <this>.<mode>.trace (go tool trace; -pprof=sched shows waits for a CPU)")
 	fs.StringVar(&f.memProfile, "memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
 	fs.BoolVar(&f.inProcess, "in-process", false, "run every mode in this process (CPU and RSS figures then mix; with --split the proxy or mesh still gets a process of its own)")
 	fs.IntVar(&f.hopProcs, "hop-gomaxprocs", 0, "GOMAXPROCS of the proxy's or mesh's own process (with --split): 1 measures a replica given one CPU, as Go sets it in a container limited to one; 0 leaves Go's default (reported as hop_gomaxprocs in JSON)")
 	fs.BoolVar(&f.split, "split", true, "run the proxy or the mesh in a process of its own, apart from the load generator and the upstream; false puts all three in one")
 	fs.StringVar(&f.configFile, "config.file", "", "YAML the router and all modes start from, as mantle serve reads it (default: the built-in defaults); its cache, verifier, quota, overload and runtime settings are measured, while the providers, models, routes, listeners, TLS, authentication, tenant limits and LLM judge are bench-load's (docs/performance.md)")
-	fs.BoolVar(&f.child, "child", false, "internal: run one mode and print its results as JSON")
+	fs.BoolVar(&f.child, "child", false, "internal: run the modes and print their results as JSON")
 	fs.BoolVar(&f.serveHop, "serve-hop", false, "internal: serve one mode's proxy or mesh for a benchmark in another process")
 	fs.StringVar(&f.upstream, "upstream", "", "internal: with --serve-hop, the upstream's host:port")
 	if err := parseFlags(fs, args); err != nil {
@@ -102,6 +107,9 @@ Each mode runs in a process of its own so that its CPU and memory figures are it
 	}
 	if f.hopProcs < 0 || (f.hopProcs > 0 && !f.split) {
 		return f, fmt.Errorf("--hop-gomaxprocs: want 0 or, with --split, a positive number, got %d", f.hopProcs)
+	}
+	if f.rounds < 1 {
+		return f, fmt.Errorf("--rounds: want 1 or more, got %d", f.rounds)
 	}
 	if f.format != "text" && f.format != "json" {
 		return f, fmt.Errorf("--format: want text or json, got %q", f.format)
@@ -159,10 +167,7 @@ func runBenchLoad(ctx context.Context, f benchLoadFlags, env cmdEnv) error {
 		})
 	}
 	if f.child {
-		if len(f.modes) != 1 {
-			return errors.New("--child runs exactly one mode")
-		}
-		res, err := f.runMode(ctx, f.modes[0], stderr)
+		res, err := f.runModes(ctx, f.modes, stderr)
 		if err != nil {
 			return err
 		}
@@ -172,18 +177,27 @@ func runBenchLoad(ctx context.Context, f benchLoadFlags, env cmdEnv) error {
 	if err := f.tellReplaced(stderr); err != nil {
 		return err
 	}
+	// One run per mode, or with rounds one for all, the modes taking turns.
+	runs := [][]benchload.Mode{f.modes}
+	if f.rounds == 1 {
+		runs = runs[:0]
+		for _, mode := range f.modes {
+			runs = append(runs, []benchload.Mode{mode})
+		}
+	}
 	var all []benchload.Result
-	for _, mode := range f.modes {
-		fmt.Fprintf(stderr, "bench-load: %s at %s/s, %s each...\n", mode, f.rates, f.duration)
+	for _, modes := range runs {
+		names := modeNames(modes)
+		fmt.Fprintf(stderr, "bench-load: %s at %s/s, %s each, %d round(s)...\n", names, f.rates, f.duration, f.rounds)
 		var res []benchload.Result
 		var err error
 		if f.inProcess {
-			res, err = f.runMode(ctx, mode, stderr)
+			res, err = f.runModes(ctx, modes, stderr)
 		} else {
-			res, err = runChild(ctx, mode, f.childFlags(), stderr)
+			res, err = runChild(ctx, names, f.childFlags(), stderr)
 		}
 		if err != nil {
-			return fmt.Errorf("mode %s: %w", mode, err)
+			return fmt.Errorf("mode %s: %w", names, err)
 		}
 		all = append(all, res...)
 	}
@@ -219,19 +233,20 @@ func (f benchLoadFlags) tellReplaced(stderr io.Writer) error {
 // childFlags are the flags a child process that runs one mode gets from f.
 func (f benchLoadFlags) childFlags() []string {
 	return []string{
-		"--rates", f.rates, "--duration", f.duration.String(), "--warmup", f.warmup.String(),
+		"--rates", f.rates, "--duration", f.duration.String(), "--warmup", f.warmup.String(), "--rounds", strconv.Itoa(f.rounds),
 		"--max-in-flight", strconv.Itoa(f.maxInFlight), "--same-prompt=" + strconv.FormatBool(f.samePrompt), "--stream=" + strconv.FormatBool(f.stream),
 		"--cpuprofile", f.cpuProfile, "--memprofile", f.memProfile, "--trace", f.traceOut, "--temperature", f.temperature,
 		"--split=" + strconv.FormatBool(f.split), "--config.file", f.configFile, "--hop-gomaxprocs", strconv.Itoa(f.hopProcs),
 	}
 }
 
-// runMode runs one mode in this process; with --split the proxy or mesh runs in a
-// process of its own, which profiles itself (that is where mantle's work is).
-func (f benchLoadFlags) runMode(ctx context.Context, mode benchload.Mode, stderr io.Writer) (res []benchload.Result, err error) {
+// runModes runs modes in this process, side by side (benchload.Compare) for f.rounds; with
+// --split each proxy or mesh runs in a process of its own, which profiles itself (that is
+// where mantle's work is), and this process is profiled only when it serves the direct
+// mode.
+func (f benchLoadFlags) runModes(ctx context.Context, modes []benchload.Mode, stderr io.Writer) (res []benchload.Result, err error) {
 	c := f.cfg
-	c.Mode = mode
-	if f.split && mode != benchload.Direct {
+	if f.split {
 		self, err := os.Executable()
 		if err != nil {
 			return nil, err
@@ -243,13 +258,30 @@ func (f benchLoadFlags) runMode(ctx context.Context, mode benchload.Mode, stderr
 			cmd.Stderr = stderr
 			return cmd
 		}
-		return benchload.Run(ctx, c)
+		if !slices.Contains(modes, benchload.Direct) {
+			return benchload.Compare(ctx, c, modes, f.rounds)
+		}
 	}
-	err = f.profiled(mode, func() error {
-		res, err = benchload.Run(ctx, c)
+	// The profiles of a process that runs several modes are the load generator's for all
+	// of them.
+	name := benchload.Mode("load")
+	if len(modes) == 1 {
+		name = modes[0]
+	}
+	err = f.profiled(name, func() error {
+		res, err = benchload.Compare(ctx, c, modes, f.rounds)
 		return err
 	})
 	return res, err
+}
+
+// modeNames is modes as --modes takes them.
+func modeNames(modes []benchload.Mode) string {
+	names := make([]string, len(modes))
+	for i, m := range modes {
+		names[i] = string(m)
+	}
+	return strings.Join(names, ",")
 }
 
 // profiled runs run with the CPU and allocation profiles and the execution trace of this
@@ -308,14 +340,14 @@ func writeAllocProfile(path string) error {
 	return f.Close()
 }
 
-// runChild runs one mode in a fresh process of this binary, with flags, and reads its
-// results.
-func runChild(ctx context.Context, mode benchload.Mode, flags []string, stderr io.Writer) ([]benchload.Result, error) {
+// runChild runs modes (as --modes takes them) in a fresh process of this binary, with
+// flags, and reads its results.
+func runChild(ctx context.Context, modes string, flags []string, stderr io.Writer) ([]benchload.Result, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{benchLoadName, "--child", "--modes", string(mode), "--format", "json"}, flags...)
+	args := append([]string{benchLoadName, "--child", "--modes", modes, "--format", "json"}, flags...)
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, self, args...)
 	cmd.Stdout, cmd.Stderr = &out, stderr
@@ -333,17 +365,22 @@ func runChild(ctx context.Context, mode benchload.Mode, flags []string, stderr i
 // latency and CPU at the same rate, and the proxy's or mesh's own process's CPU, peak
 // RSS and context switches when it ran in one.
 func writeBenchTable(w io.Writer, all []benchload.Result) error {
-	direct := map[float64]benchload.Result{}
-	split, streamed := false, false
+	direct := map[window]benchload.Result{}
+	split, streamed, rounds := false, false, false
 	for _, r := range all {
 		if r.Mode == benchload.Direct {
-			direct[r.Rate] = r
+			direct[windowOf(r)] = r
 		}
 		split = split || r.HopPeakRSSMB > 0
 		streamed = streamed || r.FirstP99Ms > 0
+		rounds = rounds || r.Round > 0
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	header := "mode\trate/s\tachieved/s\tok\tok/s\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\town p50\town p90\town p99\tstores shed\t"
+	header := "mode\trate/s\t"
+	if rounds {
+		header += "round\t"
+	}
+	header += "achieved/s\tok\tok/s\terrors\trefused\tshed\tp50 ms\tp90 ms\tp99 ms\tmax ms\tCPU s/1000\tpeak RSS MiB\tadded p50\tadded p90\tadded p99\tadded CPU s/1000\town p50\town p90\town p99\tstores shed\t"
 	if split {
 		header += "hop CPU s/1000\thop RSS MiB\thop switches/req\t"
 	}
@@ -353,7 +390,7 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 	fmt.Fprintln(tw, header)
 	for _, r := range all {
 		extra := "\t\t\t\t" // added, own and hop columns
-		if d, ok := direct[r.Rate]; ok && r.Mode != benchload.Direct {
+		if d, ok := direct[windowOf(r)]; ok && r.Mode != benchload.Direct {
 			extra = fmt.Sprintf("%+.3f\t%+.3f\t%+.3f\t%+.3f\t", r.P50Ms-d.P50Ms, r.P90Ms-d.P90Ms, r.P99Ms-d.P99Ms, r.CPUPer1000-d.CPUPer1000)
 		}
 		if r.OwnP99Ms > 0 {
@@ -374,8 +411,12 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 		if streamed {
 			extra += fmt.Sprintf("%.3f\t%.3f\t", r.FirstP50Ms, r.FirstP99Ms)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.0f\t%d\t%d\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.3f\t%.0f\t%s\n",
-			r.Mode, r.Rate, r.AchievedRate, r.OK, r.AnsweredRate, r.Errors, r.Refused, r.Shed, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.CPUPer1000, r.PeakRSSMB, extra)
+		round := ""
+		if rounds {
+			round = strconv.Itoa(r.Round) + "\t"
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s%.0f\t%d\t%.0f\t%d\t%d\t%d\t%.3f\t%.3f\t%.3f\t%.1f\t%.3f\t%.0f\t%s\n",
+			r.Mode, r.Rate, round, r.AchievedRate, r.OK, r.AnsweredRate, r.Errors, r.Refused, r.Shed, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.CPUPer1000, r.PeakRSSMB, extra)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -385,5 +426,87 @@ func writeBenchTable(w io.Writer, all []benchload.Result) error {
 			fmt.Fprintf(w, "%s at %.0f/s: %d errors, first: %s\n", r.Mode, r.Rate, r.Errors, r.FirstError)
 		}
 	}
+	if rounds {
+		return writeRoundMedians(w, all, direct)
+	}
 	return nil
+}
+
+// window is a rate's window in a round (Result.Round; 0 without rounds).
+type window struct {
+	rate  float64
+	round int
+}
+
+func windowOf(r benchload.Result) window { return window{r.Rate, r.Round} }
+
+// writeRoundMedians prints, per mode and rate, the medians over the rounds of what the
+// mode added to the direct mode's P99 in the same round, of its own P99 and of its hop's
+// CPU per request, and the median of its per-round ratio to the proxy's hop CPU: a ratio
+// taken within a round compares windows next to each other.
+func writeRoundMedians(w io.Writer, all []benchload.Result, direct map[window]benchload.Result) error {
+	proxy := map[window]benchload.Result{}
+	for _, r := range all {
+		if r.Mode == benchload.Proxy {
+			proxy[windowOf(r)] = r
+		}
+	}
+	type series struct {
+		mode                            benchload.Mode
+		rate                            float64
+		addedP99, ownP99, hopCPU, ratio []float64
+		rounds                          int
+	}
+	type modeRate struct {
+		mode benchload.Mode
+		rate float64
+	}
+	var order []*series
+	byKey := map[modeRate]*series{}
+	for _, r := range all {
+		if r.Mode == benchload.Direct {
+			continue
+		}
+		key := modeRate{r.Mode, r.Rate}
+		s := byKey[key]
+		if s == nil {
+			s = &series{mode: r.Mode, rate: r.Rate}
+			byKey[key] = s
+			order = append(order, s)
+		}
+		s.rounds++
+		if d, ok := direct[windowOf(r)]; ok {
+			s.addedP99 = append(s.addedP99, r.P99Ms-d.P99Ms)
+		}
+		if r.OwnP99Ms > 0 {
+			s.ownP99 = append(s.ownP99, r.OwnP99Ms)
+		}
+		if r.HopCPUPer1000 > 0 {
+			s.hopCPU = append(s.hopCPU, r.HopCPUPer1000)
+			if p, ok := proxy[windowOf(r)]; ok && p.HopCPUPer1000 > 0 && r.Mode != benchload.Proxy {
+				s.ratio = append(s.ratio, r.HopCPUPer1000/p.HopCPUPer1000)
+			}
+		}
+	}
+	fmt.Fprintln(w, "\nmedians over the rounds:")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\trate/s\trounds\tadded p99\town p99\thop CPU s/1000\thop CPU / proxy's\t")
+	for _, s := range order {
+		fmt.Fprintf(tw, "%s\t%.0f\t%d\t%s\t%s\t%s\t%s\t\n", s.mode, s.rate, s.rounds,
+			medianOf(s.addedP99, "%+.3f"), medianOf(s.ownP99, "%.3f"), medianOf(s.hopCPU, "%.3f"), medianOf(s.ratio, "%.2f"))
+	}
+	return tw.Flush()
+}
+
+// medianOf is the median of v in format, "" when v is empty.
+func medianOf(v []float64, format string) string {
+	if len(v) == 0 {
+		return ""
+	}
+	v = slices.Sorted(slices.Values(v))
+	m := v[len(v)/2]
+	if len(v)%2 == 0 {
+		m = (v[len(v)/2-1] + m) / 2
+	}
+	return fmt.Sprintf(format, m)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -106,7 +107,8 @@ func TestBenchLoadRejectsBadFlags(t *testing.T) {
 		{[]string{"--rates", "500,fast"}, `"fast" is not a positive number`},
 		{[]string{"--rates", "0"}, "not a positive number"},
 		{[]string{"--format", "yaml"}, "--format"},
-		{[]string{"--child", "--modes", "direct,all"}, "exactly one mode"},
+		{[]string{"--serve-hop", "--modes", "proxy,all"}, "exactly one mode"},
+		{[]string{"--rounds", "0"}, "--rounds"},
 		{[]string{"--config.file", "/nonexistent/mantle.yaml"}, "config.file"},
 		{[]string{"--hop-gomaxprocs", "-1"}, "--hop-gomaxprocs"},
 		{[]string{"--hop-gomaxprocs", "1", "--split=false"}, "--hop-gomaxprocs"},
@@ -161,6 +163,80 @@ func TestBenchLoadSplit(t *testing.T) {
 	}
 	if r := res[0]; r.HopPeakRSSMB != 0 || r.HopGOMAXPROCS != 0 {
 		t.Errorf("direct: hop RSS %v MiB, GOMAXPROCS %d, want none: the direct mode has no hop", r.HopPeakRSSMB, r.HopGOMAXPROCS)
+	}
+}
+
+// TestBenchLoadRounds runs the modes side by side as a user does with --rounds: one child
+// process for all of them and the router in a process of its own. Every mode has a window
+// at every rate in every round, and the table ends with each mode's medians, the router's
+// ratio to the proxy's CPU among them.
+func TestBenchLoadRounds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three processes")
+	}
+	t.Parallel()
+	base := []string{"--modes", "direct,proxy,router", "--rates", "40", "--duration", "250ms", "--warmup", "0s", "--rounds", "2"}
+	var stdout, stderr bytes.Buffer
+	if err := benchLoad(context.Background(), append(base, "--format", "json"), testEnv(&stdout, &stderr)); err != nil {
+		t.Fatalf("bench-load: %v\n%s", err, stderr.String())
+	}
+	var res []benchload.Result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	var got []string
+	for _, r := range res {
+		got = append(got, fmt.Sprintf("%s/%d", r.Mode, r.Round))
+		if r.OK != 10 {
+			t.Errorf("%s, round %d: %d ok (%d errors, first: %s), want 10", r.Mode, r.Round, r.OK, r.Errors, r.FirstError)
+		}
+		if hop := r.HopCPUPer1000 > 0; hop != (r.Mode != benchload.Direct) {
+			t.Errorf("%s, round %d: hop CPU %v s per 1000; want a process of its own for the proxy and the router only", r.Mode, r.Round, r.HopCPUPer1000)
+		}
+	}
+	if want := "direct/1 direct/2 proxy/1 proxy/2 router/1 router/2"; strings.Join(got, " ") != want {
+		t.Errorf("windows %q, want %q", strings.Join(got, " "), want)
+	}
+
+	stdout.Reset()
+	if err := writeBenchTable(&stdout, res); err != nil {
+		t.Fatal(err)
+	}
+	table := stdout.String()
+	_, medians, ok := strings.Cut(table, "medians over the rounds:")
+	if !ok {
+		t.Fatalf("table without medians:\n%s", table)
+	}
+	var router []string
+	for _, line := range strings.Split(medians, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "router" {
+			router = f
+		}
+	}
+	// mode, rate, rounds, added p99, own p99, hop CPU, ratio to the proxy's
+	if len(router) != 7 || router[2] != "2" {
+		t.Fatalf("router's medians %q, want 7 columns over 2 rounds:\n%s", router, table)
+	}
+	if ratio, err := strconv.ParseFloat(router[6], 64); err != nil || ratio <= 0 {
+		t.Errorf("router's median ratio to the proxy %q: want a positive number (%v)", router[6], err)
+	}
+}
+
+// TestMedianOf: the middle value, or the mean of the two middle ones.
+func TestMedianOf(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		v    []float64
+		want string
+	}{
+		{nil, ""},
+		{[]float64{3}, "3.00"},
+		{[]float64{5, 1, 3}, "3.00"},
+		{[]float64{4, 1, 3, 2}, "2.50"},
+	} {
+		if got := medianOf(tt.v, "%.2f"); got != tt.want {
+			t.Errorf("medianOf(%v) = %q, want %q", tt.v, got, tt.want)
+		}
 	}
 }
 

@@ -108,14 +108,17 @@ type Config struct {
 	Mesh *mesh.Config
 }
 
-// Result is one rate of one mode.
+// Result is one window of one mode at one rate.
 type Result struct {
-	Mode     Mode    `json:"mode"`
-	Rate     float64 `json:"rate"`
-	Requests int     `json:"requests"`
-	OK       int     `json:"ok"`
-	Errors   int     `json:"errors"`
-	Shed     int     `json:"shed"`
+	Mode Mode    `json:"mode"`
+	Rate float64 `json:"rate"`
+	// Round is the window's round when Compare measured every rate more than once (1,
+	// 2, ...); 0 otherwise.
+	Round    int `json:"round,omitempty"`
+	Requests int `json:"requests"`
+	OK       int `json:"ok"`
+	Errors   int `json:"errors"`
+	Shed     int `json:"shed"`
 	// Refused are requests the mesh answered with 503 OVERLOADED (router.overload): counted
 	// apart from errors, and left out of the latency percentiles as errors are.
 	Refused      int     `json:"refused"`
@@ -165,9 +168,24 @@ type Result struct {
 }
 
 // Run benchmarks cfg.Mode at each rate and returns one result per rate.
-func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
-	if len(cfg.Rates) == 0 || cfg.Duration <= 0 || cfg.Warmup < 0 {
-		return nil, errors.New("benchload: want at least one rate, a positive duration and a non-negative warmup")
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	return Compare(ctx, cfg, []Mode{cfg.Mode}, 1)
+}
+
+// Compare benchmarks modes side by side (cfg.Mode is not read): at each rate, rounds
+// times, one window of every mode in turn, in reverse order every other round, so that
+// no mode always follows the same one. Every mode's load comes from this process, against
+// one upstream, each mode with a hop (and a connection pool) of its own, started before
+// the first window and kept until the last. It returns one result per mode, rate and
+// round, grouped by mode in the order given, with Round set when rounds > 1.
+//
+// A machine whose speed drifts over minutes (a shared virtual machine) moves a mode's
+// CPU per request by a quarter from one window to the next; windows of the modes next to
+// each other, and the median of their ratios over rounds, compare the modes better than
+// each mode measured after the other.
+func Compare(ctx context.Context, cfg Config, modes []Mode, rounds int) (_ []Result, err error) {
+	if len(cfg.Rates) == 0 || cfg.Duration <= 0 || cfg.Warmup < 0 || len(modes) == 0 || rounds < 1 {
+		return nil, errors.New("benchload: want at least one mode and one rate, a positive duration and rounds, and a non-negative warmup")
 	}
 	logOut := cfg.Log
 	if logOut == nil {
@@ -182,60 +200,115 @@ func Run(ctx context.Context, cfg Config) (_ []Result, err error) {
 		return nil, err
 	}
 	defer func() { cancel(); _ = waitUpstream() }()
-	endpoint := "http://" + upstreamAddr + "/v1/chat/completions"
-	var h hop
-	if cfg.Mode != Direct {
-		if cfg.HopCommand != nil {
-			h, err = startProcessHop(cfg.HopCommand(ctx, cfg.Mode, upstreamAddr))
-		} else {
-			base := mesh.Default()
-			if cfg.Mesh != nil {
-				base = *cfg.Mesh
-			}
-			h, err = startHop(ctx, cfg.Mode, upstreamAddr, base, false, logOut)
+	var targets []*target
+	defer func() {
+		for _, t := range targets {
+			err = errors.Join(err, t.stop())
 		}
+	}()
+	for _, mode := range modes {
+		t, err := startTarget(ctx, cfg, mode, upstreamAddr, logOut)
 		if err != nil {
 			return nil, err
 		}
-		defer func() { err = errors.Join(err, h.stop()) }()
-		endpoint = h.endpoint()
+		targets = append(targets, t)
 	}
 
-	c := &http.Client{Transport: &http.Transport{MaxIdleConns: 8192, MaxIdleConnsPerHost: 8192, IdleConnTimeout: time.Minute}}
-	var out []Result
-	seq := 0
+	byMode := make([][]Result, len(modes))
 	for _, rate := range cfg.Rates {
-		if cfg.Warmup > 0 {
-			if _, err := step(ctx, c, endpoint, cfg, rate, cfg.Warmup, &seq); err != nil {
-				return nil, err
+		for round := range rounds {
+			for k := range targets {
+				i := k
+				if round%2 == 1 {
+					i = len(targets) - 1 - k
+				}
+				res, err := targets[i].window(ctx, cfg, rate)
+				if err != nil {
+					return nil, fmt.Errorf("benchload: %s at %g/s: %w", modes[i], rate, err)
+				}
+				if rounds > 1 {
+					res.Round = round + 1
+				}
+				byMode[i] = append(byMode[i], res)
 			}
 		}
-		before, hopBefore, err := usages(h)
-		if err != nil {
-			return nil, err
-		}
-		res, err := step(ctx, c, endpoint, cfg, rate, cfg.Duration, &seq)
-		if err != nil {
-			return nil, err
-		}
-		after, hopAfter, err := usages(h)
-		if err != nil {
-			return nil, err
-		}
-		per1000 := func(cpu time.Duration) float64 { return cpu.Seconds() / float64(max(res.Requests, 1)) * 1000 }
-		res.Mode = cfg.Mode
-		res.CPUPer1000 = per1000(after.cpu - before.cpu + hopAfter.cpu - hopBefore.cpu)
-		res.PeakRSSMB = after.maxRSSMiB
-		if cfg.HopCommand != nil {
-			res.HopCPUPer1000 = per1000(hopAfter.cpu - hopBefore.cpu)
-			res.HopPeakRSSMB = hopAfter.maxRSSMiB
-			res.HopGOMAXPROCS = hopAfter.procs
-			res.HopSwitchesPerRequest = float64(hopAfter.switches-hopBefore.switches) / float64(max(res.Requests, 1))
-		}
-		res.StoresShed = int(hopAfter.storesShed - hopBefore.storesShed)
-		out = append(out, res)
 	}
-	return out, nil
+	return slices.Concat(byMode...), nil
+}
+
+// target is one mode set up for Compare: its hop (nil for the direct mode), the endpoint
+// its load goes to and the client that sends it, and the number of the next request.
+type target struct {
+	mode     Mode
+	h        hop
+	endpoint string
+	client   *http.Client
+	seq      int
+}
+
+func startTarget(ctx context.Context, cfg Config, mode Mode, upstreamAddr string, logOut io.Writer) (*target, error) {
+	t := &target{mode: mode, endpoint: "http://" + upstreamAddr + "/v1/chat/completions",
+		client: &http.Client{Transport: &http.Transport{MaxIdleConns: 8192, MaxIdleConnsPerHost: 8192, IdleConnTimeout: time.Minute}}}
+	if mode == Direct {
+		return t, nil
+	}
+	var err error
+	if cfg.HopCommand != nil {
+		t.h, err = startProcessHop(cfg.HopCommand(ctx, mode, upstreamAddr))
+	} else {
+		base := mesh.Default()
+		if cfg.Mesh != nil {
+			base = *cfg.Mesh
+		}
+		t.h, err = startHop(ctx, mode, upstreamAddr, base, false, logOut)
+	}
+	if err != nil {
+		return nil, err
+	}
+	t.endpoint = t.h.endpoint()
+	return t, nil
+}
+
+// stop stops the target's hop and lets its idle connections go.
+func (t *target) stop() error {
+	t.client.CloseIdleConnections()
+	if t.h == nil {
+		return nil
+	}
+	return t.h.stop()
+}
+
+// window runs cfg.Warmup, then measures cfg.Duration, at rate.
+func (t *target) window(ctx context.Context, cfg Config, rate float64) (Result, error) {
+	if cfg.Warmup > 0 {
+		if _, err := step(ctx, t.client, t.endpoint, cfg, rate, cfg.Warmup, &t.seq); err != nil {
+			return Result{}, err
+		}
+	}
+	before, hopBefore, err := usages(t.h)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := step(ctx, t.client, t.endpoint, cfg, rate, cfg.Duration, &t.seq)
+	if err != nil {
+		return Result{}, err
+	}
+	after, hopAfter, err := usages(t.h)
+	if err != nil {
+		return Result{}, err
+	}
+	per1000 := func(cpu time.Duration) float64 { return cpu.Seconds() / float64(max(res.Requests, 1)) * 1000 }
+	res.Mode = t.mode
+	res.CPUPer1000 = per1000(after.cpu - before.cpu + hopAfter.cpu - hopBefore.cpu)
+	res.PeakRSSMB = after.maxRSSMiB
+	if cfg.HopCommand != nil && t.h != nil {
+		res.HopCPUPer1000 = per1000(hopAfter.cpu - hopBefore.cpu)
+		res.HopPeakRSSMB = hopAfter.maxRSSMiB
+		res.HopGOMAXPROCS = hopAfter.procs
+		res.HopSwitchesPerRequest = float64(hopAfter.switches-hopBefore.switches) / float64(max(res.Requests, 1))
+	}
+	res.StoresShed = int(hopAfter.storesShed - hopBefore.storesShed)
+	return res, nil
 }
 
 // usages reads this process's usage and h's: its process's (zero without a hop, or one in

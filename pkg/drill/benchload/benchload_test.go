@@ -268,6 +268,60 @@ func TestReplaced(t *testing.T) {
 	}
 }
 
+// TestCompareInterleaves: every mode gets a window at every rate in every round, the
+// results come back grouped by mode, rate and round, and each mode's windows went to its
+// own hop, which served them all (one process per hop, started once: its peak resident
+// set only grows, and it answered every request of every window).
+func TestCompareInterleaves(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a hop process")
+	}
+	t.Parallel()
+	cfg := Config{Rates: []float64{40, 80}, Duration: 250 * time.Millisecond, HopCommand: hopCommand}
+	res, err := Compare(context.Background(), cfg, []Mode{Direct, Proxy}, 3)
+	if err != nil {
+		t.Fatalf("Compare: %v", err)
+	}
+	type window struct {
+		mode  Mode
+		rate  float64
+		round int
+	}
+	var got, want []window
+	for _, mode := range []Mode{Direct, Proxy} {
+		for _, rate := range cfg.Rates {
+			for round := 1; round <= 3; round++ {
+				want = append(want, window{mode, rate, round})
+			}
+		}
+	}
+	for _, r := range res {
+		got = append(got, window{r.Mode, r.Rate, r.Round})
+		if wantOK := int(r.Rate * cfg.Duration.Seconds()); r.OK != wantOK || r.Errors != 0 {
+			t.Errorf("%s at %g/s, round %d: %d ok, %d errors (first: %s), want %d ok", r.Mode, r.Rate, r.Round, r.OK, r.Errors, r.FirstError, wantOK)
+		}
+		if measured := r.HopPeakRSSMB > 0 && r.HopCPUPer1000 > 0; measured != (r.Mode == Proxy) {
+			t.Errorf("%s at %g/s, round %d: hop RSS %v MiB, CPU %v s per 1000; want a hop process for the proxy only", r.Mode, r.Rate, r.Round, r.HopPeakRSSMB, r.HopCPUPer1000)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("windows %v, want %v", got, want)
+	}
+}
+
+func TestCompareRejectsNoRounds(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Rates: []float64{40}, Duration: time.Second}
+	for _, tt := range []struct {
+		modes  []Mode
+		rounds int
+	}{{[]Mode{Direct}, 0}, {nil, 1}} {
+		if _, err := Compare(context.Background(), cfg, tt.modes, tt.rounds); err == nil {
+			t.Errorf("Compare(%v, %d rounds) succeeded", tt.modes, tt.rounds)
+		}
+	}
+}
+
 func TestRunRejectsEmptyConfig(t *testing.T) {
 	t.Parallel()
 	if _, err := Run(context.Background(), Config{Mode: Direct}); err == nil {
