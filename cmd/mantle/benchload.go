@@ -73,8 +73,9 @@ percentiles of the mesh's own time per answer, from its Server-Timing header;
 stores were already in flight.
 Each mode runs in a process of its own so that its CPU and memory figures are its own.
 With --rounds N, each rate is measured N times, the modes taking turns within each round
-(their load then comes from one process), and the table ends with each mode's medians
-over the rounds and the median of its per-round ratio to the proxy's CPU.
+(their load then comes from one process, whose profiles and trace are named "load"), and
+the table ends with each mode's medians over the rounds and the median of its per-round
+ratio to the proxy's CPU.
 
 `)
 		printFlags(fs)
@@ -89,7 +90,7 @@ over the rounds and the median of its per-round ratio to the proxy's CPU.
 	fs.BoolVar(&f.stream, "stream", false, "ask for streamed answers (server-sent events): latency runs to the stream's end, first-event percentiles are reported too, own time is not (streams carry no Server-Timing header)")
 	fs.StringVar(&f.temperature, "temperature", "", "temperature of every request; unset (the SDK default) the cache declines to cache, 0 makes every answer cacheable")
 	fs.StringVar(&f.format, "format", "text", "output: text or json")
-	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof (with --rounds above 1, the load generator's of every mode to <this>.load.pprof)")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of each mode to <this>.<mode>.pprof")
 	fs.StringVar(&f.traceOut, "trace", "", "write an execution trace of each mode to <this>.<mode>.trace (go tool trace; -pprof=sched shows waits for a CPU)")
 	fs.StringVar(&f.memProfile, "memprofile", "", "write an allocation profile of each mode to <this>.<mode>.pprof (go tool pprof -sample_index=alloc_space)")
 	fs.BoolVar(&f.inProcess, "in-process", false, "run every mode in this process (CPU and RSS figures then mix; with --split the proxy or mesh still gets a process of its own)")
@@ -230,7 +231,7 @@ func (f benchLoadFlags) tellReplaced(stderr io.Writer) error {
 	return nil
 }
 
-// childFlags are the flags a child process that runs one mode gets from f.
+// childFlags are the flags a child process that runs modes gets from f.
 func (f benchLoadFlags) childFlags() []string {
 	return []string{
 		"--rates", f.rates, "--duration", f.duration.String(), "--warmup", f.warmup.String(), "--rounds", strconv.Itoa(f.rounds),
