@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	mantlev1 "github.com/mantle-mesh/mantle/pkg/api/mantle/v1"
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/provider"
 	"github.com/mantle-mesh/mantle/pkg/provider/openai"
 	"github.com/mantle-mesh/mantle/services/router"
@@ -132,7 +133,7 @@ func (c *mantleClient) do(ctx context.Context, r request) result {
 	if r.stream {
 		content, qc, res.failure = readMantleStream(ctx, resp.Body)
 	} else {
-		content, qc, res.failure = readMantleCompletion(ctx, resp.Body)
+		content, qc, res.failure = readMantleCompletion(ctx, resp)
 	}
 	if res.failure != "" {
 		return res
@@ -190,7 +191,10 @@ func condense(qc *mantlev1.QualityContext) string {
 
 var qcJSON = protojson.UnmarshalOptions{DiscardUnknown: true}
 
-func readMantleCompletion(ctx context.Context, body io.Reader) (string, *mantlev1.QualityContext, string) {
+// maxCompletionBody bounds the answer a drill client reads: far more than any drill asks for.
+const maxCompletionBody = 8 << 20
+
+func readMantleCompletion(ctx context.Context, resp *http.Response) (string, *mantlev1.QualityContext, string) {
 	var out struct {
 		Choices []struct {
 			Message struct {
@@ -199,7 +203,7 @@ func readMantleCompletion(ctx context.Context, body io.Reader) (string, *mantlev
 		} `json:"choices"`
 		Mantle json.RawMessage `json:"mantle"`
 	}
-	data, err := io.ReadAll(body)
+	data, err := httpbody.Response(resp, maxCompletionBody)
 	if err != nil {
 		return "", nil, transportFailure(ctx, err)
 	}
@@ -279,7 +283,7 @@ func httpFailure(resp *http.Response) string {
 			Code string `json:"code"`
 		} `json:"error"`
 	}
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	data, _ := httpbody.Response(resp, 64<<10)
 	if json.Unmarshal(data, &body) == nil && body.Error.Code != "" {
 		return body.Error.Code
 	}

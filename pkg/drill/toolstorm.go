@@ -22,6 +22,7 @@ import (
 	eventsv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/events/v1"
 	"github.com/mantle-mesh/mantle/pkg/drill/load"
 	"github.com/mantle-mesh/mantle/pkg/events"
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/resilience"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
@@ -587,7 +588,7 @@ func (a *mantleAgent) post(ctx context.Context, path string, body []byte) (int, 
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	raw, err := httpbody.Response(resp, 1<<20)
 	if err != nil && errors.Is(context.Cause(ctx), errGuard) {
 		return 0, nil, errGuard
 	}

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/sim"
 )
 
@@ -83,7 +84,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		srv.ServeHTTP(w, r)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxUpstreamBody))
+	body, err := httpbody.Request(w, r, maxUpstreamBody)
 	if err != nil {
 		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
 		return

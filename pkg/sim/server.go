@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 )
 
 // ServerConfig configures a Server.
@@ -165,7 +166,7 @@ const maxBody = 8 << 20
 func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*chatRequest, error) {
 	// Reading to EOF matters beyond decoding: net/http only starts watching the connection
 	// for a client that goes away (cancelling r.Context()) once the body is consumed.
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	body, err := httpbody.Request(w, r, maxBody)
 	if err != nil {
 		return nil, fmt.Errorf("reading body: %w", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	agentv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/agent/v1"
 	routerv1 "github.com/mantle-mesh/mantle/pkg/api/mantle/router/v1"
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/jsonfield"
 	"github.com/mantle-mesh/mantle/pkg/rpc"
 )
@@ -80,7 +80,7 @@ func (f *frontDoor) cancelSession(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Reason string `json:"reason"`
 	}
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxCancelBody))
+	raw, err := httpbody.Request(w, r, maxCancelBody)
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):

@@ -38,6 +38,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/mantle-mesh/mantle/pkg/drill/load"
+	"github.com/mantle-mesh/mantle/pkg/httpbody"
 	"github.com/mantle-mesh/mantle/pkg/mesh"
 	"github.com/mantle-mesh/mantle/pkg/procusage"
 	"github.com/mantle-mesh/mantle/pkg/sim"
@@ -465,7 +466,7 @@ func send(ctx context.Context, c *http.Client, url string, payload []byte) (own 
 		_, err := io.Copy(io.Discard, resp.Body)
 		return own, time.Time{}, err
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	data, err := httpbody.Response(resp, 1<<20)
 	if err != nil {
 		return -1, time.Time{}, err
 	}
