@@ -179,9 +179,10 @@ func runBenchLoad(ctx context.Context, f benchLoadFlags, env cmdEnv) error {
 		return err
 	}
 	// One run per mode, or with rounds one for all, the modes taking turns.
-	runs := [][]benchload.Mode{f.modes}
-	if f.rounds == 1 {
-		runs = runs[:0]
+	var runs [][]benchload.Mode
+	if f.rounds > 1 {
+		runs = append(runs, f.modes)
+	} else {
 		for _, mode := range f.modes {
 			runs = append(runs, []benchload.Mode{mode})
 		}

@@ -133,7 +133,8 @@ type Result struct {
 	MaxMs        float64 `json:"max_ms"`
 	// CPUPer1000 is user plus system CPU seconds of the whole process per 1000 requests.
 	CPUPer1000 float64 `json:"cpu_s_per_1000"`
-	// PeakRSSMB is the process's peak resident set so far, in MiB.
+	// PeakRSSMB is the process's peak resident set so far, in MiB: with Compare, that of
+	// the one process that loads every mode.
 	PeakRSSMB float64 `json:"peak_rss_mib"`
 	// HopCPUPer1000 and HopPeakRSSMB are the proxy's or the mesh's own process's, when it
 	// runs in one (Config.HopCommand); CPUPer1000 then counts both processes.

@@ -269,9 +269,8 @@ func TestReplaced(t *testing.T) {
 }
 
 // TestCompareInterleaves: every mode gets a window at every rate in every round, the
-// results come back grouped by mode, rate and round, and each mode's windows went to its
-// own hop, which served them all (one process per hop, started once: its peak resident
-// set only grows, and it answered every request of every window).
+// results come back grouped by mode, rate and round, every request of every window is
+// answered, and the proxy's windows, only they, are measured in a hop process of their own.
 func TestCompareInterleaves(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a hop process")
