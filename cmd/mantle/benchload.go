@@ -453,15 +453,14 @@ func writeRoundMedians(w io.Writer, all []benchload.Result, direct map[window]be
 			proxy[windowOf(r)] = r
 		}
 	}
-	type series struct {
-		mode                            benchload.Mode
-		rate                            float64
-		addedP99, ownP99, hopCPU, ratio []float64
-		rounds                          int
-	}
 	type modeRate struct {
 		mode benchload.Mode
 		rate float64
+	}
+	type series struct {
+		modeRate
+		addedP99, ownP99, hopCPU, ratio []float64
+		rounds                          int
 	}
 	var order []*series
 	byKey := map[modeRate]*series{}
@@ -472,7 +471,7 @@ func writeRoundMedians(w io.Writer, all []benchload.Result, direct map[window]be
 		key := modeRate{r.Mode, r.Rate}
 		s := byKey[key]
 		if s == nil {
-			s = &series{mode: r.Mode, rate: r.Rate}
+			s = &series{modeRate: key}
 			byKey[key] = s
 			order = append(order, s)
 		}

@@ -220,10 +220,7 @@ func Compare(ctx context.Context, cfg Config, modes []Mode, rounds int) (_ []Res
 	for _, rate := range cfg.Rates {
 		for round := range rounds {
 			for k := range targets {
-				i := k
-				if round%2 == 1 {
-					i = len(targets) - 1 - k
-				}
+				i := turn(k, len(targets), round)
 				res, err := targets[i].window(ctx, cfg, rate)
 				if err != nil {
 					return nil, fmt.Errorf("benchload: %s at %g/s: %w", modes[i], rate, err)
@@ -236,6 +233,16 @@ func Compare(ctx context.Context, cfg Config, modes []Mode, rounds int) (_ []Res
 		}
 	}
 	return slices.Concat(byMode...), nil
+}
+
+// turn is which of n modes takes the k-th window of a round (both from 0): the modes in
+// their order in even rounds and in reverse in odd ones, so that no mode always follows
+// the same one.
+func turn(k, n, round int) int {
+	if round%2 == 1 {
+		return n - 1 - k
+	}
+	return k
 }
 
 // target is one mode set up for Compare: its hop (nil for the direct mode), the endpoint

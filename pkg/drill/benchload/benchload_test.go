@@ -308,6 +308,31 @@ func TestCompareInterleaves(t *testing.T) {
 	}
 }
 
+// TestTurn: the modes take their windows in order in the first round and in reverse in
+// the second, so that the mode after each one changes from round to round.
+func TestTurn(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		n, round int
+		want     []int
+	}{
+		{1, 0, []int{0}},
+		{1, 1, []int{0}},
+		{3, 0, []int{0, 1, 2}},
+		{3, 1, []int{2, 1, 0}},
+		{3, 2, []int{0, 1, 2}},
+		{4, 3, []int{3, 2, 1, 0}},
+	} {
+		var got []int
+		for k := range tt.n {
+			got = append(got, turn(k, tt.n, tt.round))
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%d modes, round %d: turns %v, want %v", tt.n, tt.round, got, tt.want)
+		}
+	}
+}
+
 func TestCompareRejectsNoRounds(t *testing.T) {
 	t.Parallel()
 	cfg := Config{Rates: []float64{40}, Duration: time.Second}
